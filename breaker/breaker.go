@@ -1,0 +1,289 @@
+package breaker
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// halfOpenRetryAfter caps OpenError.RetryAfter when a half-open breaker has
+// no probe slot left.
+const halfOpenRetryAfter = time.Second
+
+// outcome is how a finished call is counted.
+type outcome int
+
+const (
+	success  outcome = iota
+	failure          // counted against the dependency
+	excluded         // not counted at all
+)
+
+type transition struct{ from, to State }
+
+// Breaker is the circuit breaker of one dependency. It is safe for concurrent
+// use. Create one with New, or let a Set create one per name; the zero
+// Breaker is not usable.
+type Breaker struct {
+	name string
+	s    Settings // defaults applied
+
+	mu    sync.Mutex
+	state State
+	// gen is bumped on every state change; a call admitted in an earlier
+	// generation has its outcome ignored (as in gobreaker).
+	gen uint64
+
+	// Closed.
+	consecutive uint32    // consecutive failures
+	successes   uint32    // counted successes in the current window
+	failures    uint32    // counted failures in the current window
+	windowEnd   time.Time // when successes and failures are cleared
+
+	// Open.
+	openUntil time.Time // end of the cool-down
+
+	// HalfOpen.
+	probes    uint32 // probe slots taken: admitted minus those not counted
+	probeWins uint32 // probes that succeeded
+
+	// OnStateChange delivery: transitions queue here and are delivered, in
+	// order, by one goroutine at a time, without mu held.
+	pending    []transition
+	delivering bool
+}
+
+// New returns a closed Breaker for the dependency called name. Zero fields of
+// s take the values of DefaultSettings. It returns an error matching
+// ErrInvalidSettings if s.Validate fails.
+func New(name string, s Settings) (*Breaker, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	return newBreaker(name, s.withDefaults(DefaultSettings())), nil
+}
+
+func newBreaker(name string, s Settings) *Breaker {
+	b := &Breaker{name: name, s: s}
+	b.windowEnd = s.Now().Add(s.Window)
+	return b
+}
+
+// Name returns the breaker's name.
+func (b *Breaker) Name() string { return b.name }
+
+// State returns the current state. Reading it may notice that the cool-down
+// is over and move the breaker from open to half-open.
+func (b *Breaker) State() State {
+	b.mu.Lock()
+	b.advance(b.s.Now())
+	st := b.state
+	b.mu.Unlock()
+	b.deliver()
+	return st
+}
+
+// Do runs fn(ctx) if the breaker lets the call through, and returns its error
+// unchanged. Otherwise fn is not run and Do returns an *OpenError
+// (errors.Is(err, ErrOpen)).
+//
+// The exact semantics:
+//   - If ctx is already done, Do returns ctx.Err() without running fn or
+//     taking a probe slot; nothing is counted.
+//   - Closed: fn runs. Its outcome is counted: nil is a success; a context
+//     error while ctx is done is not counted; otherwise Settings.IsFailure
+//     decides between failure and not counted. The breaker opens when
+//     ConsecutiveFailures failures come in a row, or when FailureRatio is met
+//     within the Window (see Settings).
+//   - Open: rejected with State Open and RetryAfter = time left of the
+//     cool-down (OpenTimeout from the moment it opened, by Settings.Now).
+//   - Half-open (the cool-down has passed): the first HalfOpenProbes calls are
+//     let through as probes; the others are rejected with State HalfOpen and
+//     RetryAfter = min(OpenTimeout, 1s). One probe failure opens the breaker
+//     again for a full, fresh cool-down. When HalfOpenProbes probes have
+//     succeeded the breaker closes with cleared counts. A probe that is not
+//     counted (permanent error, caller's ctx done) frees its slot.
+//   - An outcome that arrives after the state changed (e.g. a slow call
+//     admitted while closed that fails after the breaker opened) is ignored.
+//   - If fn panics, the call counts as a failure and the panic continues.
+func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	gen, err := b.allow()
+	b.deliver()
+	if err != nil {
+		return err
+	}
+	finished := false
+	defer func() {
+		if !finished { // fn panicked or called runtime.Goexit
+			b.record(gen, failure)
+			b.deliver()
+		}
+	}()
+	err = fn(ctx)
+	finished = true
+	b.record(gen, b.classify(ctx, err))
+	b.deliver()
+	return err
+}
+
+func (b *Breaker) classify(ctx context.Context, err error) outcome {
+	switch {
+	case err == nil:
+		return success
+	case ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
+		return excluded // the caller gave up; the dependency did not fail
+	case b.s.IsFailure(err):
+		return failure
+	default:
+		return excluded
+	}
+}
+
+// allow admits a call or returns an *OpenError.
+func (b *Breaker) allow() (uint64, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := b.s.Now()
+	b.advance(now)
+	switch b.state {
+	case Open:
+		left := min(max(b.openUntil.Sub(now), 0), b.s.OpenTimeout)
+		return 0, &OpenError{Name: b.name, State: Open, RetryAfter: left}
+	case HalfOpen:
+		if b.probes >= b.s.HalfOpenProbes {
+			return 0, &OpenError{Name: b.name, State: HalfOpen, RetryAfter: min(b.s.OpenTimeout, halfOpenRetryAfter)}
+		}
+		b.probes++
+	}
+	return b.gen, nil
+}
+
+// record counts the outcome of a call admitted in generation gen.
+func (b *Breaker) record(gen uint64, o outcome) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := b.s.Now()
+	b.advance(now)
+	if gen != b.gen {
+		return
+	}
+	switch b.state {
+	case Closed:
+		switch o {
+		case success:
+			b.consecutive = 0
+			b.successes++
+		case failure:
+			b.consecutive++
+			b.failures++
+			if b.tripped() {
+				b.setState(Open, now)
+			}
+		}
+	case HalfOpen:
+		switch o {
+		case success:
+			b.probeWins++
+			if b.probeWins >= b.s.HalfOpenProbes {
+				b.setState(Closed, now)
+			}
+		case failure:
+			b.setState(Open, now)
+		case excluded:
+			b.probes--
+		}
+	}
+}
+
+// tripped reports whether the closed-state counts call for opening.
+func (b *Breaker) tripped() bool {
+	if b.consecutive >= b.s.ConsecutiveFailures {
+		return true
+	}
+	if b.s.FailureRatio <= 0 {
+		return false
+	}
+	total := uint64(b.successes) + uint64(b.failures)
+	return total >= uint64(b.s.MinRequests) && float64(b.failures)/float64(total) >= b.s.FailureRatio
+}
+
+// advance applies the transitions due by time: the end of a closed window and
+// the end of the cool-down. mu must be held.
+func (b *Breaker) advance(now time.Time) {
+	switch b.state {
+	case Closed:
+		if !now.Before(b.windowEnd) {
+			b.successes, b.failures = 0, 0
+			b.windowEnd = now.Add(b.s.Window)
+		}
+	case Open:
+		if !now.Before(b.openUntil) {
+			b.setState(HalfOpen, now)
+		}
+	}
+}
+
+// setState moves to state to, clearing the counts of the new state, and
+// queues the OnStateChange call. mu must be held.
+func (b *Breaker) setState(to State, now time.Time) {
+	from := b.state
+	if from == to {
+		return
+	}
+	b.state = to
+	b.gen++
+	switch to {
+	case Closed:
+		b.consecutive, b.successes, b.failures = 0, 0, 0
+		b.windowEnd = now.Add(b.s.Window)
+	case Open:
+		b.openUntil = now.Add(b.s.OpenTimeout)
+	case HalfOpen:
+		b.probes, b.probeWins = 0, 0
+	}
+	if b.s.OnStateChange != nil {
+		b.pending = append(b.pending, transition{from, to})
+	}
+}
+
+// deliver calls OnStateChange for the queued transitions, in order, unless
+// another goroutine is already delivering (it will pick them up).
+func (b *Breaker) deliver() {
+	b.mu.Lock()
+	if b.delivering || len(b.pending) == 0 {
+		b.mu.Unlock()
+		return
+	}
+	b.delivering = true
+	for len(b.pending) > 0 {
+		batch := b.pending
+		b.pending = nil
+		b.mu.Unlock()
+		b.notify(batch)
+		b.mu.Lock()
+	}
+	b.delivering = false
+	b.mu.Unlock()
+}
+
+// notify calls OnStateChange for each transition of batch. If a call panics,
+// the rest of batch is dropped and the panic continues; later transitions are
+// still delivered.
+func (b *Breaker) notify(batch []transition) {
+	done := false
+	defer func() {
+		if !done {
+			b.mu.Lock()
+			b.delivering = false
+			b.mu.Unlock()
+		}
+	}()
+	for _, t := range batch {
+		b.s.OnStateChange(b.name, t.from, t.to)
+	}
+	done = true
+}

@@ -1,0 +1,78 @@
+// Package breaker implements idem's rule 5: after consecutive failures of a
+// dependency, stop calling it for a cool-down.
+//
+// A handler wraps each call to a dependency in a named breaker:
+//
+//	set, err := breaker.NewSet(breaker.Settings{}) // defaults: 5 failures, 30s cool-down
+//	...
+//	err := set.Do(ctx, "bank-api", func(ctx context.Context) error {
+//		return bank.Charge(ctx, req)
+//	})
+//
+// # States
+//
+// A breaker starts Closed: calls go through and their outcomes are counted.
+// After Settings.ConsecutiveFailures failures in a row (or, if
+// Settings.FailureRatio is set, when the failure ratio of the current
+// Settings.Window reaches it over at least Settings.MinRequests calls) it
+// opens. While Open, Do does not call fn and returns an *OpenError whose
+// RetryAfter is the time left of the cool-down (Settings.OpenTimeout, counted
+// from the moment it opened). When the cool-down is over the breaker is
+// HalfOpen: the next Settings.HalfOpenProbes calls go through as probes, any
+// others get an *OpenError with a short RetryAfter. If the probes succeed
+// the breaker closes with fresh counts; if one fails it opens again for a
+// full cool-down. Breaker.Do documents every detail.
+//
+// # What counts as a failure
+//
+// nil is a success. A context error returned while the caller's ctx is done
+// is not counted (the caller gave up; think partition revoked). Any other
+// error is judged by Settings.IsFailure, whose default, IsFailure, counts
+// everything except handler.Permanent/handler.Decode errors (bad input is not
+// the dependency failing) and an *OpenError of another breaker. An error not
+// counted neither extends nor breaks a failure streak, and a probe that ends
+// that way frees its slot for another probe.
+//
+// # How the consumer uses it
+//
+// When a handler's error wraps an *OpenError (IsOpen, RetryAfter), the
+// consumer treats the dependency as down rather than the message as bad: it
+// rolls the transaction back, spends no retry budget, sends nothing to a retry
+// or dead-letter topic, and pauses its partitions for RetryAfter. It then
+// redelivers; the first call after the cool-down is the half-open probe. Its
+// success closes the breaker and consumption goes on; its failure reopens it
+// and the consumer pauses for a full cool-down again. Other partitions that
+// arrive while the probe runs get HalfOpen *OpenErrors with RetryAfter of at
+// most one second and pause briefly.
+//
+// Breakers do not export metrics themselves: Settings.OnStateChange is the
+// hook the consumer (or the user) wires to metrics and logs, and Set.States
+// reports every breaker's state for a gauge.
+//
+// # Why this package does not wrap gobreaker
+//
+// idem's design names github.com/sony/gobreaker/v2 and this package was
+// meant to wrap it. We don't wrap gobreaker because gobreaker v2.4.0 cannot
+// be driven by a fake clock: every decision (beforeRequest, afterRequest,
+// currentState, toNewGeneration, State) reads time.Now directly and Settings
+// has no clock hook. Its only way to inject state, DistributedCircuitBreaker,
+// holds a store lock around the whole request, which serialises every call
+// (so half-open could never let several probes through at once) and spins on
+// that lock with time.Sleep. Wrapping it would leave the cool-down, the
+// window and half-open testable only with real sleeps, and OpenError.RetryAfter
+// would be computed from a clock the breaker's own transitions do not use.
+//
+// The state machine here is small and keeps gobreaker's semantics: the same
+// three states (same values and names), generations (an outcome that arrives
+// after a state change is ignored), excluded outcomes that free a half-open
+// slot, closing after MaxRequests (HalfOpenProbes) probe successes and
+// reopening on any probe failure, a panic counted as a failure. A test runs
+// the same outcome sequences through gobreaker and this package and checks
+// that they trip at the same call. The deliberate differences: every timing
+// decision uses Settings.Now; the failure streak is not cleared when a Window
+// ends (a dependency that fails every call is down however slowly it is
+// called); the ratio counts only finished, counted calls; and OnStateChange
+// runs without the lock held, in order.
+//
+// The package holds no mutable package-level state.
+package breaker

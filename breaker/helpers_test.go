@@ -1,0 +1,106 @@
+package breaker_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemhq/idem/breaker"
+)
+
+// fakeClock is a manual clock for Settings.Now.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newClock() *fakeClock {
+	return &fakeClock{t: time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)}
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+var errDown = errors.New("dependency down")
+
+func ok(context.Context) error   { return nil }
+func fail(context.Context) error { return errDown }
+
+// recorder collects OnStateChange calls.
+type recorder struct {
+	mu sync.Mutex
+	ts []string
+}
+
+func (r *recorder) hook(name string, from, to breaker.State) {
+	r.mu.Lock()
+	r.ts = append(r.ts, name+": "+from.String()+" -> "+to.String())
+	r.mu.Unlock()
+}
+
+func (r *recorder) got() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.ts...)
+}
+
+// newBreaker returns a breaker on clock c with s's other fields.
+func newBreaker(tb testing.TB, c *fakeClock, s breaker.Settings) *breaker.Breaker {
+	tb.Helper()
+	s.Now = c.Now
+	b, err := breaker.New("dep", s)
+	if err != nil {
+		tb.Fatalf("New: %v", err)
+	}
+	return b
+}
+
+// do calls b.Do n times with fn, failing the test on an unexpected rejection.
+func do(tb testing.TB, b *breaker.Breaker, n int, fn func(context.Context) error) {
+	tb.Helper()
+	for i := 0; i < n; i++ {
+		if err := b.Do(context.Background(), fn); breaker.IsOpen(err) {
+			tb.Fatalf("call %d of %d rejected: %v", i+1, n, err)
+		}
+	}
+}
+
+func wantState(tb testing.TB, b *breaker.Breaker, want breaker.State) {
+	tb.Helper()
+	if got := b.State(); got != want {
+		tb.Fatalf("state = %s, want %s", got, want)
+	}
+}
+
+// tripOpen opens b by failing it ConsecutiveFailures times.
+func tripOpen(tb testing.TB, b *breaker.Breaker, n int) {
+	tb.Helper()
+	do(tb, b, n, fail)
+	wantState(tb, b, breaker.Open)
+}
+
+// wantOpenError asserts err is an *OpenError with state and retry-after.
+func wantOpenError(tb testing.TB, err error, state breaker.State, retry time.Duration) {
+	tb.Helper()
+	var oe *breaker.OpenError
+	if !errors.As(err, &oe) {
+		tb.Fatalf("err = %v, want *OpenError", err)
+	}
+	if !errors.Is(err, breaker.ErrOpen) {
+		tb.Fatalf("errors.Is(%v, ErrOpen) = false", err)
+	}
+	if oe.State != state || oe.RetryAfter != retry {
+		tb.Fatalf("OpenError{State: %s, RetryAfter: %s}, want {%s, %s}", oe.State, oe.RetryAfter, state, retry)
+	}
+}

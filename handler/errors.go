@@ -1,0 +1,186 @@
+package handler
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Kind classifies why a message failed. It is written to the idem-error-kind
+// header of forwarded records.
+type Kind string
+
+// The kinds of failure. The zero Kind means "no failure".
+const (
+	KindRetriable  Kind = "retriable"   // an ordinary error: retried in process, then in retry tiers
+	KindPermanent  Kind = "permanent"   // Permanent(err): dead-lettered at once
+	KindPanic      Kind = "panic"       // the handler panicked
+	KindMissingKey Kind = "missing-key" // no valid idempotency key
+	KindDecode     Kind = "decode"      // Decode(err): the payload cannot be decoded (poison bytes)
+	KindTimeout    Kind = "timeout"     // the handler exceeded its Timeout
+)
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// Permanent marks err as not worth retrying: the message goes to the dead-letter
+// topic at once (kind "permanent"). Permanent(nil) returns nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err}
+}
+
+// IsPermanent reports whether err or any error it wraps was marked by Permanent
+// or Decode.
+func IsPermanent(err error) bool {
+	var p *permanentError
+	var d *decodeError
+	return errors.As(err, &p) || errors.As(err, &d)
+}
+
+type decodeError struct{ err error }
+
+func (e *decodeError) Error() string { return "decode: " + e.err.Error() }
+func (e *decodeError) Unwrap() error { return e.err }
+
+// Decode marks err as a failure to decode the payload. It is permanent and is
+// dead-lettered with kind "decode"; the record's bytes are kept unchanged.
+// Decode(nil) returns nil.
+func Decode(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &decodeError{err}
+}
+
+// IsDecode reports whether err or any error it wraps was marked by Decode.
+func IsDecode(err error) bool {
+	var d *decodeError
+	return errors.As(err, &d)
+}
+
+// RetryAfterError asks for the message to be retried no sooner than After.
+type RetryAfterError struct {
+	Err   error
+	After time.Duration
+}
+
+func (e *RetryAfterError) Error() string {
+	return fmt.Sprintf("%v (retry after %s)", e.Err, e.After)
+}
+func (e *RetryAfterError) Unwrap() error { return e.Err }
+
+// RetryAfter marks err as retriable no sooner than d from now; the in-process
+// retry waits at least d (instead of its own backoff) and a retry tier's due time
+// is at least d away. RetryAfter(nil, d) returns nil.
+func RetryAfter(err error, d time.Duration) error {
+	if err == nil {
+		return nil
+	}
+	return &RetryAfterError{Err: err, After: d}
+}
+
+// RetryAfterOf returns the delay asked for by RetryAfter anywhere in err's chain.
+func RetryAfterOf(err error) (time.Duration, bool) {
+	var r *RetryAfterError
+	if errors.As(err, &r) {
+		return r.After, true
+	}
+	return 0, false
+}
+
+// PanicError is the error a recovered handler panic becomes.
+type PanicError struct {
+	Value any    // the value passed to panic
+	Stack []byte // the goroutine's stack at the panic
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("handler panic: %v", e.Value) }
+
+// Unwrap returns the panic value when it is an error.
+func (e *PanicError) Unwrap() error {
+	if err, ok := e.Value.(error); ok {
+		return err
+	}
+	return nil
+}
+
+// IsPanic reports whether err is or wraps a *PanicError.
+func IsPanic(err error) bool {
+	var p *PanicError
+	return errors.As(err, &p)
+}
+
+// ErrTimeout is wrapped by the error Timeout returns when the handler ran out of
+// time.
+var ErrTimeout = errors.New("handler: timeout")
+
+// MissingKeyError reports a message without a valid idempotency key.
+type MissingKeyError struct {
+	Reason string // e.g. "empty", "longer than 256 bytes"
+}
+
+func (e *MissingKeyError) Error() string { return "handler: missing idempotency key: " + e.Reason }
+
+// ErrorKind classifies err for routing and for the idem-error-kind header.
+// nil gives "". Precedence: missing-key, panic, decode, permanent, timeout, then
+// retriable.
+func ErrorKind(err error) Kind {
+	var mk *MissingKeyError
+	switch {
+	case err == nil:
+		return ""
+	case errors.As(err, &mk):
+		return KindMissingKey
+	case IsPanic(err):
+		return KindPanic
+	case IsDecode(err):
+		return KindDecode
+	case IsPermanent(err):
+		return KindPermanent
+	case errors.Is(err, ErrTimeout):
+		return KindTimeout
+	default:
+		return KindRetriable
+	}
+}
+
+// IsRetriable reports whether err should be retried: it is not nil, not
+// permanent, not a decode error, not a missing key and not a panic. Context
+// errors are retriable (the message is redelivered).
+func IsRetriable(err error) bool {
+	k := ErrorKind(err)
+	return k == KindRetriable || k == KindTimeout
+}
+
+// Cause returns the innermost error of err's Unwrap chain that is not one of
+// handler's own wrappers, for error-type reporting (idem-error-type).
+func Cause(err error) error {
+	for {
+		switch e := err.(type) {
+		case *permanentError:
+			err = e.err
+		case *decodeError:
+			err = e.err
+		case *RetryAfterError:
+			err = e.Err
+		default:
+			return err
+		}
+	}
+}
+
+// timeoutError is what Timeout returns when the deadline passed.
+type timeoutError struct {
+	d   time.Duration
+	err error
+}
+
+func (e *timeoutError) Error() string {
+	return fmt.Sprintf("handler: timeout after %s: %v", e.d, e.err)
+}
+func (e *timeoutError) Unwrap() []error { return []error{ErrTimeout, e.err} }

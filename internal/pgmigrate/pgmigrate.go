@@ -1,0 +1,211 @@
+// Package pgmigrate is idem's tiny versioned schema migrator for PostgreSQL.
+//
+// Each component (for example "dedupe:idem_processed" or "outbox") owns an
+// ordered list of [Migration]s. [Apply] runs, in one transaction, every
+// migration of that component whose version is not yet recorded in the
+// idem_schema_migrations table, in ascending version order, and records each
+// one. The transaction first takes pg_advisory_xact_lock([LockKey]), so
+// several processes starting at once apply each migration exactly once: the
+// others wait for the lock, then find nothing left to do. Apply is therefore
+// idempotent and safe to call at every start-up.
+//
+// Migrations are usually embedded SQL files named NNNN_name.sql and loaded with
+// [Load], which can substitute pre-quoted identifiers through text/template so
+// that user-configurable table names never reach SQL unquoted.
+package pgmigrate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"text/template"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// LockKey is the fixed pg_advisory_xact_lock key Apply holds for the length of
+// its transaction ("idemmigr" read as a big-endian int64). Every idem
+// component shares it, so migrations of one database are serialised.
+const LockKey int64 = 0x6964656d6d696772
+
+// TableName is the table, resolved through the connection's search_path, in
+// which Apply records applied migrations. Its columns are
+// (component text, version int, name text, applied_at timestamptz default
+// now(), primary key (component, version)).
+const TableName = "idem_schema_migrations"
+
+// DB is what Apply needs from a database handle. *pgxpool.Pool, *pgx.Conn and
+// pgx.Tx (which then uses a savepoint) all satisfy it.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Migration is one versioned schema change of a component.
+type Migration struct {
+	// Version orders the migrations of a component; it must be positive and
+	// unique within the component. Applied versions are never re-run.
+	Version int
+	// Name is a human-readable label recorded next to the version.
+	Name string
+	// SQL is executed as one simple-protocol statement list, so it may hold
+	// several statements separated by semicolons. It runs inside Apply's
+	// transaction and so must not contain statements that cannot run in a
+	// transaction block (CREATE INDEX CONCURRENTLY, VACUUM).
+	SQL string
+}
+
+// ErrInvalid is wrapped by errors Apply and Load return for bad input (empty
+// component, non-positive or duplicate versions, badly named files).
+var ErrInvalid = errors.New("pgmigrate: invalid migrations")
+
+const createTable = `CREATE TABLE IF NOT EXISTS ` + TableName + ` (
+	component  text        NOT NULL,
+	version    int         NOT NULL,
+	name       text        NOT NULL,
+	applied_at timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (component, version)
+)`
+
+// Apply brings component up to date: in one transaction holding
+// pg_advisory_xact_lock(LockKey) it creates the idem_schema_migrations table if
+// needed, then runs every migration whose version is not yet recorded for
+// component, in ascending version order, recording each. If any migration
+// fails the whole transaction rolls back, nothing is recorded, and the error
+// names the failing version. Calling Apply again, or from several processes at
+// once, is safe: already-applied versions are skipped.
+func Apply(ctx context.Context, db DB, component string, migrations []Migration) (err error) {
+	if err := validate(component, migrations); err != nil {
+		return err
+	}
+	sorted := slices.Clone(migrations)
+	slices.SortFunc(sorted, func(a, b Migration) int { return a.Version - b.Version })
+
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("pgmigrate: %s: begin: %w", component, err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", LockKey); err != nil {
+		return fmt.Errorf("pgmigrate: %s: take advisory lock: %w", component, err)
+	}
+	if _, err := tx.Exec(ctx, createTable); err != nil {
+		return fmt.Errorf("pgmigrate: create %s: %w", TableName, err)
+	}
+	rows, err := tx.Query(ctx, "SELECT version FROM "+TableName+" WHERE component = $1", component)
+	if err != nil {
+		return fmt.Errorf("pgmigrate: %s: read applied versions: %w", component, err)
+	}
+	applied, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return fmt.Errorf("pgmigrate: %s: read applied versions: %w", component, err)
+	}
+	for _, m := range sorted {
+		if slices.Contains(applied, int32(m.Version)) {
+			continue
+		}
+		if _, err := tx.Exec(ctx, m.SQL); err != nil {
+			return fmt.Errorf("pgmigrate: %s: migration %04d_%s: %w", component, m.Version, m.Name, err)
+		}
+		if _, err := tx.Exec(ctx,
+			"INSERT INTO "+TableName+" (component, version, name) VALUES ($1, $2, $3)",
+			component, m.Version, m.Name); err != nil {
+			return fmt.Errorf("pgmigrate: %s: record migration %04d_%s: %w", component, m.Version, m.Name, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("pgmigrate: %s: commit: %w", component, err)
+	}
+	return nil
+}
+
+func validate(component string, migrations []Migration) error {
+	if component == "" {
+		return fmt.Errorf("%w: component is empty", ErrInvalid)
+	}
+	seen := make(map[int]bool, len(migrations))
+	for _, m := range migrations {
+		if m.Version <= 0 || m.Version > 1<<31-1 {
+			return fmt.Errorf("%w: %s: migration %q has version %d, want 1..2147483647", ErrInvalid, component, m.Name, m.Version)
+		}
+		if seen[m.Version] {
+			return fmt.Errorf("%w: %s: version %d appears twice", ErrInvalid, component, m.Version)
+		}
+		seen[m.Version] = true
+	}
+	return nil
+}
+
+var fileName = regexp.MustCompile(`^([0-9]+)_([A-Za-z0-9_.-]+)\.sql$`)
+
+// Load reads the migrations in directory dir of fsys (typically an embed.FS).
+// Every file ending in ".sql" must be named NNNN_name.sql, where NNNN is the
+// decimal version (leading zeros allowed) and name a label of letters, digits,
+// '_', '-' and '.'; other files are ignored. The result is sorted by version.
+//
+// If data is not nil each file is executed as a text/template with data (for
+// example {{.Table}}); a reference to a missing key is an error. Substituted
+// values are inserted verbatim, so they must already be quoted identifiers,
+// such as the output of pgx.Identifier.Sanitize or [QuoteIdentifier]. If data
+// is nil the files are used as they are.
+func Load(fsys fs.FS, dir string, data any) ([]Migration, error) {
+	entries, err := fs.ReadDir(fsys, dir)
+	if err != nil {
+		return nil, fmt.Errorf("pgmigrate: read %s: %w", dir, err)
+	}
+	var out []Migration
+	seen := map[int]string{}
+	for _, e := range entries {
+		if e.IsDir() || !strings.HasSuffix(e.Name(), ".sql") {
+			continue
+		}
+		m := fileName.FindStringSubmatch(e.Name())
+		if m == nil {
+			return nil, fmt.Errorf("%w: file %q: want a name like 0001_create_table.sql", ErrInvalid, e.Name())
+		}
+		version, err := strconv.Atoi(m[1])
+		if err != nil || version <= 0 || version > 1<<31-1 {
+			return nil, fmt.Errorf("%w: file %q: version must be 1..2147483647", ErrInvalid, e.Name())
+		}
+		if prev, dup := seen[version]; dup {
+			return nil, fmt.Errorf("%w: files %q and %q share version %d", ErrInvalid, prev, e.Name(), version)
+		}
+		seen[version] = e.Name()
+		p := path.Join(dir, e.Name())
+		raw, err := fs.ReadFile(fsys, p)
+		if err != nil {
+			return nil, fmt.Errorf("pgmigrate: read %s: %w", p, err)
+		}
+		sql := string(raw)
+		if data != nil {
+			t, err := template.New(e.Name()).Option("missingkey=error").Parse(sql)
+			if err != nil {
+				return nil, fmt.Errorf("pgmigrate: parse template %s: %w", p, err)
+			}
+			var b strings.Builder
+			if err := t.Execute(&b, data); err != nil {
+				return nil, fmt.Errorf("pgmigrate: execute template %s: %w", p, err)
+			}
+			sql = b.String()
+		}
+		out = append(out, Migration{Version: version, Name: m[2], SQL: sql})
+	}
+	slices.SortFunc(out, func(a, b Migration) int { return a.Version - b.Version })
+	return out, nil
+}
+
+// QuoteIdentifier quotes each part of a possibly qualified name (for example
+// {"schema", "table"}) for use as an SQL identifier; it is
+// pgx.Identifier(parts).Sanitize().
+func QuoteIdentifier(parts ...string) string {
+	return pgx.Identifier(parts).Sanitize()
+}

@@ -1,0 +1,201 @@
+package testenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	tckafka "github.com/testcontainers/testcontainers-go/modules/kafka"
+	"github.com/twmb/franz-go/pkg/kfake"
+)
+
+// KafkaVersion is the protocol version tests give sarama. Kafka 4 rejects the
+// old protocol versions sarama's default (2.8) would pick.
+var KafkaVersion = sarama.V4_0_0_0
+
+// Kafka is the broker the tests run against.
+type Kafka struct {
+	// Brokers are the bootstrap addresses.
+	Brokers []string
+	// Kind says which broker runs: "env" (KAFKA_BROKERS), "testcontainers" or "kfake".
+	Kind string
+}
+
+var (
+	kafkaOnce sync.Once
+	kafkaEnv  *Kafka
+	kafkaErr  error
+)
+
+// NewKafka returns the process-wide test broker, starting it on first use, and
+// logs which broker runs.
+func NewKafka(tb testing.TB) *Kafka {
+	tb.Helper()
+	SkipIfShort(tb)
+	kafkaOnce.Do(func() {
+		if b := os.Getenv("KAFKA_BROKERS"); b != "" {
+			kafkaEnv = &Kafka{Brokers: strings.Split(b, ","), Kind: "env"}
+			return
+		}
+		if dockerHealthy() {
+			ctx := context.Background()
+			c, err := tckafka.Run(ctx, "confluentinc/confluent-local:7.5.0", tckafka.WithClusterID("idem-test"))
+			if err != nil {
+				kafkaErr = fmt.Errorf("testenv: start kafka container: %w", err)
+				return
+			}
+			brokers, err := c.Brokers(ctx)
+			kafkaEnv, kafkaErr = &Kafka{Brokers: brokers, Kind: "testcontainers"}, err
+			return
+		}
+		if os.Getenv("IDEM_REQUIRE_REAL_KAFKA") == "1" {
+			kafkaErr = errors.New("testenv: IDEM_REQUIRE_REAL_KAFKA=1 but KAFKA_BROKERS is not set and no Docker engine answers; run `make services`")
+			return
+		}
+		c, err := kfake.NewCluster(kfake.NumBrokers(1))
+		if err != nil {
+			kafkaErr = fmt.Errorf("testenv: start kfake: %w", err)
+			return
+		}
+		kafkaEnv = &Kafka{Brokers: c.ListenAddrs(), Kind: "kfake"}
+	})
+	if kafkaErr != nil {
+		tb.Fatal(kafkaErr)
+	}
+	tb.Logf("testenv: kafka broker: %s %v", kafkaEnv.Kind, kafkaEnv.Brokers)
+	return kafkaEnv
+}
+
+// Config returns a sarama config for this broker: the right protocol version,
+// acks=all and return of successes (for SyncProducer).
+func (k *Kafka) Config() *sarama.Config {
+	c := sarama.NewConfig()
+	c.Version = KafkaVersion
+	c.Producer.Return.Successes = true
+	c.Producer.RequiredAcks = sarama.WaitForAll
+	c.Consumer.Offsets.Initial = sarama.OffsetOldest
+	return c
+}
+
+// Admin returns a cluster admin closed when the test ends.
+func (k *Kafka) Admin(tb testing.TB) sarama.ClusterAdmin {
+	tb.Helper()
+	a, err := sarama.NewClusterAdmin(k.Brokers, k.Config())
+	if err != nil {
+		tb.Fatalf("testenv: kafka admin: %v", err)
+	}
+	tb.Cleanup(func() { _ = a.Close() })
+	return a
+}
+
+// Topic creates a topic with a unique name and the given number of partitions,
+// and deletes it when the test ends.
+func (k *Kafka) Topic(tb testing.TB, partitions int32) string {
+	tb.Helper()
+	name := Unique("t_" + tb.Name())
+	k.CreateTopic(tb, name, partitions)
+	return name
+}
+
+// CreateTopic creates name with the given partitions (replication factor 1),
+// waits until its metadata is visible, and deletes it when the test ends.
+func (k *Kafka) CreateTopic(tb testing.TB, name string, partitions int32) {
+	tb.Helper()
+	a := k.Admin(tb)
+	err := a.CreateTopic(name, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1}, false)
+	if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
+		tb.Fatalf("testenv: create topic %s: %v", name, err)
+	}
+	tb.Cleanup(func() { k.DeleteTopics(tb, name) })
+	k.WaitTopic(tb, name, partitions)
+}
+
+// DeleteTopics deletes topics (and whatever idem created beside them, such as
+// retry tiers, when their names are passed), logging failures.
+func (k *Kafka) DeleteTopics(tb testing.TB, names ...string) {
+	a, err := sarama.NewClusterAdmin(k.Brokers, k.Config())
+	if err != nil {
+		tb.Logf("testenv: delete topics: %v", err)
+		return
+	}
+	defer a.Close()
+	for _, n := range names {
+		if err := a.DeleteTopic(n); err != nil && !errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
+			tb.Logf("testenv: delete topic %s: %v", n, err)
+		}
+	}
+}
+
+// WaitTopic polls metadata until topic shows partitions partitions with leaders.
+func (k *Kafka) WaitTopic(tb testing.TB, topic string, partitions int32) {
+	tb.Helper()
+	c, err := sarama.NewClient(k.Brokers, k.Config())
+	if err != nil {
+		tb.Fatalf("testenv: kafka client: %v", err)
+	}
+	defer c.Close()
+	Eventually(tb, 30*time.Second, func() error {
+		if err := c.RefreshMetadata(topic); err != nil {
+			return err
+		}
+		ps, err := c.Partitions(topic)
+		if err != nil {
+			return err
+		}
+		if int32(len(ps)) < partitions {
+			return fmt.Errorf("topic %s has %d of %d partitions", topic, len(ps), partitions)
+		}
+		for _, p := range ps {
+			if _, err := c.Leader(topic, p); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Group returns a unique consumer group name.
+func Group(tb testing.TB) string {
+	tb.Helper()
+	return Unique("g_" + tb.Name())
+}
+
+// Producer returns a sync producer closed when the test ends.
+func (k *Kafka) Producer(tb testing.TB) sarama.SyncProducer {
+	tb.Helper()
+	cfg := k.Config()
+	cfg.Producer.Partitioner = sarama.NewManualPartitioner
+	p, err := sarama.NewSyncProducer(k.Brokers, cfg)
+	if err != nil {
+		tb.Fatalf("testenv: producer: %v", err)
+	}
+	tb.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+// Eventually polls f until it returns nil or timeout passes, then fails the test
+// with f's last error. It is the way tests wait: never time.Sleep.
+func Eventually(tb testing.TB, timeout time.Duration, f func() error) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	interval := 10 * time.Millisecond
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("testenv: condition not met within %s: %v", timeout, err)
+		}
+		time.Sleep(interval) // polling interval, not synchronisation
+		if interval < 200*time.Millisecond {
+			interval *= 2
+		}
+	}
+}

@@ -1,0 +1,248 @@
+#!/usr/bin/env bash
+# services.sh up|down|env — local Kafka (KRaft, one node) and PostgreSQL for idem's
+# development and tests, without Docker when no engine runs.
+#
+#   up    start what is missing and print KAFKA_BROKERS=… and DATABASE_URL=…; idempotent.
+#         Values already set in the environment win: then that service is not started.
+#         With a healthy Docker engine: `docker compose up -d --wait kafka postgres`.
+#         Otherwise: Apache Kafka from Maven Central jars run with java, and the
+#         machine's PostgreSQL cluster (pg_ctlcluster, as root) or an initdb'd one
+#         under .state/pg (not root).
+#   down  stop what `up` started (also after a crash); CLEAN=1 also deletes the state.
+#
+# Knobs: KAFKA_PORT (9092), KAFKA_CONTROLLER_PORT (9093), PGPORT (5432 as root via
+# pg_ctlcluster, 5433 for the initdb cluster), IDEM_STATE (.state), KAFKA_HEAP (512m).
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+state=${IDEM_STATE:-$root/.state}
+envfile=$state/services.env
+kport=${KAFKA_PORT:-9092}
+cport=${KAFKA_CONTROLLER_PORT:-9093}
+kdir=$state/kafka
+
+die() { echo "services: $*" >&2; exit 1; }
+note() { echo "services: $*" >&2; }
+
+port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+port_owner() { ss -ltnpH "sport = :$1" 2>/dev/null | sed -n 's/.*users:((\("[^"]*",pid=[0-9]*\).*/\1/p' | head -n1; }
+alive() { [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null; }
+
+docker_up() {
+  command -v docker >/dev/null 2>&1 || return 1
+  timeout 5 docker info >/dev/null 2>&1
+}
+
+# ---------------------------------------------------------------- Kafka ----
+kafka_pid() { [ -f "$kdir/kafka.pid" ] && cat "$kdir/kafka.pid" || true; }
+
+kafka_libs() {
+  command -v java >/dev/null 2>&1 || die "java not found: install Java 17 (apt-get install openjdk-17-jre-headless) or start a Docker engine"
+  java -version 2>&1 | grep -Eq 'version "(1[7-9]|[2-9][0-9])' || die "Java 17 or newer is needed for Kafka 4 (found: $(java -version 2>&1 | head -n1)); set PATH/JAVA_HOME to a newer JDK"
+  local stamp; stamp=$(sha256sum "$root/tools/kafka/pom.xml" | cut -c1-16)
+  if [ -f "$kdir/libs/.stamp" ] && [ "$(cat "$kdir/libs/.stamp")" = "$stamp" ]; then return; fi
+  command -v mvn >/dev/null 2>&1 || die "mvn not found: install Maven (apt-get install maven) so the Kafka jars can be fetched, or start a Docker engine"
+  note "fetching Kafka jars from Maven Central (first run only)…"
+  rm -rf "$kdir/libs"; mkdir -p "$kdir/libs"
+  if ! mvn -q -B -f "$root/tools/kafka/pom.xml" dependency:copy-dependencies -DoutputDirectory="$kdir/libs" >"$kdir/mvn.log" 2>&1; then
+    die "mvn could not resolve the Kafka jars (see $kdir/mvn.log: $(grep -m1 ERROR "$kdir/mvn.log" || tail -n1 "$kdir/mvn.log"))"
+  fi
+  echo "$stamp" >"$kdir/libs/.stamp"
+}
+
+kafka_config() {
+  mkdir -p "$kdir/data"
+  cat >"$kdir/server.properties" <<CFG
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$cport
+listeners=PLAINTEXT://127.0.0.1:$kport,CONTROLLER://127.0.0.1:$cport
+advertised.listeners=PLAINTEXT://127.0.0.1:$kport
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+log.dirs=$kdir/data
+num.partitions=1
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+min.insync.replicas=1
+group.initial.rebalance.delay.ms=0
+auto.create.topics.enable=false
+delete.topic.enable=true
+log.retention.hours=24
+CFG
+  cat >"$kdir/log4j2.properties" <<CFG
+status = warn
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = $kdir/server.log
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.file.ref = file
+logger.kafka.name = kafka
+logger.kafka.level = INFO
+logger.state.name = state.change.logger
+logger.state.level = WARN
+CFG
+}
+
+kafka_up() {
+  mkdir -p "$kdir"
+  local pid; pid=$(kafka_pid)
+  if alive "$pid"; then
+    "$(readyprobe)" -brokers "127.0.0.1:$kport" -timeout 60s -pid "$pid" || die "the Kafka broker (pid $pid) runs but does not answer; run 'make services-down' and try again"
+    return
+  fi
+  [ -f "$kdir/kafka.pid" ] && { note "removing stale pid file (broker $pid is not running)"; rm -f "$kdir/kafka.pid"; }
+  if port_busy "$kport"; then die "port $kport is already in use by $(port_owner "$kport" || echo 'another process'); stop it or set KAFKA_PORT to a free port"; fi
+  if port_busy "$cport"; then die "port $cport (Kafka controller) is already in use by $(port_owner "$cport" || echo 'another process'); stop it or set KAFKA_CONTROLLER_PORT"; fi
+  kafka_libs
+  kafka_config
+  local cp="$kdir/libs/*"
+  if [ ! -f "$kdir/cluster.id" ]; then
+    if [ -n "$(ls -A "$kdir/data" 2>/dev/null)" ]; then
+      die "stale Kafka state in $kdir/data (no cluster.id beside it); run 'make services-down CLEAN=1' and try again"
+    fi
+    java -cp "$cp" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n1 >"$kdir/cluster.id.tmp" || die "kafka StorageTool random-uuid failed"
+    mv "$kdir/cluster.id.tmp" "$kdir/cluster.id"
+  fi
+  local cid; cid=$(cat "$kdir/cluster.id")
+  if [ -f "$kdir/data/meta.properties" ] && ! grep -q "cluster.id=$cid" "$kdir/data/meta.properties"; then
+    die "stale Kafka state in $kdir/data (cluster id differs from $kdir/cluster.id); run 'make services-down CLEAN=1' and try again"
+  fi
+  if ! java -Dlog4j2.configurationFile="$kdir/log4j2.properties" -cp "$cp" kafka.tools.StorageTool format \
+      -t "$cid" -c "$kdir/server.properties" --ignore-formatted >"$kdir/format.log" 2>&1; then
+    die "formatting Kafka storage failed: $(grep -m1 -iE 'error|exception' "$kdir/format.log" || tail -n1 "$kdir/format.log"); if the state is stale run 'make services-down CLEAN=1'"
+  fi
+  note "starting Kafka $(ls "$kdir/libs" | sed -n 's/^kafka_2.13-\(.*\)\.jar$/\1/p') on 127.0.0.1:$kport (log: $kdir/server.log)"
+  setsid nohup java -Xms512m -Xmx"${KAFKA_HEAP:-512m}" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true \
+    -Dlog4j2.configurationFile="$kdir/log4j2.properties" -Dkafka.logs.dir="$kdir" \
+    -cp "$cp" kafka.Kafka "$kdir/server.properties" >"$kdir/kafka.out" 2>&1 </dev/null &
+  pid=$!
+  echo "$pid" >"$kdir/kafka.pid"
+  if ! "$(readyprobe)" -brokers "127.0.0.1:$kport" -timeout 120s -pid "$pid"; then
+    local why; why=$(grep -m1 -E 'ERROR|Exception' "$kdir/server.log" "$kdir/kafka.out" 2>/dev/null | head -n1 || true)
+    kill "$pid" 2>/dev/null || true; rm -f "$kdir/kafka.pid"
+    die "Kafka did not become ready${why:+: $why} (logs: $kdir/server.log, $kdir/kafka.out)"
+  fi
+}
+
+readyprobe() {
+  local bin=$state/bin/kafkaready
+  if [ ! -x "$bin" ] || [ "$root/internal/tools/kafkaready/main.go" -nt "$bin" ]; then
+    command -v go >/dev/null 2>&1 || die "go not found: install Go 1.26"
+    mkdir -p "$state/bin"
+    (cd "$root" && go build -o "$bin" ./internal/tools/kafkaready) >&2 || die "could not build the readiness probe (internal/tools/kafkaready)"
+  fi
+  echo "$bin"
+}
+
+kafka_down() {
+  local pid; pid=$(kafka_pid)
+  if alive "$pid"; then
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 100); do alive "$pid" || break; sleep 0.2; done
+    alive "$pid" && kill -9 "$pid" 2>/dev/null || true
+    note "Kafka stopped"
+  fi
+  rm -f "$kdir/kafka.pid"
+  # A broker left behind by a crash of this script (pid file lost) is found by its config path.
+  pkill -f "kafka.Kafka $kdir/server.properties" 2>/dev/null || true
+}
+
+# ----------------------------------------------------------- PostgreSQL ----
+pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n1; }
+
+pg_up() {
+  local bin; bin=$(pg_bin)
+  if [ "$(id -u)" = 0 ] && command -v pg_ctlcluster >/dev/null 2>&1; then
+    local line; line=$(pg_lsclusters -h 2>/dev/null | sort -V | tail -n1)
+    if [ -z "$line" ]; then
+      local v; v=$(basename "$(dirname "$bin")")
+      [ -n "$v" ] || die "PostgreSQL server not installed: apt-get install postgresql"
+      pg_createcluster "$v" main >/dev/null || die "pg_createcluster $v main failed"
+      line=$(pg_lsclusters -h | sort -V | tail -n1)
+    fi
+    read -r ver name port status _ <<<"$line"
+    if [ "$status" != online ]; then
+      if port_busy "$port"; then die "port $port is already in use by $(port_owner "$port" || echo 'another process'); PostgreSQL $ver/$name cannot start there"; fi
+      timeout 60 pg_ctlcluster "$ver" "$name" start || die "pg_ctlcluster $ver $name start failed (see /var/log/postgresql/postgresql-$ver-$name.log)"
+      echo "$ver $name" >"$state/pg.started"
+    fi
+    local sql="DO \$\$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname='idem') THEN CREATE ROLE idem LOGIN SUPERUSER PASSWORD 'idem'; END IF; END\$\$;"
+    timeout 30 su postgres -c "psql -p $port -qAt -v ON_ERROR_STOP=1" <<<"$sql" >/dev/null || die "could not create role idem in PostgreSQL $ver/$name"
+    if ! timeout 30 su postgres -c "psql -p $port -qAtc \"SELECT 1 FROM pg_database WHERE datname='idem'\"" | grep -q 1; then
+      timeout 30 su postgres -c "createdb -p $port -O idem idem" || die "could not create database idem"
+    fi
+    DATABASE_URL="postgres://idem:idem@127.0.0.1:$port/idem?sslmode=disable"
+    return
+  fi
+  # Not root: a private cluster under the state folder.
+  [ -n "$bin" ] || die "PostgreSQL server not installed: install postgresql (Debian: apt-get install postgresql) or start a Docker engine"
+  local port=${PGPORT:-5433} pgd=$state/pg
+  if [ -f "$pgd/data/PG_VERSION" ] && "$bin/pg_ctl" -D "$pgd/data" status >/dev/null 2>&1; then :; else
+    if [ ! -f "$pgd/data/PG_VERSION" ]; then
+      rm -rf "$pgd"; mkdir -p "$pgd"
+      "$bin/initdb" -D "$pgd/data" -U idem --auth=trust >"$pgd/initdb.log" 2>&1 || die "initdb failed (see $pgd/initdb.log)"
+    fi
+    if port_busy "$port"; then die "port $port is already in use by $(port_owner "$port" || echo 'another process'); set PGPORT to a free port"; fi
+    rm -f "$pgd/data/postmaster.pid"
+    "$bin/pg_ctl" -D "$pgd/data" -l "$pgd/server.log" -w -t 60 -o "-p $port -k $pgd -c listen_addresses=127.0.0.1" start >/dev/null ||
+      die "PostgreSQL did not start (see $pgd/server.log)"
+    echo "local" >"$state/pg.started"
+  fi
+  "$bin/psql" -h 127.0.0.1 -p "$port" -U idem -d postgres -qAtc "SELECT 1 FROM pg_database WHERE datname='idem'" | grep -q 1 ||
+    "$bin/createdb" -h 127.0.0.1 -p "$port" -U idem idem || die "could not create database idem"
+  DATABASE_URL="postgres://idem@127.0.0.1:$port/idem?sslmode=disable"
+}
+
+pg_down() {
+  [ -f "$state/pg.started" ] || return 0
+  local how; how=$(cat "$state/pg.started")
+  if [ "$how" = local ]; then
+    "$(pg_bin)/pg_ctl" -D "$state/pg/data" -m fast -w stop >/dev/null 2>&1 || true
+  else
+    # shellcheck disable=SC2086
+    pg_ctlcluster $how stop 2>/dev/null || true
+  fi
+  rm -f "$state/pg.started"
+  note "PostgreSQL stopped"
+}
+
+# ------------------------------------------------------------------ main ----
+cmd=${1:-up}
+mkdir -p "$state"
+case "$cmd" in
+up)
+  kafka_set=${KAFKA_BROKERS:-}; db_set=${DATABASE_URL:-}
+  if [ -z "$kafka_set" ] || [ -z "$db_set" ]; then
+    if [ "${IDEM_NO_DOCKER:-}" != 1 ] && docker_up; then
+      svcs=""; [ -z "$kafka_set" ] && svcs="$svcs kafka"; [ -z "$db_set" ] && svcs="$svcs postgres"
+      # shellcheck disable=SC2086
+      (cd "$root" && docker compose up -d --wait $svcs) >&2 || die "docker compose up failed"
+      echo docker >"$state/docker.started"
+      [ -z "$kafka_set" ] && KAFKA_BROKERS=127.0.0.1:9092
+      [ -z "$db_set" ] && DATABASE_URL="postgres://idem:idem@127.0.0.1:5432/idem?sslmode=disable"
+    else
+      [ -z "$kafka_set" ] && { kafka_up; KAFKA_BROKERS=127.0.0.1:$kport; }
+      [ -z "$db_set" ] && pg_up
+    fi
+  fi
+  printf 'KAFKA_BROKERS=%s\nDATABASE_URL=%s\n' "$KAFKA_BROKERS" "$DATABASE_URL" | tee "$envfile"
+  ;;
+down)
+  if [ -f "$state/docker.started" ]; then
+    (cd "$root" && docker compose down) >&2 || true
+    rm -f "$state/docker.started"
+  fi
+  kafka_down
+  pg_down
+  rm -f "$envfile"
+  if [ "${CLEAN:-}" = 1 ]; then rm -rf "$kdir" "$state/pg"; note "state deleted"; fi
+  ;;
+env) cat "$envfile" 2>/dev/null || die "no $envfile: run 'make services'" ;;
+*) die "usage: services.sh up|down|env" ;;
+esac
