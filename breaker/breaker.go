@@ -125,8 +125,14 @@ func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) er
 	}()
 	err = fn(ctx)
 	finished = true
-	b.record(gen, b.classify(ctx, err))
+	opened := b.record(gen, b.classify(ctx, err))
 	b.deliver()
+	if opened {
+		// This failure opened the breaker: report it as an open breaker that
+		// carries the failure, so a consumer pauses instead of spending a
+		// retry on a dependency that is now known to be down.
+		return &OpenError{Name: b.name, State: Open, RetryAfter: b.s.OpenTimeout, Cause: err}
+	}
 	return err
 }
 
@@ -162,14 +168,15 @@ func (b *Breaker) allow() (uint64, error) {
 	return b.gen, nil
 }
 
-// record counts the outcome of a call admitted in generation gen.
-func (b *Breaker) record(gen uint64, o outcome) {
+// record counts the outcome of a call admitted in generation gen and reports
+// whether it opened the breaker.
+func (b *Breaker) record(gen uint64, o outcome) (opened bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := b.s.Now()
 	b.advance(now)
 	if gen != b.gen {
-		return
+		return false
 	}
 	switch b.state {
 	case Closed:
@@ -182,6 +189,7 @@ func (b *Breaker) record(gen uint64, o outcome) {
 			b.failures++
 			if b.tripped() {
 				b.setState(Open, now)
+				return true
 			}
 		}
 	case HalfOpen:
@@ -193,10 +201,12 @@ func (b *Breaker) record(gen uint64, o outcome) {
 			}
 		case failure:
 			b.setState(Open, now)
+			return true
 		case excluded:
 			b.probes--
 		}
 	}
+	return false
 }
 
 // tripped reports whether the closed-state counts call for opening.

@@ -30,11 +30,21 @@ type OpenError struct {
 	// is half-open and the next call is a probe. When HalfOpen it is
 	// min(OpenTimeout, 1s): by then the probes have usually decided.
 	RetryAfter time.Duration
+	// Cause is the failure that opened the breaker when this call's own
+	// failure did (its state is then Open and RetryAfter the full cool-down);
+	// nil when the call was rejected without running.
+	Cause error
 }
+
+// Unwrap returns Cause.
+func (e *OpenError) Unwrap() error { return e.Cause }
 
 func (e *OpenError) Error() string {
 	if e.State == HalfOpen {
 		return fmt.Sprintf("breaker %q is half-open and its probe slots are taken: retry after %s", e.Name, e.RetryAfter)
+	}
+	if e.Cause != nil {
+		return fmt.Sprintf("breaker %q opened by this failure: %v: retry after %s", e.Name, e.Cause, e.RetryAfter)
 	}
 	return fmt.Sprintf("breaker %q is %s: retry after %s", e.Name, e.State, e.RetryAfter)
 }
@@ -42,9 +52,18 @@ func (e *OpenError) Error() string {
 // Is reports whether target is ErrOpen.
 func (e *OpenError) Is(target error) bool { return target == ErrOpen }
 
-// IsOpen reports whether err is or wraps an *OpenError (or ErrOpen): the call
-// was rejected by a breaker and not run.
+// IsOpen reports whether err is or wraps an *OpenError (or ErrOpen): the
+// breaker is open now, either because it rejected the call (Rejected) or because
+// this call's failure opened it (OpenError.Cause). Either way, the caller should
+// pause for RetryAfter rather than retry.
 func IsOpen(err error) bool { return errors.Is(err, ErrOpen) }
+
+// Rejected reports whether err is or wraps an *OpenError without a Cause: the
+// call was refused by an open (or busy half-open) breaker and fn never ran.
+func Rejected(err error) bool {
+	var oe *OpenError
+	return errors.As(err, &oe) && oe.Cause == nil
+}
 
 // RetryAfter returns the RetryAfter of the first *OpenError in err's chain,
 // and whether there is one. It is never negative.

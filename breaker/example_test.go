@@ -29,11 +29,15 @@ func ExampleSet_Do() {
 
 	call := func(fn func(context.Context) error) {
 		err := set.Do(ctx, "bank-api", fn)
-		if d, open := breaker.RetryAfter(err); open {
+		d, open := breaker.RetryAfter(err)
+		switch {
+		case breaker.Rejected(err):
 			fmt.Println("not called, pause for", d) // the consumer pauses its partitions
-			return
+		case open:
+			fmt.Println("called, and this failure opened the breaker: pause for", d)
+		default:
+			fmt.Println("called:", err)
 		}
-		fmt.Println("called:", err)
 	}
 	call(bankDown)
 	call(bankDown) // the second failure in a row opens the breaker
@@ -46,7 +50,7 @@ func ExampleSet_Do() {
 	// Output:
 	// called: bank: 503
 	//   [bank-api: closed -> open]
-	// called: bank: 503
+	// called, and this failure opened the breaker: pause for 30s
 	// not called, pause for 30s
 	// not called, pause for 20s
 	//   [bank-api: open -> half-open]

@@ -49,7 +49,7 @@ func TestMatchesGobreaker(t *testing.T) {
 				}
 				_, gerr := gb.Execute(func() (struct{}, error) { return struct{}{}, e })
 				err := b.Do(context.Background(), func(context.Context) error { return e })
-				if errors.Is(gerr, gobreaker.ErrOpenState) != breaker.IsOpen(err) {
+				if errors.Is(gerr, gobreaker.ErrOpenState) != breaker.Rejected(err) {
 					t.Fatalf("config %d seed %d call %d: gobreaker err %v, breaker err %v", ci, seed, i, gerr, err)
 				}
 				if g, w := b.State(), breaker.State(gb.State()); g != w {

@@ -70,7 +70,7 @@ func newBreaker(tb testing.TB, c *fakeClock, s breaker.Settings) *breaker.Breake
 func do(tb testing.TB, b *breaker.Breaker, n int, fn func(context.Context) error) {
 	tb.Helper()
 	for i := 0; i < n; i++ {
-		if err := b.Do(context.Background(), fn); breaker.IsOpen(err) {
+		if err := b.Do(context.Background(), fn); breaker.Rejected(err) {
 			tb.Fatalf("call %d of %d rejected: %v", i+1, n, err)
 		}
 	}

@@ -1,0 +1,305 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/retrytopic"
+)
+
+// DefaultKafkaVersion is the protocol version idem gives sarama when the base
+// config leaves sarama's default (2.8). Kafka 4 removed the old protocol
+// versions (KIP-896); 4.0 is the oldest version a 4.x broker accepts and the
+// cooperative-sticky assignor needs at least 2.4.
+var DefaultKafkaVersion = sarama.V4_0_0_0
+
+// KeyFunc derives the idempotency key of a message. Returning "" or an error
+// means the message has no valid key (see MissingKeyPolicy).
+type KeyFunc func(m *handler.Message) (string, error)
+
+// HeaderKey returns a KeyFunc reading the header named name.
+func HeaderKey(name string) KeyFunc {
+	return func(m *handler.Message) (string, error) {
+		v, _ := m.Header(name)
+		return string(v), nil
+	}
+}
+
+// MissingKeyPolicy says what happens to a message without a valid idempotency
+// key (no key, an empty one, one longer than MaxKeyLength, or a KeyFunc error).
+type MissingKeyPolicy int
+
+const (
+	// MissingKeyDeadLetter sends the message to the dead-letter topic with
+	// idem-error-kind "missing-key". The default: without a key, idem cannot
+	// make a retry safe, so it refuses to guess.
+	MissingKeyDeadLetter MissingKeyPolicy = iota
+	// MissingKeyUseCoordinates uses "<topic>/<partition>/<offset>" of the
+	// original record as the key. Redelivery of the same record is then
+	// deduplicated, but a producer that sends the same event twice gets two
+	// effects: only for streams where the producer never retries.
+	MissingKeyUseCoordinates
+)
+
+// String returns "dead-letter" or "use-coordinates".
+func (p MissingKeyPolicy) String() string {
+	switch p {
+	case MissingKeyDeadLetter:
+		return "dead-letter"
+	case MissingKeyUseCoordinates:
+		return "use-coordinates"
+	}
+	return fmt.Sprintf("MissingKeyPolicy(%d)", int(p))
+}
+
+// Config configures Run. The zero value of every optional field means its
+// documented default; Brokers, Group, Topics and Dedupe are required.
+type Config struct {
+	// Brokers are the bootstrap addresses, "host:port".
+	Brokers []string
+
+	// Group is the consumer group id. It also names the inbox rows
+	// (idem_processed.consumer_group), so two groups reading one topic each get
+	// their own effects.
+	// Kafka: group.id.
+	Group string
+
+	// Topics to consume.
+	Topics []string
+
+	// KeyFunc derives the idempotency key of each message.
+	// Default: HeaderKey("idempotency-key").
+	KeyFunc KeyFunc
+
+	// MaxKeyLength bounds the idempotency key's length in bytes; longer keys
+	// are treated as missing.
+	// Default: 256.
+	MaxKeyLength int
+
+	// MissingKey says what happens to a message without a valid key.
+	// Default: MissingKeyDeadLetter.
+	MissingKey MissingKeyPolicy
+
+	// Dedupe records which keys have had their effects. Required:
+	// dedupe.NewPostgres(pool) for effects in PostgreSQL (the handler's writes
+	// commit with the inbox row), dedupe.NewPostgresLease for effects
+	// elsewhere, dedupe.NewMemory for tests and demos.
+	Dedupe dedupe.Store
+
+	// Sarama is the base sarama config, for TLS, SASL, client id and tuning.
+	// idem copies it and then sets what its guarantees depend on: manual
+	// offset marking with auto-commit of marked offsets only, the
+	// cooperative-sticky assignor (unless you set strategies yourself), an
+	// idempotent acks=all producer for forwards, and Version when left at
+	// sarama's default.
+	// Default: sarama.NewConfig().
+	Sarama *sarama.Config
+
+	// Logger receives idem's logs.
+	// Default: slog.Default().
+	Logger *slog.Logger
+
+	// Registerer receives idem's Prometheus collectors (package metrics).
+	// Default: nil, metrics are kept but not exported.
+	Registerer prometheus.Registerer
+
+	// ShutdownGrace bounds how long an in-flight message may run after its
+	// partition is revoked or Run's ctx is cancelled; then the handler's ctx is
+	// cancelled, its transaction rolled back and the message left for
+	// redelivery. It must be shorter than
+	// Sarama.Consumer.Group.Rebalance.Timeout.
+	// Default: 10s.
+	ShutdownGrace time.Duration
+
+	// CommitInterval is how often marked offsets are committed. Offsets are
+	// also committed when a partition is revoked and at shutdown.
+	// Default: 1s. Kafka: auto.commit.interval.ms (of marked offsets only).
+	CommitInterval time.Duration
+
+	// Retry says where a message goes when its in-process retries are spent:
+	// through non-blocking retry topics, one per entry of Retry.Delays, then to
+	// the dead-letter topic. Permanent errors, decode errors, missing keys and
+	// panics go to the dead-letter topic at once. idem creates missing tier and
+	// dead-letter topics at start (with at least the source's partitions) and
+	// subscribes to the tiers itself.
+	// Default: retrytopic.Policy{} (no tiers; dead-letter topic "<topic>.<group>.dlq").
+	Retry retrytopic.Policy
+
+	// Retries is the number of in-process retries of a message whose handler
+	// returned a retriable error, each in a fresh transaction, before the
+	// message is forwarded to the next retry tier (or the dead-letter topic).
+	// A negative value disables in-process retries.
+	// Default: 3.
+	Retries int
+
+	// RetryBase and RetryMax shape the in-process backoff: retry n waits a
+	// uniformly random time in [0, min(RetryMax, RetryBase*2^(n-1))] ("full
+	// jitter"), or at least the delay asked by handler.RetryAfter.
+	// Default: RetryBase 100ms, RetryMax 5s.
+	RetryBase time.Duration
+	// RetryMax caps the in-process backoff (see RetryBase).
+	// Default: 5s.
+	RetryMax time.Duration
+
+	// RetryPanics treats a handler panic like a retriable error instead of
+	// dead-lettering it at once.
+	// Default: false.
+	RetryPanics bool
+
+	// OutageBackoff bounds the wait between tries while the dedupe store or
+	// the broker is unavailable. Such tries are not handler attempts.
+	// Default: 5s (starting at 100ms, doubling, with jitter).
+	OutageBackoff time.Duration
+}
+
+// Defaults of Config, in one place. TestDocumentedDefaults checks each field's
+// "Default:" line against it.
+func defaults() Config {
+	return Config{
+		KeyFunc:        HeaderKey("idempotency-key"),
+		MaxKeyLength:   256,
+		MissingKey:     MissingKeyDeadLetter,
+		Sarama:         sarama.NewConfig(),
+		Logger:         slog.Default(),
+		ShutdownGrace:  10 * time.Second,
+		CommitInterval: time.Second,
+		OutageBackoff:  5 * time.Second,
+		Retries:        3,
+		RetryBase:      100 * time.Millisecond,
+		RetryMax:       5 * time.Second,
+	}
+}
+
+// withDefaults returns c with every zero optional field set to its default.
+func (c Config) withDefaults() Config {
+	d := defaults()
+	if c.KeyFunc == nil {
+		c.KeyFunc = d.KeyFunc
+	}
+	if c.MaxKeyLength == 0 {
+		c.MaxKeyLength = d.MaxKeyLength
+	}
+	if c.Sarama == nil {
+		c.Sarama = d.Sarama
+	}
+	if c.Logger == nil {
+		c.Logger = d.Logger
+	}
+	if c.ShutdownGrace == 0 {
+		c.ShutdownGrace = d.ShutdownGrace
+	}
+	if c.CommitInterval == 0 {
+		c.CommitInterval = d.CommitInterval
+	}
+	if c.OutageBackoff == 0 {
+		c.OutageBackoff = d.OutageBackoff
+	}
+	if c.Retries == 0 {
+		c.Retries = d.Retries
+	} else if c.Retries < 0 {
+		c.Retries = 0
+	}
+	if c.RetryBase == 0 {
+		c.RetryBase = d.RetryBase
+	}
+	if c.RetryMax == 0 {
+		c.RetryMax = d.RetryMax
+	}
+	return c
+}
+
+// ErrInvalidConfig is wrapped by every error Validate returns.
+var ErrInvalidConfig = errors.New("consumer: invalid config")
+
+// ConfigError names the field, the value and the rule it breaks.
+type ConfigError struct {
+	Field string
+	Value any
+	Rule  string
+}
+
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("consumer: Config.%s = %v: %s", e.Field, e.Value, e.Rule)
+}
+
+// Is makes errors.Is(err, ErrInvalidConfig) hold.
+func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
+
+// Validate reports every problem of c (with defaults applied) as *ConfigError
+// values joined with errors.Join; nil if c can run.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	var errs []error
+	bad := func(field string, v any, rule string) { errs = append(errs, &ConfigError{field, v, rule}) }
+	if len(c.Brokers) == 0 {
+		bad("Brokers", c.Brokers, "at least one broker address is required")
+	}
+	for _, b := range c.Brokers {
+		if strings.TrimSpace(b) == "" || !strings.Contains(b, ":") {
+			bad("Brokers", b, `each broker must be "host:port"`)
+		}
+	}
+	if strings.TrimSpace(c.Group) == "" {
+		bad("Group", c.Group, "a consumer group id is required")
+	}
+	if len(c.Topics) == 0 {
+		bad("Topics", c.Topics, "at least one topic is required")
+	}
+	seen := map[string]bool{}
+	for _, t := range c.Topics {
+		if t == "" {
+			bad("Topics", c.Topics, "topic names must not be empty")
+		}
+		if seen[t] {
+			bad("Topics", t, "listed twice")
+		}
+		seen[t] = true
+	}
+	if c.Dedupe == nil {
+		bad("Dedupe", nil, "a dedupe store is required (dedupe.NewPostgres(pool), or dedupe.NewMemory() for tests)")
+	}
+	if c.MaxKeyLength < 0 {
+		bad("MaxKeyLength", c.MaxKeyLength, "must be > 0")
+	}
+	if c.MissingKey != MissingKeyDeadLetter && c.MissingKey != MissingKeyUseCoordinates {
+		bad("MissingKey", c.MissingKey, "unknown policy")
+	}
+	if c.ShutdownGrace < 0 {
+		bad("ShutdownGrace", c.ShutdownGrace, "must be > 0")
+	}
+	if rt := c.Sarama.Consumer.Group.Rebalance.Timeout; c.ShutdownGrace >= rt {
+		bad("ShutdownGrace", c.ShutdownGrace, fmt.Sprintf("must be shorter than Sarama.Consumer.Group.Rebalance.Timeout (%s)", rt))
+	}
+	if c.CommitInterval < 0 {
+		bad("CommitInterval", c.CommitInterval, "must be > 0")
+	}
+	if c.OutageBackoff < 0 {
+		bad("OutageBackoff", c.OutageBackoff, "must be > 0")
+	}
+	if err := c.Retry.Validate(); err != nil {
+		bad("Retry", c.Retry.Delays, err.Error())
+	}
+	for _, t := range c.Topics {
+		if t == "" {
+			continue
+		}
+		if err := c.Retry.ValidateNames(t, c.Group); err != nil && c.Group != "" {
+			bad("Retry", t, err.Error())
+		}
+	}
+	if c.RetryBase < 0 {
+		bad("RetryBase", c.RetryBase, "must be > 0")
+	}
+	if c.RetryMax < c.RetryBase {
+		bad("RetryMax", c.RetryMax, fmt.Sprintf("must be >= RetryBase (%s)", c.RetryBase))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,208 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemhq/idem/consumer"
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/testenv"
+)
+
+// env is one test's broker, database and names.
+type env struct {
+	t     *testing.T
+	k     *testenv.Kafka
+	pool  *pgxpool.Pool
+	topic string
+	group string
+	reg   *prometheus.Registry
+}
+
+func newEnv(t *testing.T, partitions int32) *env {
+	t.Helper()
+	k := testenv.NewKafka(t)
+	e := &env{t: t, k: k, pool: testenv.Postgres(t), topic: k.Topic(t, partitions), group: testenv.Group(t), reg: prometheus.NewRegistry()}
+	ctx := testenv.Context(t)
+	if err := dedupe.Migrate(ctx, e.pool); err != nil {
+		t.Fatal(err)
+	}
+	// A business table WITHOUT a unique constraint: only the inbox prevents doubles.
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE effects(key text not null, topic text, part int, off bigint, at timestamptz default now())`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// idem's own topics for this test's group.
+		var names []string
+		for _, suffix := range []string{".dlq", ".retry.1", ".retry.2", ".retry.3"} {
+			names = append(names, e.topic+"."+e.group+suffix)
+		}
+		k.DeleteTopics(t, names...)
+	})
+	return e
+}
+
+func (e *env) config() consumer.Config {
+	level := slog.LevelWarn
+	if os.Getenv("IDEM_TEST_DEBUG") != "" {
+		level = slog.LevelDebug
+	}
+	return consumer.Config{
+		Brokers:        e.k.Brokers,
+		Group:          e.group,
+		Topics:         []string{e.topic},
+		Dedupe:         dedupe.NewPostgres(e.pool),
+		Sarama:         e.k.Config(),
+		Logger:         slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: level})),
+		Registerer:     e.reg,
+		CommitInterval: 100 * time.Millisecond,
+		ShutdownGrace:  5 * time.Second,
+		RetryBase:      5 * time.Millisecond,
+		RetryMax:       20 * time.Millisecond,
+	}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(string(p))
+	return len(p), nil
+}
+
+// produce sends one record per key to partition i%partitions with the
+// idempotency-key header, and returns how many it sent.
+func (e *env) produce(keys []string, partitions int) {
+	e.t.Helper()
+	p := e.k.Producer(e.t)
+	msgs := make([]*sarama.ProducerMessage, 0, len(keys))
+	for i, k := range keys {
+		msgs = append(msgs, &sarama.ProducerMessage{
+			Topic: e.topic, Partition: int32(i % partitions),
+			Key:     sarama.StringEncoder(k),
+			Value:   sarama.StringEncoder(fmt.Sprintf(`{"n":%d}`, i)),
+			Headers: []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(k)}},
+		})
+	}
+	for len(msgs) > 0 {
+		n := min(len(msgs), 500)
+		if err := p.SendMessages(msgs[:n]); err != nil {
+			e.t.Fatalf("produce: %v", err)
+		}
+		msgs = msgs[n:]
+	}
+}
+
+// effectHandler writes one effects row per handled message through the
+// message's transaction.
+func effectHandler() handler.Func {
+	return func(ctx context.Context, m *handler.Message) error {
+		_, err := dedupe.Tx(ctx).Exec(ctx, `INSERT INTO effects(key, topic, part, off) VALUES ($1,$2,$3,$4)`,
+			m.IdempotencyKey, m.Topic, m.Partition, m.Offset)
+		return err
+	}
+}
+
+// running is a Run call in the background.
+type running struct {
+	cancel context.CancelFunc
+	done   chan error
+	once   sync.Once
+	err    error
+}
+
+// start runs consumer.Run until stop (or the test's end).
+func start(t *testing.T, cfg consumer.Config, h handler.Handler) *running {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- consumer.Run(ctx, cfg, h) }()
+	t.Cleanup(func() {
+		if err := r.stop(); err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return r
+}
+
+// stop cancels Run and waits for it to return.
+func (r *running) stop() error {
+	r.once.Do(func() {
+		r.cancel()
+		r.err = <-r.done
+	})
+	return r.err
+}
+
+func (e *env) count(q string, args ...any) int {
+	e.t.Helper()
+	var n int
+	if err := e.pool.QueryRow(context.Background(), q, args...).Scan(&n); err != nil {
+		e.t.Fatalf("%s: %v", q, err)
+	}
+	return n
+}
+
+// committed returns the group's committed offsets per partition of topic.
+func (e *env) committed(topic string, partitions int32) map[int32]int64 {
+	e.t.Helper()
+	a := e.k.Admin(e.t)
+	ps := make([]int32, partitions)
+	for i := range ps {
+		ps[i] = int32(i)
+	}
+	resp, err := a.ListConsumerGroupOffsets(e.group, map[string][]int32{topic: ps})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	out := map[int32]int64{}
+	for p, b := range resp.Blocks[topic] {
+		out[p] = b.Offset
+	}
+	return out
+}
+
+// endOffsets returns the high-water marks of topic.
+func (e *env) endOffsets(topic string, partitions int32) map[int32]int64 {
+	e.t.Helper()
+	c, err := sarama.NewClient(e.k.Brokers, e.k.Config())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer c.Close()
+	out := map[int32]int64{}
+	for p := range partitions {
+		o, err := c.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		out[p] = o
+	}
+	return out
+}
+
+// waitCommitted waits until every partition's committed offset reaches its end.
+func (e *env) waitCommitted(topic string, partitions int32, timeout time.Duration) {
+	e.t.Helper()
+	want := e.endOffsets(topic, partitions)
+	testenv.Eventually(e.t, timeout, func() error {
+		got := e.committed(topic, partitions)
+		for p, w := range want {
+			if got[p] != w {
+				return fmt.Errorf("partition %d committed %d, end %d", p, got[p], w)
+			}
+		}
+		return nil
+	})
+}

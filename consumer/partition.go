@@ -1,0 +1,282 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/idemhq/idem/breaker"
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/metrics"
+)
+
+// Back-pressure marks of a partition's queue (see queue).
+const (
+	highWater = 1024
+	lowWater  = 256
+)
+
+// partition is the pipeline of one claimed partition: one worker goroutine
+// (the ConsumeClaim goroutine) handles its messages one at a time, in order.
+type partition struct {
+	r     *runner
+	sess  sarama.ConsumerGroupSession
+	claim sarama.ConsumerGroupClaim
+	tp    tp
+	log   *slog.Logger
+
+	// stopCtx is cancelled when the claim ends (revoked, session over, Run
+	// cancelled): no new message is taken, waits between attempts end.
+	stopCtx context.Context
+	stop    context.CancelFunc
+	// hctx is the handlers' ctx: cancelled ShutdownGrace after stopCtx, so an
+	// in-flight message may finish (and be marked) within the grace period.
+	hctx    context.Context
+	hcancel context.CancelFunc
+}
+
+func newPartition(r *runner, s sarama.ConsumerGroupSession, c sarama.ConsumerGroupClaim) *partition {
+	p := &partition{
+		r: r, sess: s, claim: c,
+		tp:  tp{c.Topic(), c.Partition()},
+		log: r.log.With("topic", c.Topic(), "partition", c.Partition()),
+	}
+	p.stopCtx, p.stop = context.WithCancel(r.baseCtx)
+	p.hctx, p.hcancel = context.WithCancel(r.baseCtx)
+	return p
+}
+
+// run handles the claim until it ends. It marks an offset only after the
+// message's outcome is durable and only before it returns, so never after the
+// claim is lost.
+func (p *partition) run() {
+	r := p.r
+	q := newQueue()
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	defer func() {
+		close(done)
+		p.stop()
+		p.hcancel()
+		wg.Wait()
+		r.gate.leave(p.tp)
+		r.pauses.forget(p.tp)
+	}()
+	r.gate.join(p.tp)
+
+	// The reader drains Messages so that its closing (revocation) is seen at
+	// once, and pauses fetching when the worker falls behind.
+	wg.Go(func() {
+		defer p.stop()
+		for {
+			select {
+			case m, ok := <-p.claim.Messages():
+				if !ok {
+					return
+				}
+				if q.push(m) >= highWater {
+					r.pauses.set(p.tp, pauseBackpressure, true)
+				}
+			case <-p.sess.Context().Done():
+				return
+			case <-r.runCtx.Done():
+				return
+			case <-done:
+				return
+			}
+		}
+	})
+	// The grace timer: once stopping, the in-flight handler has ShutdownGrace.
+	wg.Go(func() {
+		select {
+		case <-p.stopCtx.Done():
+		case <-done:
+			return
+		}
+		t := time.NewTimer(r.cfg.ShutdownGrace)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			p.log.Warn("idem: in-flight message exceeded the shutdown grace; cancelling it", "grace", r.cfg.ShutdownGrace)
+			p.hcancel()
+		case <-done:
+		}
+	})
+
+	for {
+		m, left, ok := q.pop(p.stopCtx)
+		if !ok {
+			return
+		}
+		if left <= lowWater {
+			r.pauses.set(p.tp, pauseBackpressure, false)
+		}
+		if !p.handle(m) {
+			return
+		}
+	}
+}
+
+// mark records m's offset for commit.
+func (p *partition) mark(m *sarama.ConsumerMessage) {
+	p.sess.MarkMessage(m, "")
+	p.r.m.Commits.WithLabelValues(p.r.cfg.Group).Inc()
+}
+
+// handle takes m to a final outcome and marks it, or returns false when the
+// partition is stopping and m must be left for redelivery.
+func (p *partition) handle(cm *sarama.ConsumerMessage) bool {
+	r := p.r
+	msg := toMessage(cm)
+	origin := r.originOf(cm)
+	msg.Attempt = origin.attempts + 1
+	if !p.waitDue(cm, origin) {
+		return false
+	}
+
+	key, keyErr := p.key(msg, origin)
+	if keyErr != nil {
+		r.m.MissingKey.WithLabelValues(r.cfg.Group, cm.Topic).Inc()
+		return p.finalFailure(cm, msg, origin, keyErr)
+	}
+	msg.IdempotencyKey = key
+	rec := dedupe.Record{Group: r.cfg.Group, Key: key, Topic: origin.topic, Partition: origin.partition, Offset: origin.offset}
+
+	retries, outages := 0, 0
+	for {
+		probe, ok := r.gate.wait(p.stopCtx)
+		if !ok {
+			return false
+		}
+		err := p.attempt(rec, msg)
+		if probe {
+			if breaker.IsOpen(err) {
+				r.gate.trip(err)
+				r.gate.probeDone(true)
+				continue
+			}
+			r.gate.probeDone(false)
+		}
+		switch {
+		case err == nil:
+			p.mark(cm)
+			return true
+		case p.hctx.Err() != nil:
+			// Cancelled past the grace period: rolled back, left for redelivery.
+			return false
+		case dedupe.IsStoreError(err):
+			outages++
+			r.m.StoreErrors.WithLabelValues(r.cfg.Group).Inc()
+			p.log.Warn("idem: dedupe store unavailable; retrying the same message", "offset", cm.Offset, "err", err, "try", outages)
+			if !sleep(p.stopCtx, r.outageDelay(outages)) {
+				return false
+			}
+		case breaker.IsOpen(err):
+			// The dependency is down: pause instead of spending retries.
+			r.gate.trip(err)
+		case p.retriable(err) && retries < r.cfg.Retries:
+			retries++
+			msg.Attempt++
+			r.m.Retries.WithLabelValues(r.cfg.Group, cm.Topic).Inc()
+			d := r.jitter(retries)
+			if ra, ok := handler.RetryAfterOf(err); ok && ra > d {
+				d = ra
+			}
+			p.log.Debug("idem: handler failed; retrying in process", "offset", cm.Offset, "key", key, "err", err, "retry", retries, "in", d)
+			if !sleep(p.stopCtx, d) {
+				return false
+			}
+		default:
+			return p.finalFailure(cm, msg, origin, err)
+		}
+	}
+}
+
+// attempt runs the handler once inside the dedupe store's unit of work.
+func (p *partition) attempt(rec dedupe.Record, msg *handler.Message) error {
+	r := p.r
+	start := time.Now()
+	var herr error
+	out, err := r.cfg.Dedupe.Process(p.hctx, rec, func(ctx context.Context) error {
+		herr = r.h.Handle(ctx, msg)
+		return herr
+	})
+	topic := msg.Topic
+	switch {
+	case err == nil && out == dedupe.Duplicate:
+		r.m.Messages.WithLabelValues(r.cfg.Group, topic, metrics.OutcomeDuplicate).Inc()
+		p.log.Debug("idem: duplicate skipped", "offset", msg.Offset, "key", rec.Key)
+		return nil
+	case err == nil:
+		r.m.HandlerDuration.WithLabelValues(r.cfg.Group, topic).Observe(time.Since(start).Seconds())
+		r.m.Attempts.WithLabelValues(r.cfg.Group, topic, metrics.ResultOK).Inc()
+		r.m.Messages.WithLabelValues(r.cfg.Group, topic, metrics.OutcomeProcessed).Inc()
+		return nil
+	}
+	if herr != nil { // the handler ran and failed (err is herr, or wraps it)
+		r.m.HandlerDuration.WithLabelValues(r.cfg.Group, topic).Observe(time.Since(start).Seconds())
+		result := metrics.ResultError
+		switch {
+		case handler.IsPanic(herr):
+			result = metrics.ResultPanic
+		case breaker.IsOpen(herr):
+			result = metrics.ResultBreakerOpen
+		}
+		r.m.Attempts.WithLabelValues(r.cfg.Group, topic, result).Inc()
+	}
+	return err
+}
+
+func (p *partition) retriable(err error) bool {
+	if handler.IsPanic(err) {
+		return p.r.cfg.RetryPanics
+	}
+	return handler.IsRetriable(err)
+}
+
+// key derives and checks the idempotency key.
+func (p *partition) key(msg *handler.Message, o origin) (string, error) {
+	r := p.r
+	k, err := r.cfg.KeyFunc(msg)
+	switch {
+	case err != nil:
+		err = &handler.MissingKeyError{Reason: "KeyFunc: " + err.Error()}
+	case k == "":
+		err = &handler.MissingKeyError{Reason: "empty or absent"}
+	case len(k) > r.cfg.MaxKeyLength:
+		err = &handler.MissingKeyError{Reason: fmt.Sprintf("%d bytes, longer than MaxKeyLength %d", len(k), r.cfg.MaxKeyLength)}
+	}
+	if err == nil {
+		return k, nil
+	}
+	if r.cfg.MissingKey == MissingKeyUseCoordinates {
+		return o.topic + "/" + strconv.Itoa(int(o.partition)) + "/" + strconv.FormatInt(o.offset, 10), nil
+	}
+	return "", err
+}
+
+// finalFailure routes a message whose handling ended in failure (permanent,
+// panic, missing key, retries exhausted) to a retry tier or the DLQ.
+func (p *partition) finalFailure(cm *sarama.ConsumerMessage, msg *handler.Message, o origin, err error) bool {
+	return p.forward(cm, msg, o, err)
+}
+
+// toMessage converts a sarama record; the Message shares its byte slices.
+func toMessage(cm *sarama.ConsumerMessage) *handler.Message {
+	hs := make([]handler.Header, 0, len(cm.Headers))
+	for _, h := range cm.Headers {
+		if h != nil {
+			hs = append(hs, handler.Header{Key: string(h.Key), Value: h.Value})
+		}
+	}
+	return &handler.Message{
+		Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset,
+		Key: cm.Key, Value: cm.Value, Headers: hs, Timestamp: cm.Timestamp,
+	}
+}

@@ -1,0 +1,212 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemhq/idem/breaker"
+)
+
+// pauseReason says who wants a partition's fetching paused; a partition is
+// paused while any reason holds.
+type pauseReason uint8
+
+const (
+	pauseBackpressure pauseReason = 1 << iota // the partition's queue is above its high-water mark
+	pauseBreaker                              // a dependency's breaker is open
+)
+
+type tp struct {
+	topic     string
+	partition int32
+}
+
+// pauser applies sarama Pause/Resume per partition from several reasons.
+type pauser struct {
+	group  sarama.ConsumerGroup
+	paused prometheus.Gauge
+
+	mu      sync.Mutex
+	reasons map[tp]pauseReason
+}
+
+func newPauser(g sarama.ConsumerGroup, paused prometheus.Gauge) *pauser {
+	return &pauser{group: g, paused: paused, reasons: map[tp]pauseReason{}}
+}
+
+func (p *pauser) set(k tp, why pauseReason, on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	was := p.reasons[k]
+	now := was &^ why
+	if on {
+		now = was | why
+	}
+	if now == 0 {
+		delete(p.reasons, k)
+	} else {
+		p.reasons[k] = now
+	}
+	parts := map[string][]int32{k.topic: {k.partition}}
+	switch {
+	case was == 0 && now != 0:
+		p.group.Pause(parts)
+		p.paused.Inc()
+	case was != 0 && now == 0:
+		p.group.Resume(parts)
+		p.paused.Dec()
+	}
+}
+
+// forget drops a partition that is no longer claimed.
+func (p *pauser) forget(k tp) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.reasons[k] != 0 {
+		p.group.Resume(map[string][]int32{k.topic: {k.partition}})
+		p.paused.Dec()
+	}
+	delete(p.reasons, k)
+}
+
+// gate turns "a dependency's breaker is open" into "this consumer stops
+// consuming": while it is closed messages flow; when a handler reports an open
+// breaker the gate closes every claimed partition (their fetching is paused, and
+// workers wait before their next attempt) until the breaker's cool-down ends.
+// Then exactly one worker goes through as the half-open probe while the others
+// keep waiting; the probe's outcome decides: anything but an open breaker opens
+// the gate for all and resumes fetching; an open breaker closes it for another
+// cool-down. No retry budget is spent and nothing is forwarded meanwhile.
+type gate struct {
+	r *runner
+
+	mu      sync.Mutex
+	until   time.Time       // zero: open (messages flow)
+	probing bool            // a probe is running
+	changed chan struct{}   // closed and replaced on every change
+	members map[tp]struct{} // partitions whose workers are running
+	name    string          // the breaker that closed the gate
+	since   time.Time
+}
+
+func newGate(r *runner) *gate {
+	return &gate{r: r, changed: make(chan struct{}), members: map[tp]struct{}{}}
+}
+
+func (g *gate) broadcast() {
+	close(g.changed)
+	g.changed = make(chan struct{})
+}
+
+// join registers a claimed partition; if the gate is closed it is paused at once.
+func (g *gate) join(k tp) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.members[k] = struct{}{}
+	if !g.until.IsZero() {
+		g.r.pauses.set(k, pauseBreaker, true)
+	}
+}
+
+func (g *gate) leave(k tp) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.members, k)
+}
+
+// trip closes the gate for d, reported by a handler as an open breaker.
+func (g *gate) trip(err error) {
+	d, _ := breaker.RetryAfter(err)
+	d = max(d, 10*time.Millisecond)
+	var oe *breaker.OpenError
+	name := ""
+	if errors.As(err, &oe) {
+		name = oe.Name
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	until := time.Now().Add(d)
+	if g.until.IsZero() {
+		g.since = time.Now()
+		g.name = name
+		for k := range g.members {
+			g.r.pauses.set(k, pauseBreaker, true)
+		}
+		g.r.log.Warn("idem: dependency breaker open; consumption paused", "breaker", name, "retry_after", d)
+	}
+	if until.After(g.until) {
+		g.until = until
+	}
+	g.probing = false
+	g.broadcast()
+}
+
+// wait blocks while the gate is closed. It returns probe=true when the caller
+// is the one worker let through as the half-open probe (it must then call
+// probeDone), and false if ctx ended first.
+func (g *gate) wait(ctx context.Context) (probe bool, ok bool) {
+	for {
+		g.mu.Lock()
+		if g.until.IsZero() {
+			g.mu.Unlock()
+			return false, true
+		}
+		ch := g.changed
+		left := time.Until(g.until)
+		if left <= 0 && !g.probing {
+			g.probing = true
+			g.mu.Unlock()
+			return true, true
+		}
+		g.mu.Unlock()
+		var t *time.Timer
+		var timer <-chan time.Time
+		if left > 0 {
+			t = time.NewTimer(left)
+			timer = t.C
+		}
+		select {
+		case <-ch:
+		case <-timer:
+		case <-ctx.Done():
+		}
+		if t != nil {
+			t.Stop()
+		}
+		if ctx.Err() != nil {
+			return false, false
+		}
+	}
+}
+
+// probeDone reports a probe's outcome. reopened is true when the probe met an
+// open breaker again (trip has then been called); otherwise the gate opens.
+func (g *gate) probeDone(reopened bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.probing = false
+	if reopened || g.until.IsZero() {
+		g.broadcast()
+		return
+	}
+	g.r.m.BreakerOpen.WithLabelValues(g.name).Add(time.Since(g.since).Seconds())
+	g.r.log.Info("idem: probe passed; consumption resumed", "breaker", g.name, "paused_for", time.Since(g.since).Round(time.Millisecond))
+	g.until = time.Time{}
+	for k := range g.members {
+		g.r.pauses.set(k, pauseBreaker, false)
+	}
+	g.broadcast()
+}
+
+// probeAbandoned gives the probe slot back (the prober's partition stopped).
+func (g *gate) probeAbandoned() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.probing = false
+	g.broadcast()
+}

@@ -1,0 +1,252 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/metrics"
+	"github.com/idemhq/idem/retrytopic"
+)
+
+// ErrNilHandler is returned by Run when h is nil.
+var ErrNilHandler = errors.New("consumer: nil handler")
+
+// ErrUnknownTopic is wrapped by the error Run returns when a configured topic
+// does not exist on the cluster (idem never auto-creates source topics).
+var ErrUnknownTopic = errors.New("consumer: unknown topic")
+
+// Run consumes cfg.Topics as group cfg.Group and passes every message through
+// the dedupe store and h, until ctx is cancelled or a fatal error occurs.
+//
+// It blocks. On ctx cancellation it stops taking messages, lets in-flight ones
+// finish within cfg.ShutdownGrace (then cancels them: their transactions roll
+// back and they are redelivered later), commits the offsets of every finished
+// message, and returns nil once every goroutine it started has ended. Any other
+// return is a fatal error: an invalid Config (ErrInvalidConfig), a nil handler,
+// a missing topic (ErrUnknownTopic), or sarama refusing the configuration.
+// Transient broker and database outages are not fatal: the affected partition
+// waits and retries the same message (nothing is marked, nothing dropped) and
+// Run keeps going.
+//
+// After every rebalance Run joins the group again. With the default
+// cooperative-sticky assignor a rebalance only stops the partitions that move.
+func Run(ctx context.Context, cfg Config, h handler.Handler) error {
+	if h == nil {
+		return ErrNilHandler
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	cfg = cfg.withDefaults()
+	r, err := newRunner(cfg, h)
+	if err != nil {
+		return err
+	}
+	return r.run(ctx)
+}
+
+// runner owns everything one Run call starts.
+type runner struct {
+	cfg     Config
+	h       handler.Handler
+	log     *slog.Logger
+	m       *metrics.Metrics
+	scfg    *sarama.Config
+	group   sarama.ConsumerGroup
+	policy  retrytopic.Policy
+	fwd     *retrytopic.Forwarder
+	pauses  *pauser
+	gate    *gate
+	baseCtx context.Context // values of Run's ctx, never cancelled: handler ctxs derive from it
+	runCtx  context.Context
+
+	randMu sync.Mutex
+	rand   *rand.Rand
+}
+
+func newRunner(cfg Config, h handler.Handler) (*runner, error) {
+	m, err := metrics.New(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("consumer: register metrics: %w", err)
+	}
+	scfg := saramaConfig(cfg)
+	if err := scfg.Validate(); err != nil {
+		return nil, fmt.Errorf("consumer: sarama config: %w", err)
+	}
+	r := &runner{
+		cfg:  cfg,
+		h:    handler.Chain(h, handler.Recover()),
+		log:  cfg.Logger.With("group", cfg.Group),
+		m:    m,
+		scfg: scfg,
+		rand:   rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+		policy: cfg.Retry.WithDefaults(),
+	}
+	return r, nil
+}
+
+// saramaConfig copies the user's base config and sets what idem's guarantees
+// depend on.
+func saramaConfig(cfg Config) *sarama.Config {
+	c := *cfg.Sarama // shallow copy: idem only sets scalar fields and replaces slices
+	if c.Version == sarama.DefaultVersion {
+		c.Version = DefaultKafkaVersion
+	}
+	// Offsets: only what idem marks after a durable outcome is committed; the
+	// committer runs every CommitInterval and at revoke/shutdown.
+	c.Consumer.Offsets.AutoCommit.Enable = true
+	c.Consumer.Offsets.AutoCommit.Interval = cfg.CommitInterval
+	c.Consumer.Offsets.Initial = sarama.OffsetOldest
+	c.Consumer.Return.Errors = true
+	if s := c.Consumer.Group.Rebalance.GroupStrategies; len(s) == 0 || (len(s) == 1 && s[0].Name() == sarama.RangeBalanceStrategyName) {
+		c.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
+	}
+	// Forwards to retry tiers and the DLQ must be acked by all in-sync
+	// replicas, never duplicated by the producer's own retries, and keep
+	// their partition number.
+	retrytopic.ConfigureProducer(&c)
+	if c.Producer.Retry.Max < 5 {
+		c.Producer.Retry.Max = 5
+	}
+	return &c
+}
+
+func (r *runner) jitter(n int) time.Duration {
+	r.randMu.Lock()
+	defer r.randMu.Unlock()
+	return fullJitter(r.cfg.RetryBase, r.cfg.RetryMax, n, r.rand)
+}
+
+func (r *runner) outageDelay(n int) time.Duration {
+	r.randMu.Lock()
+	defer r.randMu.Unlock()
+	d := fullJitter(100*time.Millisecond, r.cfg.OutageBackoff, n, r.rand)
+	return max(d, 50*time.Millisecond)
+}
+
+func (r *runner) run(ctx context.Context) error {
+	r.runCtx = ctx
+	r.baseCtx = context.WithoutCancel(ctx)
+
+	client, err := sarama.NewClient(r.cfg.Brokers, r.scfg)
+	if err != nil {
+		return fmt.Errorf("consumer: connect to %v: %w", r.cfg.Brokers, err)
+	}
+	defer client.Close()
+	if err := checkTopics(client, r.cfg.Topics); err != nil {
+		return err
+	}
+	if err := r.setupRetryTopics(ctx, client); err != nil {
+		return err
+	}
+	// The forwarder's producer has a client of its own, so the consumer
+	// group's rebalances and the producer's metadata never interfere.
+	pclient, err := sarama.NewClient(r.cfg.Brokers, r.scfg)
+	if err != nil {
+		return fmt.Errorf("consumer: connect producer to %v: %w", r.cfg.Brokers, err)
+	}
+	defer pclient.Close()
+	fwd, err := retrytopic.NewForwarderFromClient(pclient)
+	if err != nil {
+		return fmt.Errorf("consumer: %w", err)
+	}
+	defer fwd.Close()
+	r.fwd = fwd
+	group, err := sarama.NewConsumerGroupFromClient(r.cfg.Group, client)
+	if err != nil {
+		return fmt.Errorf("consumer: join group %s: %w", r.cfg.Group, err)
+	}
+	r.group = group
+	r.pauses = newPauser(group, r.m.PartitionsPaused.WithLabelValues(r.cfg.Group))
+	r.gate = newGate(r)
+
+	var wg sync.WaitGroup
+	wg.Go(func() { // the group's error channel, owned here and drained until Close
+		for err := range group.Errors() {
+			if !errors.Is(err, context.Canceled) {
+				r.log.Warn("idem: consumer group error", "err", err)
+			}
+		}
+	})
+	defer func() {
+		if err := group.Close(); err != nil {
+			r.log.Warn("idem: close consumer group", "err", err)
+		}
+		wg.Wait()
+	}()
+
+	gh := &groupHandler{r: r}
+	topics := r.topics()
+	for n := 1; ctx.Err() == nil; {
+		err := group.Consume(ctx, topics, gh)
+		switch {
+		case ctx.Err() != nil:
+		case errors.Is(err, sarama.ErrClosedConsumerGroup):
+			return fmt.Errorf("consumer: %w", err)
+		case err != nil:
+			r.log.Warn("idem: consume failed; retrying", "err", err)
+			sleep(ctx, r.outageDelay(n))
+			n++
+		default:
+			n = 1
+		}
+	}
+	return nil
+}
+
+// topics returns the topics the group subscribes to: the sources and their
+// retry tiers.
+func (r *runner) topics() []string {
+	ts := append([]string(nil), r.cfg.Topics...)
+	for _, t := range r.cfg.Topics {
+		ts = append(ts, r.policy.Tiers(t, r.cfg.Group)...)
+	}
+	return ts
+}
+
+func checkTopics(client sarama.Client, topics []string) error {
+	if err := client.RefreshMetadata(topics...); err != nil && !errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
+		return fmt.Errorf("consumer: metadata: %w", err)
+	}
+	known, err := client.Topics()
+	if err != nil {
+		return fmt.Errorf("consumer: metadata: %w", err)
+	}
+	have := map[string]bool{}
+	for _, t := range known {
+		have[t] = true
+	}
+	var errs []error
+	for _, t := range topics {
+		if !have[t] {
+			errs = append(errs, fmt.Errorf("%w %q: create it first (idem creates only its retry and dead-letter topics)", ErrUnknownTopic, t))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// groupHandler adapts the runner to sarama.ConsumerGroupHandler.
+type groupHandler struct{ r *runner }
+
+func (g *groupHandler) Setup(s sarama.ConsumerGroupSession) error {
+	g.r.log.Debug("idem: session started", "generation", s.GenerationID(), "claims", s.Claims())
+	return nil
+}
+
+func (g *groupHandler) Cleanup(s sarama.ConsumerGroupSession) error { return nil }
+
+func (g *groupHandler) ConsumeClaim(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupClaim) error {
+	g.r.m.PartitionsClaimed.WithLabelValues(g.r.cfg.Group).Inc()
+	defer g.r.m.PartitionsClaimed.WithLabelValues(g.r.cfg.Group).Dec()
+	p := newPartition(g.r, s, c)
+	p.run()
+	return nil
+}

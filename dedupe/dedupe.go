@@ -1,0 +1,176 @@
+package dedupe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Record identifies the message whose outcome is being recorded. Group and
+// Key together are the idempotency key: Process runs its function at most once
+// successfully per (Group, Key). Topic, Partition and Offset are stored for
+// operators (where did this key first succeed?) and play no part in
+// de-duplication.
+type Record struct {
+	// Group is the Kafka consumer group; the same key in two groups is two
+	// independent keys. Must not be empty.
+	Group string
+	// Key is the message's idempotency key. Must not be empty.
+	Key string
+	// Topic, Partition and Offset locate the message, for diagnostics only.
+	Topic     string
+	Partition int32
+	Offset    int64
+}
+
+// Outcome is the final result of a successful Process call.
+type Outcome int
+
+const (
+	// Processed means fn ran and returned nil, and its outcome is recorded.
+	Processed Outcome = iota + 1
+	// Duplicate means the key already had a recorded outcome; fn was not called.
+	Duplicate
+)
+
+// String returns "processed", "duplicate", or "Outcome(n)" for other values.
+func (o Outcome) String() string {
+	switch o {
+	case Processed:
+		return "processed"
+	case Duplicate:
+		return "duplicate"
+	default:
+		return fmt.Sprintf("Outcome(%d)", int(o))
+	}
+}
+
+// Store records which idempotency keys have had their effects.
+//
+// Implementations must be safe for concurrent use by multiple goroutines, and
+// must pass the conformance suite in package dedupetest. Methods may be added
+// to this interface only in a major version.
+type Store interface {
+	// Process runs fn at most once successfully per (rec.Group, rec.Key):
+	//
+	//   - If the key already has a recorded outcome, Process returns
+	//     (Duplicate, nil) without calling fn.
+	//   - Otherwise it calls fn. If fn returns nil the key is recorded and
+	//     Process returns (Processed, nil).
+	//   - If fn returns an error nothing is recorded, so a later delivery runs
+	//     fn again, and Process returns (0, err) with fn's error unchanged
+	//     (callers classify it with errors.Is / errors.As).
+	//   - If fn panics nothing is recorded and the panic propagates.
+	//   - If the store itself fails (connection, begin, insert, commit) or ctx
+	//     is already done, Process returns (0, *StoreError); whether fn's
+	//     effects happened may be unknown, and the message must be retried,
+	//     not dead-lettered.
+	//   - An empty rec.Group or rec.Key returns an error wrapping
+	//     ErrInvalidRecord without calling fn.
+	//
+	// Concurrent calls for the same key result in at most one Processed; the
+	// others return Duplicate, or a retriable *StoreError (such as
+	// ErrInProgress) while the first is still running.
+	//
+	// fn receives a context derived from ctx. Stores that run fn inside a
+	// database transaction make it available through Tx(ctx).
+	Process(ctx context.Context, rec Record, fn func(ctx context.Context) error) (Outcome, error)
+}
+
+// DB is what the PostgreSQL stores and the Sweeper need from a database
+// handle. *pgxpool.Pool satisfies it and is the intended choice; *pgx.Conn
+// does too, but is not safe for concurrent use, so a store built on one is not
+// either.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+type txKey struct{}
+
+// Tx returns the transaction the store opened for the message being
+// processed, or nil if ctx carries none (Memory, PostgresLease, or outside
+// Process). Writes made through it commit atomically with the inbox row, and
+// are rolled back with it when fn returns an error. fn must neither commit nor
+// roll it back.
+func Tx(ctx context.Context) pgx.Tx {
+	tx, _ := ctx.Value(txKey{}).(pgx.Tx)
+	return tx
+}
+
+// WithTx returns a copy of ctx carrying tx, retrievable with Tx. Stores call
+// it; tests may use it to run a handler against their own transaction.
+func WithTx(ctx context.Context, tx pgx.Tx) context.Context {
+	return context.WithValue(ctx, txKey{}, tx)
+}
+
+// StoreError reports a failure of the store itself — begin, insert, commit,
+// a lost connection, a live claim held by another member — as opposed to an
+// error returned by the handler. It is retriable: the message was not recorded
+// (or its outcome is unknown), and redelivering it is safe because the store
+// turns a second successful run into a Duplicate.
+type StoreError struct {
+	// Op names the failed step: "begin", "insert", "commit", "claim", "complete", "config"…
+	Op string
+	// Err is the underlying error.
+	Err error
+}
+
+// Error implements error.
+func (e *StoreError) Error() string {
+	return "dedupe: " + e.Op + ": " + e.Err.Error()
+}
+
+// Unwrap returns e.Err.
+func (e *StoreError) Unwrap() error { return e.Err }
+
+// IsStoreError reports whether err is, or wraps, a *StoreError.
+func IsStoreError(err error) bool {
+	var se *StoreError
+	return errors.As(err, &se)
+}
+
+var (
+	// ErrInProgress is returned (wrapped in a *StoreError) by
+	// PostgresLease.Process when another member holds a live claim on the
+	// key. It is retriable: retry after a delay; once the holder finishes the
+	// retry sees Duplicate, and if the holder died the claim expires with its
+	// lease.
+	ErrInProgress = errors.New("dedupe: key is being processed by another member")
+
+	// ErrLeaseLost is returned (wrapped in a *StoreError) by
+	// PostgresLease.Process when fn succeeded but its claim had meanwhile
+	// expired and been taken over by another member, so this member could not
+	// mark the key done. The effect may happen twice; retrying the message is
+	// safe and will normally see Duplicate.
+	ErrLeaseLost = errors.New("dedupe: lease expired and was taken over before the key was marked done")
+
+	// ErrTxAborted is returned by Postgres.Process when fn returned nil but
+	// the transaction could not commit because of fn: a statement inside it
+	// failed and fn swallowed the error (PostgreSQL then turns COMMIT into
+	// ROLLBACK; the error also wraps pgx.ErrTxCommitRollback, and nothing was
+	// recorded), or fn itself committed or rolled back the store's
+	// transaction (the error wraps pgx.ErrTxClosed; the key is recorded only
+	// if fn committed, and a retry is safe either way). It is the handler's
+	// fault, not an outage, so it is not a *StoreError.
+	ErrTxAborted = errors.New("dedupe: handler returned nil but its transaction did not commit")
+
+	// ErrInvalidRecord is wrapped by the error Process returns, without
+	// calling fn, when rec.Group or rec.Key is empty. It is not a
+	// *StoreError: retrying cannot fix it.
+	ErrInvalidRecord = errors.New("dedupe: invalid record")
+)
+
+func checkRecord(rec Record) error {
+	switch {
+	case rec.Group == "":
+		return fmt.Errorf("%w: empty Group (key %q)", ErrInvalidRecord, rec.Key)
+	case rec.Key == "":
+		return fmt.Errorf("%w: empty idempotency Key (group %q, %s/%d@%d)", ErrInvalidRecord, rec.Group, rec.Topic, rec.Partition, rec.Offset)
+	}
+	return nil
+}

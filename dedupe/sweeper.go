@@ -1,0 +1,159 @@
+package dedupe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// MinRetention is the smallest Sweeper.Retention Validate accepts.
+const MinRetention = time.Hour
+
+// Sweeper deletes old inbox rows so the table does not grow forever.
+//
+// The retention rule: Retention must exceed the longest time after which the
+// same message can be delivered again — the total of the retry-topic delays,
+// the time a message may sit in the dead-letter topic before an operator
+// replays it, and any topic replay (offset reset) you might perform. Once a
+// key's row is swept, a redelivered or replayed message with that key runs
+// its handler again. When in doubt, keep more: a row costs a few dozen bytes.
+//
+// A row is deleted when its processed_at is older than now() − Retention
+// (measured by the database clock) and it is either done or an expired
+// PostgresLease claim. Deletion proceeds in batches of BatchSize rows, each
+// its own statement, so locks are short and replication is not flooded.
+//
+// Configure the exported fields, then call Run in a goroutine you own (or
+// SweepOnce from a cron job). Several sweepers on one table are safe: rows
+// locked by one are skipped by the others.
+type Sweeper struct {
+	// DB is the database holding the table. Required.
+	DB DB
+	// Table is the inbox table, as for WithTable ("table" or "schema.table").
+	// Default: "idem_processed".
+	Table string
+	// Retention is how long a recorded key is kept; see the retention rule
+	// on Sweeper. Must be at least MinRetention (1h).
+	// Default: 336h (14 days).
+	Retention time.Duration
+	// BatchSize is the most rows one DELETE removes; between 1 and 1,000,000.
+	// Default: 1000.
+	BatchSize int
+	// Interval is the pause Run takes between sweeps.
+	// Default: 1m.
+	Interval time.Duration
+	// Logger receives a line per sweep that deleted rows, and sweep errors.
+	// Default: slog.Default().
+	Logger *slog.Logger
+}
+
+// withDefaults returns s with every zero field replaced by its default. It is
+// the one place the Sweeper's defaults live.
+func (s Sweeper) withDefaults() Sweeper {
+	if s.Table == "" {
+		s.Table = DefaultTable
+	}
+	if s.Retention == 0 {
+		s.Retention = DefaultRetention
+	}
+	if s.BatchSize == 0 {
+		s.BatchSize = DefaultBatchSize
+	}
+	if s.Interval == 0 {
+		s.Interval = DefaultSweepInterval
+	}
+	if s.Logger == nil {
+		s.Logger = slog.Default()
+	}
+	return s
+}
+
+// Validate reports, after applying defaults, whether the configuration is
+// usable; the error wraps ErrInvalidConfig and names the field, its value and
+// the rule. SweepOnce and Run call it.
+func (s *Sweeper) Validate() error {
+	c := s.withDefaults()
+	var errs []error
+	if c.DB == nil {
+		errs = append(errs, fmt.Errorf("%w: Sweeper.DB is nil: set it to the *pgxpool.Pool holding the inbox table", ErrInvalidConfig))
+	}
+	if _, err := parseTable(c.Table); err != nil {
+		errs = append(errs, fmt.Errorf("Sweeper.Table: %w", err))
+	}
+	if c.Retention < MinRetention {
+		errs = append(errs, fmt.Errorf("%w: Sweeper.Retention is %v, want at least %v and longer than the longest retry/DLQ-replay window (0 selects %v)",
+			ErrInvalidConfig, c.Retention, MinRetention, DefaultRetention))
+	}
+	if c.BatchSize < 1 || c.BatchSize > 1_000_000 {
+		errs = append(errs, fmt.Errorf("%w: Sweeper.BatchSize is %d, want 1..1000000 (0 selects %d)", ErrInvalidConfig, c.BatchSize, DefaultBatchSize))
+	}
+	if c.Interval < 0 {
+		errs = append(errs, fmt.Errorf("%w: Sweeper.Interval is %v, want > 0 (0 selects %v)", ErrInvalidConfig, c.Interval, DefaultSweepInterval))
+	}
+	return errors.Join(errs...)
+}
+
+// SweepOnce deletes every row older than the retention horizon, BatchSize
+// rows per statement, until none is left, and returns how many it deleted.
+// The horizon is fixed once, at the start of the call. On error it returns
+// the rows deleted so far and the error.
+func (s *Sweeper) SweepOnce(ctx context.Context) (deleted int64, err error) {
+	if err := s.Validate(); err != nil {
+		return 0, err
+	}
+	c := s.withDefaults()
+	t, _ := parseTable(c.Table)
+
+	var horizon time.Time
+	if err := c.DB.QueryRow(ctx, "SELECT now() - $1::bigint * interval '1 microsecond'", c.Retention.Microseconds()).Scan(&horizon); err != nil {
+		return 0, fmt.Errorf("dedupe: sweep %s: read horizon: %w", t.quoted, err)
+	}
+	// ctid = ANY(ARRAY(subquery)) is the batched form of ctid IN (SELECT ctid
+	// … LIMIT n) that PostgreSQL always executes as a TID scan.
+	q := `DELETE FROM ` + t.quoted + ` WHERE ctid = ANY(ARRAY(SELECT ctid FROM ` + t.quoted +
+		` WHERE processed_at < $1 AND (status = 'done' OR lease_until < now())` +
+		` LIMIT $2 FOR UPDATE SKIP LOCKED))`
+	for {
+		tag, err := c.DB.Exec(ctx, q, horizon, c.BatchSize)
+		if err != nil {
+			return deleted, fmt.Errorf("dedupe: sweep %s: delete batch: %w", t.quoted, err)
+		}
+		deleted += tag.RowsAffected()
+		if tag.RowsAffected() < int64(c.BatchSize) {
+			return deleted, nil
+		}
+	}
+}
+
+// Run sweeps at once and then every Interval until ctx is done, and returns
+// nil then. A failed sweep is logged and retried at the next interval; only a
+// configuration error is returned (immediately).
+func (s *Sweeper) Run(ctx context.Context) error {
+	if err := s.Validate(); err != nil {
+		return err
+	}
+	c := s.withDefaults()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-timer.C:
+		}
+		n, err := s.SweepOnce(ctx)
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return nil
+		case err != nil:
+			c.Logger.ErrorContext(ctx, "dedupe: sweep failed; retrying at next interval",
+				"table", c.Table, "deleted", n, "interval", c.Interval, "err", err)
+		case n > 0:
+			c.Logger.InfoContext(ctx, "dedupe: swept old inbox rows",
+				"table", c.Table, "deleted", n, "retention", c.Retention)
+		}
+		timer.Reset(c.Interval)
+	}
+}

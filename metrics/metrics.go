@@ -1,0 +1,149 @@
+// Package metrics holds every Prometheus metric idem exports, in one place, so
+// dashboards and alerts have one list to read. Collectors are registered on an
+// injected prometheus.Registerer; nothing is registered globally.
+//
+// Names (all prefixed idem_):
+//
+//	idem_messages_total{group,topic,outcome}        messages with a final outcome: processed, duplicate, retried (sent to a tier), dead_lettered
+//	idem_handler_attempts_total{group,topic,result} handler calls: ok, error, panic, breaker_open
+//	idem_handler_duration_seconds{group,topic}      handler call latency, histogram (p95/p99)
+//	idem_retries_total{group,topic}                 in-process retries (an attempt after a failure)
+//	idem_forwarded_total{group,destination,kind}    records forwarded to a retry tier or the DLQ, by idem-error-kind
+//	idem_forward_errors_total{group,destination}    failed forwards (the partition retries them; nothing is marked)
+//	idem_missing_key_total{group,topic}             messages without a valid idempotency key
+//	idem_store_errors_total{group}                  dedupe store failures (outages); the message is retried, not counted as an attempt
+//	idem_retry_delay_seconds{group,topic}           how long after idem-due-at a retry record was handled, histogram
+//	idem_dlq_depth{topic}                           DLQ records not yet replayed or purged (end offsets - admin group offsets)
+//	idem_breaker_state{name}                        0 closed, 1 half-open, 2 open
+//	idem_breaker_transitions_total{name,from,to}    breaker state changes
+//	idem_breaker_open_seconds_total{name}           seconds spent open
+//	idem_partitions_paused{group}                   partitions paused by an open breaker or by back-pressure
+//	idem_partitions_assigned{group}                 partitions currently claimed
+//	idem_commits_total{group}                       offsets marked for commit
+package metrics
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Outcome label values of idem_messages_total.
+const (
+	OutcomeProcessed    = "processed"
+	OutcomeDuplicate    = "duplicate"
+	OutcomeRetried      = "retried"
+	OutcomeDeadLettered = "dead_lettered"
+)
+
+// Result label values of idem_handler_attempts_total.
+const (
+	ResultOK          = "ok"
+	ResultError       = "error"
+	ResultPanic       = "panic"
+	ResultBreakerOpen = "breaker_open"
+)
+
+// Metrics is the set of idem's collectors. The zero value is not usable; use New.
+// All methods are safe for concurrent use.
+type Metrics struct {
+	Messages          *prometheus.CounterVec
+	Attempts          *prometheus.CounterVec
+	HandlerDuration   *prometheus.HistogramVec
+	Retries           *prometheus.CounterVec
+	Forwarded         *prometheus.CounterVec
+	ForwardErrors     *prometheus.CounterVec
+	MissingKey        *prometheus.CounterVec
+	StoreErrors       *prometheus.CounterVec
+	RetryDelay        *prometheus.HistogramVec
+	DLQDepth          *prometheus.GaugeVec
+	BreakerState      *prometheus.GaugeVec
+	BreakerTransition *prometheus.CounterVec
+	BreakerOpen       *prometheus.CounterVec
+	PartitionsPaused  *prometheus.GaugeVec
+	PartitionsClaimed *prometheus.GaugeVec
+	Commits           *prometheus.CounterVec
+}
+
+// New creates the collectors and registers them on reg. A nil reg registers
+// nothing (the metrics still work, unexported). Registering twice on one
+// registry reuses the collectors already there, so two consumers in one process
+// may share a registry.
+func New(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		Messages: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_messages_total",
+			Help: "Messages with a final outcome (processed, duplicate, retried, dead_lettered)."}, []string{"group", "topic", "outcome"}),
+		Attempts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_handler_attempts_total",
+			Help: "Handler calls by result (ok, error, panic, breaker_open)."}, []string{"group", "topic", "result"}),
+		HandlerDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "idem_handler_duration_seconds",
+			Help:    "Handler call latency, including the dedupe transaction.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}}, []string{"group", "topic"}),
+		Retries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_retries_total",
+			Help: "In-process retries: handler attempts after a failure."}, []string{"group", "topic"}),
+		Forwarded: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_forwarded_total",
+			Help: "Records forwarded to a retry tier or the dead-letter topic, by error kind."}, []string{"group", "destination", "kind"}),
+		ForwardErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_forward_errors_total",
+			Help: "Failed forwards to a retry tier or the DLQ; the partition retries, nothing is marked."}, []string{"group", "destination"}),
+		MissingKey: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_missing_key_total",
+			Help: "Messages without a valid idempotency key."}, []string{"group", "topic"}),
+		StoreErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_store_errors_total",
+			Help: "Dedupe store failures; the message is retried without counting an attempt."}, []string{"group"}),
+		RetryDelay: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "idem_retry_delay_seconds",
+			Help:    "How long after its idem-due-at a retry record reached the handler.",
+			Buckets: []float64{.01, .05, .1, .25, .5, 1, 2, 5, 10, 30, 60}}, []string{"group", "topic"}),
+		DLQDepth: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_dlq_depth",
+			Help: "Dead-letter records not yet replayed or purged."}, []string{"topic"}),
+		BreakerState: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_breaker_state",
+			Help: "Circuit breaker state: 0 closed, 1 half-open, 2 open."}, []string{"name"}),
+		BreakerTransition: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_breaker_transitions_total",
+			Help: "Circuit breaker state changes."}, []string{"name", "from", "to"}),
+		BreakerOpen: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_breaker_open_seconds_total",
+			Help: "Seconds circuit breakers spent open."}, []string{"name"}),
+		PartitionsPaused: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_partitions_paused",
+			Help: "Partitions whose fetching is paused by an open breaker."}, []string{"group"}),
+		PartitionsClaimed: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_partitions_assigned",
+			Help: "Partitions currently claimed by this process."}, []string{"group"}),
+		Commits: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_commits_total",
+			Help: "Offsets marked for commit after a durable outcome."}, []string{"group"}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	var err error
+	m.Messages = register(reg, m.Messages, &err)
+	m.Attempts = register(reg, m.Attempts, &err)
+	m.HandlerDuration = register(reg, m.HandlerDuration, &err)
+	m.Retries = register(reg, m.Retries, &err)
+	m.Forwarded = register(reg, m.Forwarded, &err)
+	m.ForwardErrors = register(reg, m.ForwardErrors, &err)
+	m.MissingKey = register(reg, m.MissingKey, &err)
+	m.StoreErrors = register(reg, m.StoreErrors, &err)
+	m.RetryDelay = register(reg, m.RetryDelay, &err)
+	m.DLQDepth = register(reg, m.DLQDepth, &err)
+	m.BreakerState = register(reg, m.BreakerState, &err)
+	m.BreakerTransition = register(reg, m.BreakerTransition, &err)
+	m.BreakerOpen = register(reg, m.BreakerOpen, &err)
+	m.PartitionsPaused = register(reg, m.PartitionsPaused, &err)
+	m.PartitionsClaimed = register(reg, m.PartitionsClaimed, &err)
+	m.Commits = register(reg, m.Commits, &err)
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// register registers c, or returns the equal collector already registered.
+func register[T prometheus.Collector](reg prometheus.Registerer, c T, errp *error) T {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(T); ok {
+				return existing
+			}
+		}
+		if *errp == nil {
+			*errp = err
+		}
+	}
+	return c
+}

@@ -1,0 +1,312 @@
+package retrytopic
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/IBM/sarama"
+
+	"github.com/idemhq/idem/handler"
+)
+
+// The wire contract: the headers idem adds to a record it forwards to a retry
+// tier or to the dead-letter topic. Every value is UTF-8 text (numbers in
+// decimal, times in unix milliseconds) so `kcat -J` shows them plainly.
+// Encode replaces all of them on every forward; they are never duplicated.
+const (
+	// HeaderPrefix starts the name of every idem header. Encode drops every
+	// header with this prefix before it writes its own.
+	HeaderPrefix = "idem-"
+
+	HeaderAttempt           = "idem-attempt"            // deliveries to a handler so far, decimal
+	HeaderTier              = "idem-tier"               // retry tier the record was sent to (1…); 0 for the dead-letter topic
+	HeaderDueAt             = "idem-due-at"             // unix ms before which the record must not be handled; absent for the DLQ
+	HeaderOriginalTopic     = "idem-original-topic"     // topic the record was first consumed from
+	HeaderOriginalPartition = "idem-original-partition" // its partition there, decimal
+	HeaderOriginalOffset    = "idem-original-offset"    // its offset there, decimal
+	HeaderOriginalTimestamp = "idem-original-timestamp" // its timestamp there, unix ms
+	HeaderConsumerGroup     = "idem-consumer-group"     // consumer group that failed to handle it
+	HeaderError             = "idem-error"              // last error message (capped at MaxErrorBytes)
+	HeaderErrorKind         = "idem-error-kind"         // handler.Kind: retriable|permanent|panic|missing-key|decode|timeout
+	HeaderErrorType         = "idem-error-type"         // Go type of handler.Cause(err), as fmt %T prints it
+	HeaderStack             = "idem-stack"              // panic stack (capped at MaxStackBytes)
+	HeaderFirstFailureAt    = "idem-first-failure-at"   // unix ms of the first failure
+	HeaderLastFailureAt     = "idem-last-failure-at"    // unix ms of the latest failure
+)
+
+// MaxStackBytes caps idem-stack; a longer stack is cut at a UTF-8 boundary.
+const MaxStackBytes = 8 << 10
+
+// MaxErrorBytes caps idem-error; a longer message is cut at a UTF-8 boundary.
+const MaxErrorBytes = 8 << 10
+
+// Failure is what the idem-* headers of a forwarded record say. Zero times and
+// empty strings are not written; Decode gives them back as zero values.
+type Failure struct {
+	// Attempt counts the deliveries of the message to a handler so far,
+	// including in-process retries and earlier tiers (handler.Message.Attempt).
+	Attempt int
+	// Tier is the retry tier (1…) the record was sent to, 0 for the
+	// dead-letter topic.
+	Tier int
+	// DueAt is when the record may be handled again; zero for the DLQ.
+	DueAt time.Time
+	// OriginalTopic, OriginalPartition, OriginalOffset and OriginalTimestamp
+	// locate the record where it was first consumed. They survive every
+	// forward unchanged.
+	OriginalTopic     string
+	OriginalPartition int32
+	OriginalOffset    int64
+	OriginalTimestamp time.Time
+	// Group is the consumer group that failed to handle the record.
+	Group string
+	// Error is the error message, Kind its class, ErrorType the Go type of
+	// handler.Cause(err) (e.g. "*net.OpError"), Stack the panic stack if any.
+	Error     string
+	Kind      handler.Kind
+	ErrorType string
+	Stack     []byte
+	// FirstFailureAt is when the record first failed (survives forwards);
+	// LastFailureAt when it failed this time.
+	FirstFailureAt time.Time
+	LastFailureAt  time.Time
+}
+
+// Source locates the record that failed, as the consumer read it: for a record
+// read from a retry tier these are the tier's coordinates.
+type Source struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	Timestamp time.Time
+	// Group is the consumer group handling the record.
+	Group string
+}
+
+// NewFailure describes a failure of the record at src with err at now.
+//
+// prior is the Failure decoded from the record's own headers (zero when it had
+// none, i.e. it came from the original topic). When prior names an original
+// topic, its original-* coordinates and FirstFailureAt are kept, so a record
+// moving through the tiers always points at where it was first consumed;
+// otherwise they are taken from src and now.
+//
+// Error, Kind (handler.ErrorKind), ErrorType (%T of handler.Cause(err)) and
+// Stack (of a *handler.PanicError in err's chain) describe err. Attempt is
+// prior.Attempt+1; the consumer overwrites it with the message's delivery
+// count. Tier and DueAt are left zero for the caller to set.
+func NewFailure(err error, src Source, prior Failure, now time.Time) Failure {
+	f := Failure{
+		Attempt:           prior.Attempt + 1,
+		OriginalTopic:     src.Topic,
+		OriginalPartition: src.Partition,
+		OriginalOffset:    src.Offset,
+		OriginalTimestamp: src.Timestamp,
+		Group:             src.Group,
+		FirstFailureAt:    now,
+		LastFailureAt:     now,
+	}
+	if prior.OriginalTopic != "" {
+		f.OriginalTopic = prior.OriginalTopic
+		f.OriginalPartition = prior.OriginalPartition
+		f.OriginalOffset = prior.OriginalOffset
+		f.OriginalTimestamp = prior.OriginalTimestamp
+	}
+	if !prior.FirstFailureAt.IsZero() {
+		f.FirstFailureAt = prior.FirstFailureAt
+	}
+	if err != nil {
+		f.Error = err.Error()
+		f.Kind = handler.ErrorKind(err)
+		f.ErrorType = fmt.Sprintf("%T", handler.Cause(err))
+		var p *handler.PanicError
+		if errors.As(err, &p) {
+			f.Stack = p.Stack
+		}
+	}
+	return f
+}
+
+// AnyHeader is the header types Encode and Decode accept: sarama's producer
+// headers, the consumer's header pointers, and handler.Message headers.
+type AnyHeader interface {
+	sarama.RecordHeader | *sarama.RecordHeader | handler.Header
+}
+
+// kv returns h's key and value; ok is false for a nil *sarama.RecordHeader.
+func kv[H AnyHeader](h H) (key, value []byte, ok bool) {
+	switch h := any(h).(type) {
+	case sarama.RecordHeader:
+		return h.Key, h.Value, true
+	case *sarama.RecordHeader:
+		if h == nil {
+			return nil, nil, false
+		}
+		return h.Key, h.Value, true
+	case handler.Header:
+		return []byte(h.Key), h.Value, true
+	}
+	return nil, nil, false
+}
+
+// IsIdemHeader reports whether a header name belongs to idem (starts with
+// HeaderPrefix).
+func IsIdemHeader(key []byte) bool {
+	return len(key) >= len(HeaderPrefix) && string(key[:len(HeaderPrefix)]) == HeaderPrefix
+}
+
+// StripHeaders returns the headers of hs that are not idem's, in order. The
+// returned headers share their bytes with hs.
+func StripHeaders[H AnyHeader](hs []H) []sarama.RecordHeader {
+	out := make([]sarama.RecordHeader, 0, len(hs))
+	for _, h := range hs {
+		k, v, ok := kv(h)
+		if ok && !IsIdemHeader(k) {
+			out = append(out, sarama.RecordHeader{Key: k, Value: v})
+		}
+	}
+	return out
+}
+
+// Encode returns the headers of a forwarded record: orig's non-idem headers in
+// their order, followed by f's idem-* headers. Every idem-* header of orig is
+// dropped, so forwarding a forwarded record replaces, never duplicates. The
+// returned headers share their bytes with orig. Zero times and empty strings
+// are omitted; Error and Stack are made valid UTF-8 and capped at
+// MaxErrorBytes and MaxStackBytes.
+func Encode[H AnyHeader](orig []H, f Failure) []sarama.RecordHeader {
+	out := StripHeaders(orig)
+	add := func(k, v string) {
+		out = append(out, sarama.RecordHeader{Key: []byte(k), Value: []byte(v)})
+	}
+	addTime := func(k string, t time.Time) {
+		if !t.IsZero() {
+			add(k, strconv.FormatInt(t.UnixMilli(), 10))
+		}
+	}
+	addString := func(k, v string) {
+		if v != "" {
+			add(k, v)
+		}
+	}
+	add(HeaderAttempt, strconv.Itoa(f.Attempt))
+	add(HeaderTier, strconv.Itoa(f.Tier))
+	addTime(HeaderDueAt, f.DueAt)
+	addString(HeaderOriginalTopic, f.OriginalTopic)
+	add(HeaderOriginalPartition, strconv.FormatInt(int64(f.OriginalPartition), 10))
+	add(HeaderOriginalOffset, strconv.FormatInt(f.OriginalOffset, 10))
+	addTime(HeaderOriginalTimestamp, f.OriginalTimestamp)
+	addString(HeaderConsumerGroup, f.Group)
+	addString(HeaderError, capUTF8(f.Error, MaxErrorBytes))
+	addString(HeaderErrorKind, string(f.Kind))
+	addString(HeaderErrorType, f.ErrorType)
+	addString(HeaderStack, capUTF8(string(f.Stack), MaxStackBytes))
+	addTime(HeaderFirstFailureAt, f.FirstFailureAt)
+	addTime(HeaderLastFailureAt, f.LastFailureAt)
+	return out
+}
+
+// capUTF8 makes s valid UTF-8 and cuts it to at most max bytes on a rune
+// boundary.
+func capUTF8(s string, max int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if len(s) <= max {
+		return s
+	}
+	s = s[:max]
+	for len(s) > 0 {
+		r, size := utf8.DecodeLastRuneInString(s)
+		if r != utf8.RuneError || size > 1 {
+			break
+		}
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+// InvalidHeaderError reports an idem-* header whose value Decode cannot parse.
+type InvalidHeaderError struct {
+	Header string // e.g. "idem-attempt"
+	Value  string // the raw value
+	Err    error  // the parse error
+}
+
+func (e *InvalidHeaderError) Error() string {
+	return fmt.Sprintf("retrytopic: header %s=%q: %v", e.Header, e.Value, e.Err)
+}
+
+// Unwrap returns the parse error.
+func (e *InvalidHeaderError) Unwrap() error { return e.Err }
+
+// Decode reads the idem-* headers of hs. ok reports whether hs has any idem
+// header at all (false for a record fresh from its original topic). When a
+// header is repeated the last one wins. Unknown idem-* headers are ignored.
+// A value that does not parse leaves its field zero and is reported as an
+// *InvalidHeaderError (several are joined with errors.Join); the other fields are
+// still filled, so callers may use the Failure with care.
+func Decode[H AnyHeader](hs []H) (f Failure, ok bool, err error) {
+	var errs []error
+	num := func(k, v string, bits int) int64 {
+		n, e := strconv.ParseInt(strings.TrimSpace(v), 10, bits)
+		if e != nil {
+			errs = append(errs, &InvalidHeaderError{Header: k, Value: v, Err: e})
+			return 0
+		}
+		return n
+	}
+	ms := func(k, v string) time.Time {
+		n, e := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		if e != nil {
+			errs = append(errs, &InvalidHeaderError{Header: k, Value: v, Err: e})
+			return time.Time{}
+		}
+		return time.UnixMilli(n)
+	}
+	for _, h := range hs {
+		kb, vb, present := kv(h)
+		if !present || !IsIdemHeader(kb) {
+			continue
+		}
+		ok = true
+		k, v := string(kb), string(vb)
+		switch k {
+		case HeaderAttempt:
+			f.Attempt = int(num(k, v, 32))
+		case HeaderTier:
+			f.Tier = int(num(k, v, 32))
+		case HeaderDueAt:
+			f.DueAt = ms(k, v)
+		case HeaderOriginalTopic:
+			f.OriginalTopic = v
+		case HeaderOriginalPartition:
+			f.OriginalPartition = int32(num(k, v, 32))
+		case HeaderOriginalOffset:
+			f.OriginalOffset = num(k, v, 64)
+		case HeaderOriginalTimestamp:
+			f.OriginalTimestamp = ms(k, v)
+		case HeaderConsumerGroup:
+			f.Group = v
+		case HeaderError:
+			f.Error = v
+		case HeaderErrorKind:
+			f.Kind = handler.Kind(v)
+		case HeaderErrorType:
+			f.ErrorType = v
+		case HeaderStack:
+			if len(vb) == 0 {
+				f.Stack = nil
+			} else {
+				f.Stack = append([]byte(nil), vb...)
+			}
+		case HeaderFirstFailureAt:
+			f.FirstFailureAt = ms(k, v)
+		case HeaderLastFailureAt:
+			f.LastFailureAt = ms(k, v)
+		}
+	}
+	return f, ok, errors.Join(errs...)
+}

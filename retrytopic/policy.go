@@ -1,0 +1,203 @@
+package retrytopic
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// DefaultRetention is the retention.ms EnsureTopics gives the tier and
+// dead-letter topics it creates when Policy.Retention is zero.
+const DefaultRetention = 7 * 24 * time.Hour
+
+// DefaultReplicationFactor asks the broker for its default.replication.factor.
+// It is what a zero Policy.ReplicationFactor means.
+const DefaultReplicationFactor int16 = -1
+
+// DefaultTierTopic names retry tier n (n = 1…) of topic as consumed by group:
+// "<topic>.<group>.retry.<n>", e.g. "payments.billing.retry.1".
+func DefaultTierTopic(topic, group string, n int) string {
+	return topic + "." + group + ".retry." + strconv.Itoa(n)
+}
+
+// DefaultDLQTopic names the dead-letter topic of topic as consumed by group:
+// "<topic>.<group>.dlq", e.g. "payments.billing.dlq".
+func DefaultDLQTopic(topic, group string) string {
+	return topic + "." + group + ".dlq"
+}
+
+// Policy says where a failed record goes after the in-process retries: through
+// retry tiers 1…len(Delays), each consumed no sooner than its delay after the
+// failure, and finally to the dead-letter topic.
+//
+// The zero Policy is useful: no retry tiers, failures go straight to the
+// dead-letter topic "<topic>.<group>.dlq".
+//
+// Topic names are always derived from the ORIGINAL topic (idem-original-topic)
+// and the consumer group, never from a tier's own name, so a record moving
+// from tier 1 to tier 2 keeps one family of names.
+type Policy struct {
+	// Delays[i] is how long a record sent to tier i+1 waits, measured from the
+	// failure that sent it there, before it is handed to the handler again. A
+	// RetryAfter error may push a due time further out, never earlier. Each
+	// delay must be > 0. Usually non-decreasing (1s, 10s, 1m), but not required.
+	//
+	// Default: none (no retry tiers; failures go to the dead-letter topic).
+	Delays []time.Duration
+
+	// TierTopic names retry tier n (1-based) for topic and group. It must give
+	// non-empty, legal, distinct names for every n in 1…len(Delays).
+	//
+	// Default: DefaultTierTopic, "<topic>.<group>.retry.<n>".
+	TierTopic func(topic, group string, n int) string
+
+	// DLQTopic names the dead-letter topic for topic and group.
+	//
+	// Default: DefaultDLQTopic, "<topic>.<group>.dlq".
+	DLQTopic func(topic, group string) string
+
+	// Retention is the retention of the tier and dead-letter topics that
+	// EnsureTopics creates. A negative value keeps records forever
+	// (retention.ms=-1). Existing topics are not altered.
+	//
+	// Default: DefaultRetention (7 days).
+	// Kafka: topic config retention.ms.
+	Retention time.Duration
+
+	// ReplicationFactor of the topics EnsureTopics creates; -1 (or 0) asks for
+	// the broker's default.
+	//
+	// Default: DefaultReplicationFactor (-1, the broker's default.replication.factor).
+	// Kafka: CreateTopics replication_factor.
+	ReplicationFactor int16
+}
+
+// WithDefaults returns p with every zero field replaced by its documented
+// default. It is the one place the defaults live.
+func (p Policy) WithDefaults() Policy {
+	if p.TierTopic == nil {
+		p.TierTopic = DefaultTierTopic
+	}
+	if p.DLQTopic == nil {
+		p.DLQTopic = DefaultDLQTopic
+	}
+	if p.Retention == 0 {
+		p.Retention = DefaultRetention
+	}
+	if p.ReplicationFactor == 0 {
+		p.ReplicationFactor = DefaultReplicationFactor
+	}
+	return p
+}
+
+// ErrInvalidPolicy is wrapped by every error Policy.Validate and
+// Policy.ValidateNames return.
+var ErrInvalidPolicy = errors.New("retrytopic: invalid policy")
+
+// Validate checks p on its own: every delay is > 0, the replication factor is
+// -1, 0 or positive, and the naming functions give non-empty, legal, distinct
+// names for a sample topic and group. Use ValidateNames to check the names a
+// real topic and group give.
+func (p Policy) Validate() error {
+	for i, d := range p.Delays {
+		if d <= 0 {
+			return fmt.Errorf("%w: Delays[%d] = %s, must be > 0", ErrInvalidPolicy, i, d)
+		}
+	}
+	if p.ReplicationFactor < -1 {
+		return fmt.Errorf("%w: ReplicationFactor = %d, must be -1 (broker default) or > 0", ErrInvalidPolicy, p.ReplicationFactor)
+	}
+	return p.ValidateNames("topic", "group")
+}
+
+// ValidateNames checks that, for topic and group, every tier name and the
+// dead-letter name are non-empty, legal Kafka topic names, distinct from each
+// other and from topic itself.
+func (p Policy) ValidateNames(topic, group string) error {
+	seen := map[string]string{topic: "the source topic"}
+	check := func(what, name string) error {
+		if err := validTopicName(name); err != nil {
+			return fmt.Errorf("%w: %s for topic %q group %q: %v", ErrInvalidPolicy, what, topic, group, err)
+		}
+		if prev, dup := seen[name]; dup {
+			return fmt.Errorf("%w: %s for topic %q group %q is %q, the same as %s", ErrInvalidPolicy, what, topic, group, name, prev)
+		}
+		seen[name] = what
+		return nil
+	}
+	for n := 1; n <= len(p.Delays); n++ {
+		if err := check(fmt.Sprintf("TierTopic(n=%d)", n), p.Tier(topic, group, n)); err != nil {
+			return err
+		}
+	}
+	return check("DLQTopic", p.DLQ(topic, group))
+}
+
+// validTopicName applies Kafka's topic name rules: 1…249 characters of
+// [a-zA-Z0-9._-], and not "." or "..".
+func validTopicName(name string) error {
+	switch {
+	case name == "":
+		return errors.New("name is empty")
+	case len(name) > 249:
+		return fmt.Errorf("name %q is %d characters, Kafka allows 249", name, len(name))
+	case name == "." || name == "..":
+		return fmt.Errorf("name %q is not allowed", name)
+	}
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
+			return fmt.Errorf("name %q has %q; Kafka allows only [a-zA-Z0-9._-]", name, r)
+		}
+	}
+	return nil
+}
+
+// Tier returns the name of retry tier n (1-based) of topic for group.
+func (p Policy) Tier(topic, group string, n int) string {
+	if p.TierTopic == nil {
+		return DefaultTierTopic(topic, group, n)
+	}
+	return p.TierTopic(topic, group, n)
+}
+
+// DLQ returns the name of the dead-letter topic of topic for group.
+func (p Policy) DLQ(topic, group string) string {
+	if p.DLQTopic == nil {
+		return DefaultDLQTopic(topic, group)
+	}
+	return p.DLQTopic(topic, group)
+}
+
+// Tiers returns the names of retry tiers 1…len(Delays) of topic for group, in
+// order; nil for a policy without tiers.
+func (p Policy) Tiers(topic, group string) []string {
+	if len(p.Delays) == 0 {
+		return nil
+	}
+	names := make([]string, len(p.Delays))
+	for i := range p.Delays {
+		names[i] = p.Tier(topic, group, i+1)
+	}
+	return names
+}
+
+// Topics returns every topic the policy forwards to for topic and group: the
+// tiers in order, then the dead-letter topic. It is what EnsureTopics needs.
+func (p Policy) Topics(topic, group string) []string {
+	return append(p.Tiers(topic, group), p.DLQ(topic, group))
+}
+
+// Next says where a record goes when it fails while at tier (0 = read from the
+// original topic, n = read from retry tier n): retry tier tier+1 with that
+// tier's delay, or, when the tiers are exhausted, the dead-letter topic with
+// next = 0 and delay = 0. topic is the original topic.
+func (p Policy) Next(topic, group string, tier int) (dest string, next int, delay time.Duration) {
+	if tier < 0 {
+		tier = 0
+	}
+	if tier < len(p.Delays) {
+		return p.Tier(topic, group, tier+1), tier + 1, p.Delays[tier]
+	}
+	return p.DLQ(topic, group), 0, 0
+}
