@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -204,5 +205,51 @@ func (e *env) waitCommitted(topic string, partitions int32, timeout time.Duratio
 			}
 		}
 		return nil
+	})
+}
+
+func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+// metricValue sums the samples of the metric family name whose labels include want.
+func metricValue(t *testing.T, e *env, name string, want map[string]string) float64 {
+	t.Helper()
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			for k, v := range want {
+				if labels[k] != v {
+					continue next
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				sum += m.Counter.GetValue()
+			case m.Gauge != nil:
+				sum += m.Gauge.GetValue()
+			case m.Histogram != nil:
+				sum += float64(m.Histogram.GetSampleCount())
+			}
+		}
+	}
+	return sum
+}
+
+// mustVec returns a counter sample as a collector, for testutil.ToFloat64.
+func mustVec(t *testing.T, e *env, name, group, topic string) prometheus.Collector {
+	t.Helper()
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "x"}, func() float64 {
+		return metricValue(t, e, name, map[string]string{"group": group, "topic": topic})
 	})
 }

@@ -194,7 +194,6 @@ func (g *gate) probeDone(reopened bool) {
 		g.broadcast()
 		return
 	}
-	g.r.m.BreakerOpen.WithLabelValues(g.name).Add(time.Since(g.since).Seconds())
 	g.r.log.Info("idem: probe passed; consumption resumed", "breaker", g.name, "paused_for", time.Since(g.since).Round(time.Millisecond))
 	g.until = time.Time{}
 	for k := range g.members {

@@ -82,11 +82,11 @@ func newRunner(cfg Config, h handler.Handler) (*runner, error) {
 		return nil, fmt.Errorf("consumer: sarama config: %w", err)
 	}
 	r := &runner{
-		cfg:  cfg,
-		h:    handler.Chain(h, handler.Recover()),
-		log:  cfg.Logger.With("group", cfg.Group),
-		m:    m,
-		scfg: scfg,
+		cfg:    cfg,
+		h:      handler.Chain(h, handler.Recover()),
+		log:    cfg.Logger.With("group", cfg.Group),
+		m:      m,
+		scfg:   scfg,
 		rand:   rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 		policy: cfg.Retry.WithDefaults(),
 	}

@@ -1,0 +1,231 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemhq/idem/breaker"
+	"github.com/idemhq/idem/consumer"
+	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/retrytopic"
+)
+
+// dependency is a fake downstream service that can be taken down.
+type dependency struct {
+	down  atomic.Bool
+	calls atomic.Int64
+}
+
+var errDown = errors.New("bank-api: 503")
+
+func (d *dependency) call(context.Context) error {
+	d.calls.Add(1)
+	if d.down.Load() {
+		return errDown
+	}
+	return nil
+}
+
+// breakerEnv wires a breaker set whose transitions are recorded and exported.
+type breakerEnv struct {
+	*env
+	set *breaker.Set
+	dep *dependency
+
+	mu          sync.Mutex
+	transitions []string
+	maxAttempt  atomic.Int64
+	halfOpen    atomic.Int64 // handler calls that began while the breaker was half-open
+}
+
+func newBreakerEnv(t *testing.T, partitions int32) *breakerEnv {
+	t.Helper()
+	b := &breakerEnv{env: newEnv(t, partitions), dep: &dependency{}}
+	hook, err := consumer.BreakerMetrics(b.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.set, err = breaker.NewSet(breaker.Settings{
+		ConsecutiveFailures: 3,
+		OpenTimeout:         300 * time.Millisecond,
+		OnStateChange: func(name string, from, to breaker.State) {
+			hook(name, from, to)
+			b.mu.Lock()
+			b.transitions = append(b.transitions, fmt.Sprintf("%s->%s", from, to))
+			b.mu.Unlock()
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func (b *breakerEnv) config() consumer.Config {
+	cfg := b.env.config()
+	cfg.Retries = 3
+	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{time.Second}}
+	return cfg
+}
+
+// handler calls the dependency through the breaker, then writes the effect.
+func (b *breakerEnv) handler() handler.Func {
+	return func(ctx context.Context, m *handler.Message) error {
+		for {
+			cur := b.maxAttempt.Load()
+			if int64(m.Attempt) <= cur || b.maxAttempt.CompareAndSwap(cur, int64(m.Attempt)) {
+				break
+			}
+		}
+		if b.set.Get("bank-api").State() == breaker.HalfOpen {
+			b.halfOpen.Add(1)
+		}
+		if err := b.set.Do(ctx, "bank-api", b.dep.call); err != nil {
+			return err
+		}
+		return effectHandler()(ctx, m)
+	}
+}
+
+func (b *breakerEnv) opens() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for _, tr := range b.transitions {
+		if tr == "closed->open" || tr == "half-open->open" {
+			n++
+		}
+	}
+	return n
+}
+
+// Issue 5, tests 1 and 2: a dependency down for a while → the consumer pauses:
+// nothing reaches a retry tier or the DLQ, no attempt beyond the breaker's
+// threshold is spent, only the probe runs while half-open, a failed probe
+// reopens; after recovery every message has exactly one effect.
+func TestBreakerPausesInsteadOfRetrying(t *testing.T) {
+	t.Parallel()
+	b := newBreakerEnv(t, 3)
+	b.dep.down.Store(true)
+	keys, uniq := keysWithDuplicates(300, 0.1, 7)
+	b.produce(keys, 3)
+	start(t, b.config(), b.handler())
+
+	// Let the breaker open, probe and reopen a few times while down.
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if n := b.opens(); n < 4 {
+			return fmt.Errorf("breaker opened %d times", n)
+		}
+		return nil
+	})
+	// Every claimed partition (3 source + 3 of tier 1) is paused.
+	if v, claimed := metricValue(t, b.env, "idem_partitions_paused", nil), metricValue(t, b.env, "idem_partitions_assigned", nil); v != 6 || claimed != 6 {
+		t.Errorf("idem_partitions_paused = %v of %v claimed while open, want 6 of 6", v, claimed)
+	}
+	callsWhileDown := b.dep.calls.Load()
+	b.dep.down.Store(false)
+
+	b.waitCommitted(b.topic, 3, 90*time.Second)
+	if n := b.count(`SELECT count(*) FROM effects`); n != uniq {
+		t.Fatalf("effects = %d, want %d", n, uniq)
+	}
+	if n := b.total(b.dlq(), 3) + b.total(b.tier(1), 3); n != 0 {
+		t.Fatalf("%d records reached a retry tier or the DLQ, want 0", n)
+	}
+	if a := b.maxAttempt.Load(); a > 3 {
+		t.Errorf("a message reached attempt %d: the open breaker spent retries", a)
+	}
+	// While down, the dependency saw the 3 tripping failures plus one probe per
+	// reopen, not one call per message.
+	opens := int64(b.opens())
+	if callsWhileDown > 3+opens+3 { // +3: partitions racing the first trip
+		t.Errorf("dependency called %d times while down for %d opens: not paused", callsWhileDown, opens)
+	}
+	b.mu.Lock()
+	trs := append([]string(nil), b.transitions...)
+	b.mu.Unlock()
+	for i, tr := range trs {
+		if tr == "half-open->open" && (i == 0 || trs[i-1] != "open->half-open") {
+			t.Errorf("transitions out of order: %v", trs)
+		}
+	}
+	if trs[len(trs)-1] != "half-open->closed" {
+		t.Errorf("breaker did not close at the end: %v", trs)
+	}
+	// Only the probe ran while half-open: one handler call per half-open period.
+	halfOpens := int64(0)
+	for _, tr := range trs {
+		if tr == "open->half-open" {
+			halfOpens++
+		}
+	}
+	if got := b.halfOpen.Load(); got > halfOpens {
+		t.Errorf("%d handler calls began while half-open, over %d half-open periods: more than the probe ran", got, halfOpens)
+	}
+	if v := metricValue(t, b.env, "idem_breaker_state", map[string]string{"name": "bank-api"}); v != 0 {
+		t.Errorf("idem_breaker_state = %v, want 0 (closed)", v)
+	}
+	if v := metricValue(t, b.env, "idem_breaker_transitions_total", map[string]string{"name": "bank-api", "to": "open"}); v < 4 {
+		t.Errorf("transitions to open = %v", v)
+	}
+	if v := metricValue(t, b.env, "idem_partitions_paused", nil); v != 0 {
+		t.Errorf("idem_partitions_paused = %v after recovery, want 0", v)
+	}
+}
+
+// Issue 5, test 3: a rebalance while paused: a second member joins while the
+// breaker is open; the new owner honours the open breaker too, and nothing is
+// lost or doubled once the dependency recovers.
+func TestBreakerRebalanceWhilePaused(t *testing.T) {
+	t.Parallel()
+	b := newBreakerEnv(t, 4)
+	b.dep.down.Store(true)
+	keys, uniq := keysWithDuplicates(200, 0, 3)
+	b.produce(keys, 4)
+	first := start(t, b.config(), b.handler())
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if n := b.opens(); n < 2 {
+			return fmt.Errorf("breaker opened %d times", n)
+		}
+		return nil
+	})
+	second := start(t, b.config(), b.handler())
+	// Wait for the rebalance to hand partitions to the second member.
+	testenv.Eventually(t, 60*time.Second, func() error {
+		d, err := b.k.Admin(t).DescribeConsumerGroups([]string{b.group})
+		if err != nil {
+			return err
+		}
+		if len(d) != 1 || len(d[0].Members) != 2 {
+			return fmt.Errorf("group members: %d", len(d[0].Members))
+		}
+		return nil
+	})
+	opensBefore := b.opens()
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if n := b.opens(); n < opensBefore+2 {
+			return fmt.Errorf("breaker opened %d times", n)
+		}
+		return nil
+	})
+	b.dep.down.Store(false)
+	b.waitCommitted(b.topic, 4, 90*time.Second)
+	if n := b.count(`SELECT count(*) FROM effects`); n != uniq {
+		t.Fatalf("effects = %d, want %d", n, uniq)
+	}
+	if n := b.total(b.dlq(), 4) + b.total(b.tier(1), 4); n != 0 {
+		t.Fatalf("%d records reached a retry tier or the DLQ, want 0", n)
+	}
+	if err := second.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.stop(); err != nil {
+		t.Fatal(err)
+	}
+}
