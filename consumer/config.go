@@ -133,6 +133,16 @@ type Config struct {
 	// Default: retrytopic.Policy{} (no tiers; dead-letter topic "<topic>.<group>.dlq").
 	Retry retrytopic.Policy
 
+	// Ordering keeps per-key order across retry tiers when set to
+	// OrderingByKey (see there); it then needs OrderingDB.
+	// Default: OrderingNone.
+	Ordering Ordering
+
+	// OrderingDB holds the parked keys and messages of OrderingByKey, usually
+	// the same pool as the dedupe store. Its tables are created at start.
+	// Default: nil (required with OrderingByKey).
+	OrderingDB dedupe.DB
+
 	// Retries is the number of in-process retries of a message whose handler
 	// returned a retriable error, each in a fresh transaction, before the
 	// message is forwarded to the next retry tier (or the dead-letter topic).
@@ -294,6 +304,15 @@ func (c Config) Validate() error {
 		if err := c.Retry.ValidateNames(t, c.Group); err != nil && c.Group != "" {
 			bad("Retry", t, err.Error())
 		}
+	}
+	switch c.Ordering {
+	case OrderingNone:
+	case OrderingByKey:
+		if c.OrderingDB == nil {
+			bad("OrderingDB", nil, "required with Ordering = OrderingByKey (pass the PostgreSQL pool)")
+		}
+	default:
+		bad("Ordering", c.Ordering, "unknown ordering")
 	}
 	if c.RetryBase < 0 {
 		bad("RetryBase", c.RetryBase, "must be > 0")

@@ -8,6 +8,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/metrics"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -55,20 +56,25 @@ func (p *partition) waitDue(cm *sarama.ConsumerMessage, o origin) bool {
 	return true
 }
 
-// forward sends a failed message on: to the next retry tier when its error is
-// retriable and tiers remain, else to the dead-letter topic. The offset is
-// marked only after the broker acknowledged the forward; while forwarding
-// fails the partition retries it with backoff and marks nothing.
-func (p *partition) forward(cm *sarama.ConsumerMessage, msg *handler.Message, o origin, cause error) bool {
+// outbound is a failed message on its way to a retry tier or the DLQ.
+type outbound struct {
+	rec  retrytopic.Record
+	tier int // 0: the dead-letter topic
+	kind string
+}
+
+// failure decides where a failed message goes: to the next retry tier when
+// its error is retriable and tiers remain, else to the dead-letter topic; and
+// builds the record: key, value and original headers unchanged, idem-* headers
+// set. src is where it was read (a source or a tier), o its origin.
+func (p *partition) failure(src retrytopic.Source, key, value []byte, headers []*sarama.RecordHeader, o origin, msg *handler.Message, cause error) outbound {
 	r := p.r
 	now := time.Now()
 	dest, tier, delay := r.policy.DLQ(o.topic, r.cfg.Group), 0, time.Duration(0)
 	if p.retriable(cause) {
 		dest, tier, delay = r.policy.Next(o.topic, r.cfg.Group, o.tier)
 	}
-	f := retrytopic.NewFailure(cause, retrytopic.Source{
-		Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset, Timestamp: cm.Timestamp, Group: r.cfg.Group,
-	}, o.prior, now)
+	f := retrytopic.NewFailure(cause, src, o.prior, now)
 	f.Attempt = msg.Attempt
 	f.Tier = tier
 	if tier > 0 {
@@ -77,30 +83,37 @@ func (p *partition) forward(cm *sarama.ConsumerMessage, msg *handler.Message, o 
 		}
 		f.DueAt = now.Add(delay)
 	}
-	rec := retrytopic.Record{
-		Topic: dest, Partition: cm.Partition, Key: cm.Key, Value: cm.Value,
-		Headers: retrytopic.Encode(cm.Headers, f),
+	return outbound{
+		rec:  retrytopic.Record{Topic: dest, Partition: src.Partition, Key: key, Value: value, Headers: retrytopic.Encode(headers, f)},
+		tier: tier,
+		kind: string(f.Kind),
 	}
-	kind := string(f.Kind)
+}
+
+// send forwards out and waits for the ack (acks=all). While forwarding fails
+// the partition retries it with backoff; it returns false (nothing marked) only
+// when the partition is stopping.
+func (p *partition) send(out outbound, msg *handler.Message) bool {
+	r := p.r
+	dest := out.rec.Topic
 	for n := 1; ; n++ {
-		err := r.fwd.Forward(p.hctx, rec)
+		err := r.fwd.Forward(p.hctx, out.rec)
 		if err == nil {
 			break
 		}
 		r.m.ForwardErrors.WithLabelValues(r.cfg.Group, dest).Inc()
-		p.log.Error("idem: forward failed; offset not marked, retrying", "offset", cm.Offset, "to", dest, "err", err, "try", n)
+		p.log.Error("idem: forward failed; offset not marked, retrying", "offset", msg.Offset, "to", dest, "err", err, "try", n)
 		if !sleep(p.stopCtx, r.outageDelay(n)) {
 			return false
 		}
 	}
-	r.m.Forwarded.WithLabelValues(r.cfg.Group, dest, kind).Inc()
-	outcome := "retried"
-	if tier == 0 {
-		outcome = "dead_lettered"
+	r.m.Forwarded.WithLabelValues(r.cfg.Group, dest, out.kind).Inc()
+	outcome := metrics.OutcomeRetried
+	if out.tier == 0 {
+		outcome = metrics.OutcomeDeadLettered
 	}
-	r.m.Messages.WithLabelValues(r.cfg.Group, cm.Topic, outcome).Inc()
-	p.log.Info("idem: message forwarded", "offset", cm.Offset, "key", msg.IdempotencyKey, "to", dest, "kind", kind, "attempt", msg.Attempt, "err", cause)
-	p.mark(cm)
+	r.m.Messages.WithLabelValues(r.cfg.Group, msg.Topic, outcome).Inc()
+	p.log.Info("idem: message forwarded", "offset", msg.Offset, "key", msg.IdempotencyKey, "to", dest, "kind", out.kind, "attempt", msg.Attempt)
 	return true
 }
 

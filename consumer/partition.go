@@ -14,6 +14,7 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/metrics"
+	"github.com/idemhq/idem/retrytopic"
 )
 
 // Back-pressure marks of a partition's queue (see queue).
@@ -139,20 +140,70 @@ func (p *partition) handle(cm *sarama.ConsumerMessage) bool {
 	if !p.waitDue(cm, origin) {
 		return false
 	}
+	src := retrytopic.Source{Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset, Timestamp: cm.Timestamp, Group: r.cfg.Group}
 
 	key, keyErr := p.key(msg, origin)
 	if keyErr != nil {
 		r.m.MissingKey.WithLabelValues(r.cfg.Group, cm.Topic).Inc()
-		return p.finalFailure(cm, msg, origin, keyErr)
+		if !p.send(p.failure(src, cm.Key, cm.Value, cm.Headers, origin, msg, keyErr), msg) {
+			return false
+		}
+		p.mark(cm)
+		return true
 	}
 	msg.IdempotencyKey = key
+	ordered := r.order != nil && len(cm.Key) > 0
+	if ordered {
+		parked, ok := p.park(cm, msg, origin)
+		if !ok {
+			return false
+		}
+		if parked {
+			r.m.Messages.WithLabelValues(r.cfg.Group, cm.Topic, metrics.OutcomeParked).Inc()
+			p.mark(cm)
+			return true
+		}
+	}
 	rec := dedupe.Record{Group: r.cfg.Group, Key: key, Topic: origin.topic, Partition: origin.partition, Offset: origin.offset}
+	err, ok := p.process(rec, msg)
+	if !ok {
+		return false
+	}
+	if err != nil {
+		f := p.failure(src, cm.Key, cm.Value, cm.Headers, origin, msg, err)
+		if ordered && f.tier > 0 && !p.orderStep(func(ctx context.Context) error {
+			return r.order.Block(ctx, origin.topic, cm.Key, key)
+		}) {
+			return false
+		}
+		if !p.send(f, msg) {
+			return false
+		}
+		if ordered && f.tier > 0 {
+			p.mark(cm)
+			return true
+		}
+	}
+	// Processed, duplicate or dead-lettered: the key's parked messages follow.
+	if ordered && !p.drain(origin.topic, cm.Key, key) {
+		return false
+	}
+	p.mark(cm)
+	return true
+}
 
+// process runs the attempts of one message: the handler in the dedupe store's
+// unit of work, in-process retries with jittered backoff, waits through store
+// outages and open breakers (neither counts as an attempt). It returns nil when
+// the message is done (processed or duplicate), the final error when it must be
+// forwarded, or ok=false when the partition is stopping.
+func (p *partition) process(rec dedupe.Record, msg *handler.Message) (err error, ok bool) {
+	r := p.r
 	retries, outages := 0, 0
 	for {
 		probe, ok := r.gate.wait(p.stopCtx)
 		if !ok {
-			return false
+			return nil, false
 		}
 		err := p.attempt(rec, msg)
 		if probe {
@@ -165,17 +216,16 @@ func (p *partition) handle(cm *sarama.ConsumerMessage) bool {
 		}
 		switch {
 		case err == nil:
-			p.mark(cm)
-			return true
+			return nil, true
 		case p.hctx.Err() != nil:
 			// Cancelled past the grace period: rolled back, left for redelivery.
-			return false
+			return nil, false
 		case dedupe.IsStoreError(err):
 			outages++
 			r.m.StoreErrors.WithLabelValues(r.cfg.Group).Inc()
-			p.log.Warn("idem: dedupe store unavailable; retrying the same message", "offset", cm.Offset, "err", err, "try", outages)
+			p.log.Warn("idem: dedupe store unavailable; retrying the same message", "offset", msg.Offset, "err", err, "try", outages)
 			if !sleep(p.stopCtx, r.outageDelay(outages)) {
-				return false
+				return nil, false
 			}
 		case breaker.IsOpen(err):
 			// The dependency is down: pause instead of spending retries.
@@ -183,17 +233,17 @@ func (p *partition) handle(cm *sarama.ConsumerMessage) bool {
 		case p.retriable(err) && retries < r.cfg.Retries:
 			retries++
 			msg.Attempt++
-			r.m.Retries.WithLabelValues(r.cfg.Group, cm.Topic).Inc()
+			r.m.Retries.WithLabelValues(r.cfg.Group, msg.Topic).Inc()
 			d := r.jitter(retries)
 			if ra, ok := handler.RetryAfterOf(err); ok && ra > d {
 				d = ra
 			}
-			p.log.Debug("idem: handler failed; retrying in process", "offset", cm.Offset, "key", key, "err", err, "retry", retries, "in", d)
+			p.log.Debug("idem: handler failed; retrying in process", "offset", msg.Offset, "key", rec.Key, "err", err, "retry", retries, "in", d)
 			if !sleep(p.stopCtx, d) {
-				return false
+				return nil, false
 			}
 		default:
-			return p.finalFailure(cm, msg, origin, err)
+			return err, true
 		}
 	}
 }
@@ -259,12 +309,6 @@ func (p *partition) key(msg *handler.Message, o origin) (string, error) {
 		return o.topic + "/" + strconv.Itoa(int(o.partition)) + "/" + strconv.FormatInt(o.offset, 10), nil
 	}
 	return "", err
-}
-
-// finalFailure routes a message whose handling ended in failure (permanent,
-// panic, missing key, retries exhausted) to a retry tier or the DLQ.
-func (p *partition) finalFailure(cm *sarama.ConsumerMessage, msg *handler.Message, o origin, err error) bool {
-	return p.forward(cm, msg, o, err)
 }
 
 // toMessage converts a sarama record; the Message shares its byte slices.

@@ -12,6 +12,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/metrics"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -63,6 +64,7 @@ type runner struct {
 	group   sarama.ConsumerGroup
 	policy  retrytopic.Policy
 	fwd     *retrytopic.Forwarder
+	order   *keyorder.Store // nil unless OrderingByKey
 	pauses  *pauser
 	gate    *gate
 	baseCtx context.Context // values of Run's ctx, never cancelled: handler ctxs derive from it
@@ -160,6 +162,15 @@ func (r *runner) run(ctx context.Context) error {
 	}
 	defer fwd.Close()
 	r.fwd = fwd
+	if r.cfg.Ordering == OrderingByKey {
+		r.order = keyorder.New(r.cfg.OrderingDB, r.cfg.Group)
+		if err := r.order.Migrate(ctx); err != nil {
+			return fmt.Errorf("consumer: ordering schema: %w", err)
+		}
+		if err := r.recoverPending(ctx); err != nil {
+			return err
+		}
+	}
 	group, err := sarama.NewConsumerGroupFromClient(r.cfg.Group, client)
 	if err != nil {
 		return fmt.Errorf("consumer: join group %s: %w", r.cfg.Group, err)

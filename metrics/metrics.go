@@ -4,7 +4,7 @@
 //
 // Names (all prefixed idem_):
 //
-//	idem_messages_total{group,topic,outcome}        messages with a final outcome: processed, duplicate, retried (sent to a tier), dead_lettered
+//	idem_messages_total{group,topic,outcome}        messages with a final outcome: processed, duplicate, retried (sent to a tier), dead_lettered, parked
 //	idem_handler_attempts_total{group,topic,result} handler calls: ok, error, panic, breaker_open
 //	idem_handler_duration_seconds{group,topic}      handler call latency, histogram (p95/p99)
 //	idem_retries_total{group,topic}                 in-process retries (an attempt after a failure)
@@ -34,6 +34,7 @@ const (
 	OutcomeDuplicate    = "duplicate"
 	OutcomeRetried      = "retried"
 	OutcomeDeadLettered = "dead_lettered"
+	OutcomeParked       = "parked" // OrderingByKey: stored behind an earlier message of its key
 )
 
 // Result label values of idem_handler_attempts_total.
