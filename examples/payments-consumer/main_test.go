@@ -1,0 +1,219 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/handler"
+)
+
+// servicesEnv returns the real services' addresses. Tests that need them
+// skip only under -short and fail, with the fix, when they are not set.
+func servicesEnv(t *testing.T) env {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs Kafka and PostgreSQL (skipped under -short)")
+	}
+	e, err := loadEnv()
+	if err != nil {
+		t.Fatalf("%v\nrun `make services` first (make test does it for you)", err)
+	}
+	return e
+}
+
+// TestDemoBalances runs the demo end to end against real Kafka and
+// PostgreSQL and checks every figure balances.
+func TestDemoBalances(t *testing.T) {
+	e := servicesEnv(t)
+	o := defaultDemoOptions()
+	o.N, o.Timeout, o.Cleanup = 300, 2*time.Minute, true
+	var out, logs bytes.Buffer
+	s, err := runDemo(t.Context(), e, o, &out, &logs)
+	t.Logf("demo output:\n%s", out.String())
+	if logs.Len() > 0 {
+		t.Logf("demo logs:\n%s", logs.String())
+	}
+	if err != nil {
+		t.Fatalf("demo: %v", err)
+	}
+	if err := s.check(); err != nil {
+		t.Fatalf("figures do not balance:\n%v", err)
+	}
+	dups := int(float64(o.N)*o.Dup + 0.5)
+	for _, c := range []struct {
+		name      string
+		got, want int64
+	}{
+		{"produced", int64(s.Produced), int64(o.N + dups + o.Bad)},
+		{"payments stored", s.Stored, int64(o.N)},
+		{"duplicates skipped", s.DuplicatesSkipped(), int64(dups)},
+		{"orders paid", s.OrdersPaid, int64(o.N)},
+		{"dead-lettered", s.DeadLettered, int64(o.Bad)},
+		{"double charges", s.DoubleCharges, 0},
+		{"DLQ decode", s.DLQKinds["decode"], int64(o.Bad / 5)},
+		{"DLQ missing-key", s.DLQKinds["missing-key"], int64(o.Bad / 5)},
+		{"DLQ permanent", s.DLQKinds["permanent"], int64(o.Bad - 2*(o.Bad/5))},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s = %d, want %d", c.name, c.got, c.want)
+		}
+	}
+	if !strings.Contains(out.String(), "double charges:") {
+		t.Errorf("summary lacks the double-charges line:\n%s", out.String())
+	}
+}
+
+// TestHandlePayment drives the handler through its paths in a transaction of
+// the test's own (dedupe.WithTx), as idem's inbox would.
+func TestHandlePayment(t *testing.T) {
+	e := servicesEnv(t)
+	ctx := t.Context()
+	pool, err := openDB(ctx, e.DatabaseURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if err := migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	run := "test-" + newRunID()
+	if _, err := pool.Exec(ctx, `INSERT INTO orders (id) VALUES ($1), ($2)`, run+"-o1", run+"-o2"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c := context.Background()
+		_, _ = pool.Exec(c, `DELETE FROM payments WHERE order_id LIKE $1`, run+"-%")
+		_, _ = pool.Exec(c, `DELETE FROM orders WHERE id LIKE $1`, run+"-%")
+	})
+	// handle runs one message in a transaction that commits on success.
+	handle := func(key, body string) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			return handlePayment(dedupe.WithTx(ctx, tx), &handler.Message{Value: []byte(body), IdempotencyKey: key})
+		})
+	}
+	body := func(key, order, amount, cur string) string {
+		return fmt.Sprintf(`{"idempotency_key":%q,"order_id":%q,"amount":%s,"currency":%q}`, key, order, amount, cur)
+	}
+	steps := []struct {
+		name, key, body string
+		want            string // "" ok, "permanent", "decode"
+	}{
+		{"first payment", run + "-k1", body(run+"-k1", run+"-o1", `"12.34"`, "KRW"), ""},
+		{"same payment again (inbox swept)", run + "-k1", body(run+"-k1", run+"-o1", `"12.34"`, "KRW"), ""},
+		{"another payment for the paid order", run + "-k2", body(run+"-k2", run+"-o1", `"1.00"`, "KRW"), "permanent"},
+		{"number amount keeps its digits", run + "-k3", body(run+"-k3", run+"-o2", `99.999999`, "USD"), ""},
+		{"unknown order", run + "-k4", body(run+"-k4", run+"-nope", `"1"`, "EUR"), "permanent"},
+		{"zero amount", run + "-k5", body(run+"-k5", run+"-o2", `"0.00"`, "EUR"), "permanent"},
+		{"bad JSON", run + "-k6", `{"order_id":`, "decode"},
+	}
+	for _, st := range steps {
+		err := handle(st.key, st.body)
+		var got string
+		switch {
+		case handler.IsDecode(err):
+			got = "decode"
+		case handler.IsPermanent(err):
+			got = "permanent"
+		case err != nil:
+			got = "retriable: " + err.Error()
+		}
+		if got != st.want {
+			t.Errorf("%s: got %q (err %v), want %q", st.name, got, err, st.want)
+		}
+	}
+	var n int
+	var amount string
+	if err := pool.QueryRow(ctx, `SELECT count(*), max(amount::text) FILTER (WHERE order_id = $2) FROM payments WHERE order_id LIKE $1`,
+		run+"-%", run+"-o2").Scan(&n, &amount); err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 || amount != "99.999999" {
+		t.Errorf("payments: %d rows, o2 amount %q; want 2 rows, 99.999999", n, amount)
+	}
+}
+
+func TestPaymentKey(t *testing.T) {
+	tests := []struct {
+		name    string
+		headers []handler.Header
+		body    string
+		want    string
+		wantErr bool
+	}{
+		{"header wins", []handler.Header{{Key: "idempotency-key", Value: []byte("h1")}}, `{"idempotency_key":"b1"}`, "h1", false},
+		{"header without JSON", []handler.Header{{Key: "idempotency-key", Value: []byte("h1")}}, `garbage`, "h1", false},
+		{"JSON field", nil, `{"idempotency_key":"b1","order_id":"o"}`, "b1", false},
+		{"empty header falls back", []handler.Header{{Key: "idempotency-key", Value: []byte(" ")}}, `{"idempotency_key":"b1"}`, "b1", false},
+		{"no key anywhere", nil, `{"order_id":"o"}`, "", false},
+		{"no header, bad JSON", nil, `{"idempotency_key":`, "", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := paymentKey(&handler.Message{Headers: tt.headers, Value: []byte(tt.body)})
+			if got != tt.want || (err != nil) != tt.wantErr {
+				t.Errorf("paymentKey = %q, %v; want %q, error %v", got, err, tt.want, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestValidate(t *testing.T) {
+	ok := Payment{OrderID: "o1", Amount: "12.34", Currency: "KRW"}
+	tests := []struct {
+		name   string
+		mutate func(*Payment)
+		valid  bool
+	}{
+		{"valid", func(*Payment) {}, true},
+		{"integer amount", func(p *Payment) { p.Amount = "100" }, true},
+		{"tiny amount", func(p *Payment) { p.Amount = "0.01" }, true},
+		{"zero", func(p *Payment) { p.Amount = "0.00" }, false},
+		{"negative", func(p *Payment) { p.Amount = "-5.00" }, false},
+		{"exponent", func(p *Payment) { p.Amount = "1e3" }, false},
+		{"comma", func(p *Payment) { p.Amount = "1,000" }, false},
+		{"empty amount", func(p *Payment) { p.Amount = "" }, false},
+		{"unknown currency", func(p *Payment) { p.Currency = "XYZ" }, false},
+		{"lower-case currency", func(p *Payment) { p.Currency = "krw" }, false},
+		{"no order", func(p *Payment) { p.OrderID = "" }, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := ok
+			tt.mutate(&p)
+			if err := p.validate(); (err == nil) != tt.valid {
+				t.Errorf("validate(%+v) = %v, want valid=%v", p, err, tt.valid)
+			}
+		})
+	}
+}
+
+func TestDecodeAmount(t *testing.T) {
+	for in, want := range map[string]Amount{`"12.34"`: "12.34", `12.34`: "12.34", `" 7 "`: "7", `100000000000000000.5`: "100000000000000000.5"} {
+		p, err := decodePayment([]byte(`{"amount":` + in + `}`))
+		if err != nil || p.Amount != want {
+			t.Errorf("amount %s: got %q, %v; want %q", in, p.Amount, err, want)
+		}
+	}
+	for _, in := range []string{`true`, `{}`, `[1]`} {
+		if _, err := decodePayment([]byte(`{"amount":` + in + `}`)); err == nil {
+			t.Errorf("amount %s: no error", in)
+		}
+	}
+}
+
+func TestMissingEnv(t *testing.T) {
+	t.Setenv("KAFKA_BROKERS", "")
+	t.Setenv("DATABASE_URL", "")
+	err := run(t.Context(), []string{"demo"}, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "KAFKA_BROKERS") || !strings.Contains(err.Error(), "DATABASE_URL") || !strings.Contains(err.Error(), "make services") {
+		t.Fatalf("run without env = %v; want an error naming both variables and `make services`", err)
+	}
+}

@@ -1,0 +1,154 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/idemhq/idem/consumer"
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/retrytopic"
+)
+
+// retryPolicy is where failing payments go after their in-process retries:
+// three non-blocking retry tiers, then the dead-letter topic.
+var retryPolicy = retrytopic.Policy{Delays: []time.Duration{time.Second, 10 * time.Second, time.Minute}}
+
+// serveMain runs the consumer until SIGINT/SIGTERM.
+func serveMain(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("payments-consumer", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	topic := fs.String("topic", "payments", "topic to consume (created when missing)")
+	group := fs.String("group", "payments-consumer", "consumer group id")
+	partitions := fs.Int("partitions", 6, "partitions of the topic when this service creates it")
+	metricsAddr := fs.String("metrics-addr", ":2112", "listen address of the Prometheus /metrics endpoint (empty: off)")
+	verbose := fs.Bool("v", false, "debug logs")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: payments-consumer [flags]      consume payments\n       payments-consumer demo [flags] run the end-to-end demo (demo -h)\n\nenv: KAFKA_BROKERS, DATABASE_URL\n\nflags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected argument %q (the only subcommand is demo)", fs.Arg(0))
+	}
+	if *partitions < 1 {
+		return usagef("-partitions must be >= 1")
+	}
+	e, err := loadEnv()
+	if err != nil {
+		return err
+	}
+	level := slog.LevelInfo
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	log := newLogger(stderr, level)
+
+	pool, err := openDB(ctx, e.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := migrate(ctx, pool); err != nil {
+		return err
+	}
+
+	scfg := saramaConfig("payments-consumer")
+	if err := createTopic(ctx, e.Brokers, scfg, *topic, int32(*partitions), log); err != nil {
+		return err
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	stopMetrics, err := serveMetrics(*metricsAddr, reg, log)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
+
+	log.Info("consuming", "topic", *topic, "group", *group, "brokers", e.Brokers,
+		"dlq", retryPolicy.DLQ(*topic, *group), "metrics", *metricsAddr)
+	err = consumer.Run(ctx, consumer.Config{
+		Brokers:    e.Brokers,
+		Group:      *group,
+		Topics:     []string{*topic},
+		KeyFunc:    paymentKey,
+		Dedupe:     dedupe.NewPostgres(pool),
+		Sarama:     scfg,
+		Logger:     log,
+		Registerer: reg,
+		Retry:      retryPolicy,
+	}, handler.Func(handlePayment))
+	if err != nil {
+		return fmt.Errorf("consumer: %w", err)
+	}
+	log.Info("stopped cleanly")
+	return nil
+}
+
+// createTopic creates topic when it is missing (idem never creates source
+// topics; it creates its retry and dead-letter topics itself).
+func createTopic(ctx context.Context, brokers []string, scfg *sarama.Config, topic string, partitions int32, log *slog.Logger) error {
+	client, err := sarama.NewClient(brokers, scfg)
+	if err != nil {
+		return fmt.Errorf("connect to Kafka %v: %w", brokers, err)
+	}
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		client.Close()
+		return fmt.Errorf("kafka admin: %w", err)
+	}
+	defer admin.Close() // closes client too
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	created, err := ensureTopic(wctx, client, admin, topic, partitions)
+	if err != nil {
+		return err
+	}
+	if created {
+		log.Info("created topic", "topic", topic, "partitions", partitions)
+	}
+	return nil
+}
+
+// serveMetrics serves reg on addr at /metrics until the returned func is
+// called. An empty addr serves nothing.
+func serveMetrics(addr string, reg *prometheus.Registry, log *slog.Logger) (stop func(), err error) {
+	if addr == "" {
+		return func() {}, nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics listener: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server", "err", err)
+		}
+	}()
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		<-done
+	}, nil
+}
