@@ -143,6 +143,13 @@ type Config struct {
 	// Default: nil (required with OrderingByKey).
 	OrderingDB dedupe.DB
 
+	// DLQDepthInterval is how often idem_dlq_depth is refreshed for each
+	// source topic's dead-letter topic (its end offsets minus the offsets
+	// committed by its admin group "<dlq>.admin", which `idem dlq replay` and
+	// `idem dlq purge` advance). A negative value disables it.
+	// Default: 30s.
+	DLQDepthInterval time.Duration
+
 	// Retries is the number of in-process retries of a message whose handler
 	// returned a retriable error, each in a fresh transaction, before the
 	// message is forwarded to the next retry tier (or the dead-letter topic).
@@ -174,17 +181,18 @@ type Config struct {
 // "Default:" line against it.
 func defaults() Config {
 	return Config{
-		KeyFunc:        HeaderKey("idempotency-key"),
-		MaxKeyLength:   256,
-		MissingKey:     MissingKeyDeadLetter,
-		Sarama:         sarama.NewConfig(),
-		Logger:         slog.Default(),
-		ShutdownGrace:  10 * time.Second,
-		CommitInterval: time.Second,
-		OutageBackoff:  5 * time.Second,
-		Retries:        3,
-		RetryBase:      100 * time.Millisecond,
-		RetryMax:       5 * time.Second,
+		KeyFunc:          HeaderKey("idempotency-key"),
+		MaxKeyLength:     256,
+		MissingKey:       MissingKeyDeadLetter,
+		Sarama:           sarama.NewConfig(),
+		Logger:           slog.Default(),
+		ShutdownGrace:    10 * time.Second,
+		CommitInterval:   time.Second,
+		OutageBackoff:    5 * time.Second,
+		Retries:          3,
+		DLQDepthInterval: 30 * time.Second,
+		RetryBase:        100 * time.Millisecond,
+		RetryMax:         5 * time.Second,
 	}
 }
 
@@ -211,6 +219,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.OutageBackoff == 0 {
 		c.OutageBackoff = d.OutageBackoff
+	}
+	if c.DLQDepthInterval == 0 {
+		c.DLQDepthInterval = d.DLQDepthInterval
 	}
 	if c.Retries == 0 {
 		c.Retries = d.Retries

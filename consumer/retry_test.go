@@ -210,6 +210,7 @@ func TestPermanentAndPoisonGoStraightToDLQ(t *testing.T) {
 	e := newEnv(t, 1)
 	cfg := e.config()
 	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{time.Second}}
+	cfg.DLQDepthInterval = 100 * time.Millisecond
 	var calls sync.Map
 	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
 		n, _ := calls.LoadOrStore(m.IdempotencyKey, new(int))
@@ -249,6 +250,13 @@ func TestPermanentAndPoisonGoStraightToDLQ(t *testing.T) {
 	if n := e.total(e.tier(1), 1); n != 0 {
 		t.Errorf("tier 1 has %d records, want 0", n)
 	}
+	// The consumer exports the DLQ depth (nothing replayed or purged yet).
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if v := metricValue(t, e, "idem_dlq_depth", map[string]string{"topic": e.dlq()}); v != 2 {
+			return fmt.Errorf("idem_dlq_depth = %v, want 2", v)
+		}
+		return nil
+	})
 	calls.Range(func(k, v any) bool {
 		if *(v.(*int)) != 1 {
 			t.Errorf("key %v handled %d times, want 1 (no retries)", k, *(v.(*int)))

@@ -11,6 +11,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/metrics"
@@ -194,6 +195,8 @@ func (r *runner) run(ctx context.Context) error {
 		wg.Wait()
 	}()
 
+	wg.Go(func() { r.watchDLQDepth(ctx, client) })
+
 	gh := &groupHandler{r: r}
 	topics := r.topics()
 	for n := 1; ctx.Err() == nil; {
@@ -211,6 +214,35 @@ func (r *runner) run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// watchDLQDepth exports idem_dlq_depth for each source topic's dead-letter
+// topic every DLQDepthInterval, until ctx is done.
+func (r *runner) watchDLQDepth(ctx context.Context, client sarama.Client) {
+	if r.cfg.DLQDepthInterval < 0 {
+		return
+	}
+	d := dlq.New(client)
+	t := time.NewTicker(r.cfg.DLQDepthInterval)
+	defer t.Stop()
+	for {
+		for _, topic := range r.cfg.Topics {
+			name := r.policy.DLQ(topic, r.cfg.Group)
+			n, err := d.Depth(ctx, name)
+			if err != nil {
+				if ctx.Err() == nil {
+					r.log.Debug("idem: DLQ depth", "topic", name, "err", err)
+				}
+				continue
+			}
+			r.m.DLQDepth.WithLabelValues(name).Set(float64(n))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // topics returns the topics the group subscribes to: the sources and their
