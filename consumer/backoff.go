@@ -17,17 +17,15 @@ func fullJitter(base, max time.Duration, n int, r *rand.Rand) time.Duration {
 		return 0
 	}
 	ceil := max
-	if n-1 < 62 {
-		if d := base << (n - 1); d > 0 && d < max {
-			ceil = d
-		}
+	if n-1 < 63 && base <= max>>(n-1) {
+		ceil = base << (n - 1)
 	}
-	return time.Duration(r.Int64N(int64(ceil) + 1))
+	return time.Duration(r.Uint64N(uint64(ceil) + 1))
 }
 
 // sleep waits for d or until ctx is done; it reports whether d elapsed.
 func sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
+	if d <= 0 || ctx.Err() != nil {
 		return ctx.Err() == nil
 	}
 	t := time.NewTimer(d)

@@ -312,7 +312,7 @@ func (c Config) Validate() error {
 		if t == "" {
 			continue
 		}
-		if err := c.Retry.ValidateNames(t, c.Group); err != nil && c.Group != "" {
+		if err := c.Retry.ValidateNames(t, c.Group); err != nil && strings.TrimSpace(c.Group) != "" {
 			bad("Retry", t, err.Error())
 		}
 	}

@@ -293,7 +293,7 @@ func (p *partition) retriable(err error) bool {
 // key derives and checks the idempotency key.
 func (p *partition) key(msg *handler.Message, o origin) (string, error) {
 	r := p.r
-	k, err := r.cfg.KeyFunc(msg)
+	k, err := callKeyFunc(r.cfg.KeyFunc, msg)
 	switch {
 	case err != nil:
 		err = &handler.MissingKeyError{Reason: "KeyFunc: " + err.Error()}
@@ -309,6 +309,17 @@ func (p *partition) key(msg *handler.Message, o origin) (string, error) {
 		return o.topic + "/" + strconv.Itoa(int(o.partition)) + "/" + strconv.FormatInt(o.offset, 10), nil
 	}
 	return "", err
+}
+
+// callKeyFunc calls f, turning a panic into an error: a KeyFunc that panics
+// on one bad payload must not take the consumer down.
+func callKeyFunc(f KeyFunc, msg *handler.Message) (k string, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			k, err = "", fmt.Errorf("panic: %v", v)
+		}
+	}()
+	return f(msg)
 }
 
 // toMessage converts a sarama record; the Message shares its byte slices.

@@ -168,6 +168,8 @@ func Cause(err error) error {
 			err = e.err
 		case *RetryAfterError:
 			err = e.Err
+		case *timeoutError:
+			err = e.err
 		default:
 			return err
 		}

@@ -23,7 +23,7 @@ func sampleFailure() Failure {
 		OriginalTopic: "payments", OriginalPartition: 3, OriginalOffset: 12345,
 		OriginalTimestamp: ms(1_700_000_000_000), Group: "billing",
 		Error: "charge: upstream said \"no\"", Kind: handler.KindRetriable, ErrorType: "*errors.errorString",
-		Stack: []byte("goroutine 1 [running]:\nmain.main()"),
+		Stack:          []byte("goroutine 1 [running]:\nmain.main()"),
 		FirstFailureAt: ms(1_700_000_001_000), LastFailureAt: ms(1_700_000_009_000),
 	}
 }

@@ -80,10 +80,10 @@ func TestPolicyNext(t *testing.T) {
 		t.Fatalf("Topics = %v", got)
 	}
 	tests := []struct {
-		tier     int
-		dest     string
-		next     int
-		delay    time.Duration
+		tier  int
+		dest  string
+		next  int
+		delay time.Duration
 	}{
 		{0, "o.g.retry.1", 1, time.Second},
 		{1, "o.g.retry.2", 2, time.Minute},

@@ -1,0 +1,307 @@
+package dlq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/idemhq/idem/retrytopic"
+)
+
+// AdminGroup returns the consumer group whose committed offsets mark how far
+// operators have dealt with dlqTopic: "<dlq-topic>.admin". Records at or after
+// its committed offset are pending; List, Replay, Purge and Depth work on them.
+// Nothing ever joins this group; idem commits its offsets directly.
+func AdminGroup(dlqTopic string) string { return dlqTopic + ".admin" }
+
+// ErrNotFound is returned by Show when no record matches.
+var ErrNotFound = errors.New("dlq: record not found")
+
+// ErrUnknownTopic is wrapped by every call given a topic the cluster does not
+// have.
+var ErrUnknownTopic = errors.New("dlq: unknown topic")
+
+// Client inspects, replays and purges dead-letter topics. It is safe for
+// concurrent use, but two Replays or a Replay and a Purge of the same topic
+// at once would both work from the same committed offset: run one at a time
+// per topic.
+type Client struct {
+	client sarama.Client
+	owned  bool
+
+	mu  sync.Mutex
+	fwd *retrytopic.Forwarder
+}
+
+// Open connects to brokers. cfg may be nil (sarama defaults with Version
+// V4_0_0_0); it is copied, and the copy is set up for replay as
+// retrytopic.ConfigureProducer describes (idempotent, acks=all), with
+// Consumer.Return.Errors = true and Consumer.MaxWaitTime at most 100ms. Close
+// the Client when done.
+func Open(brokers []string, cfg *sarama.Config) (*Client, error) {
+	var c sarama.Config
+	if cfg == nil {
+		c = *sarama.NewConfig()
+		c.Version = sarama.V4_0_0_0
+	} else {
+		c = *cfg
+	}
+	retrytopic.ConfigureProducer(&c)
+	c.Consumer.Return.Errors = true
+	if c.Consumer.MaxWaitTime > 100*time.Millisecond {
+		// Reads stop at a known end offset; a long poll past it only delays
+		// closing the partition consumer.
+		c.Consumer.MaxWaitTime = 100 * time.Millisecond
+	}
+	client, err := sarama.NewClient(brokers, &c)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: connect to %s: %w", strings.Join(brokers, ","), err)
+	}
+	return &Client{client: client, owned: true}, nil
+}
+
+// New returns a Client on client, which the caller keeps owning (Close does
+// not close it). For Replay, client's config must be set up as
+// retrytopic.ConfigureProducer describes.
+func New(client sarama.Client) *Client { return &Client{client: client} }
+
+// Close releases the producer Replay created and, for a Client from Open, the
+// connection. It is safe to call more than once.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	fwd, owned := c.fwd, c.owned
+	c.fwd, c.owned = nil, false
+	c.mu.Unlock()
+	var errs []error
+	if fwd != nil {
+		errs = append(errs, fwd.Close())
+	}
+	if owned {
+		errs = append(errs, c.client.Close())
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Client) forwarder() (*retrytopic.Forwarder, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.fwd == nil {
+		f, err := retrytopic.NewForwarderFromClient(c.client)
+		if err != nil {
+			return nil, err
+		}
+		c.fwd = f
+	}
+	return c.fwd, nil
+}
+
+// span is one partition's pending range [Start, End).
+type span struct {
+	Partition  int32
+	Start, End int64
+	Committed  int64 // the admin group's committed offset, -1 if none
+}
+
+// pending returns, per partition in order, the range from the admin group's
+// committed offset (or the earliest retained offset, whichever is later) to
+// the end offset now.
+func (c *Client) pending(ctx context.Context, topic string) ([]span, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	parts, err := c.partitions(topic)
+	if err != nil {
+		return nil, err
+	}
+	committed, err := c.committed(topic, parts)
+	if err != nil {
+		return nil, err
+	}
+	spans := make([]span, 0, len(parts))
+	for _, p := range parts {
+		oldest, err := c.client.GetOffset(topic, p, sarama.OffsetOldest)
+		if err != nil {
+			return nil, fmt.Errorf("dlq: earliest offset of %s/%d: %w", topic, p, err)
+		}
+		newest, err := c.client.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			return nil, fmt.Errorf("dlq: end offset of %s/%d: %w", topic, p, err)
+		}
+		s := span{Partition: p, Start: oldest, End: newest, Committed: committed[p]}
+		if s.Committed > s.Start {
+			s.Start = s.Committed
+		}
+		if s.Start > s.End {
+			s.Start = s.End
+		}
+		spans = append(spans, s)
+	}
+	return spans, nil
+}
+
+func (c *Client) partitions(topic string) ([]int32, error) {
+	if topic == "" {
+		return nil, errors.New("dlq: no topic given")
+	}
+	if err := c.client.RefreshMetadata(topic); err != nil {
+		if errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
+			return nil, fmt.Errorf("%w %s", ErrUnknownTopic, topic)
+		}
+		return nil, fmt.Errorf("dlq: metadata of %s: %w", topic, err)
+	}
+	parts, err := c.client.Partitions(topic)
+	if err != nil {
+		if errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
+			return nil, fmt.Errorf("%w %s", ErrUnknownTopic, topic)
+		}
+		return nil, fmt.Errorf("dlq: partitions of %s: %w", topic, err)
+	}
+	parts = append([]int32(nil), parts...)
+	sort.Slice(parts, func(i, j int) bool { return parts[i] < parts[j] })
+	return parts, nil
+}
+
+// committed returns the admin group's committed offset per partition (-1 when
+// none).
+func (c *Client) committed(topic string, parts []int32) (map[int32]int64, error) {
+	group := AdminGroup(topic)
+	req := sarama.NewOffsetFetchRequest(c.client.Config().Version, group, map[string][]int32{topic: parts})
+	var resp *sarama.OffsetFetchResponse
+	err := c.withCoordinator(group, func(b *sarama.Broker) error {
+		r, err := b.FetchOffset(req)
+		if err != nil {
+			return err
+		}
+		if gerr := r.GroupError(); !errors.Is(gerr, sarama.ErrNoError) {
+			return gerr
+		}
+		resp = r
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dlq: committed offsets of group %s: %w", group, err)
+	}
+	out := make(map[int32]int64, len(parts))
+	for _, p := range parts {
+		out[p] = -1
+		if b := resp.GetBlock(topic, p); b != nil {
+			if !errors.Is(b.Err, sarama.ErrNoError) {
+				return nil, fmt.Errorf("dlq: committed offset of group %s on %s/%d: %w", group, topic, p, b.Err)
+			}
+			out[p] = b.Offset
+		}
+	}
+	return out, nil
+}
+
+// commit sets the admin group's committed offsets of topic. It commits as a
+// group without members (generation -1), which Kafka accepts while nobody has
+// joined the group.
+func (c *Client) commit(topic string, offsets map[int32]int64) error {
+	if len(offsets) == 0 {
+		return nil
+	}
+	group := AdminGroup(topic)
+	v := c.client.Config().Version
+	req := &sarama.OffsetCommitRequest{ConsumerGroup: group, ConsumerGroupGeneration: -1, Version: 2, RetentionTime: -1}
+	switch {
+	case v.IsAtLeast(sarama.V2_4_0_0):
+		req.Version = 8
+	case v.IsAtLeast(sarama.V2_3_0_0):
+		req.Version = 7
+	case v.IsAtLeast(sarama.V2_1_0_0):
+		req.Version = 6
+	case v.IsAtLeast(sarama.V2_0_0_0):
+		req.Version = 4
+	case v.IsAtLeast(sarama.V0_11_0_0):
+		req.Version = 3
+	}
+	for p, o := range offsets {
+		req.AddBlockWithLeaderEpoch(topic, p, o, -1, 0, "")
+	}
+	err := c.withCoordinator(group, func(b *sarama.Broker) error {
+		resp, err := b.CommitOffset(req)
+		if err != nil {
+			return err
+		}
+		for _, ps := range resp.Errors {
+			for p, kerr := range ps {
+				if !errors.Is(kerr, sarama.ErrNoError) {
+					return fmt.Errorf("partition %d: %w", p, kerr)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("dlq: commit offsets of group %s on %s: %w", group, topic, err)
+	}
+	return nil
+}
+
+// withCoordinator runs f against group's coordinator, refreshing it and
+// trying again (up to 3 times) when it moved.
+func (c *Client) withCoordinator(group string, f func(*sarama.Broker) error) error {
+	var err error
+	for range 3 {
+		var b *sarama.Broker
+		b, err = c.client.Coordinator(group)
+		if err == nil {
+			err = f(b)
+		}
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, sarama.ErrNotCoordinatorForConsumer) && !errors.Is(err, sarama.ErrConsumerCoordinatorNotAvailable) &&
+			!errors.Is(err, sarama.ErrOffsetsLoadInProgress) {
+			return err
+		}
+		_ = c.client.RefreshCoordinator(group)
+	}
+	return err
+}
+
+// Depth returns how many records of topic are pending: the sum over
+// partitions of the end offset minus the admin group's committed offset (or
+// minus the earliest retained offset when nothing was committed or the
+// committed records were deleted by retention).
+func (c *Client) Depth(ctx context.Context, topic string) (int64, error) {
+	spans, err := c.pending(ctx, topic)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, s := range spans {
+		n += s.End - s.Start
+	}
+	return n, nil
+}
+
+// Purge marks every record of topic that is in it now as dealt with: it
+// commits the admin group at the end offsets, so Depth is 0 and List and
+// Replay see nothing of it. Records stay in the topic until retention deletes
+// them (Show still finds them). It returns how many records were pending.
+func (c *Client) Purge(ctx context.Context, topic string) (int64, error) {
+	spans, err := c.pending(ctx, topic)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	offsets := map[int32]int64{}
+	for _, s := range spans {
+		n += s.End - s.Start
+		if s.Committed != s.End {
+			offsets[s.Partition] = s.End
+		}
+	}
+	if err := c.commit(topic, offsets); err != nil {
+		return 0, err
+	}
+	return n, nil
+}

@@ -1,0 +1,372 @@
+package dlq_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/idemhq/idem/dlq"
+	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/retrytopic"
+)
+
+type seeded struct {
+	key, value []byte
+	idemKey    string
+	origPart   int32
+	kind       handler.Kind
+	errType    string
+	err        string
+	last       time.Time
+}
+
+// seedRecords writes dead-letter records for origin (as the consumer would)
+// into dlqTopic, record i to partition i%2.
+func seedRecords(t *testing.T, k *testenv.Kafka, dlqTopic, origin string) []seeded {
+	t.Helper()
+	base := time.UnixMilli(1_700_000_000_000)
+	recs := []seeded{
+		{[]byte("k1"), []byte(`{"order":1,"amount":10}`), "idem-1", 0, handler.KindRetriable, "*net.OpError", "dial tcp 10.0.0.1:5432: connect: connection refused", base.Add(1 * time.Minute)},
+		{[]byte("k2"), []byte{0xff, 0x00, 0x01}, "idem-2", 1, handler.KindDecode, "*json.SyntaxError", "decode: invalid character 'x' at offset 17", base.Add(2 * time.Minute)},
+		{[]byte("k3"), []byte(`{"order":3}`), "idem-3", 0, handler.KindRetriable, "*net.OpError", "dial tcp 10.0.0.2:5432: connect: connection refused", base.Add(3 * time.Minute)},
+		{nil, []byte("plain"), "idem-4", 1, handler.KindDecode, "*json.SyntaxError", "decode: invalid character 'y' at offset 3", base.Add(4 * time.Minute)},
+		{[]byte("k5"), nil, "idem-5", 1, handler.KindRetriable, "*net.OpError", "dial tcp 10.0.0.9:5432: connect: connection refused", base.Add(5 * time.Minute)},
+	}
+	p := k.Producer(t)
+	for i, r := range recs {
+		orig := []sarama.RecordHeader{
+			{Key: []byte("idempotency-key"), Value: []byte(r.idemKey)},
+			{Key: []byte("trace-id"), Value: []byte(fmt.Sprint("t", i))},
+		}
+		f := retrytopic.Failure{
+			Attempt: 3, OriginalTopic: origin, OriginalPartition: r.origPart, OriginalOffset: int64(100 + i),
+			OriginalTimestamp: base, Group: "billing", Error: r.err, Kind: r.kind, ErrorType: r.errType,
+			FirstFailureAt: base, LastFailureAt: r.last,
+		}
+		msg := &sarama.ProducerMessage{Topic: dlqTopic, Partition: int32(i % 2), Headers: retrytopic.Encode(orig, f)}
+		if r.key != nil {
+			msg.Key = sarama.ByteEncoder(r.key)
+		}
+		if r.value != nil {
+			msg.Value = sarama.ByteEncoder(r.value)
+		}
+		if _, _, err := p.SendMessage(msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return recs
+}
+
+func open(t *testing.T, k *testenv.Kafka) *dlq.Client {
+	t.Helper()
+	c, err := dlq.Open(k.Brokers, k.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// readAll reads every record of topic (all partitions) up to the end offsets.
+func readAll(t *testing.T, k *testenv.Kafka, topic string) []*sarama.ConsumerMessage {
+	t.Helper()
+	client, err := sarama.NewClient(k.Brokers, k.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	consumer, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer consumer.Close()
+	parts, err := client.Partitions(topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*sarama.ConsumerMessage
+	for _, p := range parts {
+		end, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if end == 0 {
+			continue
+		}
+		pc, err := consumer.ConsumePartition(topic, p, sarama.OffsetOldest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for {
+			select {
+			case m := <-pc.Messages():
+				out = append(out, m)
+				if m.Offset+1 < end {
+					continue
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatalf("timeout reading %s/%d", topic, p)
+			}
+			break
+		}
+		_ = pc.Close()
+	}
+	return out
+}
+
+func depth(t *testing.T, c *dlq.Client, topic string) int64 {
+	t.Helper()
+	n, err := c.Depth(testenv.Context(t), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestListAndShow(t *testing.T) {
+	k := testenv.NewKafka(t)
+	ctx := testenv.Context(t)
+	topic, origin := k.Topic(t, 2), k.Topic(t, 2)
+	recs := seedRecords(t, k, topic, origin)
+	c := open(t, k)
+
+	if n := depth(t, c, topic); n != 5 {
+		t.Fatalf("Depth = %d, want 5", n)
+	}
+	groups, err := c.List(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(groups) != 2 {
+		t.Fatalf("List = %d groups, want 2: %+v", len(groups), groups)
+	}
+	g := groups[0]
+	if g.Count != 3 || g.Kind != handler.KindRetriable || g.ErrorType != "*net.OpError" {
+		t.Errorf("group 0 = %+v", g)
+	}
+	if g.Message != "dial tcp <n>.<n>.<n>.<n>:<n>: connect: connection refused" {
+		t.Errorf("group 0 message = %q", g.Message)
+	}
+	if !g.FirstSeen.Equal(recs[0].last) || !g.LastSeen.Equal(recs[4].last) {
+		t.Errorf("group 0 seen %s…%s, want %s…%s", g.FirstSeen, g.LastSeen, recs[0].last, recs[4].last)
+	}
+	if g2 := groups[1]; g2.Count != 2 || g2.Kind != handler.KindDecode || g2.Message != `decode: invalid character "…" at offset <n>` {
+		t.Errorf("group 1 = %+v", g2)
+	}
+
+	// Show by the sample's position.
+	r, err := c.Show(ctx, topic, dlq.Position{Partition: g.SamplePartition, Offset: g.SampleOffset})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Fingerprint() != g.Fingerprint || r.Failure.OriginalTopic != origin || !r.HasFailure || r.DecodeErr != nil {
+		t.Errorf("Show(sample) = %+v", r)
+	}
+	// Show by key and by idempotency key.
+	r, err = c.Show(ctx, topic, dlq.Position{Key: "k2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(r.Value, recs[1].value) || r.Failure.Kind != handler.KindDecode || r.Failure.OriginalOffset != 101 || r.IdempotencyKey() != "idem-2" {
+		t.Errorf("Show(key k2) = %+v", r)
+	}
+	if len(r.OriginalHeaders()) != 2 || string(r.OriginalHeaders()[1].Value) != "t1" {
+		t.Errorf("OriginalHeaders = %q", r.OriginalHeaders())
+	}
+	r, err = c.Show(ctx, topic, dlq.Position{Key: "idem-4"})
+	if err != nil || r.Key != nil || string(r.Value) != "plain" {
+		t.Errorf("Show(idempotency key idem-4) = %+v, %v", r, err)
+	}
+	// Not found.
+	for _, at := range []dlq.Position{{Key: "nope"}, {Partition: 0, Offset: 99}, {Partition: 7}} {
+		if _, err := c.Show(ctx, topic, at); !errors.Is(err, dlq.ErrNotFound) {
+			t.Errorf("Show(%+v) = %v, want ErrNotFound", at, err)
+		}
+	}
+	if _, err := c.List(ctx, testenv.Unique("missing")); !errors.Is(err, dlq.ErrUnknownTopic) {
+		t.Errorf("List(missing topic) = %v, want ErrUnknownTopic", err)
+	}
+}
+
+func TestReplayToOrigin(t *testing.T) {
+	k := testenv.NewKafka(t)
+	ctx := testenv.Context(t)
+	topic, origin := k.Topic(t, 2), k.Topic(t, 2)
+	recs := seedRecords(t, k, topic, origin)
+	c := open(t, k)
+
+	// A dry run changes nothing.
+	var progress []int64
+	res, err := c.Replay(ctx, dlq.ReplayOptions{Topic: topic, DryRun: true, Progress: func(done, total int64) {
+		if total != 5 {
+			t.Errorf("progress total = %d", total)
+		}
+		progress = append(progress, done)
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Replayed != 5 || res.Pending != 5 || len(progress) != 5 || progress[4] != 5 {
+		t.Fatalf("dry run = %+v, progress %v", res, progress)
+	}
+	if n := depth(t, c, topic); n != 5 {
+		t.Fatalf("Depth after dry run = %d, want 5", n)
+	}
+	if got := readAll(t, k, origin); len(got) != 0 {
+		t.Fatalf("dry run sent %d records", len(got))
+	}
+
+	res, err = c.Replay(ctx, dlq.ReplayOptions{Topic: topic, To: dlq.ToOrigin, Rate: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Replayed != 5 || res.Skipped != 0 {
+		t.Fatalf("Replay = %+v", res)
+	}
+	if n := depth(t, c, topic); n != 0 {
+		t.Fatalf("Depth after replay = %d, want 0", n)
+	}
+	got := readAll(t, k, origin)
+	if len(got) != 5 {
+		t.Fatalf("origin has %d records, want 5", len(got))
+	}
+	byIdem := map[string]*sarama.ConsumerMessage{}
+	for _, m := range got {
+		for _, h := range m.Headers {
+			if retrytopic.IsIdemHeader(h.Key) {
+				t.Errorf("replayed record carries %s", h.Key)
+			}
+			if string(h.Key) == "idempotency-key" {
+				byIdem[string(h.Value)] = m
+			}
+		}
+	}
+	for _, r := range recs {
+		m := byIdem[r.idemKey]
+		if m == nil {
+			t.Fatalf("record %s not replayed with its idempotency-key header", r.idemKey)
+		}
+		if !bytes.Equal(m.Key, r.key) || !bytes.Equal(m.Value, r.value) || (m.Value == nil) != (r.value == nil) {
+			t.Errorf("%s: key %q value %v, want %q %v", r.idemKey, m.Key, m.Value, r.key, r.value)
+		}
+		if m.Partition != r.origPart {
+			t.Errorf("%s: partition %d, want original %d", r.idemKey, m.Partition, r.origPart)
+		}
+		if len(m.Headers) != 2 || string(m.Headers[1].Key) != "trace-id" {
+			t.Errorf("%s: headers %d, want the 2 originals", r.idemKey, len(m.Headers))
+		}
+	}
+
+	// The commit means a second replay replays nothing.
+	res, err = c.Replay(ctx, dlq.ReplayOptions{Topic: topic})
+	if err != nil || res.Replayed != 0 || res.Pending != 0 {
+		t.Fatalf("second Replay = %+v, %v; want nothing", res, err)
+	}
+	if got := readAll(t, k, origin); len(got) != 5 {
+		t.Fatalf("origin has %d records after the second replay, want 5", len(got))
+	}
+}
+
+func TestReplayFilterAndPurge(t *testing.T) {
+	k := testenv.NewKafka(t)
+	ctx := testenv.Context(t)
+	topic, origin := k.Topic(t, 2), k.Topic(t, 2)
+	seedRecords(t, k, topic, origin)
+	c := open(t, k)
+
+	f, err := dlq.ParseFilter("kind=decode,error~=character 'x'")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.Replay(ctx, dlq.ReplayOptions{Topic: topic, Filter: f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Replayed != 1 || res.Skipped != 4 {
+		t.Fatalf("filtered Replay = %+v, want 1 replayed, 4 skipped", res)
+	}
+	got := readAll(t, k, origin)
+	if len(got) != 1 || string(got[0].Key) != "k2" {
+		t.Fatalf("origin got %d records (%v)", len(got), got)
+	}
+	// Skipped records are no longer pending (documented).
+	if n := depth(t, c, topic); n != 0 {
+		t.Fatalf("Depth = %d, want 0", n)
+	}
+
+	// New failures arrive; Purge drops them from pending.
+	seedRecords(t, k, topic, origin)
+	if n := depth(t, c, topic); n != 5 {
+		t.Fatalf("Depth = %d, want 5", n)
+	}
+	n, err := c.Purge(ctx, topic)
+	if err != nil || n != 5 {
+		t.Fatalf("Purge = %d, %v", n, err)
+	}
+	if n := depth(t, c, topic); n != 0 {
+		t.Fatalf("Depth after purge = %d", n)
+	}
+	if gs, err := c.List(ctx, topic); err != nil || len(gs) != 0 {
+		t.Fatalf("List after purge = %v, %v", gs, err)
+	}
+	// Show still finds a purged record.
+	if _, err := c.Show(ctx, topic, dlq.Position{Key: "k1"}); err != nil {
+		t.Fatalf("Show after purge: %v", err)
+	}
+}
+
+func TestReplayToRetry(t *testing.T) {
+	k := testenv.NewKafka(t)
+	ctx := testenv.Context(t)
+	topic, origin := k.Topic(t, 2), k.Topic(t, 2)
+	retry := retrytopic.DefaultTierTopic(origin, "billing", 1)
+	k.CreateTopic(t, retry, 2)
+	seedRecords(t, k, topic, origin)
+	c := open(t, k)
+
+	now := time.UnixMilli(1_800_000_000_000)
+	res, err := c.Replay(ctx, dlq.ReplayOptions{Topic: topic, To: dlq.ToRetry, Filter: dlq.Filter{Key: "k3"},
+		Now: func() time.Time { return now }})
+	if err != nil || res.Replayed != 1 {
+		t.Fatalf("Replay to retry = %+v, %v", res, err)
+	}
+	got := readAll(t, k, retry)
+	if len(got) != 1 {
+		t.Fatalf("retry tier has %d records", len(got))
+	}
+	f, ok, err := retrytopic.Decode(got[0].Headers)
+	if err != nil || !ok || f.Tier != 1 || !f.DueAt.Equal(now) || f.OriginalTopic != origin || f.OriginalOffset != 102 || f.Attempt != 3 {
+		t.Fatalf("retry headers = %+v, %v, %v", f, ok, err)
+	}
+}
+
+func TestReplayNoOrigin(t *testing.T) {
+	k := testenv.NewKafka(t)
+	ctx := testenv.Context(t)
+	topic := k.Topic(t, 1)
+	p := k.Producer(t)
+	for _, v := range []string{"a", "b"} {
+		if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: topic, Value: sarama.StringEncoder(v)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := open(t, k)
+	_, err := c.Replay(ctx, dlq.ReplayOptions{Topic: topic})
+	if !errors.Is(err, dlq.ErrNoOrigin) {
+		t.Fatalf("Replay = %v, want ErrNoOrigin", err)
+	}
+	if n := depth(t, c, topic); n != 2 {
+		t.Fatalf("Depth = %d, want 2 (nothing dealt with)", n)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := c.Replay(cctx, dlq.ReplayOptions{Topic: topic}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Replay(cancelled) = %v", err)
+	}
+}

@@ -1,0 +1,290 @@
+package dlq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/retrytopic"
+)
+
+// ErrBadFilter is wrapped by the errors ParseFilter returns.
+var ErrBadFilter = errors.New("dlq: bad filter")
+
+// Filter selects records for Replay. A zero Filter matches every record; each
+// set field must match (AND).
+type Filter struct {
+	// Kind matches idem-error-kind exactly ("retriable", "permanent", …).
+	Kind handler.Kind
+	// Error matches idem-error anywhere in the message (an unanchored regexp,
+	// so a plain substring works).
+	Error *regexp.Regexp
+	// Key matches the record key or the idempotency-key header exactly.
+	Key string
+	// Fingerprint matches the record's Fingerprint by prefix (as List shows it).
+	Fingerprint string
+}
+
+// ParseFilter parses the CLI form "kind=permanent,error~=timeout,key=pay-42,
+// fingerprint=3fa2". Terms are separated by commas; a comma followed by
+// something other than a known term name belongs to the previous value (so
+// regexps may contain commas). An empty string is the zero Filter. Errors wrap
+// ErrBadFilter.
+func ParseFilter(s string) (Filter, error) {
+	var f Filter
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return f, nil
+	}
+	names := []string{"kind=", "error~=", "key=", "fingerprint="}
+	// Split at commas that start a known term.
+	var terms []string
+	start := 0
+	for i := 0; i < len(s); i++ {
+		if s[i] != ',' {
+			continue
+		}
+		rest := strings.TrimLeft(s[i+1:], " ")
+		for _, n := range names {
+			if strings.HasPrefix(rest, n) {
+				terms = append(terms, s[start:i])
+				start = i + 1
+				break
+			}
+		}
+	}
+	terms = append(terms, s[start:])
+	for _, t := range terms {
+		t = strings.TrimSpace(t)
+		switch {
+		case strings.HasPrefix(t, "kind="):
+			k := handler.Kind(strings.TrimPrefix(t, "kind="))
+			switch k {
+			case handler.KindRetriable, handler.KindPermanent, handler.KindPanic, handler.KindMissingKey, handler.KindDecode, handler.KindTimeout:
+			default:
+				return Filter{}, fmt.Errorf("%w: kind %q: want one of retriable, permanent, panic, missing-key, decode, timeout", ErrBadFilter, k)
+			}
+			f.Kind = k
+		case strings.HasPrefix(t, "error~="):
+			expr := strings.TrimPrefix(t, "error~=")
+			re, err := regexp.Compile(expr)
+			if err != nil {
+				return Filter{}, fmt.Errorf("%w: error~=%q: %v", ErrBadFilter, expr, err)
+			}
+			f.Error = re
+		case strings.HasPrefix(t, "key="):
+			f.Key = strings.TrimPrefix(t, "key=")
+		case strings.HasPrefix(t, "fingerprint="):
+			f.Fingerprint = strings.TrimPrefix(t, "fingerprint=")
+		default:
+			return Filter{}, fmt.Errorf("%w: term %q: want kind=…, error~=…, key=… or fingerprint=…", ErrBadFilter, t)
+		}
+	}
+	return f, nil
+}
+
+// Match reports whether r passes every set field of f.
+func (f Filter) Match(r *Record) bool {
+	if f.Kind != "" && r.Failure.Kind != f.Kind {
+		return false
+	}
+	if f.Error != nil && !f.Error.MatchString(r.Failure.Error) {
+		return false
+	}
+	if f.Key != "" && string(r.Key) != f.Key && r.IdempotencyKey() != f.Key {
+		return false
+	}
+	if f.Fingerprint != "" && !strings.HasPrefix(r.Fingerprint(), f.Fingerprint) {
+		return false
+	}
+	return true
+}
+
+// Destination says where Replay sends records.
+type Destination string
+
+// The destinations of Replay.
+const (
+	// ToOrigin sends a record back to idem-original-topic, to the partition it
+	// came from (idem-original-partition) when that exists, with only its
+	// original (non idem-*) headers: the consumer sees it as a fresh record.
+	ToOrigin Destination = "origin"
+	// ToRetry sends a record to the first retry tier of its original topic and
+	// group, due at once, keeping its idem-* headers (with idem-tier=1 and
+	// idem-due-at=now), so its history is kept.
+	ToRetry Destination = "retry"
+)
+
+// ReplayOptions configure Replay.
+type ReplayOptions struct {
+	// Topic is the dead-letter topic. Required.
+	Topic string
+	// To is where records go.
+	// Default: ToOrigin.
+	To Destination
+	// Filter selects the records to send. Default: all.
+	Filter Filter
+	// Rate caps sends per second. Default: 0, unlimited.
+	Rate float64
+	// DryRun reads and counts what would be replayed, sends nothing and
+	// commits nothing.
+	DryRun bool
+	// Progress, when set, is called after each record with the records
+	// processed so far (sent or skipped) and the total pending when Replay
+	// started. It is called from Replay's goroutine.
+	Progress func(done, total int64)
+	// RetryTopic names the first retry tier for ToRetry from the record's
+	// original topic and consumer group.
+	// Default: retrytopic.DefaultTierTopic(origTopic, group, 1).
+	RetryTopic func(origTopic, group string) string
+	// Now is the clock for ToRetry's due time. Default: time.Now.
+	Now func() time.Time
+}
+
+// ReplayResult counts what Replay did.
+type ReplayResult struct {
+	// Pending is how many records were pending when Replay started.
+	Pending int64
+	// Replayed is how many records were sent (in a dry run: would be sent).
+	Replayed int64
+	// Skipped is how many pending records the filter did not match. They are
+	// no longer pending after a (non dry) run.
+	Skipped int64
+}
+
+// ErrNoOrigin is wrapped by Replay's error when a record lacks the
+// idem-original-topic (or, for ToRetry, idem-consumer-group) header it needs
+// to be routed. Replay stops before that record.
+var ErrNoOrigin = errors.New("dlq: record has no idem-original-topic or idem-consumer-group header")
+
+// Replay republishes the pending records of opts.Topic that match
+// opts.Filter, in offset order per partition, keeping key and value byte for
+// byte and the original headers (so the idempotency-key header: a record
+// that was in fact handled is a duplicate the consumer's inbox drops).
+//
+// Replay works on a contiguous range: the records pending when it starts
+// (from the admin group's committed offset to the end offsets at that
+// moment). Every record of the range is either sent, once acknowledged
+// (acks=all), or skipped by the filter; the admin group is then committed past
+// the whole range. So a second Replay does not repeat the first, and records
+// the filter skipped are no longer pending either: they stay in the topic
+// (Show finds them) but List, Depth and later Replays do not see them. Replay
+// a subset, then Purge the rest, or filter nothing, as the situation asks.
+//
+// If Replay stops early (ctx done, a send failing, ErrNoOrigin), it commits
+// past the records it did deal with, and returns the error with the counts so
+// far: running it again resumes where it stopped. A dry run sends and commits
+// nothing.
+func (c *Client) Replay(ctx context.Context, opts ReplayOptions) (ReplayResult, error) {
+	var res ReplayResult
+	switch opts.To {
+	case "":
+		opts.To = ToOrigin
+	case ToOrigin, ToRetry:
+	default:
+		return res, fmt.Errorf("dlq: replay to %q: want %q or %q", opts.To, ToOrigin, ToRetry)
+	}
+	if opts.Rate < 0 {
+		return res, fmt.Errorf("dlq: replay rate %v: must be >= 0", opts.Rate)
+	}
+	if opts.RetryTopic == nil {
+		opts.RetryTopic = func(orig, group string) string { return retrytopic.DefaultTierTopic(orig, group, 1) }
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	spans, err := c.pending(ctx, opts.Topic)
+	if err != nil {
+		return res, err
+	}
+	for _, s := range spans {
+		res.Pending += s.End - s.Start
+	}
+	var fwd *retrytopic.Forwarder
+	if !opts.DryRun && res.Pending > 0 {
+		if fwd, err = c.forwarder(); err != nil {
+			return res, fmt.Errorf("dlq: replay: %w", err)
+		}
+	}
+	var interval time.Duration
+	if opts.Rate > 0 {
+		interval = time.Duration(float64(time.Second) / opts.Rate)
+	}
+	var next time.Time
+	done := int64(0)
+	for _, s := range spans {
+		if s.Start >= s.End {
+			continue
+		}
+		reached := s.Start // next offset not yet dealt with
+		err := c.scan(ctx, opts.Topic, []span{s}, func(r *Record) error {
+			if !opts.Filter.Match(r) {
+				res.Skipped++
+			} else {
+				if !opts.DryRun {
+					if interval > 0 {
+						if err := retrytopic.WaitDue(ctx, next, nil); err != nil {
+							return err
+						}
+						next = maxTime(next, time.Now()).Add(interval)
+					}
+					if err := c.send(ctx, fwd, r, opts); err != nil {
+						return err
+					}
+				}
+				res.Replayed++
+			}
+			reached = r.Offset + 1
+			done++
+			if opts.Progress != nil {
+				opts.Progress(done, res.Pending)
+			}
+			return nil
+		})
+		if err == nil {
+			reached = s.End
+		}
+		if !opts.DryRun && reached > s.Start {
+			if cerr := c.commit(opts.Topic, map[int32]int64{s.Partition: reached}); cerr != nil {
+				return res, errors.Join(err, cerr)
+			}
+		}
+		if err != nil {
+			return res, fmt.Errorf("dlq: replay %s/%d stopped at offset %d: %w", opts.Topic, s.Partition, reached, err)
+		}
+	}
+	return res, nil
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// send republishes r as opts.To says.
+func (c *Client) send(ctx context.Context, fwd *retrytopic.Forwarder, r *Record, opts ReplayOptions) error {
+	f := r.Failure
+	if f.OriginalTopic == "" {
+		return fmt.Errorf("%w (offset %d)", ErrNoOrigin, r.Offset)
+	}
+	rec := retrytopic.Record{Partition: f.OriginalPartition, Key: r.Key, Value: r.Value}
+	switch opts.To {
+	case ToRetry:
+		if f.Group == "" {
+			return fmt.Errorf("%w (offset %d)", ErrNoOrigin, r.Offset)
+		}
+		rec.Topic = opts.RetryTopic(f.OriginalTopic, f.Group)
+		f.Tier, f.DueAt = 1, opts.Now()
+		rec.Headers = retrytopic.Encode(r.Headers, f)
+	default:
+		rec.Topic = f.OriginalTopic
+		rec.Headers = r.OriginalHeaders()
+	}
+	return fwd.Forward(ctx, rec)
+}

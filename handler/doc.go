@@ -1,0 +1,104 @@
+// Package handler defines what idem calls for every Kafka message — the
+// [Handler] — and how its errors decide what happens to the message next.
+//
+// It imports only the standard library, so that business code implementing a
+// Handler depends on nothing else of idem's.
+//
+// # Writing a handler
+//
+// A Handler has one method; [Func] adapts an ordinary function, like
+// http.HandlerFunc:
+//
+//	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
+//		var p Payment
+//		if err := json.Unmarshal(m.Value, &p); err != nil {
+//			return handler.Decode(err) // poison bytes: dead-letter, never retry
+//		}
+//		tx := dedupe.Tx(ctx) // the inbox's transaction (package dedupe)
+//		_, err := tx.Exec(ctx, `UPDATE orders SET status = 'paid' WHERE id = $1 AND status = 'pending'`, p.OrderID)
+//		return err // nil: committed together with the inbox row
+//	})
+//
+// # The contract
+//
+// idem promises the handler, and asks of it, the following (the [Handler]
+// type documents the same contract):
+//
+//   - Goroutines. Handle is called from one goroutine per claimed partition.
+//     Messages of one partition arrive one at a time, in offset order; different
+//     partitions are handled concurrently, so a Handler must be safe for
+//     concurrent use.
+//   - Cancellation. ctx is cancelled when the partition is revoked by a
+//     rebalance or Run is shutting down (after the consumer's ShutdownGrace),
+//     or when a [Timeout] middleware's deadline passes. Handle must then return
+//     promptly. After a revoke or shutdown the message is rolled back and
+//     redelivered to whoever owns the partition next; the error is not used to
+//     classify the message.
+//   - The transaction. With the transactional inbox (dedupe.NewPostgres) ctx
+//     carries a pgx.Tx, returned by dedupe.Tx(ctx). Business writes and outbox
+//     rows made through it commit atomically with the inbox row, and only if
+//     Handle returns nil. Never commit or roll it back yourself. Effects outside
+//     it (HTTP calls, e-mails, writes through another connection) are
+//     at-least-once: they may happen again when the message is retried.
+//   - The message. A [Message] and the slices it holds (Key, Value, Headers)
+//     belong to idem: do not keep or use them after Handle returns; copy what
+//     you need.
+//   - Panics. A panic is recovered ([Recover] is always installed innermost),
+//     turned into a [*PanicError] of kind "panic" that carries the stack, and
+//     dead-lettered at once unless the consumer's RetryPanics is set.
+//   - Attempts. [Message.Attempt] counts deliveries of this message to a
+//     handler, from 1, including in-process retries and earlier retry tiers, so
+//     a handler may log or alert on it. Retries are safe because the inbox
+//     dedupes by [Message.IdempotencyKey].
+//
+// # Error classification
+//
+// Returning nil means the effects are done: the transaction commits, the key is
+// recorded and the offset is marked for commit. Any error rolls the transaction
+// back; its class ([ErrorKind], written to the idem-error-kind header of a
+// forwarded record) decides what happens next:
+//
+//	handler returns                  kind         what happens
+//	-------------------------------  -----------  ------------------------------------------------
+//	nil                              ""           commit; key recorded; offset marked
+//	any other error (incl. ctx       retriable    retried in process (Config.Retries, full-jitter
+//	  errors not caused by revoke)                backoff), then retry tier 1, 2, …, then the DLQ
+//	RetryAfter(err, d)               retriable    as above, but each wait is at least d, and a
+//	                                              retry tier's due time is at least d away
+//	the error of Timeout(d)          timeout      retriable, as above; errors.Is(err, ErrTimeout)
+//	Permanent(err)                   permanent    dead-letter topic at once, no retries
+//	Decode(err)                      decode       dead-letter topic at once; bytes kept unchanged
+//	a panic (*PanicError)            panic        dead-letter topic at once, or retriable when
+//	                                              the consumer's RetryPanics is set
+//	(no valid key: *MissingKeyError, missing-key  dead-letter topic at once, before the handler
+//	  raised by idem itself)                      runs (unless keys fall back to coordinates)
+//
+// Two more kinds of failure are not the message's fault and are waited out
+// instead, spending no retries and forwarding nothing: an error wrapping an
+// open circuit breaker (package breaker; the consumer pauses its partitions
+// until the cool-down ends) and a failure of the dedupe store itself
+// (dedupe.StoreError; the same message is tried again with backoff).
+//
+// When several markers are present the first of missing-key, panic, decode,
+// permanent, timeout wins; [IsRetriable] is true for kinds retriable and
+// timeout. The markers wrap with Unwrap, so errors.Is and errors.As still find
+// the original error, and they may be wrapped again with fmt.Errorf("…: %w").
+// [Cause] strips idem's own wrappers to name the underlying error's type in the
+// idem-error-type header. Permanent(nil), Decode(nil) and RetryAfter(nil, d)
+// return nil, so `return handler.Permanent(err)` is safe when err is nil.
+//
+// # Middleware
+//
+// A [Middleware] is func(Handler) Handler, as in net/http. [Chain] applies
+// several; the first listed is the outermost:
+//
+//	h = handler.Chain(h, logging, metrics, handler.Timeout(5*time.Second))
+//	// calls logging, then metrics, then the Timeout, then h
+//
+// [Timeout] bounds each call: when its deadline passes the handler's ctx is
+// cancelled and an error it then returns is reported as kind "timeout"
+// (retriable). A cancellation that comes from the parent ctx (revoke,
+// shutdown) is passed through unchanged and is never reported as a timeout.
+// [Recover] is exported for handlers used outside idem; idem installs it
+// itself.
+package handler

@@ -1,0 +1,237 @@
+package handler_test
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemhq/idem/handler"
+)
+
+// panicky panics with v; its name must show up in the recovered stack.
+func panicky(v any) handler.Handler {
+	return handler.Func(func(context.Context, *handler.Message) error { panic(v) })
+}
+
+func TestRecoverPassesThrough(t *testing.T) {
+	boom := errors.New("boom")
+	for _, want := range []error{nil, boom} {
+		h := handler.Chain(handler.Func(func(context.Context, *handler.Message) error { return want }), handler.Recover())
+		if got := h.Handle(context.Background(), &handler.Message{}); got != want {
+			t.Fatalf("Recover changed the handler's result: got %v, want %v", got, want)
+		}
+	}
+}
+
+func TestRecover(t *testing.T) {
+	sentinel := errors.New("sentinel")
+	tests := []struct {
+		name      string
+		value     any
+		wantIs    error // errors.Is(err, wantIs) must hold, if set
+		unwrapNil bool  // PanicError.Unwrap returns nil
+		wantMsg   string
+	}{
+		{name: "string", value: "kaboom", unwrapNil: true, wantMsg: "handler panic: kaboom"},
+		{name: "int", value: 42, unwrapNil: true, wantMsg: "handler panic: 42"},
+		{name: "error", value: sentinel, wantIs: sentinel, wantMsg: "handler panic: sentinel"},
+		{name: "wrapped error", value: handler.Permanent(sentinel), wantIs: sentinel},
+		{name: "runtime error", value: nil /* set below */},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := panicky(tt.value)
+			if tt.name == "runtime error" {
+				h = handler.Func(func(context.Context, *handler.Message) error {
+					var m map[string]int
+					m["x"] = 1 // assignment to entry in nil map
+					return nil
+				})
+			}
+			err := handler.Chain(h, handler.Recover()).Handle(context.Background(), &handler.Message{})
+			var pe *handler.PanicError
+			if !errors.As(err, &pe) {
+				t.Fatalf("err = %T %v, want *handler.PanicError", err, err)
+			}
+			if tt.name == "runtime error" {
+				var re runtime.Error
+				if !errors.As(err, &re) {
+					t.Fatalf("a runtime panic should unwrap to runtime.Error; got %T", pe.Value)
+				}
+			} else if pe.Value != tt.value {
+				t.Fatalf("Value = %v, want %v", pe.Value, tt.value)
+			}
+			if tt.wantIs != nil && !errors.Is(err, tt.wantIs) {
+				t.Fatalf("errors.Is(err, %v) = false; PanicError must unwrap error values", tt.wantIs)
+			}
+			if tt.unwrapNil && pe.Unwrap() != nil {
+				t.Fatalf("Unwrap() = %v, want nil for a non-error panic value", pe.Unwrap())
+			}
+			if tt.wantMsg != "" && err.Error() != tt.wantMsg {
+				t.Fatalf("Error() = %q, want %q", err.Error(), tt.wantMsg)
+			}
+			if len(pe.Stack) == 0 || !strings.Contains(string(pe.Stack), "goroutine ") {
+				t.Fatalf("Stack = %q, want a goroutine stack", pe.Stack)
+			}
+			if tt.name != "runtime error" && !strings.Contains(string(pe.Stack), "panicky") {
+				t.Fatalf("Stack does not show the panicking function:\n%s", pe.Stack)
+			}
+			if !handler.IsPanic(err) || handler.ErrorKind(err) != handler.KindPanic || handler.IsRetriable(err) {
+				t.Fatalf("IsPanic=%v ErrorKind=%q IsRetriable=%v; want true, panic, false",
+					handler.IsPanic(err), handler.ErrorKind(err), handler.IsRetriable(err))
+			}
+		})
+	}
+}
+
+func TestRecoverPanicNil(t *testing.T) {
+	// Since Go 1.21 panic(nil) panics with a *runtime.PanicNilError, so it is
+	// still recovered as a failure and never mistaken for success.
+	err := handler.Chain(panicky(nil), handler.Recover()).Handle(context.Background(), &handler.Message{})
+	var pn *runtime.PanicNilError
+	if !handler.IsPanic(err) || !errors.As(err, &pn) {
+		t.Fatalf("err = %v, want a *PanicError wrapping *runtime.PanicNilError", err)
+	}
+}
+
+// waitForCtx returns a handler that signals started, then returns ret(ctx)
+// once ctx is done.
+func waitForCtx(started chan<- struct{}, ret func(ctx context.Context) error) handler.Handler {
+	return handler.Func(func(ctx context.Context, _ *handler.Message) error {
+		if started != nil {
+			close(started)
+		}
+		<-ctx.Done()
+		return ret(ctx)
+	})
+}
+
+func TestTimeoutDeadline(t *testing.T) {
+	const d = 20 * time.Millisecond
+	sentinel := errors.New("downstream said no")
+	tests := []struct {
+		name     string
+		ret      func(ctx context.Context) error
+		wantKind handler.Kind
+		wantNil  bool
+		wantIs   []error
+	}{
+		{name: "ctx error", ret: func(ctx context.Context) error { return ctx.Err() },
+			wantKind: handler.KindTimeout, wantIs: []error{handler.ErrTimeout, context.DeadlineExceeded}},
+		{name: "own error", ret: func(context.Context) error { return sentinel },
+			wantKind: handler.KindTimeout, wantIs: []error{handler.ErrTimeout, sentinel}},
+		{name: "permanent wins over timeout", ret: func(context.Context) error { return handler.Permanent(sentinel) },
+			wantKind: handler.KindPermanent, wantIs: []error{handler.ErrTimeout, sentinel}},
+		{name: "nil stays nil", ret: func(context.Context) error { return nil }, wantNil: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			h := handler.Chain(waitForCtx(nil, tt.ret), handler.Timeout(d))
+			start := time.Now()
+			err := h.Handle(context.Background(), &handler.Message{})
+			if el := time.Since(start); el < d {
+				t.Fatalf("handler ctx was done after %v, before the %v timeout", el, d)
+			}
+			if tt.wantNil {
+				if err != nil {
+					t.Fatalf("err = %v, want nil", err)
+				}
+				return
+			}
+			for _, target := range tt.wantIs {
+				if !errors.Is(err, target) {
+					t.Fatalf("errors.Is(%v, %v) = false", err, target)
+				}
+			}
+			if k := handler.ErrorKind(err); k != tt.wantKind {
+				t.Fatalf("ErrorKind = %q, want %q", k, tt.wantKind)
+			}
+			if tt.wantKind == handler.KindTimeout && !handler.IsRetriable(err) {
+				t.Fatalf("a timeout must be retriable")
+			}
+			if !strings.Contains(err.Error(), "timeout after "+d.String()) {
+				t.Fatalf("Error() = %q, want it to name the timeout %v", err, d)
+			}
+		})
+	}
+}
+
+func TestTimeoutNotHit(t *testing.T) {
+	boom := errors.New("boom")
+	for _, want := range []error{nil, boom} {
+		h := handler.Chain(handler.Func(func(ctx context.Context, _ *handler.Message) error {
+			dl, ok := ctx.Deadline()
+			if !ok || time.Until(dl) > time.Hour {
+				t.Errorf("handler ctx deadline = %v, %v; want one at most 1h away", dl, ok)
+			}
+			return want
+		}), handler.Timeout(time.Hour))
+		err := h.Handle(context.Background(), &handler.Message{})
+		if err != want {
+			t.Fatalf("err = %v, want %v unchanged", err, want)
+		}
+		if errors.Is(err, handler.ErrTimeout) {
+			t.Fatalf("an error returned in time must not be a timeout")
+		}
+	}
+}
+
+func TestTimeoutParentCancelIsNotTimeout(t *testing.T) {
+	t.Run("cancel", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		started := make(chan struct{})
+		done := make(chan error, 1)
+		h := handler.Chain(waitForCtx(started, func(ctx context.Context) error { return ctx.Err() }), handler.Timeout(time.Hour))
+		go func() { done <- h.Handle(ctx, &handler.Message{}) }()
+		<-started
+		cancel() // the partition was revoked
+		err := <-done
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("err = %v, want context.Canceled", err)
+		}
+		if errors.Is(err, handler.ErrTimeout) || handler.ErrorKind(err) == handler.KindTimeout {
+			t.Fatalf("parent cancellation reported as a timeout: %v (kind %q)", err, handler.ErrorKind(err))
+		}
+	})
+	t.Run("parent deadline first", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+		defer cancel()
+		h := handler.Chain(waitForCtx(nil, func(ctx context.Context) error { return ctx.Err() }), handler.Timeout(time.Hour))
+		err := h.Handle(ctx, &handler.Message{})
+		if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, handler.ErrTimeout) {
+			t.Fatalf("err = %v; want the parent's DeadlineExceeded, not ErrTimeout", err)
+		}
+	})
+}
+
+func TestTimeoutDisabled(t *testing.T) {
+	boom := errors.New("boom")
+	for _, d := range []time.Duration{0, -time.Second} {
+		h := handler.Chain(handler.Func(func(ctx context.Context, _ *handler.Message) error {
+			if _, ok := ctx.Deadline(); ok {
+				t.Errorf("Timeout(%v) set a deadline; d <= 0 must disable it", d)
+			}
+			return boom
+		}), handler.Timeout(d))
+		if err := h.Handle(context.Background(), &handler.Message{}); err != boom {
+			t.Fatalf("Timeout(%v): err = %v, want %v unchanged", d, err, boom)
+		}
+	}
+}
+
+func TestRecoverInsideTimeout(t *testing.T) {
+	// idem installs Recover innermost; a panic after the deadline stays a panic.
+	h := handler.Chain(handler.Func(func(ctx context.Context, _ *handler.Message) error {
+		<-ctx.Done()
+		panic("late")
+	}), handler.Timeout(5*time.Millisecond), handler.Recover())
+	err := h.Handle(context.Background(), &handler.Message{})
+	if !errors.Is(err, handler.ErrTimeout) || handler.ErrorKind(err) != handler.KindPanic {
+		t.Fatalf("err = %v (kind %q); want ErrTimeout in the chain and kind panic", err, handler.ErrorKind(err))
+	}
+}

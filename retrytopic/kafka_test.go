@@ -1,0 +1,192 @@
+package retrytopic_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/retrytopic"
+)
+
+// consumeOne reads the record at (topic, partition, offset).
+func consumeOne(t *testing.T, k *testenv.Kafka, topic string, partition int32, offset int64) *sarama.ConsumerMessage {
+	t.Helper()
+	c, err := sarama.NewConsumer(k.Brokers, k.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	pc, err := c.ConsumePartition(topic, partition, offset)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	select {
+	case m := <-pc.Messages():
+		return m
+	case err := <-pc.Errors():
+		t.Fatal(err)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("no record at %s/%d@%d", topic, partition, offset)
+	}
+	return nil
+}
+
+func newForwarder(t *testing.T, k *testenv.Kafka) (*retrytopic.Forwarder, sarama.Client) {
+	t.Helper()
+	cfg := k.Config()
+	retrytopic.ConfigureProducer(cfg)
+	client, err := sarama.NewClient(k.Brokers, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	f, err := retrytopic.NewForwarderFromClient(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.Close() })
+	return f, client
+}
+
+func TestForwardKeepsBytesAndPartition(t *testing.T) {
+	k := testenv.NewKafka(t)
+	ctx := testenv.Context(t)
+	dest := k.Topic(t, 4)
+	small := k.Topic(t, 2)
+	fwd, client := newForwarder(t, k)
+
+	orig := []*sarama.RecordHeader{
+		{Key: []byte("idempotency-key"), Value: []byte("pay-42")},
+		{Key: []byte(retrytopic.HeaderAttempt), Value: []byte("1")}, // from an earlier tier: replaced
+		{Key: []byte("bin"), Value: []byte{0, 1, 0xfe}},
+	}
+	prior, _, _ := retrytopic.Decode(orig)
+	f := retrytopic.NewFailure(handler.Permanent(errors.New("card declined")),
+		retrytopic.Source{Topic: "payments", Partition: 3, Offset: 9, Timestamp: time.UnixMilli(1_700_000_000_000), Group: "billing"},
+		prior, time.Now())
+	hs := retrytopic.Encode(orig, f)
+
+	value := []byte{0x00, 0xff, '{', '"', 0x80} // not UTF-8, not JSON: must arrive unchanged
+	tests := []struct {
+		name  string
+		topic string
+		part  int32
+		key   []byte
+		value []byte
+		wantP func(n int32) int32
+	}{
+		{"same partition", dest, 3, []byte("key-a"), value, func(int32) int32 { return 3 }},
+		{"tombstone stays nil", dest, 1, []byte("key-b"), nil, func(int32) int32 { return 1 }},
+		{"empty value stays empty", dest, 2, nil, []byte{}, func(int32) int32 { return 2 }},
+		{"fewer partitions: hash of key", small, 3, []byte("key-a"), value, func(n int32) int32 {
+			p, _ := sarama.NewHashPartitioner(small).Partition(&sarama.ProducerMessage{Key: sarama.StringEncoder("key-a")}, n)
+			return p
+		}},
+		{"fewer partitions, nil key: modulo", small, 3, nil, value, func(n int32) int32 { return 3 % n }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ps, _ := client.Partitions(tt.topic)
+			wantP := tt.wantP(int32(len(ps)))
+			before, err := client.GetOffset(tt.topic, wantP, sarama.OffsetNewest)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = fwd.Forward(ctx, retrytopic.Record{Topic: tt.topic, Partition: tt.part, Key: tt.key, Value: tt.value, Headers: hs})
+			if err != nil {
+				t.Fatalf("Forward: %v", err)
+			}
+			m := consumeOne(t, k, tt.topic, wantP, before)
+			if !bytes.Equal(m.Key, tt.key) || (m.Key == nil) != (tt.key == nil) {
+				t.Errorf("key = %q, want %q", m.Key, tt.key)
+			}
+			if !bytes.Equal(m.Value, tt.value) || (m.Value == nil) != (tt.value == nil) {
+				t.Errorf("value = %v (nil %v), want %v (nil %v)", m.Value, m.Value == nil, tt.value, tt.value == nil)
+			}
+			if len(m.Headers) != len(hs) {
+				t.Fatalf("%d headers, want %d", len(m.Headers), len(hs))
+			}
+			for i, h := range m.Headers {
+				if !bytes.Equal(h.Key, hs[i].Key) || !bytes.Equal(h.Value, hs[i].Value) {
+					t.Errorf("header %d = %q=%q, want %q=%q", i, h.Key, h.Value, hs[i].Key, hs[i].Value)
+				}
+			}
+			got, ok, err := retrytopic.Decode(m.Headers)
+			if err != nil || !ok || got.OriginalTopic != "payments" || got.Kind != handler.KindPermanent || got.Error != "card declined" {
+				t.Errorf("decoded %+v ok=%v err=%v", got, ok, err)
+			}
+			n := 0
+			for _, h := range m.Headers {
+				if string(h.Key) == retrytopic.HeaderAttempt {
+					n++
+				}
+			}
+			if n != 1 {
+				t.Errorf("%s appears %d times", retrytopic.HeaderAttempt, n)
+			}
+		})
+	}
+}
+
+func TestForwardErrorIsTyped(t *testing.T) {
+	k := testenv.NewKafka(t)
+	fwd, _ := newForwarder(t, k)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := fwd.Forward(ctx, retrytopic.Record{Topic: "whatever", Value: []byte("x")})
+	var fe *retrytopic.ForwardError
+	if !errors.As(err, &fe) || fe.Topic != "whatever" || !errors.Is(err, context.Canceled) {
+		t.Fatalf("Forward(cancelled) = %v, want *ForwardError wrapping context.Canceled", err)
+	}
+}
+
+func TestEnsureTopics(t *testing.T) {
+	k := testenv.NewKafka(t)
+	ctx := testenv.Context(t)
+	admin := k.Admin(t)
+	src := testenv.Unique("src")
+	group := testenv.Group(t)
+	pol := retrytopic.Policy{Delays: []time.Duration{time.Second, time.Minute}, Retention: 2 * time.Hour}
+	topics := pol.Topics(src, group)
+	t.Cleanup(func() { k.DeleteTopics(t, topics...) })
+
+	// Concurrent callers: all succeed.
+	errs := make(chan error, 3)
+	for range 3 {
+		go func() { errs <- retrytopic.EnsureTopics(ctx, admin, topics, 3, pol) }()
+	}
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Fatalf("EnsureTopics: %v", err)
+		}
+	}
+	for _, name := range topics {
+		k.WaitTopic(t, name, 3)
+		entries, err := admin.DescribeConfig(sarama.ConfigResource{Type: sarama.TopicResource, Name: name, ConfigNames: []string{"retention.ms"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(entries) != 1 || entries[0].Value != fmt.Sprint((2*time.Hour).Milliseconds()) {
+			t.Errorf("%s retention.ms = %+v", name, entries)
+		}
+	}
+	// Idempotent.
+	if err := retrytopic.EnsureTopics(ctx, admin, topics, 3, pol); err != nil {
+		t.Fatalf("second EnsureTopics: %v", err)
+	}
+	// Fewer than the source: a clear, typed error.
+	err := retrytopic.EnsureTopics(ctx, admin, topics, 5, pol)
+	var pm *retrytopic.PartitionMismatchError
+	if !errors.As(err, &pm) || pm.Found != 3 || pm.Wanted != 5 {
+		t.Fatalf("EnsureTopics(5) = %v, want *PartitionMismatchError found 3 wanted 5", err)
+	}
+	t.Logf("mismatch error: %v", err)
+}
