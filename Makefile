@@ -8,7 +8,7 @@ ENVFILE := $(STATE)/services.env
 # values already in the environment were written there by it too, so they win.
 WITH_ENV = set -a; [ -f $(ENVFILE) ] && . ./$(ENVFILE); set +a;
 GO      ?= go
-STATICCHECK_VERSION ?= 2025.1.1
+STATICCHECK_VERSION ?= v0.8.2
 
 .PHONY: help services services-down run test bench lint fmt compose-check
 

@@ -37,7 +37,7 @@ func TestSetBreakersAreIndependent(t *testing.T) {
 	if err := set.Do(ctx, "ledger", ok); err != nil {
 		t.Fatalf("ledger: %v", err)
 	}
-	if set.Get("bank-api") != set.Get("bank-api") {
+	if a, b := set.Get("bank-api"), set.Get("bank-api"); a != b {
 		t.Fatal("Get returned different breakers for one name")
 	}
 	if got := set.Get("bank-api").Name(); got != "bank-api" {

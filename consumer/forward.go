@@ -22,7 +22,6 @@ type origin struct {
 	tier      int // the retry tier the record was read from; 0 for a source topic
 	prior     retrytopic.Failure
 	attempts  int // deliveries before this one
-	failedAt  time.Time
 }
 
 // originOf decodes cm's idem-* headers. A record carries them when it was

@@ -206,6 +206,10 @@ func (p *partition) process(rec dedupe.Record, msg *handler.Message) (err error,
 			return nil, false
 		}
 		err := p.attempt(rec, msg)
+		if probe && p.hctx.Err() != nil {
+			r.gate.probeAbandoned() // cut short by revoke or shutdown: proves nothing
+			return nil, false
+		}
 		if probe {
 			if breaker.IsOpen(err) {
 				r.gate.trip(err)

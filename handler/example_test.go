@@ -89,8 +89,8 @@ func ExampleRetryAfter() {
 // idem installs it itself; use it when calling a Handler outside idem.
 func ExampleRecover() {
 	h := handler.Chain(handler.Func(func(ctx context.Context, m *handler.Message) error {
-		var totals map[string]int
-		totals[m.IdempotencyKey]++ // nil map: panics
+		var orders []string
+		_ = orders[len(m.IdempotencyKey)] // index out of range: panics
 		return nil
 	}), handler.Recover())
 
@@ -100,7 +100,7 @@ func ExampleRecover() {
 	fmt.Println(err)
 	// Output:
 	// true true panic
-	// handler panic: assignment to entry in nil map
+	// handler panic: runtime error: index out of range [2] with length 0
 }
 
 // Timeout bounds one call of the handler. Running out of time is retriable

@@ -46,8 +46,8 @@ func TestRecover(t *testing.T) {
 			h := panicky(tt.value)
 			if tt.name == "runtime error" {
 				h = handler.Func(func(context.Context, *handler.Message) error {
-					var m map[string]int
-					m["x"] = 1 // assignment to entry in nil map
+					var s []int
+					s[len(s)] = 1 // index out of range
 					return nil
 				})
 			}

@@ -170,6 +170,7 @@ func TestEnsureTopics(t *testing.T) {
 	}
 	for _, name := range topics {
 		k.WaitTopic(t, name, 3)
+		//lint:ignore SA1019 DescribeConfig is the call sarama's mock-free admin offers for one resource; fine in a test
 		entries, err := admin.DescribeConfig(sarama.ConfigResource{Type: sarama.TopicResource, Name: name, ConfigNames: []string{"retention.ms"}})
 		if err != nil {
 			t.Fatal(err)

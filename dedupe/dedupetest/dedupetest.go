@@ -187,7 +187,7 @@ func testConcurrentSameKey(t *testing.T, s dedupe.Store) {
 					}
 					continue
 				default:
-					errs <- fmt.Errorf("Process = (%v, %v)", out, err)
+					errs <- fmt.Errorf("process = (%v, %v)", out, err)
 				}
 				return
 			}
