@@ -18,7 +18,7 @@ import (
 	"github.com/idemhq/idem/retrytopic"
 )
 
-// ErrNilHandler is returned by Run when h is nil.
+// ErrNilHandler is returned by Run when h is nil or a nil handler.Func.
 var ErrNilHandler = errors.New("consumer: nil handler")
 
 // ErrUnknownTopic is wrapped by the error Run returns when a configured topic
@@ -42,6 +42,9 @@ var ErrUnknownTopic = errors.New("consumer: unknown topic")
 // cooperative-sticky assignor a rebalance only stops the partitions that move.
 func Run(ctx context.Context, cfg Config, h handler.Handler) error {
 	if h == nil {
+		return ErrNilHandler
+	}
+	if f, ok := h.(handler.Func); ok && f == nil {
 		return ErrNilHandler
 	}
 	if err := cfg.Validate(); err != nil {
