@@ -28,7 +28,9 @@ test: services ## go vet + all tests with -race against real Kafka and PostgreSQ
 	$(GO) vet ./...
 	@$(WITH_ENV) IDEM_REQUIRE_REAL_KAFKA=1 $(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) ./...
 
-bench: services ## benchmarks (speed goals live here, never in tests)
+BENCHFLAGS ?= -benchtime 2000x
+
+bench: services ## benchmarks (speed goals live here, never in tests); BenchmarkRetryDueLatency reports retry lateness
 	@$(WITH_ENV) $(GO) test -run '^$$' -bench . -benchmem $(BENCHFLAGS) ./...
 
 lint: ## go vet + staticcheck

@@ -929,6 +929,9 @@ func TestShutdownGraceCancelsInFlight(t *testing.T) {
 	if c := e.committed(e.topic, 1)[0]; c != 1 {
 		t.Errorf("committed offset = %d, want 1 (g-0 finished, g-1 cancelled)", c)
 	}
+	if v := metricValue(t, e, "idem_abandoned_total", nil); v != 1 {
+		t.Errorf("idem_abandoned_total = %v, want 1", v)
+	}
 
 	start(t, e.config(), effectHandler())
 	e.waitCommitted(e.topic, 1, 60*time.Second)

@@ -200,6 +200,9 @@ func (e *env) waitCommitted(topic string, partitions int32, timeout time.Duratio
 	testenv.Eventually(e.t, timeout, func() error {
 		got := e.committed(topic, partitions)
 		for p, w := range want {
+			if w == 0 && got[p] < 0 {
+				continue // an empty partition has nothing to commit
+			}
 			if got[p] != w {
 				return fmt.Errorf("partition %d committed %d, end %d", p, got[p], w)
 			}

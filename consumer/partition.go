@@ -206,8 +206,12 @@ func (p *partition) process(rec dedupe.Record, msg *handler.Message) (err error,
 			return nil, false
 		}
 		err := p.attempt(rec, msg)
-		if probe && p.hctx.Err() != nil {
-			r.gate.probeAbandoned() // cut short by revoke or shutdown: proves nothing
+		if err != nil && p.hctx.Err() != nil {
+			// Cancelled past the grace period: rolled back, left for redelivery.
+			r.m.Abandoned.WithLabelValues(r.cfg.Group).Inc()
+			if probe {
+				r.gate.probeAbandoned() // cut short by revoke or shutdown: proves nothing
+			}
 			return nil, false
 		}
 		if probe {
@@ -221,9 +225,6 @@ func (p *partition) process(rec dedupe.Record, msg *handler.Message) (err error,
 		switch {
 		case err == nil:
 			return nil, true
-		case p.hctx.Err() != nil:
-			// Cancelled past the grace period: rolled back, left for redelivery.
-			return nil, false
 		case dedupe.IsStoreError(err):
 			outages++
 			r.m.StoreErrors.WithLabelValues(r.cfg.Group).Inc()

@@ -20,6 +20,7 @@
 //	idem_partitions_paused{group}                   partitions paused by an open breaker or by back-pressure
 //	idem_partitions_assigned{group}                 partitions currently claimed
 //	idem_commits_total{group}                       offsets marked for commit
+//	idem_abandoned_total{group}                     in-flight messages cancelled past ShutdownGrace (rolled back, left for redelivery)
 package metrics
 
 import (
@@ -64,6 +65,7 @@ type Metrics struct {
 	PartitionsPaused  *prometheus.GaugeVec
 	PartitionsClaimed *prometheus.GaugeVec
 	Commits           *prometheus.CounterVec
+	Abandoned         *prometheus.CounterVec
 }
 
 // New creates the collectors and registers them on reg. A nil reg registers
@@ -106,6 +108,8 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Partitions currently claimed by this process."}, []string{"group"}),
 		Commits: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_commits_total",
 			Help: "Offsets marked for commit after a durable outcome."}, []string{"group"}),
+		Abandoned: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_abandoned_total",
+			Help: "In-flight messages cancelled past ShutdownGrace: rolled back and left for redelivery."}, []string{"group"}),
 	}
 	if reg == nil {
 		return m, nil
@@ -127,6 +131,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	m.PartitionsPaused = register(reg, m.PartitionsPaused, &err)
 	m.PartitionsClaimed = register(reg, m.PartitionsClaimed, &err)
 	m.Commits = register(reg, m.Commits, &err)
+	m.Abandoned = register(reg, m.Abandoned, &err)
 	if err != nil {
 		return nil, err
 	}

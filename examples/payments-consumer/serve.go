@@ -80,6 +80,21 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	defer stopMetrics()
 
+	// Inbox retention: keys older than 14 days are swept in small batches. The
+	// horizon must exceed the longest redelivery or DLQ replay window, or a
+	// replayed payment would be applied again (here it would still be stopped
+	// by the payments table's own unique key).
+	sweeper := &dedupe.Sweeper{DB: pool, Logger: log}
+	sweepCtx, stopSweep := context.WithCancel(ctx)
+	sweepDone := make(chan error, 1)
+	go func() { sweepDone <- sweeper.Run(sweepCtx) }()
+	defer func() {
+		stopSweep()
+		if err := <-sweepDone; err != nil {
+			log.Error("inbox sweeper", "err", err)
+		}
+	}()
+
 	log.Info("consuming", "topic", *topic, "group", *group, "brokers", e.Brokers,
 		"dlq", retryPolicy.DLQ(*topic, *group), "metrics", *metricsAddr)
 	err = consumer.Run(ctx, consumer.Config{

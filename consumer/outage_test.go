@@ -1,0 +1,88 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/testenv"
+)
+
+// A database outage (the inbox unusable: here its table is renamed away, so
+// every transaction fails like an unreachable server would) makes the
+// partition wait and retry the same message: nothing marked, nothing dropped,
+// no attempt counted, Run keeps going; once the database is back every message
+// has exactly one effect.
+func TestStoreOutageRetriesSameMessage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 2)
+	cfg := e.config()
+	cfg.OutageBackoff = 100 * time.Millisecond
+	ctx := testenv.Context(t)
+	e.produce([]string{"before"}, 2)
+	start(t, cfg, effectHandler())
+	e.waitCommitted(e.topic, 2, 30*time.Second)
+
+	if _, err := e.pool.Exec(ctx, `ALTER TABLE idem_processed RENAME TO idem_processed_away`); err != nil {
+		t.Fatal(err)
+	}
+	keys, uniq := keysWithDuplicates(40, 0.2, 11)
+	e.produce(keys, 2)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if v := metricValue(t, e, "idem_store_errors_total", nil); v < 4 {
+			return fmt.Errorf("store errors %v", v)
+		}
+		return nil
+	})
+	if got := e.committed(e.topic, 2); max(got[0], 0)+max(got[1], 0) != 1 {
+		t.Fatalf("committed %v during the outage, want only the message before it", got)
+	}
+	if v := metricValue(t, e, "idem_handler_attempts_total", map[string]string{"result": "error"}); v != 0 {
+		t.Fatalf("%v attempts counted as handler errors during a store outage", v)
+	}
+	if _, err := e.pool.Exec(ctx, `ALTER TABLE idem_processed_away RENAME TO idem_processed`); err != nil {
+		t.Fatal(err)
+	}
+	e.waitCommitted(e.topic, 2, 60*time.Second)
+	if n := e.count(`SELECT count(*) FROM effects`); n != uniq+1 {
+		t.Fatalf("effects = %d, want %d", n, uniq+1)
+	}
+	if n := e.total(e.dlq(), 2); n != 0 {
+		t.Fatalf("%d records dead-lettered by an outage", n)
+	}
+}
+
+// handler.RetryAfter sets the least wait before the in-process retry.
+func TestRetryAfterIsHonoured(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	cfg := e.config()
+	cfg.Retries = 1
+	var mu sync.Mutex
+	var at []time.Time
+	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
+		mu.Lock()
+		at = append(at, time.Now())
+		n := len(at)
+		mu.Unlock()
+		if n == 1 {
+			return handler.RetryAfter(errors.New("429 Too Many Requests"), 400*time.Millisecond)
+		}
+		return effectHandler()(ctx, m)
+	})
+	e.produce([]string{"k"}, 1)
+	start(t, cfg, h)
+	e.waitCommitted(e.topic, 1, 30*time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(at) != 2 {
+		t.Fatalf("%d attempts, want 2", len(at))
+	}
+	if gap := at[1].Sub(at[0]); gap < 400*time.Millisecond {
+		t.Fatalf("retried after %s, sooner than RetryAfter's 400ms (RetryMax is %s)", gap, cfg.RetryMax)
+	}
+}
