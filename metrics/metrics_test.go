@@ -1,0 +1,78 @@
+package metrics_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/idemhq/idem/metrics"
+)
+
+// Two consumers in one process may share a registry: the second New reuses the
+// first one's collectors instead of failing.
+func TestNewSharesARegistry(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	a, err := metrics.New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := metrics.New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Messages.WithLabelValues("g", "t", metrics.OutcomeProcessed).Inc()
+	b.Messages.WithLabelValues("g", "t", metrics.OutcomeProcessed).Inc()
+	if got := testutil.ToFloat64(a.Messages.WithLabelValues("g", "t", metrics.OutcomeProcessed)); got != 2 {
+		t.Fatalf("shared counter = %v, want 2", got)
+	}
+}
+
+// Every metric is named idem_* and listed in the package doc.
+func TestEveryMetricIsDocumented(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := metrics.New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Touch one series of each vector so Gather returns it.
+	m.Messages.WithLabelValues("g", "t", "o").Inc()
+	m.Attempts.WithLabelValues("g", "t", "r").Inc()
+	m.HandlerDuration.WithLabelValues("g", "t").Observe(1)
+	m.Retries.WithLabelValues("g", "t").Inc()
+	m.Forwarded.WithLabelValues("g", "d", "k").Inc()
+	m.ForwardErrors.WithLabelValues("g", "d").Inc()
+	m.MissingKey.WithLabelValues("g", "t").Inc()
+	m.StoreErrors.WithLabelValues("g").Inc()
+	m.RetryDelay.WithLabelValues("g", "t").Observe(1)
+	m.DLQDepth.WithLabelValues("t").Set(1)
+	m.BreakerState.WithLabelValues("n").Set(1)
+	m.BreakerTransition.WithLabelValues("n", "a", "b").Inc()
+	m.BreakerOpen.WithLabelValues("n").Add(1)
+	m.PartitionsPaused.WithLabelValues("g").Inc()
+	m.PartitionsClaimed.WithLabelValues("g").Inc()
+	m.Commits.WithLabelValues("g").Inc()
+	m.Abandoned.WithLabelValues("g").Inc()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(mfs) != 17 {
+		t.Errorf("gathered %d families, want 17", len(mfs))
+	}
+	for _, mf := range mfs {
+		if !strings.HasPrefix(mf.GetName(), "idem_") {
+			t.Errorf("%s lacks the idem_ prefix", mf.GetName())
+		}
+	}
+}
+
+// A nil Registerer keeps the metrics usable without exporting them.
+func TestNilRegisterer(t *testing.T) {
+	m, err := metrics.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Commits.WithLabelValues("g").Inc()
+}
