@@ -29,7 +29,7 @@ func TestNewSharesARegistry(t *testing.T) {
 	}
 }
 
-// Every metric is named idem_* and listed in the package doc.
+// Every collector New makes is registered, and named idem_*.
 func TestEveryMetricIsDocumented(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m, err := metrics.New(reg)
