@@ -34,51 +34,16 @@ import (
 // ---------------------------------------------------------------------------
 // helpers of this file
 
-// metricSum returns the sum of every sample of the metric family name whose
-// labels include want (a counter or a gauge); 0 if there is none.
-func coreMetricSum(t *testing.T, g prometheus.Gatherer, name string, want map[string]string) float64 {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatalf("gather: %v", err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metric:
-		for _, m := range mf.GetMetric() {
-			have := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				have[lp.GetName()] = lp.GetValue()
-			}
-			for k, v := range want {
-				if have[k] != v {
-					continue metric
-				}
-			}
-			switch {
-			case m.Counter != nil:
-				sum += m.GetCounter().GetValue()
-			case m.Gauge != nil:
-				sum += m.GetGauge().GetValue()
-			}
-		}
-	}
-	return sum
-}
-
 // messagesOutcome is idem_messages_total{outcome} summed over topics.
 func coreOutcome(t *testing.T, g prometheus.Gatherer, outcome string) int {
 	t.Helper()
-	return int(coreMetricSum(t, g, "idem_messages_total", map[string]string{"outcome": outcome}))
+	return int(gatherSum(t, g, "idem_messages_total", map[string]string{"outcome": outcome}))
 }
 
 // claimed is idem_partitions_assigned of one member (its own registry).
 func coreClaimed(t *testing.T, g prometheus.Gatherer) int {
 	t.Helper()
-	return int(coreMetricSum(t, g, "idem_partitions_assigned", nil))
+	return int(gatherSum(t, g, "idem_partitions_assigned", nil))
 }
 
 // coreTokens gates a handler: each call takes one token before it writes its
@@ -447,7 +412,7 @@ func TestFailThenSucceedRecordsKeyOnlyOnSuccess(t *testing.T) {
 		{"idem_messages_total", map[string]string{"outcome": metrics.OutcomeProcessed}, 1},
 		{"idem_messages_total", map[string]string{"outcome": metrics.OutcomeDeadLettered}, 0},
 	} {
-		if got := coreMetricSum(t, e.reg, c.name, c.labels); got != c.want {
+		if got := gatherSum(t, e.reg, c.name, c.labels); got != c.want {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
 		}
 	}
@@ -870,10 +835,10 @@ func TestPoisonMessages(t *testing.T) {
 		t.Errorf("tombstone: handler saw Value %q, want nil", tombValue)
 	}
 	mu.Unlock()
-	if got := coreMetricSum(t, e.reg, "idem_missing_key_total", nil); got != 2 {
+	if got := gatherSum(t, e.reg, "idem_missing_key_total", nil); got != 2 {
 		t.Errorf("idem_missing_key_total = %v, want 2", got)
 	}
-	if got := coreMetricSum(t, e.reg, "idem_messages_total", map[string]string{"outcome": metrics.OutcomeDeadLettered}); got != 3 {
+	if got := gatherSum(t, e.reg, "idem_messages_total", map[string]string{"outcome": metrics.OutcomeDeadLettered}); got != 3 {
 		t.Errorf("idem_messages_total{outcome=dead_lettered} = %v, want 3", got)
 	}
 }

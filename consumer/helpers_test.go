@@ -213,10 +213,18 @@ func (e *env) waitCommitted(topic string, partitions int32, timeout time.Duratio
 
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
 
-// metricValue sums the samples of the metric family name whose labels include want.
+// metricValue sums the samples of the metric family name in e's registry whose
+// labels include want.
 func metricValue(t *testing.T, e *env, name string, want map[string]string) float64 {
 	t.Helper()
-	mfs, err := e.reg.Gather()
+	return gatherSum(t, e.reg, name, want)
+}
+
+// gatherSum sums the samples (counter and gauge values, histogram counts) of
+// the metric family name whose labels include want; 0 if there is none.
+func gatherSum(t *testing.T, g prometheus.Gatherer, name string, want map[string]string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,12 +255,4 @@ func metricValue(t *testing.T, e *env, name string, want map[string]string) floa
 		}
 	}
 	return sum
-}
-
-// mustVec returns a counter sample as a collector, for testutil.ToFloat64.
-func mustVec(t *testing.T, e *env, name, group, topic string) prometheus.Collector {
-	t.Helper()
-	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "x"}, func() float64 {
-		return metricValue(t, e, name, map[string]string{"group": group, "topic": topic})
-	})
 }

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
@@ -105,7 +104,7 @@ func TestFailTwiceThenSucceed(t *testing.T) {
 		}
 	}
 	mu.Unlock()
-	if got := testutil.ToFloat64(mustVec(t, e, "idem_retries_total", e.group, e.topic)); got != 3 {
+	if got := metricValue(t, e, "idem_retries_total", map[string]string{"group": e.group, "topic": e.topic}); got != 3 {
 		t.Errorf("idem_retries_total = %v, want 3", got)
 	}
 	if got := metricValue(t, e, "idem_forwarded_total", map[string]string{"destination": e.tier(1)}); got != 3 {
