@@ -33,7 +33,9 @@ var ErrUnknownTopic = errors.New("consumer: unknown topic")
 // back and they are redelivered later), commits the offsets of every finished
 // message, and returns nil once every goroutine it started has ended. Any other
 // return is a fatal error: an invalid Config (ErrInvalidConfig), a nil handler,
-// a missing topic (ErrUnknownTopic), or sarama refusing the configuration.
+// a missing topic (ErrUnknownTopic), a cluster that cannot be reached or whose
+// retry/dead-letter topics cannot be created at start, or sarama refusing the
+// configuration.
 // Transient broker and database outages are not fatal: the affected partition
 // waits and retries the same message (nothing is marked, nothing dropped) and
 // Run keeps going.
@@ -191,14 +193,16 @@ func (r *runner) run(ctx context.Context) error {
 			}
 		}
 	})
+	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer func() {
+		stopWatch()
 		if err := group.Close(); err != nil {
 			r.log.Warn("idem: close consumer group", "err", err)
 		}
 		wg.Wait()
 	}()
 
-	wg.Go(func() { r.watchDLQDepth(ctx, client) })
+	wg.Go(func() { r.watchDLQDepth(watchCtx, client) })
 
 	gh := &groupHandler{r: r}
 	topics := r.topics()
