@@ -39,6 +39,7 @@ type OpenError struct {
 // Unwrap returns Cause.
 func (e *OpenError) Unwrap() error { return e.Cause }
 
+// Error describes the failure in one line.
 func (e *OpenError) Error() string {
 	if e.State == HalfOpen {
 		return fmt.Sprintf("breaker %q is half-open and its probe slots are taken: retry after %s", e.Name, e.RetryAfter)

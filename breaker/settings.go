@@ -149,6 +149,7 @@ type SettingsError struct {
 	Rule  string // e.g. "must be in [0,1]"
 }
 
+// Error describes the failure in one line.
 func (e *SettingsError) Error() string {
 	return fmt.Sprintf("breaker: Settings.%s = %v, %s", e.Field, e.Value, e.Rule)
 }

@@ -242,11 +242,12 @@ var ErrInvalidConfig = errors.New("consumer: invalid config")
 
 // ConfigError names the field, the value and the rule it breaks.
 type ConfigError struct {
-	Field string
-	Value any
-	Rule  string
+	Field string // the Config field, e.g. "ShutdownGrace"
+	Value any    // its value
+	Rule  string // the rule it breaks, with the bound
 }
 
+// Error describes the failure in one line.
 func (e *ConfigError) Error() string {
 	return fmt.Sprintf("consumer: Config.%s = %v: %s", e.Field, e.Value, e.Rule)
 }

@@ -15,9 +15,10 @@ import (
 // (same Fingerprint).
 type Group struct {
 	// Fingerprint is Fingerprint(Kind, ErrorType, SampleError).
-	Fingerprint string       `json:"fingerprint"`
-	Kind        handler.Kind `json:"kind"`
-	ErrorType   string       `json:"error_type"`
+	Fingerprint string `json:"fingerprint"`
+	// Kind and ErrorType are the group's idem-error-kind and idem-error-type.
+	Kind      handler.Kind `json:"kind"`
+	ErrorType string       `json:"error_type"`
 	// Message is the normalised error message (see Normalize).
 	Message string `json:"message"`
 	// SampleError is the full error message of the sample record.

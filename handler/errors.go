@@ -22,7 +22,10 @@ const (
 
 type permanentError struct{ err error }
 
+// Error describes the failure in one line.
 func (e *permanentError) Error() string { return e.err.Error() }
+
+// Unwrap returns the wrapped error.
 func (e *permanentError) Unwrap() error { return e.err }
 
 // Permanent marks err as not worth retrying: the message goes to the dead-letter
@@ -44,7 +47,10 @@ func IsPermanent(err error) bool {
 
 type decodeError struct{ err error }
 
+// Error describes the failure in one line.
 func (e *decodeError) Error() string { return "decode: " + e.err.Error() }
+
+// Unwrap returns the wrapped error.
 func (e *decodeError) Unwrap() error { return e.err }
 
 // Decode marks err as a failure to decode the payload. It is permanent and is
@@ -65,13 +71,16 @@ func IsDecode(err error) bool {
 
 // RetryAfterError asks for the message to be retried no sooner than After.
 type RetryAfterError struct {
-	Err   error
-	After time.Duration
+	Err   error         // the failure
+	After time.Duration // the least delay before the next attempt
 }
 
+// Error describes the failure in one line.
 func (e *RetryAfterError) Error() string {
 	return fmt.Sprintf("%v (retry after %s)", e.Err, e.After)
 }
+
+// Unwrap returns the wrapped error.
 func (e *RetryAfterError) Unwrap() error { return e.Err }
 
 // RetryAfter marks err as retriable no sooner than d from now; the in-process
@@ -99,6 +108,7 @@ type PanicError struct {
 	Stack []byte // the goroutine's stack at the panic
 }
 
+// Error describes the failure in one line.
 func (e *PanicError) Error() string { return fmt.Sprintf("handler panic: %v", e.Value) }
 
 // Unwrap returns the panic value when it is an error.
@@ -124,6 +134,7 @@ type MissingKeyError struct {
 	Reason string // e.g. "empty", "longer than 256 bytes"
 }
 
+// Error describes the failure in one line.
 func (e *MissingKeyError) Error() string { return "handler: missing idempotency key: " + e.Reason }
 
 // ErrorKind classifies err for routing and for the idem-error-kind header.
@@ -182,7 +193,10 @@ type timeoutError struct {
 	err error
 }
 
+// Error describes the failure in one line.
 func (e *timeoutError) Error() string {
 	return fmt.Sprintf("handler: timeout after %s: %v", e.d, e.err)
 }
+
+// Unwrap returns the wrapped error.
 func (e *timeoutError) Unwrap() []error { return []error{ErrTimeout, e.err} }

@@ -8,8 +8,8 @@ import (
 // Header is one Kafka record header. Values are raw bytes; idem's own headers
 // (prefixed "idem-") are UTF-8 text.
 type Header struct {
-	Key   string
-	Value []byte
+	Key   string // the header name
+	Value []byte // the raw value
 }
 
 // Message is one Kafka record as a Handler sees it.

@@ -49,23 +49,23 @@ const (
 // Metrics is the set of idem's collectors. The zero value is not usable; use New.
 // All methods are safe for concurrent use.
 type Metrics struct {
-	Messages          *prometheus.CounterVec
-	Attempts          *prometheus.CounterVec
-	HandlerDuration   *prometheus.HistogramVec
-	Retries           *prometheus.CounterVec
-	Forwarded         *prometheus.CounterVec
-	ForwardErrors     *prometheus.CounterVec
-	MissingKey        *prometheus.CounterVec
-	StoreErrors       *prometheus.CounterVec
-	RetryDelay        *prometheus.HistogramVec
-	DLQDepth          *prometheus.GaugeVec
-	BreakerState      *prometheus.GaugeVec
-	BreakerTransition *prometheus.CounterVec
-	BreakerOpen       *prometheus.CounterVec
-	PartitionsPaused  *prometheus.GaugeVec
-	PartitionsClaimed *prometheus.GaugeVec
-	Commits           *prometheus.CounterVec
-	Abandoned         *prometheus.CounterVec
+	Messages          *prometheus.CounterVec   // idem_messages_total
+	Attempts          *prometheus.CounterVec   // idem_handler_attempts_total
+	HandlerDuration   *prometheus.HistogramVec // idem_handler_duration_seconds
+	Retries           *prometheus.CounterVec   // idem_retries_total
+	Forwarded         *prometheus.CounterVec   // idem_forwarded_total
+	ForwardErrors     *prometheus.CounterVec   // idem_forward_errors_total
+	MissingKey        *prometheus.CounterVec   // idem_missing_key_total
+	StoreErrors       *prometheus.CounterVec   // idem_store_errors_total
+	RetryDelay        *prometheus.HistogramVec // idem_retry_delay_seconds
+	DLQDepth          *prometheus.GaugeVec     // idem_dlq_depth
+	BreakerState      *prometheus.GaugeVec     // idem_breaker_state
+	BreakerTransition *prometheus.CounterVec   // idem_breaker_transitions_total
+	BreakerOpen       *prometheus.CounterVec   // idem_breaker_open_seconds_total
+	PartitionsPaused  *prometheus.GaugeVec     // idem_partitions_paused
+	PartitionsClaimed *prometheus.GaugeVec     // idem_partitions_assigned
+	Commits           *prometheus.CounterVec   // idem_commits_total
+	Abandoned         *prometheus.CounterVec   // idem_abandoned_total
 }
 
 // New creates the collectors and registers them on reg. A nil reg registers

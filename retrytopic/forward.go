@@ -65,6 +65,7 @@ type ForwardError struct {
 	Err       error
 }
 
+// Error describes the failure in one line.
 func (e *ForwardError) Error() string {
 	if e.Partition < 0 {
 		return fmt.Sprintf("retrytopic: forward to %s: %v", e.Topic, e.Err)

@@ -235,6 +235,7 @@ type InvalidHeaderError struct {
 	Err    error  // the parse error
 }
 
+// Error describes the failure in one line.
 func (e *InvalidHeaderError) Error() string {
 	return fmt.Sprintf("retrytopic: header %s=%q: %v", e.Header, e.Value, e.Err)
 }

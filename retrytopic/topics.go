@@ -20,6 +20,7 @@ type PartitionMismatchError struct {
 	Wanted int32  // at least this many (the source topic's)
 }
 
+// Error describes the failure in one line.
 func (e *PartitionMismatchError) Error() string {
 	return fmt.Sprintf("retrytopic: topic %s has %d partitions, want at least %d (as many as the source topic)", e.Topic, e.Found, e.Wanted)
 }
