@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -181,4 +182,68 @@ func TestOrderingParkedFailureBecomesHead(t *testing.T) {
 	if n := e.total(e.tier(1), 1); n != 2 {
 		t.Errorf("tier 1 got %d records, want 2 (A1, then A2 as the new head)", n)
 	}
+}
+
+// A crash between promoting a parked message to head and forwarding it leaves
+// the forward pending in PostgreSQL; the next Run forwards it first, so the key
+// is not stranded, and its parked successors follow.
+func TestOrderingRecoversPendingForward(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	ctx := testenv.Context(t)
+	if err := consumer.Migrate(ctx, e.pool); err != nil {
+		t.Fatal(err)
+	}
+	cfg := e.config()
+	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{100 * time.Millisecond}}
+	cfg.Ordering = consumer.OrderingByKey
+	cfg.OrderingDB = e.pool
+	// The state a crash left: A2 is K's head with its tier-1 forward pending,
+	// and A3 is parked behind it. Neither is in Kafka any more.
+	now := time.Now()
+	hdrs := retrytopic.Encode([]sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte("A2")}}, retrytopic.Failure{
+		Attempt: 1, Tier: 1, DueAt: now, OriginalTopic: e.topic, OriginalPartition: 0, OriginalOffset: 1,
+		OriginalTimestamp: now, Group: e.group, Error: "boom", Kind: handler.KindRetriable, FirstFailureAt: now, LastFailureAt: now,
+	})
+	type h struct {
+		K string `json:"k"`
+		V []byte `json:"v"`
+	}
+	var pendingHeaders []h
+	for _, x := range hdrs {
+		pendingHeaders = append(pendingHeaders, h{string(x.Key), x.Value})
+	}
+	pending, err := json.Marshal(map[string]any{"topic": e.topic, "key": []byte("A"), "ikey": "A2", "partition": 0, "offset": 1,
+		"ts": now, "value": []byte("A2"), "headers": pendingHeaders, "tier": 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, `INSERT INTO idem_ordering_heads(consumer_group, topic, msg_key, head_key, pending) VALUES ($1,$2,$3,'A2',$4)`,
+		e.group, e.topic, []byte("A"), pending); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, `INSERT INTO idem_ordering_parked(consumer_group, topic, msg_key, idempotency_key, "partition", "offset", record_time, value, headers)
+		VALUES ($1,$2,$3,'A3',0,2,now(),'A3','[{"k":"idempotency-key","v":"QTM="}]')`, e.group, e.topic, []byte("A")); err != nil {
+		t.Fatal(err)
+	}
+	start(t, cfg, effectHandler())
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if n := e.count(`SELECT count(*) FROM effects`); n != 2 {
+			return fmt.Errorf("%d effects", n)
+		}
+		return nil
+	})
+	var got string
+	if err := e.pool.QueryRow(ctx, `SELECT string_agg(key, ',' ORDER BY at, key) FROM effects`).Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if got != "A2,A3" {
+		t.Fatalf("effects %s, want A2,A3", got)
+	}
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if n := e.count(`SELECT count(*) FROM idem_ordering_heads`) + e.count(`SELECT count(*) FROM idem_ordering_parked`); n != 0 {
+			return fmt.Errorf("%d ordering rows left", n)
+		}
+		return nil
+	})
 }

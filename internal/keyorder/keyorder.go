@@ -33,9 +33,15 @@ import (
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
+// DB is what the store needs; *pgxpool.Pool satisfies it.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
 // Store is the per-key ordering state of one consumer group.
 type Store struct {
-	db    pgmigrate.DB
+	db    DB
 	group string
 }
 
@@ -63,7 +69,7 @@ type Record struct {
 }
 
 // New returns the store of group on db (a *pgxpool.Pool).
-func New(db pgmigrate.DB, group string) *Store { return &Store{db: db, group: group} }
+func New(db DB, group string) *Store { return &Store{db: db, group: group} }
 
 // Migrate creates the tables (idempotent, safe concurrently).
 func (s *Store) Migrate(ctx context.Context) error {
@@ -101,36 +107,35 @@ func (s *Store) lockHead(ctx context.Context, tx pgx.Tx, topic string, key []byt
 // Park stores r behind K's head if K is blocked by another message. It
 // returns Free or Head when the message must be processed instead (nothing is
 // stored then), Blocked when it was parked (or was already parked: a
-// redelivery).
+// redelivery). It is one statement (one round trip): the common case, a key
+// that is not blocked, costs a primary-key lookup.
 func (s *Store) Park(ctx context.Context, r Record) (State, error) {
-	st := Free
-	err := s.tx(ctx, func(tx pgx.Tx) error {
-		head, err := s.lockHead(ctx, tx, r.Topic, r.Key)
-		switch {
-		case err != nil:
-			return err
-		case head == "":
-			st = Free
-			return nil
-		case head == r.IdempotencyKey:
-			st = Head
-			return nil
-		}
-		hs, err := json.Marshal(r.Headers)
-		if err != nil {
-			return err
-		}
-		st = Blocked
-		_, err = tx.Exec(ctx, `INSERT INTO idem_ordering_parked
-			(consumer_group, topic, msg_key, idempotency_key, "partition", "offset", record_time, value, headers)
-			VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9) ON CONFLICT DO NOTHING`,
-			s.group, r.Topic, r.Key, r.IdempotencyKey, r.Partition, r.Offset, r.Timestamp, r.Value, hs)
-		return err
-	})
+	hs, err := json.Marshal(r.Headers)
 	if err != nil {
 		return Free, fmt.Errorf("keyorder: park: %w", err)
 	}
-	return st, nil
+	var head string
+	err = s.db.QueryRow(ctx, `
+		WITH h AS (
+			SELECT head_key FROM idem_ordering_heads
+			WHERE consumer_group=$1 AND topic=$2 AND msg_key=$3 FOR UPDATE
+		), ins AS (
+			INSERT INTO idem_ordering_parked
+				(consumer_group, topic, msg_key, idempotency_key, "partition", "offset", record_time, value, headers)
+			SELECT $1,$2,$3,$4,$5,$6,$7,$8,$9 FROM h WHERE h.head_key <> $4
+			ON CONFLICT DO NOTHING
+		)
+		SELECT head_key FROM h`,
+		s.group, r.Topic, r.Key, r.IdempotencyKey, r.Partition, r.Offset, r.Timestamp, r.Value, hs).Scan(&head)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return Free, nil
+	case err != nil:
+		return Free, fmt.Errorf("keyorder: park: %w", err)
+	case head == r.IdempotencyKey:
+		return Head, nil
+	}
+	return Blocked, nil
 }
 
 // Block makes ikey the head of K before it is forwarded to a retry tier. It is

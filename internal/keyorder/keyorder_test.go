@@ -1,0 +1,88 @@
+package keyorder_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/idemhq/idem/internal/keyorder"
+	"github.com/idemhq/idem/internal/testenv"
+)
+
+func rec(ikey string, off int64) keyorder.Record {
+	return keyorder.Record{Topic: "t", Key: []byte("K"), IdempotencyKey: ikey, Partition: 0, Offset: off,
+		Timestamp: time.UnixMilli(1_700_000_000_000 + off).UTC(), Value: []byte(ikey),
+		Headers: []keyorder.Header{{Key: "idempotency-key", Value: []byte(ikey)}}}
+}
+
+// The life of a blocked key: park behind the head in arrival order, drain,
+// promote a failing parked message with a pending forward, recover it, unblock.
+func TestKeyLifecycle(t *testing.T) {
+	t.Parallel()
+	ctx := testenv.Context(t)
+	s := keyorder.New(testenv.Postgres(t), "g")
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	state := func(r keyorder.Record, want keyorder.State) {
+		t.Helper()
+		got, err := s.Park(ctx, r)
+		if err != nil || got != want {
+			t.Fatalf("Park(%s) = %v, %v; want %v", r.IdempotencyKey, got, err, want)
+		}
+	}
+	state(rec("m1", 1), keyorder.Free)
+	if err := s.Block(ctx, "t", []byte("K"), "m1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Block(ctx, "t", []byte("K"), "m1"); err != nil {
+		t.Fatalf("Block is not idempotent: %v", err)
+	}
+	if err := s.Block(ctx, "t", []byte("K"), "other"); err == nil {
+		t.Fatal("Block by another message succeeded")
+	}
+	state(rec("m1", 1), keyorder.Head)
+	state(rec("m2", 2), keyorder.Blocked)
+	state(rec("m3", 3), keyorder.Blocked)
+	state(rec("m2", 2), keyorder.Blocked) // a redelivery: parked once
+	if n, _ := s.Parked(ctx); n != 2 {
+		t.Fatalf("parked %d, want 2", n)
+	}
+	if _, ok, err := s.Next(ctx, "t", []byte("K"), "not-the-head"); ok || err != nil {
+		t.Fatalf("Next by a non-head = %v, %v", ok, err)
+	}
+	next, ok, err := s.Next(ctx, "t", []byte("K"), "m1")
+	if err != nil || !ok || next.IdempotencyKey != "m2" || string(next.Value) != "m2" || len(next.Headers) != 1 || !next.Timestamp.Equal(rec("m2", 2).Timestamp) {
+		t.Fatalf("Next = %+v, %v, %v; want m2 with its payload", next, ok, err)
+	}
+	// m2 fails: it becomes the head, its forward pending.
+	next.Tier = 1
+	if err := s.Promote(ctx, "m1", next); err != nil {
+		t.Fatal(err)
+	}
+	pending, err := s.Pending(ctx, []string{"t"})
+	if err != nil || len(pending) != 1 || pending[0].IdempotencyKey != "m2" || pending[0].Tier != 1 {
+		t.Fatalf("Pending = %+v, %v", pending, err)
+	}
+	if err := s.Forwarded(ctx, "t", []byte("K"), "m2"); err != nil {
+		t.Fatal(err)
+	}
+	if pending, _ := s.Pending(ctx, []string{"t"}); len(pending) != 0 {
+		t.Fatalf("pending after Forwarded: %+v", pending)
+	}
+	state(rec("m2", 2), keyorder.Head)
+	state(rec("m4", 4), keyorder.Blocked)
+	// m2 succeeds: m3 then m4 follow, then the key is free.
+	for _, want := range []string{"m3", "m4"} {
+		next, ok, err := s.Next(ctx, "t", []byte("K"), "m2")
+		if err != nil || !ok || next.IdempotencyKey != want {
+			t.Fatalf("Next = %+v, %v, %v; want %s", next, ok, err, want)
+		}
+		if err := s.Done(ctx, next.Seq); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, ok, err := s.Next(ctx, "t", []byte("K"), "m2"); ok || err != nil {
+		t.Fatalf("Next on an empty queue = %v, %v", ok, err)
+	}
+	state(rec("m5", 5), keyorder.Free)
+}
