@@ -156,7 +156,7 @@ func TestPostgresManyMembersOneEffect(t *testing.T) {
 	var wg sync.WaitGroup
 	start := make(chan struct{})
 	for range 4 {
-		s := dedupe.NewPostgres(poolOnSchema(t, schema))
+		s := dedupe.NewPostgres(testenv.PoolOnSchema(t, schema))
 		wg.Go(func() {
 			<-start
 			for i := range 20 {
@@ -178,22 +178,6 @@ func TestPostgresManyMembersOneEffect(t *testing.T) {
 	if n := count(t, pool, "SELECT count(DISTINCT key) FROM effects"); n != 20 {
 		t.Fatalf("distinct keys = %d, want 20", n)
 	}
-}
-
-func poolOnSchema(tb testing.TB, schema string) *pgxpool.Pool {
-	tb.Helper()
-	cfg, err := pgxpool.ParseConfig(testenv.DatabaseURL(tb))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
-	cfg.MaxConns = 4
-	pool, err := pgxpool.NewWithConfig(testenv.Context(tb), cfg)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(pool.Close)
-	return pool
 }
 
 func TestPostgresCustomTableIsQuoted(t *testing.T) {
@@ -251,7 +235,7 @@ func TestPostgresMigrateTwiceAndConcurrently(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, 4)
 	start := make(chan struct{})
-	for _, p := range []*pgxpool.Pool{db, poolOnSchema(t, schema), poolOnSchema(t, schema), poolOnSchema(t, schema)} {
+	for _, p := range []*pgxpool.Pool{db, testenv.PoolOnSchema(t, schema), testenv.PoolOnSchema(t, schema), testenv.PoolOnSchema(t, schema)} {
 		wg.Go(func() {
 			<-start
 			errs <- dedupe.NewPostgres(p).Migrate(ctx)

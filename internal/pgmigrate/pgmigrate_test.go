@@ -21,23 +21,6 @@ var (
 	_ pgmigrate.DB = pgx.Tx(nil)
 )
 
-// poolOnSchema opens another pool whose search_path is schema; closed at cleanup.
-func poolOnSchema(tb testing.TB, schema string) *pgxpool.Pool {
-	tb.Helper()
-	cfg, err := pgxpool.ParseConfig(testenv.DatabaseURL(tb))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
-	cfg.MaxConns = 4
-	pool, err := pgxpool.NewWithConfig(testenv.Context(tb), cfg)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(pool.Close)
-	return pool
-}
-
 // nonIdempotent fails if it is run twice: CREATE TABLE without IF NOT EXISTS.
 var nonIdempotent = []pgmigrate.Migration{
 	{Version: 1, Name: "create_a", SQL: "CREATE TABLE a (id int PRIMARY KEY)"},
@@ -121,7 +104,7 @@ func TestApplyIncremental(t *testing.T) {
 func TestApplyConcurrentPools(t *testing.T) {
 	db, schema := testenv.PostgresSchema(t)
 	ctx := testenv.Context(t)
-	pools := []*pgxpool.Pool{db, poolOnSchema(t, schema), poolOnSchema(t, schema)}
+	pools := []*pgxpool.Pool{db, testenv.PoolOnSchema(t, schema), testenv.PoolOnSchema(t, schema)}
 	var wg sync.WaitGroup
 	errs := make([]error, len(pools))
 	start := make(chan struct{})

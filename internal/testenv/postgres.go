@@ -76,16 +76,7 @@ func PostgresSchema(tb testing.TB) (*pgxpool.Pool, string) {
 	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
 		tb.Fatalf("testenv: create schema: %v", err)
 	}
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		tb.Fatalf("testenv: parse DATABASE_URL: %v", err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
-	cfg.MaxConns = 16
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		tb.Fatalf("testenv: pool: %v", err)
-	}
+	pool := newPool(tb, schema, 16)
 	tb.Cleanup(func() {
 		pool.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -101,6 +92,31 @@ func PostgresSchema(tb testing.TB) (*pgxpool.Pool, string) {
 		}
 	})
 	return pool, schema
+}
+
+// PoolOnSchema opens another pool (at most 4 connections) whose search_path is
+// schema, for tests that need a second member on a schema Postgres made; it is
+// closed when the test ends.
+func PoolOnSchema(tb testing.TB, schema string) *pgxpool.Pool {
+	tb.Helper()
+	pool := newPool(tb, schema, 4)
+	tb.Cleanup(pool.Close)
+	return pool
+}
+
+func newPool(tb testing.TB, schema string, maxConns int32) *pgxpool.Pool {
+	tb.Helper()
+	cfg, err := pgxpool.ParseConfig(DatabaseURL(tb))
+	if err != nil {
+		tb.Fatalf("testenv: parse DATABASE_URL: %v", err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	cfg.MaxConns = maxConns
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		tb.Fatalf("testenv: pool: %v", err)
+	}
+	return pool
 }
 
 func redact(url string) string {
