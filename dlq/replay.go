@@ -64,7 +64,7 @@ func ParseFilter(s string) (Filter, error) {
 		case strings.HasPrefix(t, "kind="):
 			k := handler.Kind(strings.TrimPrefix(t, "kind="))
 			switch k {
-			case handler.KindRetriable, handler.KindPermanent, handler.KindPanic, handler.KindMissingKey, handler.KindDecode, handler.KindTimeout:
+			case handler.KindRetriable, handler.KindPermanent, handler.KindPanic, handler.KindMissingKey, handler.KindInvalidKey, handler.KindDecode, handler.KindTimeout:
 			default:
 				return Filter{}, fmt.Errorf("%w: kind %q: want one of retriable, permanent, panic, missing-key, decode, timeout", ErrBadFilter, k)
 			}

@@ -15,7 +15,8 @@ const (
 	KindRetriable  Kind = "retriable"   // an ordinary error: retried in process, then in retry tiers
 	KindPermanent  Kind = "permanent"   // Permanent(err): dead-lettered at once
 	KindPanic      Kind = "panic"       // the handler panicked
-	KindMissingKey Kind = "missing-key" // no valid idempotency key
+	KindMissingKey Kind = "missing-key" // no idempotency key (absent or empty)
+	KindInvalidKey Kind = "invalid-key" // a key that is not valid UTF-8, holds a NUL, or is too long
 	KindDecode     Kind = "decode"      // Decode(err): the payload cannot be decoded (poison bytes)
 	KindTimeout    Kind = "timeout"     // the handler exceeded its Timeout
 )
@@ -130,15 +131,24 @@ func IsPanic(err error) bool {
 var ErrTimeout = errors.New("handler: timeout")
 
 // MissingKeyError reports a message without a valid idempotency key.
+// Invalid is set when a key was found but cannot be used (not valid UTF-8,
+// a NUL byte, longer than the limit): its kind is then KindInvalidKey,
+// otherwise KindMissingKey.
 type MissingKeyError struct {
-	Reason string // e.g. "empty", "longer than 256 bytes"
+	Reason  string // e.g. "empty", "longer than 256 bytes"
+	Invalid bool   // a key was there but is unusable
 }
 
 // Error describes the failure in one line.
-func (e *MissingKeyError) Error() string { return "handler: missing idempotency key: " + e.Reason }
+func (e *MissingKeyError) Error() string {
+	if e.Invalid {
+		return "handler: invalid idempotency key: " + e.Reason
+	}
+	return "handler: missing idempotency key: " + e.Reason
+}
 
 // ErrorKind classifies err for routing and for the idem-error-kind header.
-// nil gives "". Precedence: missing-key, panic, decode, permanent, timeout, then
+// nil gives "". Precedence: missing-key (or invalid-key), panic, decode, permanent, timeout, then
 // retriable.
 func ErrorKind(err error) Kind {
 	var mk *MissingKeyError
@@ -146,6 +156,9 @@ func ErrorKind(err error) Kind {
 	case err == nil:
 		return ""
 	case errors.As(err, &mk):
+		if mk.Invalid {
+			return KindInvalidKey
+		}
 		return KindMissingKey
 	case IsPanic(err):
 		return KindPanic

@@ -279,7 +279,7 @@ afterwards (they stay in the topic; show still finds them). A second replay
 does not repeat the first.
 
 --filter terms (comma-separated, all must match):
-  kind=retriable|permanent|panic|missing-key|decode|timeout
+  kind=retriable|permanent|panic|missing-key|invalid-key|decode|timeout
   error~=REGEXP      (matched anywhere in idem-error)
   key=K              (record key or idempotency-key header)
   fingerprint=PREFIX (as dlq list shows it)`,
