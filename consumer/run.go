@@ -177,6 +177,7 @@ func (r *runner) run(ctx context.Context) error {
 			return err
 		}
 	}
+	r.warnUnread(ctx)
 	group, err := sarama.NewConsumerGroupFromClient(r.cfg.Group, client)
 	if err != nil {
 		return fmt.Errorf("consumer: join group %s: %w", r.cfg.Group, err)
