@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -17,9 +19,12 @@ import (
 // claim ("lease") instead of a transaction held across fn:
 //
 //  1. Claim, in its own short transaction: insert the key with
-//     status 'in_progress', lease_until = now() + lease and a random owner
-//     token. An existing 'in_progress' row whose lease has expired (its owner
-//     crashed or hung) is taken over. A 'done' row means Duplicate; a live
+//     status 'in_progress', lease_until = now() + lease and an owner token
+//     (this store's random id plus the message's topic/partition/offset, the
+//     same for every attempt of the message). An existing 'in_progress' row
+//     whose lease has expired (its owner crashed or hung), or that carries
+//     this very token (an earlier attempt's claim whose reply was lost), is
+//     taken over. A 'done' row means Duplicate; a live
 //     claim by another member means a retriable *StoreError wrapping
 //     ErrInProgress.
 //  2. Run fn with no transaction (Tx(ctx) is nil), its ctx's deadline set to
@@ -52,6 +57,13 @@ type PostgresLease struct {
 	table table
 	lease time.Duration
 	err   error
+	// owner identifies this store instance in lease_owner tokens; a token is
+	// owner + the message's coordinates, so every attempt of one message
+	// carries the same token (see Process).
+	owner string
+	// inflight holds the tokens of the Process calls running now: two
+	// concurrent calls for one message still exclude each other.
+	inflight sync.Map
 }
 
 var _ Store = (*PostgresLease)(nil)
@@ -73,7 +85,11 @@ func NewPostgresLease(db DB, lease time.Duration, opts ...PostgresOption) *Postg
 	if err == nil && lease < time.Millisecond {
 		err = fmt.Errorf("%w: lease is %v, want at least 1ms (0 selects the default %v)", ErrInvalidConfig, lease, DefaultLease)
 	}
-	return &PostgresLease{db: db, table: t, lease: lease, err: err}
+	owner, terr := newToken()
+	if err == nil {
+		err = terr
+	}
+	return &PostgresLease{db: db, table: t, lease: lease, err: err, owner: owner}
 }
 
 // Migrate creates or upgrades the table, exactly as Postgres.Migrate does.
@@ -98,10 +114,15 @@ func (p *PostgresLease) Process(ctx context.Context, rec Record, fn func(ctx con
 	if err := ctx.Err(); err != nil {
 		return 0, &StoreError{Op: "claim", Err: err}
 	}
-	token, err := newToken()
-	if err != nil {
-		return 0, &StoreError{Op: "claim", Err: err}
+	// One token per message across its attempts: a claim whose reply was
+	// lost (the INSERT committed, the connection died) is this message's own,
+	// and its next attempt takes it back at once instead of waiting out the
+	// lease behind itself.
+	token := p.owner + ":" + rec.Topic + "/" + strconv.Itoa(int(rec.Partition)) + "/" + strconv.FormatInt(rec.Offset, 10)
+	if _, busy := p.inflight.LoadOrStore(token, struct{}{}); busy {
+		return 0, &StoreError{Op: "claim", Err: fmt.Errorf("%w (group %q, key %q, by this process)", ErrInProgress, rec.Group, rec.Key)}
 	}
+	defer p.inflight.Delete(token)
 	start := time.Now() // before the claim, so fn's deadline is no later than the lease's end
 	out, err := p.claim(ctx, rec, token)
 	if err != nil || out == Duplicate {
@@ -132,7 +153,7 @@ func (p *PostgresLease) claim(ctx context.Context, rec Record, token string) (Ou
 		` ON CONFLICT (consumer_group, idempotency_key) DO UPDATE SET` +
 		` topic = EXCLUDED.topic, "partition" = EXCLUDED."partition", "offset" = EXCLUDED."offset",` +
 		` processed_at = now(), lease_until = EXCLUDED.lease_until, lease_owner = EXCLUDED.lease_owner` +
-		` WHERE p.status = 'in_progress' AND p.lease_until < now()` +
+		` WHERE p.status = 'in_progress' AND (p.lease_until < now() OR p.lease_owner = EXCLUDED.lease_owner)` +
 		` RETURNING true`
 	stateSQL := `SELECT status, lease_until FROM ` + p.table.quoted +
 		` WHERE consumer_group = $1 AND idempotency_key = $2`

@@ -3,8 +3,11 @@ package dedupe_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/internal/testenv"
@@ -149,5 +152,54 @@ func TestLeaseNegativeIsConfigError(t *testing.T) {
 	}
 	if err := s.Migrate(context.Background()); !errors.Is(err, dedupe.ErrInvalidConfig) {
 		t.Fatalf("Migrate err = %v", err)
+	}
+}
+
+// lostReplyDB runs every statement, but the first INSERT's reply is "lost":
+// the claim is written, the caller sees a connection error.
+type lostReplyDB struct {
+	dedupe.DB
+	lost bool
+}
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+func (d *lostReplyDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	row := d.DB.QueryRow(ctx, sql, args...)
+	if d.lost || !strings.HasPrefix(sql, "INSERT") {
+		return row
+	}
+	d.lost = true
+	var claimed bool
+	if err := row.Scan(&claimed); err != nil {
+		return errRow{err}
+	}
+	return errRow{errors.New("read tcp: connection reset by peer")}
+}
+
+func TestLeaseLostClaimReplyIsReclaimedByItsOwnMessage(t *testing.T) {
+	_, pool := newLease(t, time.Hour)
+	ctx := testenv.Context(t)
+	s := dedupe.NewPostgresLease(&lostReplyDB{DB: pool}, time.Hour)
+
+	r := rec("lost-reply")
+	if _, err := s.Process(ctx, r, func(context.Context) error { t.Fatal("fn ran without a claim"); return nil }); !dedupe.IsStoreError(err) {
+		t.Fatalf("first attempt: got %v, want a *StoreError (the claim's reply was lost)", err)
+	}
+	// Another message with the same key (a different offset) is held off by
+	// the live claim...
+	other := r
+	other.Offset++
+	if _, err := s.Process(ctx, other, func(context.Context) error { return nil }); !errors.Is(err, dedupe.ErrInProgress) {
+		t.Fatalf("other message: got %v, want ErrInProgress", err)
+	}
+	// ...but the same message's next attempt takes its own claim back at once
+	// instead of waiting an hour behind itself.
+	called := false
+	out, err := s.Process(ctx, r, func(context.Context) error { called = true; return nil })
+	if err != nil || out != dedupe.Processed || !called {
+		t.Fatalf("retry of the same message: out=%v err=%v called=%v, want Processed", out, err, called)
 	}
 }

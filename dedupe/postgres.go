@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemhq/idem/handler"
 )
 
 // Postgres is the transactional inbox: a Store that runs the handler inside
@@ -103,6 +105,11 @@ func (p *Postgres) Process(ctx context.Context, rec Record, fn func(ctx context.
 	}
 
 	if err := fn(WithTx(ctx, tx)); err != nil {
+		if tx.Conn().IsClosed() && !handler.IsPermanent(err) && !handler.IsDecode(err) {
+			// The handler failed because the database went away under it:
+			// an outage, not the message's fault.
+			return 0, &StoreError{Op: "handler", Err: err}
+		}
 		return 0, err // deferred rollback
 	}
 
