@@ -175,6 +175,59 @@ type Config struct {
 	// the broker is unavailable. Such tries are not handler attempts.
 	// Default: 5s (starting at 100ms, doubling, with jitter).
 	OutageBackoff time.Duration
+
+	// StallWarning is how long a partition may fail on one message (database
+	// outages, in-process retries, forwards that do not go through) before
+	// idem logs a WARN with the cause, repeated every minute while it lasts.
+	// idem_partition_stalled_seconds shows every partition's stall at all
+	// times.
+	// Default: 1m.
+	StallWarning time.Duration
+
+	// ReadUncommitted makes the consumer read records of aborted and still
+	// open Kafka transactions. Leave it false unless you know every producer
+	// of the topics is non-transactional: records a transactional producer
+	// aborted were never meant to happen.
+	// Default: false (read_committed). Kafka: isolation.level.
+	ReadUncommitted bool
+
+	// StartAt says where a group with no committed offset for a partition
+	// starts reading: the oldest retained record or the next new one. Kafka
+	// also applies it when a group's committed offsets have expired
+	// (offsets.retention.minutes, 7 days by default): with StartOldest the
+	// group then re-reads the whole topic, and records older than the inbox
+	// retention (InboxRetention) are applied twice.
+	// Default: StartOldest. Kafka: auto.offset.reset.
+	StartAt StartPosition
+
+	// InboxRetention is how long the dedupe store remembers a key (the
+	// dedupe.Sweeper's Retention). When set, Run compares it at start with
+	// each source topic's retention.ms and warns, naming both numbers, when
+	// the inbox forgets sooner than Kafka: a record re-read after its key was
+	// swept would be applied twice.
+	// Default: 0 (unknown: no check).
+	InboxRetention time.Duration
+}
+
+// StartPosition is where a group without a committed offset starts reading.
+type StartPosition int
+
+const (
+	// StartOldest reads from the oldest retained record. The default.
+	StartOldest StartPosition = iota
+	// StartNewest reads only records produced after the group joined.
+	StartNewest
+)
+
+// String returns "oldest" or "newest".
+func (s StartPosition) String() string {
+	switch s {
+	case StartOldest:
+		return "oldest"
+	case StartNewest:
+		return "newest"
+	}
+	return fmt.Sprintf("StartPosition(%d)", int(s))
 }
 
 // Defaults of Config, in one place. TestDocumentedDefaults checks each field's
@@ -193,6 +246,8 @@ func defaults() Config {
 		DLQDepthInterval: 30 * time.Second,
 		RetryBase:        100 * time.Millisecond,
 		RetryMax:         5 * time.Second,
+		StallWarning:     time.Minute,
+		StartAt:          StartOldest,
 	}
 }
 
@@ -233,6 +288,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.RetryMax == 0 {
 		c.RetryMax = d.RetryMax
+	}
+	if c.StallWarning == 0 {
+		c.StallWarning = d.StallWarning
 	}
 	return c
 }
@@ -325,6 +383,15 @@ func (c Config) Validate() error {
 		}
 	default:
 		bad("Ordering", c.Ordering, "unknown ordering")
+	}
+	if c.StallWarning < 0 {
+		bad("StallWarning", c.StallWarning, "must be > 0")
+	}
+	if c.StartAt != StartOldest && c.StartAt != StartNewest {
+		bad("StartAt", c.StartAt, "unknown start position")
+	}
+	if c.InboxRetention < 0 {
+		bad("InboxRetention", c.InboxRetention, "must be >= 0 (0: unknown)")
 	}
 	if c.RetryBase < 0 {
 		bad("RetryBase", c.RetryBase, "must be > 0")

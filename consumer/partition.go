@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/IBM/sarama"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/dedupe"
@@ -40,6 +43,9 @@ type partition struct {
 	// in-flight message may finish (and be marked) within the grace period.
 	hctx    context.Context
 	hcancel context.CancelFunc
+
+	stall   stall            // how long the head message has been failing
+	stalled prometheus.Gauge // idem_partition_stalled_seconds of this partition
 }
 
 func newPartition(r *runner, s sarama.ConsumerGroupSession, c sarama.ConsumerGroupClaim) *partition {
@@ -70,6 +76,7 @@ func (p *partition) run() {
 		r.pauses.forget(p.tp)
 	}()
 	r.gate.join(p.tp)
+	defer r.register(p)()
 	if r.order != nil && !p.claimOrdering() {
 		return
 	}
@@ -130,6 +137,7 @@ func (p *partition) run() {
 // mark records m's offset for commit.
 func (p *partition) mark(m *sarama.ConsumerMessage) {
 	p.sess.MarkMessage(m, "")
+	p.stall.clear()
 	p.r.m.Commits.WithLabelValues(p.r.cfg.Group).Inc()
 }
 
@@ -195,20 +203,28 @@ func (p *partition) handle(cm *sarama.ConsumerMessage) bool {
 	return true
 }
 
+// maxHandlerOutages bounds how often in a row one message may end an attempt
+// with an outage-class error raised while its handler ran (its database
+// connection dropped) while the store itself keeps working (BEGIN and the
+// inbox INSERT succeed): then the message, not the database, is the likely
+// cause, and the error is treated as an ordinary handler failure.
+const maxHandlerOutages = 5
+
 // process runs the attempts of one message: the handler in the dedupe store's
 // unit of work, in-process retries with jittered backoff, waits through store
 // outages and open breakers (neither counts as an attempt). It returns nil when
 // the message is done (processed or duplicate), the final error when it must be
-// forwarded, or ok=false when the partition is stopping.
+// forwarded, or ok=false when the partition is stopping. Errors are classified
+// by runner.classify.
 func (p *partition) process(rec dedupe.Record, msg *handler.Message) (err error, ok bool) {
 	r := p.r
-	retries, outages := 0, 0
+	retries, outages, handlerOutages := 0, 0, 0
 	for {
 		probe, ok := r.gate.wait(p.stopCtx)
 		if !ok {
 			return nil, false
 		}
-		err := p.attempt(rec, msg)
+		err, ran := p.attempt(rec, msg)
 		if err != nil && p.hctx.Err() != nil {
 			// Cancelled past the grace period: rolled back, left for redelivery.
 			r.m.Abandoned.WithLabelValues(r.cfg.Group).Inc()
@@ -217,35 +233,53 @@ func (p *partition) process(rec dedupe.Record, msg *handler.Message) (err error,
 			}
 			return nil, false
 		}
+		c, err := r.classify(err)
+		if c == classOutage && ran {
+			if handlerOutages++; handlerOutages > maxHandlerOutages {
+				p.log.Warn("idem: the handler lost its database connection on every try while the store works; treating it as a handler failure",
+					"offset", msg.Offset, "key", rec.Key, "err", err, "tries", handlerOutages)
+				c = classRetriable
+			}
+		} else if c == classOutage {
+			handlerOutages = 0
+		}
 		if probe {
-			if breaker.IsOpen(err) {
+			if c == classBreaker {
 				r.gate.trip(err)
 				r.gate.probeDone(true)
 				continue
 			}
 			r.gate.probeDone(false)
 		}
+		if c != classDone {
+			p.stall.failed(err)
+		}
 		switch {
-		case err == nil:
+		case c == classDone:
 			return nil, true
-		case dedupe.IsStoreError(err):
+		case c == classOutage:
 			outages++
 			r.m.StoreErrors.WithLabelValues(r.cfg.Group).Inc()
-			p.log.Warn("idem: dedupe store unavailable; retrying the same message", "offset", msg.Offset, "err", err, "try", outages)
+			p.log.Warn("idem: database unavailable; retrying the same message", "offset", msg.Offset, "err", err, "try", outages)
 			if !sleep(p.stopCtx, r.outageDelay(outages)) {
 				return nil, false
 			}
-		case breaker.IsOpen(err):
+		case c == classBreaker:
 			// The dependency is down: pause instead of spending retries.
 			r.gate.trip(err)
-		case p.retriable(err) && retries < r.cfg.Retries:
+		case c == classRetriable && retries < r.cfg.Retries:
+			d := r.jitter(retries + 1)
+			if ra, ok := handler.RetryAfterOf(err); ok && ra > d {
+				if ra > r.cfg.RetryMax && len(r.policy.Delays) > 0 {
+					// Too long to hold the partition: the retry tier honours it
+					// (capped at its delay) without blocking later messages.
+					return err, true
+				}
+				d = min(ra, r.cfg.RetryMax)
+			}
 			retries++
 			msg.Attempt++
 			r.m.Retries.WithLabelValues(r.cfg.Group, msg.Topic).Inc()
-			d := r.jitter(retries)
-			if ra, ok := handler.RetryAfterOf(err); ok && ra > d {
-				d = ra
-			}
 			p.log.Debug("idem: handler failed; retrying in process", "offset", msg.Offset, "key", rec.Key, "err", err, "retry", retries, "in", d)
 			if !sleep(p.stopCtx, d) {
 				return nil, false
@@ -256,12 +290,14 @@ func (p *partition) process(rec dedupe.Record, msg *handler.Message) (err error,
 	}
 }
 
-// attempt runs the handler once inside the dedupe store's unit of work.
-func (p *partition) attempt(rec dedupe.Record, msg *handler.Message) error {
+// attempt runs the handler once inside the dedupe store's unit of work; ran
+// says whether the handler was called (the store got that far).
+func (p *partition) attempt(rec dedupe.Record, msg *handler.Message) (err error, ran bool) {
 	r := p.r
 	start := time.Now()
 	var herr error
 	out, err := r.cfg.Dedupe.Process(p.hctx, rec, func(ctx context.Context) error {
+		ran = true
 		herr = r.h.Handle(ctx, msg)
 		return herr
 	})
@@ -270,12 +306,12 @@ func (p *partition) attempt(rec dedupe.Record, msg *handler.Message) error {
 	case err == nil && out == dedupe.Duplicate:
 		r.m.Messages.WithLabelValues(r.cfg.Group, topic, metrics.OutcomeDuplicate).Inc()
 		p.log.Debug("idem: duplicate skipped", "offset", msg.Offset, "key", rec.Key)
-		return nil
+		return nil, ran
 	case err == nil:
 		r.m.HandlerDuration.WithLabelValues(r.cfg.Group, topic).Observe(time.Since(start).Seconds())
 		r.m.Attempts.WithLabelValues(r.cfg.Group, topic, metrics.ResultOK).Inc()
 		r.m.Messages.WithLabelValues(r.cfg.Group, topic, metrics.OutcomeProcessed).Inc()
-		return nil
+		return nil, ran
 	}
 	if herr != nil { // the handler ran and failed (err is herr, or wraps it)
 		r.m.HandlerDuration.WithLabelValues(r.cfg.Group, topic).Observe(time.Since(start).Seconds())
@@ -288,7 +324,7 @@ func (p *partition) attempt(rec dedupe.Record, msg *handler.Message) error {
 		}
 		r.m.Attempts.WithLabelValues(r.cfg.Group, topic, result).Inc()
 	}
-	return err
+	return err, ran
 }
 
 func (p *partition) retriable(err error) bool {
@@ -298,17 +334,16 @@ func (p *partition) retriable(err error) bool {
 	return handler.IsRetriable(err)
 }
 
-// key derives and checks the idempotency key.
+// key derives and checks the idempotency key. It is checked before any
+// database call: a key the inbox cannot store, or that would make a poor
+// identifier, follows the MissingKey policy with kind invalid-key.
 func (p *partition) key(msg *handler.Message, o origin) (string, error) {
 	r := p.r
 	k, err := callKeyFunc(r.cfg.KeyFunc, msg)
-	switch {
-	case err != nil:
+	if err != nil {
 		err = &handler.MissingKeyError{Reason: "KeyFunc: " + err.Error()}
-	case k == "":
-		err = &handler.MissingKeyError{Reason: "empty or absent"}
-	case len(k) > r.cfg.MaxKeyLength:
-		err = &handler.MissingKeyError{Reason: fmt.Sprintf("%d bytes, longer than MaxKeyLength %d", len(k), r.cfg.MaxKeyLength)}
+	} else {
+		err = checkKey(k, r.cfg.MaxKeyLength)
 	}
 	if err == nil {
 		return k, nil
@@ -317,6 +352,24 @@ func (p *partition) key(msg *handler.Message, o origin) (string, error) {
 		return o.topic + "/" + strconv.Itoa(int(o.partition)) + "/" + strconv.FormatInt(o.offset, 10), nil
 	}
 	return "", err
+}
+
+// checkKey validates an idempotency key: not empty, at most max bytes, valid
+// UTF-8 and free of NUL bytes (PostgreSQL text rejects both, SQLSTATE 22021).
+// The error is a *handler.MissingKeyError; Invalid is set for a key that is
+// present but unusable.
+func checkKey(k string, max int) error {
+	switch {
+	case k == "":
+		return &handler.MissingKeyError{Reason: "empty or absent"}
+	case len(k) > max:
+		return &handler.MissingKeyError{Reason: fmt.Sprintf("%d bytes, longer than MaxKeyLength %d", len(k), max), Invalid: true}
+	case !utf8.ValidString(k):
+		return &handler.MissingKeyError{Reason: "not valid UTF-8", Invalid: true}
+	case strings.IndexByte(k, 0) >= 0:
+		return &handler.MissingKeyError{Reason: "contains a NUL byte", Invalid: true}
+	}
+	return nil
 }
 
 // callKeyFunc calls f, turning a panic into an error: a KeyFunc that panics

@@ -148,9 +148,13 @@ func (g *gate) trip(err error) {
 
 // wait blocks while the gate is closed. It returns probe=true when the caller
 // is the one worker let through as the half-open probe (it must then call
-// probeDone), and false if ctx ended first.
+// probeDone), and ok=false if ctx is done (checked first, so a stopping
+// partition starts no new attempt even while the gate is open).
 func (g *gate) wait(ctx context.Context) (probe bool, ok bool) {
 	for {
+		if ctx.Err() != nil { // stopping: start nothing new, open gate or not
+			return false, false
+		}
 		g.mu.Lock()
 		if g.until.IsZero() {
 			g.mu.Unlock()

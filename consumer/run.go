@@ -76,6 +76,8 @@ type runner struct {
 	baseCtx context.Context // values of Run's ctx, never cancelled: handler ctxs derive from it
 	runCtx  context.Context
 
+	parts sync.Map // tp → *partition: the claimed partitions, watched for stalls
+
 	randMu sync.Mutex
 	rand   *rand.Rand
 }
@@ -113,6 +115,17 @@ func saramaConfig(cfg Config) *sarama.Config {
 	c.Consumer.Offsets.AutoCommit.Enable = true
 	c.Consumer.Offsets.AutoCommit.Interval = cfg.CommitInterval
 	c.Consumer.Offsets.Initial = sarama.OffsetOldest
+	if cfg.StartAt == StartNewest {
+		c.Consumer.Offsets.Initial = sarama.OffsetNewest
+	}
+	// Records of aborted transactions never reach a handler.
+	c.Consumer.IsolationLevel = sarama.ReadCommitted
+	if cfg.ReadUncommitted {
+		c.Consumer.IsolationLevel = sarama.ReadUncommitted
+	}
+	// idem creates only its own tiers and DLQs, explicitly; never by a
+	// metadata request or a produce.
+	c.Metadata.AllowAutoTopicCreation = false
 	c.Consumer.Return.Errors = true
 	if s := c.Consumer.Group.Rebalance.GroupStrategies; len(s) == 0 || (len(s) == 1 && s[0].Name() == sarama.RangeBalanceStrategyName) {
 		c.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
@@ -152,6 +165,7 @@ func (r *runner) run(ctx context.Context) error {
 	if err := checkTopics(client, r.cfg.Topics); err != nil {
 		return err
 	}
+	r.warnRetention(client)
 	if err := r.setupRetryTopics(ctx, client); err != nil {
 		return err
 	}
@@ -204,6 +218,7 @@ func (r *runner) run(ctx context.Context) error {
 	}()
 
 	wg.Go(func() { r.watchDLQDepth(watchCtx, client) })
+	wg.Go(func() { r.watchStalls(watchCtx) })
 
 	gh := &groupHandler{r: r}
 	topics := r.topics()

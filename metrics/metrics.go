@@ -21,6 +21,7 @@
 //	idem_partitions_assigned{group}                 partitions currently claimed
 //	idem_commits_total{group}                       offsets marked for commit
 //	idem_abandoned_total{group}                     in-flight messages cancelled past ShutdownGrace (rolled back, left for redelivery)
+//	idem_partition_stalled_seconds{group,topic,partition} seconds a partition has been failing on one message (outages, retries, forward errors); 0 when flowing
 package metrics
 
 import (
@@ -66,6 +67,7 @@ type Metrics struct {
 	PartitionsClaimed *prometheus.GaugeVec     // idem_partitions_assigned
 	Commits           *prometheus.CounterVec   // idem_commits_total
 	Abandoned         *prometheus.CounterVec   // idem_abandoned_total
+	PartitionStalled  *prometheus.GaugeVec     // idem_partition_stalled_seconds
 }
 
 // New creates the collectors and registers them on reg. A nil reg registers
@@ -110,6 +112,8 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Offsets marked for commit after a durable outcome."}, []string{"group"}),
 		Abandoned: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_abandoned_total",
 			Help: "In-flight messages cancelled past ShutdownGrace: rolled back and left for redelivery."}, []string{"group"}),
+		PartitionStalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_partition_stalled_seconds",
+			Help: "Seconds a claimed partition has been failing on the same message (outages, retries, forward errors); 0 while it flows."}, []string{"group", "topic", "partition"}),
 	}
 	if reg == nil {
 		return m, nil
@@ -132,6 +136,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	m.PartitionsClaimed = register(reg, m.PartitionsClaimed, &err)
 	m.Commits = register(reg, m.Commits, &err)
 	m.Abandoned = register(reg, m.Abandoned, &err)
+	m.PartitionStalled = register(reg, m.PartitionStalled, &err)
 	if err != nil {
 		return nil, err
 	}

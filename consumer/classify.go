@@ -1,0 +1,114 @@
+package consumer
+
+import (
+	"errors"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemhq/idem/breaker"
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/handler"
+)
+
+// class is what an attempt's error means for the message. Every error an
+// attempt can end with (the handler's, the dedupe store's, PostgreSQL's) is
+// classified here and nowhere else; forward errors are classified by
+// retrytopic.IsPermanentForwardError. The table in doc.go and README's "What
+// can go wrong" follow this function.
+type class int
+
+const (
+	// classDone: no error; the message is processed or a duplicate.
+	classDone class = iota
+	// classOutage: a dependency is unreachable (the database connection, the
+	// dedupe store). The same message is tried again after a backoff; no
+	// retry budget is spent, nothing is forwarded. Visible as a stall.
+	classOutage
+	// classBreaker: a breaker reported its dependency down. Consumption
+	// pauses for the cool-down; no retry budget is spent.
+	classBreaker
+	// classRetriable: the handler failed in a way a later try may not: the
+	// retry budget, then the retry tiers, then the dead-letter topic.
+	classRetriable
+	// classPermanent: no try can succeed: the dead-letter topic at once.
+	classPermanent
+)
+
+func (c class) String() string {
+	return [...]string{"done", "outage", "breaker", "retriable", "permanent"}[c]
+}
+
+// SQLSTATE classes and codes, by what they mean for the message.
+//
+// Outages (the server or the connection, not the statement):
+//
+//	08xxx  connection exception           57P01 admin_shutdown
+//	57P02  crash_shutdown                 57P03 cannot_connect_now
+//	53300  too_many_connections           58xxx system error (I/O)
+//
+// Permanent (the same input fails the same way every time):
+//
+//	22xxx  data exception (invalid UTF-8 22021, bad input syntax 22P02, …)
+//	54xxx  program limit exceeded (a key or row too large to index, …)
+//
+// Every other SQLSTATE (23 integrity, 40 serialization/deadlock, 42 syntax or
+// undefined object, 55 lock not available, 57014 query cancelled, XX…) is an
+// ordinary handler failure: retried, then tiers, then the DLQ.
+func sqlClass(code string) class {
+	switch {
+	case strings.HasPrefix(code, "08"), strings.HasPrefix(code, "58"),
+		code == "57P01", code == "57P02", code == "57P03", code == "53300":
+		return classOutage
+	case strings.HasPrefix(code, "22"), strings.HasPrefix(code, "54"):
+		return classPermanent
+	}
+	return classRetriable
+}
+
+// classify decides what err, returned by one attempt (Dedupe.Process around
+// the handler), means. It returns the error to record, wrapped in
+// handler.Permanent when the class is permanent but the error did not say so
+// (an SQL data error), so the forwarded record's idem-error-kind agrees.
+//
+// The rules, in order:
+//  1. nil: done.
+//  2. An open breaker (breaker.IsOpen): classBreaker.
+//  3. An error carrying an SQLSTATE (pgconn.PgError), wherever it came from —
+//     the inbox INSERT, the handler's statements, a deferred constraint at
+//     COMMIT — is classified by sqlClass: a COMMIT that fails with a server
+//     error has a known outcome (rolled back), so it is a handler failure,
+//     not an outage.
+//  4. A *dedupe.StoreError without an SQLSTATE (the connection failed, the
+//     server vanished during COMMIT, a lease held elsewhere): classOutage.
+//  5. Handler errors by their handler kind: permanent, decode, missing or
+//     invalid key, and panics (unless Config.RetryPanics) are permanent;
+//     everything else, timeouts included, is retriable.
+func (r *runner) classify(err error) (class, error) {
+	if err == nil {
+		return classDone, nil
+	}
+	if breaker.IsOpen(err) {
+		return classBreaker, err
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && !handler.IsPermanent(err) && !handler.IsDecode(err) {
+		switch sqlClass(pe.Code) {
+		case classOutage:
+			return classOutage, err
+		case classPermanent:
+			return classPermanent, handler.Permanent(err)
+		}
+		return classRetriable, err
+	}
+	if dedupe.IsStoreError(err) {
+		return classOutage, err
+	}
+	if handler.IsPanic(err) && r.cfg.RetryPanics {
+		return classRetriable, err
+	}
+	if handler.IsRetriable(err) {
+		return classRetriable, err
+	}
+	return classPermanent, err
+}

@@ -1,0 +1,51 @@
+package consumer
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/IBM/sarama"
+)
+
+// warnRetention compares Config.InboxRetention with each source topic's
+// retention.ms and warns when the inbox forgets keys sooner than Kafka keeps
+// records: a group that re-reads old records (its committed offsets expired,
+// or an operator reset them) would apply those records a second time. It only
+// logs; a topic whose config cannot be read is skipped with a DEBUG line.
+func (r *runner) warnRetention(client sarama.Client) {
+	if r.cfg.InboxRetention <= 0 {
+		return
+	}
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		r.log.Debug("idem: retention check skipped", "err", err)
+		return
+	}
+	// Closing the admin would close the shared client; it holds no other resource.
+	for _, t := range r.cfg.Topics {
+		entries, err := admin.DescribeConfig(sarama.ConfigResource{Type: sarama.TopicResource, Name: t, ConfigNames: []string{"retention.ms"}})
+		if err != nil {
+			r.log.Debug("idem: retention check skipped", "topic", t, "err", err)
+			continue
+		}
+		for _, e := range entries {
+			if e.Name != "retention.ms" {
+				continue
+			}
+			ms, err := strconv.ParseInt(e.Value, 10, 64)
+			if err != nil {
+				continue
+			}
+			if ms >= 0 && time.Duration(ms)*time.Millisecond <= r.cfg.InboxRetention {
+				continue
+			}
+			kafka := "for ever (retention.ms=-1)"
+			if ms >= 0 {
+				kafka = (time.Duration(ms) * time.Millisecond).String()
+			}
+			r.log.Warn("idem: the inbox forgets keys sooner than Kafka keeps records; a record re-read after its key was swept (expired group offsets, an offset reset) is applied twice",
+				"topic", t, "topic_retention", kafka, "inbox_retention", r.cfg.InboxRetention,
+				"fix", "keep inbox keys at least as long as the topic's retention.ms, or set StartAt: StartNewest")
+		}
+	}
+}

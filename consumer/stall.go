@@ -1,0 +1,93 @@
+package consumer
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// stall tracks how long a partition has been failing on the message at its
+// head: since the first failed try of that message (an outage, a handler
+// failure being retried, a forward that did not go through) until the message
+// reaches an outcome and is marked. Waiting for a retry record's due time or
+// for an open breaker's cool-down is not a stall.
+type stall struct {
+	mu     sync.Mutex
+	since  time.Time // zero: flowing
+	cause  error
+	warned time.Time
+}
+
+// failed records a failed try of the current message.
+func (s *stall) failed(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.since.IsZero() {
+		s.since = time.Now()
+	}
+	s.cause = err
+}
+
+// clear records that the current message reached its outcome.
+func (s *stall) clear() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.since, s.cause, s.warned = time.Time{}, nil, time.Time{}
+}
+
+// check returns how long the partition has been stalled, and the last cause
+// when a warning is due (stalled at least after, and no warning in the last
+// minute).
+func (s *stall) check(now time.Time, after time.Duration) (d time.Duration, warn error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.since.IsZero() {
+		return 0, nil
+	}
+	d = now.Sub(s.since)
+	if d >= after && now.Sub(s.warned) >= time.Minute {
+		s.warned = now
+		return d, s.cause
+	}
+	return d, nil
+}
+
+// watchStalls refreshes idem_partition_stalled_seconds of every claimed
+// partition every few seconds, and logs a WARN with the cause once a minute
+// for each partition stalled longer than Config.StallWarning.
+func (r *runner) watchStalls(ctx context.Context) {
+	t := time.NewTicker(min(max(r.cfg.StallWarning/4, 100*time.Millisecond), 5*time.Second))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		r.parts.Range(func(_, v any) bool {
+			p := v.(*partition)
+			d, cause := p.stall.check(now, r.cfg.StallWarning)
+			p.stalled.Set(d.Seconds())
+			if cause != nil {
+				p.log.Warn("idem: partition stalled on one message", "for", d.Round(time.Second), "cause", cause)
+			}
+			return true
+		})
+	}
+}
+
+// register adds p to the partitions watched for stalls, and returns the
+// function that removes it.
+func (r *runner) register(p *partition) func() {
+	part := strconv.Itoa(int(p.tp.partition))
+	p.stalled = r.m.PartitionStalled.WithLabelValues(r.cfg.Group, p.tp.topic, part)
+	p.stalled.Set(0)
+	r.parts.Store(p.tp, p)
+	return func() {
+		if r.parts.CompareAndDelete(p.tp, p) { // not yet claimed again by a newer session
+			r.m.PartitionStalled.DeleteLabelValues(r.cfg.Group, p.tp.topic, part)
+		}
+	}
+}
