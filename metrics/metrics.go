@@ -10,6 +10,7 @@
 //	idem_retries_total{group,topic}                 in-process retries (an attempt after a failure)
 //	idem_forwarded_total{group,destination,kind}    records forwarded to a retry tier or the DLQ, by idem-error-kind
 //	idem_forward_errors_total{group,destination}    failed forwards (the partition retries them; nothing is marked)
+//	idem_stubs_forwarded_total{group,destination}   records dead-lettered as stubs, without their value, because no topic would take them whole
 //	idem_missing_key_total{group,topic}             messages without a valid idempotency key
 //	idem_store_errors_total{group}                  dedupe store failures (outages); the message is retried, not counted as an attempt
 //	idem_retry_delay_seconds{group,topic}           how long after idem-due-at a retry record was handled, histogram
@@ -56,6 +57,7 @@ type Metrics struct {
 	Retries           *prometheus.CounterVec   // idem_retries_total
 	Forwarded         *prometheus.CounterVec   // idem_forwarded_total
 	ForwardErrors     *prometheus.CounterVec   // idem_forward_errors_total
+	StubsForwarded    *prometheus.CounterVec   // idem_stubs_forwarded_total
 	MissingKey        *prometheus.CounterVec   // idem_missing_key_total
 	StoreErrors       *prometheus.CounterVec   // idem_store_errors_total
 	RetryDelay        *prometheus.HistogramVec // idem_retry_delay_seconds
@@ -89,6 +91,8 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Records forwarded to a retry tier or the dead-letter topic, by error kind."}, []string{"group", "destination", "kind"}),
 		ForwardErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_forward_errors_total",
 			Help: "Failed forwards to a retry tier or the DLQ; the partition retries, nothing is marked."}, []string{"group", "destination"}),
+		StubsForwarded: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_stubs_forwarded_total",
+			Help: "Records dead-lettered as stubs (value omitted) because the destination refused them whole for good."}, []string{"group", "destination"}),
 		MissingKey: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_missing_key_total",
 			Help: "Messages without a valid idempotency key."}, []string{"group", "topic"}),
 		StoreErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_store_errors_total",
@@ -125,6 +129,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	m.Retries = register(reg, m.Retries, &err)
 	m.Forwarded = register(reg, m.Forwarded, &err)
 	m.ForwardErrors = register(reg, m.ForwardErrors, &err)
+	m.StubsForwarded = register(reg, m.StubsForwarded, &err)
 	m.MissingKey = register(reg, m.MissingKey, &err)
 	m.StoreErrors = register(reg, m.StoreErrors, &err)
 	m.RetryDelay = register(reg, m.RetryDelay, &err)
