@@ -3,6 +3,7 @@ package retrytopic
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -24,7 +25,7 @@ const (
 
 	HeaderAttempt           = "idem-attempt"            // deliveries to a handler so far, decimal
 	HeaderTier              = "idem-tier"               // retry tier the record was sent to (1…); 0 for the dead-letter topic
-	HeaderDueAt             = "idem-due-at"             // unix ms before which the record must not be handled; absent for the DLQ
+	HeaderDueAt             = "idem-due-at"             // unix ms before which the record must not be handled, rounded up; absent for the DLQ
 	HeaderOriginalTopic     = "idem-original-topic"     // topic the record was first consumed from
 	HeaderOriginalPartition = "idem-original-partition" // its partition there, decimal
 	HeaderOriginalOffset    = "idem-original-offset"    // its offset there, decimal
@@ -36,6 +37,8 @@ const (
 	HeaderStack             = "idem-stack"              // panic stack (capped at MaxStackBytes)
 	HeaderFirstFailureAt    = "idem-first-failure-at"   // unix ms of the first failure
 	HeaderLastFailureAt     = "idem-last-failure-at"    // unix ms of the latest failure
+	HeaderPayloadOmitted    = "idem-payload-omitted"    // on a stub only: size in bytes of the value that was left out, decimal
+	HeaderForwardError      = "idem-forward-error"      // why the record could not go where it was going (a producer error); capped at MaxErrorBytes
 )
 
 // MaxStackBytes caps idem-stack; a longer stack is cut at a UTF-8 boundary.
@@ -74,6 +77,17 @@ type Failure struct {
 	// LastFailureAt when it failed this time.
 	FirstFailureAt time.Time
 	LastFailureAt  time.Time
+	// Stub says the record is a dead-letter stub: the destination refused the
+	// whole record for good (too large, not authorised, invalid), so it was
+	// dead-lettered with its key and headers but a nil value. OmittedBytes is
+	// the size of the value left out. Both are written as
+	// idem-payload-omitted, present only on stubs.
+	Stub         bool
+	OmittedBytes int
+	// ForwardError is the producer error that made the record go somewhere
+	// else than planned (a dead-letter topic instead of a tier, or a stub
+	// instead of the whole record); empty otherwise.
+	ForwardError string
 }
 
 // Source locates the record that failed, as the consumer read it: for a record
@@ -176,8 +190,10 @@ func StripHeaders[H AnyHeader](hs []H) []sarama.RecordHeader {
 // their order, followed by f's idem-* headers. Every idem-* header of orig is
 // dropped, so forwarding a forwarded record replaces, never duplicates. The
 // returned headers share their bytes with orig. Zero times and empty strings
-// are omitted; Error and Stack are made valid UTF-8 and capped at
-// MaxErrorBytes and MaxStackBytes.
+// are omitted; Error, ForwardError and Stack are made valid UTF-8 and capped
+// at MaxErrorBytes and MaxStackBytes. DueAt is rounded up to the next
+// millisecond (DueMilli), so the decoded due time is never early; the other
+// times are truncated to the millisecond.
 func Encode[H AnyHeader](orig []H, f Failure) []sarama.RecordHeader {
 	out := StripHeaders(orig)
 	add := func(k, v string) {
@@ -188,6 +204,11 @@ func Encode[H AnyHeader](orig []H, f Failure) []sarama.RecordHeader {
 			add(k, strconv.FormatInt(t.UnixMilli(), 10))
 		}
 	}
+	addDue := func(k string, t time.Time) {
+		if !t.IsZero() {
+			add(k, strconv.FormatInt(DueMilli(t), 10))
+		}
+	}
 	addString := func(k, v string) {
 		if v != "" {
 			add(k, v)
@@ -195,7 +216,7 @@ func Encode[H AnyHeader](orig []H, f Failure) []sarama.RecordHeader {
 	}
 	add(HeaderAttempt, strconv.Itoa(f.Attempt))
 	add(HeaderTier, strconv.Itoa(f.Tier))
-	addTime(HeaderDueAt, f.DueAt)
+	addDue(HeaderDueAt, f.DueAt)
 	addString(HeaderOriginalTopic, f.OriginalTopic)
 	add(HeaderOriginalPartition, strconv.FormatInt(int64(f.OriginalPartition), 10))
 	add(HeaderOriginalOffset, strconv.FormatInt(f.OriginalOffset, 10))
@@ -207,7 +228,22 @@ func Encode[H AnyHeader](orig []H, f Failure) []sarama.RecordHeader {
 	addString(HeaderStack, capUTF8(string(f.Stack), MaxStackBytes))
 	addTime(HeaderFirstFailureAt, f.FirstFailureAt)
 	addTime(HeaderLastFailureAt, f.LastFailureAt)
+	if f.Stub {
+		add(HeaderPayloadOmitted, strconv.Itoa(f.OmittedBytes))
+	}
+	addString(HeaderForwardError, capUTF8(f.ForwardError, MaxErrorBytes))
 	return out
+}
+
+// DueMilli is due in unix milliseconds rounded UP, the value Encode writes as
+// idem-due-at: a record decoded from it is never due before the true due
+// time, only up to a millisecond after it.
+func DueMilli(due time.Time) int64 {
+	ms := due.UnixMilli()
+	if ms < math.MaxInt64 && time.UnixMilli(ms).Before(due) {
+		ms++
+	}
+	return ms
 }
 
 // capUTF8 makes s valid UTF-8 and cuts it to at most max bytes on a rune
@@ -307,6 +343,11 @@ func Decode[H AnyHeader](hs []H) (f Failure, ok bool, err error) {
 			f.FirstFailureAt = ms(k, v)
 		case HeaderLastFailureAt:
 			f.LastFailureAt = ms(k, v)
+		case HeaderPayloadOmitted:
+			f.Stub = true
+			f.OmittedBytes = int(num(k, v, 32))
+		case HeaderForwardError:
+			f.ForwardError = v
 		}
 	}
 	return f, ok, errors.Join(errs...)

@@ -247,16 +247,22 @@ func FuzzCodec(f *testing.F) {
 		} else if len(keep) != 1 || string(keep[0].Key) != hk || !bytes.Equal(keep[0].Value, hv) {
 			t.Fatalf("original header changed: %q", keep)
 		}
-		seen := map[string]bool{}
-		for _, h := range hs {
-			if IsIdemHeader(h.Key) {
-				if seen[string(h.Key)] {
-					t.Fatalf("header %s repeated", h.Key)
-				}
-				seen[string(h.Key)] = true
-			}
-		}
+		noRepeatedIdemHeader(t, hs)
 		// Decode must not panic on arbitrary values either.
 		_, _, _ = Decode([]sarama.RecordHeader{{Key: []byte(HeaderAttempt), Value: []byte(msg)}, {Key: []byte(hk), Value: hv}})
 	})
+}
+
+// noRepeatedIdemHeader fails t when an idem-* header appears twice in hs.
+func noRepeatedIdemHeader(t *testing.T, hs []sarama.RecordHeader) {
+	t.Helper()
+	seen := map[string]bool{}
+	for _, h := range hs {
+		if IsIdemHeader(h.Key) {
+			if seen[string(h.Key)] {
+				t.Fatalf("header %s repeated", h.Key)
+			}
+			seen[string(h.Key)] = true
+		}
+	}
 }

@@ -39,9 +39,20 @@ func DefaultDLQTopic(topic, group string) string {
 // from tier 1 to tier 2 keeps one family of names.
 type Policy struct {
 	// Delays[i] is how long a record sent to tier i+1 waits, measured from the
-	// failure that sent it there, before it is handed to the handler again. A
-	// RetryAfter error may push a due time further out, never earlier. Each
-	// delay must be > 0. Usually non-decreasing (1s, 10s, 1m), but not required.
+	// failure that sent it there, before it is handed to the handler again:
+	// the record's idem-due-at is the failure time plus Delays[i], rounded up
+	// to the millisecond, never earlier.
+	//
+	// A handler.RetryAfter error is capped at the delay of the tier the record
+	// is sent to: it never pushes a due time past failure + Delays[i] (and
+	// never brings it earlier). So due times within one tier partition stay in
+	// the order the records were written, and no record can hold a tier
+	// partition for longer than its delay. Give the tiers delays that cover
+	// what your dependencies ask for.
+	//
+	// Each delay must be > 0 and at most half of Retention (a record must not
+	// expire in its tier before it is due, or a restart loses it). Usually
+	// non-decreasing (1s, 10s, 1m), but not required.
 	//
 	// Default: none (no retry tiers; failures go to the dead-letter topic).
 	Delays []time.Duration
@@ -95,14 +106,20 @@ func (p Policy) WithDefaults() Policy {
 // Policy.ValidateNames return.
 var ErrInvalidPolicy = errors.New("retrytopic: invalid policy")
 
-// Validate checks p on its own: every delay is > 0, the replication factor is
-// -1, 0 or positive, and the naming functions give non-empty, legal, distinct
-// names for a sample topic and group. Use ValidateNames to check the names a
-// real topic and group give.
+// Validate checks p on its own: every delay is > 0 and at most half the
+// tiers' retention (Retention, default DefaultRetention; no bound when it is
+// negative), the replication factor is -1, 0 or positive, and the naming
+// functions give non-empty, legal, distinct names for a sample topic and
+// group. Use ValidateNames to check the names a real topic and group give.
 func (p Policy) Validate() error {
+	retention := p.WithDefaults().Retention
 	for i, d := range p.Delays {
 		if d <= 0 {
 			return fmt.Errorf("%w: Delays[%d] = %s, must be > 0", ErrInvalidPolicy, i, d)
+		}
+		if retention > 0 && d > retention/2 {
+			return fmt.Errorf("%w: Delays[%d] = %s (tier %d) is more than half its retention %s: a record could expire in the tier before it is due; shorten the delay or raise Retention to at least %s",
+				ErrInvalidPolicy, i, d, i+1, retention, 2*d)
 		}
 	}
 	if p.ReplicationFactor < -1 {

@@ -39,49 +39,233 @@ func (e *PartitionMismatchError) Error() string {
 // bounded by the admin's Admin.Timeout. Topics created here may take a moment
 // to show in the metadata of other clients.
 func EnsureTopics(ctx context.Context, admin sarama.ClusterAdmin, topics []string, partitions int32, policy Policy) error {
+	_, err := ensure(ctx, admin, topics, partitions, policy, nil)
+	return err
+}
+
+// ensure is EnsureTopics with extra config entries for the topics it creates.
+// It returns the names it created itself.
+func ensure(ctx context.Context, admin sarama.ClusterAdmin, topics []string, partitions int32, policy Policy, extra map[string]string) (map[string]bool, error) {
 	if partitions < 1 {
-		return fmt.Errorf("retrytopic: EnsureTopics: partitions = %d, must be >= 1", partitions)
+		return nil, fmt.Errorf("retrytopic: EnsureTopics: partitions = %d, must be >= 1", partitions)
 	}
 	policy = policy.WithDefaults()
 	retention := int64(-1)
 	if policy.Retention > 0 {
 		retention = policy.Retention.Milliseconds()
 	}
-	retentionStr := strconv.FormatInt(retention, 10)
+	configs := map[string]*string{"retention.ms": new(strconv.FormatInt(retention, 10))}
+	for k, v := range extra {
+		configs[k] = new(v)
+	}
 	rf := policy.ReplicationFactor
 
+	created := map[string]bool{}
 	var errs []error
 	for _, topic := range topics {
 		if err := ctx.Err(); err != nil {
-			return err
+			return created, err
 		}
 		found, exists, err := describe(admin, topic)
 		if err != nil {
-			return fmt.Errorf("retrytopic: describe topic %s: %w", topic, err)
+			return created, fmt.Errorf("retrytopic: describe topic %s: %w", topic, err)
 		}
 		if !exists {
 			err := admin.CreateTopic(topic, &sarama.TopicDetail{
 				NumPartitions:     partitions,
 				ReplicationFactor: rf,
-				ConfigEntries:     map[string]*string{"retention.ms": &retentionStr},
+				ConfigEntries:     configs,
 			}, false)
 			if err == nil {
+				created[topic] = true
 				continue
 			}
 			if !errors.Is(err, sarama.ErrTopicAlreadyExists) {
-				return fmt.Errorf("retrytopic: create topic %s (%d partitions): %w", topic, partitions, err)
+				return created, fmt.Errorf("retrytopic: create topic %s (%d partitions): %w", topic, partitions, err)
 			}
 			// Created concurrently: check it like an existing topic.
 			found, err = describeCreated(ctx, admin, topic)
 			if err != nil {
-				return fmt.Errorf("retrytopic: describe topic %s: %w", topic, err)
+				return created, fmt.Errorf("retrytopic: describe topic %s: %w", topic, err)
 			}
 		}
 		if found < partitions {
 			errs = append(errs, &PartitionMismatchError{Topic: topic, Found: found, Wanted: partitions})
 		}
 	}
-	return errors.Join(errs...)
+	return created, errors.Join(errs...)
+}
+
+// HeaderHeadroom is the room, in bytes, that EnsureTopicsFor adds to the
+// source topic's max.message.bytes for the tier and dead-letter topics it
+// creates, and that a forward producer needs above the largest limit: idem's
+// headers (idem-error and idem-forward-error up to MaxErrorBytes each,
+// idem-stack up to MaxStackBytes, the rest a few hundred bytes) and the
+// record's framing fit in it.
+const HeaderHeadroom = 64 << 10
+
+// Sizes is what EnsureTopicsFor read and set.
+type Sizes struct {
+	// SourceMaxMessageBytes is the source topic's max.message.bytes.
+	SourceMaxMessageBytes int64
+	// MaxMessageBytes is the largest max.message.bytes among the source, its
+	// tiers and its dead-letter topic. ProducerMaxMessageBytes gives the
+	// Producer.MaxMessageBytes a forward producer needs for it.
+	MaxMessageBytes int64
+	// Warnings name existing tier or dead-letter topics that cannot hold what
+	// the source holds, or may drop a record before it is due. Existing topics
+	// are never altered; the caller should log these. Each is a *LimitWarning.
+	Warnings []*LimitWarning
+}
+
+// ProducerMaxMessageBytes is the Producer.MaxMessageBytes a forward producer
+// needs so that sarama never refuses, on its own, a record one of the topics
+// would take: the largest limit plus HeaderHeadroom, below
+// sarama.MaxRequestSize.
+func (s Sizes) ProducerMaxMessageBytes() int {
+	n := s.MaxMessageBytes + HeaderHeadroom
+	if limit := int64(sarama.MaxRequestSize) - 1; n > limit {
+		n = limit
+	}
+	return int(n)
+}
+
+// LimitWarning says an existing tier or dead-letter topic has a config that
+// does not fit its source or its delay. It is not an error: idem still runs;
+// a record too large for the topic is dead-lettered (as a stub if need be).
+type LimitWarning struct {
+	Topic  string // the tier or dead-letter topic
+	Config string // Kafka topic config, e.g. "max.message.bytes" or "retention.ms"
+	Found  int64  // its value on Topic
+	Want   int64  // at least this
+	Reason string // what Want is, e.g. "the source topic payments's max.message.bytes"
+}
+
+// Error describes the mismatch with both numbers.
+func (w *LimitWarning) Error() string {
+	return fmt.Sprintf("retrytopic: topic %s has %s=%d, less than %d (%s)", w.Topic, w.Config, w.Found, w.Want, w.Reason)
+}
+
+// EnsureTopicsFor creates the missing tier and dead-letter topics of source
+// (as consumed by group) like EnsureTopics does, and makes them able to hold
+// every record of source: it reads source's partition count and configs
+// (DescribeConfigs) and creates each missing topic with
+//
+//	partitions        = source's partition count
+//	retention.ms      = policy.Retention
+//	max.message.bytes = source's max.message.bytes + HeaderHeadroom
+//	segment.bytes     = source's, when source overrides it (never below max.message.bytes)
+//
+// Existing topics are not altered; one whose max.message.bytes is below the
+// source's, or a tier whose retention.ms is below twice its delay, is
+// reported in Sizes.Warnings. A topic with fewer partitions than the source
+// is an error (*PartitionMismatchError), as in EnsureTopics.
+//
+// The returned Sizes say how large a forward producer's
+// Producer.MaxMessageBytes must be (Sizes.ProducerMaxMessageBytes).
+func EnsureTopicsFor(ctx context.Context, admin sarama.ClusterAdmin, source, group string, policy Policy) (Sizes, error) {
+	var sz Sizes
+	partitions, exists, err := describe(admin, source)
+	switch {
+	case err != nil:
+		return sz, fmt.Errorf("retrytopic: describe topic %s: %w", source, err)
+	case !exists:
+		return sz, fmt.Errorf("retrytopic: describe topic %s: %w", source, sarama.ErrUnknownTopicOrPartition)
+	}
+	src, err := topicConfig(admin, source)
+	if err != nil {
+		return sz, err
+	}
+	srcMax, err := src.int("max.message.bytes")
+	if err != nil {
+		return sz, err
+	}
+	sz.SourceMaxMessageBytes, sz.MaxMessageBytes = srcMax, srcMax
+	created := srcMax + HeaderHeadroom
+	extra := map[string]string{"max.message.bytes": strconv.FormatInt(created, 10)}
+	if e, ok := src.entries["segment.bytes"]; ok && e.Source == sarama.SourceTopic {
+		if seg, err := strconv.ParseInt(e.Value, 10, 64); err == nil {
+			extra["segment.bytes"] = strconv.FormatInt(max(seg, created), 10)
+		}
+	}
+	topics := policy.Topics(source, group)
+	made, err := ensure(ctx, admin, topics, partitions, policy, extra)
+	if err != nil {
+		return sz, err
+	}
+	if len(made) > 0 {
+		sz.MaxMessageBytes = max(sz.MaxMessageBytes, created)
+	}
+	delays := map[string]time.Duration{}
+	for i, name := range policy.Tiers(source, group) {
+		delays[name] = policy.Delays[i]
+	}
+	for _, topic := range topics {
+		if made[topic] {
+			continue
+		}
+		cfg, err := topicConfig(admin, topic)
+		if err != nil {
+			return sz, err
+		}
+		mmb, err := cfg.int("max.message.bytes")
+		if err != nil {
+			return sz, err
+		}
+		sz.MaxMessageBytes = max(sz.MaxMessageBytes, mmb)
+		if mmb < srcMax {
+			sz.Warnings = append(sz.Warnings, &LimitWarning{Topic: topic, Config: "max.message.bytes", Found: mmb, Want: srcMax,
+				Reason: "the source topic " + source + "'s max.message.bytes; larger records are dead-lettered, as stubs without their value if need be"})
+		}
+		if d, ok := delays[topic]; ok {
+			if ret, err := cfg.int("retention.ms"); err == nil && ret >= 0 && ret < 2*d.Milliseconds() {
+				sz.Warnings = append(sz.Warnings, &LimitWarning{Topic: topic, Config: "retention.ms", Found: ret, Want: 2 * d.Milliseconds(),
+					Reason: "twice the tier's delay " + d.String() + "; a record may expire before it is due"})
+			}
+		}
+	}
+	return sz, nil
+}
+
+// configs is a topic's config entries by name.
+type configs struct {
+	topic   string
+	entries map[string]sarama.ConfigEntry
+}
+
+// int returns the value of config name as a number.
+func (c configs) int(name string) (int64, error) {
+	e, ok := c.entries[name]
+	if !ok {
+		return 0, fmt.Errorf("retrytopic: topic %s: config %s not described", c.topic, name)
+	}
+	n, err := strconv.ParseInt(e.Value, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("retrytopic: topic %s: config %s=%q: %w", c.topic, name, e.Value, err)
+	}
+	return n, nil
+}
+
+// topicConfig describes topic's size and retention configs.
+func topicConfig(admin sarama.ClusterAdmin, topic string) (configs, error) {
+	out := configs{topic: topic, entries: map[string]sarama.ConfigEntry{}}
+	results, err := admin.DescribeConfigs([]*sarama.ConfigResource{{Type: sarama.TopicResource, Name: topic,
+		ConfigNames: []string{"max.message.bytes", "segment.bytes", "retention.ms"}}}, sarama.DescribeConfigsOptions{})
+	if err != nil {
+		return out, fmt.Errorf("retrytopic: describe configs of topic %s: %w", topic, err)
+	}
+	for _, r := range results {
+		if r.Name != topic {
+			continue
+		}
+		if r.ErrorCode != sarama.ErrNoError {
+			return out, fmt.Errorf("retrytopic: describe configs of topic %s: %w (%s)", topic, r.ErrorCode, r.ErrorMsg)
+		}
+		for _, e := range r.Configs {
+			out.entries[e.Name] = e
+		}
+	}
+	return out, nil
 }
 
 // describe returns topic's partition count, or exists=false.
