@@ -45,14 +45,7 @@ func (m *Memory) Process(ctx context.Context, rec Record, fn func(ctx context.Co
 	if err := ctx.Err(); err != nil {
 		return 0, &StoreError{Op: "lock", Err: err}
 	}
-	k := memKey{rec.Group, rec.Key}
-	m.mu.Lock()
-	e, ok := m.keys[k]
-	if !ok {
-		e = &memEntry{lock: make(chan struct{}, 1)}
-		m.keys[k] = e
-	}
-	m.mu.Unlock()
+	e := m.entry(rec)
 
 	select {
 	case e.lock <- struct{}{}:
@@ -69,4 +62,17 @@ func (m *Memory) Process(ctx context.Context, rec Record, fn func(ctx context.Co
 	}
 	e.done = true
 	return Processed, nil
+}
+
+// entry returns rec's key's entry, creating it.
+func (m *Memory) entry(rec Record) *memEntry {
+	k := memKey{rec.Group, rec.Key}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.keys[k]
+	if !ok {
+		e = &memEntry{lock: make(chan struct{}, 1)}
+		m.keys[k] = e
+	}
+	return e
 }

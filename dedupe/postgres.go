@@ -114,18 +114,28 @@ func (p *Postgres) Process(ctx context.Context, rec Record, fn func(ctx context.
 	}
 
 	done = true
+	if err := commit(ctx, tx, rec.Group, rec.Key); err != nil {
+		return 0, err
+	}
+	return Processed, nil
+}
+
+// commit commits tx once fn has returned nil, even if ctx has been cancelled
+// meanwhile (within finishTimeout), and sorts its failure as Process
+// documents. what names the record(s) in the error.
+func commit(ctx context.Context, tx pgx.Tx, group, what string) error {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
 	switch err := tx.Commit(cctx); {
 	case err == nil:
-		return Processed, nil
+		return nil
 	case errors.Is(err, pgx.ErrTxCommitRollback):
-		return 0, fmt.Errorf("%w: a statement inside it failed and the handler ignored the error, so PostgreSQL rolled it back (group %q, key %q): %w",
-			ErrTxAborted, rec.Group, rec.Key, err)
+		return fmt.Errorf("%w: a statement inside it failed and the handler ignored the error, so PostgreSQL rolled it back (group %q, key %q): %w",
+			ErrTxAborted, group, what, err)
 	case errors.Is(err, pgx.ErrTxClosed):
-		return 0, fmt.Errorf("%w: the handler committed or rolled back the store's transaction itself (group %q, key %q): %w",
-			ErrTxAborted, rec.Group, rec.Key, err)
+		return fmt.Errorf("%w: the handler committed or rolled back the store's transaction itself (group %q, key %q): %w",
+			ErrTxAborted, group, what, err)
 	default:
-		return 0, &StoreError{Op: "commit", Err: err}
+		return &StoreError{Op: "commit", Err: err}
 	}
 }

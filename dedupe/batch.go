@@ -1,0 +1,187 @@
+package dedupe
+
+import (
+	"context"
+	"sort"
+	"strconv"
+)
+
+// BatchStore is a Store that records several messages in one unit of work:
+// one round trip finds which keys are new, fn runs once for all of them, and
+// one commit records them with fn's effects. consumer uses it when
+// Config.Batch is set; a Store without it is called once per message.
+//
+// Implementations must be safe for concurrent use.
+type BatchStore interface {
+	Store
+	// ProcessBatch records recs (all of one Group) in one unit of work. It
+	// finds the records whose key has not been recorded yet — the first of
+	// several records with one key counts, the others are duplicates — and
+	// calls fn with their indices into recs, in order, and a ctx carrying the
+	// unit's transaction (Tx(ctx)). fn is not called when no record is new.
+	// If fn returns nil the unit commits and outs[i] is Processed for the new
+	// records and Duplicate for the others; otherwise nothing is recorded and
+	// fn's error is returned unchanged. Store failures are *StoreError values,
+	// as in Process.
+	ProcessBatch(ctx context.Context, recs []Record, fn func(ctx context.Context, fresh []int) error) (outs []Outcome, err error)
+}
+
+var (
+	_ BatchStore = (*Postgres)(nil)
+	_ BatchStore = (*Memory)(nil)
+)
+
+// firstOfEachKey returns, for recs, the index of the first record of each key
+// in order, and marks the others Duplicate in outs.
+func firstOfEachKey(recs []Record, outs []Outcome) []int {
+	seen := make(map[string]struct{}, len(recs))
+	firsts := make([]int, 0, len(recs))
+	for i, r := range recs {
+		if _, dup := seen[r.Key]; dup {
+			outs[i] = Duplicate
+			continue
+		}
+		seen[r.Key] = struct{}{}
+		firsts = append(firsts, i)
+	}
+	return firsts
+}
+
+// ProcessBatch implements BatchStore: BEGIN; one INSERT … SELECT FROM
+// unnest(…) ON CONFLICT DO NOTHING RETURNING of every key (one round trip);
+// fn with the new ones; COMMIT. There are no savepoints: a failed fn rolls
+// back the whole batch (the consumer then runs its messages one by one).
+// COMMIT failures are reported as Process reports them.
+func (p *Postgres) ProcessBatch(ctx context.Context, recs []Record, fn func(ctx context.Context, fresh []int) error) (outs []Outcome, err error) {
+	if p.err != nil {
+		return nil, &StoreError{Op: "config", Err: p.err}
+	}
+	for _, r := range recs {
+		if err := checkRecord(r); err != nil {
+			return nil, err
+		}
+	}
+	if len(recs) == 0 {
+		return nil, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, &StoreError{Op: "begin", Err: err}
+	}
+	outs = make([]Outcome, len(recs))
+	firsts := firstOfEachKey(recs, outs)
+	keys := make([]string, len(firsts))
+	topics := make([]string, len(firsts))
+	parts := make([]int32, len(firsts))
+	offs := make([]int64, len(firsts))
+	for j, i := range firsts {
+		keys[j], topics[j], parts[j], offs[j] = recs[i].Key, recs[i].Topic, recs[i].Partition, recs[i].Offset
+	}
+
+	tx, err := p.db.Begin(ctx)
+	if err != nil {
+		return nil, &StoreError{Op: "begin", Err: err}
+	}
+	done := false
+	defer func() {
+		if !done {
+			rollback(ctx, tx)
+		}
+	}()
+	rows, err := tx.Query(ctx, `INSERT INTO `+p.table.quoted+
+		` (consumer_group, idempotency_key, topic, "partition", "offset")`+
+		` SELECT $1, k, t, p, o FROM unnest($2::text[], $3::text[], $4::int[], $5::bigint[]) AS u(k, t, p, o)`+
+		` ON CONFLICT (consumer_group, idempotency_key) DO NOTHING RETURNING idempotency_key`,
+		recs[0].Group, keys, topics, parts, offs)
+	if err != nil {
+		return nil, &StoreError{Op: "insert", Err: err}
+	}
+	inserted := make(map[string]struct{}, len(firsts))
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			rows.Close()
+			return nil, &StoreError{Op: "insert", Err: err}
+		}
+		inserted[k] = struct{}{}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, &StoreError{Op: "insert", Err: err}
+	}
+	fresh := make([]int, 0, len(inserted))
+	for _, i := range firsts {
+		if _, ok := inserted[recs[i].Key]; ok {
+			fresh = append(fresh, i)
+			outs[i] = Processed
+		} else {
+			outs[i] = Duplicate
+		}
+	}
+	if len(fresh) == 0 {
+		return outs, nil // deferred rollback: nothing was inserted
+	}
+	if err := fn(WithTx(ctx, tx), fresh); err != nil {
+		if tx.Conn().IsClosed() {
+			return nil, &StoreError{Op: "handler", Err: err}
+		}
+		return nil, err
+	}
+	done = true
+	if err := commit(ctx, tx, recs[0].Group, strconv.Itoa(len(fresh))+" keys from "+recs[fresh[0]].Key); err != nil {
+		return nil, err
+	}
+	return outs, nil
+}
+
+// ProcessBatch implements BatchStore: the keys are taken in sorted order (so
+// concurrent batches cannot deadlock), fn runs with the new ones, and they
+// are recorded only if fn returns nil.
+func (m *Memory) ProcessBatch(ctx context.Context, recs []Record, fn func(ctx context.Context, fresh []int) error) ([]Outcome, error) {
+	for _, r := range recs {
+		if err := checkRecord(r); err != nil {
+			return nil, err
+		}
+	}
+	outs := make([]Outcome, len(recs))
+	firsts := firstOfEachKey(recs, outs)
+	order := append([]int(nil), firsts...)
+	sort.Slice(order, func(a, b int) bool { return recs[order[a]].Key < recs[order[b]].Key })
+	entries := make([]*memEntry, len(recs))
+	for _, i := range order {
+		e := m.entry(recs[i])
+		select {
+		case e.lock <- struct{}{}:
+			entries[i] = e
+		case <-ctx.Done():
+			m.unlock(entries)
+			return nil, &StoreError{Op: "lock", Err: ctx.Err()}
+		}
+	}
+	defer m.unlock(entries)
+	fresh := make([]int, 0, len(firsts))
+	for _, i := range firsts {
+		if entries[i].done {
+			outs[i] = Duplicate
+			continue
+		}
+		fresh = append(fresh, i)
+		outs[i] = Processed
+	}
+	if len(fresh) == 0 {
+		return outs, nil
+	}
+	if err := fn(ctx, fresh); err != nil {
+		return nil, err
+	}
+	for _, i := range fresh {
+		entries[i].done = true
+	}
+	return outs, nil
+}
+
+func (m *Memory) unlock(entries []*memEntry) {
+	for _, e := range entries {
+		if e != nil {
+			<-e.lock
+		}
+	}
+}

@@ -1,0 +1,104 @@
+package handler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// BatchHandler handles several messages of one partition at once, so that it
+// can write them with one statement (a pgx.Batch, CopyFrom, an unnest
+// INSERT). It is what consumer.RunBatch calls.
+//
+// The contract is Handler's, per batch: it is called from one goroutine per
+// partition (per lane with Config.Concurrency), msgs are in offset order and
+// are all new (duplicates were filtered out by the inbox before the call);
+// ctx carries the batch's transaction (dedupe.Tx) and is cancelled when the
+// partition is revoked past its grace period. msgs and the messages must not
+// be used after HandleBatch returns.
+//
+// Returning nil commits the inbox rows and every write of the batch at once.
+// Returning a *BatchError names the messages that failed and how: the batch
+// is rolled back, the other messages are committed again without them, and
+// each failed message takes the per-message failure path (in-process
+// retries with a batch of one, retry tiers, the DLQ; a Permanent error goes
+// to the DLQ at once). Any other error fails the whole batch: it is rolled
+// back and every message is run again alone, as a batch of one, so only the
+// failing ones take the failure path.
+type BatchHandler interface {
+	HandleBatch(ctx context.Context, msgs []*Message) error
+}
+
+// BatchFunc adapts a function to BatchHandler.
+type BatchFunc func(ctx context.Context, msgs []*Message) error
+
+// HandleBatch calls f(ctx, msgs).
+func (f BatchFunc) HandleBatch(ctx context.Context, msgs []*Message) error { return f(ctx, msgs) }
+
+var _ BatchHandler = BatchFunc(nil)
+
+// MessageError is the failure of one message of a batch.
+type MessageError struct {
+	Message *Message // one of the messages HandleBatch was given
+	Err     error    // classified like a Handler's error (Permanent, RetryAfter, …)
+}
+
+// BatchError is returned by a BatchHandler when only some messages of the
+// batch failed. Messages it does not name are treated as handled.
+type BatchError struct {
+	Failed []MessageError
+}
+
+// Add records that m failed with err and returns e, for chaining.
+func (e *BatchError) Add(m *Message, err error) *BatchError {
+	e.Failed = append(e.Failed, MessageError{Message: m, Err: err})
+	return e
+}
+
+// Error describes the failures in one line.
+func (e *BatchError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "handler: %d message(s) of the batch failed", len(e.Failed))
+	for i, f := range e.Failed {
+		if i == 3 {
+			fmt.Fprintf(&b, "; …")
+			break
+		}
+		fmt.Fprintf(&b, "; offset %d: %v", f.Message.Offset, f.Err)
+	}
+	return b.String()
+}
+
+// Unwrap returns the failures' errors, so errors.Is/As see through it.
+func (e *BatchError) Unwrap() []error {
+	errs := make([]error, len(e.Failed))
+	for i, f := range e.Failed {
+		errs[i] = f.Err
+	}
+	return errs
+}
+
+// AsBatchError returns err's *BatchError when it is, or wraps, one.
+func AsBatchError(err error) (*BatchError, bool) {
+	var be *BatchError
+	ok := errors.As(err, &be)
+	return be, ok
+}
+
+// Single adapts a BatchHandler to a Handler that passes each message as a
+// batch of one and unpacks a *BatchError naming it into its own error.
+func Single(h BatchHandler) Handler {
+	return Func(func(ctx context.Context, m *Message) error {
+		err := h.HandleBatch(ctx, []*Message{m})
+		if be, ok := AsBatchError(err); ok {
+			for _, f := range be.Failed {
+				if f.Message == m {
+					return f.Err
+				}
+			}
+			return nil // it named only messages it was not given
+		}
+		return err
+	})
+}
