@@ -23,7 +23,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -45,10 +47,50 @@ type Store struct {
 	group string
 }
 
-// Header is one record header.
+// Header is one record header. Key holds the header name's bytes exactly as
+// Kafka carried them (a Go string may hold any bytes, valid UTF-8 or not);
+// Value is nil for a null header value and empty for an empty one.
 type Header struct {
-	Key   string `json:"k"`
-	Value []byte `json:"v"`
+	Key   string
+	Value []byte
+}
+
+// headerJSON is Header's JSON form in heads.pending: the name as text in "k"
+// when it is valid UTF-8 without NUL, else base64 in "kb" (JSON text cannot
+// hold other bytes, and PostgreSQL's jsonb refuses \u0000), and the value
+// base64 in "v" (null for a null value).
+type headerJSON struct {
+	K  *string `json:"k,omitempty"`
+	KB []byte  `json:"kb,omitempty"`
+	V  []byte  `json:"v"`
+}
+
+// MarshalJSON encodes h so that UnmarshalJSON restores it byte for byte.
+func (h Header) MarshalJSON() ([]byte, error) {
+	j := headerJSON{V: h.Value}
+	if utf8.ValidString(h.Key) && !strings.Contains(h.Key, "\x00") {
+		j.K = &h.Key
+	} else {
+		j.KB = []byte(h.Key)
+	}
+	return json.Marshal(j)
+}
+
+// UnmarshalJSON decodes what MarshalJSON wrote (and the text-only form of
+// earlier versions, {"k": name, "v": value}).
+func (h *Header) UnmarshalJSON(b []byte) error {
+	var j headerJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	switch {
+	case j.K != nil:
+		h.Key = *j.K
+	default:
+		h.Key = string(j.KB)
+	}
+	h.Value = j.V
+	return nil
 }
 
 // Record is a parked (or pending) message.
@@ -62,16 +104,84 @@ type Record struct {
 	Timestamp      time.Time `json:"ts"`
 	Value          []byte    `json:"value"`
 	Headers        []Header  `json:"headers"`
-	// Attempt, Error, Kind describe the failure of a pending head.
+	// Attempt, Tier, Error describe the failure of a pending head.
 	Attempt int    `json:"attempt,omitempty"`
 	Tier    int    `json:"tier,omitempty"`
 	Error   string `json:"error,omitempty"`
 }
 
+// parkedRow is a Record as a row of idem_ordering_parked holds it (the key
+// columns aside): the headers as two parallel bytea[] columns, so that names
+// and values round-trip byte for byte.
+type parkedRow struct {
+	seq          int64
+	ikey         string
+	partition    int32
+	offset       int64
+	ts           time.Time
+	value        []byte
+	headerKeys   [][]byte // NOT NULL: never nil
+	headerValues [][]byte // a nil element is a null header value
+}
+
+// parkedCols are the columns parkedRow.dest scans, in order.
+const parkedCols = `seq, idempotency_key, "partition", "offset", record_time, value, header_keys, header_values`
+
+func (w *parkedRow) dest() []any {
+	return []any{&w.seq, &w.ikey, &w.partition, &w.offset, &w.ts, &w.value, &w.headerKeys, &w.headerValues}
+}
+
+// toParkedRow is the row that parks r.
+func toParkedRow(r Record) parkedRow {
+	w := parkedRow{
+		seq: r.Seq, ikey: r.IdempotencyKey, partition: r.Partition, offset: r.Offset, ts: r.Timestamp, value: r.Value,
+		headerKeys: make([][]byte, len(r.Headers)), headerValues: make([][]byte, len(r.Headers)),
+	}
+	for i, h := range r.Headers {
+		w.headerKeys[i] = append([]byte{}, h.Key...)
+		w.headerValues[i] = h.Value
+	}
+	return w
+}
+
+// record restores the Record parked as w under topic and key. A record
+// without headers restores with nil Headers.
+func (w parkedRow) record(topic string, key []byte) (Record, error) {
+	r := Record{
+		Seq: w.seq, Topic: topic, Key: key, IdempotencyKey: w.ikey,
+		Partition: w.partition, Offset: w.offset, Timestamp: w.ts, Value: w.value,
+	}
+	if len(w.headerKeys) != len(w.headerValues) {
+		return r, fmt.Errorf("keyorder: parked row %d: %d header names but %d values", w.seq, len(w.headerKeys), len(w.headerValues))
+	}
+	if len(w.headerKeys) > 0 {
+		r.Headers = make([]Header, len(w.headerKeys))
+		for i := range w.headerKeys {
+			r.Headers[i] = Header{Key: string(w.headerKeys[i]), Value: w.headerValues[i]}
+		}
+	}
+	return r, nil
+}
+
+// encodePending and decodePending are the heads.pending column's JSON form.
+// Topic and IdempotencyKey are valid UTF-8 without NUL (Kafka and the
+// consumer's key check see to it); NULs in Error, which jsonb cannot store,
+// are dropped.
+func encodePending(r Record) ([]byte, error) {
+	r.Error = strings.ReplaceAll(r.Error, "\x00", "")
+	return json.Marshal(r)
+}
+
+func decodePending(b []byte) (Record, error) {
+	var r Record
+	err := json.Unmarshal(b, &r)
+	return r, err
+}
+
 // New returns the store of group on db (a *pgxpool.Pool).
 func New(db DB, group string) *Store { return &Store{db: db, group: group} }
 
-// Migrate creates the tables (idempotent, safe concurrently).
+// Migrate creates or upgrades the tables (idempotent, safe concurrently).
 func (s *Store) Migrate(ctx context.Context) error {
 	ms, err := pgmigrate.Load(migrationFS, "migrations", nil)
 	if err != nil {
@@ -93,11 +203,16 @@ func (s *Store) tx(ctx context.Context, f func(pgx.Tx) error) error {
 	return pgx.BeginFunc(ctx, s.db, f)
 }
 
+// A key is found by its digest: every statement matches rows with
+// key_digest = sha256(key), which the tables' indexes cover whatever the
+// key's length (the full key is kept in msg_key).
+const byKey = `consumer_group=$1 AND topic=$2 AND key_digest=sha256($3::bytea)`
+
 // lockHead locks K's head row and returns its head key ("" if none).
 func (s *Store) lockHead(ctx context.Context, tx pgx.Tx, topic string, key []byte) (string, error) {
 	var head string
-	err := tx.QueryRow(ctx, `SELECT head_key FROM idem_ordering_heads
-		WHERE consumer_group=$1 AND topic=$2 AND msg_key=$3 FOR UPDATE`, s.group, topic, key).Scan(&head)
+	err := tx.QueryRow(ctx, `SELECT head_key FROM idem_ordering_heads WHERE `+byKey+` FOR UPDATE`,
+		s.group, topic, key).Scan(&head)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", nil
 	}
@@ -110,23 +225,19 @@ func (s *Store) lockHead(ctx context.Context, tx pgx.Tx, topic string, key []byt
 // redelivery). It is one statement (one round trip): the common case, a key
 // that is not blocked, costs a primary-key lookup.
 func (s *Store) Park(ctx context.Context, r Record) (State, error) {
-	hs, err := json.Marshal(r.Headers)
-	if err != nil {
-		return Free, fmt.Errorf("keyorder: park: %w", err)
-	}
+	w := toParkedRow(r)
 	var head string
-	err = s.db.QueryRow(ctx, `
+	err := s.db.QueryRow(ctx, `
 		WITH h AS (
-			SELECT head_key FROM idem_ordering_heads
-			WHERE consumer_group=$1 AND topic=$2 AND msg_key=$3 FOR UPDATE
+			SELECT head_key FROM idem_ordering_heads WHERE `+byKey+` FOR UPDATE
 		), ins AS (
-			INSERT INTO idem_ordering_parked
-				(consumer_group, topic, msg_key, idempotency_key, "partition", "offset", record_time, value, headers)
-			SELECT $1,$2,$3,$4,$5,$6,$7,$8,$9 FROM h WHERE h.head_key <> $4
+			INSERT INTO idem_ordering_parked (consumer_group, topic, msg_key, idempotency_key,
+				"partition", "offset", record_time, value, header_keys, header_values)
+			SELECT $1,$2,$3,$4,$5,$6,$7,$8,$9,$10 FROM h WHERE h.head_key <> $4
 			ON CONFLICT DO NOTHING
 		)
 		SELECT head_key FROM h`,
-		s.group, r.Topic, r.Key, r.IdempotencyKey, r.Partition, r.Offset, r.Timestamp, r.Value, hs).Scan(&head)
+		s.group, r.Topic, r.Key, w.ikey, w.partition, w.offset, w.ts, w.value, w.headerKeys, w.headerValues).Scan(&head)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return Free, nil
@@ -138,32 +249,37 @@ func (s *Store) Park(ctx context.Context, r Record) (State, error) {
 	return Blocked, nil
 }
 
-// Block makes ikey the head of K before it is forwarded to a retry tier. It is
-// a no-op when ikey already is the head. It fails with ErrOtherHead when
-// another message is the head (the caller should have parked).
+// Block makes ikey the head of K before it is forwarded to a retry tier of
+// unknown number; see BlockTier.
 func (s *Store) Block(ctx context.Context, topic string, key []byte, ikey string) error {
-	err := s.tx(ctx, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `INSERT INTO idem_ordering_heads (consumer_group, topic, msg_key, head_key)
-			VALUES ($1,$2,$3,$4) ON CONFLICT DO NOTHING`, s.group, topic, key, ikey)
-		if err != nil {
-			return err
-		}
-		head, err := s.lockHead(ctx, tx, topic, key)
-		if err != nil {
-			return err
-		}
-		if head != ikey {
-			return fmt.Errorf("%w: %q", ErrOtherHead, head)
-		}
-		return nil
-	})
+	return s.BlockTier(ctx, topic, key, ikey, 0)
+}
+
+// BlockTier makes ikey the head of K before it is forwarded to retry tier
+// tier (0: not known) and records that tier. It is a no-op, apart from the
+// tier, when ikey already is the head. It fails with ErrOtherHead when another
+// message is the head (a message of K that was not parked failed while
+// another became the head: two copies of one message, or two partitions
+// carrying one key). It is one statement.
+func (s *Store) BlockTier(ctx context.Context, topic string, key []byte, ikey string, tier int) error {
+	var head string
+	err := s.db.QueryRow(ctx, `INSERT INTO idem_ordering_heads AS h (consumer_group, topic, msg_key, head_key, tier)
+		VALUES ($1,$2,$3,$4,$5)
+		ON CONFLICT (consumer_group, topic, key_digest) DO UPDATE
+			SET tier = CASE WHEN h.head_key = EXCLUDED.head_key AND EXCLUDED.tier > 0 THEN EXCLUDED.tier ELSE h.tier END
+		RETURNING head_key`, s.group, topic, key, ikey, tier).Scan(&head)
 	if err != nil {
 		return fmt.Errorf("keyorder: block: %w", err)
+	}
+	if head != ikey {
+		return fmt.Errorf("keyorder: block: %w: %q", ErrOtherHead, head)
 	}
 	return nil
 }
 
-// ErrOtherHead is returned by Block when another message is K's head.
+// ErrOtherHead is returned by Block, BlockTier and Promote when another
+// message is K's head: a logical conflict between two workers handling the
+// same key at once, never an outage; retrying the call cannot succeed.
 var ErrOtherHead = errors.New("keyorder: another message is the head")
 
 // Next returns the oldest message parked behind head ikey, or, when none is
@@ -175,19 +291,19 @@ func (s *Store) Next(ctx context.Context, topic string, key []byte, ikey string)
 		if err != nil || head != ikey {
 			return err
 		}
-		var hs []byte
-		err = tx.QueryRow(ctx, `SELECT seq, idempotency_key, "partition", "offset", record_time, value, headers
-			FROM idem_ordering_parked WHERE consumer_group=$1 AND topic=$2 AND msg_key=$3 ORDER BY seq LIMIT 1`,
-			s.group, topic, key).Scan(&r.Seq, &r.IdempotencyKey, &r.Partition, &r.Offset, &r.Timestamp, &r.Value, &hs)
+		var w parkedRow
+		err = tx.QueryRow(ctx, `SELECT `+parkedCols+` FROM idem_ordering_parked WHERE `+byKey+` ORDER BY seq LIMIT 1`,
+			s.group, topic, key).Scan(w.dest()...)
 		if errors.Is(err, pgx.ErrNoRows) {
-			_, err = tx.Exec(ctx, `DELETE FROM idem_ordering_heads WHERE consumer_group=$1 AND topic=$2 AND msg_key=$3`, s.group, topic, key)
+			_, err = tx.Exec(ctx, `DELETE FROM idem_ordering_heads WHERE `+byKey, s.group, topic, key)
 			return err
 		}
 		if err != nil {
 			return err
 		}
-		r.Topic, r.Key, ok = topic, key, true
-		return json.Unmarshal(hs, &r.Headers)
+		r, err = w.record(topic, key)
+		ok = err == nil
+		return err
 	})
 	if err != nil {
 		return Record{}, false, fmt.Errorf("keyorder: next: %w", err)
@@ -196,20 +312,27 @@ func (s *Store) Next(ctx context.Context, topic string, key []byte, ikey string)
 }
 
 // Done removes a parked message that reached a final outcome (processed,
-// duplicate or dead-lettered) while draining.
+// duplicate or dead-lettered) while draining. Removing one that is gone is a
+// no-op.
 func (s *Store) Done(ctx context.Context, seq int64) error {
-	return s.tx(ctx, func(tx pgx.Tx) error {
+	err := s.tx(ctx, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `DELETE FROM idem_ordering_parked WHERE seq=$1`, seq)
 		return err
 	})
+	if err != nil {
+		return fmt.Errorf("keyorder: done: %w", err)
+	}
+	return nil
 }
 
 // Promote makes the parked message r the head of K in place of oldHead and
-// records r (with its failure) as pending forward, in one transaction.
+// records r (with its failure, its r.Tier) as pending forward, in one
+// transaction. It fails with ErrOtherHead, changing nothing, when oldHead is
+// no longer K's head (another worker promoted or released it first).
 func (s *Store) Promote(ctx context.Context, oldHead string, r Record) error {
-	pending, err := json.Marshal(r)
+	pending, err := encodePending(r)
 	if err != nil {
-		return err
+		return fmt.Errorf("keyorder: promote: %w", err)
 	}
 	err = s.tx(ctx, func(tx pgx.Tx) error {
 		head, err := s.lockHead(ctx, tx, r.Topic, r.Key)
@@ -219,8 +342,8 @@ func (s *Store) Promote(ctx context.Context, oldHead string, r Record) error {
 		if head != oldHead {
 			return fmt.Errorf("%w: %q", ErrOtherHead, head)
 		}
-		if _, err := tx.Exec(ctx, `UPDATE idem_ordering_heads SET head_key=$4, pending=$5, since=now()
-			WHERE consumer_group=$1 AND topic=$2 AND msg_key=$3`, s.group, r.Topic, r.Key, r.IdempotencyKey, pending); err != nil {
+		if _, err := tx.Exec(ctx, `UPDATE idem_ordering_heads SET head_key=$4, pending=$5, tier=$6, since=now()
+			WHERE `+byKey, s.group, r.Topic, r.Key, r.IdempotencyKey, pending, r.Tier); err != nil {
 			return err
 		}
 		_, err = tx.Exec(ctx, `DELETE FROM idem_ordering_parked WHERE seq=$1`, r.Seq)
@@ -234,35 +357,52 @@ func (s *Store) Promote(ctx context.Context, oldHead string, r Record) error {
 
 // Forwarded clears K's pending forward once it is acked.
 func (s *Store) Forwarded(ctx context.Context, topic string, key []byte, ikey string) error {
-	return s.tx(ctx, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `UPDATE idem_ordering_heads SET pending=NULL
-			WHERE consumer_group=$1 AND topic=$2 AND msg_key=$3 AND head_key=$4`, s.group, topic, key, ikey)
+	err := s.tx(ctx, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE idem_ordering_heads SET pending=NULL WHERE `+byKey+` AND head_key=$4`,
+			s.group, topic, key, ikey)
 		return err
 	})
+	if err != nil {
+		return fmt.Errorf("keyorder: forwarded: %w", err)
+	}
+	return nil
 }
 
-// Pending returns the heads whose forward a crash interrupted, for topics.
+// Pending returns the heads whose forward a crash or a revoke interrupted,
+// for topics.
 func (s *Store) Pending(ctx context.Context, topics []string) ([]Record, error) {
+	return s.pending(ctx, `SELECT pending FROM idem_ordering_heads
+		WHERE consumer_group=$1 AND topic = ANY($2) AND pending IS NOT NULL`, s.group, topics)
+}
+
+// PendingOf returns the heads of topic whose forward a crash or a revoke
+// interrupted and that came from partition: what the new owner of that
+// partition (of topic or of one of its tiers) must forward.
+func (s *Store) PendingOf(ctx context.Context, topic string, partition int32) ([]Record, error) {
+	return s.pending(ctx, `SELECT pending FROM idem_ordering_heads
+		WHERE consumer_group=$1 AND topic=$2 AND pending IS NOT NULL AND (pending->>'partition')::int = $3`,
+		s.group, topic, partition)
+}
+
+func (s *Store) pending(ctx context.Context, q string, args ...any) ([]Record, error) {
 	var out []Record
 	err := s.tx(ctx, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT pending FROM idem_ordering_heads
-			WHERE consumer_group=$1 AND topic = ANY($2) AND pending IS NOT NULL`, s.group, topics)
+		rows, err := tx.Query(ctx, q, args...)
 		if err != nil {
 			return err
 		}
-		defer rows.Close()
-		for rows.Next() {
-			var b []byte
-			if err := rows.Scan(&b); err != nil {
-				return err
-			}
-			var r Record
-			if err := json.Unmarshal(b, &r); err != nil {
+		bs, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+		if err != nil {
+			return err
+		}
+		for _, b := range bs {
+			r, err := decodePending(b)
+			if err != nil {
 				return err
 			}
 			out = append(out, r)
 		}
-		return rows.Err()
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("keyorder: pending: %w", err)

@@ -1,6 +1,7 @@
 package keyorder_test
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -37,8 +38,8 @@ func TestKeyLifecycle(t *testing.T) {
 	if err := s.Block(ctx, "t", []byte("K"), "m1"); err != nil {
 		t.Fatalf("Block is not idempotent: %v", err)
 	}
-	if err := s.Block(ctx, "t", []byte("K"), "other"); err == nil {
-		t.Fatal("Block by another message succeeded")
+	if err := s.Block(ctx, "t", []byte("K"), "other"); !errors.Is(err, keyorder.ErrOtherHead) {
+		t.Fatalf("Block by another message = %v, want ErrOtherHead", err)
 	}
 	state(rec("m1", 1), keyorder.Head)
 	state(rec("m2", 2), keyorder.Blocked)
