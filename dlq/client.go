@@ -24,7 +24,8 @@ func AdminGroup(dlqTopic string) string { return dlqTopic + ".admin" }
 var ErrNotFound = errors.New("dlq: record not found")
 
 // ErrUnknownTopic is wrapped by every call given a topic the cluster does not
-// have.
+// have (or a name that is not a valid topic name), and by Replay when a
+// destination does not exist. No call of this package ever creates a topic.
 var ErrUnknownTopic = errors.New("dlq: unknown topic")
 
 // Client inspects, replays and purges dead-letter topics. It is safe for
@@ -42,6 +43,8 @@ type Client struct {
 // Open connects to brokers. cfg may be nil (sarama defaults with Version
 // V4_0_0_0); it is copied, and the copy is set up for replay as
 // retrytopic.ConfigureProducer describes (idempotent, acks=all), with
+// Metadata.AllowAutoTopicCreation = false (a metadata request or a send never
+// creates a topic, whatever the broker's auto.create.topics.enable says),
 // Consumer.Return.Errors = true and Consumer.MaxWaitTime at most 100ms. Close
 // the Client when done.
 func Open(brokers []string, cfg *sarama.Config) (*Client, error) {
@@ -53,6 +56,7 @@ func Open(brokers []string, cfg *sarama.Config) (*Client, error) {
 		c = *cfg
 	}
 	retrytopic.ConfigureProducer(&c)
+	c.Metadata.AllowAutoTopicCreation = false
 	c.Consumer.Return.Errors = true
 	if c.Consumer.MaxWaitTime > 100*time.Millisecond {
 		// Reads stop at a known end offset; a long poll past it only delays
@@ -68,7 +72,10 @@ func Open(brokers []string, cfg *sarama.Config) (*Client, error) {
 
 // New returns a Client on client, which the caller keeps owning (Close does
 // not close it). For Replay, client's config must be set up as
-// retrytopic.ConfigureProducer describes.
+// retrytopic.ConfigureProducer describes, and should have
+// Metadata.AllowAutoTopicCreation = false: the Client itself checks every topic
+// with metadata requests that never create it, but a producer on a client
+// that allows creation could still create a topic deleted in the meantime.
 func New(client sarama.Client) *Client { return &Client{client: client} }
 
 // Close releases the producer Replay created and, for a Client from Open, the
@@ -146,8 +153,8 @@ func (c *Client) pending(ctx context.Context, topic string) ([]span, error) {
 }
 
 func (c *Client) partitions(topic string) ([]int32, error) {
-	if topic == "" {
-		return nil, errors.New("dlq: no topic given")
+	if err := c.checkTopic(topic); err != nil {
+		return nil, err
 	}
 	if err := c.client.RefreshMetadata(topic); err != nil {
 		if errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
@@ -165,6 +172,40 @@ func (c *Client) partitions(topic string) ([]int32, error) {
 	parts = append([]int32(nil), parts...)
 	sort.Slice(parts, func(i, j int) bool { return parts[i] < parts[j] })
 	return parts, nil
+}
+
+// checkTopic returns nil when topic exists, and an error wrapping
+// ErrUnknownTopic when it does not (or its name is not a valid topic name).
+// It asks a broker with a metadata request that never creates the topic,
+// whatever the client's Metadata.AllowAutoTopicCreation says.
+func (c *Client) checkTopic(topic string) error {
+	if topic == "" {
+		return errors.New("dlq: no topic given")
+	}
+	b := c.client.LeastLoadedBroker()
+	if b == nil {
+		return fmt.Errorf("dlq: metadata of %q: %w", topic, sarama.ErrClosedClient)
+	}
+	req := sarama.NewMetadataRequest(c.client.Config().Version, []string{topic})
+	req.AllowAutoTopicCreation = false
+	resp, err := b.GetMetadata(req)
+	if err != nil {
+		return fmt.Errorf("dlq: metadata of %q from %s: %w", topic, b.Addr(), err)
+	}
+	for _, t := range resp.Topics {
+		if t.Name != topic {
+			continue
+		}
+		switch {
+		case errors.Is(t.Err, sarama.ErrNoError):
+			return nil
+		case errors.Is(t.Err, sarama.ErrUnknownTopicOrPartition), errors.Is(t.Err, sarama.ErrInvalidTopic):
+			return fmt.Errorf("%w %q: %w", ErrUnknownTopic, topic, t.Err)
+		default:
+			return fmt.Errorf("dlq: metadata of %q: %w", topic, t.Err)
+		}
+	}
+	return fmt.Errorf("%w %q: not in the broker's metadata", ErrUnknownTopic, topic)
 }
 
 // committed returns the admin group's committed offset per partition (-1 when

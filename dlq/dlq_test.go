@@ -321,28 +321,159 @@ func TestReplayFilterAndPurge(t *testing.T) {
 	}
 }
 
-func TestReplayToRetry(t *testing.T) {
+// TestReplayToNamedTopic replays to a topic named explicitly: with no tiers
+// at all (a plain topic), to a custom-named tier, and to a default-named tier
+// 2. The record lands where asked, with its history and the right idem-tier,
+// and no default tier topic is ever created.
+func TestReplayToNamedTopic(t *testing.T) {
+	k := testenv.NewKafka(t)
+	tests := []struct {
+		name     string
+		dest     func(t *testing.T, origin string) string
+		tier     int
+		wantTier int
+	}{
+		{"no tiers: a plain topic", func(t *testing.T, _ string) string { return k.Topic(t, 2) }, 0, 1},
+		{"custom tier name", func(t *testing.T, _ string) string {
+			name := testenv.Unique("custom_second_tier")
+			k.CreateTopic(t, name, 2)
+			return name
+		}, 2, 2},
+		{"default tier name", func(t *testing.T, origin string) string {
+			name := retrytopic.DefaultTierTopic(origin, "billing", 2)
+			k.CreateTopic(t, name, 2)
+			return name
+		}, 0, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := testenv.Context(t)
+			topic, origin := k.Topic(t, 2), k.Topic(t, 2)
+			dest := tt.dest(t, origin)
+			recs := seedRecords(t, k, topic, origin)
+			c := open(t, k)
+
+			now := time.UnixMilli(1_800_000_000_000)
+			res, err := c.Replay(ctx, dlq.ReplayOptions{Topic: topic, To: dlq.Destination(dest), Tier: tt.tier,
+				Filter: dlq.Filter{Key: "k3"}, Now: func() time.Time { return now }})
+			if err != nil || res.Replayed != 1 || res.Skipped != 4 {
+				t.Fatalf("Replay to %s = %+v, %v", dest, res, err)
+			}
+			got := readAll(t, k, dest)
+			if len(got) != 1 {
+				t.Fatalf("%s has %d records, want 1", dest, len(got))
+			}
+			m := got[0]
+			if !bytes.Equal(m.Key, recs[2].key) || !bytes.Equal(m.Value, recs[2].value) || m.Partition != recs[2].origPart {
+				t.Errorf("replayed record %q=%q on partition %d, want %q=%q on %d", m.Key, m.Value, m.Partition, recs[2].key, recs[2].value, recs[2].origPart)
+			}
+			f, ok, err := retrytopic.Decode(m.Headers)
+			if err != nil || !ok || f.Tier != tt.wantTier || !f.DueAt.Equal(now) || f.OriginalTopic != origin ||
+				f.OriginalOffset != 102 || f.Attempt != 3 || f.Group != "billing" {
+				t.Fatalf("headers = %+v, %v, %v; want tier %d due now", f, ok, err, tt.wantTier)
+			}
+			if len(m.Headers) == 0 || string(m.Headers[0].Key) != "idempotency-key" || string(m.Headers[0].Value) != "idem-3" {
+				t.Errorf("original headers not kept first (%d headers)", len(m.Headers))
+			}
+			if got := readAll(t, k, origin); len(got) != 0 {
+				t.Errorf("origin got %d records", len(got))
+			}
+			assertNoTopic(t, k, retrytopic.DefaultTierTopic(origin, "billing", 1))
+		})
+	}
+}
+
+// TestReplayUnknownDestination: an unknown named destination fails before
+// anything is read or committed; with ToSource, a record whose original topic
+// does not exist stops the replay there, and the admin group is not
+// committed past it (List still shows it).
+func TestReplayUnknownDestination(t *testing.T) {
 	k := testenv.NewKafka(t)
 	ctx := testenv.Context(t)
-	topic, origin := k.Topic(t, 2), k.Topic(t, 2)
-	retry := retrytopic.DefaultTierTopic(origin, "billing", 1)
-	k.CreateTopic(t, retry, 2)
-	seedRecords(t, k, topic, origin)
 	c := open(t, k)
 
-	now := time.UnixMilli(1_800_000_000_000)
-	res, err := c.Replay(ctx, dlq.ReplayOptions{Topic: topic, To: dlq.ToRetry, Filter: dlq.Filter{Key: "k3"},
-		Now: func() time.Time { return now }})
-	if err != nil || res.Replayed != 1 {
-		t.Fatalf("Replay to retry = %+v, %v", res, err)
+	t.Run("named", func(t *testing.T) {
+		topic, origin := k.Topic(t, 2), k.Topic(t, 2)
+		seedRecords(t, k, topic, origin)
+		missing := testenv.Unique("missing_tier")
+		for _, dry := range []bool{true, false} {
+			res, err := c.Replay(ctx, dlq.ReplayOptions{Topic: topic, To: dlq.Destination(missing), DryRun: dry,
+				Progress: func(done, total int64) {
+					t.Errorf("record read (%d/%d) before the destination was checked", done, total)
+				}})
+			if !errors.Is(err, dlq.ErrUnknownTopic) || res != (dlq.ReplayResult{}) {
+				t.Fatalf("Replay(dry run %v) to a missing topic = %+v, %v; want ErrUnknownTopic and nothing done", dry, res, err)
+			}
+		}
+		assertCommitted(t, k, topic, map[int32]int64{0: -1, 1: -1})
+		if n := depth(t, c, topic); n != 5 {
+			t.Fatalf("Depth = %d, want 5", n)
+		}
+		assertNoTopic(t, k, missing)
+	})
+
+	t.Run("source", func(t *testing.T) {
+		topic, origin := k.Topic(t, 1), k.Topic(t, 1)
+		missing := testenv.Unique("deleted_origin")
+		p := k.Producer(t)
+		for i, o := range []string{origin, missing, origin} {
+			f := retrytopic.Failure{OriginalTopic: o, OriginalOffset: int64(i), Group: "billing", Kind: handler.KindPermanent, Error: "boom"}
+			msg := &sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(fmt.Sprint("k", i)), Value: sarama.StringEncoder("v"),
+				Headers: retrytopic.Encode([]sarama.RecordHeader(nil), f)}
+			if _, _, err := p.SendMessage(msg); err != nil {
+				t.Fatal(err)
+			}
+		}
+		res, err := c.Replay(ctx, dlq.ReplayOptions{Topic: topic, DryRun: true})
+		if !errors.Is(err, dlq.ErrUnknownTopic) || res.Replayed != 1 {
+			t.Fatalf("dry run = %+v, %v; want ErrUnknownTopic after 1", res, err)
+		}
+		assertCommitted(t, k, topic, map[int32]int64{0: -1})
+		res, err = c.Replay(ctx, dlq.ReplayOptions{Topic: topic})
+		if !errors.Is(err, dlq.ErrUnknownTopic) || res.Replayed != 1 || res.Pending != 3 {
+			t.Fatalf("Replay = %+v, %v; want ErrUnknownTopic after 1 of 3", res, err)
+		}
+		assertCommitted(t, k, topic, map[int32]int64{0: 1})
+		groups, err := c.List(ctx, topic)
+		if err != nil || len(groups) != 1 || groups[0].Count != 2 {
+			t.Fatalf("List after the stopped replay = %+v, %v; want the 2 records not dealt with", groups, err)
+		}
+		if got := readAll(t, k, origin); len(got) != 1 || string(got[0].Key) != "k0" {
+			t.Fatalf("origin has %d records, want k0 only", len(got))
+		}
+		assertNoTopic(t, k, missing)
+	})
+}
+
+// assertNoTopic fails the test when topic exists.
+func assertNoTopic(t *testing.T, k *testenv.Kafka, topic string) {
+	t.Helper()
+	topics, err := k.Admin(t).ListTopics()
+	if err != nil {
+		t.Fatal(err)
 	}
-	got := readAll(t, k, retry)
-	if len(got) != 1 {
-		t.Fatalf("retry tier has %d records", len(got))
+	if _, ok := topics[topic]; ok {
+		t.Fatalf("topic %s was created", topic)
 	}
-	f, ok, err := retrytopic.Decode(got[0].Headers)
-	if err != nil || !ok || f.Tier != 1 || !f.DueAt.Equal(now) || f.OriginalTopic != origin || f.OriginalOffset != 102 || f.Attempt != 3 {
-		t.Fatalf("retry headers = %+v, %v, %v", f, ok, err)
+}
+
+// assertCommitted checks the admin group's committed offsets of topic (-1:
+// none).
+func assertCommitted(t *testing.T, k *testenv.Kafka, topic string, want map[int32]int64) {
+	t.Helper()
+	parts := make([]int32, 0, len(want))
+	for p := range want {
+		parts = append(parts, p)
+	}
+	resp, err := k.Admin(t).ListConsumerGroupOffsets(dlq.AdminGroup(topic), map[string][]int32{topic: parts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p, w := range want {
+		b := resp.GetBlock(topic, p)
+		if b == nil || b.Offset != w {
+			t.Errorf("admin group offset of %s/%d = %+v, want %d", topic, p, b, w)
+		}
 	}
 }
 

@@ -17,6 +17,23 @@
 //	f, err := dlq.ParseFilter("kind=retriable,error~=timeout")
 //	res, err := c.Replay(ctx, dlq.ReplayOptions{Topic: "payments.billing.dlq", Filter: f, Rate: 50})
 //
+// Replay sends each record back to its idem-original-topic (ToSource, the
+// default), or to a topic named explicitly, typically a retry tier:
+//
+//	res, err = c.Replay(ctx, dlq.ReplayOptions{Topic: "payments.billing.dlq",
+//		To: "payments.billing.retry.1"}) // keeps the idem-* history, due now
+//
+// idem never guesses a destination's name and never creates a topic: every
+// Client has Metadata.AllowAutoTopicCreation off and checks each destination
+// with a metadata request before sending to it. A named destination that does
+// not exist is an error (ErrUnknownTopic) before anything is read; a record
+// whose original topic does not exist stops Replay at that record, and the
+// admin group is not committed past it, so List still shows it.
+//
 // Replay keeps the idempotency-key header, so replaying a record that had in
 // fact been handled is harmless: the consumer's inbox drops it as a duplicate.
+//
+// Records are decoded leniently (see Record): key, value and headers are kept
+// byte for byte whatever they hold, and idem-* headers that do not parse are
+// reported in Record.DecodeErr, never as a panic.
 package dlq

@@ -45,23 +45,12 @@ func (c *Client) List(ctx context.Context, topic string) ([]Group, error) {
 	byFP := map[string]*Group{}
 	err = c.scan(ctx, topic, spans, func(r *Record) error {
 		fp := r.Fingerprint()
-		seen := r.LastFailureAt()
 		g, ok := byFP[fp]
 		if !ok {
-			g = &Group{
-				Fingerprint: fp, Kind: r.Failure.Kind, ErrorType: r.Failure.ErrorType,
-				Message: Normalize(r.Failure.Error), SampleError: r.Failure.Error,
-				FirstSeen: seen, LastSeen: seen, SamplePartition: r.Partition, SampleOffset: r.Offset,
-			}
+			g = newGroup(r, fp)
 			byFP[fp] = g
 		}
-		g.Count++
-		if seen.Before(g.FirstSeen) {
-			g.FirstSeen = seen
-		}
-		if seen.After(g.LastSeen) {
-			g.LastSeen = seen
-		}
+		g.add(r)
 		return nil
 	})
 	if err != nil {
@@ -82,6 +71,29 @@ func (c *Client) List(ctx context.Context, topic string) ([]Group, error) {
 		return a.Fingerprint < b.Fingerprint
 	})
 	return groups, nil
+}
+
+// newGroup starts an empty group (Count 0) of records like r, whose
+// fingerprint is fp, with r as its sample.
+func newGroup(r *Record, fp string) *Group {
+	seen := r.LastFailureAt()
+	return &Group{
+		Fingerprint: fp, Kind: r.Failure.Kind, ErrorType: r.Failure.ErrorType,
+		Message: Normalize(r.Failure.Error), SampleError: r.Failure.Error,
+		FirstSeen: seen, LastSeen: seen, SamplePartition: r.Partition, SampleOffset: r.Offset,
+	}
+}
+
+// add counts r in g and widens g's first/last seen times to include it.
+func (g *Group) add(r *Record) {
+	seen := r.LastFailureAt()
+	g.Count++
+	if seen.Before(g.FirstSeen) {
+		g.FirstSeen = seen
+	}
+	if seen.After(g.LastSeen) {
+		g.LastSeen = seen
+	}
 }
 
 // Position selects a record for Show: by Key when Key is not empty, else by

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -104,44 +105,67 @@ func (f Filter) Match(r *Record) bool {
 	return true
 }
 
-// Destination says where Replay sends records.
+// Destination says where Replay sends records: ToSource, or the name of an
+// existing topic.
 type Destination string
 
-// The destinations of Replay.
-const (
-	// ToOrigin sends a record back to idem-original-topic, to the partition it
-	// came from (idem-original-partition) when that exists, with only its
-	// original (non idem-*) headers: the consumer sees it as a fresh record.
-	ToOrigin Destination = "origin"
-	// ToRetry sends a record to the first retry tier of its original topic and
-	// group, due at once, keeping its idem-* headers (with idem-tier=1 and
-	// idem-due-at=now), so its history is kept.
-	ToRetry Destination = "retry"
-)
+// ToSource is the default Destination: each record goes back to its
+// idem-original-topic, to the partition it came from (idem-original-partition)
+// when that exists, with only its original (non idem-*) headers, so the
+// consumer sees it as a fresh record.
+//
+// Any other Destination is a topic name, typically a retry tier named
+// explicitly (idem never guesses tier names: a policy may have no tiers or
+// name them its own way). A record sent to a named topic keeps its idem-*
+// headers, so its history (attempts, original coordinates, first failure) is
+// kept, with idem-due-at set to now and idem-tier set as
+// ReplayOptions.Tier says; a consumer reading the topic as that tier of the
+// record's group handles it at once and forwards it onwards as its policy
+// says. A record that has no idem-* headers is sent with its headers as they
+// are, and a named topic equal to the record's idem-original-topic is treated
+// as ToSource. A topic that is really called "source" cannot be named.
+const ToSource Destination = "source"
+
+// ToOrigin is the former name of ToSource.
+//
+// Deprecated: use ToSource.
+const ToOrigin = ToSource
 
 // ReplayOptions configure Replay.
 type ReplayOptions struct {
 	// Topic is the dead-letter topic. Required.
 	Topic string
-	// To is where records go.
-	// Default: ToOrigin.
+	// To is where records go: ToSource or a topic name (see Destination).
+	// Replay never creates a topic: a named topic that does not exist is an
+	// error wrapping ErrUnknownTopic before any record is read; with ToSource,
+	// each record's original topic is checked before the record is sent, and
+	// Replay stops (ErrUnknownTopic) at the first record whose original topic
+	// does not exist, committing nothing past it.
+	// Default: ToSource.
 	To Destination
+	// Tier is the idem-tier written on records sent to a named topic (To other
+	// than ToSource); set it to the tier number the topic is in the record's
+	// consumer group's retry policy. A consumer that reads a record whose
+	// idem-tier does not match the topic treats it as a fresh record of that
+	// topic. Ignored for ToSource.
+	// Default: 0, meaning n when the topic is named as
+	// retrytopic.DefaultTierTopic(original-topic, group, n) for the record's
+	// idem-original-topic and idem-consumer-group, else 1.
+	Tier int
 	// Filter selects the records to send. Default: all.
 	Filter Filter
 	// Rate caps sends per second. Default: 0, unlimited.
 	Rate float64
 	// DryRun reads and counts what would be replayed, sends nothing and
-	// commits nothing.
+	// commits nothing. Destinations are checked as in a real run, so a dry run
+	// fails where the real run would.
 	DryRun bool
 	// Progress, when set, is called after each record with the records
 	// processed so far (sent or skipped) and the total pending when Replay
 	// started. It is called from Replay's goroutine.
 	Progress func(done, total int64)
-	// RetryTopic names the first retry tier for ToRetry from the record's
-	// original topic and consumer group.
-	// Default: retrytopic.DefaultTierTopic(origTopic, group, 1).
-	RetryTopic func(origTopic, group string) string
-	// Now is the clock for ToRetry's due time. Default: time.Now.
+	// Now is the clock for the idem-due-at of records sent to a named topic.
+	// Default: time.Now.
 	Now func() time.Time
 }
 
@@ -156,10 +180,10 @@ type ReplayResult struct {
 	Skipped int64
 }
 
-// ErrNoOrigin is wrapped by Replay's error when a record lacks the
-// idem-original-topic (or, for ToRetry, idem-consumer-group) header it needs
-// to be routed. Replay stops before that record.
-var ErrNoOrigin = errors.New("dlq: record has no idem-original-topic or idem-consumer-group header")
+// ErrNoOrigin is wrapped by Replay's error when, replaying to ToSource, a
+// record lacks the idem-original-topic header it needs to be routed. Replay
+// stops before that record.
+var ErrNoOrigin = errors.New("dlq: record has no idem-original-topic header")
 
 // Replay republishes the pending records of opts.Topic that match
 // opts.Filter, in offset order per partition, keeping key and value byte for
@@ -175,27 +199,33 @@ var ErrNoOrigin = errors.New("dlq: record has no idem-original-topic or idem-con
 // (Show finds them) but List, Depth and later Replays do not see them. Replay
 // a subset, then Purge the rest, or filter nothing, as the situation asks.
 //
-// If Replay stops early (ctx done, a send failing, ErrNoOrigin), it commits
-// past the records it did deal with, and returns the error with the counts so
-// far: running it again resumes where it stopped. A dry run sends and commits
-// nothing.
+// Replay never creates a topic and never sends to one that does not exist:
+// see ReplayOptions.To. If Replay stops early (ctx done, a send failing,
+// ErrNoOrigin, ErrUnknownTopic), it commits past the records it did deal with
+// and not past the one it stopped at, and returns the error with the counts
+// so far: running it again resumes where it stopped. A dry run sends and
+// commits nothing.
 func (c *Client) Replay(ctx context.Context, opts ReplayOptions) (ReplayResult, error) {
 	var res ReplayResult
-	switch opts.To {
-	case "":
-		opts.To = ToOrigin
-	case ToOrigin, ToRetry:
-	default:
-		return res, fmt.Errorf("dlq: replay to %q: want %q or %q", opts.To, ToOrigin, ToRetry)
+	if opts.To == "" {
+		opts.To = ToSource
 	}
 	if opts.Rate < 0 {
 		return res, fmt.Errorf("dlq: replay rate %v: must be >= 0", opts.Rate)
 	}
-	if opts.RetryTopic == nil {
-		opts.RetryTopic = func(orig, group string) string { return retrytopic.DefaultTierTopic(orig, group, 1) }
+	if opts.Tier < 0 {
+		return res, fmt.Errorf("dlq: replay tier %d: must be >= 0", opts.Tier)
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
+	}
+	// Destinations known to exist; a named one is checked before reading.
+	exists := map[string]bool{}
+	if opts.To != ToSource {
+		if err := c.checkTopic(string(opts.To)); err != nil {
+			return res, fmt.Errorf("dlq: replay to %q: %w", opts.To, err)
+		}
+		exists[string(opts.To)] = true
 	}
 	spans, err := c.pending(ctx, opts.Topic)
 	if err != nil {
@@ -225,6 +255,16 @@ func (c *Client) Replay(ctx context.Context, opts ReplayOptions) (ReplayResult, 
 			if !opts.Filter.Match(r) {
 				res.Skipped++
 			} else {
+				rec, err := replayRecord(r, opts)
+				if err != nil {
+					return err
+				}
+				if !exists[rec.Topic] {
+					if err := c.checkTopic(rec.Topic); err != nil {
+						return fmt.Errorf("offset %d: %w", r.Offset, err)
+					}
+					exists[rec.Topic] = true
+				}
 				if !opts.DryRun {
 					if interval > 0 {
 						if err := retrytopic.WaitDue(ctx, next, nil); err != nil {
@@ -232,7 +272,7 @@ func (c *Client) Replay(ctx context.Context, opts ReplayOptions) (ReplayResult, 
 						}
 						next = maxTime(next, time.Now()).Add(interval)
 					}
-					if err := c.send(ctx, fwd, r, opts); err != nil {
+					if err := fwd.Forward(ctx, rec); err != nil {
 						return err
 					}
 				}
@@ -267,24 +307,37 @@ func maxTime(a, b time.Time) time.Time {
 	return b
 }
 
-// send republishes r as opts.To says.
-func (c *Client) send(ctx context.Context, fwd *retrytopic.Forwarder, r *Record, opts ReplayOptions) error {
+// replayRecord builds the record Replay sends for r, as opts.To says.
+func replayRecord(r *Record, opts ReplayOptions) (retrytopic.Record, error) {
 	f := r.Failure
-	if f.OriginalTopic == "" {
-		return fmt.Errorf("%w (offset %d)", ErrNoOrigin, r.Offset)
-	}
 	rec := retrytopic.Record{Partition: f.OriginalPartition, Key: r.Key, Value: r.Value}
-	switch opts.To {
-	case ToRetry:
-		if f.Group == "" {
-			return fmt.Errorf("%w (offset %d)", ErrNoOrigin, r.Offset)
+	switch {
+	case opts.To == ToSource || (r.HasFailure && string(opts.To) == f.OriginalTopic):
+		if f.OriginalTopic == "" {
+			return rec, fmt.Errorf("%w (offset %d)", ErrNoOrigin, r.Offset)
 		}
-		rec.Topic = opts.RetryTopic(f.OriginalTopic, f.Group)
-		f.Tier, f.DueAt = 1, opts.Now()
-		rec.Headers = retrytopic.Encode(r.Headers, f)
-	default:
 		rec.Topic = f.OriginalTopic
 		rec.Headers = r.OriginalHeaders()
+	case !r.HasFailure:
+		rec.Topic, rec.Partition = string(opts.To), r.Partition
+		rec.Headers = r.Headers
+	default:
+		rec.Topic = string(opts.To)
+		f.Tier, f.DueAt = opts.Tier, opts.Now()
+		if f.Tier == 0 {
+			f.Tier = tierOf(rec.Topic, f.OriginalTopic, f.Group)
+		}
+		rec.Headers = retrytopic.Encode(r.Headers, f)
 	}
-	return fwd.Forward(ctx, rec)
+	return rec, nil
+}
+
+// tierOf returns n when topic is retrytopic.DefaultTierTopic(orig, group, n),
+// else 1.
+func tierOf(topic, orig, group string) int {
+	i := strings.LastIndexByte(topic, '.')
+	if n, err := strconv.Atoi(topic[i+1:]); err == nil && n >= 1 && retrytopic.DefaultTierTopic(orig, group, n) == topic {
+		return n
+	}
+	return 1
 }

@@ -3,8 +3,12 @@ package dlq
 import (
 	"errors"
 	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -54,5 +58,71 @@ func TestParseFilter(t *testing.T) {
 	f.Key = "other"
 	if f.Match(r) {
 		t.Errorf("key filter matched another key")
+	}
+}
+
+func TestOpenNeverCreatesTopics(t *testing.T) {
+	k := testenv.NewKafka(t)
+	cfg := k.Config()
+	cfg.Metadata.AllowAutoTopicCreation = true
+	c, err := Open(k.Brokers, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	if c.client.Config().Metadata.AllowAutoTopicCreation {
+		t.Fatal("Open kept Metadata.AllowAutoTopicCreation on")
+	}
+	if !cfg.Metadata.AllowAutoTopicCreation {
+		t.Fatal("Open changed the caller's config")
+	}
+}
+
+func TestReplayRecord(t *testing.T) {
+	now := time.UnixMilli(1_800_000_000_000)
+	f := retrytopic.Failure{Attempt: 4, OriginalTopic: "pay", OriginalPartition: 2, OriginalOffset: 9, Group: "billing", Kind: handler.KindPermanent, Error: "boom"}
+	orig := []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte("k-1")}}
+	failed := &Record{Partition: 1, Offset: 5, Key: []byte("k"), Value: []byte("v"), Headers: retrytopic.Encode(orig, f), Failure: f, HasFailure: true}
+	foreign := &Record{Partition: 1, Offset: 6, Key: []byte("k"), Headers: orig}
+	tests := []struct {
+		name      string
+		r         *Record
+		to        Destination
+		tier      int
+		topic     string
+		partition int32
+		wantTier  int // -1: no idem-* headers expected
+	}{
+		{"source", failed, ToSource, 0, "pay", 2, -1},
+		{"named original topic is source", failed, "pay", 5, "pay", 2, -1},
+		{"plain topic", failed, "elsewhere", 0, "elsewhere", 2, 1},
+		{"default tier name", failed, Destination(retrytopic.DefaultTierTopic("pay", "billing", 3)), 0, "pay.billing.retry.3", 2, 3},
+		{"default name of another group", failed, Destination(retrytopic.DefaultTierTopic("pay", "other", 3)), 0, "pay.other.retry.3", 2, 1},
+		{"explicit tier", failed, "custom-two", 2, "custom-two", 2, 2},
+		{"record without idem headers", foreign, "elsewhere", 0, "elsewhere", 1, -1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec, err := replayRecord(tt.r, ReplayOptions{To: tt.to, Tier: tt.tier, Now: func() time.Time { return now }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rec.Topic != tt.topic || rec.Partition != tt.partition || string(rec.Key) != "k" {
+				t.Fatalf("record to %s/%d key %q, want %s/%d", rec.Topic, rec.Partition, rec.Key, tt.topic, tt.partition)
+			}
+			got, ok, err := retrytopic.Decode(rec.Headers)
+			if tt.wantTier < 0 {
+				if ok || len(rec.Headers) != 1 {
+					t.Fatalf("headers %d (idem: %v), want the original one only", len(rec.Headers), ok)
+				}
+				return
+			}
+			if err != nil || got.Tier != tt.wantTier || !got.DueAt.Equal(now) || got.Attempt != 4 || got.OriginalTopic != "pay" {
+				t.Fatalf("headers = %+v, %v; want tier %d due now", got, err, tt.wantTier)
+			}
+		})
+	}
+	if _, err := replayRecord(foreign, ReplayOptions{To: ToSource}); !errors.Is(err, ErrNoOrigin) {
+		t.Fatalf("source of a record without idem headers: %v, want ErrNoOrigin", err)
 	}
 }

@@ -92,7 +92,7 @@ func TestCLIEndToEnd(t *testing.T) {
 		decodeFP = listed.Groups[1].Fingerprint
 	}
 	code, out, _ = idem(t, k, "", "dlq", "replay", "--topic", topic, "--filter", "fingerprint="+decodeFP, "--rate", "100")
-	if code != 0 || !strings.Contains(out, "replayed 2 of 4 pending records to origin") || !strings.Contains(out, "2 records skipped") {
+	if code != 0 || !strings.Contains(out, "replayed 2 of 4 pending records to source") || !strings.Contains(out, "2 records skipped") {
 		t.Fatalf("replay --filter: code %d\n%s", code, out)
 	}
 	code, out, _ = idem(t, k, "", "dlq", "replay", "--topic", topic)
@@ -131,7 +131,11 @@ func TestCLIBadInput(t *testing.T) {
 		{"no topic", []string{"dlq", "list"}, `required flag(s) "topic" not set`},
 		{"bad filter", []string{"dlq", "replay", "--topic", topic, "--filter", "kind=oops"}, "bad filter"},
 		{"bad regexp", []string{"dlq", "replay", "--topic", topic, "--filter", "error~=("}, "bad filter"},
-		{"bad destination", []string{"dlq", "replay", "--topic", topic, "--to", "nowhere"}, "--to"},
+		{"unknown destination", []string{"dlq", "replay", "--topic", topic, "--to", testenv.Unique("nowhere")}, "unknown topic"},
+		{"retry is not a destination", []string{"dlq", "replay", "--topic", topic, "--to", "retry"}, "name the retry tier"},
+		{"empty destination", []string{"dlq", "replay", "--topic", topic, "--to", ""}, "--to is empty"},
+		{"tier with source", []string{"dlq", "replay", "--topic", topic, "--tier", "2"}, "--tier"},
+		{"negative tier", []string{"dlq", "replay", "--topic", topic, "--to", topic, "--tier", "-1"}, "--tier"},
 		{"show needs a position", []string{"dlq", "show", "--topic", topic}, "--offset"},
 		{"show offset and key", []string{"dlq", "show", "--topic", topic, "--offset", "1", "--key", "k"}, "not both"},
 		{"show missing record", []string{"dlq", "show", "--topic", topic, "--offset", "5"}, "not found"},
@@ -150,5 +154,71 @@ func TestCLIBadInput(t *testing.T) {
 				t.Fatalf("stderr = %q, want one line mentioning %q", errOut, tt.want)
 			}
 		})
+	}
+}
+
+// TestCLIReplayTo replays with no retry tiers at all: to a topic named
+// explicitly (a custom tier name), never to a guessed default tier; an unknown
+// --to topic is an error that leaves every record pending.
+func TestCLIReplayTo(t *testing.T) {
+	k := testenv.NewKafka(t)
+	topic, origin := k.Topic(t, 1), k.Topic(t, 1)
+	tier := testenv.Unique("custom_tier")
+	k.CreateTopic(t, tier, 1)
+	seed(t, k, topic, origin, 2)
+
+	missing := testenv.Unique("no_such_tier")
+	code, _, errOut := idem(t, k, "", "dlq", "replay", "--topic", topic, "--to", missing)
+	if code != 1 || !strings.Contains(errOut, "unknown topic") || !strings.Contains(errOut, missing) {
+		t.Fatalf("replay --to missing: code %d\n%s", code, errOut)
+	}
+	code, out, _ := idem(t, k, "", "dlq", "list", "--topic", topic)
+	if code != 0 || !strings.Contains(out, "depth: 2 pending") {
+		t.Fatalf("list after the refused replay: code %d\n%s", code, out)
+	}
+
+	code, out, _ = idem(t, k, "", "dlq", "replay", "--topic", topic, "--to", tier, "--tier", "3")
+	if code != 0 || !strings.Contains(out, "replayed 2 of 2 pending records to "+tier) {
+		t.Fatalf("replay --to %s: code %d\n%s", tier, code, out)
+	}
+	for off := range 2 {
+		code, out, _ = idem(t, k, "", "dlq", "show", "--topic", tier, "--offset", fmt.Sprint(off), "--json")
+		var shown struct {
+			Key     string            `json:"key"`
+			Failure map[string]string `json:"failure"`
+		}
+		if code != 0 || json.Unmarshal([]byte(out), &shown) != nil {
+			t.Fatalf("show %s offset %d: code %d\n%s", tier, off, code, out)
+		}
+		f := shown.Failure
+		if shown.Key != fmt.Sprint("k", off) || f[retrytopic.HeaderTier] != "3" || f[retrytopic.HeaderOriginalTopic] != origin ||
+			f[retrytopic.HeaderDueAt] == "" || f[retrytopic.HeaderErrorKind] == "" {
+			t.Errorf("record %d in %s: %+v", off, tier, shown)
+		}
+	}
+	code, _, errOut = idem(t, k, "", "dlq", "show", "--topic", origin, "--offset", "0")
+	if code != 1 || !strings.Contains(errOut, "not found") {
+		t.Errorf("origin got a record: code %d %s", code, errOut)
+	}
+	topics, err := k.Admin(t).ListTopics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := topics[retrytopic.DefaultTierTopic(origin, "billing", 1)]; ok {
+		t.Errorf("the default first tier of %s was created", origin)
+	}
+	if _, ok := topics[missing]; ok {
+		t.Errorf("%s was created", missing)
+	}
+}
+
+func TestSaramaConfigNeverCreatesTopics(t *testing.T) {
+	a := &app{brokers: "127.0.0.1:9092", kafkaVersion: "4.0.0"}
+	cfg, _, err := a.saramaConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Metadata.AllowAutoTopicCreation {
+		t.Fatal("Metadata.AllowAutoTopicCreation is on")
 	}
 }

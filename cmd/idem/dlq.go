@@ -9,12 +9,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf16"
 	"unicode/utf8"
 
-	"github.com/IBM/sarama"
 	"github.com/spf13/cobra"
 
 	"github.com/idemhq/idem/dlq"
@@ -47,8 +48,47 @@ func fmtTime(t time.Time) string {
 	return t.UTC().Format(time.RFC3339)
 }
 
+// printable reports whether s is valid UTF-8 made only of printable runes
+// (strconv.IsPrint: no control characters, no bidi or other format
+// characters), and tabs when tabs is true.
+func printable(s string, tabs bool) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if !strconv.IsPrint(r) && (!tabs || r != '\t') {
+			return false
+		}
+	}
+	return true
+}
+
+// text renders one line of record data for a terminal: s itself when it is
+// printable (no tabs, so table columns hold), else Go-quoted ("a\x1b[2J\xff"),
+// so no control byte, invalid UTF-8 or bidi override reaches the terminal.
+func text(s string) string {
+	if printable(s, false) {
+		return s
+	}
+	return strconv.Quote(s)
+}
+
+// block renders multi-line record data (a payload, a stack) as lines indented
+// by two spaces: each line as it is when printable (tabs allowed), else
+// Go-quoted.
+func block(w io.Writer, s string) {
+	for _, l := range strings.Split(strings.TrimRight(s, "\n"), "\n") {
+		if !printable(l, true) {
+			l = strconv.Quote(l)
+		}
+		fmt.Fprintln(w, "  "+l)
+	}
+}
+
+// truncate folds s onto one line, escapes it as text does, and cuts it to n
+// runes.
 func truncate(s string, n int) string {
-	s = oneLine(s)
+	s = text(oneLine(s))
 	if utf8.RuneCountInString(s) <= n {
 		return s
 	}
@@ -79,10 +119,7 @@ func newListCmd(a *app) *cobra.Command {
 				return err
 			}
 			if asJSON {
-				enc := json.NewEncoder(a.out)
-				enc.SetIndent("", "  ")
-				enc.SetEscapeHTML(false)
-				return enc.Encode(struct {
+				return writeJSON(a.out, struct {
 					Topic      string      `json:"topic"`
 					AdminGroup string      `json:"admin_group"`
 					Depth      int64       `json:"depth"`
@@ -93,7 +130,7 @@ func newListCmd(a *app) *cobra.Command {
 				tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "FINGERPRINT\tKIND\tTYPE\tCOUNT\tFIRST SEEN\tLAST SEEN\tSAMPLE")
 				for _, g := range groups {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", g.Fingerprint, orDash(string(g.Kind)), orDash(g.ErrorType),
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", g.Fingerprint, orDash(text(string(g.Kind))), orDash(text(g.ErrorType)),
 						g.Count, fmtTime(g.FirstSeen), fmtTime(g.LastSeen), truncate(g.SampleError, 80))
 				}
 				if err := tw.Flush(); err != nil {
@@ -160,22 +197,24 @@ func newShowCmd(a *app) *cobra.Command {
 }
 
 // payload renders a value: indented JSON when it is JSON, text when it is
-// UTF-8, else a hex dump.
-func payload(v []byte) string {
-	if v == nil {
-		return "(null: tombstone)"
+// UTF-8 (lines that are not printable Go-quoted, see block), else a hex dump
+// (whose text column shows only printable ASCII).
+func payload(w io.Writer, v []byte) {
+	switch {
+	case v == nil:
+		block(w, "(null: tombstone)")
+	case len(v) == 0:
+		block(w, "(empty)")
+	case !utf8.Valid(v):
+		block(w, hex.Dump(v))
+	default:
+		var buf bytes.Buffer
+		if json.Valid(v) && json.Indent(&buf, v, "", "  ") == nil {
+			block(w, buf.String())
+		} else {
+			block(w, string(v))
+		}
 	}
-	if len(v) == 0 {
-		return "(empty)"
-	}
-	var buf bytes.Buffer
-	if json.Valid(v) && json.Indent(&buf, v, "", "  ") == nil {
-		return buf.String()
-	}
-	if utf8.Valid(v) {
-		return string(v)
-	}
-	return hex.Dump(v)
 }
 
 func showText(w io.Writer, r *dlq.Record) {
@@ -190,10 +229,10 @@ func showText(w io.Writer, r *dlq.Record) {
 	fmt.Fprintln(w, "failure:")
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	rows := [][2]string{
-		{"kind", string(f.Kind)}, {"error-type", f.ErrorType}, {"error", f.Error},
+		{"kind", text(string(f.Kind))}, {"error-type", text(f.ErrorType)}, {"error", text(f.Error)},
 		{"attempt", fmt.Sprint(f.Attempt)}, {"tier", fmt.Sprint(f.Tier)},
-		{"original", fmt.Sprintf("%s partition %d offset %d", orDash(f.OriginalTopic), f.OriginalPartition, f.OriginalOffset)},
-		{"original-timestamp", fmtTime(f.OriginalTimestamp)}, {"consumer-group", f.Group},
+		{"original", fmt.Sprintf("%s partition %d offset %d", orDash(text(f.OriginalTopic)), f.OriginalPartition, f.OriginalOffset)},
+		{"original-timestamp", fmtTime(f.OriginalTimestamp)}, {"consumer-group", text(f.Group)},
 		{"first-failure-at", fmtTime(f.FirstFailureAt)}, {"last-failure-at", fmtTime(f.LastFailureAt)},
 	}
 	if !f.DueAt.IsZero() {
@@ -204,74 +243,119 @@ func showText(w io.Writer, r *dlq.Record) {
 	}
 	_ = tw.Flush()
 	if r.DecodeErr != nil {
-		fmt.Fprintf(w, "  warning: %s\n", oneLine(r.DecodeErr.Error()))
+		fmt.Fprintf(w, "  warning: %s\n", text(oneLine(r.DecodeErr.Error())))
 	}
 	if !r.HasFailure {
 		fmt.Fprintln(w, "  (no idem-* headers: not written by idem)")
 	}
 	fmt.Fprintln(w, "headers:")
 	for _, h := range r.OriginalHeaders() {
-		fmt.Fprintf(w, "  %s: %q\n", h.Key, h.Value)
+		fmt.Fprintf(w, "  %s: %q\n", text(string(h.Key)), h.Value)
 	}
 	if len(f.Stack) > 0 {
 		fmt.Fprintln(w, "stack:")
-		for _, l := range strings.Split(strings.TrimRight(string(f.Stack), "\n"), "\n") {
-			fmt.Fprintln(w, "  "+l)
-		}
+		block(w, string(f.Stack))
 	}
 	fmt.Fprintln(w, "payload:")
-	for _, l := range strings.Split(strings.TrimRight(payload(r.Value), "\n"), "\n") {
-		fmt.Fprintln(w, "  "+l)
+	payload(w, r.Value)
+}
+
+// jsonBytes renders record bytes for JSON: a string when they are valid
+// UTF-8, else {"hex": "…"}, so nothing is silently replaced by U+FFFD; nil
+// stays null.
+func jsonBytes(b []byte) any {
+	switch {
+	case b == nil:
+		return nil
+	case utf8.Valid(b):
+		return string(b)
+	default:
+		return map[string]string{"hex": hex.EncodeToString(b)}
 	}
 }
 
 func showJSON(w io.Writer, r *dlq.Record) error {
-	headers := map[string]string{}
+	// Headers in order, duplicates kept: [{"key": …, "value": …}, …].
+	headers := []map[string]any{}
 	for _, h := range r.OriginalHeaders() {
-		headers[string(h.Key)] = string(h.Value)
+		headers = append(headers, map[string]any{"key": jsonBytes(h.Key), "value": jsonBytes(h.Value)})
 	}
-	var value any
-	switch {
-	case r.Value == nil:
-	case json.Valid(r.Value):
+	value := jsonBytes(r.Value)
+	if utf8.Valid(r.Value) && json.Valid(r.Value) {
 		value = json.RawMessage(r.Value)
-	case utf8.Valid(r.Value):
-		value = string(r.Value)
-	default:
-		value = map[string]string{"hex": hex.EncodeToString(r.Value)}
 	}
-	var key *string
-	if r.Key != nil {
-		k := string(r.Key)
-		key = &k
-	}
-	// The failure as the wire contract spells it: idem-* header names.
-	failure := map[string]string{}
-	for _, h := range retrytopic.Encode([]sarama.RecordHeader(nil), r.Failure) {
-		failure[string(h.Key)] = string(h.Value)
+	// The failure as the wire contract spells it: idem-* header names, taken
+	// from the record itself so nothing is re-encoded.
+	failure := map[string]any{}
+	for _, h := range r.Headers {
+		if retrytopic.IsIdemHeader(h.Key) {
+			failure[string(h.Key)] = jsonBytes(h.Value)
+		}
 	}
 	out := map[string]any{
 		"topic": r.Topic, "partition": r.Partition, "offset": r.Offset, "timestamp": r.Timestamp,
-		"key": key, "headers": headers, "fingerprint": r.Fingerprint(), "failure": failure, "value": value,
+		"key": jsonBytes(r.Key), "headers": headers, "fingerprint": r.Fingerprint(), "failure": failure, "value": value,
 	}
 	if r.DecodeErr != nil {
 		out["decode_error"] = r.DecodeErr.Error()
 	}
-	enc := json.NewEncoder(w)
+	return writeJSON(w, out)
+}
+
+// writeJSON writes v as indented JSON in which every rune that is not
+// printable (strconv.IsPrint: C1 controls, DEL, bidi and other format
+// characters) is written as a \uXXXX escape: the same JSON value, safe on a
+// terminal. (encoding/json already escapes the C0 controls.)
+func writeJSON(w io.Writer, v any) error {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
 	enc.SetIndent("", "  ")
 	enc.SetEscapeHTML(false)
-	return enc.Encode(out)
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	b := buf.Bytes()
+	out := make([]byte, 0, len(b)+1)
+	for len(b) > 0 {
+		r, size := utf8.DecodeRune(b)
+		switch {
+		case r == utf8.RuneError && size == 1:
+			out = append(out, `\ufffd`...)
+		case r == '\n' || strconv.IsPrint(r):
+			out = append(out, b[:size]...)
+		default:
+			for _, u := range utf16.Encode([]rune{r}) {
+				out = fmt.Appendf(out, `\u%04x`, u)
+			}
+		}
+		b = b[size:]
+	}
+	_, err := w.Write(out)
+	return err
 }
 
 func newReplayCmd(a *app) *cobra.Command {
 	var topic, to, filter string
 	var rate float64
+	var tier int
 	var dryRun bool
 	c := &cobra.Command{
 		Use:   "replay",
-		Short: "Republish pending dead-letter records to their original topic or first retry tier",
+		Short: "Republish pending dead-letter records to their source topic or to a topic you name",
 		Long: `Republish pending dead-letter records, keeping key, value and original headers
 (including idempotency-key, so already-handled records are dropped as duplicates).
+
+--to says where records go:
+  source (default)  each record's idem-original-topic, as a fresh record
+                    (idem-* headers removed), to its original partition
+  TOPIC             a topic you name, typically a retry tier, e.g.
+                    payments.billing.retry.1: the record keeps its idem-*
+                    history, due now, with idem-tier from --tier (default: n
+                    when TOPIC is named <topic>.<group>.retry.<n>, else 1)
+idem never guesses tier names and never creates a topic. A --to topic that
+does not exist is an error before anything is read; with source, replay stops
+at the first record whose original topic does not exist, and that record
+stays pending (list still shows it).
 
 Replay handles the records pending when it starts and then commits the admin
 group past all of them: records the --filter skips are NO LONGER PENDING
@@ -289,19 +373,25 @@ does not repeat the first.
 			if err != nil {
 				return err
 			}
-			dest := dlq.Destination(to)
-			if dest != dlq.ToOrigin && dest != dlq.ToRetry {
-				return fmt.Errorf("--to %q: want origin or retry", to)
+			if strings.TrimSpace(to) == "" {
+				return errors.New("--to is empty: give source or a topic name")
 			}
 			if rate < 0 {
 				return fmt.Errorf("--rate %v: must be >= 0", rate)
+			}
+			if tier < 0 {
+				return fmt.Errorf("--tier %d: must be >= 1 (0: from the topic name)", tier)
+			}
+			if tier > 0 && to == string(dlq.ToSource) {
+				return errors.New("--tier applies to a named --to topic, not to source")
 			}
 			cl, err := a.openDLQ()
 			if err != nil {
 				return err
 			}
 			defer cl.Close()
-			opts := dlq.ReplayOptions{Topic: topic, To: dest, Filter: f, Rate: rate, DryRun: dryRun}
+			dest := dlq.Destination(to)
+			opts := dlq.ReplayOptions{Topic: topic, To: dest, Tier: tier, Filter: f, Rate: rate, DryRun: dryRun}
 			tty := isTerminal(a.out)
 			if tty {
 				opts.Progress = func(done, total int64) { progressBar(a.out, done, total) }
@@ -311,6 +401,9 @@ does not repeat the first.
 				fmt.Fprintln(a.out)
 			}
 			if err != nil {
+				if errors.Is(err, dlq.ErrUnknownTopic) && (to == "retry" || to == "origin") {
+					return fmt.Errorf("%w (--to takes source or a topic name: name the retry tier, e.g. <topic>.<group>.retry.1)", err)
+				}
 				return fmt.Errorf("%w (replayed %d, skipped %d before stopping)", err, res.Replayed, res.Skipped)
 			}
 			if dryRun {
@@ -326,7 +419,8 @@ does not repeat the first.
 		},
 	}
 	topicFlag(c, &topic)
-	c.Flags().StringVar(&to, "to", string(dlq.ToOrigin), "destination: origin (idem-original-topic) or retry (first retry tier)")
+	c.Flags().StringVar(&to, "to", string(dlq.ToSource), "destination: source (each record's idem-original-topic) or an existing topic name, e.g. a retry tier")
+	c.Flags().IntVar(&tier, "tier", 0, "idem-tier written with a named --to topic (default: n of <topic>.<group>.retry.<n>, else 1)")
 	c.Flags().StringVar(&filter, "filter", "", "kind=…,error~=…,key=…,fingerprint=… (all must match)")
 	c.Flags().Float64Var(&rate, "rate", 0, "max records per second (0 = unlimited)")
 	c.Flags().BoolVar(&dryRun, "dry-run", false, "count what would be replayed; send and commit nothing")

@@ -3,7 +3,7 @@
 //
 //	idem dlq list    --topic payments.billing.dlq [--json]
 //	idem dlq show    --topic payments.billing.dlq (--partition P --offset N | --key K) [--json]
-//	idem dlq replay  --topic payments.billing.dlq [--to origin|retry] [--filter kind=…,error~=…,key=…] [--rate N] [--dry-run]
+//	idem dlq replay  --topic payments.billing.dlq [--to source|TOPIC [--tier N]] [--filter kind=…,error~=…,key=…] [--rate N] [--dry-run]
 //	idem dlq purge   --topic payments.billing.dlq [--yes]
 //	idem migrate     [--database-url URL] [--table schema.table]
 //

@@ -90,6 +90,9 @@ func (a *app) saramaConfig() (*sarama.Config, []string, error) {
 	cfg.Net.DialTimeout = 5 * time.Second
 	cfg.Metadata.Retry.Max = 1
 	cfg.Metadata.Full = false
+	// No command may create a topic by naming it (a typo in --topic or --to,
+	// or a deleted original topic), whatever the broker allows.
+	cfg.Metadata.AllowAutoTopicCreation = false
 	return cfg, brokers, nil
 }
 
