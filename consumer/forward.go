@@ -42,13 +42,31 @@ func (r *runner) originOf(cm *sarama.ConsumerMessage) origin {
 	return o
 }
 
+// dueSlack is how far past its tier's delay from now a record's idem-due-at
+// may lie before waitDue stops trusting it (clock skew between hosts, the
+// millisecond rounding).
+const dueSlack = time.Second
+
 // waitDue holds a retry record until its idem-due-at: only this partition
-// waits, and the wait ends at once when the claim is revoked.
+// waits, and the wait ends at once when the claim is revoked. The wait is
+// bounded: a due time further out than the tier's delay from now (written by
+// another version, a changed policy, or a skewed clock) is waited for only up
+// to that delay (plus dueSlack), with a WARN, so one record cannot hold a tier
+// partition for long.
 func (p *partition) waitDue(cm *sarama.ConsumerMessage, o origin) bool {
 	if o.tier == 0 || o.prior.DueAt.IsZero() {
 		return true
 	}
-	if err := retrytopic.WaitDue(p.stopCtx, o.prior.DueAt, nil); err != nil {
+	due := o.prior.DueAt
+	if o.tier <= len(p.r.policy.Delays) {
+		delay := p.r.policy.Delays[o.tier-1]
+		if bound := time.Now().Add(delay + dueSlack); due.After(bound) {
+			p.log.Warn("idem: retry record due later than its tier's delay; waiting only the delay",
+				"topic", cm.Topic, "offset", cm.Offset, "due_at", due, "delay", delay)
+			due = bound
+		}
+	}
+	if err := retrytopic.WaitDue(p.stopCtx, due, nil); err != nil {
 		return false
 	}
 	p.r.m.RetryDelay.WithLabelValues(p.r.cfg.Group, cm.Topic).Observe(time.Since(o.prior.DueAt).Seconds())
@@ -60,16 +78,25 @@ type outbound struct {
 	rec  retrytopic.Record
 	tier int // 0: the dead-letter topic
 	kind string
+	f    retrytopic.Failure // what rec's idem-* headers say
+	dlq  string             // the dead-letter topic of the record's family
+	stub bool               // rec is a stub: its value was left out
 }
 
 // failure decides where a failed message goes: to the next retry tier when
 // its error is retriable and tiers remain, else to the dead-letter topic; and
 // builds the record: key, value and original headers unchanged, idem-* headers
 // set. src is where it was read (a source or a tier), o its origin.
+//
+// A tier's due time is the failure plus the tier's delay. A
+// handler.RetryAfter is capped at that delay, so it never moves the due time:
+// due times in a tier partition stay in write order and no record holds a
+// tier partition longer than the tier's delay (retrytopic.Policy.Delays).
 func (p *partition) failure(src retrytopic.Source, key, value []byte, headers []*sarama.RecordHeader, o origin, msg *handler.Message, cause error) outbound {
 	r := p.r
 	now := time.Now()
-	dest, tier, delay := r.policy.DLQ(o.topic, r.cfg.Group), 0, time.Duration(0)
+	dlq := r.policy.DLQ(o.topic, r.cfg.Group)
+	dest, tier, delay := dlq, 0, time.Duration(0)
 	if p.retriable(cause) {
 		dest, tier, delay = r.policy.Next(o.topic, r.cfg.Group, o.tier)
 	}
@@ -78,7 +105,7 @@ func (p *partition) failure(src retrytopic.Source, key, value []byte, headers []
 	f.Tier = tier
 	if tier > 0 {
 		if ra, ok := handler.RetryAfterOf(cause); ok && ra > delay {
-			delay = ra
+			p.log.Debug("idem: RetryAfter capped at the tier's delay", "offset", src.Offset, "retry_after", ra, "delay", delay, "to", dest)
 		}
 		f.DueAt = now.Add(delay)
 	}
@@ -86,55 +113,152 @@ func (p *partition) failure(src retrytopic.Source, key, value []byte, headers []
 		rec:  retrytopic.Record{Topic: dest, Partition: src.Partition, Key: key, Value: value, Headers: retrytopic.Encode(headers, f)},
 		tier: tier,
 		kind: string(f.Kind),
+		f:    f,
+		dlq:  dlq,
 	}
 }
 
-// send forwards out and waits for the ack (acks=all). While forwarding fails
-// the partition retries it with backoff; it returns false (nothing marked) only
-// when the partition is stopping.
+// toDLQ returns o redirected to its dead-letter topic because its
+// destination refused it for good with cause; stub leaves the value out.
+func (o outbound) toDLQ(cause error, stub bool) outbound {
+	f := o.f
+	f.Tier, f.DueAt = 0, time.Time{}
+	f.ForwardError = cause.Error()
+	rec := o.rec
+	rec.Topic = o.dlq
+	if stub {
+		f.Stub, f.OmittedBytes = true, len(o.rec.Value)
+		rec.Value = nil
+	}
+	rec.Headers = retrytopic.Encode(o.rec.Headers, f)
+	return outbound{rec: rec, tier: 0, kind: o.kind, f: f, dlq: o.dlq, stub: stub}
+}
+
+// send forwards out and waits for the ack (acks=all); see sendOutcome. It
+// returns false (nothing marked) only when the partition is stopping.
 func (p *partition) send(out outbound, msg *handler.Message) bool {
+	_, ok := p.sendOutcome(out, msg)
+	return ok
+}
+
+// sendOutcome forwards out and waits for the ack (acks=all), and returns the
+// tier the record went to: out.tier, or 0 when its tier refused it for good
+// and it was dead-lettered instead.
+//
+// Failures are classified by retrytopic.IsPermanentForwardError:
+//   - an outage (unknown topic, no leader, network): the partition waits and
+//     retries the same forward with backoff, logging each try;
+//   - a permanent refusal (too large, not authorised, invalid record): the
+//     record goes to the dead-letter topic whole, or, if that refuses it for
+//     good too, as a stub (key and headers, nil value, idem-payload-omitted),
+//     logged at ERROR and counted in idem_stubs_forwarded_total;
+//   - the dead-letter topic refusing even the stub: an outage-like wait,
+//     logged at ERROR once a minute; the record is never dropped.
+//
+// Each retry starts again from out's own destination. It returns false
+// (nothing marked) only when the partition is stopping.
+func (p *partition) sendOutcome(out outbound, msg *handler.Message) (tier int, ok bool) {
 	r := p.r
-	dest := out.rec.Topic
+	var loudAt time.Time
 	for n := 1; ; n++ {
-		err := r.fwd.Forward(p.hctx, out.rec)
+		loud := n == 1 || time.Since(loudAt) >= time.Minute
+		sent, err := p.forwardOnce(out, msg, loud)
 		if err == nil {
-			break
+			p.forwarded(sent, msg)
+			return sent.tier, true
 		}
-		r.m.ForwardErrors.WithLabelValues(r.cfg.Group, dest).Inc()
-		p.log.Error("idem: forward failed; offset not marked, retrying", "offset", msg.Offset, "to", dest, "err", err, "try", n)
+		switch {
+		case !retrytopic.IsPermanentForwardError(err):
+			p.log.Error("idem: forward failed; offset not marked, retrying", "offset", msg.Offset, "to", sent.rec.Topic, "err", err, "try", n)
+		case loud:
+			loudAt = time.Now()
+			p.log.Error("idem: the dead-letter topic refuses even a stub of this record; offset not marked, waiting",
+				"offset", msg.Offset, "key", msg.IdempotencyKey, "to", sent.rec.Topic, "err", err, "try", n)
+		}
 		if !sleep(p.stopCtx, r.outageDelay(n)) {
-			return false
+			return 0, false
 		}
 	}
+}
+
+// forwardOnce tries out once and, when its destination refuses it for good,
+// the dead-letter topic with the whole record (if out was for a tier), then
+// a stub. It returns what it sent last and that send's error.
+func (p *partition) forwardOnce(out outbound, msg *handler.Message, loud bool) (outbound, error) {
+	r := p.r
+	try := func(o outbound) (bool, error) {
+		err := r.fwd.Forward(p.hctx, o.rec)
+		if err == nil {
+			return true, nil
+		}
+		r.m.ForwardErrors.WithLabelValues(r.cfg.Group, o.rec.Topic).Inc()
+		if !retrytopic.IsPermanentForwardError(err) {
+			return false, err
+		}
+		if loud {
+			p.log.Error("idem: destination refuses the record for good; dead-lettering it",
+				"offset", msg.Offset, "key", msg.IdempotencyKey, "to", o.rec.Topic, "stub", o.stub, "bytes", len(o.rec.Value), "err", err)
+		}
+		return false, err
+	}
+	done, err := try(out)
+	if done || !retrytopic.IsPermanentForwardError(err) {
+		return out, err
+	}
+	if out.tier > 0 {
+		whole := out.toDLQ(err, false)
+		if done, err = try(whole); done || !retrytopic.IsPermanentForwardError(err) {
+			return whole, err
+		}
+	}
+	stub := out.toDLQ(err, true)
+	_, err = try(stub)
+	return stub, err
+}
+
+// forwarded counts and logs a durable forward.
+func (p *partition) forwarded(out outbound, msg *handler.Message) {
+	r := p.r
+	dest := out.rec.Topic
 	r.m.Forwarded.WithLabelValues(r.cfg.Group, dest, out.kind).Inc()
 	outcome := metrics.OutcomeRetried
 	if out.tier == 0 {
 		outcome = metrics.OutcomeDeadLettered
 	}
 	r.m.Messages.WithLabelValues(r.cfg.Group, msg.Topic, outcome).Inc()
+	if out.stub {
+		r.m.StubsForwarded.WithLabelValues(r.cfg.Group, dest).Inc()
+		p.log.Error("idem: message dead-lettered as a stub without its value", "offset", msg.Offset, "key", msg.IdempotencyKey,
+			"to", dest, "omitted_bytes", out.f.OmittedBytes, "reason", out.f.ForwardError)
+		return
+	}
 	p.log.Info("idem: message forwarded", "offset", msg.Offset, "key", msg.IdempotencyKey, "to", dest, "kind", out.kind, "attempt", msg.Attempt)
-	return true
 }
 
 // setupRetryTopics creates the missing tier and dead-letter topics of every
-// source topic, with at least the source's partitions.
-func (r *runner) setupRetryTopics(ctx context.Context, client sarama.Client) error {
+// source topic, with at least the source's partitions and room for its
+// largest records (retrytopic.EnsureTopicsFor), logs a WARN for each existing
+// one that is smaller than its source or keeps records shorter than twice its
+// delay, and returns the Producer.MaxMessageBytes the forward producer needs.
+func (r *runner) setupRetryTopics(ctx context.Context, client sarama.Client) (int, error) {
 	admin, err := sarama.NewClusterAdminFromClient(client)
 	if err != nil {
-		return fmt.Errorf("consumer: admin: %w", err)
+		return 0, fmt.Errorf("consumer: admin: %w", err)
 	}
 	// Closing the admin would close the shared client; it holds no other resource.
+	limit := 0
 	for _, t := range r.cfg.Topics {
-		ps, err := client.Partitions(t)
+		sz, err := retrytopic.EnsureTopicsFor(ctx, admin, t, r.cfg.Group, r.policy)
 		if err != nil {
-			return fmt.Errorf("consumer: partitions of %s: %w", t, err)
+			return 0, fmt.Errorf("consumer: retry topics of %s: %w", t, err)
 		}
-		if err := retrytopic.EnsureTopics(ctx, admin, r.policy.Topics(t, r.cfg.Group), int32(len(ps)), r.policy); err != nil {
-			return fmt.Errorf("consumer: retry topics of %s: %w", t, err)
+		for _, w := range sz.Warnings {
+			r.log.Warn("idem: "+w.Error(), "topic", w.Topic, "config", w.Config, "found", w.Found, "want", w.Want)
 		}
+		limit = max(limit, sz.ProducerMaxMessageBytes())
 	}
 	if err := client.RefreshMetadata(); err != nil {
-		return fmt.Errorf("consumer: metadata: %w", err)
+		return 0, fmt.Errorf("consumer: metadata: %w", err)
 	}
-	return nil
+	return limit, nil
 }

@@ -166,12 +166,17 @@ func (r *runner) run(ctx context.Context) error {
 		return err
 	}
 	r.warnRetention(client)
-	if err := r.setupRetryTopics(ctx, client); err != nil {
+	maxBytes, err := r.setupRetryTopics(ctx, client)
+	if err != nil {
 		return err
 	}
 	// The forwarder's producer has a client of its own, so the consumer
-	// group's rebalances and the producer's metadata never interfere.
-	pclient, err := sarama.NewClient(r.cfg.Brokers, r.scfg)
+	// group's rebalances and the producer's metadata never interfere. Its
+	// Producer.MaxMessageBytes follows the largest max.message.bytes of the
+	// source, tier and dead-letter topics (plus room for idem's headers).
+	pcfg := *r.scfg
+	pcfg.Producer.MaxMessageBytes = max(pcfg.Producer.MaxMessageBytes, maxBytes)
+	pclient, err := sarama.NewClient(r.cfg.Brokers, &pcfg)
 	if err != nil {
 		return fmt.Errorf("consumer: connect producer to %v: %w", r.cfg.Brokers, err)
 	}
