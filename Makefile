@@ -10,7 +10,7 @@ WITH_ENV = set -a; [ -f $(ENVFILE) ] && . ./$(ENVFILE); set +a;
 GO      ?= go
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: help services services-down run test bench lint fmt compose-check
+.PHONY: help services services-down run test bench bench-quick lint fmt compose-check
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -28,10 +28,18 @@ test: services ## go vet + all tests with -race against real Kafka and PostgreSQ
 	$(GO) vet ./...
 	@$(WITH_ENV) IDEM_REQUIRE_REAL_KAFKA=1 $(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) ./...
 
-BENCHFLAGS ?= -benchtime 2000x
+BENCHARGS  ?=
+BENCHFLAGS ?=
 
-bench: services ## benchmarks (speed goals live here, never in tests); BenchmarkRetryDueLatency reports retry lateness
-	@$(WITH_ENV) $(GO) test -run '^$$' -bench . -benchmem $(BENCHFLAGS) ./...
+bench: services ## the benchmark harness (bench/, own module): idem beside raw sarama, Watermill and a naive loop; table, JSON and PNG in bench/out. BENCHARGS='-h' lists its flags; BENCHFLAGS='-bench X' runs the go test benchmarks instead
+	@if [ -n "$(BENCHFLAGS)" ]; then \
+		$(WITH_ENV) $(GO) test -run '^$$' -bench . -benchmem $(BENCHFLAGS) ./...; \
+	else \
+		(cd bench && $(GO) build -o ../bin/idem-bench .) && $(WITH_ENV) ./bin/idem-bench $(BENCHARGS); \
+	fi
+
+bench-quick: services ## a short pass of the harness: 200,000 records, one run, 3 s of latency per scenario
+	@(cd bench && $(GO) build -o ../bin/idem-bench .) && $(WITH_ENV) ./bin/idem-bench -records 200000 -runs 1 -latency-duration 3s $(BENCHARGS)
 
 lint: ## go vet + staticcheck
 	$(GO) vet ./...

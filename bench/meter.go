@@ -1,0 +1,108 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Meter counts finished records, times the first and the quota-th, and in
+// latency mode keeps each record's end-to-end latency. It cancels the run
+// when the quota is reached. Safe for concurrent use.
+type Meter struct {
+	quota   int64
+	cancel  context.CancelFunc
+	start   time.Time
+	latency bool
+
+	n     atomic.Int64
+	first atomic.Int64 // unix ns of the first Done
+	last  atomic.Int64 // unix ns of the quota-th Done
+
+	warmup time.Duration // latencies of records stamped this soon after the first are left out
+
+	mu   sync.Mutex
+	lats []latency
+}
+
+type latency struct {
+	ts int64 // record timestamp, unix ns
+	d  time.Duration
+}
+
+func newMeter(quota int, lat bool, warmup time.Duration, cancel context.CancelFunc) *Meter {
+	m := &Meter{quota: int64(quota), cancel: cancel, start: time.Now(), latency: lat, warmup: warmup}
+	if lat {
+		m.lats = make([]latency, 0, quota)
+	}
+	return m
+}
+
+// Done reports one record finished; ts is its Kafka timestamp.
+func (m *Meter) Done(ts time.Time) {
+	if m.latency {
+		l := latency{ts: ts.UnixNano(), d: time.Since(ts)}
+		m.mu.Lock()
+		m.lats = append(m.lats, l)
+		m.mu.Unlock()
+	}
+	switch n := m.n.Add(1); n {
+	case 1:
+		m.first.CompareAndSwap(0, time.Now().UnixNano())
+		if m.quota == 1 {
+			m.finish()
+		}
+	case m.quota:
+		m.finish()
+	}
+}
+
+func (m *Meter) finish() {
+	m.last.Store(time.Now().UnixNano())
+	m.cancel()
+}
+
+// result summarises the run.
+func (m *Meter) result() childResult {
+	r := childResult{Count: m.n.Load()}
+	first, last := m.first.Load(), m.last.Load()
+	if first != 0 {
+		r.JoinSeconds = time.Unix(0, first).Sub(m.start).Seconds()
+	}
+	if first != 0 && last != 0 {
+		r.SteadySeconds = time.Duration(last - first).Seconds()
+		if r.SteadySeconds > 0 {
+			r.MsgsPerSec = float64(m.quota-1) / r.SteadySeconds
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.lats) > 0 {
+		from := slices.MinFunc(m.lats, func(a, b latency) int { return cmp.Compare(a.ts, b.ts) }).ts + int64(m.warmup)
+		var l []time.Duration
+		for _, x := range m.lats {
+			if x.ts >= from {
+				l = append(l, x.d)
+			}
+		}
+		slices.Sort(l)
+		r.LatencyN = len(l)
+		if len(l) == 0 {
+			return r
+		}
+		r.P50ms = ms(quantile(l, 0.50))
+		r.P95ms = ms(quantile(l, 0.95))
+		r.P99ms = ms(quantile(l, 0.99))
+	}
+	return r
+}
+
+func quantile(sorted []time.Duration, q float64) time.Duration {
+	i := int(q*float64(len(sorted))+0.5) - 1
+	return sorted[max(0, min(i, len(sorted)-1))]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

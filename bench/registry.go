@@ -1,0 +1,141 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemhq/idem/consumer"
+	"github.com/idemhq/idem/dedupe"
+)
+
+// Scenario is one consumer measured by the harness. Adding one is a call to
+// register in scenarios.go: a name, a record limit, and a Consume function.
+type Scenario struct {
+	// Name is the row's name in the table, the JSON and the chart; -only and
+	// -profile select scenarios by it or by its slug.
+	Name string
+	// Limit is how many records one run consumes (its quota); 0 means every
+	// record of the topic. It is capped at -records.
+	Limit int
+	// PG marks a scenario that needs PostgreSQL; its ratio to the naive loop
+	// is reported.
+	PG bool
+	// Naive marks the naive loop, the baseline of the PG ratios.
+	Naive bool
+	// Ceiling marks raw sarama, the baseline of every throughput ratio.
+	Ceiling bool
+	// Extra keeps the scenario out of the default run; -only still selects it.
+	Extra bool
+	// Consume reads e.Topic as group e.Group and calls e.Meter.Done for every
+	// record once its work is finished, until ctx is cancelled (the meter
+	// cancels it when the quota is reached); it then returns nil.
+	Consume func(ctx context.Context, e *Env) error
+}
+
+// Slug is the scenario's name in lower case with dashes, used in group names,
+// file names and flags.
+func (s Scenario) Slug() string { return slug(s.Name) }
+
+var nonWord = regexp.MustCompile(`[^a-z0-9]+`)
+
+func slug(name string) string {
+	return strings.Trim(nonWord.ReplaceAllString(strings.ToLower(name), "-"), "-")
+}
+
+// limit is the scenario's quota out of a topic of n records.
+func (s Scenario) limit(n int) int {
+	if s.Limit <= 0 || s.Limit > n {
+		return n
+	}
+	return s.Limit
+}
+
+var registry []Scenario
+
+func register(s Scenario) {
+	for _, o := range registry {
+		if o.Slug() == s.Slug() {
+			panic("bench: scenario registered twice: " + s.Name)
+		}
+	}
+	registry = append(registry, s)
+}
+
+// lookup finds a scenario by name or slug.
+func lookup(name string) (Scenario, error) {
+	for _, s := range registry {
+		if s.Name == name || s.Slug() == slug(name) {
+			return s, nil
+		}
+	}
+	var names []string
+	for _, s := range registry {
+		names = append(names, fmt.Sprintf("%q", s.Slug()))
+	}
+	return Scenario{}, fmt.Errorf("unknown scenario %q (known: %s)", name, strings.Join(names, ", "))
+}
+
+// Env is what a scenario's Consume gets: where to read, how to report, and
+// the shared clients of the child process.
+type Env struct {
+	Brokers []string
+	Topic   string
+	Group   string
+	// Pool is a pgx pool on DATABASE_URL (nil unless the scenario is PG), with
+	// the inbox table migrated and the rows table (rowsTable) created.
+	Pool  *pgxpool.Pool
+	Meter *Meter
+}
+
+// Sarama is the base sarama config every sarama-based scenario starts from,
+// so they all fetch with the same settings: sarama's defaults, the broker
+// version idem assumes, and the oldest offset for a new group.
+func (e *Env) Sarama() *sarama.Config {
+	c := sarama.NewConfig()
+	c.Version = consumer.DefaultKafkaVersion
+	c.ClientID = "idem-bench"
+	c.Consumer.Offsets.Initial = sarama.OffsetOldest
+	c.Consumer.Return.Errors = true
+	return c
+}
+
+// Idem is the consumer.Config of the idem scenarios over store: defaults
+// everywhere, logs discarded, metrics in a private registry (as a service
+// that exports them would have).
+func (e *Env) Idem(store dedupe.Store) consumer.Config {
+	return consumer.Config{
+		Brokers:    e.Brokers,
+		Group:      e.Group,
+		Topics:     []string{e.Topic},
+		Dedupe:     store,
+		Sarama:     e.Sarama(),
+		Logger:     slog.New(slog.DiscardHandler),
+		Registerer: prometheus.NewRegistry(),
+		// A benchmark run is short: the DLQ-depth watcher would only add
+		// admin requests at start.
+		DLQDepthInterval: -1,
+		ShutdownGrace:    5 * time.Second,
+	}
+}
+
+// rowsTable is the table the PG scenarios insert their "business" row into.
+const rowsTable = "idem_bench_rows"
+
+const rowsDDL = `CREATE TABLE IF NOT EXISTS ` + rowsTable + ` (
+	consumer_group  text   NOT NULL,
+	idempotency_key text   NOT NULL,
+	"partition"     int    NOT NULL,
+	"offset"        bigint NOT NULL,
+	payload_len     int    NOT NULL
+)`
+
+const insertRow = `INSERT INTO ` + rowsTable +
+	` (consumer_group, idempotency_key, "partition", "offset", payload_len) VALUES ($1, $2, $3, $4, $5)`

@@ -1,0 +1,253 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// scenarioResult is one row of the table and one entry of the JSON.
+type scenarioResult struct {
+	Name            string    `json:"name"`
+	Slug            string    `json:"slug"`
+	Records         int       `json:"records"`
+	PG              bool      `json:"pg,omitempty"`
+	MsgsPerSec      float64   `json:"msgs_per_sec"`
+	RunsMsgsPerSec  []float64 `json:"runs_msgs_per_sec"`
+	VsRawSarama     float64   `json:"vs_raw_sarama,omitempty"`
+	VsNaiveLoop     float64   `json:"vs_naive_loop,omitempty"`
+	JoinSeconds     float64   `json:"join_seconds"`
+	PeakRSSBytes    int64     `json:"peak_rss_bytes"`
+	CPUSeconds      float64   `json:"cpu_seconds"`
+	CPUMicrosPerMsg float64   `json:"cpu_us_per_msg"`
+	LatencyRate     float64   `json:"latency_rate_msgs_per_sec,omitempty"`
+	LatencyRecords  int       `json:"latency_records,omitempty"`
+	P50ms           float64   `json:"p50_ms"`
+	P95ms           float64   `json:"p95_ms"`
+	P99ms           float64   `json:"p99_ms"`
+	Error           string    `json:"error,omitempty"`
+}
+
+// machineInfo describes where the numbers come from.
+type machineInfo struct {
+	Cores       int    `json:"cores"`
+	MemoryBytes int64  `json:"memory_bytes"`
+	CPU         string `json:"cpu,omitempty"`
+	Kafka       string `json:"kafka"`
+	Postgres    string `json:"postgres"`
+	Go          string `json:"go"`
+	OS          string `json:"os"`
+}
+
+type report struct {
+	Mode           string           `json:"mode,omitempty"`
+	StartedAt      time.Time        `json:"started_at"`
+	WallSeconds    float64          `json:"wall_seconds"`
+	Topic          string           `json:"topic,omitempty"`
+	Records        int              `json:"records,omitempty"`
+	Size           int              `json:"record_bytes"`
+	Partitions     int              `json:"partitions"`
+	Runs           int              `json:"runs"`
+	LatencySeconds float64          `json:"latency_seconds,omitempty"`
+	LatencyMaxRate float64          `json:"latency_max_rate,omitempty"`
+	Machine        machineInfo      `json:"machine"`
+	Scenarios      []scenarioResult `json:"scenarios"`
+	Notes          []string         `json:"notes"`
+}
+
+func machine(ctx context.Context, k *kafka) machineInfo {
+	m := machineInfo{Cores: runtime.NumCPU(), Go: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH,
+		Kafka: kafkaVersion(k), Postgres: "unknown"}
+	m.MemoryBytes = procField("/proc/meminfo", "MemTotal", func(v string) int64 {
+		kb, _ := strconv.ParseInt(strings.Fields(v)[0], 10, 64)
+		return kb * 1024
+	})
+	m.CPU = procString("/proc/cpuinfo", "model name")
+	if url := os.Getenv("DATABASE_URL"); url != "" {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if conn, err := pgx.Connect(cctx, url); err == nil {
+			_ = conn.QueryRow(cctx, "SHOW server_version").Scan(&m.Postgres)
+			_ = conn.Close(cctx)
+		}
+	}
+	return m
+}
+
+func procString(path, field string) string {
+	return procField(path, field, func(v string) string { return v })
+}
+
+func procField[T any](path, field string, parse func(string) T) T {
+	var zero T
+	f, err := os.Open(path)
+	if err != nil {
+		return zero
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if ok && strings.TrimSpace(k) == field && strings.TrimSpace(v) != "" {
+			return parse(strings.TrimSpace(v))
+		}
+	}
+	return zero
+}
+
+// ratios fills vs raw sarama (every row) and vs the naive loop (PG rows).
+func (r *report) ratios() {
+	var raw, naive float64
+	for _, s := range r.Scenarios {
+		if sc, err := lookup(s.Name); err == nil && s.Error == "" {
+			if sc.Ceiling {
+				raw = s.MsgsPerSec
+			}
+			if sc.Naive {
+				naive = s.MsgsPerSec
+			}
+		}
+	}
+	for i := range r.Scenarios {
+		s := &r.Scenarios[i]
+		if raw > 0 && s.Error == "" {
+			s.VsRawSarama = s.MsgsPerSec / raw
+		}
+		if naive > 0 && s.PG && s.Error == "" {
+			s.VsNaiveLoop = s.MsgsPerSec / naive
+		}
+	}
+}
+
+// write prints the table, writes the JSON (and the chart, if chart) to dir.
+func (r *report) write(dir string, chart bool) error {
+	r.Notes = append(r.Notes,
+		"msgs/s: steady throughput, first record done to the quota-th, median of the runs; join s apart (start of the consumer to the first record done)",
+		"peak RSS and CPU s: of the run's child process (ru_maxrss, user+sys), including the join",
+		fmt.Sprintf("latency: record timestamp to handler done (idem, Watermill ack) or offset marked (sarama loops), records produced at half the scenario's throughput (at most %.0f msgs/s) into a fresh topic once the group has joined", r.LatencyMaxRate),
+		"idem PG: Done is reported when the handler returns, just before idem's COMMIT",
+	)
+	table := r.table()
+	fmt.Print(table)
+	base := filepath.Join(dir, "bench-"+r.StartedAt.Format("20060102-150405"))
+	if r.Mode != "" {
+		base += "-" + r.Mode
+	}
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(base+".json", b, 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(base+".md", []byte(table), 0o644); err != nil {
+		return err
+	}
+	fmt.Printf("\nJSON: %s\ntable: %s\n", base+".json", base+".md")
+	if chart {
+		if err := drawChart(r, base+".png"); err != nil {
+			return fmt.Errorf("chart: %w", err)
+		}
+		fmt.Printf("chart: %s\n", base+".png")
+	}
+	fmt.Printf("wall time: %.0fs\n", r.WallSeconds)
+	return nil
+}
+
+// table renders the results as a Markdown table with the machine above it.
+func (r *report) table() string {
+	var sb strings.Builder
+	m := r.Machine
+	fmt.Fprintf(&sb, "\nMachine: %d cores (%s), %.1f GiB; Kafka %s; PostgreSQL %s; %s %s.\n",
+		m.Cores, m.CPU, float64(m.MemoryBytes)/(1<<30), m.Kafka, m.Postgres, m.Go, m.OS)
+	if r.Mode == "" {
+		fmt.Fprintf(&sb, "Topic: %d records of %d bytes, %d partitions, LZ4, keys k0…k%d; median of %d runs; latency %.0fs per scenario.\n\n",
+			r.Records, r.Size, r.Partitions, keyCount-1, r.Runs, r.LatencySeconds)
+		sb.WriteString("| scenario | records | msgs/s | vs raw sarama | vs naive | p50 ms | p95 ms | p99 ms | at msgs/s | peak RSS MiB | CPU s | CPU µs/msg | join s |\n")
+		sb.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	} else {
+		fmt.Fprintf(&sb, "Flat RSS: records of %d bytes, %d partitions; median of %d runs.\n\n", r.Size, r.Partitions, r.Runs)
+		sb.WriteString("| scenario | records | msgs/s | peak RSS MiB | CPU s | join s |\n|---|--:|--:|--:|--:|--:|\n")
+	}
+	for _, s := range r.Scenarios {
+		if s.Error != "" {
+			fmt.Fprintf(&sb, "| %s | %d | failed: %s |\n", s.Name, s.Records, strings.ReplaceAll(s.Error, "|", "/"))
+			continue
+		}
+		if r.Mode != "" {
+			fmt.Fprintf(&sb, "| %s | %s | %s | %.0f | %.1f | %.2f |\n", s.Name, thousands(float64(s.Records)),
+				thousands(s.MsgsPerSec), mib(s.PeakRSSBytes), s.CPUSeconds, s.JoinSeconds)
+			continue
+		}
+		fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f | %.1f | %.2f | %.2f |\n",
+			s.Name, thousands(float64(s.Records)), thousands(s.MsgsPerSec),
+			ratio(s.VsRawSarama), ratio(s.VsNaiveLoop),
+			msCell(s.P50ms, s.LatencyRecords), msCell(s.P95ms, s.LatencyRecords), msCell(s.P99ms, s.LatencyRecords),
+			rateCell(s.LatencyRate), mib(s.PeakRSSBytes), s.CPUSeconds, s.CPUMicrosPerMsg, s.JoinSeconds)
+	}
+	return sb.String()
+}
+
+func ratio(v float64) string {
+	if v == 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f", v)
+}
+
+func msCell(v float64, n int) string {
+	if n == 0 {
+		return "—"
+	}
+	if v < 10 {
+		return fmt.Sprintf("%.2f", v)
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+func rateCell(v float64) string {
+	if v == 0 {
+		return "—"
+	}
+	return thousands(v)
+}
+
+// thousands formats v rounded, with commas: 1,820,299.
+func thousands(v float64) string {
+	s := strconv.FormatInt(int64(v+0.5), 10)
+	var out []byte
+	for i := range len(s) {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			out = append(out, ',')
+		}
+		out = append(out, s[i])
+	}
+	return string(out)
+}
+
+// redraw draws the chart of a JSON report again, as <report>.png.
+func redraw(path string) error {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var r report
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	png := strings.TrimSuffix(path, ".json") + ".png"
+	if err := drawChart(&r, png); err != nil {
+		return err
+	}
+	fmt.Println("chart:", png)
+	return nil
+}

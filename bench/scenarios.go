@@ -1,0 +1,225 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+
+	"github.com/idemhq/idem/consumer"
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/handler"
+)
+
+// Record limits of the slow scenarios, so `make bench` stays within 15
+// minutes on a 2-core machine. The table prints each scenario's count.
+const (
+	pgLimit   = 100_000 // PostgreSQL scenarios: ~5k msg/s one transaction per message
+	slowLimit = 20_000  // 2 ms handler: 12 partitions × 500 msg/s
+)
+
+// ioWait stands for an HTTP call in the I/O-bound scenarios.
+const ioWait = 2 * time.Millisecond
+
+// The scenarios, in table order. To add one, copy the closest and change it;
+// Consume must call e.Meter.Done(record timestamp) once per finished record
+// and return nil when ctx is cancelled.
+func init() {
+	register(Scenario{Name: "raw sarama", Ceiling: true, Consume: consumeRawSarama})
+	register(Scenario{Name: "watermill", Consume: consumeWatermill})
+	register(Scenario{Name: "idem memory", Consume: func(ctx context.Context, e *Env) error {
+		return consumer.Run(ctx, e.Idem(dedupe.NewMemory()), noop(e))
+	}})
+	// TODO(lanes): "idem memory 16 lanes" — as "idem memory" with
+	//   cfg := e.Idem(dedupe.NewMemory()); cfg.Concurrency = 16
+	register(Scenario{Name: "naive loop", Limit: pgLimit, PG: true, Naive: true, Consume: consumeNaive})
+	register(Scenario{Name: "idem PG", Limit: pgLimit, PG: true, Consume: func(ctx context.Context, e *Env) error {
+		return consumer.Run(ctx, e.Idem(dedupe.NewPostgres(e.Pool)), insertOne(e))
+	}})
+	// TODO(batching): "idem PG batched" — as "idem PG" with
+	//   cfg.Batch = consumer.BatchConfig{MaxMessages: 500, MaxWait: 5 * time.Millisecond}
+	// TODO(batch handler): "idem PG batch handler" — consumer.RunBatch(ctx, cfg,
+	//   handler.BatchFunc(...)) inserting the batch's rows with one pgx.Batch or
+	//   unnest statement through dedupe.Tx(ctx), then e.Meter.Done per message.
+	register(Scenario{Name: "idem 2 ms", Limit: slowLimit, Consume: func(ctx context.Context, e *Env) error {
+		return consumer.Run(ctx, e.Idem(dedupe.NewMemory()), sleepy(e))
+	}})
+	// TODO(lanes): "idem 2 ms 16 lanes" — as "idem 2 ms" with cfg.Concurrency = 16.
+
+	// Extra scenarios, only with -only or -flat-rss.
+	register(Scenario{Name: "idem no store", Extra: true, Consume: func(ctx context.Context, e *Env) error {
+		return consumer.Run(ctx, e.Idem(nopStore{}), noop(e))
+	}})
+}
+
+// noop is the no-op handler: it only reports the record done.
+func noop(e *Env) handler.Handler {
+	return handler.Func(func(_ context.Context, m *handler.Message) error {
+		e.Meter.Done(m.Timestamp)
+		return nil
+	})
+}
+
+// sleepy waits ioWait, like a handler calling an HTTP service.
+func sleepy(e *Env) handler.Handler {
+	return handler.Func(func(ctx context.Context, m *handler.Message) error {
+		select {
+		case <-time.After(ioWait):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		e.Meter.Done(m.Timestamp)
+		return nil
+	})
+}
+
+// insertOne inserts one business row through the inbox's transaction. Done
+// is called when the handler returns, just before idem's COMMIT.
+func insertOne(e *Env) handler.Handler {
+	return handler.Func(func(ctx context.Context, m *handler.Message) error {
+		if _, err := dedupe.Tx(ctx).Exec(ctx, insertRow, e.Group, m.IdempotencyKey, m.Partition, m.Offset, len(m.Value)); err != nil {
+			return fmt.Errorf("insert row: %w", err)
+		}
+		e.Meter.Done(m.Timestamp)
+		return nil
+	})
+}
+
+// nopStore remembers nothing: it isolates idem's pipeline from the memory
+// store's map of every key (which grows with the record count).
+type nopStore struct{}
+
+func (nopStore) Process(ctx context.Context, _ dedupe.Record, fn func(context.Context) error) (dedupe.Outcome, error) {
+	if err := fn(ctx); err != nil {
+		return 0, err
+	}
+	return dedupe.Processed, nil
+}
+
+// groupFunc adapts a per-message function to sarama.ConsumerGroupHandler.
+type groupFunc func(ctx context.Context, s sarama.ConsumerGroupSession, m *sarama.ConsumerMessage) error
+
+func (groupFunc) Setup(sarama.ConsumerGroupSession) error   { return nil }
+func (groupFunc) Cleanup(sarama.ConsumerGroupSession) error { return nil }
+func (f groupFunc) ConsumeClaim(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupClaim) error {
+	for {
+		select {
+		case m, ok := <-c.Messages():
+			if !ok {
+				return nil
+			}
+			if err := f(s.Context(), s, m); err != nil {
+				return err
+			}
+		case <-s.Context().Done():
+			return nil
+		}
+	}
+}
+
+// runGroup consumes e.Topic with a plain sarama consumer group until ctx ends.
+func runGroup(ctx context.Context, e *Env, f groupFunc) error {
+	g, err := sarama.NewConsumerGroup(e.Brokers, e.Group, e.Sarama())
+	if err != nil {
+		return fmt.Errorf("consumer group: %w", err)
+	}
+	defer g.Close()
+	go func() {
+		for range g.Errors() { // drained until Close
+		}
+	}()
+	for ctx.Err() == nil {
+		if err := g.Consume(ctx, []string{e.Topic}, f); err != nil && !errors.Is(err, sarama.ErrClosedConsumerGroup) {
+			return fmt.Errorf("consume: %w", err)
+		}
+	}
+	return nil
+}
+
+// consumeRawSarama is the ceiling: a no-op handler that marks each message.
+func consumeRawSarama(ctx context.Context, e *Env) error {
+	return runGroup(ctx, e, func(_ context.Context, s sarama.ConsumerGroupSession, m *sarama.ConsumerMessage) error {
+		s.MarkMessage(m, "")
+		e.Meter.Done(m.Timestamp)
+		return nil
+	})
+}
+
+// consumeNaive is the hand-written loop idem replaces: one transaction per
+// message with the inbox insert and the business row, then the mark.
+func consumeNaive(ctx context.Context, e *Env) error {
+	return runGroup(ctx, e, func(ctx context.Context, s sarama.ConsumerGroupSession, m *sarama.ConsumerMessage) error {
+		var key string
+		for _, h := range m.Headers {
+			if string(h.Key) == "idempotency-key" {
+				key = string(h.Value)
+			}
+		}
+		tx, err := e.Pool.Begin(ctx)
+		if err != nil {
+			return ctxNil(ctx, err)
+		}
+		defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+		tag, err := tx.Exec(ctx, `INSERT INTO idem_processed (consumer_group, idempotency_key, topic, "partition", "offset")`+
+			` VALUES ($1, $2, $3, $4, $5) ON CONFLICT (consumer_group, idempotency_key) DO NOTHING`,
+			e.Group, key, m.Topic, m.Partition, m.Offset)
+		if err != nil {
+			return ctxNil(ctx, err)
+		}
+		if tag.RowsAffected() == 1 {
+			if _, err := tx.Exec(ctx, insertRow, e.Group, key, m.Partition, m.Offset, len(m.Value)); err != nil {
+				return ctxNil(ctx, err)
+			}
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return ctxNil(ctx, err)
+		}
+		s.MarkMessage(m, "")
+		e.Meter.Done(m.Timestamp)
+		return nil
+	})
+}
+
+// ctxNil hides errors caused by the end of the run.
+func ctxNil(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// consumeWatermill is Watermill's Kafka subscriber with a no-op handler that
+// acks each message (it waits for the ack before the partition's next one).
+func consumeWatermill(ctx context.Context, e *Env) error {
+	sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
+		Brokers:               e.Brokers,
+		Unmarshaler:           wkafka.DefaultMarshaler{},
+		OverwriteSaramaConfig: e.Sarama(),
+		ConsumerGroup:         e.Group,
+	}, watermill.NopLogger{})
+	if err != nil {
+		return fmt.Errorf("watermill subscriber: %w", err)
+	}
+	defer sub.Close()
+	msgs, err := sub.Subscribe(ctx, e.Topic)
+	if err != nil {
+		return fmt.Errorf("watermill subscribe: %w", err)
+	}
+	for {
+		select {
+		case m, ok := <-msgs:
+			if !ok {
+				return nil
+			}
+			ts, _ := wkafka.MessageTimestampFromCtx(m.Context())
+			m.Ack()
+			e.Meter.Done(ts)
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
