@@ -85,8 +85,15 @@ func (e *RetryAfterError) Error() string {
 func (e *RetryAfterError) Unwrap() error { return e.Err }
 
 // RetryAfter marks err as retriable no sooner than d from now; the in-process
-// retry waits at least d (instead of its own backoff) and a retry tier's due time
-// is at least d away. RetryAfter(nil, d) returns nil.
+// retry waits at least d (instead of its own backoff). RetryAfter(nil, d)
+// returns nil.
+//
+// When the message is forwarded to a retry tier, d is capped at the delay of
+// that tier (retrytopic.Policy.Delays): the record is due exactly the tier's
+// delay after the failure, never earlier and never later, whatever d is. So
+// due times within one tier stay in the order records were written, and one
+// record cannot hold a tier partition for longer than the tier's delay. Give
+// the tiers delays that cover the waits your dependencies ask for.
 func RetryAfter(err error, d time.Duration) error {
 	if err == nil {
 		return nil

@@ -17,15 +17,45 @@
 // the tiers still says where it came from.
 //
 // A tier consumer reads a record, then calls WaitDue(ctx, failure.DueAt, nil)
-// before handling it: records are never handled early, and a revoked partition
-// stops waiting at once.
+// before handling it: records are never handled early (Encode rounds
+// idem-due-at UP to the millisecond), and a revoked partition stops waiting at
+// once.
 //
-// EnsureTopics creates the tiers and the dead-letter topic with at least as
-// many partitions as the source topic, so a record keeps its partition number
-// and per-key order holds.
+// # Due times are bounded
+//
+// A record sent to tier n is due Policy.Delays[n-1] after the failure. A
+// handler.RetryAfter is capped at that delay: it never moves the due time, so
+// due times within a tier stay in write order and one record cannot hold a
+// tier partition for longer than the delay. Policy.Validate rejects a delay
+// above half of Policy.Retention: a record must not expire in its tier before
+// it is due (its source offset is already committed).
+//
+// # Topics and size limits
+//
+// EnsureTopicsFor creates the tiers and the dead-letter topic of a source
+// topic with as many partitions as the source (so a record keeps its
+// partition number and per-key order holds) and with the source's
+// max.message.bytes plus HeaderHeadroom (and its segment.bytes), so every
+// record the source holds fits with idem's headers. Existing topics are never
+// altered; a smaller one is reported as a *LimitWarning. Sizes tells how large
+// the forward producer's Producer.MaxMessageBytes must be. ConfigureProducer
+// turns topic auto-creation off: idem never creates a topic by producing to it.
 //
 //	pol := retrytopic.Policy{Delays: []time.Duration{time.Second, time.Minute}}
-//	err := retrytopic.EnsureTopics(ctx, admin, pol.Topics("payments", "billing"), 12, pol)
+//	sizes, err := retrytopic.EnsureTopicsFor(ctx, admin, "payments", "billing", pol)
+//	cfg.Producer.MaxMessageBytes = sizes.ProducerMaxMessageBytes()
+//
+// # Records no topic will take
+//
+// IsPermanentForwardError is the one classification of producer errors: a
+// refusal no retry can change (MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE,
+// INVALID_RECORD, authorisation failures, …) or an outage (unknown topic, no
+// leader, network) to wait out. The consumer sends a record whose tier refuses
+// it for good to the dead-letter topic instead, and a record the dead-letter
+// topic refuses for good as a stub: key and headers kept, value nil,
+// idem-payload-omitted giving the value's size and idem-forward-error the
+// reason (Failure.Stub, Failure.OmittedBytes, Failure.ForwardError). Only a
+// dead-letter topic refusing even the stub makes the partition wait.
 //
 //	prior, _, _ := retrytopic.Decode(msg.Headers)
 //	f := retrytopic.NewFailure(err, retrytopic.Source{Topic: msg.Topic, Partition: msg.Partition,
