@@ -113,7 +113,8 @@ func (b *bench) child(ctx context.Context, a childArgs, started func(ctx context
 		}
 	}
 	err := <-waitc
-	// Cleanup of what idem creates per group: "<topic>.<group>.dlq" and tiers.
+	// Cleanup: the group, and what idem creates per group ("<topic>.<group>.dlq", tiers).
+	_ = b.k.admin.DeleteConsumerGroup(a.group)
 	b.k.deleteTopics(nil, a.topic+"."+a.group+".")
 	if startErr != nil {
 		return runResult{}, startErr
