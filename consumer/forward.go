@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -253,7 +254,7 @@ func (r *runner) setupRetryTopics(ctx context.Context, client sarama.Client) (in
 			return 0, fmt.Errorf("consumer: retry topics of %s: %w", t, err)
 		}
 		for _, w := range sz.Warnings {
-			r.log.Warn("idem: "+w.Error(), "topic", w.Topic, "config", w.Config, "found", w.Found, "want", w.Want)
+			r.log.Warn("idem: "+strings.TrimPrefix(w.Error(), "retrytopic: "), "topic", w.Topic, "config", w.Config, "found", w.Found, "want", w.Want)
 		}
 		limit = max(limit, sz.ProducerMaxMessageBytes())
 	}
