@@ -2,11 +2,14 @@ package main
 
 import (
 	"bytes"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/IBM/sarama"
 
@@ -220,5 +223,123 @@ func TestSaramaConfigNeverCreatesTopics(t *testing.T) {
 	}
 	if cfg.Metadata.AllowAutoTopicCreation {
 		t.Fatal("Metadata.AllowAutoTopicCreation is on")
+	}
+}
+
+// terminalSafe fails when out would send anything but printable text to a
+// terminal: invalid UTF-8, control characters (other than newline and tab),
+// DEL, C1 controls, bidi overrides.
+func terminalSafe(t *testing.T, what, out string) {
+	t.Helper()
+	if !utf8.ValidString(out) {
+		t.Errorf("%s: output is not valid UTF-8", what)
+	}
+	for i, r := range out {
+		if r != '\n' && r != '\t' && !strconv.IsPrint(r) {
+			t.Errorf("%s: raw %U at byte %d: %q", what, r, i, out[max(0, i-20):min(len(out), i+20)])
+			return
+		}
+	}
+}
+
+// TestCLIShowListUnsafeBytes: keys, headers, idem-* values and payloads with
+// NULs, escape sequences, invalid UTF-8 and bidi characters are printed
+// escaped by show and list (text and JSON), and JSON keeps the bytes.
+func TestCLIShowListUnsafeBytes(t *testing.T) {
+	k := testenv.NewKafka(t)
+	topic := k.Topic(t, 1)
+	p := k.Producer(t)
+	key := "k\x00\xff\x1b[31m"
+	badError := "boom \x1b[2J\xff\x00"
+	values := []string{
+		"{\"note\":\"\u202e\u009b\x7f\"}", // JSON, valid UTF-8, with bidi, C1 and DEL inside a string
+		"\xff\x1b[2J\x00",                 // not UTF-8: hex dump
+		"line\x1b[31m red\r\nnext",        // text with controls
+	}
+	for _, v := range values {
+		f := retrytopic.Failure{OriginalTopic: "orig", Group: "billing", Kind: "permanent\x1b", ErrorType: "*x\x1b[0m",
+			Error: "replaced below", Stack: []byte("goroutine 1\n\tmain.go:1 \x1b[2J\n")}
+		hs := retrytopic.Encode([]sarama.RecordHeader{
+			{Key: []byte("idempotency-key"), Value: []byte("idem\x00\xff")},
+			{Key: []byte("h\x1b]0;evil\x07"), Value: []byte("\x00\x9b")},
+		}, f)
+		hs = append(hs, sarama.RecordHeader{Key: []byte(retrytopic.HeaderError), Value: []byte(badError)}) // last one wins
+		if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(key), Value: sarama.StringEncoder(v), Headers: hs}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	code, out, _ := idem(t, k, "", "dlq", "show", "--topic", topic, "--offset", "0")
+	terminalSafe(t, "show", out)
+	for _, want := range []string{strconv.Quote(key), `\x1b[2J\xff\x00`, `"h\x1b]0;evil\a": "\x00\x9b"`, `"*x\x1b[0m"`,
+		`"\tmain.go:1 \x1b[2J"`, `\u202e\u009b\x7f`} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("show: code %d, output lacks %s", code, want)
+		}
+	}
+	code, out, _ = idem(t, k, "", "dlq", "show", "--topic", topic, "--offset", "1")
+	terminalSafe(t, "show (binary value)", out)
+	if code != 0 || !strings.Contains(out, "ff 1b 5b 32 4a 00") {
+		t.Errorf("show: binary value not hex-dumped")
+	}
+	code, out, _ = idem(t, k, "", "dlq", "show", "--topic", topic, "--offset", "2")
+	terminalSafe(t, "show (text value)", out)
+	if code != 0 || !strings.Contains(out, `"line\x1b[31m red\r"`) || !strings.Contains(out, "\n  next\n") {
+		t.Errorf("show: text value lines not escaped one by one")
+	}
+
+	for off, v := range values {
+		code, out, _ = idem(t, k, "", "dlq", "show", "--topic", topic, "--offset", fmt.Sprint(off), "--json")
+		terminalSafe(t, "show --json", out)
+		var shown struct {
+			Key     map[string]string `json:"key"`
+			Headers []struct {
+				Key   any `json:"key"`
+				Value any `json:"value"`
+			} `json:"headers"`
+			Failure map[string]any  `json:"failure"`
+			Value   json.RawMessage `json:"value"`
+		}
+		if err := json.Unmarshal([]byte(out), &shown); code != 0 || err != nil {
+			t.Fatalf("show --json: code %d, %v", code, err)
+		}
+		if shown.Key["hex"] != hex.EncodeToString([]byte(key)) || len(shown.Headers) != 2 || shown.Headers[1].Key != "h\x1b]0;evil\x07" ||
+			fmt.Sprint(shown.Headers[0].Value) != fmt.Sprint(map[string]any{"hex": hex.EncodeToString([]byte("idem\x00\xff"))}) ||
+			fmt.Sprint(shown.Failure[retrytopic.HeaderError]) != fmt.Sprint(map[string]any{"hex": hex.EncodeToString([]byte(badError))}) {
+			t.Errorf("show --json record %d does not keep the bytes: %+v", off, shown)
+		}
+		var back any
+		switch off {
+		case 0:
+			var got, want any
+			if json.Unmarshal(shown.Value, &got) != nil || json.Unmarshal([]byte(v), &want) != nil || fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("JSON value %s, want %q", shown.Value, v)
+			}
+		case 1:
+			if json.Unmarshal(shown.Value, &back) != nil || fmt.Sprint(back) != fmt.Sprint(map[string]any{"hex": hex.EncodeToString([]byte(v))}) {
+				t.Errorf("binary value %s", shown.Value)
+			}
+		case 2:
+			if json.Unmarshal(shown.Value, &back) != nil || back != v {
+				t.Errorf("text value %s, want %q", shown.Value, v)
+			}
+		}
+	}
+
+	code, out, _ = idem(t, k, "", "dlq", "list", "--topic", topic)
+	terminalSafe(t, "list", out)
+	if code != 0 || !strings.Contains(out, `"permanent\x1b"`) || !strings.Contains(out, `"*x\x1b[0m"`) || !strings.Contains(out, `\x1b[2J\xff\x00`) {
+		t.Errorf("list: code %d, fields not escaped", code)
+	}
+	code, out, _ = idem(t, k, "", "dlq", "list", "--topic", topic, "--json")
+	terminalSafe(t, "list --json", out)
+	var listed struct {
+		Groups []struct {
+			Kind  string `json:"kind"`
+			Count int    `json:"count"`
+		} `json:"groups"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &listed) != nil || len(listed.Groups) != 1 || listed.Groups[0].Kind != "permanent\x1b" || listed.Groups[0].Count != 3 {
+		t.Errorf("list --json: code %d %+v", code, listed)
 	}
 }
