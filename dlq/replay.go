@@ -67,7 +67,7 @@ func ParseFilter(s string) (Filter, error) {
 			switch k {
 			case handler.KindRetriable, handler.KindPermanent, handler.KindPanic, handler.KindMissingKey, handler.KindInvalidKey, handler.KindDecode, handler.KindTimeout:
 			default:
-				return Filter{}, fmt.Errorf("%w: kind %q: want one of retriable, permanent, panic, missing-key, decode, timeout", ErrBadFilter, k)
+				return Filter{}, fmt.Errorf("%w: kind %q: want one of retriable, permanent, panic, missing-key, invalid-key, decode, timeout", ErrBadFilter, k)
 			}
 			f.Kind = k
 		case strings.HasPrefix(t, "error~="):
