@@ -66,6 +66,7 @@ func newRootCmd(a *app) *cobra.Command {
 	root.PersistentFlags().StringVar(&a.brokers, "brokers", brokers, "comma-separated Kafka bootstrap brokers (env KAFKA_BROKERS)")
 	root.PersistentFlags().StringVar(&a.kafkaVersion, "kafka-version", "4.0.0", "Kafka protocol version to speak")
 	root.AddCommand(newDLQCmd(a), newMigrateCmd(a))
+	root.AddCommand(newOrderingCmd(a))
 	return root
 }
 
