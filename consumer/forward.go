@@ -168,6 +168,7 @@ func (p *partition) sendOutcome(out outbound, msg *handler.Message) (tier int, o
 			p.forwarded(sent, msg)
 			return sent.tier, true
 		}
+		p.stall.failed(err) // cleared when the caller marks the message
 		switch {
 		case !retrytopic.IsPermanentForwardError(err):
 			p.log.Error("idem: forward failed; offset not marked, retrying", "offset", msg.Offset, "to", sent.rec.Topic, "err", err, "try", n)
