@@ -46,19 +46,20 @@ func (c class) String() string {
 //	08xxx  connection exception           57P01 admin_shutdown
 //	57P02  crash_shutdown                 57P03 cannot_connect_now
 //	53300  too_many_connections           58xxx system error (I/O)
+//	25006  read_only_sql_transaction (a failover left the pool on a replica)
 //
 // Permanent (the same input fails the same way every time):
 //
 //	22xxx  data exception (invalid UTF-8 22021, bad input syntax 22P02, …)
 //	54xxx  program limit exceeded (a key or row too large to index, …)
 //
-// Every other SQLSTATE (23 integrity, 40 serialization/deadlock, 42 syntax or
+// Every other SQLSTATE of the handler's own statements (23 integrity, 40 serialization/deadlock, 42 syntax or
 // undefined object, 55 lock not available, 57014 query cancelled, XX…) is an
 // ordinary handler failure: retried, then tiers, then the DLQ.
 func sqlClass(code string) class {
 	switch {
 	case strings.HasPrefix(code, "08"), strings.HasPrefix(code, "58"),
-		code == "57P01", code == "57P02", code == "57P03", code == "53300":
+		code == "57P01", code == "57P02", code == "57P03", code == "53300", code == "25006":
 		return classOutage
 	case strings.HasPrefix(code, "22"), strings.HasPrefix(code, "54"):
 		return classPermanent
@@ -74,15 +75,21 @@ func sqlClass(code string) class {
 // The rules, in order:
 //  1. nil: done.
 //  2. An open breaker (breaker.IsOpen): classBreaker.
-//  3. An error carrying an SQLSTATE (pgconn.PgError), wherever it came from —
-//     the inbox INSERT, the handler's statements, a deferred constraint at
-//     COMMIT — is classified by sqlClass: a COMMIT that fails with a server
-//     error has a known outcome (rolled back), so it is a handler failure,
-//     not an outage.
-//  4. A *dedupe.StoreError without an SQLSTATE (the connection failed, the
-//     server vanished during COMMIT, a lease held elsewhere): classOutage.
-//  5. Handler errors by their handler kind: permanent, decode, missing or
-//     invalid key, and panics (unless Config.RetryPanics) are permanent;
+//  3. A failure of the store's own step (*dedupe.StoreError: BEGIN, the
+//     inbox INSERT, COMMIT, a lease claim) is an outage — the same for every
+//     message, so no message is to blame: the server is unreachable, the
+//     inbox table is missing, the server is read-only after a failover —
+//     with two exceptions that depend on the message: an SQL data error or
+//     program limit (SQLSTATE 22, 54: its key) is permanent, and a COMMIT the
+//     server refused because of the handler's writes (SQLSTATE 23, a deferred
+//     constraint; 40, a serialization failure) has a known outcome, rolled
+//     back, and is an ordinary handler failure.
+//  4. An error of the handler carrying an SQLSTATE (pgconn.PgError) is
+//     classified by sqlClass; one raised while the handler's connection died
+//     (a *dedupe.StoreError with Op "handler") without an SQLSTATE is an
+//     outage.
+//  5. Other handler errors by their handler kind: permanent, decode, missing
+//     or invalid key, and panics (unless Config.RetryPanics) are permanent;
 //     everything else, timeouts included, is retriable.
 func (r *runner) classify(err error) (class, error) {
 	if err == nil {
@@ -92,7 +99,18 @@ func (r *runner) classify(err error) (class, error) {
 		return classBreaker, err
 	}
 	var pe *pgconn.PgError
-	if errors.As(err, &pe) && !handler.IsPermanent(err) && !handler.IsDecode(err) {
+	sql := errors.As(err, &pe) && !handler.IsPermanent(err) && !handler.IsDecode(err)
+	var se *dedupe.StoreError
+	if errors.As(err, &se) && se.Op != "handler" {
+		switch {
+		case sql && sqlClass(pe.Code) == classPermanent:
+			return classPermanent, handler.Permanent(err)
+		case sql && se.Op == "commit" && (strings.HasPrefix(pe.Code, "23") || strings.HasPrefix(pe.Code, "40")):
+			return classRetriable, err
+		}
+		return classOutage, err
+	}
+	if sql {
 		switch sqlClass(pe.Code) {
 		case classOutage:
 			return classOutage, err
@@ -101,7 +119,7 @@ func (r *runner) classify(err error) (class, error) {
 		}
 		return classRetriable, err
 	}
-	if dedupe.IsStoreError(err) {
+	if se != nil { // the handler's connection died, no SQLSTATE
 		return classOutage, err
 	}
 	if handler.IsPanic(err) && r.cfg.RetryPanics {

@@ -200,6 +200,37 @@ type Config struct {
 	// Default: StartOldest. Kafka: auto.offset.reset.
 	StartAt StartPosition
 
+	// Batch groups the new messages of a partition (of a lane, with
+	// Concurrency > 1) into one transaction: one multi-row inbox INSERT finds
+	// the new keys in one round trip, the handler runs for each new message
+	// (or RunBatch's handler once for all of them) in that transaction, and
+	// one COMMIT records them. A batch takes the messages already fetched, up
+	// to Batch.MaxMessages, waiting at most Batch.MaxWait for more, so it adds
+	// no latency when the partition is idle. If the handler fails, the batch
+	// is rolled back whole (no savepoints) and its messages run again one per
+	// transaction, so only the failing message takes the retry path. Records
+	// from retry tiers, records without a valid key, OrderingByKey, and
+	// dedupe stores that do not implement dedupe.BatchStore are handled one
+	// per transaction.
+	// Default: BatchConfig{} (off: one message per transaction; RunBatch sets MaxMessages to 500).
+	Batch BatchConfig
+
+	// Concurrency is the number of lanes per partition: messages are spread
+	// over them by a hash of LaneBy, so messages of one key keep their order
+	// while other keys run in parallel. An offset is committed only when
+	// every message below it is final (the lowest unfinished offset), so a
+	// crash redelivers whatever was in flight; the inbox makes that safe. A
+	// revoked partition waits for its lanes' in-flight messages within
+	// ShutdownGrace. Each lane holds its own database connection while it
+	// works: budget members × partitions × Concurrency connections.
+	// Default: 1 (one message at a time per partition).
+	Concurrency int
+
+	// LaneBy chooses what keeps its order across lanes (Concurrency > 1).
+	// With OrderingByKey the Kafka key is always used.
+	// Default: LaneByIdempotencyKey.
+	LaneBy LaneKey
+
 	// InboxRetention is how long the dedupe store remembers a key (the
 	// dedupe.Sweeper's Retention). When set, Run compares it at start with
 	// each source topic's retention.ms and warns, naming both numbers, when
@@ -207,6 +238,40 @@ type Config struct {
 	// swept would be applied twice.
 	// Default: 0 (unknown: no check).
 	InboxRetention time.Duration
+}
+
+// BatchConfig sizes the batches of Config.Batch.
+type BatchConfig struct {
+	// MaxMessages is the most messages in one transaction; 0 or 1 turns
+	// batching off.
+	// Default: 0 (off); RunBatch: 500.
+	MaxMessages int
+	// MaxWait is how long a batch that is not full waits for more messages
+	// once it has one.
+	// Default: 0 (take what has been fetched; never wait).
+	MaxWait time.Duration
+}
+
+// LaneKey is what Config.LaneBy hashes to pick a message's lane.
+type LaneKey int
+
+const (
+	// LaneByIdempotencyKey keeps the order of messages with one idempotency
+	// key. The default.
+	LaneByIdempotencyKey LaneKey = iota
+	// LaneByKafkaKey keeps the order of messages with one Kafka record key.
+	LaneByKafkaKey
+)
+
+// String returns "idempotency-key" or "kafka-key".
+func (l LaneKey) String() string {
+	switch l {
+	case LaneByIdempotencyKey:
+		return "idempotency-key"
+	case LaneByKafkaKey:
+		return "kafka-key"
+	}
+	return fmt.Sprintf("LaneKey(%d)", int(l))
 }
 
 // StartPosition is where a group without a committed offset starts reading.
@@ -248,6 +313,8 @@ func defaults() Config {
 		RetryMax:         5 * time.Second,
 		StallWarning:     time.Minute,
 		StartAt:          StartOldest,
+		Concurrency:      1,
+		LaneBy:           LaneByIdempotencyKey,
 	}
 }
 
@@ -291,6 +358,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.StallWarning == 0 {
 		c.StallWarning = d.StallWarning
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = d.Concurrency
 	}
 	return c
 }
@@ -389,6 +459,18 @@ func (c Config) Validate() error {
 	}
 	if c.StartAt != StartOldest && c.StartAt != StartNewest {
 		bad("StartAt", c.StartAt, "unknown start position")
+	}
+	if c.Concurrency < 1 || c.Concurrency > 1024 {
+		bad("Concurrency", c.Concurrency, "must be between 1 and 1024")
+	}
+	if c.LaneBy != LaneByIdempotencyKey && c.LaneBy != LaneByKafkaKey {
+		bad("LaneBy", c.LaneBy, "unknown lane key")
+	}
+	if c.Batch.MaxMessages < 0 || c.Batch.MaxMessages > 10000 {
+		bad("Batch.MaxMessages", c.Batch.MaxMessages, "must be between 0 and 10000")
+	}
+	if c.Batch.MaxWait < 0 {
+		bad("Batch.MaxWait", c.Batch.MaxWait, "must be >= 0")
 	}
 	if c.InboxRetention < 0 {
 		bad("InboxRetention", c.InboxRetention, "must be >= 0 (0: unknown)")

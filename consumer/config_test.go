@@ -96,6 +96,12 @@ var knownDefaults = map[string]func(v reflect.Value) error{
 		}
 		return nil
 	},
+	"BatchConfig{}": func(v reflect.Value) error {
+		if b, ok := v.Interface().(BatchConfig); !ok || b != (BatchConfig{}) {
+			return fmt.Errorf("is %#v, want BatchConfig{}", v.Interface())
+		}
+		return nil
+	},
 	"sarama.NewConfig()": func(v reflect.Value) error {
 		c, ok := v.Interface().(*sarama.Config)
 		if !ok || c == nil {

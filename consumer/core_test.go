@@ -226,7 +226,7 @@ func TestCrashHelperProcess(t *testing.T) {
 		}
 		return eff(ctx, m)
 	})
-	err = consumer.Run(ctx, consumer.Config{
+	err = consumer.Run(ctx, modeConfig(consumer.Config{
 		Brokers:        strings.Split(os.Getenv(crashEnvBrokers), ","),
 		Group:          os.Getenv(crashEnvGroup),
 		Topics:         []string{os.Getenv(crashEnvTopic)},
@@ -234,7 +234,7 @@ func TestCrashHelperProcess(t *testing.T) {
 		Sarama:         scfg,
 		Logger:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
 		CommitInterval: time.Hour, // never by the ticker: the kill comes first
-	}, h)
+	}, os.Getenv("IDEM_TEST_MODE")), h)
 	t.Fatalf("crash helper: Run returned %v before it was killed", err)
 }
 
@@ -274,7 +274,13 @@ func TestCrashAfterCommitBeforeOffsetCommit(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = kill() })
 
-	// The helper commits exactly `limit` effects, then blocks.
+	// The helper commits exactly `limit` effects, then blocks. In batch and
+	// lane modes a blocked message also holds back the uncommitted rest of
+	// its batch, so fewer are committed: wait for some.
+	want := limit
+	if os.Getenv("IDEM_TEST_MODE") != "" {
+		want = 1
+	}
 	testenv.Eventually(t, 90*time.Second, func() error {
 		select {
 		case err := <-waited:
@@ -282,8 +288,8 @@ func TestCrashAfterCommitBeforeOffsetCommit(t *testing.T) {
 			return nil // reported below
 		default:
 		}
-		if got := e.count(`SELECT count(*) FROM effects`); got < limit {
-			return fmt.Errorf("effects = %d, waiting for %d", got, limit)
+		if got := e.count(`SELECT count(*) FROM effects`); got < want {
+			return fmt.Errorf("effects = %d, waiting for %d", got, want)
 		}
 		return nil
 	})
@@ -293,8 +299,9 @@ func TestCrashAfterCommitBeforeOffsetCommit(t *testing.T) {
 		t.Fatalf("crash helper ended with %v before it was killed", err)
 	}
 
-	if got := e.count(`SELECT count(*) FROM effects`); got != limit {
-		t.Fatalf("after the kill, effects = %d, want %d (blocked transactions must roll back)", got, limit)
+	atKill := e.count(`SELECT count(*) FROM effects`)
+	if atKill > limit || (want == limit && atKill != limit) {
+		t.Fatalf("after the kill, effects = %d, want %d (blocked transactions must roll back)", atKill, limit)
 	}
 	// The crash left effects whose offsets were never committed.
 	committed := e.committed(e.topic, partitions)
@@ -318,8 +325,8 @@ func TestCrashAfterCommitBeforeOffsetCommit(t *testing.T) {
 	if dup := coreOutcome(t, reg, metrics.OutcomeDuplicate); dup < redelivered {
 		t.Errorf("idem_messages_total{outcome=duplicate} = %d after the restart, want >= %d (redelivered messages whose effects were committed)", dup, redelivered)
 	}
-	if got := coreOutcome(t, reg, metrics.OutcomeProcessed); got != total-limit {
-		t.Errorf("idem_messages_total{outcome=processed} = %d after the restart, want %d", got, total-limit)
+	if got := coreOutcome(t, reg, metrics.OutcomeProcessed); got != total-atKill {
+		t.Errorf("idem_messages_total{outcome=processed} = %d after the restart, want %d", got, total-atKill)
 	}
 }
 
@@ -781,7 +788,7 @@ func TestPoisonMessages(t *testing.T) {
 	}{
 		{0, "no-key", "v0", handler.KindMissingKey},
 		{1, "boom", "v1", handler.KindPanic},
-		{2, "long", "v2", handler.KindMissingKey},
+		{2, "long", "v2", handler.KindInvalidKey},
 	}
 	for i, w := range want {
 		r := got[i]

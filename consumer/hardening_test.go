@@ -245,10 +245,15 @@ func TestAbortedTransactionsAreNeverHandled(t *testing.T) {
 		}
 	}
 	start(t, e.config(), hardHandler(func() bool { return false }))
-	e.waitCommitted(e.topic, 1, 60*time.Second)
-	if n := e.count(`SELECT count(*) FROM effects WHERE key = 'committed'`); n != 1 {
-		t.Errorf("committed record applied %d times, want 1", n)
-	}
+	// The committed record follows the aborted ones in the partition: once it
+	// is applied, they were skipped. (The end offset counts the transaction
+	// markers, which a consumer never receives, so it is not waited for.)
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if n := e.count(`SELECT count(*) FROM effects WHERE key = 'committed'`); n != 1 {
+			return fmt.Errorf("committed record applied %d times, want 1", n)
+		}
+		return nil
+	})
 	if n := e.count(`SELECT count(*) FROM effects WHERE key LIKE 'aborted-%'`); n != 0 {
 		t.Errorf("aborted records applied %d times, want 0", n)
 	}

@@ -59,7 +59,7 @@ func (e *env) config() consumer.Config {
 	if os.Getenv("IDEM_TEST_DEBUG") != "" {
 		level = slog.LevelDebug
 	}
-	return consumer.Config{
+	cfg := consumer.Config{
 		Brokers:        e.k.Brokers,
 		Group:          e.group,
 		Topics:         []string{e.topic},
@@ -72,6 +72,25 @@ func (e *env) config() consumer.Config {
 		RetryBase:      5 * time.Millisecond,
 		RetryMax:       20 * time.Millisecond,
 	}
+	return modeConfig(cfg, os.Getenv("IDEM_TEST_MODE"))
+}
+
+// modeConfig returns cfg in one of the pipeline's modes, so one suite checks
+// them all: `make test` runs the core tests again with IDEM_TEST_MODE set to
+// "batch" (batched transactions) and "lanes" (16 lanes per partition, with
+// batches).
+func modeConfig(cfg consumer.Config, mode string) consumer.Config {
+	switch mode {
+	case "":
+	case "batch":
+		cfg.Batch = consumer.BatchConfig{MaxMessages: 50}
+	case "lanes":
+		cfg.Concurrency = 16
+		cfg.Batch = consumer.BatchConfig{MaxMessages: 8}
+	default:
+		panic("IDEM_TEST_MODE: unknown mode " + mode)
+	}
+	return cfg
 }
 
 type testWriter struct{ t *testing.T }

@@ -6,7 +6,9 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -26,14 +28,19 @@ const (
 	lowWater  = 256
 )
 
-// partition is the pipeline of one claimed partition: one worker goroutine
-// (the ConsumeClaim goroutine) handles its messages one at a time, in order.
+// partition is the pipeline of one claimed partition: its worker (the
+// ConsumeClaim goroutine) handles its messages in order, one at a time or in
+// batches; with Config.Concurrency > 1 it dispatches them to lanes instead,
+// each lane a worker over a view of the partition with a stall of its own.
 type partition struct {
 	r     *runner
 	sess  sarama.ConsumerGroupSession
 	claim sarama.ConsumerGroupClaim
 	tp    tp
 	log   *slog.Logger
+	debug bool // log at DEBUG: checked before building debug attributes
+	tier  bool // the topic is a retry tier, not a source topic
+	mx    partMetrics
 
 	// stopCtx is cancelled when the claim ends (revoked, session over, Run
 	// cancelled): no new message is taken, waits between attempts end.
@@ -44,19 +51,66 @@ type partition struct {
 	hctx    context.Context
 	hcancel context.CancelFunc
 
-	stall   stall            // how long the head message has been failing
+	// track marks offsets finished out of order (lanes, batches); nil when
+	// messages finish in order and are marked directly.
+	track *tracker
+	// views are the lanes' views of the partition (Concurrency > 1).
+	views []*partition
+
+	stall   *stall           // how long this worker's head message has been failing
+	stalls  []*stall         // every worker's stall (the partition's and its lanes')
 	stalled prometheus.Gauge // idem_partition_stalled_seconds of this partition
+
+	bp *bpState // back-pressure, shared with the views
+}
+
+// bpState is whether a partition's fetching is paused by back-pressure.
+type bpState struct {
+	mu sync.Mutex  // serialises transitions
+	on atomic.Bool // fast-path read
 }
 
 func newPartition(r *runner, s sarama.ConsumerGroupSession, c sarama.ConsumerGroupClaim) *partition {
 	p := &partition{
 		r: r, sess: s, claim: c,
-		tp:  tp{c.Topic(), c.Partition()},
-		log: r.log.With("topic", c.Topic(), "partition", c.Partition()),
+		tp:    tp{c.Topic(), c.Partition()},
+		log:   r.log.With("topic", c.Topic(), "partition", c.Partition()),
+		debug: r.log.Enabled(context.Background(), slog.LevelDebug),
+		tier:  !slices.Contains(r.cfg.Topics, c.Topic()),
+		mx:    newPartMetrics(r.m, r.cfg.Group, c.Topic()),
+		stall: &stall{},
+		bp:    &bpState{},
 	}
+	p.stalls = []*stall{p.stall}
 	p.stopCtx, p.stop = context.WithCancel(r.baseCtx)
 	p.hctx, p.hcancel = context.WithCancel(r.baseCtx)
+	if r.cfg.Concurrency > 1 || r.cfg.Batch.MaxMessages > 1 {
+		p.track = newTracker(p)
+	}
+	if n := r.cfg.Concurrency; n > 1 {
+		for range n {
+			v := &partition{}
+			*v = *p // a view shares everything but its stall
+			v.stall = &stall{}
+			p.views = append(p.views, v)
+			p.stalls = append(p.stalls, v.stall)
+		}
+	}
 	return p
+}
+
+// backpressure pauses or resumes fetching when the queue crosses its marks;
+// the transition is taken under bpMu so pause and resume cannot cross.
+func (p *partition) backpressure(on bool) {
+	if p.bp.on.Load() == on {
+		return
+	}
+	p.bp.mu.Lock()
+	defer p.bp.mu.Unlock()
+	if p.bp.on.Load() != on {
+		p.r.pauses.set(p.tp, pauseBackpressure, on)
+		p.bp.on.Store(on)
+	}
 }
 
 // run handles the claim until it ends. It marks an offset only after the
@@ -92,7 +146,7 @@ func (p *partition) run() {
 					return
 				}
 				if q.push(m) >= highWater {
-					r.pauses.set(p.tp, pauseBackpressure, true)
+					p.backpressure(true)
 				}
 			case <-p.sess.Context().Done():
 				return
@@ -120,25 +174,23 @@ func (p *partition) run() {
 		}
 	})
 
-	for {
-		m, left, ok := q.pop(p.stopCtx)
-		if !ok {
-			return
-		}
-		if left <= lowWater {
-			r.pauses.set(p.tp, pauseBackpressure, false)
-		}
-		if !p.handle(m) {
-			return
-		}
+	if len(p.views) > 0 {
+		p.lanes(q)
+		return
 	}
+	p.work(queueSource{p, q})
 }
 
-// mark records m's offset for commit.
+// mark records m's outcome as final: its offset is marked for commit at
+// once, or through the tracker once every earlier message is final.
 func (p *partition) mark(m *sarama.ConsumerMessage) {
-	p.sess.MarkMessage(m, "")
+	if p.track != nil {
+		p.track.finish(m.Offset)
+	} else {
+		p.sess.MarkMessage(m, "")
+	}
+	p.mx.commits.Inc()
 	p.stall.clear()
-	p.r.m.Commits.WithLabelValues(p.r.cfg.Group).Inc()
 }
 
 // handle takes m to a final outcome and marks it, or returns false when the
@@ -146,7 +198,10 @@ func (p *partition) mark(m *sarama.ConsumerMessage) {
 func (p *partition) handle(cm *sarama.ConsumerMessage) bool {
 	r := p.r
 	msg := toMessage(cm)
-	origin := r.originOf(cm)
+	origin := origin{topic: cm.Topic, partition: cm.Partition, offset: cm.Offset}
+	if p.tier { // only records of this group's retry tiers carry an origin to decode
+		origin = r.originOf(cm)
+	}
 	msg.Attempt = origin.attempts + 1
 	if !p.waitDue(cm, origin) {
 		return false
@@ -275,12 +330,14 @@ func (p *partition) process(rec dedupe.Record, msg *handler.Message) (err error,
 					// (capped at its delay) without blocking later messages.
 					return err, true
 				}
-				d = min(ra, r.cfg.RetryMax)
+				d = ra
 			}
 			retries++
 			msg.Attempt++
 			r.m.Retries.WithLabelValues(r.cfg.Group, msg.Topic).Inc()
-			p.log.Debug("idem: handler failed; retrying in process", "offset", msg.Offset, "key", rec.Key, "err", err, "retry", retries, "in", d)
+			if p.debug {
+				p.log.Debug("idem: handler failed; retrying in process", "offset", msg.Offset, "key", rec.Key, "err", err, "retry", retries, "in", d)
+			}
 			if !sleep(p.stopCtx, d) {
 				return nil, false
 			}
@@ -302,15 +359,21 @@ func (p *partition) attempt(rec dedupe.Record, msg *handler.Message) (err error,
 		return herr
 	})
 	topic := msg.Topic
+	mx := p.mx
+	if topic != p.tp.topic { // a parked message of another topic (ordering mode)
+		mx = newPartMetrics(r.m, r.cfg.Group, topic)
+	}
 	switch {
 	case err == nil && out == dedupe.Duplicate:
-		r.m.Messages.WithLabelValues(r.cfg.Group, topic, metrics.OutcomeDuplicate).Inc()
-		p.log.Debug("idem: duplicate skipped", "offset", msg.Offset, "key", rec.Key)
+		mx.duplicate.Inc()
+		if p.debug {
+			p.log.Debug("idem: duplicate skipped", "offset", msg.Offset, "key", rec.Key)
+		}
 		return nil, ran
 	case err == nil:
-		r.m.HandlerDuration.WithLabelValues(r.cfg.Group, topic).Observe(time.Since(start).Seconds())
-		r.m.Attempts.WithLabelValues(r.cfg.Group, topic, metrics.ResultOK).Inc()
-		r.m.Messages.WithLabelValues(r.cfg.Group, topic, metrics.OutcomeProcessed).Inc()
+		mx.duration.Observe(time.Since(start).Seconds())
+		mx.attemptOK.Inc()
+		mx.processed.Inc()
 		return nil, ran
 	}
 	if herr != nil { // the handler ran and failed (err is herr, or wraps it)

@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/IBM/sarama"
 )
@@ -56,4 +57,24 @@ func (q *queue) pop(ctx context.Context) (m *sarama.ConsumerMessage, left int, o
 			return nil, 0, false
 		}
 	}
+}
+
+// tryPop returns the oldest message if one is queued or arrives within wait.
+func (q *queue) tryPop(ctx context.Context, wait time.Duration) (m *sarama.ConsumerMessage, left int, ok bool) {
+	q.mu.Lock()
+	if len(q.items) > 0 {
+		m = q.items[0]
+		q.items[0] = nil
+		q.items = q.items[1:]
+		left = len(q.items)
+		q.mu.Unlock()
+		return m, left, true
+	}
+	q.mu.Unlock()
+	if wait <= 0 {
+		return nil, 0, false
+	}
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	return q.pop(wctx)
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/keyorder"
@@ -60,21 +61,53 @@ func Run(ctx context.Context, cfg Config, h handler.Handler) error {
 	return r.run(ctx)
 }
 
+// RunBatch is Run for a handler.BatchHandler: the new messages of a batch
+// (Config.Batch; MaxMessages defaults to 500 here) are passed to
+// h.HandleBatch at once, in the batch's transaction, so h can write them with
+// one statement. When a batch fails, its messages run again one by one as
+// batches of one (see handler.BatchHandler for *handler.BatchError), and a
+// failing message takes the same path as with Run: in-process retries, retry
+// tiers, the dead-letter topic. Everything else is as Run.
+func RunBatch(ctx context.Context, cfg Config, h handler.BatchHandler) error {
+	if h == nil {
+		return ErrNilHandler
+	}
+	if f, ok := h.(handler.BatchFunc); ok && f == nil {
+		return ErrNilHandler
+	}
+	if cfg.Batch.MaxMessages == 0 {
+		cfg.Batch.MaxMessages = 500
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	cfg = cfg.withDefaults()
+	r, err := newRunner(cfg, handler.Single(h))
+	if err != nil {
+		return err
+	}
+	r.bh = h
+	return r.run(ctx)
+}
+
 // runner owns everything one Run call starts.
 type runner struct {
-	cfg     Config
-	h       handler.Handler
-	log     *slog.Logger
-	m       *metrics.Metrics
-	scfg    *sarama.Config
-	group   sarama.ConsumerGroup
-	policy  retrytopic.Policy
-	fwd     *retrytopic.Forwarder
-	order   *keyorder.Store // nil unless OrderingByKey
-	pauses  *pauser
-	gate    *gate
-	baseCtx context.Context // values of Run's ctx, never cancelled: handler ctxs derive from it
-	runCtx  context.Context
+	cfg    Config
+	h      handler.Handler
+	log    *slog.Logger
+	m      *metrics.Metrics
+	scfg   *sarama.Config
+	group  sarama.ConsumerGroup
+	policy retrytopic.Policy
+	fwd    *retrytopic.Forwarder
+	order  *keyorder.Store      // nil unless OrderingByKey
+	bh     handler.BatchHandler // RunBatch's handler; nil for Run
+	// batchStore is cfg.Dedupe when it takes batches and Batch is on.
+	batchStore dedupe.BatchStore
+	pauses     *pauser
+	gate       *gate
+	baseCtx    context.Context // values of Run's ctx, never cancelled: handler ctxs derive from it
+	runCtx     context.Context
 
 	parts sync.Map // tp → *partition: the claimed partitions, watched for stalls
 
@@ -99,6 +132,9 @@ func newRunner(cfg Config, h handler.Handler) (*runner, error) {
 		scfg:   scfg,
 		rand:   rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 		policy: cfg.Retry.WithDefaults(),
+	}
+	if bs, ok := cfg.Dedupe.(dedupe.BatchStore); ok && cfg.Batch.MaxMessages > 1 {
+		r.batchStore = bs
 	}
 	return r, nil
 }

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"strconv"
 	"sync"
@@ -68,7 +69,14 @@ func (r *runner) watchStalls(ctx context.Context) {
 		now := time.Now()
 		r.parts.Range(func(_, v any) bool {
 			p := v.(*partition)
-			d, cause := p.stall.check(now, r.cfg.StallWarning)
+			var d time.Duration
+			var cause error
+			for _, s := range p.stalls {
+				if sd, c := s.check(now, r.cfg.StallWarning); sd > d || c != nil {
+					d = max(d, sd)
+					cause = cmp.Or(c, cause)
+				}
+			}
 			p.stalled.Set(d.Seconds())
 			if cause != nil {
 				p.log.Warn("idem: partition stalled on one message", "for", d.Round(time.Second), "cause", cause)

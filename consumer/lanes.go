@@ -1,0 +1,395 @@
+package consumer
+
+import (
+	"context"
+	"hash/fnv"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/metrics"
+	"github.com/idemhq/idem/retrytopic"
+)
+
+// laneBuffer bounds the messages queued for one lane; with the partition
+// queue's high-water mark it bounds a partition's in-flight messages.
+const laneBuffer = 256
+
+// tracker marks offsets when messages finish out of order (lanes, batches
+// with a failed member): the committed offset is the lowest unfinished one,
+// so an offset is marked only when every message below it is final.
+type tracker struct {
+	p       *partition
+	mu      sync.Mutex
+	pending []int64 // offsets handed out, in order, not yet below the mark
+	done    map[int64]struct{}
+}
+
+func newTracker(p *partition) *tracker {
+	return &tracker{p: p, done: map[int64]struct{}{}}
+}
+
+// add registers the next offset handed to a worker. Offsets arrive in order.
+func (t *tracker) add(offset int64) {
+	t.mu.Lock()
+	t.pending = append(t.pending, offset)
+	t.mu.Unlock()
+}
+
+// finish records that offset reached its outcome and marks the longest
+// finished prefix.
+func (t *tracker) finish(offset int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.done[offset] = struct{}{}
+	mark := int64(-1)
+	for len(t.pending) > 0 {
+		o := t.pending[0]
+		if _, ok := t.done[o]; !ok {
+			break
+		}
+		delete(t.done, o)
+		t.pending = t.pending[1:]
+		mark = o
+	}
+	if mark >= 0 {
+		t.p.sess.MarkOffset(t.p.tp.topic, t.p.tp.partition, mark+1, "")
+	}
+}
+
+// source is where a worker takes its messages from: the partition's queue or
+// a lane's channel.
+type source interface {
+	// pop waits for the next message; false when the worker must stop.
+	pop(ctx context.Context) (*sarama.ConsumerMessage, bool)
+	// more returns the next message if one arrives within wait.
+	more(ctx context.Context, wait time.Duration) (*sarama.ConsumerMessage, bool)
+}
+
+// queueSource is the partition's own queue (one lane): it lifts
+// back-pressure below the low-water mark and registers offsets with the
+// tracker, if any.
+type queueSource struct {
+	p *partition
+	q *queue
+}
+
+func (s queueSource) pop(ctx context.Context) (*sarama.ConsumerMessage, bool) {
+	m, left, ok := s.q.pop(ctx)
+	if ok {
+		s.p.popped(m, left)
+	}
+	return m, ok
+}
+
+func (s queueSource) more(ctx context.Context, wait time.Duration) (*sarama.ConsumerMessage, bool) {
+	m, left, ok := s.q.tryPop(ctx, wait)
+	if ok {
+		s.p.popped(m, left)
+	}
+	return m, ok
+}
+
+// chanSource is one lane's channel, filled by the dispatcher.
+type chanSource chan *sarama.ConsumerMessage
+
+func (c chanSource) pop(ctx context.Context) (*sarama.ConsumerMessage, bool) {
+	select {
+	case m, ok := <-c:
+		return m, ok && ctx.Err() == nil
+	case <-ctx.Done():
+		return nil, false
+	}
+}
+
+func (c chanSource) more(ctx context.Context, wait time.Duration) (*sarama.ConsumerMessage, bool) {
+	select {
+	case m, ok := <-c:
+		return m, ok
+	default:
+	}
+	if wait <= 0 {
+		return nil, false
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case m, ok := <-c:
+		return m, ok
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return nil, false
+}
+
+// popped runs for every message taken from the partition's queue.
+func (p *partition) popped(m *sarama.ConsumerMessage, left int) {
+	if left <= lowWater {
+		p.backpressure(false)
+	}
+	if p.track != nil {
+		p.track.add(m.Offset)
+	}
+}
+
+// lanes runs Config.Concurrency workers fed by a dispatcher that hashes each
+// message's lane key; it returns when the queue or the partition stops.
+func (p *partition) lanes(q *queue) {
+	n := p.r.cfg.Concurrency
+	chans := make([]chan *sarama.ConsumerMessage, n)
+	var wg sync.WaitGroup
+	for i := range chans {
+		chans[i] = make(chan *sarama.ConsumerMessage, laneBuffer)
+		lp := p.views[i]
+		src := chanSource(chans[i])
+		wg.Go(func() { lp.work(src) })
+	}
+	defer func() {
+		for _, c := range chans {
+			close(c)
+		}
+		wg.Wait()
+	}()
+	src := queueSource{p, q}
+	for {
+		m, ok := src.pop(p.stopCtx)
+		if !ok {
+			return
+		}
+		select {
+		case chans[p.laneOf(m, n)] <- m:
+		case <-p.stopCtx.Done():
+			return
+		}
+	}
+}
+
+// laneOf hashes m's lane key (Config.LaneBy; the Kafka key with
+// OrderingByKey) onto n lanes.
+func (p *partition) laneOf(m *sarama.ConsumerMessage, n int) int {
+	h := fnv.New32a()
+	if p.r.cfg.LaneBy == LaneByKafkaKey || p.r.order != nil {
+		h.Write(m.Key)
+	} else {
+		k, _ := callKeyFunc(p.r.cfg.KeyFunc, toMessage(m))
+		h.Write([]byte(k))
+	}
+	return int(h.Sum32() % uint32(n))
+}
+
+// work takes messages from src to their outcomes, one at a time or in
+// batches, until src or the partition stops.
+func (p *partition) work(src source) {
+	max := p.r.cfg.Batch.MaxMessages
+	var batch []*batchItem
+	for {
+		m, ok := src.pop(p.stopCtx)
+		if !ok {
+			return
+		}
+		if max <= 1 {
+			if !p.handle(m) {
+				return
+			}
+			continue
+		}
+		// Gather consecutive batchable messages; a message that is not
+		// batchable ends the batch and is handled alone after it.
+		batch = batch[:0]
+		var alone *sarama.ConsumerMessage
+		for {
+			if it, ok := p.prepare(m); ok {
+				batch = append(batch, it)
+			} else {
+				alone = m
+				break
+			}
+			if len(batch) >= max {
+				break
+			}
+			if m, ok = src.more(p.stopCtx, p.r.cfg.Batch.MaxWait); !ok {
+				break
+			}
+		}
+		if len(batch) > 0 && !p.handleBatch(batch) {
+			return
+		}
+		if alone != nil && !p.handle(alone) {
+			return
+		}
+	}
+}
+
+// batchItem is one message prepared for a batch.
+type batchItem struct {
+	cm  *sarama.ConsumerMessage
+	msg *handler.Message
+	rec dedupe.Record
+}
+
+// prepare returns cm ready for a batch, or false when it must be handled
+// alone: a retry-tier record (it may have to wait for its due time), a record
+// without a valid key, ordering mode, or a store without batches.
+func (p *partition) prepare(cm *sarama.ConsumerMessage) (*batchItem, bool) {
+	r := p.r
+	if r.order != nil || r.batchStore == nil || p.tier {
+		return nil, false
+	}
+	msg := toMessage(cm)
+	msg.Attempt = 1
+	o := origin{topic: cm.Topic, partition: cm.Partition, offset: cm.Offset}
+	key, err := p.key(msg, o)
+	if err != nil {
+		return nil, false
+	}
+	msg.IdempotencyKey = key
+	return &batchItem{cm: cm, msg: msg, rec: dedupe.Record{Group: r.cfg.Group, Key: key, Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset}}, true
+}
+
+// handleBatch runs items in one transaction and marks them; on a failure it
+// falls back to one transaction per message (see Config.Batch). false means
+// the partition is stopping.
+func (p *partition) handleBatch(items []*batchItem) bool {
+	r := p.r
+	probe, ok := r.gate.wait(p.stopCtx)
+	if !ok {
+		return false
+	}
+	if probe { // the half-open probe is one message, not a batch
+		r.gate.probeAbandoned()
+		return p.scan(items, nil)
+	}
+	recs := make([]dedupe.Record, len(items))
+	for i, it := range items {
+		recs[i] = it.rec
+	}
+	start := time.Now()
+	var fresh []int
+	outs, err := r.batchStore.ProcessBatch(p.hctx, recs, func(ctx context.Context, idx []int) error {
+		fresh = idx
+		if r.bh != nil {
+			msgs := make([]*handler.Message, len(idx))
+			for j, i := range idx {
+				msgs[j] = items[i].msg
+			}
+			return callBatch(ctx, r.bh, msgs)
+		}
+		for _, i := range idx {
+			if err := r.h.Handle(ctx, items[i].msg); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err == nil {
+		d := time.Since(start).Seconds()
+		for i, it := range items {
+			if outs[i] == dedupe.Duplicate {
+				p.mx.duplicate.Inc()
+			} else {
+				p.mx.processed.Inc()
+				p.mx.attemptOK.Inc()
+				p.mx.duration.Observe(d)
+			}
+			p.mark(it.cm)
+		}
+		return true
+	}
+	if p.hctx.Err() != nil {
+		r.m.Abandoned.WithLabelValues(r.cfg.Group).Add(float64(len(items)))
+		return false
+	}
+	if p.debug {
+		p.log.Debug("idem: batch failed; running its messages one by one", "messages", len(items), "new", len(fresh), "err", err)
+	}
+	be, _ := handler.AsBatchError(err)
+	return p.scan(items, be)
+}
+
+// scan handles items one per transaction, in order. With a *BatchError from
+// a batch handler, the messages it does not name are first committed again
+// as one batch, and those it names as permanent go to the DLQ without
+// running again.
+func (p *partition) scan(items []*batchItem, be *handler.BatchError) bool {
+	failed := map[*handler.Message]error{}
+	if be != nil {
+		for _, f := range be.Failed {
+			failed[f.Message] = f.Err
+		}
+		var rest []*batchItem
+		for _, it := range items {
+			if _, ok := failed[it.msg]; !ok {
+				rest = append(rest, it)
+			}
+		}
+		if len(rest) > 0 && len(rest) < len(items) && !p.handleBatch(rest) {
+			return false
+		}
+		if len(rest) == len(items) { // it named none of them: run each alone
+			failed = nil
+		}
+	}
+	for _, it := range items {
+		if be != nil && failed != nil {
+			ferr, ok := failed[it.msg]
+			if !ok {
+				continue // committed above
+			}
+			if c, err := p.r.classify(ferr); c == classPermanent {
+				if !p.deadLetter(it, err) {
+					return false
+				}
+				continue
+			}
+		}
+		if !p.handle(it.cm) {
+			return false
+		}
+	}
+	return true
+}
+
+// deadLetter sends a prepared message that failed permanently in a batch to
+// the DLQ and marks it.
+func (p *partition) deadLetter(it *batchItem, err error) bool {
+	cm := it.cm
+	src := retrytopic.Source{Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset, Timestamp: cm.Timestamp, Group: p.r.cfg.Group}
+	o := origin{topic: cm.Topic, partition: cm.Partition, offset: cm.Offset}
+	p.stall.failed(err)
+	if !p.send(p.failure(src, cm.Key, cm.Value, cm.Headers, o, it.msg, err), it.msg) {
+		return false
+	}
+	p.mark(cm)
+	return true
+}
+
+// callBatch calls h, turning a panic into a *handler.PanicError.
+func callBatch(ctx context.Context, h handler.BatchHandler, msgs []*handler.Message) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &handler.PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return h.HandleBatch(ctx, msgs)
+}
+
+// partMetrics are the collectors of one partition's hot path, with their
+// labels resolved once.
+type partMetrics struct {
+	processed, duplicate, attemptOK, commits interface{ Inc() }
+	duration                                 interface{ Observe(float64) }
+}
+
+func newPartMetrics(m *metrics.Metrics, group, topic string) partMetrics {
+	return partMetrics{
+		processed: m.Messages.WithLabelValues(group, topic, metrics.OutcomeProcessed),
+		duplicate: m.Messages.WithLabelValues(group, topic, metrics.OutcomeDuplicate),
+		attemptOK: m.Attempts.WithLabelValues(group, topic, metrics.ResultOK),
+		commits:   m.Commits.WithLabelValues(group),
+		duration:  m.HandlerDuration.WithLabelValues(group, topic),
+	}
+}
