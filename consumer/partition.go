@@ -242,10 +242,11 @@ func (p *partition) handle(cm *sarama.ConsumerMessage) bool {
 		}) {
 			return false
 		}
-		if !p.send(f, msg) {
+		tier, ok := p.sendOutcome(f, msg)
+		if !ok {
 			return false
 		}
-		if ordered && f.tier > 0 {
+		if ordered && tier > 0 { // a tier refusing it for good dead-letters it: then drain
 			p.mark(cm)
 			return true
 		}
