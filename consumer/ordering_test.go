@@ -222,8 +222,8 @@ func TestOrderingRecoversPendingForward(t *testing.T) {
 		e.group, e.topic, []byte("A"), pending); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.pool.Exec(ctx, `INSERT INTO idem_ordering_parked(consumer_group, topic, msg_key, idempotency_key, "partition", "offset", record_time, value, headers)
-		VALUES ($1,$2,$3,'A3',0,2,now(),'A3','[{"k":"idempotency-key","v":"QTM="}]')`, e.group, e.topic, []byte("A")); err != nil {
+	if _, err := e.pool.Exec(ctx, `INSERT INTO idem_ordering_parked(consumer_group, topic, msg_key, idempotency_key, "partition", "offset", record_time, value, header_keys, header_values)
+		VALUES ($1,$2,$3,'A3',0,2,now(),'A3',ARRAY['idempotency-key'::bytea],ARRAY['A3'::bytea])`, e.group, e.topic, []byte("A")); err != nil {
 		t.Fatal(err)
 	}
 	start(t, cfg, effectHandler())
