@@ -34,8 +34,23 @@ const (
 	// it; when K's message succeeds or is dead-lettered, the parked ones follow
 	// in their original order. Other keys flow on. The parked keys and the
 	// parked messages (payload and headers) are stored in PostgreSQL
-	// (Config.OrderingDB), so they survive restarts and rebalances. Records
-	// with an empty Kafka key are not ordered.
+	// (Config.OrderingDB), so they survive restarts and rebalances: the new
+	// owner of a partition first finishes a forward its previous owner left
+	// pending. Keys of any length are indexed by their SHA-256; header names
+	// and values are kept byte for byte. Records with an empty Kafka key are
+	// not ordered.
+	//
+	// Two workers handling one key at once (a redelivery racing its tier
+	// record, one key on two partitions) never loop: a message that fails
+	// while another became the head goes to its tier anyway and is parked
+	// behind that head when it comes back. A step the database refuses for
+	// good (SQLSTATE 22, 23, 54, …) is logged at ERROR and skipped; see
+	// orderError for each outcome.
+	//
+	// Parked messages whose head will never come back (ordering switched off
+	// later, the head's tier removed from Retry.Delays or expired by
+	// retention) have committed offsets: Run warns about them at start, and
+	// `idem ordering list` and `idem ordering release` show and send them on.
 	OrderingByKey
 )
 
