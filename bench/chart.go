@@ -133,11 +133,14 @@ func throughputPlot(r *report, names []string, rows []scenarioResult) (*plot.Plo
 		vals[i] = throughputAxis.y(s.MsgsPerSec)
 		labels.XYs[i] = plotter.XY{X: float64(i), Y: vals[i]}
 		labels.Labels[i] = thousands(s.MsgsPerSec)
-		if s.VsRawSarama > 0 {
-			labels.Labels[i] += fmt.Sprintf("\n%.2f× raw", s.VsRawSarama)
+		switch {
+		case s.VsNaiveLoop > 0:
+			labels.Labels[i] += "\n" + ratio(s.VsNaiveLoop) + "× naive"
+		case s.VsRawSarama > 0:
+			labels.Labels[i] += "\n" + ratio(s.VsRawSarama) + "× raw"
 		}
-		if s.VsNaiveLoop > 0 {
-			labels.Labels[i] += fmt.Sprintf("\n%.2f× naive", s.VsNaiveLoop)
+		if s.VsVersus > 0 {
+			labels.Labels[i] += "\n" + ratio(s.VsVersus) + "× " + s.Versus
 		}
 	}
 	bars, err := plotter.NewBarChart(vals, vg.Points(36))

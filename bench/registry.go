@@ -32,6 +32,9 @@ type Scenario struct {
 	Naive bool
 	// Ceiling marks raw sarama, the baseline of every throughput ratio.
 	Ceiling bool
+	// Versus names another scenario this one is compared with (the "vs
+	// other" column), e.g. "idem 2 ms" for its 16-lane variant.
+	Versus string
 	// Extra keeps the scenario out of the default run; -only still selects it.
 	Extra bool
 	// Consume reads e.Topic as group e.Group and calls e.Meter.Done for every

@@ -25,6 +25,8 @@ type scenarioResult struct {
 	RunsMsgsPerSec  []float64 `json:"runs_msgs_per_sec"`
 	VsRawSarama     float64   `json:"vs_raw_sarama,omitempty"`
 	VsNaiveLoop     float64   `json:"vs_naive_loop,omitempty"`
+	Versus          string    `json:"versus,omitempty"`
+	VsVersus        float64   `json:"vs_versus,omitempty"`
 	JoinSeconds     float64   `json:"join_seconds"`
 	PeakRSSBytes    int64     `json:"peak_rss_bytes"`
 	CPUSeconds      float64   `json:"cpu_seconds"`
@@ -104,11 +106,14 @@ func procField[T any](path, field string, parse func(string) T) T {
 	return zero
 }
 
-// ratios fills vs raw sarama (every row) and vs the naive loop (PG rows).
+// ratios fills vs raw sarama (every row), vs the naive loop (PG rows) and
+// vs the scenario's Versus.
 func (r *report) ratios() {
 	var raw, naive float64
+	byName := map[string]float64{}
 	for _, s := range r.Scenarios {
 		if sc, err := lookup(s.Name); err == nil && s.Error == "" {
+			byName[sc.Name] = s.MsgsPerSec
 			if sc.Ceiling {
 				raw = s.MsgsPerSec
 			}
@@ -119,11 +124,17 @@ func (r *report) ratios() {
 	}
 	for i := range r.Scenarios {
 		s := &r.Scenarios[i]
-		if raw > 0 && s.Error == "" {
+		if s.Error != "" {
+			continue
+		}
+		if raw > 0 {
 			s.VsRawSarama = s.MsgsPerSec / raw
 		}
-		if naive > 0 && s.PG && s.Error == "" {
+		if naive > 0 && s.PG {
 			s.VsNaiveLoop = s.MsgsPerSec / naive
+		}
+		if sc, err := lookup(s.Name); err == nil && sc.Versus != "" && byName[sc.Versus] > 0 {
+			s.Versus, s.VsVersus = sc.Versus, s.MsgsPerSec/byName[sc.Versus]
 		}
 	}
 }
@@ -172,8 +183,8 @@ func (r *report) table() string {
 	if r.Mode == "" {
 		fmt.Fprintf(&sb, "Topic: %d records of %d bytes, %d partitions, LZ4, keys k0…k%d; median of %d runs; latency %.0fs per scenario.\n\n",
 			r.Records, r.Size, r.Partitions, keyCount-1, r.Runs, r.LatencySeconds)
-		sb.WriteString("| scenario | records | msgs/s | vs raw sarama | vs naive | p50 ms | p95 ms | p99 ms | at msgs/s | peak RSS MiB | CPU s | CPU µs/msg | join s |\n")
-		sb.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+		sb.WriteString("| scenario | records | msgs/s | vs raw sarama | vs naive | vs other | p50 ms | p95 ms | p99 ms | at msgs/s | peak RSS MiB | CPU s | CPU µs/msg | join s |\n")
+		sb.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	} else {
 		fmt.Fprintf(&sb, "Flat RSS: records of %d bytes, %d partitions; median of %d runs.\n\n", r.Size, r.Partitions, r.Runs)
 		sb.WriteString("| scenario | records | msgs/s | peak RSS MiB | CPU s | join s |\n|---|--:|--:|--:|--:|--:|\n")
@@ -188,9 +199,13 @@ func (r *report) table() string {
 				thousands(s.MsgsPerSec), mib(s.PeakRSSBytes), s.CPUSeconds, s.JoinSeconds)
 			continue
 		}
-		fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f | %.1f | %.2f | %.2f |\n",
+		other := "—"
+		if s.Versus != "" {
+			other = ratio(s.VsVersus) + " × " + s.Versus
+		}
+		fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f | %.1f | %.2f | %.2f |\n",
 			s.Name, thousands(float64(s.Records)), thousands(s.MsgsPerSec),
-			ratio(s.VsRawSarama), ratio(s.VsNaiveLoop),
+			ratio(s.VsRawSarama), ratio(s.VsNaiveLoop), other,
 			msCell(s.P50ms, s.LatencyRecords), msCell(s.P95ms, s.LatencyRecords), msCell(s.P99ms, s.LatencyRecords),
 			rateCell(s.LatencyRate), mib(s.PeakRSSBytes), s.CPUSeconds, s.CPUMicrosPerMsg, s.JoinSeconds)
 	}
@@ -198,8 +213,11 @@ func (r *report) table() string {
 }
 
 func ratio(v float64) string {
-	if v == 0 {
+	switch {
+	case v == 0:
 		return "—"
+	case v < 0.1:
+		return fmt.Sprintf("%.3f", v)
 	}
 	return fmt.Sprintf("%.2f", v)
 }

@@ -34,24 +34,35 @@ func init() {
 	register(Scenario{Name: "idem memory", Consume: func(ctx context.Context, e *Env) error {
 		return consumer.Run(ctx, e.Idem(dedupe.NewMemory()), noop(e))
 	}})
-	// TODO(lanes): "idem memory 16 lanes" — as "idem memory" with
-	//   cfg := e.Idem(dedupe.NewMemory()); cfg.Concurrency = 16
+	// TODO(lanes): add when consumer.Config.Concurrency exists:
+	//	register(Scenario{Name: "idem memory 16 lanes", Versus: "idem memory", Consume: func(ctx context.Context, e *Env) error {
+	//		cfg := e.Idem(dedupe.NewMemory())
+	//		cfg.Concurrency = 16
+	//		return consumer.Run(ctx, cfg, noop(e))
+	//	}})
 	register(Scenario{Name: "naive loop", Limit: pgLimit, PG: true, Naive: true, Consume: consumeNaive})
 	register(Scenario{Name: "idem PG", Limit: pgLimit, PG: true, Consume: func(ctx context.Context, e *Env) error {
 		return consumer.Run(ctx, e.Idem(dedupe.NewPostgres(e.Pool)), insertOne(e))
 	}})
-	// TODO(batching): "idem PG batched" — as "idem PG" with
-	//   cfg.Batch = consumer.BatchConfig{MaxMessages: 500, MaxWait: 5 * time.Millisecond}
-	// TODO(batch handler): "idem PG batch handler" — consumer.RunBatch(ctx, cfg,
-	//   handler.BatchFunc(...)) inserting the batch's rows with one pgx.Batch or
-	//   unnest statement through dedupe.Tx(ctx), then e.Meter.Done per message.
+	// TODO(batching): add when consumer.Config.Batch exists:
+	//	register(Scenario{Name: "idem PG batched", Limit: pgLimit, PG: true, Consume: func(ctx context.Context, e *Env) error {
+	//		cfg := e.Idem(dedupe.NewPostgres(e.Pool))
+	//		cfg.Batch = consumer.BatchConfig{MaxMessages: 500, MaxWait: 5 * time.Millisecond}
+	//		return consumer.Run(ctx, cfg, insertOne(e))
+	//	}})
+	// TODO(batch handler): add when consumer.RunBatch and handler.BatchFunc exist:
+	// "idem PG batch handler", Limit: pgLimit, PG: true, the same cfg with Batch,
+	// consumer.RunBatch(ctx, cfg, handler.BatchFunc(func(ctx, msgs) error {…}))
+	// inserting all rows of msgs with one statement through dedupe.Tx(ctx)
+	// (unnest of arrays, or a pgx.Batch), then e.Meter.Done(m.Timestamp) for each m.
 	register(Scenario{Name: "idem 2 ms", Limit: slowLimit, Consume: func(ctx context.Context, e *Env) error {
 		return consumer.Run(ctx, e.Idem(dedupe.NewMemory()), sleepy(e))
 	}})
-	// TODO(lanes): "idem 2 ms 16 lanes" — as "idem 2 ms" with cfg.Concurrency = 16.
+	// TODO(lanes): "idem 2 ms 16 lanes", Limit: slowLimit, Versus: "idem 2 ms",
+	// as "idem 2 ms" with cfg.Concurrency = 16 (see "idem memory 16 lanes").
 
 	// Extra scenarios, only with -only or -flat-rss.
-	register(Scenario{Name: "idem no store", Extra: true, Consume: func(ctx context.Context, e *Env) error {
+	register(Scenario{Name: "idem no store", Extra: true, Versus: "idem memory", Consume: func(ctx context.Context, e *Env) error {
 		return consumer.Run(ctx, e.Idem(nopStore{}), noop(e))
 	}})
 }
