@@ -10,7 +10,7 @@ WITH_ENV = set -a; [ -f $(ENVFILE) ] && . ./$(ENVFILE); set +a;
 GO      ?= go
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: help services services-down run test bench bench-quick lint fmt compose-check
+.PHONY: help services services-down run test fuzz bench bench-quick lint fmt compose-check
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -24,9 +24,25 @@ services-down: ## stop what `make services` started (CLEAN=1 also deletes .state
 run: services ## run the payments example's demo against the local services
 	@$(WITH_ENV) $(GO) run ./examples/payments-consumer demo
 
-test: services ## go vet + all tests with -race against real Kafka and PostgreSQL
+# The core pipeline tests, run again in batch mode and in lane mode
+# (consumer/helpers_test.go: IDEM_TEST_MODE).
+CORE_TESTS = TestDuplicatesHaveOneEffect|TestCrashAfterCommitBeforeOffsetCommit|TestFailThenSucceedRecordsKeyOnlyOnSuccess|TestMembersLeaveAndJoinMidStream|TestGracefulShutdownMidStreamThenRestart|TestFailTwiceThenSucceed|TestPoisonMessages|TestBadRecordsNeverStallAPartition|TestBreakerPausesInsteadOfRetrying|TestShutdownGraceCancelsInFlight
+# Fuzz targets (package:Target), each run for FUZZTIME by `make fuzz`;
+# their committed seed corpora also run in every plain `go test`.
+FUZZ_TARGETS = ./consumer:FuzzKeyExtraction ./retrytopic:FuzzDecode ./dlq:FuzzRecord ./internal/keyorder:FuzzParkRoundTrip
+FUZZTIME ?= 4s
+
+test: services ## go vet + all tests with -race against real Kafka and PostgreSQL, core tests in batch and lane modes, a short fuzz run
 	$(GO) vet ./...
 	@$(WITH_ENV) IDEM_REQUIRE_REAL_KAFKA=1 $(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) ./...
+	@$(WITH_ENV) IDEM_REQUIRE_REAL_KAFKA=1 IDEM_TEST_MODE=batch $(GO) test -race -count=1 -timeout 15m -run '$(CORE_TESTS)' ./consumer/
+	@$(WITH_ENV) IDEM_REQUIRE_REAL_KAFKA=1 IDEM_TEST_MODE=lanes $(GO) test -race -count=1 -timeout 15m -run '$(CORE_TESTS)' ./consumer/
+	@$(MAKE) --no-print-directory fuzz
+
+fuzz: ## a short run of every fuzz target (FUZZTIME each, default 4s)
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	  $(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) "$${t%%:*}"; \
+	done
 
 BENCHARGS  ?=
 BENCHFLAGS ?=
