@@ -356,6 +356,9 @@ func (r *runner) recoverPending(ctx context.Context) error {
 		return err
 	}
 	for _, rec := range pending {
+		if r.tierGone(rec) {
+			continue
+		}
 		out := r.pendingOutbound(rec)
 		if err := r.fwd.Forward(ctx, out.rec); err != nil {
 			return fmt.Errorf("consumer: forward pending head %q: %w", rec.IdempotencyKey, err)
@@ -367,6 +370,19 @@ func (r *runner) recoverPending(ctx context.Context) error {
 		r.log.Info("idem: forwarded a head left pending by a crash", "key", rec.IdempotencyKey, "to", out.rec.Topic)
 	}
 	return nil
+}
+
+// tierGone reports (and logs) a pending head whose tier Retry.Delays no
+// longer has: it is not forwarded (its topic may be gone, and nothing would
+// read it); warnUnread names it and `idem ordering release` sends it on.
+func (r *runner) tierGone(rec keyorder.Record) bool {
+	if rec.Tier <= len(r.policy.Delays) {
+		return false
+	}
+	r.log.Warn("idem: not forwarding a pending head: its retry tier is no longer configured", "key", rec.IdempotencyKey,
+		"tier", rec.Tier, "tiers", len(r.policy.Delays),
+		"release", fmt.Sprintf("idem ordering release --group %s --topic %s --key-hex %x --to source", r.cfg.Group, rec.Topic, rec.Key))
+	return true
 }
 
 // sourceOf returns the source topic a subscribed topic belongs to: itself, or
@@ -410,6 +426,9 @@ func (p *partition) claimOrdering() bool {
 		return true // logged; the next claim tries again
 	}
 	for _, rec := range pending {
+		if r.tierGone(rec) {
+			continue
+		}
 		msg := &handler.Message{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, IdempotencyKey: rec.IdempotencyKey}
 		if !p.send(r.pendingOutbound(rec), msg) {
 			return false

@@ -386,13 +386,15 @@ func (b *logBuffer) String() string {
 func TestOrderingWarnsAboutUnreadParked(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
-		name   string
-		mutate func(*consumer.Config)
-		tier   int
-		reason string
+		name    string
+		mutate  func(*consumer.Config)
+		tier    int
+		promote bool // P1 promoted to head, its forward to tier 3 pending
+		parked  string
+		reason  string
 	}{
-		{"ordering off", func(c *consumer.Config) { c.Ordering = consumer.OrderingNone }, 1, "ordering is off"},
-		{"tier removed", func(c *consumer.Config) {}, 3, "retry tier 3, but Retry.Delays has 1 tiers"},
+		{"ordering off", func(c *consumer.Config) { c.Ordering = consumer.OrderingNone }, 1, false, "parked=3", "ordering is off"},
+		{"tier removed", func(c *consumer.Config) {}, 3, true, "parked=2", "retry tier 3, but Retry.Delays has 1 tiers"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -400,13 +402,26 @@ func TestOrderingWarnsAboutUnreadParked(t *testing.T) {
 			e, cfg := orderedEnv(t, 1, time.Second)
 			e.block([]byte("K"), "H", tt.tier, "P1", "P2")
 			e.block([]byte("L"), "G", tt.tier, "Q1")
+			if tt.promote {
+				// Forwarding it would fail (tier 3's topic does not exist)
+				// and nothing would read it: Run starts, leaves it, warns.
+				s := keyorder.New(e.pool, e.group)
+				next, _, err := s.Next(testenv.Context(t), e.topic, []byte("K"), "H")
+				if err != nil {
+					t.Fatal(err)
+				}
+				next.Tier = 3
+				if err := s.Promote(testenv.Context(t), "H", next); err != nil {
+					t.Fatal(err)
+				}
+			}
 			tt.mutate(&cfg)
 			var logs logBuffer
 			cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 			start(t, cfg, handler.Func(apply))
 			testenv.Eventually(t, 30*time.Second, func() error {
 				out := logs.String()
-				for _, want := range []string{"level=WARN", "will not read", "topic=" + e.topic, "keys=2", "parked=3", tt.reason,
+				for _, want := range []string{"level=WARN", "will not read", "topic=" + e.topic, "keys=2", tt.parked, tt.reason,
 					"idem ordering release --group " + e.group + " --topic " + e.topic + " --all"} {
 					if !strings.Contains(out, want) {
 						return fmt.Errorf("log lacks %q:\n%s", want, out)
