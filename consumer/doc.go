@@ -190,5 +190,235 @@
 // type, panic stack), where it came from and how many attempts it had. Never
 // dead-lettered: store outages, open breakers, failed forwards, and messages
 // interrupted by a revoke or shutdown. Package dlq and the idem command list,
+// show and replay dead-lettered records.// Package consumer runs a Kafka consumer group whose messages are safe to
+// retry: every message goes through an idempotency inbox (package dedupe)
+// before and together with your handler, failures go through retry topics to a
+// dead-letter topic (package retrytopic), and an offset is committed only once
+// the message's outcome is durable.
+//
+// # Walkthrough
+//
+// A service embeds one call to [Run] in its main:
+//
+//	func main() {
+//		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+//		defer stop()
+//
+//		pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+//		if err != nil { … }
+//		store := dedupe.NewPostgres(pool) // the inbox table idem_processed
+//		if err := store.Migrate(ctx); err != nil { … }
+//
+//		h := handler.Func(func(ctx context.Context, m *handler.Message) error {
+//			var p Payment
+//			if err := json.Unmarshal(m.Value, &p); err != nil {
+//				return handler.Decode(err) // poison: to the dead-letter topic at once
+//			}
+//			// The inbox's transaction: these writes commit with the inbox row, or not at all.
+//			_, err := dedupe.Tx(ctx).Exec(ctx,
+//				`UPDATE orders SET status = 'paid' WHERE id = $1 AND status = 'pending'`, p.OrderID)
+//			return err // other errors are retried
+//		})
+//
+//		err = consumer.Run(ctx, consumer.Config{
+//			Brokers: []string{"kafka-1:9092", "kafka-2:9092"},
+//			Group:   "billing",
+//			Topics:  []string{"payments"},
+//			Dedupe:  store,
+//			Retry:   retrytopic.Policy{Delays: []time.Duration{10 * time.Second, time.Minute, 10 * time.Minute}},
+//		}, h)
+//		if err != nil {
+//			log.Fatal(err) // only fatal errors: bad config, unknown topic, …
+//		}
+//	}
+//
+// What Run does, in order:
+//
+//  1. It validates the [Config] (an error wrapping [ErrInvalidConfig] names
+//     each bad field) and fills every zero optional field with its documented
+//     default.
+//  2. It connects, checks that every source topic exists ([ErrUnknownTopic];
+//     idem never creates source topics) and creates the missing retry-tier and
+//     dead-letter topics, each with at least as many partitions as its source.
+//  3. It opens an idempotent, acks=all producer on a client of its own for
+//     forwarding failed records. With [OrderingByKey] it also prepares its
+//     tables in Config.OrderingDB and first forwards any record a crash left
+//     half-forwarded.
+//  4. It joins the group, subscribed to the source topics and their retry
+//     tiers, and consumes until ctx is cancelled, joining again after every
+//     rebalance. A new group starts at the oldest offset.
+//  5. Each claimed partition gets one worker goroutine. For each message, in
+//     offset order, the worker: holds a retry-tier record until its due time;
+//     derives the idempotency key (Config.KeyFunc); with OrderingByKey, parks
+//     it if an earlier message of its Kafka key is in a retry tier; runs the
+//     handler inside
+//     Dedupe.Process — with dedupe.NewPostgres that is BEGIN, INSERT the inbox
+//     row (a conflict means a duplicate: the handler is not called), the
+//     handler, then COMMIT on nil or ROLLBACK on an error; classifies an error
+//     (package handler) and retries in process or forwards the record; and
+//     finally marks the offset for commit.
+//
+// Run returns nil after ctx is cancelled and everything it started has ended,
+// and an error only for a fatal problem (see [Run]).
+//
+// # Exactly-once effects, at-least-once everything else
+//
+// Kafka delivers at least once, and so does idem: a message may reach your
+// handler more than once. What idem makes exactly-once is the EFFECT recorded
+// in PostgreSQL. With dedupe.NewPostgres the inbox row (consumer group,
+// idempotency key) and the handler's writes through dedupe.Tx(ctx) — business
+// rows and outbox rows alike — commit in one PostgreSQL transaction, and the
+// offset is marked only after that COMMIT. So, per group and key:
+//
+//   - A handler that returns nil has its transactional writes committed once;
+//     any later delivery of the same key (a redelivery, a retry-tier copy, a
+//     DLQ replay, a producer's duplicate send) finds the inbox row and is
+//     skipped as a duplicate without calling the handler.
+//   - A handler that fails leaves nothing behind: the transaction rolls back,
+//     no key is recorded, and the message is tried again.
+//   - Two members handling the same key at the same moment (during a
+//     rebalance) serialise on the inbox's primary key: one commits, the other
+//     sees a duplicate.
+//
+// What stays at-least-once: delivery, and therefore the handler code itself,
+// which runs again for every attempt that did not commit (in-process retries,
+// retry tiers, a redelivery after a crash or a revoke). Side effects outside
+// the transaction — an HTTP call, an e-mail, a write through another
+// connection — may repeat. For those use dedupe.NewPostgresLease, which
+// claims the key for a lease so that only one member runs the handler at a
+// time and records the key once it succeeded, and make the external call
+// idempotent with the key (for example an Idempotency-Key header): a crash
+// between the external effect and the record still repeats the call. The
+// inbox dedupes by key, not by content, and only for as long as the dedupe
+// retention (dedupe.Sweeper) keeps the key. dedupe.NewMemory is for tests: it forgets
+// everything on exit.
+//
+// # Ordering
+//
+// Messages of one partition are handled one at a time, in offset order, by
+// that partition's worker; different partitions (and retry-tier partitions)
+// are handled concurrently, so the handler must be safe for concurrent use.
+//
+// In-process retries keep order: the partition waits for its message (the
+// waits follow Config.RetryBase and Config.RetryMax, or a longer
+// handler.RetryAfter) and later messages queue behind it. Retry tiers do not:
+// a record forwarded to a tier leaves the source partition, which moves on,
+// so later messages of the same key can be handled before it (with the
+// default [OrderingNone]). A tier record keeps its partition number and is
+// held until its due time, never handled early; only that tier partition
+// waits. With [OrderingByKey], while a message of a Kafka record key is in a
+// retry tier, later messages of that key are parked in PostgreSQL
+// (Config.OrderingDB) behind it and their offsets committed; when it succeeds
+// or is dead-lettered, the parked messages are handled in their original
+// order. Records with an empty Kafka key are never parked.
+//
+// # Commits
+//
+// An offset is marked only when its message's outcome is final and durable:
+// committed by the handler's transaction, found to be a duplicate, forwarded
+// to a retry tier or the dead-letter topic and acknowledged by all in-sync
+// replicas, or (with OrderingByKey) parked. Marked offsets are committed every
+// Config.CommitInterval, when a partition is revoked, and at shutdown; never
+// before the outcome is durable. A crash therefore means redelivery from the
+// last committed offset: messages already committed become duplicates that
+// the inbox turns into no-ops, and messages that had failed are tried again
+// (a record forwarded just before the crash may be forwarded a second time;
+// once either copy succeeds, the other is a duplicate).
+//
+// # Rebalances and shutdown
+//
+// idem uses the cooperative-sticky assignor unless the base sarama config
+// names strategies other than sarama's range default, so a rebalance stops
+// only the partitions that move. When a partition is revoked, or Run's ctx is
+// cancelled, its worker takes no new message and any wait ends at once (a
+// backoff between retries, a tier's due time, an outage backoff): that
+// message is left unmarked for the next owner. A handler already running gets
+// Config.ShutdownGrace to finish: a success is committed as usual, a
+// permanent failure is still forwarded, and a retriable one is left for the
+// next owner. After the grace its ctx is cancelled, its transaction rolls back
+// and the message is redelivered to the partition's next owner. Validate requires
+// ShutdownGrace to be shorter than Sarama.Consumer.Group.Rebalance.Timeout. The
+// handler's ctx carries the values of Run's ctx, but not its cancellation:
+// it is cancelled only through the grace, so that in-flight work can finish.
+//
+// # Outages are waited out, not counted
+//
+// A failure of the dedupe store itself (dedupe.StoreError: the database is
+// down, a begin or commit fails, a lease is held elsewhere) is not a failed
+// attempt: the partition tries the same message again after a backoff (full
+// jitter from 100ms, doubling, capped at Config.OutageBackoff), for as long as
+// it takes, spending no retries and forwarding nothing. Forwarding to a retry
+// tier or the dead-letter topic that fails (the broker is unavailable) is
+// retried the same way and the offset stays unmarked: nothing is dropped.
+// A failed join of the group is retried the same way too. A handler error
+// wrapping an open circuit breaker (package breaker) means a dependency is
+// down: every partition of this consumer is paused for the breaker's
+// cool-down, then one message goes through as the half-open probe; no retries
+// are spent and nothing is forwarded (see BreakerMetrics). Store and
+// forwarding outages are waited out by each partition on its own.
+//
+// # Missing keys
+//
+// The idempotency key comes from Config.KeyFunc; by default the last header
+// named "idempotency-key". A key that is absent, empty, longer than
+// Config.MaxKeyLength bytes, or for which KeyFunc returns an error is
+// missing. With [MissingKeyDeadLetter], the default, the message goes to the
+// dead-letter topic with kind "missing-key" and the handler is not called:
+// without a key a retry cannot be made safe. [MissingKeyUseCoordinates] uses
+// "<topic>/<partition>/<offset>" of the original record instead, which
+// dedupes redeliveries but not a producer that sends the same event twice.
+//
+// # What goes to the dead-letter topic
+//
+// The dead-letter topic ("<topic>.<group>.dlq" by default, see
+// retrytopic.Policy) receives, at once: handler.Permanent and handler.Decode
+// errors, panics (unless Config.RetryPanics), and messages without a valid
+// key. Other errors — ordinary, handler.RetryAfter, handler timeouts, and
+// panics with RetryPanics — are retried Config.Retries times in process, then
+// go through the retry tiers of Config.Retry one by one (none by default), and
+// reach the dead-letter topic only when the last tier's attempt fails too. A
+// dead-lettered record keeps its key, value and headers byte for byte and its
+// partition number, and carries idem-* headers saying why (error, kind, Go
+// type, panic stack), where it came from and how many attempts it had. Never
+// dead-lettered: store outages, open breakers, failed forwards, and messages
+// interrupted by a revoke or shutdown. Package dlq and the idem command list,
 // show and replay dead-lettered records.
+//
+// # Failure classes
+//
+// Every error an attempt ends with is classified once, by one function
+// (classify.go), into exactly one class:
+//
+//   - handler failure: the handler's error, a timeout, a COMMIT refused
+//     because of the handler's writes (SQLSTATE 23 deferred constraint, 40
+//     serialization), any other SQLSTATE of the handler's statements. In-process
+//     retries (Retries), then the retry tiers, then the dead-letter topic.
+//   - permanent: handler.Permanent, handler.Decode, panics (unless
+//     RetryPanics), a missing or invalid key (checked before any database
+//     call: valid UTF-8, no NUL, at most MaxKeyLength bytes), SQLSTATE 22
+//     (data) and 54 (program limit). The dead-letter topic at once.
+//   - outage: the dedupe store's own step failing in a way no message causes
+//     (connection 08, 57P01-57P03, 53300, 58, 25006 read-only, the inbox table
+//     missing, an ambiguous COMMIT), the handler's connection dying under it,
+//     an open breaker. The same message is tried again after a backoff; no
+//     retry budget is spent, nothing is forwarded. A handler that loses its
+//     connection on 5 tries in a row while the store works is a handler
+//     failure instead, so no input can hold a partition for ever.
+//
+// Forward errors are classified by retrytopic.IsPermanentForwardError: a
+// permanent refusal (a record too large, an invalid record, an authorization
+// error) sends the record to the dead-letter topic whole, or as a stub
+// without its value if the dead-letter topic refuses it too; other forward
+// errors are outages. idem_partition_stalled_seconds shows how long each
+// partition has been failing on one message, and a WARN names the cause
+// every minute once it passes StallWarning.
+//
+// # Batches and lanes
+//
+// Config.Batch puts consecutive new messages of a partition in one
+// transaction (dedupe.BatchStore); RunBatch passes them to a
+// handler.BatchHandler at once. A failed batch rolls back whole and its
+// messages run again one per transaction, so only the failing one takes the
+// failure path. Config.Concurrency spreads a partition over lanes by key;
+// the committed offset is always the lowest unfinished one.
 package consumer

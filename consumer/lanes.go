@@ -9,6 +9,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/metrics"
@@ -269,6 +270,7 @@ func (p *partition) handleBatch(items []*batchItem) bool {
 	}
 	start := time.Now()
 	var fresh []int
+	failedAt := -1 // the item whose handler failed (per-message handler)
 	outs, err := r.batchStore.ProcessBatch(p.hctx, recs, func(ctx context.Context, idx []int) error {
 		fresh = idx
 		if r.bh != nil {
@@ -280,6 +282,7 @@ func (p *partition) handleBatch(items []*batchItem) bool {
 		}
 		for _, i := range idx {
 			if err := r.h.Handle(ctx, items[i].msg); err != nil {
+				failedAt = i
 				return err
 			}
 		}
@@ -307,7 +310,26 @@ func (p *partition) handleBatch(items []*batchItem) bool {
 		p.log.Debug("idem: batch failed; running its messages one by one", "messages", len(items), "new", len(fresh), "err", err)
 	}
 	be, _ := handler.AsBatchError(err)
+	if be == nil && failedAt >= 0 {
+		return p.scanAfter(items, failedAt, err)
+	}
 	return p.scan(items, be)
+}
+
+// scanAfter handles items one per transaction after the per-message handler
+// failed on items[at] with err inside the batch: that failure counts as the
+// message's first attempt; the others run as if for the first time.
+func (p *partition) scanAfter(items []*batchItem, at int, err error) bool {
+	for i, it := range items {
+		var first error
+		if i == at {
+			first = err
+		}
+		if !p.handleAfter(it.cm, first) {
+			return false
+		}
+	}
+	return true
 }
 
 // scan handles items one per transaction, in order. With a *BatchError from
@@ -346,7 +368,7 @@ func (p *partition) scan(items []*batchItem, be *handler.BatchError) bool {
 				continue
 			}
 		}
-		if !p.handle(it.cm) {
+		if !p.handleAfter(it.cm, failed[it.msg]) {
 			return false
 		}
 	}
@@ -382,6 +404,18 @@ func callBatch(ctx context.Context, h handler.BatchHandler, msgs []*handler.Mess
 type partMetrics struct {
 	processed, duplicate, attemptOK, commits interface{ Inc() }
 	duration                                 interface{ Observe(float64) }
+}
+
+// attempt counts a failed handler attempt by its result.
+func (partMetrics) attempt(m *metrics.Metrics, group, topic string, herr error) {
+	result := metrics.ResultError
+	switch {
+	case handler.IsPanic(herr):
+		result = metrics.ResultPanic
+	case breaker.IsOpen(herr):
+		result = metrics.ResultBreakerOpen
+	}
+	m.Attempts.WithLabelValues(group, topic, result).Inc()
 }
 
 func newPartMetrics(m *metrics.Metrics, group, topic string) partMetrics {

@@ -4,9 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,7 +15,6 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/metrics"
@@ -62,6 +61,8 @@ type partition struct {
 	stalled prometheus.Gauge // idem_partition_stalled_seconds of this partition
 
 	bp *bpState // back-pressure, shared with the views
+
+	first error // the failure of the message's attempt inside a batch (see handleAfter)
 }
 
 // bpState is whether a partition's fetching is paused by back-pressure.
@@ -195,7 +196,12 @@ func (p *partition) mark(m *sarama.ConsumerMessage) {
 
 // handle takes m to a final outcome and marks it, or returns false when the
 // partition is stopping and m must be left for redelivery.
-func (p *partition) handle(cm *sarama.ConsumerMessage) bool {
+func (p *partition) handle(cm *sarama.ConsumerMessage) bool { return p.handleAfter(cm, nil) }
+
+// handleAfter is handle for a message whose first attempt already failed
+// with first (inside a batch that was rolled back): that failure counts as
+// its first attempt. first nil is handle.
+func (p *partition) handleAfter(cm *sarama.ConsumerMessage, first error) bool {
 	r := p.r
 	msg := toMessage(cm)
 	origin := origin{topic: cm.Topic, partition: cm.Partition, offset: cm.Offset}
@@ -231,6 +237,7 @@ func (p *partition) handle(cm *sarama.ConsumerMessage) bool {
 		}
 	}
 	rec := dedupe.Record{Group: r.cfg.Group, Key: key, Topic: origin.topic, Partition: origin.partition, Offset: origin.offset}
+	p.first = first
 	err, ok := p.process(rec, msg)
 	if !ok {
 		return false
@@ -280,7 +287,14 @@ func (p *partition) process(rec dedupe.Record, msg *handler.Message) (err error,
 		if !ok {
 			return nil, false
 		}
-		err, ran := p.attempt(rec, msg)
+		var err error
+		var ran bool
+		if p.first != nil { // failed in a batch: that was this message's attempt
+			err, ran, p.first = p.first, true, nil
+			p.mx.attempt(r.m, r.cfg.Group, msg.Topic, err)
+		} else {
+			err, ran = p.attempt(rec, msg)
+		}
 		if err != nil && p.hctx.Err() != nil {
 			// Cancelled past the grace period: rolled back, left for redelivery.
 			r.m.Abandoned.WithLabelValues(r.cfg.Group).Inc()
@@ -378,15 +392,8 @@ func (p *partition) attempt(rec dedupe.Record, msg *handler.Message) (err error,
 		return nil, ran
 	}
 	if herr != nil { // the handler ran and failed (err is herr, or wraps it)
-		r.m.HandlerDuration.WithLabelValues(r.cfg.Group, topic).Observe(time.Since(start).Seconds())
-		result := metrics.ResultError
-		switch {
-		case handler.IsPanic(herr):
-			result = metrics.ResultPanic
-		case breaker.IsOpen(herr):
-			result = metrics.ResultBreakerOpen
-		}
-		r.m.Attempts.WithLabelValues(r.cfg.Group, topic, result).Inc()
+		mx.duration.Observe(time.Since(start).Seconds())
+		mx.attempt(r.m, r.cfg.Group, topic, herr)
 	}
 	return err, ran
 }
