@@ -245,7 +245,7 @@ func (p *partition) handleAfter(cm *sarama.ConsumerMessage, first error) bool {
 	if err != nil {
 		f := p.failure(src, cm.Key, cm.Value, cm.Headers, origin, msg, err)
 		if ordered && f.tier > 0 && !p.orderStep(func(ctx context.Context) error {
-			return r.order.Block(ctx, origin.topic, cm.Key, key)
+			return r.order.BlockTier(ctx, origin.topic, cm.Key, key, f.tier)
 		}) {
 			return false
 		}

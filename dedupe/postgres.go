@@ -61,6 +61,10 @@ func (p *Postgres) Migrate(ctx context.Context) error {
 	return p.table.migrate(ctx, p.db)
 }
 
+// DB returns the database the store was built on, so idem can read its other
+// tables (ordering mode's parked messages) through the same pool.
+func (p *Postgres) DB() DB { return p.db }
+
 // Process implements Store; see the Postgres type for the transaction it
 // runs. The context given to fn carries the transaction (Tx(ctx)).
 //
