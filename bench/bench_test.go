@@ -80,17 +80,14 @@ func TestMeter(t *testing.T) {
 
 func TestReportTableAndChart(t *testing.T) {
 	r := &report{Records: 1000, Size: 200, Partitions: 12, Runs: 1, LatencySeconds: 10, LatencyMaxRate: 25000,
-		Machine: machineInfo{Cores: 2, Kafka: "4.1", Postgres: "15"}}
-	for _, s := range []scenarioResult{
-		{Name: "raw sarama", Records: 1000, MsgsPerSec: 1e6, P50ms: 1, P95ms: 2, P99ms: 3, LatencyRecords: 10, LatencyRate: 25000},
-		{Name: "naive loop", Records: 100, PG: true, MsgsPerSec: 5000, P50ms: 10, P95ms: 20, P99ms: 30, LatencyRecords: 10, LatencyRate: 2500},
-		{Name: "idem PG", Records: 100, PG: true, MsgsPerSec: 5500, P50ms: 11, P95ms: 21, P99ms: 31, LatencyRecords: 10, LatencyRate: 2750},
-		{Name: "idem memory", Records: 1000, MsgsPerSec: 2e5},
-		{Name: "idem no store", Records: 1000, MsgsPerSec: 4e5},
-		{Name: "idem 2 ms", Error: "boom"},
-	} {
-		r.Scenarios = append(r.Scenarios, s)
-	}
+		Machine: machineInfo{Cores: 2, Kafka: "4.1", Postgres: "15"}, Scenarios: []scenarioResult{
+			{Name: "raw sarama", Records: 1000, MsgsPerSec: 1e6, P50ms: 1, P95ms: 2, P99ms: 3, LatencyRecords: 10, LatencyRate: 25000},
+			{Name: "naive loop", Records: 100, PG: true, MsgsPerSec: 5000, P50ms: 10, P95ms: 20, P99ms: 30, LatencyRecords: 10, LatencyRate: 2500},
+			{Name: "idem PG", Records: 100, PG: true, MsgsPerSec: 5500, P50ms: 11, P95ms: 21, P99ms: 31, LatencyRecords: 10, LatencyRate: 2750},
+			{Name: "idem memory", Records: 1000, MsgsPerSec: 2e5},
+			{Name: "idem no store", Records: 1000, MsgsPerSec: 4e5},
+			{Name: "idem 2 ms", Error: "boom"},
+		}}
 	r.ratios()
 	table := r.table()
 	for _, want := range []string{"| idem PG | 100 | 5,500 | 0.005 | 1.10 |", "2.00 × idem memory", "failed: boom"} {
