@@ -77,8 +77,8 @@ func (e *env) config() consumer.Config {
 
 // modeConfig returns cfg in one of the pipeline's modes, so one suite checks
 // them all: `make test` runs the core tests again with IDEM_TEST_MODE set to
-// "batch" (batched transactions) and "lanes" (16 lanes per partition, with
-// batches).
+// "batch" (batched transactions), "lanes" (16 lanes per partition) and
+// "lanes-batch" (4 lanes, each batching).
 func modeConfig(cfg consumer.Config, mode string) consumer.Config {
 	switch mode {
 	case "":
@@ -86,7 +86,9 @@ func modeConfig(cfg consumer.Config, mode string) consumer.Config {
 		cfg.Batch = consumer.BatchConfig{MaxMessages: 50}
 	case "lanes":
 		cfg.Concurrency = 16
-		cfg.Batch = consumer.BatchConfig{MaxMessages: 8}
+	case "lanes-batch":
+		cfg.Concurrency = 4
+		cfg.Batch = consumer.BatchConfig{MaxMessages: 16}
 	default:
 		panic("IDEM_TEST_MODE: unknown mode " + mode)
 	}

@@ -166,11 +166,18 @@ func Group(tb testing.TB) string {
 	return Unique("g_" + tb.Name())
 }
 
-// Producer returns a sync producer closed when the test ends.
+// Producer returns a sync producer closed when the test ends. It is
+// idempotent, so a retried batch is written once: sarama retries a batch whose
+// connection broke after the request was sent (under load a concurrent
+// metadata refresh closes a connection that is still opening, with a produce
+// request in flight), and without idempotence the broker would append it
+// twice. Tests count the records they produce exactly.
 func (k *Kafka) Producer(tb testing.TB) sarama.SyncProducer {
 	tb.Helper()
 	cfg := k.Config()
 	cfg.Producer.Partitioner = sarama.NewManualPartitioner
+	cfg.Producer.Idempotent = true // with RequiredAcks = WaitForAll (Config)
+	cfg.Net.MaxOpenRequests = 1    // sarama requires it with Idempotent
 	p, err := sarama.NewSyncProducer(k.Brokers, cfg)
 	if err != nil {
 		tb.Fatalf("testenv: producer: %v", err)
