@@ -561,17 +561,21 @@ func TestGracefulShutdownMidStreamThenRestart(t *testing.T) {
 	if done >= total {
 		t.Fatalf("the stream completed before the shutdown (effects %d): not mid-stream", done)
 	}
+	// With lanes, messages above the lowest unfinished one may have finished
+	// too: their offsets are not committed (the restart sees them again as
+	// duplicates), but below the committed offset there is never a gap.
+	lanes := strings.Contains(os.Getenv("IDEM_TEST_MODE"), "lanes")
 	sum := int64(0)
 	for p := range int32(partitions) {
 		c := max(committed[p], 0)
 		sum += c
 		n := e.count(`SELECT count(*) FROM effects WHERE part = $1`, p)
 		inRange := e.count(`SELECT count(*) FROM effects WHERE part = $1 AND off < $2`, p, c)
-		if int64(n) != c || inRange != n {
+		if int64(inRange) != c || (!lanes && inRange != n) {
 			t.Errorf("partition %d: committed %d but has %d effects (%d below the committed offset); want effects for exactly offsets [0,%d)", p, c, n, inRange, c)
 		}
 	}
-	if sum != int64(done) {
+	if !lanes && sum != int64(done) {
 		t.Errorf("committed offsets sum to %d, effects %d: finished messages were not committed at shutdown (or a gap was)", sum, done)
 	}
 
@@ -585,8 +589,14 @@ func TestGracefulShutdownMidStreamThenRestart(t *testing.T) {
 	if got := coreOutcome(t, reg2, metrics.OutcomeProcessed); got != total-done {
 		t.Errorf("after restart processed = %d, want %d", got, total-done)
 	}
-	if got := coreOutcome(t, reg2, metrics.OutcomeDuplicate); got != 0 {
-		t.Errorf("after restart duplicates = %d, want 0 (the shutdown committed every finished message)", got)
+	// With lanes the finished messages above the committed offset come back
+	// as duplicates; without, the shutdown committed every finished message.
+	wantDup := 0
+	if lanes {
+		wantDup = done - int(sum)
+	}
+	if got := coreOutcome(t, reg2, metrics.OutcomeDuplicate); got != wantDup {
+		t.Errorf("after restart duplicates = %d, want %d (finished messages above the committed offsets)", got, wantDup)
 	}
 }
 
@@ -801,6 +811,7 @@ func TestPoisonMessages(t *testing.T) {
 		t.Errorf("DLQ %s holds %d records, want 3", dlq, end)
 	}
 	got := e.coreReadRecords(dlq, 0, 3, 30*time.Second)
+	sortByOrigin(got) // lanes may dead-letter them in another order
 	want := []struct {
 		offset     int64
 		key, value string

@@ -26,6 +26,7 @@ type env struct {
 	t     *testing.T
 	k     *testenv.Kafka
 	pool  *pgxpool.Pool
+	query *pgxpool.Pool // the test's own reads: never starved by the consumer's lanes holding e.pool
 	topic string
 	group string
 	reg   *prometheus.Registry
@@ -34,7 +35,8 @@ type env struct {
 func newEnv(t *testing.T, partitions int32) *env {
 	t.Helper()
 	k := testenv.NewKafka(t)
-	e := &env{t: t, k: k, pool: testenv.Postgres(t), topic: k.Topic(t, partitions), group: testenv.Group(t), reg: prometheus.NewRegistry()}
+	pool, schema := testenv.PostgresSchema(t)
+	e := &env{t: t, k: k, pool: pool, query: testenv.PoolOnSchema(t, schema), topic: k.Topic(t, partitions), group: testenv.Group(t), reg: prometheus.NewRegistry()}
 	ctx := testenv.Context(t)
 	if err := dedupe.Migrate(ctx, e.pool); err != nil {
 		t.Fatal(err)
@@ -170,7 +172,7 @@ func (r *running) stop() error {
 func (e *env) count(q string, args ...any) int {
 	e.t.Helper()
 	var n int
-	if err := e.pool.QueryRow(context.Background(), q, args...).Scan(&n); err != nil {
+	if err := e.query.QueryRow(context.Background(), q, args...).Scan(&n); err != nil {
 		e.t.Fatalf("%s: %v", q, err)
 	}
 	return n

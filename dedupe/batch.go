@@ -145,26 +145,30 @@ func (m *Memory) ProcessBatch(ctx context.Context, recs []Record, fn func(ctx co
 	firsts := firstOfEachKey(recs, outs)
 	order := append([]int(nil), firsts...)
 	sort.Slice(order, func(a, b int) bool { return recs[order[a]].Key < recs[order[b]].Key })
-	entries := make([]*memEntry, len(recs))
-	for _, i := range order {
-		e := m.entry(recs[i])
-		select {
-		case e.lock <- struct{}{}:
-			entries[i] = e
-		case <-ctx.Done():
-			m.unlock(entries)
-			return nil, &StoreError{Op: "lock", Err: ctx.Err()}
+	held := make([]int, 0, len(order))
+	ok := false
+	defer func() {
+		for _, i := range held {
+			m.release(memKey{recs[i].Group, recs[i].Key}, ok)
 		}
-	}
-	defer m.unlock(entries)
-	fresh := make([]int, 0, len(firsts))
-	for _, i := range firsts {
-		if entries[i].done {
+	}()
+	for _, i := range order {
+		dup, err := m.acquire(ctx, memKey{recs[i].Group, recs[i].Key})
+		if err != nil {
+			return nil, err
+		}
+		if dup {
 			outs[i] = Duplicate
 			continue
 		}
-		fresh = append(fresh, i)
+		held = append(held, i)
 		outs[i] = Processed
+	}
+	fresh := make([]int, 0, len(held))
+	for _, i := range firsts {
+		if outs[i] == Processed {
+			fresh = append(fresh, i)
+		}
 	}
 	if len(fresh) == 0 {
 		return outs, nil
@@ -172,16 +176,6 @@ func (m *Memory) ProcessBatch(ctx context.Context, recs []Record, fn func(ctx co
 	if err := fn(ctx, fresh); err != nil {
 		return nil, err
 	}
-	for _, i := range fresh {
-		entries[i].done = true
-	}
+	ok = true
 	return outs, nil
-}
-
-func (m *Memory) unlock(entries []*memEntry) {
-	for _, e := range entries {
-		if e != nil {
-			<-e.lock
-		}
-	}
 }

@@ -20,21 +20,20 @@ import (
 // usable, use NewMemory.
 type Memory struct {
 	mu   sync.Mutex
-	keys map[memKey]*memEntry
+	done map[memKey]struct{}
+	// busy holds the keys a call is running fn for; the value is nil until a
+	// second call for the key waits, then a channel closed when the first
+	// finishes. No allocation per key beyond the done map's entry.
+	busy map[memKey]chan struct{}
 }
 
 type memKey struct{ group, key string }
-
-type memEntry struct {
-	lock chan struct{} // capacity 1: holding the token serialises the key
-	done bool          // guarded by lock
-}
 
 var _ Store = (*Memory)(nil)
 
 // NewMemory returns an empty in-memory Store.
 func NewMemory() *Memory {
-	return &Memory{keys: make(map[memKey]*memEntry)}
+	return &Memory{done: make(map[memKey]struct{}), busy: make(map[memKey]chan struct{})}
 }
 
 // Process implements Store. fn runs without a transaction (Tx(ctx) is nil).
@@ -42,37 +41,63 @@ func (m *Memory) Process(ctx context.Context, rec Record, fn func(ctx context.Co
 	if err := checkRecord(rec); err != nil {
 		return 0, err
 	}
-	if err := ctx.Err(); err != nil {
-		return 0, &StoreError{Op: "lock", Err: err}
-	}
-	e := m.entry(rec)
-
-	select {
-	case e.lock <- struct{}{}:
-	case <-ctx.Done():
-		return 0, &StoreError{Op: "lock", Err: ctx.Err()}
-	}
-	defer func() { <-e.lock }() // also on panic
-
-	if e.done {
+	k := memKey{rec.Group, rec.Key}
+	dup, err := m.acquire(ctx, k)
+	switch {
+	case err != nil:
+		return 0, err
+	case dup:
 		return Duplicate, nil
 	}
+	ok := false
+	defer func() { m.release(k, ok) }() // also on panic
 	if err := fn(ctx); err != nil {
 		return 0, err
 	}
-	e.done = true
+	ok = true
 	return Processed, nil
 }
 
-// entry returns rec's key's entry, creating it.
-func (m *Memory) entry(rec Record) *memEntry {
-	k := memKey{rec.Group, rec.Key}
+// acquire takes k for the caller, waiting while another call holds it. It
+// reports dup when k is already recorded (nothing is then held).
+func (m *Memory) acquire(ctx context.Context, k memKey) (dup bool, err error) {
+	for {
+		if err := ctx.Err(); err != nil {
+			return false, &StoreError{Op: "lock", Err: err}
+		}
+		m.mu.Lock()
+		if _, ok := m.done[k]; ok {
+			m.mu.Unlock()
+			return true, nil
+		}
+		ch, held := m.busy[k]
+		if !held {
+			m.busy[k] = nil
+			m.mu.Unlock()
+			return false, nil
+		}
+		if ch == nil {
+			ch = make(chan struct{})
+			m.busy[k] = ch
+		}
+		m.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return false, &StoreError{Op: "lock", Err: ctx.Err()}
+		}
+	}
+}
+
+// release gives k back, recording it when done.
+func (m *Memory) release(k memKey, done bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	e, ok := m.keys[k]
-	if !ok {
-		e = &memEntry{lock: make(chan struct{}, 1)}
-		m.keys[k] = e
+	if done {
+		m.done[k] = struct{}{}
 	}
-	return e
+	if ch := m.busy[k]; ch != nil {
+		close(ch)
+	}
+	delete(m.busy, k)
 }
