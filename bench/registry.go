@@ -142,3 +142,9 @@ const rowsDDL = `CREATE TABLE IF NOT EXISTS ` + rowsTable + ` (
 
 const insertRow = `INSERT INTO ` + rowsTable +
 	` (consumer_group, idempotency_key, "partition", "offset", payload_len) VALUES ($1, $2, $3, $4, $5)`
+
+// insertRows is insertRow for a whole batch (arrays of keys, partitions,
+// offsets and lengths).
+const insertRows = `INSERT INTO ` + rowsTable +
+	` (consumer_group, idempotency_key, "partition", "offset", payload_len)` +
+	` SELECT $1, k, p, o, l FROM unnest($2::text[], $3::int[], $4::bigint[], $5::int[]) AS u(k, p, o, l)`

@@ -18,8 +18,9 @@ import (
 // Record limits of the slow scenarios, so `make bench` stays within 15
 // minutes on a 2-core machine. The table prints each scenario's count.
 const (
-	pgLimit   = 100_000 // PostgreSQL scenarios: ~5k msg/s one transaction per message
-	slowLimit = 20_000  // 2 ms handler: 12 partitions × 500 msg/s
+	pgLimit    = 100_000 // PostgreSQL scenarios: ~5k msg/s one transaction per message
+	slowLimit  = 20_000  // 2 ms handler: 12 partitions × 500 msg/s
+	lanesLimit = 100_000 // 2 ms handler, 16 lanes: up to 12 × 16 × 500 msg/s
 )
 
 // ioWait stands for an HTTP call in the I/O-bound scenarios.
@@ -34,32 +35,33 @@ func init() {
 	register(Scenario{Name: "idem memory", Consume: func(ctx context.Context, e *Env) error {
 		return consumer.Run(ctx, e.Idem(dedupe.NewMemory()), noop(e))
 	}})
-	// TODO(lanes): add when consumer.Config.Concurrency exists:
-	//	register(Scenario{Name: "idem memory 16 lanes", Versus: "idem memory", Consume: func(ctx context.Context, e *Env) error {
-	//		cfg := e.Idem(dedupe.NewMemory())
-	//		cfg.Concurrency = 16
-	//		return consumer.Run(ctx, cfg, noop(e))
-	//	}})
+	register(Scenario{Name: "idem memory 16 lanes", Versus: "idem memory", Consume: func(ctx context.Context, e *Env) error {
+		cfg := e.Idem(dedupe.NewMemory())
+		cfg.Concurrency = 16
+		return consumer.Run(ctx, cfg, noop(e))
+	}})
 	register(Scenario{Name: "naive loop", Limit: pgLimit, PG: true, Naive: true, Consume: consumeNaive})
 	register(Scenario{Name: "idem PG", Limit: pgLimit, PG: true, Consume: func(ctx context.Context, e *Env) error {
 		return consumer.Run(ctx, e.Idem(dedupe.NewPostgres(e.Pool)), insertOne(e))
 	}})
-	// TODO(batching): add when consumer.Config.Batch exists:
-	//	register(Scenario{Name: "idem PG batched", Limit: pgLimit, PG: true, Consume: func(ctx context.Context, e *Env) error {
-	//		cfg := e.Idem(dedupe.NewPostgres(e.Pool))
-	//		cfg.Batch = consumer.BatchConfig{MaxMessages: 500, MaxWait: 5 * time.Millisecond}
-	//		return consumer.Run(ctx, cfg, insertOne(e))
-	//	}})
-	// TODO(batch handler): add when consumer.RunBatch and handler.BatchFunc exist:
-	// "idem PG batch handler", Limit: pgLimit, PG: true, the same cfg with Batch,
-	// consumer.RunBatch(ctx, cfg, handler.BatchFunc(func(ctx, msgs) error {…}))
-	// inserting all rows of msgs with one statement through dedupe.Tx(ctx)
-	// (unnest of arrays, or a pgx.Batch), then e.Meter.Done(m.Timestamp) for each m.
+	register(Scenario{Name: "idem PG batched", Limit: pgLimit, PG: true, Consume: func(ctx context.Context, e *Env) error {
+		cfg := e.Idem(dedupe.NewPostgres(e.Pool))
+		cfg.Batch = consumer.BatchConfig{MaxMessages: 500}
+		return consumer.Run(ctx, cfg, insertOne(e))
+	}})
+	register(Scenario{Name: "idem PG batch handler", Limit: pgLimit, PG: true, Consume: func(ctx context.Context, e *Env) error {
+		cfg := e.Idem(dedupe.NewPostgres(e.Pool))
+		cfg.Batch = consumer.BatchConfig{MaxMessages: 500}
+		return consumer.RunBatch(ctx, cfg, insertAll(e))
+	}})
 	register(Scenario{Name: "idem 2 ms", Limit: slowLimit, Consume: func(ctx context.Context, e *Env) error {
 		return consumer.Run(ctx, e.Idem(dedupe.NewMemory()), sleepy(e))
 	}})
-	// TODO(lanes): "idem 2 ms 16 lanes", Limit: slowLimit, Versus: "idem 2 ms",
-	// as "idem 2 ms" with cfg.Concurrency = 16 (see "idem memory 16 lanes").
+	register(Scenario{Name: "idem 2 ms 16 lanes", Limit: lanesLimit, Versus: "idem 2 ms", Consume: func(ctx context.Context, e *Env) error {
+		cfg := e.Idem(dedupe.NewMemory())
+		cfg.Concurrency = 16
+		return consumer.Run(ctx, cfg, sleepy(e))
+	}})
 
 	// Extra scenarios, only with -only or -flat-rss.
 	register(Scenario{Name: "idem no store", Extra: true, Versus: "idem memory", Consume: func(ctx context.Context, e *Env) error {
@@ -96,6 +98,27 @@ func insertOne(e *Env) handler.Handler {
 			return fmt.Errorf("insert row: %w", err)
 		}
 		e.Meter.Done(m.Timestamp)
+		return nil
+	})
+}
+
+// insertAll inserts the business rows of a whole batch with one unnest
+// statement through the batch's transaction.
+func insertAll(e *Env) handler.BatchHandler {
+	return handler.BatchFunc(func(ctx context.Context, msgs []*handler.Message) error {
+		keys := make([]string, len(msgs))
+		parts := make([]int32, len(msgs))
+		offs := make([]int64, len(msgs))
+		lens := make([]int32, len(msgs))
+		for i, m := range msgs {
+			keys[i], parts[i], offs[i], lens[i] = m.IdempotencyKey, m.Partition, m.Offset, int32(len(m.Value))
+		}
+		if _, err := dedupe.Tx(ctx).Exec(ctx, insertRows, e.Group, keys, parts, offs, lens); err != nil {
+			return fmt.Errorf("insert rows: %w", err)
+		}
+		for _, m := range msgs {
+			e.Meter.Done(m.Timestamp)
+		}
 		return nil
 	})
 }

@@ -240,7 +240,7 @@ func (p *partition) prepare(cm *sarama.ConsumerMessage) (*batchItem, bool) {
 	if r.order != nil || r.batchStore == nil || p.tier {
 		return nil, false
 	}
-	msg := toMessage(cm)
+	msg := p.message(cm)
 	msg.Attempt = 1
 	o := origin{topic: cm.Topic, partition: cm.Partition, offset: cm.Offset}
 	key, err := p.key(msg, o)

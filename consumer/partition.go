@@ -63,6 +63,27 @@ type partition struct {
 	bp *bpState // back-pressure, shared with the views
 
 	first error // the failure of the message's attempt inside a batch (see handleAfter)
+
+	names map[string]string // this worker's header-name cache (see newMessage)
+
+	// call is the attempt in progress and callFn the function the store
+	// runs for it, bound once per worker so an attempt allocates no closure.
+	call   callState
+	callFn func(ctx context.Context) error
+}
+
+// callState is one attempt's message and what became of its handler call.
+type callState struct {
+	msg *handler.Message
+	ran bool
+	err error
+}
+
+// callHandler runs the handler for p.call.msg; it is p.callFn.
+func (p *partition) callHandler(ctx context.Context) error {
+	p.call.ran = true
+	p.call.err = p.r.h.Handle(ctx, p.call.msg)
+	return p.call.err
 }
 
 // bpState is whether a partition's fetching is paused by back-pressure.
@@ -81,7 +102,9 @@ func newPartition(r *runner, s sarama.ConsumerGroupSession, c sarama.ConsumerGro
 		mx:    newPartMetrics(r.m, r.cfg.Group, c.Topic()),
 		stall: &stall{},
 		bp:    &bpState{},
+		names: map[string]string{},
 	}
+	p.callFn = p.callHandler
 	p.stalls = []*stall{p.stall}
 	p.stopCtx, p.stop = context.WithCancel(r.baseCtx)
 	p.hctx, p.hcancel = context.WithCancel(r.baseCtx)
@@ -93,6 +116,8 @@ func newPartition(r *runner, s sarama.ConsumerGroupSession, c sarama.ConsumerGro
 			v := &partition{}
 			*v = *p // a view shares everything but its stall
 			v.stall = &stall{}
+			v.names = map[string]string{}
+			v.callFn = v.callHandler
 			p.views = append(p.views, v)
 			p.stalls = append(p.stalls, v.stall)
 		}
@@ -203,7 +228,7 @@ func (p *partition) handle(cm *sarama.ConsumerMessage) bool { return p.handleAft
 // its first attempt. first nil is handle.
 func (p *partition) handleAfter(cm *sarama.ConsumerMessage, first error) bool {
 	r := p.r
-	msg := toMessage(cm)
+	msg := p.message(cm)
 	origin := origin{topic: cm.Topic, partition: cm.Partition, offset: cm.Offset}
 	if p.tier { // only records of this group's retry tiers carry an origin to decode
 		origin = r.originOf(cm)
@@ -367,12 +392,10 @@ func (p *partition) process(rec dedupe.Record, msg *handler.Message) (err error,
 func (p *partition) attempt(rec dedupe.Record, msg *handler.Message) (err error, ran bool) {
 	r := p.r
 	start := time.Now()
-	var herr error
-	out, err := r.cfg.Dedupe.Process(p.hctx, rec, func(ctx context.Context) error {
-		ran = true
-		herr = r.h.Handle(ctx, msg)
-		return herr
-	})
+	p.call = callState{msg: msg}
+	out, err := r.cfg.Dedupe.Process(p.hctx, rec, p.callFn)
+	ran, herr := p.call.ran, p.call.err
+	p.call = callState{}
 	topic := msg.Topic
 	mx := p.mx
 	if topic != p.tp.topic { // a parked message of another topic (ordering mode)
@@ -455,15 +478,47 @@ func callKeyFunc(f KeyFunc, msg *handler.Message) (k string, err error) {
 }
 
 // toMessage converts a sarama record; the Message shares its byte slices.
-func toMessage(cm *sarama.ConsumerMessage) *handler.Message {
-	hs := make([]handler.Header, 0, len(cm.Headers))
-	for _, h := range cm.Headers {
-		if h != nil {
-			hs = append(hs, handler.Header{Key: string(h.Key), Value: h.Value})
-		}
-	}
-	return &handler.Message{
+func toMessage(cm *sarama.ConsumerMessage) *handler.Message { return newMessage(cm, nil) }
+
+// message is toMessage with header names interned in the worker's cache.
+func (p *partition) message(cm *sarama.ConsumerMessage) *handler.Message {
+	return newMessage(cm, p.names)
+}
+
+// messageAlloc holds a Message and room for its first headers, so that a
+// record with few headers costs one allocation.
+type messageAlloc struct {
+	m  handler.Message
+	hs [4]handler.Header
+}
+
+// maxNames bounds a worker's cache of header names.
+const maxNames = 64
+
+// newMessage converts cm. Header names are looked up in names (when not nil)
+// so the common ones ("idempotency-key", idem-*) are not copied per record.
+func newMessage(cm *sarama.ConsumerMessage, names map[string]string) *handler.Message {
+	a := &messageAlloc{m: handler.Message{
 		Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset,
-		Key: cm.Key, Value: cm.Value, Headers: hs, Timestamp: cm.Timestamp,
+		Key: cm.Key, Value: cm.Value, Timestamp: cm.Timestamp,
+	}}
+	hs := a.hs[:0]
+	if len(cm.Headers) > len(a.hs) {
+		hs = make([]handler.Header, 0, len(cm.Headers))
 	}
+	for _, h := range cm.Headers {
+		if h == nil {
+			continue
+		}
+		name, ok := names[string(h.Key)] // no allocation for the lookup
+		if !ok {
+			name = string(h.Key)
+			if names != nil && len(names) < maxNames {
+				names[name] = name
+			}
+		}
+		hs = append(hs, handler.Header{Key: name, Value: h.Value})
+	}
+	a.m.Headers = hs
+	return &a.m
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -87,6 +88,7 @@ type gate struct {
 
 	mu      sync.Mutex
 	until   time.Time       // zero: open (messages flow)
+	closed  atomic.Bool     // !until.IsZero(), readable without mu (wait's fast path)
 	probing bool            // a probe is running
 	changed chan struct{}   // closed and replaced on every change
 	members map[tp]struct{} // partitions whose workers are running
@@ -142,6 +144,7 @@ func (g *gate) trip(err error) {
 	if until.After(g.until) {
 		g.until = until
 	}
+	g.closed.Store(true)
 	g.probing = false
 	g.broadcast()
 }
@@ -154,6 +157,9 @@ func (g *gate) wait(ctx context.Context) (probe bool, ok bool) {
 	for {
 		if ctx.Err() != nil { // stopping: start nothing new, open gate or not
 			return false, false
+		}
+		if !g.closed.Load() { // the common case: no breaker open
+			return false, true
 		}
 		g.mu.Lock()
 		if g.until.IsZero() {
@@ -200,6 +206,7 @@ func (g *gate) probeDone(reopened bool) {
 	}
 	g.r.log.Info("idem: probe passed; consumption resumed", "breaker", g.name, "paused_for", time.Since(g.since).Round(time.Millisecond))
 	g.until = time.Time{}
+	g.closed.Store(false)
 	for k := range g.members {
 		g.r.pauses.set(k, pauseBreaker, false)
 	}

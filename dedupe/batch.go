@@ -149,11 +149,11 @@ func (m *Memory) ProcessBatch(ctx context.Context, recs []Record, fn func(ctx co
 	ok := false
 	defer func() {
 		for _, i := range held {
-			m.release(memKey{recs[i].Group, recs[i].Key}, ok)
+			m.release(m.key(recs[i].Group, recs[i].Key), ok)
 		}
 	}()
 	for _, i := range order {
-		dup, err := m.acquire(ctx, memKey{recs[i].Group, recs[i].Key})
+		dup, err := m.acquire(ctx, m.key(recs[i].Group, recs[i].Key))
 		if err != nil {
 			return nil, err
 		}

@@ -2,6 +2,7 @@ package dedupe
 
 import (
 	"context"
+	"hash/maphash"
 	"sync"
 )
 
@@ -19,21 +20,44 @@ import (
 // kept forever. Memory is safe for concurrent use; the zero value is not
 // usable, use NewMemory.
 type Memory struct {
-	mu   sync.Mutex
-	done map[memKey]struct{}
-	// busy holds the keys a call is running fn for; the value is nil until a
-	// second call for the key waits, then a channel closed when the first
-	// finishes. No allocation per key beyond the done map's entry.
-	busy map[memKey]chan struct{}
+	seeds [2]maphash.Seed
+	mu    sync.Mutex
+	// keys holds a state per key seen: busy while a call runs fn for it,
+	// done once recorded. A key is remembered by a 128-bit hash of (group,
+	// key), not its text: no pointers for the garbage collector to scan and
+	// about 40 bytes a key. Two different keys collide with probability
+	// about n²/2¹²⁹ (10⁻²⁷ for a billion keys).
+	keys map[memKey]memState
+	// waiters holds, for a busy key another call waits for, a channel closed
+	// when the holder finishes.
+	waiters map[memKey]chan struct{}
 }
 
-type memKey struct{ group, key string }
+type memKey [2]uint64
+
+type memState uint8
+
+const (
+	memBusy memState = 1 + iota
+	memDone
+)
 
 var _ Store = (*Memory)(nil)
 
 // NewMemory returns an empty in-memory Store.
 func NewMemory() *Memory {
-	return &Memory{done: make(map[memKey]struct{}), busy: make(map[memKey]chan struct{})}
+	return &Memory{
+		seeds:   [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()},
+		keys:    make(map[memKey]memState),
+		waiters: make(map[memKey]chan struct{}),
+	}
+}
+
+// key hashes (group, key).
+func (m *Memory) key(group, key string) memKey {
+	type gk struct{ g, k string }
+	v := gk{group, key}
+	return memKey{maphash.Comparable(m.seeds[0], v), maphash.Comparable(m.seeds[1], v)}
 }
 
 // Process implements Store. fn runs without a transaction (Tx(ctx) is nil).
@@ -41,7 +65,7 @@ func (m *Memory) Process(ctx context.Context, rec Record, fn func(ctx context.Co
 	if err := checkRecord(rec); err != nil {
 		return 0, err
 	}
-	k := memKey{rec.Group, rec.Key}
+	k := m.key(rec.Group, rec.Key)
 	dup, err := m.acquire(ctx, k)
 	switch {
 	case err != nil:
@@ -66,19 +90,19 @@ func (m *Memory) acquire(ctx context.Context, k memKey) (dup bool, err error) {
 			return false, &StoreError{Op: "lock", Err: err}
 		}
 		m.mu.Lock()
-		if _, ok := m.done[k]; ok {
+		switch m.keys[k] {
+		case memDone:
 			m.mu.Unlock()
 			return true, nil
-		}
-		ch, held := m.busy[k]
-		if !held {
-			m.busy[k] = nil
+		case 0:
+			m.keys[k] = memBusy
 			m.mu.Unlock()
 			return false, nil
 		}
+		ch := m.waiters[k]
 		if ch == nil {
 			ch = make(chan struct{})
-			m.busy[k] = ch
+			m.waiters[k] = ch
 		}
 		m.mu.Unlock()
 		select {
@@ -94,10 +118,14 @@ func (m *Memory) release(k memKey, done bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if done {
-		m.done[k] = struct{}{}
+		m.keys[k] = memDone
+	} else {
+		delete(m.keys, k)
 	}
-	if ch := m.busy[k]; ch != nil {
-		close(ch)
+	if len(m.waiters) > 0 {
+		if ch := m.waiters[k]; ch != nil {
+			close(ch)
+			delete(m.waiters, k)
+		}
 	}
-	delete(m.busy, k)
 }
