@@ -3,16 +3,20 @@ package consumer_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"log/slog"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
 
+	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
@@ -24,14 +28,22 @@ import (
 type hardRecord struct {
 	header []byte // idempotency-key header value; nil: no header
 	id     string // JSON "id"
-	op     string // "ok", "bad-int" (SQLSTATE 22P02), "deferred" (fails at COMMIT), "kill" (terminates its backend)
+	op     string // "ok", "bad-int" (SQLSTATE 22P02), "deferred" (fails at COMMIT), "kill" (terminates its backend), "reject" (permanent)
+	pad    int    // bytes of padding in the value
 }
 
 func (e *env) produceHard(recs []hardRecord) {
 	e.t.Helper()
-	p := e.k.Producer(e.t)
+	pcfg := e.k.Config()
+	pcfg.Producer.Partitioner = sarama.NewManualPartitioner
+	pcfg.Producer.MaxMessageBytes = 4 << 20
+	p, err := sarama.NewSyncProducer(e.k.Brokers, pcfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { _ = p.Close() })
 	for _, r := range recs {
-		v, _ := json.Marshal(map[string]string{"id": r.id, "op": r.op})
+		v, _ := json.Marshal(map[string]string{"id": r.id, "op": r.op, "pad": strings.Repeat("x", r.pad)})
 		m := &sarama.ProducerMessage{Topic: e.topic, Partition: 0, Key: sarama.StringEncoder("k"), Value: sarama.ByteEncoder(v)}
 		if r.header != nil {
 			m.Headers = []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: r.header}}
@@ -73,6 +85,8 @@ func hardHandler(kill func() bool) handler.Func {
 			if _, err := tx.Exec(ctx, `INSERT INTO deferred_uniq(v) VALUES (1), (1)`); err != nil {
 				return err
 			}
+		case "reject":
+			return handler.Permanent(errors.New("rejected"))
 		case "kill":
 			if kill() {
 				// The database goes away under the handler (57P01 admin_shutdown).
@@ -95,12 +109,17 @@ func TestBadRecordsNeverStallAPartition(t *testing.T) {
 	if _, err := e.pool.Exec(ctx, `CREATE TABLE deferred_uniq(v int, CONSTRAINT u UNIQUE (v) DEFERRABLE INITIALLY DEFERRED)`); err != nil {
 		t.Fatal(err)
 	}
+	fourMiB := strconv.Itoa(4 << 20)
+	if err := e.k.Admin(t).AlterConfig(sarama.TopicResource, e.topic, map[string]*string{"max.message.bytes": &fourMiB}, false); err != nil {
+		t.Fatal(err)
+	}
 	e.produceHard([]hardRecord{
 		{header: []byte("good-1"), op: "ok"},
 		{header: []byte("bad-\xff\xfe-utf8"), op: "ok"},
 		{id: "nul\x00inside", op: "ok"},
 		{header: []byte("sqlstate-22P02"), op: "bad-int"},
 		{header: []byte("deferred-23505"), op: "deferred"},
+		{header: []byte("big-1.5MB"), op: "reject", pad: 1536 << 10},
 		{header: []byte("good-2"), op: "ok"},
 	})
 	cfg := e.config()
@@ -108,9 +127,9 @@ func TestBadRecordsNeverStallAPartition(t *testing.T) {
 	start(t, cfg, hardHandler(func() bool { return false }))
 
 	dlq := e.topic + "." + e.group + ".dlq"
-	recs := e.coreReadRecords(dlq, 0, 4, 60*time.Second)
+	recs := e.coreReadRecords(dlq, 0, 5, 60*time.Second)
 	sortByOrigin(recs) // lanes may dead-letter them in another order
-	want := []struct{ offset, kind string }{{"1", "invalid-key"}, {"2", "invalid-key"}, {"3", "permanent"}, {"4", "retriable"}}
+	want := []struct{ offset, kind string }{{"1", "invalid-key"}, {"2", "invalid-key"}, {"3", "permanent"}, {"4", "retriable"}, {"5", "permanent"}}
 	for i, w := range want {
 		off, _ := coreHeader(recs[i], "idem-original-offset")
 		kind, _ := coreHeader(recs[i], "idem-error-kind")
@@ -121,6 +140,9 @@ func TestBadRecordsNeverStallAPartition(t *testing.T) {
 	}
 	if msg, _ := coreHeader(recs[3], "idem-error"); !strings.Contains(msg, "23505") {
 		t.Errorf("deferred-constraint record's error %q does not name SQLSTATE 23505", msg)
+	}
+	if n := len(recs[4].Value); n < 1536<<10 {
+		t.Errorf("the 1.5 MB record reached the DLQ with %d bytes of value, want it whole", n)
 	}
 	e.waitCommitted(e.topic, 1, 30*time.Second)
 	if n := e.count(`SELECT count(*) FROM effects`); n != 2 {
@@ -270,4 +292,75 @@ func sortByOrigin(recs []*sarama.ConsumerMessage) {
 		return n
 	}
 	sort.SliceStable(recs, func(i, j int) bool { return off(recs[i]) < off(recs[j]) })
+}
+
+// syncBuffer is a log sink safe for concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestInboxRetentionShorterThanTopicWarns: an inbox that forgets keys
+// sooner than the topic keeps records is named at start, with both numbers.
+func TestInboxRetentionShorterThanTopicWarns(t *testing.T) {
+	e := newEnv(t, 1)
+	twoDays := strconv.Itoa(int((48 * time.Hour).Milliseconds()))
+	if err := e.k.Admin(t).AlterConfig(sarama.TopicResource, e.topic, map[string]*string{"retention.ms": &twoDays}, false); err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	cfg := e.config()
+	cfg.InboxRetention = time.Hour
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	e.produce([]string{"k"}, 1)
+	start(t, cfg, effectHandler())
+	e.waitCommitted(e.topic, 1, 60*time.Second)
+	out := logs.String()
+	if !strings.Contains(out, "inbox forgets keys sooner") || !strings.Contains(out, "inbox_retention=1h0m0s") || !strings.Contains(out, "topic_retention=48h0m0s") {
+		t.Errorf("no retention warning naming both numbers; logs:\n%s", out)
+	}
+}
+
+// TestStartAtNewestSkipsTheBacklog: a new group with StartAt: StartNewest
+// handles only records produced after it joined.
+func TestStartAtNewestSkipsTheBacklog(t *testing.T) {
+	e := newEnv(t, 1)
+	e.produce([]string{"old-1", "old-2"}, 1)
+	cfg := e.config()
+	cfg.StartAt = consumer.StartNewest
+	start(t, cfg, effectHandler())
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if n := metricValue(t, e, "idem_partitions_assigned", nil); n != 1 {
+			return fmt.Errorf("%v partitions claimed", n)
+		}
+		return nil
+	})
+	// The claim starts at the end offset it resolved on joining; produce
+	// until a new record is handled (the first may race the claim's start).
+	p := e.k.Producer(t)
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: e.topic, Partition: 0, Value: sarama.StringEncoder("{}"),
+			Headers: []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(testenv.Unique("new"))}}}); err != nil {
+			return err
+		}
+		if n := e.count(`SELECT count(*) FROM effects WHERE key LIKE 'new%'`); n == 0 {
+			return errors.New("no new record handled yet")
+		}
+		return nil
+	})
+	if n := e.count(`SELECT count(*) FROM effects WHERE key LIKE 'old-%'`); n != 0 {
+		t.Errorf("%d records of the backlog handled with StartAt newest", n)
+	}
 }

@@ -136,7 +136,7 @@ func TestAlwaysFailingReachesDLQThroughTiers(t *testing.T) {
 	calls := map[string][]call{}
 	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
 		mu.Lock()
-		calls[m.IdempotencyKey] = append(calls[m.IdempotencyKey], call{time.Now(), m.Attempt, m.Topic})
+		calls[m.IdempotencyKey] = append(calls[m.IdempotencyKey], call{time.Now().Round(0), m.Attempt, m.Topic}) // wall clock, as idem-due-at
 		mu.Unlock()
 		return fmt.Errorf("bank said no to %s", m.IdempotencyKey)
 	})
