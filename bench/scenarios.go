@@ -46,7 +46,7 @@ func init() {
 	}})
 	register(Scenario{Name: "idem PG batched", Limit: pgLimit, PG: true, Consume: func(ctx context.Context, e *Env) error {
 		cfg := e.Idem(dedupe.NewPostgres(e.Pool))
-		cfg.Batch = consumer.BatchConfig{MaxMessages: 500}
+		cfg.Batch = consumer.BatchConfig{MaxMessages: 100}
 		return consumer.Run(ctx, cfg, insertOne(e))
 	}})
 	register(Scenario{Name: "idem PG batch handler", Limit: pgLimit, PG: true, Consume: func(ctx context.Context, e *Env) error {
