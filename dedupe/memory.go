@@ -20,8 +20,16 @@ import (
 // kept forever. Memory is safe for concurrent use; the zero value is not
 // usable, use NewMemory.
 type Memory struct {
-	seeds [2]maphash.Seed
-	mu    sync.Mutex
+	seeds  [2]maphash.Seed
+	shards [memShards]memShard
+}
+
+// memShards spreads keys over independently locked shards, so partitions
+// working at once rarely wait for each other.
+const memShards = 64
+
+type memShard struct {
+	mu sync.Mutex
 	// keys holds a state per key seen: busy while a call runs fn for it,
 	// done once recorded. A key is remembered by a 128-bit hash of (group,
 	// key), not its text: no pointers for the garbage collector to scan and
@@ -31,6 +39,7 @@ type Memory struct {
 	// waiters holds, for a busy key another call waits for, a channel closed
 	// when the holder finishes.
 	waiters map[memKey]chan struct{}
+	_       [40]byte // keep shards on separate cache lines
 }
 
 type memKey [2]uint64
@@ -46,12 +55,15 @@ var _ Store = (*Memory)(nil)
 
 // NewMemory returns an empty in-memory Store.
 func NewMemory() *Memory {
-	return &Memory{
-		seeds:   [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()},
-		keys:    make(map[memKey]memState),
-		waiters: make(map[memKey]chan struct{}),
+	m := &Memory{seeds: [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}}
+	for i := range m.shards {
+		m.shards[i].keys = make(map[memKey]memState)
+		m.shards[i].waiters = make(map[memKey]chan struct{})
 	}
+	return m
 }
+
+func (m *Memory) shard(k memKey) *memShard { return &m.shards[k[0]%memShards] }
 
 // key hashes (group, key).
 func (m *Memory) key(group, key string) memKey {
@@ -85,26 +97,27 @@ func (m *Memory) Process(ctx context.Context, rec Record, fn func(ctx context.Co
 // acquire takes k for the caller, waiting while another call holds it. It
 // reports dup when k is already recorded (nothing is then held).
 func (m *Memory) acquire(ctx context.Context, k memKey) (dup bool, err error) {
+	sh := m.shard(k)
 	for {
 		if err := ctx.Err(); err != nil {
 			return false, &StoreError{Op: "lock", Err: err}
 		}
-		m.mu.Lock()
-		switch m.keys[k] {
+		sh.mu.Lock()
+		switch sh.keys[k] {
 		case memDone:
-			m.mu.Unlock()
+			sh.mu.Unlock()
 			return true, nil
 		case 0:
-			m.keys[k] = memBusy
-			m.mu.Unlock()
+			sh.keys[k] = memBusy
+			sh.mu.Unlock()
 			return false, nil
 		}
-		ch := m.waiters[k]
+		ch := sh.waiters[k]
 		if ch == nil {
 			ch = make(chan struct{})
-			m.waiters[k] = ch
+			sh.waiters[k] = ch
 		}
-		m.mu.Unlock()
+		sh.mu.Unlock()
 		select {
 		case <-ch:
 		case <-ctx.Done():
@@ -115,17 +128,18 @@ func (m *Memory) acquire(ctx context.Context, k memKey) (dup bool, err error) {
 
 // release gives k back, recording it when done.
 func (m *Memory) release(k memKey, done bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	sh := m.shard(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
 	if done {
-		m.keys[k] = memDone
+		sh.keys[k] = memDone
 	} else {
-		delete(m.keys, k)
+		delete(sh.keys, k)
 	}
-	if len(m.waiters) > 0 {
-		if ch := m.waiters[k]; ch != nil {
+	if len(sh.waiters) > 0 {
+		if ch := sh.waiters[k]; ch != nil {
 			close(ch)
-			delete(m.waiters, k)
+			delete(sh.waiters, k)
 		}
 	}
 }
