@@ -22,13 +22,21 @@ func (r *runner) warnRetention(client sarama.Client) {
 		return
 	}
 	// Closing the admin would close the shared client; it holds no other resource.
-	for _, t := range r.cfg.Topics {
-		entries, err := admin.DescribeConfig(sarama.ConfigResource{Type: sarama.TopicResource, Name: t, ConfigNames: []string{"retention.ms"}})
-		if err != nil {
-			r.log.Debug("idem: retention check skipped", "topic", t, "err", err)
+	resources := make([]*sarama.ConfigResource, len(r.cfg.Topics))
+	for i, t := range r.cfg.Topics {
+		resources[i] = &sarama.ConfigResource{Type: sarama.TopicResource, Name: t, ConfigNames: []string{"retention.ms"}}
+	}
+	results, err := admin.DescribeConfigs(resources, sarama.DescribeConfigsOptions{})
+	if err != nil {
+		r.log.Debug("idem: retention check skipped", "err", err)
+		return
+	}
+	for _, res := range results {
+		if res.ErrorCode != sarama.ErrNoError {
+			r.log.Debug("idem: retention check skipped", "topic", res.Name, "err", res.ErrorCode)
 			continue
 		}
-		for _, e := range entries {
+		for _, e := range res.Configs {
 			if e.Name != "retention.ms" {
 				continue
 			}
@@ -44,7 +52,7 @@ func (r *runner) warnRetention(client sarama.Client) {
 				kafka = (time.Duration(ms) * time.Millisecond).String()
 			}
 			r.log.Warn("idem: the inbox forgets keys sooner than Kafka keeps records; a record re-read after its key was swept (expired group offsets, an offset reset) is applied twice",
-				"topic", t, "topic_retention", kafka, "inbox_retention", r.cfg.InboxRetention,
+				"topic", res.Name, "topic_retention", kafka, "inbox_retention", r.cfg.InboxRetention,
 				"fix", "keep inbox keys at least as long as the topic's retention.ms, or set StartAt: StartNewest")
 		}
 	}

@@ -63,15 +63,21 @@
 //	nil                              ""           commit; key recorded; offset marked
 //	any other error (incl. ctx       retriable    retried in process (Config.Retries, full-jitter
 //	  errors not caused by revoke)                backoff), then retry tier 1, 2, …, then the DLQ
-//	RetryAfter(err, d)               retriable    as above, but each wait is at least d, and a
-//	                                              retry tier's due time is at least d away
+//	RetryAfter(err, d)               retriable    as above, but each in-process wait is at least
+//	                                              d (a d above Config.RetryMax with tiers goes to
+//	                                              the tier at once); in a retry tier, d is capped
+//	                                              at the tier's delay (due = failure + delay)
 //	the error of Timeout(d)          timeout      retriable, as above; errors.Is(err, ErrTimeout)
 //	Permanent(err)                   permanent    dead-letter topic at once, no retries
 //	Decode(err)                      decode       dead-letter topic at once; bytes kept unchanged
 //	a panic (*PanicError)            panic        dead-letter topic at once, or retriable when
 //	                                              the consumer's RetryPanics is set
 //	(no valid key: *MissingKeyError, missing-key  dead-letter topic at once, before the handler
-//	  raised by idem itself)                      runs (unless keys fall back to coordinates)
+//	  raised by idem itself)         or           runs (unless keys fall back to coordinates);
+//	                                 invalid-key  invalid-key: not UTF-8, a NUL, or too long
+//	an SQL error of class 22 or 54   permanent    dead-letter topic at once (the same input
+//	  (pgconn.PgError)                            fails the same way); other SQLSTATEs are
+//	                                              retriable, connection losses are waited out
 //
 // Two more kinds of failure are not the message's fault and are waited out
 // instead, spending no retries and forwarding nothing: an error wrapping an
