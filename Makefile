@@ -27,6 +27,8 @@ run: services ## run the payments example's demo against the local services
 # The core pipeline tests, run again in batch mode and in lane mode
 # (consumer/helpers_test.go: IDEM_TEST_MODE).
 CORE_TESTS = TestDuplicatesHaveOneEffect|TestCrashAfterCommitBeforeOffsetCommit|TestFailThenSucceedRecordsKeyOnlyOnSuccess|TestMembersLeaveAndJoinMidStream|TestGracefulShutdownMidStreamThenRestart|TestFailTwiceThenSucceed|TestPoisonMessages|TestBadRecordsNeverStallAPartition|TestBreakerPausesInsteadOfRetrying
+# Ordering mode with lanes (lanes follow the Kafka key there).
+ORDERING_TESTS = TestOrderingByKey|TestOrderingParkedFailureBecomesHead|TestOrderingRecoversPendingForward|TestOrderingTwoCopiesOfOneHead|TestOrderingDrainStopsOnRevoke
 # Fuzz targets (package:Target), each run for FUZZTIME by `make fuzz`;
 # their committed seed corpora also run in every plain `go test`.
 FUZZ_TARGETS = ./consumer:FuzzKeyExtraction ./retrytopic:FuzzDecode ./dlq:FuzzRecord ./internal/keyorder:FuzzParkRoundTrip
@@ -36,7 +38,7 @@ test: services ## go vet + all tests with -race against real Kafka and PostgreSQ
 	$(GO) vet ./...
 	@$(WITH_ENV) IDEM_REQUIRE_REAL_KAFKA=1 $(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) ./...
 	@$(WITH_ENV) IDEM_REQUIRE_REAL_KAFKA=1 IDEM_TEST_MODE=batch $(GO) test -race -count=1 -timeout 15m -run '$(CORE_TESTS)' ./consumer/
-	@$(WITH_ENV) IDEM_REQUIRE_REAL_KAFKA=1 IDEM_TEST_MODE=lanes $(GO) test -race -count=1 -timeout 15m -run '$(CORE_TESTS)' ./consumer/
+	@$(WITH_ENV) IDEM_REQUIRE_REAL_KAFKA=1 IDEM_TEST_MODE=lanes $(GO) test -race -count=1 -timeout 15m -run '$(CORE_TESTS)|$(ORDERING_TESTS)' ./consumer/
 	@$(WITH_ENV) IDEM_REQUIRE_REAL_KAFKA=1 IDEM_TEST_MODE=lanes-batch $(GO) test -race -count=1 -timeout 15m -run '$(CORE_TESTS)' ./consumer/
 	@$(MAKE) --no-print-directory fuzz
 	cd bench && $(GO) vet ./... && $(GO) test -count=1 ./...
