@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/handler"
 )
 
 // Scenario is one consumer measured by the harness. Adding one is a call to
@@ -96,6 +98,75 @@ type Env struct {
 	// the inbox table migrated and the rows table (rowsTable) created.
 	Pool  *pgxpool.Pool
 	Meter *Meter
+
+	// pending holds, in latency mode, the timestamps of records an idem
+	// handler finished whose transaction has not committed yet (see Done).
+	pending sync.Map // idempotency key → time.Time
+}
+
+// Done is what an idem scenario's handler calls for each record it
+// finished. Measuring throughput, the record is counted at once. Measuring
+// latency, it is counted when the store's Process or ProcessBatch returns
+// (the transaction committed, just before idem marks the offset), so the
+// latency is record timestamp → committed, not → handler returned.
+func (e *Env) Done(m *handler.Message) {
+	if !e.Meter.latency {
+		e.Meter.Done(m.Timestamp)
+		return
+	}
+	e.pending.Store(m.IdempotencyKey, m.Timestamp)
+}
+
+// committed counts the records of keys whose transaction committed.
+func (e *Env) committed(keys ...string) {
+	for _, k := range keys {
+		if ts, ok := e.pending.LoadAndDelete(k); ok {
+			e.Meter.Done(ts.(time.Time))
+		}
+	}
+}
+
+// committing wraps an idem scenario's store so that, in latency mode,
+// records are counted once their transaction commits.
+type committing struct {
+	e     *Env
+	inner dedupe.Store
+}
+
+func (c committing) Process(ctx context.Context, rec dedupe.Record, fn func(context.Context) error) (dedupe.Outcome, error) {
+	out, err := c.inner.Process(ctx, rec, fn)
+	if err == nil {
+		c.e.committed(rec.Key)
+	}
+	return out, err
+}
+
+// committingBatch is committing for a store that takes batches.
+type committingBatch struct {
+	committing
+	batch dedupe.BatchStore
+}
+
+func (c committingBatch) ProcessBatch(ctx context.Context, recs []dedupe.Record, fn func(context.Context, []int) error) ([]dedupe.Outcome, error) {
+	outs, err := c.batch.ProcessBatch(ctx, recs, fn)
+	if err == nil {
+		for _, r := range recs {
+			c.e.committed(r.Key)
+		}
+	}
+	return outs, err
+}
+
+// wrap returns store counting records at commit in latency mode.
+func (e *Env) wrap(store dedupe.Store) dedupe.Store {
+	if !e.Meter.latency {
+		return store
+	}
+	c := committing{e, store}
+	if b, ok := store.(dedupe.BatchStore); ok {
+		return committingBatch{c, b}
+	}
+	return c
 }
 
 // Sarama is the base sarama config every sarama-based scenario starts from,
@@ -118,7 +189,7 @@ func (e *Env) Idem(store dedupe.Store) consumer.Config {
 		Brokers:    e.Brokers,
 		Group:      e.Group,
 		Topics:     []string{e.Topic},
-		Dedupe:     store,
+		Dedupe:     e.wrap(store),
 		Sarama:     e.Sarama(),
 		Logger:     slog.New(slog.DiscardHandler),
 		Registerer: prometheus.NewRegistry(),

@@ -28,6 +28,7 @@ const ioWait = 2 * time.Millisecond
 
 // The scenarios, in table order. To add one, copy the closest and change it;
 // Consume must call e.Meter.Done(record timestamp) once per finished record
+// (idem handlers call e.Done(m), which waits for the commit in latency mode)
 // and return nil when ctx is cancelled.
 func init() {
 	register(Scenario{Name: "raw sarama", Ceiling: true, Consume: consumeRawSarama})
@@ -72,7 +73,7 @@ func init() {
 // noop is the no-op handler: it only reports the record done.
 func noop(e *Env) handler.Handler {
 	return handler.Func(func(_ context.Context, m *handler.Message) error {
-		e.Meter.Done(m.Timestamp)
+		e.Done(m)
 		return nil
 	})
 }
@@ -85,19 +86,19 @@ func sleepy(e *Env) handler.Handler {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		e.Meter.Done(m.Timestamp)
+		e.Done(m)
 		return nil
 	})
 }
 
-// insertOne inserts one business row through the inbox's transaction. Done
-// is called when the handler returns, just before idem's COMMIT.
+// insertOne inserts one business row through the inbox's transaction (e.Done
+// counts the record once that transaction commits).
 func insertOne(e *Env) handler.Handler {
 	return handler.Func(func(ctx context.Context, m *handler.Message) error {
 		if _, err := dedupe.Tx(ctx).Exec(ctx, insertRow, e.Group, m.IdempotencyKey, m.Partition, m.Offset, len(m.Value)); err != nil {
 			return fmt.Errorf("insert row: %w", err)
 		}
-		e.Meter.Done(m.Timestamp)
+		e.Done(m)
 		return nil
 	})
 }
@@ -117,7 +118,7 @@ func insertAll(e *Env) handler.BatchHandler {
 			return fmt.Errorf("insert rows: %w", err)
 		}
 		for _, m := range msgs {
-			e.Meter.Done(m.Timestamp)
+			e.Done(m)
 		}
 		return nil
 	})
