@@ -80,17 +80,17 @@ type queueSource struct {
 }
 
 func (s queueSource) pop(ctx context.Context) (*sarama.ConsumerMessage, bool) {
-	m, left, ok := s.q.pop(ctx)
+	m, low, ok := s.q.pop(ctx)
 	if ok {
-		s.p.popped(m, left)
+		s.p.popped(m, low)
 	}
 	return m, ok
 }
 
 func (s queueSource) more(ctx context.Context, wait time.Duration) (*sarama.ConsumerMessage, bool) {
-	m, left, ok := s.q.tryPop(ctx, wait)
+	m, low, ok := s.q.tryPop(ctx, wait)
 	if ok {
-		s.p.popped(m, left)
+		s.p.popped(m, low)
 	}
 	return m, ok
 }
@@ -128,8 +128,8 @@ func (c chanSource) more(ctx context.Context, wait time.Duration) (*sarama.Consu
 }
 
 // popped runs for every message taken from the partition's queue.
-func (p *partition) popped(m *sarama.ConsumerMessage, left int) {
-	if left <= lowWater {
+func (p *partition) popped(m *sarama.ConsumerMessage, low bool) {
+	if low {
 		p.backpressure(false)
 	}
 	if p.track != nil {

@@ -21,12 +21,6 @@ import (
 	"github.com/idemhq/idem/retrytopic"
 )
 
-// Back-pressure marks of a partition's queue (see queue).
-const (
-	highWater = 1024
-	lowWater  = 256
-)
-
 // partition is the pipeline of one claimed partition: its worker (the
 // ConsumeClaim goroutine) handles its messages in order, one at a time or in
 // batches; with Config.Concurrency > 1 it dispatches them to lanes instead,
@@ -171,7 +165,7 @@ func (p *partition) run() {
 				if !ok {
 					return
 				}
-				if q.push(m) >= highWater {
+				if q.push(m) {
 					p.backpressure(true)
 				}
 			case <-p.sess.Context().Done():
