@@ -16,6 +16,7 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/retrytopic"
 )
 
 // produceKeyed sends, to partition 0, n messages for each of keys (Kafka key
@@ -201,4 +202,64 @@ func TestBatchHandlerPartialFailure(t *testing.T) {
 		t.Errorf("largest batch %d: messages were not batched", biggest.Load())
 	}
 	t.Logf("%d HandleBatch calls, largest batch %d", batches.Load(), biggest.Load())
+}
+
+// TestBatchHandlerThroughRetryTiers: with RunBatch, a message that keeps
+// failing retriably leaves its batch, spends its in-process retries as a
+// batch of one, goes to retry tier 1 and succeeds there; the rest of its
+// batch commits without it.
+func TestBatchHandlerThroughRetryTiers(t *testing.T) {
+	e := newEnv(t, 1)
+	keys := coreKeys("tier", 50)
+	e.produce(keys, 1)
+	var fromTier atomic.Int32
+	cfg := e.config()
+	cfg.Batch = consumer.BatchConfig{MaxMessages: 16}
+	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{100 * time.Millisecond}}
+	h := handler.BatchFunc(func(ctx context.Context, msgs []*handler.Message) error {
+		var be handler.BatchError
+		for _, m := range msgs {
+			if m.IdempotencyKey == keys[7] {
+				if m.Topic == e.topic { // fails until it comes back from the tier
+					be.Add(m, errors.New("bank timeout"))
+					continue
+				}
+				fromTier.Add(1)
+			}
+			if _, err := dedupe.Tx(ctx).Exec(ctx, `INSERT INTO effects(key, topic, part, off) VALUES ($1,$2,$3,$4)`,
+				m.IdempotencyKey, m.Topic, m.Partition, m.Offset); err != nil {
+				return err
+			}
+		}
+		if len(be.Failed) > 0 {
+			return &be
+		}
+		return nil
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- consumer.RunBatch(ctx, cfg, h) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("RunBatch: %v", err)
+		}
+	})
+	e.waitCommitted(e.topic, 1, 60*time.Second)
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if n := e.count(`SELECT count(*) FROM effects`); n != 50 {
+			return fmt.Errorf("%d of 50 effects", n)
+		}
+		return nil
+	})
+	e.coreAssertOnePerKey(50)
+	if fromTier.Load() != 1 {
+		t.Errorf("%s handled from the tier %d times, want 1", keys[7], fromTier.Load())
+	}
+	if n := metricValue(t, e, "idem_retries_total", nil); n != 3 {
+		t.Errorf("idem_retries_total = %v, want 3 (the default in-process retries, each a batch of one)", n)
+	}
+	if n := metricValue(t, e, "idem_messages_total", map[string]string{"outcome": "retried"}); n != 1 {
+		t.Errorf("sent to a tier %v times, want 1", n)
+	}
 }
