@@ -250,7 +250,7 @@ func (p *partition) drain(topic string, key []byte, head string) bool {
 		}
 		msg, headers := parkedMessage(next)
 		rec := dedupe.Record{Group: r.cfg.Group, Key: next.IdempotencyKey, Topic: next.Topic, Partition: next.Partition, Offset: next.Offset}
-		err, ok = p.process(rec, msg)
+		err, ok = p.process(rec, msg, nil)
 		if !ok {
 			return false
 		}

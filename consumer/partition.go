@@ -56,8 +56,6 @@ type partition struct {
 
 	bp *bpState // back-pressure, shared with the views
 
-	first error // the failure of the message's attempt inside a batch (see handleAfter)
-
 	names map[string]string // this worker's header-name cache (see newMessage)
 
 	// call is the attempt in progress and callFn the function the store
@@ -256,8 +254,7 @@ func (p *partition) handleAfter(cm *sarama.ConsumerMessage, first error) bool {
 		}
 	}
 	rec := dedupe.Record{Group: r.cfg.Group, Key: key, Topic: origin.topic, Partition: origin.partition, Offset: origin.offset}
-	p.first = first
-	err, ok := p.process(rec, msg)
+	err, ok := p.process(rec, msg, first)
 	if !ok {
 		return false
 	}
@@ -297,8 +294,9 @@ const maxHandlerOutages = 5
 // outages and open breakers (neither counts as an attempt). It returns nil when
 // the message is done (processed or duplicate), the final error when it must be
 // forwarded, or ok=false when the partition is stopping. Errors are classified
-// by runner.classify.
-func (p *partition) process(rec dedupe.Record, msg *handler.Message) (err error, ok bool) {
+// by runner.classify. A non-nil first is the failure of the message's first
+// attempt, made inside a batch that was rolled back: it counts as attempt 1.
+func (p *partition) process(rec dedupe.Record, msg *handler.Message, first error) (err error, ok bool) {
 	r := p.r
 	retries, outages, handlerOutages := 0, 0, 0
 	for {
@@ -308,8 +306,8 @@ func (p *partition) process(rec dedupe.Record, msg *handler.Message) (err error,
 		}
 		var err error
 		var ran bool
-		if p.first != nil { // failed in a batch: that was this message's attempt
-			err, ran, p.first = p.first, true, nil
+		if first != nil { // failed in a batch: that was this message's attempt
+			err, ran, first = first, true, nil
 			p.mx.attempt(r.m, r.cfg.Group, msg.Topic, err)
 		} else {
 			err, ran = p.attempt(rec, msg)
