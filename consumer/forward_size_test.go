@@ -58,14 +58,7 @@ type sizeRecord struct {
 // records of up to 8 MiB.
 func (e *env) produceLarge(recs ...sizeRecord) {
 	e.t.Helper()
-	cfg := e.k.Config()
-	cfg.Producer.Partitioner = sarama.NewManualPartitioner
-	cfg.Producer.MaxMessageBytes = 8 << 20
-	p, err := sarama.NewSyncProducer(e.k.Brokers, cfg)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer p.Close()
+	p := e.bigProducer()
 	for _, r := range recs {
 		m := &sarama.ProducerMessage{Topic: e.topic, Partition: 0, Value: sarama.ByteEncoder(r.value),
 			Headers: []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(r.key)}}}

@@ -9,7 +9,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -34,14 +33,7 @@ type hardRecord struct {
 
 func (e *env) produceHard(recs []hardRecord) {
 	e.t.Helper()
-	pcfg := e.k.Config()
-	pcfg.Producer.Partitioner = sarama.NewManualPartitioner
-	pcfg.Producer.MaxMessageBytes = 4 << 20
-	p, err := sarama.NewSyncProducer(e.k.Brokers, pcfg)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(func() { _ = p.Close() })
+	p := e.bigProducer()
 	for _, r := range recs {
 		v, _ := json.Marshal(map[string]string{"id": r.id, "op": r.op, "pad": strings.Repeat("x", r.pad)})
 		m := &sarama.ProducerMessage{Topic: e.topic, Partition: 0, Key: sarama.StringEncoder("k"), Value: sarama.ByteEncoder(v)}
@@ -294,24 +286,6 @@ func sortByOrigin(recs []*sarama.ConsumerMessage) {
 	sort.SliceStable(recs, func(i, j int) bool { return off(recs[i]) < off(recs[j]) })
 }
 
-// syncBuffer is a log sink safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestInboxRetentionShorterThanTopicWarns: an inbox that forgets keys
 // sooner than the topic keeps records is named at start, with both numbers.
 func TestInboxRetentionShorterThanTopicWarns(t *testing.T) {
@@ -320,7 +294,7 @@ func TestInboxRetentionShorterThanTopicWarns(t *testing.T) {
 	if err := e.k.Admin(t).AlterConfig(sarama.TopicResource, e.topic, map[string]*string{"retention.ms": &twoDays}, false); err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs logBuffer
 	cfg := e.config()
 	cfg.InboxRetention = time.Hour
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))

@@ -1,6 +1,7 @@
 package consumer_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -149,9 +150,29 @@ type running struct {
 // start runs consumer.Run until stop (or the test's end).
 func start(t *testing.T, cfg consumer.Config, h handler.Handler) *running {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
+	return startCtx(t, context.Background(), cfg, h)
+}
+
+// startCtx is start with a context of the test's choosing (order hooks ride
+// on it).
+func startCtx(t *testing.T, ctx context.Context, cfg consumer.Config, h handler.Handler) *running {
+	t.Helper()
+	return startFunc(t, ctx, func(ctx context.Context) error { return consumer.Run(ctx, cfg, h) })
+}
+
+// startBatch runs consumer.RunBatch until stop (or the test's end).
+func startBatch(t *testing.T, cfg consumer.Config, h handler.BatchHandler) *running {
+	t.Helper()
+	return startFunc(t, context.Background(), func(ctx context.Context) error { return consumer.RunBatch(ctx, cfg, h) })
+}
+
+// startFunc runs run in the background until stop (or the test's end), and
+// reports an error it returns other than cancellation.
+func startFunc(t *testing.T, ctx context.Context, run func(context.Context) error) *running {
+	t.Helper()
+	ctx, cancel := context.WithCancel(ctx)
 	r := &running{cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- consumer.Run(ctx, cfg, h) }()
+	go func() { r.done <- run(ctx) }()
 	t.Cleanup(func() {
 		if err := r.stop(); err != nil && !errors.Is(err, context.Canceled) {
 			t.Errorf("Run: %v", err)
@@ -278,4 +299,37 @@ func gatherSum(t *testing.T, g prometheus.Gatherer, name string, want map[string
 		}
 	}
 	return sum
+}
+
+// bigProducer returns a sync producer (manual partitioner) that sends
+// records of up to 8 MiB, closed when the test ends.
+func (e *env) bigProducer() sarama.SyncProducer {
+	e.t.Helper()
+	cfg := e.k.Config()
+	cfg.Producer.Partitioner = sarama.NewManualPartitioner
+	cfg.Producer.MaxMessageBytes = 8 << 20
+	p, err := sarama.NewSyncProducer(e.k.Brokers, cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+// logBuffer collects log output for assertions.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

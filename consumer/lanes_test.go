@@ -175,15 +175,7 @@ func TestBatchHandlerPartialFailure(t *testing.T) {
 		}
 		return nil
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- consumer.RunBatch(ctx, cfg, h) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("RunBatch: %v", err)
-		}
-	})
+	startBatch(t, cfg, h)
 	recs := e.coreReadRecords(e.topic+"."+e.group+".dlq", 0, 1, 60*time.Second)
 	if k, _ := coreHeader(recs[0], "idempotency-key"); k != keys[10] {
 		t.Errorf("dead-lettered %q, want %q", k, keys[10])
@@ -236,15 +228,7 @@ func TestBatchHandlerThroughRetryTiers(t *testing.T) {
 		}
 		return nil
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- consumer.RunBatch(ctx, cfg, h) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("RunBatch: %v", err)
-		}
-	})
+	startBatch(t, cfg, h)
 	e.waitCommitted(e.topic, 1, 60*time.Second)
 	testenv.Eventually(t, 60*time.Second, func() error {
 		if n := e.count(`SELECT count(*) FROM effects`); n != 50 {

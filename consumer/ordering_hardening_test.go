@@ -1,7 +1,6 @@
 package consumer_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -23,21 +22,6 @@ import (
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/retrytopic"
 )
-
-// startCtx is start with a context of the test's choosing (order hooks ride
-// on it).
-func startCtx(t *testing.T, ctx context.Context, cfg consumer.Config, h handler.Handler) *running {
-	t.Helper()
-	ctx, cancel := context.WithCancel(ctx)
-	r := &running{cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- consumer.Run(ctx, cfg, h) }()
-	t.Cleanup(func() {
-		if err := r.stop(); err != nil && !errors.Is(err, context.Canceled) {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	return r
-}
 
 // orderedEnv is an env whose config orders by key, with an applied table the
 // handlers write to in their transaction.
@@ -360,24 +344,6 @@ func TestOrderingDrainStopsOnRevoke(t *testing.T) {
 	}
 	start(t, cfg, handler.Func(apply))
 	e.waitSettled("H,P1,P2,P3")
-}
-
-// logBuffer collects log output for assertions.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // Issue 8: Run warns at start about parked messages of its group it will not

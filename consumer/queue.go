@@ -63,6 +63,17 @@ func (q *queue) take() (m *sarama.ConsumerMessage, low bool) {
 	return m, len(q.items) <= lowWater && q.bytes <= lowBytes
 }
 
+// tryTake removes the oldest message if there is one.
+func (q *queue) tryTake() (m *sarama.ConsumerMessage, low, ok bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.items) == 0 {
+		return nil, false, false
+	}
+	m, low = q.take()
+	return m, low, true
+}
+
 // pop returns the oldest message, waiting for one; it returns ok=false as
 // soon as ctx is done, even if messages are queued.
 func (q *queue) pop(ctx context.Context) (m *sarama.ConsumerMessage, low, ok bool) {
@@ -70,13 +81,9 @@ func (q *queue) pop(ctx context.Context) (m *sarama.ConsumerMessage, low, ok boo
 		if ctx.Err() != nil {
 			return nil, false, false
 		}
-		q.mu.Lock()
-		if len(q.items) > 0 {
-			m, low = q.take()
-			q.mu.Unlock()
+		if m, low, ok = q.tryTake(); ok {
 			return m, low, true
 		}
-		q.mu.Unlock()
 		select {
 		case <-q.notify:
 		case <-ctx.Done():
@@ -87,15 +94,8 @@ func (q *queue) pop(ctx context.Context) (m *sarama.ConsumerMessage, low, ok boo
 
 // tryPop returns the oldest message if one is queued or arrives within wait.
 func (q *queue) tryPop(ctx context.Context, wait time.Duration) (m *sarama.ConsumerMessage, low, ok bool) {
-	q.mu.Lock()
-	if len(q.items) > 0 {
-		m, low = q.take()
-		q.mu.Unlock()
-		return m, low, true
-	}
-	q.mu.Unlock()
-	if wait <= 0 {
-		return nil, false, false
+	if m, low, ok = q.tryTake(); ok || wait <= 0 {
+		return m, low, ok
 	}
 	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
