@@ -18,7 +18,6 @@ import (
 
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
-	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -35,6 +34,7 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer) error {
 	partitions := fs.Int("partitions", 6, "partitions of the topic when this service creates it")
 	metricsAddr := fs.String("metrics-addr", ":2112", "listen address of the Prometheus /metrics endpoint (empty: off)")
 	verbose := fs.Bool("v", false, "debug logs")
+	opts := addRunFlags(fs) // -mode, -retry-delays and the chaos test hooks (modes.go)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: payments-consumer [flags]      consume payments\n       payments-consumer demo [flags] run the end-to-end demo (demo -h)\n\nenv: KAFKA_BROKERS, DATABASE_URL\n\nflags:\n")
 		fs.PrintDefaults()
@@ -97,7 +97,7 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer) error {
 
 	log.Info("consuming", "topic", *topic, "group", *group, "brokers", e.Brokers,
 		"dlq", retryPolicy.DLQ(*topic, *group), "metrics", *metricsAddr)
-	err = consumer.Run(ctx, consumer.Config{
+	err = opts.run(ctx, consumer.Config{
 		Brokers:    e.Brokers,
 		Group:      *group,
 		Topics:     []string{*topic},
@@ -107,7 +107,7 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer) error {
 		Logger:     log,
 		Registerer: reg,
 		Retry:      retryPolicy,
-	}, handler.Func(handlePayment))
+	}, pool, log)
 	if err != nil {
 		return fmt.Errorf("consumer: %w", err)
 	}

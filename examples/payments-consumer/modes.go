@@ -1,0 +1,203 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemhq/idem/consumer"
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/handler"
+)
+
+// The consumer's processing modes (-mode).
+const (
+	modePerMessage   = "per-message"   // one message per transaction (the default)
+	modeBatched      = "batched"       // Config.Batch: many messages per transaction, handlePayment for each
+	modeBatchHandler = "batch-handler" // consumer.RunBatch with handlePayments: one statement per batch
+	modeLanes        = "lanes"         // Config.Concurrency 16: keys of one partition in parallel
+	modeOrdering     = "ordering"      // Config.Ordering OrderingByKey: per-key order across retry tiers
+)
+
+var modes = []string{modePerMessage, modeBatched, modeBatchHandler, modeLanes, modeOrdering}
+
+// runOptions are the serve flags that choose how the consumer runs and what
+// it records for the chaos harness.
+type runOptions struct {
+	mode        string
+	member      string
+	history     string
+	failHeader  string
+	retryDelays string
+}
+
+// addRunFlags declares the mode and test-hook flags on fs.
+func addRunFlags(fs *flag.FlagSet) *runOptions {
+	o := &runOptions{}
+	fs.StringVar(&o.mode, "mode", modePerMessage, "processing mode: "+strings.Join(modes, "|"))
+	fs.StringVar(&o.retryDelays, "retry-delays", "1s,10s,1m", "delays of the retry tiers, comma-separated (empty: no tiers, failures go to the DLQ)")
+	fs.StringVar(&o.history, "history", "", "test hook: append each handler call to this JSON-lines file and write a chaos_effects row per success")
+	fs.StringVar(&o.member, "member", "", "test hook: this member's name in the history (default: the host:pid)")
+	fs.StringVar(&o.failHeader, "fail-header", "", "test hook (needs -history): a message with this header, value N, fails its first N attempts with a retriable error")
+	return o
+}
+
+// retryTiers parses -retry-delays.
+func (o *runOptions) retryTiers() ([]time.Duration, error) {
+	var ds []time.Duration
+	for _, s := range strings.Split(o.retryDelays, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		d, err := time.ParseDuration(s)
+		if err != nil || d <= 0 {
+			return nil, usagef("-retry-delays: %q is not a positive duration", s)
+		}
+		ds = append(ds, d)
+	}
+	return ds, nil
+}
+
+// run runs the consumer of cfg in the chosen mode until ctx ends.
+func (o *runOptions) run(ctx context.Context, cfg consumer.Config, pool *pgxpool.Pool, log *slog.Logger) (err error) {
+	delays, err := o.retryTiers()
+	if err != nil {
+		return err
+	}
+	cfg.Retry.Delays = delays
+	switch o.mode {
+	case modePerMessage, modeBatchHandler:
+	case modeBatched:
+		cfg.Batch = consumer.BatchConfig{MaxMessages: 200}
+	case modeLanes:
+		cfg.Concurrency = 16
+	case modeOrdering:
+		cfg.Ordering, cfg.OrderingDB = consumer.OrderingByKey, pool
+	default:
+		return usagef("-mode %q: want one of %s", o.mode, strings.Join(modes, ", "))
+	}
+	if o.failHeader != "" && o.history == "" {
+		return usagef("-fail-header needs -history")
+	}
+	var h handler.Handler = handler.Func(handlePayment)
+	var bh handler.BatchHandler = handler.BatchFunc(handlePayments)
+	if o.history != "" {
+		if _, err := pool.Exec(ctx, effectsSchema); err != nil {
+			return fmt.Errorf("chaos ledger: %w", err)
+		}
+		hl, err := openHistory(o.history)
+		if err != nil {
+			return err
+		}
+		defer func() { err = errors.Join(err, hl.Close()) }()
+		r := &recorder{member: o.member, mode: o.mode, failHeader: o.failHeader, log: hl}
+		h, bh = r.wrap(h), r.wrapBatch(bh)
+	}
+	log.Info("mode", "mode", o.mode, "retry_delays", delays, "history", o.history)
+	if o.mode == modeBatchHandler {
+		return consumer.RunBatch(ctx, cfg, bh)
+	}
+	return consumer.Run(ctx, cfg, h)
+}
+
+// handlePayments is the batch form of handlePayment, for consumer.RunBatch:
+// the batch's valid payments are inserted with one statement and their
+// orders marked paid with another. A message that cannot be applied is
+// named in a *handler.BatchError with the error handlePayment would return;
+// idem then commits the others without it.
+func handlePayments(ctx context.Context, msgs []*handler.Message) error {
+	tx := dedupe.Tx(ctx)
+	if tx == nil {
+		return errNoTx
+	}
+	be := &handler.BatchError{}
+	var keys, orders, amounts, currencies []string
+	valid := make([]*handler.Message, 0, len(msgs))
+	orderOf := make(map[*handler.Message]string, len(msgs))
+	seen := make(map[string]bool, len(msgs))
+	for _, m := range msgs {
+		p, err := decodePayment(m.Value)
+		if err != nil {
+			be.Add(m, handler.Decode(err))
+			continue
+		}
+		if err := p.validate(); err != nil {
+			be.Add(m, handler.Permanent(err))
+			continue
+		}
+		if seen[p.OrderID] {
+			// Two payments of one order in one batch: the first one wins.
+			be.Add(m, handler.Permanent(fmt.Errorf("order %q is paid by an earlier payment of this batch: payment %s would charge it twice", p.OrderID, m.IdempotencyKey)))
+			continue
+		}
+		seen[p.OrderID] = true
+		valid = append(valid, m)
+		orderOf[m] = p.OrderID
+		keys, orders = append(keys, m.IdempotencyKey), append(orders, p.OrderID)
+		amounts, currencies = append(amounts, string(p.Amount)), append(currencies, p.Currency)
+	}
+	if len(valid) > 0 {
+		inserted, err := collectSet(ctx, tx, `
+			INSERT INTO payments (idempotency_key, order_id, amount, currency, status)
+			SELECT k, o, a::numeric, c, 'captured' FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS t(k, o, a, c)
+			ON CONFLICT (idempotency_key) DO NOTHING
+			RETURNING idempotency_key`, keys, orders, amounts, currencies)
+		if err != nil {
+			return fmt.Errorf("insert %d payments: %w", len(keys), err) // retriable: the batch runs again message by message
+		}
+		paid, err := collectSet(ctx, tx, `
+			UPDATE orders SET status = 'paid', paid_at = now()
+			WHERE id = ANY($1::text[]) AND status = 'pending'
+			RETURNING id`, orders)
+		if err != nil {
+			return fmt.Errorf("mark %d orders paid: %w", len(orders), err)
+		}
+		for _, m := range valid {
+			if paid[orderOf[m]] || !inserted[m.IdempotencyKey] {
+				continue // paid now, or this very payment was applied before
+			}
+			be.Add(m, orderRefusal(ctx, tx, orderOf[m], m.IdempotencyKey))
+		}
+	}
+	if len(be.Failed) > 0 {
+		return be
+	}
+	return nil
+}
+
+// orderRefusal explains why a new payment could not mark its order paid.
+func orderRefusal(ctx context.Context, tx pgx.Tx, order, key string) error {
+	var status string
+	switch err := tx.QueryRow(ctx, `SELECT status FROM orders WHERE id = $1`, order).Scan(&status); {
+	case errors.Is(err, pgx.ErrNoRows):
+		return handler.Permanent(fmt.Errorf("unknown order %q", order))
+	case err != nil:
+		return fmt.Errorf("look up order %s: %w", order, err)
+	default:
+		return handler.Permanent(fmt.Errorf("order %q is %s: payment %s would charge it twice", order, status, key))
+	}
+}
+
+// collectSet runs a query returning one text column and returns its values.
+func collectSet(ctx context.Context, tx pgx.Tx, sql string, args ...any) (map[string]bool, error) {
+	rows, err := tx.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	vals, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, err
+	}
+	set := make(map[string]bool, len(vals))
+	for _, v := range vals {
+		set[v] = true
+	}
+	return set, nil
+}

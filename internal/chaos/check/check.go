@@ -1,0 +1,483 @@
+package check
+
+import (
+	"cmp"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Result is one invariant's verdict.
+type Result struct {
+	Name       string   // what must hold
+	Counts     string   // what was checked, e.g. "50000 keys, 50000 effects"
+	Violations []string // each with the keys, offsets and timeline that broke it
+}
+
+// OK reports whether the invariant held.
+func (r Result) OK() bool { return len(r.Violations) == 0 }
+
+// Report is the verdict of every invariant.
+type Report struct {
+	Results []Result
+}
+
+// OK reports whether every invariant held.
+func (r *Report) OK() bool {
+	for _, x := range r.Results {
+		if !x.OK() {
+			return false
+		}
+	}
+	return true
+}
+
+// Failed names the invariants that did not hold.
+func (r *Report) Failed() []string {
+	var names []string
+	for _, x := range r.Results {
+		if !x.OK() {
+			names = append(names, x.Name)
+		}
+	}
+	return names
+}
+
+// maxShown bounds the violations printed per invariant.
+const maxShown = 20
+
+// Print writes one line per invariant and, under each failed one, its
+// violations (at most maxShown).
+func (r *Report) Print(w io.Writer) {
+	for _, x := range r.Results {
+		mark := "ok  "
+		if !x.OK() {
+			mark = "FAIL"
+		}
+		fmt.Fprintf(w, "%s %-52s %s\n", mark, x.Name, x.Counts)
+		for i, v := range x.Violations {
+			if i == maxShown {
+				fmt.Fprintf(w, "     … and %d more\n", len(x.Violations)-maxShown)
+				break
+			}
+			fmt.Fprintf(w, "     - %s\n", strings.ReplaceAll(v, "\n", "\n       "))
+		}
+	}
+}
+
+// index is the history arranged for look-ups.
+type index struct {
+	h          *History
+	bySeq      map[int64]*Produced
+	firstOfKey map[string]*Produced // the first-produced record of each key
+	effects    map[string][]Effect  // by key
+	payments   map[string][]Payment // by key
+	byOrder    map[string][]Payment // by order
+	dlq        map[int64][]DLQRecord
+	attempts   map[string][]Attempt // by key
+	attemptSeq map[int64][]Attempt  // by seq (keyless records)
+}
+
+func newIndex(h *History) *index {
+	ix := &index{h: h, bySeq: map[int64]*Produced{}, firstOfKey: map[string]*Produced{},
+		effects: map[string][]Effect{}, payments: map[string][]Payment{}, byOrder: map[string][]Payment{},
+		dlq: map[int64][]DLQRecord{}, attempts: map[string][]Attempt{}, attemptSeq: map[int64][]Attempt{}}
+	for i := range h.Produced {
+		p := &h.Produced[i]
+		ix.bySeq[p.Seq] = p
+		if p.Key == "" || p.Expect == ExpectDLQ {
+			continue
+		}
+		if f, ok := ix.firstOfKey[p.Key]; !ok || p.Seq < f.Seq {
+			ix.firstOfKey[p.Key] = p
+		}
+	}
+	for _, e := range h.Effects {
+		ix.effects[e.Key] = append(ix.effects[e.Key], e)
+	}
+	for _, p := range h.Payments {
+		ix.payments[p.Key] = append(ix.payments[p.Key], p)
+		ix.byOrder[p.Order] = append(ix.byOrder[p.Order], p)
+	}
+	for _, d := range h.DLQ {
+		ix.dlq[d.Seq] = append(ix.dlq[d.Seq], d)
+	}
+	for _, a := range h.Attempts {
+		ix.attempts[a.Key] = append(ix.attempts[a.Key], a)
+		ix.attemptSeq[a.Seq] = append(ix.attemptSeq[a.Seq], a)
+	}
+	return ix
+}
+
+// Check runs every invariant over h.
+func Check(h *History) *Report {
+	ix := newIndex(h)
+	r := &Report{}
+	r.Results = append(r.Results,
+		ix.exactlyOnce(),
+		ix.rivals(),
+		ix.ordersPaidOnce(),
+		ix.noStrayEffects(),
+		ix.poisonInDLQ(),
+		ix.nothingValidInDLQ(),
+	)
+	if h.Mode == "ordering" {
+		r.Results = append(r.Results, ix.keyOrder())
+	}
+	if h.Events != nil {
+		r.Results = append(r.Results, ix.outbox())
+	}
+	r.Results = append(r.Results, ix.noLag(), ix.processes())
+	return r
+}
+
+// exactlyOnce: every key that must take effect has exactly one effect row and
+// one payment row.
+func (ix *index) exactlyOnce() Result {
+	res := Result{Name: "every unique key applied exactly once"}
+	keys, copies, effects := 0, 0, 0
+	for _, p := range ix.h.Produced {
+		if p.Expect == ExpectEffect {
+			copies++
+		}
+	}
+	for _, key := range sortedKeys(ix.firstOfKey) {
+		p := ix.firstOfKey[key]
+		if p.Expect != ExpectEffect {
+			continue
+		}
+		keys++
+		n := len(ix.effects[key])
+		effects += n
+		switch {
+		case n == 0:
+			res.Violations = append(res.Violations, fmt.Sprintf("LOST key %q: no effect\n%s", key, ix.timeline(key, p.Seq)))
+		case n > 1:
+			res.Violations = append(res.Violations, fmt.Sprintf("DOUBLE key %q: %d effects\n%s", key, n, ix.timeline(key, p.Seq)))
+		case len(ix.payments[key]) != 1:
+			res.Violations = append(res.Violations, fmt.Sprintf("key %q: one effect but %d payment rows\n%s", key, len(ix.payments[key]), ix.timeline(key, p.Seq)))
+		}
+	}
+	res.Counts = fmt.Sprintf("%d keys (%d records with duplicates), %d effects", keys, copies, effects)
+	return res
+}
+
+// rivals: of two payments of one order, exactly one took effect and the
+// other is dead-lettered as permanent; with ordering by key, the first one.
+func (ix *index) rivals() Result {
+	res := Result{Name: "of two payments for one order, one wins"}
+	pairs, firstWon := 0, 0
+	for _, p := range ix.h.Produced {
+		if p.Expect != ExpectRival || p.Seq > p.Rival {
+			continue
+		}
+		q, ok := ix.bySeq[p.Rival]
+		if !ok {
+			res.Violations = append(res.Violations, fmt.Sprintf("seq %d: its rival seq %d was not produced", p.Seq, p.Rival))
+			continue
+		}
+		pairs++
+		np, nq := len(ix.effects[p.Key]), len(ix.effects[q.Key])
+		var winner, loser *Produced
+		switch {
+		case np == 1 && nq == 0:
+			winner, loser = &p, q
+		case np == 0 && nq == 1:
+			winner, loser = q, &p
+		default:
+			res.Violations = append(res.Violations, fmt.Sprintf("order %q: %d effects of %q and %d of %q (want exactly one in all)\n%s\n%s",
+				p.Order, np, p.Key, nq, q.Key, ix.timeline(p.Key, p.Seq), ix.timeline(q.Key, q.Seq)))
+			continue
+		}
+		if winner.Seq == p.Seq {
+			firstWon++
+		} else if ix.h.Mode == "ordering" {
+			res.Violations = append(res.Violations, fmt.Sprintf("order %q: the later payment %q (offset %d) won over %q (offset %d) with ordering by key\n%s\n%s",
+				p.Order, q.Key, q.Offset, p.Key, p.Offset, ix.timeline(q.Key, q.Seq), ix.timeline(p.Key, p.Seq)))
+		}
+		if !ix.inDLQ(loser, "permanent") {
+			res.Violations = append(res.Violations, fmt.Sprintf("order %q: losing payment %q (seq %d, %s) is not in the DLQ as permanent\n%s",
+				p.Order, loser.Key, loser.Seq, coord(loser), ix.timeline(loser.Key, loser.Seq)))
+		}
+	}
+	res.Counts = fmt.Sprintf("%d pairs, the first-produced won %d", pairs, firstWon)
+	return res
+}
+
+// ordersPaidOnce: no order has two payments, and an order is paid exactly
+// when it has a payment.
+func (ix *index) ordersPaidOnce() Result {
+	res := Result{Name: "no order paid twice"}
+	paid := 0
+	for _, order := range sortedKeys(ix.h.Orders) {
+		status := ix.h.Orders[order]
+		ps := ix.byOrder[order]
+		switch {
+		case len(ps) > 1:
+			keys := make([]string, len(ps))
+			for i, p := range ps {
+				keys[i] = p.Key
+			}
+			res.Violations = append(res.Violations, fmt.Sprintf("order %q paid %d times, by %q", order, len(ps), keys))
+		case len(ps) == 1 && status != "paid":
+			res.Violations = append(res.Violations, fmt.Sprintf("order %q has payment %q but is %s", order, ps[0].Key, status))
+		case len(ps) == 0 && status == "paid":
+			res.Violations = append(res.Violations, fmt.Sprintf("order %q is paid but has no payment", order))
+		}
+		if status == "paid" {
+			paid++
+		}
+	}
+	for order := range ix.byOrder {
+		if _, ok := ix.h.Orders[order]; !ok {
+			res.Violations = append(res.Violations, fmt.Sprintf("payment for unknown order %q", order))
+		}
+	}
+	res.Counts = fmt.Sprintf("%d orders, %d paid, %d payments", len(ix.h.Orders), paid, len(ix.h.Payments))
+	return res
+}
+
+// noStrayEffects: nothing took effect that should not have: no poison
+// record, no key nobody produced.
+func (ix *index) noStrayEffects() Result {
+	res := Result{Name: "no effect from poison or unknown keys"}
+	for _, key := range sortedKeys(ix.effects) {
+		if _, ok := ix.firstOfKey[key]; ok {
+			continue
+		}
+		for _, e := range ix.effects[key] {
+			res.Violations = append(res.Violations, fmt.Sprintf("STRAY effect of key %q (seq %d, read at %s/%d/%d by %s)", key, e.Seq, e.Topic, e.Partition, e.Offset, e.Member))
+		}
+	}
+	for _, key := range sortedKeys(ix.payments) {
+		if _, ok := ix.firstOfKey[key]; !ok {
+			res.Violations = append(res.Violations, fmt.Sprintf("STRAY payment row of key %q", key))
+		}
+	}
+	res.Counts = fmt.Sprintf("%d effect rows, %d payment rows", len(ix.h.Effects), len(ix.h.Payments))
+	return res
+}
+
+// poisonInDLQ: every poison record is in the dead-letter topic with its
+// original coordinates, group and error kind.
+func (ix *index) poisonInDLQ() Result {
+	res := Result{Name: "every poison record in the DLQ with its metadata"}
+	n, copies := 0, 0
+	kinds := map[string]int{}
+	for i := range ix.h.Produced {
+		p := &ix.h.Produced[i]
+		if p.Expect != ExpectDLQ {
+			continue
+		}
+		n++
+		kinds[p.Kind]++
+		copies += len(ix.dlq[p.Seq])
+		if !ix.inDLQ(p, p.DLQKind) {
+			res.Violations = append(res.Violations, fmt.Sprintf("POISON seq %d (%s, %s) not in the DLQ with kind %s\n%s",
+				p.Seq, p.Kind, coord(p), p.DLQKind, ix.timeline(p.Key, p.Seq)))
+		}
+	}
+	var ks []string
+	for _, k := range sortedKeys(kinds) {
+		ks = append(ks, fmt.Sprintf("%s %d", k, kinds[k]))
+	}
+	res.Counts = fmt.Sprintf("%d poison records (%s), %d DLQ copies", n, strings.Join(ks, ", "), copies)
+	return res
+}
+
+// inDLQ reports whether a DLQ record of p carries p's original coordinates,
+// the group and kind. It explains nothing: the caller prints the timeline.
+func (ix *index) inDLQ(p *Produced, kind string) bool {
+	for _, d := range ix.dlq[p.Seq] {
+		if d.Headers["idem-original-topic"] == p.Topic &&
+			d.Headers["idem-original-partition"] == strconv.Itoa(int(p.Partition)) &&
+			d.Headers["idem-original-offset"] == strconv.FormatInt(p.Offset, 10) &&
+			d.Headers["idem-consumer-group"] == ix.h.Group &&
+			d.Headers["idem-error-kind"] == kind {
+			return true
+		}
+	}
+	return false
+}
+
+// nothingValidInDLQ: no record that had to take effect was dead-lettered,
+// and every DLQ record comes from a produced record.
+func (ix *index) nothingValidInDLQ() Result {
+	res := Result{Name: "no valid payment in the DLQ"}
+	for _, d := range ix.h.DLQ {
+		p, ok := ix.bySeq[d.Seq]
+		switch {
+		case !ok:
+			res.Violations = append(res.Violations, fmt.Sprintf("DLQ record %d/%d has chaos-seq %d, which was not produced (kind %s, error %q)",
+				d.Partition, d.Offset, d.Seq, d.Headers["idem-error-kind"], d.Headers["idem-error"]))
+		case p.Expect == ExpectEffect:
+			res.Violations = append(res.Violations, fmt.Sprintf("VALID seq %d key %q (%s) dead-lettered at DLQ %d/%d: kind %s, error %q\n%s",
+				p.Seq, p.Key, coord(p), d.Partition, d.Offset, d.Headers["idem-error-kind"], d.Headers["idem-error"], ix.timeline(p.Key, p.Seq)))
+		}
+	}
+	res.Counts = fmt.Sprintf("%d DLQ records", len(ix.h.DLQ))
+	return res
+}
+
+// keyOrder: with ordering by key, each Kafka key's effects are in the order
+// their keys were first produced.
+func (ix *index) keyOrder() Result {
+	res := Result{Name: "each key's effects in produced order"}
+	byKafkaKey := map[string][]Effect{}
+	for _, e := range ix.h.Effects {
+		byKafkaKey[e.KafkaKey] = append(byKafkaKey[e.KafkaKey], e)
+	}
+	checked := 0
+	for _, kk := range sortedKeys(byKafkaKey) {
+		es := byKafkaKey[kk]
+		slices.SortFunc(es, func(a, b Effect) int { return cmp.Compare(a.ID, b.ID) })
+		checked += len(es)
+		var prev *Produced
+		for _, e := range es {
+			p, ok := ix.firstOfKey[e.Key]
+			if !ok {
+				continue // a stray effect, reported by noStrayEffects
+			}
+			if prev != nil && p.Seq < prev.Seq {
+				res.Violations = append(res.Violations, fmt.Sprintf("REORDERED kafka key %q: %q (produced seq %d, %s) took effect after %q (produced seq %d, %s)\n%s\n%s",
+					kk, p.Key, p.Seq, coord(p), prev.Key, prev.Seq, coord(prev), ix.timeline(prev.Key, prev.Seq), ix.timeline(p.Key, p.Seq)))
+			}
+			prev = p
+		}
+	}
+	res.Counts = fmt.Sprintf("%d kafka keys, %d effects", len(byKafkaKey), checked)
+	return res
+}
+
+// outbox: every event was published at least once and applied exactly once
+// downstream.
+func (ix *index) outbox() Result {
+	res := Result{Name: "every outbox event published, applied once"}
+	published, applied := 0, 0
+	for _, e := range ix.h.Events {
+		published += e.Published
+		applied += e.Applied
+		switch {
+		case e.Published == 0:
+			res.Violations = append(res.Violations, fmt.Sprintf("event %s of payment %q never published", e.ID, e.Key))
+		case e.Applied != 1:
+			res.Violations = append(res.Violations, fmt.Sprintf("event %s of payment %q applied %d times downstream (published %d times)", e.ID, e.Key, e.Applied, e.Published))
+		}
+	}
+	res.Counts = fmt.Sprintf("%d events, %d published copies, %d applied", len(ix.h.Events), published, applied)
+	return res
+}
+
+// noLag: the group committed every record of every topic it reads.
+func (ix *index) noLag() Result {
+	res := Result{Name: "no lag left"}
+	var total int64
+	for _, l := range ix.h.Lags {
+		committed := max(l.Committed, 0)
+		if l.End > committed {
+			total += l.End - committed
+			res.Violations = append(res.Violations, fmt.Sprintf("%s/%d: committed %d, end %d: lag %d", l.Topic, l.Partition, l.Committed, l.End, l.End-committed))
+		}
+	}
+	res.Counts = fmt.Sprintf("%d partitions, lag %d", len(ix.h.Lags), total)
+	return res
+}
+
+// processes: every member that was not SIGKILLed exited 0, and no member
+// printed a panic, a data race or an unexpected ERROR.
+func (ix *index) processes() Result {
+	res := Result{Name: "no process ended with an unexpected error"}
+	killed := 0
+	for _, p := range ix.h.Procs {
+		if p.Killed {
+			killed++
+		} else if p.ExitCode != 0 {
+			res.Violations = append(res.Violations, fmt.Sprintf("%s (%s – %s) exited with status %d", p.Name, clock(p.Start), clock(p.End), p.ExitCode))
+		}
+		for _, line := range p.Problems {
+			res.Violations = append(res.Violations, fmt.Sprintf("%s: %s", p.Name, line))
+		}
+	}
+	res.Counts = fmt.Sprintf("%d processes, %d SIGKILLed", len(ix.h.Procs), killed)
+	return res
+}
+
+// timeline tells what happened to key (or, when key is empty, to record seq):
+// what was produced, each handler call, each effect, each DLQ copy, and the
+// faults around them, in time order.
+func (ix *index) timeline(key string, seq int64) string {
+	type line struct {
+		at   time.Time
+		text string
+	}
+	var ls []line
+	for _, p := range ix.h.Produced {
+		if (key != "" && p.Key == key) || p.Seq == seq {
+			ls = append(ls, line{p.At, fmt.Sprintf("produced seq %d %s kind %s kafka-key %q order %q fail-first %d", p.Seq, coord(&p), p.Kind, p.KafkaKey, p.Order, p.FailFirst)})
+		}
+	}
+	atts := ix.attemptSeq[seq]
+	if key != "" {
+		atts = ix.attempts[key]
+	}
+	for _, a := range atts {
+		what := a.Outcome
+		if a.Error != "" {
+			what += ": " + a.Error
+		}
+		ls = append(ls, line{a.Start, fmt.Sprintf("%s handled seq %d read at %s/%d/%d attempt %d (batch of %d, %s): %s",
+			a.Member, a.Seq, a.Topic, a.Partition, a.Offset, a.Attempt, a.Batch, a.End.Sub(a.Start).Round(time.Millisecond), what)})
+	}
+	for _, e := range ix.effects[key] {
+		ls = append(ls, line{e.At, fmt.Sprintf("EFFECT id %d by %s: seq %d read at %s/%d/%d attempt %d", e.ID, e.Member, e.Seq, e.Topic, e.Partition, e.Offset, e.Attempt)})
+	}
+	var lo, hi time.Time
+	for _, l := range ls {
+		if lo.IsZero() || l.at.Before(lo) {
+			lo = l.at
+		}
+		if l.at.After(hi) {
+			hi = l.at
+		}
+	}
+	for _, f := range ix.h.Faults {
+		if !lo.IsZero() && !f.End.Before(lo.Add(-5*time.Second)) && !f.Start.After(hi.Add(5*time.Second)) {
+			ls = append(ls, line{f.Start, fmt.Sprintf("fault %s %s (until %s)", f.Kind, f.Detail, clock(f.End))})
+		}
+	}
+	slices.SortStableFunc(ls, func(a, b line) int { return a.at.Compare(b.at) })
+	var b strings.Builder
+	b.WriteString("timeline:")
+	for _, l := range ls {
+		fmt.Fprintf(&b, "\n  %s  %s", clock(l.at), l.text)
+	}
+	for _, d := range ix.dlq[seq] {
+		fmt.Fprintf(&b, "\n  (DLQ)         DLQ %d/%d kind %s original %s/%s/%s error %q", d.Partition, d.Offset,
+			d.Headers["idem-error-kind"], d.Headers["idem-original-topic"], d.Headers["idem-original-partition"], d.Headers["idem-original-offset"], d.Headers["idem-error"])
+	}
+	if len(ls) == 0 && len(ix.dlq[seq]) == 0 {
+		b.WriteString(" nothing recorded")
+	}
+	return b.String()
+}
+
+func coord(p *Produced) string { return fmt.Sprintf("%s/%d/%d", p.Topic, p.Partition, p.Offset) }
+
+func clock(t time.Time) string {
+	if t.IsZero() {
+		return "?"
+	}
+	return t.UTC().Format("15:04:05.000")
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
+}
