@@ -91,7 +91,7 @@ func newIndex(h *History) *index {
 		if p.Key == "" || p.Expect == ExpectDLQ {
 			continue
 		}
-		if f, ok := ix.firstOfKey[p.Key]; !ok || p.Seq < f.Seq {
+		if f, ok := ix.firstOfKey[p.Key]; !ok || before(p, f) {
 			ix.firstOfKey[p.Key] = p
 		}
 	}
@@ -180,6 +180,10 @@ func (ix *index) rivals() Result {
 			continue
 		}
 		pairs++
+		first := &p // the one earlier in its partition, else the one sent first
+		if before(q, &p) {
+			first = q
+		}
 		np, nq := len(ix.effects[p.Key]), len(ix.effects[q.Key])
 		var winner, loser *Produced
 		switch {
@@ -192,11 +196,11 @@ func (ix *index) rivals() Result {
 				p.Order, np, p.Key, nq, q.Key, ix.timeline(p.Key, p.Seq), ix.timeline(q.Key, q.Seq)))
 			continue
 		}
-		if winner.Seq == p.Seq {
+		if winner == first {
 			firstWon++
-		} else if ix.h.Mode == "ordering" {
-			res.Violations = append(res.Violations, fmt.Sprintf("order %q: the later payment %q (offset %d) won over %q (offset %d) with ordering by key\n%s\n%s",
-				p.Order, q.Key, q.Offset, p.Key, p.Offset, ix.timeline(q.Key, q.Seq), ix.timeline(p.Key, p.Seq)))
+		} else if ix.h.Mode == "ordering" && winner.KafkaKey == loser.KafkaKey {
+			res.Violations = append(res.Violations, fmt.Sprintf("order %q: the later payment %q (%s) won over %q (%s) with ordering by key\n%s\n%s",
+				p.Order, winner.Key, coord(winner), loser.Key, coord(loser), ix.timeline(winner.Key, winner.Seq), ix.timeline(loser.Key, loser.Seq)))
 		}
 		if !ix.inDLQ(loser, "permanent") {
 			res.Violations = append(res.Violations, fmt.Sprintf("order %q: losing payment %q (seq %d, %s) is not in the DLQ as permanent\n%s",
@@ -323,7 +327,8 @@ func (ix *index) nothingValidInDLQ() Result {
 }
 
 // keyOrder: with ordering by key, each Kafka key's effects are in the order
-// their keys were first produced.
+// their keys were first produced (their offsets: one Kafka key, one
+// partition).
 func (ix *index) keyOrder() Result {
 	res := Result{Name: "each key's effects in produced order"}
 	byKafkaKey := map[string][]Effect{}
@@ -341,9 +346,9 @@ func (ix *index) keyOrder() Result {
 			if !ok {
 				continue // a stray effect, reported by noStrayEffects
 			}
-			if prev != nil && p.Seq < prev.Seq {
-				res.Violations = append(res.Violations, fmt.Sprintf("REORDERED kafka key %q: %q (produced seq %d, %s) took effect after %q (produced seq %d, %s)\n%s\n%s",
-					kk, p.Key, p.Seq, coord(p), prev.Key, prev.Seq, coord(prev), ix.timeline(prev.Key, prev.Seq), ix.timeline(p.Key, p.Seq)))
+			if prev != nil && before(p, prev) {
+				res.Violations = append(res.Violations, fmt.Sprintf("REORDERED kafka key %q: %q (produced at %s) took effect after %q (produced at %s)\n%s\n%s",
+					kk, p.Key, coord(p), prev.Key, coord(prev), ix.timeline(prev.Key, prev.Seq), ix.timeline(p.Key, p.Seq)))
 			}
 			prev = p
 		}
@@ -390,18 +395,21 @@ func (ix *index) noLag() Result {
 // printed a panic, a data race or an unexpected ERROR.
 func (ix *index) processes() Result {
 	res := Result{Name: "no process ended with an unexpected error"}
-	killed := 0
+	killed, excused := 0, 0
 	for _, p := range ix.h.Procs {
-		if p.Killed {
+		switch {
+		case p.Killed:
 			killed++
-		} else if p.ExitCode != 0 {
+		case p.ExitCode != 0 && p.Excused != "":
+			excused++
+		case p.ExitCode != 0:
 			res.Violations = append(res.Violations, fmt.Sprintf("%s (%s – %s) exited with status %d", p.Name, clock(p.Start), clock(p.End), p.ExitCode))
 		}
 		for _, line := range p.Problems {
 			res.Violations = append(res.Violations, fmt.Sprintf("%s: %s", p.Name, line))
 		}
 	}
-	res.Counts = fmt.Sprintf("%d processes, %d SIGKILLed", len(ix.h.Procs), killed)
+	res.Counts = fmt.Sprintf("%d processes, %d SIGKILLed, %d exited at start during an outage", len(ix.h.Procs), killed, excused)
 	return res
 }
 
@@ -462,6 +470,15 @@ func (ix *index) timeline(key string, seq int64) string {
 		b.WriteString(" nothing recorded")
 	}
 	return b.String()
+}
+
+// before reports whether a was produced before b: earlier in the same
+// partition (the order a consumer sees), else sent earlier.
+func before(a, b *Produced) bool {
+	if a.Topic == b.Topic && a.Partition == b.Partition {
+		return a.Offset < b.Offset
+	}
+	return a.Seq < b.Seq
 }
 
 func coord(p *Produced) string { return fmt.Sprintf("%s/%d/%d", p.Topic, p.Partition, p.Offset) }

@@ -105,6 +105,7 @@ type Proc struct {
 	End      time.Time
 	Killed   bool     // SIGKILLed by the harness: its exit status means nothing
 	ExitCode int      // otherwise, its exit status
+	Excused  string   // why a non-zero exit is expected (it could not reach a server that was down at its start)
 	Problems []string // stderr lines that must not appear: panics, races, unexpected ERRORs
 }
 

@@ -1,0 +1,504 @@
+package chaos
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemhq/idem/internal/chaos/check"
+)
+
+// Options configure one mode's run.
+type Options struct {
+	Services *Services
+	Bin      string // the payments-consumer binary
+	Dir      string // where the logs go (one subdirectory per mode)
+	Workload Workload
+	Seed     uint64
+
+	ProduceFor   time.Duration // the producer spreads its records over this long
+	KillEvery    time.Duration // a random member is SIGKILLed this often
+	FreezeFor    time.Duration // the broker is SIGSTOPped this long (more than the session timeout)
+	DrainTimeout time.Duration // how long the group may take to catch up after the faults
+	Logf         func(format string, args ...any)
+}
+
+// Members' settings the faults are sized against.
+const (
+	partitions     = 6
+	retryDelays    = "500ms,2s"
+	sessionTimeout = 10 * time.Second // sarama's default Consumer.Group.Session.Timeout
+	errorGrace     = 30 * time.Second // ERROR lines allowed after an infrastructure fault ends
+)
+
+// Summary is what one mode's run measured.
+type Summary struct {
+	Mode     string
+	Produced int
+	Elapsed  time.Duration
+	Faults   map[string]int
+	Report   *check.Report
+}
+
+// RunMode runs mode under faults and checks its history.
+func RunMode(ctx context.Context, o Options, mode string) (*Summary, error) {
+	start := time.Now()
+	rnd := rand.New(rand.NewPCG(o.Seed, uint64(len(mode))))
+	run := fmt.Sprintf("%x", rnd.Uint32())
+	db := "chaos_" + strings.ReplaceAll(mode, "-", "_")
+	topic, group := "payments-"+mode, "chaos-"+mode
+	dir := filepath.Join(o.Dir, mode)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	svc := o.Services
+	if err := svc.CreateDB(ctx, db); err != nil {
+		return nil, err
+	}
+	if err := createTopic(svc.Brokers(), topic); err != nil {
+		return nil, err
+	}
+	recs, orders := plan(o.Workload, run, rnd)
+	o.Logf("[%s] %d records planned (%d payments), topic %s, group %s, logs in %s", mode, len(recs), o.Workload.Payments, topic, group, dir)
+
+	var infra sync.RWMutex
+	env := append(os.Environ(), "KAFKA_BROKERS="+strings.Join(svc.Brokers(), ","), "DATABASE_URL="+svc.DatabaseURL(db))
+	args := []string{"-topic", topic, "-group", group, "-partitions", fmt.Sprint(partitions), "-metrics-addr", "",
+		"-mode", mode, "-retry-delays", retryDelays, "-fail-header", FailHeader}
+	fl := newFleet(o.Bin, dir, args, env, &infra, func(f string, a ...any) { o.Logf("["+mode+"] "+f, a...) })
+	faults := &faultLog{}
+	defer func() {
+		fl.close()
+		for _, s := range fl.running() {
+			fl.kill(s)
+		}
+		fl.wait()
+	}()
+
+	// One member first; the orders exist before any payment is sent.
+	if err := fl.start("m1"); err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.New(ctx, svc.DatabaseURL(db))
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	if err := insertOrders(ctx, pool, orders); err != nil {
+		return nil, err
+	}
+
+	// The producer, and the faults meanwhile.
+	prodCtx, cancelProd := context.WithCancel(ctx)
+	defer cancelProd()
+	var produced []check.Produced
+	var prodErr error
+	prodDone := make(chan struct{})
+	go func() {
+		defer close(prodDone)
+		produced, prodErr = produce(prodCtx, svc.Brokers(), topic, recs, o.ProduceFor, filepath.Join(dir, "produced.jsonl"), o.Logf)
+	}()
+	slots := []string{"m1"}
+	var slotsMu sync.Mutex
+	active := func() []string { slotsMu.Lock(); defer slotsMu.Unlock(); return slices.Clone(slots) }
+	killCtx, stopKills := context.WithCancel(ctx)
+	killDone := make(chan struct{})
+	go func() { defer close(killDone); fl.killLoop(killCtx, o.KillEvery, active, rnd, faults) }()
+
+	T := o.ProduceFor
+	at := func(frac float64) error { return sleep(ctx, time.Until(start.Add(time.Duration(frac*float64(T))))) }
+	step := func(frac float64, kind, detail string, f func() error) error {
+		if err := at(frac); err != nil {
+			return err
+		}
+		t0 := time.Now()
+		o.Logf("[%s] fault: %s %s", mode, kind, detail)
+		err := f()
+		faults.add(check.Fault{Kind: kind, Detail: detail, Start: t0, End: time.Now()})
+		if err != nil {
+			return fmt.Errorf("%s: %w", kind, err)
+		}
+		return nil
+	}
+	outage := func(f func() error) func() error {
+		return func() error { infra.Lock(); defer infra.Unlock(); return f() }
+	}
+	err = runSteps(
+		func() error {
+			return step(0.15, "resize", "group 1 → 3 members", func() error {
+				fl.membership.Lock()
+				defer fl.membership.Unlock()
+				slotsMu.Lock()
+				slots = []string{"m1", "m2", "m3"}
+				slotsMu.Unlock()
+				return errors.Join(fl.start("m2"), fl.start("m3"))
+			})
+		},
+		func() error {
+			return step(0.3, "pg-restart", "PostgreSQL stopped -m immediate and started", outage(func() error { return svc.RestartPG(ctx) }))
+		},
+		func() error {
+			return step(0.5, "broker-restart", "broker SIGKILLed and started", outage(func() error {
+				if err := svc.KillKafka(ctx); err != nil {
+					return err
+				}
+				return svc.StartKafka(ctx)
+			}))
+		},
+		func() error {
+			return step(0.7, "broker-freeze", fmt.Sprintf("broker SIGSTOPped for %s (session timeout %s)", o.FreezeFor, sessionTimeout), outage(func() error {
+				if err := svc.SignalKafka(syscall.SIGSTOP); err != nil {
+					return err
+				}
+				serr := sleep(ctx, o.FreezeFor)
+				return errors.Join(serr, svc.SignalKafka(syscall.SIGCONT))
+			}))
+		},
+		func() error {
+			return step(0.85, "resize", "group 3 → 2 members (m3 stopped with SIGTERM)", func() error {
+				fl.membership.Lock()
+				defer fl.membership.Unlock()
+				slotsMu.Lock()
+				slots = []string{"m1", "m2"}
+				slotsMu.Unlock()
+				fl.stop("m3", 40*time.Second)
+				return nil
+			})
+		},
+	)
+	if err != nil {
+		cancelProd() // the run is void: do not wait for a producer that cannot finish
+	}
+	<-prodDone
+	stopKills()
+	<-killDone
+	if err != nil {
+		return nil, err
+	}
+	if prodErr != nil {
+		return nil, fmt.Errorf("producer: %w", prodErr)
+	}
+	for _, s := range active() { // a member killed last is restarted by killLoop; one that died on its own is not
+		if err := fl.start(s); err != nil {
+			return nil, err
+		}
+	}
+	o.Logf("[%s] produced %d records in %s; draining", mode, len(produced), time.Since(start).Round(time.Second))
+
+	tiers := []string{topic + "." + group + ".retry.1", topic + "." + group + ".retry.2"}
+	if err := drain(ctx, svc.Brokers(), pool, group, append([]string{topic}, tiers...), mode == "ordering", o.DrainTimeout); err != nil {
+		o.Logf("[%s] %v", mode, err) // the lag invariant reports it
+	}
+	fl.close()
+	for _, s := range fl.running() {
+		fl.stop(s, 40*time.Second)
+	}
+	fl.wait()
+
+	h, err := gather(ctx, svc.Brokers(), pool, mode, group, topic, tiers, dir)
+	if err != nil {
+		return nil, err
+	}
+	h.Produced = produced
+	h.Faults = faults.all()
+	h.Procs = fl.Procs(h.Faults, errorGrace)
+	sum := &Summary{Mode: mode, Produced: len(produced), Elapsed: time.Since(start), Faults: map[string]int{}, Report: check.Check(h)}
+	for _, f := range h.Faults {
+		sum.Faults[f.Kind]++
+	}
+	return sum, nil
+}
+
+// runSteps runs steps in order and stops at the first error.
+func runSteps(steps ...func() error) error {
+	for _, f := range steps {
+		if err := f(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// saramaConfig is the harness's own clients' config.
+func saramaConfig() *sarama.Config {
+	c := sarama.NewConfig()
+	c.Version = sarama.V4_0_0_0
+	c.ClientID = "chaos-harness"
+	return c
+}
+
+// createTopic creates the source topic.
+func createTopic(brokers []string, topic string) error {
+	admin, err := sarama.NewClusterAdmin(brokers, saramaConfig())
+	if err != nil {
+		return fmt.Errorf("kafka admin: %w", err)
+	}
+	defer admin.Close()
+	if err := admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1}, false); err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
+		return fmt.Errorf("create topic %s: %w", topic, err)
+	}
+	return nil
+}
+
+// insertOrders waits for the first member to create the schema, then
+// inserts the pending orders.
+func insertOrders(ctx context.Context, pool *pgxpool.Pool, orders []string) error {
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		_, err := pool.Exec(ctx, `INSERT INTO orders (id) SELECT unnest($1::text[])`, orders)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("insert %d orders (did the first member create the schema?): %w", len(orders), err)
+		}
+		if err := sleep(ctx, 200*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// drain waits until the group has committed every record of topics (and,
+// with ordering, nothing is parked), stable over three polls a second apart.
+func drain(ctx context.Context, brokers []string, pool *pgxpool.Pool, group string, topics []string, ordering bool, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	stable := 0
+	var last string
+	for stable < 3 {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not drained after %s: %s", timeout, last)
+		}
+		lags, err := lagsOf(brokers, group, topics)
+		left := int64(0)
+		for _, l := range lags {
+			left += l.End - max(l.Committed, 0)
+		}
+		if ordering && err == nil {
+			var parked int64
+			parked, err = parkedCount(ctx, pool, group)
+			left += parked
+		}
+		switch {
+		case err != nil:
+			stable, last = 0, err.Error()
+		case left > 0:
+			stable, last = 0, fmt.Sprintf("%d left", left)
+		default:
+			stable++
+		}
+		if err := sleep(ctx, time.Second); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// parkedCount is the ordering store's heads and parked messages of group.
+func parkedCount(ctx context.Context, pool *pgxpool.Pool, group string) (int64, error) {
+	var n int64
+	err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM idem_ordering_heads WHERE consumer_group = $1)
+		+ (SELECT count(*) FROM idem_ordering_parked WHERE consumer_group = $1)`, group).Scan(&n)
+	return n, err
+}
+
+// lagsOf is the group's committed offset and the end of each partition of
+// topics (topics that do not exist are skipped: a tier nobody needed).
+func lagsOf(brokers []string, group string, topics []string) ([]check.Lag, error) {
+	client, err := sarama.NewClient(brokers, saramaConfig())
+	if err != nil {
+		return nil, err
+	}
+	defer client.Close()
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		return nil, err
+	}
+	existing, err := client.Topics()
+	if err != nil {
+		return nil, err
+	}
+	req := map[string][]int32{}
+	ends := map[string]map[int32]int64{}
+	for _, t := range topics {
+		if !slices.Contains(existing, t) {
+			continue
+		}
+		ps, err := client.Partitions(t)
+		if err != nil {
+			return nil, err
+		}
+		ends[t] = map[int32]int64{}
+		for _, p := range ps {
+			end, err := client.GetOffset(t, p, sarama.OffsetNewest)
+			if err != nil {
+				return nil, err
+			}
+			ends[t][p] = end
+			req[t] = append(req[t], p)
+		}
+	}
+	resp, err := admin.ListConsumerGroupOffsets(group, req)
+	if err != nil {
+		return nil, err
+	}
+	var lags []check.Lag
+	for _, t := range topics {
+		for _, p := range req[t] {
+			l := check.Lag{Topic: t, Partition: p, End: ends[t][p], Committed: -1}
+			if b := resp.GetBlock(t, p); b != nil {
+				l.Committed = b.Offset
+			}
+			lags = append(lags, l)
+		}
+	}
+	return lags, nil
+}
+
+// gather reads the run's outcome: the ledger, payments and orders from
+// PostgreSQL, the DLQ and the lags from Kafka, the members' histories.
+func gather(ctx context.Context, brokers []string, pool *pgxpool.Pool, mode, group, topic string, tiers []string, dir string) (*check.History, error) {
+	h := &check.History{Mode: mode, Group: group, Topic: topic, Orders: map[string]string{}}
+	rows, err := pool.Query(ctx, `SELECT id, idempotency_key, kafka_key, seq, member, topic, kpartition, koffset, attempt, at FROM chaos_effects`)
+	if err != nil {
+		return nil, err
+	}
+	h.Effects, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (check.Effect, error) {
+		var e check.Effect
+		err := r.Scan(&e.ID, &e.Key, &e.KafkaKey, &e.Seq, &e.Member, &e.Topic, &e.Partition, &e.Offset, &e.Attempt, &e.At)
+		return e, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read chaos_effects: %w", err)
+	}
+	rows, err = pool.Query(ctx, `SELECT idempotency_key, order_id FROM payments`)
+	if err != nil {
+		return nil, err
+	}
+	h.Payments, err = pgx.CollectRows(rows, pgx.RowToStructByPos[check.Payment])
+	if err != nil {
+		return nil, fmt.Errorf("read payments: %w", err)
+	}
+	rows, err = pool.Query(ctx, `SELECT id, status FROM orders`)
+	if err != nil {
+		return nil, err
+	}
+	var id, status string
+	if _, err := pgx.ForEachRow(rows, []any{&id, &status}, func() error { h.Orders[id] = status; return nil }); err != nil {
+		return nil, fmt.Errorf("read orders: %w", err)
+	}
+	if h.DLQ, err = readDLQ(brokers, topic+"."+group+".dlq"); err != nil {
+		return nil, err
+	}
+	if h.Lags, err = lagsOf(brokers, group, append([]string{topic}, tiers...)); err != nil {
+		return nil, err
+	}
+	if mode == "ordering" {
+		n, err := parkedCount(ctx, pool, group)
+		if err != nil {
+			return nil, err
+		}
+		h.Lags = append(h.Lags, check.Lag{Topic: "ordering store (heads + parked)", End: n})
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "*.history.jsonl"))
+	for _, f := range files {
+		as, err := readJSONLines[check.Attempt](f)
+		if err != nil {
+			return nil, err
+		}
+		h.Attempts = append(h.Attempts, as...)
+	}
+	return h, nil
+}
+
+// readDLQ reads every record of the dead-letter topic (none if it does not
+// exist: nothing was dead-lettered).
+func readDLQ(brokers []string, dlq string) ([]check.DLQRecord, error) {
+	client, err := sarama.NewClient(brokers, saramaConfig())
+	if err != nil {
+		return nil, err
+	}
+	defer client.Close()
+	topics, err := client.Topics()
+	if err != nil || !slices.Contains(topics, dlq) {
+		return nil, err
+	}
+	c, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	ps, err := client.Partitions(dlq)
+	if err != nil {
+		return nil, err
+	}
+	var out []check.DLQRecord
+	for _, p := range ps {
+		end, err := client.GetOffset(dlq, p, sarama.OffsetNewest)
+		if err != nil {
+			return nil, err
+		}
+		if end == 0 {
+			continue
+		}
+		pc, err := c.ConsumePartition(dlq, p, sarama.OffsetOldest)
+		if err != nil {
+			return nil, err
+		}
+		for {
+			var m *sarama.ConsumerMessage
+			select {
+			case m = <-pc.Messages():
+			case <-time.After(30 * time.Second):
+				pc.Close()
+				return nil, fmt.Errorf("reading %s/%d: no record for 30s before offset %d", dlq, p, end)
+			}
+			d := check.DLQRecord{Partition: p, Offset: m.Offset, Seq: -1, Headers: map[string]string{}}
+			for _, hd := range m.Headers {
+				d.Headers[string(hd.Key)] = string(hd.Value)
+			}
+			if s, ok := d.Headers["chaos-seq"]; ok {
+				fmt.Sscan(s, &d.Seq)
+			}
+			out = append(out, d)
+			if m.Offset+1 >= end {
+				break
+			}
+		}
+		pc.Close()
+	}
+	return out, nil
+}
+
+// readJSONLines decodes a JSON-lines file; a torn last line (a SIGKILLed
+// writer) is skipped.
+func readJSONLines[T any](path string) ([]T, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []T
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 4<<20)
+	for sc.Scan() {
+		var v T
+		if json.Unmarshal(sc.Bytes(), &v) == nil {
+			out = append(out, v)
+		}
+	}
+	return out, sc.Err()
+}

@@ -1,0 +1,146 @@
+// Command chaos is `make chaos` and `make chaos-ci`: it runs the payments
+// example's consumer in every processing mode as three OS processes against
+// its own Kafka broker and PostgreSQL server, injects faults while a producer
+// sends payments, duplicates and poison records, and checks the whole history
+// (package internal/chaos/check). It exits 1 when any invariant is violated.
+//
+//	go run ./internal/tools/chaos [-ci] [-modes per-message,lanes] [-payments 50000] …
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/idemhq/idem/internal/chaos"
+)
+
+var allModes = []string{"per-message", "batched", "batch-handler", "lanes", "ordering"}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx)
+	stop()
+	os.Exit(code)
+}
+
+func run(ctx context.Context) int {
+	ci := flag.Bool("ci", false, "the short form for CI: fewer records, shorter faults (every fault kind and every mode still)")
+	modes := flag.String("modes", strings.Join(allModes, ","), "modes to run, comma-separated")
+	payments := flag.Int("payments", 0, "unique payments per mode (default 50000, -ci 2000)")
+	produceFor := flag.Duration("produce-for", 0, "the producer spreads its records over this long; the faults happen meanwhile (default 80s, -ci 36s)")
+	killEvery := flag.Duration("kill-every", 0, "a random member is SIGKILLed this often (default 4s, -ci 5s)")
+	freezeFor := flag.Duration("freeze-for", 0, "how long the broker is SIGSTOPped; more than the 10s session timeout (default 16s, -ci 13s)")
+	drainTimeout := flag.Duration("drain-timeout", 5*time.Minute, "how long the group may take to catch up after the faults")
+	seed := flag.Uint64("seed", uint64(time.Now().UnixNano()), "random seed (printed, so a run can be repeated)")
+	race := flag.Bool("race", false, "build the members with the race detector")
+	kport := flag.Int("kafka-port", 19092, "the chaos broker's port")
+	cport := flag.Int("controller-port", 19093, "the chaos broker's controller port")
+	pgport := flag.Int("pg-port", 15432, "the chaos PostgreSQL's port")
+	state := flag.String("state", ".state/chaos", "the chaos broker's state and the run logs")
+	flag.Parse()
+
+	def := func(d *time.Duration, full, short time.Duration) {
+		if *d == 0 {
+			*d = full
+			if *ci {
+				*d = short
+			}
+		}
+	}
+	def(produceFor, 80*time.Second, 36*time.Second)
+	def(killEvery, 4*time.Second, 5*time.Second)
+	def(freezeFor, 16*time.Second, 13*time.Second)
+	if *payments == 0 {
+		*payments = 50000
+		if *ci {
+			*payments = 2000
+		}
+	}
+	ms := strings.Split(*modes, ",")
+	for _, m := range ms {
+		if !slices.Contains(allModes, m) {
+			fmt.Fprintf(os.Stderr, "chaos: unknown mode %q (want %s)\n", m, strings.Join(allModes, ", "))
+			return 2
+		}
+	}
+	root, err := os.Getwd()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		return 2
+	}
+	stateDir, _ := filepath.Abs(*state)
+	runDir := filepath.Join(stateDir, "runs", time.Now().UTC().Format("20060102-150405"))
+	if err := os.MkdirAll(runDir, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		return 2
+	}
+	logf := func(format string, args ...any) {
+		fmt.Printf("%s chaos: %s\n", time.Now().UTC().Format("15:04:05"), fmt.Sprintf(format, args...))
+	}
+	logf("seed %d, %d payments per mode over %s, kill every %s, freeze %s; logs in %s", *seed, *payments, *produceFor, *killEvery, *freezeFor, runDir)
+
+	bin := filepath.Join(runDir, "payments-consumer")
+	build := []string{"build", "-o", bin}
+	if *race {
+		build = append(build, "-race")
+	}
+	if out, err := exec.CommandContext(ctx, "go", append(build, "./examples/payments-consumer")...).CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "chaos: build the member: %v\n%s", err, out)
+		return 2
+	}
+	svc := &chaos.Services{Root: root, State: stateDir, KafkaPort: *kport, ControllerPort: *cport, PGPort: *pgport, Log: logf}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := svc.Stop(sctx); err != nil {
+			logf("stopping the services: %v", err)
+		}
+	}()
+	if err := svc.Start(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		return 2
+	}
+	logf("broker on %s", svc.Brokers()[0])
+
+	w := chaos.Workload{Payments: *payments, Customers: max(50, *payments/100), DupRate: 0.15, Poison: 0.004, Rivals: 0.005, Flaky: 0.02, Huge: 0.002}
+	opts := chaos.Options{Services: svc, Bin: bin, Dir: runDir, Workload: w, Seed: *seed, ProduceFor: *produceFor,
+		KillEvery: *killEvery, FreezeFor: *freezeFor, DrainTimeout: *drainTimeout, Logf: logf}
+	failed := false
+	var sums []*chaos.Summary
+	total := time.Now()
+	for _, m := range ms {
+		sum, err := chaos.RunMode(ctx, opts, m)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "chaos: mode %s: %v\n", m, err)
+			return 2
+		}
+		fmt.Printf("\n== mode %s: %d records, %s, faults %v\n", m, sum.Produced, sum.Elapsed.Round(time.Second), sum.Faults)
+		sum.Report.Print(os.Stdout)
+		fmt.Println()
+		if !sum.Report.OK() {
+			failed = true
+		}
+		sums = append(sums, sum)
+	}
+	fmt.Printf("== summary (seed %d, %s in all)\n", *seed, time.Since(total).Round(time.Second))
+	for _, s := range sums {
+		verdict := "PASS"
+		if !s.Report.OK() {
+			verdict = "FAIL " + strings.Join(s.Report.Failed(), "; ")
+		}
+		fmt.Printf("  %-14s %6d records %5s  %s\n", s.Mode, s.Produced, s.Elapsed.Round(time.Second), verdict)
+	}
+	if failed {
+		return 1
+	}
+	return 0
+}
