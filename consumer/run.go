@@ -204,6 +204,9 @@ func (r *runner) run(ctx context.Context) error {
 	r.warnRetention(client)
 	maxBytes, err := r.setupRetryTopics(ctx, client)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // cancelled while starting: a shutdown, not a fatal error
+		}
 		return err
 	}
 	// The forwarder's producer has a client of its own, so the consumer
