@@ -163,7 +163,7 @@ func poison(kind, run string, n int, customer string) record {
 	case "bad-utf8-body": // decodes (to U+FFFD) but the currency is not one the service accepts
 		r.DLQKind = "permanent"
 		hdr(key)
-		body = fmt.Appendf(nil, `{"idempotency_key":%q,"order_id":"ord-%s-0","amount":"1.00","currency":"K\xff\xfeW"}`, key, run)
+		body = fmt.Appendf(nil, `{"idempotency_key":%q,"order_id":"ord-%s-0","amount":"1.00","currency":"K`+"\xff\xfe"+`W"}`, key, run)
 	case "huge-headers-poison":
 		r.DLQKind = "decode"
 		hdr(key)
