@@ -10,7 +10,7 @@ WITH_ENV = set -a; [ -f $(ENVFILE) ] && . ./$(ENVFILE); set +a;
 GO      ?= go
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: help services services-down run test fuzz bench bench-quick lint fmt compose-check
+.PHONY: help services services-down run test fuzz bench bench-quick lint fmt compose-check chaos chaos-ci
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -34,7 +34,7 @@ ORDERING_TESTS = TestOrderingByKey|TestOrderingParkedFailureBecomesHead|TestOrde
 FUZZ_TARGETS = ./consumer:FuzzKeyExtraction ./retrytopic:FuzzDecode ./dlq:FuzzRecord ./internal/keyorder:FuzzParkRoundTrip
 FUZZTIME ?= 4s
 
-test: services ## go vet + all tests with -race against real Kafka and PostgreSQL, core tests in batch and lane modes, a short fuzz run
+test: services ## go vet + all tests with -race against real Kafka and PostgreSQL, core tests in batch and lane modes, a short fuzz run, the short chaos run
 	$(GO) vet ./...
 	@$(WITH_ENV) IDEM_REQUIRE_REAL_KAFKA=1 $(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) ./...
 	@$(WITH_ENV) IDEM_REQUIRE_REAL_KAFKA=1 IDEM_TEST_MODE=batch $(GO) test -race -count=1 -timeout 15m -run '$(CORE_TESTS)' ./consumer/
@@ -42,6 +42,18 @@ test: services ## go vet + all tests with -race against real Kafka and PostgreSQ
 	@$(WITH_ENV) IDEM_REQUIRE_REAL_KAFKA=1 IDEM_TEST_MODE=lanes-batch $(GO) test -race -count=1 -timeout 15m -run '$(CORE_TESTS)' ./consumer/
 	@$(MAKE) --no-print-directory fuzz
 	cd bench && $(GO) vet ./... && $(GO) test -count=1 ./...
+	@$(MAKE) --no-print-directory chaos-ci
+
+# The chaos run (internal/tools/chaos) starts its own broker and PostgreSQL on
+# CHAOS_PORTS' ports (it kills, restarts and freezes them), never the shared ones.
+CHAOSARGS ?=
+CHAOS_PORTS = -kafka-port 19092 -controller-port 19093 -pg-port 15432
+
+chaos: ## fault injection, every mode: 50,000 payments each while members are SIGKILLed, PostgreSQL and the broker restart, the broker freezes, the group resizes; then the history checker (CHAOSARGS='-h' lists the flags)
+	@$(GO) build -o bin/idem-chaos ./internal/tools/chaos && ./bin/idem-chaos $(CHAOS_PORTS) $(CHAOSARGS)
+
+chaos-ci: ## the short chaos run `make test` ends with: 2,000 payments per mode, every fault kind and every mode, ~6 min
+	@$(GO) build -o bin/idem-chaos ./internal/tools/chaos && ./bin/idem-chaos -ci $(CHAOS_PORTS) $(CHAOSARGS)
 
 fuzz: ## a short run of every fuzz target (FUZZTIME each, default 4s)
 	@set -e; for t in $(FUZZ_TARGETS); do \

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -117,6 +118,18 @@ func (s *Services) KillKafka(ctx context.Context) error {
 	if err := waitGone(ctx, pid); err != nil {
 		return err
 	}
+	// A multi-threaded process is a zombie before its last thread has exited
+	// and closed its sockets.
+	for {
+		c, err := net.DialTimeout("tcp", s.Brokers()[0], time.Second)
+		if err != nil {
+			break
+		}
+		c.Close()
+		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+			return err
+		}
+	}
 	// A zombie not reaped yet still answers kill -0: services.sh would take
 	// it for a live broker.
 	return os.Remove(filepath.Join(s.State, "kafka", "kafka.pid"))
@@ -188,7 +201,9 @@ func (s *Services) pg(ctx context.Context, prog string, args ...string) error {
 	if os.Geteuid() == 0 {
 		name, argv = "runuser", append([]string{"-u", "postgres", "--", filepath.Join(bin, prog)}, args...)
 	}
-	out, err := exec.CommandContext(ctx, name, argv...).CombinedOutput()
+	cmd := exec.CommandContext(ctx, name, argv...)
+	cmd.Dir = s.pgDir // the postgres user may not enter the repository's directory
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("%s %s: %w: %s", prog, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}

@@ -1,0 +1,58 @@
+package chaos
+
+import (
+	"encoding/json"
+	"math/rand/v2"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/idemhq/idem/internal/chaos/check"
+)
+
+// TestPlan checks the workload the producer sends: every poison kind, linked
+// rival pairs, duplicates that repeat a key, and poison that is what its name
+// says.
+func TestPlan(t *testing.T) {
+	w := Workload{Payments: 3000, Customers: 50, DupRate: 0.15, Poison: 0.004, Rivals: 0.005, Flaky: 0.02, Huge: 0.002}
+	recs, orders := plan(w, "t", rand.New(rand.NewPCG(1, 2)))
+	if len(orders) != w.Payments {
+		t.Fatalf("%d orders, want %d", len(orders), w.Payments)
+	}
+	kinds := map[string]int{}
+	keys := map[string]int{}
+	for i, r := range recs {
+		if r.Seq != int64(i) {
+			t.Fatalf("record %d has seq %d", i, r.Seq)
+		}
+		kinds[r.Kind]++
+		if r.Expect == check.ExpectEffect {
+			keys[r.Key]++
+		}
+		switch r.Kind {
+		case "rival":
+			if p := recs[r.Rival]; p.Rival != r.Seq || p.Order != r.Order || p.KafkaKey != r.KafkaKey || p.Seq > r.Seq {
+				t.Fatalf("rival %d is not linked to an earlier payment of its order: %+v", r.Seq, p.Produced)
+			}
+		case "truncated-json", "huge-headers-poison":
+			if json.Valid(r.value) {
+				t.Fatalf("%s record %d is valid JSON: %s", r.Kind, r.Seq, r.value)
+			}
+		case "bad-utf8-body":
+			if utf8.Valid(r.value) {
+				t.Fatalf("bad-utf8-body record %d is valid UTF-8: %q", r.Seq, r.value)
+			}
+		}
+	}
+	for _, k := range []string{"payment", "duplicate", "rival", "huge-headers", "empty-key", "long-key", "bad-utf8-key", "truncated-json", "bad-utf8-body", "huge-headers-poison", "unknown-order"} {
+		if kinds[k] == 0 {
+			t.Errorf("no %s record in %v", k, kinds)
+		}
+	}
+	dups := 0
+	for _, n := range keys {
+		dups += n - 1
+	}
+	if dups != kinds["duplicate"] {
+		t.Errorf("%d repeated keys, %d duplicate records", dups, kinds["duplicate"])
+	}
+}
