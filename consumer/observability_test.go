@@ -126,7 +126,9 @@ func TestTraceAcrossRetryTierIntoDLQ(t *testing.T) {
 				}
 				return nil
 			})
-			slices.SortFunc(spans, func(a, b tracetest.SpanStub) int { return int(attr(a, "idem.attempt").AsInt64() - attr(b, "idem.attempt").AsInt64()) })
+			slices.SortFunc(spans, func(a, b tracetest.SpanStub) int {
+				return int(attr(a, "idem.attempt").AsInt64() - attr(b, "idem.attempt").AsInt64())
+			})
 			want := []struct {
 				attempt, tier int64
 				outcome       string
