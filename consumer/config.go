@@ -278,7 +278,7 @@ type Config struct {
 
 	// TracerProvider makes the OpenTelemetry tracer of the spans idem starts:
 	// one "idem.handle" span per message attempt, a child of the context in
-	// the record's traceparent/tracestate headers (see package doc, Tracing).
+	// the record's traceparent/tracestate headers (see SpanHandle).
 	// Default: otel.GetTracerProvider() (a no-op until the program installs
 	// an SDK provider with otel.SetTracerProvider).
 	TracerProvider trace.TracerProvider

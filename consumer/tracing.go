@@ -15,6 +15,34 @@ import (
 const TracerName = "github.com/idemhq/idem/consumer"
 
 // Span names and the values of the idem.outcome attribute.
+//
+// Tracing goes through the OpenTelemetry API only (Config.TracerProvider,
+// Config.Propagator); idem never imports an SDK. For each message attempt
+// Run starts one SpanHandle span, kind consumer, whose parent is the context
+// the propagator extracts from the record's headers (W3C traceparent and
+// tracestate by default), so it is a child of the producer's span. Its
+// attributes: messaging.system "kafka", messaging.operation.type "process",
+// messaging.destination.name (the topic read, a retry tier's for a retry),
+// messaging.kafka.destination.partition, messaging.kafka.offset,
+// messaging.consumer.group.name, idem.attempt (1-based, counted across
+// tiers), idem.tier (0 for a source topic) and idem.outcome (the
+// TraceOutcome* values). A failed attempt records its error and status
+// Error. The handler's ctx carries the span, so the handler's own spans
+// (database, HTTP) are its children.
+//
+// A record forwarded to a retry tier or the dead-letter topic gets the
+// context of the attempt that forwarded it in its traceparent/tracestate
+// headers (replacing the producer's), so one trace shows the original
+// attempt, each tier's attempts as children of the attempt before, and the
+// dead-letter record pointing at the last one. A message dead-lettered
+// without an attempt (no key) gets a span too, with outcome dead_lettered.
+//
+// Batches (Config.Batch, RunBatch): the new messages of a batch share one
+// SpanHandleBatch span around the handler call, linked (not parented) to
+// each message's producer context; duplicates found by the batch's inbox
+// INSERT get no span. A message run alone (not batchable, a retry record,
+// or after its batch failed) gets SpanHandle spans as above. Lanes
+// (Concurrency > 1) trace like a single worker.
 const (
 	// SpanHandle is the span of one attempt of one message.
 	SpanHandle = "idem.handle"
