@@ -271,9 +271,9 @@ func (r *runner) run(ctx context.Context) error {
 		wg.Wait()
 	}()
 
+	wg.Go(func() { r.watchLag(watchCtx, client) })
 	wg.Go(func() { r.watchDLQDepth(watchCtx, client) })
 	wg.Go(func() { r.watchStalls(watchCtx) })
-	wg.Go(func() { r.watchLag(watchCtx, client) })
 
 	gh := &groupHandler{r: r}
 	topics := r.topics()
