@@ -198,11 +198,15 @@ func (r *Relay) Validate() error {
 		return bad("BatchSize", r.BatchSize, "must be >= 0")
 	case r.MaxAttempts < 0:
 		return bad("MaxAttempts", r.MaxAttempts, "must be >= 0")
-	case r.PollInterval < 0, r.LeaderRetry < 0, r.RetryBase < 0, r.RetryMax < 0, r.KeepPublished < 0,
-		r.SweepInterval < 0, r.StatsInterval < 0, r.QueryTimeout < 0:
-		return fmt.Errorf("%w: Relay durations must be >= 0", ErrInvalidConfig)
 	case r.RetryMax > 0 && r.RetryBase > r.RetryMax:
 		return bad("RetryBase", r.RetryBase, fmt.Sprintf("must not exceed RetryMax (%s)", r.RetryMax))
+	}
+	for name, d := range map[string]time.Duration{"PollInterval": r.PollInterval, "LeaderRetry": r.LeaderRetry,
+		"RetryBase": r.RetryBase, "RetryMax": r.RetryMax, "KeepPublished": r.KeepPublished,
+		"SweepInterval": r.SweepInterval, "StatsInterval": r.StatsInterval, "QueryTimeout": r.QueryTimeout} {
+		if d < 0 {
+			return bad(name, d, "must be >= 0 (0: the default)")
+		}
 	}
 	_, err := parseTable(r.Table)
 	return err

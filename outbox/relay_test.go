@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/idemhq/idem/consumer"
+	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/outbox"
 )
@@ -349,5 +352,36 @@ func TestEnqueueRejectsBadMessages(t *testing.T) {
 	}
 	if err := (&outbox.Relay{}).Validate(); !errors.Is(err, outbox.ErrInvalidConfig) {
 		t.Fatalf("Validate of an empty Relay = %v", err)
+	}
+}
+
+// TestRelayValidate: bad fields are named; consumer.Config checks its Relay
+// as Run will run it (Brokers taken from the Config).
+func TestRelayValidate(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Postgres(t)
+	for _, c := range []struct {
+		r    outbox.Relay
+		want string
+	}{
+		{outbox.Relay{Brokers: []string{"b:9092"}}, "Relay.Pool"},
+		{outbox.Relay{Pool: pool}, "Relay.Brokers"},
+		{outbox.Relay{Pool: pool, Brokers: []string{"b:9092"}, PollInterval: -1}, "Relay.PollInterval"},
+		{outbox.Relay{Pool: pool, Brokers: []string{"b:9092"}, RetryBase: time.Minute, RetryMax: time.Second}, "Relay.RetryBase"},
+		{outbox.Relay{Pool: pool, Brokers: []string{"b:9092"}, Table: "s."}, "table name"},
+	} {
+		err := c.r.Validate()
+		if !errors.Is(err, outbox.ErrInvalidConfig) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Validate() = %v, want ErrInvalidConfig naming %s", err, c.want)
+		}
+	}
+	cfg := consumer.Config{Brokers: []string{"b:9092"}, Group: "g", Topics: []string{"t"}, Dedupe: dedupe.NewMemory(),
+		Relay: &outbox.Relay{Pool: pool}}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("a relay with the consumer's brokers: %v", err)
+	}
+	cfg.Relay = &outbox.Relay{}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "Relay") {
+		t.Fatalf("consumer.Config with a relay without Pool: %v", err)
 	}
 }
