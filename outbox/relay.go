@@ -101,7 +101,9 @@ var DefaultKafkaVersion = sarama.V4_0_0_0
 type Relay struct {
 	// Pool is the database of the outbox table. Required. The relay takes
 	// one connection out of it for good (its lock and LISTEN connection),
-	// and keeps its session settings (search_path, ...).
+	// and keeps its session settings (search_path, ...). Session advisory
+	// locks and LISTEN need a direct connection or a session-mode pooler
+	// (not PgBouncer's transaction mode).
 	Pool *pgxpool.Pool
 
 	// Brokers are the Kafka bootstrap addresses, "host:port". Required.
