@@ -39,7 +39,7 @@ type PaymentRecorded struct {
 // paymentHandler is handlePayment publishing payment.recorded to topic.
 func paymentHandler(topic string) handler.Func {
 	return func(ctx context.Context, m *handler.Message) error {
-		return handlePaymentTo(ctx, m, topic)
+		return handlePayment(ctx, m, topic)
 	}
 }
 

@@ -99,7 +99,7 @@ func TestHandlePayment(t *testing.T) {
 	// handle runs one message in a transaction that commits on success.
 	handle := func(key, body string) error {
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			return handlePaymentTo(dedupe.WithTx(ctx, tx), &handler.Message{Value: []byte(body), IdempotencyKey: key}, run+".events")
+			return handlePayment(dedupe.WithTx(ctx, tx), &handler.Message{Value: []byte(body), IdempotencyKey: key}, run+".events")
 		})
 	}
 	body := func(key, order, amount, cur string) string {

@@ -117,14 +117,9 @@ var _ consumer.KeyFunc = paymentKey
 // go to the dead-letter topic for an operator.
 //
 // A payment actually stored enqueues a payment.recorded event (events.go) to
-// the default events topic in the same transaction; a duplicate enqueues
-// nothing. handlePaymentTo names another topic.
-func handlePayment(ctx context.Context, m *handler.Message) error {
-	return handlePaymentTo(ctx, m, defaultEventsTopic)
-}
-
-// handlePaymentTo is handlePayment publishing its events to eventsTopic.
-func handlePaymentTo(ctx context.Context, m *handler.Message, eventsTopic string) error {
+// eventsTopic in the same transaction; a duplicate enqueues nothing.
+// paymentHandler adapts it to handler.Func.
+func handlePayment(ctx context.Context, m *handler.Message, eventsTopic string) error {
 	p, err := decodePayment(m.Value)
 	if err != nil {
 		return handler.Decode(err)
