@@ -385,3 +385,27 @@ func TestRelayValidate(t *testing.T) {
 		t.Fatalf("consumer.Config with a relay without Pool: %v", err)
 	}
 }
+
+// TestNotifyWakesRelay: with a polling fallback of an hour, only the NOTIFY
+// of a commit (and of Retry) can wake the relay; both do.
+func TestNotifyWakesRelay(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	recs := e.consume(e.topic)
+	// A failed row from before the relay started (its INSERT's NOTIFY had no listener).
+	var id int64
+	if err := e.pool.QueryRow(testenv.Context(t), `INSERT INTO idem_outbox (topic, key, value, state, attempts, last_error)
+		VALUES ($1, 'b', 'retried', 'failed', 10, 'test') RETURNING id`, e.topic).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	r, reg := e.relay(e.pool)
+	r.PollInterval = time.Hour
+	start(t, r)
+	waitMetric(t, reg, 1, "idem_outbox_leader", "idem_outbox")
+	e.enqueue(e.msg("a", "committed"))
+	recs.waitKeys(t, "a")
+	if done, err := outbox.Retry(testenv.Context(t), e.pool, "", id); err != nil || len(done) != 1 {
+		t.Fatalf("Retry = %v, %v", done, err)
+	}
+	recs.waitKeys(t, "b")
+}
