@@ -24,7 +24,7 @@ import (
 )
 
 // runConsumer runs consumer.Run on topic as group until the test ends.
-func (e *env) runConsumer(topic, group string, reg *prometheus.Registry, relay *outbox.Relay, h handler.Func) {
+func (e *env) runConsumer(topic, group string, reg *prometheus.Registry, relay *outbox.Relay, h handler.Func, mutate ...func(*consumer.Config)) {
 	e.t.Helper()
 	if err := dedupe.Migrate(testenv.Context(e.t), e.pool); err != nil {
 		e.t.Fatal(err)
@@ -32,19 +32,21 @@ func (e *env) runConsumer(topic, group string, reg *prometheus.Registry, relay *
 	e.t.Cleanup(func() { e.k.DeleteTopics(e.t, topic+"."+group+".dlq") })
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() {
-		done <- consumer.Run(ctx, consumer.Config{
-			Brokers:        e.k.Brokers,
-			Group:          group,
-			Topics:         []string{topic},
-			Dedupe:         dedupe.NewPostgres(e.pool),
-			Sarama:         e.k.Config(),
-			Logger:         testLogger(e.t),
-			Registerer:     reg,
-			CommitInterval: 100 * time.Millisecond,
-			Relay:          relay,
-		}, h)
-	}()
+	cfg := consumer.Config{
+		Brokers:        e.k.Brokers,
+		Group:          group,
+		Topics:         []string{topic},
+		Dedupe:         dedupe.NewPostgres(e.pool),
+		Sarama:         e.k.Config(),
+		Logger:         testLogger(e.t),
+		Registerer:     reg,
+		CommitInterval: 100 * time.Millisecond,
+		Relay:          relay,
+	}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	go func() { done <- consumer.Run(ctx, cfg, h) }()
 	e.t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -321,4 +323,43 @@ func TestStandbyTakesOver(t *testing.T) {
 		t.Fatal("relay B published nothing after taking over")
 	}
 	waitMetric(t, regA, 0, "idem_outbox_leader", "idem_outbox")
+}
+
+// TestEnqueueInBatchMode: in batch mode dedupe.Tx(ctx) is the batch's
+// transaction; every message's event commits with it and is published once.
+func TestEnqueueInBatchMode(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	in := e.k.Topic(t, 2)
+	out := e.consume(e.topic)
+	reg := prometheus.NewRegistry()
+	relay, _ := e.relay(e.pool)
+	group := testenv.Group(t)
+	e.runConsumer(in, group, reg, relay, func(ctx context.Context, m *handler.Message) error {
+		return outbox.Enqueue(ctx, dedupe.Tx(ctx), outbox.Message{Topic: e.topic, Key: m.Key, Value: m.Value})
+	}, func(c *consumer.Config) {
+		c.Batch = consumer.BatchConfig{MaxMessages: 50, MaxWait: 50 * time.Millisecond}
+	})
+	p := e.k.Producer(t)
+	var keys []string
+	var msgs []*sarama.ProducerMessage
+	for i := range 200 {
+		k := "m" + strconv.Itoa(i)
+		keys = append(keys, k)
+		msgs = append(msgs, &sarama.ProducerMessage{Topic: in, Partition: int32(i % 2), Key: sarama.StringEncoder(k), Value: sarama.StringEncoder(k),
+			Headers: []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(k)}}})
+	}
+	if err := p.SendMessages(msgs); err != nil {
+		t.Fatal(err)
+	}
+	out.waitKeys(t, keys...)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if n := e.count("true"); n != 0 {
+			return fmt.Errorf("%d rows left", n)
+		}
+		return nil
+	})
+	if n := len(out.snapshot()); n != len(keys) {
+		t.Fatalf("%d events for %d messages", n, len(keys))
+	}
 }
