@@ -95,18 +95,27 @@ func TestKeepPublishedMarksAndSweeps(t *testing.T) {
 		}
 		return nil
 	})
-	// Age one row past the retention: the sweep deletes it, not the other.
-	if _, err := e.pool.Exec(testenv.Context(t), "UPDATE idem_outbox SET published_at = now() - interval '2 hours' WHERE key = 'a'"); err != nil {
+	// Age one row past the retention: the sweep deletes it, not the recent
+	// one, and never an unpublished row however old.
+	ctx := testenv.Context(t)
+	if _, err := e.pool.Exec(ctx, `INSERT INTO idem_outbox (topic, key, value, state, attempts, last_error, created_at, published_at)
+		VALUES ('t', 'f', 'failed long ago', 'failed', 10, 'x', now() - interval '1 day', now() - interval '1 day')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, "UPDATE idem_outbox SET published_at = now() - interval '2 hours' WHERE key = 'a'"); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 10*time.Second, func() error {
-		if n := e.count("true"); n != 1 {
-			return fmt.Errorf("%d rows, want 1 after the sweep", n)
+		if n := e.count("key = 'a'"); n != 0 {
+			return fmt.Errorf("row a not swept yet")
 		}
 		return nil
 	})
 	if n := e.count("key = 'b' AND state = 'published'"); n != 1 {
 		t.Fatalf("row b: %d, want it kept", n)
+	}
+	if n := e.count("key = 'f' AND state = 'failed'"); n != 1 {
+		t.Fatalf("the failed row was swept")
 	}
 }
 
