@@ -65,8 +65,9 @@ func (o *runOptions) retryTiers() ([]time.Duration, error) {
 	return ds, nil
 }
 
-// run runs the consumer of cfg in the chosen mode until ctx ends.
-func (o *runOptions) run(ctx context.Context, cfg consumer.Config, pool *pgxpool.Pool, log *slog.Logger) (err error) {
+// run runs the consumer of cfg in the chosen mode until ctx ends; stored
+// payments publish payment.recorded to eventsTopic.
+func (o *runOptions) run(ctx context.Context, cfg consumer.Config, pool *pgxpool.Pool, log *slog.Logger, eventsTopic string) (err error) {
 	delays, err := o.retryTiers()
 	if err != nil {
 		return err
@@ -86,8 +87,8 @@ func (o *runOptions) run(ctx context.Context, cfg consumer.Config, pool *pgxpool
 	if o.failHeader != "" && o.history == "" {
 		return usagef("-fail-header needs -history")
 	}
-	var h handler.Handler = handler.Func(handlePayment)
-	var bh handler.BatchHandler = handler.BatchFunc(handlePayments)
+	var h handler.Handler = paymentHandler(eventsTopic)
+	var bh handler.BatchHandler = paymentsHandler(eventsTopic)
 	if o.history != "" {
 		if _, err := pool.Exec(ctx, effectsSchema); err != nil {
 			return fmt.Errorf("chaos ledger: %w", err)
@@ -107,12 +108,20 @@ func (o *runOptions) run(ctx context.Context, cfg consumer.Config, pool *pgxpool
 	return consumer.Run(ctx, cfg, h)
 }
 
-// handlePayments is the batch form of handlePayment, for consumer.RunBatch:
+// paymentsHandler is the batch form of handlePayment, for consumer.RunBatch:
 // the batch's valid payments are inserted with one statement and their
-// orders marked paid with another. A message that cannot be applied is
-// named in a *handler.BatchError with the error handlePayment would return;
-// idem then commits the others without it.
-func handlePayments(ctx context.Context, msgs []*handler.Message) error {
+// orders marked paid with another; each payment stored enqueues its
+// payment.recorded event to eventsTopic in the batch's transaction. A message
+// that cannot be applied is named in a *handler.BatchError with the error
+// handlePayment would return; idem then commits the others without it.
+func paymentsHandler(eventsTopic string) handler.BatchFunc {
+	return func(ctx context.Context, msgs []*handler.Message) error {
+		return handlePayments(ctx, msgs, eventsTopic)
+	}
+}
+
+// handlePayments handles one batch (see paymentsHandler).
+func handlePayments(ctx context.Context, msgs []*handler.Message, eventsTopic string) error {
 	tx := dedupe.Tx(ctx)
 	if tx == nil {
 		return errNoTx
@@ -120,7 +129,7 @@ func handlePayments(ctx context.Context, msgs []*handler.Message) error {
 	be := &handler.BatchError{}
 	var keys, orders, amounts, currencies []string
 	valid := make([]*handler.Message, 0, len(msgs))
-	orderOf := make(map[*handler.Message]string, len(msgs))
+	payment := make(map[*handler.Message]Payment, len(msgs))
 	seen := make(map[string]bool, len(msgs))
 	for _, m := range msgs {
 		p, err := decodePayment(m.Value)
@@ -139,7 +148,7 @@ func handlePayments(ctx context.Context, msgs []*handler.Message) error {
 		}
 		seen[p.OrderID] = true
 		valid = append(valid, m)
-		orderOf[m] = p.OrderID
+		payment[m] = p
 		keys, orders = append(keys, m.IdempotencyKey), append(orders, p.OrderID)
 		amounts, currencies = append(amounts, string(p.Amount)), append(currencies, p.Currency)
 	}
@@ -160,10 +169,17 @@ func handlePayments(ctx context.Context, msgs []*handler.Message) error {
 			return fmt.Errorf("mark %d orders paid: %w", len(orders), err)
 		}
 		for _, m := range valid {
-			if paid[orderOf[m]] || !inserted[m.IdempotencyKey] {
-				continue // paid now, or this very payment was applied before
+			p := payment[m]
+			switch {
+			case !inserted[m.IdempotencyKey]:
+				// This very payment was applied before: its event was enqueued then.
+			case paid[p.OrderID]:
+				if err := enqueueRecorded(ctx, tx, eventsTopic, m.IdempotencyKey, p); err != nil {
+					return err
+				}
+			default:
+				be.Add(m, orderRefusal(ctx, tx, p.OrderID, m.IdempotencyKey))
 			}
-			be.Add(m, orderRefusal(ctx, tx, orderOf[m], m.IdempotencyKey))
 		}
 	}
 	if len(be.Failed) > 0 {
