@@ -69,8 +69,11 @@ func RunMode(ctx context.Context, o Options, mode string) (*Summary, error) {
 	if err := svc.CreateDB(ctx, db); err != nil {
 		return nil, err
 	}
-	if err := createTopic(svc.Brokers(), topic); err != nil {
-		return nil, err
+	events := topic + ".events"
+	for _, t := range []string{topic, events} {
+		if err := createTopic(svc.Brokers(), t); err != nil {
+			return nil, err
+		}
 	}
 	recs, orders := plan(o.Workload, run, rnd)
 	o.Logf("[%s] %d records planned (%d payments), topic %s, group %s, logs in %s", mode, len(recs), o.Workload.Payments, topic, group, dir)
@@ -78,7 +81,7 @@ func RunMode(ctx context.Context, o Options, mode string) (*Summary, error) {
 	var infra sync.RWMutex
 	env := append(os.Environ(), "KAFKA_BROKERS="+strings.Join(svc.Brokers(), ","), "DATABASE_URL="+svc.DatabaseURL(db))
 	args := []string{"-topic", topic, "-group", group, "-partitions", fmt.Sprint(partitions), "-metrics-addr", "",
-		"-mode", mode, "-retry-delays", retryDelays, "-fail-header", FailHeader}
+		"-mode", mode, "-retry-delays", retryDelays, "-fail-header", FailHeader, "-events-topic", events}
 	fl := newFleet(o.Bin, dir, args, env, &infra, func(f string, a ...any) { o.Logf("["+mode+"] "+f, a...) })
 	faults := &faultLog{}
 	defer func() {
@@ -101,6 +104,16 @@ func RunMode(ctx context.Context, o Options, mode string) (*Summary, error) {
 	if err := insertOrders(ctx, pool, orders); err != nil {
 		return nil, err
 	}
+	down, err := startDownstream(ctx, svc.Brokers(), pool, events, group+"-downstream", filepath.Join(dir, "downstream.log"))
+	if err != nil {
+		return nil, err
+	}
+	var downProc *check.Proc
+	defer func() {
+		if downProc == nil {
+			down.stop(nil)
+		}
+	}()
 
 	// The producer, and the faults meanwhile.
 	prodCtx, cancelProd := context.WithCancel(ctx)
@@ -200,7 +213,8 @@ func RunMode(ctx context.Context, o Options, mode string) (*Summary, error) {
 	o.Logf("[%s] produced %d records in %s; draining", mode, len(produced), time.Since(start).Round(time.Second))
 
 	tiers := []string{topic + "." + group + ".retry.1", topic + "." + group + ".retry.2"}
-	if err := drain(ctx, svc.Brokers(), pool, group, append([]string{topic}, tiers...), mode == "ordering", o.DrainTimeout); err != nil {
+	sources := []lagSource{{group, append([]string{topic}, tiers...)}, {group + "-downstream", []string{events}}}
+	if err := drain(ctx, svc.Brokers(), pool, sources, mode == "ordering", o.DrainTimeout); err != nil {
 		o.Logf("[%s] %v", mode, err) // the lag invariant reports it
 	}
 	fl.close()
@@ -208,14 +222,21 @@ func RunMode(ctx context.Context, o Options, mode string) (*Summary, error) {
 		fl.stop(s, 40*time.Second)
 	}
 	fl.wait()
+	allFaults := faults.all()
+	dp := down.stop(allFaults)
+	downProc = &dp
 
-	h, err := gather(ctx, svc.Brokers(), pool, mode, group, topic, tiers, dir)
+	h, err := gather(ctx, svc.Brokers(), pool, mode, sources, dir)
 	if err != nil {
 		return nil, err
 	}
+	if h.Events, err = gatherEvents(ctx, svc.Brokers(), pool, events, h.Payments); err != nil {
+		return nil, err
+	}
+	h.Group, h.Topic = group, topic
 	h.Produced = produced
-	h.Faults = faults.all()
-	h.Procs = fl.Procs(h.Faults, errorGrace)
+	h.Faults = allFaults
+	h.Procs = append(fl.Procs(h.Faults, errorGrace), dp)
 	sum := &Summary{Mode: mode, Produced: len(produced), Elapsed: time.Since(start), Faults: map[string]int{}, Report: check.Check(h)}
 	for _, f := range h.Faults {
 		sum.Faults[f.Kind]++
@@ -272,9 +293,16 @@ func insertOrders(ctx context.Context, pool *pgxpool.Pool, orders []string) erro
 	}
 }
 
-// drain waits until the group has committed every record of topics (and,
-// with ordering, nothing is parked), stable over three polls a second apart.
-func drain(ctx context.Context, brokers []string, pool *pgxpool.Pool, group string, topics []string, ordering bool, timeout time.Duration) error {
+// lagSource is a group and the topics it reads.
+type lagSource struct {
+	group  string
+	topics []string
+}
+
+// drain waits until every group has committed every record of its topics,
+// the outbox is empty and, with ordering, nothing is parked; stable over
+// three polls a second apart.
+func drain(ctx context.Context, brokers []string, pool *pgxpool.Pool, sources []lagSource, ordering bool, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	stable := 0
 	var last string
@@ -282,15 +310,10 @@ func drain(ctx context.Context, brokers []string, pool *pgxpool.Pool, group stri
 		if time.Now().After(deadline) {
 			return fmt.Errorf("not drained after %s: %s", timeout, last)
 		}
-		lags, err := lagsOf(brokers, group, topics)
+		lags, err := leftOver(ctx, brokers, pool, sources, ordering)
 		left := int64(0)
 		for _, l := range lags {
 			left += l.End - max(l.Committed, 0)
-		}
-		if ordering && err == nil {
-			var parked int64
-			parked, err = parkedCount(ctx, pool, group)
-			left += parked
 		}
 		switch {
 		case err != nil:
@@ -305,6 +328,32 @@ func drain(ctx context.Context, brokers []string, pool *pgxpool.Pool, group stri
 		}
 	}
 	return nil
+}
+
+// leftOver is the lag of every source, plus the unpublished outbox rows and,
+// with ordering, the ordering store's rows, as pseudo-partitions.
+func leftOver(ctx context.Context, brokers []string, pool *pgxpool.Pool, sources []lagSource, ordering bool) ([]check.Lag, error) {
+	var all []check.Lag
+	for _, s := range sources {
+		lags, err := lagsOf(brokers, s.group, s.topics)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, lags...)
+	}
+	n, err := outboxLeft(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	all = append(all, check.Lag{Topic: "outbox (rows not published)", End: n})
+	if ordering {
+		n, err := parkedCount(ctx, pool, sources[0].group)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, check.Lag{Topic: "ordering store (heads + parked)", End: n})
+	}
+	return all, nil
 }
 
 // parkedCount is the ordering store's heads and parked messages of group.
@@ -370,8 +419,8 @@ func lagsOf(brokers []string, group string, topics []string) ([]check.Lag, error
 
 // gather reads the run's outcome: the ledger, payments and orders from
 // PostgreSQL, the DLQ and the lags from Kafka, the members' histories.
-func gather(ctx context.Context, brokers []string, pool *pgxpool.Pool, mode, group, topic string, tiers []string, dir string) (*check.History, error) {
-	h := &check.History{Mode: mode, Group: group, Topic: topic, Orders: map[string]string{}}
+func gather(ctx context.Context, brokers []string, pool *pgxpool.Pool, mode string, sources []lagSource, dir string) (*check.History, error) {
+	h := &check.History{Mode: mode, Orders: map[string]string{}}
 	rows, err := pool.Query(ctx, `SELECT id, idempotency_key, kafka_key, seq, member, topic, kpartition, koffset, attempt, at FROM chaos_effects`)
 	if err != nil {
 		return nil, err
@@ -400,18 +449,11 @@ func gather(ctx context.Context, brokers []string, pool *pgxpool.Pool, mode, gro
 	if _, err := pgx.ForEachRow(rows, []any{&id, &status}, func() error { h.Orders[id] = status; return nil }); err != nil {
 		return nil, fmt.Errorf("read orders: %w", err)
 	}
-	if h.DLQ, err = readDLQ(brokers, topic+"."+group+".dlq"); err != nil {
+	if h.DLQ, err = readDLQ(brokers, sources[0].topics[0]+"."+sources[0].group+".dlq"); err != nil {
 		return nil, err
 	}
-	if h.Lags, err = lagsOf(brokers, group, append([]string{topic}, tiers...)); err != nil {
+	if h.Lags, err = leftOver(ctx, brokers, pool, sources, mode == "ordering"); err != nil {
 		return nil, err
-	}
-	if mode == "ordering" {
-		n, err := parkedCount(ctx, pool, group)
-		if err != nil {
-			return nil, err
-		}
-		h.Lags = append(h.Lags, check.Lag{Topic: "ordering store (heads + parked)", End: n})
 	}
 	files, _ := filepath.Glob(filepath.Join(dir, "*.history.jsonl"))
 	for _, f := range files {
@@ -424,16 +466,40 @@ func gather(ctx context.Context, brokers []string, pool *pgxpool.Pool, mode, gro
 	return h, nil
 }
 
-// readDLQ reads every record of the dead-letter topic (none if it does not
-// exist: nothing was dead-lettered).
+// rawRecord is one record read back from a topic.
+type rawRecord struct {
+	partition int32
+	offset    int64
+	value     []byte
+	headers   map[string]string // the last value of each header
+}
+
+// readDLQ reads every record of the dead-letter topic.
 func readDLQ(brokers []string, dlq string) ([]check.DLQRecord, error) {
+	recs, err := readTopic(brokers, dlq)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]check.DLQRecord, 0, len(recs))
+	for _, r := range recs {
+		d := check.DLQRecord{Partition: r.partition, Offset: r.offset, Seq: -1, Headers: r.headers}
+		if s, ok := r.headers["chaos-seq"]; ok {
+			fmt.Sscan(s, &d.Seq)
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+// readTopic reads every record of topic (none if it does not exist).
+func readTopic(brokers []string, topic string) ([]rawRecord, error) {
 	client, err := sarama.NewClient(brokers, saramaConfig())
 	if err != nil {
 		return nil, err
 	}
 	defer client.Close()
 	topics, err := client.Topics()
-	if err != nil || !slices.Contains(topics, dlq) {
+	if err != nil || !slices.Contains(topics, topic) {
 		return nil, err
 	}
 	c, err := sarama.NewConsumerFromClient(client)
@@ -441,20 +507,20 @@ func readDLQ(brokers []string, dlq string) ([]check.DLQRecord, error) {
 		return nil, err
 	}
 	defer c.Close()
-	ps, err := client.Partitions(dlq)
+	ps, err := client.Partitions(topic)
 	if err != nil {
 		return nil, err
 	}
-	var out []check.DLQRecord
+	var out []rawRecord
 	for _, p := range ps {
-		end, err := client.GetOffset(dlq, p, sarama.OffsetNewest)
+		end, err := client.GetOffset(topic, p, sarama.OffsetNewest)
 		if err != nil {
 			return nil, err
 		}
 		if end == 0 {
 			continue
 		}
-		pc, err := c.ConsumePartition(dlq, p, sarama.OffsetOldest)
+		pc, err := c.ConsumePartition(topic, p, sarama.OffsetOldest)
 		if err != nil {
 			return nil, err
 		}
@@ -464,16 +530,13 @@ func readDLQ(brokers []string, dlq string) ([]check.DLQRecord, error) {
 			case m = <-pc.Messages():
 			case <-time.After(30 * time.Second):
 				pc.Close()
-				return nil, fmt.Errorf("reading %s/%d: no record for 30s before offset %d", dlq, p, end)
+				return nil, fmt.Errorf("reading %s/%d: no record for 30s before offset %d", topic, p, end)
 			}
-			d := check.DLQRecord{Partition: p, Offset: m.Offset, Seq: -1, Headers: map[string]string{}}
+			r := rawRecord{partition: p, offset: m.Offset, value: m.Value, headers: map[string]string{}}
 			for _, hd := range m.Headers {
-				d.Headers[string(hd.Key)] = string(hd.Value)
+				r.headers[string(hd.Key)] = string(hd.Value)
 			}
-			if s, ok := d.Headers["chaos-seq"]; ok {
-				fmt.Sscan(s, &d.Seq)
-			}
-			out = append(out, d)
+			out = append(out, r)
 			if m.Offset+1 >= end {
 				break
 			}

@@ -357,22 +357,30 @@ func (ix *index) keyOrder() Result {
 	return res
 }
 
-// outbox: every event was published at least once and applied exactly once
-// downstream.
+// outbox: every stored payment's event was published at least once (one
+// event id, maybe sent twice) and applied exactly once downstream; no event
+// names a payment that was not stored.
 func (ix *index) outbox() Result {
 	res := Result{Name: "every outbox event published, applied once"}
-	published, applied := 0, 0
+	stored, published, applied := 0, 0, 0
 	for _, e := range ix.h.Events {
 		published += e.Published
 		applied += e.Applied
+		if e.Stored {
+			stored++
+		}
 		switch {
+		case !e.Stored:
+			res.Violations = append(res.Violations, fmt.Sprintf("payment %q is not stored but has %d events published, %d applied", e.Key, e.Published, e.Applied))
 		case e.Published == 0:
-			res.Violations = append(res.Violations, fmt.Sprintf("event %s of payment %q never published", e.ID, e.Key))
+			res.Violations = append(res.Violations, fmt.Sprintf("the event of payment %q was never published (applied %d times)", e.Key, e.Applied))
+		case e.IDs != 1:
+			res.Violations = append(res.Violations, fmt.Sprintf("payment %q has %d distinct events (ids), want 1", e.Key, e.IDs))
 		case e.Applied != 1:
-			res.Violations = append(res.Violations, fmt.Sprintf("event %s of payment %q applied %d times downstream (published %d times)", e.ID, e.Key, e.Applied, e.Published))
+			res.Violations = append(res.Violations, fmt.Sprintf("the event of payment %q was applied %d times downstream (published %d times)", e.Key, e.Applied, e.Published))
 		}
 	}
-	res.Counts = fmt.Sprintf("%d events, %d published copies, %d applied", len(ix.h.Events), published, applied)
+	res.Counts = fmt.Sprintf("%d payments' events, %d published copies (%d re-sent), %d applied", stored, published, published-stored, applied)
 	return res
 }
 

@@ -117,8 +117,14 @@ func TestBadHistoriesFail(t *testing.T) {
 			h.Procs[1].Problems = []string{"panic: runtime error"}
 		}, "no process ended with an unexpected error", "panic: runtime error"},
 		{"event applied twice", "per-message", func(h *History) {
-			h.Events = []Event{{ID: "e1", Key: "pay-0", Published: 2, Applied: 1}, {ID: "e2", Key: "pay-1", Published: 1, Applied: 2}}
-		}, "every outbox event published, applied once", "event e2 of payment \"pay-1\" applied 2 times"},
+			h.Events = []Event{{Key: "pay-0", Stored: true, Published: 2, IDs: 1, Applied: 1}, {Key: "pay-1", Stored: true, Published: 1, IDs: 1, Applied: 2}}
+		}, "every outbox event published, applied once", `the event of payment "pay-1" was applied 2 times`},
+		{"event lost", "per-message", func(h *History) {
+			h.Events = []Event{{Key: "pay-0", Stored: true, Published: 1, IDs: 1, Applied: 1}, {Key: "pay-1", Stored: true}}
+		}, "every outbox event published, applied once", `the event of payment "pay-1" was never published`},
+		{"event of a rolled-back payment", "per-message", func(h *History) {
+			h.Events = []Event{{Key: "pay-b", Published: 1, IDs: 1, Applied: 1}}
+		}, "every outbox event published, applied once", `payment "pay-b" is not stored`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

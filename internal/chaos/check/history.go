@@ -117,13 +117,14 @@ type Fault struct {
 	End    time.Time
 }
 
-// Event is one outbox event: published to the events topic (Published
-// copies) and applied by the downstream consumer (Applied rows).
+// Event is the outbox event of one payment: its copies on the events topic
+// and its applications by the downstream consumer.
 type Event struct {
-	ID        string
-	Key       string // the payment that enqueued it
-	Published int
-	Applied   int
+	Key       string // the payment's idempotency key
+	Stored    bool   // the payment is in the payments table
+	Published int    // records on the events topic naming the payment
+	IDs       int    // distinct idem-outbox-id among them (1: one event, maybe sent twice)
+	Applied   int    // downstream ledger rows of the payment
 }
 
 // History is everything the checker looks at.
