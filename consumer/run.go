@@ -200,7 +200,14 @@ func (r *runner) outageDelay(n int) time.Duration {
 	return max(d, 50*time.Millisecond)
 }
 
-func (r *runner) run(ctx context.Context) error {
+func (r *runner) run(ctx context.Context) (err error) {
+	defer func() {
+		// A ctx cancelled while Run starts (creating the retry topics,
+		// migrating the ordering schema) is a shutdown like any other.
+		if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			err = nil
+		}
+	}()
 	r.runCtx = ctx
 	r.baseCtx = context.WithoutCancel(ctx)
 	r.ready.start(r.cfg.Group, storePing(r.cfg))
@@ -217,9 +224,6 @@ func (r *runner) run(ctx context.Context) error {
 	r.warnRetention(client)
 	maxBytes, err := r.setupRetryTopics(ctx, client)
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil // cancelled while starting: a shutdown, not a fatal error
-		}
 		return err
 	}
 	// The forwarder's producer has a client of its own, so the consumer
