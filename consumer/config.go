@@ -11,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/dedupe"
-	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -20,18 +19,6 @@ import (
 // versions (KIP-896); 4.0 is the oldest version a 4.x broker accepts and the
 // cooperative-sticky assignor needs at least 2.4.
 var DefaultKafkaVersion = sarama.V4_0_0_0
-
-// KeyFunc derives the idempotency key of a message. Returning "" or an error
-// means the message has no valid key (see MissingKeyPolicy).
-type KeyFunc func(m *handler.Message) (string, error)
-
-// HeaderKey returns a KeyFunc reading the header named name.
-func HeaderKey(name string) KeyFunc {
-	return func(m *handler.Message) (string, error) {
-		v, _ := m.Header(name)
-		return string(v), nil
-	}
-}
 
 // MissingKeyPolicy says what happens to a message without a valid idempotency
 // key (no key, an empty one, one longer than MaxKeyLength, or a KeyFunc error).
@@ -75,7 +62,10 @@ type Config struct {
 	// Topics to consume.
 	Topics []string
 
-	// KeyFunc derives the idempotency key of each message.
+	// KeyFunc derives the idempotency key of each message (see KeyFunc for
+	// the built-in extractors). Set it explicitly when your producers do not
+	// write an "idempotency-key" header: a message without a key follows
+	// MissingKey, which by default dead-letters it.
 	// Default: HeaderKey("idempotency-key").
 	KeyFunc KeyFunc
 

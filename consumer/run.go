@@ -110,6 +110,7 @@ type runner struct {
 	runCtx     context.Context
 
 	parts sync.Map // tp → *partition: the claimed partitions, watched for stalls
+	keys  keyWatch // warns when the first records of a topic have no key
 
 	randMu sync.Mutex
 	rand   *rand.Rand
