@@ -221,13 +221,35 @@ type Config struct {
 	// Default: LaneByIdempotencyKey.
 	LaneBy LaneKey
 
-	// InboxRetention is how long the dedupe store remembers a key (the
-	// dedupe.Sweeper's Retention). When set, Run compares it at start with
-	// each source topic's retention.ms and warns, naming both numbers, when
-	// the inbox forgets sooner than Kafka: a record re-read after its key was
-	// swept would be applied twice.
+	// InboxRetention tells Run how long a dedupe store that Run does not
+	// sweep itself remembers a key (your own dedupe.Sweeper, a custom store,
+	// or Retention negative). When Run sweeps (see Retention), Retention is
+	// used instead. Either way Run compares the inbox's retention at start
+	// with each source topic's retention.ms and warns, naming both numbers,
+	// when the inbox forgets sooner than Kafka: a record re-read after its key
+	// was swept would be applied twice.
 	// Default: 0 (unknown: no check).
 	InboxRetention time.Duration
+
+	// Retention is how long the inbox keeps a key. When Dedupe is a
+	// PostgreSQL store (dedupe.NewPostgres, dedupe.NewPostgresLease: any
+	// dedupe.Sweepable), Run starts a dedupe.Sweeper on its table that
+	// deletes, every minute, the rows processed more than Retention ago; it
+	// stops with Run. A negative value disables it: the table then grows
+	// until you sweep it yourself. Other stores are not swept.
+	//
+	// The sweeper deletes old rows of every consumer group in the table, so
+	// services sharing one inbox table must agree on Retention (or use
+	// dedupe.WithTable). A message delivered again after its key was swept
+	// runs its handler again, so Validate requires Retention to be at least
+	// the retention of the retry-tier and dead-letter topics (Retry.Retention,
+	// 7 days by default): a failed record can wait in a tier, or in the
+	// dead-letter topic until an operator replays it (the replay window), for
+	// that long, and a second copy of an already handled message (forwarded
+	// twice after a crash, or sent twice by its producer) must still find its
+	// key. At least dedupe.MinRetention (1h).
+	// Default: 336h (14 days).
+	Retention time.Duration
 }
 
 // BatchConfig sizes the batches of Config.Batch.
@@ -305,6 +327,7 @@ func defaults() Config {
 		StartAt:          StartOldest,
 		Concurrency:      1,
 		LaneBy:           LaneByIdempotencyKey,
+		Retention:        dedupe.DefaultRetention,
 	}
 }
 
@@ -351,6 +374,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Concurrency == 0 {
 		c.Concurrency = d.Concurrency
+	}
+	if c.Retention == 0 {
+		c.Retention = d.Retention
 	}
 	return c
 }
@@ -465,6 +491,7 @@ func (c Config) Validate() error {
 	if c.InboxRetention < 0 {
 		bad("InboxRetention", c.InboxRetention, "must be >= 0 (0: unknown)")
 	}
+	validateRetention(c, bad)
 	if c.RetryBase < 0 {
 		bad("RetryBase", c.RetryBase, "must be > 0")
 	}

@@ -261,6 +261,7 @@ func (r *runner) run(ctx context.Context) error {
 
 	wg.Go(func() { r.watchDLQDepth(watchCtx, client) })
 	wg.Go(func() { r.watchStalls(watchCtx) })
+	wg.Go(func() { r.sweep(watchCtx) })
 
 	gh := &groupHandler{r: r}
 	topics := r.topics()
