@@ -419,4 +419,3 @@ func Eventually(tb testing.TB, timeout time.Duration, f func() error) {
 		wait = min(2*wait, 200*time.Millisecond)
 	}
 }
-
