@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -9,6 +10,9 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/retrytopic"
@@ -250,6 +254,47 @@ type Config struct {
 	// key. At least dedupe.MinRetention (1h).
 	// Default: 336h (14 days).
 	Retention time.Duration
+
+	// Readiness, when set, is kept up to date by Run for a /readyz endpoint:
+	// see (*Readiness).Check and metrics.NewServeMux.
+	// Default: nil (no readiness reported).
+	Readiness *Readiness
+
+	// OnAssigned is called when partitions are claimed, before any of their
+	// messages is handled: once per rebalance with every partition it added
+	// to this member (source and retry-tier topics), sorted by topic and
+	// partition. It runs on one of the claims' goroutines; those claims wait
+	// until it returns, so it must return promptly (within
+	// Sarama.Consumer.Group.Rebalance.Timeout). Its ctx carries the values of
+	// Run's ctx and is never cancelled.
+	// Default: nil.
+	OnAssigned func(ctx context.Context, tps []TopicPartition)
+
+	// OnRevoked is called when a claimed partition ends (revoked by a
+	// rebalance, or released at shutdown), once per partition with a slice
+	// of one: after its in-flight messages finished or were abandoned past
+	// ShutdownGrace and after a synchronous commit of the marked offsets,
+	// before the partition can be consumed by another member. Calls for
+	// different partitions may run concurrently. It must return promptly
+	// (within Sarama.Consumer.Group.Rebalance.Timeout). Its ctx carries the
+	// values of Run's ctx and is never cancelled.
+	// Default: nil.
+	OnRevoked func(ctx context.Context, tps []TopicPartition)
+
+	// TracerProvider makes the OpenTelemetry tracer of the spans idem starts:
+	// one "idem.handle" span per message attempt, a child of the context in
+	// the record's traceparent/tracestate headers (see package doc, Tracing).
+	// Default: otel.GetTracerProvider() (a no-op until the program installs
+	// an SDK provider with otel.SetTracerProvider).
+	TracerProvider trace.TracerProvider
+
+	// Propagator reads the trace context from consumed records' headers and
+	// writes it into forwarded records (retry tiers, dead-letter topic).
+	// The default is W3C trace context, not otel.GetTextMapPropagator():
+	// the global propagator is a no-op unless the program sets one, and
+	// traces would silently break at idem.
+	// Default: propagation.TraceContext{}.
+	Propagator propagation.TextMapPropagator
 }
 
 // BatchConfig sizes the batches of Config.Batch.
@@ -328,6 +373,8 @@ func defaults() Config {
 		Concurrency:      1,
 		LaneBy:           LaneByIdempotencyKey,
 		Retention:        dedupe.DefaultRetention,
+		TracerProvider:   otel.GetTracerProvider(),
+		Propagator:       propagation.TraceContext{},
 	}
 }
 
@@ -377,6 +424,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Retention == 0 {
 		c.Retention = d.Retention
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = d.TracerProvider
+	}
+	if c.Propagator == nil {
+		c.Propagator = d.Propagator
 	}
 	return c
 }

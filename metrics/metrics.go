@@ -23,6 +23,12 @@
 //	idem_commits_total{group}                       offsets marked for commit
 //	idem_abandoned_total{group}                     in-flight messages cancelled past ShutdownGrace (rolled back, left for redelivery)
 //	idem_partition_stalled_seconds{group,topic,partition} seconds a partition has been failing on one message (outages, retries, forward errors); 0 when flowing
+//	idem_consumer_lag{group,topic,partition}        records behind: high watermark - committed offset, per claimed partition (sources and tiers)
+//	idem_end_to_end_seconds{group,topic}            record timestamp to offset marked, histogram (1 ms to 1 h, p95/p99)
+//	idem_messages_in_flight{group,topic}            messages taken from a partition's queue and not yet final
+//
+// doc.go has the full table (type, labels, meaning); a test checks it
+// against the registry.
 package metrics
 
 import (
@@ -70,7 +76,15 @@ type Metrics struct {
 	Commits           *prometheus.CounterVec   // idem_commits_total
 	Abandoned         *prometheus.CounterVec   // idem_abandoned_total
 	PartitionStalled  *prometheus.GaugeVec     // idem_partition_stalled_seconds
+	ConsumerLag       *prometheus.GaugeVec     // idem_consumer_lag
+	EndToEnd          *prometheus.HistogramVec // idem_end_to_end_seconds
+	InFlight          *prometheus.GaugeVec     // idem_messages_in_flight
 }
+
+// EndToEndBuckets are the buckets of idem_end_to_end_seconds: from 1 ms to
+// 1 h, dense enough around typical SLOs (100 ms to 10 s) for p95/p99, and
+// reaching the delays of retry tiers.
+var EndToEndBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600}
 
 // New creates the collectors and registers them on reg. A nil reg registers
 // nothing (the metrics still work, unexported). Registering twice on one
@@ -118,6 +132,13 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "In-flight messages cancelled past ShutdownGrace: rolled back and left for redelivery."}, []string{"group"}),
 		PartitionStalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_partition_stalled_seconds",
 			Help: "Seconds a claimed partition has been failing on the same message (outages, retries, forward errors); 0 while it flows."}, []string{"group", "topic", "partition"}),
+		ConsumerLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_consumer_lag",
+			Help: "Records behind in a claimed partition: high watermark minus the group's committed offset (source and retry-tier topics)."}, []string{"group", "topic", "partition"}),
+		EndToEnd: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "idem_end_to_end_seconds",
+			Help:    "Seconds from a record's timestamp to its offset being marked (final outcome), histogram.",
+			Buckets: EndToEndBuckets}, []string{"group", "topic"}),
+		InFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_messages_in_flight",
+			Help: "Messages taken from a partition's queue whose outcome is not final yet."}, []string{"group", "topic"}),
 	}
 	if reg == nil {
 		return m, nil
@@ -142,6 +163,9 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	m.Commits = register(reg, m.Commits, &err)
 	m.Abandoned = register(reg, m.Abandoned, &err)
 	m.PartitionStalled = register(reg, m.PartitionStalled, &err)
+	m.ConsumerLag = register(reg, m.ConsumerLag, &err)
+	m.EndToEnd = register(reg, m.EndToEnd, &err)
+	m.InFlight = register(reg, m.InFlight, &err)
 	if err != nil {
 		return nil, err
 	}
