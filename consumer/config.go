@@ -88,12 +88,16 @@ type Config struct {
 	// elsewhere, dedupe.NewMemory for tests and demos.
 	Dedupe dedupe.Store
 
-	// Sarama is the base sarama config, for TLS, SASL, client id and tuning.
-	// idem copies it and then sets what its guarantees depend on: manual
-	// offset marking with auto-commit of marked offsets only, the
-	// cooperative-sticky assignor (unless you set strategies yourself), an
-	// idempotent acks=all producer for forwards, and Version when left at
-	// sarama's default.
+	// Sarama is the base sarama config, for TLS (Net.TLS), SASL (Net.SASL),
+	// client id and tuning. idem copies it and then sets what its guarantees
+	// depend on: manual offset marking with auto-commit of marked offsets
+	// only, Consumer.Offsets.Initial from StartAt (the value you set there is
+	// not used; Run logs a WARN when it contradicts StartAt), the isolation
+	// level from ReadUncommitted, the cooperative-sticky assignor (unless you
+	// set strategies yourself), an idempotent acks=all producer for forwards,
+	// and Version when left at sarama's default: DefaultKafkaVersion (4.0),
+	// which a Kafka 3.x cluster does not accept, so for one set Version to the
+	// brokers' (e.g. sarama.V3_7_0_0).
 	// Default: sarama.NewConfig().
 	Sarama *sarama.Config
 
@@ -145,9 +149,12 @@ type Config struct {
 	DLQDepthInterval time.Duration
 
 	// Retries is the number of in-process retries of a message whose handler
-	// returned a retriable error, each in a fresh transaction, before the
-	// message is forwarded to the next retry tier (or the dead-letter topic).
-	// A negative value disables in-process retries.
+	// returned a retriable error, each in a fresh transaction, on every
+	// delivery: at the source topic and again in each retry tier. After them
+	// the message is forwarded to the next retry tier, or after the last tier
+	// to the dead-letter topic, so an always failing message is handled
+	// (1 + Retries) × (1 + len(Retry.Delays)) times in all (package doc,
+	// "Attempts per message"). A negative value disables in-process retries.
 	// Default: 3.
 	Retries int
 

@@ -3,8 +3,11 @@ package consumer
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
+
+	"github.com/IBM/sarama"
 
 	"github.com/idemhq/idem/handler"
 )
@@ -159,4 +162,30 @@ func FuzzJSONField(f *testing.F) {
 			t.Fatalf("error %v does not name the extractor", err)
 		}
 	})
+}
+
+// TestWarnIgnoredInitial: a base sarama config asking for the oldest offset
+// while StartAt says newest is named in a WARN, not silently overridden.
+func TestWarnIgnoredInitial(t *testing.T) {
+	for _, c := range []struct {
+		initial int64
+		start   StartPosition
+		warn    bool
+	}{
+		{sarama.OffsetOldest, StartNewest, true},
+		{sarama.OffsetOldest, StartOldest, false},
+		{sarama.OffsetNewest, StartNewest, false},
+		{sarama.OffsetNewest, StartOldest, false}, // sarama's default: cannot tell it was meant
+	} {
+		var buf strings.Builder
+		cfg := defaults()
+		cfg.Sarama = sarama.NewConfig()
+		cfg.Sarama.Consumer.Offsets.Initial = c.initial
+		cfg.StartAt = c.start
+		r := &runner{cfg: cfg, log: slog.New(slog.NewTextHandler(&buf, nil))}
+		r.warnIgnoredInitial()
+		if got := strings.Contains(buf.String(), "idem uses StartAt"); got != c.warn {
+			t.Errorf("Initial %d, StartAt %s: warned %v, want %v (%s)", c.initial, c.start, got, c.warn, buf.String())
+		}
+	}
 }

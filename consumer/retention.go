@@ -59,3 +59,14 @@ func (r *runner) warnRetention(client sarama.Client) {
 		}
 	}
 }
+
+// warnIgnoredInitial logs a WARN when Config.Sarama asks for
+// Consumer.Offsets.Initial = OffsetOldest (sarama's default is OffsetNewest,
+// so it was set on purpose) while StartAt is StartNewest: StartAt decides,
+// and the override must not be silent.
+func (r *runner) warnIgnoredInitial() {
+	if r.cfg.Sarama.Consumer.Offsets.Initial == sarama.OffsetOldest && r.cfg.StartAt == StartNewest {
+		r.log.Warn("idem: Config.Sarama.Consumer.Offsets.Initial is OffsetOldest but StartAt is StartNewest; idem uses StartAt",
+			"fix", "set StartAt: consumer.StartOldest, or leave Offsets.Initial alone")
+	}
+}

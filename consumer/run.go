@@ -159,6 +159,8 @@ func saramaConfig(cfg Config) *sarama.Config {
 	// committer runs every CommitInterval and at revoke/shutdown.
 	c.Consumer.Offsets.AutoCommit.Enable = true
 	c.Consumer.Offsets.AutoCommit.Interval = cfg.CommitInterval
+	// StartAt decides (Config.Sarama's doc); Run warns when the base config
+	// asked otherwise (warnIgnoredInitial).
 	c.Consumer.Offsets.Initial = sarama.OffsetOldest
 	if cfg.StartAt == StartNewest {
 		c.Consumer.Offsets.Initial = sarama.OffsetNewest
@@ -213,6 +215,7 @@ func (r *runner) run(ctx context.Context) error {
 		return err
 	}
 	r.warnRetention(client)
+	r.warnIgnoredInitial()
 	maxBytes, err := r.setupRetryTopics(ctx, client)
 	if err != nil {
 		return err

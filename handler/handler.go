@@ -80,10 +80,14 @@ func (m *Message) Header(key string) ([]byte, bool) {
 //   - idem calls Handle from one goroutine per claimed partition, so messages of
 //     one partition arrive one at a time, in offset order. Different partitions
 //     are handled concurrently: a Handler must be safe for concurrent use.
-//   - ctx is cancelled when the partition is revoked (rebalance), when Run is
-//     shutting down past its grace period, or by a Timeout middleware. Handle
-//     must then return promptly; its error is ignored and the message is
-//     redelivered to whoever owns the partition next.
+//   - Cancellation. When the partition is revoked (a rebalance) or the
+//     consumer shuts down, a Handle already running is not interrupted: it
+//     gets the consumer's ShutdownGrace (10s by default) to finish, and its
+//     result counts. Only when that grace runs out is ctx cancelled; Handle
+//     must then return promptly, its transaction is rolled back, its error is
+//     ignored, and the message is redelivered to whoever owns the partition
+//     next. A Timeout middleware also cancels ctx, at its deadline (an error
+//     of kind timeout).
 //   - When the dedupe store is transactional, ctx carries the transaction
 //     (dedupe.Tx(ctx)); writes made through it commit atomically with the inbox
 //     row, and only if Handle returns nil.
