@@ -39,6 +39,7 @@
 // and switches the config to the transactional inbox, so the handler writes
 // through dedupe.Tx(ctx) as in production:
 //
+//	k := idemtest.NewKafka(t)
 //	cfg := idemtest.WithPostgres(t, k.Config(t, "shipping", "orders"), pool)
 //
 // Every helper takes a testing.TB, fails the test itself, and registers its
