@@ -105,8 +105,8 @@
 // A [Middleware] is func(Handler) Handler, as in net/http. [Chain] applies
 // several; the first listed is the outermost:
 //
-//	h = handler.Chain(h, logging, tracing, handler.Timeout(5*time.Second))
-//	// calls logging, then tracing, then the Timeout, then h
+//	wrapped := handler.Chain(h, logging, tracing, handler.Timeout(5*time.Second))
+//	// wrapped calls logging, then tracing, then the Timeout, then h
 //
 // [Timeout] bounds each call: when its deadline passes the handler's ctx is
 // cancelled and an error it then returns is reported as kind "timeout"
