@@ -75,7 +75,7 @@ var imports = map[string]string{
 	"testing": "testing", "atomic": "sync/atomic", "http": "net/http", "tls": "crypto/tls",
 	"sarama": "github.com/IBM/sarama", "pgxpool": "github.com/jackc/pgx/v5/pgxpool", "pgx": "github.com/jackc/pgx/v5",
 	"prometheus": "github.com/prometheus/client_golang/prometheus",
-	"breaker": "github.com/idemhq/idem/breaker", "consumer": "github.com/idemhq/idem/consumer",
+	"breaker":    "github.com/idemhq/idem/breaker", "consumer": "github.com/idemhq/idem/consumer",
 	"dedupe": "github.com/idemhq/idem/dedupe", "dedupetest": "github.com/idemhq/idem/dedupe/dedupetest",
 	"dlq": "github.com/idemhq/idem/dlq", "handler": "github.com/idemhq/idem/handler",
 	"idemtest": "github.com/idemhq/idem/idemtest", "metrics": "github.com/idemhq/idem/metrics",
