@@ -129,6 +129,10 @@ func JSONField(path string) KeyFunc {
 				if i > 0 {
 					where = fmt.Sprintf("%q", strings.Join(parts[:i], "."))
 				}
+				var syntax *json.SyntaxError
+				if errors.As(err, &syntax) {
+					return "", fmt.Errorf("%s: %s is not valid JSON: %w", name, where, err)
+				}
 				return "", fmt.Errorf("%s: %s is not a JSON object", name, where)
 			}
 			v, ok := obj[p]
