@@ -252,13 +252,14 @@ type Config struct {
 	// The sweeper deletes old rows of every consumer group in the table, so
 	// services sharing one inbox table must agree on Retention (or use
 	// dedupe.WithTable). A message delivered again after its key was swept
-	// runs its handler again, so Validate requires Retention to be at least
-	// the retention of the retry-tier and dead-letter topics (Retry.Retention,
-	// 7 days by default): a failed record can wait in a tier, or in the
-	// dead-letter topic until an operator replays it (the replay window), for
-	// that long, and a second copy of an already handled message (forwarded
-	// twice after a crash, or sent twice by its producer) must still find its
-	// key. At least dedupe.MinRetention (1h).
+	// runs its handler again, so when Run sweeps, Validate requires
+	// Retention to be at least the retention of the retry-tier and
+	// dead-letter topics (Retry.Retention, 7 days by default): a failed
+	// record can wait in a tier, or in the dead-letter topic until an
+	// operator replays it (the replay window), for that long, and a second
+	// copy of an already handled message (forwarded twice after a crash, or
+	// sent twice by its producer) must still find its key. At least
+	// dedupe.MinRetention (1h).
 	// Default: 336h (14 days).
 	Retention time.Duration
 

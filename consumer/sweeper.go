@@ -10,10 +10,10 @@ import (
 
 // validateRetention checks Config.Retention (defaults applied) against the
 // sweeper's minimum and the retention of the retry-tier and dead-letter
-// topics (see Config.Retention).
+// topics (see Config.Retention), when Run sweeps the store.
 func validateRetention(c Config, bad func(field string, v any, rule string)) {
-	if c.Retention < 0 {
-		return // Run does not sweep
+	if _, swept := c.Dedupe.(dedupe.Sweepable); !swept || c.Retention < 0 {
+		return // Run does not sweep: Retention is not used
 	}
 	if c.Retention < dedupe.MinRetention {
 		bad("Retention", c.Retention, fmt.Sprintf("must be at least %s (dedupe.MinRetention), or negative to disable the sweeper", dedupe.MinRetention))
