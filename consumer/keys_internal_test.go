@@ -191,3 +191,32 @@ func TestWarnIgnoredInitial(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkKeyExtractors: the cost of each extractor per message, with a
+// 200-byte JSON value (the JSONField figure backs its doc's "cheap next to a
+// database round trip").
+func BenchmarkKeyExtractors(b *testing.B) {
+	m := &handler.Message{
+		Key:     []byte("acct-42"),
+		Value:   []byte(`{"meta":{"event_id":"4b1f0c2e-9d6a-4f1e-8a53-2f7c9b1d0e11","source":"checkout"},"order_id":"o-123456","amount_cents":1999,"currency":"EUR","items":[{"sku":"a","qty":1}]}`),
+		Headers: []handler.Header{{Key: "traceparent", Value: []byte("00-abc-def-01")}, {Key: "idempotency-key", Value: []byte("k-1")}},
+	}
+	for _, c := range []struct {
+		name string
+		f    KeyFunc
+	}{
+		{"HeaderKey", HeaderKey("idempotency-key")},
+		{"RecordKey", RecordKey()},
+		{"JSONField", JSONField("meta.event_id")},
+		{"FirstOf-miss-then-JSON", FirstOf(HeaderKey("x-event-id"), JSONField("meta.event_id"))},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if k, err := c.f(m); err != nil || k == "" {
+					b.Fatal(k, err)
+				}
+			}
+		})
+	}
+}
