@@ -79,7 +79,9 @@ var imports = map[string]string{
 	"dedupe": "github.com/idemhq/idem/dedupe", "dedupetest": "github.com/idemhq/idem/dedupe/dedupetest",
 	"dlq": "github.com/idemhq/idem/dlq", "handler": "github.com/idemhq/idem/handler",
 	"idemtest": "github.com/idemhq/idem/idemtest", "metrics": "github.com/idemhq/idem/metrics",
-	"retrytopic": "github.com/idemhq/idem/retrytopic",
+	"retrytopic": "github.com/idemhq/idem/retrytopic", "kafkaauth": "github.com/idemhq/idem/kafkaauth",
+	"outbox": "github.com/idemhq/idem/outbox", "saga": "github.com/idemhq/idem/saga",
+	"checkpoint": "github.com/idemhq/idem/checkpoint",
 }
 
 // goLike tells a block meant as Go from a table, a shell session or SQL: a
