@@ -43,6 +43,8 @@ var (
 	logging handler.Middleware  // middlewares of the service's own
 	tracing handler.Middleware
 	t       *testing.T          // the test, in test-kit snippets
+	m       *handler.Message    // the message, in handler fragments
+	tx      pgx.Tx              // a transaction (dedupe.Tx(ctx) in a handler)
 
 	// Low-level snippets (package retrytopic).
 	admin sarama.ClusterAdmin
@@ -64,7 +66,7 @@ type Bank interface {
 `
 
 // givenImports are always imported: givens uses them.
-var givenImports = []string{"context", "testing", "github.com/IBM/sarama", "github.com/jackc/pgx/v5/pgxpool",
+var givenImports = []string{"context", "testing", "github.com/IBM/sarama", "github.com/jackc/pgx/v5", "github.com/jackc/pgx/v5/pgxpool",
 	"github.com/prometheus/client_golang/prometheus", "github.com/idemhq/idem/handler", "github.com/idemhq/idem/retrytopic"}
 
 // imports are the packages a fragment may use by their name; only those it
@@ -86,6 +88,10 @@ var imports = map[string]string{
 
 // goLike tells a block meant as Go from a table, a shell session or SQL: a
 // block that looks like Go must compile, whether or not it parses.
+// pseudo marks a block as pseudo-code whatever else it holds: a line that
+// starts with an SQL statement cannot be Go.
+var pseudo = regexp.MustCompile(`^\s*(BEGIN|COMMIT|ROLLBACK|SELECT|INSERT|UPDATE|DELETE|CREATE|ALTER)\b`)
+
 var goLike = regexp.MustCompile(`:=|\bfunc\b|^\s*[a-z]\w*(\.\w+)+\(|^\s*\w+(,\s*\w+)*\s*=\s*[a-z]\w*\.[A-Z]\w*\(|^package `)
 
 func repoRoot(tb testing.TB) string {
@@ -205,13 +211,12 @@ func docSnippets(path, rel string) ([]snippet, error) {
 		if !ok {
 			continue
 		}
-		looksGo := false
+		looksGo, sql := false, false
 		for _, l := range strings.Split(c.Text, "\n") {
-			if goLike.MatchString(l) {
-				looksGo = true
-				break
-			}
+			looksGo = looksGo || goLike.MatchString(l)
+			sql = sql || pseudo.MatchString(l)
 		}
+		looksGo = looksGo && !sql
 		if looksGo {
 			out = append(out, snippet{where: fmt.Sprintf("%s:%d (package doc)", rel, fset.Position(f.Doc.Pos()).Line), code: c.Text})
 		}
