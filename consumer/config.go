@@ -96,8 +96,8 @@ type Config struct {
 	// level from ReadUncommitted, the cooperative-sticky assignor (unless you
 	// set strategies yourself), an idempotent acks=all producer for forwards,
 	// and Version when left at sarama's default: DefaultKafkaVersion (4.0),
-	// which a Kafka 3.x cluster does not accept, so for one set Version to the
-	// brokers' (e.g. sarama.V3_7_0_0).
+	// whose requests a Kafka 3.x cluster may refuse, so for one set Version to
+	// the brokers' (e.g. sarama.V3_7_0_0).
 	// Default: sarama.NewConfig().
 	Sarama *sarama.Config
 
