@@ -12,11 +12,11 @@ import (
 // State is a job's checkpoint row.
 type State struct {
 	Job        string    `json:"job"`
-	Cursor     string    `json:"cursor"`      // key of the last row of the last committed chunk; "" = start
-	Rows       int64     `json:"rows"`        // rows processed since the row was created or reset
-	Chunks     int64     `json:"chunks"`      // chunks committed since then
-	CreatedAt  time.Time `json:"created_at"`  // first run
-	UpdatedAt  time.Time `json:"updated_at"`  // last commit
+	Cursor     string    `json:"cursor"`               // key of the last row of the last committed chunk; "" = start
+	Rows       int64     `json:"rows"`                 // rows processed since the row was created or reset
+	Chunks     int64     `json:"chunks"`               // chunks committed since then
+	CreatedAt  time.Time `json:"created_at"`           // first run
+	UpdatedAt  time.Time `json:"updated_at"`           // last commit
 	FinishedAt time.Time `json:"finished_at,omitzero"` // when a run last found no rows left; zero while unfinished
 }
 
