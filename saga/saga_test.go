@@ -599,3 +599,44 @@ func TestSIGKILLMidStepResumes(t *testing.T) {
 		t.Fatalf("charge called %d times, want 2 (killed once)", len(calls))
 	}
 }
+
+// Three orchestrators drive the same 30 sagas at once, as replicas would:
+// each saga ends once, every effect exactly once (a second local write of
+// one key would fail its step and compensate the saga).
+func TestConcurrentOrchestrators(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ctx := testenv.Context(t)
+	const n = 30
+	starter := w.orchestrator(nil)
+	for i := range n {
+		if _, err := starter.Start(ctx, w.pool, "order", fmt.Sprintf("c-%02d", i), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	for i := range errs {
+		o := w.orchestrator(nil)
+		wg.Go(func() {
+			for {
+				if _, err := o.RunDue(ctx); err != nil {
+					errs[i] = err
+					return
+				}
+				var left int
+				if err := w.pool.QueryRow(ctx, `SELECT count(*) FROM idem_saga WHERE state NOT IN ('completed', 'compensated')`).Scan(&left); err != nil || left == 0 {
+					errs[i] = err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		w.check(fmt.Sprintf("c-%02d", i), "reserve", "charge", "ship")
+	}
+}
