@@ -314,7 +314,10 @@ func (o *Orchestrator) Start(ctx context.Context, q Querier, typ, id string, inp
 // tx: the reply's inbox row and the step's completion commit together. The
 // saga becomes Running again and is picked up by the next RunDue (or an
 // Execute). Completing a step already done is a no-op (a redelivered
-// reply); a step that is not pending gives ErrNotPending.
+// reply). A step that is not pending gives ErrNotPending: typically a late
+// reply after the saga passed its deadline and compensated the step; the
+// handler should then treat the reply as handled (errors.Is(err,
+// saga.ErrNotPending) → return nil), not retry it.
 func Complete(ctx context.Context, tx pgx.Tx, sagaID, step string, result []byte) error {
 	return settle(ctx, tx, sagaID, step, "done", func(idx int) error {
 		if _, err := tx.Exec(ctx, `UPDATE idem_saga_step SET state = 'done', result = $3, finished_at = now()
