@@ -1,16 +1,19 @@
 // Command order-saga is idem's saga example: an order event consumed from
 // Kafka starts a saga, reserve stock → charge payment → schedule shipping;
 // a declined payment releases the reservation, a shipping failure refunds
-// the charge and releases the reservation.
+// the charge and releases the reservation. Payment is a direct call;
+// shipping is a Kafka command sent through the outbox, answered by a
+// shipping service (an idem consumer) whose reply resumes the saga.
 //
 // Usage:
 //
 //	order-saga [-n 60] [-timeout 2m] [-v]
 //
 // It reads KAFKA_BROKERS and DATABASE_URL (`make services` prints them),
-// produces n orders (and a duplicate delivery of every tenth) to a fresh
-// topic, runs an idem consumer and the saga orchestrator until every saga
-// is final, prints the figures and exits non-zero unless they balance.
+// produces n orders (and a duplicate delivery of every tenth) to fresh
+// topics, runs the consumers, the outbox relay and the saga orchestrator
+// until every saga is final, prints the figures and exits non-zero unless
+// they balance.
 package main
 
 import (
@@ -36,6 +39,8 @@ import (
 	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/outbox"
 	"github.com/idemhq/idem/saga"
 )
 
@@ -86,6 +91,7 @@ type summary struct {
 	WantDeclined, WantNoShip  int
 	Completed, Compensated    int64
 	Charges, Refunds, Shipped int64
+	Replies                   int64 // schedule-shipping steps settled by a reply (Complete or Fail)
 	Reserved, StockLeft       int64 // units still reserved; units left in stock
 	StockStart                int64
 	ShippedUnits              int64
@@ -96,6 +102,7 @@ func (s summary) print(w io.Writer) {
 	fmt.Fprintf(w, "idem order saga — run %s\n", s.Run)
 	fmt.Fprintf(w, "  orders:        %d (+%d duplicate deliveries) in %s\n", s.Orders, s.Duplicates, s.Took.Round(time.Millisecond))
 	fmt.Fprintf(w, "  completed:     %d sagas; shipped %d, charged %d\n", s.Completed, s.Shipped, s.Charges)
+	fmt.Fprintf(w, "  shipping:      %d commands answered through Kafka (outbox → shipping service → reply → saga.Complete/Fail)\n", s.Replies)
 	fmt.Fprintf(w, "  compensated:   %d sagas (%d declined payments: reservation released; %d without address: refunded and released); refunds %d\n",
 		s.Compensated, s.WantDeclined, s.WantNoShip, s.Refunds)
 	fmt.Fprintf(w, "  stock:         %d at start, %d shipped, %d left, %d still reserved\n", s.StockStart, s.ShippedUnits, s.StockLeft, s.Reserved)
@@ -114,6 +121,7 @@ func (s summary) check() error {
 	want("completed sagas", s.Completed, ok)
 	want("compensated sagas", s.Compensated, int64(s.WantDeclined+s.WantNoShip))
 	want("shipments", s.Shipped, ok)
+	want("shipping replies", s.Replies, ok+int64(s.WantNoShip))
 	want("charges", s.Charges, ok+int64(s.WantNoShip))
 	want("refunds", s.Refunds, int64(s.WantNoShip))
 	want("units still reserved", s.Reserved, s.ShippedUnits)
@@ -171,37 +179,52 @@ func demo(ctx context.Context, brokers []string, dbURL string, o options, stderr
 	if err != nil {
 		return s, err
 	}
+	t := topics{Orders: s.Run, Commands: s.Run + "-ship", Replies: s.Run + "-shipped"}
+	scfg := sarama.NewConfig()
+	scfg.Version = sarama.V4_0_0_0
+	for _, topic := range []string{t.Orders, t.Commands, t.Replies} {
+		if err := createTopic(brokers, scfg, topic); err != nil {
+			return s, err
+		}
+		defer deleteTopic(brokers, scfg, topic, log)
+	}
 	orch, err := saga.New(saga.Config{DB: pool, Registerer: reg, Logger: log, PollInterval: 100 * time.Millisecond},
-		orderSaga(paymentService{db: pool}, breakers))
+		orderSaga(paymentService{db: pool}, breakers, t))
 	if err != nil {
 		return s, err
 	}
-
-	topic := s.Run
-	scfg := sarama.NewConfig()
-	scfg.Version = sarama.V4_0_0_0
-	if err := createTopic(brokers, scfg, topic); err != nil {
-		return s, err
-	}
-	defer deleteTopic(brokers, scfg, topic, log)
 	start := time.Now()
-	if s.Duplicates, err = produce(brokers, scfg, topic, ords); err != nil {
+	if s.Duplicates, err = produce(brokers, scfg, t.Orders, ords); err != nil {
 		return s, err
 	}
 
-	// The consumer starts sagas; the orchestrator drives them.
+	// One consumer starts sagas, the orchestrator drives them, the relay
+	// publishes the outbox, the shipping service handles commands, and a
+	// last consumer feeds its replies back to the sagas.
 	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 2)
-	go func() { done <- orch.Run(runCtx) }()
-	go func() {
-		done <- consumer.Run(runCtx, consumer.Config{
-			Brokers: brokers, Group: s.Run, Topics: []string{topic},
-			Dedupe: dedupe.NewPostgres(pool), Sarama: scfg, Logger: log, Registerer: reg,
-		}, startSaga(orch))
-	}()
+	consume := func(group, topic string, h handler.Func) func() error {
+		return func() error {
+			return consumer.Run(runCtx, consumer.Config{
+				Brokers: brokers, Group: group, Topics: []string{topic},
+				Dedupe: dedupe.NewPostgres(pool), Sarama: scfg, Logger: log, Registerer: reg,
+			}, h)
+		}
+	}
+	relay := &outbox.Relay{Pool: pool, Brokers: brokers, Sarama: scfg, Logger: log, Registerer: reg}
+	workers := []func() error{
+		func() error { return orch.Run(runCtx) },
+		func() error { return relay.Run(runCtx) },
+		consume(s.Run, t.Orders, startSaga(orch)),
+		consume(s.Run+"-shipping", t.Commands, handleShipCommand(t.Replies)),
+		consume(s.Run+"-replies", t.Replies, handleReply),
+	}
+	done := make(chan error, len(workers))
+	for _, w := range workers {
+		go func() { done <- w() }()
+	}
 	waitErr := waitFinal(ctx, pool, s.Run, len(ords))
 	stop()
-	for range 2 {
+	for range workers {
 		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
 			waitErr = errors.Join(waitErr, err)
 		}
@@ -244,8 +267,10 @@ func readFigures(ctx context.Context, pool *pgxpool.Pool, s *summary) error {
 		(SELECT count(*) FROM shipments WHERE order_id LIKE $1),
 		(SELECT coalesce(sum(qty), 0) FROM reservations WHERE order_id LIKE $1),
 		(SELECT coalesce(sum(r.qty), 0) FROM reservations r JOIN shipments sh ON sh.order_id = r.order_id WHERE r.order_id LIKE $1),
-		(SELECT qty FROM stock WHERE sku = $2)`, like, s.Run+"-sku").
-		Scan(&s.Completed, &s.Compensated, &s.Charges, &s.Refunds, &s.Shipped, &s.Reserved, &s.ShippedUnits, &s.StockLeft)
+		(SELECT qty FROM stock WHERE sku = $2),
+		(SELECT count(*) FROM idem_saga_step WHERE saga_id LIKE $1 AND name = 'schedule-shipping'
+			AND (state = 'done' AND result IS NOT NULL OR state = 'compensated' OR state = 'failed'))`, like, s.Run+"-sku").
+		Scan(&s.Completed, &s.Compensated, &s.Charges, &s.Refunds, &s.Shipped, &s.Reserved, &s.ShippedUnits, &s.StockLeft, &s.Replies)
 }
 
 func createTopic(brokers []string, scfg *sarama.Config, topic string) error {

@@ -11,6 +11,7 @@ import (
 	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/outbox"
 	"github.com/idemhq/idem/saga"
 )
 
@@ -33,12 +34,15 @@ CREATE TABLE IF NOT EXISTS charges      (key text PRIMARY KEY, order_id text NOT
 CREATE TABLE IF NOT EXISTS refunds      (key text PRIMARY KEY, charge_key text NOT NULL UNIQUE);
 CREATE TABLE IF NOT EXISTS shipments    (key text PRIMARY KEY, order_id text NOT NULL UNIQUE, address text NOT NULL);`
 
-// migrate creates idem's tables (inbox, saga) and the example's.
+// migrate creates idem's tables (inbox, saga, outbox) and the example's.
 func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	if err := dedupe.Migrate(ctx, pool); err != nil {
 		return err
 	}
 	if err := saga.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	if err := outbox.Migrate(ctx, pool); err != nil {
 		return err
 	}
 	_, err := pool.Exec(ctx, schema)
@@ -65,11 +69,11 @@ func (p paymentService) Refund(ctx context.Context, key, chargeKey string) error
 	return err
 }
 
-// orderSaga is reserve stock → charge payment → schedule shipping. Stock
-// and shipping are local (written through the step's transaction, so once);
-// the payment is remote, called with the step's key and through a circuit
-// breaker.
-func orderSaga(pay paymentService, breakers *breaker.Set) saga.Definition {
+// orderSaga is reserve stock → charge payment → schedule shipping. Stock is
+// local (written through the step's transaction, so once); the payment
+// service is called directly, with the step's key and through a circuit
+// breaker; shipping is a Kafka command whose reply resumes the saga.
+func orderSaga(pay paymentService, breakers *breaker.Set, t topics) saga.Definition {
 	input := func(c saga.Call) (Order, error) {
 		var o Order
 		return o, json.Unmarshal(c.Input, &o)
@@ -117,20 +121,88 @@ func orderSaga(pay paymentService, breakers *breaker.Set) saga.Definition {
 				})
 			},
 		}, {
+			// Asynchronous: the command goes out through the outbox in the
+			// step's transaction; the saga waits for the shipping service's
+			// reply, which handleReply records with saga.Complete or saga.Fail.
 			Name: "schedule-shipping",
 			Action: func(ctx context.Context, c saga.Call) ([]byte, error) {
 				o, err := input(c)
 				if err != nil {
 					return nil, handler.Permanent(err)
 				}
-				if o.Address == "" {
-					return nil, handler.Permanent(errors.New("no shipping address"))
+				cmd, _ := json.Marshal(shipCommand{SagaID: c.SagaID, Order: o})
+				err = outbox.Enqueue(ctx, c.Tx, outbox.Message{Topic: t.Commands, Key: []byte(o.ID), Value: cmd,
+					Headers: []outbox.Header{{Key: outbox.HeaderIdempotencyKey, Value: []byte(c.Key)}}})
+				if err != nil {
+					return nil, err
 				}
-				_, err = c.Tx.Exec(ctx, `INSERT INTO shipments (key, order_id, address) VALUES ($1, $2, $3)`, c.Key, o.ID, o.Address)
-				return nil, err
+				return nil, saga.ErrPending
 			},
 		}},
 	}
+}
+
+// topics are the run's Kafka topics.
+type topics struct {
+	Orders   string // order events: start a saga
+	Commands string // schedule-shipping commands, consumed by the shipping service
+	Replies  string // the shipping service's replies, consumed by handleReply
+}
+
+// shipCommand is the command the schedule-shipping step sends.
+type shipCommand struct {
+	SagaID string `json:"saga_id"`
+	Order  Order  `json:"order"`
+}
+
+// shipReply is the shipping service's answer.
+type shipReply struct {
+	SagaID     string `json:"saga_id"`
+	ShipmentID string `json:"shipment_id,omitempty"`
+	Error      string `json:"error,omitempty"`
+}
+
+// handleShipCommand is the shipping service (another service in real life,
+// an idem consumer like any other): it records the shipment and sends its
+// reply through the outbox, both in the message's transaction.
+func handleShipCommand(repliesTopic string) handler.Func {
+	return func(ctx context.Context, m *handler.Message) error {
+		var cmd shipCommand
+		if err := json.Unmarshal(m.Value, &cmd); err != nil {
+			return handler.Decode(err)
+		}
+		tx := dedupe.Tx(ctx)
+		reply := shipReply{SagaID: cmd.SagaID, ShipmentID: m.IdempotencyKey}
+		if cmd.Order.Address == "" {
+			reply = shipReply{SagaID: cmd.SagaID, Error: "no shipping address"}
+		} else if _, err := tx.Exec(ctx, `INSERT INTO shipments (key, order_id, address) VALUES ($1, $2, $3)`,
+			m.IdempotencyKey, cmd.Order.ID, cmd.Order.Address); err != nil {
+			return err
+		}
+		v, _ := json.Marshal(reply)
+		return outbox.Enqueue(ctx, tx, outbox.Message{Topic: repliesTopic, Key: m.Key, Value: v,
+			Headers: []outbox.Header{{Key: outbox.HeaderIdempotencyKey, Value: []byte(m.IdempotencyKey + "/reply")}}})
+	}
+}
+
+// handleReply resumes the saga waiting for a shipping reply, in the reply's
+// transaction: the inbox row and the step's outcome commit together. A reply
+// to a step that no longer waits (the saga gave up on it) is dropped.
+func handleReply(ctx context.Context, m *handler.Message) error {
+	var r shipReply
+	if err := json.Unmarshal(m.Value, &r); err != nil {
+		return handler.Decode(err)
+	}
+	var err error
+	if r.Error != "" {
+		err = saga.Fail(ctx, dedupe.Tx(ctx), r.SagaID, "schedule-shipping", r.Error)
+	} else {
+		err = saga.Complete(ctx, dedupe.Tx(ctx), r.SagaID, "schedule-shipping", []byte(r.ShipmentID))
+	}
+	if errors.Is(err, saga.ErrNotPending) {
+		return nil
+	}
+	return err
 }
 
 // startSaga is the consumer's handler: an order event starts its saga in
