@@ -22,12 +22,12 @@ const DefaultChunkSize = 500
 // rollbackTimeout bounds a rollback run after the caller's ctx is done.
 const rollbackTimeout = 5 * time.Second
 
-// DB is what the package needs from a database handle; *pgxpool.Pool and
-// *pgx.Conn satisfy it.
+// DB is what the package needs from a database handle: *pgxpool.Pool and
+// *pgx.Conn satisfy it, and so does dedupe.DB (the same methods), so
+// consumer.Migrate can pass its handle on.
 type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 

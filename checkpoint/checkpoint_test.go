@@ -21,7 +21,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/idemhq/idem/checkpoint"
+	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/internal/testenv"
+)
+
+// consumer.Migrate holds a dedupe.DB; a pool is what users pass.
+var (
+	_ checkpoint.DB = dedupe.DB(nil)
+	_ checkpoint.DB = (*pgxpool.Pool)(nil)
 )
 
 // setup migrates a fresh schema and fills items with ids 1..n. effects has

@@ -47,7 +47,12 @@ func Get(ctx context.Context, db DB, job string) (State, error) {
 
 // List returns every job's checkpoint, ordered by job name.
 func List(ctx context.Context, db DB) ([]State, error) {
-	rows, err := db.Query(ctx, selectState+" ORDER BY job")
+	tx, err := db.Begin(ctx) // a read-only use of a transaction: DB has no Query
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: list: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	rows, err := tx.Query(ctx, selectState+" ORDER BY job")
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: list: %w", err)
 	}

@@ -62,11 +62,13 @@ var (
 	ErrInvalidConfig = errors.New("saga: invalid configuration")
 )
 
-// DB is what the orchestrator needs from a database handle;
-// *pgxpool.Pool satisfies it.
+// DB is what Migrate and the orchestrator need from a database handle:
+// *pgxpool.Pool and *pgx.Conn satisfy it, and so does dedupe.DB (the same
+// methods), so consumer.Migrate can pass its handle on.
 type DB interface {
-	Querier
 	Begin(ctx context.Context) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // Querier runs statements: *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.

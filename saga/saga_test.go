@@ -20,9 +20,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/idemhq/idem/breaker"
+	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/saga"
+)
+
+// consumer.Migrate holds a dedupe.DB; a pool is what users pass.
+var (
+	_ saga.DB = dedupe.DB(nil)
+	_ saga.DB = (*pgxpool.Pool)(nil)
 )
 
 // world is a schema with the saga tables and the effects of the test steps:

@@ -77,13 +77,10 @@ func Get(ctx context.Context, q Querier, id string) (Status, error) {
 // returns how many it drove to a stop and the errors of the others, joined
 // (ErrBusy is not an error here: another orchestrator has that saga).
 func (o *Orchestrator) RunDue(ctx context.Context) (int, error) {
-	rows, err := o.cfg.DB.Query(ctx, `SELECT id FROM idem_saga
+	var ids []string
+	err := o.cfg.DB.QueryRow(ctx, `SELECT coalesce(array_agg(id ORDER BY next_at), '{}') FROM (SELECT id, next_at FROM idem_saga
 		WHERE (state IN ('running', 'compensating') AND next_at <= now()) OR (state = 'waiting' AND deadline <= now())
-		ORDER BY next_at LIMIT 100`)
-	if err != nil {
-		return 0, fmt.Errorf("saga: find due sagas: %w", err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		ORDER BY next_at LIMIT 100) due`).Scan(&ids)
 	if err != nil {
 		return 0, fmt.Errorf("saga: find due sagas: %w", err)
 	}
