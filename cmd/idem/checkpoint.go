@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
@@ -49,6 +50,16 @@ func checkpointDB(c *cobra.Command) func(*cobra.Command) (*pgxpool.Pool, error) 
 	}
 }
 
+// checkpointHint adds the fix to an error about a missing idem_checkpoint
+// table (SQLSTATE 42P01).
+func checkpointHint(err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "42P01" {
+		return fmt.Errorf("%w (create it with checkpoint.Migrate, which batch jobs call at start)", err)
+	}
+	return err
+}
+
 func newCheckpointStatusCmd(_ *app) *cobra.Command {
 	var asJSON bool
 	c := &cobra.Command{
@@ -72,11 +83,11 @@ committed and whether its last run reached the end. Reads only.`,
 		if len(args) == 1 {
 			s, err := checkpoint.Get(cmd.Context(), pool, args[0])
 			if err != nil {
-				return err
+				return checkpointHint(err)
 			}
 			states = []checkpoint.State{s}
 		} else if states, err = checkpoint.List(cmd.Context(), pool); err != nil {
-			return err
+			return checkpointHint(err)
 		}
 		out := cmd.OutOrStdout()
 		if asJSON {
@@ -131,7 +142,7 @@ confirmation unless --yes.`,
 		defer pool.Close()
 		s, err := checkpoint.Get(cmd.Context(), pool, job)
 		if err != nil {
-			return err
+			return checkpointHint(err)
 		}
 		out := cmd.OutOrStdout()
 		if !yes {

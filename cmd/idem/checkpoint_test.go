@@ -18,9 +18,6 @@ func TestCheckpointCLI(t *testing.T) {
 	t.Parallel()
 	pool, schema := testenv.PostgresSchema(t)
 	ctx := testenv.Context(t)
-	if err := checkpoint.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
 	db := schemaURL(t, schema)
 	cli := func(stdin string, args ...string) (int, string, string) {
 		t.Helper()
@@ -28,6 +25,12 @@ func TestCheckpointCLI(t *testing.T) {
 		code := run(append(args, "--database-url", db), strings.NewReader(stdin), &out, &errOut)
 		t.Logf("idem %s -> %d\n%s%s", strings.Join(args, " "), code, out.String(), errOut.String())
 		return code, out.String(), errOut.String()
+	}
+	if code, _, errOut := cli("", "checkpoint", "status"); code != 1 || !strings.Contains(errOut, "checkpoint.Migrate") {
+		t.Fatalf("status without the table: %d %q; want the fix named", code, errOut)
+	}
+	if err := checkpoint.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
 	}
 	if code, out, _ := cli("", "checkpoint", "status"); code != 0 || !strings.Contains(out, "no checkpoints") {
 		t.Fatalf("status of nothing: %d %q", code, out)
