@@ -6,3 +6,6 @@ package saga
 // "saga:completed"); an error from f aborts Execute there, its transaction
 // rolled back, as a process crash would.
 func SetBoundary(o *Orchestrator, f func(point string) error) { o.boundary = f }
+
+// ConfigOf returns the configuration o runs with, defaults filled in.
+func ConfigOf(o *Orchestrator) Config { return o.cfg }

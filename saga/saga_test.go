@@ -487,6 +487,20 @@ func TestOpenBreakerIsAnOutage(t *testing.T) {
 	w.check("x", "reserve", "charge", "ship")
 }
 
+// The documented defaults are the ones New fills in.
+func TestConfigDefaults(t *testing.T) {
+	t.Parallel()
+	o, err := saga.New(saga.Config{DB: &pgxpool.Pool{}}, (&world{}).def())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := saga.ConfigOf(o)
+	if c.StepAttempts != 3 || c.CompensationAttempts != 5 || c.BackoffBase != 100*time.Millisecond ||
+		c.BackoffMax != 10*time.Second || c.PollInterval != time.Second || c.Logger == nil {
+		t.Fatalf("defaults %+v", c)
+	}
+}
+
 func TestNewRejectsBadConfig(t *testing.T) {
 	t.Parallel()
 	w := &world{}
