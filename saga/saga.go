@@ -282,7 +282,9 @@ func (o *Orchestrator) Metrics() *metrics.Saga { return o.m }
 //
 // The id is the saga's idempotency key: starting an id that exists is a
 // no-op that returns created = false (a redelivered message starts its saga
-// once). Starting it with another type is an error.
+// once). Starting it with another type is an error. The saga's entry into
+// Running is counted (idem_saga_transitions_total) when the INSERT succeeds,
+// even if q's transaction rolls back later.
 func (o *Orchestrator) Start(ctx context.Context, q Querier, typ, id string, input []byte) (created bool, err error) {
 	def, ok := o.defs[typ]
 	if !ok {
