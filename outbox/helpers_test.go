@@ -218,6 +218,17 @@ func metric(t *testing.T, reg *prometheus.Registry, name string, labels ...strin
 	return 0
 }
 
+// waitMetric waits until metric name (labels in label-name order) is want.
+func waitMetric(t *testing.T, reg *prometheus.Registry, want float64, name string, labels ...string) {
+	t.Helper()
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if got := metric(t, reg, name, labels...); got != want {
+			return fmt.Errorf("%s%v = %v, want %v", name, labels, got, want)
+		}
+		return nil
+	})
+}
+
 func matches(m *dto.Metric, labels []string) bool {
 	for i, l := range m.GetLabel() {
 		if i < len(labels) && l.GetValue() != labels[i] {

@@ -48,12 +48,6 @@ type DB interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Querier is what Enqueue needs: a pgx.Tx (the usual argument) or anything
-// else that can send a batch in the caller's transaction.
-type Querier interface {
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
-}
-
 // Header is one Kafka record header. Values are bytes, stored and published
 // as given.
 type Header struct {
@@ -89,13 +83,13 @@ type Message struct {
 // Each row gets an increasing id (its order) and a random event id (UUID)
 // that the relay publishes as header idem-outbox-id and, unless the message
 // sets one, as idempotency-key. Use EnqueueTable for another table.
-func Enqueue(ctx context.Context, tx Querier, msgs ...Message) error {
+func Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 	return EnqueueTable(ctx, tx, DefaultTable, msgs...)
 }
 
 // EnqueueTable is Enqueue into table (optionally "schema.table", as for
 // Relay.Table).
-func EnqueueTable(ctx context.Context, tx Querier, table string, msgs ...Message) error {
+func EnqueueTable(ctx context.Context, tx pgx.Tx, table string, msgs ...Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}

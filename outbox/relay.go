@@ -101,7 +101,9 @@ var DefaultKafkaVersion = sarama.V4_0_0_0
 type Relay struct {
 	// Pool is the database of the outbox table. Required. The relay takes
 	// one connection out of it for good (its lock and LISTEN connection),
-	// and keeps its session settings (search_path, ...).
+	// and keeps its session settings (search_path, ...). Session advisory
+	// locks and LISTEN need a direct connection or a session-mode pooler
+	// (not PgBouncer's transaction mode).
 	Pool *pgxpool.Pool
 
 	// Brokers are the Kafka bootstrap addresses, "host:port". Required.
@@ -198,11 +200,15 @@ func (r *Relay) Validate() error {
 		return bad("BatchSize", r.BatchSize, "must be >= 0")
 	case r.MaxAttempts < 0:
 		return bad("MaxAttempts", r.MaxAttempts, "must be >= 0")
-	case r.PollInterval < 0, r.LeaderRetry < 0, r.RetryBase < 0, r.RetryMax < 0, r.KeepPublished < 0,
-		r.SweepInterval < 0, r.StatsInterval < 0, r.QueryTimeout < 0:
-		return fmt.Errorf("%w: Relay durations must be >= 0", ErrInvalidConfig)
 	case r.RetryMax > 0 && r.RetryBase > r.RetryMax:
 		return bad("RetryBase", r.RetryBase, fmt.Sprintf("must not exceed RetryMax (%s)", r.RetryMax))
+	}
+	for name, d := range map[string]time.Duration{"PollInterval": r.PollInterval, "LeaderRetry": r.LeaderRetry,
+		"RetryBase": r.RetryBase, "RetryMax": r.RetryMax, "KeepPublished": r.KeepPublished,
+		"SweepInterval": r.SweepInterval, "StatsInterval": r.StatsInterval, "QueryTimeout": r.QueryTimeout} {
+		if d < 0 {
+			return bad(name, d, "must be >= 0 (0: the default)")
+		}
 	}
 	_, err := parseTable(r.Table)
 	return err
@@ -303,7 +309,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			break
 		}
-		s.log.Warn("idem: outbox relay lost its database connection; reconnecting", "err", err, "in", c.LeaderRetry)
+		s.log.Warn("idem: outbox relay session ended (database connection lost or refused); reconnecting", "err", err, "in", c.LeaderRetry)
 		sleep(ctx, c.LeaderRetry)
 	}
 	return nil
@@ -373,7 +379,7 @@ func (s *session) lead(ctx context.Context, conn *pgx.Conn) error {
 	var nextStats time.Time
 	nextSweep := time.Now()
 	for {
-		more, retryIn, err := s.round(ctx, conn)
+		more, err := s.round(ctx, conn)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -395,9 +401,9 @@ func (s *session) lead(ctx context.Context, conn *pgx.Conn) error {
 		if more {
 			continue
 		}
-		wait := s.cfg.PollInterval
-		if retryIn > 0 && retryIn < wait {
-			wait = retryIn
+		wait, err := s.idleWait(ctx, conn)
+		if err != nil {
+			return err
 		}
 		wctx, cancel := context.WithTimeout(ctx, wait)
 		_, err = conn.WaitForNotification(wctx)
@@ -410,6 +416,22 @@ func (s *session) lead(ctx context.Context, conn *pgx.Conn) error {
 			return fmt.Errorf("outbox: wait for notification: %w", err)
 		}
 	}
+}
+
+// idleWait is how long the leader may wait for a NOTIFY: PollInterval, or
+// less when a failed row's retry comes sooner.
+func (s *session) idleWait(ctx context.Context, conn *pgx.Conn) (time.Duration, error) {
+	var next *float64
+	err := s.query(ctx, conn, `SELECT extract(epoch FROM min(retry_at) - now())::float8 FROM `+s.t.quoted+`
+		WHERE state = 'pending' AND retry_at IS NOT NULL`).Scan(&next)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: next retry: %w", err)
+	}
+	wait := s.cfg.PollInterval
+	if next != nil {
+		wait = min(wait, max(time.Millisecond, time.Duration(*next*float64(time.Second))))
+	}
+	return wait, nil
 }
 
 // row is one pending outbox row.
@@ -426,12 +448,11 @@ type row struct {
 }
 
 // round publishes the heads of the first BatchSize publishable rows. more
-// says another round may find work at once; retryIn is the shortest wait
-// before a row that failed now may be tried again (0 when none failed).
-func (s *session) round(ctx context.Context, conn *pgx.Conn) (more bool, retryIn time.Duration, err error) {
+// says another round may find work at once.
+func (s *session) round(ctx context.Context, conn *pgx.Conn) (more bool, err error) {
 	rows, err := s.fetch(ctx, conn)
 	if err != nil || len(rows) == 0 {
-		return false, 0, err
+		return false, err
 	}
 	heads := make([]row, 0, len(rows))
 	seen := make(map[string]bool, len(rows))
@@ -455,11 +476,7 @@ func (s *session) round(ctx context.Context, conn *pgx.Conn) (more bool, retryIn
 			s.m.PublishSeconds.WithLabelValues(s.t.name).Observe(max(0, time.Since(h.created).Seconds()))
 			continue
 		}
-		f := s.failure(h, errs[i])
-		failed = append(failed, f)
-		if retryIn == 0 || f.wait < retryIn {
-			retryIn = f.wait
-		}
+		failed = append(failed, s.failure(h, errs[i]))
 	}
 	if s.cfg.afterAck != nil {
 		s.cfg.afterAck(acked)
@@ -469,10 +486,10 @@ func (s *session) round(ctx context.Context, conn *pgx.Conn) (more bool, retryIn
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.QueryTimeout)
 	defer cancel()
 	if err := s.settle(actx, conn, acked, failed); err != nil {
-		return false, 0, err
+		return false, err
 	}
 	s.m.Published.WithLabelValues(s.t.name).Add(float64(len(acked)))
-	return more, retryIn, nil
+	return more, nil
 }
 
 const fetchSQL = `

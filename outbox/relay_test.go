@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/idemhq/idem/consumer"
+	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/outbox"
 )
@@ -92,18 +95,27 @@ func TestKeepPublishedMarksAndSweeps(t *testing.T) {
 		}
 		return nil
 	})
-	// Age one row past the retention: the sweep deletes it, not the other.
-	if _, err := e.pool.Exec(testenv.Context(t), "UPDATE idem_outbox SET published_at = now() - interval '2 hours' WHERE key = 'a'"); err != nil {
+	// Age one row past the retention: the sweep deletes it, not the recent
+	// one, and never an unpublished row however old.
+	ctx := testenv.Context(t)
+	if _, err := e.pool.Exec(ctx, `INSERT INTO idem_outbox (topic, key, value, state, attempts, last_error, created_at, published_at)
+		VALUES ('t', 'f', 'failed long ago', 'failed', 10, 'x', now() - interval '1 day', now() - interval '1 day')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, "UPDATE idem_outbox SET published_at = now() - interval '2 hours' WHERE key = 'a'"); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 10*time.Second, func() error {
-		if n := e.count("true"); n != 1 {
-			return fmt.Errorf("%d rows, want 1 after the sweep", n)
+		if n := e.count("key = 'a'"); n != 0 {
+			return fmt.Errorf("row a not swept yet")
 		}
 		return nil
 	})
 	if n := e.count("key = 'b' AND state = 'published'"); n != 1 {
 		t.Fatalf("row b: %d, want it kept", n)
+	}
+	if n := e.count("key = 'f' AND state = 'failed'"); n != 1 {
+		t.Fatalf("the failed row was swept")
 	}
 }
 
@@ -350,4 +362,59 @@ func TestEnqueueRejectsBadMessages(t *testing.T) {
 	if err := (&outbox.Relay{}).Validate(); !errors.Is(err, outbox.ErrInvalidConfig) {
 		t.Fatalf("Validate of an empty Relay = %v", err)
 	}
+}
+
+// TestRelayValidate: bad fields are named; consumer.Config checks its Relay
+// as Run will run it (Brokers taken from the Config).
+func TestRelayValidate(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Postgres(t)
+	for _, c := range []struct {
+		r    outbox.Relay
+		want string
+	}{
+		{outbox.Relay{Brokers: []string{"b:9092"}}, "Relay.Pool"},
+		{outbox.Relay{Pool: pool}, "Relay.Brokers"},
+		{outbox.Relay{Pool: pool, Brokers: []string{"b:9092"}, PollInterval: -1}, "Relay.PollInterval"},
+		{outbox.Relay{Pool: pool, Brokers: []string{"b:9092"}, RetryBase: time.Minute, RetryMax: time.Second}, "Relay.RetryBase"},
+		{outbox.Relay{Pool: pool, Brokers: []string{"b:9092"}, Table: "s."}, "table name"},
+	} {
+		err := c.r.Validate()
+		if !errors.Is(err, outbox.ErrInvalidConfig) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Validate() = %v, want ErrInvalidConfig naming %s", err, c.want)
+		}
+	}
+	cfg := consumer.Config{Brokers: []string{"b:9092"}, Group: "g", Topics: []string{"t"}, Dedupe: dedupe.NewMemory(),
+		Relay: &outbox.Relay{Pool: pool}}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("a relay with the consumer's brokers: %v", err)
+	}
+	cfg.Relay = &outbox.Relay{}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "Relay") {
+		t.Fatalf("consumer.Config with a relay without Pool: %v", err)
+	}
+}
+
+// TestNotifyWakesRelay: with a polling fallback of an hour, only the NOTIFY
+// of a commit (and of Retry) can wake the relay; both do.
+func TestNotifyWakesRelay(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	recs := e.consume(e.topic)
+	// A failed row from before the relay started (its INSERT's NOTIFY had no listener).
+	var id int64
+	if err := e.pool.QueryRow(testenv.Context(t), `INSERT INTO idem_outbox (topic, key, value, state, attempts, last_error)
+		VALUES ($1, 'b', 'retried', 'failed', 10, 'test') RETURNING id`, e.topic).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	r, reg := e.relay(e.pool)
+	r.PollInterval = time.Hour
+	start(t, r)
+	waitMetric(t, reg, 1, "idem_outbox_leader", "idem_outbox")
+	e.enqueue(e.msg("a", "committed"))
+	recs.waitKeys(t, "a")
+	if done, err := outbox.Retry(testenv.Context(t), e.pool, "", id); err != nil || len(done) != 1 {
+		t.Fatalf("Retry = %v, %v", done, err)
+	}
+	recs.waitKeys(t, "b")
 }

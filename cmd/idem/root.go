@@ -68,6 +68,7 @@ func newRootCmd(a *app) *cobra.Command {
 	root.AddCommand(newDLQCmd(a), newMigrateCmd(a))
 	root.AddCommand(newOrderingCmd(a))
 	root.AddCommand(newCheckpointCmd(a))
+	root.AddCommand(newOutboxCmd(a))
 	return root
 }
 
