@@ -279,6 +279,7 @@ func (r *runner) run(ctx context.Context) error {
 	wg.Go(func() { r.watchDLQDepth(watchCtx, client) })
 	wg.Go(func() { r.watchStalls(watchCtx) })
 	wg.Go(func() { r.sweep(watchCtx) })
+	r.startRelay(watchCtx, &wg)
 
 	gh := &groupHandler{r: r}
 	topics := r.topics()

@@ -46,6 +46,12 @@ var (
 	m       *handler.Message    // the message, in handler fragments
 	tx      pgx.Tx              // a transaction (dedupe.Tx(ctx) in a handler)
 
+	// Values and functions of the examples.
+	orderID               string // an order's id
+	input, event          []byte // a saga's input, an event's JSON
+	reserve, charge, ship func(context.Context, saga.Call) ([]byte, error)
+	release, refund       func(context.Context, saga.Call) error
+
 	// Low-level snippets (package retrytopic).
 	admin sarama.ClusterAdmin
 	cfg   *sarama.Config
@@ -59,6 +65,12 @@ type Payment struct {
 	Amount  int64
 }
 
+// Invoice is a row of the batch-job examples.
+type Invoice struct {
+	ID    string
+	Cents int64
+}
+
 // Bank is a remote dependency of the examples.
 type Bank interface {
 	Charge(ctx context.Context, p Payment) error
@@ -67,7 +79,8 @@ type Bank interface {
 
 // givenImports are always imported: givens uses them.
 var givenImports = []string{"context", "testing", "github.com/IBM/sarama", "github.com/jackc/pgx/v5", "github.com/jackc/pgx/v5/pgxpool",
-	"github.com/prometheus/client_golang/prometheus", "github.com/idemhq/idem/handler", "github.com/idemhq/idem/retrytopic"}
+	"github.com/prometheus/client_golang/prometheus", "github.com/idemhq/idem/handler", "github.com/idemhq/idem/retrytopic",
+	"github.com/idemhq/idem/saga"}
 
 // imports are the packages a fragment may use by their name; only those it
 // uses are imported.
@@ -352,20 +365,30 @@ func TestSnippetsCompile(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Each snippet is built on its own (sNNN) and, when it is a block of
+	// statements after others of its document, also as their continuation
+	// (sNNNc); it passes when either builds.
 	byDir := map[string]snippet{}
-	for i, s := range snippets {
+	write := func(d string, s snippet) {
 		src, err := source(s)
 		if err != nil {
 			t.Errorf("%s: %v\n%s", s.where, err, s.code)
-			continue
+			return
 		}
-		d := fmt.Sprintf("s%03d", i)
 		byDir[d] = s
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			t.Fatal(err)
 		}
 		if err := os.WriteFile(filepath.Join(dir, d, "snippet.go"), []byte(src), 0o644); err != nil {
 			t.Fatal(err)
+		}
+	}
+	for i, s := range snippets {
+		alone := s
+		alone.before = nil
+		write(fmt.Sprintf("s%03d", i), alone)
+		if len(s.before) > 0 && isStatements(s.code) {
+			write(fmt.Sprintf("s%03dc", i), s)
 		}
 	}
 	cmd := exec.Command("go", "build", "-o", os.DevNull, "./...")
@@ -375,7 +398,9 @@ func TestSnippetsCompile(t *testing.T) {
 	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS="+strings.TrimSpace(os.Getenv("GOFLAGS")+" -mod=mod"), "GOPROXY=off")
 	out, err := cmd.CombinedOutput()
 	if err == nil {
-		t.Logf("%d snippets compile", len(byDir))
+		if !t.Failed() {
+			t.Logf("%d snippets compile", len(snippets))
+		}
 		return
 	}
 	// Name each failing snippet by where it is in the documentation.
@@ -391,14 +416,21 @@ func TestSnippetsCompile(t *testing.T) {
 	if len(failed) == 0 {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	ds := make([]string, 0, len(failed))
-	for d := range failed {
-		ds = append(ds, d)
-	}
-	sort.Strings(ds)
-	for _, d := range ds {
+	for i := range snippets {
+		d := fmt.Sprintf("s%03d", i)
+		errs, bad := failed[d]
+		if !bad {
+			continue
+		}
+		if _, chained := byDir[d+"c"]; chained {
+			cerrs, cbad := failed[d+"c"]
+			if !cbad {
+				continue // it compiles as the continuation of the blocks before it
+			}
+			errs = append(append(errs, "as the continuation of the blocks before it:"), cerrs...)
+		}
 		s := byDir[d]
-		t.Errorf("%s: the snippet does not compile:\n  %s\n%s", s.where, strings.Join(failed[d], "\n  "), numbered(s.code))
+		t.Errorf("%s: the snippet does not compile:\n  %s\n%s", s.where, strings.Join(errs, "\n  "), numbered(s.code))
 	}
 }
 
