@@ -10,7 +10,7 @@ WITH_ENV = set -a; [ -f $(ENVFILE) ] && . ./$(ENVFILE); set +a;
 GO      ?= go
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: help services services-down run test fuzz bench bench-quick lint fmt compose-check
+.PHONY: help services services-down run test fuzz bench bench-quick lint fmt compose-check rules-test
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -34,8 +34,9 @@ ORDERING_TESTS = TestOrderingByKey|TestOrderingParkedFailureBecomesHead|TestOrde
 FUZZ_TARGETS = ./consumer:FuzzKeyExtraction ./retrytopic:FuzzDecode ./dlq:FuzzRecord ./internal/keyorder:FuzzParkRoundTrip
 FUZZTIME ?= 4s
 
-test: services ## go vet + all tests with -race against real Kafka and PostgreSQL, core tests in batch and lane modes, a short fuzz run
+test: services ## go vet + all tests with -race against real Kafka and PostgreSQL, core tests in batch and lane modes, alert rule tests, a short fuzz run
 	$(GO) vet ./...
+	@$(MAKE) --no-print-directory rules-test
 	@$(WITH_ENV) IDEM_REQUIRE_REAL_KAFKA=1 $(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) ./...
 	@$(WITH_ENV) IDEM_REQUIRE_REAL_KAFKA=1 IDEM_TEST_MODE=batch $(GO) test -race -count=1 -timeout 15m -run '$(CORE_TESTS)' ./consumer/
 	@$(WITH_ENV) IDEM_REQUIRE_REAL_KAFKA=1 IDEM_TEST_MODE=lanes $(GO) test -race -count=1 -timeout 15m -run '$(CORE_TESTS)|$(ORDERING_TESTS)' ./consumer/
@@ -67,6 +68,10 @@ lint: ## go vet + staticcheck
 
 fmt: ## gofmt the tree
 	gofmt -s -w $$(git ls-files '*.go')
+
+rules-test: ## check the Prometheus config and alert rules, and run their unit tests (promtool, Debian package prometheus)
+	promtool check config deploy/prometheus/prometheus.yml
+	cd deploy/prometheus && promtool test rules alerts_test.yml
 
 compose-check: ## validate docker-compose.yml (no engine needed)
 	docker-compose -f docker-compose.yml config -q
