@@ -154,6 +154,13 @@ type Config struct {
 	// Default: 30s.
 	DLQDepthInterval time.Duration
 
+	// LagInterval is how often idem_consumer_lag is refreshed for every
+	// claimed partition, source and retry tier: the high watermark minus the
+	// group's committed offset, asked of the cluster. A negative value
+	// disables it.
+	// Default: 15s.
+	LagInterval time.Duration
+
 	// Retries is the number of in-process retries of a message whose handler
 	// returned a retriable error, each in a fresh transaction, before the
 	// message is forwarded to the next retry tier (or the dead-letter topic).
@@ -271,7 +278,7 @@ type Config struct {
 
 	// TracerProvider makes the OpenTelemetry tracer of the spans idem starts:
 	// one "idem.handle" span per message attempt, a child of the context in
-	// the record's traceparent/tracestate headers (see package doc, Tracing).
+	// the record's traceparent/tracestate headers (see SpanHandle).
 	// Default: otel.GetTracerProvider() (a no-op until the program installs
 	// an SDK provider with otel.SetTracerProvider).
 	TracerProvider trace.TracerProvider
@@ -354,6 +361,7 @@ func defaults() Config {
 		OutageBackoff:    5 * time.Second,
 		Retries:          3,
 		DLQDepthInterval: 30 * time.Second,
+		LagInterval:      15 * time.Second,
 		RetryBase:        100 * time.Millisecond,
 		RetryMax:         5 * time.Second,
 		StallWarning:     time.Minute,
@@ -391,6 +399,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.DLQDepthInterval == 0 {
 		c.DLQDepthInterval = d.DLQDepthInterval
+	}
+	if c.LagInterval == 0 {
+		c.LagInterval = d.LagInterval
 	}
 	if c.Retries == 0 {
 		c.Retries = d.Retries

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/dlq"
@@ -111,8 +112,9 @@ type runner struct {
 
 	parts sync.Map // tp → *partition: the claimed partitions, watched for stalls
 
-	ready *Readiness // Config.Readiness, or a private one
-	life  *lifecycle // OnAssigned/OnRevoked
+	ready  *Readiness // Config.Readiness, or a private one
+	life   *lifecycle // OnAssigned/OnRevoked
+	tracer trace.Tracer
 
 	randMu sync.Mutex
 	rand   *rand.Rand
@@ -144,6 +146,7 @@ func newRunner(cfg Config, h handler.Handler) (*runner, error) {
 		r.ready = NewReadiness()
 	}
 	r.life = newLifecycle(r)
+	r.tracer = cfg.TracerProvider.Tracer(TracerName)
 	return r, nil
 }
 
@@ -268,6 +271,7 @@ func (r *runner) run(ctx context.Context) error {
 		wg.Wait()
 	}()
 
+	wg.Go(func() { r.watchLag(watchCtx, client) })
 	wg.Go(func() { r.watchDLQDepth(watchCtx, client) })
 	wg.Go(func() { r.watchStalls(watchCtx) })
 
@@ -372,5 +376,6 @@ func (g *groupHandler) ConsumeClaim(s sarama.ConsumerGroupSession, c sarama.Cons
 	defer g.r.life.claimEnded(s, t)
 	p := newPartition(g.r, s, c)
 	p.run()
+	p.obs.close()
 	return nil
 }

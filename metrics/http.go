@@ -59,7 +59,7 @@ func NewServeMux(g prometheus.Gatherer, ready func(context.Context) error) *http
 // the server stops with other than the shutdown. A nil ready is always ready.
 func Serve(ctx context.Context, addr string, g prometheus.Gatherer, ready func(context.Context) error) error {
 	var lc net.ListenConfig
-	ln, err := lc.Listen(ctx, "tcp", addr)
+	ln, err := lc.Listen(context.WithoutCancel(ctx), "tcp", addr) // a done ctx still serves nothing and returns nil
 	if err != nil {
 		return fmt.Errorf("metrics: listen on %s: %w", addr, err)
 	}

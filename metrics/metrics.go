@@ -1,34 +1,3 @@
-// Package metrics holds every Prometheus metric idem exports, in one place, so
-// dashboards and alerts have one list to read. Collectors are registered on an
-// injected prometheus.Registerer; nothing is registered globally.
-//
-// Names (all prefixed idem_):
-//
-//	idem_messages_total{group,topic,outcome}        messages with a final outcome: processed, duplicate, retried (sent to a tier), dead_lettered, parked
-//	idem_handler_attempts_total{group,topic,result} handler calls: ok, error, panic, breaker_open
-//	idem_handler_duration_seconds{group,topic}      handler call latency, histogram (p95/p99)
-//	idem_retries_total{group,topic}                 in-process retries (an attempt after a failure)
-//	idem_forwarded_total{group,destination,kind}    records forwarded to a retry tier or the DLQ, by idem-error-kind
-//	idem_forward_errors_total{group,destination}    failed forwards (the partition retries them; nothing is marked)
-//	idem_stubs_forwarded_total{group,destination}   records dead-lettered as stubs, without their value, because no topic would take them whole
-//	idem_missing_key_total{group,topic}             messages without a valid idempotency key
-//	idem_store_errors_total{group}                  dedupe store failures (outages); the message is retried, not counted as an attempt
-//	idem_retry_delay_seconds{group,topic}           how long after idem-due-at a retry record was handled, histogram
-//	idem_dlq_depth{topic}                           DLQ records not yet replayed or purged (end offsets - admin group offsets)
-//	idem_breaker_state{name}                        0 closed, 1 half-open, 2 open
-//	idem_breaker_transitions_total{name,from,to}    breaker state changes
-//	idem_breaker_open_seconds_total{name}           seconds spent open
-//	idem_partitions_paused{group}                   partitions paused by an open breaker or by back-pressure
-//	idem_partitions_assigned{group}                 partitions currently claimed
-//	idem_commits_total{group}                       offsets marked for commit
-//	idem_abandoned_total{group}                     in-flight messages cancelled past ShutdownGrace (rolled back, left for redelivery)
-//	idem_partition_stalled_seconds{group,topic,partition} seconds a partition has been failing on one message (outages, retries, forward errors); 0 when flowing
-//	idem_consumer_lag{group,topic,partition}        records behind: high watermark - committed offset, per claimed partition (sources and tiers)
-//	idem_end_to_end_seconds{group,topic}            record timestamp to offset marked, histogram (1 ms to 1 h, p95/p99)
-//	idem_messages_in_flight{group,topic}            messages taken from a partition's queue and not yet final
-//
-// doc.go has the full table (type, labels, meaning); a test checks it
-// against the registry.
 package metrics
 
 import (
