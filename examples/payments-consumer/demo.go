@@ -328,6 +328,7 @@ func runDemo(ctx context.Context, e env, o demoOptions, stdout, stderr io.Writer
 			Retries:          1,
 			RetryBase:        20 * time.Millisecond,
 			DLQDepthInterval: time.Second,
+			LagInterval:      time.Second,
 			Readiness:        ready,
 		}, handler.Func(svc.handlePayment))
 	}()
