@@ -13,6 +13,7 @@ import (
 	mrand "math/rand/v2"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -299,7 +300,7 @@ func runDemo(ctx context.Context, e env, o demoOptions, stdout, stderr io.Writer
 		} else {
 			stopMetrics := serveMetrics(ln, reg, ready, log)
 			defer stopMetrics()
-			fmt.Fprintf(stdout, "  metrics:  http://%s/metrics (also /healthz, /readyz)\n", ln.Addr())
+			fmt.Fprintf(stdout, "  metrics:  http://%s/metrics (also /healthz, /readyz)\n", displayAddr(ln.Addr()))
 		}
 	}
 	if url := dashboardURL(ctx, o.GrafanaURL); url != "" {
@@ -436,6 +437,15 @@ func waitReady(ctx context.Context, ready *consumer.Readiness) error {
 		case <-t.C:
 		}
 	}
+}
+
+// displayAddr is addr as a URL host: "localhost:9464" for a listener on every
+// interface.
+func displayAddr(addr net.Addr) string {
+	if a, ok := addr.(*net.TCPAddr); ok && a.IP.IsUnspecified() {
+		return net.JoinHostPort("localhost", strconv.Itoa(a.Port))
+	}
+	return addr.String()
 }
 
 // dashboardURL returns the idem dashboard's URL when Grafana answers at base.

@@ -57,18 +57,22 @@ func (p *progress) update(sent int64) {
 	if st, ok := g.find("idem_breaker_state", "name", "bank"); ok {
 		bank = breakerNames[st]
 	}
-	stats := fmt.Sprintf("%s/%s sent · %s done · %s applied · %s dup · %s to tiers · %s DLQ · %s retries · bank %s",
-		num(sent), num(p.total), num(done), num(out("processed")), num(out("duplicate")), num(out("retried")),
-		num(out("dead_lettered")), num(g.sum("idem_retries_total", "", "")), bank)
+	stats := fmt.Sprintf("%s/%s done · bank %s · %s applied · %s dup · %s DLQ · %s to tiers · %s retries · %s sent",
+		num(done), num(p.total), bank, num(out("processed")), num(out("duplicate")), num(out("dead_lettered")),
+		num(out("retried")), num(g.sum("idem_retries_total", "", "")), num(sent))
 	el := now.Sub(p.start).Truncate(100 * time.Millisecond)
 	if !p.tty {
 		fmt.Fprintf(p.w, "  %5.1fs  %s\n", el.Seconds(), stats)
 		return
 	}
-	const width = 24
+	const width = 20
 	frac := float64(done) / float64(max(1, p.total))
 	bar := strings.Repeat("█", int(frac*width)) + strings.Repeat("░", width-int(frac*width))
-	fmt.Fprintf(p.w, "\r\x1b[K  %s %3.0f%% %5.1fs  %s", bar, frac*100, el.Seconds(), stats)
+	line := []rune(fmt.Sprintf("  %s %3.0f%% %5.1fs  %s", bar, frac*100, el.Seconds(), stats))
+	if cols := termWidth(p.w.(*os.File)) - 1; len(line) > cols {
+		line = append(line[:max(0, cols-1)], '…') // a wrapped line could not be redrawn in place
+	}
+	fmt.Fprintf(p.w, "\r\x1b[K%s", string(line))
 	p.drawn = true
 }
 
