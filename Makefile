@@ -43,6 +43,7 @@ test: services ## go vet + all tests with -race against real Kafka and PostgreSQ
 	@$(WITH_ENV) IDEM_REQUIRE_REAL_KAFKA=1 IDEM_TEST_MODE=lanes-batch $(GO) test -race -count=1 -timeout 15m -run '$(CORE_TESTS)' ./consumer/
 	@$(MAKE) --no-print-directory fuzz
 	cd bench && $(GO) vet ./... && $(GO) test -count=1 ./...
+	cd deploy/dashshot && $(GO) vet ./...
 
 fuzz: ## a short run of every fuzz target (FUZZTIME each, default 4s)
 	@set -e; for t in $(FUZZ_TARGETS); do \

@@ -352,8 +352,10 @@ func runDemo(ctx context.Context, e env, o demoOptions, stdout, stderr io.Writer
 	bk.restartClock()
 	start := time.Now()
 	var sent, produceNanos atomic.Int64
-	prodErr := make(chan error, 1)
+	prodErr, prodDone := make(chan error, 1), make(chan struct{})
+	defer func() { stopWait(); <-prodDone }() // the producer never outlives the demo
 	go func() {
+		defer close(prodDone)
 		err := produce(waitCtx, e.Brokers, s.Topic, stream, o.Rate, &sent)
 		produceNanos.Store(int64(time.Since(start)))
 		prodErr <- err
