@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -315,6 +316,7 @@ func TestReadinessAndLifecycle(t *testing.T) {
 	cfg := e.config()
 	cfg.Dedupe = store
 	cfg.Readiness = ready
+	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{time.Second}} // its tier is claimed too
 	cfg.OnAssigned = func(ctx context.Context, tps []consumer.TopicPartition) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -325,9 +327,14 @@ func TestReadinessAndLifecycle(t *testing.T) {
 	}
 	cfg.OnRevoked = func(ctx context.Context, tps []consumer.TopicPartition) {
 		for _, tp := range tps {
-			c := e.committed(tp.Topic, 3)[tp.Partition]
 			mu.Lock()
 			revoked = append(revoked, tp)
+			mu.Unlock()
+			if tp.Topic != e.topic {
+				continue
+			}
+			c := e.committed(tp.Topic, 3)[tp.Partition]
+			mu.Lock()
 			committedAtRevoke[tp.Partition] = c
 			mu.Unlock()
 		}
@@ -362,11 +369,20 @@ func TestReadinessAndLifecycle(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	want := []consumer.TopicPartition{{e.topic, 0}, {e.topic, 1}, {e.topic, 2}}
+	for p := range int32(3) {
+		want = append(want, consumer.TopicPartition{Topic: e.tier(1), Partition: p})
+	}
 	sortTP := func(s []consumer.TopicPartition) {
-		slices.SortFunc(s, func(a, b consumer.TopicPartition) int { return int(a.Partition - b.Partition) })
+		slices.SortFunc(s, func(a, b consumer.TopicPartition) int {
+			if a.Topic != b.Topic {
+				return strings.Compare(a.Topic, b.Topic)
+			}
+			return int(a.Partition - b.Partition)
+		})
 	}
 	sortTP(assigned)
 	sortTP(revoked)
+	sortTP(want)
 	if !slices.Equal(assigned, want) {
 		t.Errorf("OnAssigned got %v, want %v", assigned, want)
 	}
@@ -393,6 +409,7 @@ func TestLagInFlightAndEndToEnd(t *testing.T) {
 	e := newEnv(t, 2)
 	cfg := e.config()
 	cfg.LagInterval = 100 * time.Millisecond
+	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{time.Second}} // tier partitions have lag series too
 	release := make(chan struct{})
 	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
 		select {
@@ -429,6 +446,9 @@ func TestLagInFlightAndEndToEnd(t *testing.T) {
 		}
 		return nil
 	})
+	if n := seriesCount(t, e, "idem_consumer_lag", map[string]string{"group": e.group, "topic": e.tier(1)}); n != 2 {
+		t.Errorf("idem_consumer_lag has %d series for tier 1, want 2 (one per partition)", n)
+	}
 	if got := metricValue(t, e, "idem_end_to_end_seconds", labels); got != 20 {
 		t.Errorf("idem_end_to_end_seconds count %v, want 20", got)
 	}
@@ -444,4 +464,34 @@ func TestLagInFlightAndEndToEnd(t *testing.T) {
 			t.Errorf("idem_consumer_lag keeps %d series after Run returned", len(mf.GetMetric()))
 		}
 	}
+}
+
+// seriesCount counts the series of the metric family name whose labels
+// include want.
+func seriesCount(t *testing.T, e *env, name string, want map[string]string) int {
+	t.Helper()
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			for k, v := range want {
+				if labels[k] != v {
+					continue next
+				}
+			}
+			n++
+		}
+	}
+	return n
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -56,6 +57,7 @@ func (r *Readiness) Check(ctx context.Context) error {
 		claimed = append(claimed, TopicPartition{t.topic, t.partition}.String())
 	}
 	r.mu.Unlock()
+	slices.Sort(claimed)
 	switch {
 	case !running:
 		return fmt.Errorf("%w: consumer is not running", ErrNotReady)

@@ -135,6 +135,9 @@ func (p *partition) traceMessage(msg *handler.Message, tier int) {
 	p.tspan = spanState{msg: msg, tier: tier}
 }
 
+// consumerKind is the start option of every attempt span, made once.
+var consumerKind = trace.WithSpanKind(trace.SpanKindConsumer)
+
 // spanStart opens the attempt span of msg, a child of the trace context in
 // msg's headers, unless one is open for msg already, and returns the
 // handler's ctx carrying it.
@@ -149,7 +152,7 @@ func (p *partition) spanStart(msg *handler.Message) context.Context {
 	p.spanEnd(TraceOutcomeAbandoned, nil)
 	r := p.r
 	parent := r.cfg.Propagator.Extract(p.hctx, msgCarrier{msg})
-	ctx, span := r.tracer.Start(parent, SpanHandle, trace.WithSpanKind(trace.SpanKindConsumer))
+	ctx, span := r.tracer.Start(parent, SpanHandle, consumerKind)
 	if span.IsRecording() {
 		span.SetAttributes(
 			attribute.String("messaging.system", "kafka"),

@@ -38,17 +38,27 @@ func TestRecordCarrierReplaces(t *testing.T) {
 // otel.GetTracerProvider()), on a record carrying a traceparent: what every
 // message pays for tracing when nobody exports traces.
 func BenchmarkAttemptSpanNoSDK(b *testing.B) {
-	r := &runner{cfg: Config{Propagator: propagation.TraceContext{}}}
-	r.tracer = otel.GetTracerProvider().Tracer(TracerName)
-	p := &partition{r: r, hctx: context.Background()}
-	msg := &handler.Message{Topic: "t", Headers: []handler.Header{
-		{Key: "idempotency-key", Value: []byte("k")},
-		{Key: "traceparent", Value: []byte("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")},
-	}}
-	b.ReportAllocs()
-	for b.Loop() {
-		p.traceMessage(msg, 0)
-		_ = p.spanStart(msg)
-		p.spanEnd(TraceOutcomeProcessed, nil)
+	for _, tc := range []struct {
+		name    string
+		headers []handler.Header
+	}{
+		{"traceparent", []handler.Header{
+			{Key: "idempotency-key", Value: []byte("k")},
+			{Key: "traceparent", Value: []byte("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")},
+		}},
+		{"untraced", []handler.Header{{Key: "idempotency-key", Value: []byte("k")}}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			r := &runner{cfg: Config{Propagator: propagation.TraceContext{}}}
+			r.tracer = otel.GetTracerProvider().Tracer(TracerName)
+			p := &partition{r: r, hctx: context.Background()}
+			msg := &handler.Message{Topic: "t", Headers: tc.headers}
+			b.ReportAllocs()
+			for b.Loop() {
+				p.traceMessage(msg, 0)
+				_ = p.spanStart(msg)
+				p.spanEnd(TraceOutcomeProcessed, nil)
+			}
+		})
 	}
 }
