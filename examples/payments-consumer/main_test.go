@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -99,7 +101,7 @@ func TestDemoBalances(t *testing.T) {
 	if s.Bank.Failed == 0 {
 		t.Errorf("the bank failed no call; its faults are off")
 	}
-	for _, want := range []string{"double charges:", "duplicates skipped:", "retried:", "breaker openings:", "dead-lettered:"} {
+	for _, want := range []string{"done · bank", "double charges:", "duplicates skipped:", "retried:", "breaker openings:", "dead-lettered:"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("summary lacks %q:\n%s", want, out.String())
 		}
@@ -331,5 +333,27 @@ func TestMissingEnv(t *testing.T) {
 	err := run(t.Context(), []string{"demo"}, io.Discard, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "KAFKA_BROKERS") || !strings.Contains(err.Error(), "DATABASE_URL") || !strings.Contains(err.Error(), "make services") {
 		t.Fatalf("run without env = %v; want an error naming both variables and `make services`", err)
+	}
+}
+
+// TestDashboardURL: the demo links the dashboard only when Grafana answers.
+func TestDashboardURL(t *testing.T) {
+	grafana := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/api/health" {
+			http.NotFound(w, r)
+			return
+		}
+		fmt.Fprintln(w, `{"database":"ok"}`)
+	}))
+	t.Cleanup(grafana.Close)
+	if got, want := dashboardURL(t.Context(), grafana.URL+"/"), grafana.URL+"/d/idem/idem?refresh=5s"; got != want {
+		t.Errorf("dashboardURL = %q, want %q", got, want)
+	}
+	down := httptest.NewServer(http.NotFoundHandler())
+	down.Close()
+	for _, base := range []string{"", down.URL} {
+		if got := dashboardURL(t.Context(), base); got != "" {
+			t.Errorf("dashboardURL(%q) = %q, want none", base, got)
+		}
 	}
 }
