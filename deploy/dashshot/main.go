@@ -193,10 +193,19 @@ func render(ctx context.Context, prom string, p panel, t0, t1 time.Time, step ti
 	return pl, nil
 }
 
-// shorten trims long generated topic names in legends.
+// tierRE and dlqRE find idem's generated topic names in a legend.
+var (
+	tierRE = regexp.MustCompile(`[^\s/]+\.retry\.([0-9]+)`)
+	dlqRE  = regexp.MustCompile(`[^\s/]+\.dlq\b`)
+)
+
+// shorten names retry tiers and DLQs by their role ("<topic>.<group>.retry.2"
+// → "retry 2") and trims what is still long.
 func shorten(s string) string {
-	if len(s) > 42 {
-		return "…" + s[len(s)-41:]
+	s = tierRE.ReplaceAllString(s, "retry $1")
+	s = dlqRE.ReplaceAllString(s, "dlq")
+	if r := []rune(s); len(r) > 42 {
+		return "…" + string(r[len(r)-41:])
 	}
 	return s
 }
