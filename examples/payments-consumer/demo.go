@@ -101,6 +101,8 @@ type summary struct {
 	Outages         int   // outage windows configured
 
 	ProduceTime, ConsumeTime time.Duration
+
+	Events eventFigures // payment.recorded events published through the outbox (events.go)
 }
 
 // DuplicatesSkipped is the good deliveries that had no second effect.
@@ -143,6 +145,9 @@ func (s summary) check() error {
 	if s.DoubleCharges != 0 {
 		bad("double charges %d != 0", s.DoubleCharges)
 	}
+	if err := s.Events.check(s.Stored); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 
@@ -174,6 +179,7 @@ func (s summary) print(w io.Writer) {
 		}
 		fmt.Fprintf(w, "  %21s %4d  %-11s %s\n", "", g.Count, g.Kind, msg)
 	}
+	line("events published", "%s", s.Events)
 	line("double charges", "%d", s.DoubleCharges)
 }
 
@@ -277,6 +283,10 @@ func runDemo(ctx context.Context, e env, o demoOptions, stdout, stderr io.Writer
 	if _, err := ensureTopic(ctx, client, admin, s.Topic, o.Partitions); err != nil {
 		return s, err
 	}
+	s.Events.Topic = s.Topic + ".events"
+	if _, err := ensureTopic(ctx, client, admin, s.Events.Topic, o.Partitions); err != nil {
+		return s, err
+	}
 	if o.Cleanup {
 		defer cleanupRun(pool, admin, s, stderr)
 	}
@@ -306,7 +316,7 @@ func runDemo(ctx context.Context, e env, o demoOptions, stdout, stderr io.Writer
 	if url := dashboardURL(ctx, o.GrafanaURL); url != "" {
 		fmt.Fprintf(stdout, "  dashboard: %s\n", url)
 	}
-	svc, bk, err := startService(o.Bank, reg)
+	svc, bk, err := startService(o.Bank, reg, s.Events.Topic)
 	if err != nil {
 		return s, err
 	}
@@ -331,6 +341,7 @@ func runDemo(ctx context.Context, e env, o demoOptions, stdout, stderr io.Writer
 			DLQDepthInterval: time.Second,
 			LagInterval:      time.Second,
 			Readiness:        ready,
+			Relay:            eventsRelay(true, pool), // publishes payment.recorded from this process
 		}, handler.Func(svc.handlePayment))
 	}()
 	waitCtx, stopWait := context.WithCancel(ctx)
@@ -383,6 +394,9 @@ func runDemo(ctx context.Context, e env, o demoOptions, stdout, stderr io.Writer
 			}
 		}
 	}()
+	if werr == nil { // the relay publishes each stored payment's event
+		s.Events, werr = waitEvents(waitCtx, pool, client, s.Events.Topic)
+	}
 	s.ConsumeTime = time.Since(start)
 	s.ProduceTime = time.Duration(produceNanos.Load())
 	p.done()
@@ -718,7 +732,7 @@ func (g gatheredMetrics) sumWhere(name string, want map[string]string) int64 {
 func cleanupRun(pool *pgxpool.Pool, admin sarama.ClusterAdmin, s summary, stderr io.Writer) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for _, t := range append(append([]string{s.Topic}, s.Tiers...), s.DLQ) {
+	for _, t := range append(append([]string{s.Topic, s.Events.Topic}, s.Tiers...), s.DLQ) {
 		if err := admin.DeleteTopic(t); err != nil && !errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
 			fmt.Fprintf(stderr, "cleanup: delete topic %s: %v\n", t, err)
 		}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -87,6 +88,7 @@ func TestDemoBalances(t *testing.T) {
 		{"orders paid", s.OrdersPaid, int64(o.N)},
 		{"dead-lettered", s.DeadLettered, int64(o.Bad)},
 		{"double charges", s.DoubleCharges, 0},
+		{"events published", s.Events.Published, int64(o.N)},
 		{"DLQ decode", kinds[handler.KindDecode], int64(o.Bad / 5)},
 		{"DLQ missing-key", kinds[handler.KindMissingKey], int64(o.Bad / 5)},
 		{"DLQ permanent", kinds[handler.KindPermanent], int64(o.Bad - 2*(o.Bad/5))},
@@ -117,7 +119,7 @@ func TestHandlePayment(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.Close()
+	t.Cleanup(pool.Close) // after the cleanup below, which needs it
 	if err := migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
@@ -129,8 +131,10 @@ func TestHandlePayment(t *testing.T) {
 		c := context.Background()
 		_, _ = pool.Exec(c, `DELETE FROM payments WHERE order_id LIKE $1`, run+"-%")
 		_, _ = pool.Exec(c, `DELETE FROM orders WHERE id LIKE $1`, run+"-%")
+		_, _ = pool.Exec(c, `DELETE FROM idem_outbox WHERE topic = $1`, run+".events")
 	})
 	svc, bk := testService(t, bankFaults{})
+	svc.eventsTopic = run + ".events"
 	// handle runs one message in a transaction that commits on success.
 	handle := func(key, body string) error {
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -176,6 +180,20 @@ func TestHandlePayment(t *testing.T) {
 	if n != 2 || amount != "99.999999" {
 		t.Errorf("payments: %d rows, o2 amount %q; want 2 rows, 99.999999", n, amount)
 	}
+	// One payment.recorded per stored payment; the repeat and the refused
+	// ones enqueued nothing (or rolled it back).
+	var events []string
+	rows, err := pool.Query(ctx, `SELECT value->>'idempotency_key' FROM (SELECT convert_from(value, 'UTF8')::jsonb AS value
+		FROM idem_outbox WHERE topic = $1) e ORDER BY 1`, run+".events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if events, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{run + "-k1", run + "-k3"}; !slices.Equal(events, want) {
+		t.Errorf("payment.recorded events enqueued for %v, want %v", events, want)
+	}
 	if f := bk.figures(run + "-"); f.ChargedPrefix != 2 || f.DoubleCharged != 0 {
 		t.Errorf("bank: %d charges, %d orders charged twice; want 2, 0", f.ChargedPrefix, f.DoubleCharged)
 	}
@@ -189,7 +207,7 @@ func TestHandlePayment(t *testing.T) {
 // open for the test).
 func testService(t *testing.T, f bankFaults) (*service, *bank) {
 	t.Helper()
-	svc, bk, err := startService(bankFlags{faults: f, timeout: 50 * time.Millisecond, cooldown: time.Hour}, prometheus.NewRegistry())
+	svc, bk, err := startService(bankFlags{faults: f, timeout: 50 * time.Millisecond, cooldown: time.Hour}, prometheus.NewRegistry(), "payments.events")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -107,7 +107,8 @@ var _ consumer.KeyFunc = paymentKey
 
 // service is the payment consumer's handler and what it depends on.
 type service struct {
-	bank *bankClient
+	bank        *bankClient
+	eventsTopic string // where payment.recorded events go, through the outbox
 
 	// naturalDups counts deliveries the inbox let through but the payments
 	// table's natural key stopped (the inbox row was swept, or another
@@ -131,6 +132,10 @@ type service struct {
 // go to the dead-letter topic for an operator, and the bank is never called.
 // A bank timeout or 5xx is retriable: in-process retries, then the retry
 // tiers. While the bank's breaker is open the consumer pauses instead.
+//
+// A payment actually stored enqueues a payment.recorded event (events.go) to
+// s.eventsTopic in the same transaction (transactional outbox, seed §6); a
+// duplicate enqueues nothing.
 func (s *service) handlePayment(ctx context.Context, m *handler.Message) error {
 	p, err := decodePayment(m.Value)
 	if err != nil {
@@ -183,5 +188,5 @@ func (s *service) handlePayment(ctx context.Context, m *handler.Message) error {
 	if err := s.bank.Charge(ctx, key, p); err != nil {
 		return fmt.Errorf("charge payment %s: %w", key, err)
 	}
-	return nil
+	return enqueueRecorded(ctx, tx, s.eventsTopic, key, p) // commits with the payment
 }

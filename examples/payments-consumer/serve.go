@@ -35,6 +35,8 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer) error {
 	group := fs.String("group", "payments-consumer", "consumer group id")
 	partitions := fs.Int("partitions", 6, "partitions of the topic when this service creates it")
 	metricsAddr := fs.String("metrics-addr", ":9464", "listen address of /metrics, /healthz and /readyz (empty: off)")
+	eventsTopic := fs.String("events-topic", defaultEventsTopic, "topic of the payment.recorded events (created when missing)")
+	relay := fs.Bool("relay", true, "run the outbox relay in this process (false: run `idem outbox relay` apart)")
 	verbose := fs.Bool("v", false, "debug logs")
 	bf := bankFlags{timeout: 2 * time.Second, cooldown: 10 * time.Second} // no faults by default
 	bf.register(fs)
@@ -74,8 +76,10 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 
 	scfg := saramaConfig("payments-consumer")
-	if err := createTopic(ctx, e.Brokers, scfg, *topic, int32(*partitions), log); err != nil {
-		return err
+	for _, t := range []string{*topic, *eventsTopic} {
+		if err := createTopic(ctx, e.Brokers, scfg, t, int32(*partitions), log); err != nil {
+			return err
+		}
 	}
 
 	reg := prometheus.NewRegistry()
@@ -90,7 +94,7 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer) error {
 		defer stopMetrics()
 	}
 
-	svc, bk, err := startService(bf, reg)
+	svc, bk, err := startService(bf, reg, *eventsTopic)
 	if err != nil {
 		return err
 	}
@@ -125,6 +129,7 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer) error {
 		Registerer: reg,
 		Retry:      retryPolicy,
 		Readiness:  ready,
+		Relay:      eventsRelay(*relay, pool),
 	}, handler.Func(svc.handlePayment))
 	if err != nil {
 		return fmt.Errorf("consumer: %w", err)
@@ -179,8 +184,9 @@ func serveMetrics(ln net.Listener, reg prometheus.Gatherer, ready *consumer.Read
 
 // startService starts the in-process bank with bf's faults and returns the
 // handler's service, which charges it through a circuit breaker named "bank"
-// whose state is exported on reg. The caller closes the bank.
-func startService(bf bankFlags, reg prometheus.Registerer) (*service, *bank, error) {
+// whose state is exported on reg, and publishes payment.recorded events to
+// eventsTopic. The caller closes the bank.
+func startService(bf bankFlags, reg prometheus.Registerer, eventsTopic string) (*service, *bank, error) {
 	onChange, err := consumer.BreakerMetrics(reg)
 	if err != nil {
 		return nil, nil, err
@@ -195,5 +201,5 @@ func startService(bf bankFlags, reg prometheus.Registerer) (*service, *bank, err
 	}
 	client := &bankClient{url: bk.URL(), timeout: bf.timeout, breakers: breakers,
 		http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 30 * time.Second}}}
-	return &service{bank: client}, bk, nil
+	return &service{bank: client, eventsTopic: eventsTopic}, bk, nil
 }
