@@ -394,12 +394,12 @@ func runDemo(ctx context.Context, e env, o demoOptions, stdout, stderr io.Writer
 			}
 		}
 	}()
-	if werr == nil { // the relay publishes each stored payment's event
-		s.Events, werr = waitEvents(waitCtx, pool, client, s.Events.Topic)
-	}
 	s.ConsumeTime = time.Since(start)
 	s.ProduceTime = time.Duration(produceNanos.Load())
 	p.done()
+	if werr == nil { // the relay publishes each stored payment's event
+		s.Events, werr = waitEvents(waitCtx, pool, client, s.Events.Topic)
+	}
 	if werr == nil && o.consumed != nil {
 		werr = o.consumed(waitCtx)
 	}
