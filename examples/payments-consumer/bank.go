@@ -91,7 +91,7 @@ type chargeRequest struct {
 
 // charge is one entry of the bank's ledger.
 type charge struct {
-	ID  int64 `json:"id"`
+	ID  int64  `json:"id"`
 	Key string `json:"idempotency_key"`
 	chargeRequest
 }
