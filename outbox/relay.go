@@ -450,22 +450,12 @@ type row struct {
 // round publishes the heads of the first BatchSize publishable rows. more
 // says another round may find work at once.
 func (s *session) round(ctx context.Context, conn *pgx.Conn) (more bool, err error) {
-	rows, err := s.fetch(ctx, conn)
-	if err != nil || len(rows) == 0 {
+	heads, window, err := s.fetch(ctx, conn)
+	if err != nil || len(heads) == 0 {
 		return false, err
 	}
-	heads := make([]row, 0, len(rows))
-	seen := make(map[string]bool, len(rows))
-	for _, r := range rows {
-		if r.key != nil {
-			if seen[string(r.key)] {
-				continue // waits for its key's earlier row
-			}
-			seen[string(r.key)] = true
-		}
-		heads = append(heads, r)
-	}
-	more = len(rows) == s.cfg.BatchSize || len(heads) < len(rows)
+	// A full window, or rows left behind their key's head: go again at once.
+	more = window == s.cfg.BatchSize || len(heads) < window
 	errs := s.publish(heads)
 
 	var acked []int64
@@ -492,33 +482,46 @@ func (s *session) round(ctx context.Context, conn *pgx.Conn) (more bool, err err
 	return more, nil
 }
 
+// fetchSQL reads a window of up to $1 publishable pending rows in id order
+// (rows whose retry time has come, of keys no waiting row holds back) and
+// returns, values included, only each key's first row of the window and
+// every keyless row, with the window's size.
 const fetchSQL = `
-SELECT id, event_id::text, topic, key, value, header_keys, header_values, attempts, created_at
-FROM %[1]s
-WHERE state = 'pending' AND (retry_at IS NULL OR retry_at <= now())
-  AND (key IS NULL OR key NOT IN (
-        SELECT key FROM %[1]s WHERE state = 'pending' AND retry_at > now() AND key IS NOT NULL))
-ORDER BY id
-LIMIT $1`
+WITH w AS (
+  SELECT id, key, row_number() OVER (PARTITION BY key ORDER BY id) AS nth
+  FROM (
+    SELECT id, key FROM %[1]s
+    WHERE state = 'pending' AND (retry_at IS NULL OR retry_at <= now())
+      AND (key IS NULL OR key NOT IN (
+            SELECT key FROM %[1]s WHERE state = 'pending' AND retry_at > now() AND key IS NOT NULL))
+    ORDER BY id
+    LIMIT $1) window_rows
+)
+SELECT o.id, o.event_id::text, o.topic, o.key, o.value, o.header_keys, o.header_values, o.attempts, o.created_at,
+       (SELECT count(*) FROM w)
+FROM %[1]s o JOIN w ON w.id = o.id
+WHERE w.nth = 1 OR w.key IS NULL
+ORDER BY o.id`
 
-// fetch reads the publishable pending rows in id order: rows whose retry
-// time has come, of keys no earlier row holds back.
-func (s *session) fetch(ctx context.Context, conn *pgx.Conn) ([]row, error) {
+// fetch returns the heads of the next window (see fetchSQL) in id order, and
+// the window's size.
+func (s *session) fetch(ctx context.Context, conn *pgx.Conn) ([]row, int, error) {
 	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
 	rs, err := conn.Query(qctx, fmt.Sprintf(fetchSQL, s.t.quoted), s.cfg.BatchSize)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: read %s: %w", s.t.quoted, err)
+		return nil, 0, fmt.Errorf("outbox: read %s: %w", s.t.quoted, err)
 	}
+	var window int
 	out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (row, error) {
 		var x row
-		err := r.Scan(&x.id, &x.eventID, &x.topic, &x.key, &x.value, &x.hkeys, &x.hvals, &x.attempts, &x.created)
+		err := r.Scan(&x.id, &x.eventID, &x.topic, &x.key, &x.value, &x.hkeys, &x.hvals, &x.attempts, &x.created, &window)
 		return x, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("outbox: read %s: %w", s.t.quoted, err)
+		return nil, 0, fmt.Errorf("outbox: read %s: %w", s.t.quoted, err)
 	}
-	return out, nil
+	return out, window, nil
 }
 
 // publish sends heads and waits for every ack or error; errs[i] is heads[i]'s.

@@ -1,20 +1,20 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"strconv"
+	"sync"
 	"text/tabwriter"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
+	"github.com/idemhq/idem/metrics"
 	"github.com/idemhq/idem/outbox"
 )
 
@@ -64,48 +64,34 @@ the table when missing.`,
 			scfg.ClientID = "idem-outbox-relay"
 			scfg.Metadata.Retry.Max = 3
 			reg := prometheus.NewRegistry()
-			stop, err := serveMetrics(metricsAddr, reg)
-			if err != nil {
-				return err
-			}
-			defer stop()
 			r.Pool, r.Brokers, r.Sarama, r.Table, r.Registerer = pool, brokers, scfg, table, reg
 			r.Logger = slog.New(slog.NewTextHandler(a.errOut, nil))
-			return r.Run(ctx)
+			rctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			var merr error
+			var wg sync.WaitGroup
+			if metricsAddr != "" { // /metrics, /healthz, /readyz
+				wg.Go(func() {
+					if merr = metrics.Serve(rctx, metricsAddr, reg, nil); merr != nil {
+						cancel()
+					}
+				})
+			}
+			err = r.Run(rctx)
+			cancel()
+			wg.Wait()
+			return errors.Join(err, merr)
 		},
 	}
 	dbFlag(c, &url)
 	tableFlag(c, &table)
-	c.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus /metrics on this address (empty: off)")
+	c.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus /metrics (and /healthz) on this address (empty: off)")
 	c.Flags().IntVar(&r.BatchSize, "batch-size", outbox.DefaultBatchSize, "rows read per round")
 	c.Flags().DurationVar(&r.PollInterval, "poll-interval", outbox.DefaultPollInterval, "look at the table this often when no NOTIFY arrives")
 	c.Flags().DurationVar(&r.LeaderRetry, "leader-retry", outbox.DefaultLeaderRetry, "how often a standby tries to take over")
 	c.Flags().IntVar(&r.MaxAttempts, "max-attempts", outbox.DefaultMaxAttempts, "refused publishes (unknown topic, too large, authorization) before a row fails")
 	c.Flags().DurationVar(&r.KeepPublished, "keep-published", 0, "keep published rows this long instead of deleting them at once")
 	return c
-}
-
-// serveMetrics serves reg on addr until stop is called; an empty addr serves nothing.
-func serveMetrics(addr string, reg *prometheus.Registry) (stop func(), err error) {
-	if addr == "" {
-		return func() {}, nil
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("--metrics-addr: %w", err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = srv.Serve(ln)
-	}()
-	return func() {
-		_ = srv.Close()
-		<-done
-	}, nil
 }
 
 func newOutboxListCmd(a *app) *cobra.Command {

@@ -75,7 +75,7 @@ func TestOutboxCLI(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	a := &app{in: strings.NewReader(""), out: &stdout, errOut: &stderr}
 	root := newRootCmd(a)
-	root.SetArgs([]string{"--brokers", strings.Join(k.Brokers, ","), "outbox", "relay", "--database-url", url, "--poll-interval", "100ms"})
+	root.SetArgs([]string{"--brokers", strings.Join(k.Brokers, ","), "outbox", "relay", "--database-url", url, "--poll-interval", "100ms", "--metrics-addr", "127.0.0.1:0"})
 	done := make(chan error, 1)
 	go func() { done <- root.ExecuteContext(rctx) }()
 	if m := readN(t, k, missing, 0, 1); string(m[0].Value) != "was failed" {
