@@ -67,6 +67,7 @@ func newRootCmd(a *app) *cobra.Command {
 	root.PersistentFlags().StringVar(&a.kafkaVersion, "kafka-version", "4.0.0", "Kafka protocol version to speak")
 	root.AddCommand(newDLQCmd(a), newMigrateCmd(a))
 	root.AddCommand(newOrderingCmd(a))
+	root.AddCommand(newCheckpointCmd(a))
 	root.AddCommand(newOutboxCmd(a))
 	return root
 }
