@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -18,7 +17,12 @@ func newMigrateCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Create or upgrade idem's PostgreSQL tables (inbox, ordering); idempotent",
-		Args:  cobra.NoArgs,
+		Long: `Create or upgrade idem's PostgreSQL tables (the inbox and the ordering tables).
+Safe to run again and from several processes at once. Talks only to
+PostgreSQL: --database-url, or DATABASE_URL.`,
+		Example: `  idem migrate --database-url postgres://idem:secret@db:5432/idem
+  DATABASE_URL=postgres://idem@db/idem idem migrate --table billing.idem_processed`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if url == "" {
 				return fmt.Errorf("no database: set --database-url or DATABASE_URL")
@@ -41,7 +45,7 @@ func newMigrateCmd(a *app) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&url, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL (env DATABASE_URL)")
+	dbFlag(cmd, &url)
 	cmd.Flags().StringVar(&table, "table", "", "inbox table name, optionally schema-qualified (default idem_processed)")
 	return cmd
 }
