@@ -4,16 +4,8 @@
 // sarama.Config.Net from a few plain settings — so that a service's
 // consumer.Config.Sarama and the idem CLI reach a cluster the same way.
 //
-// Use it when building Config.Sarama:
-//
-//	cfg := sarama.NewConfig()
-//	cfg.Version = sarama.V4_0_0_0
-//	err := kafkaauth.Apply(cfg, kafkaauth.Options{
-//		CAFile:    "/etc/kafka/ca.pem",
-//		Mechanism: kafkaauth.SCRAMSHA512,
-//		User:      "orders",
-//		Password:  os.Getenv("KAFKA_PASSWORD"),
-//	})
+// Call Apply on the sarama.Config given to consumer.Config.Sarama (see the
+// package Example).
 //
 // sarama needs a SCRAM implementation it does not ship; SCRAMClient is one,
 // built on github.com/xdg-go/scram as sarama's own examples are. Apply sets

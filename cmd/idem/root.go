@@ -131,12 +131,12 @@ func (a *app) group(c *cobra.Command) *cobra.Command {
 	c.FParseErrWhitelist.UnknownFlags = true
 	c.SuggestionsMinimumDistance = 2
 	c.RunE = func(cmd *cobra.Command, args []string) error {
-		for _, arg := range args {
-			if sub, _, err := cmd.Find([]string{arg}); err == nil && sub != cmd {
-				// A flag this command does not know took the next word as its
-				// value: "idem --tls dlq list" reads dlq as --tls's value.
-				return fmt.Errorf("give flags after the command name: %s %s … --flag, not %s --flag %s …",
-					cmd.CommandPath(), arg, cmd.CommandPath(), arg)
+		for i, arg := range a.args {
+			if i > 0 && strings.HasPrefix(a.args[i-1], "-") && !strings.Contains(a.args[i-1], "=") && isSubcommand(cmd, arg) {
+				// A flag this command does not know took the command name as
+				// its value: "idem --tls dlq list" reads dlq as --tls's value.
+				return fmt.Errorf("give flags after the command name: %s %s … %s, not %s %s %s …",
+					cmd.CommandPath(), arg, a.args[i-1], cmd.CommandPath(), a.args[i-1], arg)
 			}
 		}
 		if len(args) > 0 {
@@ -160,6 +160,16 @@ func (a *app) group(c *cobra.Command) *cobra.Command {
 		return cmd.Help()
 	}
 	return c
+}
+
+// isSubcommand reports whether name is a command of c.
+func isSubcommand(c *cobra.Command, name string) bool {
+	for _, sub := range c.Commands() {
+		if sub.Name() == name {
+			return true
+		}
+	}
+	return false
 }
 
 // envFlag lets flag name of fs be set by the environment variable env when
