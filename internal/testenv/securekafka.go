@@ -6,9 +6,11 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -57,21 +59,44 @@ func (k *SecureKafka) Auth(mechanism string) kafkaauth.Options {
 }
 
 // KafkaLibs returns the folder of the Kafka broker jars that scripts/services.sh
-// fetched: $IDEM_KAFKA_LIBS, else $IDEM_STATE/kafka/libs, else
-// <repository>/.state/kafka/libs. It fails the test, naming the fix, when it
-// holds no broker jar.
+// fetches: $IDEM_KAFKA_LIBS, else $IDEM_STATE/kafka/libs, else
+// <repository>/.state/kafka/libs. When the default folder holds no broker jar
+// (services ran in Docker) and mvn is installed, it fetches them there the
+// way services.sh does (tools/kafka/pom.xml); otherwise it fails the test,
+// naming the fix.
 func KafkaLibs(tb testing.TB) string {
 	tb.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(file), "..", "..")
 	dir := os.Getenv("IDEM_KAFKA_LIBS")
+	fetch := dir == ""
 	if dir == "" {
 		state := os.Getenv("IDEM_STATE")
 		if state == "" {
-			_, file, _, _ := runtime.Caller(0)
-			state = filepath.Join(filepath.Dir(file), "..", "..", ".state")
+			state = filepath.Join(root, ".state")
 		}
 		dir = filepath.Join(state, "kafka", "libs")
 	}
-	if jars, _ := filepath.Glob(filepath.Join(dir, "kafka_2.13-*.jar")); len(jars) == 0 {
+	has := func() bool {
+		jars, _ := filepath.Glob(filepath.Join(dir, "kafka_2.13-*.jar"))
+		return len(jars) > 0
+	}
+	if !has() && fetch {
+		if _, err := exec.LookPath("mvn"); err == nil {
+			tb.Logf("testenv: fetching the Kafka jars into %s with mvn", dir)
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				tb.Fatal(err)
+			}
+			pom := filepath.Join(root, "tools", "kafka", "pom.xml")
+			runTool(tb, root, "mvn", "-q", "-B", "-f", pom, "dependency:copy-dependencies", "-DoutputDirectory="+dir)
+			// The stamp services.sh keeps beside the jars, so it does not fetch them again.
+			if b, err := os.ReadFile(pom); err == nil {
+				sum := sha256.Sum256(b)
+				_ = os.WriteFile(filepath.Join(dir, ".stamp"), []byte(hex.EncodeToString(sum[:])[:16]+"\n"), 0o644)
+			}
+		}
+	}
+	if !has() {
 		tb.Fatalf("testenv: no Kafka broker jars in %s: run `make services` first (it fetches them), or set IDEM_KAFKA_LIBS", dir)
 	}
 	return dir
@@ -104,7 +129,7 @@ func randomToken(n int) string {
 // run runs a program in dir and fails the test with its output on error.
 func runTool(tb testing.TB, dir, name string, args ...string) {
 	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Dir = dir
