@@ -27,7 +27,7 @@ func TestEveryCommandHasExamples(t *testing.T) {
 		}
 		args := append(strings.Fields(c.CommandPath())[1:], "--help")
 		code, out, _ := idemEnv(t, noBroker, args...)
-		if code != 0 || !strings.Contains(out, "Examples:\n  idem ") {
+		if code != 0 || !strings.Contains(out, "Examples:\n  ") {
 			t.Errorf("idem %s: code %d, no Examples section", strings.Join(args, " "), code)
 		}
 		for _, sub := range c.Commands() {

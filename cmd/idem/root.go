@@ -119,7 +119,27 @@ name (idem dlq list --tls …). Errors print one line on stderr and exit 1.`,
 	root.AddCommand(newDLQCmd(a))
 	root.AddCommand(newMigrateCmd(a))
 	root.AddCommand(newOrderingCmd(a))
+	cobraCommands(a, root)
 	return a.group(root)
+}
+
+// cobraCommands adds cobra's help and completion commands now rather than at
+// Execute, to give them examples and the group behaviour of the others.
+func cobraCommands(a *app, root *cobra.Command) {
+	root.InitDefaultHelpCmd()
+	root.InitDefaultCompletionCmd()
+	for _, c := range root.Commands() {
+		switch c.Name() {
+		case "help":
+			c.Example = "  idem help dlq replay"
+		case "completion":
+			c.Example = "  source <(idem completion bash)\n  idem completion zsh > \"${fpath[1]}/_idem\""
+			for _, sh := range c.Commands() {
+				sh.Example = "  idem completion " + sh.Name() + " > idem-completion." + sh.Name()
+			}
+			a.group(c)
+		}
+	}
 }
 
 // group makes c a command that only holds subcommands: without arguments or
