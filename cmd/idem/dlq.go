@@ -43,7 +43,7 @@ depth never change anything.`,
 	}
 	a.kafkaFlags(c)
 	c.AddCommand(newListCmd(a), newShowCmd(a), newReplayCmd(a), newPurgeCmd(a), newDepthCmd(a))
-	return a.group(c)
+	return c
 }
 
 // dlqTopic is how a dlq command names its dead-letter topic: --topic, or

@@ -38,7 +38,7 @@ when the topic is dropped from Config.Topics. Run warns about the first two
   idem ordering release --group payments --topic orders --key order-42 --to source`,
 	}
 	c.AddCommand(newOrderingListCmd(a), newOrderingReleaseCmd(a))
-	return a.group(c)
+	return c
 }
 
 // dbFlag adds --database-url, which DATABASE_URL sets when it is not given

@@ -90,7 +90,9 @@ func versionString() string {
 }
 
 // newRootCmd builds the command tree. Each command group is added by one
-// line here.
+// line here; every command that only holds subcommands then gets the
+// unknown-command handling of group. A command that talks to Kafka calls
+// a.kafkaFlags on itself and a.saramaConfig in its RunE.
 func newRootCmd(a *app) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "idem <command>",
@@ -119,13 +121,15 @@ name (idem dlq list --tls …). Errors print one line on stderr and exit 1.`,
 	root.AddCommand(newDLQCmd(a))
 	root.AddCommand(newMigrateCmd(a))
 	root.AddCommand(newOrderingCmd(a))
-	cobraCommands(a, root)
-	return a.group(root)
+	cobraCommands(root)
+	a.groups(root)
+	return root
 }
 
 // cobraCommands adds cobra's help and completion commands now rather than at
-// Execute, to give them examples and the group behaviour of the others.
-func cobraCommands(a *app, root *cobra.Command) {
+// Execute, to give them examples (and, through groups, the unknown-command
+// behaviour of the others).
+func cobraCommands(root *cobra.Command) {
 	root.InitDefaultHelpCmd()
 	root.InitDefaultCompletionCmd()
 	for _, c := range root.Commands() {
@@ -137,8 +141,18 @@ func cobraCommands(a *app, root *cobra.Command) {
 			for _, sh := range c.Commands() {
 				sh.Example = "  idem completion " + sh.Name() + " > idem-completion." + sh.Name()
 			}
-			a.group(c)
 		}
+	}
+}
+
+// groups applies group to c and to every command below it that only holds
+// subcommands (has no Run of its own).
+func (a *app) groups(c *cobra.Command) {
+	if c.HasSubCommands() && !c.Runnable() {
+		a.group(c)
+	}
+	for _, sub := range c.Commands() {
+		a.groups(sub)
 	}
 }
 
@@ -146,7 +160,7 @@ func cobraCommands(a *app, root *cobra.Command) {
 // flags it prints its help; with an unknown subcommand it fails, suggesting
 // the nearest one (kubectl's habit), instead of reporting a flag of the
 // intended subcommand as unknown.
-func (a *app) group(c *cobra.Command) *cobra.Command {
+func (a *app) group(c *cobra.Command) {
 	c.Args = cobra.ArbitraryArgs
 	c.FParseErrWhitelist.UnknownFlags = true
 	c.SuggestionsMinimumDistance = 2
@@ -179,7 +193,6 @@ func (a *app) group(c *cobra.Command) *cobra.Command {
 		}
 		return cmd.Help()
 	}
-	return c
 }
 
 // isSubcommand reports whether name is a command of c.
