@@ -126,7 +126,7 @@ func randomToken(n int) string {
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
-// run runs a program in dir and fails the test with its output on error.
+// runTool runs a program in dir and fails the test with its output on error.
 func runTool(tb testing.TB, dir, name string, args ...string) {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
