@@ -33,23 +33,21 @@ func Example() {
 
 	kcfg := sarama.NewConfig()
 	kcfg.Version = sarama.V3_9_0_0 // the brokers' version (3.x clusters must set it)
-	err = kafkaauth.Apply(kcfg, kafkaauth.Options{
+	if err := kafkaauth.Apply(kcfg, kafkaauth.Options{
 		CAFile:    "/etc/kafka/ca.pem", // implies TLS; leave empty for the system roots with TLS: true
 		Mechanism: kafkaauth.SCRAMSHA512,
 		User:      "orders",
 		Password:  os.Getenv("KAFKA_PASSWORD"),
-	})
-	if err != nil {
+	}); err != nil {
 		log.Fatal(err)
 	}
-	err = consumer.Run(ctx, consumer.Config{
+	if err := consumer.Run(ctx, consumer.Config{
 		Brokers: []string{"kafka-1:9093", "kafka-2:9093"},
 		Group:   "orders",
 		Topics:  []string{"orders"},
 		Dedupe:  dedupe.NewPostgres(pool),
 		Sarama:  kcfg,
-	}, h)
-	if err != nil {
+	}, h); err != nil {
 		log.Fatal(err)
 	}
 }
