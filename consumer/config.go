@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -9,6 +10,9 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
@@ -150,6 +154,13 @@ type Config struct {
 	// Default: 30s.
 	DLQDepthInterval time.Duration
 
+	// LagInterval is how often idem_consumer_lag is refreshed for every
+	// claimed partition, source and retry tier: the high watermark minus the
+	// group's committed offset, asked of the cluster. A negative value
+	// disables it.
+	// Default: 15s.
+	LagInterval time.Duration
+
 	// Retries is the number of in-process retries of a message whose handler
 	// returned a retriable error, each in a fresh transaction, before the
 	// message is forwarded to the next retry tier (or the dead-letter topic).
@@ -238,6 +249,47 @@ type Config struct {
 	// swept would be applied twice.
 	// Default: 0 (unknown: no check).
 	InboxRetention time.Duration
+
+	// Readiness, when set, is kept up to date by Run for a /readyz endpoint:
+	// see (*Readiness).Check and metrics.NewServeMux.
+	// Default: nil (no readiness reported).
+	Readiness *Readiness
+
+	// OnAssigned is called when partitions are claimed, before any of their
+	// messages is handled: once per rebalance with every partition it added
+	// to this member (source and retry-tier topics), sorted by topic and
+	// partition. It runs on one of the claims' goroutines; those claims wait
+	// until it returns, so it must return promptly (within
+	// Sarama.Consumer.Group.Rebalance.Timeout). Its ctx carries the values of
+	// Run's ctx and is never cancelled.
+	// Default: nil.
+	OnAssigned func(ctx context.Context, tps []TopicPartition)
+
+	// OnRevoked is called when a claimed partition ends (revoked by a
+	// rebalance, or released at shutdown), once per partition with a slice
+	// of one: after its in-flight messages finished or were abandoned past
+	// ShutdownGrace and after a synchronous commit of the marked offsets,
+	// before the partition can be consumed by another member. Calls for
+	// different partitions may run concurrently. It must return promptly
+	// (within Sarama.Consumer.Group.Rebalance.Timeout). Its ctx carries the
+	// values of Run's ctx and is never cancelled.
+	// Default: nil.
+	OnRevoked func(ctx context.Context, tps []TopicPartition)
+
+	// TracerProvider makes the OpenTelemetry tracer of the spans idem starts:
+	// one "idem.handle" span per message attempt, a child of the context in
+	// the record's traceparent/tracestate headers (see SpanHandle).
+	// Default: otel.GetTracerProvider() (a no-op until the program installs
+	// an SDK provider with otel.SetTracerProvider).
+	TracerProvider trace.TracerProvider
+
+	// Propagator reads the trace context from consumed records' headers and
+	// writes it into forwarded records (retry tiers, dead-letter topic).
+	// The default is W3C trace context, not otel.GetTextMapPropagator():
+	// the global propagator is a no-op unless the program sets one, and
+	// traces would silently break at idem.
+	// Default: propagation.TraceContext{}.
+	Propagator propagation.TextMapPropagator
 }
 
 // BatchConfig sizes the batches of Config.Batch.
@@ -309,12 +361,15 @@ func defaults() Config {
 		OutageBackoff:    5 * time.Second,
 		Retries:          3,
 		DLQDepthInterval: 30 * time.Second,
+		LagInterval:      15 * time.Second,
 		RetryBase:        100 * time.Millisecond,
 		RetryMax:         5 * time.Second,
 		StallWarning:     time.Minute,
 		StartAt:          StartOldest,
 		Concurrency:      1,
 		LaneBy:           LaneByIdempotencyKey,
+		TracerProvider:   otel.GetTracerProvider(),
+		Propagator:       propagation.TraceContext{},
 	}
 }
 
@@ -345,6 +400,9 @@ func (c Config) withDefaults() Config {
 	if c.DLQDepthInterval == 0 {
 		c.DLQDepthInterval = d.DLQDepthInterval
 	}
+	if c.LagInterval == 0 {
+		c.LagInterval = d.LagInterval
+	}
 	if c.Retries == 0 {
 		c.Retries = d.Retries
 	} else if c.Retries < 0 {
@@ -361,6 +419,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Concurrency == 0 {
 		c.Concurrency = d.Concurrency
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = d.TracerProvider
+	}
+	if c.Propagator == nil {
+		c.Propagator = d.Propagator
 	}
 	return c
 }

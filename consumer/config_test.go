@@ -16,6 +16,9 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
@@ -135,6 +138,18 @@ var knownDefaults = map[string]func(v reflect.Value) error{
 		}
 		if len(diffs) > 0 {
 			return errors.New(strings.Join(diffs, "; "))
+		}
+		return nil
+	},
+	"otel.GetTracerProvider()": func(v reflect.Value) error {
+		if tp, ok := v.Interface().(trace.TracerProvider); !ok || tp != otel.GetTracerProvider() {
+			return fmt.Errorf("is %v, want otel.GetTracerProvider()", v.Interface())
+		}
+		return nil
+	},
+	"propagation.TraceContext{}": func(v reflect.Value) error {
+		if _, ok := v.Interface().(propagation.TraceContext); !ok {
+			return fmt.Errorf("is %T, want propagation.TraceContext{}", v.Interface())
 		}
 		return nil
 	},

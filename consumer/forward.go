@@ -160,6 +160,7 @@ func (p *partition) send(out outbound, msg *handler.Message) bool {
 // (nothing marked) only when the partition is stopping.
 func (p *partition) sendOutcome(out outbound, msg *handler.Message) (tier int, ok bool) {
 	r := p.r
+	out.rec.Headers = p.injectTrace(out.rec.Headers, msg)
 	var loudAt time.Time
 	for n := 1; ; n++ {
 		loud := n == 1 || time.Since(loudAt) >= time.Minute
@@ -223,10 +224,11 @@ func (p *partition) forwarded(out outbound, msg *handler.Message) {
 	r := p.r
 	dest := out.rec.Topic
 	r.m.Forwarded.WithLabelValues(r.cfg.Group, dest, out.kind).Inc()
-	outcome := metrics.OutcomeRetried
+	outcome, span := metrics.OutcomeRetried, TraceOutcomeRetried
 	if out.tier == 0 {
-		outcome = metrics.OutcomeDeadLettered
+		outcome, span = metrics.OutcomeDeadLettered, TraceOutcomeDeadLettered
 	}
+	p.spanEnd(span, nil)
 	r.m.Messages.WithLabelValues(r.cfg.Group, msg.Topic, outcome).Inc()
 	if out.stub {
 		r.m.StubsForwarded.WithLabelValues(r.cfg.Group, dest).Inc()

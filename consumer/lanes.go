@@ -129,6 +129,7 @@ func (c chanSource) more(ctx context.Context, wait time.Duration) (*sarama.Consu
 
 // popped runs for every message taken from the partition's queue.
 func (p *partition) popped(m *sarama.ConsumerMessage, low bool) {
+	p.obs.taken()
 	if low {
 		p.backpressure(false)
 	}
@@ -271,8 +272,10 @@ func (p *partition) handleBatch(items []*batchItem) bool {
 	start := time.Now()
 	var fresh []int
 	failedAt := -1 // the item whose handler failed (per-message handler)
-	outs, err := r.batchStore.ProcessBatch(p.hctx, recs, func(ctx context.Context, idx []int) error {
+	outs, err := r.batchStore.ProcessBatch(p.hctx, recs, func(ctx context.Context, idx []int) (err error) {
 		fresh = idx
+		ctx, span := p.batchSpan(ctx, items, idx)
+		defer func() { batchSpanEnd(span, err) }()
 		if r.bh != nil {
 			msgs := make([]*handler.Message, len(idx))
 			for j, i := range idx {

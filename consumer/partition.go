@@ -34,6 +34,7 @@ type partition struct {
 	debug bool // log at DEBUG: checked before building debug attributes
 	tier  bool // the topic is a retry tier, not a source topic
 	mx    partMetrics
+	obs   *partObs // end-to-end latency and in-flight messages, shared with the views
 
 	// stopCtx is cancelled when the claim ends (revoked, session over, Run
 	// cancelled): no new message is taken, waits between attempts end.
@@ -57,6 +58,8 @@ type partition struct {
 	bp *bpState // back-pressure, shared with the views
 
 	names map[string]string // this worker's header-name cache (see newMessage)
+
+	tspan spanState // this worker's open attempt span (tracing.go)
 
 	// call is the attempt in progress and callFn the function the store
 	// runs for it, bound once per worker so an attempt allocates no closure.
@@ -92,6 +95,7 @@ func newPartition(r *runner, s sarama.ConsumerGroupSession, c sarama.ConsumerGro
 		debug: r.log.Enabled(context.Background(), slog.LevelDebug),
 		tier:  !slices.Contains(r.cfg.Topics, c.Topic()),
 		mx:    newPartMetrics(r.m, r.cfg.Group, c.Topic()),
+		obs:   newPartObs(r, c.Topic()),
 		stall: &stall{},
 		bp:    &bpState{},
 		names: map[string]string{},
@@ -208,6 +212,7 @@ func (p *partition) mark(m *sarama.ConsumerMessage) {
 		p.sess.MarkMessage(m, "")
 	}
 	p.mx.commits.Inc()
+	p.obs.marked(m)
 	p.stall.clear()
 }
 
@@ -229,6 +234,8 @@ func (p *partition) handleAfter(cm *sarama.ConsumerMessage, first error) bool {
 	if !p.waitDue(cm, origin) {
 		return false
 	}
+	p.traceMessage(msg, origin.tier)
+	defer p.spanEnd(TraceOutcomeAbandoned, nil) // any span still open: cut short
 	src := retrytopic.Source{Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset, Timestamp: cm.Timestamp, Group: r.cfg.Group}
 
 	key, keyErr := p.key(msg, origin)
@@ -309,12 +316,14 @@ func (p *partition) process(rec dedupe.Record, msg *handler.Message, first error
 		if first != nil { // failed in a batch: that was this message's attempt
 			err, ran, first = first, true, nil
 			p.mx.attempt(r.m, r.cfg.Group, msg.Topic, err)
+			p.spanStart(msg)
 		} else {
 			err, ran = p.attempt(rec, msg)
 		}
 		if err != nil && p.hctx.Err() != nil {
 			// Cancelled past the grace period: rolled back, left for redelivery.
 			r.m.Abandoned.WithLabelValues(r.cfg.Group).Inc()
+			p.spanEnd(TraceOutcomeAbandoned, err)
 			if probe {
 				r.gate.probeAbandoned() // cut short by revoke or shutdown: proves nothing
 			}
@@ -334,6 +343,7 @@ func (p *partition) process(rec dedupe.Record, msg *handler.Message, first error
 			if c == classBreaker {
 				r.gate.trip(err)
 				r.gate.probeDone(true)
+				p.spanEnd(TraceOutcomeBreakerOpen, err)
 				continue
 			}
 			r.gate.probeDone(false)
@@ -347,6 +357,7 @@ func (p *partition) process(rec dedupe.Record, msg *handler.Message, first error
 		case c == classOutage:
 			outages++
 			r.m.StoreErrors.WithLabelValues(r.cfg.Group).Inc()
+			p.spanEnd(TraceOutcomeOutage, err)
 			p.log.Warn("idem: database unavailable; retrying the same message", "offset", msg.Offset, "err", err, "try", outages)
 			if !sleep(p.stopCtx, r.outageDelay(outages)) {
 				return nil, false
@@ -354,17 +365,20 @@ func (p *partition) process(rec dedupe.Record, msg *handler.Message, first error
 		case c == classBreaker:
 			// The dependency is down: pause instead of spending retries.
 			r.gate.trip(err)
+			p.spanEnd(TraceOutcomeBreakerOpen, err)
 		case c == classRetriable && retries < r.cfg.Retries:
 			d := r.jitter(retries + 1)
 			if ra, ok := handler.RetryAfterOf(err); ok && ra > d {
 				if ra > r.cfg.RetryMax && len(r.policy.Delays) > 0 {
 					// Too long to hold the partition: the retry tier honours it
 					// (capped at its delay) without blocking later messages.
+					p.spanError(err)
 					return err, true
 				}
 				d = ra
 			}
 			retries++
+			p.spanEnd(TraceOutcomeRetry, err)
 			msg.Attempt++
 			r.m.Retries.WithLabelValues(r.cfg.Group, msg.Topic).Inc()
 			if p.debug {
@@ -374,6 +388,7 @@ func (p *partition) process(rec dedupe.Record, msg *handler.Message, first error
 				return nil, false
 			}
 		default:
+			p.spanError(err) // its forward ends the span
 			return err, true
 		}
 	}
@@ -385,7 +400,7 @@ func (p *partition) attempt(rec dedupe.Record, msg *handler.Message) (err error,
 	r := p.r
 	start := time.Now()
 	p.call = callState{msg: msg}
-	out, err := r.cfg.Dedupe.Process(p.hctx, rec, p.callFn)
+	out, err := r.cfg.Dedupe.Process(p.spanStart(msg), rec, p.callFn)
 	ran, herr := p.call.ran, p.call.err
 	p.call = callState{}
 	topic := msg.Topic
@@ -396,6 +411,7 @@ func (p *partition) attempt(rec dedupe.Record, msg *handler.Message) (err error,
 	switch {
 	case err == nil && out == dedupe.Duplicate:
 		mx.duplicate.Inc()
+		p.spanEnd(TraceOutcomeDuplicate, nil)
 		if p.debug {
 			p.log.Debug("idem: duplicate skipped", "offset", msg.Offset, "key", rec.Key)
 		}
@@ -404,6 +420,7 @@ func (p *partition) attempt(rec dedupe.Record, msg *handler.Message) (err error,
 		mx.duration.Observe(time.Since(start).Seconds())
 		mx.attemptOK.Inc()
 		mx.processed.Inc()
+		p.spanEnd(TraceOutcomeProcessed, nil)
 		return nil, ran
 	}
 	if herr != nil { // the handler ran and failed (err is herr, or wraps it)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/dlq"
@@ -111,6 +112,10 @@ type runner struct {
 
 	parts sync.Map // tp → *partition: the claimed partitions, watched for stalls
 
+	ready  *Readiness // Config.Readiness, or a private one
+	life   *lifecycle // OnAssigned/OnRevoked
+	tracer trace.Tracer
+
 	randMu sync.Mutex
 	rand   *rand.Rand
 }
@@ -136,6 +141,12 @@ func newRunner(cfg Config, h handler.Handler) (*runner, error) {
 	if bs, ok := cfg.Dedupe.(dedupe.BatchStore); ok && cfg.Batch.MaxMessages > 1 {
 		r.batchStore = bs
 	}
+	r.ready = cfg.Readiness
+	if r.ready == nil {
+		r.ready = NewReadiness()
+	}
+	r.life = newLifecycle(r)
+	r.tracer = cfg.TracerProvider.Tracer(TracerName)
 	return r, nil
 }
 
@@ -192,6 +203,8 @@ func (r *runner) outageDelay(n int) time.Duration {
 func (r *runner) run(ctx context.Context) error {
 	r.runCtx = ctx
 	r.baseCtx = context.WithoutCancel(ctx)
+	r.ready.start(r.cfg.Group, storePing(r.cfg))
+	defer r.ready.stop()
 
 	client, err := sarama.NewClient(r.cfg.Brokers, r.scfg)
 	if err != nil {
@@ -258,6 +271,7 @@ func (r *runner) run(ctx context.Context) error {
 		wg.Wait()
 	}()
 
+	wg.Go(func() { r.watchLag(watchCtx, client) })
 	wg.Go(func() { r.watchDLQDepth(watchCtx, client) })
 	wg.Go(func() { r.watchStalls(watchCtx) })
 
@@ -345,15 +359,23 @@ type groupHandler struct{ r *runner }
 
 func (g *groupHandler) Setup(s sarama.ConsumerGroupSession) error {
 	g.r.log.Debug("idem: session started", "generation", s.GenerationID(), "claims", s.Claims())
+	g.r.ready.setJoined(true)
 	return nil
 }
 
-func (g *groupHandler) Cleanup(s sarama.ConsumerGroupSession) error { return nil }
+func (g *groupHandler) Cleanup(s sarama.ConsumerGroupSession) error {
+	g.r.ready.setJoined(false)
+	return nil
+}
 
 func (g *groupHandler) ConsumeClaim(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupClaim) error {
 	g.r.m.PartitionsClaimed.WithLabelValues(g.r.cfg.Group).Inc()
 	defer g.r.m.PartitionsClaimed.WithLabelValues(g.r.cfg.Group).Dec()
+	t := tp{c.Topic(), c.Partition()}
+	g.r.life.claimStarting(s, t)
+	defer g.r.life.claimEnded(s, t)
 	p := newPartition(g.r, s, c)
 	p.run()
+	p.obs.close()
 	return nil
 }

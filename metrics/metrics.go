@@ -1,28 +1,3 @@
-// Package metrics holds every Prometheus metric idem exports, in one place, so
-// dashboards and alerts have one list to read. Collectors are registered on an
-// injected prometheus.Registerer; nothing is registered globally.
-//
-// Names (all prefixed idem_):
-//
-//	idem_messages_total{group,topic,outcome}        messages with a final outcome: processed, duplicate, retried (sent to a tier), dead_lettered, parked
-//	idem_handler_attempts_total{group,topic,result} handler calls: ok, error, panic, breaker_open
-//	idem_handler_duration_seconds{group,topic}      handler call latency, histogram (p95/p99)
-//	idem_retries_total{group,topic}                 in-process retries (an attempt after a failure)
-//	idem_forwarded_total{group,destination,kind}    records forwarded to a retry tier or the DLQ, by idem-error-kind
-//	idem_forward_errors_total{group,destination}    failed forwards (the partition retries them; nothing is marked)
-//	idem_stubs_forwarded_total{group,destination}   records dead-lettered as stubs, without their value, because no topic would take them whole
-//	idem_missing_key_total{group,topic}             messages without a valid idempotency key
-//	idem_store_errors_total{group}                  dedupe store failures (outages); the message is retried, not counted as an attempt
-//	idem_retry_delay_seconds{group,topic}           how long after idem-due-at a retry record was handled, histogram
-//	idem_dlq_depth{topic}                           DLQ records not yet replayed or purged (end offsets - admin group offsets)
-//	idem_breaker_state{name}                        0 closed, 1 half-open, 2 open
-//	idem_breaker_transitions_total{name,from,to}    breaker state changes
-//	idem_breaker_open_seconds_total{name}           seconds spent open
-//	idem_partitions_paused{group}                   partitions paused by an open breaker or by back-pressure
-//	idem_partitions_assigned{group}                 partitions currently claimed
-//	idem_commits_total{group}                       offsets marked for commit
-//	idem_abandoned_total{group}                     in-flight messages cancelled past ShutdownGrace (rolled back, left for redelivery)
-//	idem_partition_stalled_seconds{group,topic,partition} seconds a partition has been failing on one message (outages, retries, forward errors); 0 when flowing
 package metrics
 
 import (
@@ -70,7 +45,15 @@ type Metrics struct {
 	Commits           *prometheus.CounterVec   // idem_commits_total
 	Abandoned         *prometheus.CounterVec   // idem_abandoned_total
 	PartitionStalled  *prometheus.GaugeVec     // idem_partition_stalled_seconds
+	ConsumerLag       *prometheus.GaugeVec     // idem_consumer_lag
+	EndToEnd          *prometheus.HistogramVec // idem_end_to_end_seconds
+	InFlight          *prometheus.GaugeVec     // idem_messages_in_flight
 }
+
+// EndToEndBuckets are the buckets of idem_end_to_end_seconds: from 1 ms to
+// 1 h, dense enough around typical SLOs (100 ms to 10 s) for p95/p99, and
+// reaching the delays of retry tiers.
+var EndToEndBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600}
 
 // New creates the collectors and registers them on reg. A nil reg registers
 // nothing (the metrics still work, unexported). Registering twice on one
@@ -118,6 +101,13 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "In-flight messages cancelled past ShutdownGrace: rolled back and left for redelivery."}, []string{"group"}),
 		PartitionStalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_partition_stalled_seconds",
 			Help: "Seconds a claimed partition has been failing on the same message (outages, retries, forward errors); 0 while it flows."}, []string{"group", "topic", "partition"}),
+		ConsumerLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_consumer_lag",
+			Help: "Records behind in a claimed partition: high watermark minus the group's committed offset (source and retry-tier topics)."}, []string{"group", "topic", "partition"}),
+		EndToEnd: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "idem_end_to_end_seconds",
+			Help:    "Seconds from a record's timestamp to its offset being marked (final outcome), histogram.",
+			Buckets: EndToEndBuckets}, []string{"group", "topic"}),
+		InFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_messages_in_flight",
+			Help: "Messages taken from a partition's queue whose outcome is not final yet."}, []string{"group", "topic"}),
 	}
 	if reg == nil {
 		return m, nil
@@ -142,6 +132,9 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	m.Commits = register(reg, m.Commits, &err)
 	m.Abandoned = register(reg, m.Abandoned, &err)
 	m.PartitionStalled = register(reg, m.PartitionStalled, &err)
+	m.ConsumerLag = register(reg, m.ConsumerLag, &err)
+	m.EndToEnd = register(reg, m.EndToEnd, &err)
+	m.InFlight = register(reg, m.InFlight, &err)
 	if err != nil {
 		return nil, err
 	}

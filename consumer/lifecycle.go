@@ -1,0 +1,97 @@
+package consumer
+
+import (
+	"slices"
+	"strconv"
+	"sync"
+
+	"github.com/IBM/sarama"
+)
+
+// TopicPartition names one partition of a topic, as passed to
+// Config.OnAssigned and Config.OnRevoked.
+type TopicPartition struct {
+	Topic     string
+	Partition int32
+}
+
+// String returns "topic/partition".
+func (t TopicPartition) String() string { return t.Topic + "/" + strconv.Itoa(int(t.Partition)) }
+
+// lifecycle announces claimed partitions to Config.OnAssigned and
+// Config.OnRevoked, and keeps the readiness state.
+type lifecycle struct {
+	r  *runner
+	mu sync.Mutex // held while OnAssigned runs, so no claim of the batch starts before it returns
+	// announced are the partitions OnAssigned was called for and whose claim
+	// has not ended yet.
+	announced map[tp]bool
+}
+
+func newLifecycle(r *runner) *lifecycle {
+	return &lifecycle{r: r, announced: map[tp]bool{}}
+}
+
+// claimStarting runs in a claim's goroutine before its first message. The
+// first claim of a rebalance to get here calls OnAssigned with every
+// partition of the session not announced yet (all those the rebalance added),
+// so one call covers one rebalance; the claims of that batch wait until it
+// returns.
+func (l *lifecycle) claimStarting(s sarama.ConsumerGroupSession, t tp) {
+	l.r.ready.claimed(t, true)
+	if l.r.cfg.OnAssigned == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.announced[t] {
+		return
+	}
+	var added []TopicPartition
+	for topic, parts := range s.Claims() {
+		for _, p := range parts {
+			if k := (tp{topic, p}); !l.announced[k] {
+				l.announced[k] = true
+				added = append(added, TopicPartition{topic, p})
+			}
+		}
+	}
+	if !l.announced[t] { // the session's claims moved on already; announce this one
+		l.announced[t] = true
+		added = append(added, TopicPartition{t.topic, t.partition})
+	}
+	sortTPs(added)
+	l.r.cfg.OnAssigned(l.r.baseCtx, added)
+}
+
+// claimEnded runs in a claim's goroutine after its in-flight messages
+// finished (or were abandoned past ShutdownGrace): it commits the marked
+// offsets synchronously and calls OnRevoked for the partition.
+func (l *lifecycle) claimEnded(s sarama.ConsumerGroupSession, t tp) {
+	l.r.ready.claimed(t, false)
+	if _, ok := l.r.parts.Load(t); !ok { // not claimed again meanwhile
+		l.r.m.ConsumerLag.DeleteLabelValues(l.r.cfg.Group, t.topic, strconv.Itoa(int(t.partition)))
+	}
+	if l.r.cfg.OnAssigned != nil {
+		l.mu.Lock()
+		delete(l.announced, t)
+		l.mu.Unlock()
+	}
+	if l.r.cfg.OnRevoked == nil {
+		return
+	}
+	s.Commit()
+	l.r.cfg.OnRevoked(l.r.baseCtx, []TopicPartition{{t.topic, t.partition}})
+}
+
+func sortTPs(tps []TopicPartition) {
+	slices.SortFunc(tps, func(a, b TopicPartition) int {
+		if a.Topic != b.Topic {
+			if a.Topic < b.Topic {
+				return -1
+			}
+			return 1
+		}
+		return int(a.Partition - b.Partition)
+	})
+}

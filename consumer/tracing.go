@@ -1,0 +1,253 @@
+package consumer
+
+import (
+	"context"
+
+	"github.com/IBM/sarama"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemhq/idem/handler"
+)
+
+// TracerName is the instrumentation scope of the spans idem starts.
+const TracerName = "github.com/idemhq/idem/consumer"
+
+// Span names and the values of the idem.outcome attribute.
+//
+// Tracing goes through the OpenTelemetry API only (Config.TracerProvider,
+// Config.Propagator); idem never imports an SDK. For each message attempt
+// Run starts one SpanHandle span, kind consumer, whose parent is the context
+// the propagator extracts from the record's headers (W3C traceparent and
+// tracestate by default), so it is a child of the producer's span. Its
+// attributes: messaging.system "kafka", messaging.operation.type "process",
+// messaging.destination.name (the topic read, a retry tier's for a retry),
+// messaging.kafka.destination.partition, messaging.kafka.offset,
+// messaging.consumer.group.name, idem.attempt (1-based, counted across
+// tiers), idem.tier (0 for a source topic) and idem.outcome (the
+// TraceOutcome* values). A failed attempt records its error and status
+// Error. The handler's ctx carries the span, so the handler's own spans
+// (database, HTTP) are its children.
+//
+// A record forwarded to a retry tier or the dead-letter topic gets the
+// context of the attempt that forwarded it in its traceparent/tracestate
+// headers (replacing the producer's), so one trace shows the original
+// attempt, each tier's attempts as children of the attempt before, and the
+// dead-letter record pointing at the last one. A message dead-lettered
+// without an attempt (no key) gets a span too, with outcome dead_lettered.
+//
+// Batches (Config.Batch, RunBatch): the new messages of a batch share one
+// SpanHandleBatch span around the handler call, linked (not parented) to
+// each message's producer context; duplicates found by the batch's inbox
+// INSERT get no span. A message run alone (not batchable, a retry record,
+// or after its batch failed) gets SpanHandle spans as above. Lanes
+// (Concurrency > 1) trace like a single worker.
+const (
+	// SpanHandle is the span of one attempt of one message.
+	SpanHandle = "idem.handle"
+	// SpanHandleBatch is the span of one batch handler call (RunBatch, or
+	// Config.Batch), linked to each message's producer context.
+	SpanHandleBatch = "idem.handle_batch"
+
+	TraceOutcomeProcessed    = "processed"     // the handler succeeded; effects committed
+	TraceOutcomeDuplicate    = "duplicate"     // the key was already done; handler not called
+	TraceOutcomeRetry        = "retry"         // failed; an in-process retry follows
+	TraceOutcomeRetried      = "retried"       // failed; forwarded to a retry tier
+	TraceOutcomeDeadLettered = "dead_lettered" // failed (or no key); forwarded to the dead-letter topic
+	TraceOutcomeOutage       = "outage"        // the dedupe store was unreachable; tried again, no attempt counted
+	TraceOutcomeBreakerOpen  = "breaker_open"  // a breaker was open; the partition waits
+	TraceOutcomeAbandoned    = "abandoned"     // cut short by revoke or shutdown; left for redelivery
+	TraceOutcomeFailed       = "failed"        // a batch failed; its messages run again one by one
+)
+
+// Attribute keys of idem's spans (OpenTelemetry messaging conventions, plus
+// idem's own).
+const (
+	attrAttempt = attribute.Key("idem.attempt")
+	attrTier    = attribute.Key("idem.tier")
+	attrOutcome = attribute.Key("idem.outcome")
+)
+
+// msgCarrier reads a handler.Message's headers for a propagator; the last
+// value of a repeated header wins, as with Message.Header.
+type msgCarrier struct{ m *handler.Message }
+
+func (c msgCarrier) Get(key string) string {
+	v, _ := c.m.Header(key)
+	return string(v)
+}
+
+func (c msgCarrier) Set(string, string) {} // extraction only
+
+func (c msgCarrier) Keys() []string {
+	ks := make([]string, 0, len(c.m.Headers))
+	for _, h := range c.m.Headers {
+		ks = append(ks, h.Key)
+	}
+	return ks
+}
+
+// recordCarrier writes a forwarded record's headers: Set replaces every
+// earlier value of the header.
+type recordCarrier struct{ hs *[]sarama.RecordHeader }
+
+func (c recordCarrier) Get(key string) string {
+	for i := len(*c.hs) - 1; i >= 0; i-- {
+		if string((*c.hs)[i].Key) == key {
+			return string((*c.hs)[i].Value)
+		}
+	}
+	return ""
+}
+
+func (c recordCarrier) Set(key, value string) {
+	hs := (*c.hs)[:0:0]
+	for _, h := range *c.hs {
+		if string(h.Key) != key {
+			hs = append(hs, h)
+		}
+	}
+	*c.hs = append(hs, sarama.RecordHeader{Key: []byte(key), Value: []byte(value)})
+}
+
+func (c recordCarrier) Keys() []string {
+	ks := make([]string, 0, len(*c.hs))
+	for _, h := range *c.hs {
+		ks = append(ks, string(h.Key))
+	}
+	return ks
+}
+
+// spanState is the attempt span a worker has open, for the message it is
+// taking to an outcome.
+type spanState struct {
+	msg  *handler.Message
+	tier int // the retry tier msg was read from; 0 for a source topic
+	span trace.Span
+	ctx  context.Context // the handler's ctx with span
+}
+
+// traceMessage records that msg, read from retry tier tier (0: a source
+// topic), is the message the worker's next spans belong to.
+func (p *partition) traceMessage(msg *handler.Message, tier int) {
+	p.spanEnd(TraceOutcomeAbandoned, nil)
+	p.tspan = spanState{msg: msg, tier: tier}
+}
+
+// consumerKind is the start option of every attempt span, made once.
+var consumerKind = trace.WithSpanKind(trace.SpanKindConsumer)
+
+// spanStart opens the attempt span of msg, a child of the trace context in
+// msg's headers, unless one is open for msg already, and returns the
+// handler's ctx carrying it.
+func (p *partition) spanStart(msg *handler.Message) context.Context {
+	if p.tspan.span != nil && p.tspan.msg == msg {
+		return p.tspan.ctx
+	}
+	tier := 0
+	if p.tspan.msg == msg {
+		tier = p.tspan.tier
+	}
+	p.spanEnd(TraceOutcomeAbandoned, nil)
+	r := p.r
+	parent := r.cfg.Propagator.Extract(p.hctx, msgCarrier{msg})
+	ctx, span := r.tracer.Start(parent, SpanHandle, consumerKind)
+	if span.IsRecording() {
+		span.SetAttributes(
+			attribute.String("messaging.system", "kafka"),
+			attribute.String("messaging.operation.type", "process"),
+			attribute.String("messaging.destination.name", msg.Topic),
+			attribute.Int("messaging.kafka.destination.partition", int(msg.Partition)),
+			attribute.Int64("messaging.kafka.offset", msg.Offset),
+			attribute.String("messaging.consumer.group.name", r.cfg.Group),
+			attrAttempt.Int(msg.Attempt),
+			attrTier.Int(tier),
+		)
+	}
+	p.tspan = spanState{msg: msg, tier: tier, span: span, ctx: ctx}
+	return ctx
+}
+
+// spanEnd ends the open attempt span, if any, with outcome; a non-nil err is
+// recorded on it as the attempt's failure.
+func (p *partition) spanEnd(outcome string, err error) {
+	s := p.tspan.span
+	if s == nil {
+		return
+	}
+	p.tspan.span, p.tspan.ctx = nil, nil
+	if s.IsRecording() {
+		s.SetAttributes(attrOutcome.String(outcome))
+		if err != nil {
+			s.RecordError(err)
+			s.SetStatus(codes.Error, err.Error())
+		}
+	}
+	s.End()
+}
+
+// spanError records err on the open attempt span without ending it: the
+// attempt failed and its outcome (retry, forward) is not decided yet.
+func (p *partition) spanError(err error) {
+	if s := p.tspan.span; s != nil && err != nil && s.IsRecording() {
+		s.RecordError(err)
+		s.SetStatus(codes.Error, err.Error())
+	}
+}
+
+// injectTrace writes the trace context of msg's attempt span (opening one
+// if none is: a message dead-lettered without an attempt, such as one
+// without a key) into a forwarded record's headers, so the next tier's
+// attempt, or the dead-letter record, continues the trace.
+func (p *partition) injectTrace(hs []sarama.RecordHeader, msg *handler.Message) []sarama.RecordHeader {
+	ctx := p.spanStart(msg)
+	out := append([]sarama.RecordHeader(nil), hs...)
+	p.r.cfg.Propagator.Inject(ctx, recordCarrier{&out})
+	return out
+}
+
+// batchSpan starts the span of one batch handler call for items[idx] (the
+// new messages of a batch), linked to the producer context of each (up to
+// 128 links).
+func (p *partition) batchSpan(ctx context.Context, items []*batchItem, idx []int) (context.Context, trace.Span) {
+	r := p.r
+	const maxLinks = 128
+	links := make([]trace.Link, 0, min(len(idx), maxLinks))
+	for _, i := range idx[:min(len(idx), maxLinks)] {
+		it := items[i]
+		sc := trace.SpanContextFromContext(r.cfg.Propagator.Extract(context.Background(), msgCarrier{it.msg}))
+		if sc.IsValid() {
+			links = append(links, trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{
+				attribute.Int64("messaging.kafka.offset", it.cm.Offset)}})
+		}
+	}
+	ctx, span := r.tracer.Start(ctx, SpanHandleBatch, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithLinks(links...))
+	if span.IsRecording() {
+		span.SetAttributes(
+			attribute.String("messaging.system", "kafka"),
+			attribute.String("messaging.operation.type", "process"),
+			attribute.String("messaging.destination.name", p.tp.topic),
+			attribute.Int("messaging.kafka.destination.partition", int(p.tp.partition)),
+			attribute.Int("messaging.batch.message_count", len(idx)),
+			attribute.String("messaging.consumer.group.name", r.cfg.Group),
+			attrAttempt.Int(1),
+			attrTier.Int(0),
+		)
+	}
+	return ctx, span
+}
+
+// batchSpanEnd ends a batch span with outcome processed or failed.
+func batchSpanEnd(span trace.Span, err error) {
+	if span.IsRecording() {
+		if err != nil {
+			span.SetAttributes(attrOutcome.String(TraceOutcomeFailed))
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		} else {
+			span.SetAttributes(attrOutcome.String(TraceOutcomeProcessed))
+		}
+	}
+	span.End()
+}

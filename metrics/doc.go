@@ -1,0 +1,55 @@
+// Package metrics holds every Prometheus metric idem exports, in one place, so
+// dashboards and alerts have one list to read. Collectors are registered on a
+// caller-given prometheus.Registerer (consumer.Config.Registerer, the outbox
+// relay's Registerer); nothing is registered globally. NewServeMux and Serve
+// expose a registry with /healthz and /readyz on one address.
+//
+// Labels are bounded: group, topic, partition, destination (a tier or DLQ
+// topic), table, breaker name and the fixed sets of outcome, result, kind and
+// reason values. Never idempotency keys, offsets or error texts.
+//
+// # Metrics
+//
+// Every metric idem registers (TestDocTable checks this table against the
+// package's collectors: same names, types and labels, both ways). Label
+// lists are comma-separated; "-" means none.
+//
+//	name                                   type       labels                    meaning
+//	idem_messages_total                    counter    group,topic,outcome       messages with a final outcome: processed, duplicate, retried (sent to a tier), dead_lettered, parked
+//	idem_handler_attempts_total            counter    group,topic,result        handler calls by result: ok, error, panic, breaker_open
+//	idem_handler_duration_seconds          histogram  group,topic               handler call latency including the dedupe transaction (1 ms to 30 s)
+//	idem_retries_total                     counter    group,topic               in-process retries: handler attempts after a failure
+//	idem_forwarded_total                   counter    group,destination,kind    records forwarded to a retry tier or the DLQ, by idem-error-kind
+//	idem_forward_errors_total              counter    group,destination         failed forwards; the partition retries them and marks nothing
+//	idem_stubs_forwarded_total             counter    group,destination         records dead-lettered as stubs without their value (no topic would take them whole)
+//	idem_missing_key_total                 counter    group,topic               messages without a valid idempotency key
+//	idem_store_errors_total                counter    group                     dedupe store failures (outages); the message is retried, no attempt counted
+//	idem_retry_delay_seconds               histogram  group,topic               how long after its idem-due-at a retry record reached the handler
+//	idem_dlq_depth                         gauge      topic                     DLQ records not yet replayed or purged (end offsets minus the "<dlq>.admin" group's offsets)
+//	idem_breaker_state                     gauge      name                      circuit breaker state: 0 closed, 1 half-open, 2 open
+//	idem_breaker_transitions_total         counter    name,from,to              circuit breaker state changes
+//	idem_breaker_open_seconds_total        counter    name                      seconds circuit breakers spent open
+//	idem_partitions_paused                 gauge      group                     partitions paused by an open breaker or by back-pressure
+//	idem_partitions_assigned               gauge      group                     partitions currently claimed by this process
+//	idem_commits_total                     counter    group                     offsets marked for commit after a durable outcome
+//	idem_abandoned_total                   counter    group                     in-flight messages cancelled past ShutdownGrace (rolled back, left for redelivery)
+//	idem_partition_stalled_seconds         gauge      group,topic,partition     seconds a claimed partition has been failing on one message (outages, retries, forward errors); 0 while it flows
+//	idem_consumer_lag                      gauge      group,topic,partition     records behind in a claimed partition: high watermark minus committed offset, sources and retry tiers (consumer.Config.LagInterval); removed when released
+//	idem_end_to_end_seconds                histogram  group,topic               record timestamp to offset marked (final outcome), 1 ms to 1 h (EndToEndBuckets) for p95/p99; a tier record is timed from its forward
+//	idem_messages_in_flight                gauge      group,topic               messages taken from a partition's queue whose outcome is not final yet
+//	idem_outbox_pending                    gauge      table                     outbox rows waiting to be published (refreshed by the leader)
+//	idem_outbox_oldest_pending_seconds     gauge      table                     age of the oldest waiting outbox row; 0 when none
+//	idem_outbox_failed                     gauge      table                     outbox rows in the failed state
+//	idem_outbox_published_total            counter    table                     outbox rows published and acknowledged by Kafka
+//	idem_outbox_publish_seconds            histogram  table                     outbox row insert (about its commit) to Kafka's ack, latency
+//	idem_outbox_publish_failures_total     counter    table,reason              refused or failed outbox publishes: unknown_topic, too_large, authorization, other
+//	idem_outbox_leader                     gauge      table                     1 while this relay holds the table's lock, else 0
+//
+// # Reading them
+//
+// Success rate: rate(idem_messages_total{outcome=~"processed|duplicate"}) over
+// rate(idem_messages_total). Latency: histogram_quantile(0.99,
+// rate(idem_end_to_end_seconds_bucket[5m])). A growing idem_consumer_lag with
+// a flat idem_commits_total means a stuck consumer; idem_partition_stalled_seconds
+// says which partition and the consumer's WARN log says why.
+package metrics
