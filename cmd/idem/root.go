@@ -213,6 +213,15 @@ func envFlag(fs *pflag.FlagSet, name, env string) {
 	_ = fs.SetAnnotation(name, envAnnotation, []string{env})
 }
 
+// env returns the environment variable name: through a.getenv, or
+// os.Getenv when that is nil.
+func (a *app) env(name string) string {
+	if a.getenv == nil {
+		return os.Getenv(name)
+	}
+	return a.getenv(name)
+}
+
 // applyEnv sets every flag of fs that was not given from its environment
 // variable, when that is set.
 func (a *app) applyEnv(fs *pflag.FlagSet) error {
@@ -222,7 +231,7 @@ func (a *app) applyEnv(fs *pflag.FlagSet) error {
 		if err != nil || f.Changed || len(env) == 0 {
 			return
 		}
-		if v := a.getenv(env[0]); v != "" {
+		if v := a.env(env[0]); v != "" {
 			if e := f.Value.Set(v); e != nil {
 				err = fmt.Errorf("%s=%q (for --%s): %v", env[0], v, f.Name, e)
 			}
@@ -282,8 +291,8 @@ func (a *app) saramaConfig() (*sarama.Config, []string, error) {
 	// or a deleted original topic), whatever the broker allows.
 	cfg.Metadata.AllowAutoTopicCreation = false
 	auth := a.auth
-	if auth.Mechanism != "" && a.getenv != nil {
-		auth.Password = a.getenv(passwordEnv)
+	if auth.Mechanism != "" {
+		auth.Password = a.env(passwordEnv)
 	}
 	if auth.Mechanism != "" && auth.Password == "" {
 		return nil, nil, fmt.Errorf("--sasl-mechanism %s needs a password: set %s", auth.Mechanism, passwordEnv)
