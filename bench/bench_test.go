@@ -112,3 +112,23 @@ func TestReportTableAndChart(t *testing.T) {
 		t.Errorf("chart is %v, want at least 900×900", b)
 	}
 }
+
+// TestOutboxReport: -outbox-rates parses, and the outbox table shows every
+// rate's figures and the throughput ratio.
+func TestOutboxReport(t *testing.T) {
+	if _, err := parseRates("1000,x"); err == nil {
+		t.Fatal("parseRates accepted x")
+	}
+	rates, err := parseRates("1000, 10000")
+	if err != nil || len(rates) != 2 || rates[1] != 10000 {
+		t.Fatalf("parseRates = %v, %v", rates, err)
+	}
+	r := outboxReport{Size: 200, Partitions: 12, Rows: 100000, RelayPerSec: 40000, RawProducerPerSec: 100000, RelayVsRawProducer: 0.4,
+		Latency: []outboxLatency{{OfferedRate: 1000, PerCommit: 1, AchievedRate: 1000, Events: 5000, P50Ms: 2.8, P99Ms: 13}}}
+	tab := r.table()
+	for _, want := range []string{"| 1,000 | 1 | 1,000 | 5,000 | 2.8 | 13.0 |", "40,000 events/s", "0.40× raw"} {
+		if !strings.Contains(tab, want) {
+			t.Errorf("table lacks %q:\n%s", want, tab)
+		}
+	}
+}

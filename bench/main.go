@@ -42,6 +42,9 @@ type options struct {
 	pgConns                         int
 	childTimeout                    time.Duration
 	redraw                          string
+	outboxDuration                  time.Duration // outbox.go
+	outboxRates                     string
+	outboxRows                      int
 }
 
 func main() {
@@ -71,6 +74,9 @@ func main() {
 	flag.IntVar(&o.pgConns, "pg-conns", 16, "pgx pool size of the PostgreSQL scenarios (≥ partitions)")
 	flag.DurationVar(&o.childTimeout, "child-timeout", 5*time.Minute, "a run that has not consumed its quota by then fails")
 	flag.StringVar(&o.redraw, "redraw", "", "only redraw the PNG chart of this JSON report (next to it)")
+	flag.DurationVar(&o.outboxDuration, "outbox-duration", 10*time.Second, "outbox relay benchmark (outbox.go): length of each rate's latency load; 0 skips it; -only outbox runs it alone")
+	flag.StringVar(&o.outboxRates, "outbox-rates", "1000,10000", "outbox relay benchmark: offered rates, events/s")
+	flag.IntVar(&o.outboxRows, "outbox-rows", 100_000, "outbox relay benchmark: backlog rows for the relay's throughput")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage: idem-bench [flags]\n\nScenarios:\n")
 		for _, s := range registry {
@@ -124,11 +130,17 @@ func run(ctx context.Context, o options) error {
 		}
 		return runFlatRSS(ctx, o, sizes, scen)
 	}
+	if o.only == "outbox" {
+		return runOutboxBench(ctx, o)
+	}
 	scen, err := selectScenarios(o.only)
 	if err != nil {
 		return fmt.Errorf("-only: %w", err)
 	}
-	return runBench(ctx, o, scen)
+	if err := runBench(ctx, o, scen); err != nil || o.only != "" || o.outboxDuration <= 0 {
+		return err
+	}
+	return runOutboxBench(ctx, o)
 }
 
 // selectScenarios resolves a comma-separated list; empty means the default

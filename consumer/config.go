@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/outbox"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -290,6 +291,16 @@ type Config struct {
 	// traces would silently break at idem.
 	// Default: propagation.TraceContext{}.
 	Propagator propagation.TextMapPropagator
+
+	// Relay, when set, runs this outbox relay (outbox.Relay.Run) inside Run's
+	// process for as long as Run runs, so the events handlers enqueue with
+	// outbox.Enqueue(ctx, dedupe.Tx(ctx), ...) are published without a
+	// separate service. Run copies it and fills its empty Brokers, Sarama,
+	// Logger and Registerer from this Config. Several members may all run
+	// one: a PostgreSQL advisory lock lets exactly one publish per table, the
+	// others stand by. See consumer/outbox.go and package outbox.
+	// Default: nil (no relay: run `idem outbox relay` or outbox.Relay apart).
+	Relay *outbox.Relay
 }
 
 // BatchConfig sizes the batches of Config.Batch.
@@ -541,6 +552,9 @@ func (c Config) Validate() error {
 	}
 	if c.RetryBase < 0 {
 		bad("RetryBase", c.RetryBase, "must be > 0")
+	}
+	if err := c.validateRelay(); err != nil {
+		bad("Relay", "", err.Error())
 	}
 	if c.RetryMax < c.RetryBase {
 		bad("RetryMax", c.RetryMax, fmt.Sprintf("must be >= RetryBase (%s)", c.RetryBase))

@@ -274,6 +274,7 @@ func (r *runner) run(ctx context.Context) error {
 	wg.Go(func() { r.watchLag(watchCtx, client) })
 	wg.Go(func() { r.watchDLQDepth(watchCtx, client) })
 	wg.Go(func() { r.watchStalls(watchCtx) })
+	r.startRelay(watchCtx, &wg)
 
 	gh := &groupHandler{r: r}
 	topics := r.topics()

@@ -1,6 +1,6 @@
 // Command idem is the operator CLI of idem: inspect, replay and purge
-// dead-letter topics, release messages parked by ordering-by-key, and create
-// idem's tables.
+// dead-letter topics, release messages parked by ordering-by-key, run the
+// outbox relay, and create idem's tables.
 //
 //	idem dlq list     (-t DLQ | --source T --group G) [--json]
 //	idem dlq depth    (-t DLQ | --source T --group G) [--json]
@@ -9,9 +9,12 @@
 //	idem dlq purge    (-t DLQ | --source T --group G) [--yes]
 //	idem ordering list    [--group G] [--topic T] [--json]
 //	idem ordering release --group G --topic T (--key K | --key-hex H | --all) --to source|TOPIC [--dry-run]
+//	idem outbox relay [--database-url URL] [--metrics-addr ADDR]
+//	idem outbox list  [--failed | --state S] [--json]
+//	idem outbox retry ID...
 //	idem migrate      [--database-url URL] [--table schema.table]
 //
-// Commands that talk to Kafka (dlq, ordering release) take -b/--brokers
+// Commands that talk to Kafka (dlq, ordering release, outbox relay) take -b/--brokers
 // (env KAFKA_BROKERS, default 127.0.0.1:9092), --kafka-version (default
 // 4.0.0) and the TLS and SASL flags --tls, --tls-ca, --tls-cert, --tls-key,
 // --tls-insecure-skip-verify, --sasl-mechanism (PLAIN, SCRAM-SHA-256,

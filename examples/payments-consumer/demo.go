@@ -23,7 +23,6 @@ import (
 
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
-	"github.com/idemhq/idem/handler"
 )
 
 // demoOptions configure one demo run.
@@ -60,6 +59,8 @@ type summary struct {
 	DLQKinds       map[string]int64 // idem_forwarded_total to the DLQ, by idem-error-kind
 
 	ProduceTime, ConsumeTime time.Duration
+
+	Events eventFigures // payment.recorded events published through the outbox (events.go)
 }
 
 // DuplicatesSkipped is the good deliveries that had no second effect.
@@ -79,6 +80,9 @@ func (s summary) check() error {
 	}
 	if s.DoubleCharges != 0 {
 		errs = append(errs, fmt.Errorf("double charges %d != 0", s.DoubleCharges))
+	}
+	if err := s.Events.check(s.Stored); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -102,6 +106,7 @@ func (s summary) print(w io.Writer) {
 	}
 	line("dead-lettered", "%s (%s) in %s", num(s.DeadLettered), strings.Join(kinds, ", "), s.DLQ)
 	line("double charges", "%d", s.DoubleCharges)
+	line("events published", "%s", s.Events)
 }
 
 func demoMain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -182,6 +187,10 @@ func runDemo(ctx context.Context, e env, o demoOptions, stdout, stderr io.Writer
 	if _, err := ensureTopic(ctx, client, admin, s.Topic, o.Partitions); err != nil {
 		return s, err
 	}
+	s.Events.Topic = s.Topic + ".events"
+	if _, err := ensureTopic(ctx, client, admin, s.Events.Topic, o.Partitions); err != nil {
+		return s, err
+	}
 	if o.Cleanup {
 		defer cleanupRun(pool, admin, s, stderr)
 	}
@@ -219,7 +228,8 @@ func runDemo(ctx context.Context, e env, o demoOptions, stdout, stderr io.Writer
 			Logger:     newLogger(stderr, level),
 			Registerer: reg,
 			Retry:      retryPolicy,
-		}, handler.Func(handlePayment))
+			Relay:      eventsRelay(true, pool), // publishes payment.recorded from this process
+		}, paymentHandler(s.Events.Topic))
 	}()
 	topics := append([]string{s.Topic}, retryPolicy.Tiers(s.Topic, s.Group)...)
 	waitCtx, stopWait := context.WithCancel(ctx)
@@ -232,6 +242,9 @@ func runDemo(ctx context.Context, e env, o demoOptions, stdout, stderr io.Writer
 		}
 	}()
 	werr := waitCommitted(waitCtx, client, admin, s.Group, topics, nil)
+	if werr == nil {
+		s.Events, werr = waitEvents(waitCtx, pool, client, s.Events.Topic)
+	}
 	stopWait()
 	s.ConsumeTime = time.Since(start)
 	stopRun()
@@ -452,7 +465,7 @@ func dlqKinds(reg *prometheus.Registry, dlq string) map[string]int64 {
 func cleanupRun(pool *pgxpool.Pool, admin sarama.ClusterAdmin, s summary, stderr io.Writer) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for _, t := range append(append([]string{s.Topic}, retryPolicy.Tiers(s.Topic, s.Group)...), s.DLQ) {
+	for _, t := range append(append([]string{s.Topic, s.Events.Topic}, retryPolicy.Tiers(s.Topic, s.Group)...), s.DLQ) {
 		if err := admin.DeleteTopic(t); err != nil && !errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
 			fmt.Fprintf(stderr, "cleanup: delete topic %s: %v\n", t, err)
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -58,6 +59,7 @@ func TestDemoBalances(t *testing.T) {
 		{"orders paid", s.OrdersPaid, int64(o.N)},
 		{"dead-lettered", s.DeadLettered, int64(o.Bad)},
 		{"double charges", s.DoubleCharges, 0},
+		{"events published", s.Events.Published, int64(o.N)},
 		{"DLQ decode", s.DLQKinds["decode"], int64(o.Bad / 5)},
 		{"DLQ missing-key", s.DLQKinds["missing-key"], int64(o.Bad / 5)},
 		{"DLQ permanent", s.DLQKinds["permanent"], int64(o.Bad - 2*(o.Bad/5))},
@@ -80,7 +82,7 @@ func TestHandlePayment(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.Close()
+	t.Cleanup(pool.Close) // after the cleanup below, which needs it
 	if err := migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
@@ -92,11 +94,12 @@ func TestHandlePayment(t *testing.T) {
 		c := context.Background()
 		_, _ = pool.Exec(c, `DELETE FROM payments WHERE order_id LIKE $1`, run+"-%")
 		_, _ = pool.Exec(c, `DELETE FROM orders WHERE id LIKE $1`, run+"-%")
+		_, _ = pool.Exec(c, `DELETE FROM idem_outbox WHERE topic = $1`, run+".events")
 	})
 	// handle runs one message in a transaction that commits on success.
 	handle := func(key, body string) error {
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			return handlePayment(dedupe.WithTx(ctx, tx), &handler.Message{Value: []byte(body), IdempotencyKey: key})
+			return handlePayment(dedupe.WithTx(ctx, tx), &handler.Message{Value: []byte(body), IdempotencyKey: key}, run+".events")
 		})
 	}
 	body := func(key, order, amount, cur string) string {
@@ -137,6 +140,20 @@ func TestHandlePayment(t *testing.T) {
 	}
 	if n != 2 || amount != "99.999999" {
 		t.Errorf("payments: %d rows, o2 amount %q; want 2 rows, 99.999999", n, amount)
+	}
+	// One payment.recorded per stored payment; the repeat and the refused
+	// ones enqueued nothing (or rolled it back).
+	var events []string
+	rows, err := pool.Query(ctx, `SELECT value->>'idempotency_key' FROM (SELECT convert_from(value, 'UTF8')::jsonb AS value
+		FROM idem_outbox WHERE topic = $1) e ORDER BY 1`, run+".events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if events, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{run + "-k1", run + "-k3"}; !slices.Equal(events, want) {
+		t.Errorf("payment.recorded events enqueued for %v, want %v", events, want)
 	}
 }
 

@@ -115,7 +115,11 @@ var _ consumer.KeyFunc = paymentKey
 // Unknown orders, malformed JSON, non-positive amounts, unknown currencies and
 // a second, different payment for an already-paid order are permanent: they
 // go to the dead-letter topic for an operator.
-func handlePayment(ctx context.Context, m *handler.Message) error {
+//
+// A payment actually stored enqueues a payment.recorded event (events.go) to
+// eventsTopic in the same transaction; a duplicate enqueues nothing.
+// paymentHandler adapts it to handler.Func.
+func handlePayment(ctx context.Context, m *handler.Message, eventsTopic string) error {
 	p, err := decodePayment(m.Value)
 	if err != nil {
 		return handler.Decode(err)
@@ -144,7 +148,10 @@ func handlePayment(ctx context.Context, m *handler.Message) error {
 		return fmt.Errorf("mark order %s paid: %w", p.OrderID, err) // retriable
 	}
 	if upd.RowsAffected() == 1 {
-		return nil
+		if ins.RowsAffected() == 0 {
+			return nil // stored before: its event was enqueued then
+		}
+		return enqueueRecorded(ctx, tx, eventsTopic, key, p) // commits with the payment
 	}
 	if ins.RowsAffected() == 0 {
 		// This very payment was applied before (its inbox row has since been

@@ -18,7 +18,6 @@ import (
 
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
-	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -34,6 +33,8 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer) error {
 	group := fs.String("group", "payments-consumer", "consumer group id")
 	partitions := fs.Int("partitions", 6, "partitions of the topic when this service creates it")
 	metricsAddr := fs.String("metrics-addr", ":2112", "listen address of the Prometheus /metrics endpoint (empty: off)")
+	eventsTopic := fs.String("events-topic", defaultEventsTopic, "topic of the payment.recorded events (created when missing)")
+	relay := fs.Bool("relay", true, "run the outbox relay in this process (false: run `idem outbox relay` apart)")
 	verbose := fs.Bool("v", false, "debug logs")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: payments-consumer [flags]      consume payments\n       payments-consumer demo [flags] run the end-to-end demo (demo -h)\n\nenv: KAFKA_BROKERS, DATABASE_URL\n\nflags:\n")
@@ -68,8 +69,10 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 
 	scfg := saramaConfig("payments-consumer")
-	if err := createTopic(ctx, e.Brokers, scfg, *topic, int32(*partitions), log); err != nil {
-		return err
+	for _, t := range []string{*topic, *eventsTopic} {
+		if err := createTopic(ctx, e.Brokers, scfg, t, int32(*partitions), log); err != nil {
+			return err
+		}
 	}
 
 	reg := prometheus.NewRegistry()
@@ -107,7 +110,8 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer) error {
 		Logger:     log,
 		Registerer: reg,
 		Retry:      retryPolicy,
-	}, handler.Func(handlePayment))
+		Relay:      eventsRelay(*relay, pool),
+	}, paymentHandler(*eventsTopic))
 	if err != nil {
 		return fmt.Errorf("consumer: %w", err)
 	}

@@ -1,0 +1,77 @@
+package metrics
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// The outbox relay's metrics (package outbox), all labelled by table:
+//
+//	idem_outbox_pending{table}                          rows waiting to be published
+//	idem_outbox_oldest_pending_seconds{table}           age of the oldest waiting row (0 when none)
+//	idem_outbox_failed{table}                           rows in the failed state (`idem outbox list --failed`)
+//	idem_outbox_published_total{table}                  rows published and acknowledged by Kafka
+//	idem_outbox_publish_seconds{table}                  row insert (≈ commit) → Kafka ack latency, histogram
+//	idem_outbox_publish_failures_total{table,reason}    refused or failed publishes, by reason
+//	idem_outbox_leader{table}                           1 while this relay holds the table's lock, else 0
+//
+// The gauges pending, oldest and failed are refreshed by the leader only.
+
+// Reason label values of idem_outbox_publish_failures_total. Only the first
+// three count towards Relay.MaxAttempts; "other" (broker outages, timeouts)
+// is retried for as long as it lasts.
+const (
+	ReasonUnknownTopic  = "unknown_topic"
+	ReasonTooLarge      = "too_large"
+	ReasonAuthorization = "authorization"
+	ReasonOther         = "other"
+)
+
+// Outbox is the set of the relay's collectors. The zero value is not usable;
+// use NewOutbox. All methods are safe for concurrent use.
+type Outbox struct {
+	Pending         *prometheus.GaugeVec     // idem_outbox_pending
+	OldestPending   *prometheus.GaugeVec     // idem_outbox_oldest_pending_seconds
+	Failed          *prometheus.GaugeVec     // idem_outbox_failed
+	Published       *prometheus.CounterVec   // idem_outbox_published_total
+	PublishSeconds  *prometheus.HistogramVec // idem_outbox_publish_seconds
+	PublishFailures *prometheus.CounterVec   // idem_outbox_publish_failures_total
+	Leader          *prometheus.GaugeVec     // idem_outbox_leader
+}
+
+// NewOutbox creates the relay's collectors and registers them on reg. A nil
+// reg registers nothing. Registering twice on one registry reuses the
+// collectors already there (two relays of different tables, or a relay inside
+// a consumer, may share a registry).
+func NewOutbox(reg prometheus.Registerer) (*Outbox, error) {
+	table := []string{"table"}
+	m := &Outbox{
+		Pending: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_outbox_pending",
+			Help: "Outbox rows waiting to be published (refreshed by the leader)."}, table),
+		OldestPending: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_outbox_oldest_pending_seconds",
+			Help: "Age of the oldest outbox row waiting to be published; 0 when none."}, table),
+		Failed: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_outbox_failed",
+			Help: "Outbox rows in the failed state, waiting for `idem outbox retry`."}, table),
+		Published: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_outbox_published_total",
+			Help: "Outbox rows published and acknowledged by Kafka."}, table),
+		PublishSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "idem_outbox_publish_seconds",
+			Help:    "Latency from an outbox row's insert (about its commit) to Kafka's acknowledgement.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}}, table),
+		PublishFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_outbox_publish_failures_total",
+			Help: "Failed outbox publishes by reason: unknown_topic, too_large, authorization, other."}, []string{"table", "reason"}),
+		Leader: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_outbox_leader",
+			Help: "1 while this process's relay holds the table's advisory lock, else 0."}, table),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	var err error
+	m.Pending = register(reg, m.Pending, &err)
+	m.OldestPending = register(reg, m.OldestPending, &err)
+	m.Failed = register(reg, m.Failed, &err)
+	m.Published = register(reg, m.Published, &err)
+	m.PublishSeconds = register(reg, m.PublishSeconds, &err)
+	m.PublishFailures = register(reg, m.PublishFailures, &err)
+	m.Leader = register(reg, m.Leader, &err)
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}

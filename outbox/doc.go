@@ -1,0 +1,60 @@
+// Package outbox is idem's transactional outbox: a handler's database writes
+// and the events they imply commit in one transaction, or neither does, and a
+// relay publishes the committed events to Kafka.
+//
+// Publishing from a handler straight to Kafka is the pitfall this removes: an
+// event sent before the transaction commits is out in the world even if the
+// transaction then rolls back, and a message redelivered after a crash sends
+// it again. With the outbox the event is a row:
+//
+//	err := consumer.Run(ctx, consumer.Config{
+//		...
+//		Dedupe: dedupe.NewPostgres(pool),
+//		Relay:  &outbox.Relay{Pool: pool}, // publish from this process too
+//	}, handler.Func(func(ctx context.Context, m *handler.Message) error {
+//		tx := dedupe.Tx(ctx) // the transaction of the inbox row
+//		if _, err := tx.Exec(ctx, `INSERT INTO payments ...`); err != nil {
+//			return err
+//		}
+//		return outbox.Enqueue(ctx, tx, outbox.Message{
+//			Topic: "payments.events", Key: []byte(orderID), Value: eventJSON,
+//		})
+//	}))
+//
+// A duplicate delivery never reaches the handler, so it enqueues nothing; a
+// failing handler rolls its events back with everything else.
+//
+// # Guarantee
+//
+// At-least-once publish: a committed row is published until Kafka
+// acknowledges it, and only then deleted. A relay that dies between the ack
+// and the delete leaves the row, and the next leader publishes it again with
+// the same idem-outbox-id header. Because that id is also the record's
+// idempotency-key header (unless the message sets its own), an idem consumer
+// downstream applies the event exactly once with no extra code.
+//
+// # Relay
+//
+// Relay runs as a library type (Relay.Run), as `idem outbox relay`, or inside
+// a consumer (consumer.Config.Relay). Run as many as you like: an advisory
+// lock lets one publish per table and the others take over within seconds.
+// See Relay for leadership, ordering, the late-commit argument, bad input and
+// the failed state; List and Retry are what `idem outbox list` and
+// `idem outbox retry` use.
+//
+// # Table
+//
+// idem_outbox (or Relay.Table) is created by Migrate, consumer.Migrate,
+// `idem migrate` or Relay.Run: id (bigint identity, the order), event_id
+// (uuid, published as idem-outbox-id), topic, key, value, header_keys,
+// header_values, created_at, state (pending, published, failed), attempts,
+// last_error, retry_at, published_at. An AFTER INSERT trigger NOTIFYs the
+// relay at commit.
+//
+// # Metrics
+//
+// idem_outbox_pending, idem_outbox_oldest_pending_seconds, idem_outbox_failed,
+// idem_outbox_published_total, idem_outbox_publish_seconds,
+// idem_outbox_publish_failures_total{reason} and idem_outbox_leader, all
+// labelled by table (package metrics lists them).
+package outbox

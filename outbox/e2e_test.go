@@ -1,0 +1,365 @@
+package outbox_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemhq/idem/consumer"
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/outbox"
+)
+
+// runConsumer runs consumer.Run on topic as group until the test ends.
+func (e *env) runConsumer(topic, group string, reg *prometheus.Registry, relay *outbox.Relay, h handler.Func, mutate ...func(*consumer.Config)) {
+	e.t.Helper()
+	if err := dedupe.Migrate(testenv.Context(e.t), e.pool); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { e.k.DeleteTopics(e.t, topic+"."+group+".dlq") })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	cfg := consumer.Config{
+		Brokers:        e.k.Brokers,
+		Group:          group,
+		Topics:         []string{topic},
+		Dedupe:         dedupe.NewPostgres(e.pool),
+		Sarama:         e.k.Config(),
+		Logger:         testLogger(e.t),
+		Registerer:     reg,
+		CommitInterval: 100 * time.Millisecond,
+		Relay:          relay,
+	}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	go func() { done <- consumer.Run(ctx, cfg, h) }()
+	e.t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			e.t.Errorf("consumer.Run: %v", err)
+		}
+	})
+}
+
+// messages returns idem_messages_total{group,outcome,topic}.
+func messages(t *testing.T, reg *prometheus.Registry, group, outcome, topic string) float64 {
+	return metric(t, reg, "idem_messages_total", group, outcome, topic)
+}
+
+// TestRolledBackHandlerPublishesNothing (issue test 1): a handler enqueues
+// an event in its transaction and fails; the transaction rolls back and the
+// event never exists, so it is never published. The next message's event
+// is. The relay runs inside the consumer (Config.Relay).
+func TestRolledBackHandlerPublishesNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	in := e.k.Topic(t, 1)
+	group := testenv.Group(t)
+	out := e.consume(e.topic)
+	reg := prometheus.NewRegistry()
+	relay, _ := e.relay(e.pool)
+	relay.Registerer, relay.Brokers, relay.Logger = nil, nil, nil // taken from the consumer's Config
+	e.runConsumer(in, group, reg, relay, func(ctx context.Context, m *handler.Message) error {
+		if err := outbox.Enqueue(ctx, dedupe.Tx(ctx), outbox.Message{Topic: e.topic, Key: m.Key, Value: m.Value}); err != nil {
+			return err
+		}
+		if strings.HasPrefix(string(m.Value), "fail") {
+			return handler.Permanent(errors.New("rejected after enqueueing its event"))
+		}
+		return nil
+	})
+	p := e.k.Producer(t)
+	for _, v := range []string{"fail-1", "ok-1", "fail-2", "ok-2"} {
+		if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: in, Key: sarama.StringEncoder(v), Value: sarama.StringEncoder(v),
+			Headers: []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(v)}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out.waitKeys(t, "ok-1", "ok-2")
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if n := messages(t, reg, group, "dead_lettered", in); n != 2 {
+			return fmt.Errorf("%v dead-lettered, want 2", n)
+		}
+		if n := e.count("true"); n != 0 {
+			return fmt.Errorf("%d rows in the outbox", n)
+		}
+		return nil
+	})
+	for _, m := range out.snapshot() {
+		if strings.HasPrefix(string(m.Value), "fail") {
+			t.Fatalf("the event of a rolled-back transaction was published: %s", m.Value)
+		}
+	}
+	if n := len(out.snapshot()); n != 2 {
+		t.Fatalf("%d events published, want 2", n)
+	}
+	if l := metric(t, reg, "idem_outbox_leader", "idem_outbox"); l != 1 {
+		t.Fatalf("the in-process relay is not the leader on the consumer's registry: idem_outbox_leader = %v", l)
+	}
+}
+
+const (
+	childEnv    = "IDEM_OUTBOX_CRASH_CHILD" // the schema the child relays from
+	ackedMarker = "IDEM-OUTBOX-CHILD-ACKED"
+)
+
+// TestRelayChildProcess is the relay the crash test runs in a child process
+// (it does nothing in a normal run): it publishes, prints ackedMarker once
+// Kafka acked its first round, and waits there, before deleting anything,
+// for the SIGKILL.
+func TestRelayChildProcess(t *testing.T) {
+	schema := os.Getenv(childEnv)
+	if schema == "" {
+		return
+	}
+	k := testenv.NewKafka(t)
+	e := &env{t: t, k: k, pool: testenv.PoolOnSchema(t, schema), schema: schema}
+	r, _ := e.relay(e.pool)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	outbox.SetAfterAck(r, func(ids []int64) {
+		if len(ids) > 0 {
+			fmt.Printf("\n%s %v\n", ackedMarker, ids)
+			<-ctx.Done() // the parent kills us here
+		}
+	})
+	_ = r.Run(ctx)
+	t.Fatal("the child was not killed within a minute")
+}
+
+// TestCrashAfterAckBeforeDelete (issue test 2): a relay process is killed
+// (SIGKILL) after Kafka acked its event and before it deleted the row. The
+// next relay publishes the event again with the same idem-outbox-id, and an
+// idem consumer downstream applies it once.
+func TestCrashAfterAckBeforeDelete(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	recs := e.consume(e.topic)
+	e.enqueue(e.msg("order-1", `{"event":"payment.recorded","order":"order-1"}`))
+
+	cmd := exec.Command(os.Args[0], "-test.run=^TestRelayChildProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), childEnv+"="+e.schema,
+		"KAFKA_BROKERS="+strings.Join(e.k.Brokers, ","), "DATABASE_URL="+testenv.DatabaseURL(t))
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = testWriter{t}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	acked := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		s := bufio.NewScanner(stdout)
+		for s.Scan() {
+			if strings.HasPrefix(s.Text(), ackedMarker) {
+				close(acked)
+				break
+			}
+		}
+		for s.Scan() { // drain until the child dies
+		}
+	})
+	select {
+	case <-acked:
+	case <-time.After(time.Minute):
+		_ = cmd.Process.Kill()
+		t.Fatal("the child relay never reported an ack")
+	}
+	if err := cmd.Process.Kill(); err != nil { // SIGKILL: no deferred code runs in the child
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	wg.Wait()
+
+	if n := e.count("state = 'pending'"); n != 1 {
+		t.Fatalf("%d pending rows after the crash, want the acked row still there", n)
+	}
+	recs.waitKeys(t, "order-1")
+
+	// The next relay (here, in this process) publishes it again.
+	r, _ := e.relay(e.pool)
+	start(t, r)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if n := len(recs.values("order-1")); n != 2 {
+			return fmt.Errorf("%d copies on Kafka, want 2", n)
+		}
+		if n := e.count("true"); n != 0 {
+			return fmt.Errorf("%d rows left", n)
+		}
+		return nil
+	})
+	all := recs.snapshot()
+	id := header(all[0], outbox.HeaderID)
+	for _, m := range all {
+		if header(m, outbox.HeaderID) != id || header(m, outbox.HeaderIdempotencyKey) != id {
+			t.Fatalf("copies differ: %v vs %v", all[0].Headers, m.Headers)
+		}
+	}
+
+	// Downstream, an idem consumer applies the event once.
+	if _, err := e.pool.Exec(testenv.Context(t), "CREATE TABLE effects (event_id text NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	group := testenv.Group(t)
+	e.runConsumer(e.topic, group, reg, nil, func(ctx context.Context, m *handler.Message) error {
+		_, err := dedupe.Tx(ctx).Exec(ctx, "INSERT INTO effects VALUES ($1)", m.IdempotencyKey)
+		return err
+	})
+	testenv.Eventually(t, 60*time.Second, func() error {
+		p, d := messages(t, reg, group, "processed", e.topic), messages(t, reg, group, "duplicate", e.topic)
+		if p != 1 || d != 1 {
+			return fmt.Errorf("processed %v, duplicate %v; want 1 and 1", p, d)
+		}
+		return nil
+	})
+	var n int
+	if err := e.pool.QueryRow(testenv.Context(t), "SELECT count(*) FROM effects WHERE event_id = $1", id).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Fatalf("the event was applied %d times downstream, want once", n)
+	}
+}
+
+// TestStandbyTakesOver (issue test 3): two relays, one publishes; its
+// database session is killed mid-stream; the other takes over within
+// seconds; every key's events arrive with no gap and in order (a re-sent
+// copy of the last event before the kill is allowed).
+func TestStandbyTakesOver(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 3)
+	recs := e.consume(e.topic)
+	a, regA := e.relay(e.pool)
+	b, regB := e.relay(e.pool)
+	start(t, a)
+	waitMetric(t, regA, 1, "idem_outbox_leader", "idem_outbox")
+	start(t, b)
+
+	const n = 150
+	keys := []string{"k0", "k1", "k2", "k3", "k4"}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for seq := 1; seq <= n && !t.Failed(); seq++ {
+			var msgs []outbox.Message
+			for _, k := range keys {
+				msgs = append(msgs, e.msg(k, strconv.Itoa(seq)))
+			}
+			e.enqueue(msgs...)
+		}
+	})
+	t.Cleanup(wg.Wait)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if got := len(recs.snapshot()); got < 100 {
+			return fmt.Errorf("%d records published", got)
+		}
+		return nil
+	})
+	if p := metric(t, regB, "idem_outbox_published_total", "idem_outbox"); p != 0 {
+		t.Fatalf("the standby published %v rows while A led", p)
+	}
+	if l := metric(t, regB, "idem_outbox_leader", "idem_outbox"); l != 0 {
+		t.Fatalf("both relays lead")
+	}
+	ctx := testenv.Context(t)
+	var pid int32
+	if err := e.pool.QueryRow(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
+		AND classid::bigint = $1 AND objid = 'idem_outbox'::regclass::oid AND objsubid = 1`, 0x69646f78).Scan(&pid); err != nil {
+		t.Fatalf("find the leader's session: %v", err)
+	}
+	killed := time.Now()
+	if _, err := e.pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
+		t.Fatal(err)
+	}
+	waitMetric(t, regB, 1, "idem_outbox_leader", "idem_outbox")
+	takeover := time.Since(killed)
+	t.Logf("takeover after the leader's session was killed: %s", takeover.Round(time.Millisecond))
+	if takeover > 10*time.Second {
+		t.Fatalf("takeover took %s, want seconds", takeover)
+	}
+	wg.Wait()
+	testenv.Eventually(t, 60*time.Second, func() error {
+		for _, k := range keys {
+			v := recs.values(k)
+			if len(v) == 0 || v[len(v)-1] != strconv.Itoa(n) {
+				return fmt.Errorf("key %s: %d records so far", k, len(v))
+			}
+		}
+		return nil
+	})
+	for _, k := range keys {
+		last := 0
+		for _, s := range recs.values(k) {
+			v, _ := strconv.Atoi(s)
+			switch {
+			case v == last+1:
+				last = v
+			case v <= last: // a copy re-sent after the kill
+			default:
+				t.Fatalf("key %s: %d after %d: a gap or a reorder (%v)", k, v, last, recs.values(k))
+			}
+		}
+		if last != n {
+			t.Fatalf("key %s ends at %d, want %d", k, last, n)
+		}
+	}
+	if p := metric(t, regB, "idem_outbox_published_total", "idem_outbox"); p == 0 {
+		t.Fatal("relay B published nothing after taking over")
+	}
+	waitMetric(t, regA, 0, "idem_outbox_leader", "idem_outbox")
+}
+
+// TestEnqueueInBatchMode: in batch mode dedupe.Tx(ctx) is the batch's
+// transaction; every message's event commits with it and is published once.
+func TestEnqueueInBatchMode(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	in := e.k.Topic(t, 2)
+	out := e.consume(e.topic)
+	reg := prometheus.NewRegistry()
+	relay, _ := e.relay(e.pool)
+	group := testenv.Group(t)
+	e.runConsumer(in, group, reg, relay, func(ctx context.Context, m *handler.Message) error {
+		return outbox.Enqueue(ctx, dedupe.Tx(ctx), outbox.Message{Topic: e.topic, Key: m.Key, Value: m.Value})
+	}, func(c *consumer.Config) {
+		c.Batch = consumer.BatchConfig{MaxMessages: 50, MaxWait: 50 * time.Millisecond}
+	})
+	p := e.k.Producer(t)
+	var keys []string
+	var msgs []*sarama.ProducerMessage
+	for i := range 200 {
+		k := "m" + strconv.Itoa(i)
+		keys = append(keys, k)
+		msgs = append(msgs, &sarama.ProducerMessage{Topic: in, Partition: int32(i % 2), Key: sarama.StringEncoder(k), Value: sarama.StringEncoder(k),
+			Headers: []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(k)}}})
+	}
+	if err := p.SendMessages(msgs); err != nil {
+		t.Fatal(err)
+	}
+	out.waitKeys(t, keys...)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if n := e.count("true"); n != 0 {
+			return fmt.Errorf("%d rows left", n)
+		}
+		return nil
+	})
+	if n := len(out.snapshot()); n != len(keys) {
+		t.Fatalf("%d events for %d messages", n, len(keys))
+	}
+}

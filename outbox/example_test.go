@@ -1,0 +1,42 @@
+package outbox_test
+
+import (
+	"context"
+	"log"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemhq/idem/outbox"
+)
+
+// A write and its event commit together; a relay publishes the event.
+func Example() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://idem:idem@127.0.0.1:5432/idem")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	if err := outbox.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `UPDATE orders SET status = 'paid' WHERE id = $1`, "order-1"); err != nil {
+			return err
+		}
+		return outbox.Enqueue(ctx, tx, outbox.Message{
+			Topic: "orders.events",
+			Key:   []byte("order-1"),
+			Value: []byte(`{"type":"order.paid","order_id":"order-1"}`),
+		})
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Usually in its own goroutine, process or consumer.Config.Relay.
+	relay := &outbox.Relay{Pool: pool, Brokers: []string{"127.0.0.1:9092"}}
+	if err := relay.Run(ctx); err != nil {
+		log.Fatal(err)
+	}
+}

@@ -1,0 +1,254 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/outbox"
+)
+
+// env is one test's broker, database schema (with the outbox table) and topic.
+type env struct {
+	t      *testing.T
+	k      *testenv.Kafka
+	pool   *pgxpool.Pool
+	schema string
+	topic  string
+}
+
+func newEnv(t *testing.T, partitions int32) *env {
+	t.Helper()
+	k := testenv.NewKafka(t)
+	pool, schema := testenv.PostgresSchema(t)
+	if err := outbox.Migrate(testenv.Context(t), pool); err != nil {
+		t.Fatal(err)
+	}
+	return &env{t: t, k: k, pool: pool, schema: schema, topic: k.Topic(t, partitions)}
+}
+
+// relay returns a relay on the test's table tuned for quick tests, with a
+// registry of its own.
+func (e *env) relay(pool *pgxpool.Pool) (*outbox.Relay, *prometheus.Registry) {
+	reg := prometheus.NewRegistry()
+	return &outbox.Relay{
+		Pool:          pool,
+		Brokers:       e.k.Brokers,
+		Sarama:        e.k.Config(),
+		PollInterval:  500 * time.Millisecond,
+		LeaderRetry:   100 * time.Millisecond,
+		RetryBase:     10 * time.Millisecond,
+		RetryMax:      100 * time.Millisecond,
+		StatsInterval: 50 * time.Millisecond,
+		Logger:        testLogger(e.t),
+		Registerer:    reg,
+	}, reg
+}
+
+// start runs r until the test ends (or stop is called) and checks it
+// returned nil.
+func start(t *testing.T, r *outbox.Relay) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("relay.Run: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// enqueue commits msgs in one transaction.
+func (e *env) enqueue(msgs ...outbox.Message) {
+	e.t.Helper()
+	ctx := testenv.Context(e.t)
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if err := outbox.Enqueue(ctx, tx, msgs...); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *env) msg(key, value string) outbox.Message {
+	return outbox.Message{Topic: e.topic, Key: []byte(key), Value: []byte(value)}
+}
+
+// count returns the rows of the outbox table matching where.
+func (e *env) count(where string, args ...any) int {
+	e.t.Helper()
+	var n int
+	if err := e.pool.QueryRow(testenv.Context(e.t), "SELECT count(*) FROM idem_outbox WHERE "+where, args...).Scan(&n); err != nil {
+		e.t.Fatal(err)
+	}
+	return n
+}
+
+// records collects every record of a topic, from the oldest, until the test ends.
+type records struct {
+	mu   sync.Mutex
+	list []*sarama.ConsumerMessage
+}
+
+func (e *env) consume(topic string) *records {
+	e.t.Helper()
+	c, err := sarama.NewConsumer(e.k.Brokers, e.k.Config())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	parts, err := c.Partitions(topic)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	r := &records{}
+	var wg sync.WaitGroup
+	var pcs []sarama.PartitionConsumer
+	for _, p := range parts {
+		var pc sarama.PartitionConsumer
+		testenv.Eventually(e.t, 30*time.Second, func() (err error) {
+			pc, err = c.ConsumePartition(topic, p, sarama.OffsetOldest)
+			return err
+		})
+		pcs = append(pcs, pc)
+		wg.Go(func() {
+			for m := range pc.Messages() {
+				r.mu.Lock()
+				r.list = append(r.list, m)
+				r.mu.Unlock()
+			}
+		})
+	}
+	e.t.Cleanup(func() {
+		for _, pc := range pcs {
+			pc.AsyncClose()
+		}
+		wg.Wait()
+		_ = c.Close()
+	})
+	return r
+}
+
+func (r *records) snapshot() []*sarama.ConsumerMessage {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.list)
+}
+
+// values returns the values of the records with key, in arrival order.
+func (r *records) values(key string) []string {
+	var out []string
+	for _, m := range r.snapshot() {
+		if string(m.Key) == key {
+			out = append(out, string(m.Value))
+		}
+	}
+	return out
+}
+
+// waitKeys waits until every key has at least one record.
+func (r *records) waitKeys(t *testing.T, keys ...string) {
+	t.Helper()
+	testenv.Eventually(t, 60*time.Second, func() error {
+		for _, k := range keys {
+			if len(r.values(k)) == 0 {
+				return fmt.Errorf("no record with key %q yet (%d records)", k, len(r.snapshot()))
+			}
+		}
+		return nil
+	})
+}
+
+func header(m *sarama.ConsumerMessage, name string) string {
+	for _, h := range m.Headers {
+		if string(h.Key) == name {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// metric returns the value of the gauge or counter name with the given
+// label values (in label order), or 0 when absent.
+func metric(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if matches(m, labels) {
+				switch {
+				case m.Gauge != nil:
+					return m.GetGauge().GetValue()
+				case m.Counter != nil:
+					return m.GetCounter().GetValue()
+				case m.Histogram != nil:
+					return float64(m.GetHistogram().GetSampleCount())
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// waitMetric waits until metric name (labels in label-name order) is want.
+func waitMetric(t *testing.T, reg *prometheus.Registry, want float64, name string, labels ...string) {
+	t.Helper()
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if got := metric(t, reg, name, labels...); got != want {
+			return fmt.Errorf("%s%v = %v, want %v", name, labels, got, want)
+		}
+		return nil
+	})
+}
+
+func matches(m *dto.Metric, labels []string) bool {
+	for i, l := range m.GetLabel() {
+		if i < len(labels) && l.GetValue() != labels[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func testLogger(t *testing.T) *slog.Logger {
+	level := slog.LevelWarn
+	if os.Getenv("IDEM_TEST_DEBUG") != "" {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: level}))
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(p))
+	return len(p), nil
+}

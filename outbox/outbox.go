@@ -1,0 +1,225 @@
+package outbox
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemhq/idem/internal/pgmigrate"
+)
+
+// DefaultTable is the outbox table used when no table is named.
+const DefaultTable = "idem_outbox"
+
+// Header names the relay sets on every published record.
+const (
+	// HeaderID carries the row's event id (a UUID, stable across
+	// re-publishes of the row), so a consumer can recognise a copy.
+	HeaderID = "idem-outbox-id"
+	// HeaderIdempotencyKey is idem's default consumer key header. The relay
+	// sets it to the event id unless the message already has one, so idem
+	// consumers downstream drop relay duplicates with no extra code.
+	HeaderIdempotencyKey = "idempotency-key"
+)
+
+// ErrInvalidMessage is wrapped by the error Enqueue returns for a message it
+// refuses (empty topic, empty header name); nothing is inserted then.
+var ErrInvalidMessage = errors.New("outbox: invalid message")
+
+// ErrInvalidConfig is wrapped by errors about a bad table name or Relay
+// field; the message names the field, the value and the rule.
+var ErrInvalidConfig = errors.New("outbox: invalid configuration")
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// DB is what Migrate, List and Retry need from a database handle;
+// *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Header is one Kafka record header. Values are bytes, stored and published
+// as given.
+type Header struct {
+	Key   string
+	Value []byte
+}
+
+// Message is one event to publish.
+type Message struct {
+	// Topic is the Kafka topic to publish to. Required. The relay never
+	// creates topics: an unknown topic fails the row after
+	// Relay.MaxAttempts attempts.
+	Topic string
+	// Key is the Kafka record key (nil for none). It chooses the partition
+	// (sarama's hash partitioner) and the ordering group: rows of one key are
+	// published in id order, each only after the one before it was acked.
+	// Rows with a nil key are not ordered among themselves.
+	Key []byte
+	// Value is the record value (nil for a tombstone).
+	Value []byte
+	// Headers are published as given, followed by idem-outbox-id and, when
+	// no header idempotency-key is given, idempotency-key = the event id.
+	Headers []Header
+}
+
+// Enqueue inserts msgs into the default outbox table (idem_outbox) in the
+// caller's transaction tx, in one round trip. They become visible to the
+// relay, and are published, only if tx commits; a rollback discards them
+// with the rest of the transaction. Inside an idem handler pass
+// dedupe.Tx(ctx), in per-message and in batch mode alike: the events then
+// commit with the inbox row and the handler's writes, or not at all.
+//
+// Each row gets an increasing id (its order) and a random event id (UUID)
+// that the relay publishes as header idem-outbox-id and, unless the message
+// sets one, as idempotency-key. Use EnqueueTable for another table.
+func Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
+	return EnqueueTable(ctx, tx, DefaultTable, msgs...)
+}
+
+// EnqueueTable is Enqueue into table (optionally "schema.table", as for
+// Relay.Table).
+func EnqueueTable(ctx context.Context, tx pgx.Tx, table string, msgs ...Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	t, err := parseTable(table)
+	if err != nil {
+		return err
+	}
+	if tx == nil {
+		return fmt.Errorf("%w: nil transaction (inside an idem handler use dedupe.Tx(ctx) with dedupe.NewPostgres)", ErrInvalidMessage)
+	}
+	q := "INSERT INTO " + t.quoted + " (topic, key, value, header_keys, header_values) VALUES ($1, $2, $3, $4, $5)"
+	b := &pgx.Batch{}
+	for i, m := range msgs {
+		if m.Topic == "" {
+			return fmt.Errorf("%w: message %d has no Topic", ErrInvalidMessage, i)
+		}
+		keys := make([]string, 0, len(m.Headers))
+		vals := make([][]byte, 0, len(m.Headers))
+		for _, h := range m.Headers {
+			if h.Key == "" {
+				return fmt.Errorf("%w: message %d (topic %s) has a header with an empty name", ErrInvalidMessage, i, m.Topic)
+			}
+			keys = append(keys, h.Key)
+			vals = append(vals, nonNil(h.Value))
+		}
+		b.Queue(q, m.Topic, m.Key, m.Value, keys, vals)
+	}
+	br := tx.SendBatch(ctx, b)
+	for range msgs {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return fmt.Errorf("outbox: enqueue into %s: %w", t.quoted, err)
+		}
+	}
+	if err := br.Close(); err != nil {
+		return fmt.Errorf("outbox: enqueue into %s: %w", t.quoted, err)
+	}
+	return nil
+}
+
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}
+
+// Migrate creates or upgrades the outbox table (default idem_outbox; tables
+// may name another, as for Relay.Table), its indexes and the trigger that
+// notifies the relay at commit. It is versioned (internal component
+// "outbox:<table>" in idem_schema_migrations), idempotent and safe when
+// several processes start at once. consumer.Migrate and `idem migrate` call
+// it for the default table; Relay.Run calls it for its own.
+func Migrate(ctx context.Context, db DB, tables ...string) error {
+	if len(tables) == 0 {
+		tables = []string{DefaultTable}
+	}
+	for _, name := range tables {
+		t, err := parseTable(name)
+		if err != nil {
+			return err
+		}
+		ms, err := pgmigrate.Load(migrationFS, "migrations", t.templateData())
+		if err != nil {
+			return fmt.Errorf("outbox: load migrations: %w", err)
+		}
+		if err := pgmigrate.Apply(ctx, db, "outbox:"+t.name, ms); err != nil {
+			return fmt.Errorf("outbox: migrate %s: %w", t.quoted, err)
+		}
+	}
+	return nil
+}
+
+// table is a parsed, quoted outbox table name.
+type table struct {
+	name   string // as configured
+	schema string // "" when unqualified
+	rel    string
+	quoted string
+}
+
+func parseTable(name string) (table, error) {
+	if name == "" {
+		name = DefaultTable
+	}
+	schema, rel, qualified := strings.Cut(name, ".")
+	if !qualified {
+		schema, rel = "", name
+	}
+	if rel == "" || (qualified && schema == "") {
+		return table{}, fmt.Errorf("%w: table name %q: want \"table\" or \"schema.table\" with non-empty parts", ErrInvalidConfig, name)
+	}
+	for _, p := range []string{schema, rel} {
+		if len(p) > 63 || strings.ContainsRune(p, 0) || !utf8.ValidString(p) {
+			return table{}, fmt.Errorf("%w: table name %q: each part must be valid UTF-8, without NUL, at most 63 bytes", ErrInvalidConfig, name)
+		}
+	}
+	return table{name: name, schema: schema, rel: rel, quoted: qualify(schema, rel)}, nil
+}
+
+func qualify(schema, rel string) string {
+	if schema == "" {
+		return pgx.Identifier{rel}.Sanitize()
+	}
+	return pgx.Identifier{schema, rel}.Sanitize()
+}
+
+// derived names an object after the table, within PostgreSQL's 63 bytes,
+// with a hash of the table name when shortened so two long names differ.
+func (t table) derived(suffix string) string {
+	if len(t.rel)+len(suffix) <= 63 {
+		return t.rel + suffix
+	}
+	h := fnv.New32a()
+	h.Write([]byte(t.rel))
+	tail := fmt.Sprintf("_%08x%s", h.Sum32(), suffix)
+	cut := 63 - len(tail)
+	for cut > 0 && !utf8.RuneStart(t.rel[cut]) {
+		cut--
+	}
+	return t.rel[:cut] + tail
+}
+
+func (t table) templateData() map[string]string {
+	return map[string]string{
+		"Table":          t.quoted,
+		"PendingIndex":   pgx.Identifier{t.derived("_pending_idx")}.Sanitize(),
+		"RetryIndex":     pgx.Identifier{t.derived("_retry_idx")}.Sanitize(),
+		"PublishedIndex": pgx.Identifier{t.derived("_published_idx")}.Sanitize(),
+		"NotifyFunc":     qualify(t.schema, t.derived("_notify")),
+		"Trigger":        pgx.Identifier{t.derived("_notify_trg")}.Sanitize(),
+	}
+}

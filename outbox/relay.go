@@ -1,0 +1,711 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemhq/idem/metrics"
+)
+
+// Defaults of the Relay fields, applied when a field is zero.
+const (
+	DefaultBatchSize     = 500
+	DefaultPollInterval  = time.Second
+	DefaultLeaderRetry   = time.Second
+	DefaultMaxAttempts   = 10
+	DefaultRetryBase     = 100 * time.Millisecond
+	DefaultRetryMax      = 30 * time.Second
+	DefaultSweepInterval = time.Minute
+	DefaultStatsInterval = 5 * time.Second
+	DefaultQueryTimeout  = 30 * time.Second
+)
+
+// DefaultKafkaVersion is the protocol version the relay speaks when
+// Relay.Sarama leaves it at sarama's default.
+var DefaultKafkaVersion = sarama.V4_0_0_0
+
+// Relay publishes the rows of one outbox table to Kafka. It is a plain
+// configuration struct: Run does the work and keeps all state in its own
+// stack, so one Relay value may be Run once at a time and copied freely.
+//
+// # Leadership
+//
+// Any number of relays may run for one table (one per service instance, say);
+// exactly one publishes. Each holds a dedicated connection (taken out of Pool)
+// on which it tries pg_try_advisory_lock(key of the table) every
+// LeaderRetry. The holder publishes on that same connection: reads, deletes
+// and LISTEN all run there, so a leader whose connection dies can no longer
+// delete anything and loses the lock in the same instant. When the leader
+// process dies, PostgreSQL ends its session and releases the lock; a standby
+// takes over within LeaderRetry (plus the time PostgreSQL needs to notice a
+// dead peer: immediate for a crashed process, tcp_keepalives_* for a host
+// that vanished).
+//
+// # Publishing
+//
+// A round reads up to BatchSize pending rows in id order, takes the first
+// row of each Kafka key (every keyless row), publishes them with an
+// idempotent producer (acks=all, one in-flight request per broker), waits for
+// every ack, then deletes the acked rows (or, with KeepPublished, marks them
+// published and sweeps them later). A row is removed only after Kafka
+// acknowledged it; a crash between the ack and the delete publishes it again,
+// with the same idem-outbox-id, which idem consumers downstream drop as a
+// duplicate. Delivery is at least once; with an idem consumer the effect is
+// exactly once.
+//
+// Per-key order: the next row of a key is read only after the row before it
+// was acked and deleted, so a failing row of key K holds back every later row
+// of K (its retry_at keeps the key out of the next rounds) while other keys
+// flow on. One key therefore publishes at most one row per round (a few
+// milliseconds); many keys publish BatchSize rows per round.
+//
+// # Never skipping a late commit
+//
+// Identity ids are taken at INSERT, not at COMMIT: a long transaction may
+// hold id 5 while id 6 is already committed. A relay that remembered "done up
+// to id 6" would pass over 5 for ever. The usual cure is to read only rows of
+// transactions older than pg_snapshot_xmin(pg_current_snapshot()) (xid8
+// column), at the price of stalling every event behind the longest-running
+// transaction anywhere in the database. This relay needs neither: it keeps no
+// high-water mark. Every round reads the pending rows from the lowest id up
+// (a partial index on id WHERE state = 'pending' keeps that cheap because
+// published rows leave it), so a row that commits late is simply pending at
+// the next round after its commit, whatever its id. Its COMMIT also fires the
+// table's NOTIFY, which starts that round at once. Rows of one key keep their
+// order because a transaction that starts after another committed draws
+// higher ids; only concurrent transactions, which have no order, may be
+// published in commit order rather than id order. TestLateCommitNotSkipped
+// provokes the race.
+//
+// # Bad input
+//
+// A publish Kafka refuses for good (unknown topic, record too large, not
+// authorised) is retried with exponential backoff and full jitter
+// (RetryBase, RetryMax); after MaxAttempts such refusals the row moves to
+// the failed state with its last error and stops holding back its key.
+// `idem outbox list --failed` shows failed rows and `idem outbox retry`
+// (Retry) makes them pending again. Other errors (broker unreachable,
+// timeouts) are retried for as long as they last and never fail a row.
+// Nothing unpublished is ever deleted.
+type Relay struct {
+	// Pool is the database of the outbox table. Required. The relay takes
+	// one connection out of it for good (its lock and LISTEN connection),
+	// and keeps its session settings (search_path, ...). Session advisory
+	// locks and LISTEN need a direct connection or a session-mode pooler
+	// (not PgBouncer's transaction mode).
+	Pool *pgxpool.Pool
+
+	// Brokers are the Kafka bootstrap addresses, "host:port". Required.
+	Brokers []string
+
+	// Sarama is the base sarama config (TLS, SASL, client id). The relay
+	// copies it and sets what its guarantees depend on: an idempotent
+	// producer with acks=all, one in-flight request per connection, no topic
+	// auto-creation, sarama's hash partitioner, and Version when left at
+	// sarama's default.
+	// Default: sarama.NewConfig().
+	Sarama *sarama.Config
+
+	// Table is the outbox table, optionally "schema.table".
+	// Default: "idem_outbox".
+	Table string
+
+	// BatchSize is the most rows one round reads.
+	// Default: 500.
+	BatchSize int
+
+	// PollInterval is how long an idle leader waits for a NOTIFY before it
+	// looks at the table anyway (a fallback: NOTIFY wakes it at each commit).
+	// Default: 1s.
+	PollInterval time.Duration
+
+	// LeaderRetry is how often a standby tries to take the lock, and how
+	// long a relay waits before it reconnects after losing its connection.
+	// Default: 1s.
+	LeaderRetry time.Duration
+
+	// MaxAttempts is how many publishes of a row Kafka may refuse for bad
+	// input (unknown topic, too large, authorization) before the row moves
+	// to the failed state.
+	// Default: 10.
+	MaxAttempts int
+
+	// RetryBase and RetryMax shape the wait before a failed row is tried
+	// again: a uniformly random time in [0, min(RetryMax,
+	// RetryBase*2^(attempts-1))].
+	// Default: RetryBase 100ms.
+	RetryBase time.Duration
+	// RetryMax caps the retry wait (see RetryBase).
+	// Default: 30s.
+	RetryMax time.Duration
+
+	// KeepPublished, when positive, marks acked rows published instead of
+	// deleting them, and deletes them KeepPublished after publication (an
+	// audit trail). Zero deletes acked rows at once.
+	// Default: 0.
+	KeepPublished time.Duration
+
+	// SweepInterval is how often the leader deletes published rows older
+	// than KeepPublished (unused when KeepPublished is 0).
+	// Default: 1m.
+	SweepInterval time.Duration
+
+	// StatsInterval is how often the leader refreshes the pending, oldest
+	// pending and failed gauges.
+	// Default: 5s.
+	StatsInterval time.Duration
+
+	// QueryTimeout bounds each statement on the relay's connection; a
+	// statement that times out closes the connection (the relay reconnects).
+	// Default: 30s.
+	QueryTimeout time.Duration
+
+	// Logger receives the relay's logs.
+	// Default: slog.Default().
+	Logger *slog.Logger
+
+	// Registerer receives the idem_outbox_* collectors (package metrics).
+	// Default: nil, metrics are kept but not exported.
+	Registerer prometheus.Registerer
+
+	// afterAck, when set (tests only), runs after a round's acks and before
+	// its rows are deleted.
+	afterAck func(ids []int64)
+}
+
+// Validate reports the first bad field, wrapping ErrInvalidConfig.
+func (r *Relay) Validate() error {
+	bad := func(field string, v any, rule string) error {
+		return fmt.Errorf("%w: Relay.%s = %v: %s", ErrInvalidConfig, field, v, rule)
+	}
+	switch {
+	case r == nil:
+		return fmt.Errorf("%w: nil Relay", ErrInvalidConfig)
+	case r.Pool == nil:
+		return bad("Pool", nil, "required")
+	case len(r.Brokers) == 0:
+		return bad("Brokers", r.Brokers, "at least one host:port required")
+	case r.BatchSize < 0:
+		return bad("BatchSize", r.BatchSize, "must be >= 0")
+	case r.MaxAttempts < 0:
+		return bad("MaxAttempts", r.MaxAttempts, "must be >= 0")
+	case r.RetryMax > 0 && r.RetryBase > r.RetryMax:
+		return bad("RetryBase", r.RetryBase, fmt.Sprintf("must not exceed RetryMax (%s)", r.RetryMax))
+	}
+	for name, d := range map[string]time.Duration{"PollInterval": r.PollInterval, "LeaderRetry": r.LeaderRetry,
+		"RetryBase": r.RetryBase, "RetryMax": r.RetryMax, "KeepPublished": r.KeepPublished,
+		"SweepInterval": r.SweepInterval, "StatsInterval": r.StatsInterval, "QueryTimeout": r.QueryTimeout} {
+		if d < 0 {
+			return bad(name, d, "must be >= 0 (0: the default)")
+		}
+	}
+	_, err := parseTable(r.Table)
+	return err
+}
+
+// withDefaults returns a copy with every zero field set to its default.
+func (r *Relay) withDefaults() Relay {
+	c := *r
+	setDefault(&c.Table, DefaultTable)
+	setDefault(&c.BatchSize, DefaultBatchSize)
+	setDefault(&c.PollInterval, DefaultPollInterval)
+	setDefault(&c.LeaderRetry, DefaultLeaderRetry)
+	setDefault(&c.MaxAttempts, DefaultMaxAttempts)
+	setDefault(&c.RetryBase, DefaultRetryBase)
+	setDefault(&c.RetryMax, DefaultRetryMax)
+	setDefault(&c.SweepInterval, DefaultSweepInterval)
+	setDefault(&c.StatsInterval, DefaultStatsInterval)
+	setDefault(&c.QueryTimeout, DefaultQueryTimeout)
+	if c.Sarama == nil {
+		c.Sarama = sarama.NewConfig()
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+func setDefault[T comparable](p *T, v T) {
+	var zero T
+	if *p == zero {
+		*p = v
+	}
+}
+
+// ProducerConfig returns the sarama config the relay publishes with: a copy
+// of base with an idempotent acks=all producer, one in-flight request per
+// connection, no topic auto-creation and the hash partitioner.
+func ProducerConfig(base *sarama.Config) *sarama.Config {
+	if base == nil {
+		base = sarama.NewConfig()
+	}
+	c := *base
+	if c.Version == sarama.DefaultVersion {
+		c.Version = DefaultKafkaVersion
+	}
+	c.Metadata.AllowAutoTopicCreation = false
+	c.Producer.Idempotent = true
+	c.Producer.RequiredAcks = sarama.WaitForAll
+	c.Net.MaxOpenRequests = 1
+	c.Producer.Return.Successes = true
+	c.Producer.Return.Errors = true
+	c.Producer.Partitioner = sarama.NewHashPartitioner
+	c.Producer.Retry.Max = max(c.Producer.Retry.Max, 3)
+	return &c
+}
+
+// Run relays until ctx is cancelled, then returns nil once its connection,
+// producer and every goroutine it started are gone. It first creates or
+// upgrades the table (Migrate). Lost database connections and Kafka outages
+// are not errors: Run reconnects and retries. It returns an error only for an
+// invalid configuration, a failed migration or a producer sarama refuses.
+func (r *Relay) Run(ctx context.Context) error {
+	if err := r.Validate(); err != nil {
+		return err
+	}
+	c := r.withDefaults()
+	t, _ := parseTable(c.Table)
+	m, err := metrics.NewOutbox(c.Registerer)
+	if err != nil {
+		return fmt.Errorf("outbox: register metrics: %w", err)
+	}
+	if err := Migrate(ctx, c.Pool, c.Table); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	prod, err := sarama.NewAsyncProducer(c.Brokers, ProducerConfig(c.Sarama))
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("outbox: producer for %v: %w", c.Brokers, err)
+	}
+	defer prod.Close()
+	s := &session{
+		cfg:  c,
+		t:    t,
+		m:    m,
+		prod: prod,
+		log:  c.Logger.With("outbox", t.name),
+		rand: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+	}
+	s.leader = m.Leader.WithLabelValues(t.name)
+	s.leader.Set(0)
+	for ctx.Err() == nil {
+		err := s.run(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		s.log.Warn("idem: outbox relay session ended (database connection lost or refused); reconnecting", "err", err, "in", c.LeaderRetry)
+		sleep(ctx, c.LeaderRetry)
+	}
+	return nil
+}
+
+// session is one Run's state.
+type session struct {
+	cfg    Relay
+	t      table
+	m      *metrics.Outbox
+	leader prometheus.Gauge
+	prod   sarama.AsyncProducer
+	log    *slog.Logger
+	rand   *rand.Rand
+}
+
+// run takes a dedicated connection, waits to become leader, and leads until
+// the connection fails or ctx ends.
+func (s *session) run(ctx context.Context) error {
+	pc, err := s.cfg.Pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("outbox: acquire connection: %w", err)
+	}
+	conn := pc.Hijack()
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = conn.Close(cctx) // ends the session: releases the lock
+	}()
+	var oid uint32
+	if err := s.query(ctx, conn, "SELECT $1::regclass::oid", s.t.quoted).Scan(&oid); err != nil {
+		return fmt.Errorf("outbox: find table %s: %w", s.t.quoted, err)
+	}
+	lockKey := lockNamespace<<32 | int64(oid)
+	for waited := false; ; waited = true {
+		var got bool
+		if err := s.query(ctx, conn, "SELECT pg_try_advisory_lock($1)", lockKey).Scan(&got); err != nil {
+			return fmt.Errorf("outbox: try lock: %w", err)
+		}
+		if got {
+			break
+		}
+		if !waited {
+			s.log.Info("idem: outbox relay standing by: another relay holds the table's lock")
+		}
+		if !sleep(ctx, s.cfg.LeaderRetry) {
+			return nil
+		}
+	}
+	s.leader.Set(1)
+	defer s.leader.Set(0)
+	s.log.Info("idem: outbox relay is the leader", "table", s.t.quoted)
+	if _, err := s.exec(ctx, conn, "LISTEN "+pgx.Identifier{channel(oid)}.Sanitize()); err != nil {
+		return fmt.Errorf("outbox: listen: %w", err)
+	}
+	return s.lead(ctx, conn)
+}
+
+// lockNamespace is the high half of the advisory lock key ("idox"); the low
+// half is the table's oid, so each outbox table has its own lock.
+const lockNamespace int64 = 0x69646f78
+
+func channel(oid uint32) string { return fmt.Sprintf("idem_outbox_%d", oid) }
+
+// lead publishes until the connection fails (error) or ctx ends (nil).
+func (s *session) lead(ctx context.Context, conn *pgx.Conn) error {
+	var nextStats time.Time
+	nextSweep := time.Now()
+	for {
+		more, err := s.round(ctx, conn)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if now := time.Now(); !now.Before(nextStats) {
+			if err := s.stats(ctx, conn); err != nil {
+				return err
+			}
+			nextStats = now.Add(s.cfg.StatsInterval)
+		}
+		if now := time.Now(); s.cfg.KeepPublished > 0 && !now.Before(nextSweep) {
+			if err := s.sweep(ctx, conn); err != nil {
+				return err
+			}
+			nextSweep = now.Add(s.cfg.SweepInterval)
+		}
+		if more {
+			continue
+		}
+		wait, err := s.idleWait(ctx, conn)
+		if err != nil {
+			return err
+		}
+		wctx, cancel := context.WithTimeout(ctx, wait)
+		_, err = conn.WaitForNotification(wctx)
+		timedOut := wctx.Err() != nil
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil && !timedOut:
+			return fmt.Errorf("outbox: wait for notification: %w", err)
+		}
+	}
+}
+
+// idleWait is how long the leader may wait for a NOTIFY: PollInterval, or
+// less when a failed row's retry comes sooner.
+func (s *session) idleWait(ctx context.Context, conn *pgx.Conn) (time.Duration, error) {
+	var next *float64
+	err := s.query(ctx, conn, `SELECT extract(epoch FROM min(retry_at) - now())::float8 FROM `+s.t.quoted+`
+		WHERE state = 'pending' AND retry_at IS NOT NULL`).Scan(&next)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: next retry: %w", err)
+	}
+	wait := s.cfg.PollInterval
+	if next != nil {
+		wait = min(wait, max(time.Millisecond, time.Duration(*next*float64(time.Second))))
+	}
+	return wait, nil
+}
+
+// row is one pending outbox row.
+type row struct {
+	id       int64
+	eventID  string
+	topic    string
+	key      []byte
+	value    []byte
+	hkeys    []string
+	hvals    [][]byte
+	attempts int
+	created  time.Time
+}
+
+// round publishes the heads of the first BatchSize publishable rows. more
+// says another round may find work at once.
+func (s *session) round(ctx context.Context, conn *pgx.Conn) (more bool, err error) {
+	heads, window, err := s.fetch(ctx, conn)
+	if err != nil || len(heads) == 0 {
+		return false, err
+	}
+	// A full window, or rows left behind their key's head: go again at once.
+	more = window == s.cfg.BatchSize || len(heads) < window
+	errs := s.publish(heads)
+
+	var acked []int64
+	var failed []failure
+	for i, h := range heads {
+		if errs[i] == nil {
+			acked = append(acked, h.id)
+			s.m.PublishSeconds.WithLabelValues(s.t.name).Observe(max(0, time.Since(h.created).Seconds()))
+			continue
+		}
+		failed = append(failed, s.failure(h, errs[i]))
+	}
+	if s.cfg.afterAck != nil {
+		s.cfg.afterAck(acked)
+	}
+	// Kafka has the acked rows: record it even if ctx was cancelled meanwhile,
+	// or a clean shutdown would publish them again.
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.QueryTimeout)
+	defer cancel()
+	if err := s.settle(actx, conn, acked, failed); err != nil {
+		return false, err
+	}
+	s.m.Published.WithLabelValues(s.t.name).Add(float64(len(acked)))
+	return more, nil
+}
+
+// fetchSQL reads a window of up to $1 publishable pending rows in id order
+// (rows whose retry time has come, of keys no waiting row holds back) and
+// returns, values included, only each key's first row of the window and
+// every keyless row, with the window's size.
+const fetchSQL = `
+WITH w AS (
+  SELECT id, key, row_number() OVER (PARTITION BY key ORDER BY id) AS nth
+  FROM (
+    SELECT id, key FROM %[1]s
+    WHERE state = 'pending' AND (retry_at IS NULL OR retry_at <= now())
+      AND (key IS NULL OR key NOT IN (
+            SELECT key FROM %[1]s WHERE state = 'pending' AND retry_at > now() AND key IS NOT NULL))
+    ORDER BY id
+    LIMIT $1) window_rows
+)
+SELECT o.id, o.event_id::text, o.topic, o.key, o.value, o.header_keys, o.header_values, o.attempts, o.created_at,
+       (SELECT count(*) FROM w)
+FROM %[1]s o JOIN w ON w.id = o.id
+WHERE w.nth = 1 OR w.key IS NULL
+ORDER BY o.id`
+
+// fetch returns the heads of the next window (see fetchSQL) in id order, and
+// the window's size.
+func (s *session) fetch(ctx context.Context, conn *pgx.Conn) ([]row, int, error) {
+	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
+	rs, err := conn.Query(qctx, fmt.Sprintf(fetchSQL, s.t.quoted), s.cfg.BatchSize)
+	if err != nil {
+		return nil, 0, fmt.Errorf("outbox: read %s: %w", s.t.quoted, err)
+	}
+	var window int
+	out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (row, error) {
+		var x row
+		err := r.Scan(&x.id, &x.eventID, &x.topic, &x.key, &x.value, &x.hkeys, &x.hvals, &x.attempts, &x.created, &window)
+		return x, err
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("outbox: read %s: %w", s.t.quoted, err)
+	}
+	return out, window, nil
+}
+
+// publish sends heads and waits for every ack or error; errs[i] is heads[i]'s.
+func (s *session) publish(heads []row) []error {
+	errs := make([]error, len(heads))
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i, h := range heads {
+			s.prod.Input() <- h.message(i)
+		}
+	})
+	for range heads {
+		select {
+		case m := <-s.prod.Successes():
+			errs[m.Metadata.(int)] = nil
+		case e := <-s.prod.Errors():
+			errs[e.Msg.Metadata.(int)] = e.Err
+		}
+	}
+	wg.Wait()
+	return errs
+}
+
+// message builds row r's record; meta is its index in the round.
+func (r row) message(meta int) *sarama.ProducerMessage {
+	m := &sarama.ProducerMessage{Topic: r.topic, Metadata: meta}
+	if r.key != nil {
+		m.Key = sarama.ByteEncoder(r.key)
+	}
+	if r.value != nil {
+		m.Value = sarama.ByteEncoder(r.value)
+	}
+	hasKey := false
+	m.Headers = make([]sarama.RecordHeader, 0, len(r.hkeys)+2)
+	for i, k := range r.hkeys {
+		if k == HeaderID {
+			continue // the relay's own, set below
+		}
+		hasKey = hasKey || k == HeaderIdempotencyKey
+		m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(k), Value: r.hvals[i]})
+	}
+	m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(HeaderID), Value: []byte(r.eventID)})
+	if !hasKey {
+		m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(HeaderIdempotencyKey), Value: []byte(r.eventID)})
+	}
+	return m
+}
+
+// failure is a row whose publish failed this round.
+type failure struct {
+	id     int64
+	err    string
+	wait   time.Duration
+	reason string
+	final  bool // the row moves to the failed state
+}
+
+func (s *session) failure(r row, err error) failure {
+	reason := Reason(err)
+	s.m.PublishFailures.WithLabelValues(s.t.name, reason).Inc()
+	attempts := r.attempts + 1
+	f := failure{id: r.id, err: err.Error(), reason: reason,
+		final: reason != metrics.ReasonOther && attempts >= s.cfg.MaxAttempts}
+	ceil := s.cfg.RetryBase << min(attempts-1, 30)
+	if ceil <= 0 || ceil > s.cfg.RetryMax {
+		ceil = s.cfg.RetryMax
+	}
+	f.wait = max(time.Duration(s.rand.Int64N(int64(ceil)+1)), time.Millisecond)
+	if f.final {
+		s.log.Error("idem: outbox row failed for good; `idem outbox retry` sends it again",
+			"id", r.id, "topic", r.topic, "attempts", attempts, "reason", reason, "err", err)
+	} else {
+		s.log.Warn("idem: outbox publish failed; will retry", "id", r.id, "topic", r.topic,
+			"attempts", attempts, "reason", reason, "err", err, "in", f.wait)
+	}
+	return f
+}
+
+// settle removes (or marks published) the acked rows and records the
+// failures, in one implicit transaction.
+func (s *session) settle(ctx context.Context, conn *pgx.Conn, acked []int64, failed []failure) error {
+	b := &pgx.Batch{}
+	if len(acked) > 0 {
+		if s.cfg.KeepPublished > 0 {
+			b.Queue("UPDATE "+s.t.quoted+" SET state = 'published', published_at = now(), retry_at = NULL WHERE id = ANY($1) AND state = 'pending'", acked)
+		} else {
+			b.Queue("DELETE FROM "+s.t.quoted+" WHERE id = ANY($1) AND state = 'pending'", acked)
+		}
+	}
+	for _, f := range failed {
+		b.Queue(`UPDATE `+s.t.quoted+` SET attempts = attempts + 1, last_error = $2,
+			retry_at = now() + make_interval(secs => $3),
+			state = CASE WHEN $4 THEN 'failed' ELSE 'pending' END
+			WHERE id = $1 AND state = 'pending'`, f.id, f.err, f.wait.Seconds(), f.final)
+	}
+	if b.Len() == 0 {
+		return nil
+	}
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("outbox: record published rows: %w", err)
+	}
+	return nil
+}
+
+// stats refreshes the pending, oldest-pending and failed gauges.
+func (s *session) stats(ctx context.Context, conn *pgx.Conn) error {
+	var pending, failed int64
+	var oldest float64
+	err := s.query(ctx, conn, `SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE state = 'failed'),
+		coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE state = 'pending')), 0)::float8
+		FROM `+s.t.quoted+` WHERE state <> 'published'`).Scan(&pending, &failed, &oldest)
+	if err != nil {
+		return fmt.Errorf("outbox: stats: %w", err)
+	}
+	s.m.Pending.WithLabelValues(s.t.name).Set(float64(pending))
+	s.m.Failed.WithLabelValues(s.t.name).Set(float64(failed))
+	s.m.OldestPending.WithLabelValues(s.t.name).Set(max(0, oldest))
+	return nil
+}
+
+// sweep deletes published rows older than KeepPublished, 1,000 at a time.
+func (s *session) sweep(ctx context.Context, conn *pgx.Conn) error {
+	for {
+		tag, err := s.exec(ctx, conn, `DELETE FROM `+s.t.quoted+` WHERE id IN (
+			SELECT id FROM `+s.t.quoted+` WHERE state = 'published' AND published_at < now() - make_interval(secs => $1) LIMIT 1000)`,
+			s.cfg.KeepPublished.Seconds())
+		if err != nil {
+			return fmt.Errorf("outbox: sweep published rows: %w", err)
+		}
+		if tag.RowsAffected() < 1000 || ctx.Err() != nil {
+			return nil
+		}
+	}
+}
+
+func (s *session) query(ctx context.Context, conn *pgx.Conn, sql string, args ...any) pgx.Row {
+	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	return cancelRow{conn.QueryRow(qctx, sql, args...), cancel}
+}
+
+func (s *session) exec(ctx context.Context, conn *pgx.Conn, sql string, args ...any) (interface{ RowsAffected() int64 }, error) {
+	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
+	return conn.Exec(qctx, sql, args...)
+}
+
+// cancelRow releases a query's timeout once the row is scanned.
+type cancelRow struct {
+	pgx.Row
+	cancel context.CancelFunc
+}
+
+func (r cancelRow) Scan(dest ...any) error {
+	defer r.cancel()
+	return r.Row.Scan(dest...)
+}
+
+// Reason classifies a publish error into the bounded reason label of
+// idem_outbox_publish_failures_total: metrics.ReasonUnknownTopic,
+// ReasonTooLarge, ReasonAuthorization (the bad-input reasons that count
+// towards Relay.MaxAttempts) or ReasonOther.
+func Reason(err error) string {
+	var ce sarama.ConfigurationError
+	switch {
+	case errors.Is(err, sarama.ErrUnknownTopicOrPartition), errors.Is(err, sarama.ErrInvalidTopic):
+		return metrics.ReasonUnknownTopic
+	case errors.Is(err, sarama.ErrMessageSizeTooLarge), errors.Is(err, sarama.ErrMessageSetSizeTooLarge),
+		errors.As(err, &ce) && strings.Contains(string(ce), "MaxMessageBytes"):
+		return metrics.ReasonTooLarge
+	case errors.Is(err, sarama.ErrTopicAuthorizationFailed), errors.Is(err, sarama.ErrClusterAuthorizationFailed),
+		errors.Is(err, sarama.ErrTransactionalIDAuthorizationFailed), errors.Is(err, sarama.ErrSASLAuthenticationFailed):
+		return metrics.ReasonAuthorization
+	}
+	return metrics.ReasonOther
+}
+
+// sleep waits d or until ctx is done; it reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
