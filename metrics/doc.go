@@ -5,7 +5,7 @@
 // expose a registry with /healthz and /readyz on one address.
 //
 // Labels are bounded: group, topic, partition, destination (a tier or DLQ
-// topic), table, breaker name and the fixed sets of outcome, result, kind and
+// topic), table, breaker name, saga type and step, batch job and the fixed sets of outcome, result, kind and
 // reason values. Never idempotency keys, offsets or error texts.
 //
 // # Metrics
@@ -44,6 +44,14 @@
 //	idem_outbox_publish_seconds            histogram  table                     outbox row insert (about its commit) to Kafka's ack, latency
 //	idem_outbox_publish_failures_total     counter    table,reason              refused or failed outbox publishes: unknown_topic, too_large, authorization, other
 //	idem_outbox_leader                     gauge      table                     1 while this relay holds the table's lock, else 0
+//	idem_saga_transitions_total            counter    type,state                sagas entering a state: running, waiting, compensating, completed, compensated
+//	idem_saga_step_duration_seconds        histogram  type,step,result          saga step action latency by result: ok, pending, error, outage (breaker open)
+//	idem_saga_compensations_total          counter    type,step,result          saga compensation calls: ok, error (errors are retried with backoff)
+//	idem_saga_compensation_duration_seconds histogram type,step                 saga compensation call latency
+//	idem_checkpoint_rows_total             counter    job                       batch rows processed in committed chunks
+//	idem_checkpoint_chunks_total           counter    job,result                batch chunks: committed, failed (rolled back; the checkpoint did not move)
+//	idem_checkpoint_chunk_duration_seconds histogram  job                       one chunk: read, process, commit with the checkpoint
+//	idem_checkpoint_lock_wait_seconds      histogram  job                       waits for the job's advisory lock (another runner's chunk)
 //
 // # Reading them
 //

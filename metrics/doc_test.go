@@ -190,18 +190,9 @@ func optName(e ast.Expr) string {
 	return ""
 }
 
-var variableLabels = regexp.MustCompile(`variableLabels: \{([^}]*)\}`)
-
-// registered returns what metrics.New registers, as gathered from the
-// registry once every vector has one series.
-func registered(t *testing.T) map[string]docRow {
+// observeAll gives every collector field of the struct v one series.
+func observeAll(t *testing.T, v reflect.Value) {
 	t.Helper()
-	reg := prometheus.NewRegistry()
-	m, err := metrics.New(reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v := reflect.ValueOf(m).Elem()
 	for i := range v.NumField() {
 		c, ok := v.Field(i).Interface().(prometheus.Collector)
 		if !ok {
@@ -233,6 +224,30 @@ func registered(t *testing.T) map[string]docRow {
 		default:
 			t.Fatalf("%s: unexpected collector %T", v.Type().Field(i).Name, c)
 		}
+	}
+}
+
+var variableLabels = regexp.MustCompile(`variableLabels: \{([^}]*)\}`)
+
+// registered returns what metrics.New, NewSaga and NewCheckpoint register,
+// as gathered from the registry once every vector has one series.
+func registered(t *testing.T) map[string]docRow {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	m, err := metrics.New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	saga, err := metrics.NewSaga(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp, err := metrics.NewCheckpoint(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, set := range []any{m, saga, cp} {
+		observeAll(t, reflect.ValueOf(set).Elem())
 	}
 	mfs, err := reg.Gather()
 	if err != nil {

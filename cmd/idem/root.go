@@ -121,6 +121,7 @@ name (idem dlq list --tls …). Errors print one line on stderr and exit 1.`,
 	root.AddCommand(newDLQCmd(a))
 	root.AddCommand(newMigrateCmd(a))
 	root.AddCommand(newOrderingCmd(a))
+	root.AddCommand(newCheckpointCmd(a))
 	root.AddCommand(newOutboxCmd(a))
 	cobraCommands(root)
 	a.groups(root)

@@ -1,0 +1,96 @@
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// State is a job's checkpoint row.
+type State struct {
+	Job        string    `json:"job"`
+	Cursor     string    `json:"cursor"`               // key of the last row of the last committed chunk; "" = start
+	Rows       int64     `json:"rows"`                 // rows processed since the row was created or reset
+	Chunks     int64     `json:"chunks"`               // chunks committed since then
+	CreatedAt  time.Time `json:"created_at"`           // first run
+	UpdatedAt  time.Time `json:"updated_at"`           // last commit
+	FinishedAt time.Time `json:"finished_at,omitzero"` // when a run last found no rows left; zero while unfinished
+}
+
+const selectState = `SELECT job, cursor, rows_done, chunks_done, created_at, updated_at,
+	finished_at FROM idem_checkpoint`
+
+func scanState(row pgx.Row) (State, error) {
+	var s State
+	var fin *time.Time
+	err := row.Scan(&s.Job, &s.Cursor, &s.Rows, &s.Chunks, &s.CreatedAt, &s.UpdatedAt, &fin)
+	if fin != nil {
+		s.FinishedAt = *fin
+	}
+	return s, err
+}
+
+// Get returns job's checkpoint, or ErrNotFound.
+func Get(ctx context.Context, db DB, job string) (State, error) {
+	s, err := scanState(db.QueryRow(ctx, selectState+" WHERE job = $1", job))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return State{}, fmt.Errorf("%w: %q", ErrNotFound, job)
+	}
+	if err != nil {
+		return State{}, fmt.Errorf("checkpoint: get %s: %w", job, err)
+	}
+	return s, nil
+}
+
+// List returns every job's checkpoint, ordered by job name.
+func List(ctx context.Context, db DB) ([]State, error) {
+	tx, err := db.Begin(ctx) // a read-only use of a transaction: DB has no Query
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: list: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	rows, err := tx.Query(ctx, selectState+" ORDER BY job")
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: list: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (State, error) { return scanState(r) })
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: list: %w", err)
+	}
+	return out, nil
+}
+
+// Reset moves job's checkpoint to cursor ("" = the start, so the next Run
+// processes every row again) and zeroes its counts. It takes the job's
+// advisory lock, so it waits for a chunk in progress and never lands in the
+// middle of one. It returns ErrNotFound for a job with no checkpoint row.
+// Rows already processed are not undone: resetting re-runs Process on them.
+func Reset(ctx context.Context, db DB, job, cursor string) (err error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("checkpoint: reset %s: begin: %w", job, err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", LockKey(job)); err != nil {
+		return fmt.Errorf("checkpoint: reset %s: advisory lock: %w", job, err)
+	}
+	tag, err := tx.Exec(ctx, `UPDATE idem_checkpoint SET cursor = $2, rows_done = 0, chunks_done = 0,
+		updated_at = now(), finished_at = NULL WHERE job = $1`, job, cursor)
+	if err != nil {
+		return fmt.Errorf("checkpoint: reset %s: %w", job, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("%w: %q", ErrNotFound, job)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("checkpoint: reset %s: commit: %w", job, err)
+	}
+	return nil
+}

@@ -1,0 +1,11 @@
+package saga
+
+// SetBoundary installs the crash hook: f is called at every step boundary
+// ("reserve:action:before", "reserve:action:after",
+// "reserve:action:committed", "charge:compensate:before", …,
+// "saga:completed"); an error from f aborts Execute there, its transaction
+// rolled back, as a process crash would.
+func SetBoundary(o *Orchestrator, f func(point string) error) { o.boundary = f }
+
+// ConfigOf returns the configuration o runs with, defaults filled in.
+func ConfigOf(o *Orchestrator) Config { return o.cfg }

@@ -1,0 +1,382 @@
+package saga
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemhq/idem/internal/pgmigrate"
+	"github.com/idemhq/idem/metrics"
+)
+
+// State is a saga's state, stored in idem_saga.state.
+type State string
+
+// Saga states. Completed and Compensated are final.
+const (
+	// Running: the next step is due to run.
+	Running State = "running"
+	// Waiting: a step returned ErrPending and waits for Complete or Fail.
+	Waiting State = "waiting"
+	// Compensating: a step failed (or the deadline passed); the completed
+	// steps are being compensated, last first.
+	Compensating State = "compensating"
+	// Completed: every step is done.
+	Completed State = "completed"
+	// Compensated: every completed step was compensated.
+	Compensated State = "compensated"
+)
+
+// Final reports whether s is Completed or Compensated.
+func (s State) Final() bool { return s == Completed || s == Compensated }
+
+// Errors.
+var (
+	// ErrPending is returned by a Step.Action that has started its work but
+	// does not have the result yet, typically after enqueuing a command
+	// through Call.Tx (the outbox) whose reply an idem consumer will receive.
+	// The step and the action's writes are committed; the saga is Waiting
+	// until Complete or Fail is called for that step, or its deadline passes.
+	ErrPending = errors.New("saga: step pending")
+	// ErrNotFound is returned for a saga id with no row.
+	ErrNotFound = errors.New("saga: no such saga")
+	// ErrBusy is returned by Execute when another orchestrator holds the
+	// saga's row right now; it is driving the saga, so there is nothing to do.
+	ErrBusy = errors.New("saga: driven by another orchestrator")
+	// ErrNotPending is returned by Complete and Fail when the step is not
+	// pending (never started, failed, compensated, or the saga gave up
+	// waiting). A step already done makes Complete a no-op instead.
+	ErrNotPending = errors.New("saga: step is not pending")
+	// ErrCompensationFailing is wrapped by Execute's error when a
+	// compensation still fails after Config.CompensationAttempts attempts.
+	// The saga stays Compensating; RunDue tries again after a backoff.
+	ErrCompensationFailing = errors.New("saga: compensation failing")
+	// ErrInvalidConfig is wrapped by New's errors; the message names the field.
+	ErrInvalidConfig = errors.New("saga: invalid configuration")
+)
+
+// DB is what Migrate and the orchestrator need from a database handle:
+// *pgxpool.Pool and *pgx.Conn satisfy it, and so does dedupe.DB (the same
+// methods), so consumer.Migrate can pass its handle on.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Querier runs statements: *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// Migrate creates or upgrades the idem_saga and idem_saga_step tables
+// (pgmigrate component "saga"). It is idempotent and safe to call from
+// several processes at once.
+func Migrate(ctx context.Context, db DB) error {
+	ms, err := pgmigrate.Load(migrationFS, "migrations", nil)
+	if err != nil {
+		return fmt.Errorf("saga: load migrations: %w", err)
+	}
+	if err := pgmigrate.Apply(ctx, db, "saga", ms); err != nil {
+		return fmt.Errorf("saga: migrate: %w", err)
+	}
+	return nil
+}
+
+// Call is what a step's action or compensation gets.
+type Call struct {
+	// SagaID is the saga's id, as given to Start.
+	SagaID string
+	// Step is the step's name.
+	Step string
+	// Key is the idempotency key of this call: SagaID + "/" + Step for the
+	// action, with "/compensate" appended for the compensation. It is the
+	// same on every attempt, after any crash, so pass it to the service the
+	// step calls (an Idempotency-Key header, the outbox message's
+	// idempotency-key) and the service applies the effect at most once.
+	Key string
+	// Input is the saga's input, as given to Start.
+	Input []byte
+	// Results holds the results of the steps done so far, by step name. A
+	// compensation finds its own step's result there.
+	Results map[string][]byte
+	// Tx is the transaction that records this step's outcome. Writes made
+	// through it (local effects, outbox.Enqueue of a command) commit if and
+	// only if the outcome is recorded, so they happen exactly once. Do not
+	// commit or roll it back.
+	Tx pgx.Tx
+}
+
+// Step is one step of a saga.
+type Step struct {
+	// Name identifies the step in the saga's rows, keys, metrics and
+	// Complete calls. Required, unique within the Definition; keep it stable
+	// while sagas of the type may be in flight.
+	Name string
+	// Action does the step's work and returns its result (kept for later
+	// steps and the compensation; may be nil). Return ErrPending to wait for
+	// an asynchronous reply. An error fails the step: it is retried up to
+	// Config.StepAttempts times with backoff (at once if it wraps
+	// handler.Permanent), then the saga compensates. An error wrapping a
+	// breaker *OpenError is an outage: the step is neither failed nor
+	// counted, and the saga is retried after the breaker's RetryAfter.
+	// A failed action must have had no effect: its Tx writes are rolled
+	// back, and it is not compensated. Required.
+	Action func(ctx context.Context, c Call) ([]byte, error)
+	// Compensate undoes a done (or pending, if the deadline passed while
+	// waiting) step. It must be idempotent by c.Key and succeed eventually:
+	// it is retried with backoff until it does. nil: nothing to undo.
+	Compensate func(ctx context.Context, c Call) error
+}
+
+// Definition is a saga type: its ordered steps and its deadline.
+type Definition struct {
+	// Type names the saga type (the metrics' type label). Required.
+	Type string
+	// Steps run in order. At least one is required.
+	Steps []Step
+	// Timeout is the per-saga deadline, counted from Start. A saga still
+	// Running or Waiting at its deadline compensates; actions get a ctx
+	// with that deadline. Default: 0, no deadline.
+	Timeout time.Duration
+}
+
+// Config configures an Orchestrator. The zero value of every field but DB
+// is its default.
+type Config struct {
+	// DB holds the saga tables (see Migrate). Required.
+	DB DB
+	// StepAttempts is how many times one Execute calls a failing action
+	// before the step fails. Default: 3.
+	StepAttempts int
+	// CompensationAttempts is how many times one Execute calls a failing
+	// compensation before it returns ErrCompensationFailing (the saga stays
+	// Compensating and RunDue tries again later). Default: 5.
+	CompensationAttempts int
+	// BackoffBase and BackoffMax bound the full-jitter exponential backoff
+	// between attempts: attempt n waits a random duration in
+	// [0, min(BackoffMax, BackoffBase·2^(n-1))].
+	// Default: 100ms and 10s.
+	BackoffBase, BackoffMax time.Duration
+	// PollInterval is how often Run looks for due sagas. Default: 1s.
+	PollInterval time.Duration
+	// Registerer receives the idem_saga_* metrics (see package metrics).
+	// Default: nil, metrics are kept but not exported.
+	Registerer prometheus.Registerer
+	// Logger logs failing steps and compensations. Default: slog.Default().
+	Logger *slog.Logger
+}
+
+// Defaults of Config.
+const (
+	DefaultStepAttempts         = 3
+	DefaultCompensationAttempts = 5
+	DefaultBackoffBase          = 100 * time.Millisecond
+	DefaultBackoffMax           = 10 * time.Second
+	DefaultPollInterval         = time.Second
+)
+
+func (c Config) withDefaults() Config {
+	if c.StepAttempts == 0 {
+		c.StepAttempts = DefaultStepAttempts
+	}
+	if c.CompensationAttempts == 0 {
+		c.CompensationAttempts = DefaultCompensationAttempts
+	}
+	if c.BackoffBase == 0 {
+		c.BackoffBase = DefaultBackoffBase
+	}
+	if c.BackoffMax == 0 {
+		c.BackoffMax = DefaultBackoffMax
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = DefaultPollInterval
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+func (c Config) validate(defs []Definition) error {
+	switch {
+	case c.DB == nil:
+		return fmt.Errorf("%w: DB is nil", ErrInvalidConfig)
+	case c.StepAttempts < 0, c.CompensationAttempts < 0:
+		return fmt.Errorf("%w: StepAttempts %d, CompensationAttempts %d: want >= 0", ErrInvalidConfig, c.StepAttempts, c.CompensationAttempts)
+	case c.BackoffBase < 0 || c.BackoffMax < c.BackoffBase:
+		return fmt.Errorf("%w: BackoffBase %v, BackoffMax %v: want 0 <= base <= max", ErrInvalidConfig, c.BackoffBase, c.BackoffMax)
+	case c.PollInterval < 0:
+		return fmt.Errorf("%w: PollInterval %v: want >= 0", ErrInvalidConfig, c.PollInterval)
+	case len(defs) == 0:
+		return fmt.Errorf("%w: no Definition given", ErrInvalidConfig)
+	}
+	types := map[string]bool{}
+	for _, d := range defs {
+		if d.Type == "" || types[d.Type] {
+			return fmt.Errorf("%w: Definition.Type %q is empty or given twice", ErrInvalidConfig, d.Type)
+		}
+		types[d.Type] = true
+		if len(d.Steps) == 0 || d.Timeout < 0 {
+			return fmt.Errorf("%w: saga %s: %d Steps, Timeout %v: want at least one step and Timeout >= 0", ErrInvalidConfig, d.Type, len(d.Steps), d.Timeout)
+		}
+		names := map[string]bool{}
+		for i, s := range d.Steps {
+			if s.Name == "" || names[s.Name] || s.Action == nil {
+				return fmt.Errorf("%w: saga %s: Steps[%d] (%q): Name must be non-empty and unique, Action non-nil", ErrInvalidConfig, d.Type, i, s.Name)
+			}
+			names[s.Name] = true
+		}
+	}
+	return nil
+}
+
+// Orchestrator drives sagas of the Definitions it was given. It keeps no
+// state of its own between calls: any number of orchestrators, in one
+// process or many, may drive the same sagas; each transition is made under
+// the saga row's lock. It is safe for concurrent use.
+type Orchestrator struct {
+	cfg  Config
+	defs map[string]*Definition
+	m    *metrics.Saga
+	// boundary, when set (tests), is called at every step boundary; an error
+	// aborts Execute there as a crash would.
+	boundary func(point string) error
+}
+
+// New returns an orchestrator for defs.
+func New(cfg Config, defs ...Definition) (*Orchestrator, error) {
+	if err := cfg.validate(defs); err != nil {
+		return nil, err
+	}
+	m, err := metrics.NewSaga(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("saga: metrics: %w", err)
+	}
+	o := &Orchestrator{cfg: cfg.withDefaults(), defs: map[string]*Definition{}, m: m}
+	for i := range defs {
+		o.defs[defs[i].Type] = &defs[i]
+	}
+	return o, nil
+}
+
+// Metrics returns the orchestrator's collectors.
+func (o *Orchestrator) Metrics() *metrics.Saga { return o.m }
+
+// Start records a new saga of type typ with the given id and input, Running
+// and due at once; call Execute (or let Run find it) to drive it. q may be
+// the transaction of the handler that decided to start it, so the saga
+// starts if and only if that handler's effects commit.
+//
+// The id is the saga's idempotency key: starting an id that exists is a
+// no-op that returns created = false (a redelivered message starts its saga
+// once). Starting it with another type is an error. The saga's entry into
+// Running is counted (idem_saga_transitions_total) when the INSERT succeeds,
+// even if q's transaction rolls back later.
+func (o *Orchestrator) Start(ctx context.Context, q Querier, typ, id string, input []byte) (created bool, err error) {
+	def, ok := o.defs[typ]
+	if !ok {
+		return false, fmt.Errorf("saga: start %s: unknown type %q", id, typ)
+	}
+	var deadline *time.Duration
+	if def.Timeout > 0 {
+		deadline = &def.Timeout
+	}
+	tag, err := q.Exec(ctx, `INSERT INTO idem_saga (id, type, state, input, deadline)
+		VALUES ($1, $2, 'running', $3, now() + $4::interval) ON CONFLICT (id) DO NOTHING`, id, typ, input, deadline)
+	if err != nil {
+		return false, fmt.Errorf("saga: start %s: %w", id, err)
+	}
+	if tag.RowsAffected() == 1 {
+		o.m.Transitions.WithLabelValues(typ, string(Running)).Inc()
+		return true, nil
+	}
+	var have string
+	if err := q.QueryRow(ctx, `SELECT type FROM idem_saga WHERE id = $1`, id).Scan(&have); err != nil {
+		return false, fmt.Errorf("saga: start %s: %w", id, err)
+	}
+	if have != typ {
+		return false, fmt.Errorf("saga: start %s: exists with type %q, not %q", id, have, typ)
+	}
+	return false, nil
+}
+
+// Complete records the result of a pending step, typically from the idem
+// handler that consumed the step's reply, in that handler's transaction
+// tx: the reply's inbox row and the step's completion commit together. The
+// saga becomes Running again and is picked up by the next RunDue (or an
+// Execute). Completing a step already done is a no-op (a redelivered
+// reply). A step that is not pending gives ErrNotPending: typically a late
+// reply after the saga passed its deadline and compensated the step; the
+// handler should then treat the reply as handled (errors.Is(err,
+// saga.ErrNotPending) → return nil), not retry it.
+func Complete(ctx context.Context, tx pgx.Tx, sagaID, step string, result []byte) error {
+	return settle(ctx, tx, sagaID, step, "done", func(idx int) error {
+		if _, err := tx.Exec(ctx, `UPDATE idem_saga_step SET state = 'done', result = $3, finished_at = now()
+			WHERE saga_id = $1 AND idx = $2`, sagaID, idx, result); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `UPDATE idem_saga SET state = 'running', step = $2 + 1, next_at = now(), updated_at = now()
+			WHERE id = $1`, sagaID, idx)
+		return err
+	})
+}
+
+// Fail records that a pending step failed without effect (a negative
+// reply); the saga compensates the steps before it. Like Complete it runs
+// in the caller's transaction. Failing a step already failed is a no-op.
+func Fail(ctx context.Context, tx pgx.Tx, sagaID, step, reason string) error {
+	return settle(ctx, tx, sagaID, step, "failed", func(idx int) error {
+		if _, err := tx.Exec(ctx, `UPDATE idem_saga_step SET state = 'failed', error = $3, finished_at = now()
+			WHERE saga_id = $1 AND idx = $2`, sagaID, idx, reason); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `UPDATE idem_saga SET state = 'compensating', step = $2 - 1, error = $3,
+			next_at = now(), updated_at = now() WHERE id = $1`, sagaID, idx, step+": "+reason)
+		return err
+	})
+}
+
+// settle locks the saga row (the same lock order as Execute: saga, then
+// step), checks the step is pending and applies update. A step already in
+// state settled makes it a no-op.
+func settle(ctx context.Context, tx pgx.Tx, sagaID, step, settled string, update func(idx int) error) error {
+	var state State
+	if err := tx.QueryRow(ctx, `SELECT state FROM idem_saga WHERE id = $1 FOR UPDATE`, sagaID).Scan(&state); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("%w: %q", ErrNotFound, sagaID)
+		}
+		return fmt.Errorf("saga: %s/%s: %w", sagaID, step, err)
+	}
+	var idx int
+	var stepState string
+	err := tx.QueryRow(ctx, `SELECT idx, state FROM idem_saga_step WHERE saga_id = $1 AND name = $2`, sagaID, step).Scan(&idx, &stepState)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%w: %s/%s was never started", ErrNotPending, sagaID, step)
+	}
+	if err != nil {
+		return fmt.Errorf("saga: %s/%s: %w", sagaID, step, err)
+	}
+	if state != Waiting || stepState != "pending" {
+		if stepState == settled {
+			return nil // a redelivered reply
+		}
+		return fmt.Errorf("%w: %s/%s is %s (saga %s)", ErrNotPending, sagaID, step, stepState, state)
+	}
+	if err := update(idx); err != nil {
+		return fmt.Errorf("saga: %s/%s: %w", sagaID, step, err)
+	}
+	return nil
+}
