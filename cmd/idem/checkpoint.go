@@ -28,6 +28,8 @@ func newCheckpointCmd(a *app) *cobra.Command {
 Each job has one row in idem_checkpoint: the key (cursor) of the last row of
 its last committed chunk, advanced in the same transaction as the chunk's
 effects. A job resumes after that cursor.`,
+		Example: `  idem checkpoint status
+  idem checkpoint reset nightly-invoices --yes`,
 	}
 	c.AddCommand(newCheckpointStatusCmd(a), newCheckpointResetCmd(a))
 	return c

@@ -1,6 +1,6 @@
 // Command idem is the operator CLI of idem: inspect, replay and purge
 // dead-letter topics, release messages parked by ordering-by-key, run the
-// outbox relay, and create idem's tables.
+// outbox relay, show and reset batch checkpoints, and create idem's tables.
 //
 //	idem dlq list     (-t DLQ | --source T --group G) [--json]
 //	idem dlq depth    (-t DLQ | --source T --group G) [--json]
@@ -12,6 +12,8 @@
 //	idem outbox relay [--database-url URL] [--metrics-addr ADDR]
 //	idem outbox list  [--failed | --state S] [--json]
 //	idem outbox retry ID...
+//	idem checkpoint status [job] [--json]
+//	idem checkpoint reset job [--to CURSOR] [--yes]
 //	idem migrate      [--database-url URL] [--table schema.table]
 //
 // Commands that talk to Kafka (dlq, ordering release, outbox relay) take -b/--brokers
