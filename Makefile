@@ -31,7 +31,7 @@ CORE_TESTS = TestDuplicatesHaveOneEffect|TestCrashAfterCommitBeforeOffsetCommit|
 ORDERING_TESTS = TestOrderingByKey|TestOrderingParkedFailureBecomesHead|TestOrderingRecoversPendingForward|TestOrderingTwoCopiesOfOneHead|TestOrderingDrainStopsOnRevoke
 # Fuzz targets (package:Target), each run for FUZZTIME by `make fuzz`;
 # their committed seed corpora also run in every plain `go test`.
-FUZZ_TARGETS = ./consumer:FuzzKeyExtraction ./retrytopic:FuzzDecode ./dlq:FuzzRecord ./internal/keyorder:FuzzParkRoundTrip
+FUZZ_TARGETS = ./consumer:FuzzKeyExtraction ./consumer:FuzzJSONField ./retrytopic:FuzzDecode ./dlq:FuzzRecord ./internal/keyorder:FuzzParkRoundTrip
 FUZZTIME ?= 4s
 
 test: services ## go vet + all tests with -race against real Kafka and PostgreSQL, core tests in batch and lane modes, a short fuzz run

@@ -1,12 +1,16 @@
-// Package breaker implements idem's rule 5: after consecutive failures of a
-// dependency, stop calling it for a cool-down.
+// Package breaker is a circuit breaker: after consecutive failures of a
+// dependency, stop calling it for a cool-down, then let a probe through.
 //
 // A handler wraps each call to a dependency in a named breaker:
 //
 //	set, err := breaker.NewSet(breaker.Settings{}) // defaults: 5 failures, 30s cool-down
-//	...
-//	err := set.Do(ctx, "bank-api", func(ctx context.Context) error {
-//		return bank.Charge(ctx, req)
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
+//		return set.Do(ctx, "bank-api", func(ctx context.Context) error {
+//			return bank.Charge(ctx, Payment{OrderID: string(m.Key)})
+//		})
 //	})
 //
 // # States
@@ -51,8 +55,8 @@
 //
 // # Why this package does not wrap gobreaker
 //
-// idem's design names github.com/sony/gobreaker/v2 and this package was
-// meant to wrap it. We don't wrap gobreaker because gobreaker v2.4.0 cannot
+// github.com/sony/gobreaker/v2 is the usual Go circuit breaker, and wrapping
+// it was the first plan. We don't wrap gobreaker because gobreaker v2.4.0 cannot
 // be driven by a fake clock: every decision (beforeRequest, afterRequest,
 // currentState, toNewGeneration, State) reads time.Now directly and Settings
 // has no clock hook. Its only way to inject state, DistributedCircuitBreaker,

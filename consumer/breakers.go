@@ -14,9 +14,10 @@ import (
 // exports every breaker's state (idem_breaker_state), its transitions
 // (idem_breaker_transitions_total) and the seconds it spent open
 // (idem_breaker_open_seconds_total) on reg, the same registry as
-// Config.Registerer:
-//
-//	set, _ := breaker.NewSet(breaker.Settings{OnStateChange: consumer.BreakerMetrics(reg)})
+// Config.Registerer (registering twice on one registry reuses the
+// collectors). It returns an error when reg refuses them: another collector
+// with one of their names but a different shape. The hook is safe for
+// concurrent use. See the example.
 //
 // The consumer itself needs no breaker configuration: any handler error that
 // satisfies breaker.IsOpen pauses consumption.

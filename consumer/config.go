@@ -15,7 +15,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemhq/idem/dedupe"
-	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/outbox"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -25,18 +24,6 @@ import (
 // versions (KIP-896); 4.0 is the oldest version a 4.x broker accepts and the
 // cooperative-sticky assignor needs at least 2.4.
 var DefaultKafkaVersion = sarama.V4_0_0_0
-
-// KeyFunc derives the idempotency key of a message. Returning "" or an error
-// means the message has no valid key (see MissingKeyPolicy).
-type KeyFunc func(m *handler.Message) (string, error)
-
-// HeaderKey returns a KeyFunc reading the header named name.
-func HeaderKey(name string) KeyFunc {
-	return func(m *handler.Message) (string, error) {
-		v, _ := m.Header(name)
-		return string(v), nil
-	}
-}
 
 // MissingKeyPolicy says what happens to a message without a valid idempotency
 // key (no key, an empty one, one longer than MaxKeyLength, or a KeyFunc error).
@@ -80,7 +67,10 @@ type Config struct {
 	// Topics to consume.
 	Topics []string
 
-	// KeyFunc derives the idempotency key of each message.
+	// KeyFunc derives the idempotency key of each message (see KeyFunc for
+	// the built-in extractors). Set it explicitly when your producers do not
+	// write an "idempotency-key" header: a message without a key follows
+	// MissingKey, which by default dead-letters it.
 	// Default: HeaderKey("idempotency-key").
 	KeyFunc KeyFunc
 
@@ -99,12 +89,16 @@ type Config struct {
 	// elsewhere, dedupe.NewMemory for tests and demos.
 	Dedupe dedupe.Store
 
-	// Sarama is the base sarama config, for TLS, SASL, client id and tuning.
-	// idem copies it and then sets what its guarantees depend on: manual
-	// offset marking with auto-commit of marked offsets only, the
-	// cooperative-sticky assignor (unless you set strategies yourself), an
-	// idempotent acks=all producer for forwards, and Version when left at
-	// sarama's default.
+	// Sarama is the base sarama config, for TLS (Net.TLS), SASL (Net.SASL),
+	// client id and tuning. idem copies it and then sets what its guarantees
+	// depend on: manual offset marking with auto-commit of marked offsets
+	// only, Consumer.Offsets.Initial from StartAt (the value you set there is
+	// not used; Run logs a WARN when it contradicts StartAt), the isolation
+	// level from ReadUncommitted, the cooperative-sticky assignor (unless you
+	// set strategies yourself), an idempotent acks=all producer for forwards,
+	// and Version when left at sarama's default: DefaultKafkaVersion (4.0),
+	// whose requests a Kafka 3.x cluster may refuse, so for one set Version to
+	// the brokers' (e.g. sarama.V3_7_0_0).
 	// Default: sarama.NewConfig().
 	Sarama *sarama.Config
 
@@ -163,9 +157,12 @@ type Config struct {
 	LagInterval time.Duration
 
 	// Retries is the number of in-process retries of a message whose handler
-	// returned a retriable error, each in a fresh transaction, before the
-	// message is forwarded to the next retry tier (or the dead-letter topic).
-	// A negative value disables in-process retries.
+	// returned a retriable error, each in a fresh transaction, on every
+	// delivery: at the source topic and again in each retry tier. After them
+	// the message is forwarded to the next retry tier, or after the last tier
+	// to the dead-letter topic, so an always failing message is handled
+	// (1 + Retries) × (1 + len(Retry.Delays)) times in all (package doc,
+	// "Attempts per message"). A negative value disables in-process retries.
 	// Default: 3.
 	Retries int
 
@@ -243,13 +240,36 @@ type Config struct {
 	// Default: LaneByIdempotencyKey.
 	LaneBy LaneKey
 
-	// InboxRetention is how long the dedupe store remembers a key (the
-	// dedupe.Sweeper's Retention). When set, Run compares it at start with
-	// each source topic's retention.ms and warns, naming both numbers, when
-	// the inbox forgets sooner than Kafka: a record re-read after its key was
-	// swept would be applied twice.
+	// InboxRetention tells Run how long a dedupe store that Run does not
+	// sweep itself remembers a key (your own dedupe.Sweeper, a custom store,
+	// or Retention negative). When Run sweeps (see Retention), Retention is
+	// used instead. Either way Run compares the inbox's retention at start
+	// with each source topic's retention.ms and warns, naming both numbers,
+	// when the inbox forgets sooner than Kafka: a record re-read after its key
+	// was swept would be applied twice.
 	// Default: 0 (unknown: no check).
 	InboxRetention time.Duration
+
+	// Retention is how long the inbox keeps a key. When Dedupe is a
+	// PostgreSQL store (dedupe.NewPostgres, dedupe.NewPostgresLease: any
+	// dedupe.Sweepable), Run starts a dedupe.Sweeper on its table that
+	// deletes, every minute, the rows processed more than Retention ago; it
+	// stops with Run. A negative value disables it: the table then grows
+	// until you sweep it yourself. Other stores are not swept.
+	//
+	// The sweeper deletes old rows of every consumer group in the table, so
+	// services sharing one inbox table must agree on Retention (or use
+	// dedupe.WithTable). A message delivered again after its key was swept
+	// runs its handler again, so when Run sweeps, Validate requires
+	// Retention to be at least the retention of the retry-tier and
+	// dead-letter topics (Retry.Retention, 7 days by default): a failed
+	// record can wait in a tier, or in the dead-letter topic until an
+	// operator replays it (the replay window), for that long, and a second
+	// copy of an already handled message (forwarded twice after a crash, or
+	// sent twice by its producer) must still find its key. At least
+	// dedupe.MinRetention (1h).
+	// Default: 336h (14 days).
+	Retention time.Duration
 
 	// Readiness, when set, is kept up to date by Run for a /readyz endpoint:
 	// see (*Readiness).Check and metrics.NewServeMux.
@@ -379,6 +399,7 @@ func defaults() Config {
 		StartAt:          StartOldest,
 		Concurrency:      1,
 		LaneBy:           LaneByIdempotencyKey,
+		Retention:        dedupe.DefaultRetention,
 		TracerProvider:   otel.GetTracerProvider(),
 		Propagator:       propagation.TraceContext{},
 	}
@@ -430,6 +451,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Concurrency == 0 {
 		c.Concurrency = d.Concurrency
+	}
+	if c.Retention == 0 {
+		c.Retention = d.Retention
 	}
 	if c.TracerProvider == nil {
 		c.TracerProvider = d.TracerProvider
@@ -550,6 +574,7 @@ func (c Config) Validate() error {
 	if c.InboxRetention < 0 {
 		bad("InboxRetention", c.InboxRetention, "must be >= 0 (0: unknown)")
 	}
+	validateRetention(c, bad)
 	if c.RetryBase < 0 {
 		bad("RetryBase", c.RetryBase, "must be > 0")
 	}

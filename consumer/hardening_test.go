@@ -297,6 +297,7 @@ func TestInboxRetentionShorterThanTopicWarns(t *testing.T) {
 	var logs logBuffer
 	cfg := e.config()
 	cfg.InboxRetention = time.Hour
+	cfg.Retention = -1 // swept elsewhere: InboxRetention says for how long
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	e.produce([]string{"k"}, 1)
 	start(t, cfg, effectHandler())

@@ -231,6 +231,9 @@ func (p *partition) handleAfter(cm *sarama.ConsumerMessage, first error) bool {
 		origin = r.originOf(cm)
 	}
 	msg.Attempt = origin.attempts + 1
+	if origin.tier > 0 {
+		msg.Original = handler.Origin{Topic: origin.topic, Partition: origin.partition, Offset: origin.offset, Timestamp: origin.prior.OriginalTimestamp}
+	}
 	if !p.waitDue(cm, origin) {
 		return false
 	}
@@ -448,6 +451,9 @@ func (p *partition) key(msg *handler.Message, o origin) (string, error) {
 	} else {
 		err = checkKey(k, r.cfg.MaxKeyLength)
 	}
+	if o.tier == 0 && !p.tier && r.keys.observe(o.topic, o.partition, o.offset, err) {
+		r.warnNoKeys(o.topic, err)
+	}
 	if err == nil {
 		return k, nil
 	}
@@ -510,6 +516,7 @@ func newMessage(cm *sarama.ConsumerMessage, names map[string]string) *handler.Me
 	a := &messageAlloc{m: handler.Message{
 		Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset,
 		Key: cm.Key, Value: cm.Value, Timestamp: cm.Timestamp,
+		Original: handler.Origin{Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset, Timestamp: cm.Timestamp},
 	}}
 	hs := a.hs[:0]
 	if len(cm.Headers) > len(a.hs) {

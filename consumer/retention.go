@@ -7,13 +7,15 @@ import (
 	"github.com/IBM/sarama"
 )
 
-// warnRetention compares Config.InboxRetention with each source topic's
+// warnRetention compares the inbox's retention (Config.Retention when Run
+// sweeps, else Config.InboxRetention) with each source topic's
 // retention.ms and warns when the inbox forgets keys sooner than Kafka keeps
 // records: a group that re-reads old records (its committed offsets expired,
 // or an operator reset them) would apply those records a second time. It only
 // logs; a topic whose config cannot be read is skipped with a DEBUG line.
 func (r *runner) warnRetention(client sarama.Client) {
-	if r.cfg.InboxRetention <= 0 {
+	inbox := r.inboxRetention()
+	if inbox <= 0 {
 		return
 	}
 	admin, err := sarama.NewClusterAdminFromClient(client)
@@ -44,7 +46,7 @@ func (r *runner) warnRetention(client sarama.Client) {
 			if err != nil {
 				continue
 			}
-			if ms >= 0 && time.Duration(ms)*time.Millisecond <= r.cfg.InboxRetention {
+			if ms >= 0 && time.Duration(ms)*time.Millisecond <= inbox {
 				continue
 			}
 			kafka := "for ever (retention.ms=-1)"
@@ -52,8 +54,19 @@ func (r *runner) warnRetention(client sarama.Client) {
 				kafka = (time.Duration(ms) * time.Millisecond).String()
 			}
 			r.log.Warn("idem: the inbox forgets keys sooner than Kafka keeps records; a record re-read after its key was swept (expired group offsets, an offset reset) is applied twice",
-				"topic", res.Name, "topic_retention", kafka, "inbox_retention", r.cfg.InboxRetention,
+				"topic", res.Name, "topic_retention", kafka, "inbox_retention", inbox,
 				"fix", "keep inbox keys at least as long as the topic's retention.ms, or set StartAt: StartNewest")
 		}
+	}
+}
+
+// warnIgnoredInitial logs a WARN when Config.Sarama asks for
+// Consumer.Offsets.Initial = OffsetOldest (sarama's default is OffsetNewest,
+// so it was set on purpose) while StartAt is StartNewest: StartAt decides,
+// and the override must not be silent.
+func (r *runner) warnIgnoredInitial() {
+	if r.cfg.Sarama.Consumer.Offsets.Initial == sarama.OffsetOldest && r.cfg.StartAt == StartNewest {
+		r.log.Warn("idem: Config.Sarama.Consumer.Offsets.Initial is OffsetOldest but StartAt is StartNewest; idem uses StartAt",
+			"fix", "set StartAt: consumer.StartOldest, or leave Offsets.Initial alone")
 	}
 }

@@ -111,6 +111,7 @@ type runner struct {
 	runCtx     context.Context
 
 	parts sync.Map // tp → *partition: the claimed partitions, watched for stalls
+	keys  keyWatch // warns when the first records of a topic have no key
 
 	ready  *Readiness // Config.Readiness, or a private one
 	life   *lifecycle // OnAssigned/OnRevoked
@@ -161,6 +162,8 @@ func saramaConfig(cfg Config) *sarama.Config {
 	// committer runs every CommitInterval and at revoke/shutdown.
 	c.Consumer.Offsets.AutoCommit.Enable = true
 	c.Consumer.Offsets.AutoCommit.Interval = cfg.CommitInterval
+	// StartAt decides (Config.Sarama's doc); Run warns when the base config
+	// asked otherwise (warnIgnoredInitial).
 	c.Consumer.Offsets.Initial = sarama.OffsetOldest
 	if cfg.StartAt == StartNewest {
 		c.Consumer.Offsets.Initial = sarama.OffsetNewest
@@ -215,6 +218,7 @@ func (r *runner) run(ctx context.Context) error {
 		return err
 	}
 	r.warnRetention(client)
+	r.warnIgnoredInitial()
 	maxBytes, err := r.setupRetryTopics(ctx, client)
 	if err != nil {
 		return err
@@ -274,6 +278,7 @@ func (r *runner) run(ctx context.Context) error {
 	wg.Go(func() { r.watchLag(watchCtx, client) })
 	wg.Go(func() { r.watchDLQDepth(watchCtx, client) })
 	wg.Go(func() { r.watchStalls(watchCtx) })
+	wg.Go(func() { r.sweep(watchCtx) })
 	r.startRelay(watchCtx, &wg)
 
 	gh := &groupHandler{r: r}

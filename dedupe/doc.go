@@ -17,21 +17,21 @@
 //
 // # Using the inbox
 //
-//	pool, _ := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 //	store := dedupe.NewPostgres(pool)               // table idem_processed
-//	if err := store.Migrate(ctx); err != nil { … }  // idempotent; safe at every start-up
-//
-//	out, err := store.Process(ctx, dedupe.Record{Group: "payments", Key: key, Topic: t, Partition: p, Offset: o},
-//		func(ctx context.Context) error {
-//			tx := dedupe.Tx(ctx) // the inbox's transaction: write through it
-//			_, err := tx.Exec(ctx, `INSERT INTO payments (id, amount) VALUES ($1, $2)`, id, amount)
-//			return err
-//		})
+//	if err := store.Migrate(ctx); err != nil { // idempotent; consumer.Migrate creates every idem table
+//		log.Fatal(err)
+//	}
+//	rec := dedupe.Record{Group: "payments", Key: "pay-42", Topic: "payments", Partition: 0, Offset: 1234}
+//	out, err := store.Process(ctx, rec, func(ctx context.Context) error {
+//		tx := dedupe.Tx(ctx) // the inbox's transaction: write through it
+//		_, err := tx.Exec(ctx, `INSERT INTO payments (id, amount) VALUES ($1, $2)`, "pay-42", 1999)
+//		return err
+//	})
 //	switch {
 //	case dedupe.IsStoreError(err): // the database failed: retry later; nothing is lost
-//	case err != nil:               // the handler failed: classify (retry tier, DLQ)
-//	case out == dedupe.Duplicate:  // already done earlier: just mark the offset
-//	default:                       // Processed: effects and key committed together
+//	case err != nil: // the handler failed: classify (retry tier, DLQ)
+//	case out == dedupe.Duplicate: // already done earlier: just mark the offset
+//	default: // Processed: effects and key committed together
 //	}
 //
 // The consumer package does all of this for you; you only configure
@@ -50,7 +50,9 @@
 //     itself comes back as a *StoreError (IsStoreError), which is always safe
 //     to retry: the message was not recorded, or its outcome is unknown and a
 //     retry will see a Duplicate if it was.
-//   - Keys are kept for the Sweeper's retention (default 14 days). A message
+//   - Keys are kept for the Sweeper's retention (default 14 days).
+//     consumer.Run runs the Sweeper itself for Postgres and PostgresLease
+//     (consumer.Config.Retention); elsewhere run it yourself. A message
 //     delivered again after its key was swept runs again, so retention must
 //     exceed your longest retry and DLQ-replay window.
 //

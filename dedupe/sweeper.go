@@ -157,3 +157,34 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		timer.Reset(c.Interval)
 	}
 }
+
+// Sweepable is implemented by the stores whose keys live in a PostgreSQL
+// table a Sweeper can clean: Postgres and PostgresLease. consumer.Run uses it
+// to start the sweeper itself (consumer.Config.Retention).
+type Sweepable interface {
+	// Sweeper returns a Sweeper over the store's database and table, with
+	// every other field at its default; nil when the store's configuration
+	// is invalid (Migrate and Process report that error).
+	Sweeper() *Sweeper
+}
+
+var (
+	_ Sweepable = (*Postgres)(nil)
+	_ Sweepable = (*PostgresLease)(nil)
+)
+
+// Sweeper returns a Sweeper over the store's table; see Sweepable.
+func (p *Postgres) Sweeper() *Sweeper {
+	if p.err != nil {
+		return nil
+	}
+	return &Sweeper{DB: p.db, Table: p.table.name}
+}
+
+// Sweeper returns a Sweeper over the store's table; see Sweepable.
+func (p *PostgresLease) Sweeper() *Sweeper {
+	if p.err != nil {
+		return nil
+	}
+	return &Sweeper{DB: p.db, Table: p.table.name}
+}

@@ -172,3 +172,20 @@ func TestDocumentedDefaults(t *testing.T) {
 		t.Error("exported Default* constants disagree with the applied defaults or the NewPostgresLease doc")
 	}
 }
+
+// TestStoresAreSweepable: the PostgreSQL stores hand consumer.Run a Sweeper
+// over their own table; a store with a bad table name gives none.
+func TestStoresAreSweepable(t *testing.T) {
+	for _, s := range []dedupe.Sweepable{
+		dedupe.NewPostgres(nil, dedupe.WithTable("billing.inbox")),
+		dedupe.NewPostgresLease(nil, 0, dedupe.WithTable("billing.inbox")),
+	} {
+		sw := s.Sweeper()
+		if sw == nil || sw.Table != "billing.inbox" || sw.Retention != 0 {
+			t.Errorf("%T.Sweeper() = %+v, want one on billing.inbox with the default retention", s, sw)
+		}
+	}
+	if sw := dedupe.NewPostgres(nil, dedupe.WithTable("")).Sweeper(); sw != nil {
+		t.Errorf("a store with an invalid table gave a Sweeper: %+v", sw)
+	}
+}

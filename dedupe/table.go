@@ -130,9 +130,13 @@ func (t table) migrate(ctx context.Context, db pgmigrate.DB) error {
 }
 
 // Migrate creates or upgrades the inbox table selected by opts (default
-// "idem_processed") and its processed_at index. It is idempotent and safe to
-// call from several processes at once (see Postgres.Migrate). The schema of a
-// qualified table name must already exist.
+// "idem_processed") and its processed_at index, and nothing else. It is
+// idempotent and safe to call from several processes at once (see
+// Postgres.Migrate). The schema of a qualified table name must already exist.
+//
+// Services should call consumer.Migrate (or run `idem migrate`), the one entry
+// point that creates every table idem needs, the inbox included; this
+// function remains for code that uses package dedupe without the consumer.
 func Migrate(ctx context.Context, db DB, opts ...PostgresOption) error {
 	c := newPGConfig(opts)
 	t, err := parseTable(c.table)

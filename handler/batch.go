@@ -14,9 +14,10 @@ import (
 // The contract is Handler's, per batch: it is called from one goroutine per
 // partition (per lane with Config.Concurrency), msgs are in offset order and
 // are all new (duplicates were filtered out by the inbox before the call);
-// ctx carries the batch's transaction (dedupe.Tx) and is cancelled when the
-// partition is revoked past its grace period. msgs and the messages must not
-// be used after HandleBatch returns.
+// ctx carries the batch's transaction (dedupe.Tx) and is cancelled as
+// Handler's is: only once the consumer's ShutdownGrace after a revoke or a
+// shutdown has run out. msgs and the messages must not be used after
+// HandleBatch returns.
 //
 // Returning nil commits the inbox rows and every write of the batch at once.
 // Returning a *BatchError names the messages that failed and how: the batch

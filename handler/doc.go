@@ -28,12 +28,14 @@
 //     Messages of one partition arrive one at a time, in offset order; different
 //     partitions are handled concurrently, so a Handler must be safe for
 //     concurrent use.
-//   - Cancellation. ctx is cancelled when the partition is revoked by a
-//     rebalance or Run is shutting down (after the consumer's ShutdownGrace),
-//     or when a [Timeout] middleware's deadline passes. Handle must then return
-//     promptly. After a revoke or shutdown the message is rolled back and
-//     redelivered to whoever owns the partition next; the error is not used to
-//     classify the message.
+//   - Cancellation. When the partition is revoked (a rebalance) or the
+//     consumer shuts down, a Handle already running is not interrupted: it
+//     gets the consumer's ShutdownGrace (10s by default) to finish, and its
+//     result counts. Only when that grace runs out is ctx cancelled; Handle
+//     must then return promptly, its transaction is rolled back, its error is
+//     ignored, and the message is redelivered to whoever owns the partition
+//     next. A [Timeout] middleware also cancels ctx, at its deadline (an
+//     error of kind timeout).
 //   - The transaction. With the transactional inbox (dedupe.NewPostgres) ctx
 //     carries a pgx.Tx, returned by dedupe.Tx(ctx). Business writes and outbox
 //     rows made through it commit atomically with the inbox row, and only if
@@ -48,8 +50,12 @@
 //     dead-lettered at once unless the consumer's RetryPanics is set.
 //   - Attempts. [Message.Attempt] counts deliveries of this message to a
 //     handler, from 1, including in-process retries and earlier retry tiers, so
-//     a handler may log or alert on it. Retries are safe because the inbox
+//     a handler may log or alert on it (package consumer's "Attempts per
+//     message" says how many there are). Retries are safe because the inbox
 //     dedupes by [Message.IdempotencyKey].
+//   - Origin. In a retry tier, Topic, Partition and Offset are the tier's;
+//     [Message.Origin] names the record where it was first consumed, so a
+//     handler serving several topics switches on m.Origin().Topic.
 //
 // # Error classification
 //
@@ -62,7 +68,8 @@
 //	-------------------------------  -----------  ------------------------------------------------
 //	nil                              ""           commit; key recorded; offset marked
 //	any other error (incl. ctx       retriable    retried in process (Config.Retries, full-jitter
-//	  errors not caused by revoke)                backoff), then retry tier 1, 2, …, then the DLQ
+//	  errors not caused by revoke)                backoff), then retry tier 1, 2, … (each with
+//	                                              its own in-process retries), then the DLQ
 //	RetryAfter(err, d)               retriable    as above, but each in-process wait is at least
 //	                                              d (a d above Config.RetryMax with tiers goes to
 //	                                              the tier at once); in a retry tier, d is capped
@@ -98,8 +105,8 @@
 // A [Middleware] is func(Handler) Handler, as in net/http. [Chain] applies
 // several; the first listed is the outermost:
 //
-//	h = handler.Chain(h, logging, metrics, handler.Timeout(5*time.Second))
-//	// calls logging, then metrics, then the Timeout, then h
+//	wrapped := handler.Chain(h, logging, tracing, handler.Timeout(5*time.Second))
+//	// wrapped calls logging, then tracing, then the Timeout, then h
 //
 // [Timeout] bounds each call: when its deadline passes the handler's ctx is
 // cancelled and an error it then returns is reported as kind "timeout"

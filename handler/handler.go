@@ -18,8 +18,8 @@ type Header struct {
 // or use them after Handle returns (copy what you need).
 type Message struct {
 	// Topic, Partition and Offset locate the record that is being handled. For a
-	// record read from a retry tier they are the tier's coordinates; the original
-	// ones are in the idem-original-* headers.
+	// record read from a retry tier they are the tier's coordinates: switch on
+	// Origin().Topic, not Topic, to tell your source topics apart.
 	Topic     string
 	Partition int32
 	Offset    int64
@@ -36,6 +36,32 @@ type Message struct {
 	// Attempt counts deliveries of this message to a handler, starting at 1. It
 	// includes in-process retries and earlier retry tiers.
 	Attempt int
+	// Original is where the record was first consumed, as the consumer fills
+	// it: the record's own Topic, Partition, Offset and Timestamp for a record
+	// of a source topic, and the values of its idem-original-* headers for a
+	// record read from a retry tier. Read it through Origin, which also works
+	// for a Message built by hand (in a unit test) with Original left zero.
+	Original Origin
+}
+
+// Origin locates a record in the topic it was first consumed from.
+type Origin struct {
+	Topic     string    // the source topic, never a retry tier
+	Partition int32     // the partition there
+	Offset    int64     // the offset there
+	Timestamp time.Time // the record's timestamp there
+}
+
+// Origin returns where the message was first consumed: m.Original when it is
+// set (always, for messages the consumer passes to a handler), otherwise the
+// message's own Topic, Partition, Offset and Timestamp. Outside retry tiers
+// both are the same; in a retry tier Origin names the source topic while
+// Topic names the tier.
+func (m *Message) Origin() Origin {
+	if m.Original.Topic != "" {
+		return m.Original
+	}
+	return Origin{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Timestamp: m.Timestamp}
 }
 
 // Header returns the value of the last header named key, and whether it exists.
@@ -54,10 +80,14 @@ func (m *Message) Header(key string) ([]byte, bool) {
 //   - idem calls Handle from one goroutine per claimed partition, so messages of
 //     one partition arrive one at a time, in offset order. Different partitions
 //     are handled concurrently: a Handler must be safe for concurrent use.
-//   - ctx is cancelled when the partition is revoked (rebalance), when Run is
-//     shutting down past its grace period, or by a Timeout middleware. Handle
-//     must then return promptly; its error is ignored and the message is
-//     redelivered to whoever owns the partition next.
+//   - Cancellation. When the partition is revoked (a rebalance) or the
+//     consumer shuts down, a Handle already running is not interrupted: it
+//     gets the consumer's ShutdownGrace (10s by default) to finish, and its
+//     result counts. Only when that grace runs out is ctx cancelled; Handle
+//     must then return promptly, its transaction is rolled back, its error is
+//     ignored, and the message is redelivered to whoever owns the partition
+//     next. A Timeout middleware also cancels ctx, at its deadline (an error
+//     of kind timeout).
 //   - When the dedupe store is transactional, ctx carries the transaction
 //     (dedupe.Tx(ctx)); writes made through it commit atomically with the inbox
 //     row, and only if Handle returns nil.

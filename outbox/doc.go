@@ -8,16 +8,16 @@
 // it again. With the outbox the event is a row:
 //
 //	err := consumer.Run(ctx, consumer.Config{
-//		...
-//		Dedupe: dedupe.NewPostgres(pool),
-//		Relay:  &outbox.Relay{Pool: pool}, // publish from this process too
+//		Brokers: brokers, Group: "payments", Topics: []string{"payments"},
+//		Dedupe:  dedupe.NewPostgres(pool),
+//		Relay:   &outbox.Relay{Pool: pool}, // publish from this process too
 //	}, handler.Func(func(ctx context.Context, m *handler.Message) error {
 //		tx := dedupe.Tx(ctx) // the transaction of the inbox row
 //		if _, err := tx.Exec(ctx, `INSERT INTO payments ...`); err != nil {
 //			return err
 //		}
 //		return outbox.Enqueue(ctx, tx, outbox.Message{
-//			Topic: "payments.events", Key: []byte(orderID), Value: eventJSON,
+//			Topic: "payments.events", Key: []byte(orderID), Value: event,
 //		})
 //	}))
 //

@@ -16,10 +16,11 @@ func newMigrateCmd(a *app) *cobra.Command {
 	var url, table string
 	cmd := &cobra.Command{
 		Use:   "migrate",
-		Short: "Create or upgrade idem's PostgreSQL tables (inbox, ordering); idempotent",
-		Long: `Create or upgrade idem's PostgreSQL tables (the inbox and the ordering tables).
-Safe to run again and from several processes at once. Talks only to
-PostgreSQL: --database-url, or DATABASE_URL.`,
+		Short: "Create or upgrade every PostgreSQL table idem needs; idempotent",
+		Long: `Create or upgrade every table idem keeps in PostgreSQL, as consumer.Migrate does:
+the inbox (idem_processed, or --table), the ordering tables, the outbox, the
+saga tables and the batch checkpoints. Safe to run again and from several
+processes at once. Talks only to PostgreSQL: --database-url, or DATABASE_URL.`,
 		Example: `  idem migrate --database-url postgres://idem:secret@db:5432/idem
   DATABASE_URL=postgres://idem@db/idem idem migrate --table billing.idem_processed`,
 		Args: cobra.NoArgs,

@@ -3,7 +3,12 @@
 // should too:
 //
 //	func TestMyStore(t *testing.T) {
-//		dedupetest.Run(t, func(t *testing.T) dedupe.Store { return newMyStore(t) })
+//		dedupetest.Run(t, newMyStore)
+//	}
+//
+//	// newMyStore returns a fresh, empty store for one subtest.
+//	func newMyStore(t *testing.T) dedupe.Store {
+//		return dedupe.NewMemory() // your store here
 //	}
 //
 // The suite checks the contract written on dedupe.Store: a recorded key is a

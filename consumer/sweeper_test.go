@@ -1,0 +1,116 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/idemhq/idem/consumer"
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/retrytopic"
+)
+
+// TestRunSweepsTheInbox: with a PostgreSQL store Run deletes inbox rows
+// older than Config.Retention on its own, and keeps the recent ones; with a
+// negative Retention it leaves them.
+func TestRunSweepsTheInbox(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name      string
+		retention time.Duration
+		swept     bool
+	}{{"default 14 days", 0, true}, {"disabled", -1, false}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, 1)
+			ctx := testenv.Context(t)
+			if _, err := e.pool.Exec(ctx, `INSERT INTO idem_processed (consumer_group, idempotency_key, processed_at) VALUES
+				('other-group', 'old', now() - interval '15 days'), ('other-group', 'recent', now() - interval '13 days')`); err != nil {
+				t.Fatal(err)
+			}
+			cfg := e.config()
+			cfg.Retention = c.retention
+			e.produce([]string{"k1"}, 1)
+			start(t, cfg, effectHandler())
+			e.waitCommitted(e.topic, 1, 60*time.Second)
+			if c.swept {
+				testenv.Eventually(t, 30*time.Second, func() error {
+					if n := e.count(`SELECT count(*) FROM idem_processed WHERE idempotency_key = 'old'`); n != 0 {
+						return errors.New("the 15-day-old row is still there")
+					}
+					return nil
+				})
+			} else if n := e.count(`SELECT count(*) FROM idem_processed WHERE idempotency_key = 'old'`); n != 1 {
+				t.Fatalf("Retention -1 swept the old row")
+			}
+			if n := e.count(`SELECT count(*) FROM idem_processed WHERE idempotency_key IN ('recent', 'k1')`); n != 2 {
+				t.Fatalf("%d of the recent rows left, want 2", n)
+			}
+		})
+	}
+}
+
+// TestRetentionValidation: Retention must cover the retry-tier and DLQ
+// topics' retention (the replay window) and the sweeper's minimum.
+func TestRetentionValidation(t *testing.T) {
+	base := consumer.Config{Brokers: []string{"k:9092"}, Group: "g", Topics: []string{"t"}, Dedupe: dedupe.NewPostgres(nil)}
+	for _, c := range []struct {
+		name      string
+		retention time.Duration
+		policy    retrytopic.Policy
+		ok        bool
+	}{
+		{"default", 0, retrytopic.Policy{}, true},
+		{"disabled", -1, retrytopic.Policy{}, true},
+		{"equal to tiers", 7 * 24 * time.Hour, retrytopic.Policy{}, true},
+		{"shorter than the default tier retention", 3 * 24 * time.Hour, retrytopic.Policy{}, false},
+		{"shorter than a long tier retention", 20 * 24 * time.Hour, retrytopic.Policy{Retention: 30 * 24 * time.Hour}, false},
+		{"short tiers", 2 * time.Hour, retrytopic.Policy{Retention: time.Hour, Delays: []time.Duration{time.Minute}}, true},
+		{"below the minimum", 30 * time.Minute, retrytopic.Policy{Retention: time.Minute}, false},
+	} {
+		if c.ok {
+			// A store Run does not sweep ignores Retention.
+			mem := base
+			mem.Dedupe, mem.Retention, mem.Retry = dedupe.NewMemory(), 30*time.Minute, c.policy
+			if err := mem.Validate(); err != nil {
+				t.Errorf("%s with a memory store: %v", c.name, err)
+			}
+		}
+		cfg := base
+		cfg.Retention, cfg.Retry = c.retention, c.policy
+		err := cfg.Validate()
+		var ce *consumer.ConfigError
+		switch {
+		case c.ok && err != nil:
+			t.Errorf("%s: %v", c.name, err)
+		case !c.ok && (!errors.As(err, &ce) || ce.Field != "Retention" || !errors.Is(err, consumer.ErrInvalidConfig)):
+			t.Errorf("%s: err = %v, want a ConfigError on Retention", c.name, err)
+		}
+	}
+}
+
+// TestMigrateCreatesEveryTable: consumer.Migrate is the one entry point:
+// run twice on an empty schema it creates the inbox, ordering, outbox, saga
+// and checkpoint tables.
+func TestMigrateCreatesEveryTable(t *testing.T) {
+	t.Parallel()
+	pool, schema := testenv.PostgresSchema(t)
+	ctx := context.Background()
+	for range 2 {
+		if err := consumer.Migrate(ctx, pool); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, table := range []string{"idem_processed", "idem_ordering_heads", "idem_ordering_parked", "idem_outbox", "idem_saga", "idem_saga_step", "idem_checkpoint"} {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM information_schema.tables WHERE table_schema = $1 AND table_name = $2`, schema, table).Scan(&n); err != nil || n != 1 {
+			t.Errorf("table %s: count %d, err %v", table, n, err)
+		}
+	}
+	if err := consumer.Migrate(ctx, pool, dedupe.WithTable("")); err == nil || !errors.Is(err, dedupe.ErrInvalidConfig) {
+		t.Errorf("bad inbox table: err = %v", fmt.Sprint(err))
+	}
+}

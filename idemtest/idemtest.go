@@ -1,0 +1,421 @@
+package idemtest
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/idemhq/idem/consumer"
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/retrytopic"
+)
+
+// DefaultTimeout is how long the Wait and Read helpers wait before they fail
+// the test.
+const DefaultTimeout = 30 * time.Second
+
+// Kafka is an in-process Kafka cluster of one broker (franz-go's kfake): no
+// Docker, no ports to configure, gone when the test ends. It speaks the
+// Kafka protocol, so consumer.Run, sarama and the idem CLI's library talk to
+// it as to a real broker; it is made for tests, not for load or for
+// checking broker-specific behaviour.
+type Kafka struct {
+	// Brokers are the bootstrap addresses of the cluster ("127.0.0.1:port").
+	Brokers []string
+
+	cluster *kfake.Cluster
+	seq     atomic.Int64
+}
+
+// NewKafka starts a cluster for tb and shuts it down when tb ends. Each call
+// starts a cluster of its own, so parallel tests never share state.
+func NewKafka(tb testing.TB) *Kafka {
+	tb.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		tb.Fatalf("idemtest: start in-process kafka: %v", err)
+	}
+	tb.Cleanup(c.Close)
+	return &Kafka{Brokers: c.ListenAddrs(), cluster: c}
+}
+
+// SaramaConfig returns a sarama config suited to the cluster: protocol
+// version consumer.DefaultKafkaVersion, a synchronous producer's successes
+// returned, acks from all replicas.
+func (k *Kafka) SaramaConfig() *sarama.Config {
+	c := sarama.NewConfig()
+	c.Version = consumer.DefaultKafkaVersion
+	c.Producer.Return.Successes = true
+	c.Producer.RequiredAcks = sarama.WaitForAll
+	c.Producer.Partitioner = sarama.NewManualPartitioner
+	return c
+}
+
+// CreateTopic creates a topic with the given number of partitions and waits
+// until its metadata is visible.
+func (k *Kafka) CreateTopic(tb testing.TB, name string, partitions int32) {
+	tb.Helper()
+	admin, err := sarama.NewClusterAdmin(k.Brokers, k.SaramaConfig())
+	if err != nil {
+		tb.Fatalf("idemtest: admin: %v", err)
+	}
+	defer admin.Close()
+	if err := admin.CreateTopic(name, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1}, false); err != nil {
+		tb.Fatalf("idemtest: create topic %s: %v", name, err)
+	}
+	k.waitPartitions(tb, name, partitions)
+}
+
+func (k *Kafka) waitPartitions(tb testing.TB, topic string, partitions int32) {
+	tb.Helper()
+	client, err := sarama.NewClient(k.Brokers, k.SaramaConfig())
+	if err != nil {
+		tb.Fatalf("idemtest: client: %v", err)
+	}
+	defer client.Close()
+	Eventually(tb, DefaultTimeout, func() error {
+		if err := client.RefreshMetadata(topic); err != nil {
+			return err
+		}
+		ps, err := client.Partitions(topic)
+		if err != nil {
+			return err
+		}
+		if int32(len(ps)) < partitions {
+			return fmt.Errorf("topic %s has %d of %d partitions", topic, len(ps), partitions)
+		}
+		return nil
+	})
+}
+
+// Record is a record to produce.
+type Record struct {
+	// Partition is the partition to write to.
+	// Default: 0.
+	Partition int32
+	// IdempotencyKey, when not empty, is written as the "idempotency-key"
+	// header, the consumer's default KeyFunc.
+	IdempotencyKey string
+	// Key and Value are the record's key and value; nil is a null key or
+	// value.
+	Key, Value []byte
+	// Headers are extra headers, written after idempotency-key.
+	Headers []handler.Header
+}
+
+// Produce writes recs to topic, in order, and fails the test when the
+// broker does not acknowledge them all.
+func (k *Kafka) Produce(tb testing.TB, topic string, recs ...Record) {
+	tb.Helper()
+	p, err := sarama.NewSyncProducer(k.Brokers, k.SaramaConfig())
+	if err != nil {
+		tb.Fatalf("idemtest: producer: %v", err)
+	}
+	defer p.Close()
+	msgs := make([]*sarama.ProducerMessage, len(recs))
+	for i, r := range recs {
+		m := &sarama.ProducerMessage{Topic: topic, Partition: r.Partition}
+		if r.Key != nil {
+			m.Key = sarama.ByteEncoder(r.Key)
+		}
+		if r.Value != nil {
+			m.Value = sarama.ByteEncoder(r.Value)
+		}
+		if r.IdempotencyKey != "" {
+			m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte("idempotency-key"), Value: []byte(r.IdempotencyKey)})
+		}
+		for _, h := range r.Headers {
+			m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})
+		}
+		msgs[i] = m
+	}
+	if err := p.SendMessages(msgs); err != nil {
+		tb.Fatalf("idemtest: produce to %s: %v", topic, err)
+	}
+}
+
+// Config returns a consumer.Config for group reading topics from the
+// cluster, tuned for tests: a dedupe.NewMemory store (use WithPostgres for
+// the transactional inbox), logs through tb.Log at WARN, offsets committed
+// every 100ms, in-process retries backing off 1–10ms, a 5s ShutdownGrace,
+// and no DLQ depth polling. Every field can be changed before Start.
+func (k *Kafka) Config(tb testing.TB, group string, topics ...string) consumer.Config {
+	return consumer.Config{
+		Brokers:          k.Brokers,
+		Group:            group,
+		Topics:           topics,
+		Dedupe:           dedupe.NewMemory(),
+		Sarama:           k.SaramaConfig(),
+		Logger:           slog.New(slog.NewTextHandler(tbWriter{tb}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		CommitInterval:   100 * time.Millisecond,
+		RetryBase:        time.Millisecond,
+		RetryMax:         10 * time.Millisecond,
+		ShutdownGrace:    5 * time.Second,
+		DLQDepthInterval: -1,
+	}
+}
+
+// WithPostgres returns cfg using the transactional inbox over db
+// (dedupe.NewPostgres), after creating idem's tables with consumer.Migrate.
+// db is usually a *pgxpool.Pool on a test database; handlers then write
+// through dedupe.Tx(ctx) exactly as in production.
+func WithPostgres(tb testing.TB, cfg consumer.Config, db dedupe.DB) consumer.Config {
+	tb.Helper()
+	if err := consumer.Migrate(context.Background(), db); err != nil {
+		tb.Fatalf("idemtest: migrate: %v", err)
+	}
+	cfg.Dedupe = dedupe.NewPostgres(db)
+	return cfg
+}
+
+// tbWriter writes log lines to the test's log, until the test ends.
+type tbWriter struct{ tb testing.TB }
+
+func (w tbWriter) Write(p []byte) (int, error) {
+	w.tb.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// Consumer is a consumer.Run started by Start.
+type Consumer struct {
+	group   string
+	gather  prometheus.Gatherer
+	cancel  context.CancelFunc
+	done    chan error
+	stopped sync.Once
+	err     error
+}
+
+// Start runs consumer.Run(cfg, h) in the background until Stop is called or
+// the test ends, and fails the test if Run returns an error other than at
+// Stop. When cfg.Registerer is nil Start gives it a fresh Prometheus registry,
+// which the Wait methods read; a Registerer of your own must also be a
+// prometheus.Gatherer (a *prometheus.Registry is).
+func Start(tb testing.TB, cfg consumer.Config, h handler.Handler) *Consumer {
+	tb.Helper()
+	return start(tb, &cfg, func(ctx context.Context) error { return consumer.Run(ctx, cfg, h) })
+}
+
+// StartBatch is Start for consumer.RunBatch.
+func StartBatch(tb testing.TB, cfg consumer.Config, h handler.BatchHandler) *Consumer {
+	tb.Helper()
+	return start(tb, &cfg, func(ctx context.Context) error { return consumer.RunBatch(ctx, cfg, h) })
+}
+
+func start(tb testing.TB, cfg *consumer.Config, run func(context.Context) error) *Consumer {
+	tb.Helper()
+	if cfg.Registerer == nil {
+		cfg.Registerer = prometheus.NewRegistry()
+	}
+	g, ok := cfg.Registerer.(prometheus.Gatherer)
+	if !ok {
+		tb.Fatalf("idemtest: Config.Registerer is a %T, which is not a prometheus.Gatherer: leave it nil or pass a *prometheus.Registry", cfg.Registerer)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &Consumer{group: cfg.Group, gather: g, cancel: cancel, done: make(chan error, 1)}
+	go func() { c.done <- run(ctx) }()
+	tb.Cleanup(func() {
+		if err := c.Stop(); err != nil {
+			tb.Errorf("idemtest: consumer.Run: %v", err)
+		}
+	})
+	return c
+}
+
+// Stop cancels Run, waits until it has returned (every in-flight message
+// finished or rolled back, offsets committed) and returns its error. It may
+// be called more than once; the test's end calls it too.
+func (c *Consumer) Stop() error {
+	c.stopped.Do(func() {
+		c.cancel()
+		c.err = <-c.done
+	})
+	return c.err
+}
+
+// Outcomes returns how many records the group has taken to each final
+// outcome so far ("processed", "duplicate", "retried" (forwarded to a retry
+// tier), "dead_lettered", "parked"), from idem_messages_total. A record read
+// back from a retry tier is counted again with its own outcome.
+func (c *Consumer) Outcomes(tb testing.TB) map[string]int {
+	tb.Helper()
+	mfs, err := c.gather.Gather()
+	if err != nil {
+		tb.Fatalf("idemtest: gather metrics: %v", err)
+	}
+	out := map[string]int{}
+	for _, mf := range mfs {
+		if mf.GetName() != "idem_messages_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var group, outcome string
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "group":
+					group = l.GetValue()
+				case "outcome":
+					outcome = l.GetValue()
+				}
+			}
+			if group == c.group {
+				out[outcome] += int(m.GetCounter().GetValue())
+			}
+		}
+	}
+	return out
+}
+
+// WaitHandled waits until the group has taken at least n records to a final
+// outcome (see Outcomes: every outcome counts, and a record read back from a
+// retry tier counts again), and fails the test after DefaultTimeout.
+func (c *Consumer) WaitHandled(tb testing.TB, n int) {
+	tb.Helper()
+	Eventually(tb, DefaultTimeout, func() error {
+		total := 0
+		outs := c.Outcomes(tb)
+		for _, v := range outs {
+			total += v
+		}
+		if total < n {
+			return fmt.Errorf("%d of %d records handled (%v)", total, n, outs)
+		}
+		return nil
+	})
+}
+
+// WaitOutcome waits until at least n records have reached outcome (a label
+// value of idem_messages_total, such as "processed" or "dead_lettered"), and
+// fails the test after DefaultTimeout.
+func (c *Consumer) WaitOutcome(tb testing.TB, outcome string, n int) {
+	tb.Helper()
+	Eventually(tb, DefaultTimeout, func() error {
+		if got := c.Outcomes(tb)[outcome]; got < n {
+			return fmt.Errorf("%d of %d records %s", got, n, outcome)
+		}
+		return nil
+	})
+}
+
+// DeadLetter is one record of a dead-letter topic, with its idem-* headers
+// decoded.
+type DeadLetter struct {
+	// Partition and Offset locate it in the dead-letter topic.
+	Partition int32
+	Offset    int64
+	// Key and Value are the original record's bytes, unchanged.
+	Key, Value []byte
+	// Headers are the original record's headers (idem's own removed).
+	Headers []handler.Header
+	// Failure is what the idem-* headers say: error, kind, attempts, and the
+	// original topic, partition and offset.
+	Failure retrytopic.Failure
+}
+
+// DLQTopic returns the default dead-letter topic of topic for group,
+// "<topic>.<group>.dlq" (retrytopic.DefaultDLQTopic).
+func DLQTopic(topic, group string) string { return retrytopic.DefaultDLQTopic(topic, group) }
+
+// ReadDLQ waits until the dead-letter topic dlqTopic holds at least n
+// records (failing the test after DefaultTimeout) and returns all of them,
+// partition by partition in offset order.
+func (k *Kafka) ReadDLQ(tb testing.TB, dlqTopic string, n int) []DeadLetter {
+	tb.Helper()
+	client, err := sarama.NewClient(k.Brokers, k.SaramaConfig())
+	if err != nil {
+		tb.Fatalf("idemtest: client: %v", err)
+	}
+	defer client.Close()
+	ends := map[int32]int64{}
+	Eventually(tb, DefaultTimeout, func() error {
+		if err := client.RefreshMetadata(dlqTopic); err != nil {
+			return err
+		}
+		ps, err := client.Partitions(dlqTopic)
+		if err != nil {
+			return err
+		}
+		total := int64(0)
+		for _, p := range ps {
+			end, err := client.GetOffset(dlqTopic, p, sarama.OffsetNewest)
+			if err != nil {
+				return err
+			}
+			ends[p] = end
+			total += end
+		}
+		if total < int64(n) {
+			return fmt.Errorf("dead-letter topic %s has %d of %d records", dlqTopic, total, n)
+		}
+		return nil
+	})
+	cons, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		tb.Fatalf("idemtest: consumer: %v", err)
+	}
+	defer cons.Close()
+	var out []DeadLetter
+	for p := int32(0); p < int32(len(ends)); p++ {
+		if ends[p] == 0 {
+			continue
+		}
+		pc, err := cons.ConsumePartition(dlqTopic, p, sarama.OffsetOldest)
+		if err != nil {
+			tb.Fatalf("idemtest: read %s/%d: %v", dlqTopic, p, err)
+		}
+		timeout := time.NewTimer(DefaultTimeout)
+		for done := false; !done; {
+			select {
+			case m := <-pc.Messages():
+				out = append(out, deadLetter(m))
+				done = m.Offset+1 >= ends[p]
+			case <-timeout.C:
+				tb.Fatalf("idemtest: read %s/%d: timed out before offset %d", dlqTopic, p, ends[p])
+			}
+		}
+		timeout.Stop()
+		_ = pc.Close()
+	}
+	return out
+}
+
+func deadLetter(m *sarama.ConsumerMessage) DeadLetter {
+	d := DeadLetter{Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value}
+	d.Failure, _, _ = retrytopic.Decode(m.Headers)
+	for _, h := range m.Headers {
+		if h != nil && !strings.HasPrefix(string(h.Key), retrytopic.HeaderPrefix) {
+			d.Headers = append(d.Headers, handler.Header{Key: string(h.Key), Value: h.Value})
+		}
+	}
+	return d
+}
+
+// Eventually calls f until it returns nil, waiting a little longer each
+// time, and fails the test with f's last error once timeout has passed. Use
+// it to wait for an effect instead of sleeping.
+func Eventually(tb testing.TB, timeout time.Duration, f func() error) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	wait := 5 * time.Millisecond
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("idemtest: gave up after %s: %v", timeout, err)
+		}
+		time.Sleep(wait)
+		wait = min(2*wait, 200*time.Millisecond)
+	}
+}

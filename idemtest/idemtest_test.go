@@ -1,0 +1,135 @@
+package idemtest_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemhq/idem/consumer"
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/idemtest"
+	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/retrytopic"
+)
+
+func TestExampleOrders(t *testing.T) {
+	t.Parallel()
+	testOrders(t)
+}
+
+// TestRetryTierAndDLQ: a handler failing twice succeeds from the first retry
+// tier; one that always fails reaches the dead-letter topic with its
+// original coordinates, and the kit reads it back.
+func TestRetryTierAndDLQ(t *testing.T) {
+	t.Parallel()
+	k := idemtest.NewKafka(t)
+	k.CreateTopic(t, "payments", 2)
+	k.Produce(t, "payments",
+		idemtest.Record{Partition: 0, IdempotencyKey: "flaky", Key: []byte("acct-1"), Value: []byte("1")},
+		idemtest.Record{Partition: 1, IdempotencyKey: "broken", Key: []byte("acct-2"), Value: []byte("2"),
+			Headers: []handler.Header{{Key: "trace", Value: []byte("t-1")}}},
+	)
+	cfg := k.Config(t, "billing", "payments")
+	cfg.Retries = 1
+	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{50 * time.Millisecond}}
+	var origins atomic.Int64
+	c := idemtest.Start(t, cfg, handler.Func(func(ctx context.Context, m *handler.Message) error {
+		if m.Origin().Topic == "payments" {
+			origins.Add(1)
+		}
+		if m.IdempotencyKey == "flaky" && m.Attempt < 3 {
+			return errors.New("not yet")
+		}
+		if m.IdempotencyKey == "broken" {
+			return fmt.Errorf("attempt %d: bank down", m.Attempt)
+		}
+		return nil
+	}))
+	c.WaitOutcome(t, "processed", 1)
+	c.WaitOutcome(t, "dead_lettered", 1)
+	dl := k.ReadDLQ(t, idemtest.DLQTopic("payments", "billing"), 1)
+	if len(dl) != 1 {
+		t.Fatalf("%d dead letters, want 1", len(dl))
+	}
+	d := dl[0]
+	if string(d.Key) != "acct-2" || string(d.Value) != "2" || d.Partition != 1 ||
+		d.Failure.OriginalTopic != "payments" || d.Failure.OriginalPartition != 1 || d.Failure.Attempt != 4 ||
+		d.Failure.Kind != handler.KindRetriable || d.Failure.Error != "attempt 4: bank down" {
+		t.Errorf("dead letter = %+v", d)
+	}
+	if len(d.Headers) != 2 || d.Headers[0].Key != "idempotency-key" || d.Headers[1].Key != "trace" {
+		t.Errorf("original headers = %+v", d.Headers)
+	}
+	if outs := c.Outcomes(t); outs["retried"] != 2 {
+		t.Errorf("outcomes %v: want 2 forwards to the retry tier", outs)
+	}
+	if origins.Load() != 7 { // flaky 3 attempts, broken 4: all name the source topic
+		t.Errorf("%d calls named the source topic in Origin, want 7", origins.Load())
+	}
+	if err := c.Stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestWithPostgres: the transactional inbox on the kit's cluster; a
+// redelivered key has one effect, written through dedupe.Tx.
+func TestWithPostgres(t *testing.T) {
+	t.Parallel()
+	pool, _ := testenv.PostgresSchema(t)
+	ctx := context.Background()
+	table := testenv.Unique("shipments")
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s (order_id text)`, table)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP TABLE `+table) })
+	k := idemtest.NewKafka(t)
+	k.CreateTopic(t, "orders", 1)
+	group := testenv.Unique("shipping")
+	cfg := idemtest.WithPostgres(t, k.Config(t, group, "orders"), pool)
+	cfg.KeyFunc = consumer.JSONField("id")
+	k.Produce(t, "orders",
+		idemtest.Record{Value: []byte(`{"id":"o-1"}`)},
+		idemtest.Record{Value: []byte(`{"id":"o-1"}`)},
+		idemtest.Record{Value: []byte(`{"id":"o-2"}`)},
+	)
+	c := idemtest.Start(t, cfg, handler.Func(func(ctx context.Context, m *handler.Message) error {
+		_, err := dedupe.Tx(ctx).Exec(ctx, `INSERT INTO `+table+` VALUES ($1)`, m.IdempotencyKey)
+		return err
+	}))
+	c.WaitHandled(t, 3)
+	if outs := c.Outcomes(t); outs["processed"] != 2 || outs["duplicate"] != 1 {
+		t.Errorf("outcomes %v, want 2 processed and 1 duplicate", outs)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&n); err != nil || n != 2 {
+		t.Fatalf("%d shipments (err %v), want 2", n, err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idem_processed WHERE consumer_group = $1`, group).Scan(&n); err != nil || n != 2 {
+		t.Fatalf("%d inbox rows (err %v), want 2", n, err)
+	}
+}
+
+// TestStartBatch: RunBatch through the kit.
+func TestStartBatch(t *testing.T) {
+	t.Parallel()
+	k := idemtest.NewKafka(t)
+	k.CreateTopic(t, "events", 1)
+	var recs []idemtest.Record
+	for i := range 20 {
+		recs = append(recs, idemtest.Record{IdempotencyKey: fmt.Sprint("e-", i), Value: []byte("{}")})
+	}
+	k.Produce(t, "events", recs...)
+	var seen atomic.Int64
+	c := idemtest.StartBatch(t, k.Config(t, "audit", "events"), handler.BatchFunc(func(ctx context.Context, ms []*handler.Message) error {
+		seen.Add(int64(len(ms)))
+		return nil
+	}))
+	c.WaitOutcome(t, "processed", 20)
+	if seen.Load() != 20 {
+		t.Fatalf("batch handler saw %d messages, want 20", seen.Load())
+	}
+}
