@@ -59,6 +59,13 @@ func dlqTopicFlags(c *cobra.Command, t *dlqTopic) {
 	c.Flags().StringVarP(&t.group, "group", "g", "", "consumer group of --source")
 }
 
+// readFlags adds the flags of a command that reads a dead-letter topic and
+// prints a table or JSON: dlqTopicFlags and --json.
+func readFlags(c *cobra.Command, t *dlqTopic, asJSON *bool) {
+	dlqTopicFlags(c, t)
+	c.Flags().BoolVar(asJSON, "json", false, "print JSON instead of a table")
+}
+
 // name returns the dead-letter topic the flags name.
 func (t dlqTopic) name() (string, error) {
 	switch {
@@ -177,8 +184,7 @@ func newListCmd(a *app) *cobra.Command {
 			return nil
 		},
 	}
-	dlqTopicFlags(c, &sel)
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
+	readFlags(c, &sel, &asJSON)
 	return c
 }
 
@@ -578,7 +584,6 @@ reports. Changes nothing.`,
 			return nil
 		},
 	}
-	dlqTopicFlags(c, &sel)
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
+	readFlags(c, &sel, &asJSON)
 	return c
 }
