@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -34,7 +33,6 @@ type Kafka struct {
 	Brokers []string
 
 	cluster *kfake.Cluster
-	seq     atomic.Int64
 }
 
 // NewKafka starts a cluster for tb and shuts it down when tb ends. Each call

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -28,26 +27,20 @@ func newCheckpointCmd(a *app) *cobra.Command {
 Each job has one row in idem_checkpoint: the key (cursor) of the last row of
 its last committed chunk, advanced in the same transaction as the chunk's
 effects. A job resumes after that cursor.`,
+		Example: `  idem checkpoint status
+  idem checkpoint reset nightly-invoices --yes`,
 	}
 	c.AddCommand(newCheckpointStatusCmd(a), newCheckpointResetCmd(a))
 	return c
 }
 
-// checkpointDB adds --database-url (default: env DATABASE_URL) to c and
-// returns a function that opens the pool.
+// checkpointDB adds --database-url (env DATABASE_URL, which the help does not
+// echo, since it may hold a password) to c and returns a function that opens
+// the pool.
 func checkpointDB(c *cobra.Command) func(*cobra.Command) (*pgxpool.Pool, error) {
 	var url string
-	c.Flags().StringVar(&url, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL (env DATABASE_URL)")
-	return func(cmd *cobra.Command) (*pgxpool.Pool, error) {
-		if url == "" {
-			return nil, errors.New("no database: set --database-url or DATABASE_URL")
-		}
-		pool, err := pgxpool.New(cmd.Context(), url)
-		if err != nil {
-			return nil, fmt.Errorf("database: %w", err)
-		}
-		return pool, nil
-	}
+	dbFlag(c, &url)
+	return func(cmd *cobra.Command) (*pgxpool.Pool, error) { return openPool(cmd.Context(), url) }
 }
 
 // checkpointHint adds the fix to an error about a missing idem_checkpoint

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -22,8 +23,13 @@ import (
 func idem(t *testing.T, k *testenv.Kafka, stdin string, args ...string) (int, string, string) {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	args = append([]string{"--brokers", strings.Join(k.Brokers, ",")}, args...)
-	code := run(args, strings.NewReader(stdin), &out, &errOut)
+	getenv := func(name string) string {
+		if name == "KAFKA_BROKERS" {
+			return strings.Join(k.Brokers, ",")
+		}
+		return os.Getenv(name)
+	}
+	code := runEnv(args, getenv, strings.NewReader(stdin), &out, &errOut)
 	t.Logf("idem %s -> %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, out.String(), errOut.String())
 	return code, out.String(), errOut.String()
 }
@@ -131,7 +137,7 @@ func TestCLIBadInput(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"no topic", []string{"dlq", "list"}, `required flag(s) "topic" not set`},
+		{"no topic", []string{"dlq", "list"}, "give --topic, or --source and --group"},
 		{"bad filter", []string{"dlq", "replay", "--topic", topic, "--filter", "kind=oops"}, "bad filter"},
 		{"bad regexp", []string{"dlq", "replay", "--topic", topic, "--filter", "error~=("}, "bad filter"},
 		{"unknown destination", []string{"dlq", "replay", "--topic", topic, "--to", testenv.Unique("nowhere")}, "unknown topic"},
@@ -144,8 +150,8 @@ func TestCLIBadInput(t *testing.T) {
 		{"show missing record", []string{"dlq", "show", "--topic", topic, "--offset", "5"}, "not found"},
 		{"unknown topic", []string{"dlq", "list", "--topic", testenv.Unique("nope")}, "unknown topic"},
 		{"unknown flag", []string{"dlq", "list", "--topic", topic, "--colour"}, "unknown flag"},
-		{"unreachable broker", []string{"--brokers", "127.0.0.1:1", "dlq", "list", "--topic", topic}, "127.0.0.1:1"},
-		{"bad kafka version", []string{"--kafka-version", "x", "dlq", "list", "--topic", topic}, "--kafka-version"},
+		{"unreachable broker", []string{"dlq", "list", "--topic", topic, "--brokers", "127.0.0.1:1"}, "127.0.0.1:1"},
+		{"bad kafka version", []string{"dlq", "list", "--topic", topic, "--kafka-version", "x"}, "--kafka-version"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

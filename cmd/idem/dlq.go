@@ -24,21 +24,62 @@ import (
 
 func newDLQCmd(a *app) *cobra.Command {
 	c := &cobra.Command{
-		Use:   "dlq",
+		Use:   "dlq <command>",
 		Short: "Inspect, replay and purge dead-letter topics",
 		Long: `Inspect, replay and purge dead-letter topics.
+
+Name the dead-letter topic with --topic (-t), or with --source and --group:
+the topic and consumer group whose dead-letter topic it is, by idem's default
+name <topic>.<group>.dlq (give --topic when Retry.DLQTopic renames it).
 
 Pending records are those past the committed offsets of the consumer group
 "<dlq-topic>.admin". replay and purge move that group forward; list, show and
 depth never change anything.`,
+		Example: `  idem dlq list --source payments --group billing
+  idem dlq depth -t payments.billing.dlq --json
+  idem dlq show -t payments.billing.dlq --partition 0 --offset 42
+  idem dlq replay --source payments --group billing --filter kind=timeout --dry-run
+  idem dlq purge -t payments.billing.dlq --yes`,
 	}
-	c.AddCommand(newListCmd(a), newShowCmd(a), newReplayCmd(a), newPurgeCmd(a))
+	a.kafkaFlags(c)
+	c.AddCommand(newListCmd(a), newShowCmd(a), newReplayCmd(a), newPurgeCmd(a), newDepthCmd(a))
 	return c
 }
 
-func topicFlag(c *cobra.Command, topic *string) {
-	c.Flags().StringVarP(topic, "topic", "t", "", "dead-letter topic (required)")
-	_ = c.MarkFlagRequired("topic")
+// dlqTopic is how a dlq command names its dead-letter topic: --topic, or
+// --source and --group.
+type dlqTopic struct {
+	topic, source, group string
+}
+
+// dlqTopicFlags adds --topic/-t, --source and --group/-g to c.
+func dlqTopicFlags(c *cobra.Command, t *dlqTopic) {
+	c.Flags().StringVarP(&t.topic, "topic", "t", "", "dead-letter topic (or give --source and --group)")
+	c.Flags().StringVar(&t.source, "source", "", "source topic whose dead-letter topic to use: <source>.<group>.dlq (with --group)")
+	c.Flags().StringVarP(&t.group, "group", "g", "", "consumer group of --source")
+}
+
+// readFlags adds the flags of a command that reads a dead-letter topic and
+// prints a table or JSON: dlqTopicFlags and --json.
+func readFlags(c *cobra.Command, t *dlqTopic, asJSON *bool) {
+	dlqTopicFlags(c, t)
+	c.Flags().BoolVar(asJSON, "json", false, "print JSON instead of a table")
+}
+
+// name returns the dead-letter topic the flags name.
+func (t dlqTopic) name() (string, error) {
+	switch {
+	case t.topic != "" && (t.source != "" || t.group != ""):
+		return "", errors.New("give either --topic or --source with --group, not both")
+	case t.topic != "":
+		return t.topic, nil
+	case t.source != "" && t.group != "":
+		return retrytopic.DefaultDLQTopic(t.source, t.group), nil
+	case t.source != "" || t.group != "":
+		return "", errors.New("--source and --group go together: give both (or --topic)")
+	default:
+		return "", errors.New("no dead-letter topic: give --topic, or --source and --group")
+	}
 }
 
 func fmtTime(t time.Time) string {
@@ -97,14 +138,16 @@ func truncate(s string, n int) string {
 }
 
 func newListCmd(a *app) *cobra.Command {
-	var topic string
+	var sel dlqTopic
 	var asJSON bool
 	c := &cobra.Command{
 		Use:   "list",
 		Short: "Group pending dead-letter records by failure fingerprint",
-		Args:  cobra.NoArgs,
+		Example: `  idem dlq list -t payments.billing.dlq
+  idem dlq list --source payments --group billing --json`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cl, err := a.openDLQ()
+			cl, topic, err := a.openDLQ(sel)
 			if err != nil {
 				return err
 			}
@@ -141,8 +184,7 @@ func newListCmd(a *app) *cobra.Command {
 			return nil
 		},
 	}
-	topicFlag(c, &topic)
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
+	readFlags(c, &sel, &asJSON)
 	return c
 }
 
@@ -154,14 +196,17 @@ func orDash(s string) string {
 }
 
 func newShowCmd(a *app) *cobra.Command {
-	var topic, key string
+	var sel dlqTopic
+	var key string
 	var partition int32
 	var offset int64
 	var asJSON bool
 	c := &cobra.Command{
 		Use:   "show",
 		Short: "Show one dead-letter record with its decoded failure and payload",
-		Args:  cobra.NoArgs,
+		Example: `  idem dlq show -t payments.billing.dlq --partition 0 --offset 42
+  idem dlq show --source payments --group billing --key order-42 --json`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			byOffset := cmd.Flags().Changed("offset")
 			switch {
@@ -172,7 +217,7 @@ func newShowCmd(a *app) *cobra.Command {
 			case byOffset && offset < 0:
 				return fmt.Errorf("--offset %d: must be >= 0", offset)
 			}
-			cl, err := a.openDLQ()
+			cl, topic, err := a.openDLQ(sel)
 			if err != nil {
 				return err
 			}
@@ -188,7 +233,7 @@ func newShowCmd(a *app) *cobra.Command {
 			return nil
 		},
 	}
-	topicFlag(c, &topic)
+	dlqTopicFlags(c, &sel)
 	c.Flags().Int32VarP(&partition, "partition", "p", 0, "partition of --offset")
 	c.Flags().Int64VarP(&offset, "offset", "o", -1, "offset of the record")
 	c.Flags().StringVarP(&key, "key", "k", "", "record key or idempotency-key header (the most recent match is shown)")
@@ -335,7 +380,8 @@ func writeJSON(w io.Writer, v any) error {
 }
 
 func newReplayCmd(a *app) *cobra.Command {
-	var topic, to, filter string
+	var sel dlqTopic
+	var to, filter string
 	var rate float64
 	var tier int
 	var dryRun bool
@@ -367,6 +413,9 @@ does not repeat the first.
   error~=REGEXP      (matched anywhere in idem-error)
   key=K              (record key or idempotency-key header)
   fingerprint=PREFIX (as dlq list shows it)`,
+		Example: `  idem dlq replay -t payments.billing.dlq --dry-run
+  idem dlq replay --source payments --group billing --filter kind=timeout --rate 50
+  idem dlq replay -t payments.billing.dlq --to payments.billing.retry.1`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f, err := dlq.ParseFilter(filter)
@@ -385,7 +434,7 @@ does not repeat the first.
 			if tier > 0 && to == string(dlq.ToSource) {
 				return errors.New("--tier applies to a named --to topic, not to source")
 			}
-			cl, err := a.openDLQ()
+			cl, topic, err := a.openDLQ(sel)
 			if err != nil {
 				return err
 			}
@@ -418,7 +467,7 @@ does not repeat the first.
 			return nil
 		},
 	}
-	topicFlag(c, &topic)
+	dlqTopicFlags(c, &sel)
 	c.Flags().StringVar(&to, "to", string(dlq.ToSource), "destination: source (each record's idem-original-topic) or an existing topic name, e.g. a retry tier")
 	c.Flags().IntVar(&tier, "tier", 0, "idem-tier written with a named --to topic (default: n of <topic>.<group>.retry.<n>, else 1)")
 	c.Flags().StringVar(&filter, "filter", "", "kind=…,error~=…,key=…,fingerprint=… (all must match)")
@@ -447,16 +496,18 @@ func progressBar(w io.Writer, done, total int64) {
 }
 
 func newPurgeCmd(a *app) *cobra.Command {
-	var topic string
+	var sel dlqTopic
 	var yes bool
 	c := &cobra.Command{
 		Use:   "purge",
 		Short: "Mark every pending dead-letter record as dealt with (depth 0)",
 		Long: `Commit the admin group at the end of the topic so nothing is pending. Records stay
 in the topic until retention deletes them. Asks for confirmation unless --yes.`,
+		Example: `  idem dlq purge -t payments.billing.dlq
+  idem dlq purge --source payments --group billing --yes`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cl, err := a.openDLQ()
+			cl, topic, err := a.openDLQ(sel)
 			if err != nil {
 				return err
 			}
@@ -481,7 +532,58 @@ in the topic until retention deletes them. Asks for confirmation unless --yes.`,
 			return nil
 		},
 	}
-	topicFlag(c, &topic)
+	dlqTopicFlags(c, &sel)
 	c.Flags().BoolVarP(&yes, "yes", "y", false, "do not ask for confirmation")
+	return c
+}
+
+func newDepthCmd(a *app) *cobra.Command {
+	var sel dlqTopic
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "depth",
+		Short: "Count pending dead-letter records, per partition and in total",
+		Long: `Count the pending records of a dead-letter topic: per partition, the end offset
+minus the admin group's committed offset (or minus the earliest retained
+offset when that is later), and their total, the value idem_dlq_depth
+reports. Changes nothing.`,
+		Example: `  idem dlq depth -t payments.billing.dlq
+  idem dlq depth --source payments --group billing --json | jq .total`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cl, topic, err := a.openDLQ(sel)
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			parts, err := cl.DepthByPartition(cmd.Context(), topic)
+			if err != nil {
+				return err
+			}
+			var total int64
+			for _, p := range parts {
+				total += p.Pending
+			}
+			if asJSON {
+				return writeJSON(a.out, struct {
+					Topic      string               `json:"topic"`
+					AdminGroup string               `json:"admin_group"`
+					Partitions []dlq.PartitionDepth `json:"partitions"`
+					Total      int64                `json:"total"`
+				}{topic, dlq.AdminGroup(topic), parts, total})
+			}
+			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', tabwriter.AlignRight)
+			fmt.Fprintln(tw, "PARTITION\tSTART\tEND\tPENDING\t")
+			for _, p := range parts {
+				fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t\n", p.Partition, p.Start, p.End, p.Pending)
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			fmt.Fprintf(a.out, "total: %d pending in %s (admin group %s)\n", total, topic, dlq.AdminGroup(topic))
+			return nil
+		},
+	}
+	readFlags(c, &sel, &asJSON)
 	return c
 }

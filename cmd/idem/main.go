@@ -1,14 +1,33 @@
 // Command idem is the operator CLI of idem: inspect, replay and purge
-// dead-letter topics, and create idem's tables.
+// dead-letter topics, release messages parked by ordering-by-key, run the
+// outbox relay, show and reset batch checkpoints, and create idem's tables.
 //
-//	idem dlq list    --topic payments.billing.dlq [--json]
-//	idem dlq show    --topic payments.billing.dlq (--partition P --offset N | --key K) [--json]
-//	idem dlq replay  --topic payments.billing.dlq [--to source|TOPIC [--tier N]] [--filter kind=…,error~=…,key=…] [--rate N] [--dry-run]
-//	idem dlq purge   --topic payments.billing.dlq [--yes]
-//	idem migrate     [--database-url URL] [--table schema.table]
+//	idem dlq list     (-t DLQ | --source T --group G) [--json]
+//	idem dlq depth    (-t DLQ | --source T --group G) [--json]
+//	idem dlq show     (-t DLQ | --source T --group G) (--partition P --offset N | --key K) [--json]
+//	idem dlq replay   (-t DLQ | --source T --group G) [--to source|TOPIC [--tier N]] [--filter kind=…,error~=…,key=…] [--rate N] [--dry-run]
+//	idem dlq purge    (-t DLQ | --source T --group G) [--yes]
+//	idem ordering list    [--group G] [--topic T] [--json]
+//	idem ordering release --group G --topic T (--key K | --key-hex H | --all) --to source|TOPIC [--dry-run]
+//	idem outbox relay [--database-url URL] [--metrics-addr ADDR]
+//	idem outbox list  [--failed | --state S] [--json]
+//	idem outbox retry ID...
+//	idem checkpoint status [job] [--json]
+//	idem checkpoint reset job [--to CURSOR] [--yes]
+//	idem migrate      [--database-url URL] [--table schema.table]
 //
-// Global flags: --brokers (default $KAFKA_BROKERS, else 127.0.0.1:9092) and
-// --kafka-version (default 4.0.0). Errors print one line on stderr and exit 1.
+// Commands that talk to Kafka (dlq, ordering release, outbox relay) take -b/--brokers
+// (env KAFKA_BROKERS, default 127.0.0.1:9092), --kafka-version (default
+// 4.0.0) and the TLS and SASL flags --tls, --tls-ca, --tls-cert, --tls-key,
+// --tls-insecure-skip-verify, --sasl-mechanism (PLAIN, SCRAM-SHA-256,
+// SCRAM-SHA-512) and --sasl-user; each flag not given is read from its
+// environment variable (IDEM_TLS, IDEM_TLS_CA, …, IDEM_SASL_USER), and the
+// SASL password only from IDEM_SASL_PASSWORD. Database commands take
+// --database-url (env DATABASE_URL). Flags go after the command name.
+//
+// --version prints the module version from the build info. Errors, an
+// unknown command included (with the nearest command suggested), print one
+// line on stderr and exit 1.
 package main
 
 import (

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -17,8 +16,14 @@ func newMigrateCmd(a *app) *cobra.Command {
 	var url, table string
 	cmd := &cobra.Command{
 		Use:   "migrate",
-		Short: "Create or upgrade idem's PostgreSQL tables (inbox, ordering); idempotent",
-		Args:  cobra.NoArgs,
+		Short: "Create or upgrade every PostgreSQL table idem needs; idempotent",
+		Long: `Create or upgrade every table idem keeps in PostgreSQL, as consumer.Migrate does:
+the inbox (idem_processed, or --table), the ordering tables, the outbox, the
+saga tables and the batch checkpoints. Safe to run again and from several
+processes at once. Talks only to PostgreSQL: --database-url, or DATABASE_URL.`,
+		Example: `  idem migrate --database-url postgres://idem:secret@db:5432/idem
+  DATABASE_URL=postgres://idem@db/idem idem migrate --table billing.idem_processed`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if url == "" {
 				return fmt.Errorf("no database: set --database-url or DATABASE_URL")
@@ -41,7 +46,7 @@ func newMigrateCmd(a *app) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&url, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL (env DATABASE_URL)")
+	dbFlag(cmd, &url)
 	cmd.Flags().StringVar(&table, "table", "", "inbox table name, optionally schema-qualified (default idem_processed)")
 	return cmd
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"text/tabwriter"
 	"time"
 	"unicode"
@@ -24,7 +23,7 @@ import (
 // newOrderingCmd builds `idem ordering list|release`.
 func newOrderingCmd(a *app) *cobra.Command {
 	c := &cobra.Command{
-		Use:   "ordering",
+		Use:   "ordering <command>",
 		Short: "Show and release messages parked by OrderingByKey",
 		Long: `Show and release the messages OrderingByKey parked behind a key's head (the
 message of that Kafka key waiting in a retry tier).
@@ -35,14 +34,18 @@ them, when ordering is switched off, when a tier is removed from
 Retry.Delays, when the head's record expired from its tier by retention, or
 when the topic is dropped from Config.Topics. Run warns about the first two
 (and the last) at start. list shows them; release sends them on.`,
+		Example: `  idem ordering list --group payments
+  idem ordering release --group payments --topic orders --key order-42 --to source`,
 	}
 	c.AddCommand(newOrderingListCmd(a), newOrderingReleaseCmd(a))
 	return c
 }
 
-// dbFlag adds --database-url.
+// dbFlag adds --database-url, which DATABASE_URL sets when it is not given
+// (the URL is not shown as a default in help: it may hold a password).
 func dbFlag(c *cobra.Command, url *string) {
-	c.Flags().StringVar(url, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL (env DATABASE_URL)")
+	c.Flags().StringVar(url, "database-url", "", "PostgreSQL URL")
+	envFlag(c.Flags(), "database-url", "DATABASE_URL")
 }
 
 func openPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
@@ -93,7 +96,7 @@ tier (0: not recorded), whether the head's forward to its tier is still
 pending, how many messages are parked behind it and how old the oldest is;
 then a total per group and topic. Keys that are not printable text are shown
 as hex:… (give them to release with --key-hex). Reads only.`,
-		Example: `  idem ordering list --database-url postgres://… 
+		Example: `  idem ordering list --database-url postgres://idem@db/idem
   idem ordering list --group payments --topic orders --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -291,6 +294,7 @@ idempotency keys make the copies duplicates).`,
 	for _, f := range []string{"group", "topic", "to"} {
 		_ = c.MarkFlagRequired(f)
 	}
+	a.kafkaFlags(c)
 	return c
 }
 

@@ -28,6 +28,8 @@ outbox.Enqueue in their transaction; a relay publishes committed events to
 Kafka and deletes them once acknowledged. relay runs one (any number may run:
 one publishes, the others stand by); list shows rows; retry sends failed rows
 again after their cause (unknown topic, size, ACLs) is fixed.`,
+		Example: `  idem outbox relay --database-url postgres://idem@db/idem -b kafka-1:9092
+  idem outbox list --failed`,
 	}
 	c.AddCommand(newOutboxRelayCmd(a), newOutboxListCmd(a), newOutboxRetryCmd(a))
 	return c
@@ -84,6 +86,7 @@ the table when missing.`,
 		},
 	}
 	dbFlag(c, &url)
+	a.kafkaFlags(c)
 	tableFlag(c, &table)
 	c.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus /metrics (and /healthz) on this address (empty: off)")
 	c.Flags().IntVar(&r.BatchSize, "batch-size", outbox.DefaultBatchSize, "rows read per round")

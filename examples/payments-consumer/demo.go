@@ -10,20 +10,30 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	mrand "math/rand/v2"
-	"slices"
+	"net"
+	"net/http"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/dlq"
+	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/retrytopic"
 )
+
+// demoRetry is the demo's retry policy: the same three tiers as the
+// service, with delays short enough for a one-minute demo.
+var demoRetry = retrytopic.Policy{Delays: []time.Duration{500 * time.Millisecond, 2 * time.Second, 5 * time.Second}}
 
 // demoOptions configure one demo run.
 type demoOptions struct {
@@ -31,32 +41,64 @@ type demoOptions struct {
 	Dup        float64       // duplicate deliveries, as a fraction of N
 	Bad        int           // deliberately bad payments (dead-lettered)
 	Partitions int32         // partitions of the demo topic
+	Rate       int           // records produced per second (0: as fast as possible)
 	Timeout    time.Duration // bound on the whole run
 	Cleanup    bool          // delete the run's topics and rows at the end
 	Verbose    bool          // idem's info logs
+	Bank       bankFlags     // the bank's faults, timeout and breaker cool-down
+
+	MetricsAddr string       // where /metrics, /healthz, /readyz are served ("" off)
+	Metrics     net.Listener // if set, used instead of MetricsAddr (tests)
+	Progress    time.Duration
+	GrafanaURL  string // probed; the dashboard link is printed when it answers
+
+	// consumed, if set, is called once every record is committed, while the
+	// consumer and the metrics endpoint are still up (tests scrape then).
+	consumed func(ctx context.Context) error
 }
 
 func defaultDemoOptions() demoOptions {
-	return demoOptions{N: 10000, Dup: 0.10, Bad: 20, Partitions: 6, Timeout: 5 * time.Minute}
+	return demoOptions{
+		N: 10000, Dup: 0.10, Bad: 20, Partitions: 6, Rate: 1000, Timeout: 5 * time.Minute,
+		Bank: bankFlags{
+			faults:   bankFaults{FailureRate: 0.04, TimeoutRate: 0.01, Latency: time.Millisecond, Outages: []window{{3 * time.Second, 3 * time.Second}}},
+			timeout:  100 * time.Millisecond,
+			cooldown: time.Second,
+		},
+		MetricsAddr: ":9464", Progress: 2 * time.Second, GrafanaURL: "http://127.0.0.1:3000",
+	}
 }
 
-// summary is what a demo run reads back from PostgreSQL and Kafka.
+// summary is what a demo run reads back from PostgreSQL, Kafka, the bank's
+// ledger and idem's metrics.
 type summary struct {
 	RunID, Topic, Group, DLQ string
 	Partitions               int32
+	Tiers                    []string
 
 	Produced     int // every record sent
 	GoodProduced int // good payments sent, duplicates included
 	UniqueKeys   int // distinct good idempotency keys (= orders seeded)
 	Bad          int // bad records sent
 
-	Stored        int64 // payments rows of this run
-	OrdersPaid    int64 // orders of this run with status paid
-	DeadLettered  int64 // records in the dead-letter topic
-	DoubleCharges int64 // orders with >1 payment + keys with >1 row
+	Stored        int64 // payments rows of this run (PostgreSQL)
+	OrdersPaid    int64 // orders of this run with status paid (PostgreSQL)
+	DoubleCharges int64 // orders with >1 payment + keys with >1 row (PostgreSQL) + orders charged twice (bank)
 
-	IdemDuplicates int64            // idem_messages_total{outcome="duplicate"}
-	DLQKinds       map[string]int64 // idem_forwarded_total to the DLQ, by idem-error-kind
+	InboxDuplicates   int64 // idem_messages_total{outcome="duplicate"}: stopped by the inbox
+	NaturalDuplicates int64 // stopped by the payments table's UNIQUE key
+
+	TierRecords   []int64 // records in each retry tier topic (Kafka)
+	TierForwarded []int64 // idem_forwarded_total to each tier
+	InProcess     int64   // idem_retries_total: in-process retries
+
+	DeadLettered int64       // records in the dead-letter topic (Kafka)
+	DLQGroups    []dlq.Group // the DLQ's records grouped by failure (Kafka)
+	DLQForwarded int64       // idem_forwarded_total to the DLQ
+
+	Bank            bankFigures
+	BreakerOpenings int64 // idem_breaker_transitions_total{name="bank",to="open"}
+	Outages         int   // outage windows configured
 
 	ProduceTime, ConsumeTime time.Duration
 
@@ -69,17 +111,39 @@ func (s summary) DuplicatesSkipped() int64 { return int64(s.GoodProduced) - s.St
 // check returns an error listing every figure that does not balance.
 func (s summary) check() error {
 	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	if s.Stored != int64(s.UniqueKeys) {
-		errs = append(errs, fmt.Errorf("payments stored %d != unique keys %d", s.Stored, s.UniqueKeys))
+		bad("payments stored %d != unique keys %d", s.Stored, s.UniqueKeys)
 	}
 	if s.OrdersPaid != int64(s.UniqueKeys) {
-		errs = append(errs, fmt.Errorf("orders paid %d != unique orders %d", s.OrdersPaid, s.UniqueKeys))
+		bad("orders paid %d != unique orders %d", s.OrdersPaid, s.UniqueKeys)
+	}
+	if s.DuplicatesSkipped() != s.InboxDuplicates+s.NaturalDuplicates {
+		bad("duplicates skipped %d != inbox %d + natural key %d", s.DuplicatesSkipped(), s.InboxDuplicates, s.NaturalDuplicates)
+	}
+	if s.Bank.ChargedPrefix != s.Stored {
+		bad("bank charges %d != payments stored %d", s.Bank.ChargedPrefix, s.Stored)
 	}
 	if s.DeadLettered != int64(s.Bad) {
-		errs = append(errs, fmt.Errorf("dead-lettered %d != bad payments %d", s.DeadLettered, s.Bad))
+		bad("dead-lettered %d != bad payments %d", s.DeadLettered, s.Bad)
+	}
+	if s.DeadLettered != s.DLQForwarded {
+		bad("DLQ records %d != idem_forwarded_total to the DLQ %d", s.DeadLettered, s.DLQForwarded)
+	}
+	var grouped int64
+	for _, g := range s.DLQGroups {
+		grouped += g.Count
+	}
+	if grouped != s.DeadLettered {
+		bad("DLQ records by reason %d != DLQ records %d", grouped, s.DeadLettered)
+	}
+	for i := range s.TierRecords {
+		if s.TierRecords[i] != s.TierForwarded[i] {
+			bad("tier %d: %d records != idem_forwarded_total %d", i+1, s.TierRecords[i], s.TierForwarded[i])
+		}
 	}
 	if s.DoubleCharges != 0 {
-		errs = append(errs, fmt.Errorf("double charges %d != 0", s.DoubleCharges))
+		bad("double charges %d != 0", s.DoubleCharges)
 	}
 	if err := s.Events.check(s.Stored); err != nil {
 		errs = append(errs, err)
@@ -89,39 +153,54 @@ func (s summary) check() error {
 
 func (s summary) print(w io.Writer) {
 	line := func(label, format string, args ...any) {
-		fmt.Fprintf(w, "  %-20s "+format+"\n", append([]any{label + ":"}, args...)...)
+		fmt.Fprintf(w, "  %-19s "+format+"\n", append([]any{label + ":"}, args...)...)
 	}
-	rate := float64(s.Produced) / s.ConsumeTime.Seconds()
-	line("produced", "%s records (%s payments + %s duplicate deliveries + %d bad) in %s",
+	rate := float64(s.Produced) / max(s.ConsumeTime.Seconds(), 0.001)
+	line("produced", "%s records (%s payments + %s duplicate deliveries + %d poison) in %s",
 		num(int64(s.Produced)), num(int64(s.UniqueKeys)), num(int64(s.GoodProduced-s.UniqueKeys)), s.Bad, s.ProduceTime.Round(time.Millisecond))
-	line("consumed", "all of them in %s = %s msgs/s (%d partitions, one transaction per message)",
+	line("consumed", "all committed %s after the first was sent = %s msgs/s (%d partitions, one transaction per message)",
 		s.ConsumeTime.Round(time.Millisecond), num(int64(rate)), s.Partitions)
-	line("unique keys", "%s", num(int64(s.UniqueKeys)))
-	line("payments stored", "%s", num(s.Stored))
-	line("duplicates skipped", "%s (idem's inbox counted %s)", num(s.DuplicatesSkipped()), num(s.IdemDuplicates))
-	line("orders paid", "%s", num(s.OrdersPaid))
-	var kinds []string
-	for _, k := range slices.Sorted(maps.Keys(s.DLQKinds)) {
-		kinds = append(kinds, fmt.Sprintf("%s %d", k, s.DLQKinds[k]))
+	line("unique", "%s payments, one order each", num(int64(s.UniqueKeys)))
+	line("applied", "%s payments stored, %s orders paid, %s bank charges", num(s.Stored), num(s.OrdersPaid), num(s.Bank.ChargedPrefix))
+	line("duplicates skipped", "%s (inbox %s, natural key %s)", num(s.DuplicatesSkipped()), num(s.InboxDuplicates), num(s.NaturalDuplicates))
+	var tiers []string
+	for i, n := range s.TierRecords {
+		tiers = append(tiers, fmt.Sprintf("tier %d: %s", i+1, num(n)))
 	}
-	line("dead-lettered", "%s (%s) in %s", num(s.DeadLettered), strings.Join(kinds, ", "), s.DLQ)
-	line("double charges", "%d", s.DoubleCharges)
+	line("retried", "%s in-process; %s", num(s.InProcess), strings.Join(tiers, ", "))
+	line("bank", "%s calls, %s failed or timed out, %s answered from its idempotency ledger",
+		num(s.Bank.Calls), num(s.Bank.Failed), num(s.Bank.Repeats))
+	line("breaker openings", "%d (bank outages configured: %d)", s.BreakerOpenings, s.Outages)
+	line("dead-lettered", "%s in %s", num(s.DeadLettered), s.DLQ)
+	for _, g := range s.DLQGroups {
+		msg := g.Message
+		if len(msg) > 60 {
+			msg = msg[:57] + "..."
+		}
+		fmt.Fprintf(w, "  %21s %4d  %-11s %s\n", "", g.Count, g.Kind, msg)
+	}
 	line("events published", "%s", s.Events)
+	line("double charges", "%d", s.DoubleCharges)
 }
 
 func demoMain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o := defaultDemoOptions()
 	fs := flag.NewFlagSet("payments-consumer demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.IntVar(&o.N, "n", o.N, "unique payments to produce")
+	fs.IntVar(&o.N, "n", o.N, "unique payments to produce (one order each)")
 	fs.Float64Var(&o.Dup, "dup", o.Dup, "duplicate deliveries, as a fraction of -n")
-	fs.IntVar(&o.Bad, "bad", o.Bad, "deliberately bad payments (unknown order, bad JSON, negative amount, unknown currency, no key)")
+	fs.IntVar(&o.Bad, "bad", o.Bad, "poison payments (unknown order, bad JSON, negative amount, unknown currency, no key)")
 	partitions := fs.Int("partitions", int(o.Partitions), "partitions of the demo topic")
+	fs.IntVar(&o.Rate, "rate", o.Rate, "records produced per second (0: all at once)")
 	fs.DurationVar(&o.Timeout, "timeout", o.Timeout, "give up after this long")
 	fs.BoolVar(&o.Cleanup, "cleanup", false, "delete the run's topics and rows afterwards")
 	fs.BoolVar(&o.Verbose, "v", false, "show idem's info logs")
+	fs.StringVar(&o.MetricsAddr, "metrics-addr", o.MetricsAddr, "listen address of /metrics, /healthz and /readyz (empty: off)")
+	fs.DurationVar(&o.Progress, "progress", o.Progress, "interval of the progress lines when stdout is not a terminal")
+	fs.StringVar(&o.GrafanaURL, "grafana", o.GrafanaURL, "Grafana to link the dashboard of, when it answers")
+	o.Bank.register(fs)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: payments-consumer demo [flags]\n\nProduces payments with duplicates and bad records to a fresh topic, consumes\nthem with idem until every offset is committed, and checks the figures balance.\n\nenv: KAFKA_BROKERS, DATABASE_URL\n\nflags:\n")
+		fmt.Fprintf(fs.Output(), "usage: payments-consumer demo [flags]\n\nProduces a stream of payments with duplicates, poison records and bank faults\nto a fresh topic, consumes it with idem, shows progress, and checks the\nfigures balance against PostgreSQL, Kafka and the bank.\n\nenv: KAFKA_BROKERS, DATABASE_URL\n\nflags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -131,8 +210,11 @@ func demoMain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	switch {
 	case fs.NArg() > 0:
 		return usagef("unexpected argument %q", fs.Arg(0))
-	case o.N < 1, o.Dup < 0, o.Bad < 0, o.Partitions < 1, o.Timeout <= 0:
-		return usagef("need -n >= 1, -dup >= 0, -bad >= 0, -partitions >= 1, -timeout > 0")
+	case o.N < 1, o.Dup < 0, o.Bad < 0, o.Partitions < 1, o.Rate < 0, o.Timeout <= 0, o.Progress <= 0:
+		return usagef("need -n >= 1, -dup >= 0, -bad >= 0, -partitions >= 1, -rate >= 0, -timeout > 0, -progress > 0")
+	}
+	if err := o.Bank.validate(); err != nil {
+		return err
 	}
 	e, err := loadEnv()
 	if err != nil {
@@ -146,7 +228,7 @@ func demoMain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintf(stdout, "FAIL: the figures do not balance:\n%v\n", err)
 		return errors.New("demo figures do not balance")
 	}
-	fmt.Fprintln(stdout, "OK: every payment applied exactly once; every bad one is in the DLQ.")
+	fmt.Fprintln(stdout, "OK: every payment applied and charged exactly once; every poison record is in the DLQ.")
 	return nil
 }
 
@@ -161,9 +243,23 @@ func runDemo(ctx context.Context, e env, o demoOptions, stdout, stderr io.Writer
 	s.RunID = newRunID()
 	s.Topic = "payments-demo-" + s.RunID
 	s.Group = "payments-consumer-" + s.RunID
-	s.DLQ = retryPolicy.DLQ(s.Topic, s.Group)
+	s.DLQ = demoRetry.DLQ(s.Topic, s.Group)
+	s.Tiers = demoRetry.Tiers(s.Topic, s.Group)
 	s.Partitions = o.Partitions
+	s.Outages = len(o.Bank.faults.Outages)
 	fmt.Fprintf(stdout, "idem payments demo — topic %s (%d partitions), group %s\n", s.Topic, o.Partitions, s.Group)
+	fmt.Fprintf(stdout, "  bank:     %s; timeout %s; breaker opens after 5 failures in a row, for %s\n",
+		o.Bank.faults.describe(), o.Bank.timeout, o.Bank.cooldown)
+
+	level := slog.LevelWarn
+	if o.Verbose {
+		level = slog.LevelInfo
+	}
+	logw := stderr
+	if isTerminal(stdout) && isTerminal(stderr) {
+		logw = clearingWriter{stderr}
+	}
+	log := newLogger(logw, level)
 
 	pool, err := openDB(ctx, e.DatabaseURL)
 	if err != nil {
@@ -195,45 +291,62 @@ func runDemo(ctx context.Context, e env, o demoOptions, stdout, stderr io.Writer
 		defer cleanupRun(pool, admin, s, stderr)
 	}
 
-	// 1. Seed one pending order per payment, then produce the stream.
+	// 1. Seed one pending order per payment.
 	stream := buildStream(s.RunID, o)
 	s.Produced, s.GoodProduced, s.UniqueKeys, s.Bad = len(stream), stream.good(), o.N, o.Bad
 	if err := seedOrders(ctx, pool, s.RunID, o.N); err != nil {
 		return s, err
 	}
-	start := time.Now()
-	if err := produce(ctx, e.Brokers, s.Topic, stream); err != nil {
+
+	// 2. Metrics, the bank, the consumer.
+	reg := prometheus.NewRegistry()
+	ready := consumer.NewReadiness()
+	if ln := o.Metrics; ln != nil || o.MetricsAddr != "" {
+		if ln == nil {
+			ln, err = net.Listen("tcp", o.MetricsAddr)
+		}
+		if err != nil {
+			fmt.Fprintf(stdout, "  metrics:  not served: %v\n", err) // a demo still runs beside another
+		} else {
+			stopMetrics := serveMetrics(ln, reg, ready, log)
+			defer stopMetrics()
+			fmt.Fprintf(stdout, "  metrics:  http://%s/metrics (also /healthz, /readyz)\n", displayAddr(ln.Addr()))
+		}
+	}
+	if url := dashboardURL(ctx, o.GrafanaURL); url != "" {
+		fmt.Fprintf(stdout, "  dashboard: %s\n", url)
+	}
+	svc, bk, err := startService(o.Bank, reg, s.Events.Topic)
+	if err != nil {
 		return s, err
 	}
-	s.ProduceTime = time.Since(start)
+	defer bk.close()
 
-	// 2. Consume in-process until the group has committed every record.
-	level := slog.LevelWarn
-	if o.Verbose {
-		level = slog.LevelInfo
-	}
-	reg := prometheus.NewRegistry()
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
 	runErr := make(chan error, 1)
-	start = time.Now()
 	go func() {
 		runErr <- consumer.Run(runCtx, consumer.Config{
-			Brokers:    e.Brokers,
-			Group:      s.Group,
-			Topics:     []string{s.Topic},
-			KeyFunc:    paymentKey,
-			Dedupe:     dedupe.NewPostgres(pool),
-			Sarama:     saramaConfig("payments-demo-consumer"),
-			Logger:     newLogger(stderr, level),
-			Registerer: reg,
-			Retry:      retryPolicy,
-			Relay:      eventsRelay(true, pool), // publishes payment.recorded from this process
-		}, paymentHandler(s.Events.Topic))
+			Brokers:          e.Brokers,
+			Group:            s.Group,
+			Topics:           []string{s.Topic},
+			KeyFunc:          paymentKey,
+			Dedupe:           dedupe.NewPostgres(pool),
+			Sarama:           saramaConfig("payments-demo-consumer"),
+			Logger:           log,
+			Registerer:       reg,
+			Retry:            demoRetry,
+			Retries:          1,
+			RetryBase:        20 * time.Millisecond,
+			DLQDepthInterval: time.Second,
+			LagInterval:      time.Second,
+			Readiness:        ready,
+			Relay:            eventsRelay(true, pool), // publishes payment.recorded from this process
+		}, handler.Func(svc.handlePayment))
 	}()
-	topics := append([]string{s.Topic}, retryPolicy.Tiers(s.Topic, s.Group)...)
 	waitCtx, stopWait := context.WithCancel(ctx)
-	go func() { // a fatal Run error ends the wait at once
+	defer stopWait()
+	go func() { // a fatal Run error ends the waits at once
 		select {
 		case err := <-runErr:
 			runErr <- err
@@ -241,31 +354,156 @@ func runDemo(ctx context.Context, e env, o demoOptions, stdout, stderr io.Writer
 		case <-waitCtx.Done():
 		}
 	}()
-	werr := waitCommitted(waitCtx, client, admin, s.Group, topics, nil)
-	if werr == nil {
-		s.Events, werr = waitEvents(waitCtx, pool, client, s.Events.Topic)
-	}
-	stopWait()
-	s.ConsumeTime = time.Since(start)
-	stopRun()
-	if err := <-runErr; err != nil {
-		return s, fmt.Errorf("consumer: %w", err)
-	}
-	if werr != nil {
-		return s, werr
+	if err := waitReady(waitCtx, ready); err != nil {
+		return s, finish(runErr, stopRun, err)
 	}
 
-	// 3. Read the figures back.
-	if s.DeadLettered, err = countRecords(client, s.DLQ); err != nil {
-		return s, fmt.Errorf("count DLQ records: %w", err)
+	// 3. Produce the stream at o.Rate while the progress shows; the bank's
+	// outage windows count from here.
+	bk.restartClock()
+	start := time.Now()
+	var sent, produceNanos atomic.Int64
+	prodErr, prodDone := make(chan error, 1), make(chan struct{})
+	defer func() { stopWait(); <-prodDone }() // the producer never outlives the demo
+	go func() {
+		defer close(prodDone)
+		err := produce(waitCtx, e.Brokers, s.Topic, stream, o.Rate, &sent)
+		produceNanos.Store(int64(time.Since(start)))
+		prodErr <- err
+	}()
+	p := newProgress(stdout, o.Progress, int64(len(stream)), reg, s.Group)
+	topics := append([]string{s.Topic}, s.Tiers...)
+	werr := func() error {
+		tick := time.NewTicker(250 * time.Millisecond)
+		defer tick.Stop()
+		produced := false
+		for {
+			select {
+			case err := <-prodErr:
+				if err != nil {
+					return err
+				}
+				produced = true
+			case <-waitCtx.Done():
+				return fmt.Errorf("waiting for group %s to commit %s and its retry tiers: %w", s.Group, s.Topic, context.Cause(waitCtx))
+			case <-tick.C:
+			}
+			p.update(sent.Load())
+			if left, err := lag(client, admin, s.Group, topics); err == nil && produced && left == 0 {
+				return nil
+			}
+		}
+	}()
+	s.ConsumeTime = time.Since(start)
+	s.ProduceTime = time.Duration(produceNanos.Load())
+	p.done()
+	if werr == nil { // the relay publishes each stored payment's event
+		s.Events, werr = waitEvents(waitCtx, pool, client, s.Events.Topic)
+	}
+	if werr == nil && o.consumed != nil {
+		werr = o.consumed(waitCtx)
+	}
+	if err := finish(runErr, stopRun, werr); err != nil {
+		return s, err
+	}
+
+	// 4. Read the figures back.
+	if err := readKafkaFigures(ctx, client, &s); err != nil {
+		return s, err
 	}
 	if err := readFigures(ctx, pool, &s); err != nil {
 		return s, err
 	}
-	s.IdemDuplicates = gatherCounter(reg, "idem_messages_total", "outcome", "duplicate")
-	s.DLQKinds = dlqKinds(reg, s.DLQ)
+	s.Bank = bk.figures(s.RunID + "-")
+	s.DoubleCharges += s.Bank.DoubleCharged
+	s.NaturalDuplicates = svc.naturalDups.Load()
+	g := gathered(reg)
+	s.InboxDuplicates = g.sum("idem_messages_total", "outcome", "duplicate")
+	s.InProcess = g.sum("idem_retries_total", "", "")
+	s.DLQForwarded = g.sum("idem_forwarded_total", "destination", s.DLQ)
+	for _, t := range s.Tiers {
+		s.TierForwarded = append(s.TierForwarded, g.sum("idem_forwarded_total", "destination", t))
+	}
+	s.BreakerOpenings = g.sumWhere("idem_breaker_transitions_total", map[string]string{"name": "bank", "to": "open"})
 	s.print(stdout)
 	return s, nil
+}
+
+// finish stops the consumer and returns the first error of werr and Run's.
+func finish(runErr chan error, stopRun context.CancelFunc, werr error) error {
+	stopRun()
+	if err := <-runErr; err != nil {
+		return fmt.Errorf("consumer: %w", err)
+	}
+	return werr
+}
+
+// waitReady polls ready until the consumer has joined its group.
+func waitReady(ctx context.Context, ready *consumer.Readiness) error {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		err := ready.Check(ctx)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("consumer not ready: %w (%v)", context.Cause(ctx), err)
+		case <-t.C:
+		}
+	}
+}
+
+// displayAddr is addr as a URL host: "localhost:9464" for a listener on every
+// interface.
+func displayAddr(addr net.Addr) string {
+	if a, ok := addr.(*net.TCPAddr); ok && a.IP.IsUnspecified() {
+		return net.JoinHostPort("localhost", strconv.Itoa(a.Port))
+	}
+	return addr.String()
+}
+
+// dashboardURL returns the idem dashboard's URL when Grafana answers at base.
+func dashboardURL(ctx context.Context, base string) string {
+	if base == "" {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(base, "/")+"/api/health", nil)
+	if err != nil {
+		return ""
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return ""
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return ""
+	}
+	return strings.TrimRight(base, "/") + "/d/idem/idem?refresh=5s"
+}
+
+// readKafkaFigures counts the records of the run's tier and dead-letter
+// topics and groups the dead letters by failure (as `idem dlq list` does).
+func readKafkaFigures(ctx context.Context, client sarama.Client, s *summary) error {
+	var err error
+	for _, t := range s.Tiers {
+		n, err := countRecords(client, t)
+		if err != nil {
+			return fmt.Errorf("count records of %s: %w", t, err)
+		}
+		s.TierRecords = append(s.TierRecords, n)
+	}
+	if s.DeadLettered, err = countRecords(client, s.DLQ); err != nil {
+		return fmt.Errorf("count DLQ records: %w", err)
+	}
+	if s.DLQGroups, err = dlq.New(client).List(ctx, s.DLQ); err != nil {
+		return fmt.Errorf("list DLQ: %w", err)
+	}
+	return nil
 }
 
 // newRunID is unique per run: unix seconds and 16 random bits, so runs in
@@ -359,8 +597,9 @@ func seedOrders(ctx context.Context, pool *pgxpool.Pool, run string, n int) erro
 	return nil
 }
 
-// produce sends st to topic with an idempotent, acks=all producer.
-func produce(ctx context.Context, brokers []string, topic string, st stream) error {
+// produce sends st to topic with an idempotent, acks=all producer, rate
+// records a second (all at once when rate is 0), counting them in sent.
+func produce(ctx context.Context, brokers []string, topic string, st stream, rate int, sent *atomic.Int64) error {
 	cfg := saramaConfig("payments-demo-producer")
 	cfg.Producer.Return.Successes = true
 	cfg.Producer.RequiredAcks = sarama.WaitForAll
@@ -372,8 +611,20 @@ func produce(ctx context.Context, brokers []string, topic string, st stream) err
 		return fmt.Errorf("producer: %w", err)
 	}
 	defer p.Close()
-	const batch = 1000
-	for i := 0; i < len(st); i += batch {
+	// Batches of a tenth of a second's worth, each sent when it is due.
+	batch, every := 1000, time.Duration(0)
+	if rate > 0 {
+		batch, every = max(1, rate/10), time.Duration(float64(time.Second)*float64(max(1, rate/10))/float64(rate))
+	}
+	start := time.Now()
+	for i, n := 0, 0; i < len(st); i, n = i+batch, n+1 {
+		if wait := time.Until(start.Add(time.Duration(n) * every)); wait > 0 {
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("produce: %w", context.Cause(ctx))
+			case <-time.After(wait):
+			}
+		}
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("produce: %w", context.Cause(ctx))
 		}
@@ -391,6 +642,7 @@ func produce(ctx context.Context, brokers []string, topic string, st stream) err
 		if err := p.SendMessages(msgs); err != nil {
 			return fmt.Errorf("produce: %w", err)
 		}
+		sent.Add(int64(len(msgs)))
 	}
 	return nil
 }
@@ -413,59 +665,74 @@ func readFigures(ctx context.Context, pool *pgxpool.Pool, s *summary) error {
 	return nil
 }
 
-// gatherCounter sums the counter name over the series whose label has value.
-func gatherCounter(reg *prometheus.Registry, name, label, value string) int64 {
-	mfs, err := reg.Gather()
-	if err != nil {
-		return -1
+// gatheredMetrics is one Gather of a registry.
+type gatheredMetrics []*dto.MetricFamily
+
+// gathered gathers reg (nil on error: every sum is then 0).
+func gathered(reg prometheus.Gatherer) gatheredMetrics {
+	mfs, _ := reg.Gather()
+	return mfs
+}
+
+// sum adds up the counter or gauge name over the series whose label has
+// value (every series when label is "").
+func (g gatheredMetrics) sum(name, label, value string) int64 {
+	if label == "" {
+		return g.sumWhere(name, nil)
 	}
-	var sum float64
-	for _, mf := range mfs {
+	return g.sumWhere(name, map[string]string{label: value})
+}
+
+// find returns the value of the first series of name whose label has value.
+func (g gatheredMetrics) find(name, label, value string) (int64, bool) {
+	for _, mf := range g {
 		if mf.GetName() != name {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
 				if l.GetName() == label && l.GetValue() == value {
-					sum += m.GetCounter().GetValue()
+					return int64(m.GetCounter().GetValue() + m.GetGauge().GetValue()), true
 				}
 			}
+		}
+	}
+	return 0, false
+}
+
+// sumWhere adds up the counter or gauge name over the series whose labels
+// include want.
+func (g gatheredMetrics) sumWhere(name string, want map[string]string) int64 {
+	var sum float64
+	for _, mf := range g {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			n := 0
+			for _, l := range m.GetLabel() {
+				if v, ok := want[l.GetName()]; ok {
+					if v != l.GetValue() {
+						continue series
+					}
+					n++
+				}
+			}
+			if n != len(want) {
+				continue
+			}
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
 		}
 	}
 	return int64(sum)
-}
-
-// dlqKinds is idem_forwarded_total{destination=dlq} by kind.
-func dlqKinds(reg *prometheus.Registry, dlq string) map[string]int64 {
-	kinds := map[string]int64{}
-	mfs, _ := reg.Gather()
-	for _, mf := range mfs {
-		if mf.GetName() != "idem_forwarded_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			var dest, kind string
-			for _, l := range m.GetLabel() {
-				switch l.GetName() {
-				case "destination":
-					dest = l.GetValue()
-				case "kind":
-					kind = l.GetValue()
-				}
-			}
-			if dest == dlq {
-				kinds[kind] += int64(m.GetCounter().GetValue())
-			}
-		}
-	}
-	return kinds
 }
 
 // cleanupRun deletes the run's topics, rows and inbox entries.
 func cleanupRun(pool *pgxpool.Pool, admin sarama.ClusterAdmin, s summary, stderr io.Writer) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for _, t := range append(append([]string{s.Topic, s.Events.Topic}, retryPolicy.Tiers(s.Topic, s.Group)...), s.DLQ) {
+	for _, t := range append(append([]string{s.Topic, s.Events.Topic}, s.Tiers...), s.DLQ) {
 		if err := admin.DeleteTopic(t); err != nil && !errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
 			fmt.Fprintf(stderr, "cleanup: delete topic %s: %v\n", t, err)
 		}

@@ -36,13 +36,6 @@ type PaymentRecorded struct {
 	RecordedAt     time.Time `json:"recorded_at"`
 }
 
-// paymentHandler is handlePayment publishing payment.recorded to topic.
-func paymentHandler(topic string) handler.Func {
-	return func(ctx context.Context, m *handler.Message) error {
-		return handlePayment(ctx, m, topic)
-	}
-}
-
 // enqueueRecorded inserts the payment.recorded event of p into the outbox in
 // tx, the transaction that stores the payment: both commit or neither does.
 func enqueueRecorded(ctx context.Context, tx pgx.Tx, topic, key string, p Payment) error {

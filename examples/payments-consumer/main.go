@@ -4,8 +4,8 @@
 //
 // Usage:
 //
-//	payments-consumer [-topic payments] [-group payments-consumer] [-partitions 6] [-metrics-addr :2112]
-//	payments-consumer demo [-n 10000] [-dup 0.10] [-bad 20] [-timeout 5m]
+//	payments-consumer [-topic payments] [-group payments-consumer] [-partitions 6] [-metrics-addr :9464] [-bank-failure-rate 0] [-bank-outage 4s+3s] …
+//	payments-consumer demo [-n 10000] [-dup 0.10] [-bad 20] [-rate 1000] [-timeout 5m] [bank flags]
 //
 // Both read KAFKA_BROKERS (comma-separated host:port) and DATABASE_URL from
 // the environment (`make services` prints them). See README.md.

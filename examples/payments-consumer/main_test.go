@@ -5,13 +5,18 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 )
@@ -30,12 +35,31 @@ func servicesEnv(t *testing.T) env {
 	return e
 }
 
+// testDemoOptions is a short demo with every fault on: ~1 s of stream, a
+// bank outage inside it and a breaker cool-down to match. Metrics go to a
+// port of their own and Grafana is not probed.
+func testDemoOptions(t *testing.T) demoOptions {
+	t.Helper()
+	o := defaultDemoOptions()
+	o.N, o.Rate, o.Timeout, o.Cleanup = 300, 300, 2*time.Minute, true
+	o.Bank.faults.Outages = []window{{300 * time.Millisecond, 700 * time.Millisecond}}
+	o.Bank.cooldown = 300 * time.Millisecond
+	o.MetricsAddr, o.GrafanaURL = "", ""
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	o.Metrics = ln
+	return o
+}
+
 // TestDemoBalances runs the demo end to end against real Kafka and
-// PostgreSQL and checks every figure balances.
+// PostgreSQL, with bank failures, timeouts and an outage, and checks every
+// figure balances.
 func TestDemoBalances(t *testing.T) {
 	e := servicesEnv(t)
-	o := defaultDemoOptions()
-	o.N, o.Timeout, o.Cleanup = 300, 2*time.Minute, true
+	o := testDemoOptions(t)
 	var out, logs bytes.Buffer
 	s, err := runDemo(t.Context(), e, o, &out, &logs)
 	t.Logf("demo output:\n%s", out.String())
@@ -48,6 +72,10 @@ func TestDemoBalances(t *testing.T) {
 	if err := s.check(); err != nil {
 		t.Fatalf("figures do not balance:\n%v", err)
 	}
+	kinds := map[handler.Kind]int64{}
+	for _, g := range s.DLQGroups {
+		kinds[g.Kind] += g.Count
+	}
 	dups := int(float64(o.N)*o.Dup + 0.5)
 	for _, c := range []struct {
 		name      string
@@ -55,21 +83,30 @@ func TestDemoBalances(t *testing.T) {
 	}{
 		{"produced", int64(s.Produced), int64(o.N + dups + o.Bad)},
 		{"payments stored", s.Stored, int64(o.N)},
+		{"bank charges", s.Bank.ChargedPrefix, int64(o.N)},
 		{"duplicates skipped", s.DuplicatesSkipped(), int64(dups)},
 		{"orders paid", s.OrdersPaid, int64(o.N)},
 		{"dead-lettered", s.DeadLettered, int64(o.Bad)},
 		{"double charges", s.DoubleCharges, 0},
 		{"events published", s.Events.Published, int64(o.N)},
-		{"DLQ decode", s.DLQKinds["decode"], int64(o.Bad / 5)},
-		{"DLQ missing-key", s.DLQKinds["missing-key"], int64(o.Bad / 5)},
-		{"DLQ permanent", s.DLQKinds["permanent"], int64(o.Bad - 2*(o.Bad/5))},
+		{"DLQ decode", kinds[handler.KindDecode], int64(o.Bad / 5)},
+		{"DLQ missing-key", kinds[handler.KindMissingKey], int64(o.Bad / 5)},
+		{"DLQ permanent", kinds[handler.KindPermanent], int64(o.Bad - 2*(o.Bad/5))},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s = %d, want %d", c.name, c.got, c.want)
 		}
 	}
-	if !strings.Contains(out.String(), "double charges:") {
-		t.Errorf("summary lacks the double-charges line:\n%s", out.String())
+	if s.BreakerOpenings < 1 {
+		t.Errorf("breaker openings = %d; the bank outage should open it", s.BreakerOpenings)
+	}
+	if s.Bank.Failed == 0 {
+		t.Errorf("the bank failed no call; its faults are off")
+	}
+	for _, want := range []string{"done · bank", "double charges:", "duplicates skipped:", "retried:", "breaker openings:", "dead-lettered:"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("summary lacks %q:\n%s", want, out.String())
+		}
 	}
 }
 
@@ -96,10 +133,12 @@ func TestHandlePayment(t *testing.T) {
 		_, _ = pool.Exec(c, `DELETE FROM orders WHERE id LIKE $1`, run+"-%")
 		_, _ = pool.Exec(c, `DELETE FROM idem_outbox WHERE topic = $1`, run+".events")
 	})
+	svc, bk := testService(t, bankFaults{})
+	svc.eventsTopic = run + ".events"
 	// handle runs one message in a transaction that commits on success.
 	handle := func(key, body string) error {
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			return handlePayment(dedupe.WithTx(ctx, tx), &handler.Message{Value: []byte(body), IdempotencyKey: key}, run+".events")
+			return svc.handlePayment(dedupe.WithTx(ctx, tx), &handler.Message{Value: []byte(body), IdempotencyKey: key})
 		})
 	}
 	body := func(key, order, amount, cur string) string {
@@ -154,6 +193,86 @@ func TestHandlePayment(t *testing.T) {
 	}
 	if want := []string{run + "-k1", run + "-k3"}; !slices.Equal(events, want) {
 		t.Errorf("payment.recorded events enqueued for %v, want %v", events, want)
+	}
+	if f := bk.figures(run + "-"); f.ChargedPrefix != 2 || f.DoubleCharged != 0 {
+		t.Errorf("bank: %d charges, %d orders charged twice; want 2, 0", f.ChargedPrefix, f.DoubleCharged)
+	}
+	if got := svc.naturalDups.Load(); got != 1 {
+		t.Errorf("natural-key duplicates = %d, want 1", got)
+	}
+}
+
+// testService starts a bank with faults and a service charging it, with a
+// 50 ms client timeout and a 1 h breaker cool-down (an opened breaker stays
+// open for the test).
+func testService(t *testing.T, f bankFaults) (*service, *bank) {
+	t.Helper()
+	svc, bk, err := startService(bankFlags{faults: f, timeout: 50 * time.Millisecond, cooldown: time.Hour}, prometheus.NewRegistry(), "payments.events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(bk.close)
+	return svc, bk
+}
+
+// TestBankFaults checks how each bank failure reaches the consumer: 503s and
+// timeouts are retriable and counted by the breaker, whose fifth failure in a
+// row opens it (that call's error already says so, and the consumer pauses);
+// a charge repeated with its key is charged once.
+func TestBankFaults(t *testing.T) {
+	ctx := t.Context()
+	p := Payment{OrderID: "o1", Amount: "1.00", Currency: "KRW"}
+	for _, tc := range []struct {
+		name   string
+		faults bankFaults
+	}{
+		{"503", bankFaults{FailureRate: 1}},
+		{"timeout", bankFaults{TimeoutRate: 1}},
+		{"outage", bankFaults{Outages: []window{{0, time.Hour}}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			svc, bk := testService(t, tc.faults)
+			for i := range 4 {
+				err := svc.bank.Charge(ctx, "k1", p)
+				if err == nil || !handler.IsRetriable(err) || breaker.IsOpen(err) {
+					t.Fatalf("call %d: %v; want a retriable error, breaker closed", i+1, err)
+				}
+			}
+			for i := 5; i <= 6; i++ {
+				if err := svc.bank.Charge(ctx, "k1", p); !breaker.IsOpen(err) {
+					t.Fatalf("call %d: %v; want the breaker open", i, err)
+				}
+			}
+			if f := bk.figures(""); f.Calls != 5 || f.Failed != 5 {
+				t.Errorf("bank saw %d calls, %d failed; want 5, 5 (none while open)", f.Calls, f.Failed)
+			}
+		})
+	}
+	t.Run("idempotent", func(t *testing.T) {
+		svc, bk := testService(t, bankFaults{})
+		for range 3 {
+			if err := svc.bank.Charge(ctx, "k1", p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := svc.bank.Charge(ctx, "k2", Payment{OrderID: "o2", Amount: "2.00", Currency: "USD"}); err != nil {
+			t.Fatal(err)
+		}
+		if f := bk.figures(""); f.Charges != 2 || f.Repeats != 2 || f.DoubleCharged != 0 {
+			t.Errorf("ledger: %d charges, %d repeats, %d double; want 2, 2, 0", f.Charges, f.Repeats, f.DoubleCharged)
+		}
+	})
+}
+
+func TestParseWindows(t *testing.T) {
+	ws, err := parseWindows("4s+3s, 20s+500ms")
+	if err != nil || len(ws) != 2 || ws[0] != (window{4 * time.Second, 3 * time.Second}) || ws[1] != (window{20 * time.Second, 500 * time.Millisecond}) {
+		t.Fatalf("parseWindows = %v, %v", ws, err)
+	}
+	for _, bad := range []string{"4s", "4s+0s", "-1s+2s", "x+1s"} {
+		if _, err := parseWindows(bad); err == nil {
+			t.Errorf("parseWindows(%q): no error", bad)
+		}
 	}
 }
 
@@ -232,5 +351,27 @@ func TestMissingEnv(t *testing.T) {
 	err := run(t.Context(), []string{"demo"}, io.Discard, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "KAFKA_BROKERS") || !strings.Contains(err.Error(), "DATABASE_URL") || !strings.Contains(err.Error(), "make services") {
 		t.Fatalf("run without env = %v; want an error naming both variables and `make services`", err)
+	}
+}
+
+// TestDashboardURL: the demo links the dashboard only when Grafana answers.
+func TestDashboardURL(t *testing.T) {
+	grafana := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/api/health" {
+			http.NotFound(w, r)
+			return
+		}
+		fmt.Fprintln(w, `{"database":"ok"}`)
+	}))
+	t.Cleanup(grafana.Close)
+	if got, want := dashboardURL(t.Context(), grafana.URL+"/"), grafana.URL+"/d/idem/idem?refresh=5s"; got != want {
+		t.Errorf("dashboardURL = %q, want %q", got, want)
+	}
+	down := httptest.NewServer(http.NotFoundHandler())
+	down.Close()
+	for _, base := range []string{"", down.URL} {
+		if got := dashboardURL(t.Context(), base); got != "" {
+			t.Errorf("dashboardURL(%q) = %q, want none", base, got)
+		}
 	}
 }

@@ -65,9 +65,9 @@ func (o *runOptions) retryTiers() ([]time.Duration, error) {
 	return ds, nil
 }
 
-// run runs the consumer of cfg in the chosen mode until ctx ends; stored
-// payments publish payment.recorded to eventsTopic.
-func (o *runOptions) run(ctx context.Context, cfg consumer.Config, pool *pgxpool.Pool, log *slog.Logger, eventsTopic string) (err error) {
+// run runs the consumer of cfg with svc's handlers in the chosen mode until
+// ctx ends.
+func (o *runOptions) run(ctx context.Context, cfg consumer.Config, pool *pgxpool.Pool, log *slog.Logger, svc *service) (err error) {
 	delays, err := o.retryTiers()
 	if err != nil {
 		return err
@@ -87,8 +87,8 @@ func (o *runOptions) run(ctx context.Context, cfg consumer.Config, pool *pgxpool
 	if o.failHeader != "" && o.history == "" {
 		return usagef("-fail-header needs -history")
 	}
-	var h handler.Handler = paymentHandler(eventsTopic)
-	var bh handler.BatchHandler = paymentsHandler(eventsTopic)
+	var h handler.Handler = handler.Func(svc.handlePayment)
+	var bh handler.BatchHandler = handler.BatchFunc(svc.handlePayments)
 	if o.history != "" {
 		if _, err := pool.Exec(ctx, effectsSchema); err != nil {
 			return fmt.Errorf("chaos ledger: %w", err)
@@ -108,20 +108,13 @@ func (o *runOptions) run(ctx context.Context, cfg consumer.Config, pool *pgxpool
 	return consumer.Run(ctx, cfg, h)
 }
 
-// paymentsHandler is the batch form of handlePayment, for consumer.RunBatch:
+// handlePayments is the batch form of handlePayment, for consumer.RunBatch:
 // the batch's valid payments are inserted with one statement and their
-// orders marked paid with another; each payment stored enqueues its
-// payment.recorded event to eventsTopic in the batch's transaction. A message
-// that cannot be applied is named in a *handler.BatchError with the error
-// handlePayment would return; idem then commits the others without it.
-func paymentsHandler(eventsTopic string) handler.BatchFunc {
-	return func(ctx context.Context, msgs []*handler.Message) error {
-		return handlePayments(ctx, msgs, eventsTopic)
-	}
-}
-
-// handlePayments handles one batch (see paymentsHandler).
-func handlePayments(ctx context.Context, msgs []*handler.Message, eventsTopic string) error {
+// orders marked paid with another; then each payment stored is charged at the
+// bank and enqueues its payment.recorded event in the batch's transaction. A
+// message that cannot be applied is named in a *handler.BatchError with the
+// error handlePayment would return; idem then commits the others without it.
+func (s *service) handlePayments(ctx context.Context, msgs []*handler.Message) error {
 	tx := dedupe.Tx(ctx)
 	if tx == nil {
 		return errNoTx
@@ -173,8 +166,13 @@ func handlePayments(ctx context.Context, msgs []*handler.Message, eventsTopic st
 			switch {
 			case !inserted[m.IdempotencyKey]:
 				// This very payment was applied before: its event was enqueued then.
+				s.naturalDups.Add(1)
 			case paid[p.OrderID]:
-				if err := enqueueRecorded(ctx, tx, eventsTopic, m.IdempotencyKey, p); err != nil {
+				if err := s.bank.Charge(ctx, m.IdempotencyKey, p); err != nil {
+					be.Add(m, fmt.Errorf("charge payment %s: %w", m.IdempotencyKey, err))
+					continue
+				}
+				if err := enqueueRecorded(ctx, tx, s.eventsTopic, m.IdempotencyKey, p); err != nil {
 					return err
 				}
 			default:

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 
@@ -104,22 +105,38 @@ func paymentKey(m *handler.Message) (string, error) {
 
 var _ consumer.KeyFunc = paymentKey
 
-// handlePayment records one payment and marks its order paid, inside the
-// message's transaction (the inbox row commits with them, or nothing does).
+// service is the payment consumer's handler and what it depends on.
+type service struct {
+	bank        *bankClient
+	eventsTopic string // where payment.recorded events go, through the outbox
+
+	// naturalDups counts deliveries the inbox let through but the payments
+	// table's natural key stopped (the inbox row was swept, or another
+	// consumer group applied the payment).
+	naturalDups atomic.Int64
+}
+
+// handlePayment records one payment, charges it at the bank and marks its
+// order paid, inside the message's transaction (the inbox row commits with
+// them, or nothing does).
 //
-// Idempotent twice over, as a second line behind idem's inbox:
+// Idempotent three times over, behind idem's inbox:
 //   - natural key: payments.idempotency_key is UNIQUE and the INSERT does
 //     nothing on conflict;
-//   - state transition: the order moves pending → paid only once.
+//   - state transition: the order moves pending → paid only once;
+//   - the bank takes the idempotency key too, so a charge retried after a
+//     timeout (when the bank may have charged) is not charged again.
 //
 // Unknown orders, malformed JSON, non-positive amounts, unknown currencies and
 // a second, different payment for an already-paid order are permanent: they
-// go to the dead-letter topic for an operator.
+// go to the dead-letter topic for an operator, and the bank is never called.
+// A bank timeout or 5xx is retriable: in-process retries, then the retry
+// tiers. While the bank's breaker is open the consumer pauses instead.
 //
 // A payment actually stored enqueues a payment.recorded event (events.go) to
-// eventsTopic in the same transaction; a duplicate enqueues nothing.
-// paymentHandler adapts it to handler.Func.
-func handlePayment(ctx context.Context, m *handler.Message, eventsTopic string) error {
+// s.eventsTopic in the same transaction (transactional outbox, seed §6); a
+// duplicate enqueues nothing.
+func (s *service) handlePayment(ctx context.Context, m *handler.Message) error {
 	p, err := decodePayment(m.Value)
 	if err != nil {
 		return handler.Decode(err)
@@ -141,32 +158,35 @@ func handlePayment(ctx context.Context, m *handler.Message, eventsTopic string) 
 	if err != nil {
 		return fmt.Errorf("insert payment %s: %w", key, err) // retriable
 	}
+	if ins.RowsAffected() == 0 {
+		// This very payment was applied before (its inbox row has since been
+		// swept, or another consumer group applied it): nothing left to do.
+		s.naturalDups.Add(1)
+		return nil
+	}
 	upd, err := tx.Exec(ctx, `
 		UPDATE orders SET status = 'paid', paid_at = now()
 		WHERE id = $1 AND status = 'pending'`, p.OrderID)
 	if err != nil {
 		return fmt.Errorf("mark order %s paid: %w", p.OrderID, err) // retriable
 	}
-	if upd.RowsAffected() == 1 {
-		if ins.RowsAffected() == 0 {
-			return nil // stored before: its event was enqueued then
+	if upd.RowsAffected() == 0 {
+		// A new payment, but the order is not pending: find out why. Returning
+		// an error rolls the payment row back with everything else.
+		var status string
+		switch err := tx.QueryRow(ctx, `SELECT status FROM orders WHERE id = $1`, p.OrderID).Scan(&status); {
+		case errors.Is(err, pgx.ErrNoRows):
+			return handler.Permanent(fmt.Errorf("unknown order %q", p.OrderID))
+		case err != nil:
+			return fmt.Errorf("look up order %s: %w", p.OrderID, err)
+		default:
+			return handler.Permanent(fmt.Errorf("order %q is %s: payment %s would charge it twice", p.OrderID, status, key))
 		}
-		return enqueueRecorded(ctx, tx, eventsTopic, key, p) // commits with the payment
 	}
-	if ins.RowsAffected() == 0 {
-		// This very payment was applied before (its inbox row has since been
-		// swept, or another consumer group applied it): nothing left to do.
-		return nil
+	// Last, the external call: if it fails, the rows above roll back and the
+	// retry charges with the same key.
+	if err := s.bank.Charge(ctx, key, p); err != nil {
+		return fmt.Errorf("charge payment %s: %w", key, err)
 	}
-	// A new payment, but the order is not pending: find out why. Returning an
-	// error rolls the payment row back with everything else.
-	var status string
-	switch err := tx.QueryRow(ctx, `SELECT status FROM orders WHERE id = $1`, p.OrderID).Scan(&status); {
-	case errors.Is(err, pgx.ErrNoRows):
-		return handler.Permanent(fmt.Errorf("unknown order %q", p.OrderID))
-	case err != nil:
-		return fmt.Errorf("look up order %s: %w", p.OrderID, err)
-	default:
-		return handler.Permanent(fmt.Errorf("order %q is %s: payment %s would charge it twice", p.OrderID, status, key))
-	}
+	return enqueueRecorded(ctx, tx, s.eventsTopic, key, p) // commits with the payment
 }

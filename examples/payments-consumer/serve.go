@@ -14,10 +14,11 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/metrics"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -32,10 +33,12 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer) error {
 	topic := fs.String("topic", "payments", "topic to consume (created when missing)")
 	group := fs.String("group", "payments-consumer", "consumer group id")
 	partitions := fs.Int("partitions", 6, "partitions of the topic when this service creates it")
-	metricsAddr := fs.String("metrics-addr", ":2112", "listen address of the Prometheus /metrics endpoint (empty: off)")
+	metricsAddr := fs.String("metrics-addr", ":9464", "listen address of /metrics, /healthz and /readyz (empty: off)")
 	eventsTopic := fs.String("events-topic", defaultEventsTopic, "topic of the payment.recorded events (created when missing)")
 	relay := fs.Bool("relay", true, "run the outbox relay in this process (false: run `idem outbox relay` apart)")
 	verbose := fs.Bool("v", false, "debug logs")
+	bf := bankFlags{timeout: 2 * time.Second, cooldown: 10 * time.Second} // no faults by default
+	bf.register(fs)
 	opts := addRunFlags(fs) // -mode, -retry-delays and the chaos test hooks (modes.go)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: payments-consumer [flags]      consume payments\n       payments-consumer demo [flags] run the end-to-end demo (demo -h)\n\nenv: KAFKA_BROKERS, DATABASE_URL\n\nflags:\n")
@@ -49,6 +52,9 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	if *partitions < 1 {
 		return usagef("-partitions must be >= 1")
+	}
+	if err := bf.validate(); err != nil {
+		return err
 	}
 	e, err := loadEnv()
 	if err != nil {
@@ -78,11 +84,22 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	stopMetrics, err := serveMetrics(*metricsAddr, reg, log)
+	ready := consumer.NewReadiness()
+	if *metricsAddr != "" {
+		ln, err := net.Listen("tcp", *metricsAddr)
+		if err != nil {
+			return fmt.Errorf("metrics listener: %w", err)
+		}
+		stopMetrics := serveMetrics(ln, reg, ready, log)
+		defer stopMetrics()
+	}
+
+	svc, bk, err := startService(bf, reg, *eventsTopic)
 	if err != nil {
 		return err
 	}
-	defer stopMetrics()
+	defer bk.close()
+	log.Info("bank", "url", bk.URL(), "faults", bf.faults.describe())
 
 	// Inbox retention: keys older than 14 days are swept in small batches. The
 	// horizon must exceed the longest redelivery or DLQ replay window, or a
@@ -111,8 +128,9 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer) error {
 		Logger:     log,
 		Registerer: reg,
 		Retry:      retryPolicy,
+		Readiness:  ready,
 		Relay:      eventsRelay(*relay, pool),
-	}, pool, log, *eventsTopic)
+	}, pool, log, svc)
 	if err != nil {
 		return fmt.Errorf("consumer: %w", err)
 	}
@@ -145,19 +163,10 @@ func createTopic(ctx context.Context, brokers []string, scfg *sarama.Config, top
 	return nil
 }
 
-// serveMetrics serves reg on addr at /metrics until the returned func is
-// called. An empty addr serves nothing.
-func serveMetrics(addr string, reg *prometheus.Registry, log *slog.Logger) (stop func(), err error) {
-	if addr == "" {
-		return func() {}, nil
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("metrics listener: %w", err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+// serveMetrics serves /metrics (reg), /healthz and /readyz (ready) on ln
+// until the returned func is called.
+func serveMetrics(ln net.Listener, reg prometheus.Gatherer, ready *consumer.Readiness, log *slog.Logger) (stop func()) {
+	srv := &http.Server{Handler: metrics.NewServeMux(reg, ready.Check), ReadHeaderTimeout: 5 * time.Second}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -170,5 +179,27 @@ func serveMetrics(addr string, reg *prometheus.Registry, log *slog.Logger) (stop
 		defer cancel()
 		_ = srv.Shutdown(ctx)
 		<-done
-	}, nil
+	}
+}
+
+// startService starts the in-process bank with bf's faults and returns the
+// handler's service, which charges it through a circuit breaker named "bank"
+// whose state is exported on reg, and publishes payment.recorded events to
+// eventsTopic. The caller closes the bank.
+func startService(bf bankFlags, reg prometheus.Registerer, eventsTopic string) (*service, *bank, error) {
+	onChange, err := consumer.BreakerMetrics(reg)
+	if err != nil {
+		return nil, nil, err
+	}
+	breakers, err := breaker.NewSet(breaker.Settings{OpenTimeout: bf.cooldown, OnStateChange: onChange})
+	if err != nil {
+		return nil, nil, err
+	}
+	bk, err := startBank(bf.faults, 2*bf.timeout)
+	if err != nil {
+		return nil, nil, err
+	}
+	client := &bankClient{url: bk.URL(), timeout: bf.timeout, breakers: breakers,
+		http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 30 * time.Second}}}
+	return &service{bank: client, eventsTopic: eventsTopic}, bk, nil
 }

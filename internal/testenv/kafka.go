@@ -23,8 +23,11 @@ var KafkaVersion = sarama.V4_0_0_0
 type Kafka struct {
 	// Brokers are the bootstrap addresses.
 	Brokers []string
-	// Kind says which broker runs: "env" (KAFKA_BROKERS), "testcontainers" or "kfake".
+	// Kind says which broker runs: "env" (KAFKA_BROKERS), "testcontainers",
+	// "kfake" or "secure" (NewSecureKafka).
 	Kind string
+	// configure, when set, adds the broker's security settings to Config.
+	configure func(*sarama.Config)
 }
 
 var (
@@ -80,6 +83,9 @@ func (k *Kafka) Config() *sarama.Config {
 	c.Producer.Return.Successes = true
 	c.Producer.RequiredAcks = sarama.WaitForAll
 	c.Consumer.Offsets.Initial = sarama.OffsetOldest
+	if k.configure != nil {
+		k.configure(c)
+	}
 	return c
 }
 

@@ -1,0 +1,216 @@
+// Package kafkaauth configures a sarama client for a secured Kafka cluster:
+// TLS (server verification against a CA file, client certificates) and SASL
+// (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512). It has one job — fill in
+// sarama.Config.Net from a few plain settings — so that a service's
+// consumer.Config.Sarama and the idem CLI reach a cluster the same way.
+//
+// Call Apply on the sarama.Config given to consumer.Config.Sarama (see the
+// package Example).
+//
+// sarama needs a SCRAM implementation it does not ship; SCRAMClient is one,
+// built on github.com/xdg-go/scram as sarama's own examples are. Apply sets
+// it for the SCRAM mechanisms.
+package kafkaauth
+
+import (
+	"crypto/sha256"
+	"crypto/sha512"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/IBM/sarama"
+	"github.com/xdg-go/scram"
+)
+
+// The SASL mechanisms Apply supports, spelled as Kafka spells them.
+const (
+	// Plain is SASL/PLAIN: user and password sent as they are, so use it
+	// only over TLS.
+	Plain = string(sarama.SASLTypePlaintext)
+	// SCRAMSHA256 is SASL/SCRAM with SHA-256 (RFC 7677).
+	SCRAMSHA256 = string(sarama.SASLTypeSCRAMSHA256)
+	// SCRAMSHA512 is SASL/SCRAM with SHA-512.
+	SCRAMSHA512 = string(sarama.SASLTypeSCRAMSHA512)
+)
+
+// Options are the settings of a secured connection. The zero value is a
+// plaintext connection without authentication (Apply changes nothing).
+type Options struct {
+	// TLS turns TLS on, verifying the brokers' certificates against the
+	// system roots (or CAFile). Setting CAFile, CertFile, KeyFile or
+	// InsecureSkipVerify turns TLS on as well.
+	TLS bool
+	// CAFile is a PEM file of the CA certificates that signed the brokers'
+	// certificates. Default: the system roots.
+	CAFile string
+	// CertFile and KeyFile are a PEM client certificate and its key, for
+	// brokers that require client authentication (ssl.client.auth=required).
+	// Give both or neither.
+	CertFile, KeyFile string
+	// InsecureSkipVerify accepts any broker certificate and host name. It
+	// leaves the connection open to interception: for tests only.
+	InsecureSkipVerify bool
+	// Mechanism is the SASL mechanism: "" (no SASL), Plain, SCRAMSHA256 or
+	// SCRAMSHA512 (case-insensitive).
+	Mechanism string
+	// User and Password are the SASL credentials; both are required when
+	// Mechanism is set.
+	User, Password string
+}
+
+// TLSEnabled reports whether o asks for TLS: TLS is set or any TLS file or
+// InsecureSkipVerify is.
+func (o Options) TLSEnabled() bool {
+	return o.TLS || o.CAFile != "" || o.CertFile != "" || o.KeyFile != "" || o.InsecureSkipVerify
+}
+
+// mechanism returns o.Mechanism in Kafka's spelling, or an error naming the
+// supported ones.
+func (o Options) mechanism() (sarama.SASLMechanism, error) {
+	switch m := strings.ToUpper(strings.TrimSpace(o.Mechanism)); m {
+	case "":
+		return "", nil
+	case Plain, SCRAMSHA256, SCRAMSHA512:
+		return sarama.SASLMechanism(m), nil
+	default:
+		return "", fmt.Errorf("kafkaauth: SASL mechanism %q: want %s, %s or %s", o.Mechanism, Plain, SCRAMSHA256, SCRAMSHA512)
+	}
+}
+
+// Validate reports settings that cannot work: an unknown mechanism, a
+// mechanism without user or password, credentials without a mechanism, or a
+// client certificate without its key (or the reverse). It reads no file.
+func (o Options) Validate() error {
+	m, err := o.mechanism()
+	if err != nil {
+		return err
+	}
+	switch {
+	case m != "" && o.User == "":
+		return fmt.Errorf("kafkaauth: SASL %s needs a user", m)
+	case m != "" && o.Password == "":
+		return fmt.Errorf("kafkaauth: SASL %s needs a password", m)
+	case m == "" && (o.User != "" || o.Password != ""):
+		return errors.New("kafkaauth: a SASL user or password is set but no SASL mechanism")
+	case (o.CertFile == "") != (o.KeyFile == ""):
+		return errors.New("kafkaauth: a client certificate needs both CertFile and KeyFile")
+	}
+	return nil
+}
+
+// TLSConfig returns the tls.Config o describes (nil when o does not ask for
+// TLS): minimum TLS 1.2, RootCAs from CAFile, the client certificate from
+// CertFile and KeyFile.
+func (o Options) TLSConfig() (*tls.Config, error) {
+	if !o.TLSEnabled() {
+		return nil, nil
+	}
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: o.InsecureSkipVerify}
+	if o.CAFile != "" {
+		pem, err := os.ReadFile(o.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("kafkaauth: CA file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("kafkaauth: CA file %s holds no PEM certificate", o.CAFile)
+		}
+		c.RootCAs = pool
+	}
+	if o.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(o.CertFile, o.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("kafkaauth: client certificate: %w", err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	return c, nil
+}
+
+// Apply sets cfg.Net.TLS and cfg.Net.SASL as o describes, after Validate.
+// With the zero Options it changes nothing. For SASL it sets handshake on
+// (Kafka requires it) and, for SCRAM, a SCRAMClient generator.
+func Apply(cfg *sarama.Config, o Options) error {
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	tc, err := o.TLSConfig()
+	if err != nil {
+		return err
+	}
+	if tc != nil {
+		cfg.Net.TLS.Enable = true
+		cfg.Net.TLS.Config = tc
+	}
+	m, _ := o.mechanism() // checked by Validate
+	if m == "" {
+		return nil
+	}
+	cfg.Net.SASL.Enable = true
+	cfg.Net.SASL.Handshake = true
+	cfg.Net.SASL.Mechanism = m
+	cfg.Net.SASL.User = o.User
+	cfg.Net.SASL.Password = o.Password
+	if m != sarama.SASLTypePlaintext {
+		gen, err := SCRAMClientGenerator(m)
+		if err != nil {
+			return err
+		}
+		cfg.Net.SASL.SCRAMClientGeneratorFunc = gen
+	}
+	return nil
+}
+
+// SCRAMClientGenerator returns, for sarama.Config.Net.SASL.SCRAMClientGeneratorFunc,
+// a function making a new SCRAMClient for mechanism (SCRAM-SHA-256 or
+// SCRAM-SHA-512).
+func SCRAMClientGenerator(mechanism sarama.SASLMechanism) (func() sarama.SCRAMClient, error) {
+	var h scram.HashGeneratorFcn
+	switch mechanism {
+	case sarama.SASLTypeSCRAMSHA256:
+		h = sha256.New
+	case sarama.SASLTypeSCRAMSHA512:
+		h = sha512.New
+	default:
+		return nil, fmt.Errorf("kafkaauth: %q is not a SCRAM mechanism", mechanism)
+	}
+	return func() sarama.SCRAMClient { return &SCRAMClient{Hash: h} }, nil
+}
+
+// SCRAMClient implements sarama.SCRAMClient with github.com/xdg-go/scram.
+// One value serves one authentication; make it with SCRAMClientGenerator.
+type SCRAMClient struct {
+	// Hash is the hash of the mechanism: sha256.New or sha512.New.
+	Hash scram.HashGeneratorFcn
+	conv *scram.ClientConversation
+}
+
+// Begin starts a conversation for user and password (authzID is usually "").
+func (c *SCRAMClient) Begin(user, password, authzID string) error {
+	cl, err := c.Hash.NewClient(user, password, authzID)
+	if err != nil {
+		return fmt.Errorf("kafkaauth: SCRAM client: %w", err)
+	}
+	c.conv = cl.NewConversation()
+	return nil
+}
+
+// Step answers the server's challenge.
+func (c *SCRAMClient) Step(challenge string) (string, error) {
+	if c.conv == nil {
+		return "", errors.New("kafkaauth: SCRAM Step before Begin")
+	}
+	return c.conv.Step(challenge)
+}
+
+// Done reports whether the conversation has ended (successfully or not).
+func (c *SCRAMClient) Done() bool {
+	return c.conv != nil && c.conv.Done()
+}
