@@ -10,11 +10,7 @@ WITH_ENV = set -a; [ -f $(ENVFILE) ] && . ./$(ENVFILE); set +a;
 GO      ?= go
 STATICCHECK_VERSION ?= v0.8.2
 
-<<<<<<< HEAD
-.PHONY: help services services-down run test fuzz bench bench-quick lint fmt compose-check chaos chaos-ci
-=======
-.PHONY: help services services-down run test fuzz bench bench-quick lint fmt compose-check rules-test
->>>>>>> main
+.PHONY: help services services-down run test fuzz bench bench-quick lint fmt compose-check rules-test chaos chaos-ci
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -38,11 +34,7 @@ ORDERING_TESTS = TestOrderingByKey|TestOrderingParkedFailureBecomesHead|TestOrde
 FUZZ_TARGETS = ./consumer:FuzzKeyExtraction ./consumer:FuzzJSONField ./retrytopic:FuzzDecode ./dlq:FuzzRecord ./internal/keyorder:FuzzParkRoundTrip
 FUZZTIME ?= 4s
 
-<<<<<<< HEAD
-test: services ## go vet + all tests with -race against real Kafka and PostgreSQL, core tests in batch and lane modes, a short fuzz run, the short chaos run
-=======
-test: services ## go vet + all tests with -race against real Kafka and PostgreSQL, core tests in batch and lane modes, alert rule tests, a short fuzz run
->>>>>>> main
+test: services ## go vet + all tests with -race against real Kafka and PostgreSQL, core tests in batch and lane modes, alert rule tests, a short fuzz run, the short chaos run
 	$(GO) vet ./...
 	@$(MAKE) --no-print-directory rules-test
 	@$(WITH_ENV) IDEM_REQUIRE_REAL_KAFKA=1 $(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) ./...
@@ -51,7 +43,7 @@ test: services ## go vet + all tests with -race against real Kafka and PostgreSQ
 	@$(WITH_ENV) IDEM_REQUIRE_REAL_KAFKA=1 IDEM_TEST_MODE=lanes-batch $(GO) test -race -count=1 -timeout 15m -run '$(CORE_TESTS)' ./consumer/
 	@$(MAKE) --no-print-directory fuzz
 	cd bench && $(GO) vet ./... && $(GO) test -count=1 ./...
-<<<<<<< HEAD
+	cd deploy/dashshot && $(GO) vet ./...
 	@$(MAKE) --no-print-directory chaos-ci
 
 # The chaos run (internal/tools/chaos) starts its own broker and PostgreSQL on
@@ -64,9 +56,6 @@ chaos: ## fault injection, every mode: 50,000 payments each while members are SI
 
 chaos-ci: ## the short chaos run `make test` ends with: 2,000 payments per mode, every fault kind and every mode, ~6 min
 	@$(GO) build -o bin/idem-chaos ./internal/tools/chaos && ./bin/idem-chaos -ci $(CHAOS_PORTS) $(CHAOSARGS)
-=======
-	cd deploy/dashshot && $(GO) vet ./...
->>>>>>> main
 
 fuzz: ## a short run of every fuzz target (FUZZTIME each, default 4s)
 	@set -e; for t in $(FUZZ_TARGETS); do \
