@@ -298,16 +298,7 @@ func TestCheckpointChildProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := pgxpool.ParseConfig(testenv.DatabaseURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = os.Getenv(childSchema)
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := testenv.PoolOnSchema(t, os.Getenv(childSchema))
 	r, err := checkpoint.NewRunner(checkpoint.Job[item]{Name: "killed", ChunkSize: childChunk, Read: readItems,
 		Process: func(ctx context.Context, tx pgx.Tx, rows []item) error {
 			for i, it := range rows {

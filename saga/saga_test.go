@@ -542,16 +542,7 @@ func TestSagaChildProcess(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a safety net
 	defer cancel()
-	cfg, err := pgxpool.ParseConfig(testenv.DatabaseURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = os.Getenv(childSchema)
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := testenv.PoolOnSchema(t, os.Getenv(childSchema))
 	w := &world{t: t, pool: pool, failComp: map[string]int{}, failAction: map[string]int{}}
 	def := w.def()
 	def.Steps[1].Action = func(ctx context.Context, c saga.Call) ([]byte, error) {
