@@ -7,8 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemhq/idem/dedupe"
-	"github.com/idemhq/idem/outbox"
+	"github.com/idemhq/idem/consumer"
 )
 
 // schema is the service's own tables. Every statement is idempotent, so
@@ -35,14 +34,11 @@ CREATE INDEX IF NOT EXISTS payments_order_id_idx ON payments (order_id);
 // the tables above (CREATE TABLE IF NOT EXISTS alone can race in PostgreSQL).
 const schemaLock = 0x1de3_0001
 
-// migrate creates idem's inbox table (idem_processed), its outbox
-// (idem_outbox) and the service's tables.
+// migrate creates every table idem keeps (consumer.Migrate: the inbox
+// idem_processed, the outbox idem_outbox, …) and the service's tables.
 func migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	if err := dedupe.Migrate(ctx, pool); err != nil {
-		return fmt.Errorf("migrate inbox: %w", err)
-	}
-	if err := outbox.Migrate(ctx, pool); err != nil {
-		return fmt.Errorf("migrate outbox: %w", err)
+	if err := consumer.Migrate(ctx, pool); err != nil {
+		return fmt.Errorf("migrate idem's tables: %w", err)
 	}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(schemaLock)); err != nil {

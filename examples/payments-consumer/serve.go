@@ -101,28 +101,15 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer) error {
 	defer bk.close()
 	log.Info("bank", "url", bk.URL(), "faults", bf.faults.describe())
 
-	// Inbox retention: keys older than 14 days are swept in small batches. The
-	// horizon must exceed the longest redelivery or DLQ replay window, or a
-	// replayed payment would be applied again (here it would still be stopped
-	// by the payments table's own unique key).
-	sweeper := &dedupe.Sweeper{DB: pool, Logger: log}
-	sweepCtx, stopSweep := context.WithCancel(ctx)
-	sweepDone := make(chan error, 1)
-	go func() { sweepDone <- sweeper.Run(sweepCtx) }()
-	defer func() {
-		stopSweep()
-		if err := <-sweepDone; err != nil {
-			log.Error("inbox sweeper", "err", err)
-		}
-	}()
-
 	log.Info("consuming", "topic", *topic, "group", *group, "brokers", e.Brokers,
 		"dlq", retryPolicy.DLQ(*topic, *group), "metrics", *metricsAddr)
 	err = opts.run(ctx, consumer.Config{
-		Brokers:    e.Brokers,
-		Group:      *group,
-		Topics:     []string{*topic},
-		KeyFunc:    paymentKey,
+		Brokers: e.Brokers,
+		Group:   *group,
+		Topics:  []string{*topic},
+		KeyFunc: paymentKey,
+		// Run sweeps inbox keys older than Config.Retention (default 14
+		// days, longer than the tiers' and the DLQ's retention) itself.
 		Dedupe:     dedupe.NewPostgres(pool),
 		Sarama:     scfg,
 		Logger:     log,
