@@ -457,7 +457,11 @@ func TestMembersLeaveAndJoinMidStream(t *testing.T) {
 	const partitions, total = 6, 3000
 	e := newEnv(t, partitions)
 	keys, uniq := keysWithDuplicates(total, 0.1, 4)
-	e.produce(keys, partitions)
+	// The last third is produced only once d has joined, so every partition
+	// d claims still has new keys for it, whichever partitions the assignor
+	// moves (ones a and c already finished would leave d nothing to do).
+	const late = total / 3
+	e.produce(keys[:total-late], partitions)
 
 	gate := coreNewTokens()
 	t.Cleanup(gate.open) // let blocked handlers go when the test fails early
@@ -504,6 +508,7 @@ func TestMembersLeaveAndJoinMidStream(t *testing.T) {
 	gate.release(600)
 	d := join("d")
 	waitClaims(map[*member]int{a: 2, c: 2, d: 2})
+	e.produce(keys[total-late:], partitions)
 	e.coreWaitProgress(gate, 1750, 60*time.Second)
 
 	gate.open()
