@@ -5,6 +5,8 @@ import (
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/idemhq/idem/handler"
 )
 
 // halfOpenRetryAfter caps OpenError.RetryAfter when a half-open breaker has
@@ -47,6 +49,11 @@ type Breaker struct {
 	// HalfOpen.
 	probes    uint32 // probe slots taken: admitted minus those not counted
 	probeWins uint32 // probes that succeeded
+
+	// The pause a Retry-After answer asked for, whatever the state.
+	pauseStart  time.Time     // when the current (or last) pause began
+	pauseUntil  time.Time     // when it ends; zero if there never was one
+	pausedEarly time.Duration // total length of the pauses before the current one
 
 	// OnStateChange delivery: transitions queue here and are delivered, in
 	// order, by one goroutine at a time, without mu held.
@@ -107,11 +114,30 @@ func (b *Breaker) State() State {
 //   - An outcome that arrives after the state changed (e.g. a slow call
 //     admitted while closed that fails after the breaker opened) is ignored.
 //   - If fn panics, the call counts as a failure and the panic continues.
+//
+// A dependency may also ask to be left alone for a while: fn returns an error
+// wrapping a *handler.RetryAfterError (handler.RetryAfter(err, d)) for its
+// HTTP 429, or 503 with Retry-After. Then:
+//   - the call is not counted (the dependency answered; it is not down), and a
+//     probe that gets such an answer frees its slot;
+//   - every call is paused for d (min(OpenTimeout, 1s) if d <= 0) from now; a
+//     pause already running that ends later is kept;
+//   - Do returns a *ThrottleError (ReasonRetryAfter) whose Cause is fn's error
+//     and whose RetryAfter is the time left of the pause, so a consumer pauses
+//     instead of spending a retry;
+//   - while the pause lasts Do does not run fn and returns a *ThrottleError
+//     (ReasonRetryAfter, no Cause) with RetryAfter = the time left. An open
+//     breaker's *OpenError takes precedence.
+//
+// Only errors fn returns count as such an answer: a handler's own
+// handler.RetryAfter, returned outside any Do, pauses nothing. An error that
+// is already IsOpen (from a breaker or pause nested inside fn) or permanent
+// is not one either.
 func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	gen, err := b.allow()
+	gen, err := b.allow(true)
 	b.deliver()
 	if err != nil {
 		return err
@@ -127,6 +153,9 @@ func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) er
 	finished = true
 	opened := b.record(gen, b.classify(ctx, err))
 	b.deliver()
+	if d, ok := b.throttleAnswer(err); ok {
+		return &ThrottleError{Name: b.name, Reason: ReasonRetryAfter, RetryAfter: b.startPause(d), Cause: err}
+	}
 	if opened {
 		// This failure opened the breaker: report it as an open breaker that
 		// carries the failure, so a consumer pauses instead of spending a
@@ -142,6 +171,8 @@ func (b *Breaker) classify(ctx context.Context, err error) outcome {
 		return success
 	case ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
 		return excluded // the caller gave up; the dependency did not fail
+	case b.isThrottleAnswer(err):
+		return excluded // the dependency answered: it asks us to wait, it is not down
 	case b.s.IsFailure(err):
 		return failure
 	default:
@@ -149,21 +180,77 @@ func (b *Breaker) classify(ctx context.Context, err error) outcome {
 	}
 }
 
-// allow admits a call or returns an *OpenError.
-func (b *Breaker) allow() (uint64, error) {
+// throttleAnswer reports whether err is a dependency's request to wait (see
+// Do), and for how long.
+func (b *Breaker) throttleAnswer(err error) (time.Duration, bool) {
+	var ra *handler.RetryAfterError
+	if err == nil || errors.Is(err, ErrOpen) || handler.IsPermanent(err) || !errors.As(err, &ra) {
+		return 0, false
+	}
+	if ra.After <= 0 {
+		return min(b.s.OpenTimeout, halfOpenRetryAfter), true
+	}
+	return ra.After, true
+}
+
+func (b *Breaker) isThrottleAnswer(err error) bool {
+	_, ok := b.throttleAnswer(err)
+	return ok
+}
+
+// startPause pauses every call for d from now, unless a running pause ends
+// later, and returns the time left of the pause.
+func (b *Breaker) startPause(d time.Duration) time.Duration {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := b.s.Now()
+	until := now.Add(d)
+	if !now.Before(b.pauseUntil) { // no pause running: a new one starts
+		b.pausedEarly += b.pauseUntil.Sub(b.pauseStart)
+		b.pauseStart = now
+	}
+	if until.After(b.pauseUntil) {
+		b.pauseUntil = until
+	}
+	return b.pauseUntil.Sub(now)
+}
+
+// paused returns the time left of the current Retry-After pause (0 if none)
+// and the total time paused so far, the current pause up to now included.
+func (b *Breaker) paused() (left, total time.Duration) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := b.s.Now()
+	end := b.pauseUntil
+	if now.Before(end) {
+		left = end.Sub(now)
+		end = now
+	}
+	return left, b.pausedEarly + max(end.Sub(b.pauseStart), 0)
+}
+
+// allow admits a call or returns an *OpenError or a *ThrottleError. When take
+// is false it only checks: a half-open breaker's probe slot is not taken and
+// the generation returned is meaningless.
+func (b *Breaker) allow(take bool) (uint64, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := b.s.Now()
 	b.advance(now)
-	switch b.state {
-	case Open:
+	if b.state == Open {
 		left := min(max(b.openUntil.Sub(now), 0), b.s.OpenTimeout)
 		return 0, &OpenError{Name: b.name, State: Open, RetryAfter: left}
-	case HalfOpen:
+	}
+	if now.Before(b.pauseUntil) {
+		return 0, &ThrottleError{Name: b.name, Reason: ReasonRetryAfter, RetryAfter: b.pauseUntil.Sub(now)}
+	}
+	if b.state == HalfOpen {
 		if b.probes >= b.s.HalfOpenProbes {
 			return 0, &OpenError{Name: b.name, State: HalfOpen, RetryAfter: min(b.s.OpenTimeout, halfOpenRetryAfter)}
 		}
-		b.probes++
+		if take {
+			b.probes++
+		}
 	}
 	return b.gen, nil
 }

@@ -33,14 +33,16 @@
 // is not counted (the caller gave up; think partition revoked). Any other
 // error is judged by Settings.IsFailure, whose default, IsFailure, counts
 // everything except handler.Permanent/handler.Decode errors (bad input is not
-// the dependency failing) and an *OpenError of another breaker. An error not
-// counted neither extends nor breaks a failure streak, and a probe that ends
-// that way frees its slot for another probe.
+// the dependency failing) and an *OpenError or *ThrottleError of another
+// breaker. A dependency's request to wait (handler.RetryAfter returned by fn)
+// is not counted either: see below. An error not counted neither extends nor
+// breaks a failure streak, and a probe that ends that way frees its slot for
+// another probe.
 //
 // # How the consumer uses it
 //
-// When a handler's error wraps an *OpenError (IsOpen, RetryAfter), the
-// consumer treats the dependency as down rather than the message as bad: it
+// When a handler's error wraps an *OpenError or a *ThrottleError (IsOpen,
+// RetryAfter), the consumer treats the dependency as down rather than the message as bad: it
 // rolls the transaction back, spends no retry budget, sends nothing to a retry
 // or dead-letter topic, and pauses its partitions for RetryAfter. It then
 // redelivers; the first call after the cool-down is the half-open probe. Its
@@ -52,6 +54,39 @@
 // Breakers do not export metrics themselves: Settings.OnStateChange is the
 // hook the consumer (or the user) wires to metrics and logs, and Set.States
 // reports every breaker's state for a gauge.
+//
+// # Quotas: rate limits, calls in flight, and Retry-After
+//
+// A breaker handles outages. A dependency with a quota (a bank, a PSP) needs
+// two more things, which a Set keeps next to its breakers, per dependency:
+//
+//	set.SetLimits("bank", breaker.Limits{Rate: 200, Burst: 3, MaxInFlight: 16})
+//	set.SetShare(1.0 / 3) // the consumer, on each rebalance: 1/members
+//
+// Limits are a rate (a token bucket from golang.org/x/time/rate) and a cap on
+// the calls in flight. They are the whole consumer group's budget: each member
+// enforces Limits scaled by its share (Set.SetShare), so a quota of 200 calls
+// a second holds however many members the group has. Set.Do waits for a token
+// and a slot, at most Limits.MaxWait (1s by default); past that it does not
+// call fn and returns a *ThrottleError whose RetryAfter is the wait it would
+// have needed. Waiting is not an attempt: the breaker does not count it, and a
+// ctx that ends while waiting returns its error, uncounted.
+//
+// A dependency at its quota answers 429 with a Retry-After. fn reports it by
+// returning handler.RetryAfter(err, d) from inside Do. Then the breaker does
+// not count the call (the dependency is up), every call to that dependency is
+// paused for d (without calling fn, each gets a *ThrottleError with
+// RetryAfter = the time left), and the call itself returns a *ThrottleError
+// carrying the answer. Only fn's errors are taken as such an answer: a
+// handler's own handler.RetryAfter, returned outside any Do (a row lock, its
+// own reasons), pauses no dependency and is retried by the consumer as usual.
+//
+// *ThrottleError satisfies IsOpen (and IsThrottled), Rejected when fn did not
+// run, and RetryAfter, so a consumer handles it as it handles an open breaker
+// (below): the partition waits; no retry budget is spent; nothing goes to a
+// retry or dead-letter topic. Set.LimitStates reports, per dependency, the
+// current limits of this member, the calls in flight, and counters of the
+// time waited, the time paused and the calls throttled, for metrics.
 //
 // # Why this package does not wrap gobreaker
 //

@@ -10,10 +10,17 @@ import (
 	"github.com/idemhq/idem/breaker"
 )
 
-// fakeClock is a manual clock for Settings.Now.
+// fakeClock is a manual clock for Settings.Now, with timers (After) that
+// Advance fires.
 type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
+	mu     sync.Mutex
+	t      time.Time
+	timers []*fakeTimer
+}
+
+type fakeTimer struct {
+	at time.Time
+	c  chan time.Time
 }
 
 func newClock() *fakeClock {
@@ -26,10 +33,61 @@ func (c *fakeClock) Now() time.Time {
 	return c.t
 }
 
+// Advance moves the clock by d and fires the timers that are then due.
 func (c *fakeClock) Advance(d time.Duration) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.t = c.t.Add(d)
-	c.mu.Unlock()
+	keep := c.timers[:0]
+	for _, t := range c.timers {
+		if t.at.After(c.t) {
+			keep = append(keep, t)
+			continue
+		}
+		t.c <- c.t
+	}
+	c.timers = keep
+}
+
+// After is a timer on the fake clock, for breaker.SetAfter.
+func (c *fakeClock) After(d time.Duration) (<-chan time.Time, func() bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := &fakeTimer{at: c.t.Add(d), c: make(chan time.Time, 1)}
+	if d <= 0 {
+		t.c <- c.t
+		return t.c, func() bool { return false }
+	}
+	c.timers = append(c.timers, t)
+	return t.c, func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for i, x := range c.timers {
+			if x == t {
+				c.timers = append(c.timers[:i], c.timers[i+1:]...)
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// waitTimers waits until n timers are pending on c: n calls are waiting.
+func (c *fakeClock) waitTimers(tb testing.TB, n int) {
+	tb.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c.mu.Lock()
+		got := len(c.timers)
+		c.mu.Unlock()
+		if got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("%d timers pending, want %d", got, n)
+		}
+		time.Sleep(100 * time.Microsecond) // poll
+	}
 }
 
 var errDown = errors.New("dependency down")

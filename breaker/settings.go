@@ -127,8 +127,11 @@ func DefaultSettings() Settings {
 // failure of the dependency except
 //   - errors marked handler.Permanent or handler.Decode: bad input is not the
 //     dependency failing;
-//   - an *OpenError (ErrOpen) from another breaker: that dependency was not
-//     even called.
+//   - an *OpenError or a *ThrottleError (ErrOpen) from another breaker or
+//     Set: that dependency was not even called, or it asked for a pause.
+//
+// A dependency's request to wait (a *handler.RetryAfterError returned by fn)
+// is excluded by Do before IsFailure is consulted; see Breaker.Do.
 //
 // Context errors from the caller's own ctx are excluded by Do before IsFailure
 // is consulted; a context.DeadlineExceeded from a deadline of the dependency's
@@ -138,20 +141,27 @@ func IsFailure(err error) bool {
 }
 
 // ErrInvalidSettings is matched (errors.Is) by every error Validate, New,
-// NewSet and Set.Configure return for bad Settings.
+// NewSet, Set.Configure, Limits.Validate, Set.SetLimits and Set.SetShare
+// return for bad Settings, Limits or share.
 var ErrInvalidSettings = errors.New("breaker: invalid settings")
 
-// SettingsError describes one bad Settings field. Validate returns one per
-// problem, joined with errors.Join; use errors.As to get the first.
+// SettingsError describes one bad field of Settings or Limits.
+// Settings.Validate and Limits.Validate return one per problem, joined with
+// errors.Join; use errors.As to get the first.
 type SettingsError struct {
-	Field string // e.g. "FailureRatio"
-	Value any    // the offending value
-	Rule  string // e.g. "must be in [0,1]"
+	Struct string // "Limits" for a field of Limits; "" for Settings
+	Field  string // e.g. "FailureRatio"
+	Value  any    // the offending value
+	Rule   string // e.g. "must be in [0,1]"
 }
 
 // Error describes the failure in one line.
 func (e *SettingsError) Error() string {
-	return fmt.Sprintf("breaker: Settings.%s = %v, %s", e.Field, e.Value, e.Rule)
+	st := e.Struct
+	if st == "" {
+		st = "Settings"
+	}
+	return fmt.Sprintf("breaker: %s.%s = %v, %s", st, e.Field, e.Value, e.Rule)
 }
 
 // Is reports whether target is ErrInvalidSettings.

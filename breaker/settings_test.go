@@ -74,17 +74,25 @@ func TestValidateMessageAndJoin(t *testing.T) {
 	}
 }
 
-// TestDocumentedDefaults checks each "Default:" line of the Settings field
-// docs against DefaultSettings, and that every field has one.
+// TestDocumentedDefaults checks each "Default:" line of the Settings and
+// Limits field docs against DefaultSettings and DefaultLimits, and that every
+// field has one.
 func TestDocumentedDefaults(t *testing.T) {
-	f, err := parser.ParseFile(token.NewFileSet(), "settings.go", nil, parser.ParseComments)
+	t.Run("Settings", func(t *testing.T) { checkDefaults(t, "settings.go", "Settings", breaker.DefaultSettings()) })
+	t.Run("Limits", func(t *testing.T) { checkDefaults(t, "limits.go", "Limits", breaker.DefaultLimits()) })
+}
+
+// checkDefaults checks the "Default:" lines of struct typ, declared in file,
+// against defaults.
+func checkDefaults(t *testing.T, file, typ string, defaults any) {
+	f, err := parser.ParseFile(token.NewFileSet(), file, nil, parser.ParseComments)
 	if err != nil {
 		t.Fatal(err)
 	}
 	documented := map[string]string{}
 	ast.Inspect(f, func(n ast.Node) bool {
 		ts, ok := n.(*ast.TypeSpec)
-		if !ok || ts.Name.Name != "Settings" {
+		if !ok || ts.Name.Name != typ {
 			return true
 		}
 		for _, field := range ts.Type.(*ast.StructType).Fields.List {
@@ -94,21 +102,27 @@ func TestDocumentedDefaults(t *testing.T) {
 				}
 			}
 			if _, ok := documented[field.Names[0].Name]; !ok {
-				t.Errorf("Settings.%s has no \"Default:\" line", field.Names[0].Name)
+				t.Errorf("%s.%s has no \"Default:\" line", typ, field.Names[0].Name)
 			}
 		}
 		return false
 	})
 	funcs := map[string]any{"IsFailure": breaker.IsFailure, "time.Now": time.Now}
-	d := reflect.ValueOf(breaker.DefaultSettings())
+	if len(documented) == 0 {
+		t.Fatalf("no documented defaults found for %s in %s", typ, file)
+	}
+	d := reflect.ValueOf(defaults)
 	for name, doc := range documented {
 		v := d.FieldByName(name)
 		if !v.IsValid() {
-			t.Errorf("documented field %s is not in Settings", name)
+			t.Errorf("documented field %s is not in %s", name, typ)
 			continue
 		}
 		var ok bool
 		switch v.Kind() {
+		case reflect.Int:
+			n, err := strconv.ParseInt(doc, 10, 64)
+			ok = err == nil && n == v.Int()
 		case reflect.Uint32:
 			n, err := strconv.ParseUint(doc, 10, 32)
 			ok = err == nil && n == v.Uint()
@@ -125,11 +139,11 @@ func TestDocumentedDefaults(t *testing.T) {
 				ok = !v.IsNil() && v.Pointer() == reflect.ValueOf(fn).Pointer()
 			}
 		default:
-			t.Errorf("Settings.%s: kind %s not handled by this test", name, v.Kind())
+			t.Errorf("%s.%s: kind %s not handled by this test", typ, name, v.Kind())
 			continue
 		}
 		if !ok {
-			t.Errorf("Settings.%s: documented Default: %s, DefaultSettings has %v", name, doc, v)
+			t.Errorf("%s.%s: documented Default: %s, the defaults have %v", typ, name, doc, v)
 		}
 	}
 }
