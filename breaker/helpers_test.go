@@ -72,14 +72,39 @@ func (c *fakeClock) After(d time.Duration) (<-chan time.Time, func() bool) {
 	}
 }
 
+// advanceToNext moves the clock to the earliest pending timer and fires it
+// (and any due at the same time).
+func (c *fakeClock) advanceToNext(tb testing.TB) {
+	tb.Helper()
+	c.mu.Lock()
+	if len(c.timers) == 0 {
+		c.mu.Unlock()
+		tb.Fatal("no timer pending")
+	}
+	next := c.timers[0].at
+	for _, t := range c.timers {
+		if t.at.Before(next) {
+			next = t.at
+		}
+	}
+	d := next.Sub(c.t)
+	c.mu.Unlock()
+	c.Advance(d)
+}
+
+// pending returns how many timers are pending.
+func (c *fakeClock) pending() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.timers)
+}
+
 // waitTimers waits until n timers are pending on c: n calls are waiting.
 func (c *fakeClock) waitTimers(tb testing.TB, n int) {
 	tb.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		c.mu.Lock()
-		got := len(c.timers)
-		c.mu.Unlock()
+		got := c.pending()
 		if got == n {
 			return
 		}

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"math"
+	"runtime"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -397,5 +400,111 @@ func TestLimitsValidate(t *testing.T) {
 		if !strings.Contains(msg, want) {
 			t.Errorf("Validate() = %q, want it to contain %q", msg, want)
 		}
+	}
+}
+
+// TestRateBoundHoldsForWaitingLanes runs 16 lanes that call "bank" one call
+// after another, each call waiting for its token, and checks the times fn ran
+// at against the rate: the path a consumer's lanes take.
+func TestRateBoundHoldsForWaitingLanes(t *testing.T) {
+	const lanes, calls, rate, burst = 16, 40, 50, 5
+	c := newClock()
+	set := newLimitedSet(t, c, breaker.Limits{Rate: rate, Burst: burst, MaxWait: 10 * time.Second})
+	start := c.Now()
+	var mu sync.Mutex
+	var at []time.Time
+	var finished atomic.Int32
+	errs := make(chan error, lanes)
+	for range lanes {
+		go func() {
+			defer finished.Add(1)
+			for range calls {
+				err := set.Do(context.Background(), "bank", func(context.Context) error {
+					mu.Lock()
+					at = append(at, c.Now())
+					mu.Unlock()
+					return nil
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	// Each step: wait until every lane is done or waiting for its token,
+	// then move the clock to the next token.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		n := int(finished.Load())
+		if n == lanes {
+			break
+		}
+		if n+c.pending() == lanes {
+			c.advanceToNext(t)
+			continue
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d lanes finished, %d waiting, of %d", n, c.pending(), lanes)
+		}
+		runtime.Gosched()
+	}
+	close(errs)
+	for err := range errs {
+		t.Fatalf("a lane's call failed: %v", err)
+	}
+	slices.SortFunc(at, time.Time.Compare)
+	if len(at) != lanes*calls {
+		t.Fatalf("%d calls, want %d", len(at), lanes*calls)
+	}
+	if got := maxInWindow(at, time.Second); got > rate+burst {
+		t.Fatalf("%d calls in one 1s window, want <= %d", got, rate+burst)
+	}
+	// Not slower than the rate either: the last call is due when the tokens
+	// beyond the first burst have been earned.
+	want := time.Duration(float64(lanes*calls-burst) / rate * float64(time.Second))
+	if got := at[len(at)-1].Sub(start); got < want-time.Millisecond || got > want+time.Millisecond {
+		t.Fatalf("last call at %s, want %s", got, want)
+	}
+	wantClosed(t, set)
+	if st := set.LimitStates()["bank"]; st.Waited <= 0 || len(st.Throttled) != 0 {
+		t.Fatalf("LimitStates = %+v, want time waited and nothing throttled", st)
+	}
+}
+
+// TestMaxInFlightHoldsUnderLoad checks that no interleaving of many callers
+// runs more than MaxInFlight calls at once.
+func TestMaxInFlightHoldsUnderLoad(t *testing.T) {
+	const callers, calls, limit = 32, 50, 4
+	c := newClock() // never advanced: waits end only when a slot comes free
+	set := newLimitedSet(t, c, breaker.Limits{MaxInFlight: limit})
+	var now, most atomic.Int32
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range calls {
+				err := set.Do(context.Background(), "bank", func(context.Context) error {
+					n := now.Add(1)
+					for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+					}
+					runtime.Gosched()
+					now.Add(-1)
+					return nil
+				})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if m := most.Load(); m > limit || m < 1 {
+		t.Fatalf("%d calls in flight at once, want 1..%d", m, limit)
+	}
+	if st := set.LimitStates()["bank"]; st.InFlight != 0 {
+		t.Fatalf("%d in flight after every call returned", st.InFlight)
 	}
 }
