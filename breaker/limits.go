@@ -46,8 +46,8 @@ type Limits struct {
 	// before it gives up and returns a *ThrottleError (ReasonRate or
 	// ReasonInFlight) without calling fn. A deadline of the caller's ctx that
 	// comes sooner shortens it. Keep it well under the handler's timeout: a
-	// consumer's handler waits inside its transaction and its lane. Must be
-	// >= 0.
+	// consumer's handler waits inside its transaction and its lane. To never
+	// wait, set 1ns. Must be >= 0.
 	// Default: 1s
 	MaxWait time.Duration
 }

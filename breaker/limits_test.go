@@ -508,3 +508,28 @@ func TestMaxInFlightHoldsUnderLoad(t *testing.T) {
 		t.Fatalf("%d in flight after every call returned", st.InFlight)
 	}
 }
+
+func TestSetLimitsBeforeConfigure(t *testing.T) {
+	setClock, bankClock := newClock(), newClock()
+	set := newSet(t, setClock, breaker.Settings{})
+	if err := set.SetLimits("bank", breaker.Limits{Rate: 1, MaxWait: time.Nanosecond}); err != nil {
+		t.Fatal(err)
+	}
+	// Limits do not create the breaker: it can still be configured, and its
+	// clock is the limits' clock too.
+	if err := set.Configure("bank", breaker.Settings{Now: bankClock.Now}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := set.Do(ctx, "bank", ok); err != nil {
+		t.Fatal(err)
+	}
+	setClock.Advance(time.Second) // not the bank's clock: no new token
+	if err := set.Do(ctx, "bank", ok); !breaker.IsThrottled(err) {
+		t.Fatalf("second call = %v, want throttled by the bank's clock", err)
+	}
+	bankClock.Advance(time.Second)
+	if err := set.Do(ctx, "bank", ok); err != nil {
+		t.Fatalf("after a second of the bank's clock: %v", err)
+	}
+}
