@@ -124,9 +124,9 @@ func (s *Set) flow(name string) *flow {
 //  3. fn runs through the breaker, holding its slot until it returns.
 //
 // Waiting is not an attempt: nothing of steps 1 and 2 is counted by the
-// breaker, fn has not run, and the errors of those steps satisfy IsOpen and
-// Rejected, so a consumer pauses the partition for RetryAfter and spends no
-// retry budget on them.
+// breaker and fn has not run. The *OpenError and *ThrottleError of those
+// steps satisfy IsOpen and Rejected, so a consumer pauses the partition for
+// RetryAfter and spends no retry budget on them.
 //
 // Why Do waits, and why not for long: a short wait (tokens come every
 // 1/rate seconds) is the cheapest back-pressure, and keeps the message
