@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -131,5 +132,34 @@ func TestStartBatch(t *testing.T) {
 	c.WaitOutcome(t, "processed", 20)
 	if seen.Load() != 20 {
 		t.Fatalf("batch handler saw %d messages, want 20", seen.Load())
+	}
+}
+
+// TestBatchErrorNamingACopyIsNotLost: a batch handler whose *BatchError names
+// a copy of the message instead of the message itself (so it names none of
+// the batch) must not see that message recorded as processed with no
+// effect: it takes the failure path and reaches the DLQ.
+func TestBatchErrorNamingACopyIsNotLost(t *testing.T) {
+	t.Parallel()
+	k := idemtest.NewKafka(t)
+	k.CreateTopic(t, "ledger", 1)
+	k.Produce(t, "ledger", idemtest.Record{IdempotencyKey: "entry-1", Value: []byte("{}")})
+	cfg := k.Config(t, "books", "ledger")
+	cfg.Retries = 1
+	c := idemtest.StartBatch(t, cfg, handler.BatchFunc(func(ctx context.Context, ms []*handler.Message) error {
+		be := &handler.BatchError{}
+		for _, m := range ms {
+			cp := *m // a copy: not one of the messages the batch was given
+			be.Add(&cp, errors.New("ledger locked"))
+		}
+		return be
+	}))
+	c.WaitOutcome(t, "dead_lettered", 1)
+	if outs := c.Outcomes(t); outs["processed"] != 0 {
+		t.Fatalf("outcomes %v: the failed message was recorded as processed", outs)
+	}
+	dl := k.ReadDLQ(t, idemtest.DLQTopic("ledger", "books"), 1)
+	if len(dl) != 1 || !strings.Contains(dl[0].Failure.Error, "ledger locked") {
+		t.Fatalf("dead letters %+v, want entry-1 failing with the batch's error", dl)
 	}
 }
