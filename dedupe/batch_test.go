@@ -39,7 +39,7 @@ func TestProcessBatch(t *testing.T) {
 			var got []int
 			outs, err := s.ProcessBatch(ctx, recs, func(ctx context.Context, fresh []int) error {
 				got = fresh
-				if name == "postgres" && dedupe.Tx(ctx) == nil {
+				if name == "postgres" && !dedupe.HasTx(ctx) {
 					t.Error("no transaction in ctx")
 				}
 				return nil

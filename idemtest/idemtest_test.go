@@ -163,3 +163,30 @@ func TestBatchErrorNamingACopyIsNotLost(t *testing.T) {
 		t.Fatalf("dead letters %+v, want entry-1 failing with the batch's error", dl)
 	}
 }
+
+// TestForgottenWithPostgresIsAClearError: a handler that writes through
+// dedupe.Tx(ctx) on a config without WithPostgres (the kit's default memory
+// store has no transaction) fails with an error that names the missing
+// store, dead-lettered at once as permanent, instead of a nil-pointer panic.
+func TestForgottenWithPostgresIsAClearError(t *testing.T) {
+	t.Parallel()
+	k := idemtest.NewKafka(t)
+	k.CreateTopic(t, "refunds", 1)
+	k.Produce(t, "refunds", idemtest.Record{IdempotencyKey: "r-1", Value: []byte("{}")})
+	c := idemtest.Start(t, k.Config(t, "payouts", "refunds"), handler.Func(func(ctx context.Context, m *handler.Message) error {
+		_, err := dedupe.Tx(ctx).Exec(ctx, `INSERT INTO refunds (id) VALUES ($1)`, m.IdempotencyKey)
+		if err != nil && !errors.Is(err, dedupe.ErrNoTx) {
+			t.Errorf("error %v does not wrap dedupe.ErrNoTx", err)
+		}
+		return err
+	}))
+	c.WaitOutcome(t, "dead_lettered", 1)
+	dl := k.ReadDLQ(t, idemtest.DLQTopic("refunds", "payouts"), 1)
+	if len(dl) != 1 {
+		t.Fatalf("%d dead letters, want 1", len(dl))
+	}
+	f := dl[0].Failure
+	if f.Kind != handler.KindPermanent || !strings.Contains(f.Error, "dedupe.NewPostgres") || !strings.Contains(f.Error, "idemtest.WithPostgres") {
+		t.Fatalf("dead letter: kind %s, error %q; want a permanent error naming dedupe.NewPostgres and idemtest.WithPostgres", f.Kind, f.Error)
+	}
+}
