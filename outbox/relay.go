@@ -130,8 +130,10 @@ type Relay struct {
 	// Default: 1s.
 	PollInterval time.Duration
 
-	// LeaderRetry is how often a standby tries to take the lock, and how
-	// long a relay waits before it reconnects after losing its connection.
+	// LeaderRetry is how often a standby tries to take the lock, and the
+	// first wait before a relay tries again to start (migrate, make its
+	// producer) or to reconnect after losing its connection; those waits
+	// double with each failure in a row, with jitter, up to RetryMax.
 	// Default: 1s.
 	LeaderRetry time.Duration
 
@@ -179,6 +181,11 @@ type Relay struct {
 	// Default: nil, metrics are kept but not exported.
 	Registerer prometheus.Registerer
 
+	// Health, when set, receives the relay's state while Run runs, for a
+	// readiness probe (see Health.Err). Run never reads it otherwise.
+	// Default: nil.
+	Health *Health
+
 	// afterAck, when set (tests only), runs after a round's acks and before
 	// its rows are deleted.
 	afterAck func(ids []int64)
@@ -210,8 +217,13 @@ func (r *Relay) Validate() error {
 			return bad(name, d, "must be >= 0 (0: the default)")
 		}
 	}
-	_, err := parseTable(r.Table)
-	return err
+	if _, err := parseTable(r.Table); err != nil {
+		return err
+	}
+	if err := ProducerConfig(r.Sarama).Validate(); err != nil {
+		return fmt.Errorf("%w: Relay.Sarama: %w", ErrInvalidConfig, err)
+	}
+	return nil
 }
 
 // withDefaults returns a copy with every zero field set to its default.
@@ -266,10 +278,18 @@ func ProducerConfig(base *sarama.Config) *sarama.Config {
 }
 
 // Run relays until ctx is cancelled, then returns nil once its connection,
-// producer and every goroutine it started are gone. It first creates or
-// upgrades the table (Migrate). Lost database connections and Kafka outages
-// are not errors: Run reconnects and retries. It returns an error only for an
-// invalid configuration, a failed migration or a producer sarama refuses.
+// producer and every goroutine it started are gone. It returns an error only
+// for an invalid configuration (Validate) or metrics it cannot register.
+//
+// Nothing else stops it: not at start, not later. It first creates or
+// upgrades the table (Migrate) and makes its producer; while either fails
+// (the database or the brokers are down, a migration lock is held, the
+// credentials are being rotated) it logs the failure at WARN and tries again
+// after a backoff with jitter: a random wait in [c/2, c], c =
+// min(RetryMax, LeaderRetry·2^(n-1)) after the n-th failure in a row. Once
+// started, lost database connections and Kafka outages are retried the same
+// way for as long as they last. Health, when set, tells a readiness probe
+// which of these it is in.
 func (r *Relay) Run(ctx context.Context) error {
 	if err := r.Validate(); err != nil {
 		return err
@@ -280,39 +300,112 @@ func (r *Relay) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("outbox: register metrics: %w", err)
 	}
-	if err := Migrate(ctx, c.Pool, c.Table); err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return err
-	}
-	prod, err := sarama.NewAsyncProducer(c.Brokers, ProducerConfig(c.Sarama))
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return fmt.Errorf("outbox: producer for %v: %w", c.Brokers, err)
-	}
-	defer prod.Close()
 	s := &session{
 		cfg:  c,
 		t:    t,
 		m:    m,
-		prod: prod,
 		log:  c.Logger.With("outbox", t.name),
 		rand: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 	}
 	s.leader = m.Leader.WithLabelValues(t.name)
 	s.leader.Set(0)
-	for ctx.Err() == nil {
+	c.Health.set(ErrNotStarted)
+	defer c.Health.set(ErrStopped)
+	if !s.start(ctx) {
+		return nil
+	}
+	defer s.prod.Close()
+	for failures := 1; ctx.Err() == nil; failures++ {
 		err := s.run(ctx)
 		if ctx.Err() != nil {
 			break
 		}
-		s.log.Warn("idem: outbox relay session ended (database connection lost or refused); reconnecting", "err", err, "in", c.LeaderRetry)
-		sleep(ctx, c.LeaderRetry)
+		if s.led {
+			failures, s.led = 1, false
+		}
+		c.Health.set(err)
+		wait := s.backoff(failures)
+		s.log.Warn("idem: outbox relay session ended (database connection lost or refused); reconnecting", "err", err, "in", wait)
+		sleep(ctx, wait)
 	}
 	return nil
+}
+
+// start migrates the table and makes the producer, retrying both with
+// backoff until they succeed (true) or ctx ends (false).
+func (s *session) start(ctx context.Context) bool {
+	c := s.cfg
+	for n := 1; ; n++ {
+		err := Migrate(ctx, c.Pool, c.Table)
+		if err == nil {
+			s.prod, err = sarama.NewAsyncProducer(c.Brokers, ProducerConfig(c.Sarama))
+			if err == nil {
+				c.Health.set(nil)
+				if n > 1 {
+					s.log.Info("idem: outbox relay started", "attempts", n)
+				}
+				return true
+			}
+			err = fmt.Errorf("outbox: producer for %v: %w", c.Brokers, err)
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		c.Health.set(err)
+		wait := s.backoff(n)
+		s.log.Warn("idem: outbox relay cannot start yet (database or brokers unreachable?); retrying",
+			"err", err, "attempt", n, "in", wait)
+		if !sleep(ctx, wait) {
+			return false
+		}
+	}
+}
+
+// backoff is the wait after the n-th failure in a row of the relay's
+// start-up or session: a random duration in [c/2, c], c = min(RetryMax,
+// LeaderRetry·2^(n-1)).
+func (s *session) backoff(n int) time.Duration {
+	ceil := s.cfg.RetryMax
+	if n-1 < 30 && s.cfg.LeaderRetry<<(n-1) < ceil {
+		ceil = s.cfg.LeaderRetry << (n - 1)
+	}
+	return ceil/2 + time.Duration(s.rand.Int64N(int64(ceil-ceil/2)+1))
+}
+
+// Errors Health.Err returns while the relay is not running.
+var (
+	// ErrNotStarted: Run has not yet migrated the table and made its
+	// producer (the last failure, if any, is returned instead).
+	ErrNotStarted = errors.New("outbox: relay not started")
+	// ErrStopped: Run has returned.
+	ErrStopped = errors.New("outbox: relay stopped")
+)
+
+// Health is a running relay's state, for a readiness probe: set
+// Relay.Health to a *Health and call Err. The zero value is ready for use;
+// it is safe for concurrent use.
+type Health struct {
+	mu  sync.Mutex
+	err error
+}
+
+// Err returns nil while the relay runs with its table migrated and its
+// producer made, connected to the database (leading or standing by), and
+// otherwise why not: ErrNotStarted, ErrStopped, or the last start-up or
+// connection error (a relay retries those by itself).
+func (h *Health) Err() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.err
+}
+
+func (h *Health) set(err error) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	h.err = err
+	h.mu.Unlock()
 }
 
 // session is one Run's state.
@@ -324,6 +417,9 @@ type session struct {
 	prod   sarama.AsyncProducer
 	log    *slog.Logger
 	rand   *rand.Rand
+	// led is set once a session held its connection long enough to stand
+	// by or lead: the next failure starts the backoff over.
+	led bool
 }
 
 // run takes a dedicated connection, waits to become leader, and leads until
@@ -349,6 +445,8 @@ func (s *session) run(ctx context.Context) error {
 		if err := s.query(ctx, conn, "SELECT pg_try_advisory_lock($1)", lockKey).Scan(&got); err != nil {
 			return fmt.Errorf("outbox: try lock: %w", err)
 		}
+		s.led = true
+		s.cfg.Health.set(nil)
 		if got {
 			break
 		}
