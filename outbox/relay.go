@@ -88,15 +88,23 @@ var DefaultKafkaVersion = sarama.V4_0_0_0
 // published in commit order rather than id order. TestLateCommitNotSkipped
 // provokes the race.
 //
-// # Bad input
+// # Bad input and outages
 //
-// A publish Kafka refuses for good (unknown topic, record too large, not
-// authorised) is retried with exponential backoff and full jitter
-// (RetryBase, RetryMax); after MaxAttempts such refusals the row moves to
-// the failed state with its last error and stops holding back its key.
-// `idem outbox list --failed` shows failed rows and `idem outbox retry`
-// (Retry) makes them pending again. Other errors (broker unreachable,
-// timeouts) are retried for as long as they last and never fail a row.
+// A failed publish is retried with exponential backoff and full jitter
+// (RetryBase, RetryMax, counted by the row's attempts). Only a rejection of
+// the record itself (too large for the producer or the topic, a record the
+// broker finds invalid) counts against the row, in its own count
+// (rejections): after MaxAttempts of them the row moves to the failed state
+// with its last error and stops holding back its key. `idem outbox list
+// --failed` shows failed rows and `idem outbox retry` (Retry) makes them
+// pending again. Every other error is an outage and is retried for as long
+// as it lasts without counting against the row: brokers unreachable,
+// timeouts, SASL authentication, cluster or topic authorization, an unknown
+// topic. Those concern every row of a cluster or a topic, not one row: a
+// credential rotation or a topic created after its first events must not
+// fail every head row (which would break per-key order). Such a row keeps
+// holding back its key and waits, visible in
+// idem_outbox_publish_failures_total{reason} and idem_outbox_oldest_pending_seconds.
 // Nothing unpublished is ever deleted.
 type Relay struct {
 	// Pool is the database of the outbox table. Required. The relay takes
@@ -137,9 +145,10 @@ type Relay struct {
 	// Default: 1s.
 	LeaderRetry time.Duration
 
-	// MaxAttempts is how many publishes of a row Kafka may refuse for bad
-	// input (unknown topic, too large, authorization) before the row moves
-	// to the failed state.
+	// MaxAttempts is how many publishes of a row Kafka may reject for the
+	// record itself (too large, invalid record) before the row moves to the
+	// failed state. Outages (brokers down, authentication, authorization,
+	// unknown topic) are retried and never count.
 	// Default: 10.
 	MaxAttempts int
 
@@ -542,6 +551,7 @@ type row struct {
 	hkeys    []string
 	hvals    [][]byte
 	attempts int
+	rejects  int
 	created  time.Time
 }
 
@@ -557,15 +567,13 @@ func (s *session) round(ctx context.Context, conn *pgx.Conn) (more bool, err err
 	errs := s.publish(heads)
 
 	var acked []int64
-	var failed []failure
 	for i, h := range heads {
 		if errs[i] == nil {
 			acked = append(acked, h.id)
 			s.m.PublishSeconds.WithLabelValues(s.t.name).Observe(max(0, time.Since(h.created).Seconds()))
-			continue
 		}
-		failed = append(failed, s.failure(h, errs[i]))
 	}
+	failed := s.failures(heads, errs)
 	if s.cfg.afterAck != nil {
 		s.cfg.afterAck(acked)
 	}
@@ -595,7 +603,7 @@ WITH w AS (
     ORDER BY id
     LIMIT $1) window_rows
 )
-SELECT o.id, o.event_id::text, o.topic, o.key, o.value, o.header_keys, o.header_values, o.attempts, o.created_at,
+SELECT o.id, o.event_id::text, o.topic, o.key, o.value, o.header_keys, o.header_values, o.attempts, o.rejections, o.created_at,
        (SELECT count(*) FROM w)
 FROM %[1]s o JOIN w ON w.id = o.id
 WHERE w.nth = 1 OR w.key IS NULL
@@ -613,7 +621,7 @@ func (s *session) fetch(ctx context.Context, conn *pgx.Conn) ([]row, int, error)
 	var window int
 	out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (row, error) {
 		var x row
-		err := r.Scan(&x.id, &x.eventID, &x.topic, &x.key, &x.value, &x.hkeys, &x.hvals, &x.attempts, &x.created, &window)
+		err := r.Scan(&x.id, &x.eventID, &x.topic, &x.key, &x.value, &x.hkeys, &x.hvals, &x.attempts, &x.rejects, &x.created, &window)
 		return x, err
 	})
 	if err != nil {
@@ -670,31 +678,59 @@ func (r row) message(meta int) *sarama.ProducerMessage {
 
 // failure is a row whose publish failed this round.
 type failure struct {
-	id     int64
-	err    string
-	wait   time.Duration
-	reason string
-	final  bool // the row moves to the failed state
+	id       int64
+	err      string
+	wait     time.Duration
+	reason   string
+	rejected bool // Kafka refused the record itself: counts towards MaxAttempts
+	final    bool // the row moves to the failed state
+}
+
+// failures classifies the round's failed publishes, and logs each rejection
+// and one line for the round's outages.
+func (s *session) failures(heads []row, errs []error) []failure {
+	var out []failure
+	var outages int
+	var firstOutage error
+	for i, h := range heads {
+		err := errs[i]
+		if err == nil {
+			continue
+		}
+		f := s.failure(h, err)
+		out = append(out, f)
+		switch {
+		case f.final:
+			s.log.Error("idem: outbox row failed for good; `idem outbox retry` sends it again",
+				"id", h.id, "topic", h.topic, "rejections", h.rejects+1, "reason", f.reason, "err", err)
+		case f.rejected:
+			s.log.Warn("idem: Kafka rejected an outbox row; will retry", "id", h.id, "topic", h.topic,
+				"rejections", h.rejects+1, "max", s.cfg.MaxAttempts, "reason", f.reason, "err", err, "in", f.wait)
+		default:
+			if outages == 0 {
+				firstOutage = err
+			}
+			outages++
+		}
+	}
+	if outages > 0 {
+		s.log.Warn("idem: outbox publish failed (outage: brokers, credentials, authorization or topic); will retry, not counted against the rows",
+			"rows", outages, "err", firstOutage)
+	}
+	return out
 }
 
 func (s *session) failure(r row, err error) failure {
 	reason := Reason(err)
 	s.m.PublishFailures.WithLabelValues(s.t.name, reason).Inc()
 	attempts := r.attempts + 1
-	f := failure{id: r.id, err: err.Error(), reason: reason,
-		final: reason != metrics.ReasonOther && attempts >= s.cfg.MaxAttempts}
+	f := failure{id: r.id, err: err.Error(), reason: reason, rejected: Rejected(err)}
+	f.final = f.rejected && r.rejects+1 >= s.cfg.MaxAttempts
 	ceil := s.cfg.RetryBase << min(attempts-1, 30)
 	if ceil <= 0 || ceil > s.cfg.RetryMax {
 		ceil = s.cfg.RetryMax
 	}
 	f.wait = max(time.Duration(s.rand.Int64N(int64(ceil)+1)), time.Millisecond)
-	if f.final {
-		s.log.Error("idem: outbox row failed for good; `idem outbox retry` sends it again",
-			"id", r.id, "topic", r.topic, "attempts", attempts, "reason", reason, "err", err)
-	} else {
-		s.log.Warn("idem: outbox publish failed; will retry", "id", r.id, "topic", r.topic,
-			"attempts", attempts, "reason", reason, "err", err, "in", f.wait)
-	}
 	return f
 }
 
@@ -711,9 +747,10 @@ func (s *session) settle(ctx context.Context, conn *pgx.Conn, acked []int64, fai
 	}
 	for _, f := range failed {
 		b.Queue(`UPDATE `+s.t.quoted+` SET attempts = attempts + 1, last_error = $2,
+			rejections = rejections + CASE WHEN $5 THEN 1 ELSE 0 END,
 			retry_at = now() + make_interval(secs => $3),
 			state = CASE WHEN $4 THEN 'failed' ELSE 'pending' END
-			WHERE id = $1 AND state = 'pending'`, f.id, f.err, f.wait.Seconds(), f.final)
+			WHERE id = $1 AND state = 'pending'`, f.id, f.err, f.wait.Seconds(), f.final, f.rejected)
 	}
 	if b.Len() == 0 {
 		return nil
@@ -779,21 +816,38 @@ func (r cancelRow) Scan(dest ...any) error {
 
 // Reason classifies a publish error into the bounded reason label of
 // idem_outbox_publish_failures_total: metrics.ReasonUnknownTopic,
-// ReasonTooLarge, ReasonAuthorization (the bad-input reasons that count
-// towards Relay.MaxAttempts) or ReasonOther.
+// ReasonTooLarge, ReasonAuthorization or ReasonOther. Only errors Rejected
+// reports count towards Relay.MaxAttempts; the others are outages.
 func Reason(err error) string {
-	var ce sarama.ConfigurationError
 	switch {
 	case errors.Is(err, sarama.ErrUnknownTopicOrPartition), errors.Is(err, sarama.ErrInvalidTopic):
 		return metrics.ReasonUnknownTopic
-	case errors.Is(err, sarama.ErrMessageSizeTooLarge), errors.Is(err, sarama.ErrMessageSetSizeTooLarge),
-		errors.As(err, &ce) && strings.Contains(string(ce), "MaxMessageBytes"):
+	case tooLarge(err):
 		return metrics.ReasonTooLarge
 	case errors.Is(err, sarama.ErrTopicAuthorizationFailed), errors.Is(err, sarama.ErrClusterAuthorizationFailed),
 		errors.Is(err, sarama.ErrTransactionalIDAuthorizationFailed), errors.Is(err, sarama.ErrSASLAuthenticationFailed):
 		return metrics.ReasonAuthorization
 	}
 	return metrics.ReasonOther
+}
+
+// Rejected reports whether err is Kafka (or the producer) refusing the
+// record itself, so that publishing it again will fail the same way however
+// long one waits: a record too large for the producer or the topic, a record
+// the broker finds invalid (a keyless record on a compacted topic) or whose
+// timestamp it refuses. Only these count towards Relay.MaxAttempts. Every
+// other error is an outage of the cluster or the topic, retried without
+// counting: brokers unreachable, timeouts, SASL authentication, cluster,
+// topic or transactional-id authorization (credentials being rotated, ACLs
+// being granted), an unknown topic (not created yet).
+func Rejected(err error) bool {
+	return tooLarge(err) || errors.Is(err, sarama.ErrInvalidRecord) || errors.Is(err, sarama.ErrInvalidTimestamp)
+}
+
+func tooLarge(err error) bool {
+	var ce sarama.ConfigurationError
+	return errors.Is(err, sarama.ErrMessageSizeTooLarge) || errors.Is(err, sarama.ErrMessageSetSizeTooLarge) ||
+		errors.As(err, &ce) && strings.Contains(string(ce), "MaxMessageBytes")
 }
 
 // sleep waits d or until ctx is done; it reports whether d passed.
