@@ -78,7 +78,11 @@ type Job[R any] struct {
 	// RFC 3339 timestamp plus an id, …); the runner stores them and never
 	// compares them. Read runs in the chunk's transaction. It must return
 	// rows in the same order each time and a last cursor that moves forward;
-	// no rows means the job is done. Required.
+	// no rows means the job is done. It must also never return a row whose
+	// cursor is past a row that may still appear: "WHERE id > cursor" meets
+	// that only for a table nothing inserts into while the job runs (ids
+	// are drawn at INSERT, and a transaction holding a lower id may commit
+	// later). For a live table use LiveTable's Read. Required.
 	Read func(ctx context.Context, tx pgx.Tx, after string, limit int) (rows []R, last string, err error)
 
 	// Process does the chunk's work through tx; its writes commit with the

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -396,4 +397,60 @@ func TestKilledAtRandomRowResumes(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkExactlyOnce(t, pool, childRows)
+}
+
+// TestLateCommitNotSkipped: on a table written while the job runs, a row
+// whose transaction took a low id but commits after a higher id committed
+// and the runner moved past it is still processed, once.
+func TestLateCommitNotSkipped(t *testing.T) {
+	t.Parallel()
+	pool, _ := setup(t, 0)
+	ctx := testenv.Context(t)
+	if _, err := pool.Exec(ctx, `CREATE TABLE events (id bigserial PRIMARY KEY, amount int NOT NULL,
+		xact xid8 NOT NULL DEFAULT pg_current_xact_id());
+		CREATE INDEX ON events (xact, id)`); err != nil {
+		t.Fatal(err)
+	}
+	read := checkpoint.LiveTable[item]{Table: "events", Columns: "id, amount",
+		Dest: func(it *item) []any { return []any{&it.id, &it.amount} }}.Read
+	r, err := checkpoint.NewRunner(checkpoint.Job[item]{Name: "late", ChunkSize: 10, Read: read,
+		Process: func(ctx context.Context, tx pgx.Tx, rows []item) error { return writeEffects(ctx, tx, "r", rows) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	insert := func(db interface {
+		Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+	}, amount int) {
+		t.Helper()
+		if _, err := db.Exec(ctx, `INSERT INTO events (amount) VALUES ($1)`, amount); err != nil {
+			t.Fatal(err)
+		}
+	}
+	late, err := pool.Begin(ctx) // takes id 1 now, commits last
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Rollback(context.WithoutCancel(ctx))
+	insert(late, 1)
+	insert(pool, 2) // id 2, committed
+	if _, err := r.Run(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	// id 2 waits behind the open transaction: reading it would move the
+	// cursor past id 1.
+	if n := count(t, pool, `SELECT count(*) FROM effects`); n != 0 {
+		t.Fatalf("%d rows processed while an older transaction was open, want 0", n)
+	}
+	if err := late.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	insert(pool, 3)
+	if _, err := r.Run(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	got := count(t, pool, `SELECT count(*) FROM effects`)
+	skipped := count(t, pool, `SELECT count(*) FROM events v WHERE NOT EXISTS (SELECT 1 FROM effects e WHERE e.item_id = v.id)`)
+	if got != 3 || skipped != 0 {
+		t.Fatalf("%d effects for 3 events, %d events skipped (the late-committed id 1 among them?)", got, skipped)
+	}
 }

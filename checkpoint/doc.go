@@ -15,7 +15,14 @@
 //
 // A crash anywhere before COMMIT rolls back the chunk's effects and the
 // checkpoint together, so the next run reads the same chunk again: no row is
-// skipped and none is processed twice. Effects outside the transaction (a
+// skipped and none is processed twice — provided Read itself never passes
+// over a row that may still appear before the cursor. The plain id read
+// above meets that only when nothing inserts into the table while the job
+// runs: ids are drawn at INSERT, not COMMIT, so on a live table a
+// transaction holding id 5 may commit after id 6 was read, and id 5 would be
+// skipped. For a table written while the job runs, use [LiveTable], which
+// reads in the order of the writing transaction (an xid8 column below the
+// snapshot's xmin) and never skips a late commit. Effects outside the transaction (a
 // call to another service) are not covered by that: give them the row's key
 // as an idempotency key, as everywhere in idem.
 //

@@ -2,8 +2,10 @@ package dedupe
 
 import (
 	"context"
+	"slices"
 	"sort"
 	"strconv"
+	"strings"
 )
 
 // BatchStore is a Store that records several messages in one unit of work:
@@ -48,7 +50,8 @@ func firstOfEachKey(recs []Record, outs []Outcome) []int {
 }
 
 // ProcessBatch implements BatchStore: BEGIN; one INSERT … SELECT FROM
-// unnest(…) ON CONFLICT DO NOTHING RETURNING of every key (one round trip);
+// unnest(…) ON CONFLICT DO NOTHING RETURNING of every key, in key order so
+// that concurrent batches sharing keys cannot deadlock (one round trip);
 // fn with the new ones; COMMIT. There are no savepoints: a failed fn rolls
 // back the whole batch (the consumer then runs its messages one by one).
 // COMMIT failures are reported as Process reports them.
@@ -69,11 +72,16 @@ func (p *Postgres) ProcessBatch(ctx context.Context, recs []Record, fn func(ctx 
 	}
 	outs = make([]Outcome, len(recs))
 	firsts := firstOfEachKey(recs, outs)
-	keys := make([]string, len(firsts))
-	topics := make([]string, len(firsts))
-	parts := make([]int32, len(firsts))
-	offs := make([]int64, len(firsts))
-	for j, i := range firsts {
+	// Insert in key order: every batch takes its keys' row locks in one
+	// order, so two batches that share keys wait for each other instead of
+	// deadlocking (unnest keeps array order, and the INSERT its input's).
+	byKey := slices.Clone(firsts)
+	slices.SortFunc(byKey, func(a, b int) int { return strings.Compare(recs[a].Key, recs[b].Key) })
+	keys := make([]string, len(byKey))
+	topics := make([]string, len(byKey))
+	parts := make([]int32, len(byKey))
+	offs := make([]int64, len(byKey))
+	for j, i := range byKey {
 		keys[j], topics[j], parts[j], offs[j] = recs[i].Key, recs[i].Topic, recs[i].Partition, recs[i].Offset
 	}
 
@@ -89,7 +97,8 @@ func (p *Postgres) ProcessBatch(ctx context.Context, recs []Record, fn func(ctx 
 	}()
 	rows, err := tx.Query(ctx, `INSERT INTO `+p.table.quoted+
 		` (consumer_group, idempotency_key, topic, "partition", "offset")`+
-		` SELECT $1, k, t, p, o FROM unnest($2::text[], $3::text[], $4::int[], $5::bigint[]) AS u(k, t, p, o)`+
+		` SELECT $1, k, t, p, o FROM unnest($2::text[], $3::text[], $4::int[], $5::bigint[]) WITH ORDINALITY AS u(k, t, p, o, n)`+
+		` ORDER BY n`+
 		` ON CONFLICT (consumer_group, idempotency_key) DO NOTHING RETURNING idempotency_key`,
 		recs[0].Group, keys, topics, parts, offs)
 	if err != nil {

@@ -3,8 +3,12 @@ package dedupe_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/internal/testenv"
@@ -35,7 +39,7 @@ func TestProcessBatch(t *testing.T) {
 			var got []int
 			outs, err := s.ProcessBatch(ctx, recs, func(ctx context.Context, fresh []int) error {
 				got = fresh
-				if name == "postgres" && dedupe.Tx(ctx) == nil {
+				if name == "postgres" && !dedupe.HasTx(ctx) {
 					t.Error("no transaction in ctx")
 				}
 				return nil
@@ -56,5 +60,62 @@ func TestProcessBatch(t *testing.T) {
 				t.Errorf("second batch: outs=%v err=%v, want all Duplicate", outs, err)
 			}
 		})
+	}
+}
+
+// TestProcessBatchOverlappingInOppositeOrders: two batches that share keys,
+// given in opposite orders, run at once; neither may deadlock. A third
+// transaction holds the middle key until both batches wait, so that without
+// a common lock order each would hold a key the other needs.
+func TestProcessBatchOverlappingInOppositeOrders(t *testing.T) {
+	t.Parallel()
+	ctx := testenv.Context(t)
+	table := testenv.Unique("inbox_overlap")
+	s, pool := newPostgres(t, dedupe.WithTable(table))
+	g := testenv.Unique("g")
+	recs := func(keys ...string) []dedupe.Record {
+		out := make([]dedupe.Record, len(keys))
+		for i, k := range keys {
+			out[i] = dedupe.Record{Group: g, Key: k, Topic: "t", Offset: int64(i)}
+		}
+		return out
+	}
+	blocker, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Rollback(context.WithoutCancel(ctx))
+	if _, err := blocker.Exec(ctx, `INSERT INTO `+pgx.Identifier{table}.Sanitize()+
+		` (consumer_group, idempotency_key, topic, "partition", "offset") VALUES ($1, 'k2', 't', 0, 0)`, g); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 2)
+	for _, keys := range [][]string{{"k1", "k2", "k3"}, {"k3", "k2", "k1"}} {
+		go func() {
+			_, err := s.ProcessBatch(ctx, recs(keys...), func(context.Context, []int) error { return nil })
+			errs <- err
+		}()
+	}
+	testenv.Eventually(t, 30*time.Second, func() error {
+		var waiting int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE cardinality(pg_blocking_pids(pid)) > 0 AND strpos(query, $1) > 0`, table).Scan(&waiting); err != nil {
+			return err
+		}
+		if waiting < 2 {
+			return fmt.Errorf("%d of 2 batches wait", waiting)
+		}
+		return nil
+	})
+	if err := blocker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Errorf("ProcessBatch: %v", err)
+		}
+	}
+	if n := count(t, pool, `SELECT count(*) FROM `+pgx.Identifier{table}.Sanitize()+` WHERE consumer_group = $1`, g); n != 3 {
+		t.Fatalf("%d inbox rows, want 3", n)
 	}
 }

@@ -93,13 +93,29 @@ type DB interface {
 type txKey struct{}
 
 // Tx returns the transaction the store opened for the message being
-// processed, or nil if ctx carries none (Memory, PostgresLease, or outside
-// Process). Writes made through it commit atomically with the inbox row, and
+// processed. Writes made through it commit atomically with the inbox row, and
 // are rolled back with it when fn returns an error. fn must neither commit nor
 // roll it back.
+//
+// Tx never returns nil. When ctx carries no transaction (the store is Memory
+// or PostgresLease, say in a test that forgot idemtest.WithPostgres, or ctx
+// is not the handler's), it returns a pgx.Tx whose every method fails with an
+// error wrapping ErrNoTx, marked handler.Permanent, that names the store to
+// configure; the handler returns it and the message is dead-lettered with
+// that reason instead of a nil-pointer panic. Code that serves both kinds
+// of store asks HasTx first.
 func Tx(ctx context.Context) pgx.Tx {
-	tx, _ := ctx.Value(txKey{}).(pgx.Tx)
-	return tx
+	if tx, ok := ctx.Value(txKey{}).(pgx.Tx); ok && tx != nil {
+		return tx
+	}
+	return noTx{}
+}
+
+// HasTx reports whether ctx carries a store's transaction, that is whether
+// Tx(ctx) is a real transaction rather than one that fails with ErrNoTx.
+func HasTx(ctx context.Context) bool {
+	tx, ok := ctx.Value(txKey{}).(pgx.Tx)
+	return ok && tx != nil
 }
 
 // WithTx returns a copy of ctx carrying tx, retrievable with Tx. Stores call

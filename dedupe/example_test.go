@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/handler"
 )
 
 // A redelivered message is a Duplicate, and a failed attempt is not recorded.
@@ -59,11 +63,28 @@ func TestStoreError(t *testing.T) {
 	}
 }
 
+// TestTxContext: without a transaction in ctx, Tx is not nil but fails
+// every call with a permanent error wrapping ErrNoTx that names the store to
+// configure, and HasTx says there is none.
 func TestTxContext(t *testing.T) {
-	if dedupe.Tx(context.Background()) != nil {
-		t.Fatal("Tx of a bare context is not nil")
-	}
-	if dedupe.Tx(dedupe.WithTx(context.Background(), nil)) != nil {
-		t.Fatal("Tx after WithTx(nil) is not nil")
+	ctx := context.Background()
+	for name, c := range map[string]context.Context{"bare": ctx, "WithTx(nil)": dedupe.WithTx(ctx, nil)} {
+		if dedupe.HasTx(c) {
+			t.Errorf("%s: HasTx is true", name)
+		}
+		tx := dedupe.Tx(c)
+		if tx == nil {
+			t.Fatalf("%s: Tx is nil", name)
+		}
+		_, execErr := tx.Exec(c, "SELECT 1")
+		_, queryErr := tx.Query(c, "SELECT 1")
+		var n int
+		scanErr := tx.QueryRow(c, "SELECT 1").Scan(&n)
+		_, batchErr := tx.SendBatch(c, &pgx.Batch{}).Exec()
+		for _, err := range []error{execErr, queryErr, scanErr, batchErr, tx.Commit(c)} {
+			if !errors.Is(err, dedupe.ErrNoTx) || !handler.IsPermanent(err) || !strings.Contains(err.Error(), "dedupe.NewPostgres") {
+				t.Errorf("%s: error %v: want a permanent ErrNoTx naming dedupe.NewPostgres", name, err)
+			}
+		}
 	}
 }

@@ -49,7 +49,7 @@ func TestPostgresEffectCommitsWithInbox(t *testing.T) {
 	if _, err := db.Exec(ctx, "CREATE TABLE payments (id text, amount int)"); err != nil {
 		t.Fatal(err)
 	}
-	if dedupe.Tx(ctx) != nil {
+	if dedupe.HasTx(ctx) {
 		t.Fatal("Tx(ctx) outside Process is not nil")
 	}
 	pay := func(id string, fail error) func(ctx context.Context) error {

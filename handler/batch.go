@@ -46,7 +46,11 @@ type MessageError struct {
 }
 
 // BatchError is returned by a BatchHandler when only some messages of the
-// batch failed. Messages it does not name are treated as handled.
+// batch failed. Messages it does not name are treated as handled, provided
+// it names at least one message of the batch, by the very pointer the
+// handler was given: a *BatchError that names none of them (empty, or only
+// copies) fails the whole batch like any other error, and each message then
+// runs alone, where the same *BatchError fails that message (see Single).
 type BatchError struct {
 	Failed []MessageError
 }
@@ -89,6 +93,11 @@ func AsBatchError(err error) (*BatchError, bool) {
 
 // Single adapts a BatchHandler to a Handler that passes each message as a
 // batch of one and unpacks a *BatchError naming it into its own error.
+//
+// A *BatchError that does not name the message (it is empty, or names a copy
+// or a message the batch was not given) is a failure of the message, not a
+// success: Single returns an error wrapping the *BatchError, so the message
+// takes the failure path instead of being recorded with no effect.
 func Single(h BatchHandler) Handler {
 	return Func(func(ctx context.Context, m *Message) error {
 		err := h.HandleBatch(ctx, []*Message{m})
@@ -98,7 +107,7 @@ func Single(h BatchHandler) Handler {
 					return f.Err
 				}
 			}
-			return nil // it named only messages it was not given
+			return fmt.Errorf("handler: the batch handler's *BatchError names none of the messages it was given (offset %d): %w", m.Offset, err)
 		}
 		return err
 	})

@@ -114,3 +114,36 @@ func TestMessageHeader(t *testing.T) {
 		t.Fatalf("Header on a message without headers = %q, %v; want nil, false", v, ok)
 	}
 }
+
+// TestSingleBatchErrorNamingNoneOfItsMessagesFails: a *BatchError that does
+// not name the one message Single passed (it names a copy, another message,
+// or nothing) is a failure of that message, never a success: returning nil
+// would commit the message's inbox row with no effect.
+func TestSingleBatchErrorNamingNoneOfItsMessagesFails(t *testing.T) {
+	cause := errors.New("bank down")
+	for name, be := range map[string]func(m *handler.Message) *handler.BatchError{
+		"a copy": func(m *handler.Message) *handler.BatchError { c := *m; return (&handler.BatchError{}).Add(&c, cause) },
+		"another": func(*handler.Message) *handler.BatchError {
+			return (&handler.BatchError{}).Add(&handler.Message{Offset: 9}, cause)
+		},
+		"nothing": func(*handler.Message) *handler.BatchError { return &handler.BatchError{} },
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := handler.Single(handler.BatchFunc(func(_ context.Context, ms []*handler.Message) error { return be(ms[0]) }))
+			err := h.Handle(context.Background(), &handler.Message{Topic: "t", Offset: 3})
+			if err == nil {
+				t.Fatal("Single returned nil for a *BatchError that names none of its messages")
+			}
+			if _, ok := handler.AsBatchError(err); !ok {
+				t.Errorf("error %v does not wrap the batch's *BatchError", err)
+			}
+		})
+	}
+	// The message it names keeps its own error.
+	h := handler.Single(handler.BatchFunc(func(_ context.Context, ms []*handler.Message) error {
+		return (&handler.BatchError{}).Add(ms[0], handler.Permanent(cause))
+	}))
+	if err := h.Handle(context.Background(), &handler.Message{}); !handler.IsPermanent(err) || !errors.Is(err, cause) {
+		t.Fatalf("Single: %v, want the named message's permanent error", err)
+	}
+}

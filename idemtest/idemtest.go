@@ -166,7 +166,10 @@ func (k *Kafka) Config(tb testing.TB, group string, topics ...string) consumer.C
 // WithPostgres returns cfg using the transactional inbox over db
 // (dedupe.NewPostgres), after creating idem's tables with consumer.Migrate.
 // db is usually a *pgxpool.Pool on a test database; handlers then write
-// through dedupe.Tx(ctx) exactly as in production.
+// through dedupe.Tx(ctx) exactly as in production. Without it, the kit's
+// memory store runs handlers with no transaction: every call on
+// dedupe.Tx(ctx) fails with dedupe.ErrNoTx (permanent, so the message is
+// dead-lettered with that reason).
 func WithPostgres(tb testing.TB, cfg consumer.Config, db dedupe.DB) consumer.Config {
 	tb.Helper()
 	if err := consumer.Migrate(context.Background(), db); err != nil {

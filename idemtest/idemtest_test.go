@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -131,5 +132,61 @@ func TestStartBatch(t *testing.T) {
 	c.WaitOutcome(t, "processed", 20)
 	if seen.Load() != 20 {
 		t.Fatalf("batch handler saw %d messages, want 20", seen.Load())
+	}
+}
+
+// TestBatchErrorNamingACopyIsNotLost: a batch handler whose *BatchError names
+// a copy of the message instead of the message itself (so it names none of
+// the batch) must not see that message recorded as processed with no
+// effect: it takes the failure path and reaches the DLQ.
+func TestBatchErrorNamingACopyIsNotLost(t *testing.T) {
+	t.Parallel()
+	k := idemtest.NewKafka(t)
+	k.CreateTopic(t, "ledger", 1)
+	k.Produce(t, "ledger", idemtest.Record{IdempotencyKey: "entry-1", Value: []byte("{}")})
+	cfg := k.Config(t, "books", "ledger")
+	cfg.Retries = 1
+	c := idemtest.StartBatch(t, cfg, handler.BatchFunc(func(ctx context.Context, ms []*handler.Message) error {
+		be := &handler.BatchError{}
+		for _, m := range ms {
+			cp := *m // a copy: not one of the messages the batch was given
+			be.Add(&cp, errors.New("ledger locked"))
+		}
+		return be
+	}))
+	c.WaitOutcome(t, "dead_lettered", 1)
+	if outs := c.Outcomes(t); outs["processed"] != 0 {
+		t.Fatalf("outcomes %v: the failed message was recorded as processed", outs)
+	}
+	dl := k.ReadDLQ(t, idemtest.DLQTopic("ledger", "books"), 1)
+	if len(dl) != 1 || !strings.Contains(dl[0].Failure.Error, "ledger locked") {
+		t.Fatalf("dead letters %+v, want entry-1 failing with the batch's error", dl)
+	}
+}
+
+// TestForgottenWithPostgresIsAClearError: a handler that writes through
+// dedupe.Tx(ctx) on a config without WithPostgres (the kit's default memory
+// store has no transaction) fails with an error that names the missing
+// store, dead-lettered at once as permanent, instead of a nil-pointer panic.
+func TestForgottenWithPostgresIsAClearError(t *testing.T) {
+	t.Parallel()
+	k := idemtest.NewKafka(t)
+	k.CreateTopic(t, "refunds", 1)
+	k.Produce(t, "refunds", idemtest.Record{IdempotencyKey: "r-1", Value: []byte("{}")})
+	c := idemtest.Start(t, k.Config(t, "payouts", "refunds"), handler.Func(func(ctx context.Context, m *handler.Message) error {
+		_, err := dedupe.Tx(ctx).Exec(ctx, `INSERT INTO refunds (id) VALUES ($1)`, m.IdempotencyKey)
+		if err != nil && !errors.Is(err, dedupe.ErrNoTx) {
+			t.Errorf("error %v does not wrap dedupe.ErrNoTx", err)
+		}
+		return err
+	}))
+	c.WaitOutcome(t, "dead_lettered", 1)
+	dl := k.ReadDLQ(t, idemtest.DLQTopic("refunds", "payouts"), 1)
+	if len(dl) != 1 {
+		t.Fatalf("%d dead letters, want 1", len(dl))
+	}
+	f := dl[0].Failure
+	if f.Kind != handler.KindPermanent || !strings.Contains(f.Error, "dedupe.NewPostgres") || !strings.Contains(f.Error, "idemtest.WithPostgres") {
+		t.Fatalf("dead letter: kind %s, error %q; want a permanent error naming dedupe.NewPostgres and idemtest.WithPostgres", f.Kind, f.Error)
 	}
 }

@@ -14,9 +14,11 @@ import "github.com/prometheus/client_golang/prometheus"
 //
 // The gauges pending, oldest and failed are refreshed by the leader only.
 
-// Reason label values of idem_outbox_publish_failures_total. Only the first
-// three count towards Relay.MaxAttempts; "other" (broker outages, timeouts)
-// is retried for as long as it lasts.
+// Reason label values of idem_outbox_publish_failures_total. Only the
+// rejections of a record itself count towards Relay.MaxAttempts (see
+// outbox.Rejected): too_large, and the invalid records counted under other.
+// unknown_topic, authorization and the rest of other (broker outages,
+// timeouts, SASL) are outages, retried for as long as they last.
 const (
 	ReasonUnknownTopic  = "unknown_topic"
 	ReasonTooLarge      = "too_large"

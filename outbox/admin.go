@@ -24,7 +24,8 @@ type Row struct {
 	ValueSize   int       // bytes of the value
 	CreatedAt   time.Time // insert time
 	State       string    // StatePending, StatePublished or StateFailed
-	Attempts    int       // failed publishes so far
+	Attempts    int       // failed publishes so far, outages included
+	Rejections  int       // publishes Kafka rejected for the record itself; Relay.MaxAttempts of them fail the row
 	LastError   string    // the last publish error ("" when none)
 	RetryAt     time.Time // when a pending row that failed is tried again (zero when not waiting)
 	PublishedAt time.Time // zero unless State is StatePublished
@@ -65,7 +66,7 @@ func List(ctx context.Context, db DB, opt ListOptions) ([]Row, error) {
 		return nil, fmt.Errorf("%w: List needs a DB with Query (a *pgxpool.Pool, *pgx.Conn or pgx.Tx)", ErrInvalidConfig)
 	}
 	rows, err := q.Query(ctx, `SELECT id, event_id::text, topic, key, coalesce(length(value), 0), created_at, state,
-		attempts, coalesce(last_error, ''), retry_at, published_at
+		attempts, rejections, coalesce(last_error, ''), retry_at, published_at
 		FROM `+t.quoted+` WHERE ($1 = '' OR state = $1) ORDER BY id LIMIT $2`, opt.State, opt.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list %s: %w", t.quoted, err)
@@ -74,7 +75,7 @@ func List(ctx context.Context, db DB, opt ListOptions) ([]Row, error) {
 		var x Row
 		var retryAt, publishedAt *time.Time
 		err := r.Scan(&x.ID, &x.EventID, &x.Topic, &x.Key, &x.ValueSize, &x.CreatedAt, &x.State,
-			&x.Attempts, &x.LastError, &retryAt, &publishedAt)
+			&x.Attempts, &x.Rejections, &x.LastError, &retryAt, &publishedAt)
 		if retryAt != nil && x.State == StatePending {
 			x.RetryAt = *retryAt
 		}
@@ -90,7 +91,7 @@ func List(ctx context.Context, db DB, opt ListOptions) ([]Row, error) {
 }
 
 // Retry makes the failed rows ids of table ("" for idem_outbox) pending
-// again, with their attempts reset, and wakes the relay. It returns the ids
+// again, with their attempts and rejections reset, and wakes the relay. It returns the ids
 // it changed; ids that are not failed (unknown, pending, published) are left
 // alone and not returned. The last error is kept until the next publish.
 func Retry(ctx context.Context, db DB, table string, ids ...int64) ([]int64, error) {
@@ -106,7 +107,7 @@ func Retry(ctx context.Context, db DB, table string, ids ...int64) ([]int64, err
 		return nil, fmt.Errorf("outbox: retry: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	rows, err := tx.Query(ctx, `UPDATE `+t.quoted+` SET state = 'pending', attempts = 0, retry_at = NULL
+	rows, err := tx.Query(ctx, `UPDATE `+t.quoted+` SET state = 'pending', attempts = 0, rejections = 0, retry_at = NULL
 		WHERE id = ANY($1) AND state = 'failed' RETURNING id`, ids)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: retry: %w", err)

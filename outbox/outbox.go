@@ -58,8 +58,9 @@ type Header struct {
 // Message is one event to publish.
 type Message struct {
 	// Topic is the Kafka topic to publish to. Required. The relay never
-	// creates topics: an unknown topic fails the row after
-	// Relay.MaxAttempts attempts.
+	// creates topics: a row for a topic that does not exist (yet) waits,
+	// holding back its key, until the topic is created; it is an outage,
+	// not bad input, and never fails the row.
 	Topic string
 	// Key is the Kafka record key (nil for none). It chooses the partition
 	// (sarama's hash partitioner) and the ordering group: rows of one key are

@@ -88,15 +88,23 @@ var DefaultKafkaVersion = sarama.V4_0_0_0
 // published in commit order rather than id order. TestLateCommitNotSkipped
 // provokes the race.
 //
-// # Bad input
+// # Bad input and outages
 //
-// A publish Kafka refuses for good (unknown topic, record too large, not
-// authorised) is retried with exponential backoff and full jitter
-// (RetryBase, RetryMax); after MaxAttempts such refusals the row moves to
-// the failed state with its last error and stops holding back its key.
-// `idem outbox list --failed` shows failed rows and `idem outbox retry`
-// (Retry) makes them pending again. Other errors (broker unreachable,
-// timeouts) are retried for as long as they last and never fail a row.
+// A failed publish is retried with exponential backoff and full jitter
+// (RetryBase, RetryMax, counted by the row's attempts). Only a rejection of
+// the record itself (too large for the producer or the topic, a record the
+// broker finds invalid) counts against the row, in its own count
+// (rejections): after MaxAttempts of them the row moves to the failed state
+// with its last error and stops holding back its key. `idem outbox list
+// --failed` shows failed rows and `idem outbox retry` (Retry) makes them
+// pending again. Every other error is an outage and is retried for as long
+// as it lasts without counting against the row: brokers unreachable,
+// timeouts, SASL authentication, cluster or topic authorization, an unknown
+// topic. Those concern every row of a cluster or a topic, not one row: a
+// credential rotation or a topic created after its first events must not
+// fail every head row (which would break per-key order). Such a row keeps
+// holding back its key and waits, visible in
+// idem_outbox_publish_failures_total{reason} and idem_outbox_oldest_pending_seconds.
 // Nothing unpublished is ever deleted.
 type Relay struct {
 	// Pool is the database of the outbox table. Required. The relay takes
@@ -130,14 +138,17 @@ type Relay struct {
 	// Default: 1s.
 	PollInterval time.Duration
 
-	// LeaderRetry is how often a standby tries to take the lock, and how
-	// long a relay waits before it reconnects after losing its connection.
+	// LeaderRetry is how often a standby tries to take the lock, and the
+	// first wait before a relay tries again to start (migrate, make its
+	// producer) or to reconnect after losing its connection; those waits
+	// double with each failure in a row, with jitter, up to RetryMax.
 	// Default: 1s.
 	LeaderRetry time.Duration
 
-	// MaxAttempts is how many publishes of a row Kafka may refuse for bad
-	// input (unknown topic, too large, authorization) before the row moves
-	// to the failed state.
+	// MaxAttempts is how many publishes of a row Kafka may reject for the
+	// record itself (too large, invalid record) before the row moves to the
+	// failed state. Outages (brokers down, authentication, authorization,
+	// unknown topic) are retried and never count.
 	// Default: 10.
 	MaxAttempts int
 
@@ -179,6 +190,11 @@ type Relay struct {
 	// Default: nil, metrics are kept but not exported.
 	Registerer prometheus.Registerer
 
+	// Health, when set, receives the relay's state while Run runs, for a
+	// readiness probe (see Health.Err). Run never reads it otherwise.
+	// Default: nil.
+	Health *Health
+
 	// afterAck, when set (tests only), runs after a round's acks and before
 	// its rows are deleted.
 	afterAck func(ids []int64)
@@ -210,8 +226,13 @@ func (r *Relay) Validate() error {
 			return bad(name, d, "must be >= 0 (0: the default)")
 		}
 	}
-	_, err := parseTable(r.Table)
-	return err
+	if _, err := parseTable(r.Table); err != nil {
+		return err
+	}
+	if err := ProducerConfig(r.Sarama).Validate(); err != nil {
+		return fmt.Errorf("%w: Relay.Sarama: %w", ErrInvalidConfig, err)
+	}
+	return nil
 }
 
 // withDefaults returns a copy with every zero field set to its default.
@@ -266,10 +287,18 @@ func ProducerConfig(base *sarama.Config) *sarama.Config {
 }
 
 // Run relays until ctx is cancelled, then returns nil once its connection,
-// producer and every goroutine it started are gone. It first creates or
-// upgrades the table (Migrate). Lost database connections and Kafka outages
-// are not errors: Run reconnects and retries. It returns an error only for an
-// invalid configuration, a failed migration or a producer sarama refuses.
+// producer and every goroutine it started are gone. It returns an error only
+// for an invalid configuration (Validate) or metrics it cannot register.
+//
+// Nothing else stops it: not at start, not later. It first creates or
+// upgrades the table (Migrate) and makes its producer; while either fails
+// (the database or the brokers are down, a migration lock is held, the
+// credentials are being rotated) it logs the failure at WARN and tries again
+// after a backoff with jitter: a random wait in [c/2, c], c =
+// min(RetryMax, LeaderRetry·2^(n-1)) after the n-th failure in a row. Once
+// started, lost database connections and Kafka outages are retried the same
+// way for as long as they last. Health, when set, tells a readiness probe
+// which of these it is in.
 func (r *Relay) Run(ctx context.Context) error {
 	if err := r.Validate(); err != nil {
 		return err
@@ -280,39 +309,112 @@ func (r *Relay) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("outbox: register metrics: %w", err)
 	}
-	if err := Migrate(ctx, c.Pool, c.Table); err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return err
-	}
-	prod, err := sarama.NewAsyncProducer(c.Brokers, ProducerConfig(c.Sarama))
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return fmt.Errorf("outbox: producer for %v: %w", c.Brokers, err)
-	}
-	defer prod.Close()
 	s := &session{
 		cfg:  c,
 		t:    t,
 		m:    m,
-		prod: prod,
 		log:  c.Logger.With("outbox", t.name),
 		rand: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 	}
 	s.leader = m.Leader.WithLabelValues(t.name)
 	s.leader.Set(0)
-	for ctx.Err() == nil {
+	c.Health.set(ErrNotStarted)
+	defer c.Health.set(ErrStopped)
+	if !s.start(ctx) {
+		return nil
+	}
+	defer s.prod.Close()
+	for failures := 1; ctx.Err() == nil; failures++ {
 		err := s.run(ctx)
 		if ctx.Err() != nil {
 			break
 		}
-		s.log.Warn("idem: outbox relay session ended (database connection lost or refused); reconnecting", "err", err, "in", c.LeaderRetry)
-		sleep(ctx, c.LeaderRetry)
+		if s.led {
+			failures, s.led = 1, false
+		}
+		c.Health.set(err)
+		wait := s.backoff(failures)
+		s.log.Warn("idem: outbox relay session ended (database connection lost or refused); reconnecting", "err", err, "in", wait)
+		sleep(ctx, wait)
 	}
 	return nil
+}
+
+// start migrates the table and makes the producer, retrying both with
+// backoff until they succeed (true) or ctx ends (false).
+func (s *session) start(ctx context.Context) bool {
+	c := s.cfg
+	for n := 1; ; n++ {
+		err := Migrate(ctx, c.Pool, c.Table)
+		if err == nil {
+			s.prod, err = sarama.NewAsyncProducer(c.Brokers, ProducerConfig(c.Sarama))
+			if err == nil {
+				c.Health.set(nil)
+				if n > 1 {
+					s.log.Info("idem: outbox relay started", "attempts", n)
+				}
+				return true
+			}
+			err = fmt.Errorf("outbox: producer for %v: %w", c.Brokers, err)
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		c.Health.set(err)
+		wait := s.backoff(n)
+		s.log.Warn("idem: outbox relay cannot start yet (database or brokers unreachable?); retrying",
+			"err", err, "attempt", n, "in", wait)
+		if !sleep(ctx, wait) {
+			return false
+		}
+	}
+}
+
+// backoff is the wait after the n-th failure in a row of the relay's
+// start-up or session: a random duration in [c/2, c], c = min(RetryMax,
+// LeaderRetry·2^(n-1)).
+func (s *session) backoff(n int) time.Duration {
+	ceil := s.cfg.RetryMax
+	if n-1 < 30 && s.cfg.LeaderRetry<<(n-1) < ceil {
+		ceil = s.cfg.LeaderRetry << (n - 1)
+	}
+	return ceil/2 + time.Duration(s.rand.Int64N(int64(ceil-ceil/2)+1))
+}
+
+// Errors Health.Err returns while the relay is not running.
+var (
+	// ErrNotStarted: Run has not yet migrated the table and made its
+	// producer (the last failure, if any, is returned instead).
+	ErrNotStarted = errors.New("outbox: relay not started")
+	// ErrStopped: Run has returned.
+	ErrStopped = errors.New("outbox: relay stopped")
+)
+
+// Health is a running relay's state, for a readiness probe: set
+// Relay.Health to a *Health and call Err. The zero value is ready for use;
+// it is safe for concurrent use.
+type Health struct {
+	mu  sync.Mutex
+	err error
+}
+
+// Err returns nil while the relay runs with its table migrated and its
+// producer made, connected to the database (leading or standing by), and
+// otherwise why not: ErrNotStarted, ErrStopped, or the last start-up or
+// connection error (a relay retries those by itself).
+func (h *Health) Err() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.err
+}
+
+func (h *Health) set(err error) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	h.err = err
+	h.mu.Unlock()
 }
 
 // session is one Run's state.
@@ -324,6 +426,9 @@ type session struct {
 	prod   sarama.AsyncProducer
 	log    *slog.Logger
 	rand   *rand.Rand
+	// led is set once a session held its connection long enough to stand
+	// by or lead: the next failure starts the backoff over.
+	led bool
 }
 
 // run takes a dedicated connection, waits to become leader, and leads until
@@ -349,6 +454,8 @@ func (s *session) run(ctx context.Context) error {
 		if err := s.query(ctx, conn, "SELECT pg_try_advisory_lock($1)", lockKey).Scan(&got); err != nil {
 			return fmt.Errorf("outbox: try lock: %w", err)
 		}
+		s.led = true
+		s.cfg.Health.set(nil)
 		if got {
 			break
 		}
@@ -444,6 +551,7 @@ type row struct {
 	hkeys    []string
 	hvals    [][]byte
 	attempts int
+	rejects  int
 	created  time.Time
 }
 
@@ -459,15 +567,13 @@ func (s *session) round(ctx context.Context, conn *pgx.Conn) (more bool, err err
 	errs := s.publish(heads)
 
 	var acked []int64
-	var failed []failure
 	for i, h := range heads {
 		if errs[i] == nil {
 			acked = append(acked, h.id)
 			s.m.PublishSeconds.WithLabelValues(s.t.name).Observe(max(0, time.Since(h.created).Seconds()))
-			continue
 		}
-		failed = append(failed, s.failure(h, errs[i]))
 	}
+	failed := s.failures(heads, errs)
 	if s.cfg.afterAck != nil {
 		s.cfg.afterAck(acked)
 	}
@@ -497,7 +603,7 @@ WITH w AS (
     ORDER BY id
     LIMIT $1) window_rows
 )
-SELECT o.id, o.event_id::text, o.topic, o.key, o.value, o.header_keys, o.header_values, o.attempts, o.created_at,
+SELECT o.id, o.event_id::text, o.topic, o.key, o.value, o.header_keys, o.header_values, o.attempts, o.rejections, o.created_at,
        (SELECT count(*) FROM w)
 FROM %[1]s o JOIN w ON w.id = o.id
 WHERE w.nth = 1 OR w.key IS NULL
@@ -515,7 +621,7 @@ func (s *session) fetch(ctx context.Context, conn *pgx.Conn) ([]row, int, error)
 	var window int
 	out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (row, error) {
 		var x row
-		err := r.Scan(&x.id, &x.eventID, &x.topic, &x.key, &x.value, &x.hkeys, &x.hvals, &x.attempts, &x.created, &window)
+		err := r.Scan(&x.id, &x.eventID, &x.topic, &x.key, &x.value, &x.hkeys, &x.hvals, &x.attempts, &x.rejects, &x.created, &window)
 		return x, err
 	})
 	if err != nil {
@@ -572,31 +678,59 @@ func (r row) message(meta int) *sarama.ProducerMessage {
 
 // failure is a row whose publish failed this round.
 type failure struct {
-	id     int64
-	err    string
-	wait   time.Duration
-	reason string
-	final  bool // the row moves to the failed state
+	id       int64
+	err      string
+	wait     time.Duration
+	reason   string
+	rejected bool // Kafka refused the record itself: counts towards MaxAttempts
+	final    bool // the row moves to the failed state
+}
+
+// failures classifies the round's failed publishes, and logs each rejection
+// and one line for the round's outages.
+func (s *session) failures(heads []row, errs []error) []failure {
+	var out []failure
+	var outages int
+	var firstOutage error
+	for i, h := range heads {
+		err := errs[i]
+		if err == nil {
+			continue
+		}
+		f := s.failure(h, err)
+		out = append(out, f)
+		switch {
+		case f.final:
+			s.log.Error("idem: outbox row failed for good; `idem outbox retry` sends it again",
+				"id", h.id, "topic", h.topic, "rejections", h.rejects+1, "reason", f.reason, "err", err)
+		case f.rejected:
+			s.log.Warn("idem: Kafka rejected an outbox row; will retry", "id", h.id, "topic", h.topic,
+				"rejections", h.rejects+1, "max", s.cfg.MaxAttempts, "reason", f.reason, "err", err, "in", f.wait)
+		default:
+			if outages == 0 {
+				firstOutage = err
+			}
+			outages++
+		}
+	}
+	if outages > 0 {
+		s.log.Warn("idem: outbox publish failed (outage: brokers, credentials, authorization or topic); will retry, not counted against the rows",
+			"rows", outages, "err", firstOutage)
+	}
+	return out
 }
 
 func (s *session) failure(r row, err error) failure {
 	reason := Reason(err)
 	s.m.PublishFailures.WithLabelValues(s.t.name, reason).Inc()
 	attempts := r.attempts + 1
-	f := failure{id: r.id, err: err.Error(), reason: reason,
-		final: reason != metrics.ReasonOther && attempts >= s.cfg.MaxAttempts}
+	f := failure{id: r.id, err: err.Error(), reason: reason, rejected: Rejected(err)}
+	f.final = f.rejected && r.rejects+1 >= s.cfg.MaxAttempts
 	ceil := s.cfg.RetryBase << min(attempts-1, 30)
 	if ceil <= 0 || ceil > s.cfg.RetryMax {
 		ceil = s.cfg.RetryMax
 	}
 	f.wait = max(time.Duration(s.rand.Int64N(int64(ceil)+1)), time.Millisecond)
-	if f.final {
-		s.log.Error("idem: outbox row failed for good; `idem outbox retry` sends it again",
-			"id", r.id, "topic", r.topic, "attempts", attempts, "reason", reason, "err", err)
-	} else {
-		s.log.Warn("idem: outbox publish failed; will retry", "id", r.id, "topic", r.topic,
-			"attempts", attempts, "reason", reason, "err", err, "in", f.wait)
-	}
 	return f
 }
 
@@ -613,9 +747,10 @@ func (s *session) settle(ctx context.Context, conn *pgx.Conn, acked []int64, fai
 	}
 	for _, f := range failed {
 		b.Queue(`UPDATE `+s.t.quoted+` SET attempts = attempts + 1, last_error = $2,
+			rejections = rejections + CASE WHEN $5 THEN 1 ELSE 0 END,
 			retry_at = now() + make_interval(secs => $3),
 			state = CASE WHEN $4 THEN 'failed' ELSE 'pending' END
-			WHERE id = $1 AND state = 'pending'`, f.id, f.err, f.wait.Seconds(), f.final)
+			WHERE id = $1 AND state = 'pending'`, f.id, f.err, f.wait.Seconds(), f.final, f.rejected)
 	}
 	if b.Len() == 0 {
 		return nil
@@ -681,21 +816,38 @@ func (r cancelRow) Scan(dest ...any) error {
 
 // Reason classifies a publish error into the bounded reason label of
 // idem_outbox_publish_failures_total: metrics.ReasonUnknownTopic,
-// ReasonTooLarge, ReasonAuthorization (the bad-input reasons that count
-// towards Relay.MaxAttempts) or ReasonOther.
+// ReasonTooLarge, ReasonAuthorization or ReasonOther. Only errors Rejected
+// reports count towards Relay.MaxAttempts; the others are outages.
 func Reason(err error) string {
-	var ce sarama.ConfigurationError
 	switch {
 	case errors.Is(err, sarama.ErrUnknownTopicOrPartition), errors.Is(err, sarama.ErrInvalidTopic):
 		return metrics.ReasonUnknownTopic
-	case errors.Is(err, sarama.ErrMessageSizeTooLarge), errors.Is(err, sarama.ErrMessageSetSizeTooLarge),
-		errors.As(err, &ce) && strings.Contains(string(ce), "MaxMessageBytes"):
+	case tooLarge(err):
 		return metrics.ReasonTooLarge
 	case errors.Is(err, sarama.ErrTopicAuthorizationFailed), errors.Is(err, sarama.ErrClusterAuthorizationFailed),
 		errors.Is(err, sarama.ErrTransactionalIDAuthorizationFailed), errors.Is(err, sarama.ErrSASLAuthenticationFailed):
 		return metrics.ReasonAuthorization
 	}
 	return metrics.ReasonOther
+}
+
+// Rejected reports whether err is Kafka (or the producer) refusing the
+// record itself, so that publishing it again will fail the same way however
+// long one waits: a record too large for the producer or the topic, a record
+// the broker finds invalid (a keyless record on a compacted topic) or whose
+// timestamp it refuses. Only these count towards Relay.MaxAttempts. Every
+// other error is an outage of the cluster or the topic, retried without
+// counting: brokers unreachable, timeouts, SASL authentication, cluster,
+// topic or transactional-id authorization (credentials being rotated, ACLs
+// being granted), an unknown topic (not created yet).
+func Rejected(err error) bool {
+	return tooLarge(err) || errors.Is(err, sarama.ErrInvalidRecord) || errors.Is(err, sarama.ErrInvalidTimestamp)
+}
+
+func tooLarge(err error) bool {
+	var ce sarama.ConfigurationError
+	return errors.Is(err, sarama.ErrMessageSizeTooLarge) || errors.Is(err, sarama.ErrMessageSetSizeTooLarge) ||
+		errors.As(err, &ce) && strings.Contains(string(ce), "MaxMessageBytes")
 }
 
 // sleep waits d or until ctx is done; it reports whether d passed.

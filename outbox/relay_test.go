@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
+
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/internal/testenv"
@@ -215,11 +217,13 @@ func TestLateCommitNotSkipped(t *testing.T) {
 	})
 }
 
-// TestBadInputFailsWithoutBlockingOthers (issue test 5): an oversized event
-// and an event for an unknown topic reach the failed state after
-// MaxAttempts, while other keys flow; the next row of the oversized key
-// flows once its head has failed; Retry publishes a failed row once its
-// cause is fixed. Nothing unpublished is deleted.
+// TestBadInputFailsWithoutBlockingOthers: a row Kafka refuses for itself
+// (too large) fails after MaxAttempts refusals and stops holding back its
+// key; a row whose topic does not exist is an outage, not bad input: it is
+// retried without counting against the row, however often it fails (a
+// credential rotation or a topic not created yet must not move every head
+// row to failed), holds back its key's later rows, and is published, in
+// order, once the topic exists. Other keys flow meanwhile.
 func TestBadInputFailsWithoutBlockingOthers(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 2)
@@ -232,7 +236,8 @@ func TestBadInputFailsWithoutBlockingOthers(t *testing.T) {
 
 	big := e.msg("big", "")
 	big.Value = make([]byte, 2<<20)
-	e.enqueue(big, outbox.Message{Topic: missing, Key: []byte("lost"), Value: []byte("lost")}, e.msg("big", "after-big"))
+	e.enqueue(big, outbox.Message{Topic: missing, Key: []byte("late"), Value: []byte("1")}, e.msg("big", "after-big"),
+		outbox.Message{Topic: missing, Key: []byte("late"), Value: []byte("2")})
 	var ok []string
 	for i := range 5 {
 		ok = append(ok, "ok"+strconv.Itoa(i))
@@ -240,22 +245,36 @@ func TestBadInputFailsWithoutBlockingOthers(t *testing.T) {
 	}
 	recs.waitKeys(t, ok...)
 	testenv.Eventually(t, 60*time.Second, func() error {
-		if n := e.count("state = 'failed' AND attempts = 3 AND last_error <> ''"); n != 2 {
-			return fmt.Errorf("%d failed rows, want 2", n)
+		if n := e.count("key = 'late' AND state <> 'pending'"); n != 0 {
+			t.Fatalf("%d rows of a missing topic left the pending state: an outage counted as bad input", n)
+		}
+		if n := e.count("key = 'late' AND value = '1' AND attempts > 5"); n != 1 {
+			return errors.New("the missing topic's head has not failed more than MaxAttempts times yet")
+		}
+		if n := e.count("state = 'failed'"); n != 1 {
+			return fmt.Errorf("%d failed rows, want 1 (the oversized one)", n)
 		}
 		return nil
 	})
+	if n := e.count("key = 'late' AND rejections = 0 AND state = 'pending'"); n != 2 {
+		t.Fatalf("%d of the missing topic's 2 rows pending with no rejection counted", n)
+	}
+	if n := e.count("key = 'big' AND state = 'failed' AND rejections = 3 AND attempts = 3 AND last_error <> ''"); n != 1 {
+		t.Fatalf("the oversized row: %d failed with 3 rejections, want 1", n)
+	}
 	recs.waitKeys(t, "big")
 	if v := recs.values("big"); len(v) != 1 || v[0] != "after-big" {
 		t.Fatalf("key big published %d records, want only after-big", len(v))
 	}
-	for reason, want := range map[string]float64{"too_large": 3, "unknown_topic": 3} {
-		if got := metric(t, reg, "idem_outbox_publish_failures_total", reason, "idem_outbox"); got != want {
-			t.Fatalf("idem_outbox_publish_failures_total{reason=%s} = %v, want %v", reason, got, want)
-		}
+	if got := metric(t, reg, "idem_outbox_publish_failures_total", "too_large", "idem_outbox"); got != 3 {
+		t.Fatalf("idem_outbox_publish_failures_total{reason=too_large} = %v, want 3", got)
+	}
+	// (sarama's producer reports some of them as "circuit breaker is open": reason other.)
+	if got := metric(t, reg, "idem_outbox_publish_failures_total", "unknown_topic", "idem_outbox"); got < 1 {
+		t.Fatalf("idem_outbox_publish_failures_total{reason=unknown_topic} = %v, want >= 1", got)
 	}
 	testenv.Eventually(t, 10*time.Second, func() error {
-		if f := metric(t, reg, "idem_outbox_failed", "idem_outbox"); f != 2 {
+		if f := metric(t, reg, "idem_outbox_failed", "idem_outbox"); f != 1 {
 			return fmt.Errorf("idem_outbox_failed = %v", f)
 		}
 		return nil
@@ -264,21 +283,30 @@ func TestBadInputFailsWithoutBlockingOthers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(failed) != 2 || failed[0].Topic != e.topic || failed[0].ValueSize != 2<<20 || failed[1].Topic != missing {
+	if len(failed) != 1 || failed[0].Topic != e.topic || failed[0].ValueSize != 2<<20 || failed[0].Rejections != 3 {
 		t.Fatalf("failed rows: %+v", failed)
 	}
 
-	// Fix the cause and send the failed row again.
+	// The topic appears: the waiting rows go out in order, with no Retry.
 	e.k.CreateTopic(t, missing, 1)
-	lost := e.consume(missing)
-	done, err := outbox.Retry(testenv.Context(t), e.pool, "", failed[1].ID, 999999)
-	if err != nil || len(done) != 1 || done[0] != failed[1].ID {
-		t.Fatalf("Retry = %v, %v; want [%d]", done, err, failed[1].ID)
+	late := e.consume(missing)
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if v := late.values("late"); len(v) != 2 || v[0] != "1" || v[1] != "2" {
+			return fmt.Errorf("records of late: %v, want [1 2]", v)
+		}
+		return nil
+	})
+	// Retry makes the oversized row pending again, its counts reset.
+	done, err := outbox.Retry(testenv.Context(t), e.pool, "", failed[0].ID, 999999)
+	if err != nil || len(done) != 1 || done[0] != failed[0].ID {
+		t.Fatalf("Retry = %v, %v; want [%d]", done, err, failed[0].ID)
 	}
-	lost.waitKeys(t, "lost")
-	if n := e.count("state = 'failed'"); n != 1 {
-		t.Fatalf("%d failed rows after the retry, want 1 (the oversized one, kept)", n)
-	}
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if n := e.count("key = 'big' AND state = 'failed' AND rejections = 3"); n != 1 {
+			return errors.New("the retried oversized row has not failed again")
+		}
+		return nil
+	})
 }
 
 // TestFailedRowHoldsBackItsKey: while a row of key K keeps failing, the
@@ -417,4 +445,38 @@ func TestNotifyWakesRelay(t *testing.T) {
 		t.Fatalf("Retry = %v, %v", done, err)
 	}
 	recs.waitKeys(t, "b")
+}
+
+// TestRejectedOnlyForTheRecordItself: errors about the record count against
+// the row; errors about the cluster, the credentials or the topic are
+// outages (the classification the relay applies to each failed publish).
+func TestRejectedOnlyForTheRecordItself(t *testing.T) {
+	t.Parallel()
+	wrap := func(err error) error { return fmt.Errorf("kafka: produce: %w", err) }
+	for _, c := range []struct {
+		err      error
+		rejected bool
+		reason   string
+	}{
+		{sarama.ErrMessageSizeTooLarge, true, "too_large"},
+		{wrap(sarama.ErrMessageSetSizeTooLarge), true, "too_large"},
+		{sarama.ConfigurationError("Attempt to produce message larger than configured Producer.MaxMessageBytes: 2097231 > 1000000"), true, "too_large"},
+		{sarama.ErrInvalidRecord, true, "other"},
+		{sarama.ErrInvalidTimestamp, true, "other"},
+		{sarama.ErrSASLAuthenticationFailed, false, "authorization"},
+		{wrap(sarama.ErrClusterAuthorizationFailed), false, "authorization"},
+		{sarama.ErrTopicAuthorizationFailed, false, "authorization"},
+		{sarama.ErrUnknownTopicOrPartition, false, "unknown_topic"},
+		{sarama.ErrInvalidTopic, false, "unknown_topic"},
+		{sarama.ErrOutOfBrokers, false, "other"},
+		{sarama.ErrNotEnoughReplicas, false, "other"},
+		{errors.New("i/o timeout"), false, "other"},
+	} {
+		if got := outbox.Rejected(c.err); got != c.rejected {
+			t.Errorf("Rejected(%v) = %v, want %v", c.err, got, c.rejected)
+		}
+		if got := outbox.Reason(c.err); got != c.reason {
+			t.Errorf("Reason(%v) = %q, want %q", c.err, got, c.reason)
+		}
+	}
 }

@@ -33,9 +33,12 @@
 // then the step fails, its writes are rolled back, and the saga compensates.
 // An error wrapping a breaker *OpenError (package breaker: a dependency is
 // down) is not a failure: the saga waits for the breaker's RetryAfter.
-// Compensations are retried with backoff until they succeed: each Execute
-// tries Config.CompensationAttempts times, then leaves the saga
-// Compensating, due again after a backoff.
+// Compensations are retried until they succeed, with exponential backoff
+// and jitter that grows with every failed call of that compensation (counted
+// in the step's row, across Execute calls and processes) up to
+// Config.CompensationBackoffMax (5 minutes by default): each Execute tries
+// at most Config.CompensationAttempts times, then leaves the saga
+// Compensating, due again at next_at, for RunDue.
 //
 // # Asynchronous steps
 //

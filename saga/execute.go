@@ -304,8 +304,11 @@ func (o *Orchestrator) compensate(ctx context.Context, tx pgx.Tx, s row, def *De
 	return st, more && err == nil, err
 }
 
-// compensationFailed counts a failed compensation and waits to retry it, or
-// after Config.CompensationAttempts leaves it due for RunDue later.
+// compensationFailed counts a failed compensation (comp_attempts of the
+// step), delays the saga by compensationBackoff of that count, and waits to
+// call it again, or leaves it due for RunDue later: after
+// Config.CompensationAttempts calls in this Execute, or once the delay
+// exceeds Config.BackoffMax.
 func (o *Orchestrator) compensationFailed(ctx context.Context, tx pgx.Tx, s row, name string, cerr error, fails *int) (State, bool, error) {
 	o.m.Compensations.WithLabelValues(s.typ, name, "error").Inc()
 	_ = tx.Rollback(ctx)
@@ -313,16 +316,20 @@ func (o *Orchestrator) compensationFailed(ctx context.Context, tx pgx.Tx, s row,
 		return s.state, false, fmt.Errorf("saga: %s/%s: compensate: %w", s.id, name, ctx.Err())
 	}
 	*fails++
-	o.cfg.Logger.WarnContext(ctx, "saga compensation failed", "saga", s.id, "type", s.typ, "step", name, "attempt", *fails, "error", cerr)
-	delay := o.backoff(*fails)
-	if _, err := o.cfg.DB.Exec(ctx, `WITH st AS (UPDATE idem_saga_step SET comp_attempts = comp_attempts + 1, error = $3
-			WHERE saga_id = $1 AND idx = $2)
-		UPDATE idem_saga SET next_at = now() + $4::interval, updated_at = now() WHERE id = $1`,
-		s.id, s.step, "compensate: "+cerr.Error(), delay); err != nil {
+	var total int
+	if err := o.cfg.DB.QueryRow(ctx, `UPDATE idem_saga_step SET comp_attempts = comp_attempts + 1, error = $3
+		WHERE saga_id = $1 AND idx = $2 RETURNING comp_attempts`, s.id, s.step, "compensate: "+cerr.Error()).Scan(&total); err != nil {
 		return s.state, false, fmt.Errorf("saga: %s/%s: compensate: %w (and recording it: %v)", s.id, name, cerr, err)
 	}
-	if *fails >= o.cfg.CompensationAttempts {
-		return s.state, false, fmt.Errorf("saga: %s/%s: %w after %d attempts: %w", s.id, name, ErrCompensationFailing, *fails, cerr)
+	delay := o.compensationBackoff(total)
+	o.cfg.Logger.WarnContext(ctx, "saga compensation failed", "saga", s.id, "type", s.typ, "step", name,
+		"attempt", total, "retry_in", delay, "error", cerr)
+	if _, err := o.cfg.DB.Exec(ctx, `UPDATE idem_saga SET next_at = now() + $2::interval, updated_at = now() WHERE id = $1`,
+		s.id, delay); err != nil {
+		return s.state, false, fmt.Errorf("saga: %s/%s: compensate: %w (and delaying it: %v)", s.id, name, cerr, err)
+	}
+	if *fails >= o.cfg.CompensationAttempts || delay > o.cfg.BackoffMax {
+		return s.state, false, fmt.Errorf("saga: %s/%s: %w after %d attempts (next in %v): %w", s.id, name, ErrCompensationFailing, total, delay, cerr)
 	}
 	if err := wait(ctx, delay); err != nil {
 		return s.state, false, fmt.Errorf("saga: %s/%s: %w", s.id, name, err)

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -170,6 +172,18 @@ type Config struct {
 	// [0, min(BackoffMax, BackoffBase·2^(n-1))].
 	// Default: 100ms and 10s.
 	BackoffBase, BackoffMax time.Duration
+	// CompensationBackoffMax caps the wait before a failing compensation is
+	// called again. The n-th failed call of a step's compensation (counted
+	// in idem_saga_step.comp_attempts, so across Execute calls, RunDue
+	// rounds and processes) sets the saga's next_at to a random time in
+	// [c/2, c], c = min(CompensationBackoffMax, BackoffBase·2^(n-1)):
+	// exponential backoff with jitter, so a compensation that keeps failing
+	// is tried less and less often, at least once per CompensationBackoffMax.
+	// Execute waits for the next call itself only while that wait is at
+	// most BackoffMax; past it, it returns ErrCompensationFailing and RunDue
+	// calls the compensation again once next_at has passed.
+	// Default: 5m.
+	CompensationBackoffMax time.Duration
 	// PollInterval is how often Run looks for due sagas. Default: 1s.
 	PollInterval time.Duration
 	// Registerer receives the idem_saga_* metrics (see package metrics).
@@ -181,11 +195,12 @@ type Config struct {
 
 // Defaults of Config.
 const (
-	DefaultStepAttempts         = 3
-	DefaultCompensationAttempts = 5
-	DefaultBackoffBase          = 100 * time.Millisecond
-	DefaultBackoffMax           = 10 * time.Second
-	DefaultPollInterval         = time.Second
+	DefaultStepAttempts           = 3
+	DefaultCompensationAttempts   = 5
+	DefaultBackoffBase            = 100 * time.Millisecond
+	DefaultBackoffMax             = 10 * time.Second
+	DefaultCompensationBackoffMax = 5 * time.Minute
+	DefaultPollInterval           = time.Second
 )
 
 func (c Config) withDefaults() Config {
@@ -200,6 +215,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.BackoffMax == 0 {
 		c.BackoffMax = DefaultBackoffMax
+	}
+	if c.CompensationBackoffMax == 0 {
+		c.CompensationBackoffMax = DefaultCompensationBackoffMax
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = DefaultPollInterval
@@ -218,6 +236,8 @@ func (c Config) validate(defs []Definition) error {
 		return fmt.Errorf("%w: StepAttempts %d, CompensationAttempts %d: want >= 0", ErrInvalidConfig, c.StepAttempts, c.CompensationAttempts)
 	case c.BackoffBase < 0 || c.BackoffMax < c.BackoffBase:
 		return fmt.Errorf("%w: BackoffBase %v, BackoffMax %v: want 0 <= base <= max", ErrInvalidConfig, c.BackoffBase, c.BackoffMax)
+	case c.CompensationBackoffMax < 0:
+		return fmt.Errorf("%w: CompensationBackoffMax %v: want >= 0 (0: %v)", ErrInvalidConfig, c.CompensationBackoffMax, DefaultCompensationBackoffMax)
 	case c.PollInterval < 0:
 		return fmt.Errorf("%w: PollInterval %v: want >= 0", ErrInvalidConfig, c.PollInterval)
 	case len(defs) == 0:
@@ -250,7 +270,9 @@ func (c Config) validate(defs []Definition) error {
 type Orchestrator struct {
 	cfg  Config
 	defs map[string]*Definition
-	m    *metrics.Saga
+	// types are the keys of defs, sorted: RunDue's type filter.
+	types []string
+	m     *metrics.Saga
 	// boundary, when set (tests), is called at every step boundary; an error
 	// aborts Execute there as a crash would.
 	boundary func(point string) error
@@ -269,6 +291,7 @@ func New(cfg Config, defs ...Definition) (*Orchestrator, error) {
 	for i := range defs {
 		o.defs[defs[i].Type] = &defs[i]
 	}
+	o.types = slices.Sorted(maps.Keys(o.defs))
 	return o, nil
 }
 

@@ -496,7 +496,7 @@ func TestConfigDefaults(t *testing.T) {
 	}
 	c := saga.ConfigOf(o)
 	if c.StepAttempts != 3 || c.CompensationAttempts != 5 || c.BackoffBase != 100*time.Millisecond ||
-		c.BackoffMax != 10*time.Second || c.PollInterval != time.Second || c.Logger == nil {
+		c.BackoffMax != 10*time.Second || c.CompensationBackoffMax != 5*time.Minute || c.PollInterval != time.Second || c.Logger == nil {
 		t.Fatalf("defaults %+v", c)
 	}
 }
@@ -650,5 +650,76 @@ func TestConcurrentOrchestrators(t *testing.T) {
 	}
 	for i := range n {
 		w.check(fmt.Sprintf("c-%02d", i), "reserve", "charge", "ship")
+	}
+}
+
+// TestRunDueSkipsTypesItHasNoDefinitionFor: 150 due sagas of a type this
+// orchestrator does not define (another service's, or a retired type) are
+// left alone, and its own saga, due later than all of them, runs at once.
+func TestRunDueSkipsTypesItHasNoDefinitionFor(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ctx := testenv.Context(t)
+	if _, err := w.pool.Exec(ctx, `INSERT INTO idem_saga (id, type, state, next_at)
+		SELECT 'inv-' || i, 'invoice', 'running', now() - interval '1 hour' FROM generate_series(1, 150) i`); err != nil {
+		t.Fatal(err)
+	}
+	o := w.orchestrator(nil)
+	if _, err := o.Start(ctx, w.pool, "order", "o-1", nil); err != nil {
+		t.Fatal(err)
+	}
+	n, err := o.RunDue(ctx)
+	if err != nil || n != 1 {
+		t.Fatalf("RunDue: drove %d sagas, err %v; want its own one saga and no error", n, err)
+	}
+	if s, err := saga.Get(ctx, w.pool, "o-1"); err != nil || s.State != saga.Completed {
+		t.Fatalf("own saga: %s, %v; want completed", s.State, err)
+	}
+	if left := w.strings(`SELECT id FROM idem_saga WHERE type = 'invoice' AND (state <> 'running' OR next_at > now())`); len(left) != 0 {
+		t.Fatalf("sagas of the other type were touched: %v", left)
+	}
+}
+
+// TestCompensationBackoffGrows: a compensation that keeps failing is tried
+// again after a delay that doubles with each failed call, across Execute
+// calls (RunDue's), with jitter, up to CompensationBackoffMax. The delays are
+// read from next_at − updated_at, both set by one statement.
+func TestCompensationBackoffGrows(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ctx := testenv.Context(t)
+	const base, ceiling = 10 * time.Millisecond, 700 * time.Millisecond
+	o, err := saga.New(saga.Config{DB: w.pool, Logger: slog.New(slog.DiscardHandler), CompensationAttempts: 1,
+		BackoffBase: base, BackoffMax: base, CompensationBackoffMax: ceiling}, w.def())
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := "o-1"
+	w.failAction[id+"/charge"] = -1
+	w.failComp[id+"/reserve/compensate"] = 1000
+	if _, err := o.Start(ctx, w.pool, "order", id, nil); err != nil {
+		t.Fatal(err)
+	}
+	var delays []time.Duration
+	for n := 1; n <= 10; n++ {
+		if st, err := o.Execute(ctx, id); !errors.Is(err, saga.ErrCompensationFailing) || st != saga.Compensating {
+			t.Fatalf("Execute %d: %s, %v; want compensating, ErrCompensationFailing", n, st, err)
+		}
+		var secs float64
+		if err := w.pool.QueryRow(ctx, `SELECT extract(epoch FROM next_at - updated_at)::float8 FROM idem_saga WHERE id = $1`, id).Scan(&secs); err != nil {
+			t.Fatal(err)
+		}
+		d := time.Duration(secs * float64(time.Second))
+		ceil := min(ceiling, base<<(n-1))
+		if d < ceil/2-time.Millisecond || d > ceil+time.Millisecond {
+			t.Fatalf("failed call %d: next try in %v, want within [%v, %v] (delays so far %v)", n, d, ceil/2, ceil, delays)
+		}
+		if len(delays) > 0 && d < delays[len(delays)-1]-time.Millisecond && ceil < ceiling {
+			t.Fatalf("failed call %d: delay %v shorter than the one before (delays %v)", n, d, delays)
+		}
+		delays = append(delays, d)
+	}
+	if s, err := saga.Get(ctx, w.pool, id); err != nil || s.Steps[0].CompAttempts != 10 {
+		t.Fatalf("status %+v, %v; want 10 failed compensation calls recorded", s, err)
 	}
 }

@@ -73,14 +73,18 @@ func Get(ctx context.Context, q Querier, id string) (Status, error) {
 }
 
 // RunDue drives, one after another, up to 100 sagas that are due: Running
-// or Compensating with next_at passed, and Waiting past their deadline. It
-// returns how many it drove to a stop and the errors of the others, joined
-// (ErrBusy is not an error here: another orchestrator has that saga).
+// or Compensating with next_at passed, and Waiting past their deadline. Only
+// sagas of the types this orchestrator has a Definition for are read, so
+// sagas of other types (another service's orchestrator, a retired type)
+// never take its turn. It returns how many it drove to a stop and the
+// errors of the others, joined (ErrBusy is not an error here: another
+// orchestrator has that saga).
 func (o *Orchestrator) RunDue(ctx context.Context) (int, error) {
 	var ids []string
 	err := o.cfg.DB.QueryRow(ctx, `SELECT coalesce(array_agg(id ORDER BY next_at), '{}') FROM (SELECT id, next_at FROM idem_saga
-		WHERE (state IN ('running', 'compensating') AND next_at <= now()) OR (state = 'waiting' AND deadline <= now())
-		ORDER BY next_at LIMIT 100) due`).Scan(&ids)
+		WHERE ((state IN ('running', 'compensating') AND next_at <= now()) OR (state = 'waiting' AND deadline <= now()))
+		  AND type = ANY($1)
+		ORDER BY next_at LIMIT 100) due`, o.types).Scan(&ids)
 	if err != nil {
 		return 0, fmt.Errorf("saga: find due sagas: %w", err)
 	}
