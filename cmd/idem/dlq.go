@@ -169,23 +169,42 @@ func newListCmd(a *app) *cobra.Command {
 					Groups     []dlq.Group `json:"groups"`
 				}{topic, dlq.AdminGroup(topic), depth, groups})
 			}
+			var stubs int64
 			if len(groups) > 0 {
 				tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "FINGERPRINT\tKIND\tTYPE\tCOUNT\tFIRST SEEN\tLAST SEEN\tSAMPLE")
+				fmt.Fprintln(tw, "FINGERPRINT\tKIND\tTYPE\tCOUNT\tSTUBS\tFIRST SEEN\tLAST SEEN\tSAMPLE AT\tSAMPLE")
 				for _, g := range groups {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", g.Fingerprint, orDash(text(string(g.Kind))), orDash(text(g.ErrorType)),
-						g.Count, fmtTime(g.FirstSeen), fmtTime(g.LastSeen), truncate(g.SampleError, 80))
+					stubs += g.Stubs
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", g.Fingerprint, orDash(text(string(g.Kind))), orDash(text(g.ErrorType)),
+						g.Count, g.Stubs, fmtTime(g.FirstSeen), fmtTime(g.LastSeen), at(g.SamplePartition, g.SampleOffset), truncate(g.SampleError, 80))
 				}
 				if err := tw.Flush(); err != nil {
 					return err
 				}
 			}
 			fmt.Fprintf(a.out, "depth: %d pending in %s (admin group %s)\n", depth, topic, dlq.AdminGroup(topic))
+			if stubs > 0 {
+				fmt.Fprintf(a.out, "%s pending: value omitted, never replayed\n", plural(stubs, "stub"))
+			}
+			if len(groups) > 0 {
+				fmt.Fprintf(a.out, "SAMPLE AT is PARTITION/OFFSET: idem dlq show -t %s --partition P --offset N\n", topic)
+			}
 			return nil
 		},
 	}
 	readFlags(c, &sel, &asJSON)
 	return c
+}
+
+// at renders a record position as PARTITION/OFFSET.
+func at(partition int32, offset int64) string { return fmt.Sprintf("%d/%d", partition, offset) }
+
+// plural renders "1 stub", "2 stubs".
+func plural(n int64, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
 }
 
 func orDash(s string) string {
@@ -293,6 +312,9 @@ func showText(w io.Writer, r *dlq.Record) {
 	if !r.HasFailure {
 		fmt.Fprintln(w, "  (no idem-* headers: not written by idem)")
 	}
+	if r.IsStub() {
+		fmt.Fprintf(w, "stub: value omitted (%d bytes); replay skips it\n", f.OmittedBytes)
+	}
 	fmt.Fprintln(w, "headers:")
 	for _, h := range r.OriginalHeaders() {
 		fmt.Fprintf(w, "  %s: %q\n", text(string(h.Key)), h.Value)
@@ -340,6 +362,7 @@ func showJSON(w io.Writer, r *dlq.Record) error {
 	out := map[string]any{
 		"topic": r.Topic, "partition": r.Partition, "offset": r.Offset, "timestamp": r.Timestamp,
 		"key": jsonBytes(r.Key), "headers": headers, "fingerprint": r.Fingerprint(), "failure": failure, "value": value,
+		"stub": r.IsStub(), "idempotency_key": r.IdempotencyKey(),
 	}
 	if r.DecodeErr != nil {
 		out["decode_error"] = r.DecodeErr.Error()
@@ -384,7 +407,7 @@ func newReplayCmd(a *app) *cobra.Command {
 	var to, filter string
 	var rate float64
 	var tier int
-	var dryRun bool
+	var dryRun, drop bool
 	c := &cobra.Command{
 		Use:   "replay",
 		Short: "Republish pending dead-letter records to their source topic or to a topic you name",
@@ -403,15 +426,23 @@ does not exist is an error before anything is read; with source, replay stops
 at the first record whose original topic does not exist, and that record
 stays pending (list still shows it).
 
-Replay handles the records pending when it starts and then commits the admin
-group past all of them: records the --filter skips are NO LONGER PENDING
-afterwards (they stay in the topic; show still finds them). A second replay
-does not repeat the first.
+Without a database, "pending" is one committed offset per partition (the
+admin group): replay handles the records pending when it starts and commits
+the admin group past all of them. So a replay that would leave records
+unsent, records the --filter does not match or stubs, is REFUSED unless
+--drop-unmatched-from-pending says to drop them from pending (they stay in
+the topic; show still finds them). A replay that matches nothing exits 1.
+--dry-run says what a real run would send and drop. A stub (a record
+dead-lettered without its value) is never replayed.
+
+With --database-url (or DATABASE_URL) replay works on the failure index
+instead (idem console's index): each record has its own status, a replay of
+a subset leaves the others unresolved, and every replay is audited.
 
 --filter terms (comma-separated, all must match):
   kind=retriable|permanent|panic|missing-key|invalid-key|decode|timeout
   error~=REGEXP      (matched anywhere in idem-error)
-  key=K              (record key or idempotency-key header)
+  key=K              (record key, derived idempotency key or idempotency-key header)
   fingerprint=PREFIX (as dlq list shows it)`,
 		Example: `  idem dlq replay -t payments.billing.dlq --dry-run
   idem dlq replay --source payments --group billing --filter kind=timeout --rate 50
@@ -440,7 +471,7 @@ does not repeat the first.
 			}
 			defer cl.Close()
 			dest := dlq.Destination(to)
-			opts := dlq.ReplayOptions{Topic: topic, To: dest, Tier: tier, Filter: f, Rate: rate, DryRun: dryRun}
+			opts := dlq.ReplayOptions{Topic: topic, To: dest, Tier: tier, Filter: f, Rate: rate, DryRun: dryRun, DropUnmatched: drop}
 			tty := isTerminal(a.out)
 			if tty {
 				opts.Progress = func(done, total int64) { progressBar(a.out, done, total) }
@@ -449,22 +480,7 @@ does not repeat the first.
 			if tty && res.Pending > 0 {
 				fmt.Fprintln(a.out)
 			}
-			if err != nil {
-				if errors.Is(err, dlq.ErrUnknownTopic) && (to == "retry" || to == "origin") {
-					return fmt.Errorf("%w (--to takes source or a topic name: name the retry tier, e.g. <topic>.<group>.retry.1)", err)
-				}
-				return fmt.Errorf("%w (replayed %d, skipped %d before stopping)", err, res.Replayed, res.Skipped)
-			}
-			if dryRun {
-				fmt.Fprintf(a.out, "dry run: would replay %d of %d pending records to %s (%d skipped by the filter); nothing sent or committed\n",
-					res.Replayed, res.Pending, dest, res.Skipped)
-				return nil
-			}
-			fmt.Fprintf(a.out, "replayed %d of %d pending records to %s\n", res.Replayed, res.Pending, dest)
-			if res.Skipped > 0 {
-				fmt.Fprintf(a.out, "%d records skipped by the filter are no longer pending (still in %s)\n", res.Skipped, topic)
-			}
-			return nil
+			return replayReport(a, topic, dest, opts, res, err)
 		},
 	}
 	dlqTopicFlags(c, &sel)
@@ -472,8 +488,76 @@ does not repeat the first.
 	c.Flags().IntVar(&tier, "tier", 0, "idem-tier written with a named --to topic (default: n of <topic>.<group>.retry.<n>, else 1)")
 	c.Flags().StringVar(&filter, "filter", "", "kind=…,error~=…,key=…,fingerprint=… (all must match)")
 	c.Flags().Float64Var(&rate, "rate", 0, "max records per second (0 = unlimited)")
-	c.Flags().BoolVar(&dryRun, "dry-run", false, "count what would be replayed; send and commit nothing")
+	c.Flags().BoolVar(&dryRun, "dry-run", false, "count what would be replayed and dropped; send and commit nothing")
+	c.Flags().BoolVar(&drop, "drop-unmatched-from-pending", false, "without a database: allow a replay that leaves records unsent (not matched by --filter, or stubs); they stop being pending")
 	return c
+}
+
+// stubList renders stub positions for a message, the first 10 of them.
+func stubList(ps []dlq.Position) string {
+	var b strings.Builder
+	for i, p := range ps {
+		if i == 10 {
+			fmt.Fprintf(&b, ", … (%d more)", len(ps)-10)
+			break
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "partition %d offset %d", p.Partition, p.Offset)
+	}
+	return b.String()
+}
+
+// replayReport prints what an offset-model replay did, or turns its refusal
+// into an error that says what to do.
+func replayReport(a *app, topic string, dest dlq.Destination, opts dlq.ReplayOptions, res dlq.ReplayResult, err error) error {
+	stubs := int64(len(res.Stubs))
+	switch {
+	case errors.Is(err, dlq.ErrNothingMatched):
+		if res.Pending == 0 {
+			return fmt.Errorf("nothing pending in %s: nothing replayed", topic)
+		}
+		msg := fmt.Sprintf("no pending record of %s matched: %d pending, %d not matched by the filter", topic, res.Pending, res.Skipped)
+		if stubs > 0 {
+			msg += fmt.Sprintf(", %s (never replayed: %s)", plural(stubs, "stub"), stubList(res.Stubs))
+		}
+		return errors.New(msg + "; nothing sent or committed")
+	case errors.Is(err, dlq.ErrUnmatched):
+		msg := fmt.Sprintf("refused: %d of %d pending records of %s match", res.Replayed, res.Pending, topic)
+		if res.Skipped > 0 {
+			msg += fmt.Sprintf("; %d not matched by the filter", res.Skipped)
+		}
+		if stubs > 0 {
+			msg += fmt.Sprintf("; %s never replayed (value omitted: %s)", plural(stubs, "stub"), stubList(res.Stubs))
+		}
+		return errors.New(msg + ". Without a database, pending is one offset per partition: this replay would make them no longer pending. " +
+			"Give --drop-unmatched-from-pending to do so, or --database-url to replay from the failure index, which keeps them unresolved. Nothing sent or committed")
+	case err != nil:
+		if errors.Is(err, dlq.ErrUnknownTopic) && (dest == "retry" || dest == "origin") {
+			return fmt.Errorf("%w (--to takes source or a topic name: name the retry tier, e.g. <topic>.<group>.retry.1)", err)
+		}
+		return fmt.Errorf("%w (replayed %d before stopping)", err, res.Replayed)
+	}
+	if opts.DryRun {
+		fmt.Fprintf(a.out, "dry run: would replay %d of %d pending records to %s (%d skipped by the filter); nothing sent or committed\n",
+			res.Replayed, res.Pending, dest, res.Skipped)
+		if stubs > 0 {
+			fmt.Fprintf(a.out, "%s would not be replayed (value omitted): %s\n", plural(stubs, "stub"), stubList(res.Stubs))
+		}
+		if unsent := res.Skipped + stubs; unsent > 0 {
+			fmt.Fprintf(a.out, "warning: %d records would not be sent and would NO LONGER BE PENDING after this replay; a real run refuses unless --drop-unmatched-from-pending\n", unsent)
+		}
+		return nil
+	}
+	fmt.Fprintf(a.out, "replayed %d of %d pending records to %s\n", res.Replayed, res.Pending, dest)
+	if res.Skipped > 0 {
+		fmt.Fprintf(a.out, "%d records skipped by the filter are no longer pending (--drop-unmatched-from-pending; still in %s)\n", res.Skipped, topic)
+	}
+	if stubs > 0 {
+		fmt.Fprintf(a.out, "%s not replayed (value omitted) and no longer pending: %s\n", plural(stubs, "stub"), stubList(res.Stubs))
+	}
+	return nil
 }
 
 // isTerminal reports whether w is a character device (a terminal).
