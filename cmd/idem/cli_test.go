@@ -24,8 +24,11 @@ func idem(t *testing.T, k *testenv.Kafka, stdin string, args ...string) (int, st
 	t.Helper()
 	var out, errOut bytes.Buffer
 	getenv := func(name string) string {
-		if name == "KAFKA_BROKERS" {
+		switch name {
+		case "KAFKA_BROKERS":
 			return strings.Join(k.Brokers, ",")
+		case "DATABASE_URL":
+			return "" // the offset model unless a test gives --database-url
 		}
 		return os.Getenv(name)
 	}

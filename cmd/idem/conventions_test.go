@@ -95,7 +95,7 @@ func TestHelpListsWhatExists(t *testing.T) {
 	for _, l := range strings.Split(avail, "\n")[1:] {
 		listed = append(listed, strings.Fields(l)[0])
 	}
-	if got := strings.Join(listed, " "); got != "depth list purge replay show" {
+	if got := strings.Join(listed, " "); got != "archive depth list purge replay resolve show" {
 		t.Errorf("dlq --help lists %q", got)
 	}
 	for _, name := range listed {

@@ -32,17 +32,30 @@ Name the dead-letter topic with --topic (-t), or with --source and --group:
 the topic and consumer group whose dead-letter topic it is, by idem's default
 name <topic>.<group>.dlq (give --topic when Retry.DLQTopic renames it).
 
-Pending records are those past the committed offsets of the consumer group
-"<dlq-topic>.admin". replay and purge move that group forward; list, show and
-depth never change anything.`,
+Two models of what is pending:
+
+With --database-url (or DATABASE_URL), list, show, replay, resolve and
+archive work on the failure index that idem console's indexer keeps in
+PostgreSQL: each dead letter has its own status (unresolved, replayed,
+resolved, archived), a replay of a subset leaves the others unresolved, and
+every action is written to the audit log under --actor.
+
+Without a database, pending records are those past the committed offsets of
+the consumer group "<dlq-topic>.admin". replay and purge move that group
+forward; list, show and depth never change anything. depth and purge always
+work this way.`,
 		Example: `  idem dlq list --source payments --group billing
   idem dlq depth -t payments.billing.dlq --json
   idem dlq show -t payments.billing.dlq --partition 0 --offset 42
   idem dlq replay --source payments --group billing --filter kind=timeout --dry-run
-  idem dlq purge -t payments.billing.dlq --yes`,
+  idem dlq purge -t payments.billing.dlq --yes
+  idem dlq list --database-url postgres://idem@db/idem -t payments.billing.dlq
+  idem dlq replay --database-url postgres://idem@db/idem --id 42 --id 43 --reason "ledger fixed"`,
 	}
 	a.kafkaFlags(c)
-	c.AddCommand(newListCmd(a), newShowCmd(a), newReplayCmd(a), newPurgeCmd(a), newDepthCmd(a))
+	a.dlqDBFlags(c)
+	c.AddCommand(newListCmd(a), newShowCmd(a), newReplayCmd(a), newStatusCmd(a, "resolve"), newStatusCmd(a, "archive"),
+		newPurgeCmd(a), newDepthCmd(a))
 	return c
 }
 
@@ -140,13 +153,28 @@ func truncate(s string, n int) string {
 func newListCmd(a *app) *cobra.Command {
 	var sel dlqTopic
 	var asJSON bool
+	var filter, status string
+	var limit int
 	c := &cobra.Command{
 		Use:   "list",
 		Short: "Group pending dead-letter records by failure fingerprint",
+		Long: `Group pending dead-letter records by failure fingerprint.
+
+Without a database: the records past the admin group's offsets, by group,
+with a sample's PARTITION/OFFSET (what show takes) and a count of stubs.
+With --database-url: the failure index's groups, then its records (ID,
+PARTITION/OFFSET, status, a stub mark), filtered by --filter and --status.`,
 		Example: `  idem dlq list -t payments.billing.dlq
-  idem dlq list --source payments --group billing --json`,
+  idem dlq list --source payments --group billing --json
+  idem dlq list --database-url postgres://idem@db/idem --filter kind=timeout --status any`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if a.dlqDB != "" {
+				return indexList(cmd.Context(), a, sel, filter, status, limit, asJSON)
+			}
+			if filter != "" || cmd.Flags().Changed("status") || cmd.Flags().Changed("limit") {
+				return errors.New("--filter, --status and --limit need the failure index: set --database-url or DATABASE_URL")
+			}
 			cl, topic, err := a.openDLQ(sel)
 			if err != nil {
 				return err
@@ -193,6 +221,9 @@ func newListCmd(a *app) *cobra.Command {
 		},
 	}
 	readFlags(c, &sel, &asJSON)
+	c.Flags().StringVar(&filter, "filter", "", "with a database: kind=…,error~=…,key=…,fingerprint=… (all must match)")
+	c.Flags().StringVar(&status, "status", "unresolved", "with a database: statuses to list, comma-separated, or any")
+	c.Flags().IntVar(&limit, "limit", 50, "with a database: records to list (at most 1000)")
 	return c
 }
 
@@ -218,16 +249,32 @@ func newShowCmd(a *app) *cobra.Command {
 	var sel dlqTopic
 	var key string
 	var partition int32
-	var offset int64
+	var offset, id int64
 	var asJSON bool
 	c := &cobra.Command{
 		Use:   "show",
 		Short: "Show one dead-letter record with its decoded failure and payload",
+		Long: `Show one dead-letter record with its decoded failure and payload, by
+--partition/--offset, by --key (the Kafka key, the derived idempotency key or
+the idempotency-key header; the most recent match), or, with a database, by
+--id. A stub (value omitted) is marked. With a database, the record comes
+from the failure index, with its status, lineage and edits, even after it
+expired from the topic.`,
 		Example: `  idem dlq show -t payments.billing.dlq --partition 0 --offset 42
-  idem dlq show --source payments --group billing --key order-42 --json`,
+  idem dlq show --source payments --group billing --key order-42 --json
+  idem dlq show --database-url postgres://idem@db/idem --id 42`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			byOffset := cmd.Flags().Changed("offset")
+			if id != 0 && (byOffset || key != "") {
+				return errors.New("give one of --id, --offset (with --partition) or --key")
+			}
+			if a.dlqDB != "" && (id != 0 || (byOffset && offset >= 0) || (!byOffset && key != "")) {
+				return indexShow(cmd.Context(), a, sel, id, byOffset, partition, offset, key, asJSON)
+			}
+			if id != 0 {
+				return errors.New("--id needs the failure index: set --database-url or DATABASE_URL")
+			}
 			switch {
 			case byOffset && key != "":
 				return errors.New("give either --offset (with --partition) or --key, not both")
@@ -255,7 +302,8 @@ func newShowCmd(a *app) *cobra.Command {
 	dlqTopicFlags(c, &sel)
 	c.Flags().Int32VarP(&partition, "partition", "p", 0, "partition of --offset")
 	c.Flags().Int64VarP(&offset, "offset", "o", -1, "offset of the record")
-	c.Flags().StringVarP(&key, "key", "k", "", "record key or idempotency-key header (the most recent match is shown)")
+	c.Flags().StringVarP(&key, "key", "k", "", "record key, derived idempotency key or idempotency-key header (the most recent match is shown)")
+	c.Flags().Int64Var(&id, "id", 0, "with a database: the record's id in the failure index (see dlq list)")
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return c
 }
@@ -408,6 +456,8 @@ func newReplayCmd(a *app) *cobra.Command {
 	var rate float64
 	var tier int
 	var dryRun, drop bool
+	var ids []int64
+	var reason, status string
 	c := &cobra.Command{
 		Use:   "replay",
 		Short: "Republish pending dead-letter records to their source topic or to a topic you name",
@@ -446,9 +496,26 @@ a subset leaves the others unresolved, and every replay is audited.
   fingerprint=PREFIX (as dlq list shows it)`,
 		Example: `  idem dlq replay -t payments.billing.dlq --dry-run
   idem dlq replay --source payments --group billing --filter kind=timeout --rate 50
-  idem dlq replay -t payments.billing.dlq --to payments.billing.retry.1`,
+  idem dlq replay -t payments.billing.dlq --to payments.billing.retry.1
+  idem dlq replay --database-url postgres://idem@db/idem --id 42 --id 43 --reason "ledger fixed"`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if a.dlqDB != "" {
+				if drop {
+					return errors.New("--drop-unmatched-from-pending: with a database, records not replayed stay unresolved; nothing to drop")
+				}
+				if strings.TrimSpace(to) == "" {
+					return errors.New("--to is empty: give source or a topic name")
+				}
+				s, err := selection(sel, filter, status, ids)
+				if err != nil {
+					return err
+				}
+				return indexReplay(cmd.Context(), a, s, to, tier, rate, reason, dryRun)
+			}
+			if len(ids) > 0 || reason != "" || cmd.Flags().Changed("status") {
+				return errors.New("--id, --reason and --status need the failure index: set --database-url or DATABASE_URL")
+			}
 			f, err := dlq.ParseFilter(filter)
 			if err != nil {
 				return err
@@ -489,6 +556,9 @@ a subset leaves the others unresolved, and every replay is audited.
 	c.Flags().StringVar(&filter, "filter", "", "kind=…,error~=…,key=…,fingerprint=… (all must match)")
 	c.Flags().Float64Var(&rate, "rate", 0, "max records per second (0 = unlimited)")
 	c.Flags().BoolVar(&dryRun, "dry-run", false, "count what would be replayed and dropped; send and commit nothing")
+	c.Flags().Int64SliceVar(&ids, "id", nil, "with a database: record id in the failure index (repeatable)")
+	c.Flags().StringVar(&reason, "reason", "", "with a database: why, kept in the record and the audit log")
+	c.Flags().StringVar(&status, "status", "unresolved", "with a database and --filter: statuses to select (only unresolved records are sent)")
 	c.Flags().BoolVar(&drop, "drop-unmatched-from-pending", false, "without a database: allow a replay that leaves records unsent (not matched by --filter, or stubs); they stop being pending")
 	return c
 }
