@@ -1,0 +1,547 @@
+package index
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"regexp"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemhq/idem/dlq"
+)
+
+// DefaultGroup is the consumer group the Indexer reads with by default.
+const DefaultGroup = "idem-console-indexer"
+
+// DefaultTopicPattern matches idem's default dead-letter topic names
+// (<topic>.<group>.dlq).
+var DefaultTopicPattern = regexp.MustCompile(`\.dlq$`)
+
+// Indexer tails dead-letter topics with a consumer group of its own and stores
+// each record in the index, once: it inserts by (topic, partition, offset)
+// with ON CONFLICT DO NOTHING, and marks an offset for commit only after the
+// transaction holding its record has committed. A crash at any point leads to
+// redelivery, which the unique key turns into a no-op.
+//
+// The zero value is not usable: set Brokers and Pool.
+type Indexer struct {
+	// Brokers are the Kafka bootstrap brokers. Required.
+	Brokers []string
+	// Sarama is the client config (TLS, SASL, version); it is copied.
+	// Consumer.Offsets.Initial is set to OffsetOldest (a new indexer indexes
+	// what the topics retain) and Consumer.Offsets.AutoCommit stays on: it
+	// commits only offsets marked after their records were stored.
+	// Default: sarama.NewConfig() with Version V4_0_0_0.
+	Sarama *sarama.Config
+	// Pool is the database holding the index. Run runs Migrate on it first.
+	// Required.
+	Pool *pgxpool.Pool
+	// Topics are the dead-letter topics to index. When empty, every topic
+	// matching TopicPattern is indexed, and the set is refreshed every
+	// RefreshInterval.
+	Topics []string
+	// TopicPattern selects topics when Topics is empty.
+	// Default: DefaultTopicPattern (names ending in ".dlq").
+	TopicPattern *regexp.Regexp
+	// RefreshInterval is how often topics matching TopicPattern are looked up,
+	// and the DLQ topics' retention read for idem_dlq_retention_seconds.
+	// Default: 30s.
+	RefreshInterval time.Duration
+	// Group is the consumer group the indexer reads with. Kafka: group.id.
+	// Default: DefaultGroup ("idem-console-indexer").
+	Group string
+	// MaxValueBytes caps the copy of a record's value kept in the index; a
+	// longer value is cut and flagged ValueTruncated (replay then reads the
+	// record from Kafka while it is retained).
+	// Default: 1 MiB.
+	MaxValueBytes int
+	// Retention is how long resolved, replayed and archived records are kept
+	// after their last status change; Run sweeps them every hour. Negative
+	// disables the sweep.
+	// Default: 30 days.
+	Retention time.Duration
+	// BatchSize bounds the records stored in one transaction.
+	// Default: 500.
+	BatchSize int
+	// Logger receives the indexer's logs. Default: slog.Default().
+	Logger *slog.Logger
+	// Registerer, when set, gets the index's collectors (see NewCollector):
+	// idem_dlq_unresolved, idem_dlq_oldest_unresolved_seconds and
+	// idem_dlq_retention_seconds. Run unregisters them when it returns.
+	Registerer prometheus.Registerer
+
+	// stored, when set (tests), is called after each batch's transaction
+	// committed and before its offsets are marked.
+	stored func(n int)
+}
+
+// Default values of the Indexer's fields.
+const (
+	DefaultRefreshInterval = 30 * time.Second
+	DefaultMaxValueBytes   = 1 << 20
+	DefaultRetention       = 30 * 24 * time.Hour
+	DefaultBatchSize       = 500
+)
+
+// withDefaults returns a copy of ix with every default applied.
+func (ix *Indexer) withDefaults() *Indexer {
+	c := *ix
+	if c.TopicPattern == nil {
+		c.TopicPattern = DefaultTopicPattern
+	}
+	if c.RefreshInterval <= 0 {
+		c.RefreshInterval = DefaultRefreshInterval
+	}
+	if c.Group == "" {
+		c.Group = DefaultGroup
+	}
+	if c.MaxValueBytes <= 0 {
+		c.MaxValueBytes = DefaultMaxValueBytes
+	}
+	if c.Retention == 0 {
+		c.Retention = DefaultRetention
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return &c
+}
+
+// Validate reports the first field whose value Run cannot work with.
+func (ix *Indexer) Validate() error {
+	switch {
+	case len(ix.Brokers) == 0:
+		return errors.New("index: Indexer.Brokers is empty")
+	case ix.Pool == nil:
+		return errors.New("index: Indexer.Pool is nil")
+	case ix.MaxValueBytes < 0:
+		return fmt.Errorf("index: Indexer.MaxValueBytes = %d: must be >= 0 (0: 1 MiB)", ix.MaxValueBytes)
+	case ix.BatchSize < 0:
+		return fmt.Errorf("index: Indexer.BatchSize = %d: must be >= 0 (0: 500)", ix.BatchSize)
+	case ix.Retention > 0 && ix.Retention < time.Hour:
+		return fmt.Errorf("index: Indexer.Retention = %v: must be >= 1h (or negative to keep everything)", ix.Retention)
+	}
+	return nil
+}
+
+// Run indexes until ctx is done, then returns nil. It returns an error only
+// for a configuration Validate rejects, or when Registerer already holds the
+// index's collectors. Everything else is retried with
+// backoff (1 s to 1 min) and logged: Migrate and the connection to Kafka at
+// start (so a database or broker briefly down at start delays indexing but
+// never ends it), and storing a batch.
+func (ix *Indexer) Run(ctx context.Context) error {
+	if err := ix.Validate(); err != nil {
+		return err
+	}
+	c := ix.withDefaults()
+	backoff := time.Second
+	for {
+		err := c.run(ctx)
+		var reg prometheus.AlreadyRegisteredError
+		switch {
+		case err == nil || ctx.Err() != nil:
+			return nil
+		case errors.As(err, &reg):
+			return err // a second indexer on one Registerer: retrying cannot help
+		}
+		c.Logger.Warn("index: indexer cannot start; retrying", "group", c.Group, "in", backoff, "err", err)
+		if !sleep(ctx, backoff) {
+			return nil
+		}
+		backoff = min(2*backoff, time.Minute)
+	}
+}
+
+// run is one life of the indexer: migrate, connect, consume until ctx is
+// done. It returns an error when it cannot start.
+func (c *Indexer) run(ctx context.Context) error {
+	if err := Migrate(ctx, c.Pool); err != nil {
+		return err
+	}
+	var cfg *sarama.Config
+	if c.Sarama == nil {
+		cfg = sarama.NewConfig()
+		cfg.Version = sarama.V4_0_0_0
+	} else {
+		copied := *c.Sarama
+		cfg = &copied
+	}
+	cfg.Metadata.AllowAutoTopicCreation = false
+	cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
+	cfg.Consumer.Return.Errors = true
+	client, err := sarama.NewClient(c.Brokers, cfg)
+	if err != nil {
+		return fmt.Errorf("index: connect to %v: %w", c.Brokers, err)
+	}
+	defer client.Close()
+	// Deferred in this order, they run: cancel, close the group (ending the
+	// errors goroutine), wait for the goroutines, close the client.
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	group, err := sarama.NewConsumerGroupFromClient(c.Group, client)
+	if err != nil {
+		return fmt.Errorf("index: consumer group %s: %w", c.Group, err)
+	}
+	defer group.Close()
+
+	store := &Store{db: c.Pool}
+	col := NewCollector(store)
+	if c.Registerer != nil {
+		if err := c.Registerer.Register(col); err != nil {
+			return fmt.Errorf("index: register collectors: %w", err)
+		}
+		defer c.Registerer.Unregister(col)
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		for err := range group.Errors() {
+			c.Logger.Warn("index: consumer group error", "group", c.Group, "err", err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		c.sweep(ctx, store)
+	}()
+	c.Logger.Info("index: indexing dead-letter topics", "group", c.Group, "topics", c.Topics, "pattern", c.TopicPattern.String())
+
+	h := &claimHandler{ix: c}
+	for ctx.Err() == nil {
+		topics, err := c.topics(client)
+		if err != nil {
+			c.Logger.Warn("index: list dead-letter topics", "err", err)
+		}
+		c.readRetention(client, topics, col)
+		if len(topics) == 0 {
+			if !sleep(ctx, c.RefreshInterval) {
+				break
+			}
+			continue
+		}
+		// One consumer session until the topic set changes.
+		sctx, stop := context.WithCancel(ctx)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer stop()
+			for sleep(sctx, c.RefreshInterval) {
+				now, err := c.topics(client)
+				if err == nil && !slices.Equal(now, topics) {
+					c.Logger.Info("index: dead-letter topics changed", "topics", now)
+					return
+				}
+				c.readRetention(client, now, col)
+			}
+		}()
+		for sctx.Err() == nil {
+			if err := group.Consume(sctx, topics, h); err != nil {
+				if errors.Is(err, sarama.ErrClosedConsumerGroup) {
+					stop()
+					return nil
+				}
+				c.Logger.Warn("index: consume", "group", c.Group, "err", err)
+				sleep(sctx, time.Second)
+			}
+		}
+		stop()
+	}
+	return nil
+}
+
+// topics returns the sorted topics to index.
+func (ix *Indexer) topics(client sarama.Client) ([]string, error) {
+	if len(ix.Topics) > 0 {
+		t := slices.Clone(ix.Topics)
+		slices.Sort(t)
+		return slices.Compact(t), nil
+	}
+	if err := client.RefreshMetadata(); err != nil {
+		return nil, err
+	}
+	all, err := client.Topics()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, t := range all {
+		if ix.TopicPattern.MatchString(t) {
+			out = append(out, t)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// readRetention reads retention.ms of topics into col. Errors are logged:
+// the metric is then absent.
+func (ix *Indexer) readRetention(client sarama.Client, topics []string, col *Collector) {
+	if len(topics) == 0 {
+		return
+	}
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		ix.Logger.Warn("index: read retention.ms", "err", err)
+		return
+	}
+	// Closing this admin would close the shared client: it is left to be
+	// collected with it.
+	ret := map[string]time.Duration{}
+	for _, t := range topics {
+		entries, err := admin.DescribeConfig(sarama.ConfigResource{Type: sarama.TopicResource, Name: t, ConfigNames: []string{"retention.ms"}})
+		if err != nil {
+			ix.Logger.Warn("index: read retention.ms", "topic", t, "err", err)
+			continue
+		}
+		for _, e := range entries {
+			if e.Name == "retention.ms" {
+				if ms, err := strconv.ParseInt(e.Value, 10, 64); err == nil && ms > 0 {
+					ret[t] = time.Duration(ms) * time.Millisecond
+				}
+			}
+		}
+	}
+	col.setRetention(ret)
+}
+
+// sweep runs Store.Sweep every hour (the first time at once) until ctx is
+// done, unless Retention is negative.
+func (ix *Indexer) sweep(ctx context.Context, s *Store) {
+	if ix.Retention < 0 {
+		return
+	}
+	for {
+		n, err := s.Sweep(ctx, ix.Retention)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			ix.Logger.Warn("index: sweep", "err", err)
+		case n > 0:
+			ix.Logger.Info("index: swept settled records", "deleted", n, "older_than", ix.Retention)
+		}
+		if !sleep(ctx, time.Hour) {
+			return
+		}
+	}
+}
+
+// sleep waits d or until ctx is done; it reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// claimHandler is the indexer's sarama.ConsumerGroupHandler.
+type claimHandler struct{ ix *Indexer }
+
+func (h *claimHandler) Setup(sarama.ConsumerGroupSession) error   { return nil }
+func (h *claimHandler) Cleanup(sarama.ConsumerGroupSession) error { return nil }
+
+// ConsumeClaim stores the claim's records in batches: whatever has arrived,
+// up to BatchSize, in one transaction; then it marks the batch's last offset.
+// A batch that cannot be stored is retried (with backoff) until it is, or the
+// session ends: nothing is marked past a record that is not stored.
+func (h *claimHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
+	ctx := sess.Context()
+	batch := make([]*sarama.ConsumerMessage, 0, h.ix.BatchSize)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case m, ok := <-claim.Messages():
+			if !ok {
+				return nil
+			}
+			batch = append(batch[:0], m)
+		more:
+			for len(batch) < h.ix.BatchSize {
+				select {
+				case m, ok := <-claim.Messages():
+					if !ok {
+						break more
+					}
+					batch = append(batch, m)
+				default:
+					break more
+				}
+			}
+			if !h.storeWithRetry(ctx, batch) {
+				return nil
+			}
+			if h.ix.stored != nil {
+				h.ix.stored(len(batch))
+			}
+			sess.MarkMessage(batch[len(batch)-1], "")
+		}
+	}
+}
+
+// storeWithRetry stores batch, retrying with full-jitter backoff (100 ms to
+// 10 s) until it succeeds (true) or ctx is done (false).
+func (h *claimHandler) storeWithRetry(ctx context.Context, batch []*sarama.ConsumerMessage) bool {
+	backoff := 100 * time.Millisecond
+	for {
+		err := store(ctx, h.ix.Pool, batch, h.ix.MaxValueBytes)
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		first := batch[0]
+		h.ix.Logger.Warn("index: store dead-letter records; retrying", "topic", first.Topic, "partition", first.Partition,
+			"offset", first.Offset, "records", len(batch), "err", err)
+		if !sleep(ctx, time.Duration(rand.Int64N(int64(backoff)))+time.Millisecond) {
+			return false
+		}
+		backoff = min(2*backoff, 10*time.Second)
+	}
+}
+
+// insertBatch inserts a batch of dead letters, in order, skipping those whose
+// (topic, partition, offset) is already indexed. previous_id links each to
+// the latest record committed before with the same idempotency key, origin
+// topic and group; store links repeats within the batch itself.
+const insertBatch = `INSERT INTO idem_dlq_records (dlq_topic, dlq_partition, dlq_offset, origin_topic, origin_partition,
+	origin_offset, consumer_group, fingerprint, kind, msg_key, idempotency_key, attempts, first_failure_at, last_failure_at,
+	error, error_type, stack, value, value_size, value_truncated, stub, headers, previous_id)
+SELECT b.t, b.p, b.o, b.ot, b.op, b.oo, b.g, b.fp, b.kind, b.k, b.ikey, b.att, b.ff, b.lf, b.err, b.et, b.st, b.v, b.vs, b.vt, b.stub, b.hs,
+	(SELECT max(x.id) FROM idem_dlq_records x
+	 WHERE b.ikey <> '' AND x.idempotency_key = b.ikey AND x.origin_topic = b.ot AND x.consumer_group = b.g)
+FROM unnest($1::text[], $2::int[], $3::bigint[], $4::text[], $5::int[], $6::bigint[], $7::text[], $8::text[], $9::text[],
+	$10::bytea[], $11::text[], $12::int[], $13::timestamptz[], $14::timestamptz[], $15::text[], $16::text[], $17::text[],
+	$18::bytea[], $19::int[], $20::bool[], $21::bool[], $22::bytea[])
+	WITH ORDINALITY AS b(t, p, o, ot, op, oo, g, fp, kind, k, ikey, att, ff, lf, err, et, st, v, vs, vt, stub, hs, ord)
+ORDER BY b.ord
+ON CONFLICT (dlq_topic, dlq_partition, dlq_offset) DO NOTHING
+RETURNING id, idempotency_key, origin_topic, consumer_group, coalesce(previous_id, 0)`
+
+// columns holds a batch column by column, as insertBatch takes it.
+type columns struct {
+	topic, originTopic, group, fingerprint, kind, ikey, errText, errType, stack []string
+	partition, originPartition, attempts, valueSize                             []int32
+	offset, originOffset                                                        []int64
+	key, value, headers                                                         [][]byte
+	first, last                                                                 []time.Time
+	truncated, stub                                                             []bool
+}
+
+// add appends r's row.
+func (c *columns) add(r *dlq.Record, maxValue int) {
+	f := r.Failure
+	last := r.LastFailureAt()
+	if last.IsZero() {
+		last = time.Now()
+	}
+	first := f.FirstFailureAt
+	if first.IsZero() || first.After(last) {
+		first = last
+	}
+	value, size, truncated := r.Value, len(r.Value), false
+	if len(value) > maxValue {
+		value, truncated = value[:maxValue], true
+	}
+	if f.Stub {
+		value, size = nil, f.OmittedBytes
+	}
+	hs := make([]Header, len(r.Headers))
+	for i, h := range r.Headers {
+		hs[i] = Header{Key: h.Key, Value: h.Value}
+	}
+	c.topic = append(c.topic, r.Topic)
+	c.partition = append(c.partition, r.Partition)
+	c.offset = append(c.offset, r.Offset)
+	c.originTopic = append(c.originTopic, clean(f.OriginalTopic))
+	c.originPartition = append(c.originPartition, f.OriginalPartition)
+	c.originOffset = append(c.originOffset, f.OriginalOffset)
+	c.group = append(c.group, clean(f.Group))
+	c.fingerprint = append(c.fingerprint, r.Fingerprint())
+	c.kind = append(c.kind, clean(string(f.Kind)))
+	c.key = append(c.key, r.Key)
+	c.ikey = append(c.ikey, clean(r.IdempotencyKey()))
+	c.attempts = append(c.attempts, int32(f.Attempt))
+	c.first = append(c.first, first)
+	c.last = append(c.last, last)
+	c.errText = append(c.errText, clean(f.Error))
+	c.errType = append(c.errType, clean(f.ErrorType))
+	c.stack = append(c.stack, clean(string(f.Stack)))
+	c.value = append(c.value, value)
+	c.valueSize = append(c.valueSize, int32(size))
+	c.truncated = append(c.truncated, truncated)
+	c.stub = append(c.stub, f.Stub)
+	c.headers = append(c.headers, encodeHeaders(hs))
+}
+
+func (c *columns) args() []any {
+	return []any{c.topic, c.partition, c.offset, c.originTopic, c.originPartition, c.originOffset, c.group, c.fingerprint,
+		c.kind, c.key, c.ikey, c.attempts, c.first, c.last, c.errText, c.errType, c.stack, c.value, c.valueSize,
+		c.truncated, c.stub, c.headers}
+}
+
+// store inserts batch in one transaction, with one statement.
+func store(ctx context.Context, pool *pgxpool.Pool, batch []*sarama.ConsumerMessage, maxValue int) error {
+	var c columns
+	for _, m := range batch {
+		c.add(dlq.FromMessage(m), maxValue)
+	}
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		type inserted struct {
+			id, prev            int64
+			ikey, origin, group string
+		}
+		rows, err := tx.Query(ctx, insertBatch, c.args()...)
+		if err != nil {
+			return err
+		}
+		ins, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (inserted, error) {
+			var i inserted
+			err := row.Scan(&i.id, &i.ikey, &i.origin, &i.group, &i.prev)
+			return i, err
+		})
+		if err != nil {
+			return err
+		}
+		// A repeat of a record inserted earlier in this same statement did
+		// not see it: link it now.
+		slices.SortFunc(ins, func(a, b inserted) int { return cmp.Compare(a.id, b.id) })
+		latest := map[[3]string]int64{}
+		var ids, prevs []int64
+		for _, i := range ins {
+			if i.ikey == "" {
+				continue
+			}
+			k := [3]string{i.ikey, i.origin, i.group}
+			if p, ok := latest[k]; ok && p > i.prev {
+				ids, prevs = append(ids, i.id), append(prevs, p)
+			}
+			latest[k] = i.id
+		}
+		if len(ids) > 0 {
+			_, err = tx.Exec(ctx, `UPDATE idem_dlq_records r SET previous_id = v.prev
+				FROM unnest($1::bigint[], $2::bigint[]) AS v(id, prev) WHERE r.id = v.id`, ids, prevs)
+		}
+		return err
+	})
+}

@@ -1,0 +1,23 @@
+package index
+
+import (
+	"github.com/IBM/sarama"
+
+	"github.com/idemhq/idem/retrytopic"
+)
+
+// ProducerConfig returns a copy of base (sarama defaults when nil) set up for
+// the client NewActions takes: retrytopic.ConfigureProducer (idempotent,
+// acks=all) and Metadata.AllowAutoTopicCreation = false.
+func ProducerConfig(base *sarama.Config) *sarama.Config {
+	var c sarama.Config
+	if base == nil {
+		c = *sarama.NewConfig()
+		c.Version = sarama.V4_0_0_0
+	} else {
+		c = *base
+	}
+	retrytopic.ConfigureProducer(&c)
+	c.Metadata.AllowAutoTopicCreation = false
+	return &c
+}
