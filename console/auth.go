@@ -306,11 +306,15 @@ func (a *auth) csrf(id identity) string {
 }
 
 // checkCSRF reports whether r carries id's CSRF token, in the form field
-// csrf or the X-CSRF-Token header. Requests authenticated by a bearer token
-// need none: browsers never send one on their own.
-func (a *auth) checkCSRF(r *http.Request, id identity) bool {
+// csrf or the X-CSRF-Token header. API requests without a session (a bearer
+// token, or anonymous with InsecureNoAuth) need none: browsers never send a
+// bearer token on their own, and the API takes only application/json
+// bodies, which another site cannot post without CORS. A UI request always
+// needs one, so a form posted from another site (which carries no
+// SameSite=Strict cookie) is refused.
+func (a *auth) checkCSRF(r *http.Request, id identity, api bool) bool {
 	if id.session == "" {
-		return true
+		return api
 	}
 	got := r.Header.Get(csrfHeader)
 	if got == "" {

@@ -1,8 +1,12 @@
 package console
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/idemhq/idem/console/index"
 )
 
 func TestParseTokens(t *testing.T) {
@@ -54,5 +58,58 @@ func TestConfigValidate(t *testing.T) {
 	c.Tokens, c.InsecureNoAuth = nil, true
 	if err := c.Validate(); err != nil {
 		t.Errorf("InsecureNoAuth without tokens: %v", err)
+	}
+}
+
+func TestBackStaysLocal(t *testing.T) {
+	s := offlineServer(t)
+	for in, want := range map[string]string{
+		"/records?status=unresolved": "/records?status=unresolved",
+		"//evil.example/x":           "/",
+		"https://evil.example/":      "/",
+		"/\\evil.example":            "/",
+		"javascript:alert(1)":        "/",
+		"":                           "/",
+	} {
+		if got := s.back(in); got != want {
+			t.Errorf("back(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// TestInsecureNoAuth: without authentication the console still refuses
+// forms without a session's CSRF token (a cross-site form carries no
+// SameSite=Strict cookie) and requests for a host that is not loopback
+// (DNS rebinding).
+func TestInsecureNoAuth(t *testing.T) {
+	st := index.NewStore(nil)
+	h, err := New(Config{Store: st, Actions: index.NewActions(st, nil), InsecureNoAuth: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	do := func(method, target, host, ctype, body string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(method, target, strings.NewReader(body))
+		req.Host = host
+		if ctype != "" {
+			req.Header.Set("Content-Type", ctype)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	if rec := do("GET", "/api/whoami", "127.0.0.1:8088", "", ""); rec.Code != 200 || !strings.Contains(rec.Body.String(), `"anonymous"`) || !strings.Contains(rec.Body.String(), `"admin"`) {
+		t.Errorf("whoami: %d %s", rec.Code, rec.Body)
+	}
+	if rec := do("GET", "/api/whoami", "localhost:8088", "", ""); rec.Code != 200 {
+		t.Errorf("whoami on localhost: %d", rec.Code)
+	}
+	if rec := do("GET", "/api/whoami", "rebind.example:8088", "", ""); rec.Code != http.StatusMisdirectedRequest {
+		t.Errorf("whoami for another host: %d, want 421", rec.Code)
+	}
+	if rec := do("POST", "/actions", "127.0.0.1:8088", "application/x-www-form-urlencoded", "action=resolve&ids=1"); rec.Code != http.StatusForbidden {
+		t.Errorf("form without a session: %d, want 403", rec.Code)
+	}
+	if rec := do("POST", "/api/actions/resolve", "127.0.0.1:8088", "text/plain", `{"ids":[1]}`); rec.Code != http.StatusUnsupportedMediaType {
+		t.Errorf("API POST as text/plain: %d, want 415", rec.Code)
 	}
 }

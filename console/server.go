@@ -8,8 +8,10 @@ import (
 	"html/template"
 	"log/slog"
 	"mime"
+	"net"
 	"net/http"
 	"net/url"
+	"strings"
 
 	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/dlq"
@@ -92,6 +94,13 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("Referrer-Policy", "no-referrer")
 	h.Set("Cache-Control", "no-store")
 	r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+	if s.cfg.InsecureNoAuth && !loopbackHost(r.Host) {
+		// Without authentication, only a page of the loopback origin may talk
+		// to the console: a site whose name resolves to 127.0.0.1 (DNS
+		// rebinding) is not that origin.
+		http.Error(w, "console without authentication: use http://127.0.0.1:PORT/ or http://localhost:PORT/", http.StatusMisdirectedRequest)
+		return
+	}
 	s.mux.ServeHTTP(w, r)
 }
 
@@ -130,7 +139,7 @@ func (s *server) wrap(rt route) http.Handler {
 					return
 				}
 			}
-			if !s.auth.checkCSRF(r, id) {
+			if !s.auth.checkCSRF(r, id, rt.api) {
 				msg := "forbidden: missing or invalid CSRF token; reload the page and try again"
 				if rt.api {
 					s.apiError(w, http.StatusForbidden, msg, "")
@@ -225,4 +234,17 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, id identity, api b
 		return
 	}
 	s.uiError(w, r, id, code, msg)
+}
+
+// loopbackHost reports whether a Host header names the loopback interface.
+func loopbackHost(host string) bool {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

@@ -300,13 +300,14 @@ func formIDs(vs []string) ([]int64, error) {
 	return ids, nil
 }
 
-// back returns a local page to link back to: the form's back field when it
-// is a path of this console, else the record list.
+// back returns a local page to go back to: b when it is a path of this
+// console (never another site's), else the overview.
 func (s *server) back(b string) string {
-	if u, err := url.Parse(b); err == nil && u.Scheme == "" && u.Host == "" && strings.HasPrefix(u.Path, s.cfg.BasePath+"/") && !strings.HasPrefix(b, "//") {
+	if u, err := url.Parse(b); err == nil && u.Scheme == "" && u.Host == "" && u.Opaque == "" &&
+		strings.HasPrefix(u.Path, s.cfg.BasePath+"/") && !strings.HasPrefix(b, "//") && !strings.Contains(b, "\\") {
 		return u.RequestURI()
 	}
-	return s.cfg.BasePath + "/records"
+	return s.cfg.BasePath + "/"
 }
 
 func (s *server) uiParked(w http.ResponseWriter, r *http.Request, id identity) {
