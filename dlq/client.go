@@ -174,6 +174,11 @@ func (c *Client) partitions(topic string) ([]int32, error) {
 	return parts, nil
 }
 
+// CheckTopic returns nil when topic exists, and an error wrapping
+// ErrUnknownTopic when it does not (or its name is not a valid topic name).
+// It asks a broker with a metadata request that never creates the topic.
+func (c *Client) CheckTopic(topic string) error { return c.checkTopic(topic) }
+
 // checkTopic returns nil when topic exists, and an error wrapping
 // ErrUnknownTopic when it does not (or its name is not a valid topic name).
 // It asks a broker with a metadata request that never creates the topic,

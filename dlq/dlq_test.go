@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"testing"
 	"time"
 
@@ -263,10 +264,10 @@ func TestReplayToOrigin(t *testing.T) {
 		}
 	}
 
-	// The commit means a second replay replays nothing.
+	// The commit means a second replay replays nothing, and says so.
 	res, err = c.Replay(ctx, dlq.ReplayOptions{Topic: topic})
-	if err != nil || res.Replayed != 0 || res.Pending != 0 {
-		t.Fatalf("second Replay = %+v, %v; want nothing", res, err)
+	if !errors.Is(err, dlq.ErrNothingMatched) || res.Replayed != 0 || res.Pending != 0 {
+		t.Fatalf("second Replay = %+v, %v; want nothing and ErrNothingMatched", res, err)
 	}
 	if got := readAll(t, k, origin); len(got) != 5 {
 		t.Fatalf("origin has %d records after the second replay, want 5", len(got))
@@ -284,7 +285,24 @@ func TestReplayFilterAndPurge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Without DropUnmatched the filtered replay is refused: it would drop
+	// the 4 records the filter skips from pending.
 	res, err := c.Replay(ctx, dlq.ReplayOptions{Topic: topic, Filter: f})
+	if !errors.Is(err, dlq.ErrUnmatched) || res.Replayed != 1 || res.Skipped != 4 {
+		t.Fatalf("filtered Replay = %+v, %v; want ErrUnmatched", res, err)
+	}
+	if n := depth(t, c, topic); n != 5 || len(readAll(t, k, origin)) != 0 {
+		t.Fatalf("the refused replay changed something: depth %d", n)
+	}
+	// A filter matching nothing is refused too.
+	none, _ := dlq.ParseFilter("key=no-such-key")
+	if _, err := c.Replay(ctx, dlq.ReplayOptions{Topic: topic, Filter: none, DropUnmatched: true}); !errors.Is(err, dlq.ErrNothingMatched) {
+		t.Fatalf("Replay matching nothing = %v, want ErrNothingMatched", err)
+	}
+	if n := depth(t, c, topic); n != 5 {
+		t.Fatalf("Depth after a replay matching nothing = %d, want 5", n)
+	}
+	res, err = c.Replay(ctx, dlq.ReplayOptions{Topic: topic, Filter: f, DropUnmatched: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -295,7 +313,7 @@ func TestReplayFilterAndPurge(t *testing.T) {
 	if len(got) != 1 || string(got[0].Key) != "k2" {
 		t.Fatalf("origin got %d records (%v)", len(got), got)
 	}
-	// Skipped records are no longer pending (documented).
+	// With DropUnmatched, skipped records are no longer pending (documented).
 	if n := depth(t, c, topic); n != 0 {
 		t.Fatalf("Depth = %d, want 0", n)
 	}
@@ -355,7 +373,7 @@ func TestReplayToNamedTopic(t *testing.T) {
 
 			now := time.UnixMilli(1_800_000_000_000)
 			res, err := c.Replay(ctx, dlq.ReplayOptions{Topic: topic, To: dlq.Destination(dest), Tier: tt.tier,
-				Filter: dlq.Filter{Key: "k3"}, Now: func() time.Time { return now }})
+				Filter: dlq.Filter{Key: "k3"}, DropUnmatched: true, Now: func() time.Time { return now }})
 			if err != nil || res.Replayed != 1 || res.Skipped != 4 {
 				t.Fatalf("Replay to %s = %+v, %v", dest, res, err)
 			}
@@ -401,7 +419,7 @@ func TestReplayUnknownDestination(t *testing.T) {
 				Progress: func(done, total int64) {
 					t.Errorf("record read (%d/%d) before the destination was checked", done, total)
 				}})
-			if !errors.Is(err, dlq.ErrUnknownTopic) || res != (dlq.ReplayResult{}) {
+			if !errors.Is(err, dlq.ErrUnknownTopic) || !reflect.DeepEqual(res, dlq.ReplayResult{}) {
 				t.Fatalf("Replay(dry run %v) to a missing topic = %+v, %v; want ErrUnknownTopic and nothing done", dry, res, err)
 			}
 		}
@@ -429,17 +447,18 @@ func TestReplayUnknownDestination(t *testing.T) {
 			t.Fatalf("dry run = %+v, %v; want ErrUnknownTopic after 1", res, err)
 		}
 		assertCommitted(t, k, topic, map[int32]int64{0: -1})
+		// Every destination is checked before anything is sent.
 		res, err = c.Replay(ctx, dlq.ReplayOptions{Topic: topic})
-		if !errors.Is(err, dlq.ErrUnknownTopic) || res.Replayed != 1 || res.Pending != 3 {
-			t.Fatalf("Replay = %+v, %v; want ErrUnknownTopic after 1 of 3", res, err)
+		if !errors.Is(err, dlq.ErrUnknownTopic) || res.Replayed != 0 || res.Pending != 3 {
+			t.Fatalf("Replay = %+v, %v; want ErrUnknownTopic, nothing sent", res, err)
 		}
-		assertCommitted(t, k, topic, map[int32]int64{0: 1})
+		assertCommitted(t, k, topic, map[int32]int64{0: -1})
 		groups, err := c.List(ctx, topic)
-		if err != nil || len(groups) != 1 || groups[0].Count != 2 {
-			t.Fatalf("List after the stopped replay = %+v, %v; want the 2 records not dealt with", groups, err)
+		if err != nil || len(groups) != 1 || groups[0].Count != 3 {
+			t.Fatalf("List after the refused replay = %+v, %v; want the 3 records", groups, err)
 		}
-		if got := readAll(t, k, origin); len(got) != 1 || string(got[0].Key) != "k0" {
-			t.Fatalf("origin has %d records, want k0 only", len(got))
+		if got := readAll(t, k, origin); len(got) != 0 {
+			t.Fatalf("origin has %d records, want none", len(got))
 		}
 		assertNoTopic(t, k, missing)
 	})

@@ -81,7 +81,7 @@ func FuzzRecord(f *testing.F) {
 		if len(r.Headers) != len(kept) {
 			t.Fatalf("%d headers, want %d", len(r.Headers), len(kept))
 		}
-		hasIdem, idemKey := false, ""
+		hasIdem, idemKey, derived := false, "", false
 		var original []sarama.RecordHeader
 		for i, h := range kept {
 			if !sameBytes(r.Headers[i].Key, h.Key) || !sameBytes(r.Headers[i].Value, h.Value) {
@@ -92,8 +92,11 @@ func FuzzRecord(f *testing.F) {
 			} else {
 				original = append(original, h)
 			}
-			if string(h.Key) == IdempotencyKeyHeader {
+			if string(h.Key) == IdempotencyKeyHeader && !derived {
 				idemKey = string(h.Value)
+			}
+			if string(h.Key) == DerivedKeyHeader {
+				idemKey, derived = string(h.Value), true
 			}
 		}
 		if r.HasFailure != hasIdem {

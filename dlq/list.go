@@ -29,6 +29,9 @@ type Group struct {
 	// (idem-last-failure-at, or the record timestamp without it).
 	FirstSeen time.Time `json:"first_seen"`
 	LastSeen  time.Time `json:"last_seen"`
+	// Stubs is how many of the records are stubs (value omitted; Replay
+	// never sends them).
+	Stubs int64 `json:"stubs"`
 	// SamplePartition and SampleOffset locate the group's first record (for Show).
 	SamplePartition int32 `json:"sample_partition"`
 	SampleOffset    int64 `json:"sample_offset"`
@@ -88,6 +91,9 @@ func newGroup(r *Record, fp string) *Group {
 func (g *Group) add(r *Record) {
 	seen := r.LastFailureAt()
 	g.Count++
+	if r.IsStub() {
+		g.Stubs++
+	}
 	if seen.Before(g.FirstSeen) {
 		g.FirstSeen = seen
 	}
@@ -101,7 +107,8 @@ func (g *Group) add(r *Record) {
 type Position struct {
 	Partition int32
 	Offset    int64
-	// Key matches the record key or its idempotency-key header.
+	// Key matches the record key, its derived idempotency key
+	// (idem-idempotency-key) or its idempotency-key header.
 	Key string
 }
 
@@ -147,7 +154,7 @@ func (c *Client) Show(ctx context.Context, topic string, at Position) (*Record, 
 			}
 			return nil
 		}
-		if string(r.Key) == at.Key || r.IdempotencyKey() == at.Key {
+		if r.HasKey(at.Key) {
 			if found == nil || r.Timestamp.After(found.Timestamp) || r.Timestamp.Equal(found.Timestamp) {
 				found = r
 			}

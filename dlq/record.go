@@ -14,6 +14,12 @@ import (
 // default; Show and Filter match it as well as the record key.
 const IdempotencyKeyHeader = "idempotency-key"
 
+// DerivedKeyHeader is the header in which the consumer writes, on every
+// record it forwards, the idempotency key it derived (from a header, the
+// Kafka key or a JSON field of the body). Show, Filter and IdempotencyKey
+// read it first. (retrytopic.HeaderIdempotencyKey names it too.)
+const DerivedKeyHeader = "idem-idempotency-key"
+
 // Record is one dead-lettered record: the record as it was forwarded (key and
 // value byte for byte, the original headers followed by the idem-* headers)
 // with its failure decoded.
@@ -36,6 +42,10 @@ type Record struct {
 	DecodeErr  error
 }
 
+// FromMessage decodes a consumed dead-letter record (see Record). It never
+// fails: headers that do not parse are reported in Record.DecodeErr.
+func FromMessage(m *sarama.ConsumerMessage) *Record { return newRecord(m) }
+
 func newRecord(m *sarama.ConsumerMessage) *Record {
 	r := &Record{
 		Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Timestamp: m.Timestamp,
@@ -55,15 +65,46 @@ func newRecord(m *sarama.ConsumerMessage) *Record {
 // headers the record had on its original topic. Replay sends these.
 func (r *Record) OriginalHeaders() []sarama.RecordHeader { return retrytopic.StripHeaders(r.Headers) }
 
-// IdempotencyKey returns the value of the last idempotency-key header, or "".
+// IdempotencyKey returns the idempotency key idem derived for the record: the
+// value of the last idem-idempotency-key header (DerivedKeyHeader), else of
+// the last idempotency-key header, else "".
 func (r *Record) IdempotencyKey() string {
+	if v, ok := r.header(DerivedKeyHeader); ok {
+		return v
+	}
+	v, _ := r.header(IdempotencyKeyHeader)
+	return v
+}
+
+// header returns the value of the last header named key.
+func (r *Record) header(key string) (string, bool) {
 	for i := len(r.Headers) - 1; i >= 0; i-- {
-		if string(r.Headers[i].Key) == IdempotencyKeyHeader {
-			return string(r.Headers[i].Value)
+		if string(r.Headers[i].Key) == key {
+			return string(r.Headers[i].Value), true
 		}
 	}
-	return ""
+	return "", false
 }
+
+// HasKey reports whether k is the record's Kafka key, its derived
+// idempotency key (idem-idempotency-key) or its idempotency-key header: what
+// Show's Position.Key and Filter.Key match.
+func (r *Record) HasKey(k string) bool {
+	if string(r.Key) == k {
+		return true
+	}
+	for _, name := range []string{DerivedKeyHeader, IdempotencyKeyHeader} {
+		if v, ok := r.header(name); ok && v == k {
+			return true
+		}
+	}
+	return false
+}
+
+// IsStub reports whether the record is a dead-letter stub: its value was
+// left out (idem-payload-omitted) because no topic would take it whole.
+// Replay never sends a stub.
+func (r *Record) IsStub() bool { return r.Failure.Stub }
 
 // Fingerprint groups records failing the same way: see Fingerprint.
 func (r *Record) Fingerprint() string {

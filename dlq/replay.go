@@ -24,7 +24,8 @@ type Filter struct {
 	// Error matches idem-error anywhere in the message (an unanchored regexp,
 	// so a plain substring works).
 	Error *regexp.Regexp
-	// Key matches the record key or the idempotency-key header exactly.
+	// Key matches the record key, the derived idempotency key
+	// (idem-idempotency-key) or the idempotency-key header exactly.
 	Key string
 	// Fingerprint matches the record's Fingerprint by prefix (as List shows it).
 	Fingerprint string
@@ -96,7 +97,7 @@ func (f Filter) Match(r *Record) bool {
 	if f.Error != nil && !f.Error.MatchString(r.Failure.Error) {
 		return false
 	}
-	if f.Key != "" && string(r.Key) != f.Key && r.IdempotencyKey() != f.Key {
+	if f.Key != "" && !r.HasKey(f.Key) {
 		return false
 	}
 	if f.Fingerprint != "" && !strings.HasPrefix(r.Fingerprint(), f.Fingerprint) {
@@ -138,9 +139,8 @@ type ReplayOptions struct {
 	// To is where records go: ToSource or a topic name (see Destination).
 	// Replay never creates a topic: a named topic that does not exist is an
 	// error wrapping ErrUnknownTopic before any record is read; with ToSource,
-	// each record's original topic is checked before the record is sent, and
-	// Replay stops (ErrUnknownTopic) at the first record whose original topic
-	// does not exist, committing nothing past it.
+	// each record's original topic is checked before anything is sent, and
+	// Replay stops (ErrUnknownTopic) having sent and committed nothing.
 	// Default: ToSource.
 	To Destination
 	// Tier is the idem-tier written on records sent to a named topic (To other
@@ -154,11 +154,19 @@ type ReplayOptions struct {
 	Tier int
 	// Filter selects the records to send. Default: all.
 	Filter Filter
+	// DropUnmatched allows a replay that leaves records of the pending range
+	// unsent: records the filter does not match, and stubs (never sent). They
+	// stop being pending when the admin group is committed past the range.
+	// Without it, such a replay is refused (ErrUnmatched) before anything is
+	// sent or committed. The CLI's --drop-unmatched-from-pending.
+	// Default: false.
+	DropUnmatched bool
 	// Rate caps sends per second. Default: 0, unlimited.
 	Rate float64
 	// DryRun reads and counts what would be replayed, sends nothing and
 	// commits nothing. Destinations are checked as in a real run, so a dry run
-	// fails where the real run would.
+	// fails where the real run would; it does not return ErrUnmatched (the
+	// counts say what a real run would drop).
 	DryRun bool
 	// Progress, when set, is called after each record with the records
 	// processed so far (sent or skipped) and the total pending when Replay
@@ -175,15 +183,28 @@ type ReplayResult struct {
 	Pending int64
 	// Replayed is how many records were sent (in a dry run: would be sent).
 	Replayed int64
-	// Skipped is how many pending records the filter did not match. They are
-	// no longer pending after a (non dry) run.
+	// Skipped is how many pending records the filter did not match. After a
+	// (non dry) run with DropUnmatched they are no longer pending.
 	Skipped int64
+	// Stubs locate the pending stubs the filter matched: never sent, and,
+	// like Skipped records, no longer pending after a run with DropUnmatched.
+	Stubs []Position
 }
 
 // ErrNoOrigin is wrapped by Replay's error when, replaying to ToSource, a
 // record lacks the idem-original-topic header it needs to be routed. Replay
-// stops before that record.
+// stops before sending anything.
 var ErrNoOrigin = errors.New("dlq: record has no idem-original-topic header")
+
+// ErrUnmatched is wrapped by Replay's error when the pending range holds
+// records the replay would not send (filtered out, or stubs) and
+// ReplayOptions.DropUnmatched is off: nothing was sent or committed.
+var ErrUnmatched = errors.New("dlq: replay would drop records it does not send from pending")
+
+// ErrNothingMatched is wrapped by Replay's error when no pending record
+// would be sent (none pending, none matching the filter, or only stubs):
+// nothing was sent or committed.
+var ErrNothingMatched = errors.New("dlq: no pending record to replay")
 
 // Replay republishes the pending records of opts.Topic that match
 // opts.Filter, in offset order per partition, keeping key and value byte for
@@ -192,19 +213,22 @@ var ErrNoOrigin = errors.New("dlq: record has no idem-original-topic header")
 //
 // Replay works on a contiguous range: the records pending when it starts
 // (from the admin group's committed offset to the end offsets at that
-// moment). Every record of the range is either sent, once acknowledged
-// (acks=all), or skipped by the filter; the admin group is then committed past
-// the whole range. So a second Replay does not repeat the first, and records
-// the filter skipped are no longer pending either: they stay in the topic
-// (Show finds them) but List, Depth and later Replays do not see them. Replay
-// a subset, then Purge the rest, or filter nothing, as the situation asks.
+// moment), because "pending" is one committed offset per partition. It first
+// reads the whole range without sending: when no record would be sent it
+// returns ErrNothingMatched, and when some record would be left unsent (not
+// matched by the filter, or a stub, which is never sent: its value was left
+// out) it returns ErrUnmatched unless opts.DropUnmatched; either way nothing
+// is sent or committed. Every destination is checked in that pass too.
+// Then it sends each matching record, once acknowledged (acks=all), and
+// commits the admin group past the whole range: records it did not send stay
+// in the topic (Show finds them) but List, Depth and later Replays do not
+// see them. A second Replay does not repeat the first.
 //
-// Replay never creates a topic and never sends to one that does not exist:
-// see ReplayOptions.To. If Replay stops early (ctx done, a send failing,
-// ErrNoOrigin, ErrUnknownTopic), it commits past the records it did deal with
-// and not past the one it stopped at, and returns the error with the counts
-// so far: running it again resumes where it stopped. A dry run sends and
-// commits nothing.
+// If Replay stops while sending (ctx done, a send failing), it commits past
+// the records it dealt with and not past the one it stopped at, and returns
+// the error with the counts so far: running it again resumes where it
+// stopped. A dry run reads once, sends and commits nothing, and returns the
+// counts (and ErrNothingMatched when nothing would be sent).
 func (c *Client) Replay(ctx context.Context, opts ReplayOptions) (ReplayResult, error) {
 	var res ReplayResult
 	if opts.To == "" {
@@ -219,13 +243,10 @@ func (c *Client) Replay(ctx context.Context, opts ReplayOptions) (ReplayResult, 
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	// Destinations known to exist; a named one is checked before reading.
-	exists := map[string]bool{}
 	if opts.To != ToSource {
 		if err := c.checkTopic(string(opts.To)); err != nil {
 			return res, fmt.Errorf("dlq: replay to %q: %w", opts.To, err)
 		}
-		exists[string(opts.To)] = true
 	}
 	spans, err := c.pending(ctx, opts.Topic)
 	if err != nil {
@@ -234,70 +255,110 @@ func (c *Client) Replay(ctx context.Context, opts ReplayOptions) (ReplayResult, 
 	for _, s := range spans {
 		res.Pending += s.End - s.Start
 	}
-	var fwd *retrytopic.Forwarder
-	if !opts.DryRun && res.Pending > 0 {
-		if fwd, err = c.forwarder(); err != nil {
-			return res, fmt.Errorf("dlq: replay: %w", err)
+	// The read-only pass: counts, stubs, destinations.
+	exists := map[string]bool{string(opts.To): opts.To != ToSource}
+	err = c.scan(ctx, opts.Topic, spans, func(r *Record) error {
+		switch {
+		case !opts.Filter.Match(r):
+			res.Skipped++
+		case r.IsStub():
+			res.Stubs = append(res.Stubs, Position{Partition: r.Partition, Offset: r.Offset})
+		default:
+			rec, err := replayRecord(r, opts)
+			if err != nil {
+				return err
+			}
+			if !exists[rec.Topic] {
+				if err := c.checkTopic(rec.Topic); err != nil {
+					return fmt.Errorf("offset %d: %w", r.Offset, err)
+				}
+				exists[rec.Topic] = true
+			}
+			res.Replayed++
 		}
+		if opts.DryRun && opts.Progress != nil {
+			opts.Progress(res.Replayed+res.Skipped+int64(len(res.Stubs)), res.Pending)
+		}
+		return nil
+	})
+	if err != nil {
+		if !opts.DryRun {
+			res.Replayed = 0 // counted "would send"; nothing was
+		}
+		return res, fmt.Errorf("dlq: replay %s: nothing sent or committed: %w", opts.Topic, err)
+	}
+	unsent := res.Skipped + int64(len(res.Stubs))
+	switch {
+	case res.Replayed == 0:
+		return res, fmt.Errorf("%w in %s: %d pending, %d not matched by the filter, %d stubs; nothing sent or committed",
+			ErrNothingMatched, opts.Topic, res.Pending, res.Skipped, len(res.Stubs))
+	case opts.DryRun:
+		return res, nil
+	case unsent > 0 && !opts.DropUnmatched:
+		return res, fmt.Errorf("%w: %s has %d pending records; %d match, %d are not matched by the filter and %d are stubs (never replayed): nothing sent or committed",
+			ErrUnmatched, opts.Topic, res.Pending, res.Replayed, res.Skipped, len(res.Stubs))
+	}
+	sent, err := c.send(ctx, opts, spans, res.Pending)
+	res.Replayed = sent
+	return res, err
+}
+
+// send is Replay's second pass: it sends the matching records of spans that
+// are not stubs and commits the admin group past what it dealt with. It
+// returns how many it sent.
+func (c *Client) send(ctx context.Context, opts ReplayOptions, spans []span, pending int64) (int64, error) {
+	fwd, err := c.forwarder()
+	if err != nil {
+		return 0, fmt.Errorf("dlq: replay: %w", err)
 	}
 	var interval time.Duration
 	if opts.Rate > 0 {
 		interval = time.Duration(float64(time.Second) / opts.Rate)
 	}
 	var next time.Time
-	done := int64(0)
+	var sent, done int64
 	for _, s := range spans {
 		if s.Start >= s.End {
 			continue
 		}
 		reached := s.Start // next offset not yet dealt with
 		err := c.scan(ctx, opts.Topic, []span{s}, func(r *Record) error {
-			if !opts.Filter.Match(r) {
-				res.Skipped++
-			} else {
+			if opts.Filter.Match(r) && !r.IsStub() {
 				rec, err := replayRecord(r, opts)
 				if err != nil {
 					return err
 				}
-				if !exists[rec.Topic] {
-					if err := c.checkTopic(rec.Topic); err != nil {
-						return fmt.Errorf("offset %d: %w", r.Offset, err)
-					}
-					exists[rec.Topic] = true
-				}
-				if !opts.DryRun {
-					if interval > 0 {
-						if err := retrytopic.WaitDue(ctx, next, nil); err != nil {
-							return err
-						}
-						next = maxTime(next, time.Now()).Add(interval)
-					}
-					if err := fwd.Forward(ctx, rec); err != nil {
+				if interval > 0 {
+					if err := retrytopic.WaitDue(ctx, next, nil); err != nil {
 						return err
 					}
+					next = maxTime(next, time.Now()).Add(interval)
 				}
-				res.Replayed++
+				if err := fwd.Forward(ctx, rec); err != nil {
+					return err
+				}
+				sent++
 			}
 			reached = r.Offset + 1
 			done++
 			if opts.Progress != nil {
-				opts.Progress(done, res.Pending)
+				opts.Progress(done, pending)
 			}
 			return nil
 		})
 		if err == nil {
 			reached = s.End
 		}
-		if !opts.DryRun && reached > s.Start {
+		if reached > s.Start {
 			if cerr := c.commit(opts.Topic, map[int32]int64{s.Partition: reached}); cerr != nil {
-				return res, errors.Join(err, cerr)
+				return sent, errors.Join(err, cerr)
 			}
 		}
 		if err != nil {
-			return res, fmt.Errorf("dlq: replay %s/%d stopped at offset %d: %w", opts.Topic, s.Partition, reached, err)
+			return sent, fmt.Errorf("dlq: replay %s/%d stopped at offset %d: %w", opts.Topic, s.Partition, reached, err)
 		}
 	}
-	return res, nil
+	return sent, nil
 }
 
 func maxTime(a, b time.Time) time.Time {
@@ -305,6 +366,19 @@ func maxTime(a, b time.Time) time.Time {
 		return a
 	}
 	return b
+}
+
+// ReplayRecord returns the record Replay would send for r to to (ToSource or
+// a topic name; tier as ReplayOptions.Tier, now the idem-due-at), without
+// sending it. A stub is an error: it is never replayed.
+func (r *Record) ReplayRecord(to Destination, tier int, now time.Time) (retrytopic.Record, error) {
+	if r.IsStub() {
+		return retrytopic.Record{}, fmt.Errorf("dlq: %s/%d offset %d is a stub (value omitted): it is never replayed", r.Topic, r.Partition, r.Offset)
+	}
+	if to == "" {
+		to = ToSource
+	}
+	return replayRecord(r, ReplayOptions{To: to, Tier: tier, Now: func() time.Time { return now }})
 }
 
 // replayRecord builds the record Replay sends for r, as opts.To says.

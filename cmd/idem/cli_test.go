@@ -24,8 +24,11 @@ func idem(t *testing.T, k *testenv.Kafka, stdin string, args ...string) (int, st
 	t.Helper()
 	var out, errOut bytes.Buffer
 	getenv := func(name string) string {
-		if name == "KAFKA_BROKERS" {
+		switch name {
+		case "KAFKA_BROKERS":
 			return strings.Join(k.Brokers, ",")
+		case "DATABASE_URL":
+			return "" // the offset model unless a test gives --database-url
 		}
 		return os.Getenv(name)
 	}
@@ -100,18 +103,33 @@ func TestCLIEndToEnd(t *testing.T) {
 	if listed.Groups[0].Kind != "decode" {
 		decodeFP = listed.Groups[1].Fingerprint
 	}
-	code, out, _ = idem(t, k, "", "dlq", "replay", "--topic", topic, "--filter", "fingerprint="+decodeFP, "--rate", "100")
+	// Without a database a filtered replay would drop the rest from
+	// pending: --dry-run warns, a real run refuses without the flag.
+	code, out, _ = idem(t, k, "", "dlq", "replay", "--topic", topic, "--filter", "fingerprint="+decodeFP, "--dry-run")
+	if code != 0 || !strings.Contains(out, "would replay 2 of 4") || !strings.Contains(out, "NO LONGER BE PENDING") {
+		t.Fatalf("replay --filter --dry-run: code %d\n%s", code, out)
+	}
+	code, _, errOut := idem(t, k, "", "dlq", "replay", "--topic", topic, "--filter", "fingerprint="+decodeFP)
+	if code != 1 || !strings.Contains(errOut, "refused: 2 of 4") || !strings.Contains(errOut, "--drop-unmatched-from-pending") {
+		t.Fatalf("replay --filter without the flag: code %d\n%s", code, errOut)
+	}
+	// A filter matching nothing exits 1 and leaves everything pending.
+	code, _, errOut = idem(t, k, "", "dlq", "replay", "--topic", topic, "--filter", "key=rf-4", "--drop-unmatched-from-pending")
+	if code != 1 || !strings.Contains(errOut, "no pending record") {
+		t.Fatalf("replay matching nothing: code %d\n%s", code, errOut)
+	}
+	code, out, _ = idem(t, k, "", "dlq", "replay", "--topic", topic, "--filter", "fingerprint="+decodeFP, "--rate", "100", "--drop-unmatched-from-pending")
 	if code != 0 || !strings.Contains(out, "replayed 2 of 4 pending records to source") || !strings.Contains(out, "2 records skipped") {
 		t.Fatalf("replay --filter: code %d\n%s", code, out)
 	}
-	code, out, _ = idem(t, k, "", "dlq", "replay", "--topic", topic)
-	if code != 0 || !strings.Contains(out, "replayed 0 of 0") {
-		t.Fatalf("second replay: code %d\n%s", code, out)
+	code, _, errOut = idem(t, k, "", "dlq", "replay", "--topic", topic)
+	if code != 1 || !strings.Contains(errOut, "nothing pending") {
+		t.Fatalf("second replay: code %d\n%s", code, errOut)
 	}
 
 	// Purge: refused without confirmation, done with "y" or --yes.
 	seed(t, k, topic, origin, 2)
-	code, out, errOut := idem(t, k, "n\n", "dlq", "purge", "--topic", topic)
+	code, out, errOut = idem(t, k, "n\n", "dlq", "purge", "--topic", topic)
 	if code == 0 || !strings.Contains(out, "purge 2 pending records") || !strings.Contains(errOut, "not confirmed") {
 		t.Fatalf("purge (declined): code %d\n%s%s", code, out, errOut)
 	}

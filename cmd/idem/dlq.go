@@ -32,17 +32,30 @@ Name the dead-letter topic with --topic (-t), or with --source and --group:
 the topic and consumer group whose dead-letter topic it is, by idem's default
 name <topic>.<group>.dlq (give --topic when Retry.DLQTopic renames it).
 
-Pending records are those past the committed offsets of the consumer group
-"<dlq-topic>.admin". replay and purge move that group forward; list, show and
-depth never change anything.`,
+Two models of what is pending:
+
+With --database-url (or DATABASE_URL), list, show, replay, resolve and
+archive work on the failure index that idem console's indexer keeps in
+PostgreSQL: each dead letter has its own status (unresolved, replayed,
+resolved, archived), a replay of a subset leaves the others unresolved, and
+every action is written to the audit log under --actor.
+
+Without a database, pending records are those past the committed offsets of
+the consumer group "<dlq-topic>.admin". replay and purge move that group
+forward; list, show and depth never change anything. depth and purge always
+work this way.`,
 		Example: `  idem dlq list --source payments --group billing
   idem dlq depth -t payments.billing.dlq --json
   idem dlq show -t payments.billing.dlq --partition 0 --offset 42
   idem dlq replay --source payments --group billing --filter kind=timeout --dry-run
-  idem dlq purge -t payments.billing.dlq --yes`,
+  idem dlq purge -t payments.billing.dlq --yes
+  idem dlq list --database-url postgres://idem@db/idem -t payments.billing.dlq
+  idem dlq replay --database-url postgres://idem@db/idem --id 42 --id 43 --reason "ledger fixed"`,
 	}
 	a.kafkaFlags(c)
-	c.AddCommand(newListCmd(a), newShowCmd(a), newReplayCmd(a), newPurgeCmd(a), newDepthCmd(a))
+	a.dlqDBFlags(c)
+	c.AddCommand(newListCmd(a), newShowCmd(a), newReplayCmd(a), newStatusCmd(a, "resolve"), newStatusCmd(a, "archive"),
+		newPurgeCmd(a), newDepthCmd(a))
 	return c
 }
 
@@ -140,13 +153,28 @@ func truncate(s string, n int) string {
 func newListCmd(a *app) *cobra.Command {
 	var sel dlqTopic
 	var asJSON bool
+	var filter, status string
+	var limit int
 	c := &cobra.Command{
 		Use:   "list",
 		Short: "Group pending dead-letter records by failure fingerprint",
+		Long: `Group pending dead-letter records by failure fingerprint.
+
+Without a database: the records past the admin group's offsets, by group,
+with a sample's PARTITION/OFFSET (what show takes) and a count of stubs.
+With --database-url: the failure index's groups, then its records (ID,
+PARTITION/OFFSET, status, a stub mark), filtered by --filter and --status.`,
 		Example: `  idem dlq list -t payments.billing.dlq
-  idem dlq list --source payments --group billing --json`,
+  idem dlq list --source payments --group billing --json
+  idem dlq list --database-url postgres://idem@db/idem --filter kind=timeout --status any`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if a.dlqDB != "" {
+				return indexList(cmd.Context(), a, sel, filter, status, limit, asJSON)
+			}
+			if filter != "" || cmd.Flags().Changed("status") || cmd.Flags().Changed("limit") {
+				return errors.New("--filter, --status and --limit need the failure index: set --database-url or DATABASE_URL")
+			}
 			cl, topic, err := a.openDLQ(sel)
 			if err != nil {
 				return err
@@ -169,23 +197,45 @@ func newListCmd(a *app) *cobra.Command {
 					Groups     []dlq.Group `json:"groups"`
 				}{topic, dlq.AdminGroup(topic), depth, groups})
 			}
+			var stubs int64
 			if len(groups) > 0 {
 				tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "FINGERPRINT\tKIND\tTYPE\tCOUNT\tFIRST SEEN\tLAST SEEN\tSAMPLE")
+				fmt.Fprintln(tw, "FINGERPRINT\tKIND\tTYPE\tCOUNT\tSTUBS\tFIRST SEEN\tLAST SEEN\tSAMPLE AT\tSAMPLE")
 				for _, g := range groups {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", g.Fingerprint, orDash(text(string(g.Kind))), orDash(text(g.ErrorType)),
-						g.Count, fmtTime(g.FirstSeen), fmtTime(g.LastSeen), truncate(g.SampleError, 80))
+					stubs += g.Stubs
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", g.Fingerprint, orDash(text(string(g.Kind))), orDash(text(g.ErrorType)),
+						g.Count, g.Stubs, fmtTime(g.FirstSeen), fmtTime(g.LastSeen), at(g.SamplePartition, g.SampleOffset), truncate(g.SampleError, 80))
 				}
 				if err := tw.Flush(); err != nil {
 					return err
 				}
 			}
 			fmt.Fprintf(a.out, "depth: %d pending in %s (admin group %s)\n", depth, topic, dlq.AdminGroup(topic))
+			if stubs > 0 {
+				fmt.Fprintf(a.out, "%s pending: value omitted, never replayed\n", plural(stubs, "stub"))
+			}
+			if len(groups) > 0 {
+				fmt.Fprintf(a.out, "SAMPLE AT is PARTITION/OFFSET: idem dlq show -t %s --partition P --offset N\n", topic)
+			}
 			return nil
 		},
 	}
 	readFlags(c, &sel, &asJSON)
+	c.Flags().StringVar(&filter, "filter", "", "with a database: kind=…,error~=…,key=…,fingerprint=… (all must match)")
+	c.Flags().StringVar(&status, "status", "unresolved", "with a database: statuses to list, comma-separated, or any")
+	c.Flags().IntVar(&limit, "limit", 50, "with a database: records to list (at most 1000)")
 	return c
+}
+
+// at renders a record position as PARTITION/OFFSET.
+func at(partition int32, offset int64) string { return fmt.Sprintf("%d/%d", partition, offset) }
+
+// plural renders "1 stub", "2 stubs".
+func plural(n int64, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
 }
 
 func orDash(s string) string {
@@ -199,16 +249,32 @@ func newShowCmd(a *app) *cobra.Command {
 	var sel dlqTopic
 	var key string
 	var partition int32
-	var offset int64
+	var offset, id int64
 	var asJSON bool
 	c := &cobra.Command{
 		Use:   "show",
 		Short: "Show one dead-letter record with its decoded failure and payload",
+		Long: `Show one dead-letter record with its decoded failure and payload, by
+--partition/--offset, by --key (the Kafka key, the derived idempotency key or
+the idempotency-key header; the most recent match), or, with a database, by
+--id. A stub (value omitted) is marked. With a database, the record comes
+from the failure index, with its status, lineage and edits, even after it
+expired from the topic.`,
 		Example: `  idem dlq show -t payments.billing.dlq --partition 0 --offset 42
-  idem dlq show --source payments --group billing --key order-42 --json`,
+  idem dlq show --source payments --group billing --key order-42 --json
+  idem dlq show --database-url postgres://idem@db/idem --id 42`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			byOffset := cmd.Flags().Changed("offset")
+			if id != 0 && (byOffset || key != "") {
+				return errors.New("give one of --id, --offset (with --partition) or --key")
+			}
+			if a.dlqDB != "" && (id != 0 || (byOffset && offset >= 0) || (!byOffset && key != "")) {
+				return indexShow(cmd.Context(), a, sel, id, byOffset, partition, offset, key, asJSON)
+			}
+			if id != 0 {
+				return errors.New("--id needs the failure index: set --database-url or DATABASE_URL")
+			}
 			switch {
 			case byOffset && key != "":
 				return errors.New("give either --offset (with --partition) or --key, not both")
@@ -236,7 +302,8 @@ func newShowCmd(a *app) *cobra.Command {
 	dlqTopicFlags(c, &sel)
 	c.Flags().Int32VarP(&partition, "partition", "p", 0, "partition of --offset")
 	c.Flags().Int64VarP(&offset, "offset", "o", -1, "offset of the record")
-	c.Flags().StringVarP(&key, "key", "k", "", "record key or idempotency-key header (the most recent match is shown)")
+	c.Flags().StringVarP(&key, "key", "k", "", "record key, derived idempotency key or idempotency-key header (the most recent match is shown)")
+	c.Flags().Int64Var(&id, "id", 0, "with a database: the record's id in the failure index (see dlq list)")
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return c
 }
@@ -293,6 +360,9 @@ func showText(w io.Writer, r *dlq.Record) {
 	if !r.HasFailure {
 		fmt.Fprintln(w, "  (no idem-* headers: not written by idem)")
 	}
+	if r.IsStub() {
+		fmt.Fprintf(w, "stub: value omitted (%d bytes); replay skips it\n", f.OmittedBytes)
+	}
 	fmt.Fprintln(w, "headers:")
 	for _, h := range r.OriginalHeaders() {
 		fmt.Fprintf(w, "  %s: %q\n", text(string(h.Key)), h.Value)
@@ -340,6 +410,7 @@ func showJSON(w io.Writer, r *dlq.Record) error {
 	out := map[string]any{
 		"topic": r.Topic, "partition": r.Partition, "offset": r.Offset, "timestamp": r.Timestamp,
 		"key": jsonBytes(r.Key), "headers": headers, "fingerprint": r.Fingerprint(), "failure": failure, "value": value,
+		"stub": r.IsStub(), "idempotency_key": r.IdempotencyKey(),
 	}
 	if r.DecodeErr != nil {
 		out["decode_error"] = r.DecodeErr.Error()
@@ -384,7 +455,9 @@ func newReplayCmd(a *app) *cobra.Command {
 	var to, filter string
 	var rate float64
 	var tier int
-	var dryRun bool
+	var dryRun, drop bool
+	var ids []int64
+	var reason, status string
 	c := &cobra.Command{
 		Use:   "replay",
 		Short: "Republish pending dead-letter records to their source topic or to a topic you name",
@@ -403,21 +476,46 @@ does not exist is an error before anything is read; with source, replay stops
 at the first record whose original topic does not exist, and that record
 stays pending (list still shows it).
 
-Replay handles the records pending when it starts and then commits the admin
-group past all of them: records the --filter skips are NO LONGER PENDING
-afterwards (they stay in the topic; show still finds them). A second replay
-does not repeat the first.
+Without a database, "pending" is one committed offset per partition (the
+admin group): replay handles the records pending when it starts and commits
+the admin group past all of them. So a replay that would leave records
+unsent, records the --filter does not match or stubs, is REFUSED unless
+--drop-unmatched-from-pending says to drop them from pending (they stay in
+the topic; show still finds them). A replay that matches nothing exits 1.
+--dry-run says what a real run would send and drop. A stub (a record
+dead-lettered without its value) is never replayed.
+
+With --database-url (or DATABASE_URL) replay works on the failure index
+instead (idem console's index): each record has its own status, a replay of
+a subset leaves the others unresolved, and every replay is audited.
 
 --filter terms (comma-separated, all must match):
   kind=retriable|permanent|panic|missing-key|invalid-key|decode|timeout
   error~=REGEXP      (matched anywhere in idem-error)
-  key=K              (record key or idempotency-key header)
+  key=K              (record key, derived idempotency key or idempotency-key header)
   fingerprint=PREFIX (as dlq list shows it)`,
 		Example: `  idem dlq replay -t payments.billing.dlq --dry-run
   idem dlq replay --source payments --group billing --filter kind=timeout --rate 50
-  idem dlq replay -t payments.billing.dlq --to payments.billing.retry.1`,
+  idem dlq replay -t payments.billing.dlq --to payments.billing.retry.1
+  idem dlq replay --database-url postgres://idem@db/idem --id 42 --id 43 --reason "ledger fixed"`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if a.dlqDB != "" {
+				if drop {
+					return errors.New("--drop-unmatched-from-pending: with a database, records not replayed stay unresolved; nothing to drop")
+				}
+				if strings.TrimSpace(to) == "" {
+					return errors.New("--to is empty: give source or a topic name")
+				}
+				s, err := selection(sel, filter, status, ids)
+				if err != nil {
+					return err
+				}
+				return indexReplay(cmd.Context(), a, s, to, tier, rate, reason, dryRun)
+			}
+			if len(ids) > 0 || reason != "" || cmd.Flags().Changed("status") {
+				return errors.New("--id, --reason and --status need the failure index: set --database-url or DATABASE_URL")
+			}
 			f, err := dlq.ParseFilter(filter)
 			if err != nil {
 				return err
@@ -440,7 +538,7 @@ does not repeat the first.
 			}
 			defer cl.Close()
 			dest := dlq.Destination(to)
-			opts := dlq.ReplayOptions{Topic: topic, To: dest, Tier: tier, Filter: f, Rate: rate, DryRun: dryRun}
+			opts := dlq.ReplayOptions{Topic: topic, To: dest, Tier: tier, Filter: f, Rate: rate, DryRun: dryRun, DropUnmatched: drop}
 			tty := isTerminal(a.out)
 			if tty {
 				opts.Progress = func(done, total int64) { progressBar(a.out, done, total) }
@@ -449,22 +547,7 @@ does not repeat the first.
 			if tty && res.Pending > 0 {
 				fmt.Fprintln(a.out)
 			}
-			if err != nil {
-				if errors.Is(err, dlq.ErrUnknownTopic) && (to == "retry" || to == "origin") {
-					return fmt.Errorf("%w (--to takes source or a topic name: name the retry tier, e.g. <topic>.<group>.retry.1)", err)
-				}
-				return fmt.Errorf("%w (replayed %d, skipped %d before stopping)", err, res.Replayed, res.Skipped)
-			}
-			if dryRun {
-				fmt.Fprintf(a.out, "dry run: would replay %d of %d pending records to %s (%d skipped by the filter); nothing sent or committed\n",
-					res.Replayed, res.Pending, dest, res.Skipped)
-				return nil
-			}
-			fmt.Fprintf(a.out, "replayed %d of %d pending records to %s\n", res.Replayed, res.Pending, dest)
-			if res.Skipped > 0 {
-				fmt.Fprintf(a.out, "%d records skipped by the filter are no longer pending (still in %s)\n", res.Skipped, topic)
-			}
-			return nil
+			return replayReport(a, topic, dest, opts, res, err)
 		},
 	}
 	dlqTopicFlags(c, &sel)
@@ -472,8 +555,79 @@ does not repeat the first.
 	c.Flags().IntVar(&tier, "tier", 0, "idem-tier written with a named --to topic (default: n of <topic>.<group>.retry.<n>, else 1)")
 	c.Flags().StringVar(&filter, "filter", "", "kind=…,error~=…,key=…,fingerprint=… (all must match)")
 	c.Flags().Float64Var(&rate, "rate", 0, "max records per second (0 = unlimited)")
-	c.Flags().BoolVar(&dryRun, "dry-run", false, "count what would be replayed; send and commit nothing")
+	c.Flags().BoolVar(&dryRun, "dry-run", false, "count what would be replayed and dropped; send and commit nothing")
+	c.Flags().Int64SliceVar(&ids, "id", nil, "with a database: record id in the failure index (repeatable)")
+	c.Flags().StringVar(&reason, "reason", "", "with a database: why, kept in the record and the audit log")
+	c.Flags().StringVar(&status, "status", "unresolved", "with a database and --filter: statuses to select (only unresolved records are sent)")
+	c.Flags().BoolVar(&drop, "drop-unmatched-from-pending", false, "without a database: allow a replay that leaves records unsent (not matched by --filter, or stubs); they stop being pending")
 	return c
+}
+
+// stubList renders stub positions for a message, the first 10 of them.
+func stubList(ps []dlq.Position) string {
+	var b strings.Builder
+	for i, p := range ps {
+		if i == 10 {
+			fmt.Fprintf(&b, ", … (%d more)", len(ps)-10)
+			break
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "partition %d offset %d", p.Partition, p.Offset)
+	}
+	return b.String()
+}
+
+// replayReport prints what an offset-model replay did, or turns its refusal
+// into an error that says what to do.
+func replayReport(a *app, topic string, dest dlq.Destination, opts dlq.ReplayOptions, res dlq.ReplayResult, err error) error {
+	stubs := int64(len(res.Stubs))
+	switch {
+	case errors.Is(err, dlq.ErrNothingMatched):
+		if res.Pending == 0 {
+			return fmt.Errorf("nothing pending in %s: nothing replayed", topic)
+		}
+		msg := fmt.Sprintf("no pending record of %s matched: %d pending, %d not matched by the filter", topic, res.Pending, res.Skipped)
+		if stubs > 0 {
+			msg += fmt.Sprintf(", %s (never replayed: %s)", plural(stubs, "stub"), stubList(res.Stubs))
+		}
+		return errors.New(msg + "; nothing sent or committed")
+	case errors.Is(err, dlq.ErrUnmatched):
+		msg := fmt.Sprintf("refused: %d of %d pending records of %s match", res.Replayed, res.Pending, topic)
+		if res.Skipped > 0 {
+			msg += fmt.Sprintf("; %d not matched by the filter", res.Skipped)
+		}
+		if stubs > 0 {
+			msg += fmt.Sprintf("; %s never replayed (value omitted: %s)", plural(stubs, "stub"), stubList(res.Stubs))
+		}
+		return errors.New(msg + ". Without a database, pending is one offset per partition: this replay would make them no longer pending. " +
+			"Give --drop-unmatched-from-pending to do so, or --database-url to replay from the failure index, which keeps them unresolved. Nothing sent or committed")
+	case err != nil:
+		if errors.Is(err, dlq.ErrUnknownTopic) && (dest == "retry" || dest == "origin") {
+			return fmt.Errorf("%w (--to takes source or a topic name: name the retry tier, e.g. <topic>.<group>.retry.1)", err)
+		}
+		return fmt.Errorf("%w (replayed %d before stopping)", err, res.Replayed)
+	}
+	if opts.DryRun {
+		fmt.Fprintf(a.out, "dry run: would replay %d of %d pending records to %s (%d skipped by the filter); nothing sent or committed\n",
+			res.Replayed, res.Pending, dest, res.Skipped)
+		if stubs > 0 {
+			fmt.Fprintf(a.out, "%s would not be replayed (value omitted): %s\n", plural(stubs, "stub"), stubList(res.Stubs))
+		}
+		if unsent := res.Skipped + stubs; unsent > 0 {
+			fmt.Fprintf(a.out, "warning: %d records would not be sent and would NO LONGER BE PENDING after this replay; a real run refuses unless --drop-unmatched-from-pending\n", unsent)
+		}
+		return nil
+	}
+	fmt.Fprintf(a.out, "replayed %d of %d pending records to %s\n", res.Replayed, res.Pending, dest)
+	if res.Skipped > 0 {
+		fmt.Fprintf(a.out, "%d records skipped by the filter are no longer pending (--drop-unmatched-from-pending; still in %s)\n", res.Skipped, topic)
+	}
+	if stubs > 0 {
+		fmt.Fprintf(a.out, "%s not replayed (value omitted) and no longer pending: %s\n", plural(stubs, "stub"), stubList(res.Stubs))
+	}
+	return nil
 }
 
 // isTerminal reports whether w is a character device (a terminal).

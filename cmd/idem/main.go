@@ -5,8 +5,10 @@
 //	idem dlq list     (-t DLQ | --source T --group G) [--json]
 //	idem dlq depth    (-t DLQ | --source T --group G) [--json]
 //	idem dlq show     (-t DLQ | --source T --group G) (--partition P --offset N | --key K) [--json]
-//	idem dlq replay   (-t DLQ | --source T --group G) [--to source|TOPIC [--tier N]] [--filter kind=…,error~=…,key=…] [--rate N] [--dry-run]
+//	idem dlq replay   (-t DLQ | --source T --group G) [--to source|TOPIC [--tier N]] [--filter kind=…,error~=…,key=…] [--drop-unmatched-from-pending] [--rate N] [--dry-run]
 //	idem dlq purge    (-t DLQ | --source T --group G) [--yes]
+//	idem dlq list|show|replay --database-url URL …   (the failure index: per-record status, audited)
+//	idem dlq resolve|archive  --database-url URL (--id N… | -t DLQ [--filter …]) [--reason R] [--actor A]
 //	idem ordering list    [--group G] [--topic T] [--json]
 //	idem ordering release --group G --topic T (--key K | --key-hex H | --all) --to source|TOPIC [--dry-run]
 //	idem outbox relay [--database-url URL] [--metrics-addr ADDR]

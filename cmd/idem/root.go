@@ -35,6 +35,9 @@ const envAnnotation = "idem-env"
 type app struct {
 	brokers      string
 	kafkaVersion string
+	// dlqDB is the dlq commands' --database-url (the failure index), actor
+	// their --actor.
+	dlqDB, actor string
 	auth         kafkaauth.Options
 	// args are the invocation's arguments, getenv its environment.
 	args        []string

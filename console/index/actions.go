@@ -1,10 +1,23 @@
 package index
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemhq/idem/dlq"
+	"github.com/idemhq/idem/internal/keyorder"
+	"github.com/idemhq/idem/outbox"
+	"github.com/idemhq/idem/retrytopic"
 )
 
 // HeaderReplaces is the header EditAndRetry adds to the record it publishes:
@@ -26,6 +39,195 @@ type Actions struct {
 // outbox actions; Replay, EditAndRetry and ReleaseKey then fail.
 func NewActions(s *Store, client sarama.Client) *Actions { return &Actions{store: s, client: client} }
 
+// errNoClient is returned by actions that publish when NewActions had no client.
+var errNoClient = errors.New("index: this action publishes to Kafka, and Actions has no client (NewActions(s, nil))")
+
+// audit writes one audit row for an action whose outcome is res and err;
+// it returns err, joined with the audit's own error if that failed.
+func (a *Actions) audit(ctx context.Context, actor, action string, ids []int64, detail, reason string, res Result, err error, done string) error {
+	result := fmt.Sprintf("ok: %d %s", res.Done, done)
+	if res.Skipped > 0 {
+		result += fmt.Sprintf(", %d skipped", res.Skipped)
+	}
+	if len(res.SkippedStubs) > 0 {
+		result += fmt.Sprintf(" (%d stubs)", len(res.SkippedStubs))
+	}
+	if len(res.Errors) > 0 {
+		result += fmt.Sprintf(", %d errors: %s", len(res.Errors), strings.Join(res.Errors, "; "))
+	}
+	if err != nil {
+		result = fmt.Sprintf("error after %d %s: %v", res.Done, done, err)
+	}
+	aerr := writeAudit(context.WithoutCancel(ctx), a.store.db, AuditEntry{Actor: actor, Action: action, RecordIDs: ids,
+		Detail: detail, Reason: reason, Result: result})
+	if aerr != nil {
+		return errors.Join(err, aerr)
+	}
+	return err
+}
+
+// checkActor rejects an action without an actor.
+func checkActor(actor string) error {
+	if strings.TrimSpace(actor) == "" {
+		return invalid("actor", "empty: every action is audited under a name")
+	}
+	return nil
+}
+
+// resolve returns the ids sel picks, in ascending order. Explicit ids must
+// all be in the index (else an error wrapping ErrNotFound).
+func (a *Actions) resolve(ctx context.Context, sel Selection) ([]int64, error) {
+	switch {
+	case len(sel.IDs) > 0 && sel.Filter != nil:
+		return nil, invalid("selection", "give ids or a filter, not both")
+	case len(sel.IDs) > 0:
+		rows, err := a.store.db.Query(ctx, `SELECT id FROM idem_dlq_records WHERE id = ANY($1) ORDER BY id`, sel.IDs)
+		if err != nil {
+			return nil, fmt.Errorf("index: select records: %w", err)
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return nil, fmt.Errorf("index: select records: %w", err)
+		}
+		var missing []string
+		for _, id := range sel.IDs {
+			if _, found := slicesFind(ids, id); !found {
+				missing = append(missing, strconv.FormatInt(id, 10))
+			}
+		}
+		if len(missing) > 0 {
+			return nil, fmt.Errorf("%w: id %s", ErrNotFound, strings.Join(missing, ", "))
+		}
+		return ids, nil
+	case sel.Filter != nil:
+		var args []any
+		cond, err := sel.Filter.where(&args)
+		if err != nil {
+			return nil, err
+		}
+		rows, err := a.store.db.Query(ctx, `SELECT id FROM idem_dlq_records WHERE `+cond+` ORDER BY id`, args...)
+		if err != nil {
+			return nil, fmt.Errorf("index: select records: %w", err)
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return nil, fmt.Errorf("index: select records: %w", err)
+		}
+		return ids, nil
+	}
+	return nil, invalid("selection", "empty: give record ids or a filter")
+}
+
+// slicesFind looks id up in sorted ids.
+func slicesFind(ids []int64, id int64) (int, bool) {
+	lo, hi := 0, len(ids)
+	for lo < hi {
+		m := (lo + hi) / 2
+		if ids[m] < id {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	return lo, lo < len(ids) && ids[lo] == id
+}
+
+// filterDetail describes a selection for the audit.
+func (sel Selection) detail() string {
+	if sel.Filter == nil {
+		return fmt.Sprintf("%d ids", len(sel.IDs))
+	}
+	f := sel.Filter
+	var parts []string
+	add := func(k, v string) {
+		if v != "" {
+			parts = append(parts, k+"="+v)
+		}
+	}
+	add("group", f.Group)
+	add("topic", f.Topic)
+	add("kind", f.Kind)
+	add("fingerprint", f.Fingerprint)
+	add("key", f.Key)
+	add("error~", f.ErrorContains)
+	for _, s := range f.Status {
+		add("status", string(s))
+	}
+	if !f.Since.IsZero() {
+		add("since", f.Since.UTC().Format(time.RFC3339))
+	}
+	if !f.Until.IsZero() {
+		add("until", f.Until.UTC().Format(time.RFC3339))
+	}
+	if f.HasOffset {
+		add("at", fmt.Sprintf("%d/%d", f.Partition, f.Offset))
+	}
+	return "filter " + strings.Join(parts, ",")
+}
+
+// setStatus moves the records ids whose status is one of from to status and
+// returns the ids it changed.
+func setStatus(ctx context.Context, db DB, ids []int64, from []Status, to Status, actor, reason string) ([]int64, error) {
+	fs := make([]string, len(from))
+	for i, s := range from {
+		fs[i] = string(s)
+	}
+	rows, err := db.Query(ctx, `UPDATE idem_dlq_records SET status = $2, status_actor = $3, status_reason = $4, status_at = now()
+		WHERE id = ANY($1) AND status = ANY($5::text[]) RETURNING id`, ids, string(to), clean(actor), clean(reason), fs)
+	if err != nil {
+		return nil, fmt.Errorf("index: set status %s: %w", to, err)
+	}
+	done, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("index: set status %s: %w", to, err)
+	}
+	return done, nil
+}
+
+// transition is Resolve and Archive: a status change without publishing.
+func (a *Actions) transition(ctx context.Context, action, actor string, sel Selection, reason string, from []Status, to Status) (Result, error) {
+	var res Result
+	if err := checkActor(actor); err != nil {
+		return res, err
+	}
+	ids, err := a.resolve(ctx, sel)
+	if err != nil {
+		return res, a.audit(ctx, actor, action, sel.IDs, sel.detail(), reason, res, err, string(to))
+	}
+	res.Matched = len(ids)
+	done, err := setStatus(ctx, a.store.db, ids, from, to, actor, reason)
+	res.Done = len(done)
+	res.Skipped = res.Matched - res.Done
+	return res, a.audit(ctx, actor, action, ids, sel.detail(), reason, res, err, string(to))
+}
+
+// Resolve marks the selected unresolved or replayed records Resolved (nothing
+// is sent). Archived and resolved records are skipped.
+func (a *Actions) Resolve(ctx context.Context, actor string, sel Selection, reason string) (Result, error) {
+	return a.transition(ctx, "resolve", actor, sel, reason, []Status{Unresolved, Replayed}, Resolved)
+}
+
+// Archive marks the selected records Archived (nothing is sent). reason is
+// required: without one the error is a *ValidationError and nothing changes.
+// Archived records are skipped.
+func (a *Actions) Archive(ctx context.Context, actor string, sel Selection, reason string) (Result, error) {
+	if strings.TrimSpace(reason) == "" {
+		if err := checkActor(actor); err != nil {
+			return Result{}, err
+		}
+		return Result{}, a.audit(ctx, actor, "archive", sel.IDs, sel.detail(), reason, Result{}, invalid("reason", "archiving needs a reason"), "archived")
+	}
+	return a.transition(ctx, "archive", actor, sel, reason, []Status{Unresolved, Replayed, Resolved}, Archived)
+}
+
+// replayCandidate is what Replay reads of a record before sending anything.
+type replayCandidate struct {
+	id     int64
+	stub   bool
+	status Status
+	origin string
+}
+
 // Replay sends the selected unresolved records back: to each record's origin
 // topic (to == "") as a fresh record without idem-* headers, or to the topic
 // named by to (typically a retry tier), keeping the idem-* history, due now.
@@ -39,21 +241,155 @@ func NewActions(s *Store, client sarama.Client) *Actions { return &Actions{store
 // checked before anything is sent: a topic that does not exist is an error
 // (wrapping dlq.ErrUnknownTopic) and nothing is published or changed. An id
 // that is not in the index is an error wrapping ErrNotFound, before anything
-// is sent.
+// is sent. A record whose value the index holds truncated is read back from
+// Kafka; if it has expired there, it is left unresolved and named in
+// Result.Errors.
 func (a *Actions) Replay(ctx context.Context, actor string, sel Selection, to string, ratePerSec int, reason string) (Result, error) {
-	return Result{}, errors.New("index: not implemented")
+	var res Result
+	if err := checkActor(actor); err != nil {
+		return res, err
+	}
+	if ratePerSec < 0 {
+		return res, invalid("rate", "%d: must be >= 0", ratePerSec)
+	}
+	to = strings.TrimSpace(to)
+	detail := sel.detail() + " to " + orOrigin(to)
+	if ratePerSec > 0 {
+		detail += fmt.Sprintf(" rate %d/s", ratePerSec)
+	}
+	fail := func(ids []int64, err error) (Result, error) {
+		return res, a.audit(ctx, actor, "replay", ids, detail, reason, res, err, "replayed")
+	}
+	if a.client == nil {
+		return fail(sel.IDs, errNoClient)
+	}
+	ids, err := a.resolve(ctx, sel)
+	if err != nil {
+		return fail(sel.IDs, err)
+	}
+	res.Matched = len(ids)
+	rows, err := a.store.db.Query(ctx, `SELECT id, stub, status, origin_topic FROM idem_dlq_records WHERE id = ANY($1) ORDER BY id`, ids)
+	if err != nil {
+		return fail(ids, fmt.Errorf("index: replay: %w", err))
+	}
+	cands, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (replayCandidate, error) {
+		var c replayCandidate
+		err := row.Scan(&c.id, &c.stub, &c.status, &c.origin)
+		return c, err
+	})
+	if err != nil {
+		return fail(ids, fmt.Errorf("index: replay: %w", err))
+	}
+	var send []int64
+	dests := map[string]bool{}
+	for _, c := range cands {
+		switch {
+		case c.stub:
+			res.SkippedStubs = append(res.SkippedStubs, c.id)
+			res.Skipped++
+		case c.status != Unresolved:
+			res.Skipped++
+		default:
+			send = append(send, c.id)
+			if to == "" {
+				if c.origin == "" {
+					return fail(ids, invalid("to", "record %d has no origin topic (no idem-original-topic): name a destination", c.id))
+				}
+				dests[c.origin] = true
+			}
+		}
+	}
+	if to != "" {
+		dests[to] = true
+	}
+	if len(send) > 0 {
+		dc := dlq.New(a.client)
+		for d := range dests {
+			if err := dc.CheckTopic(d); err != nil {
+				return fail(ids, fmt.Errorf("index: replay to %s: nothing published: %w", d, err))
+			}
+		}
+	}
+	pub, err := newPublisher(a.client)
+	if err != nil {
+		return fail(ids, err)
+	}
+	defer pub.close()
+	var interval time.Duration
+	if ratePerSec > 0 {
+		interval = time.Second / time.Duration(ratePerSec)
+	}
+	var next time.Time
+	for start := 0; start < len(send); start += 200 {
+		chunk := send[start:min(start+200, len(send))]
+		rows, err := a.store.db.Query(ctx, `SELECT `+recordCols+` FROM idem_dlq_records WHERE id = ANY($1) ORDER BY id`, chunk)
+		if err != nil {
+			return fail(ids, fmt.Errorf("index: replay: %w", err))
+		}
+		recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Record, error) { return scanRecord(row) })
+		if err != nil {
+			return fail(ids, fmt.Errorf("index: replay: %w", err))
+		}
+		for _, r := range recs {
+			dr, err := a.kafkaRecord(ctx, r)
+			if err != nil {
+				res.Errors = append(res.Errors, err.Error())
+				continue
+			}
+			out, err := dr.ReplayRecord(dlq.Destination(orOrigin(to)), 0, time.Now())
+			if err != nil {
+				res.Errors = append(res.Errors, fmt.Sprintf("record %d: %v", r.ID, err))
+				continue
+			}
+			if interval > 0 {
+				if !sleep(ctx, time.Until(next)) && ctx.Err() != nil {
+					return fail(ids, ctx.Err())
+				}
+				next = maxTime(next, time.Now()).Add(interval)
+			}
+			if _, _, err := pub.send(ctx, out); err != nil {
+				return fail(ids, fmt.Errorf("index: replay record %d: %w", r.ID, err))
+			}
+			done, err := setStatus(ctx, a.store.db, []int64{r.ID}, []Status{Unresolved}, Replayed, actor, reason)
+			if err != nil {
+				return fail(ids, err)
+			}
+			res.Done += len(done)
+		}
+	}
+	return res, a.audit(ctx, actor, "replay", ids, detail, reason, res, nil, "replayed")
 }
 
-// Resolve marks the selected unresolved or replayed records Resolved.
-// Archived and resolved records are skipped.
-func (a *Actions) Resolve(ctx context.Context, actor string, sel Selection, reason string) (Result, error) {
-	return Result{}, errors.New("index: not implemented")
+func orOrigin(to string) string {
+	if to == "" {
+		return string(dlq.ToSource)
+	}
+	return to
 }
 
-// Archive marks the selected records Archived. reason is required (a
-// *ValidationError otherwise, nothing changed). Archived records are skipped.
-func (a *Actions) Archive(ctx context.Context, actor string, sel Selection, reason string) (Result, error) {
-	return Result{}, errors.New("index: not implemented")
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// kafkaRecord rebuilds r as the dlq package sees a dead-letter record; a
+// truncated value is read back from the DLQ topic.
+func (a *Actions) kafkaRecord(ctx context.Context, r Record) (*dlq.Record, error) {
+	if r.ValueTruncated {
+		got, err := dlq.New(a.client).Show(ctx, r.Topic, dlq.Position{Partition: r.Partition, Offset: r.Offset})
+		if err != nil {
+			return nil, fmt.Errorf("record %d: the index holds its value truncated (%d of %d bytes) and it cannot be read from %s/%d offset %d: %w",
+				r.ID, len(r.Value), r.ValueSize, r.Topic, r.Partition, r.Offset, err)
+		}
+		return got, nil
+	}
+	m := &sarama.ConsumerMessage{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, Value: r.Value}
+	for _, h := range r.Headers {
+		m.Headers = append(m.Headers, &sarama.RecordHeader{Key: h.Key, Value: h.Value})
+	}
+	return dlq.FromMessage(m), nil
 }
 
 // EditAndRetry publishes value in place of record id's value to the record's
@@ -64,32 +400,302 @@ func (a *Actions) Archive(ctx context.Context, actor string, sel Selection, reas
 // or when value is empty, the error is a *ValidationError and nothing is
 // published or changed. The edit is stored as a new Version beside the
 // original value, which is never overwritten, and the record is marked
-// Replayed. An unknown id is an error wrapping ErrNotFound.
+// Replayed. An unknown id is an error wrapping ErrNotFound; an origin topic
+// that does not exist, an error wrapping dlq.ErrUnknownTopic (nothing
+// published).
 func (a *Actions) EditAndRetry(ctx context.Context, actor string, id int64, value []byte, reason string) (Result, error) {
-	return Result{}, errors.New("index: not implemented")
+	res := Result{Matched: 1}
+	if err := checkActor(actor); err != nil {
+		return Result{}, err
+	}
+	detail := fmt.Sprintf("record %d", id)
+	fail := func(err error) (Result, error) {
+		return res, a.audit(ctx, actor, "edit-retry", []int64{id}, detail, reason, res, err, "published")
+	}
+	r, err := a.store.Get(ctx, id)
+	if err != nil {
+		res.Matched = 0
+		return fail(err)
+	}
+	if err := checkEdit(r, value); err != nil {
+		return fail(err)
+	}
+	if a.client == nil {
+		return fail(errNoClient)
+	}
+	if r.OriginTopic == "" {
+		return fail(invalid("to", "record %d has no origin topic (no idem-original-topic)", id))
+	}
+	if err := dlq.New(a.client).CheckTopic(r.OriginTopic); err != nil {
+		return fail(fmt.Errorf("index: edit and retry record %d: nothing published: %w", id, err))
+	}
+	orig := make([]sarama.RecordHeader, 0, len(r.Headers))
+	for _, h := range r.Headers {
+		orig = append(orig, sarama.RecordHeader{Key: h.Key, Value: h.Value})
+	}
+	hs := retrytopic.StripHeaders(orig)
+	hs = append(hs, sarama.RecordHeader{Key: []byte(HeaderReplaces), Value: fmt.Appendf(nil, "%s/%d/%d", r.Topic, r.Partition, r.Offset)})
+	pub, err := newPublisher(a.client)
+	if err != nil {
+		return fail(err)
+	}
+	defer pub.close()
+	part, off, err := pub.send(ctx, retrytopic.Record{Topic: r.OriginTopic, Partition: r.OriginPartition, Key: r.Key, Value: value, Headers: hs})
+	if err != nil {
+		return fail(fmt.Errorf("index: edit and retry record %d: %w", id, err))
+	}
+	detail += fmt.Sprintf(" published to %s/%d offset %d", r.OriginTopic, part, off)
+	err = pgx.BeginFunc(context.WithoutCancel(ctx), a.store.db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO idem_dlq_versions (record_id, n, value, actor, reason, published_to, published_partition, published_offset)
+			SELECT $1, coalesce(max(n), 0) + 1, $2, $3, $4, $5, $6, $7 FROM idem_dlq_versions WHERE record_id = $1`,
+			id, value, clean(actor), clean(reason), r.OriginTopic, part, off); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `UPDATE idem_dlq_records SET status = 'replayed', status_actor = $2, status_reason = $3, status_at = now()
+			WHERE id = $1`, id, clean(actor), clean(reason))
+		return err
+	})
+	if err != nil {
+		return fail(fmt.Errorf("index: edit and retry record %d: published, but not recorded: %w", id, err))
+	}
+	res.Done = 1
+	return res, a.audit(ctx, actor, "edit-retry", []int64{id}, detail, reason, res, nil, "published")
+}
+
+// checkEdit validates an edited value against the original record.
+func checkEdit(r Record, value []byte) error {
+	if len(bytes.TrimSpace(value)) == 0 {
+		return invalid("value", "empty: give the edited value")
+	}
+	origJSON := len(r.Value) > 0 && !r.ValueTruncated && json.Valid(r.Value)
+	if !origJSON {
+		return nil
+	}
+	if !json.Valid(value) {
+		var v any
+		err := json.Unmarshal(value, &v)
+		return invalid("value", "not valid JSON (the original is): %v", err)
+	}
+	if r.IdempotencyKey == "" {
+		return nil
+	}
+	var before, after any
+	if json.Unmarshal(r.Value, &before) != nil || json.Unmarshal(value, &after) != nil {
+		return nil
+	}
+	for _, path := range keyPaths(before, r.IdempotencyKey, "") {
+		if got, ok := lookup(after, path); !ok || got != r.IdempotencyKey {
+			return invalid("value", "field %s holds the idempotency key %q in the original and must keep it (the edit is published under the same key)", path, r.IdempotencyKey)
+		}
+	}
+	return nil
+}
+
+// keyPaths returns the paths ("a.b.0") of the string fields of v equal to key.
+func keyPaths(v any, key, at string) []string {
+	var out []string
+	switch v := v.(type) {
+	case string:
+		if v == key && at != "" {
+			out = append(out, at)
+		}
+	case map[string]any:
+		for k, x := range v {
+			out = append(out, keyPaths(x, key, join(at, k))...)
+		}
+	case []any:
+		for i, x := range v {
+			out = append(out, keyPaths(x, key, join(at, strconv.Itoa(i)))...)
+		}
+	}
+	return out
+}
+
+func join(at, k string) string {
+	if at == "" {
+		return k
+	}
+	return at + "." + k
+}
+
+// lookup returns the string at path in v.
+func lookup(v any, path string) (string, bool) {
+	for _, k := range strings.Split(path, ".") {
+		switch x := v.(type) {
+		case map[string]any:
+			v = x[k]
+		case []any:
+			i, err := strconv.Atoi(k)
+			if err != nil || i < 0 || i >= len(x) {
+				return "", false
+			}
+			v = x[i]
+		default:
+			return "", false
+		}
+	}
+	s, ok := v.(string)
+	return s, ok
+}
+
+// publisher sends records and returns where they landed, keeping the
+// record's partition number when the topic has it (else hashing the key).
+type publisher struct {
+	client   sarama.Client
+	producer sarama.SyncProducer
+}
+
+func newPublisher(client sarama.Client) (*publisher, error) {
+	p, err := sarama.NewSyncProducerFromClient(client)
+	if err != nil {
+		return nil, fmt.Errorf("index: producer: %w", err)
+	}
+	return &publisher{client: client, producer: p}, nil
+}
+
+func (p *publisher) close() { _ = p.producer.Close() }
+
+func (p *publisher) send(ctx context.Context, rec retrytopic.Record) (int32, int64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, 0, err
+	}
+	parts, err := p.client.Partitions(rec.Topic)
+	if err != nil {
+		return 0, 0, fmt.Errorf("partitions of %s: %w", rec.Topic, err)
+	}
+	n := int32(len(parts))
+	part := rec.Partition
+	if part < 0 || part >= n {
+		hp := sarama.NewHashPartitioner(rec.Topic)
+		if part, err = hp.Partition(&sarama.ProducerMessage{Key: sarama.ByteEncoder(rec.Key)}, n); err != nil {
+			return 0, 0, err
+		}
+	}
+	msg := &sarama.ProducerMessage{Topic: rec.Topic, Partition: part, Headers: rec.Headers}
+	if rec.Key != nil {
+		msg.Key = sarama.ByteEncoder(rec.Key)
+	}
+	if rec.Value != nil {
+		msg.Value = sarama.ByteEncoder(rec.Value)
+	}
+	return p.producer.SendMessage(msg)
+}
+
+// isUndefinedTable reports whether err is PostgreSQL's undefined_table.
+func isUndefinedTable(err error) bool {
+	var pg *pgconn.PgError
+	return errors.As(err, &pg) && pg.Code == "42P01"
 }
 
 // ParkedKeys returns up to limit keys OrderingByKey holds blocked, every group
-// and topic (none when the ordering tables do not exist).
+// and topic (none when the ordering tables do not exist). limit <= 0 means
+// 100.
 func (a *Actions) ParkedKeys(ctx context.Context, limit int) ([]ParkedKey, error) {
-	return nil, errors.New("index: not implemented")
+	if limit <= 0 {
+		limit = 100
+	}
+	keys, err := keyorder.List(ctx, a.store.db, "", "")
+	if isUndefinedTable(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("index: parked keys: %w", err)
+	}
+	out := make([]ParkedKey, 0, min(limit, len(keys)))
+	for _, k := range keys[:min(limit, len(keys))] {
+		since := k.OldestParked
+		if since.IsZero() {
+			since = k.Since
+		}
+		out = append(out, ParkedKey{Group: k.Group, Topic: k.Topic, Key: string(k.Key), Parked: k.Parked, Head: k.Head, Since: since})
+	}
+	return out, nil
 }
 
 // ReleaseKey gives up the ordering of key in group and topic, as `idem
 // ordering release --to source` does: the head's pending forward and every
-// parked message go back to the source topic, in order, as fresh records.
+// parked message go back to the source topic, in order, as fresh records
+// (idem-* headers removed; idempotency key kept), then the key is unblocked.
+// Result.Done counts the records sent. A key that is not blocked is an error
+// wrapping ErrNotFound.
 func (a *Actions) ReleaseKey(ctx context.Context, actor, group, topic, key, reason string) (Result, error) {
-	return Result{}, errors.New("index: not implemented")
+	var res Result
+	if err := checkActor(actor); err != nil {
+		return res, err
+	}
+	detail := fmt.Sprintf("group %s topic %s key %q", group, topic, key)
+	fail := func(err error) (Result, error) {
+		return res, a.audit(ctx, actor, "release-key", nil, detail, reason, res, err, "released")
+	}
+	if a.client == nil {
+		return fail(errNoClient)
+	}
+	blocked, err := keyorder.List(ctx, a.store.db, group, topic)
+	if err != nil && !isUndefinedTable(err) {
+		return fail(fmt.Errorf("index: release key: %w", err))
+	}
+	found := false
+	for _, b := range blocked {
+		found = found || string(b.Key) == key
+	}
+	if !found {
+		return fail(fmt.Errorf("%w: key %q is not blocked in group %s topic %s", ErrNotFound, key, group, topic))
+	}
+	res.Matched = 1
+	if err := dlq.New(a.client).CheckTopic(topic); err != nil {
+		return fail(err)
+	}
+	pub, err := newPublisher(a.client)
+	if err != nil {
+		return fail(err)
+	}
+	defer pub.close()
+	n, err := keyorder.New(a.store.db, group).Release(ctx, topic, []byte(key), func(r keyorder.Record) error {
+		hs := make([]sarama.RecordHeader, 0, len(r.Headers))
+		for _, h := range r.Headers {
+			hs = append(hs, sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})
+		}
+		_, _, err := pub.send(ctx, retrytopic.Record{Topic: topic, Partition: r.Partition, Key: r.Key, Value: r.Value,
+			Headers: retrytopic.StripHeaders(hs)})
+		return err
+	})
+	res.Done = n
+	if err != nil {
+		return fail(err)
+	}
+	return res, a.audit(ctx, actor, "release-key", nil, detail, reason, res, nil, "released")
 }
 
 // FailedOutbox returns up to limit outbox rows (idem_outbox) in the failed
-// state, lowest id first (none when the table does not exist).
+// state, lowest id first (none when the table does not exist). limit <= 0
+// means 100.
 func (a *Actions) FailedOutbox(ctx context.Context, limit int) ([]OutboxRow, error) {
-	return nil, errors.New("index: not implemented")
+	rows, err := outbox.List(ctx, a.store.db, outbox.ListOptions{State: outbox.StateFailed, Limit: limit})
+	if isUndefinedTable(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("index: failed outbox rows: %w", err)
+	}
+	out := make([]OutboxRow, 0, len(rows))
+	for _, r := range rows {
+		out = append(out, OutboxRow{ID: r.ID, Topic: r.Topic, Key: string(r.Key), Error: r.LastError, Attempts: r.Attempts, CreatedAt: r.CreatedAt})
+	}
+	return out, nil
 }
 
-// RetryOutbox makes the failed outbox rows ids pending again (outbox.Retry).
-// Rows that are not failed are skipped.
+// RetryOutbox makes the failed outbox rows ids pending again (outbox.Retry):
+// the relay publishes them again. Rows that are not failed are skipped.
 func (a *Actions) RetryOutbox(ctx context.Context, actor string, ids []int64, reason string) (Result, error) {
-	return Result{}, errors.New("index: not implemented")
+	res := Result{Matched: len(ids)}
+	if err := checkActor(actor); err != nil {
+		return Result{}, err
+	}
+	if len(ids) == 0 {
+		return Result{}, invalid("ids", "empty: give the outbox rows to retry")
+	}
+	done, err := outbox.Retry(ctx, a.store.db, "", ids...)
+	res.Done = len(done)
+	res.Skipped = res.Matched - res.Done
+	return res, a.audit(ctx, actor, "retry-outbox", ids, "outbox rows", reason, res, err, "retried")
 }

@@ -3,13 +3,21 @@ package index
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"regexp"
+	"slices"
+	"strconv"
+	"sync"
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemhq/idem/dlq"
 )
 
 // DefaultGroup is the consumer group the Indexer reads with by default.
@@ -30,10 +38,13 @@ type Indexer struct {
 	// Brokers are the Kafka bootstrap brokers. Required.
 	Brokers []string
 	// Sarama is the client config (TLS, SASL, version); it is copied.
+	// Consumer.Offsets.Initial is set to OffsetOldest (a new indexer indexes
+	// what the topics retain) and Consumer.Offsets.AutoCommit stays on: it
+	// commits only offsets marked after their records were stored.
 	// Default: sarama.NewConfig() with Version V4_0_0_0.
 	Sarama *sarama.Config
-	// Pool is the database holding the index (Migrate must have run; Run
-	// runs it too). Required.
+	// Pool is the database holding the index. Run runs Migrate on it first.
+	// Required.
 	Pool *pgxpool.Pool
 	// Topics are the dead-letter topics to index. When empty, every topic
 	// matching TopicPattern is indexed, and the set is refreshed every
@@ -42,7 +53,8 @@ type Indexer struct {
 	// TopicPattern selects topics when Topics is empty.
 	// Default: DefaultTopicPattern (names ending in ".dlq").
 	TopicPattern *regexp.Regexp
-	// RefreshInterval is how often topics matching TopicPattern are looked up.
+	// RefreshInterval is how often topics matching TopicPattern are looked up,
+	// and the DLQ topics' retention read for idem_dlq_retention_seconds.
 	// Default: 30s.
 	RefreshInterval time.Duration
 	// Group is the consumer group the indexer reads with. Kafka: group.id.
@@ -65,13 +77,376 @@ type Indexer struct {
 	Logger *slog.Logger
 	// Registerer, when set, gets the index's collectors (see NewCollector):
 	// idem_dlq_unresolved, idem_dlq_oldest_unresolved_seconds and
-	// idem_dlq_retention_seconds.
+	// idem_dlq_retention_seconds. Run unregisters them when it returns.
 	Registerer prometheus.Registerer
+
+	// stored, when set (tests), is called after each batch's transaction
+	// committed and before its offsets are marked.
+	stored func(n int)
+}
+
+// Default values of the Indexer's fields.
+const (
+	DefaultRefreshInterval = 30 * time.Second
+	DefaultMaxValueBytes   = 1 << 20
+	DefaultRetention       = 30 * 24 * time.Hour
+	DefaultBatchSize       = 500
+)
+
+// withDefaults returns a copy of ix with every default applied.
+func (ix *Indexer) withDefaults() *Indexer {
+	c := *ix
+	if c.TopicPattern == nil {
+		c.TopicPattern = DefaultTopicPattern
+	}
+	if c.RefreshInterval <= 0 {
+		c.RefreshInterval = DefaultRefreshInterval
+	}
+	if c.Group == "" {
+		c.Group = DefaultGroup
+	}
+	if c.MaxValueBytes <= 0 {
+		c.MaxValueBytes = DefaultMaxValueBytes
+	}
+	if c.Retention == 0 {
+		c.Retention = DefaultRetention
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return &c
+}
+
+// Validate reports the first field whose value Run cannot work with.
+func (ix *Indexer) Validate() error {
+	switch {
+	case len(ix.Brokers) == 0:
+		return errors.New("index: Indexer.Brokers is empty")
+	case ix.Pool == nil:
+		return errors.New("index: Indexer.Pool is nil")
+	case ix.MaxValueBytes < 0:
+		return fmt.Errorf("index: Indexer.MaxValueBytes = %d: must be >= 0 (0: 1 MiB)", ix.MaxValueBytes)
+	case ix.BatchSize < 0:
+		return fmt.Errorf("index: Indexer.BatchSize = %d: must be >= 0 (0: 500)", ix.BatchSize)
+	case ix.Retention > 0 && ix.Retention < time.Hour:
+		return fmt.Errorf("index: Indexer.Retention = %v: must be >= 1h (or negative to keep everything)", ix.Retention)
+	}
+	return nil
 }
 
 // Run indexes until ctx is done, then returns nil. It runs Migrate first. It
-// returns an error for bad configuration or when the first connection to
-// Kafka fails; later errors are logged and retried.
+// returns an error for bad configuration, or when Migrate or the first
+// connection to Kafka fails; later errors are logged and retried.
 func (ix *Indexer) Run(ctx context.Context) error {
-	return errors.New("index: not implemented")
+	if err := ix.Validate(); err != nil {
+		return err
+	}
+	c := ix.withDefaults()
+	if err := Migrate(ctx, c.Pool); err != nil {
+		return err
+	}
+	var cfg *sarama.Config
+	if c.Sarama == nil {
+		cfg = sarama.NewConfig()
+		cfg.Version = sarama.V4_0_0_0
+	} else {
+		copied := *c.Sarama
+		cfg = &copied
+	}
+	cfg.Metadata.AllowAutoTopicCreation = false
+	cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
+	cfg.Consumer.Return.Errors = true
+	client, err := sarama.NewClient(c.Brokers, cfg)
+	if err != nil {
+		return fmt.Errorf("index: connect to %v: %w", c.Brokers, err)
+	}
+	defer client.Close()
+	// Deferred in this order, they run: cancel, close the group (ending the
+	// errors goroutine), wait for the goroutines, close the client.
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	group, err := sarama.NewConsumerGroupFromClient(c.Group, client)
+	if err != nil {
+		return fmt.Errorf("index: consumer group %s: %w", c.Group, err)
+	}
+	defer group.Close()
+
+	store := &Store{db: c.Pool}
+	col := NewCollector(store)
+	if c.Registerer != nil {
+		if err := c.Registerer.Register(col); err != nil {
+			return fmt.Errorf("index: register collectors: %w", err)
+		}
+		defer c.Registerer.Unregister(col)
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		for err := range group.Errors() {
+			c.Logger.Warn("index: consumer group error", "group", c.Group, "err", err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		c.sweep(ctx, store)
+	}()
+
+	h := &claimHandler{ix: c}
+	for ctx.Err() == nil {
+		topics, err := c.topics(client)
+		if err != nil {
+			c.Logger.Warn("index: list dead-letter topics", "err", err)
+		}
+		c.readRetention(client, topics, col)
+		if len(topics) == 0 {
+			if !sleep(ctx, c.RefreshInterval) {
+				break
+			}
+			continue
+		}
+		// One consumer session until the topic set changes.
+		sctx, stop := context.WithCancel(ctx)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer stop()
+			for sleep(sctx, c.RefreshInterval) {
+				now, err := c.topics(client)
+				if err == nil && !slices.Equal(now, topics) {
+					c.Logger.Info("index: dead-letter topics changed", "topics", now)
+					return
+				}
+				c.readRetention(client, now, col)
+			}
+		}()
+		for sctx.Err() == nil {
+			if err := group.Consume(sctx, topics, h); err != nil {
+				if errors.Is(err, sarama.ErrClosedConsumerGroup) {
+					stop()
+					return nil
+				}
+				c.Logger.Warn("index: consume", "group", c.Group, "err", err)
+				sleep(sctx, time.Second)
+			}
+		}
+		stop()
+	}
+	return nil
+}
+
+// topics returns the sorted topics to index.
+func (ix *Indexer) topics(client sarama.Client) ([]string, error) {
+	if len(ix.Topics) > 0 {
+		t := slices.Clone(ix.Topics)
+		slices.Sort(t)
+		return slices.Compact(t), nil
+	}
+	if err := client.RefreshMetadata(); err != nil {
+		return nil, err
+	}
+	all, err := client.Topics()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, t := range all {
+		if ix.TopicPattern.MatchString(t) {
+			out = append(out, t)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// readRetention reads retention.ms of topics into col. Errors are logged:
+// the metric is then absent.
+func (ix *Indexer) readRetention(client sarama.Client, topics []string, col *Collector) {
+	if len(topics) == 0 {
+		return
+	}
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		ix.Logger.Warn("index: read retention.ms", "err", err)
+		return
+	}
+	// Closing this admin would close the shared client: it is left to be
+	// collected with it.
+	ret := map[string]time.Duration{}
+	for _, t := range topics {
+		entries, err := admin.DescribeConfig(sarama.ConfigResource{Type: sarama.TopicResource, Name: t, ConfigNames: []string{"retention.ms"}})
+		if err != nil {
+			ix.Logger.Warn("index: read retention.ms", "topic", t, "err", err)
+			continue
+		}
+		for _, e := range entries {
+			if e.Name == "retention.ms" {
+				if ms, err := strconv.ParseInt(e.Value, 10, 64); err == nil && ms > 0 {
+					ret[t] = time.Duration(ms) * time.Millisecond
+				}
+			}
+		}
+	}
+	col.setRetention(ret)
+}
+
+// sweep runs Store.Sweep every hour (the first time at once) until ctx is
+// done, unless Retention is negative.
+func (ix *Indexer) sweep(ctx context.Context, s *Store) {
+	if ix.Retention < 0 {
+		return
+	}
+	for {
+		n, err := s.Sweep(ctx, ix.Retention)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			ix.Logger.Warn("index: sweep", "err", err)
+		case n > 0:
+			ix.Logger.Info("index: swept settled records", "deleted", n, "older_than", ix.Retention)
+		}
+		if !sleep(ctx, time.Hour) {
+			return
+		}
+	}
+}
+
+// sleep waits d or until ctx is done; it reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// claimHandler is the indexer's sarama.ConsumerGroupHandler.
+type claimHandler struct{ ix *Indexer }
+
+func (h *claimHandler) Setup(sarama.ConsumerGroupSession) error   { return nil }
+func (h *claimHandler) Cleanup(sarama.ConsumerGroupSession) error { return nil }
+
+// ConsumeClaim stores the claim's records in batches: whatever has arrived,
+// up to BatchSize, in one transaction; then it marks the batch's last offset.
+// A batch that cannot be stored is retried (with backoff) until it is, or the
+// session ends: nothing is marked past a record that is not stored.
+func (h *claimHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
+	ctx := sess.Context()
+	batch := make([]*sarama.ConsumerMessage, 0, h.ix.BatchSize)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case m, ok := <-claim.Messages():
+			if !ok {
+				return nil
+			}
+			batch = append(batch[:0], m)
+		more:
+			for len(batch) < h.ix.BatchSize {
+				select {
+				case m, ok := <-claim.Messages():
+					if !ok {
+						break more
+					}
+					batch = append(batch, m)
+				default:
+					break more
+				}
+			}
+			if !h.storeWithRetry(ctx, batch) {
+				return nil
+			}
+			if h.ix.stored != nil {
+				h.ix.stored(len(batch))
+			}
+			sess.MarkMessage(batch[len(batch)-1], "")
+		}
+	}
+}
+
+// storeWithRetry stores batch, retrying with full-jitter backoff (100 ms to
+// 10 s) until it succeeds (true) or ctx is done (false).
+func (h *claimHandler) storeWithRetry(ctx context.Context, batch []*sarama.ConsumerMessage) bool {
+	backoff := 100 * time.Millisecond
+	for {
+		err := store(ctx, h.ix.Pool, batch, h.ix.MaxValueBytes)
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		first := batch[0]
+		h.ix.Logger.Warn("index: store dead-letter records; retrying", "topic", first.Topic, "partition", first.Partition,
+			"offset", first.Offset, "records", len(batch), "err", err)
+		if !sleep(ctx, time.Duration(rand.Int64N(int64(backoff)))+time.Millisecond) {
+			return false
+		}
+		backoff = min(2*backoff, 10*time.Second)
+	}
+}
+
+// insertRecord inserts one dead letter unless its (topic, partition, offset)
+// is already indexed. previous_id links it to the latest earlier record with
+// the same idempotency key, origin topic and group.
+const insertRecord = `INSERT INTO idem_dlq_records (dlq_topic, dlq_partition, dlq_offset, origin_topic, origin_partition,
+	origin_offset, consumer_group, fingerprint, kind, msg_key, idempotency_key, attempts, first_failure_at, last_failure_at,
+	error, error_type, stack, value, value_size, value_truncated, stub, header_keys, header_values, previous_id)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23,
+	(SELECT max(p.id) FROM idem_dlq_records p
+	 WHERE $11 <> '' AND p.idempotency_key = $11 AND p.origin_topic = $4 AND p.consumer_group = $7)
+ON CONFLICT (dlq_topic, dlq_partition, dlq_offset) DO NOTHING`
+
+// store inserts batch in one transaction.
+func store(ctx context.Context, pool *pgxpool.Pool, batch []*sarama.ConsumerMessage, maxValue int) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		b := &pgx.Batch{}
+		for _, m := range batch {
+			b.Queue(insertRecord, rowArgs(dlq.FromMessage(m), maxValue)...)
+		}
+		return tx.SendBatch(ctx, b).Close()
+	})
+}
+
+// rowArgs are insertRecord's arguments for r.
+func rowArgs(r *dlq.Record, maxValue int) []any {
+	f := r.Failure
+	last := r.LastFailureAt()
+	if last.IsZero() {
+		last = time.Now()
+	}
+	first := f.FirstFailureAt
+	if first.IsZero() || first.After(last) {
+		first = last
+	}
+	value, size, truncated := r.Value, len(r.Value), false
+	if len(value) > maxValue {
+		value, truncated = value[:maxValue], true
+	}
+	if f.Stub {
+		value, size = nil, f.OmittedBytes
+	}
+	keys := make([][]byte, len(r.Headers))
+	values := make([][]byte, len(r.Headers))
+	for i, h := range r.Headers {
+		keys[i], values[i] = nonNil(h.Key), h.Value
+	}
+	return []any{r.Topic, r.Partition, r.Offset, clean(f.OriginalTopic), f.OriginalPartition, f.OriginalOffset,
+		clean(f.Group), r.Fingerprint(), clean(string(f.Kind)), r.Key, clean(r.IdempotencyKey()), f.Attempt, first, last,
+		clean(f.Error), clean(f.ErrorType), clean(string(f.Stack)), value, size, truncated, f.Stub, keys, values}
+}
+
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
 }

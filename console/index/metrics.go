@@ -1,6 +1,11 @@
 package index
 
 import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -8,24 +13,31 @@ import (
 // unresolved records of s per group and DLQ topic:
 //
 //	idem_dlq_unresolved{group,topic}                 gauge  unresolved records in the index
-//	idem_dlq_oldest_unresolved_seconds{group,topic}  gauge  age of the oldest unresolved record (its last failure); 0 when none
+//	idem_dlq_oldest_unresolved_seconds{group,topic}  gauge  age of the oldest unresolved record (since its last failure, when it was dead-lettered)
 //
 // and the retention of each DLQ topic the Indexer reads (retention.ms), so an
 // alert can compare the two:
 //
-//	idem_dlq_retention_seconds{topic}                gauge  the DLQ topic's retention.ms in seconds; absent when unlimited
+//	idem_dlq_retention_seconds{topic}                gauge  the DLQ topic's retention.ms in seconds; absent when unlimited or not read yet
 //
+// A group and topic with no unresolved record has no series. A scrape that
+// cannot read the index (within 5 s) reports nothing for it and logs why.
 // Register it on a prometheus.Registerer (Indexer.Registerer does).
-func NewCollector(s *Store) *Collector { return &Collector{store: s} }
+func NewCollector(s *Store) *Collector { return &Collector{store: s, now: time.Now} }
 
-// Collector is the collector NewCollector returns.
+// Collector is the collector NewCollector returns. It is safe for
+// concurrent use.
 type Collector struct {
 	store *Store
+	now   func() time.Time
+
+	mu        sync.Mutex
+	retention map[string]time.Duration
 }
 
 var (
 	descUnresolved = prometheus.NewDesc("idem_dlq_unresolved", "Unresolved dead-letter records in the failure index.", []string{"group", "topic"}, nil)
-	descOldest     = prometheus.NewDesc("idem_dlq_oldest_unresolved_seconds", "Age of the oldest unresolved dead-letter record (since its last failure); 0 when none.", []string{"group", "topic"}, nil)
+	descOldest     = prometheus.NewDesc("idem_dlq_oldest_unresolved_seconds", "Age of the oldest unresolved dead-letter record, since it was dead-lettered (its last failure).", []string{"group", "topic"}, nil)
 	descRetention  = prometheus.NewDesc("idem_dlq_retention_seconds", "Retention of the dead-letter topic (retention.ms), in seconds.", []string{"topic"}, nil)
 )
 
@@ -37,4 +49,47 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 // Collect reads the index and sends the current values.
-func (c *Collector) Collect(ch chan<- prometheus.Metric) {}
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rows, err := c.store.db.Query(ctx, `SELECT consumer_group, dlq_topic, count(*), min(last_failure_at)
+		FROM idem_dlq_records WHERE status = 'unresolved' GROUP BY consumer_group, dlq_topic`)
+	if err == nil {
+		now := c.now()
+		for rows.Next() {
+			var group, topic string
+			var n int64
+			var oldest time.Time
+			if err = rows.Scan(&group, &topic, &n, &oldest); err != nil {
+				break
+			}
+			ch <- prometheus.MustNewConstMetric(descUnresolved, prometheus.GaugeValue, float64(n), group, topic)
+			ch <- prometheus.MustNewConstMetric(descOldest, prometheus.GaugeValue, max(0, now.Sub(oldest).Seconds()), group, topic)
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+	}
+	if err != nil {
+		slog.Warn("index: collect idem_dlq_unresolved", "err", err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for topic, d := range c.retention {
+		ch <- prometheus.MustNewConstMetric(descRetention, prometheus.GaugeValue, d.Seconds(), topic)
+	}
+}
+
+// setRetention replaces the retention of the topics in r (the others keep
+// theirs).
+func (c *Collector) setRetention(r map[string]time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.retention == nil {
+		c.retention = map[string]time.Duration{}
+	}
+	for t, d := range r {
+		c.retention[t] = d
+	}
+}

@@ -2,7 +2,11 @@ package index
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
+	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -11,7 +15,7 @@ import (
 )
 
 // DB is what the index needs from a database handle: *pgxpool.Pool satisfies
-// it (and so does a pgx.Tx for Migrate).
+// it (and so do *pgx.Conn and pgx.Tx).
 type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
@@ -31,52 +35,357 @@ type Store struct {
 // Migrate created).
 func NewStore(pool *pgxpool.Pool) *Store { return &Store{db: pool} }
 
-// newStore is NewStore on any DB (a transaction in tests).
-func newStore(db DB) *Store { return &Store{db: db} }
+// maxLimit caps List's and Audit's page size.
+const maxLimit = 1000
 
-// Overview returns one TopicSummary per group and DLQ topic that has records,
-// ordered by group and topic.
-func (s *Store) Overview(ctx context.Context) ([]TopicSummary, error) {
-	return nil, errors.New("index: not implemented")
+// recordCols are the columns scanRecord reads, in order.
+const recordCols = `id, dlq_topic, dlq_partition, dlq_offset, origin_topic, origin_partition, origin_offset,
+	consumer_group, fingerprint, kind, msg_key, idempotency_key, attempts, first_failure_at, last_failure_at,
+	indexed_at, error, error_type, stack, value, value_size, value_truncated, stub, header_keys, header_values,
+	status, status_actor, status_reason, status_at, coalesce(previous_id, 0)`
+
+func scanRecord(row pgx.Row) (Record, error) {
+	var r Record
+	var keys, values [][]byte
+	var status string
+	err := row.Scan(&r.ID, &r.Topic, &r.Partition, &r.Offset, &r.OriginTopic, &r.OriginPartition, &r.OriginOffset,
+		&r.Group, &r.Fingerprint, &r.Kind, &r.Key, &r.IdempotencyKey, &r.Attempts, &r.FirstFailureAt, &r.LastFailureAt,
+		&r.IndexedAt, &r.Error, &r.ErrorType, &r.Stack, &r.Value, &r.ValueSize, &r.ValueTruncated, &r.Stub, &keys, &values,
+		&status, &r.StatusActor, &r.StatusReason, &r.StatusAt, &r.PreviousID)
+	if err != nil {
+		return r, err
+	}
+	r.Status = Status(status)
+	r.Headers = make([]Header, 0, len(keys))
+	for i := range keys {
+		h := Header{Key: keys[i]}
+		if i < len(values) {
+			h.Value = values[i]
+		}
+		r.Headers = append(r.Headers, h)
+	}
+	return r, nil
 }
 
-// Groups returns the failure groups of the records f matches, largest first.
-func (s *Store) Groups(ctx context.Context, f Filter) ([]FailureGroup, error) {
-	return nil, errors.New("index: not implemented")
+// where renders f as an SQL condition (always non-empty) appending its
+// arguments to args.
+func (f Filter) where(args *[]any) (string, error) {
+	conds := []string{"true"}
+	arg := func(v any) string {
+		*args = append(*args, v)
+		return "$" + strconv.Itoa(len(*args))
+	}
+	eq := func(col, v string) {
+		if v != "" {
+			conds = append(conds, col+" = "+arg(v))
+		}
+	}
+	eq("consumer_group", f.Group)
+	eq("dlq_topic", f.Topic)
+	eq("kind", f.Kind)
+	if fp := strings.ToLower(f.Fingerprint); fp != "" {
+		for _, c := range fp {
+			if !strings.ContainsRune("0123456789abcdef", c) {
+				return "", invalid("fingerprint", "%q is not hexadecimal", f.Fingerprint)
+			}
+		}
+		if len(fp) >= 12 {
+			conds = append(conds, "fingerprint = "+arg(fp))
+		} else {
+			conds = append(conds, "fingerprint LIKE "+arg(fp+"%"))
+		}
+	}
+	if f.Key != "" {
+		conds = append(conds, "(idempotency_key = "+arg(f.Key)+" OR msg_key = "+arg([]byte(f.Key))+")")
+	}
+	if f.ErrorContains != "" {
+		esc := strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`).Replace(f.ErrorContains)
+		conds = append(conds, "error ILIKE "+arg("%"+esc+"%"))
+	}
+	if len(f.Status) > 0 {
+		st := make([]string, 0, len(f.Status))
+		for _, s := range f.Status {
+			if !s.Valid() {
+				return "", invalid("status", "%q: want unresolved, replayed, resolved or archived", s)
+			}
+			st = append(st, string(s))
+		}
+		if len(st) == 1 {
+			conds = append(conds, "status = "+arg(st[0]))
+		} else {
+			conds = append(conds, "status = ANY("+arg(st)+"::text[])")
+		}
+	}
+	if !f.Since.IsZero() {
+		conds = append(conds, "last_failure_at >= "+arg(f.Since))
+	}
+	if !f.Until.IsZero() {
+		conds = append(conds, "last_failure_at < "+arg(f.Until))
+	}
+	if f.HasOffset {
+		conds = append(conds, "dlq_partition = "+arg(f.Partition), "dlq_offset = "+arg(f.Offset))
+	}
+	return strings.Join(conds, " AND "), nil
+}
+
+// encodeCursor and decodeCursor turn a List position into an opaque string.
+func encodeCursor(t time.Time, id int64) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(t.UnixMicro(), 10) + "," + strconv.FormatInt(id, 10)))
+}
+
+func decodeCursor(c string) (time.Time, int64, error) {
+	b, err := base64.RawURLEncoding.DecodeString(c)
+	if err == nil {
+		if ts, id, ok := strings.Cut(string(b), ","); ok {
+			us, err1 := strconv.ParseInt(ts, 10, 64)
+			n, err2 := strconv.ParseInt(id, 10, 64)
+			if err1 == nil && err2 == nil {
+				return time.UnixMicro(us), n, nil
+			}
+		}
+	}
+	return time.Time{}, 0, invalid("cursor", "%q is not a cursor this index returned", c)
 }
 
 // List returns up to limit records matching f, latest failure first
 // (LastFailureAt, then ID, descending), starting after cursor ("" for the
 // first page). limit <= 0 means 50; it is capped at 1000. Values and headers
-// are filled; Versions are not.
+// are filled; Versions are not. A bad filter or cursor is a
+// *ValidationError.
 func (s *Store) List(ctx context.Context, f Filter, cursor string, limit int) (Page, error) {
-	return Page{}, errors.New("index: not implemented")
+	if limit <= 0 {
+		limit = 50
+	}
+	limit = min(limit, maxLimit)
+	var args []any
+	cond, err := f.where(&args)
+	if err != nil {
+		return Page{}, err
+	}
+	if cursor != "" {
+		t, id, err := decodeCursor(cursor)
+		if err != nil {
+			return Page{}, err
+		}
+		args = append(args, t, id)
+		cond += fmt.Sprintf(" AND (last_failure_at, id) < ($%d, $%d)", len(args)-1, len(args))
+	}
+	args = append(args, limit+1)
+	rows, err := s.db.Query(ctx, `SELECT `+recordCols+` FROM idem_dlq_records WHERE `+cond+
+		` ORDER BY last_failure_at DESC, id DESC LIMIT $`+strconv.Itoa(len(args)), args...)
+	if err != nil {
+		return Page{}, fmt.Errorf("index: list: %w", err)
+	}
+	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Record, error) { return scanRecord(row) })
+	if err != nil {
+		return Page{}, fmt.Errorf("index: list: %w", err)
+	}
+	p := Page{Records: recs}
+	if len(recs) > limit {
+		p.Records = recs[:limit]
+		last := p.Records[limit-1]
+		p.Next = encodeCursor(last.LastFailureAt, last.ID)
+	}
+	return p, nil
 }
 
 // Get returns record id with its Versions; an error wrapping ErrNotFound when
 // the index has no such record.
 func (s *Store) Get(ctx context.Context, id int64) (Record, error) {
-	return Record{}, errors.New("index: not implemented")
+	r, err := scanRecord(s.db.QueryRow(ctx, `SELECT `+recordCols+` FROM idem_dlq_records WHERE id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return r, fmt.Errorf("%w: id %d", ErrNotFound, id)
+	}
+	if err != nil {
+		return r, fmt.Errorf("index: get %d: %w", id, err)
+	}
+	rows, err := s.db.Query(ctx, `SELECT n, value, actor, reason, at, published_to, published_partition, published_offset
+		FROM idem_dlq_versions WHERE record_id = $1 ORDER BY n`, id)
+	if err != nil {
+		return r, fmt.Errorf("index: get %d: versions: %w", id, err)
+	}
+	r.Versions, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Version, error) {
+		var v Version
+		err := row.Scan(&v.N, &v.Value, &v.Actor, &v.Reason, &v.At, &v.PublishedTo, &v.PublishedPartition, &v.PublishedOffset)
+		return v, err
+	})
+	if err != nil {
+		return r, fmt.Errorf("index: get %d: versions: %w", id, err)
+	}
+	return r, nil
+}
+
+// Groups returns the failure groups (fingerprint, kind, group, DLQ topic) of
+// the records f matches, largest first, then latest first; at most 1000.
+func (s *Store) Groups(ctx context.Context, f Filter) ([]FailureGroup, error) {
+	var args []any
+	cond, err := f.where(&args)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := s.db.Query(ctx, `
+		WITH g AS (
+			SELECT fingerprint, kind, consumer_group, dlq_topic, count(*) AS n,
+				count(*) FILTER (WHERE status = 'unresolved') AS unresolved,
+				min(last_failure_at) AS first_seen, max(last_failure_at) AS last_seen
+			FROM idem_dlq_records WHERE `+cond+`
+			GROUP BY fingerprint, kind, consumer_group, dlq_topic
+			ORDER BY n DESC, last_seen DESC, fingerprint
+			LIMIT 1000
+		)
+		SELECT g.fingerprint, g.kind, g.consumer_group, g.dlq_topic, coalesce(sample.error, ''),
+			g.n, g.unresolved, g.first_seen, g.last_seen
+		FROM g LEFT JOIN LATERAL (
+			SELECT r.error FROM idem_dlq_records r
+			WHERE r.fingerprint = g.fingerprint AND r.kind = g.kind AND r.consumer_group = g.consumer_group AND r.dlq_topic = g.dlq_topic
+			ORDER BY r.status, r.last_failure_at DESC, r.id DESC LIMIT 1
+		) sample ON true
+		ORDER BY g.n DESC, g.last_seen DESC, g.fingerprint`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("index: groups: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (FailureGroup, error) {
+		var g FailureGroup
+		err := row.Scan(&g.Fingerprint, &g.Kind, &g.Group, &g.Topic, &g.SampleError, &g.Count, &g.Unresolved, &g.FirstSeen, &g.LastSeen)
+		return g, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("index: groups: %w", err)
+	}
+	return out, nil
+}
+
+// Overview returns one TopicSummary per group and DLQ topic that has records,
+// ordered by group and topic.
+func (s *Store) Overview(ctx context.Context) ([]TopicSummary, error) {
+	rows, err := s.db.Query(ctx, `
+		WITH RECURSIVE pairs AS (
+			(SELECT consumer_group, dlq_topic FROM idem_dlq_records ORDER BY consumer_group, dlq_topic LIMIT 1)
+			UNION ALL
+			SELECT n.consumer_group, n.dlq_topic FROM pairs p, LATERAL (
+				SELECT r.consumer_group, r.dlq_topic FROM idem_dlq_records r
+				WHERE (r.consumer_group, r.dlq_topic) > (p.consumer_group, p.dlq_topic)
+				ORDER BY r.consumer_group, r.dlq_topic LIMIT 1) n
+		), unresolved AS (
+			SELECT consumer_group, dlq_topic, count(*) AS n, min(last_failure_at) AS oldest
+			FROM idem_dlq_records WHERE status = 'unresolved' GROUP BY consumer_group, dlq_topic
+		)
+		SELECT p.consumer_group, p.dlq_topic, coalesce(u.n, 0), u.oldest,
+			(SELECT count(*) FROM idem_dlq_records r WHERE r.consumer_group = p.consumer_group AND r.dlq_topic = p.dlq_topic
+				AND r.last_failure_at > now() - interval '1 hour')
+		FROM pairs p LEFT JOIN unresolved u ON u.consumer_group = p.consumer_group AND u.dlq_topic = p.dlq_topic
+		ORDER BY 1, 2`)
+	if err != nil {
+		return nil, fmt.Errorf("index: overview: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (TopicSummary, error) {
+		var t TopicSummary
+		var oldest *time.Time
+		err := row.Scan(&t.Group, &t.Topic, &t.Unresolved, &oldest, &t.ArrivalsLastHour)
+		if oldest != nil {
+			t.OldestUnresolved = *oldest
+		}
+		return t, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("index: overview: %w", err)
+	}
+	return out, nil
 }
 
 // Audit returns up to limit audit entries, newest first, starting after
 // cursor ("" for the first page), and the cursor of the next page ("" on the
-// last page). limit <= 0 means 50.
+// last page). limit <= 0 means 50; it is capped at 1000.
 func (s *Store) Audit(ctx context.Context, cursor string, limit int) ([]AuditEntry, string, error) {
-	return nil, "", errors.New("index: not implemented")
+	if limit <= 0 {
+		limit = 50
+	}
+	limit = min(limit, maxLimit)
+	before := int64(1<<63 - 1)
+	if cursor != "" {
+		n, err := strconv.ParseInt(cursor, 10, 64)
+		if err != nil || n <= 0 {
+			return nil, "", invalid("cursor", "%q is not an audit cursor", cursor)
+		}
+		before = n
+	}
+	rows, err := s.db.Query(ctx, `SELECT id, at, actor, action, record_ids, detail, reason, result
+		FROM idem_dlq_audit WHERE id < $1 ORDER BY id DESC LIMIT $2`, before, limit+1)
+	if err != nil {
+		return nil, "", fmt.Errorf("index: audit: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (AuditEntry, error) {
+		var e AuditEntry
+		err := row.Scan(&e.ID, &e.At, &e.Actor, &e.Action, &e.RecordIDs, &e.Detail, &e.Reason, &e.Result)
+		return e, err
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("index: audit: %w", err)
+	}
+	next := ""
+	if len(out) > limit {
+		out = out[:limit]
+		next = strconv.FormatInt(out[limit-1].ID, 10)
+	}
+	return out, next, nil
 }
 
-// WriteAudit appends e to the audit table (e.ID is ignored; e.At defaults to
-// now). The console uses it for actions of its own, such as revealing a
-// masked payload.
+// WriteAudit appends e to the audit table (e.ID is ignored; a zero e.At
+// means now). The console uses it for actions of its own, such as revealing
+// a masked payload. Actor and Action are required.
 func (s *Store) WriteAudit(ctx context.Context, e AuditEntry) error {
-	return errors.New("index: not implemented")
+	return writeAudit(ctx, s.db, e)
+}
+
+func writeAudit(ctx context.Context, db DB, e AuditEntry) error {
+	if strings.TrimSpace(e.Actor) == "" {
+		return invalid("actor", "empty: every action is audited under a name")
+	}
+	if e.Action == "" {
+		return invalid("action", "empty")
+	}
+	var at *time.Time
+	if !e.At.IsZero() {
+		at = &e.At
+	}
+	ids := e.RecordIDs
+	if ids == nil {
+		ids = []int64{}
+	}
+	_, err := db.Exec(ctx, `INSERT INTO idem_dlq_audit (at, actor, action, record_ids, detail, reason, result)
+		VALUES (coalesce($1, now()), $2, $3, $4, $5, $6, $7)`,
+		at, clean(e.Actor), clean(e.Action), ids, clean(e.Detail), clean(e.Reason), clean(e.Result))
+	if err != nil {
+		return fmt.Errorf("index: write audit: %w", err)
+	}
+	return nil
 }
 
 // Sweep deletes resolved, replayed and archived records whose status changed
-// more than olderThan ago (with their versions), in batches, and returns how
-// many it deleted. Unresolved records are never swept. Audit rows are kept.
-// Indexer.Run calls it every hour with Indexer.Retention.
+// more than olderThan ago (with their versions), in batches of 10,000, and
+// returns how many it deleted. Unresolved records are never swept. Audit rows
+// are kept. Indexer.Run calls it every hour with Indexer.Retention.
 func (s *Store) Sweep(ctx context.Context, olderThan time.Duration) (int64, error) {
-	return 0, errors.New("index: not implemented")
+	if olderThan < 0 {
+		return 0, invalid("olderThan", "%v: must be >= 0", olderThan)
+	}
+	var total int64
+	for {
+		tag, err := s.db.Exec(ctx, `DELETE FROM idem_dlq_records WHERE id IN (
+			SELECT id FROM idem_dlq_records WHERE status <> 'unresolved' AND status_at < now() - $1::interval LIMIT 10000)`,
+			olderThan)
+		if err != nil {
+			return total, fmt.Errorf("index: sweep: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < 10000 {
+			return total, nil
+		}
+	}
+}
+
+// clean makes s storable in a text column: valid UTF-8 without NUL bytes.
+func clean(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	return strings.ReplaceAll(s, "\x00", "\uFFFD")
 }

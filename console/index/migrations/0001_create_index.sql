@@ -44,6 +44,8 @@ CREATE INDEX IF NOT EXISTS idem_dlq_records_fingerprint ON idem_dlq_records (fin
 -- Key filters and lineage (idempotency key + origin topic + group).
 CREATE INDEX IF NOT EXISTS idem_dlq_records_idem_key ON idem_dlq_records (idempotency_key, origin_topic, consumer_group, id);
 CREATE INDEX IF NOT EXISTS idem_dlq_records_msg_key ON idem_dlq_records (msg_key);
+-- Overview: the (group, topic) pairs (a loose index scan) and arrivals.
+CREATE INDEX IF NOT EXISTS idem_dlq_records_pair ON idem_dlq_records (consumer_group, dlq_topic, last_failure_at);
 -- Overview and metrics: the unresolved records per group and topic.
 CREATE INDEX IF NOT EXISTS idem_dlq_records_unresolved ON idem_dlq_records (consumer_group, dlq_topic, last_failure_at)
     WHERE status = 'unresolved';

@@ -1,0 +1,463 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/IBM/sarama"
+	"github.com/spf13/cobra"
+
+	"github.com/idemhq/idem/console/index"
+	"github.com/idemhq/idem/dlq"
+)
+
+// indexFlags are the flags of a dlq command working on the failure index.
+type indexFlags struct {
+	ids    []int64
+	status string
+	limit  int
+	reason string
+	actor  string
+}
+
+// dlqDBFlags adds --database-url to the dlq command: with it (or
+// DATABASE_URL) list, show, replay, resolve and archive work on the failure
+// index instead of the admin group's offsets.
+func (a *app) dlqDBFlags(c *cobra.Command) {
+	f := c.PersistentFlags()
+	f.StringVar(&a.dlqDB, "database-url", "", "PostgreSQL URL of the failure index: list, show, replay, resolve and archive then work per record")
+	envFlag(f, "database-url", "DATABASE_URL")
+	f.StringVar(&a.actor, "actor", "", "name recorded in the index's audit log for replay, resolve and archive (default $USER)")
+	envFlag(f, "actor", "IDEM_ACTOR")
+}
+
+// actorName is --actor, else $USER, else "idem-cli".
+func (a *app) actorName() string {
+	switch {
+	case a.actor != "":
+		return a.actor
+	case a.env("USER") != "":
+		return a.env("USER")
+	}
+	return "idem-cli"
+}
+
+// openIndex opens the failure index (running its migration, which is
+// idempotent and creates nothing when the tables exist).
+func (a *app) openIndex(ctx context.Context) (*index.Store, func(), error) {
+	pool, err := openPool(ctx, a.dlqDB)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := index.Migrate(ctx, pool); err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return index.NewStore(pool), pool.Close, nil
+}
+
+// indexFilter builds the index filter of a command: the topic flags (all
+// optional here), --filter terms and --status.
+func indexFilter(t dlqTopic, filter, status string) (index.Filter, error) {
+	var f index.Filter
+	if t.topic != "" || t.source != "" || t.group != "" {
+		topic, err := t.name()
+		if err != nil {
+			return f, err
+		}
+		f.Topic = topic
+	}
+	df, err := dlq.ParseFilter(filter)
+	if err != nil {
+		return f, err
+	}
+	f.Kind, f.Key, f.Fingerprint = string(df.Kind), df.Key, df.Fingerprint
+	if df.Error != nil {
+		// The index matches error text by substring, not by regexp.
+		if strings.ContainsAny(df.Error.String(), `\.+*?()|[]{}^$`) {
+			return f, fmt.Errorf("%w: error~=%q: with a database, error~= matches a plain substring (case-insensitive), not a regexp", dlq.ErrBadFilter, df.Error.String())
+		}
+		f.ErrorContains = df.Error.String()
+	}
+	for _, s := range strings.Split(status, ",") {
+		if s = strings.TrimSpace(s); s == "" || s == "any" {
+			continue
+		}
+		if !index.Status(s).Valid() {
+			return f, fmt.Errorf("--status %q: want unresolved, replayed, resolved, archived or any", s)
+		}
+		f.Status = append(f.Status, index.Status(s))
+	}
+	return f, nil
+}
+
+// stubMark marks stubs in a table column.
+func stubMark(r index.Record) string {
+	if r.Stub {
+		return "stub"
+	}
+	if r.ValueTruncated {
+		return "truncated"
+	}
+	return "-"
+}
+
+func indexList(ctx context.Context, a *app, t dlqTopic, filter, status string, limit int, asJSON bool) error {
+	f, err := indexFilter(t, filter, status)
+	if err != nil {
+		return err
+	}
+	s, closeDB, err := a.openIndex(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	groups, err := s.Groups(ctx, f)
+	if err != nil {
+		return err
+	}
+	page, err := s.List(ctx, f, "", limit)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		type rec struct {
+			ID             int64  `json:"id"`
+			Topic          string `json:"topic"`
+			Partition      int32  `json:"partition"`
+			Offset         int64  `json:"offset"`
+			Status         string `json:"status"`
+			Kind           string `json:"kind"`
+			IdempotencyKey string `json:"idempotency_key"`
+			Stub           bool   `json:"stub"`
+			Error          string `json:"error"`
+			LastFailureAt  string `json:"last_failure_at"`
+		}
+		out := struct {
+			Source  string               `json:"source"`
+			Groups  []index.FailureGroup `json:"groups"`
+			Records []rec                `json:"records"`
+			More    bool                 `json:"more"`
+		}{Source: "index", Groups: groups, Records: []rec{}, More: page.Next != ""}
+		for _, r := range page.Records {
+			out.Records = append(out.Records, rec{r.ID, r.Topic, r.Partition, r.Offset, string(r.Status), r.Kind, r.IdempotencyKey, r.Stub, r.Error, fmtTime(r.LastFailureAt)})
+		}
+		return writeJSON(a.out, out)
+	}
+	if len(groups) > 0 {
+		tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "FINGERPRINT\tKIND\tGROUP\tTOPIC\tCOUNT\tUNRESOLVED\tFIRST SEEN\tLAST SEEN\tSAMPLE")
+		for _, g := range groups {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", g.Fingerprint, orDash(text(g.Kind)), orDash(text(g.Group)), text(g.Topic),
+				g.Count, g.Unresolved, fmtTime(g.FirstSeen), fmtTime(g.LastSeen), truncate(g.SampleError, 60))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		fmt.Fprintln(a.out)
+	}
+	tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tTOPIC\tPARTITION/OFFSET\tSTATUS\tKIND\tIDEMPOTENCY KEY\tVALUE\tLAST FAILURE\tERROR")
+	for _, r := range page.Records {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, text(r.Topic), at(r.Partition, r.Offset), r.Status, orDash(text(r.Kind)),
+			orDash(truncate(r.IdempotencyKey, 32)), stubMark(r), fmtTime(r.LastFailureAt), truncate(r.Error, 60))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	more := ""
+	if page.Next != "" {
+		more = fmt.Sprintf(" (first %d; --limit for more)", len(page.Records))
+	}
+	fmt.Fprintf(a.out, "%d records in the failure index%s; show one with: idem dlq show --id ID\n", len(page.Records), more)
+	return nil
+}
+
+// asDLQRecord renders an index record as the dlq package's record, for the
+// shared show output.
+func asDLQRecord(r index.Record) *dlq.Record {
+	m := &sarama.ConsumerMessage{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, Value: r.Value, Timestamp: r.LastFailureAt}
+	for _, h := range r.Headers {
+		m.Headers = append(m.Headers, &sarama.RecordHeader{Key: h.Key, Value: h.Value})
+	}
+	return dlq.FromMessage(m)
+}
+
+func indexShow(ctx context.Context, a *app, t dlqTopic, id int64, byOffset bool, partition int32, offset int64, key string, asJSON bool) error {
+	s, closeDB, err := a.openIndex(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	if id == 0 {
+		f := index.Filter{Key: key}
+		if byOffset {
+			topic, err := t.name()
+			if err != nil {
+				return err
+			}
+			f = index.Filter{Topic: topic, HasOffset: true, Partition: partition, Offset: offset}
+		} else if t.topic != "" || t.source != "" {
+			if f.Topic, err = t.name(); err != nil {
+				return err
+			}
+		}
+		page, err := s.List(ctx, f, "", 1)
+		if err != nil {
+			return err
+		}
+		if len(page.Records) == 0 {
+			return fmt.Errorf("%w: no record in the failure index matches", index.ErrNotFound)
+		}
+		id = page.Records[0].ID
+	}
+	r, err := s.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return indexShowJSON(a.out, r)
+	}
+	fmt.Fprintf(a.out, "id:        %d\n", r.ID)
+	showText(a.out, asDLQRecord(r))
+	if r.ValueTruncated {
+		fmt.Fprintf(a.out, "  (the index keeps the first %d of %d bytes)\n", len(r.Value), r.ValueSize)
+	}
+	fmt.Fprintf(a.out, "idempotency key: %s\n", orDash(text(r.IdempotencyKey)))
+	fmt.Fprintf(a.out, "status:    %s at %s by %s", r.Status, fmtTime(r.StatusAt), orDash(text(r.StatusActor)))
+	if r.StatusReason != "" {
+		fmt.Fprintf(a.out, ": %s", text(r.StatusReason))
+	}
+	fmt.Fprintln(a.out)
+	if r.PreviousID != 0 {
+		fmt.Fprintf(a.out, "repeats:   record %d (an earlier failure of the same idempotency key)\n", r.PreviousID)
+	}
+	for _, v := range r.Versions {
+		fmt.Fprintf(a.out, "version %d: edited by %s at %s (%s), published to %s partition %d offset %d:\n", v.N, text(v.Actor), fmtTime(v.At),
+			text(v.Reason), v.PublishedTo, v.PublishedPartition, v.PublishedOffset)
+		payload(a.out, v.Value)
+	}
+	return nil
+}
+
+func indexShowJSON(w io.Writer, r index.Record) error {
+	var buf strings.Builder
+	if err := showJSON(&buf, asDLQRecord(r)); err != nil {
+		return err
+	}
+	return writeJSON(w, map[string]any{
+		"id": r.ID, "record": json.RawMessage(buf.String()), "idempotency_key": r.IdempotencyKey, "stub": r.Stub,
+		"value_truncated": r.ValueTruncated, "value_size": r.ValueSize, "status": r.Status, "status_actor": r.StatusActor,
+		"status_reason": r.StatusReason, "status_at": r.StatusAt, "previous_id": r.PreviousID, "versions": len(r.Versions),
+	})
+}
+
+// selection builds an action's selection: --id, or the topic and filter
+// flags (at least one of them, so that no action selects the whole index by
+// accident).
+func selection(t dlqTopic, filter, status string, ids []int64) (index.Selection, error) {
+	if len(ids) > 0 {
+		if filter != "" || t.topic != "" || t.source != "" {
+			return index.Selection{}, errors.New("give either --id or --topic/--filter, not both")
+		}
+		return index.Selection{IDs: ids}, nil
+	}
+	f, err := indexFilter(t, filter, status)
+	if err != nil {
+		return index.Selection{}, err
+	}
+	if f.Topic == "" && filter == "" {
+		return index.Selection{}, errors.New("select records with --id, or --topic (or --source and --group) and/or --filter")
+	}
+	return index.Selection{Filter: &f}, nil
+}
+
+// indexReplay replays from the failure index.
+func indexReplay(ctx context.Context, a *app, sel index.Selection, to string, tier int, rate float64, reason string, dryRun bool) error {
+	if tier != 0 {
+		return errors.New("--tier: with a database, the tier is taken from the --to topic's name (<topic>.<group>.retry.<n>, else 1)")
+	}
+	if to == string(dlq.ToSource) {
+		to = ""
+	}
+	s, closeDB, err := a.openIndex(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	if dryRun {
+		return indexDryRun(ctx, a, s, sel, to)
+	}
+	cfg, brokers, err := a.saramaConfig()
+	if err != nil {
+		return err
+	}
+	client, err := sarama.NewClient(brokers, index.ProducerConfig(cfg))
+	if err != nil {
+		return fmt.Errorf("connect to %v: %w", brokers, err)
+	}
+	defer client.Close()
+	res, err := index.NewActions(s, client).Replay(ctx, a.actorName(), sel, to, int(rate), reason)
+	if err != nil {
+		if errors.Is(err, dlq.ErrUnknownTopic) && (to == "retry" || to == "origin") {
+			return fmt.Errorf("%w (--to takes source or a topic name: name the retry tier, e.g. <topic>.<group>.retry.1)", err)
+		}
+		return fmt.Errorf("%w (replayed %d before stopping)", err, res.Done)
+	}
+	dest := to
+	if dest == "" {
+		dest = string(dlq.ToSource)
+	}
+	fmt.Fprintf(a.out, "replayed %d of %d selected records to %s\n", res.Done, res.Matched, dest)
+	reportSkipped(a.out, res)
+	if res.Done == 0 {
+		return fmt.Errorf("nothing replayed: %d records selected, none unresolved and replayable", res.Matched)
+	}
+	return nil
+}
+
+// reportSkipped prints what an index action left alone.
+func reportSkipped(w io.Writer, res index.Result) {
+	if n := res.Skipped - len(res.SkippedStubs); n > 0 {
+		fmt.Fprintf(w, "%d skipped (not in a status the action applies to)\n", n)
+	}
+	if n := len(res.SkippedStubs); n > 0 {
+		fmt.Fprintf(w, "%s never replayed (value omitted): ids %s\n", plural(int64(n), "stub"), idList(res.SkippedStubs))
+	}
+	for _, e := range res.Errors {
+		fmt.Fprintf(w, "not replayed: %s\n", text(e))
+	}
+	fmt.Fprintln(w, "records not selected keep their status; the action is in the audit log")
+}
+
+func idList(ids []int64) string {
+	var parts []string
+	for i, id := range ids {
+		if i == 10 {
+			parts = append(parts, fmt.Sprintf("… (%d more)", len(ids)-10))
+			break
+		}
+		parts = append(parts, strconv.FormatInt(id, 10))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// indexDryRun counts what a replay would do, reading the selection.
+func indexDryRun(ctx context.Context, a *app, s *index.Store, sel index.Selection, to string) error {
+	var recs []index.Record
+	if sel.Filter != nil {
+		cursor := ""
+		for {
+			p, err := s.List(ctx, *sel.Filter, cursor, 1000)
+			if err != nil {
+				return err
+			}
+			recs = append(recs, p.Records...)
+			if cursor = p.Next; cursor == "" {
+				break
+			}
+		}
+	} else {
+		for _, id := range sel.IDs {
+			r, err := s.Get(ctx, id)
+			if err != nil {
+				return err
+			}
+			recs = append(recs, r)
+		}
+	}
+	var send, other int
+	var stubs []int64
+	for _, r := range recs {
+		switch {
+		case r.Stub:
+			stubs = append(stubs, r.ID)
+		case r.Status != index.Unresolved:
+			other++
+		default:
+			send++
+		}
+	}
+	dest := to
+	if dest == "" {
+		dest = "source"
+	}
+	fmt.Fprintf(a.out, "dry run: would replay %d of %d selected records to %s; nothing sent or changed\n", send, len(recs), dest)
+	if other > 0 {
+		fmt.Fprintf(a.out, "%d selected records are not unresolved and would be skipped\n", other)
+	}
+	if len(stubs) > 0 {
+		fmt.Fprintf(a.out, "%s would not be replayed (value omitted): ids %s\n", plural(int64(len(stubs)), "stub"), idList(stubs))
+	}
+	fmt.Fprintln(a.out, "records not selected stay unresolved")
+	if send == 0 {
+		return fmt.Errorf("nothing would be replayed: %d records selected, none unresolved and replayable", len(recs))
+	}
+	return nil
+}
+
+// newStatusCmd builds `idem dlq resolve` and `idem dlq archive`.
+func newStatusCmd(a *app, name string) *cobra.Command {
+	var sel dlqTopic
+	var filter, status, reason string
+	var ids []int64
+	short := map[string]string{
+		"resolve": "Mark dead letters in the failure index resolved (nothing is sent)",
+		"archive": "Archive dead letters in the failure index, with a reason (nothing is sent)",
+	}[name]
+	c := &cobra.Command{
+		Use:   name,
+		Short: short,
+		Long: short + `.
+
+Needs the failure index: --database-url or DATABASE_URL. Select records by
+--id (repeatable) or by --topic (or --source and --group) and --filter; with
+a filter, --status narrows it (default unresolved). The action is written to
+the index's audit log under --actor (default $USER).`,
+		Example: fmt.Sprintf(`  idem dlq %s --database-url postgres://idem@db/idem --id 42 --id 43 --reason "fixed upstream"
+  idem dlq %s -t payments.billing.dlq --filter fingerprint=3fa2 --reason "test data"`, name, name),
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if a.dlqDB == "" {
+				return fmt.Errorf("dlq %s works on the failure index: set --database-url or DATABASE_URL", name)
+			}
+			s, err := selection(sel, filter, status, ids)
+			if err != nil {
+				return err
+			}
+			store, closeDB, err := a.openIndex(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer closeDB()
+			act := index.NewActions(store, nil)
+			var res index.Result
+			if name == "resolve" {
+				res, err = act.Resolve(cmd.Context(), a.actorName(), s, reason)
+			} else {
+				res, err = act.Archive(cmd.Context(), a.actorName(), s, reason)
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.out, "%sd %d of %d selected records\n", name, res.Done, res.Matched)
+			reportSkipped(a.out, res)
+			if res.Matched == 0 {
+				return errors.New("no record matched")
+			}
+			return nil
+		},
+	}
+	dlqTopicFlags(c, &sel)
+	c.Flags().Int64SliceVar(&ids, "id", nil, "record id in the failure index (repeatable; see dlq list)")
+	c.Flags().StringVar(&filter, "filter", "", "kind=…,error~=…,key=…,fingerprint=… (all must match)")
+	c.Flags().StringVar(&status, "status", "unresolved", "with --filter: statuses to act on, comma-separated, or any")
+	c.Flags().StringVar(&reason, "reason", "", "why (required by archive), kept in the record and the audit log")
+	return c
+}

@@ -1,0 +1,415 @@
+package index
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemhq/idem/dlq"
+	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/retrytopic"
+)
+
+// producerClient returns a client set up for Actions, closed when the test ends.
+func producerClient(t *testing.T, k *testenv.Kafka) sarama.Client {
+	t.Helper()
+	c, err := sarama.NewClient(k.Brokers, ProducerConfig(k.Config()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// readAll returns every record of topic's partitions, by partition then offset.
+func readAll(t *testing.T, k *testenv.Kafka, topic string) []*sarama.ConsumerMessage {
+	t.Helper()
+	client, err := sarama.NewClient(k.Brokers, k.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	parts, err := client.Partitions(topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var out []*sarama.ConsumerMessage
+	for _, p := range parts {
+		oldest, err1 := client.GetOffset(topic, p, sarama.OffsetOldest)
+		end, err2 := client.GetOffset(topic, p, sarama.OffsetNewest)
+		if err := errors.Join(err1, err2); err != nil {
+			t.Fatal(err)
+		}
+		if oldest >= end {
+			continue
+		}
+		pc, err := c.ConsumePartition(topic, p, oldest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		timeout := time.After(30 * time.Second)
+		for next := oldest; next < end; {
+			select {
+			case m := <-pc.Messages():
+				out = append(out, m)
+				next = m.Offset + 1
+			case <-timeout:
+				t.Fatalf("read %s/%d: stuck at %d of %d", topic, p, next, end)
+			}
+		}
+		_ = pc.Close()
+	}
+	return out
+}
+
+func header(m *sarama.ConsumerMessage, key string) (string, bool) {
+	for _, h := range m.Headers {
+		if string(h.Key) == key {
+			return string(h.Value), true
+		}
+	}
+	return "", false
+}
+
+// statuses returns each record's status by id.
+func statuses(t *testing.T, pool *pgxpool.Pool) map[int64]Status {
+	t.Helper()
+	rows, err := pool.Query(testenv.Context(t), `SELECT id, status FROM idem_dlq_records`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[int64]Status{}
+	for rows.Next() {
+		var id int64
+		var s string
+		if err := rows.Scan(&id, &s); err != nil {
+			t.Fatal(err)
+		}
+		out[id] = Status(s)
+	}
+	return out
+}
+
+// lastAudit returns the newest audit entry.
+func lastAudit(t *testing.T, s *Store) AuditEntry {
+	t.Helper()
+	es, _, err := s.Audit(testenv.Context(t), "", 1)
+	if err != nil || len(es) != 1 {
+		t.Fatalf("audit: %v, %v", es, err)
+	}
+	return es[0]
+}
+
+// seedIndexed indexes n records of origin plus one stub, all in dlqTopic
+// partition 0, and returns them oldest first.
+func seedIndexed(t *testing.T, pool *pgxpool.Pool, dlqTopic, origin string, n int) []Record {
+	t.Helper()
+	var ds []dead
+	for i := range n {
+		ds = append(ds, dead{topic: dlqTopic, origin: origin, key: fmt.Sprint("pay-", i), value: []byte(fmt.Sprintf(`{"payment":"pay-%d","amount":%d}`, i, 10*i)),
+			err: fmt.Sprintf("ledger refused pay-%d", i), lastFailed: time.Now().Add(time.Duration(i-n) * time.Minute)})
+	}
+	ds = append(ds, dead{topic: dlqTopic, origin: origin, key: "stub-1", stub: true, err: "too large"})
+	index(t, pool, 0, ds...)
+	recs := mustList(t, NewStore(pool), Filter{Topic: dlqTopic})
+	slices.Reverse(recs)
+	return recs
+}
+
+// TestReplaySubsetLeavesTheRestUnresolved replays two records and a stub:
+// exactly the two are published (byte for byte, idempotency key kept, no
+// idem-* header), marked replayed by the actor; the stub and every other
+// record stay unresolved; a second replay publishes nothing.
+func TestReplaySubsetLeavesTheRestUnresolved(t *testing.T) {
+	k := testenv.NewKafka(t)
+	pool, _ := newPool(t)
+	ctx := testenv.Context(t)
+	dlqTopic, origin := k.Topic(t, 1), k.Topic(t, 1)
+	recs := seedIndexed(t, pool, dlqTopic, origin, 5)
+	stub := recs[5]
+	s := NewStore(pool)
+	a := NewActions(s, producerClient(t, k))
+
+	res, err := a.Replay(ctx, "alice", Selection{IDs: []int64{recs[1].ID, recs[3].ID, stub.ID}}, "", 0, "ledger fixed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Matched != 3 || res.Done != 2 || !slices.Equal(res.SkippedStubs, []int64{stub.ID}) {
+		t.Fatalf("Replay = %+v", res)
+	}
+	got := readAll(t, k, origin)
+	if len(got) != 2 {
+		t.Fatalf("origin got %d records, want 2", len(got))
+	}
+	for i, m := range got {
+		want := recs[[]int{1, 3}[i]]
+		if string(m.Value) != string(want.Value) || string(m.Key) != string(want.Key) {
+			t.Errorf("published %q %q, want %q %q", m.Key, m.Value, want.Key, want.Value)
+		}
+		if v, _ := header(m, "idempotency-key"); v != want.IdempotencyKey {
+			t.Errorf("idempotency-key %q, want %q", v, want.IdempotencyKey)
+		}
+		for _, h := range m.Headers {
+			if retrytopic.IsIdemHeader(h.Key) {
+				t.Errorf("replayed record carries %s", h.Key)
+			}
+		}
+	}
+	st := statuses(t, pool)
+	for i, r := range recs {
+		want := Unresolved
+		if i == 1 || i == 3 {
+			want = Replayed
+		}
+		if st[r.ID] != want {
+			t.Errorf("record %d (%s): %s, want %s", r.ID, r.Key, st[r.ID], want)
+		}
+	}
+	r1, _ := s.Get(ctx, recs[1].ID)
+	if r1.StatusActor != "alice" || r1.StatusReason != "ledger fixed" {
+		t.Errorf("status by %q for %q", r1.StatusActor, r1.StatusReason)
+	}
+	e := lastAudit(t, s)
+	if e.Action != "replay" || e.Actor != "alice" || e.Reason != "ledger fixed" || len(e.RecordIDs) != 3 || e.Result != "ok: 2 replayed, 1 skipped (1 stubs)" {
+		t.Errorf("audit: %+v", e)
+	}
+
+	// Again: nothing is published twice.
+	res, err = a.Replay(ctx, "alice", Selection{IDs: []int64{recs[1].ID, recs[3].ID, stub.ID}}, "", 0, "again")
+	if err != nil || res.Done != 0 || res.Skipped != 3 {
+		t.Fatalf("second Replay = %+v, %v", res, err)
+	}
+	// A whole group by filter, paced: the rest but the stub.
+	res, err = a.Replay(ctx, "bob", Selection{Filter: &Filter{Topic: dlqTopic}}, "", 100, "the rest")
+	if err != nil || res.Done != 3 || len(res.SkippedStubs) != 1 {
+		t.Fatalf("Replay by filter = %+v, %v", res, err)
+	}
+	if got := readAll(t, k, origin); len(got) != 5 {
+		t.Fatalf("origin has %d records, want 5", len(got))
+	}
+	if st := statuses(t, pool); st[stub.ID] != Unresolved {
+		t.Errorf("stub: %s", st[stub.ID])
+	}
+}
+
+// TestReplayToTierKeepsHistory replays to a named tier topic: the record
+// keeps its idem-* history, due now.
+func TestReplayToTierKeepsHistory(t *testing.T) {
+	k := testenv.NewKafka(t)
+	pool, _ := newPool(t)
+	ctx := testenv.Context(t)
+	dlqTopic, origin := k.Topic(t, 1), k.Topic(t, 1)
+	tier := retrytopic.DefaultTierTopic(origin, "billing", 2)
+	k.CreateTopic(t, tier, 1)
+	recs := seedIndexed(t, pool, dlqTopic, origin, 1)
+	a := NewActions(NewStore(pool), producerClient(t, k))
+	if res, err := a.Replay(ctx, "alice", Selection{IDs: []int64{recs[0].ID}}, tier, 0, ""); err != nil || res.Done != 1 {
+		t.Fatalf("Replay = %+v, %v", res, err)
+	}
+	got := readAll(t, k, tier)
+	if len(got) != 1 {
+		t.Fatalf("tier has %d records", len(got))
+	}
+	f, _, _ := retrytopic.Decode(got[0].Headers)
+	if f.Tier != 2 || f.OriginalTopic != origin || f.DueAt.IsZero() || f.Attempt != 3 {
+		t.Errorf("tier record failure: %+v", f)
+	}
+}
+
+// TestActionsBadInput: a malformed JSON edit, an edit dropping the
+// idempotency key, an unknown record, a replay to a topic that does not
+// exist (named, or a record's origin), an empty reason where one is
+// required: each is a clear error, nothing is published or changed, and the
+// refusal is audited.
+func TestActionsBadInput(t *testing.T) {
+	k := testenv.NewKafka(t)
+	pool, _ := newPool(t)
+	ctx := testenv.Context(t)
+	dlqTopic, origin := k.Topic(t, 1), k.Topic(t, 1)
+	recs := seedIndexed(t, pool, dlqTopic, origin, 2)
+	gone := testenv.Unique("deleted_origin")
+	index(t, pool, 100, dead{topic: dlqTopic, origin: gone, key: "orphan", value: []byte(`{}`), err: "x"})
+	orphan := mustList(t, NewStore(pool), Filter{Key: "orphan"})[0]
+	s := NewStore(pool)
+	a := NewActions(s, producerClient(t, k))
+	before := statuses(t, pool)
+	var ve *ValidationError
+
+	steps := []struct {
+		name  string
+		do    func() error
+		check func(error) bool
+	}{
+		{"malformed JSON edit", func() error {
+			_, err := a.EditAndRetry(ctx, "alice", recs[0].ID, []byte(`{"payment":"pay-0",`), "fix amount")
+			return err
+		}, func(err error) bool { return errors.As(err, &ve) && ve.Field == "value" }},
+		{"edit drops the idempotency key", func() error {
+			_, err := a.EditAndRetry(ctx, "alice", recs[0].ID, []byte(`{"payment":"pay-X","amount":1}`), "fix")
+			return err
+		}, func(err error) bool { return errors.As(err, &ve) && ve.Field == "value" }},
+		{"empty edit", func() error {
+			_, err := a.EditAndRetry(ctx, "alice", recs[0].ID, []byte("  "), "fix")
+			return err
+		}, func(err error) bool { return errors.As(err, &ve) && ve.Field == "value" }},
+		{"unknown record: edit", func() error {
+			_, err := a.EditAndRetry(ctx, "alice", 1<<40, []byte(`{}`), "fix")
+			return err
+		}, func(err error) bool { return errors.Is(err, ErrNotFound) }},
+		{"unknown record: replay", func() error {
+			_, err := a.Replay(ctx, "alice", Selection{IDs: []int64{recs[0].ID, 1 << 40}}, "", 0, "")
+			return err
+		}, func(err error) bool { return errors.Is(err, ErrNotFound) }},
+		{"unknown record: resolve", func() error {
+			_, err := a.Resolve(ctx, "alice", Selection{IDs: []int64{1 << 40}}, "")
+			return err
+		}, func(err error) bool { return errors.Is(err, ErrNotFound) }},
+		{"replay to a missing topic", func() error {
+			_, err := a.Replay(ctx, "alice", Selection{IDs: []int64{recs[0].ID, recs[1].ID}}, testenv.Unique("no_such_tier"), 0, "")
+			return err
+		}, func(err error) bool { return errors.Is(err, dlq.ErrUnknownTopic) }},
+		{"replay with a missing origin", func() error {
+			_, err := a.Replay(ctx, "alice", Selection{IDs: []int64{recs[0].ID, orphan.ID}}, "", 0, "")
+			return err
+		}, func(err error) bool { return errors.Is(err, dlq.ErrUnknownTopic) }},
+		{"archive without a reason", func() error {
+			_, err := a.Archive(ctx, "alice", Selection{IDs: []int64{recs[0].ID}}, " ")
+			return err
+		}, func(err error) bool { return errors.As(err, &ve) && ve.Field == "reason" }},
+		{"no selection", func() error {
+			_, err := a.Resolve(ctx, "alice", Selection{}, "")
+			return err
+		}, func(err error) bool { return errors.As(err, &ve) && ve.Field == "selection" }},
+		{"no actor", func() error {
+			_, err := a.Resolve(ctx, "", Selection{IDs: []int64{recs[0].ID}}, "")
+			return err
+		}, func(err error) bool { return errors.As(err, &ve) && ve.Field == "actor" }},
+	}
+	audits := 0
+	for _, st := range steps {
+		err := st.do()
+		t.Logf("%s: %v", st.name, err)
+		if err == nil || !st.check(err) {
+			t.Errorf("%s: error %v", st.name, err)
+		}
+		if st.name != "no actor" {
+			audits++
+			if e := lastAudit(t, s); e.Result == "" || e.Result[:5] != "error" {
+				t.Errorf("%s: audit result %q", st.name, e.Result)
+			}
+		}
+	}
+	if got := readAll(t, k, origin); len(got) != 0 {
+		t.Errorf("%d records published", len(got))
+	}
+	if after := statuses(t, pool); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Errorf("statuses changed: %v -> %v", before, after)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM idem_dlq_versions`); n != 0 {
+		t.Errorf("%d versions stored", n)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM idem_dlq_audit`); n != int64(audits) {
+		t.Errorf("%d audit rows, want %d", n, audits)
+	}
+}
+
+// TestEditAndRetry publishes an edited JSON value under the same key with
+// idem-replaces, keeps the original and stores each edit as a version.
+func TestEditAndRetry(t *testing.T) {
+	k := testenv.NewKafka(t)
+	pool, _ := newPool(t)
+	ctx := testenv.Context(t)
+	dlqTopic, origin := k.Topic(t, 1), k.Topic(t, 1)
+	recs := seedIndexed(t, pool, dlqTopic, origin, 1)
+	r := recs[0]
+	s := NewStore(pool)
+	a := NewActions(s, producerClient(t, k))
+	edits := []string{`{"payment":"pay-0","amount":5}`, `{"payment": "pay-0", "amount": 6}`}
+	for _, v := range edits {
+		if res, err := a.EditAndRetry(ctx, "alice", r.ID, []byte(v), "amount was negative"); err != nil || res.Done != 1 {
+			t.Fatalf("EditAndRetry = %+v, %v", res, err)
+		}
+	}
+	got := readAll(t, k, origin)
+	if len(got) != 2 {
+		t.Fatalf("origin has %d records, want 2", len(got))
+	}
+	for i, m := range got {
+		rep, _ := header(m, HeaderReplaces)
+		key, _ := header(m, "idempotency-key")
+		if string(m.Value) != edits[i] || string(m.Key) != "pay-0" || key != "pay-0" || rep != fmt.Sprintf("%s/0/%d", dlqTopic, r.Offset) {
+			t.Errorf("published %q key %q idempotency-key %q idem-replaces %q", m.Value, m.Key, key, rep)
+		}
+	}
+	after, err := s.Get(ctx, r.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(after.Value) != string(r.Value) || after.Status != Replayed || len(after.Versions) != 2 {
+		t.Fatalf("after edits: value %q status %s versions %d", after.Value, after.Status, len(after.Versions))
+	}
+	for i, v := range after.Versions {
+		if v.N != i+1 || string(v.Value) != edits[i] || v.Actor != "alice" || v.PublishedTo != origin || v.PublishedOffset != got[i].Offset {
+			t.Errorf("version %d: %+v", i, v)
+		}
+	}
+	if e := lastAudit(t, s); e.Action != "edit-retry" || e.Result != "ok: 1 published" {
+		t.Errorf("audit: %+v", e)
+	}
+}
+
+// TestExpiredRecordsStayIndexed deletes the records from the DLQ topic (as
+// retention would) after the indexer stored them: Get still returns the
+// payload, and replay publishes it from the index. A value the index holds
+// truncated cannot be replayed once Kafka lost it: it stays unresolved and
+// the result says why.
+func TestExpiredRecordsStayIndexed(t *testing.T) {
+	k := testenv.NewKafka(t)
+	pool, _ := newPool(t)
+	ctx := testenv.Context(t)
+	dlqTopic, origin := k.Topic(t, 1), k.Topic(t, 1)
+	produce(t, k,
+		dead{topic: dlqTopic, origin: origin, key: "small", value: []byte(`{"payment":"small"}`), err: "boom"},
+		dead{topic: dlqTopic, origin: origin, key: "large", value: []byte(`{"payment":"large","pad":"` + string(make([]byte, 0)) + `xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}`), err: "boom"})
+	ix := &Indexer{Brokers: k.Brokers, Sarama: k.Config(), Pool: pool, Group: testenv.Group(t), Topics: []string{dlqTopic}, MaxValueBytes: 40}
+	stop := runUntil(t, ix)
+	waitCount(t, pool, 2, `SELECT count(*) FROM idem_dlq_records`)
+	stop()
+
+	if err := k.Admin(t).DeleteRecords(dlqTopic, map[int32]int64{0: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if got := readAll(t, k, dlqTopic); len(got) != 0 {
+		t.Fatalf("the DLQ topic still holds %d records", len(got))
+	}
+	s := NewStore(pool)
+	small := mustList(t, s, Filter{Key: "small"})[0]
+	r, err := s.Get(ctx, small.ID)
+	if err != nil || string(r.Value) != `{"payment":"small"}` || r.Status != Unresolved {
+		t.Fatalf("Get after the records expired: %q %s, %v", r.Value, r.Status, err)
+	}
+	large := mustList(t, s, Filter{Key: "large"})[0]
+	a := NewActions(s, producerClient(t, k))
+	res, err := a.Replay(ctx, "alice", Selection{IDs: []int64{small.ID, large.ID}}, "", 0, "after expiry")
+	if err != nil || res.Done != 1 || len(res.Errors) != 1 {
+		t.Fatalf("Replay = %+v, %v; want the small one replayed and an error for the truncated one", res, err)
+	}
+	got := readAll(t, k, origin)
+	if len(got) != 1 || string(got[0].Value) != `{"payment":"small"}` {
+		t.Fatalf("origin got %d records", len(got))
+	}
+	if st := statuses(t, pool); st[large.ID] != Unresolved || st[small.ID] != Replayed {
+		t.Errorf("statuses: %v", st)
+	}
+}

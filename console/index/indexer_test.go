@@ -1,0 +1,139 @@
+package index
+
+import (
+	"bytes"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemhq/idem/internal/testenv"
+)
+
+// TestIndexerIndexesEveryRecordOnce runs the indexer on real Kafka and
+// PostgreSQL: every record is indexed once with its fields (stub flagged,
+// value capped), a topic created later is found by the pattern, a repeated
+// failure links to the earlier one, and indexers reading again (same group
+// after a restart, or a new group from the start) add nothing.
+func TestIndexerIndexesEveryRecordOnce(t *testing.T) {
+	k := testenv.NewKafka(t)
+	pool, _ := newPool(t)
+	prefix := testenv.Unique("ix")
+	first, second := prefix+".billing.dlq", prefix+"_2.billing.dlq"
+	k.CreateTopic(t, first, 3)
+	origin := k.Topic(t, 3)
+	var ds []dead
+	for i := range 18 {
+		ds = append(ds, dead{topic: first, partition: int32(i % 3), origin: origin, key: fmt.Sprint("k-", i),
+			value: []byte(fmt.Sprintf(`{"n":%d}`, i)), err: fmt.Sprintf("boom %d", i)})
+	}
+	ds = append(ds, dead{topic: first, partition: 0, origin: origin, key: "big", value: bytes.Repeat([]byte("x"), 1000), err: "too big"},
+		dead{topic: first, partition: 1, origin: origin, key: "stub-1", stub: true, err: "too large"})
+	produce(t, k, ds...)
+
+	reg := prometheus.NewRegistry()
+	group := testenv.Group(t)
+	ix := &Indexer{Brokers: k.Brokers, Sarama: k.Config(), Pool: pool, Group: group, TopicPattern: regexp.MustCompile("^" + prefix),
+		RefreshInterval: 200 * time.Millisecond, MaxValueBytes: 64, Registerer: reg}
+	stop := runUntil(t, ix)
+	waitCount(t, pool, 20, `SELECT count(*) FROM idem_dlq_records`)
+
+	s := NewStore(pool)
+	big := mustList(t, s, Filter{Key: "big"})[0]
+	if !big.ValueTruncated || len(big.Value) != 64 || big.ValueSize != 1000 || big.Stub {
+		t.Errorf("big value: truncated %v, %d of %d bytes", big.ValueTruncated, len(big.Value), big.ValueSize)
+	}
+	stub := mustList(t, s, Filter{Key: "stub-1"})[0]
+	if !stub.Stub || stub.Value != nil || stub.ValueSize != 3<<20 {
+		t.Errorf("stub: %+v", stub)
+	}
+	if n := gauge(t, reg, "idem_dlq_unresolved", "billing", first); n != 20 {
+		t.Errorf("idem_dlq_unresolved = %v, want 20", n)
+	}
+
+	// A topic created later is found; a failure repeating k-1 links to it.
+	k.CreateTopic(t, second, 1)
+	produce(t, k, dead{topic: second, origin: origin, key: "k-1", value: []byte(`{"n":1}`), err: "boom again"})
+	waitCount(t, pool, 21, `SELECT count(*) FROM idem_dlq_records`)
+	firstK1 := mustList(t, s, Filter{Key: "k-1", Topic: first})[0]
+	again := mustList(t, s, Filter{Key: "k-1", Topic: second})[0]
+	if again.PreviousID != firstK1.ID || firstK1.PreviousID != 0 {
+		t.Errorf("lineage: repeat's PreviousID = %d, want %d", again.PreviousID, firstK1.ID)
+	}
+	stop()
+
+	// Restarted with the same group, and a new group reading from the start:
+	// nothing is indexed twice.
+	produce(t, k, dead{topic: first, partition: 2, origin: origin, key: "late", value: []byte("{}"), err: "late"})
+	stop = runUntil(t, ix)
+	waitCount(t, pool, 22, `SELECT count(*) FROM idem_dlq_records`)
+	stop()
+	ix2 := *ix
+	ix2.Group = testenv.Group(t)
+	stop = runUntil(t, &ix2)
+	testenv.Eventually(t, 60*time.Second, func() error {
+		// The new group has read everything once its lag is 0.
+		lag, err := groupLag(k, ix2.Group, first, second)
+		if err != nil || lag != 0 {
+			return fmt.Errorf("lag %d, %v", lag, err)
+		}
+		return nil
+	})
+	stop()
+	if n := count(t, pool, `SELECT count(*) FROM idem_dlq_records`); n != 22 {
+		t.Fatalf("%d rows after re-reading, want 22", n)
+	}
+}
+
+// gauge returns the value of gauge name{group,topic} gathered from reg.
+func gauge(t *testing.T, reg *prometheus.Registry, name, group, topic string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["group"] == group && labels["topic"] == topic {
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	var names []string
+	for _, mf := range mfs {
+		names = append(names, mf.GetName())
+	}
+	t.Fatalf("no %s{group=%q,topic=%q} in %s", name, group, topic, strings.Join(names, ","))
+	return 0
+}
+
+// runUntil runs ix and returns a function that stops it and waits.
+func runUntil(t *testing.T, ix *Indexer) func() {
+	t.Helper()
+	done := make(chan error, 1)
+	ctx, cancel := contextWithCancel()
+	go func() { done <- ix.Run(ctx) }()
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Indexer.Run: %v", err)
+		}
+	}
+	t.Cleanup(stop)
+	return stop
+}

@@ -1,0 +1,212 @@
+package index
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/idemhq/idem/dlq"
+	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/testenv"
+)
+
+func TestMigrateIsIdempotent(t *testing.T) {
+	pool, _ := newPool(t)
+	for range 2 {
+		if err := Migrate(testenv.Context(t), pool); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, table := range []string{"idem_dlq_records", "idem_dlq_versions", "idem_dlq_audit"} {
+		if n := count(t, pool, `SELECT count(*) FROM pg_tables WHERE tablename = $1 AND schemaname = current_schema()`, table); n != 1 {
+			t.Errorf("table %s: %d", table, n)
+		}
+	}
+}
+
+// TestStoreListGroupsFilters indexes records directly and reads them back
+// through every filter, the cursor paging and the groups.
+func TestStoreListGroupsFilters(t *testing.T) {
+	pool, _ := newPool(t)
+	ctx := testenv.Context(t)
+	s := NewStore(pool)
+	base := time.Now().Add(-2 * time.Hour).Truncate(time.Millisecond)
+	var ds []dead
+	for i := range 30 {
+		d := dead{topic: "orders.billing.dlq", origin: "orders", key: fmt.Sprint("order-", i), value: []byte(fmt.Sprintf(`{"id":"order-%d"}`, i)),
+			kind: handler.KindTimeout, err: fmt.Sprintf("call ledger for order %d: deadline exceeded", i), lastFailed: base.Add(time.Duration(i) * time.Minute)}
+		if i%3 == 0 {
+			d.kind, d.err = handler.KindDecode, fmt.Sprintf("decode: invalid character at offset %d", i)
+		}
+		if i >= 25 {
+			d.topic, d.origin, d.group = "payments.ledger.dlq", "payments", "ledger"
+		}
+		ds = append(ds, d)
+	}
+	ds = append(ds, dead{topic: "orders.billing.dlq", origin: "orders", key: "kafka-key", derived: "derived-key", value: []byte("x"),
+		err: "boom", lastFailed: time.Now().Add(-10 * time.Minute)})
+	index(t, pool, 0, ds...)
+	index(t, pool, 0, ds...) // again: nothing new
+	if n := count(t, pool, `SELECT count(*) FROM idem_dlq_records`); n != 31 {
+		t.Fatalf("%d rows, want 31", n)
+	}
+
+	// Paging: latest first, no record twice, none missed.
+	seen := map[int64]bool{}
+	var last time.Time
+	cursor := ""
+	for pages := 0; ; pages++ {
+		p, err := s.List(ctx, Filter{}, cursor, 7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range p.Records {
+			if seen[r.ID] {
+				t.Fatalf("record %d twice", r.ID)
+			}
+			if !last.IsZero() && r.LastFailureAt.After(last) {
+				t.Fatalf("record %d out of order", r.ID)
+			}
+			seen[r.ID], last = true, r.LastFailureAt
+		}
+		if p.Next == "" {
+			if pages != 4 {
+				t.Errorf("%d pages, want 5", pages+1)
+			}
+			break
+		}
+		cursor = p.Next
+	}
+	if len(seen) != 31 {
+		t.Fatalf("paging saw %d records, want 31", len(seen))
+	}
+
+	tests := []struct {
+		name string
+		f    Filter
+		want int
+	}{
+		{"group", Filter{Group: "ledger"}, 5},
+		{"topic", Filter{Topic: "orders.billing.dlq"}, 26},
+		{"kind", Filter{Kind: "decode"}, 10},
+		{"error text, any case", Filter{ErrorContains: "DEADLINE"}, 20},
+		{"error text with LIKE characters", Filter{ErrorContains: "100%_"}, 0},
+		{"key: idempotency key", Filter{Key: "order-7"}, 1},
+		{"key: derived idempotency key", Filter{Key: "derived-key"}, 1},
+		{"key: Kafka key", Filter{Key: "kafka-key"}, 1},
+		{"status", Filter{Status: []Status{Unresolved}}, 31},
+		{"statuses", Filter{Status: []Status{Resolved, Archived}}, 0},
+		{"since", Filter{Since: base.Add(20 * time.Minute)}, 11},
+		{"until", Filter{Until: base.Add(time.Minute)}, 1},
+		{"position", Filter{Topic: "orders.billing.dlq", HasOffset: true, Partition: 0, Offset: 3}, 1},
+	}
+	for _, tt := range tests {
+		p, err := s.List(ctx, tt.f, "", 100)
+		if err != nil || len(p.Records) != tt.want {
+			t.Errorf("%s: %d records, %v; want %d", tt.name, len(p.Records), err, tt.want)
+		}
+	}
+	r := mustList(t, s, Filter{Key: "derived-key"})[0]
+	if r.IdempotencyKey != "derived-key" || string(r.Key) != "kafka-key" || r.Fingerprint != dlq.Fingerprint("permanent", "*errors.errorString", "boom") ||
+		r.OriginTopic != "orders" || r.Group != "billing" || r.Attempts != 3 || r.Status != Unresolved || len(r.Headers) < 3 ||
+		string(r.Headers[0].Key) != "idempotency-key" {
+		t.Errorf("record: %+v", r)
+	}
+
+	groups, err := s.Groups(ctx, Filter{Topic: "orders.billing.dlq"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(groups) != 3 || groups[0].Count != 16 || groups[0].Kind != "timeout" || groups[0].Unresolved != 16 || groups[1].Count != 9 {
+		t.Fatalf("groups: %+v", groups)
+	}
+	g := groups[0]
+	if p, err := s.List(ctx, Filter{Topic: g.Topic, Fingerprint: g.Fingerprint[:6]}, "", 100); err != nil || len(p.Records) != 16 {
+		t.Errorf("by fingerprint prefix: %d, %v", len(p.Records), err)
+	}
+
+	ov, err := s.Overview(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ov) != 2 || ov[0].Group != "billing" || ov[0].Unresolved != 26 || ov[0].OldestUnresolved.Unix() != base.Unix() ||
+		ov[1].Group != "ledger" || ov[1].Unresolved != 5 || ov[0].ArrivalsLastHour+ov[1].ArrivalsLastHour != 1 {
+		t.Errorf("overview: %+v", ov)
+	}
+
+	// Bad input is a ValidationError.
+	var ve *ValidationError
+	if _, err := s.List(ctx, Filter{Status: []Status{"pending"}}, "", 10); !errors.As(err, &ve) || ve.Field != "status" {
+		t.Errorf("bad status: %v", err)
+	}
+	if _, err := s.List(ctx, Filter{}, "not-a-cursor", 10); !errors.As(err, &ve) || ve.Field != "cursor" {
+		t.Errorf("bad cursor: %v", err)
+	}
+	if _, err := s.List(ctx, Filter{Fingerprint: "xyz"}, "", 10); !errors.As(err, &ve) {
+		t.Errorf("bad fingerprint: %v", err)
+	}
+	if _, err := s.Get(ctx, 1<<40); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Get(unknown) = %v, want ErrNotFound", err)
+	}
+}
+
+func mustList(t *testing.T, s *Store, f Filter) []Record {
+	t.Helper()
+	p, err := s.List(testenv.Context(t), f, "", 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p.Records
+}
+
+func TestSweepAndAudit(t *testing.T) {
+	pool, _ := newPool(t)
+	ctx := testenv.Context(t)
+	s := NewStore(pool)
+	index(t, pool, 0, dead{topic: "a.g.dlq", origin: "a", key: "k1", value: []byte("1"), err: "e"},
+		dead{topic: "a.g.dlq", origin: "a", key: "k2", value: []byte("2"), err: "e"},
+		dead{topic: "a.g.dlq", origin: "a", key: "k3", value: []byte("3"), err: "e"})
+	recs := mustList(t, s, Filter{})
+	a := NewActions(s, nil)
+	if _, err := a.Resolve(ctx, "alice", Selection{IDs: []int64{recs[0].ID}}, "fixed"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Archive(ctx, "bob", Selection{IDs: []int64{recs[1].ID}}, "test data"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE idem_dlq_records SET status_at = now() - interval '40 days' WHERE id = $1`, recs[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	n, err := s.Sweep(ctx, 30*24*time.Hour)
+	if err != nil || n != 1 {
+		t.Fatalf("Sweep = %d, %v; want the one resolved 40 days ago", n, err)
+	}
+	if _, err := s.Get(ctx, recs[0].ID); !errors.Is(err, ErrNotFound) {
+		t.Errorf("swept record: %v", err)
+	}
+	if r, err := s.Get(ctx, recs[1].ID); err != nil || r.Status != Archived || r.StatusActor != "bob" || r.StatusReason != "test data" {
+		t.Errorf("archived record: %+v, %v", r, err)
+	}
+
+	if err := s.WriteAudit(ctx, AuditEntry{Actor: "carol", Action: "reveal", RecordIDs: []int64{recs[2].ID}, Reason: "support ticket 7", Result: "ok"}); err != nil {
+		t.Fatal(err)
+	}
+	var all []AuditEntry
+	cursor := ""
+	for {
+		es, next, err := s.Audit(ctx, cursor, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, es...)
+		if next == "" {
+			break
+		}
+		cursor = next
+	}
+	if len(all) != 3 || all[0].Action != "reveal" || all[1].Action != "archive" || all[2].Action != "resolve" ||
+		all[2].Actor != "alice" || all[2].Reason != "fixed" || all[2].Result != "ok: 1 resolved" || len(all[2].RecordIDs) != 1 {
+		t.Errorf("audit: %+v", all)
+	}
+}
