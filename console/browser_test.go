@@ -91,7 +91,9 @@ type payment struct {
 func TestBrowserTriage(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.Mask = []string{"card"} })
 	ctx := testenv.Context(t)
-	source, group := e.k.Topic(t, 1), testenv.Group(t)
+	// Names that read well in the screenshots, unique all the same.
+	source, group := testenv.Unique("payments"), testenv.Unique("billing")
+	e.k.CreateTopic(t, source, 1)
 	pol := retrytopic.Policy{}
 	dlqTopic := pol.DLQ(source, group)
 	t.Cleanup(func() { e.k.DeleteTopics(t, dlqTopic) })
@@ -265,6 +267,11 @@ func TestBrowserTriage(t *testing.T) {
 	if !strings.Contains(strings.Join(strings.Fields(text), " "), "Done 1") {
 		t.Errorf("edit and retry result:\n%s", text)
 	}
+	run("the edited record",
+		chromedp.Navigate(e.srv.URL+"/records/"+id("p-4")),
+		chromedp.WaitVisible(`.version`, chromedp.ByQuery),
+		shot(t, "record-edited"),
+	)
 	run("the audit log",
 		chromedp.Navigate(e.srv.URL+"/audit"),
 		chromedp.WaitVisible(`#audit`, chromedp.ByID),
