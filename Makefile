@@ -28,7 +28,7 @@ CONSOLE_WAIT ?= 1
 
 run: services ## run the payments example's demo against the local services, with the failure console (idem console) beside it at CONSOLE_ADDR
 	@mkdir -p $(STATE) && $(GO) build -o bin/idem ./cmd/idem
-	@$(WITH_ENV) set -m; ./bin/idem console --insecure-no-auth --listen $(CONSOLE_ADDR) > $(STATE)/console.log 2>&1 & cpid=$$!; \
+	@$(WITH_ENV) set -m; ./bin/idem console --insecure-no-auth --listen $(CONSOLE_ADDR) --topic-refresh 2s > $(STATE)/console.log 2>&1 & cpid=$$!; \
 	trap 'kill -INT $$cpid 2>/dev/null; wait $$cpid 2>/dev/null' EXIT; \
 	for i in $$(seq 1 100); do grep -q 'idem console:' $(STATE)/console.log 2>/dev/null && break; \
 	  kill -0 $$cpid 2>/dev/null || { cat $(STATE)/console.log; exit 1; }; sleep 0.1; done; \

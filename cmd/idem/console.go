@@ -30,7 +30,7 @@ type consoleOptions struct {
 	listen, url, tokensFile, pattern, group, metricsAddr string
 	mask, topics                                         []string
 	insecure, noIndexer                                  bool
-	retention                                            time.Duration
+	retention, refresh                                   time.Duration
 	maxValue                                             int
 }
 
@@ -71,6 +71,7 @@ them unmasked needs an operator and is audited.`,
 	f.BoolVar(&o.insecure, "insecure-no-auth", false, "serve without authentication (everyone is admin); only on a loopback --listen")
 	f.StringSliceVar(&o.topics, "topics", nil, "dead-letter topics to index (default: every topic matching --topic-pattern)")
 	f.StringVar(&o.pattern, "topic-pattern", index.DefaultTopicPattern.String(), "regular expression of the dead-letter topics to index when --topics is not given")
+	f.DurationVar(&o.refresh, "topic-refresh", index.DefaultRefreshInterval, "how often the indexer looks for new topics matching --topic-pattern")
 	f.StringVar(&o.group, "indexer-group", index.DefaultGroup, "consumer group the indexer reads with")
 	f.DurationVar(&o.retention, "retention", 30*24*time.Hour, "keep resolved, replayed and archived records this long (negative: for ever)")
 	f.IntVar(&o.maxValue, "max-value-bytes", 1<<20, "longest value copied into the index; longer ones are cut and flagged")
@@ -172,7 +173,7 @@ func (a *app) runConsole(ctx context.Context, o consoleOptions) error {
 	var wg sync.WaitGroup
 	errs := make([]error, 3)
 	if !o.noIndexer {
-		ix := &index.Indexer{Brokers: brokers, Sarama: scfg, Pool: pool, Topics: o.topics, TopicPattern: pattern,
+		ix := &index.Indexer{Brokers: brokers, Sarama: scfg, Pool: pool, Topics: o.topics, TopicPattern: pattern, RefreshInterval: o.refresh,
 			Group: o.group, MaxValueBytes: o.maxValue, Retention: o.retention, Logger: logger, Registerer: reg}
 		wg.Go(func() {
 			if errs[0] = ix.Run(rctx); errs[0] != nil {
