@@ -7,10 +7,13 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"unicode/utf8"
 
 	"github.com/IBM/sarama"
+	"github.com/chromedp/cdproto/page"
+	"github.com/chromedp/chromedp"
 
 	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/handler"
@@ -308,13 +311,42 @@ func TestHostileRendering(t *testing.T) {
 			}
 		}
 	}
+	// In Chromium: nothing of the payload, key, error or headers became an
+	// element or ran.
+	b := browser(t)
+	var dialog atomic.Bool
+	chromedp.ListenTarget(b, func(ev any) {
+		if _, ok := ev.(*page.EventJavascriptDialogOpening); ok {
+			dialog.Store(true)
+		}
+	})
+	var scripts, injected int
+	var text string
+	if err := chromedp.Run(b,
+		chromedp.Navigate(e.srv.URL+"/login"),
+		chromedp.WaitVisible(`#token`, chromedp.ByID),
+		chromedp.SendKeys(`#token`, viewerSecret, chromedp.ByID),
+		chromedp.Click(`#login`, chromedp.ByID),
+		chromedp.WaitVisible(`#overview`, chromedp.ByID),
+		chromedp.Navigate(fmt.Sprintf("%s/records/%d", e.srv.URL, rec.ID)),
+		chromedp.WaitVisible(`#payload`, chromedp.ByID),
+		chromedp.Evaluate(`document.querySelectorAll('script').length`, &scripts),
+		chromedp.Evaluate(`document.querySelectorAll('main img, main svg, main b, main script').length`, &injected),
+		chromedp.Text(`#payload`, &text, chromedp.ByID),
+	); err != nil {
+		t.Fatal(err)
+	}
+	if scripts != 1 || injected != 0 || dialog.Load() || !strings.HasPrefix(text, `<script>alert("v")</script>\xff\xfe\x00<b>x</b>`) {
+		t.Errorf("in Chromium: %d scripts (want 1, htmx), %d injected elements, dialog %v, payload text %.60q", scripts, injected, dialog.Load(), text)
+	}
+
 	code, got := e.get(t, c, fmt.Sprintf("/records/%d/value", rec.ID))
 	if code != http.StatusOK || !bytes.Equal(got, value) {
 		t.Errorf("download: %d, %d bytes, want the %d bytes of the value", code, len(got), len(value))
 	}
-	code, b := e.call(t, "GET", fmt.Sprintf("/api/records/%d", rec.ID), viewerSecret, nil)
+	code, body := e.call(t, "GET", fmt.Sprintf("/api/records/%d", rec.ID), viewerSecret, nil)
 	var v recordView
-	if err := json.Unmarshal(b, &v); code != http.StatusOK || err != nil || v.Value == nil || v.Value.Base64 == "" || len(v.Headers) < 2 {
+	if err := json.Unmarshal(body, &v); code != http.StatusOK || err != nil || v.Value == nil || v.Value.Base64 == "" || len(v.Headers) < 2 {
 		t.Errorf("API record: %d %v", code, err)
 	}
 }
