@@ -167,7 +167,7 @@ func (sel Selection) detail() string {
 
 // setStatus moves the records ids whose status is one of from to status and
 // returns the ids it changed.
-func setStatus(ctx context.Context, db DB, ids []int64, from []Status, to Status, actor, reason string) ([]int64, error) {
+func setStatus(ctx context.Context, db querier, ids []int64, from []Status, to Status, actor, reason string) ([]int64, error) {
 	fs := make([]string, len(from))
 	for i, s := range from {
 		fs[i] = string(s)

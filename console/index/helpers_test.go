@@ -2,6 +2,7 @@ package index
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -178,3 +179,5 @@ func groupLag(k *testenv.Kafka, group string, topics ...string) (int64, error) {
 	}
 	return lag, nil
 }
+
+var errNotYet = errors.New("not yet")

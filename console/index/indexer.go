@@ -137,14 +137,38 @@ func (ix *Indexer) Validate() error {
 	return nil
 }
 
-// Run indexes until ctx is done, then returns nil. It runs Migrate first. It
-// returns an error for bad configuration, or when Migrate or the first
-// connection to Kafka fails; later errors are logged and retried.
+// Run indexes until ctx is done, then returns nil. It returns an error only
+// for a configuration Validate rejects, or when Registerer already holds the
+// index's collectors. Everything else is retried with
+// backoff (1 s to 1 min) and logged: Migrate and the connection to Kafka at
+// start (so a database or broker briefly down at start delays indexing but
+// never ends it), and storing a batch.
 func (ix *Indexer) Run(ctx context.Context) error {
 	if err := ix.Validate(); err != nil {
 		return err
 	}
 	c := ix.withDefaults()
+	backoff := time.Second
+	for {
+		err := c.run(ctx)
+		var reg prometheus.AlreadyRegisteredError
+		switch {
+		case err == nil || ctx.Err() != nil:
+			return nil
+		case errors.As(err, &reg):
+			return err // a second indexer on one Registerer: retrying cannot help
+		}
+		c.Logger.Warn("index: indexer cannot start; retrying", "group", c.Group, "in", backoff, "err", err)
+		if !sleep(ctx, backoff) {
+			return nil
+		}
+		backoff = min(2*backoff, time.Minute)
+	}
+}
+
+// run is one life of the indexer: migrate, connect, consume until ctx is
+// done. It returns an error when it cannot start.
+func (c *Indexer) run(ctx context.Context) error {
 	if err := Migrate(ctx, c.Pool); err != nil {
 		return err
 	}
@@ -196,6 +220,7 @@ func (ix *Indexer) Run(ctx context.Context) error {
 		defer wg.Done()
 		c.sweep(ctx, store)
 	}()
+	c.Logger.Info("index: indexing dead-letter topics", "group", c.Group, "topics", c.Topics, "pattern", c.TopicPattern.String())
 
 	h := &claimHandler{ix: c}
 	for ctx.Err() == nil {

@@ -2,9 +2,12 @@ package index
 
 import (
 	"bytes"
+	"context"
 	"fmt"
+	"log/slog"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -118,7 +121,7 @@ func gauge(t *testing.T, reg *prometheus.Registry, name, group, topic string) fl
 }
 
 // runUntil runs ix and returns a function that stops it and waits.
-func runUntil(t *testing.T, ix *Indexer) func() {
+func runUntil(t testing.TB, ix *Indexer) func() {
 	t.Helper()
 	done := make(chan error, 1)
 	ctx, cancel := contextWithCancel()
@@ -136,4 +139,55 @@ func runUntil(t *testing.T, ix *Indexer) func() {
 	}
 	t.Cleanup(stop)
 	return stop
+}
+
+// logCounter counts log records whose message contains a string.
+type logCounter struct {
+	mu   sync.Mutex
+	want string
+	n    int
+}
+
+func (l *logCounter) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logCounter) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if strings.Contains(r.Message, l.want) {
+		l.n++
+	}
+	return nil
+}
+func (l *logCounter) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *logCounter) WithGroup(string) slog.Handler      { return l }
+func (l *logCounter) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.n
+}
+
+// TestIndexerRetriesItsStart: with Kafka unreachable at start the indexer
+// does not give up (as the outbox relay once did, issue 18 defect 4): it
+// logs and retries until its context ends, then returns nil.
+func TestIndexerRetriesItsStart(t *testing.T) {
+	pool, _ := newPool(t)
+	logs := &logCounter{want: "cannot start; retrying"}
+	ix := &Indexer{Brokers: []string{"127.0.0.1:1"}, Pool: pool, Topics: []string{"x.g.dlq"}, Logger: slog.New(logs)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- ix.Run(ctx) }()
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if logs.count() < 2 {
+			return errNotYet
+		}
+		return nil
+	})
+	select {
+	case err := <-done:
+		t.Fatalf("Run returned %v while its context was live", err)
+	default:
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run = %v, want nil", err)
+	}
 }

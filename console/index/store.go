@@ -14,21 +14,21 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// DB is what the index needs from a database handle: *pgxpool.Pool satisfies
+// querier is what the index needs from a database handle: *pgxpool.Pool satisfies
 // it (and so do *pgx.Conn and pgx.Tx).
-type DB interface {
+type querier interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-var _ DB = (*pgxpool.Pool)(nil)
+var _ querier = (*pgxpool.Pool)(nil)
 
 // Store reads the index and writes its audit table. It is safe for
 // concurrent use.
 type Store struct {
-	db DB
+	db querier
 }
 
 // NewStore returns a Store on pool (whose search_path must reach the tables
@@ -337,7 +337,7 @@ func (s *Store) WriteAudit(ctx context.Context, e AuditEntry) error {
 	return writeAudit(ctx, s.db, e)
 }
 
-func writeAudit(ctx context.Context, db DB, e AuditEntry) error {
+func writeAudit(ctx context.Context, db querier, e AuditEntry) error {
 	if strings.TrimSpace(e.Actor) == "" {
 		return invalid("actor", "empty: every action is audited under a name")
 	}
