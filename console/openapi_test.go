@@ -103,3 +103,51 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 		}
 	}
 }
+
+// TestOpenAPIRefsResolve: every $ref of openapi.yaml names a component that
+// exists, and every path parameter is declared.
+func TestOpenAPIRefsResolve(t *testing.T) {
+	var doc map[string]any
+	if err := yaml.Unmarshal(openapiYAML, &doc); err != nil {
+		t.Fatal(err)
+	}
+	var walk func(v any)
+	walk = func(v any) {
+		switch x := v.(type) {
+		case map[string]any:
+			for k, sub := range x {
+				if k == "$ref" {
+					ref, _ := sub.(string)
+					var node any = doc
+					for _, part := range strings.Split(strings.TrimPrefix(ref, "#/"), "/") {
+						m, ok := node.(map[string]any)
+						if !ok {
+							node = nil
+							break
+						}
+						node = m[part]
+					}
+					if !strings.HasPrefix(ref, "#/") || node == nil {
+						t.Errorf("$ref %q does not resolve", ref)
+					}
+				}
+				walk(sub)
+			}
+		case []any:
+			for _, sub := range x {
+				walk(sub)
+			}
+		}
+	}
+	walk(doc)
+	for p, ops := range doc["paths"].(map[string]any) {
+		for m, op := range ops.(map[string]any) {
+			text, _ := yaml.Marshal(op)
+			for _, name := range []string{"id", "action"} {
+				if strings.Contains(p, "{"+name+"}") && !strings.Contains(string(text), "parameters/"+name) && !strings.Contains(string(text), "name: "+name) {
+					t.Errorf("%s %s does not declare its path parameter %s", m, p, name)
+				}
+			}
+		}
+	}
+}
