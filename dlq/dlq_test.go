@@ -264,10 +264,10 @@ func TestReplayToOrigin(t *testing.T) {
 		}
 	}
 
-	// The commit means a second replay replays nothing, and says so.
+	// The commit means a second replay replays nothing.
 	res, err = c.Replay(ctx, dlq.ReplayOptions{Topic: topic})
-	if !errors.Is(err, dlq.ErrNothingMatched) || res.Replayed != 0 || res.Pending != 0 {
-		t.Fatalf("second Replay = %+v, %v; want nothing and ErrNothingMatched", res, err)
+	if err != nil || res.Replayed != 0 || res.Pending != 0 {
+		t.Fatalf("second Replay = %+v, %v; want nothing", res, err)
 	}
 	if got := readAll(t, k, origin); len(got) != 5 {
 		t.Fatalf("origin has %d records after the second replay, want 5", len(got))

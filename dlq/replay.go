@@ -201,9 +201,9 @@ var ErrNoOrigin = errors.New("dlq: record has no idem-original-topic header")
 // ReplayOptions.DropUnmatched is off: nothing was sent or committed.
 var ErrUnmatched = errors.New("dlq: replay would drop records it does not send from pending")
 
-// ErrNothingMatched is wrapped by Replay's error when no pending record
-// would be sent (none pending, none matching the filter, or only stubs):
-// nothing was sent or committed.
+// ErrNothingMatched is wrapped by Replay's error when records are pending but
+// none would be sent (none matches the filter, or only stubs do): nothing was
+// sent or committed. With nothing pending, Replay returns nil and zero counts.
 var ErrNothingMatched = errors.New("dlq: no pending record to replay")
 
 // Replay republishes the pending records of opts.Topic that match
@@ -214,8 +214,8 @@ var ErrNothingMatched = errors.New("dlq: no pending record to replay")
 // Replay works on a contiguous range: the records pending when it starts
 // (from the admin group's committed offset to the end offsets at that
 // moment), because "pending" is one committed offset per partition. It first
-// reads the whole range without sending: when no record would be sent it
-// returns ErrNothingMatched, and when some record would be left unsent (not
+// reads the whole range without sending: when records are pending but none
+// would be sent it returns ErrNothingMatched, and when some record would be left unsent (not
 // matched by the filter, or a stub, which is never sent: its value was left
 // out) it returns ErrUnmatched unless opts.DropUnmatched; either way nothing
 // is sent or committed. Every destination is checked in that pass too.
@@ -289,6 +289,8 @@ func (c *Client) Replay(ctx context.Context, opts ReplayOptions) (ReplayResult, 
 	}
 	unsent := res.Skipped + int64(len(res.Stubs))
 	switch {
+	case res.Pending == 0:
+		return res, nil
 	case res.Replayed == 0:
 		return res, fmt.Errorf("%w in %s: %d pending, %d not matched by the filter, %d stubs; nothing sent or committed",
 			ErrNothingMatched, opts.Topic, res.Pending, res.Skipped, len(res.Stubs))

@@ -584,10 +584,9 @@ func stubList(ps []dlq.Position) string {
 func replayReport(a *app, topic string, dest dlq.Destination, opts dlq.ReplayOptions, res dlq.ReplayResult, err error) error {
 	stubs := int64(len(res.Stubs))
 	switch {
+	case err == nil && res.Pending == 0:
+		return fmt.Errorf("nothing pending in %s: nothing replayed", topic)
 	case errors.Is(err, dlq.ErrNothingMatched):
-		if res.Pending == 0 {
-			return fmt.Errorf("nothing pending in %s: nothing replayed", topic)
-		}
 		msg := fmt.Sprintf("no pending record of %s matched: %d pending, %d not matched by the filter", topic, res.Pending, res.Skipped)
 		if stubs > 0 {
 			msg += fmt.Sprintf(", %s (never replayed: %s)", plural(stubs, "stub"), stubList(res.Stubs))

@@ -48,16 +48,22 @@ func (a *app) actorName() string {
 	return "idem-cli"
 }
 
-// openIndex opens the failure index (running its migration, which is
-// idempotent and creates nothing when the tables exist).
+// openIndex opens the failure index. It creates nothing: a database without
+// the index's tables is an error that says how to get the offset model.
 func (a *app) openIndex(ctx context.Context) (*index.Store, func(), error) {
 	pool, err := openPool(ctx, a.dlqDB)
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := index.Migrate(ctx, pool); err != nil {
+	var exists bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass('idem_dlq_records') IS NOT NULL`).Scan(&exists); err != nil {
 		pool.Close()
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("database: %w", err)
+	}
+	if !exists {
+		pool.Close()
+		return nil, nil, errors.New("this database has no failure index (idem_dlq_records): run `idem migrate` and an indexer (idem console), " +
+			`or give --database-url "" (or unset DATABASE_URL) to work on the DLQ topic's offsets`)
 	}
 	return index.NewStore(pool), pool.Close, nil
 }

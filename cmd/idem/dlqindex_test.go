@@ -49,6 +49,12 @@ func TestCLIIndexModel(t *testing.T) {
 	topic, origin := k.Topic(t, 1), k.Topic(t, 1)
 	seed(t, k, topic, origin, 20)
 	seedStub(t, k, topic, origin, "big-1")
+	// A database without the index is an error that names the way out; the
+	// CLI creates nothing.
+	code, _, errOut := idem(t, k, "", "dlq", "list", "-t", topic, "--database-url", db)
+	if code != 1 || !strings.Contains(errOut, "no failure index") || !strings.Contains(errOut, `--database-url ""`) {
+		t.Fatalf("list on a database without the index: code %d\n%s", code, errOut)
+	}
 	if err := index.Migrate(testenv.Context(t), pool); err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +103,7 @@ func TestCLIIndexModel(t *testing.T) {
 		t.Fatalf("origin has %d records, want 4", len(got))
 	}
 	// Matching nothing exits 1.
-	code, _, errOut := idem(t, k, "", dlqCmd("replay", "-t", topic, "--filter", "key=rf-4")...)
+	code, _, errOut = idem(t, k, "", dlqCmd("replay", "-t", topic, "--filter", "key=rf-4")...)
 	if code != 1 || !strings.Contains(errOut, "nothing replayed") {
 		t.Fatalf("replay matching nothing: code %d\n%s", code, errOut)
 	}

@@ -50,7 +50,7 @@ func BenchmarkIndexer(b *testing.B) {
 	}
 	b.ResetTimer()
 	for range b.N {
-		if _, err := pool.Exec(ctx, `TRUNCATE idem_dlq_records CASCADE`); err != nil {
+		if _, err := pool.Exec(ctx, `TRUNCATE idem_dlq_records, idem_dlq_groups CASCADE`); err != nil {
 			b.Fatal(err)
 		}
 		start := time.Now()
@@ -91,7 +91,7 @@ func loadRows(b *testing.B, ctx context.Context, db interface {
 	rng := rand.New(rand.NewPCG(1, 2))
 	cols := []string{"dlq_topic", "dlq_partition", "dlq_offset", "origin_topic", "origin_partition", "origin_offset", "consumer_group",
 		"fingerprint", "kind", "msg_key", "idempotency_key", "attempts", "first_failure_at", "last_failure_at", "error", "error_type",
-		"value", "value_size", "header_keys", "header_values", "status", "status_at"}
+		"value", "value_size", "headers", "status", "status_at"}
 	i := 0
 	src := pgx.CopyFromFunc(func() ([]any, error) {
 		if i == rows {
@@ -110,7 +110,7 @@ func loadRows(b *testing.B, ctx context.Context, db interface {
 		row := []any{fmt.Sprintf("svc%d.group%d.dlq", t, g), int32(i % 3), int64(i / 3), fmt.Sprintf("svc%d", t), int32(i % 3), int64(i),
 			fmt.Sprintf("group%d", g), dlq.Fingerprint("permanent", "*errors.errorString", fmt.Sprintf("step %d of svc%d", fp, t)), kind,
 			[]byte(fmt.Sprint("acct-", i%10000)), fmt.Sprint("ord-", i), 3, last.Add(-time.Minute), last, msg, "*errors.errorString",
-			value, len(value), [][]byte{[]byte("idempotency-key"), []byte("idem-error")}, [][]byte{fmt.Appendf(nil, "ord-%d", i), []byte(msg)},
+			value, len(value), encodeHeaders([]Header{{Key: []byte("idempotency-key"), Value: fmt.Appendf(nil, "ord-%d", i)}, {Key: []byte("idem-error"), Value: []byte(msg)}}),
 			status, last}
 		i++
 		return row, nil

@@ -1,6 +1,7 @@
 package index
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -419,30 +420,36 @@ func (h *claimHandler) storeWithRetry(ctx context.Context, batch []*sarama.Consu
 	}
 }
 
-// insertRecord inserts one dead letter unless its (topic, partition, offset)
-// is already indexed. previous_id links it to the latest earlier record with
-// the same idempotency key, origin topic and group.
-const insertRecord = `INSERT INTO idem_dlq_records (dlq_topic, dlq_partition, dlq_offset, origin_topic, origin_partition,
+// insertBatch inserts a batch of dead letters, in order, skipping those whose
+// (topic, partition, offset) is already indexed. previous_id links each to
+// the latest record committed before with the same idempotency key, origin
+// topic and group; store links repeats within the batch itself.
+const insertBatch = `INSERT INTO idem_dlq_records (dlq_topic, dlq_partition, dlq_offset, origin_topic, origin_partition,
 	origin_offset, consumer_group, fingerprint, kind, msg_key, idempotency_key, attempts, first_failure_at, last_failure_at,
-	error, error_type, stack, value, value_size, value_truncated, stub, header_keys, header_values, previous_id)
-SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23,
-	(SELECT max(p.id) FROM idem_dlq_records p
-	 WHERE $11 <> '' AND p.idempotency_key = $11 AND p.origin_topic = $4 AND p.consumer_group = $7)
-ON CONFLICT (dlq_topic, dlq_partition, dlq_offset) DO NOTHING`
+	error, error_type, stack, value, value_size, value_truncated, stub, headers, previous_id)
+SELECT b.t, b.p, b.o, b.ot, b.op, b.oo, b.g, b.fp, b.kind, b.k, b.ikey, b.att, b.ff, b.lf, b.err, b.et, b.st, b.v, b.vs, b.vt, b.stub, b.hs,
+	(SELECT max(x.id) FROM idem_dlq_records x
+	 WHERE b.ikey <> '' AND x.idempotency_key = b.ikey AND x.origin_topic = b.ot AND x.consumer_group = b.g)
+FROM unnest($1::text[], $2::int[], $3::bigint[], $4::text[], $5::int[], $6::bigint[], $7::text[], $8::text[], $9::text[],
+	$10::bytea[], $11::text[], $12::int[], $13::timestamptz[], $14::timestamptz[], $15::text[], $16::text[], $17::text[],
+	$18::bytea[], $19::int[], $20::bool[], $21::bool[], $22::bytea[])
+	WITH ORDINALITY AS b(t, p, o, ot, op, oo, g, fp, kind, k, ikey, att, ff, lf, err, et, st, v, vs, vt, stub, hs, ord)
+ORDER BY b.ord
+ON CONFLICT (dlq_topic, dlq_partition, dlq_offset) DO NOTHING
+RETURNING id, idempotency_key, origin_topic, consumer_group, coalesce(previous_id, 0)`
 
-// store inserts batch in one transaction.
-func store(ctx context.Context, pool *pgxpool.Pool, batch []*sarama.ConsumerMessage, maxValue int) error {
-	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		b := &pgx.Batch{}
-		for _, m := range batch {
-			b.Queue(insertRecord, rowArgs(dlq.FromMessage(m), maxValue)...)
-		}
-		return tx.SendBatch(ctx, b).Close()
-	})
+// columns holds a batch column by column, as insertBatch takes it.
+type columns struct {
+	topic, originTopic, group, fingerprint, kind, ikey, errText, errType, stack []string
+	partition, originPartition, attempts, valueSize                             []int32
+	offset, originOffset                                                        []int64
+	key, value, headers                                                         [][]byte
+	first, last                                                                 []time.Time
+	truncated, stub                                                             []bool
 }
 
-// rowArgs are insertRecord's arguments for r.
-func rowArgs(r *dlq.Record, maxValue int) []any {
+// add appends r's row.
+func (c *columns) add(r *dlq.Record, maxValue int) {
 	f := r.Failure
 	last := r.LastFailureAt()
 	if last.IsZero() {
@@ -459,19 +466,82 @@ func rowArgs(r *dlq.Record, maxValue int) []any {
 	if f.Stub {
 		value, size = nil, f.OmittedBytes
 	}
-	keys := make([][]byte, len(r.Headers))
-	values := make([][]byte, len(r.Headers))
+	hs := make([]Header, len(r.Headers))
 	for i, h := range r.Headers {
-		keys[i], values[i] = nonNil(h.Key), h.Value
+		hs[i] = Header{Key: h.Key, Value: h.Value}
 	}
-	return []any{r.Topic, r.Partition, r.Offset, clean(f.OriginalTopic), f.OriginalPartition, f.OriginalOffset,
-		clean(f.Group), r.Fingerprint(), clean(string(f.Kind)), r.Key, clean(r.IdempotencyKey()), f.Attempt, first, last,
-		clean(f.Error), clean(f.ErrorType), clean(string(f.Stack)), value, size, truncated, f.Stub, keys, values}
+	c.topic = append(c.topic, r.Topic)
+	c.partition = append(c.partition, r.Partition)
+	c.offset = append(c.offset, r.Offset)
+	c.originTopic = append(c.originTopic, clean(f.OriginalTopic))
+	c.originPartition = append(c.originPartition, f.OriginalPartition)
+	c.originOffset = append(c.originOffset, f.OriginalOffset)
+	c.group = append(c.group, clean(f.Group))
+	c.fingerprint = append(c.fingerprint, r.Fingerprint())
+	c.kind = append(c.kind, clean(string(f.Kind)))
+	c.key = append(c.key, r.Key)
+	c.ikey = append(c.ikey, clean(r.IdempotencyKey()))
+	c.attempts = append(c.attempts, int32(f.Attempt))
+	c.first = append(c.first, first)
+	c.last = append(c.last, last)
+	c.errText = append(c.errText, clean(f.Error))
+	c.errType = append(c.errType, clean(f.ErrorType))
+	c.stack = append(c.stack, clean(string(f.Stack)))
+	c.value = append(c.value, value)
+	c.valueSize = append(c.valueSize, int32(size))
+	c.truncated = append(c.truncated, truncated)
+	c.stub = append(c.stub, f.Stub)
+	c.headers = append(c.headers, encodeHeaders(hs))
 }
 
-func nonNil(b []byte) []byte {
-	if b == nil {
-		return []byte{}
+func (c *columns) args() []any {
+	return []any{c.topic, c.partition, c.offset, c.originTopic, c.originPartition, c.originOffset, c.group, c.fingerprint,
+		c.kind, c.key, c.ikey, c.attempts, c.first, c.last, c.errText, c.errType, c.stack, c.value, c.valueSize,
+		c.truncated, c.stub, c.headers}
+}
+
+// store inserts batch in one transaction, with one statement.
+func store(ctx context.Context, pool *pgxpool.Pool, batch []*sarama.ConsumerMessage, maxValue int) error {
+	var c columns
+	for _, m := range batch {
+		c.add(dlq.FromMessage(m), maxValue)
 	}
-	return b
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		type inserted struct {
+			id, prev            int64
+			ikey, origin, group string
+		}
+		rows, err := tx.Query(ctx, insertBatch, c.args()...)
+		if err != nil {
+			return err
+		}
+		ins, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (inserted, error) {
+			var i inserted
+			err := row.Scan(&i.id, &i.ikey, &i.origin, &i.group, &i.prev)
+			return i, err
+		})
+		if err != nil {
+			return err
+		}
+		// A repeat of a record inserted earlier in this same statement did
+		// not see it: link it now.
+		slices.SortFunc(ins, func(a, b inserted) int { return cmp.Compare(a.id, b.id) })
+		latest := map[[3]string]int64{}
+		var ids, prevs []int64
+		for _, i := range ins {
+			if i.ikey == "" {
+				continue
+			}
+			k := [3]string{i.ikey, i.origin, i.group}
+			if p, ok := latest[k]; ok && p > i.prev {
+				ids, prevs = append(ids, i.id), append(prevs, p)
+			}
+			latest[k] = i.id
+		}
+		if len(ids) > 0 {
+			_, err = tx.Exec(ctx, `UPDATE idem_dlq_records r SET previous_id = v.prev
+				FROM unnest($1::bigint[], $2::bigint[]) AS v(id, prev) WHERE r.id = v.id`, ids, prevs)
+		}
+		return err
+	})
 }

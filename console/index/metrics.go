@@ -52,19 +52,25 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	rows, err := c.store.db.Query(ctx, `SELECT consumer_group, dlq_topic, count(*), min(last_failure_at)
-		FROM idem_dlq_records WHERE status = 'unresolved' GROUP BY consumer_group, dlq_topic`)
+	rows, err := c.store.db.Query(ctx, `SELECT g.consumer_group, g.dlq_topic, g.unresolved,
+			(SELECT min(r.last_failure_at) FROM idem_dlq_records r
+			 WHERE r.status = 'unresolved' AND r.consumer_group = g.consumer_group AND r.dlq_topic = g.dlq_topic)
+		FROM (SELECT consumer_group, dlq_topic, sum(unresolved) AS unresolved FROM idem_dlq_groups GROUP BY consumer_group, dlq_topic) g
+		WHERE g.unresolved > 0`)
 	if err == nil {
 		now := c.now()
 		for rows.Next() {
 			var group, topic string
 			var n int64
-			var oldest time.Time
+			var oldest *time.Time
 			if err = rows.Scan(&group, &topic, &n, &oldest); err != nil {
 				break
 			}
+			if oldest == nil { // counted unresolved, gone meanwhile
+				continue
+			}
 			ch <- prometheus.MustNewConstMetric(descUnresolved, prometheus.GaugeValue, float64(n), group, topic)
-			ch <- prometheus.MustNewConstMetric(descOldest, prometheus.GaugeValue, max(0, now.Sub(oldest).Seconds()), group, topic)
+			ch <- prometheus.MustNewConstMetric(descOldest, prometheus.GaugeValue, max(0, now.Sub(*oldest).Seconds()), group, topic)
 		}
 		rows.Close()
 		if err == nil {

@@ -41,30 +41,23 @@ const maxLimit = 1000
 // recordCols are the columns scanRecord reads, in order.
 const recordCols = `id, dlq_topic, dlq_partition, dlq_offset, origin_topic, origin_partition, origin_offset,
 	consumer_group, fingerprint, kind, msg_key, idempotency_key, attempts, first_failure_at, last_failure_at,
-	indexed_at, error, error_type, stack, value, value_size, value_truncated, stub, header_keys, header_values,
+	indexed_at, error, error_type, stack, value, value_size, value_truncated, stub, headers,
 	status, status_actor, status_reason, status_at, coalesce(previous_id, 0)`
 
 func scanRecord(row pgx.Row) (Record, error) {
 	var r Record
-	var keys, values [][]byte
+	var headers []byte
 	var status string
 	err := row.Scan(&r.ID, &r.Topic, &r.Partition, &r.Offset, &r.OriginTopic, &r.OriginPartition, &r.OriginOffset,
 		&r.Group, &r.Fingerprint, &r.Kind, &r.Key, &r.IdempotencyKey, &r.Attempts, &r.FirstFailureAt, &r.LastFailureAt,
-		&r.IndexedAt, &r.Error, &r.ErrorType, &r.Stack, &r.Value, &r.ValueSize, &r.ValueTruncated, &r.Stub, &keys, &values,
+		&r.IndexedAt, &r.Error, &r.ErrorType, &r.Stack, &r.Value, &r.ValueSize, &r.ValueTruncated, &r.Stub, &headers,
 		&status, &r.StatusActor, &r.StatusReason, &r.StatusAt, &r.PreviousID)
 	if err != nil {
 		return r, err
 	}
 	r.Status = Status(status)
-	r.Headers = make([]Header, 0, len(keys))
-	for i := range keys {
-		h := Header{Key: keys[i]}
-		if i < len(values) {
-			h.Value = values[i]
-		}
-		r.Headers = append(r.Headers, h)
-	}
-	return r, nil
+	r.Headers, err = decodeHeaders(headers)
+	return r, err
 }
 
 // where renders f as an SQL condition (always non-empty) appending its
@@ -217,7 +210,16 @@ func (s *Store) Get(ctx context.Context, id int64) (Record, error) {
 
 // Groups returns the failure groups (fingerprint, kind, group, DLQ topic) of
 // the records f matches, largest first, then latest first; at most 1000.
+//
+// A filter on group, topic, kind, fingerprint and status only is answered
+// from the per-group counts the index keeps (fast at any size); FirstSeen
+// and LastSeen then span every record the group has had, and SampleError is
+// the error of its latest record. A filter on key, error text or time reads
+// the matching records.
 func (s *Store) Groups(ctx context.Context, f Filter) ([]FailureGroup, error) {
+	if f.Key == "" && f.ErrorContains == "" && f.Since.IsZero() && f.Until.IsZero() && !f.HasOffset {
+		return s.groupsFromCounts(ctx, f)
+	}
 	var args []any
 	cond, err := f.where(&args)
 	if err != nil {
@@ -244,6 +246,55 @@ func (s *Store) Groups(ctx context.Context, f Filter) ([]FailureGroup, error) {
 	if err != nil {
 		return nil, fmt.Errorf("index: groups: %w", err)
 	}
+	return collectGroups(rows)
+}
+
+// groupsFromCounts is Groups from idem_dlq_groups.
+func (s *Store) groupsFromCounts(ctx context.Context, f Filter) ([]FailureGroup, error) {
+	var args []any
+	arg := func(v any) string {
+		args = append(args, v)
+		return "$" + strconv.Itoa(len(args))
+	}
+	conds := []string{"true"}
+	for col, v := range map[string]string{"consumer_group": f.Group, "dlq_topic": f.Topic, "kind": f.Kind} {
+		if v != "" {
+			conds = append(conds, col+" = "+arg(v))
+		}
+	}
+	if f.Fingerprint != "" {
+		fpCond, err := (Filter{Fingerprint: f.Fingerprint}).where(&args)
+		if err != nil {
+			return nil, err
+		}
+		conds = append(conds, fpCond)
+	}
+	statuses := f.Status
+	if len(statuses) == 0 {
+		statuses = []Status{Unresolved, Replayed, Resolved, Archived}
+	}
+	var sum []string
+	unresolved := "0"
+	for _, st := range statuses {
+		if !st.Valid() {
+			return nil, invalid("status", "%q: want unresolved, replayed, resolved or archived", st)
+		}
+		sum = append(sum, string(st))
+		if st == Unresolved {
+			unresolved = "unresolved"
+		}
+	}
+	n := "(" + strings.Join(sum, " + ") + ")"
+	rows, err := s.db.Query(ctx, `SELECT fingerprint, kind, consumer_group, dlq_topic, sample_error, `+n+`, `+unresolved+`, first_seen, last_seen
+		FROM idem_dlq_groups WHERE `+strings.Join(conds, " AND ")+` AND `+n+` > 0
+		ORDER BY `+n+` DESC, last_seen DESC, fingerprint LIMIT 1000`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("index: groups: %w", err)
+	}
+	return collectGroups(rows)
+}
+
+func collectGroups(rows pgx.Rows) ([]FailureGroup, error) {
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (FailureGroup, error) {
 		var g FailureGroup
 		err := row.Scan(&g.Fingerprint, &g.Kind, &g.Group, &g.Topic, &g.SampleError, &g.Count, &g.Unresolved, &g.FirstSeen, &g.LastSeen)
@@ -259,21 +310,14 @@ func (s *Store) Groups(ctx context.Context, f Filter) ([]FailureGroup, error) {
 // ordered by group and topic.
 func (s *Store) Overview(ctx context.Context) ([]TopicSummary, error) {
 	rows, err := s.db.Query(ctx, `
-		WITH RECURSIVE pairs AS (
-			(SELECT consumer_group, dlq_topic FROM idem_dlq_records ORDER BY consumer_group, dlq_topic LIMIT 1)
-			UNION ALL
-			SELECT n.consumer_group, n.dlq_topic FROM pairs p, LATERAL (
-				SELECT r.consumer_group, r.dlq_topic FROM idem_dlq_records r
-				WHERE (r.consumer_group, r.dlq_topic) > (p.consumer_group, p.dlq_topic)
-				ORDER BY r.consumer_group, r.dlq_topic LIMIT 1) n
-		), unresolved AS (
-			SELECT consumer_group, dlq_topic, count(*) AS n, min(last_failure_at) AS oldest
-			FROM idem_dlq_records WHERE status = 'unresolved' GROUP BY consumer_group, dlq_topic
-		)
-		SELECT p.consumer_group, p.dlq_topic, coalesce(u.n, 0), u.oldest,
-			(SELECT count(*) FROM idem_dlq_records r WHERE r.consumer_group = p.consumer_group AND r.dlq_topic = p.dlq_topic
+		SELECT g.consumer_group, g.dlq_topic, g.unresolved,
+			(SELECT min(r.last_failure_at) FROM idem_dlq_records r
+			 WHERE r.status = 'unresolved' AND r.consumer_group = g.consumer_group AND r.dlq_topic = g.dlq_topic),
+			(SELECT count(*) FROM idem_dlq_records r WHERE r.consumer_group = g.consumer_group AND r.dlq_topic = g.dlq_topic
 				AND r.last_failure_at > now() - interval '1 hour')
-		FROM pairs p LEFT JOIN unresolved u ON u.consumer_group = p.consumer_group AND u.dlq_topic = p.dlq_topic
+		FROM (SELECT consumer_group, dlq_topic, sum(unresolved) AS unresolved, sum(unresolved + replayed + resolved + archived) AS total
+			FROM idem_dlq_groups GROUP BY consumer_group, dlq_topic) g
+		WHERE g.total > 0
 		ORDER BY 1, 2`)
 	if err != nil {
 		return nil, fmt.Errorf("index: overview: %w", err)

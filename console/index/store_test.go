@@ -3,6 +3,7 @@ package index
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -209,4 +210,79 @@ func TestSweepAndAudit(t *testing.T) {
 		all[2].Actor != "alice" || all[2].Reason != "fixed" || all[2].Result != "ok: 1 resolved" || len(all[2].RecordIDs) != 1 {
 		t.Errorf("audit: %+v", all)
 	}
+}
+
+// TestGroupCountsFollowChanges: the per-group counts the triggers keep agree
+// with counting the records, after inserts, status changes and a sweep.
+func TestGroupCountsFollowChanges(t *testing.T) {
+	pool, _ := newPool(t)
+	ctx := testenv.Context(t)
+	s := NewStore(pool)
+	var ds []dead
+	for i := range 40 {
+		d := dead{topic: fmt.Sprintf("t%d.g.dlq", i%2), origin: "o", key: fmt.Sprint("k", i), value: []byte("{}"),
+			kind: handler.KindTimeout, err: fmt.Sprintf("timeout %d", i%3), lastFailed: time.Now().Add(-time.Duration(i) * time.Minute)}
+		if i%4 == 0 {
+			d.kind, d.err = handler.KindDecode, "decode"
+		}
+		ds = append(ds, d)
+	}
+	index(t, pool, 0, ds[:25]...)
+	index(t, pool, 25, ds[25:]...)
+	index(t, pool, 0, ds[:10]...) // already indexed: counted once
+	a := NewActions(s, nil)
+	recs := mustList(t, s, Filter{})
+	var ids []int64
+	for _, r := range recs[:12] {
+		ids = append(ids, r.ID)
+	}
+	if _, err := a.Resolve(ctx, "alice", Selection{IDs: ids[:6]}, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Archive(ctx, "alice", Selection{IDs: ids[4:12]}, "noise"); err != nil {
+		t.Fatal(err)
+	}
+	compare := func(when string) {
+		t.Helper()
+		for _, st := range [][]Status{nil, {Unresolved}, {Resolved, Archived}, {Replayed}} {
+			fast, err := s.Groups(ctx, Filter{Status: st})
+			if err != nil {
+				t.Fatal(err)
+			}
+			slow, err := s.Groups(ctx, Filter{Status: st, Since: time.Unix(1, 0)}) // reads the records
+			if err != nil {
+				t.Fatal(err)
+			}
+			key := func(gs []FailureGroup) string {
+				var b []string
+				for _, g := range gs {
+					b = append(b, fmt.Sprintf("%s/%s/%s/%s=%d,%d", g.Group, g.Topic, g.Fingerprint, g.Kind, g.Count, g.Unresolved))
+				}
+				slices.Sort(b)
+				return fmt.Sprint(b)
+			}
+			if key(fast) != key(slow) {
+				t.Errorf("%s, status %v: counts %s, records %s", when, st, key(fast), key(slow))
+			}
+		}
+		ov, err := s.Overview(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var unresolved int
+		for _, o := range ov {
+			unresolved += o.Unresolved
+		}
+		if want := count(t, pool, `SELECT count(*) FROM idem_dlq_records WHERE status = 'unresolved'`); int64(unresolved) != want {
+			t.Errorf("%s: overview counts %d unresolved, want %d", when, unresolved, want)
+		}
+	}
+	compare("after the changes")
+	if _, err := pool.Exec(ctx, `UPDATE idem_dlq_records SET status_at = now() - interval '90 days' WHERE status <> 'unresolved'`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.Sweep(ctx, 30*24*time.Hour); err != nil || n != 12 {
+		t.Fatalf("Sweep = %d, %v", n, err)
+	}
+	compare("after the sweep")
 }

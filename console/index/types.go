@@ -117,9 +117,9 @@ type Version struct {
 // Filter selects records for List, Groups and actions. A zero Filter matches
 // every record; each set field must match (AND).
 type Filter struct {
-	// Group, Topic (the DLQ topic), Kind and Fingerprint match exactly
-	// (Fingerprint also by prefix, as `idem dlq list` shows it: 4 or more
-	// characters).
+	// Group, Topic (the DLQ topic) and Kind match exactly; Fingerprint
+	// (hexadecimal) matches exactly when it has all 12 digits, else by
+	// prefix.
 	Group, Topic, Kind, Fingerprint string
 	// Key matches the IdempotencyKey or the Kafka key exactly.
 	Key string
@@ -129,9 +129,9 @@ type Filter struct {
 	Status []Status
 	// Since and Until bound LastFailureAt: Since <= t < Until; zero: open.
 	Since, Until time.Time
-	// Partition and Offset, when Partition >= 0 and HasOffset, select the one
-	// record at that position of Topic (for the CLI's --partition/--offset).
-	// Leave HasOffset false otherwise.
+	// Partition and Offset, when HasOffset, select the record at that
+	// position (with Topic: the one record there; for the CLI's
+	// --partition/--offset). Ignored when HasOffset is false.
 	Partition int32
 	Offset    int64
 	HasOffset bool
