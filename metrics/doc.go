@@ -53,6 +53,13 @@
 //	idem_checkpoint_chunk_duration_seconds histogram  job                       one chunk: read, process, commit with the checkpoint
 //	idem_checkpoint_lock_wait_seconds      histogram  job                       waits for the job's advisory lock (another runner's chunk)
 //
+// The failure index (package console/index) exports three more gauges where
+// an indexer runs (idem console, or consumer.Run with the index switch),
+// documented with index.NewCollector: idem_dlq_unresolved and
+// idem_dlq_oldest_unresolved_seconds by group and topic, and
+// idem_dlq_retention_seconds by topic. The alert IdemDLQUnresolvedAging
+// compares the last two.
+//
 // # Reading them
 //
 // Success rate: rate(idem_messages_total{outcome=~"processed|duplicate"}) over

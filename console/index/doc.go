@@ -18,11 +18,21 @@
 // fails again is indexed as a new record whose PreviousID points at the
 // earlier one (same idempotency key, origin topic and group).
 //
-//	if err := index.Migrate(ctx, pool); err != nil { … }
+//	if err := index.Migrate(ctx, pool); err != nil { // consumer.Migrate does it too
+//		log.Fatal(err)
+//	}
 //	ix := &index.Indexer{Brokers: brokers, Pool: pool, Registerer: reg}
-//	go ix.Run(ctx)
+//	go ix.Run(ctx) // returns nil when ctx ends
+//
 //	s := index.NewStore(pool)
 //	page, err := s.List(ctx, index.Filter{Status: []index.Status{index.Unresolved}}, "", 50)
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	client, err := sarama.NewClient(brokers, index.ProducerConfig(nil))
+//	if err != nil {
+//		log.Fatal(err)
+//	}
 //	a := index.NewActions(s, client)
 //	res, err := a.Replay(ctx, "alice", index.Selection{IDs: []int64{page.Records[0].ID}}, "", 0, "fixed the bug")
 //

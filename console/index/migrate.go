@@ -13,7 +13,8 @@ import (
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
-// Migrate creates or upgrades the index's tables (idem_dlq_records,
+// Migrate creates or upgrades the index's tables (idem_dlq_records, the
+// per-group counts idem_dlq_groups with the triggers that keep them,
 // idem_dlq_versions, idem_dlq_audit); pgmigrate component "console-index".
 // It is idempotent and safe when several processes start at once.
 // db is a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx. consumer.Migrate (and

@@ -97,6 +97,7 @@ var imports = map[string]string{
 	"retrytopic": "github.com/idemhq/idem/retrytopic", "kafkaauth": "github.com/idemhq/idem/kafkaauth",
 	"outbox": "github.com/idemhq/idem/outbox", "saga": "github.com/idemhq/idem/saga",
 	"checkpoint": "github.com/idemhq/idem/checkpoint",
+	"index":      "github.com/idemhq/idem/console/index",
 }
 
 // goLike tells a block meant as Go from a table, a shell session or SQL: a
