@@ -21,8 +21,22 @@ services: ## start Kafka + PostgreSQL (idempotent); prints KAFKA_BROKERS and DAT
 services-down: ## stop what `make services` started (CLEAN=1 also deletes .state)
 	@bash scripts/services.sh down
 
-run: services ## run the payments example's demo against the local services
-	@$(WITH_ENV) $(GO) run ./examples/payments-consumer demo
+# The failure console `make run` starts beside the demo (loopback only, no login).
+CONSOLE_ADDR ?= 127.0.0.1:8088
+# CONSOLE_WAIT=0 stops the console when the demo ends instead of keeping it up until Ctrl-C.
+CONSOLE_WAIT ?= 1
+
+run: services ## run the payments example's demo against the local services, with the failure console (idem console) beside it at CONSOLE_ADDR
+	@mkdir -p $(STATE) && $(GO) build -o bin/idem ./cmd/idem
+	@$(WITH_ENV) set -m; ./bin/idem console --insecure-no-auth --listen $(CONSOLE_ADDR) --topic-refresh 2s > $(STATE)/console.log 2>&1 & cpid=$$!; \
+	trap 'kill -INT $$cpid 2>/dev/null; wait $$cpid 2>/dev/null' EXIT; \
+	for i in $$(seq 1 100); do grep -q 'idem console:' $(STATE)/console.log 2>/dev/null && break; \
+	  kill -0 $$cpid 2>/dev/null || { cat $(STATE)/console.log; exit 1; }; sleep 0.1; done; \
+	echo "failure console: http://$(CONSOLE_ADDR)/ (log: $(STATE)/console.log)"; \
+	$(GO) run ./examples/payments-consumer demo; rc=$$?; \
+	if [ $$rc -ne 0 ] || [ "$(CONSOLE_WAIT)" = 0 ]; then exit $$rc; fi; \
+	echo "the demo is done; the failure console still runs at http://$(CONSOLE_ADDR)/ (Ctrl-C stops it)"; \
+	wait $$cpid
 
 # The core pipeline tests, run again in batch mode and in lane mode
 # (consumer/helpers_test.go: IDEM_TEST_MODE).

@@ -126,6 +126,7 @@ name (idem dlq list --tls …). Errors print one line on stderr and exit 1.`,
 	root.AddCommand(newOrderingCmd(a))
 	root.AddCommand(newCheckpointCmd(a))
 	root.AddCommand(newOutboxCmd(a))
+	root.AddCommand(newConsoleCmd(a))
 	cobraCommands(root)
 	a.groups(root)
 	return root

@@ -1,0 +1,576 @@
+package console
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idemhq/idem/console/index"
+)
+
+// The JSON API's handlers. Each is registered in routes() and described in
+// openapi.yaml.
+
+type topicView struct {
+	Group                  string    `json:"group"`
+	Topic                  string    `json:"topic"`
+	Unresolved             int       `json:"unresolved"`
+	OldestUnresolved       time.Time `json:"oldest_unresolved,omitzero"`
+	OldestUnresolvedAgeSec float64   `json:"oldest_unresolved_age_seconds"`
+	ArrivalsLastHour       int       `json:"arrivals_last_hour"`
+	ArrivalsPerMinute      float64   `json:"arrivals_per_minute"`
+}
+
+func (s *server) overview(r *http.Request) ([]topicView, error) {
+	ts, err := s.cfg.Store.Overview(r.Context())
+	if err != nil {
+		return nil, err
+	}
+	now := s.cfg.Now()
+	out := make([]topicView, 0, len(ts))
+	for _, t := range ts {
+		v := topicView{Group: t.Group, Topic: t.Topic, Unresolved: t.Unresolved, OldestUnresolved: t.OldestUnresolved,
+			ArrivalsLastHour: t.ArrivalsLastHour, ArrivalsPerMinute: float64(t.ArrivalsLastHour) / 60}
+		if !t.OldestUnresolved.IsZero() {
+			v.OldestUnresolvedAgeSec = now.Sub(t.OldestUnresolved).Seconds()
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+func (s *server) apiOverview(w http.ResponseWriter, r *http.Request, _ identity) {
+	v, err := s.overview(r)
+	if err != nil {
+		s.fail(w, r, identity{}, true, err)
+		return
+	}
+	writeJSON200(w, http.StatusOK, map[string]any{"topics": v})
+}
+
+type groupView struct {
+	Fingerprint string    `json:"fingerprint"`
+	Kind        string    `json:"kind"`
+	Group       string    `json:"group"`
+	Topic       string    `json:"topic"`
+	SampleError string    `json:"sample_error"`
+	Count       int       `json:"count"`
+	Unresolved  int       `json:"unresolved"`
+	FirstSeen   time.Time `json:"first_seen"`
+	LastSeen    time.Time `json:"last_seen"`
+}
+
+func (s *server) groups(r *http.Request) ([]groupView, index.Filter, error) {
+	f, err := parseFilter(r.URL.Query())
+	if err != nil {
+		return nil, f, err
+	}
+	gs, err := s.cfg.Store.Groups(r.Context(), f)
+	if err != nil {
+		return nil, f, err
+	}
+	out := make([]groupView, 0, len(gs))
+	for _, g := range gs {
+		out = append(out, groupView{Fingerprint: g.Fingerprint, Kind: g.Kind, Group: g.Group, Topic: g.Topic,
+			SampleError: strings.ToValidUTF8(g.SampleError, "\uFFFD"), Count: g.Count, Unresolved: g.Unresolved,
+			FirstSeen: g.FirstSeen, LastSeen: g.LastSeen})
+	}
+	return out, f, nil
+}
+
+func (s *server) apiGroups(w http.ResponseWriter, r *http.Request, id identity) {
+	gs, _, err := s.groups(r)
+	if err != nil {
+		s.fail(w, r, id, true, err)
+		return
+	}
+	writeJSON200(w, http.StatusOK, map[string]any{"groups": gs})
+}
+
+// list reads one page of records by the request's filter, cursor and limit.
+func (s *server) list(r *http.Request) ([]recordView, string, index.Filter, error) {
+	q := r.URL.Query()
+	f, err := parseFilter(q)
+	if err != nil {
+		return nil, "", f, err
+	}
+	limit, err := parseLimit(q.Get("limit"))
+	if err != nil {
+		return nil, "", f, err
+	}
+	page, err := s.cfg.Store.List(r.Context(), f, q.Get("cursor"), limit)
+	if err != nil {
+		return nil, "", f, err
+	}
+	out := make([]recordView, 0, len(page.Records))
+	for _, rec := range page.Records {
+		out = append(out, s.listView(rec))
+	}
+	return out, page.Next, f, nil
+}
+
+func (s *server) apiRecords(w http.ResponseWriter, r *http.Request, id identity) {
+	recs, next, _, err := s.list(r)
+	if err != nil {
+		s.fail(w, r, id, true, err)
+		return
+	}
+	writeJSON200(w, http.StatusOK, map[string]any{"records": recs, "next": next})
+}
+
+func pathID(r *http.Request) (int64, error) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id <= 0 {
+		return 0, &inputError{code: http.StatusNotFound, field: "id", msg: fmt.Sprintf("record %q: no such record (ids are positive integers)", r.PathValue("id"))}
+	}
+	return id, nil
+}
+
+// record reads the record of the path's id; with reveal it checks the
+// operator role and audits the reveal first.
+func (s *server) record(r *http.Request, id identity, reveal bool) (index.Record, error) {
+	rid, err := pathID(r)
+	if err != nil {
+		return index.Record{}, err
+	}
+	if reveal {
+		if err := s.audited(r, id, rid); err != nil {
+			return index.Record{}, err
+		}
+	}
+	rec, err := s.cfg.Store.Get(r.Context(), rid)
+	if errors.Is(err, index.ErrNotFound) {
+		return rec, fmt.Errorf("record %d: %w", rid, err)
+	}
+	return rec, err
+}
+
+// audited checks that id may reveal record rid's payload and writes the
+// audit row that says it did. It fails when the row cannot be written: no
+// unaudited reveal.
+func (s *server) audited(r *http.Request, id identity, rid int64) error {
+	if id.Role < Operator {
+		return &inputError{code: http.StatusForbidden, field: "reveal", msg: fmt.Sprintf("forbidden: showing unmasked payloads needs the operator role; %s is %s", id.Name, id.Role)}
+	}
+	if _, err := s.cfg.Store.Get(r.Context(), rid); err != nil {
+		return fmt.Errorf("record %d: %w", rid, err)
+	}
+	return s.cfg.Store.WriteAudit(r.Context(), index.AuditEntry{
+		At: s.cfg.Now(), Actor: id.Name, Action: "reveal", RecordIDs: []int64{rid},
+		Detail: "unmasked payload shown (" + r.Method + " " + r.URL.Path + ")", Result: "ok",
+	})
+}
+
+func revealParam(r *http.Request) bool {
+	v, _ := strconv.ParseBool(r.URL.Query().Get("reveal"))
+	return v
+}
+
+func (s *server) apiRecord(w http.ResponseWriter, r *http.Request, id identity) {
+	reveal := revealParam(r)
+	rec, err := s.record(r, id, reveal)
+	if err != nil {
+		s.fail(w, r, id, true, err)
+		return
+	}
+	writeJSON200(w, http.StatusOK, s.detailView(rec, reveal))
+}
+
+// apiValue sends a record's stored value as a download: masked unless
+// reveal (then audited); a value that cannot be masked is refused.
+func (s *server) apiValue(w http.ResponseWriter, r *http.Request, id identity) {
+	s.value(w, r, id, true, revealParam(r))
+}
+
+func (s *server) value(w http.ResponseWriter, r *http.Request, id identity, api, reveal bool) {
+	rec, err := s.record(r, id, reveal)
+	if err != nil {
+		s.fail(w, r, id, api, err)
+		return
+	}
+	p := s.payload(rec.Value, rec.ValueSize, rec.ValueTruncated, reveal)
+	if p.Hidden {
+		s.fail(w, r, id, api, &inputError{code: http.StatusForbidden, field: "reveal",
+			msg: "the value is not JSON and masking is on: only an operator may download it, with reveal"})
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Disposition", fmt.Sprintf(`attachment; filename="record-%d-value.bin"`, rec.ID))
+	w.Header().Set("Content-Length", strconv.Itoa(len(p.raw)))
+	_, _ = w.Write(p.raw)
+}
+
+// actionRequest is the body of the record actions.
+type actionRequest struct {
+	// IDs selects records one by one.
+	IDs []int64 `json:"ids"`
+	// Filter selects every record that matches (a whole group: its
+	// fingerprint and status unresolved). Needs the admin role.
+	Filter *filterBody `json:"filter"`
+	// To is replay's target: "" for each record's origin topic, else a tier
+	// or other topic that must exist.
+	To string `json:"to"`
+	// Rate caps replay at this many records a second (0: no cap).
+	Rate   int    `json:"rate"`
+	Reason string `json:"reason"`
+}
+
+// filterBody is a Filter in a JSON body: the query parameters' names.
+type filterBody struct {
+	Group       string   `json:"group"`
+	Topic       string   `json:"topic"`
+	Kind        string   `json:"kind"`
+	Fingerprint string   `json:"fingerprint"`
+	Key         string   `json:"key"`
+	Error       string   `json:"error"`
+	Status      []string `json:"status"`
+	Since       string   `json:"since"`
+	Until       string   `json:"until"`
+}
+
+func (b *filterBody) values() map[string][]string {
+	return map[string][]string{
+		"group": {b.Group}, "topic": {b.Topic}, "kind": {b.Kind}, "fingerprint": {b.Fingerprint},
+		"key": {b.Key}, "error": {b.Error}, "status": b.Status, "since": {b.Since}, "until": {b.Until},
+	}
+}
+
+// decodeJSON reads a JSON body into v, refusing unknown fields and
+// trailing data.
+func decodeJSON(r *http.Request, v any) error {
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return &inputError{code: http.StatusRequestEntityTooLarge, msg: fmt.Sprintf("request body over %d bytes", mbe.Limit)}
+		}
+		return badInput("body", "request body is not valid JSON for this call: %v", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return badInput("body", "request body has data after its JSON value")
+	}
+	return nil
+}
+
+// selection checks an action's choice of records: ids or a filter, not
+// both and not neither; a filter needs the admin role.
+func selection(id identity, ids []int64, fb *filterBody) (index.Selection, error) {
+	switch {
+	case len(ids) > 0 && fb != nil:
+		return index.Selection{}, badInput("ids", "give ids or filter, not both")
+	case len(ids) == 0 && fb == nil:
+		return index.Selection{}, badInput("ids", "no records selected: give ids, or a filter (admin)")
+	case len(ids) > 0:
+		for _, x := range ids {
+			if x <= 0 {
+				return index.Selection{}, badInput("ids", "record id %d: ids are positive integers", x)
+			}
+		}
+		return index.Selection{IDs: ids}, nil
+	}
+	if id.Role < Admin {
+		return index.Selection{}, &inputError{code: http.StatusForbidden, field: "filter",
+			msg: fmt.Sprintf("forbidden: acting on a whole group or filter needs the admin role; %s is %s", id.Name, id.Role)}
+	}
+	f, err := parseFilter(fb.values())
+	if err != nil {
+		return index.Selection{}, err
+	}
+	if f.Fingerprint == "" && f.Group == "" && f.Topic == "" && f.Kind == "" && f.Key == "" && f.ErrorContains == "" {
+		return index.Selection{}, badInput("filter", "the filter selects every record: name at least a fingerprint, group, topic, kind, key or error")
+	}
+	return index.Selection{Filter: &f}, nil
+}
+
+// act runs one record action for the API or the UI.
+func (s *server) act(r *http.Request, id identity, action string, sel index.Selection, to string, rate int, reason string) (index.Result, error) {
+	reason = strings.TrimSpace(reason)
+	if rate < 0 {
+		return index.Result{}, badInput("rate", "rate %d: want 0 (no cap) or more records a second", rate)
+	}
+	ctx := r.Context()
+	switch action {
+	case "replay":
+		return s.cfg.Actions.Replay(ctx, id.Name, sel, strings.TrimSpace(to), rate, reason)
+	case "resolve":
+		return s.cfg.Actions.Resolve(ctx, id.Name, sel, reason)
+	case "archive":
+		if reason == "" {
+			return index.Result{}, badInput("reason", "archive needs a reason")
+		}
+		return s.cfg.Actions.Archive(ctx, id.Name, sel, reason)
+	}
+	return index.Result{}, &inputError{code: http.StatusNotFound, field: "action", msg: fmt.Sprintf("unknown action %q: want replay, resolve or archive", action)}
+}
+
+type resultView struct {
+	Matched      int      `json:"matched"`
+	Done         int      `json:"done"`
+	Skipped      int      `json:"skipped"`
+	SkippedStubs []int64  `json:"skipped_stubs"`
+	Errors       []string `json:"errors"`
+}
+
+func viewResult(res index.Result) resultView {
+	v := resultView{Matched: res.Matched, Done: res.Done, Skipped: res.Skipped, SkippedStubs: res.SkippedStubs, Errors: res.Errors}
+	if v.SkippedStubs == nil {
+		v.SkippedStubs = []int64{}
+	}
+	if v.Errors == nil {
+		v.Errors = []string{}
+	}
+	return v
+}
+
+// apiAction serves POST /api/actions/{action}.
+func (s *server) apiAction(w http.ResponseWriter, r *http.Request, id identity) {
+	var req actionRequest
+	if err := decodeJSON(r, &req); err != nil {
+		s.fail(w, r, id, true, err)
+		return
+	}
+	sel, err := selection(id, req.IDs, req.Filter)
+	if err != nil {
+		s.fail(w, r, id, true, err)
+		return
+	}
+	res, err := s.act(r, id, r.PathValue("action"), sel, req.To, req.Rate, req.Reason)
+	if err != nil {
+		s.fail(w, r, id, true, err)
+		return
+	}
+	writeJSON200(w, http.StatusOK, viewResult(res))
+}
+
+type editRequest struct {
+	// Value is the new payload, as text (JSON when the original is JSON).
+	Value *string `json:"value"`
+	// Reason says why (kept with the version and in the audit log).
+	Reason string `json:"reason"`
+}
+
+// editRetry validates and runs an edit and retry.
+func (s *server) editRetry(r *http.Request, id identity, rid int64, value *string, reason string) (index.Result, error) {
+	if value == nil {
+		return index.Result{}, badInput("value", "value is missing: give the new payload")
+	}
+	rec, err := s.cfg.Store.Get(r.Context(), rid)
+	if err != nil {
+		return index.Result{}, fmt.Errorf("record %d: %w", rid, err)
+	}
+	v := []byte(*value)
+	if json.Valid(rec.Value) || rec.Stub {
+		if !json.Valid(v) {
+			var x any
+			err := json.Unmarshal(v, &x)
+			return index.Result{}, badInput("value", "value is not valid JSON (the original is): %v", err)
+		}
+	}
+	return s.cfg.Actions.EditAndRetry(r.Context(), id.Name, rid, v, strings.TrimSpace(reason))
+}
+
+func (s *server) apiEditRetry(w http.ResponseWriter, r *http.Request, id identity) {
+	rid, err := pathID(r)
+	if err != nil {
+		s.fail(w, r, id, true, err)
+		return
+	}
+	var req editRequest
+	if err := decodeJSON(r, &req); err != nil {
+		s.fail(w, r, id, true, err)
+		return
+	}
+	res, err := s.editRetry(r, id, rid, req.Value, req.Reason)
+	if err != nil {
+		s.fail(w, r, id, true, err)
+		return
+	}
+	writeJSON200(w, http.StatusOK, viewResult(res))
+}
+
+type parkedView struct {
+	Group  string    `json:"group"`
+	Topic  string    `json:"topic"`
+	Key    string    `json:"key"`
+	Parked int       `json:"parked"`
+	Head   string    `json:"head"`
+	Since  time.Time `json:"since,omitzero"`
+}
+
+func (s *server) parked(r *http.Request) ([]parkedView, error) {
+	limit, err := parseLimit(r.URL.Query().Get("limit"))
+	if err != nil {
+		return nil, err
+	}
+	ks, err := s.cfg.Actions.ParkedKeys(r.Context(), limit)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]parkedView, 0, len(ks))
+	for _, k := range ks {
+		out = append(out, parkedView{Group: k.Group, Topic: k.Topic, Key: strings.ToValidUTF8(k.Key, "\uFFFD"), Parked: k.Parked, Head: k.Head, Since: k.Since})
+	}
+	return out, nil
+}
+
+func (s *server) apiParked(w http.ResponseWriter, r *http.Request, id identity) {
+	ks, err := s.parked(r)
+	if err != nil {
+		s.fail(w, r, id, true, err)
+		return
+	}
+	writeJSON200(w, http.StatusOK, map[string]any{"keys": ks})
+}
+
+type releaseRequest struct {
+	Group  string `json:"group"`
+	Topic  string `json:"topic"`
+	Key    string `json:"key"`
+	Reason string `json:"reason"`
+}
+
+func (s *server) release(r *http.Request, id identity, req releaseRequest) (index.Result, error) {
+	switch {
+	case strings.TrimSpace(req.Group) == "":
+		return index.Result{}, badInput("group", "group is missing")
+	case strings.TrimSpace(req.Topic) == "":
+		return index.Result{}, badInput("topic", "topic is missing")
+	case req.Key == "":
+		return index.Result{}, badInput("key", "key is missing")
+	case strings.TrimSpace(req.Reason) == "":
+		return index.Result{}, badInput("reason", "releasing a parked key needs a reason")
+	}
+	return s.cfg.Actions.ReleaseKey(r.Context(), id.Name, req.Group, req.Topic, req.Key, strings.TrimSpace(req.Reason))
+}
+
+func (s *server) apiRelease(w http.ResponseWriter, r *http.Request, id identity) {
+	var req releaseRequest
+	if err := decodeJSON(r, &req); err != nil {
+		s.fail(w, r, id, true, err)
+		return
+	}
+	res, err := s.release(r, id, req)
+	if err != nil {
+		s.fail(w, r, id, true, err)
+		return
+	}
+	writeJSON200(w, http.StatusOK, viewResult(res))
+}
+
+type outboxView struct {
+	ID        int64     `json:"id"`
+	Topic     string    `json:"topic"`
+	Key       string    `json:"key"`
+	Error     string    `json:"error"`
+	Attempts  int       `json:"attempts"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+func (s *server) outbox(r *http.Request) ([]outboxView, error) {
+	limit, err := parseLimit(r.URL.Query().Get("limit"))
+	if err != nil {
+		return nil, err
+	}
+	rows, err := s.cfg.Actions.FailedOutbox(r.Context(), limit)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]outboxView, 0, len(rows))
+	for _, o := range rows {
+		out = append(out, outboxView{ID: o.ID, Topic: o.Topic, Key: strings.ToValidUTF8(o.Key, "\uFFFD"),
+			Error: strings.ToValidUTF8(o.Error, "\uFFFD"), Attempts: o.Attempts, CreatedAt: o.CreatedAt})
+	}
+	return out, nil
+}
+
+func (s *server) apiOutbox(w http.ResponseWriter, r *http.Request, id identity) {
+	rows, err := s.outbox(r)
+	if err != nil {
+		s.fail(w, r, id, true, err)
+		return
+	}
+	writeJSON200(w, http.StatusOK, map[string]any{"rows": rows})
+}
+
+type outboxRetryRequest struct {
+	IDs    []int64 `json:"ids"`
+	Reason string  `json:"reason"`
+}
+
+func (s *server) retryOutbox(r *http.Request, id identity, req outboxRetryRequest) (index.Result, error) {
+	if len(req.IDs) == 0 {
+		return index.Result{}, badInput("ids", "no outbox rows selected")
+	}
+	return s.cfg.Actions.RetryOutbox(r.Context(), id.Name, req.IDs, strings.TrimSpace(req.Reason))
+}
+
+func (s *server) apiOutboxRetry(w http.ResponseWriter, r *http.Request, id identity) {
+	var req outboxRetryRequest
+	if err := decodeJSON(r, &req); err != nil {
+		s.fail(w, r, id, true, err)
+		return
+	}
+	res, err := s.retryOutbox(r, id, req)
+	if err != nil {
+		s.fail(w, r, id, true, err)
+		return
+	}
+	writeJSON200(w, http.StatusOK, viewResult(res))
+}
+
+type auditView struct {
+	ID        int64     `json:"id"`
+	At        time.Time `json:"at"`
+	Actor     string    `json:"actor"`
+	Action    string    `json:"action"`
+	RecordIDs []int64   `json:"record_ids"`
+	Detail    string    `json:"detail"`
+	Reason    string    `json:"reason"`
+	Result    string    `json:"result"`
+}
+
+func (s *server) audit(r *http.Request) ([]auditView, string, error) {
+	q := r.URL.Query()
+	limit, err := parseLimit(q.Get("limit"))
+	if err != nil {
+		return nil, "", err
+	}
+	es, next, err := s.cfg.Store.Audit(r.Context(), q.Get("cursor"), limit)
+	if err != nil {
+		return nil, "", err
+	}
+	out := make([]auditView, 0, len(es))
+	for _, e := range es {
+		ids := e.RecordIDs
+		if ids == nil {
+			ids = []int64{}
+		}
+		out = append(out, auditView{ID: e.ID, At: e.At, Actor: e.Actor, Action: e.Action, RecordIDs: ids,
+			Detail: e.Detail, Reason: e.Reason, Result: e.Result})
+	}
+	return out, next, nil
+}
+
+func (s *server) apiAudit(w http.ResponseWriter, r *http.Request, id identity) {
+	es, next, err := s.audit(r)
+	if err != nil {
+		s.fail(w, r, id, true, err)
+		return
+	}
+	writeJSON200(w, http.StatusOK, map[string]any{"entries": es, "next": next})
+}
+
+func (s *server) apiWhoami(w http.ResponseWriter, _ *http.Request, id identity) {
+	writeJSON200(w, http.StatusOK, map[string]string{"name": id.Name, "role": id.Role.String()})
+}
+
+func (s *server) apiOpenAPI(w http.ResponseWriter, _ *http.Request, _ identity) {
+	w.Header().Set("Content-Type", "application/yaml; charset=utf-8")
+	_, _ = w.Write(openapiYAML)
+}

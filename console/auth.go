@@ -1,0 +1,363 @@
+package console
+
+import (
+	"bufio"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Role is what a token may do. Roles are ordered: each includes the ones
+// before it.
+type Role int
+
+// The roles, weakest first.
+const (
+	// Viewer reads everything, with payloads masked.
+	Viewer Role = iota + 1
+	// Operator also acts on records chosen one by one (replay, resolve,
+	// archive, edit and retry), releases parked keys, retries failed outbox
+	// rows, and may reveal masked payloads (each reveal is audited).
+	Operator
+	// Admin also acts on whole failure groups and filters (every record that
+	// matches, however many).
+	Admin
+)
+
+// String returns the role's name as tokens files spell it.
+func (r Role) String() string {
+	switch r {
+	case Viewer:
+		return "viewer"
+	case Operator:
+		return "operator"
+	case Admin:
+		return "admin"
+	}
+	return "role(" + strconv.Itoa(int(r)) + ")"
+}
+
+// ParseRole reads "viewer", "operator" or "admin".
+func ParseRole(s string) (Role, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "viewer":
+		return Viewer, nil
+	case "operator":
+		return Operator, nil
+	case "admin":
+		return Admin, nil
+	}
+	return 0, fmt.Errorf("unknown role %q (want viewer, operator or admin)", s)
+}
+
+// Token is one accepted bearer token: who presents it and what they may do.
+type Token struct {
+	// Name identifies the holder in the audit log (letters, digits, . _ @ -).
+	Name string
+	// Role is what the holder may do.
+	Role Role
+	// Secret is the token itself, at least 16 characters.
+	Secret string
+}
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9._@-]{1,64}$`)
+
+func (t Token) validate() error {
+	switch {
+	case !nameRE.MatchString(t.Name):
+		return fmt.Errorf("name %q: use 1-64 letters, digits, '.', '_', '@' or '-'", t.Name)
+	case t.Role < Viewer || t.Role > Admin:
+		return fmt.Errorf("token %q: no role", t.Name)
+	case len(t.Secret) < 16:
+		return fmt.Errorf("token %q: secret has %d characters, want at least 16", t.Name, len(t.Secret))
+	case strings.ContainsAny(t.Secret, " \t\r\n,"):
+		return fmt.Errorf("token %q: secret contains white space or a comma", t.Name)
+	}
+	return nil
+}
+
+// ParseTokens reads a tokens file: one token a line, "ROLE NAME SECRET"
+// separated by white space; blank lines and lines starting with # are
+// ignored. Example:
+//
+//	# role     name    secret
+//	admin      alice   6f1c0e0c5d0a4b8e9d2f
+//	operator   oncall  b7e4a1d09c3f44e2a8b1
+//	viewer     grafana 0d9e8c7b6a5f4e3d2c1b
+func ParseTokens(r io.Reader) ([]Token, error) {
+	var out []Token
+	sc := bufio.NewScanner(r)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		f := strings.Fields(line)
+		if len(f) != 3 {
+			return nil, fmt.Errorf("tokens line %d: want \"ROLE NAME SECRET\", got %d fields", n, len(f))
+		}
+		t, err := newToken(f[0], f[1], f[2])
+		if err != nil {
+			return nil, fmt.Errorf("tokens line %d: %w", n, err)
+		}
+		out = append(out, t)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	return out, checkUnique(out)
+}
+
+// LoadTokens reads the tokens file at path (see ParseTokens).
+func LoadTokens(path string) ([]Token, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("tokens file: %w", err)
+	}
+	defer f.Close()
+	ts, err := ParseTokens(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return ts, nil
+}
+
+// TokensFromEnv reads tokens from an environment variable's value
+// (IDEM_CONSOLE_TOKENS for idem console): comma-separated
+// "ROLE:NAME:SECRET" entries, e.g. "admin:alice:6f1c…,viewer:ci:0d9e…".
+func TokensFromEnv(v string) ([]Token, error) {
+	var out []Token
+	for _, e := range strings.Split(v, ",") {
+		if e = strings.TrimSpace(e); e == "" {
+			continue
+		}
+		f := strings.SplitN(e, ":", 3)
+		if len(f) != 3 {
+			return nil, fmt.Errorf("token entry %d: want ROLE:NAME:SECRET", len(out)+1)
+		}
+		t, err := newToken(f[0], f[1], f[2])
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, t)
+	}
+	return out, checkUnique(out)
+}
+
+func newToken(role, name, secret string) (Token, error) {
+	r, err := ParseRole(role)
+	if err != nil {
+		return Token{}, err
+	}
+	t := Token{Name: name, Role: r, Secret: secret}
+	return t, t.validate()
+}
+
+func checkUnique(ts []Token) error {
+	seen := map[string]string{}
+	for _, t := range ts {
+		if other, ok := seen[t.Secret]; ok {
+			return fmt.Errorf("tokens %q and %q share a secret", other, t.Name)
+		}
+		seen[t.Secret] = t.Name
+	}
+	return nil
+}
+
+// identity is who a request acts as.
+type identity struct {
+	Name string
+	Role Role
+	// session is the session cookie's value when the request came with one
+	// (UI); "" for a bearer token (API). CSRF tokens derive from it.
+	session string
+}
+
+// auth checks credentials, sessions and CSRF tokens.
+type auth struct {
+	tokens   []Token
+	insecure bool
+	key      []byte
+	ttl      time.Duration
+	secure   bool
+	path     string
+	now      func() time.Time
+}
+
+const (
+	sessionCookie = "idem_console_session"
+	loginCookie   = "idem_console_login"
+	csrfField     = "csrf"
+	csrfHeader    = "X-CSRF-Token"
+)
+
+var errNoCredentials = errors.New("no credentials")
+
+// bearer returns the identity of the request's Authorization header, or
+// errNoCredentials when it has none.
+func (a *auth) bearer(r *http.Request) (identity, error) {
+	h := r.Header.Get("Authorization")
+	if h == "" {
+		return identity{}, errNoCredentials
+	}
+	scheme, secret, ok := strings.Cut(h, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return identity{}, errors.New("Authorization must be \"Bearer <token>\"")
+	}
+	t, ok := a.token(strings.TrimSpace(secret))
+	if !ok {
+		return identity{}, errors.New("unknown token")
+	}
+	return identity{Name: t.Name, Role: t.Role}, nil
+}
+
+// token finds the token whose secret is s, comparing in constant time.
+func (a *auth) token(s string) (Token, bool) {
+	sum := sha256.Sum256([]byte(s))
+	var found Token
+	ok := 0
+	for _, t := range a.tokens {
+		ts := sha256.Sum256([]byte(t.Secret))
+		if subtle.ConstantTimeCompare(sum[:], ts[:]) == 1 {
+			found, ok = t, 1
+		}
+	}
+	return found, ok == 1
+}
+
+// sign returns the base64url HMAC of the parts.
+func (a *auth) sign(parts ...string) string {
+	m := hmac.New(sha256.New, a.key)
+	for _, p := range parts {
+		m.Write([]byte(p))
+		m.Write([]byte{0})
+	}
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+// newSession returns a session cookie value for id: NAME|ROLE|EXPIRY|NONCE
+// followed by its signature.
+func (a *auth) newSession(id identity) string {
+	body := fmt.Sprintf("%s|%d|%d|%s", id.Name, id.Role, a.now().Add(a.ttl).Unix(), nonce())
+	return base64.RawURLEncoding.EncodeToString([]byte(body)) + "." + a.sign("session", body)
+}
+
+// session returns the identity of the request's session cookie, or
+// errNoCredentials when it has none.
+func (a *auth) session(r *http.Request) (identity, error) {
+	c, err := r.Cookie(sessionCookie)
+	if err != nil || c.Value == "" {
+		return identity{}, errNoCredentials
+	}
+	enc, sig, ok := strings.Cut(c.Value, ".")
+	raw, err := base64.RawURLEncoding.DecodeString(enc)
+	if !ok || err != nil || !hmac.Equal([]byte(sig), []byte(a.sign("session", string(raw)))) {
+		return identity{}, errors.New("invalid session")
+	}
+	f := strings.Split(string(raw), "|")
+	if len(f) != 4 {
+		return identity{}, errors.New("invalid session")
+	}
+	role, err1 := strconv.Atoi(f[1])
+	exp, err2 := strconv.ParseInt(f[2], 10, 64)
+	if err1 != nil || err2 != nil {
+		return identity{}, errors.New("invalid session")
+	}
+	if a.now().Unix() > exp {
+		return identity{}, errors.New("session expired")
+	}
+	id := identity{Name: f[0], Role: Role(role), session: c.Value}
+	if !a.insecure {
+		// A token removed from the tokens file ends its sessions at restart;
+		// a session never outranks its token.
+		if !a.hasName(id.Name, id.Role) {
+			return identity{}, errors.New("session's token is gone")
+		}
+	}
+	return id, nil
+}
+
+func (a *auth) hasName(name string, role Role) bool {
+	for _, t := range a.tokens {
+		if t.Name == name && t.Role >= role {
+			return true
+		}
+	}
+	return false
+}
+
+// csrf returns the CSRF token of a session.
+func (a *auth) csrf(id identity) string {
+	if id.session == "" {
+		return ""
+	}
+	return a.sign("csrf", id.session)
+}
+
+// checkCSRF reports whether r carries id's CSRF token, in the form field
+// csrf or the X-CSRF-Token header. API requests without a session (a bearer
+// token, or anonymous with InsecureNoAuth) need none: browsers never send a
+// bearer token on their own, and the API takes only application/json
+// bodies, which another site cannot post without CORS. A UI request always
+// needs one, so a form posted from another site (which carries no
+// SameSite=Strict cookie) is refused.
+func (a *auth) checkCSRF(r *http.Request, id identity, api bool) bool {
+	if id.session == "" {
+		return api
+	}
+	got := r.Header.Get(csrfHeader)
+	if got == "" {
+		got = r.PostFormValue(csrfField)
+	}
+	return got != "" && hmac.Equal([]byte(got), []byte(a.csrf(id)))
+}
+
+func (a *auth) setSession(w http.ResponseWriter, value string, maxAge int) {
+	http.SetCookie(w, &http.Cookie{
+		Name: sessionCookie, Value: value, Path: a.path, MaxAge: maxAge,
+		HttpOnly: true, Secure: a.secure, SameSite: http.SameSiteStrictMode,
+	})
+}
+
+// loginNonce returns the login form's CSRF token, setting the cookie it is
+// checked against when r has none.
+func (a *auth) loginNonce(w http.ResponseWriter, r *http.Request) string {
+	v := ""
+	if c, err := r.Cookie(loginCookie); err == nil && len(c.Value) >= 16 {
+		v = c.Value
+	} else {
+		v = nonce()
+		http.SetCookie(w, &http.Cookie{
+			Name: loginCookie, Value: v, Path: a.path, MaxAge: 3600,
+			HttpOnly: true, Secure: a.secure, SameSite: http.SameSiteStrictMode,
+		})
+	}
+	return a.sign("login", v)
+}
+
+// checkLogin reports whether the login form r posted carries the token
+// loginNonce gave it.
+func (a *auth) checkLogin(r *http.Request) bool {
+	c, err := r.Cookie(loginCookie)
+	got := r.PostFormValue(csrfField)
+	return err == nil && got != "" && hmac.Equal([]byte(got), []byte(a.sign("login", c.Value)))
+}
+
+func nonce() string {
+	var b [18]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand never fails on supported platforms
+	}
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}

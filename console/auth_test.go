@@ -1,0 +1,115 @@
+package console
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/idemhq/idem/console/index"
+)
+
+func TestParseTokens(t *testing.T) {
+	ts, err := ParseTokens(strings.NewReader("# comment\n\nadmin alice 0123456789abcdef0\n  viewer   ci   fedcba98765432100  \n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ts) != 2 || ts[0] != (Token{"alice", Admin, "0123456789abcdef0"}) || ts[1] != (Token{"ci", Viewer, "fedcba98765432100"}) {
+		t.Fatalf("got %+v", ts)
+	}
+	for _, bad := range []string{
+		"admin alice",                   // fields
+		"root alice 0123456789abcdef0",  // role
+		"admin alice short",             // secret length
+		"admin al|ce 0123456789abcdef0", // name
+		"admin a 0123456789abcdef0\nviewer b 0123456789abcdef0", // shared secret
+	} {
+		if _, err := ParseTokens(strings.NewReader(bad)); err == nil {
+			t.Errorf("ParseTokens(%q): no error", bad)
+		}
+	}
+	ts, err = TokensFromEnv("operator:bob:0123456789abcdef0, admin:eve:0123456789abcdef1")
+	if err != nil || len(ts) != 2 || ts[0].Role != Operator || ts[1].Name != "eve" {
+		t.Fatalf("TokensFromEnv: %+v, %v", ts, err)
+	}
+	if _, err := TokensFromEnv("operator:bob"); err == nil {
+		t.Error("TokensFromEnv without a secret: no error")
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	s := offlineServer(t)
+	ok := s.cfg
+	for name, mut := range map[string]func(*Config){
+		"no store":      func(c *Config) { c.Store = nil },
+		"no actions":    func(c *Config) { c.Actions = nil },
+		"no tokens":     func(c *Config) { c.Tokens = nil },
+		"short key":     func(c *Config) { c.SessionKey = []byte("short") },
+		"bad mask":      func(c *Config) { c.Mask = []string{"a..b"} },
+		"bad base path": func(c *Config) { c.BasePath = "console/" },
+	} {
+		c := ok
+		mut(&c)
+		if err := c.Validate(); err == nil {
+			t.Errorf("%s: Validate() = nil", name)
+		}
+	}
+	c := ok
+	c.Tokens, c.InsecureNoAuth = nil, true
+	if err := c.Validate(); err != nil {
+		t.Errorf("InsecureNoAuth without tokens: %v", err)
+	}
+}
+
+func TestBackStaysLocal(t *testing.T) {
+	s := offlineServer(t)
+	for in, want := range map[string]string{
+		"/records?status=unresolved": "/records?status=unresolved",
+		"//evil.example/x":           "/",
+		"https://evil.example/":      "/",
+		"/\\evil.example":            "/",
+		"javascript:alert(1)":        "/",
+		"":                           "/",
+	} {
+		if got := s.back(in); got != want {
+			t.Errorf("back(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// TestInsecureNoAuth: without authentication the console still refuses
+// forms without a session's CSRF token (a cross-site form carries no
+// SameSite=Strict cookie) and requests for a host that is not loopback
+// (DNS rebinding).
+func TestInsecureNoAuth(t *testing.T) {
+	st := index.NewStore(nil)
+	h, err := New(Config{Store: st, Actions: index.NewActions(st, nil), InsecureNoAuth: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	do := func(method, target, host, ctype, body string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(method, target, strings.NewReader(body))
+		req.Host = host
+		if ctype != "" {
+			req.Header.Set("Content-Type", ctype)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	if rec := do("GET", "/api/whoami", "127.0.0.1:8088", "", ""); rec.Code != 200 || !strings.Contains(rec.Body.String(), `"anonymous"`) || !strings.Contains(rec.Body.String(), `"admin"`) {
+		t.Errorf("whoami: %d %s", rec.Code, rec.Body)
+	}
+	if rec := do("GET", "/api/whoami", "localhost:8088", "", ""); rec.Code != 200 {
+		t.Errorf("whoami on localhost: %d", rec.Code)
+	}
+	if rec := do("GET", "/api/whoami", "rebind.example:8088", "", ""); rec.Code != http.StatusMisdirectedRequest {
+		t.Errorf("whoami for another host: %d, want 421", rec.Code)
+	}
+	if rec := do("POST", "/actions", "127.0.0.1:8088", "application/x-www-form-urlencoded", "action=resolve&ids=1"); rec.Code != http.StatusForbidden {
+		t.Errorf("form without a session: %d, want 403", rec.Code)
+	}
+	if rec := do("POST", "/api/actions/resolve", "127.0.0.1:8088", "text/plain", `{"ids":[1]}`); rec.Code != http.StatusUnsupportedMediaType {
+		t.Errorf("API POST as text/plain: %d, want 415", rec.Code)
+	}
+}

@@ -1,0 +1,131 @@
+package console
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/idemhq/idem/console/index"
+)
+
+// Defaults of Config.
+const (
+	// DefaultPageSize is the number of records a list page or API call
+	// returns when the request names no limit.
+	DefaultPageSize = 50
+	// MaxPageSize bounds the limit a request may ask for.
+	MaxPageSize = 500
+	// DefaultDisplayBytes is how much of a value or header the UI shows
+	// inline before it truncates the display and offers a download.
+	DefaultDisplayBytes = 16 << 10
+	// DefaultSessionTTL is how long a UI login lasts.
+	DefaultSessionTTL = 12 * time.Hour
+)
+
+// Config configures the console's handler. Store and Actions are required;
+// every other field has a usable zero value.
+type Config struct {
+	// Store reads the failure index (records, groups, overview, audit).
+	// Required.
+	Store *index.Store
+	// Actions changes it (replay, resolve, archive, edit and retry, parked
+	// keys, outbox rows); every action it runs writes an audit row.
+	// Required.
+	Actions *index.Actions
+
+	// Tokens are the accepted bearer tokens and the role of each. A UI user
+	// logs in with one of them and gets a session cookie. Load them with
+	// LoadTokens, ParseTokens or TokensFromEnv.
+	// Default: none, which New accepts only together with InsecureNoAuth.
+	Tokens []Token
+	// InsecureNoAuth turns authentication off: every request acts as the
+	// admin "anonymous". CSRF protection stays on. Callers must only set it
+	// when listening on a loopback address (idem console refuses otherwise).
+	// Default: false.
+	InsecureNoAuth bool
+
+	// Mask lists JSON paths whose values are masked in payloads shown by the
+	// UI and the API: dot-separated object keys, "*" for any key or array
+	// element, an optional leading "$.", e.g. "card.number",
+	// "$.customer.*.iban", "items.*.pan". When Mask is not empty, a payload
+	// that is not JSON cannot be masked and is hidden as a whole. Showing the
+	// unmasked value needs the operator role and writes an audit row.
+	// Default: none (payloads shown as they are).
+	Mask []string
+
+	// BasePath is the path prefix the handler is mounted under, without a
+	// trailing slash (e.g. "/console" with
+	// mux.Handle("/console/", http.StripPrefix("/console", h))). It is used
+	// to build links and the session cookie's path.
+	// Default: "" (mounted at the root).
+	BasePath string
+	// SessionKey signs session cookies and CSRF tokens (at least 32 bytes).
+	// Give every replica behind one load balancer the same key.
+	// Default: 32 random bytes per New (sessions end when the process does).
+	SessionKey []byte
+	// SessionTTL is how long a UI login lasts.
+	// Default: DefaultSessionTTL (12 h).
+	SessionTTL time.Duration
+	// SecureCookies marks the session cookie Secure (sent over HTTPS only).
+	// Set it when the console is served over TLS or behind a TLS proxy.
+	// Default: false.
+	SecureCookies bool
+	// DisplayBytes is how many bytes of a value or header the UI shows inline;
+	// longer values are truncated on screen with a download link.
+	// Default: DefaultDisplayBytes (16 KiB).
+	DisplayBytes int
+	// Logger receives request errors.
+	// Default: slog.Default().
+	Logger *slog.Logger
+	// Now is the clock (tests). Default: time.Now.
+	Now func() time.Time
+}
+
+// defaults returns c with every zero field set to its default.
+func (c Config) defaults() Config {
+	if c.SessionTTL == 0 {
+		c.SessionTTL = DefaultSessionTTL
+	}
+	if c.DisplayBytes == 0 {
+		c.DisplayBytes = DefaultDisplayBytes
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+// Validate reports the first field of c that cannot work.
+func (c Config) Validate() error {
+	switch {
+	case c.Store == nil:
+		return errors.New("console: Config.Store is nil")
+	case c.Actions == nil:
+		return errors.New("console: Config.Actions is nil")
+	case len(c.Tokens) == 0 && !c.InsecureNoAuth:
+		return errors.New("console: no tokens: give Config.Tokens (a tokens file or IDEM_CONSOLE_TOKENS), or set InsecureNoAuth on a loopback listener")
+	case c.SessionKey != nil && len(c.SessionKey) < 32:
+		return fmt.Errorf("console: Config.SessionKey has %d bytes, want at least 32", len(c.SessionKey))
+	case c.SessionTTL < 0:
+		return fmt.Errorf("console: Config.SessionTTL %s is negative", c.SessionTTL)
+	case c.DisplayBytes < 0:
+		return fmt.Errorf("console: Config.DisplayBytes %d is negative", c.DisplayBytes)
+	case c.BasePath != "" && (c.BasePath[0] != '/' || c.BasePath[len(c.BasePath)-1] == '/'):
+		return fmt.Errorf("console: Config.BasePath %q must start with / and not end with one", c.BasePath)
+	}
+	for i, t := range c.Tokens {
+		if err := t.validate(); err != nil {
+			return fmt.Errorf("console: Config.Tokens[%d]: %w", i, err)
+		}
+	}
+	for _, p := range c.Mask {
+		if _, err := parseMaskPath(p); err != nil {
+			return fmt.Errorf("console: Config.Mask: %w", err)
+		}
+	}
+	return nil
+}

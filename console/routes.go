@@ -1,0 +1,63 @@
+package console
+
+import (
+	"embed"
+	"net/http"
+)
+
+// openapiYAML describes the JSON API; TestOpenAPIMatchesRoutes checks it
+// against routes() both ways.
+//
+//go:embed openapi.yaml
+var openapiYAML []byte
+
+//go:embed static
+var staticFS embed.FS
+
+// routes lists every endpoint the console serves.
+func (s *server) routes() []route {
+	return []route{
+		// JSON API.
+		{method: "GET", path: "/api/openapi.yaml", api: true, public: true, h: s.apiOpenAPI},
+		{method: "GET", path: "/api/whoami", api: true, role: Viewer, h: s.apiWhoami},
+		{method: "GET", path: "/api/overview", api: true, role: Viewer, h: s.apiOverview},
+		{method: "GET", path: "/api/groups", api: true, role: Viewer, h: s.apiGroups},
+		{method: "GET", path: "/api/records", api: true, role: Viewer, h: s.apiRecords},
+		{method: "GET", path: "/api/records/{id}", api: true, role: Viewer, h: s.apiRecord},
+		{method: "GET", path: "/api/records/{id}/value", api: true, role: Viewer, h: s.apiValue},
+		{method: "POST", path: "/api/records/{id}/edit-retry", api: true, role: Operator, h: s.apiEditRetry},
+		{method: "POST", path: "/api/actions/{action}", api: true, role: Operator, h: s.apiAction},
+		{method: "GET", path: "/api/parked-keys", api: true, role: Viewer, h: s.apiParked},
+		{method: "POST", path: "/api/parked-keys/release", api: true, role: Operator, h: s.apiRelease},
+		{method: "GET", path: "/api/outbox/failed", api: true, role: Viewer, h: s.apiOutbox},
+		{method: "POST", path: "/api/outbox/retry", api: true, role: Operator, h: s.apiOutboxRetry},
+		{method: "GET", path: "/api/audit", api: true, role: Viewer, h: s.apiAudit},
+
+		// Web UI.
+		{method: "GET", path: "/static/", public: true, h: s.static},
+		{method: "GET", path: "/login", public: true, h: s.loginPage},
+		{method: "POST", path: "/login", public: true, h: s.login},
+		{method: "POST", path: "/logout", role: Viewer, h: s.logout},
+		{method: "GET", path: "/{$}", role: Viewer, h: s.uiOverview},
+		{method: "GET", path: "/groups", role: Viewer, h: s.uiGroups},
+		{method: "GET", path: "/records", role: Viewer, h: s.uiRecords},
+		{method: "GET", path: "/records/{id}", role: Viewer, h: s.uiRecord},
+		{method: "POST", path: "/records/{id}/reveal", role: Operator, h: s.uiReveal},
+		{method: "GET", path: "/records/{id}/value", role: Viewer, h: s.uiValue},
+		{method: "POST", path: "/records/{id}/value", role: Operator, h: s.uiRevealValue},
+		{method: "POST", path: "/records/{id}/edit", role: Operator, h: s.uiEdit},
+		{method: "POST", path: "/records/{id}/edit-retry", role: Operator, h: s.uiEditRetry},
+		{method: "POST", path: "/actions", role: Operator, h: s.uiAction},
+		{method: "GET", path: "/parked-keys", role: Viewer, h: s.uiParked},
+		{method: "POST", path: "/parked-keys/release", role: Operator, h: s.uiRelease},
+		{method: "GET", path: "/outbox", role: Viewer, h: s.uiOutbox},
+		{method: "POST", path: "/outbox/retry", role: Operator, h: s.uiOutboxRetry},
+		{method: "GET", path: "/audit", role: Viewer, h: s.uiAudit},
+	}
+}
+
+// static serves the embedded CSS and the vendored htmx.
+func (s *server) static(w http.ResponseWriter, r *http.Request, _ identity) {
+	w.Header().Set("Cache-Control", "public, max-age=3600")
+	http.FileServerFS(staticFS).ServeHTTP(w, r)
+}
