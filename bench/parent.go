@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -143,8 +144,8 @@ func (b *bench) throughput(ctx context.Context, s Scenario, topic string, record
 	var runs []runResult
 	for i := range b.o.runs {
 		a := childArgs{scenario: s.Name, topic: topic, group: b.group(s, fmt.Sprint("run", i+1)), limit: res.Records}
-		if i == 0 && b.o.profile != "" && lookupSlug(b.o.profile) == s.Slug() {
-			a.cpuprofile, a.memprofile = b.o.cpuprofile, b.o.memprofile
+		if i == 0 {
+			a.cpuprofile, a.memprofile = b.profiles(s)
 		}
 		r, err := b.child(ctx, a, nil)
 		if err != nil {
@@ -163,12 +164,26 @@ func (b *bench) throughput(ctx context.Context, s Scenario, topic string, record
 	return res, nil
 }
 
-func lookupSlug(name string) string {
-	s, err := lookup(name)
-	if err != nil {
-		return ""
+// profiles returns where s's first run writes its CPU and allocation
+// profiles ("" for none): -cpuprofile and -memprofile if s is the one
+// -profile scenario; with several, each file name gets "-<slug>" before its
+// extension.
+func (b *bench) profiles(s Scenario) (cpu, mem string) {
+	if b.o.profile == "" {
+		return "", ""
 	}
-	return s.Slug()
+	scen, err := selectScenarios(b.o.profile)
+	if err != nil || !slices.ContainsFunc(scen, func(p Scenario) bool { return p.Slug() == s.Slug() }) {
+		return "", ""
+	}
+	name := func(path string) string {
+		if path == "" || len(scen) == 1 {
+			return path
+		}
+		ext := filepath.Ext(path)
+		return strings.TrimSuffix(path, ext) + "-" + s.Slug() + ext
+	}
+	return name(b.o.cpuprofile), name(b.o.memprofile)
 }
 
 // latency produces at half of res.MsgsPerSec (capped) into a fresh topic

@@ -24,6 +24,7 @@ type scenarioResult struct {
 	MsgsPerSec      float64   `json:"msgs_per_sec"`
 	RunsMsgsPerSec  []float64 `json:"runs_msgs_per_sec"`
 	VsRawSarama     float64   `json:"vs_raw_sarama,omitempty"`
+	VsRawKgo        float64   `json:"vs_raw_kgo,omitempty"`
 	VsNaiveLoop     float64   `json:"vs_naive_loop,omitempty"`
 	Versus          string    `json:"versus,omitempty"`
 	VsVersus        float64   `json:"vs_versus,omitempty"`
@@ -106,16 +107,17 @@ func procField[T any](path, field string, parse func(string) T) T {
 	return zero
 }
 
-// ratios fills vs raw sarama (every row), vs the naive loop (PG rows) and
-// vs the scenario's Versus.
+// ratios fills vs raw sarama and vs raw kgo (every row), vs the naive loop
+// (PG rows) and vs the scenario's Versus.
 func (r *report) ratios() {
-	var raw, naive float64
+	var naive float64
+	ceilings := map[ceiling]float64{}
 	byName := map[string]float64{}
 	for _, s := range r.Scenarios {
 		if sc, err := lookup(s.Name); err == nil && s.Error == "" {
 			byName[sc.Name] = s.MsgsPerSec
-			if sc.Ceiling {
-				raw = s.MsgsPerSec
+			if sc.Ceiling != notCeiling {
+				ceilings[sc.Ceiling] = s.MsgsPerSec
 			}
 			if sc.Naive {
 				naive = s.MsgsPerSec
@@ -127,8 +129,11 @@ func (r *report) ratios() {
 		if s.Error != "" {
 			continue
 		}
-		if raw > 0 {
+		if raw := ceilings[ceilingSarama]; raw > 0 {
 			s.VsRawSarama = s.MsgsPerSec / raw
+		}
+		if raw := ceilings[ceilingKgo]; raw > 0 {
+			s.VsRawKgo = s.MsgsPerSec / raw
 		}
 		if naive > 0 && s.PG {
 			s.VsNaiveLoop = s.MsgsPerSec / naive
@@ -144,7 +149,7 @@ func (r *report) write(dir string, chart bool) error {
 	r.Notes = append(r.Notes,
 		"msgs/s: steady throughput, first record done to the quota-th, median of the runs; join s apart (start of the consumer to the first record done)",
 		"peak RSS and CPU s: of the run's child process (ru_maxrss, user+sys), including the join",
-		fmt.Sprintf("latency: record timestamp to handler done (idem, Watermill ack) or offset marked (sarama loops), records produced at half the scenario's throughput (at most %.0f msgs/s) into a fresh topic once the group has joined", r.LatencyMaxRate),
+		fmt.Sprintf("latency: record timestamp to handler done (idem, Watermill ack) or offset marked (sarama and kgo loops), records produced at half the scenario's throughput (at most %.0f msgs/s) into a fresh topic once the group has joined", r.LatencyMaxRate),
 		"idem PG: Done is reported when the handler returns, just before idem's COMMIT",
 	)
 	table := r.table()
@@ -183,8 +188,8 @@ func (r *report) table() string {
 	if r.Mode == "" {
 		fmt.Fprintf(&sb, "Topic: %d records of %d bytes, %d partitions, LZ4, keys k0…k%d; median of %d runs; latency %.0fs per scenario.\n\n",
 			r.Records, r.Size, r.Partitions, keyCount-1, r.Runs, r.LatencySeconds)
-		sb.WriteString("| scenario | records | msgs/s | vs raw sarama | vs naive | vs other | p50 ms | p95 ms | p99 ms | at msgs/s | peak RSS MiB | CPU s | CPU µs/msg | join s |\n")
-		sb.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+		sb.WriteString("| scenario | records | msgs/s | vs raw sarama | vs raw kgo | vs naive | vs other | p50 ms | p95 ms | p99 ms | at msgs/s | peak RSS MiB | CPU s | CPU µs/msg | join s |\n")
+		sb.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	} else {
 		fmt.Fprintf(&sb, "Flat RSS: records of %d bytes, %d partitions; median of %d runs.\n\n", r.Size, r.Partitions, r.Runs)
 		sb.WriteString("| scenario | records | msgs/s | peak RSS MiB | CPU s | join s |\n|---|--:|--:|--:|--:|--:|\n")
@@ -203,9 +208,9 @@ func (r *report) table() string {
 		if s.Versus != "" {
 			other = ratio(s.VsVersus) + " × " + s.Versus
 		}
-		fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f | %.1f | %.2f | %.2f |\n",
+		fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f | %.1f | %.2f | %.2f |\n",
 			s.Name, thousands(float64(s.Records)), thousands(s.MsgsPerSec),
-			ratio(s.VsRawSarama), ratio(s.VsNaiveLoop), other,
+			ratio(s.VsRawSarama), ratio(s.VsRawKgo), ratio(s.VsNaiveLoop), other,
 			msCell(s.P50ms, s.LatencyRecords), msCell(s.P95ms, s.LatencyRecords), msCell(s.P99ms, s.LatencyRecords),
 			rateCell(s.LatencyRate), mib(s.PeakRSSBytes), s.CPUSeconds, s.CPUMicrosPerMsg, s.JoinSeconds)
 	}
