@@ -133,6 +133,7 @@ const memStateBits = 3
 type memTable struct {
 	slots []memKey
 	n     int
+	sink  uint64 // see touch
 }
 
 func (t *memTable) home(k memKey) int { return int(k[1]>>2) & (len(t.slots) - 1) }
@@ -153,6 +154,11 @@ func (t *memTable) find(k memKey) (int, memState) {
 			return i, 0
 		}
 	}
+}
+
+// touch loads the home slot of k (into sink), to bring it into the cache.
+func (t *memTable) touch(k memKey) {
+	t.sink = t.slots[t.home(k)][0]
 }
 
 // add puts k, absent, with state st (not 0) at slot i, the empty slot find
@@ -336,6 +342,11 @@ func (m *Memory) acquire(ctx context.Context, k memKey) (dup bool, err error) {
 			return false, &StoreError{Op: "lock", Err: err}
 		}
 		sh.mu.Lock()
+		if m.perShard > 0 && sh.order.n >= m.perShard {
+			// Recording k will evict the oldest key: load its slot now, so
+			// that its cache miss overlaps k's instead of following it.
+			sh.keys.touch(sh.order.oldest().k)
+		}
 		i, st := sh.keys.find(k)
 		if st == memDone && m.maxAge > 0 {
 			m.expire(sh, m.now()) // k leaves if it is too old
