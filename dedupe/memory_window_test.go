@@ -55,6 +55,24 @@ func TestMemoryWindowConformance(t *testing.T) {
 	}
 }
 
+// A window of the last 100,000 keys, none kept longer than 10 minutes: a
+// redelivery within the window is a Duplicate.
+func ExampleNewMemory() {
+	store := dedupe.NewMemory(dedupe.WithMaxKeys(100_000), dedupe.WithMaxAge(10*time.Minute))
+	rec := dedupe.Record{Group: "payments", Key: "pay-42"}
+	for range 2 {
+		out, err := store.Process(context.Background(), rec, func(context.Context) error {
+			fmt.Println("charging pay-42")
+			return nil
+		})
+		fmt.Println(out, err)
+	}
+	// Output:
+	// charging pay-42
+	// processed <nil>
+	// duplicate <nil>
+}
+
 // mustProcess calls s.Process with a no-op fn and checks the outcome.
 func mustProcess(t *testing.T, s dedupe.Store, group, key string, want dedupe.Outcome) {
 	t.Helper()
