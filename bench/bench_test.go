@@ -152,3 +152,23 @@ func TestProfiles(t *testing.T) {
 		t.Errorf("two scenarios: %q, %q", c, m)
 	}
 }
+
+// TestMeterSteadyCPU: the CPU spent between the first record done and the
+// quota-th is reported per record, and the CPU before the first is not.
+func TestMeterSteadyCPU(t *testing.T) {
+	spin := func(d time.Duration) { // burn CPU, not wall time
+		start := processCPU()
+		for processCPU()-start < int64(d) {
+		}
+	}
+	m := newMeter(3, false, 0, func() {})
+	spin(100 * time.Millisecond) // the "join": left out
+	m.Done(time.Now())
+	spin(20 * time.Millisecond)
+	m.Done(time.Now())
+	m.Done(time.Now())
+	got := m.result().SteadyCPUMicrosPerMsg // 20 ms over 2 records: about 10,000 µs each
+	if got < 9_000 || got > 40_000 {
+		t.Fatalf("steady CPU %.0f µs/msg, want about 10,000 (20 ms over 2 records, the 100 ms before left out)", got)
+	}
+}

@@ -151,8 +151,8 @@ func (b *bench) throughput(ctx context.Context, s Scenario, topic string, record
 		if err != nil {
 			return res, err
 		}
-		logf("  %-22s run %d: %9.0f msgs/s  join %.2fs  rss %4.0f MiB  cpu %.1fs", s.Name, i+1,
-			r.MsgsPerSec, r.JoinSeconds, mib(r.PeakRSSBytes), r.CPUSeconds)
+		logf("  %-22s run %d: %9.0f msgs/s  join %.2fs  rss %4.0f MiB  cpu %.1fs (steady %.2f µs/msg)", s.Name, i+1,
+			r.MsgsPerSec, r.JoinSeconds, mib(r.PeakRSSBytes), r.CPUSeconds, r.SteadyCPUMicrosPerMsg)
 		runs = append(runs, r)
 		res.RunsMsgsPerSec = append(res.RunsMsgsPerSec, r.MsgsPerSec)
 	}
@@ -161,6 +161,7 @@ func (b *bench) throughput(ctx context.Context, s Scenario, topic string, record
 	res.PeakRSSBytes = int64(median(runs, func(r runResult) float64 { return float64(r.PeakRSSBytes) }))
 	res.CPUSeconds = median(runs, func(r runResult) float64 { return r.CPUSeconds })
 	res.CPUMicrosPerMsg = res.CPUSeconds / float64(res.Records) * 1e6
+	res.SteadyCPUMicrosPerMsg = median(runs, func(r runResult) float64 { return r.SteadyCPUMicrosPerMsg })
 	return res, nil
 }
 

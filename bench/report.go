@@ -32,12 +32,15 @@ type scenarioResult struct {
 	PeakRSSBytes    int64     `json:"peak_rss_bytes"`
 	CPUSeconds      float64   `json:"cpu_seconds"`
 	CPUMicrosPerMsg float64   `json:"cpu_us_per_msg"`
-	LatencyRate     float64   `json:"latency_rate_msgs_per_sec,omitempty"`
-	LatencyRecords  int       `json:"latency_records,omitempty"`
-	P50ms           float64   `json:"p50_ms"`
-	P95ms           float64   `json:"p95_ms"`
-	P99ms           float64   `json:"p99_ms"`
-	Error           string    `json:"error,omitempty"`
+	// SteadyCPUMicrosPerMsg: CPU per record from the first record done to
+	// the last (median of the runs), without the join and start-up.
+	SteadyCPUMicrosPerMsg float64 `json:"steady_cpu_us_per_msg"`
+	LatencyRate           float64 `json:"latency_rate_msgs_per_sec,omitempty"`
+	LatencyRecords        int     `json:"latency_records,omitempty"`
+	P50ms                 float64 `json:"p50_ms"`
+	P95ms                 float64 `json:"p95_ms"`
+	P99ms                 float64 `json:"p99_ms"`
+	Error                 string  `json:"error,omitempty"`
 }
 
 // machineInfo describes where the numbers come from.
@@ -148,7 +151,7 @@ func (r *report) ratios() {
 func (r *report) write(dir string, chart bool) error {
 	r.Notes = append(r.Notes,
 		"msgs/s: steady throughput, first record done to the quota-th, median of the runs; join s apart (start of the consumer to the first record done)",
-		"peak RSS and CPU s: of the run's child process (ru_maxrss, user+sys), including the join",
+		"peak RSS and CPU s: of the run's child process (ru_maxrss, user+sys), including the join; CPU µs/msg: CPU s over the records; steady CPU µs/msg: the child's CPU from its first record done to the last, per record (no join, no start-up)",
 		fmt.Sprintf("latency: record timestamp to handler done (idem, Watermill ack) or offset marked (sarama and kgo loops), records produced at half the scenario's throughput (at most %.0f msgs/s) into a fresh topic once the group has joined", r.LatencyMaxRate),
 		"idem PG: Done is reported when the handler returns, just before idem's COMMIT",
 	)
@@ -188,8 +191,8 @@ func (r *report) table() string {
 	if r.Mode == "" {
 		fmt.Fprintf(&sb, "Topic: %d records of %d bytes, %d partitions, LZ4, keys k0…k%d; median of %d runs; latency %.0fs per scenario.\n\n",
 			r.Records, r.Size, r.Partitions, keyCount-1, r.Runs, r.LatencySeconds)
-		sb.WriteString("| scenario | records | msgs/s | vs raw sarama | vs raw kgo | vs naive | vs other | p50 ms | p95 ms | p99 ms | at msgs/s | peak RSS MiB | CPU s | CPU µs/msg | join s |\n")
-		sb.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+		sb.WriteString("| scenario | records | msgs/s | vs raw sarama | vs raw kgo | vs naive | vs other | p50 ms | p95 ms | p99 ms | at msgs/s | peak RSS MiB | CPU s | CPU µs/msg | steady CPU µs/msg | join s |\n")
+		sb.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	} else {
 		fmt.Fprintf(&sb, "Flat RSS: records of %d bytes, %d partitions; median of %d runs.\n\n", r.Size, r.Partitions, r.Runs)
 		sb.WriteString("| scenario | records | msgs/s | peak RSS MiB | CPU s | join s |\n|---|--:|--:|--:|--:|--:|\n")
@@ -208,11 +211,11 @@ func (r *report) table() string {
 		if s.Versus != "" {
 			other = ratio(s.VsVersus) + " × " + s.Versus
 		}
-		fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f | %.1f | %.2f | %.2f |\n",
+		fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f | %.1f | %.2f | %.2f | %.2f |\n",
 			s.Name, thousands(float64(s.Records)), thousands(s.MsgsPerSec),
 			ratio(s.VsRawSarama), ratio(s.VsRawKgo), ratio(s.VsNaiveLoop), other,
 			msCell(s.P50ms, s.LatencyRecords), msCell(s.P95ms, s.LatencyRecords), msCell(s.P99ms, s.LatencyRecords),
-			rateCell(s.LatencyRate), mib(s.PeakRSSBytes), s.CPUSeconds, s.CPUMicrosPerMsg, s.JoinSeconds)
+			rateCell(s.LatencyRate), mib(s.PeakRSSBytes), s.CPUSeconds, s.CPUMicrosPerMsg, s.SteadyCPUMicrosPerMsg, s.JoinSeconds)
 	}
 	return sb.String()
 }
