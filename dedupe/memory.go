@@ -309,7 +309,8 @@ func (m *Memory) now() int64 {
 	return int64(m.clock().Sub(m.epoch))
 }
 
-// Process implements Store. fn runs without a transaction (Tx(ctx) is nil).
+// Process implements Store. fn runs without a store transaction: ctx carries
+// none.
 func (m *Memory) Process(ctx context.Context, rec Record, fn func(ctx context.Context) error) (Outcome, error) {
 	if err := checkRecord(rec); err != nil {
 		return 0, err
