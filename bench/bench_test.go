@@ -172,3 +172,11 @@ func TestMeterSteadyCPU(t *testing.T) {
 		t.Fatalf("steady CPU %.0f µs/msg, want about 10,000 (20 ms over 2 records, the 100 ms before left out)", got)
 	}
 }
+
+func TestLoadAvg(t *testing.T) {
+	for in, want := range map[string]float64{"2.48 2.44 2.29 3/812 12345\n": 2.48, "": 0, "x": 0} {
+		if got := parseLoadAvg(in); got != want {
+			t.Errorf("parseLoadAvg(%q) = %v, want %v", in, got, want)
+		}
+	}
+}

@@ -279,6 +279,7 @@ func runBench(ctx context.Context, o options, scen []Scenario) error {
 	rep := report{StartedAt: start.UTC(), Records: o.records, Size: o.size, Partitions: o.partitions, Runs: o.runs,
 		LatencySeconds: o.latDuration.Seconds(), LatencyMaxRate: o.latMaxRate}
 	rep.Machine = machine(ctx, b.k)
+	rep.LoadAvg[0] = loadAvg()
 	logf("machine: %d cores, %.1f GiB, Kafka %s, PostgreSQL %s", rep.Machine.Cores, float64(rep.Machine.MemoryBytes)/(1<<30), rep.Machine.Kafka, rep.Machine.Postgres)
 	if rep.Topic, err = b.dataTopic(ctx, o.records); err != nil {
 		return err
@@ -301,6 +302,7 @@ func runBench(ctx context.Context, o options, scen []Scenario) error {
 	}
 	rep.ratios()
 	rep.WallSeconds = time.Since(start).Seconds()
+	rep.LoadAvg[1] = loadAvg()
 	return rep.write(o.out, true)
 }
 
@@ -314,6 +316,7 @@ func runFlatRSS(ctx context.Context, o options, sizes []int, scen []Scenario) er
 	defer b.close()
 	rep := report{StartedAt: start.UTC(), Size: o.size, Partitions: o.partitions, Runs: o.runs, Mode: "flat-rss"}
 	rep.Machine = machine(ctx, b.k)
+	rep.LoadAvg[0] = loadAvg()
 	for _, n := range sizes {
 		topic, err := b.dataTopic(ctx, n)
 		if err != nil {
@@ -334,6 +337,7 @@ func runFlatRSS(ctx context.Context, o options, sizes []int, scen []Scenario) er
 		}
 	}
 	rep.WallSeconds = time.Since(start).Seconds()
+	rep.LoadAvg[1] = loadAvg()
 	return rep.write(o.out, false)
 }
 

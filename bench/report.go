@@ -55,19 +55,23 @@ type machineInfo struct {
 }
 
 type report struct {
-	Mode           string           `json:"mode,omitempty"`
-	StartedAt      time.Time        `json:"started_at"`
-	WallSeconds    float64          `json:"wall_seconds"`
-	Topic          string           `json:"topic,omitempty"`
-	Records        int              `json:"records,omitempty"`
-	Size           int              `json:"record_bytes"`
-	Partitions     int              `json:"partitions"`
-	Runs           int              `json:"runs"`
-	LatencySeconds float64          `json:"latency_seconds,omitempty"`
-	LatencyMaxRate float64          `json:"latency_max_rate,omitempty"`
-	Machine        machineInfo      `json:"machine"`
-	Scenarios      []scenarioResult `json:"scenarios"`
-	Notes          []string         `json:"notes"`
+	Mode           string      `json:"mode,omitempty"`
+	StartedAt      time.Time   `json:"started_at"`
+	WallSeconds    float64     `json:"wall_seconds"`
+	Topic          string      `json:"topic,omitempty"`
+	Records        int         `json:"records,omitempty"`
+	Size           int         `json:"record_bytes"`
+	Partitions     int         `json:"partitions"`
+	Runs           int         `json:"runs"`
+	LatencySeconds float64     `json:"latency_seconds,omitempty"`
+	LatencyMaxRate float64     `json:"latency_max_rate,omitempty"`
+	Machine        machineInfo `json:"machine"`
+	// LoadAvg is the 1-minute load average (/proc/loadavg) when the run
+	// started and when it ended: above the core count, other work shared
+	// the machine and msgs/s suffer more than steady CPU µs/msg.
+	LoadAvg   [2]float64       `json:"load_avg_start_end"`
+	Scenarios []scenarioResult `json:"scenarios"`
+	Notes     []string         `json:"notes"`
 }
 
 func machine(ctx context.Context, k *kafka) machineInfo {
@@ -87,6 +91,25 @@ func machine(ctx context.Context, k *kafka) machineInfo {
 		}
 	}
 	return m
+}
+
+// loadAvg is the 1-minute load average, 0 if /proc/loadavg cannot be read.
+func loadAvg() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	return parseLoadAvg(string(b))
+}
+
+// parseLoadAvg reads the first field of /proc/loadavg's text.
+func parseLoadAvg(s string) float64 {
+	f := strings.Fields(s)
+	if len(f) == 0 {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(f[0], 64)
+	return v
 }
 
 func procString(path, field string) string {
@@ -186,8 +209,8 @@ func (r *report) write(dir string, chart bool) error {
 func (r *report) table() string {
 	var sb strings.Builder
 	m := r.Machine
-	fmt.Fprintf(&sb, "\nMachine: %d cores (%s), %.1f GiB; Kafka %s; PostgreSQL %s; %s %s.\n",
-		m.Cores, m.CPU, float64(m.MemoryBytes)/(1<<30), m.Kafka, m.Postgres, m.Go, m.OS)
+	fmt.Fprintf(&sb, "\nMachine: %d cores (%s), %.1f GiB; Kafka %s; PostgreSQL %s; %s %s; load average %.2f at start, %.2f at end.\n",
+		m.Cores, m.CPU, float64(m.MemoryBytes)/(1<<30), m.Kafka, m.Postgres, m.Go, m.OS, r.LoadAvg[0], r.LoadAvg[1])
 	if r.Mode == "" {
 		fmt.Fprintf(&sb, "Topic: %d records of %d bytes, %d partitions, LZ4, keys k0…k%d; median of %d runs; latency %.0fs per scenario.\n\n",
 			r.Records, r.Size, r.Partitions, keyCount-1, r.Runs, r.LatencySeconds)
