@@ -15,9 +15,9 @@ import (
 // it had never been recorded. Memory is single-process: it forgets
 // everything when the process exits and is not shared between processes, so
 // it gives no protection against redelivery to another member or after a
-// restart. Use it for tests, demos and single-process services whose
-// duplicates arrive close together; use Postgres when an effect must happen
-// once.
+// restart. It is meant for tests and demos; a single process may also use
+// it as a best-effort filter of duplicates that arrive within the window,
+// but only Postgres makes an effect happen once.
 //
 // Memory records a key only after fn returns nil, never before: a failed or
 // panicking fn leaves the key unrecorded, so redelivery runs fn again (unlike
