@@ -198,6 +198,35 @@ func TestMemoryEvictsByAge(t *testing.T) {
 	mustProcess(t, m, "g", "k0", dedupe.Processed)
 }
 
+// TestMemoryBatchWindow: ProcessBatch records its keys into the same
+// window: a batch larger than the window leaves only MaxKeys of them, and
+// the evicted ones run again in the next batch.
+func TestMemoryBatchWindow(t *testing.T) {
+	m := dedupe.NewMemory(dedupe.WithMaxKeys(4), dedupe.WithMaxAge(0))
+	var recs []dedupe.Record
+	for i := range 6 {
+		recs = append(recs, dedupe.Record{Group: "g", Key: fmt.Sprint("k", i)})
+	}
+	batch := func() []int {
+		var got []int
+		if _, err := m.ProcessBatch(context.Background(), recs, func(_ context.Context, fresh []int) error {
+			got = fresh
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if got := batch(); len(got) != 6 {
+		t.Fatalf("first batch ran %v, want all 6", got)
+	}
+	checkWindow(t, m, 4)
+	if got := batch(); len(got) != 2 {
+		t.Fatalf("second batch ran %v, want the 2 keys the window of 4 forgot", got)
+	}
+	checkWindow(t, m, 4)
+}
+
 // TestMemoryWindowConcurrent hammers a small window from many goroutines
 // over overlapping keys (run it with -race): every call ends Processed or
 // Duplicate, no key runs twice while it is in the window, and the shards'
