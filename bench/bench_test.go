@@ -82,6 +82,7 @@ func TestReportTableAndChart(t *testing.T) {
 	r := &report{Records: 1000, Size: 200, Partitions: 12, Runs: 1, LatencySeconds: 10, LatencyMaxRate: 25000,
 		Machine: machineInfo{Cores: 2, Kafka: "4.1", Postgres: "15"}, Scenarios: []scenarioResult{
 			{Name: "raw sarama", Records: 1000, MsgsPerSec: 1e6, P50ms: 1, P95ms: 2, P99ms: 3, LatencyRecords: 10, LatencyRate: 25000},
+			{Name: "raw kgo", Records: 1000, MsgsPerSec: 2e6, P50ms: 1, P95ms: 2, P99ms: 3, LatencyRecords: 10, LatencyRate: 25000},
 			{Name: "naive loop", Records: 100, PG: true, MsgsPerSec: 5000, P50ms: 10, P95ms: 20, P99ms: 30, LatencyRecords: 10, LatencyRate: 2500},
 			{Name: "idem PG", Records: 100, PG: true, MsgsPerSec: 5500, P50ms: 11, P95ms: 21, P99ms: 31, LatencyRecords: 10, LatencyRate: 2750},
 			{Name: "idem memory", Records: 1000, MsgsPerSec: 2e5},
@@ -90,7 +91,8 @@ func TestReportTableAndChart(t *testing.T) {
 		}}
 	r.ratios()
 	table := r.table()
-	for _, want := range []string{"| idem PG | 100 | 5,500 | 0.005 | 1.10 |", "2.00 × idem memory", "failed: boom"} {
+	for _, want := range []string{"| idem PG | 100 | 5,500 | 0.005 | 0.003 | 1.10 |", "| idem memory | 1,000 | 200,000 | 0.20 | 0.10 | — |",
+		"| raw sarama | 1,000 | 1,000,000 | 1.00 | 0.50 |", "2.00 × idem memory", "failed: boom"} {
 		if !strings.Contains(table, want) {
 			t.Errorf("table lacks %q:\n%s", want, table)
 		}
@@ -129,6 +131,52 @@ func TestOutboxReport(t *testing.T) {
 	for _, want := range []string{"| 1,000 | 1 | 1,000 | 5,000 | 2.8 | 13.0 |", "40,000 events/s", "0.40× raw"} {
 		if !strings.Contains(tab, want) {
 			t.Errorf("table lacks %q:\n%s", want, tab)
+		}
+	}
+}
+
+// TestProfiles: -profile names one scenario (files as given) or several
+// (each file gets the scenario's slug); others get no profile.
+func TestProfiles(t *testing.T) {
+	one := &bench{o: options{profile: "idem memory", cpuprofile: "out/cpu.pprof", memprofile: "out/mem.pprof"}}
+	mem, _ := lookup("idem memory")
+	raw, _ := lookup("raw sarama")
+	if c, m := one.profiles(mem); c != "out/cpu.pprof" || m != "out/mem.pprof" {
+		t.Errorf("one scenario: %q, %q", c, m)
+	}
+	if c, m := one.profiles(raw); c != "" || m != "" {
+		t.Errorf("not profiled: %q, %q", c, m)
+	}
+	two := &bench{o: options{profile: "idem memory,raw-sarama", cpuprofile: "out/cpu.pprof"}}
+	if c, m := two.profiles(raw); c != "out/cpu-raw-sarama.pprof" || m != "" {
+		t.Errorf("two scenarios: %q, %q", c, m)
+	}
+}
+
+// TestMeterSteadyCPU: the CPU spent between the first record done and the
+// quota-th is reported per record, and the CPU before the first is not.
+func TestMeterSteadyCPU(t *testing.T) {
+	spin := func(d time.Duration) { // burn CPU, not wall time
+		start := processCPU()
+		for processCPU()-start < int64(d) {
+		}
+	}
+	m := newMeter(3, false, 0, func() {})
+	spin(100 * time.Millisecond) // the "join": left out
+	m.Done(time.Now())
+	spin(20 * time.Millisecond)
+	m.Done(time.Now())
+	m.Done(time.Now())
+	got := m.result().SteadyCPUMicrosPerMsg // 20 ms over 2 records: about 10,000 µs each
+	if got < 9_000 || got > 40_000 {
+		t.Fatalf("steady CPU %.0f µs/msg, want about 10,000 (20 ms over 2 records, the 100 ms before left out)", got)
+	}
+}
+
+func TestLoadAvg(t *testing.T) {
+	for in, want := range map[string]float64{"2.48 2.44 2.29 3/812 12345\n": 2.48, "": 0, "x": 0} {
+		if got := parseLoadAvg(in); got != want {
+			t.Errorf("parseLoadAvg(%q) = %v, want %v", in, got, want)
 		}
 	}
 }

@@ -136,8 +136,13 @@ func throughputPlot(r *report, names []string, rows []scenarioResult) (*plot.Plo
 		switch {
 		case s.VsNaiveLoop > 0:
 			labels.Labels[i] += "\n" + ratio(s.VsNaiveLoop) + "× naive"
-		case s.VsRawSarama > 0:
-			labels.Labels[i] += "\n" + ratio(s.VsRawSarama) + "× raw"
+		default:
+			if s.VsRawSarama > 0 {
+				labels.Labels[i] += "\n" + ratio(s.VsRawSarama) + "× sarama"
+			}
+			if s.VsRawKgo > 0 {
+				labels.Labels[i] += "\n" + ratio(s.VsRawKgo) + "× kgo"
+			}
 		}
 		if s.VsVersus > 0 {
 			labels.Labels[i] += "\n" + ratio(s.VsVersus) + "× " + s.Versus

@@ -26,10 +26,13 @@ type childResult struct {
 	JoinSeconds   float64 `json:"join_s"`   // start of Consume → first record done
 	SteadySeconds float64 `json:"steady_s"` // first record done → quota-th done
 	MsgsPerSec    float64 `json:"msgs_per_sec"`
-	LatencyN      int     `json:"latency_n,omitempty"`
-	P50ms         float64 `json:"p50_ms,omitempty"`
-	P95ms         float64 `json:"p95_ms,omitempty"`
-	P99ms         float64 `json:"p99_ms,omitempty"`
+	// SteadyCPUMicrosPerMsg is the process's CPU (user + sys) from the
+	// first record done to the quota-th, per record: the join left out.
+	SteadyCPUMicrosPerMsg float64 `json:"steady_cpu_us_per_msg"`
+	LatencyN              int     `json:"latency_n,omitempty"`
+	P50ms                 float64 `json:"p50_ms,omitempty"`
+	P95ms                 float64 `json:"p95_ms,omitempty"`
+	P99ms                 float64 `json:"p99_ms,omitempty"`
 }
 
 // childArgs are the flags of the child subcommand.

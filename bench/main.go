@@ -1,5 +1,5 @@
-// Command idem-bench measures idem beside raw sarama, Watermill and a
-// hand-written consume-and-insert loop, on the same topic data, against the
+// Command idem-bench measures idem beside raw sarama, raw franz-go (kgo),
+// Watermill and a hand-written consume-and-insert loop, on the same topic data, against the
 // real Kafka and PostgreSQL of KAFKA_BROKERS and DATABASE_URL (`make bench`
 // reads them from .state/services.env).
 //
@@ -66,9 +66,9 @@ func main() {
 	flag.DurationVar(&o.latDuration, "latency-duration", 10*time.Second, "length of each scenario's latency load; 0 skips latency")
 	flag.DurationVar(&o.latWarmup, "latency-warmup", time.Second, "the latency load's first records left out of the percentiles (produced on top of -latency-duration)")
 	flag.Float64Var(&o.latMaxRate, "latency-max-rate", 25_000, "cap on the latency load's rate, msgs/s (the producer shares the 2 cores)")
-	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the -profile scenario's first run to this file")
-	flag.StringVar(&o.memprofile, "memprofile", "", "write an allocation profile of the -profile scenario's first run to this file")
-	flag.StringVar(&o.profile, "profile", "idem memory", "the scenario -cpuprofile and -memprofile profile")
+	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the -profile scenario's first run to this file (several scenarios: cpu.pprof → cpu-<slug>.pprof)")
+	flag.StringVar(&o.memprofile, "memprofile", "", "write an allocation profile of the -profile scenario's first run to this file (named as -cpuprofile's)")
+	flag.StringVar(&o.profile, "profile", "idem memory", "the scenario, or comma-separated scenarios, -cpuprofile and -memprofile profile")
 	flag.StringVar(&o.flatRSS, "flat-rss", "", "instead of the scenarios: comma-separated backlog sizes (e.g. 1000000,4000000) to run -flat-scenarios over and compare peak RSS")
 	flag.StringVar(&o.flatScenarios, "flat-scenarios", "idem memory,idem no store", "scenarios of -flat-rss")
 	flag.IntVar(&o.pgConns, "pg-conns", 16, "pgx pool size of the PostgreSQL scenarios (≥ partitions)")
@@ -104,10 +104,8 @@ func run(ctx context.Context, o options) error {
 	if o.records <= 0 || o.size <= 0 || o.partitions <= 0 || o.runs <= 0 {
 		return fmt.Errorf("-records, -size, -partitions and -runs must be positive")
 	}
-	if o.profile != "" {
-		if _, err := lookup(o.profile); err != nil {
-			return fmt.Errorf("-profile: %w", err)
-		}
+	if _, err := selectScenarios(o.profile); o.profile != "" && err != nil {
+		return fmt.Errorf("-profile: %w", err)
 	}
 	if o.redraw != "" {
 		return redraw(o.redraw)

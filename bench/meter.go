@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -21,6 +22,9 @@ type Meter struct {
 	n     atomic.Int64
 	first atomic.Int64 // unix ns of the first Done
 	last  atomic.Int64 // unix ns of the quota-th Done
+	// CPU time of the process (user + sys, ns) at the first and the
+	// quota-th Done: the steady phase's CPU, without the join's.
+	cpuFirst, cpuLast atomic.Int64
 
 	warmup time.Duration // latencies of records stamped this soon after the first are left out
 
@@ -52,6 +56,7 @@ func (m *Meter) Done(ts time.Time) {
 	switch n := m.n.Add(1); n {
 	case 1:
 		m.first.CompareAndSwap(0, time.Now().UnixNano())
+		m.cpuFirst.Store(processCPU())
 		if m.quota == 1 {
 			m.finish()
 		}
@@ -62,7 +67,18 @@ func (m *Meter) Done(ts time.Time) {
 
 func (m *Meter) finish() {
 	m.last.Store(time.Now().UnixNano())
+	m.cpuLast.Store(processCPU())
 	m.cancel()
+}
+
+// processCPU is this process's CPU time so far (user + sys, every thread),
+// in ns; 0 if it cannot be read.
+func processCPU() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return ru.Utime.Nano() + ru.Stime.Nano()
 }
 
 // result summarises the run.
@@ -76,6 +92,9 @@ func (m *Meter) result() childResult {
 		r.SteadySeconds = time.Duration(last - first).Seconds()
 		if r.SteadySeconds > 0 {
 			r.MsgsPerSec = float64(m.quota-1) / r.SteadySeconds
+		}
+		if c0, c1 := m.cpuFirst.Load(), m.cpuLast.Load(); c0 > 0 && c1 >= c0 && m.quota > 1 {
+			r.SteadyCPUMicrosPerMsg = float64(c1-c0) / 1e3 / float64(m.quota-1)
 		}
 	}
 	m.mu.Lock()

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -143,15 +144,15 @@ func (b *bench) throughput(ctx context.Context, s Scenario, topic string, record
 	var runs []runResult
 	for i := range b.o.runs {
 		a := childArgs{scenario: s.Name, topic: topic, group: b.group(s, fmt.Sprint("run", i+1)), limit: res.Records}
-		if i == 0 && b.o.profile != "" && lookupSlug(b.o.profile) == s.Slug() {
-			a.cpuprofile, a.memprofile = b.o.cpuprofile, b.o.memprofile
+		if i == 0 {
+			a.cpuprofile, a.memprofile = b.profiles(s)
 		}
 		r, err := b.child(ctx, a, nil)
 		if err != nil {
 			return res, err
 		}
-		logf("  %-22s run %d: %9.0f msgs/s  join %.2fs  rss %4.0f MiB  cpu %.1fs", s.Name, i+1,
-			r.MsgsPerSec, r.JoinSeconds, mib(r.PeakRSSBytes), r.CPUSeconds)
+		logf("  %-22s run %d: %9.0f msgs/s  join %.2fs  rss %4.0f MiB  cpu %.1fs (steady %.2f µs/msg)", s.Name, i+1,
+			r.MsgsPerSec, r.JoinSeconds, mib(r.PeakRSSBytes), r.CPUSeconds, r.SteadyCPUMicrosPerMsg)
 		runs = append(runs, r)
 		res.RunsMsgsPerSec = append(res.RunsMsgsPerSec, r.MsgsPerSec)
 	}
@@ -160,15 +161,30 @@ func (b *bench) throughput(ctx context.Context, s Scenario, topic string, record
 	res.PeakRSSBytes = int64(median(runs, func(r runResult) float64 { return float64(r.PeakRSSBytes) }))
 	res.CPUSeconds = median(runs, func(r runResult) float64 { return r.CPUSeconds })
 	res.CPUMicrosPerMsg = res.CPUSeconds / float64(res.Records) * 1e6
+	res.SteadyCPUMicrosPerMsg = median(runs, func(r runResult) float64 { return r.SteadyCPUMicrosPerMsg })
 	return res, nil
 }
 
-func lookupSlug(name string) string {
-	s, err := lookup(name)
-	if err != nil {
-		return ""
+// profiles returns where s's first run writes its CPU and allocation
+// profiles ("" for none): -cpuprofile and -memprofile if s is the one
+// -profile scenario; with several, each file name gets "-<slug>" before its
+// extension.
+func (b *bench) profiles(s Scenario) (cpu, mem string) {
+	if b.o.profile == "" {
+		return "", ""
 	}
-	return s.Slug()
+	scen, err := selectScenarios(b.o.profile)
+	if err != nil || !slices.ContainsFunc(scen, func(p Scenario) bool { return p.Slug() == s.Slug() }) {
+		return "", ""
+	}
+	name := func(path string) string {
+		if path == "" || len(scen) == 1 {
+			return path
+		}
+		ext := filepath.Ext(path)
+		return strings.TrimSuffix(path, ext) + "-" + s.Slug() + ext
+	}
+	return name(b.o.cpuprofile), name(b.o.memprofile)
 }
 
 // latency produces at half of res.MsgsPerSec (capped) into a fresh topic
@@ -263,6 +279,7 @@ func runBench(ctx context.Context, o options, scen []Scenario) error {
 	rep := report{StartedAt: start.UTC(), Records: o.records, Size: o.size, Partitions: o.partitions, Runs: o.runs,
 		LatencySeconds: o.latDuration.Seconds(), LatencyMaxRate: o.latMaxRate}
 	rep.Machine = machine(ctx, b.k)
+	rep.LoadAvg[0] = loadAvg()
 	logf("machine: %d cores, %.1f GiB, Kafka %s, PostgreSQL %s", rep.Machine.Cores, float64(rep.Machine.MemoryBytes)/(1<<30), rep.Machine.Kafka, rep.Machine.Postgres)
 	if rep.Topic, err = b.dataTopic(ctx, o.records); err != nil {
 		return err
@@ -285,6 +302,7 @@ func runBench(ctx context.Context, o options, scen []Scenario) error {
 	}
 	rep.ratios()
 	rep.WallSeconds = time.Since(start).Seconds()
+	rep.LoadAvg[1] = loadAvg()
 	return rep.write(o.out, true)
 }
 
@@ -298,6 +316,7 @@ func runFlatRSS(ctx context.Context, o options, sizes []int, scen []Scenario) er
 	defer b.close()
 	rep := report{StartedAt: start.UTC(), Size: o.size, Partitions: o.partitions, Runs: o.runs, Mode: "flat-rss"}
 	rep.Machine = machine(ctx, b.k)
+	rep.LoadAvg[0] = loadAvg()
 	for _, n := range sizes {
 		topic, err := b.dataTopic(ctx, n)
 		if err != nil {
@@ -318,6 +337,7 @@ func runFlatRSS(ctx context.Context, o options, sizes []int, scen []Scenario) er
 		}
 	}
 	rep.WallSeconds = time.Since(start).Seconds()
+	rep.LoadAvg[1] = loadAvg()
 	return rep.write(o.out, false)
 }
 

@@ -32,8 +32,9 @@ type Scenario struct {
 	PG bool
 	// Naive marks the naive loop, the baseline of the PG ratios.
 	Naive bool
-	// Ceiling marks raw sarama, the baseline of every throughput ratio.
-	Ceiling bool
+	// Ceiling marks raw sarama and raw kgo, the two baselines every
+	// throughput ratio is given against.
+	Ceiling ceiling
 	// Versus names another scenario this one is compared with (the "vs
 	// other" column), e.g. "idem 2 ms" for its 16-lane variant.
 	Versus string
@@ -62,6 +63,15 @@ func (s Scenario) limit(n int) int {
 	}
 	return s.Limit
 }
+
+// ceiling says which client's ceiling a scenario is.
+type ceiling int
+
+const (
+	notCeiling    ceiling = iota
+	ceilingSarama         // raw sarama: the client idem is built on
+	ceilingKgo            // raw franz-go: the fastest Go client
+)
 
 var registry []Scenario
 

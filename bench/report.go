@@ -24,6 +24,7 @@ type scenarioResult struct {
 	MsgsPerSec      float64   `json:"msgs_per_sec"`
 	RunsMsgsPerSec  []float64 `json:"runs_msgs_per_sec"`
 	VsRawSarama     float64   `json:"vs_raw_sarama,omitempty"`
+	VsRawKgo        float64   `json:"vs_raw_kgo,omitempty"`
 	VsNaiveLoop     float64   `json:"vs_naive_loop,omitempty"`
 	Versus          string    `json:"versus,omitempty"`
 	VsVersus        float64   `json:"vs_versus,omitempty"`
@@ -31,12 +32,15 @@ type scenarioResult struct {
 	PeakRSSBytes    int64     `json:"peak_rss_bytes"`
 	CPUSeconds      float64   `json:"cpu_seconds"`
 	CPUMicrosPerMsg float64   `json:"cpu_us_per_msg"`
-	LatencyRate     float64   `json:"latency_rate_msgs_per_sec,omitempty"`
-	LatencyRecords  int       `json:"latency_records,omitempty"`
-	P50ms           float64   `json:"p50_ms"`
-	P95ms           float64   `json:"p95_ms"`
-	P99ms           float64   `json:"p99_ms"`
-	Error           string    `json:"error,omitempty"`
+	// SteadyCPUMicrosPerMsg: CPU per record from the first record done to
+	// the last (median of the runs), without the join and start-up.
+	SteadyCPUMicrosPerMsg float64 `json:"steady_cpu_us_per_msg"`
+	LatencyRate           float64 `json:"latency_rate_msgs_per_sec,omitempty"`
+	LatencyRecords        int     `json:"latency_records,omitempty"`
+	P50ms                 float64 `json:"p50_ms"`
+	P95ms                 float64 `json:"p95_ms"`
+	P99ms                 float64 `json:"p99_ms"`
+	Error                 string  `json:"error,omitempty"`
 }
 
 // machineInfo describes where the numbers come from.
@@ -51,19 +55,23 @@ type machineInfo struct {
 }
 
 type report struct {
-	Mode           string           `json:"mode,omitempty"`
-	StartedAt      time.Time        `json:"started_at"`
-	WallSeconds    float64          `json:"wall_seconds"`
-	Topic          string           `json:"topic,omitempty"`
-	Records        int              `json:"records,omitempty"`
-	Size           int              `json:"record_bytes"`
-	Partitions     int              `json:"partitions"`
-	Runs           int              `json:"runs"`
-	LatencySeconds float64          `json:"latency_seconds,omitempty"`
-	LatencyMaxRate float64          `json:"latency_max_rate,omitempty"`
-	Machine        machineInfo      `json:"machine"`
-	Scenarios      []scenarioResult `json:"scenarios"`
-	Notes          []string         `json:"notes"`
+	Mode           string      `json:"mode,omitempty"`
+	StartedAt      time.Time   `json:"started_at"`
+	WallSeconds    float64     `json:"wall_seconds"`
+	Topic          string      `json:"topic,omitempty"`
+	Records        int         `json:"records,omitempty"`
+	Size           int         `json:"record_bytes"`
+	Partitions     int         `json:"partitions"`
+	Runs           int         `json:"runs"`
+	LatencySeconds float64     `json:"latency_seconds,omitempty"`
+	LatencyMaxRate float64     `json:"latency_max_rate,omitempty"`
+	Machine        machineInfo `json:"machine"`
+	// LoadAvg is the 1-minute load average (/proc/loadavg) when the run
+	// started and when it ended: above the core count, other work shared
+	// the machine and msgs/s suffer more than steady CPU µs/msg.
+	LoadAvg   [2]float64       `json:"load_avg_start_end"`
+	Scenarios []scenarioResult `json:"scenarios"`
+	Notes     []string         `json:"notes"`
 }
 
 func machine(ctx context.Context, k *kafka) machineInfo {
@@ -83,6 +91,25 @@ func machine(ctx context.Context, k *kafka) machineInfo {
 		}
 	}
 	return m
+}
+
+// loadAvg is the 1-minute load average, 0 if /proc/loadavg cannot be read.
+func loadAvg() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	return parseLoadAvg(string(b))
+}
+
+// parseLoadAvg reads the first field of /proc/loadavg's text.
+func parseLoadAvg(s string) float64 {
+	f := strings.Fields(s)
+	if len(f) == 0 {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(f[0], 64)
+	return v
 }
 
 func procString(path, field string) string {
@@ -106,16 +133,17 @@ func procField[T any](path, field string, parse func(string) T) T {
 	return zero
 }
 
-// ratios fills vs raw sarama (every row), vs the naive loop (PG rows) and
-// vs the scenario's Versus.
+// ratios fills vs raw sarama and vs raw kgo (every row), vs the naive loop
+// (PG rows) and vs the scenario's Versus.
 func (r *report) ratios() {
-	var raw, naive float64
+	var naive float64
+	ceilings := map[ceiling]float64{}
 	byName := map[string]float64{}
 	for _, s := range r.Scenarios {
 		if sc, err := lookup(s.Name); err == nil && s.Error == "" {
 			byName[sc.Name] = s.MsgsPerSec
-			if sc.Ceiling {
-				raw = s.MsgsPerSec
+			if sc.Ceiling != notCeiling {
+				ceilings[sc.Ceiling] = s.MsgsPerSec
 			}
 			if sc.Naive {
 				naive = s.MsgsPerSec
@@ -127,8 +155,11 @@ func (r *report) ratios() {
 		if s.Error != "" {
 			continue
 		}
-		if raw > 0 {
+		if raw := ceilings[ceilingSarama]; raw > 0 {
 			s.VsRawSarama = s.MsgsPerSec / raw
+		}
+		if raw := ceilings[ceilingKgo]; raw > 0 {
+			s.VsRawKgo = s.MsgsPerSec / raw
 		}
 		if naive > 0 && s.PG {
 			s.VsNaiveLoop = s.MsgsPerSec / naive
@@ -143,8 +174,8 @@ func (r *report) ratios() {
 func (r *report) write(dir string, chart bool) error {
 	r.Notes = append(r.Notes,
 		"msgs/s: steady throughput, first record done to the quota-th, median of the runs; join s apart (start of the consumer to the first record done)",
-		"peak RSS and CPU s: of the run's child process (ru_maxrss, user+sys), including the join",
-		fmt.Sprintf("latency: record timestamp to handler done (idem, Watermill ack) or offset marked (sarama loops), records produced at half the scenario's throughput (at most %.0f msgs/s) into a fresh topic once the group has joined", r.LatencyMaxRate),
+		"peak RSS and CPU s: of the run's child process (ru_maxrss, user+sys), including the join; CPU µs/msg: CPU s over the records; steady CPU µs/msg: the child's CPU from its first record done to the last, per record (no join, no start-up)",
+		fmt.Sprintf("latency: record timestamp to handler done (idem, Watermill ack) or offset marked (sarama and kgo loops), records produced at half the scenario's throughput (at most %.0f msgs/s) into a fresh topic once the group has joined", r.LatencyMaxRate),
 		"idem PG: Done is reported when the handler returns, just before idem's COMMIT",
 	)
 	table := r.table()
@@ -178,13 +209,13 @@ func (r *report) write(dir string, chart bool) error {
 func (r *report) table() string {
 	var sb strings.Builder
 	m := r.Machine
-	fmt.Fprintf(&sb, "\nMachine: %d cores (%s), %.1f GiB; Kafka %s; PostgreSQL %s; %s %s.\n",
-		m.Cores, m.CPU, float64(m.MemoryBytes)/(1<<30), m.Kafka, m.Postgres, m.Go, m.OS)
+	fmt.Fprintf(&sb, "\nMachine: %d cores (%s), %.1f GiB; Kafka %s; PostgreSQL %s; %s %s; load average %.2f at start, %.2f at end.\n",
+		m.Cores, m.CPU, float64(m.MemoryBytes)/(1<<30), m.Kafka, m.Postgres, m.Go, m.OS, r.LoadAvg[0], r.LoadAvg[1])
 	if r.Mode == "" {
 		fmt.Fprintf(&sb, "Topic: %d records of %d bytes, %d partitions, LZ4, keys k0…k%d; median of %d runs; latency %.0fs per scenario.\n\n",
 			r.Records, r.Size, r.Partitions, keyCount-1, r.Runs, r.LatencySeconds)
-		sb.WriteString("| scenario | records | msgs/s | vs raw sarama | vs naive | vs other | p50 ms | p95 ms | p99 ms | at msgs/s | peak RSS MiB | CPU s | CPU µs/msg | join s |\n")
-		sb.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+		sb.WriteString("| scenario | records | msgs/s | vs raw sarama | vs raw kgo | vs naive | vs other | p50 ms | p95 ms | p99 ms | at msgs/s | peak RSS MiB | CPU s | CPU µs/msg | steady CPU µs/msg | join s |\n")
+		sb.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	} else {
 		fmt.Fprintf(&sb, "Flat RSS: records of %d bytes, %d partitions; median of %d runs.\n\n", r.Size, r.Partitions, r.Runs)
 		sb.WriteString("| scenario | records | msgs/s | peak RSS MiB | CPU s | join s |\n|---|--:|--:|--:|--:|--:|\n")
@@ -203,11 +234,11 @@ func (r *report) table() string {
 		if s.Versus != "" {
 			other = ratio(s.VsVersus) + " × " + s.Versus
 		}
-		fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f | %.1f | %.2f | %.2f |\n",
+		fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f | %.1f | %.2f | %.2f | %.2f |\n",
 			s.Name, thousands(float64(s.Records)), thousands(s.MsgsPerSec),
-			ratio(s.VsRawSarama), ratio(s.VsNaiveLoop), other,
+			ratio(s.VsRawSarama), ratio(s.VsRawKgo), ratio(s.VsNaiveLoop), other,
 			msCell(s.P50ms, s.LatencyRecords), msCell(s.P95ms, s.LatencyRecords), msCell(s.P99ms, s.LatencyRecords),
-			rateCell(s.LatencyRate), mib(s.PeakRSSBytes), s.CPUSeconds, s.CPUMicrosPerMsg, s.JoinSeconds)
+			rateCell(s.LatencyRate), mib(s.PeakRSSBytes), s.CPUSeconds, s.CPUMicrosPerMsg, s.SteadyCPUMicrosPerMsg, s.JoinSeconds)
 	}
 	return sb.String()
 }

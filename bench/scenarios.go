@@ -9,6 +9,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
@@ -31,10 +32,14 @@ const ioWait = 2 * time.Millisecond
 // (idem handlers call e.Done(m), which waits for the commit in latency mode)
 // and return nil when ctx is cancelled.
 func init() {
-	register(Scenario{Name: "raw sarama", Ceiling: true, Consume: consumeRawSarama})
+	register(Scenario{Name: "raw sarama", Ceiling: ceilingSarama, Consume: consumeRawSarama})
+	register(Scenario{Name: "raw kgo", Ceiling: ceilingKgo, Consume: consumeRawKgo})
 	register(Scenario{Name: "watermill", Consume: consumeWatermill})
 	register(Scenario{Name: "idem memory", Consume: func(ctx context.Context, e *Env) error {
 		return consumer.Run(ctx, e.Idem(dedupe.NewMemory()), noop(e))
+	}})
+	register(Scenario{Name: "idem no store", Versus: "idem memory", Consume: func(ctx context.Context, e *Env) error {
+		return consumer.Run(ctx, e.Idem(nopStore{}), noop(e))
 	}})
 	register(Scenario{Name: "idem memory 16 lanes", Versus: "idem memory", Consume: func(ctx context.Context, e *Env) error {
 		cfg := e.Idem(dedupe.NewMemory())
@@ -64,10 +69,6 @@ func init() {
 		return consumer.Run(ctx, cfg, sleepy(e))
 	}})
 
-	// Extra scenarios, only with -only or -flat-rss.
-	register(Scenario{Name: "idem no store", Extra: true, Versus: "idem memory", Consume: func(ctx context.Context, e *Env) error {
-		return consumer.Run(ctx, e.Idem(nopStore{}), noop(e))
-	}})
 }
 
 // noop is the no-op handler: it only reports the record done.
@@ -182,6 +183,40 @@ func consumeRawSarama(ctx context.Context, e *Env) error {
 		e.Meter.Done(m.Timestamp)
 		return nil
 	})
+}
+
+// consumeRawKgo is the ceiling of a Go client on this broker: franz-go's
+// kgo consumer group (its defaults: cooperative-sticky balancing, fetches of
+// up to 50 MB), a no-op handler that marks each record, and autocommit of
+// the marked offsets every 5 s and on leaving, as a consumer committing only
+// what it handled would.
+func consumeRawKgo(ctx context.Context, e *Env) error {
+	cl, err := kgo.NewClient(
+		kgo.SeedBrokers(e.Brokers...),
+		kgo.ClientID("idem-bench"),
+		kgo.ConsumerGroup(e.Group),
+		kgo.ConsumeTopics(e.Topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.AutoCommitMarks(),
+	)
+	if err != nil {
+		return fmt.Errorf("kgo client: %w", err)
+	}
+	defer cl.Close()
+	for {
+		fetches := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err := fetches.Err0(); err != nil && !errors.Is(err, context.Canceled) {
+			return fmt.Errorf("kgo fetch: %w", err)
+		}
+		for it := fetches.RecordIter(); !it.Done(); {
+			r := it.Next()
+			cl.MarkCommitRecords(r)
+			e.Meter.Done(r.Timestamp)
+		}
+	}
 }
 
 // consumeNaive is the hand-written loop idem replaces: one transaction per

@@ -3,76 +3,314 @@ package dedupe
 import (
 	"context"
 	"hash/maphash"
+	"math/bits"
 	"sync"
+	"time"
 )
 
-// Memory is a process-local Store for tests, demos and examples. It forgets
+// Memory is a process-local Store that remembers a bounded window of keys:
+// the last MaxKeys recorded (WithMaxKeys, default 1,000,000) and only those
+// recorded within MaxAge (WithMaxAge, default 1 hour). A key that has left
+// the window is forgotten, and a later delivery of it runs fn again, as if
+// it had never been recorded. Memory is single-process: it forgets
 // everything when the process exits and is not shared between processes, so
 // it gives no protection against redelivery to another member or after a
-// restart; never use it in production.
+// restart. It is meant for tests and demos; a single process may also use
+// it as a best-effort filter of duplicates that arrive within the window,
+// but only Postgres makes an effect happen once.
 //
 // Memory records a key only after fn returns nil, never before: a failed or
 // panicking fn leaves the key unrecorded, so redelivery runs fn again (unlike
 // Watermill's in-memory deduplicator, which records first and then drops the
 // retried message as a duplicate). Calls for the same key are serialised:
 // concurrent calls yield one Processed and Duplicate for the rest; a waiting
-// call gives up with a *StoreError when its ctx is done. Recorded keys are
-// kept forever. Memory is safe for concurrent use; the zero value is not
-// usable, use NewMemory.
+// call gives up with a *StoreError when its ctx is done.
+//
+// The window is first in, first out by the time a key was recorded: a
+// Duplicate does not refresh it. Keys are spread over up to 64 shards, each
+// with its own lock (no global lock) and its own share of MaxKeys, so the
+// count bound is approximate: a key is forgotten once its shard holds
+// MaxKeys/shards newer keys, that is after about MaxKeys newer keys in all
+// (exactly MaxKeys when MaxKeys is below 2,048, which uses one shard). Keys
+// older than MaxAge are never reported as duplicates; their memory is
+// reclaimed when their shard next records a key. A key costs 45 to 70 bytes
+// (a 128-bit hash of group and key, not their text, in a hash table and in
+// a first-in-first-out list), so the default window holds at most about
+// 70 MB; recording a new key costs no allocation once the window is full.
+//
+// Memory is safe for concurrent use; the zero value is not usable, use
+// NewMemory.
 type Memory struct {
-	seeds  [2]maphash.Seed
-	shards [memShards]memShard
+	seeds    [4]maphash.Seed
+	shards   []memShard
+	mask     uint64           // len(shards)-1, a power of two minus one
+	perShard int              // count bound of one shard; 0: none
+	maxAge   int64            // ns; 0: none
+	clock    func() time.Time // nil: time.Now, read through time.Since
+	epoch    time.Time        // clock() at NewMemory; stamps are ns since it
 }
 
-// memShards spreads keys over independently locked shards, so partitions
-// working at once rarely wait for each other.
-const memShards = 64
+// MemoryOption configures NewMemory.
+type MemoryOption func(*memConfig)
+
+type memConfig struct {
+	maxKeys int
+	maxAge  time.Duration
+	clock   func() time.Time // nil: the monotonic clock
+}
+
+// memDefaults holds every default of Memory, as documented on WithMaxKeys
+// and WithMaxAge.
+func memDefaults() memConfig {
+	return memConfig{maxKeys: 1_000_000, maxAge: time.Hour}
+}
+
+// WithMaxKeys bounds Memory by count: it remembers about the n keys recorded
+// last and forgets older ones (see Memory on how shards make the bound
+// approximate). n ≤ 0 removes the count bound, leaving MaxAge alone to
+// bound the store; with both removed Memory keeps every key for its life.
+//
+// Default: 1,000,000.
+func WithMaxKeys(n int) MemoryOption {
+	return func(c *memConfig) { c.maxKeys = max(n, 0) }
+}
+
+// WithMaxAge bounds Memory by age: a key recorded more than d ago is
+// forgotten, and a later delivery of it runs fn again. d ≤ 0 removes the
+// age bound, leaving MaxKeys alone to bound the store.
+//
+// Default: 1 hour.
+func WithMaxAge(d time.Duration) MemoryOption {
+	return func(c *memConfig) { c.maxAge = max(d, 0) }
+}
+
+// memShards is the most shards a Memory has; memMinPerShard the fewest keys
+// a shard's share of MaxKeys may be (smaller bounds use fewer shards).
+const (
+	memShards      = 64
+	memMinPerShard = 1024
+)
 
 type memShard struct {
 	mu sync.Mutex
-	// keys holds a state per key seen: busy while a call runs fn for it,
-	// done once recorded. A key is remembered by a 128-bit hash of (group,
-	// key), not its text: no pointers for the garbage collector to scan and
-	// about 40 bytes a key. Two different keys collide with probability
-	// about n²/2¹²⁹ (10⁻²⁷ for a billion keys).
-	keys map[memKey]memState
+	// keys holds every key recorded within the window or being processed.
+	keys memTable
+	// order lists the recorded keys, oldest first, with their stamps; each
+	// recorded key is in it exactly once, and leaves keys when it leaves
+	// order. Stamps never decrease along it.
+	order memRing
+	last  int64 // the last stamp given in this shard
 	// waiters holds, for a busy key another call waits for, a channel closed
-	// when the holder finishes.
+	// when the holder finishes. Nil until a shard first sees contention.
 	waiters map[memKey]chan struct{}
-	_       [40]byte // keep shards on separate cache lines
+	_       [64]byte // keep shards' hot fields on separate cache lines
 }
 
+// memKey is a 128-bit hash of (group, key). Keys are remembered by it, not
+// by their text: no pointers for the garbage collector to scan, 16 bytes a
+// key. The low two bits of k[1] are always zero, as memTable keeps a key's
+// state in them; the remaining 126 bits (120 within one shard, whose keys
+// share the bits choosing it) make two different keys collide with
+// probability about n²/2¹²¹ (10⁻¹⁸ for a billion keys).
 type memKey [2]uint64
 
-type memState uint8
+type memState uint64
 
 const (
-	memBusy memState = 1 + iota
-	memDone
+	memBusy memState = 1 + iota // fn is running for the key
+	memDone                     // the key is recorded
 )
+
+// memStateBits are the bits of k[1] where memTable keeps a key's state.
+const memStateBits = 3
+
+// memTable is a hash set of memKey with a state per key: open addressing,
+// linear probing, deletion by backward shift, so that it never fills up
+// with tombstones the way a Go map does under a first-in-first-out load
+// (every probe would then walk long chains). A slot is the key with its
+// state in the low bits of k[1]; the zero slot is empty. Its length is a
+// power of two, doubled when it is three quarters full.
+type memTable struct {
+	slots []memKey
+	n     int
+	sink  uint64 // see touch
+}
+
+func (t *memTable) home(k memKey) int { return int(k[1]>>2) & (len(t.slots) - 1) }
+
+// find returns the slot of k and its state, or the empty slot where k would
+// go and 0.
+func (t *memTable) find(k memKey) (int, memState) {
+	if len(t.slots) == 0 {
+		return -1, 0
+	}
+	mask := len(t.slots) - 1
+	for i := t.home(k); ; i = (i + 1) & mask {
+		s := t.slots[i]
+		switch {
+		case s[0] == k[0] && s[1]&^memStateBits == k[1]:
+			return i, memState(s[1] & memStateBits)
+		case s == memKey{}:
+			return i, 0
+		}
+	}
+}
+
+// touch loads the home slot of k (into sink), to bring it into the cache.
+func (t *memTable) touch(k memKey) {
+	t.sink = t.slots[t.home(k)][0]
+}
+
+// add puts k, absent, with state st (not 0) at slot i, the empty slot find
+// returned for it.
+func (t *memTable) add(i int, k memKey, st memState) {
+	if 4*(t.n+1) > 3*len(t.slots) {
+		t.grow()
+		i, _ = t.find(k)
+	}
+	t.n++
+	t.slots[i] = memKey{k[0], k[1] | uint64(st)}
+}
+
+// setAt changes the state of the key at slot i to st (not 0).
+func (t *memTable) setAt(i int, st memState) {
+	t.slots[i][1] = t.slots[i][1]&^memStateBits | uint64(st)
+}
+
+func (t *memTable) grow() {
+	old := t.slots
+	t.slots = make([]memKey, max(64, 2*len(old)))
+	mask := len(t.slots) - 1
+	for _, s := range old {
+		if s != (memKey{}) {
+			i := t.home(s)
+			for t.slots[i] != (memKey{}) {
+				i = (i + 1) & mask
+			}
+			t.slots[i] = s
+		}
+	}
+}
+
+// remove deletes k if it is present.
+func (t *memTable) remove(k memKey) {
+	if i, st := t.find(k); st != 0 {
+		t.removeAt(i)
+	}
+}
+
+// removeAt deletes the key at slot i, moving back the keys after it that
+// would otherwise become unreachable (Knuth's algorithm R).
+func (t *memTable) removeAt(i int) {
+	mask := len(t.slots) - 1
+	for j := (i + 1) & mask; t.slots[j] != (memKey{}); j = (j + 1) & mask {
+		h := t.home(t.slots[j])
+		// The key at j may move to the hole at i unless its home lies
+		// cyclically in (i, j].
+		if (i <= j && (h <= i || h > j)) || (i > j && h <= i && h > j) {
+			t.slots[i] = t.slots[j]
+			i = j
+		}
+	}
+	t.slots[i] = memKey{}
+	t.n--
+}
+
+// memEntry is one recorded key and its stamp (ns since Memory.epoch).
+type memEntry struct {
+	k  memKey
+	at int64
+}
+
+// memRing is a FIFO of memEntry in a circular buffer whose length, a power
+// of two, doubles when it is full.
+type memRing struct {
+	buf  []memEntry
+	head int // index of the oldest entry
+	n    int
+}
+
+func (r *memRing) push(e memEntry) {
+	if r.n == len(r.buf) {
+		buf := make([]memEntry, max(64, 2*len(r.buf)))
+		k := copy(buf, r.buf[r.head:])
+		copy(buf[k:], r.buf[:r.head])
+		r.buf, r.head = buf, 0
+	}
+	r.buf[(r.head+r.n)&(len(r.buf)-1)] = e
+	r.n++
+}
+
+func (r *memRing) oldest() *memEntry { return &r.buf[r.head] }
+
+func (r *memRing) pop() memKey {
+	k := r.buf[r.head].k
+	r.head = (r.head + 1) & (len(r.buf) - 1)
+	r.n--
+	return k
+}
 
 var _ Store = (*Memory)(nil)
 
-// NewMemory returns an empty in-memory Store.
-func NewMemory() *Memory {
-	m := &Memory{seeds: [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}}
-	for i := range m.shards {
-		m.shards[i].keys = make(map[memKey]memState)
-		m.shards[i].waiters = make(map[memKey]chan struct{})
+// NewMemory returns an empty in-memory Store bounded by the options'
+// window (default: the last 1,000,000 keys, recorded within the last hour).
+func NewMemory(opts ...MemoryOption) *Memory {
+	c := memDefaults()
+	for _, o := range opts {
+		o(&c)
+	}
+	return newMemory(c)
+}
+
+func newMemory(c memConfig) *Memory {
+	n := memShards
+	if c.maxKeys > 0 {
+		// The largest power of two ≤ maxKeys/memMinPerShard, within [1, memShards].
+		n = 1 << max(0, min(bits.Len(uint(c.maxKeys/memMinPerShard))-1, bits.Len(memShards)-1))
+	}
+	m := &Memory{
+		seeds:  [4]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed(), maphash.MakeSeed(), maphash.MakeSeed()},
+		shards: make([]memShard, n),
+		mask:   uint64(n - 1),
+		maxAge: int64(c.maxAge),
+		clock:  c.clock,
+	}
+	if c.maxKeys > 0 {
+		m.perShard = (c.maxKeys + n - 1) / n
+	}
+	if m.clock == nil {
+		m.epoch = time.Now()
+	} else {
+		m.epoch = m.clock()
 	}
 	return m
 }
 
-func (m *Memory) shard(k memKey) *memShard { return &m.shards[k[0]%memShards] }
+func (m *Memory) shard(k memKey) *memShard { return &m.shards[k[0]&m.mask] }
 
-// key hashes (group, key).
+// key hashes (group, key): each half is the XOR of independently seeded
+// hashes of the group and of the key. maphash.String allocates nothing.
 func (m *Memory) key(group, key string) memKey {
-	type gk struct{ g, k string }
-	v := gk{group, key}
-	return memKey{maphash.Comparable(m.seeds[0], v), maphash.Comparable(m.seeds[1], v)}
+	return memKey{
+		maphash.String(m.seeds[0], group) ^ maphash.String(m.seeds[1], key),
+		(maphash.String(m.seeds[2], group) ^ maphash.String(m.seeds[3], key)) &^ memStateBits,
+	}
 }
 
-// Process implements Store. fn runs without a transaction (Tx(ctx) is nil).
+// now is the time in ns since m.epoch, or 0 when nothing needs it (no age
+// bound). The default clock reads only the monotonic clock.
+func (m *Memory) now() int64 {
+	switch {
+	case m.maxAge == 0:
+		return 0
+	case m.clock == nil:
+		return int64(time.Since(m.epoch))
+	}
+	return int64(m.clock().Sub(m.epoch))
+}
+
+// Process implements Store. fn runs without a store transaction: ctx carries
+// none.
 func (m *Memory) Process(ctx context.Context, rec Record, fn func(ctx context.Context) error) (Outcome, error) {
 	if err := checkRecord(rec); err != nil {
 		return 0, err
@@ -95,7 +333,9 @@ func (m *Memory) Process(ctx context.Context, rec Record, fn func(ctx context.Co
 }
 
 // acquire takes k for the caller, waiting while another call holds it. It
-// reports dup when k is already recorded (nothing is then held).
+// reports dup when k is recorded within the window (nothing is then held).
+// A key not in the table needs no clock: only a recorded one is checked
+// against the age bound.
 func (m *Memory) acquire(ctx context.Context, k memKey) (dup bool, err error) {
 	sh := m.shard(k)
 	for {
@@ -103,14 +343,27 @@ func (m *Memory) acquire(ctx context.Context, k memKey) (dup bool, err error) {
 			return false, &StoreError{Op: "lock", Err: err}
 		}
 		sh.mu.Lock()
-		switch sh.keys[k] {
+		if m.perShard > 0 && sh.order.n >= m.perShard {
+			// Recording k will evict the oldest key: load its slot now, so
+			// that its cache miss overlaps k's instead of following it.
+			sh.keys.touch(sh.order.oldest().k)
+		}
+		i, st := sh.keys.find(k)
+		if st == memDone && m.maxAge > 0 {
+			m.expire(sh, m.now()) // k leaves if it is too old
+			i, st = sh.keys.find(k)
+		}
+		switch st {
 		case memDone:
 			sh.mu.Unlock()
 			return true, nil
 		case 0:
-			sh.keys[k] = memBusy
+			sh.keys.add(i, k, memBusy)
 			sh.mu.Unlock()
 			return false, nil
+		}
+		if sh.waiters == nil {
+			sh.waiters = make(map[memKey]chan struct{})
 		}
 		ch := sh.waiters[k]
 		if ch == nil {
@@ -126,20 +379,44 @@ func (m *Memory) acquire(ctx context.Context, k memKey) (dup bool, err error) {
 	}
 }
 
-// release gives k back, recording it when done.
+// release gives k back, recording it when done: first the keys past the
+// age bound leave, then the oldest if the shard is full.
 func (m *Memory) release(k memKey, done bool) {
 	sh := m.shard(k)
+	now := int64(0)
+	if done {
+		now = m.now()
+	}
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	i, _ := sh.keys.find(k) // busy: acquire added it
 	if done {
-		sh.keys[k] = memDone
+		sh.keys.setAt(i, memDone)
+		now = max(now, sh.last) // stamps never decrease along order
+		sh.last = now
+		m.expire(sh, now)
+		if m.perShard > 0 && sh.order.n >= m.perShard {
+			sh.keys.remove(sh.order.pop())
+		}
+		sh.order.push(memEntry{k: k, at: now})
 	} else {
-		delete(sh.keys, k)
+		sh.keys.removeAt(i)
 	}
 	if len(sh.waiters) > 0 {
 		if ch := sh.waiters[k]; ch != nil {
 			close(ch)
 			delete(sh.waiters, k)
 		}
+	}
+}
+
+// expire forgets sh's keys recorded more than m.maxAge before now. The caller
+// holds sh.mu.
+func (m *Memory) expire(sh *memShard, now int64) {
+	if m.maxAge == 0 {
+		return
+	}
+	for sh.order.n > 0 && now-sh.order.oldest().at > m.maxAge {
+		sh.keys.remove(sh.order.pop())
 	}
 }
