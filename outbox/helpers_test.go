@@ -3,9 +3,12 @@ package outbox_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -115,7 +118,15 @@ type records struct {
 
 func (e *env) consume(topic string) *records {
 	e.t.Helper()
-	c, err := sarama.NewConsumer(e.k.Brokers, e.k.Config())
+	return e.consumeAt(topic, sarama.ReadUncommitted)
+}
+
+// consumeAt is consume with the given isolation level.
+func (e *env) consumeAt(topic string, level sarama.IsolationLevel) *records {
+	e.t.Helper()
+	cfg := e.k.Config()
+	cfg.Consumer.IsolationLevel = level
+	c, err := sarama.NewConsumer(e.k.Brokers, cfg)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -251,4 +262,34 @@ type testWriter struct{ t *testing.T }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(string(p))
 	return len(p), nil
+}
+
+// startChild starts this test binary as a child process that runs only
+// test, with env added and schemaEnv set to the test's schema; its stderr
+// goes to the test log and its stdout is returned.
+func (e *env) startChild(test, schemaEnv string, env ...string) (*exec.Cmd, io.Reader) {
+	e.t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), schemaEnv+"="+e.schema,
+		"KAFKA_BROKERS="+strings.Join(e.k.Brokers, ","), "DATABASE_URL="+testenv.DatabaseURL(e.t))
+	cmd.Env = append(cmd.Env, env...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	cmd.Stderr = testWriter{e.t}
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	return cmd, stdout
+}
+
+// childEnvOf returns, in a child process started by startChild, the env on
+// the schema named by schemaEnv; nil in a normal run.
+func childEnvOf(t *testing.T, schemaEnv string) *env {
+	schema := os.Getenv(schemaEnv)
+	if schema == "" {
+		return nil
+	}
+	return &env{t: t, k: testenv.NewKafka(t), pool: testenv.PoolOnSchema(t, schema), schema: schema}
 }

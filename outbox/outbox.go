@@ -214,6 +214,10 @@ func (t table) derived(suffix string) string {
 	return t.rel[:cut] + tail
 }
 
+// roundSeq is the quoted name of the sequence that numbers the rounds of
+// Relay.ExactlyOnce.
+func (t table) roundSeq() string { return qualify(t.schema, t.derived("_round_seq")) }
+
 func (t table) templateData() map[string]string {
 	return map[string]string{
 		"Table":          t.quoted,
@@ -222,5 +226,6 @@ func (t table) templateData() map[string]string {
 		"PublishedIndex": pgx.Identifier{t.derived("_published_idx")}.Sanitize(),
 		"NotifyFunc":     qualify(t.schema, t.derived("_notify")),
 		"Trigger":        pgx.Identifier{t.derived("_notify_trg")}.Sanitize(),
+		"RoundSeq":       t.roundSeq(),
 	}
 }

@@ -195,9 +195,38 @@ type Relay struct {
 	// Default: nil.
 	Health *Health
 
+	// ExactlyOnce publishes each round in a Kafka transaction that also
+	// commits the relay's progress mark, so that after a crash at any point
+	// each row reaches read_committed readers exactly once (see "Exactly
+	// once" above for the argument and the cost). Readers that use
+	// read_uncommitted (sarama's default) may still see the records of
+	// aborted rounds. Off, the relay publishes at least once.
+	// Default: false.
+	ExactlyOnce bool
+
+	// TransactionalID is, with ExactlyOnce, the Kafka transactional.id of
+	// the relay's producer and the consumer group that holds its progress
+	// mark. Every relay of one table must use the same value (a new leader
+	// fences the old one through it), and no two tables, in this database
+	// or another, may share it on one Kafka cluster: they would fence each
+	// other and read each other's mark. When empty, the relay derives
+	// "idem-outbox-<table>-<hash>", the hash being that of the database
+	// cluster's system identifier, the database name and the table's oid,
+	// which is the same for every relay of the table and differs between
+	// tables. The relay needs WRITE on the transactional id, READ on the
+	// group and DESCRIBE on the topics where ACLs are enforced.
+	// Default: computed at Run.
+	TransactionalID string
+
 	// afterAck, when set (tests only), runs after a round's acks and before
-	// its rows are deleted.
+	// its rows are deleted; with ExactlyOnce, before the round commits.
 	afterAck func(ids []int64)
+	// afterCommit, when set (tests only, ExactlyOnce), runs after CommitTxn
+	// returned err and before the round's rows are deleted.
+	afterCommit func(round int64, err error)
+	// beforeCommit, when set (tests only, ExactlyOnce), runs before
+	// CommitTxn; an error aborts the round as an abortable error would.
+	beforeCommit func(round int64) error
 }
 
 // Validate reports the first bad field, wrapping ErrInvalidConfig.
@@ -231,6 +260,14 @@ func (r *Relay) Validate() error {
 	}
 	if err := ProducerConfig(r.Sarama).Validate(); err != nil {
 		return fmt.Errorf("%w: Relay.Sarama: %w", ErrInvalidConfig, err)
+	}
+	if r.ExactlyOnce {
+		if v := ProducerConfig(r.Sarama).Version; !v.IsAtLeast(sarama.V2_5_0_0) {
+			return bad("Sarama.Version", v, "ExactlyOnce needs Kafka 2.5 or later")
+		}
+		if err := txnConfig(r.Sarama, "idem-outbox-validate").Validate(); err != nil {
+			return fmt.Errorf("%w: Relay.Sarama with ExactlyOnce: %w", ErrInvalidConfig, err)
+		}
 	}
 	return nil
 }
@@ -323,7 +360,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	if !s.start(ctx) {
 		return nil
 	}
-	defer s.prod.Close()
+	defer s.closeKafka()
 	for failures := 1; ctx.Err() == nil; failures++ {
 		err := s.run(ctx)
 		if ctx.Err() != nil {
@@ -347,7 +384,7 @@ func (s *session) start(ctx context.Context) bool {
 	for n := 1; ; n++ {
 		err := Migrate(ctx, c.Pool, c.Table)
 		if err == nil {
-			s.prod, err = sarama.NewAsyncProducer(c.Brokers, ProducerConfig(c.Sarama))
+			err = s.connectKafka(ctx)
 			if err == nil {
 				c.Health.set(nil)
 				if n > 1 {
@@ -355,7 +392,6 @@ func (s *session) start(ctx context.Context) bool {
 				}
 				return true
 			}
-			err = fmt.Errorf("outbox: producer for %v: %w", c.Brokers, err)
 		}
 		if ctx.Err() != nil {
 			return false
@@ -423,8 +459,9 @@ type session struct {
 	t      table
 	m      *metrics.Outbox
 	leader prometheus.Gauge
-	prod   sarama.AsyncProducer
+	prod   sarama.AsyncProducer // with ExactlyOnce, made anew at each leadership
 	log    *slog.Logger
+	txn    *txnState // ExactlyOnce only
 	rand   *rand.Rand
 	// led is set once a session held its connection long enough to stand
 	// by or lead: the next failure starts the backoff over.
@@ -483,10 +520,18 @@ func channel(oid uint32) string { return fmt.Sprintf("idem_outbox_%d", oid) }
 
 // lead publishes until the connection fails (error) or ctx ends (nil).
 func (s *session) lead(ctx context.Context, conn *pgx.Conn) error {
+	round := s.round
+	if s.txn != nil {
+		defer s.closeTxnProducer()
+		if err := s.txnRecover(ctx, conn); err != nil || ctx.Err() != nil {
+			return err
+		}
+		round = s.txnRound
+	}
 	var nextStats time.Time
 	nextSweep := time.Now()
 	for {
-		more, err := s.round(ctx, conn)
+		more, err := round(ctx, conn)
 		if ctx.Err() != nil {
 			return nil
 		}
