@@ -24,14 +24,14 @@ import (
 
 // env is one test's broker, database schema (with the outbox table) and topic.
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	k      *testenv.Kafka
 	pool   *pgxpool.Pool
 	schema string
 	topic  string
 }
 
-func newEnv(t *testing.T, partitions int32) *env {
+func newEnv(t testing.TB, partitions int32) *env {
 	t.Helper()
 	k := testenv.NewKafka(t)
 	pool, schema := testenv.PostgresSchema(t)
@@ -61,7 +61,7 @@ func (e *env) relay(pool *pgxpool.Pool) (*outbox.Relay, *prometheus.Registry) {
 
 // start runs r until the test ends (or stop is called) and checks it
 // returned nil.
-func start(t *testing.T, r *outbox.Relay) (stop func()) {
+func start(t testing.TB, r *outbox.Relay) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -112,8 +112,9 @@ func (e *env) count(where string, args ...any) int {
 
 // records collects every record of a topic, from the oldest, until the test ends.
 type records struct {
-	mu   sync.Mutex
-	list []*sarama.ConsumerMessage
+	mu      sync.Mutex
+	list    []*sarama.ConsumerMessage
+	arrived []time.Time // when each record of list was read
 }
 
 func (e *env) consume(topic string) *records {
@@ -148,6 +149,7 @@ func (e *env) consumeAt(topic string, level sarama.IsolationLevel) *records {
 			for m := range pc.Messages() {
 				r.mu.Lock()
 				r.list = append(r.list, m)
+				r.arrived = append(r.arrived, time.Now())
 				r.mu.Unlock()
 			}
 		})
@@ -249,7 +251,7 @@ func matches(m *dto.Metric, labels []string) bool {
 	return true
 }
 
-func testLogger(t *testing.T) *slog.Logger {
+func testLogger(t testing.TB) *slog.Logger {
 	level := slog.LevelWarn
 	if os.Getenv("IDEM_TEST_DEBUG") != "" {
 		level = slog.LevelDebug
@@ -257,7 +259,7 @@ func testLogger(t *testing.T) *slog.Logger {
 	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: level}))
 }
 
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(string(p))
