@@ -108,11 +108,13 @@ func (s *session) txnRecover(ctx context.Context, conn *pgx.Conn) error {
 			mark, err = s.readMark(ctx)
 		}
 		if err == nil {
+			s.cfg.Health.set(nil)
 			break
 		}
 		if ctx.Err() != nil {
 			return nil
 		}
+		s.cfg.Health.set(err)
 		wait := s.backoff(n)
 		s.log.Warn("idem: outbox relay cannot start its Kafka transactions yet; retrying", "err", err, "attempt", n, "in", wait)
 		if !sleep(ctx, wait) {
