@@ -110,6 +110,32 @@ func exactlyOnce(t *testing.T, msgs []*sarama.ConsumerMessage, want int) {
 	}
 }
 
+// noOpenTransaction waits until the relay's transactional id has no
+// transaction open or being completed (none left hanging).
+func (e *env) noOpenTransaction() {
+	e.t.Helper()
+	ctx := testenv.Context(e.t)
+	id, err := outbox.DefaultTransactionalID(ctx, e.pool, "")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	admin, ok := e.k.Admin(e.t).(sarama.TransactionClusterAdmin)
+	if !ok {
+		e.t.Fatal("sarama's cluster admin has no DescribeTransactions")
+	}
+	testenv.Eventually(e.t, 30*time.Second, func() error {
+		states, err := admin.DescribeTransactions([]string{id})
+		if err != nil {
+			return err
+		}
+		switch st := states[id].TransactionState; st {
+		case "Ongoing", "PrepareCommit", "PrepareAbort":
+			return fmt.Errorf("transactional id %s: %s", id, st)
+		}
+		return nil
+	})
+}
+
 // waitEmpty waits until the outbox table has no row.
 func (e *env) waitEmpty(timeout time.Duration) {
 	e.t.Helper()
@@ -223,10 +249,12 @@ func TestExactlyOnceSurvivesSIGKILL(t *testing.T) {
 	if kills < 6 {
 		t.Fatalf("only %d kills before the outbox emptied; enqueue more rows", kills)
 	}
-	// The last leader runs to the end.
+	// The last leader runs to the end, and stops cleanly.
 	r2, _ := e.txnRelay()
-	start(t, r2)
+	stop := start(t, r2)
 	e.waitEmpty(2 * time.Minute)
+	stop()
+	e.noOpenTransaction()
 	got := e.settled(committed, e.topic)
 	exactlyOnce(t, got, rows)
 	t.Logf("%d kills; read_committed: %d records for %d events; read_uncommitted: %d records (aborted copies included)",
@@ -345,6 +373,7 @@ func TestExactlyOnceFencesAZombie(t *testing.T) {
 	}
 	e.enqueueKeyed(8, 40, 5)
 	e.waitEmpty(60 * time.Second)
+	e.noOpenTransaction()
 	got := e.settled(committed, e.topic)
 	exactlyOnce(t, got, 80)
 }
