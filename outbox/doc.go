@@ -38,12 +38,13 @@
 // Readers that are not idem consumers (ledgers, analytics, partner feeds,
 // Kafka Streams) count a re-sent event twice. For them, set
 // Relay.ExactlyOnce (`idem outbox relay --exactly-once`): each round of rows
-// is first labelled with a new round number in the table, then published in
-// a Kafka transaction that also commits that number as the relay's progress
-// mark (an offset of the group Relay.TransactionalID), then deleted. A new
-// leader first fences the old one's producer (same transactional.id), then
-// reads the mark: the rows labelled with it committed and are deleted
-// without being sent again; every other row is published by a later round.
+// is first recorded under a new round number in the database, then published
+// in a Kafka transaction that also commits that number as the relay's
+// progress mark (an offset of the group Relay.TransactionalID), then deleted.
+// A new leader first fences the old one's producer (same transactional.id),
+// then reads the mark: the rows of the round it names committed and are
+// deleted without being sent again; every other row is published by a later
+// round.
 // A read_committed reader then sees each row exactly once whatever the
 // relay was doing when it died. It costs throughput and latency (one Kafka
 // transaction and one more statement per round); Relay's doc, "Exactly
@@ -64,9 +65,9 @@
 // `idem migrate` or Relay.Run: id (bigint identity, the order), event_id
 // (uuid, published as idem-outbox-id), topic, key, value, header_keys,
 // header_values, created_at, state (pending, published, failed), attempts,
-// rejections, last_error, retry_at, published_at, round (the exactly-once
-// relay's round label; NULL otherwise), with the sequence
-// <table>_round_seq. An AFTER INSERT trigger NOTIFYs the relay at commit.
+// rejections, last_error, retry_at, published_at; and <table>_rounds
+// (round, ids), the rounds of the exactly-once relay. An AFTER INSERT
+// trigger NOTIFYs the relay at commit.
 //
 // # Metrics
 //

@@ -214,9 +214,8 @@ func (t table) derived(suffix string) string {
 	return t.rel[:cut] + tail
 }
 
-// roundSeq is the quoted name of the sequence that numbers the rounds of
-// Relay.ExactlyOnce.
-func (t table) roundSeq() string { return qualify(t.schema, t.derived("_round_seq")) }
+// rounds is the quoted name of the table of Relay.ExactlyOnce's rounds.
+func (t table) rounds() string { return qualify(t.schema, t.derived("_rounds")) }
 
 func (t table) templateData() map[string]string {
 	return map[string]string{
@@ -226,6 +225,6 @@ func (t table) templateData() map[string]string {
 		"PublishedIndex": pgx.Identifier{t.derived("_published_idx")}.Sanitize(),
 		"NotifyFunc":     qualify(t.schema, t.derived("_notify")),
 		"Trigger":        pgx.Identifier{t.derived("_notify_trg")}.Sanitize(),
-		"RoundSeq":       t.roundSeq(),
+		"Rounds":         t.rounds(),
 	}
 }

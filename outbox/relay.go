@@ -113,9 +113,9 @@ var DefaultKafkaVersion = sarama.V4_0_0_0
 // Kafka's ack and the delete leaves rows that the next leader sends again.
 // With ExactlyOnce, a round is:
 //
-//  1. label: the heads get a round number, nextval of the table's sequence
-//     <table>_round_seq, in their round column; this commits before
-//     anything is sent;
+//  1. record: the ids of the heads go into a new row of <table>_rounds,
+//     whose identity is the round number; this commits before anything is
+//     sent;
 //  2. publish, in one Kafka transaction (transactional.id TransactionalID):
 //     the records, and the progress mark, an offset of the consumer group
 //     TransactionalID on partition 0 of the round's first topic whose value
@@ -124,8 +124,8 @@ var DefaultKafkaVersion = sarama.V4_0_0_0
 //
 // A leader makes its transactional producer each time it takes the lock,
 // then reads the mark (OffsetFetch with RequireStable: the highest offset
-// the group holds) and deletes the rows labelled with it. Why no row is sent
-// twice or lost:
+// the group holds), deletes the rows of the round it names, and forgets
+// every round record. Why no row is sent twice or lost:
 //
 //   - Making the producer (InitProducerId) fences every earlier producer of
 //     the transactional id: a zombie leader's commit fails from then on,
@@ -138,20 +138,20 @@ var DefaultKafkaVersion = sarama.V4_0_0_0
 //     committed: M.
 //   - A leader deletes a round's rows before it starts the next round, and
 //     a leader that fails before the delete goes through this recovery
-//     first. So the only published rows left in the table are those
-//     labelled M, and they are exactly the records of M's transaction: the
-//     label commits before the records are sent, and a transaction with a
-//     failed record is aborted, never committed in part. The new leader
-//     deletes them: not sent again.
-//   - Every other labelled row belongs to a round that was aborted or never
-//     committed; it is pending like any other and a later round publishes
-//     it: not lost. Per-key order holds as before, since the next row of a
+//     first. So the only published rows left in the table are those of
+//     round M, and they are exactly the records of M's transaction: the
+//     round's record commits before the records are sent, and a transaction
+//     with a failed record is aborted, never committed in part. The new
+//     leader deletes them: not sent again.
+//   - Every other recorded round was aborted or never committed; its rows
+//     are pending like any other and a later round publishes them: not
+//     lost. Per-key order holds as before, since the next row of a
 //     key is read only after the previous one's round committed and its rows
 //     were deleted.
 //   - A mark that is lost (offsets expire offsets.retention.minutes, 7 days
 //     by default, after a round's commit; the topic that held it is
 //     deleted) can only make the last round's rows go out again, never lose
-//     one: a mark that names no label deletes nothing.
+//     one: a mark that names no recorded round deletes nothing.
 //
 // Failures: a failed record makes sarama's transaction abortable; the relay
 // aborts it and the rows go out in the next round (the failed row with its
@@ -172,7 +172,7 @@ var DefaultKafkaVersion = sarama.V4_0_0_0
 //   - Exactly once holds for readers with isolation.level=read_committed
 //     (sarama: Consumer.IsolationLevel = sarama.ReadCommitted). Others may
 //     see the records of aborted rounds.
-//   - Each round costs one more statement (the label) and the transaction's
+//   - Each round costs one more statement (the round's record) and the transaction's
 //     requests: AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit,
 //     EndTxn, and a commit marker in every partition of the round. On a
 //     backlog of 50,000 rows BenchmarkRelayBacklog measured about 0.4 to

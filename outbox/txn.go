@@ -11,6 +11,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // This file is the relay's exactly-once mode (Relay.ExactlyOnce); Relay's
@@ -121,10 +122,6 @@ func (s *session) txnRecover(ctx context.Context, conn *pgx.Conn) error {
 			return nil
 		}
 	}
-	if mark < 0 {
-		s.log.Info("idem: outbox relay (exactly once): no progress mark yet", "transactional_id", s.txn.id)
-		return nil
-	}
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.QueryTimeout)
 	defer cancel()
 	n, err := s.settleRound(actx, conn, mark)
@@ -225,7 +222,7 @@ func fetchMark(client sarama.Client, group string) (mark int64, retry bool, err 
 	return mark, false, nil
 }
 
-// txnRound is round with ExactlyOnce: it labels the heads with a new round
+// txnRound is round with ExactlyOnce: it records the heads under a new round
 // number, publishes them and the mark (that number) in one Kafka transaction,
 // and deletes them once it committed. A round that fails is aborted and its
 // rows are published again by a later round; a round whose outcome is
@@ -245,13 +242,11 @@ func (s *session) txnRound(ctx context.Context, conn *pgx.Conn) (more bool, err 
 	for i, h := range heads {
 		ids[i] = h.id
 	}
-	// The label commits before anything is published: a crash after the
-	// commit finds the round's rows by the number the mark holds.
+	// The round's record commits before anything is published: a crash
+	// after the commit finds the round's rows by the number the mark holds.
 	var round int64
-	if err := s.query(ctx, conn, `WITH r AS (SELECT nextval($1::regclass) AS n),
-		u AS (UPDATE `+s.t.quoted+` SET round = (SELECT n FROM r) WHERE id = ANY($2) AND state = 'pending')
-		SELECT n FROM r`, s.t.roundSeq(), ids).Scan(&round); err != nil {
-		return false, fmt.Errorf("outbox: label round: %w", err)
+	if err := s.query(ctx, conn, `INSERT INTO `+s.t.rounds()+` (ids) VALUES ($1) RETURNING round`, ids).Scan(&round); err != nil {
+		return false, fmt.Errorf("outbox: record round: %w", err)
 	}
 	if err := s.prod.BeginTxn(); err != nil {
 		s.log.Warn("idem: outbox relay could not begin a Kafka transaction; recreating its producer", "err", err)
@@ -280,7 +275,7 @@ func (s *session) txnRound(ctx context.Context, conn *pgx.Conn) (more bool, err 
 		// Kafka has the round: record it even if ctx was cancelled meanwhile.
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.QueryTimeout)
 		defer cancel()
-		if err := s.settle(actx, conn, ids, nil); err != nil {
+		if _, err := s.settleRound(actx, conn, round); err != nil {
 			return false, err
 		}
 		for _, id := range ids {
@@ -289,7 +284,6 @@ func (s *session) txnRound(ctx context.Context, conn *pgx.Conn) (more bool, err 
 		for _, h := range heads {
 			s.m.PublishSeconds.WithLabelValues(s.t.name).Observe(max(0, time.Since(h.created).Seconds()))
 		}
-		s.m.Published.WithLabelValues(s.t.name).Add(float64(len(heads)))
 		return more, nil
 	}
 	// Failed. A failed publish makes the transaction abortable (or fatal):
@@ -395,17 +389,27 @@ func (s *session) commitRound(topic string, round int64, ids []int64) error {
 	return err
 }
 
-// settleRound removes (or marks published) the pending rows labelled round:
-// the round the progress mark says committed.
+// settleRound removes (or marks published) the pending rows of round, a
+// round that committed, and forgets every round: the others never committed
+// and their rows, still pending, go out in later rounds. A round of -1 (no
+// mark) only forgets.
 func (s *session) settleRound(ctx context.Context, conn *pgx.Conn, round int64) (int64, error) {
-	q := "DELETE FROM " + s.t.quoted + " WHERE round = $1 AND state = 'pending'"
+	rows := `(SELECT unnest(ids) FROM ` + s.t.rounds() + ` WHERE round = $1)`
+	q := "DELETE FROM " + s.t.quoted + " WHERE id IN " + rows + " AND state = 'pending'"
 	if s.cfg.KeepPublished > 0 {
-		q = "UPDATE " + s.t.quoted + " SET state = 'published', published_at = now(), retry_at = NULL WHERE round = $1 AND state = 'pending'"
+		q = "UPDATE " + s.t.quoted + " SET state = 'published', published_at = now(), retry_at = NULL WHERE id IN " + rows + " AND state = 'pending'"
 	}
-	tag, err := s.exec(ctx, conn, q, round)
-	if err != nil {
+	b := &pgx.Batch{}
+	settled := b.Queue(q, round)
+	b.Queue("DELETE FROM " + s.t.rounds())
+	var n int64
+	settled.Exec(func(tag pgconn.CommandTag) error {
+		n = tag.RowsAffected()
+		return nil
+	})
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		return 0, fmt.Errorf("outbox: settle committed round %d: %w", round, err)
 	}
-	s.m.Published.WithLabelValues(s.t.name).Add(float64(tag.RowsAffected()))
-	return tag.RowsAffected(), nil
+	s.m.Published.WithLabelValues(s.t.name).Add(float64(n))
+	return n, nil
 }

@@ -241,8 +241,8 @@ func TestExactlyOnceSurvivesSIGKILL(t *testing.T) {
 		if at == "commit" {
 			// The committed round's rows are still in the table: the next
 			// leader must delete them, not send them again.
-			if n := e.count("round IS NOT NULL"); n == 0 {
-				t.Fatalf("killed between commit and delete, but no labelled row is left")
+			if n := e.count("id IN (SELECT unnest(ids) FROM idem_outbox_rounds)"); n == 0 {
+				t.Fatalf("killed between commit and delete, but no row of a recorded round is left")
 			}
 		}
 	}
@@ -264,7 +264,7 @@ func TestExactlyOnceSurvivesSIGKILL(t *testing.T) {
 // runTxnChild starts a child relay that stops at point ("commit",
 // "produce") and SIGKILLs it there, or, for "", SIGKILLs it jitter after it
 // reported its rounds-th commit, wherever it then is (deleting, reading,
-// labelling, producing, committing); it waits for the child and returns what
+// recording a round, producing, committing); it waits for the child and returns what
 // it reported last.
 func (e *env) runTxnChild(point string, rounds int, jitter time.Duration) string {
 	t := e.t
