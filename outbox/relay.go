@@ -187,6 +187,12 @@ var DefaultKafkaVersion = sarama.V4_0_0_0
 //     offset per topic (a round number, not a position).
 //   - Kafka 2.5 or later (Sarama.Version); ACLs: WRITE on the transactional
 //     id, READ on the group.
+//   - sarama v1.61.1 has a data race on its transactional error path: when a
+//     transaction fails with records still being sent, it reads the
+//     transaction's last error in one goroutine while a retry writes it in
+//     another (IBM/sarama#2913). The race detector reports it; the relay's
+//     outcome does not depend on that value (it aborts or recovers from the
+//     mark whatever the error says).
 type Relay struct {
 	// Pool is the database of the outbox table. Required. The relay takes
 	// one connection out of it for good (its lock and LISTEN connection),
