@@ -187,6 +187,37 @@ func TestExactlyOncePublishes(t *testing.T) {
 	exactlyOnce(t, e.settled(committed, e.topic), 320)
 }
 
+// TestExactlyOnceKeepPublished: with KeepPublished the exactly-once relay
+// marks each committed round's rows published instead of deleting them, and
+// a restarted relay does not send them again.
+func TestExactlyOnceKeepPublished(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 2)
+	committed := e.consumeAt(e.topic, sarama.ReadCommitted)
+	e.enqueueKeyed(0, 60, 6)
+	r, _ := e.txnRelay()
+	r.KeepPublished = time.Hour
+	stop := start(t, r)
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if n := e.count("state = 'published'"); n != 60 {
+			return fmt.Errorf("%d of 60 rows published", n)
+		}
+		return nil
+	})
+	stop()
+	r2, _ := e.txnRelay()
+	r2.KeepPublished = time.Hour
+	start(t, r2)
+	e.enqueueKeyed(10, 6, 6)
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if n := e.count("state = 'published'"); n != 66 {
+			return fmt.Errorf("%d of 66 rows published", n)
+		}
+		return nil
+	})
+	exactlyOnce(t, e.settled(committed, e.topic), 66)
+}
+
 // The crash test's child process: env childTxnEnv names the schema, and
 // childKillAt where the child stops and waits for its SIGKILL: "commit"
 // (after CommitTxn, before the rows are deleted), "produce" (records
