@@ -160,9 +160,15 @@ func runWithoutRace(t *testing.T) bool {
 // waitEmpty waits until the outbox table has no row.
 func (e *env) waitEmpty(timeout time.Duration) {
 	e.t.Helper()
+	e.waitCount(timeout, 0, "true")
+}
+
+// waitCount waits until want rows of the outbox table match where.
+func (e *env) waitCount(timeout time.Duration, want int, where string) {
+	e.t.Helper()
 	testenv.Eventually(e.t, timeout, func() error {
-		if n := e.count("true"); n != 0 {
-			return fmt.Errorf("%d rows left", n)
+		if n := e.count(where); n != want {
+			return fmt.Errorf("%d rows WHERE %s, want %d", n, where, want)
 		}
 		return nil
 	})
@@ -198,23 +204,13 @@ func TestExactlyOnceKeepPublished(t *testing.T) {
 	r, _ := e.txnRelay()
 	r.KeepPublished = time.Hour
 	stop := start(t, r)
-	testenv.Eventually(t, 60*time.Second, func() error {
-		if n := e.count("state = 'published'"); n != 60 {
-			return fmt.Errorf("%d of 60 rows published", n)
-		}
-		return nil
-	})
+	e.waitCount(60*time.Second, 60, "state = 'published'")
 	stop()
 	r2, _ := e.txnRelay()
 	r2.KeepPublished = time.Hour
 	start(t, r2)
 	e.enqueueKeyed(10, 6, 6)
-	testenv.Eventually(t, 60*time.Second, func() error {
-		if n := e.count("state = 'published'"); n != 66 {
-			return fmt.Errorf("%d of 66 rows published", n)
-		}
-		return nil
-	})
+	e.waitCount(60*time.Second, 66, "state = 'published'")
 	exactlyOnce(t, e.settled(committed, e.topic), 66)
 }
 
