@@ -62,7 +62,8 @@ var DefaultKafkaVersion = sarama.V4_0_0_0
 // acknowledged it; a crash between the ack and the delete publishes it again,
 // with the same idem-outbox-id, which idem consumers downstream drop as a
 // duplicate. Delivery is at least once; with an idem consumer the effect is
-// exactly once.
+// exactly once. With ExactlyOnce, delivery itself is exactly once for
+// read_committed readers (see Exactly once).
 //
 // Per-key order: the next row of a key is read only after the row before it
 // was acked and deleted, so a failing row of key K holds back every later row
@@ -212,7 +213,8 @@ type Relay struct {
 	// copies it and sets what its guarantees depend on: an idempotent
 	// producer with acks=all, one in-flight request per connection, no topic
 	// auto-creation, sarama's hash partitioner, and Version when left at
-	// sarama's default.
+	// sarama's default; with ExactlyOnce, also Producer.Transaction.ID
+	// (TransactionalID).
 	// Default: sarama.NewConfig().
 	Sarama *sarama.Config
 
