@@ -56,6 +56,14 @@ func checkDefault(t *testing.T, field, val string, v reflect.Value) {
 		if !v.IsNil() {
 			t.Errorf("%s: documented nil, is %v", field, v.Interface())
 		}
+	case val == "computed": // set by Run, not by withDefaults
+		if !v.IsZero() {
+			t.Errorf("%s: documented as computed at Run, is %v", field, v.Interface())
+		}
+	case v.Kind() == reflect.Bool:
+		if want, err := strconv.ParseBool(val); err != nil || v.Bool() != want {
+			t.Errorf("%s: documented %s, is %v", field, val, v.Bool())
+		}
 	case val == "slog.Default()" || val == "sarama.NewConfig()":
 		if v.IsNil() {
 			t.Errorf("%s: documented %s, is nil", field, val)

@@ -33,6 +33,23 @@
 // idempotency-key header (unless the message sets its own), an idem consumer
 // downstream applies the event exactly once with no extra code.
 //
+// # Exactly once
+//
+// Readers that are not idem consumers (ledgers, analytics, partner feeds,
+// Kafka Streams) count a re-sent event twice. For them, set
+// Relay.ExactlyOnce (`idem outbox relay --exactly-once`): each round of rows
+// is first recorded under a new round number in the database, then published
+// in a Kafka transaction that also commits that number as the relay's
+// progress mark (an offset of the group Relay.TransactionalID), then deleted.
+// A new leader first fences the old one's producer (same transactional.id),
+// then reads the mark: the rows of the round it names committed and are
+// deleted without being sent again; every other row is published by a later
+// round.
+// A read_committed reader then sees each row exactly once whatever the
+// relay was doing when it died. It costs throughput and latency (one Kafka
+// transaction and one more statement per round); Relay's doc, "Exactly
+// once", has the argument, the failure handling and the figures.
+//
 // # Relay
 //
 // Relay runs as a library type (Relay.Run), as `idem outbox relay`, or inside
@@ -48,8 +65,9 @@
 // `idem migrate` or Relay.Run: id (bigint identity, the order), event_id
 // (uuid, published as idem-outbox-id), topic, key, value, header_keys,
 // header_values, created_at, state (pending, published, failed), attempts,
-// last_error, retry_at, published_at. An AFTER INSERT trigger NOTIFYs the
-// relay at commit.
+// rejections, last_error, retry_at, published_at; and <table>_rounds
+// (round, ids), the rounds of the exactly-once relay. An AFTER INSERT
+// trigger NOTIFYs the relay at commit.
 //
 // # Metrics
 //

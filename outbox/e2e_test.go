@@ -5,8 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -122,12 +120,10 @@ const (
 // Kafka acked its first round, and waits there, before deleting anything,
 // for the SIGKILL.
 func TestRelayChildProcess(t *testing.T) {
-	schema := os.Getenv(childEnv)
-	if schema == "" {
+	e := childEnvOf(t, childEnv)
+	if e == nil {
 		return
 	}
-	k := testenv.NewKafka(t)
-	e := &env{t: t, k: k, pool: testenv.PoolOnSchema(t, schema), schema: schema}
 	r, _ := e.relay(e.pool)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -151,17 +147,7 @@ func TestCrashAfterAckBeforeDelete(t *testing.T) {
 	recs := e.consume(e.topic)
 	e.enqueue(e.msg("order-1", `{"event":"payment.recorded","order":"order-1"}`))
 
-	cmd := exec.Command(os.Args[0], "-test.run=^TestRelayChildProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(), childEnv+"="+e.schema,
-		"KAFKA_BROKERS="+strings.Join(e.k.Brokers, ","), "DATABASE_URL="+testenv.DatabaseURL(t))
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = testWriter{t}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	cmd, stdout := e.startChild("TestRelayChildProcess", childEnv)
 	acked := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {

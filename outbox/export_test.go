@@ -1,5 +1,25 @@
 package outbox
 
+import "context"
+
 // SetAfterAck installs a hook the relay calls after a round's acks and before
 // it deletes the acked rows (the crash test stops the process there).
 func SetAfterAck(r *Relay, f func(ids []int64)) { r.afterAck = f }
+
+// SetAfterCommit installs a hook the exactly-once relay calls after CommitTxn
+// returned err and before it deletes the round's rows.
+func SetAfterCommit(r *Relay, f func(round int64, err error)) { r.afterCommit = f }
+
+// SetBeforeCommit installs a hook the exactly-once relay calls before
+// CommitTxn; an error aborts the round.
+func SetBeforeCommit(r *Relay, f func(round int64) error) { r.beforeCommit = f }
+
+// DefaultTransactionalID is the transactional id an exactly-once relay of
+// table derives when Relay.TransactionalID is empty.
+func DefaultTransactionalID(ctx context.Context, db DB, table string) (string, error) {
+	t, err := parseTable(table)
+	if err != nil {
+		return "", err
+	}
+	return defaultTransactionalID(ctx, db, t)
+}

@@ -3,9 +3,12 @@ package outbox_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -21,14 +24,14 @@ import (
 
 // env is one test's broker, database schema (with the outbox table) and topic.
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	k      *testenv.Kafka
 	pool   *pgxpool.Pool
 	schema string
 	topic  string
 }
 
-func newEnv(t *testing.T, partitions int32) *env {
+func newEnv(t testing.TB, partitions int32) *env {
 	t.Helper()
 	k := testenv.NewKafka(t)
 	pool, schema := testenv.PostgresSchema(t)
@@ -58,7 +61,7 @@ func (e *env) relay(pool *pgxpool.Pool) (*outbox.Relay, *prometheus.Registry) {
 
 // start runs r until the test ends (or stop is called) and checks it
 // returned nil.
-func start(t *testing.T, r *outbox.Relay) (stop func()) {
+func start(t testing.TB, r *outbox.Relay) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -109,13 +112,22 @@ func (e *env) count(where string, args ...any) int {
 
 // records collects every record of a topic, from the oldest, until the test ends.
 type records struct {
-	mu   sync.Mutex
-	list []*sarama.ConsumerMessage
+	mu      sync.Mutex
+	list    []*sarama.ConsumerMessage
+	arrived []time.Time // when each record of list was read
 }
 
 func (e *env) consume(topic string) *records {
 	e.t.Helper()
-	c, err := sarama.NewConsumer(e.k.Brokers, e.k.Config())
+	return e.consumeAt(topic, sarama.ReadUncommitted)
+}
+
+// consumeAt is consume with the given isolation level.
+func (e *env) consumeAt(topic string, level sarama.IsolationLevel) *records {
+	e.t.Helper()
+	cfg := e.k.Config()
+	cfg.Consumer.IsolationLevel = level
+	c, err := sarama.NewConsumer(e.k.Brokers, cfg)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -137,6 +149,7 @@ func (e *env) consume(topic string) *records {
 			for m := range pc.Messages() {
 				r.mu.Lock()
 				r.list = append(r.list, m)
+				r.arrived = append(r.arrived, time.Now())
 				r.mu.Unlock()
 			}
 		})
@@ -238,7 +251,7 @@ func matches(m *dto.Metric, labels []string) bool {
 	return true
 }
 
-func testLogger(t *testing.T) *slog.Logger {
+func testLogger(t testing.TB) *slog.Logger {
 	level := slog.LevelWarn
 	if os.Getenv("IDEM_TEST_DEBUG") != "" {
 		level = slog.LevelDebug
@@ -246,9 +259,39 @@ func testLogger(t *testing.T) *slog.Logger {
 	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: level}))
 }
 
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(string(p))
 	return len(p), nil
+}
+
+// startChild starts this test binary as a child process that runs only
+// test, with env added and schemaEnv set to the test's schema; its stderr
+// goes to the test log and its stdout is returned.
+func (e *env) startChild(test, schemaEnv string, env ...string) (*exec.Cmd, io.Reader) {
+	e.t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), schemaEnv+"="+e.schema,
+		"KAFKA_BROKERS="+strings.Join(e.k.Brokers, ","), "DATABASE_URL="+testenv.DatabaseURL(e.t))
+	cmd.Env = append(cmd.Env, env...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	cmd.Stderr = testWriter{e.t}
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	return cmd, stdout
+}
+
+// childEnvOf returns, in a child process started by startChild, the env on
+// the schema named by schemaEnv; nil in a normal run.
+func childEnvOf(t *testing.T, schemaEnv string) *env {
+	schema := os.Getenv(schemaEnv)
+	if schema == "" {
+		return nil
+	}
+	return &env{t: t, k: testenv.NewKafka(t), pool: testenv.PoolOnSchema(t, schema), schema: schema}
 }

@@ -214,6 +214,9 @@ func (t table) derived(suffix string) string {
 	return t.rel[:cut] + tail
 }
 
+// rounds is the quoted name of the table of Relay.ExactlyOnce's rounds.
+func (t table) rounds() string { return qualify(t.schema, t.derived("_rounds")) }
+
 func (t table) templateData() map[string]string {
 	return map[string]string{
 		"Table":          t.quoted,
@@ -222,5 +225,6 @@ func (t table) templateData() map[string]string {
 		"PublishedIndex": pgx.Identifier{t.derived("_published_idx")}.Sanitize(),
 		"NotifyFunc":     qualify(t.schema, t.derived("_notify")),
 		"Trigger":        pgx.Identifier{t.derived("_notify_trg")}.Sanitize(),
+		"Rounds":         t.rounds(),
 	}
 }

@@ -406,6 +406,7 @@ func TestRelayValidate(t *testing.T) {
 		{outbox.Relay{Pool: pool, Brokers: []string{"b:9092"}, PollInterval: -1}, "Relay.PollInterval"},
 		{outbox.Relay{Pool: pool, Brokers: []string{"b:9092"}, RetryBase: time.Minute, RetryMax: time.Second}, "Relay.RetryBase"},
 		{outbox.Relay{Pool: pool, Brokers: []string{"b:9092"}, Table: "s."}, "table name"},
+		{outbox.Relay{Pool: pool, Brokers: []string{"b:9092"}, ExactlyOnce: true, Sarama: oldKafka()}, "Relay.Sarama.Version"},
 	} {
 		err := c.r.Validate()
 		if !errors.Is(err, outbox.ErrInvalidConfig) || !strings.Contains(err.Error(), c.want) {
@@ -479,4 +480,11 @@ func TestRejectedOnlyForTheRecordItself(t *testing.T) {
 			t.Errorf("Reason(%v) = %q, want %q", c.err, got, c.reason)
 		}
 	}
+}
+
+// oldKafka is a sarama config for Kafka 2.4, which has no KIP-447 fencing.
+func oldKafka() *sarama.Config {
+	c := sarama.NewConfig()
+	c.Version = sarama.V2_4_0_0
+	return c
 }

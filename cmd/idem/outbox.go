@@ -94,6 +94,8 @@ the table when missing.`,
 	c.Flags().DurationVar(&r.LeaderRetry, "leader-retry", outbox.DefaultLeaderRetry, "how often a standby tries to take over")
 	c.Flags().IntVar(&r.MaxAttempts, "max-attempts", outbox.DefaultMaxAttempts, "refused publishes (unknown topic, too large, authorization) before a row fails")
 	c.Flags().DurationVar(&r.KeepPublished, "keep-published", 0, "keep published rows this long instead of deleting them at once")
+	c.Flags().BoolVar(&r.ExactlyOnce, "exactly-once", false, "publish each round in a Kafka transaction: read_committed readers get every event exactly once (slower; see outbox.Relay)")
+	c.Flags().StringVar(&r.TransactionalID, "transactional-id", "", "with --exactly-once: Kafka transactional.id and progress-mark group (empty: derived from the database and table)")
 	return c
 }
 
