@@ -27,7 +27,8 @@ type Row struct {
 	Attempts    int       // failed publishes so far, outages included
 	Rejections  int       // publishes Kafka rejected for the record itself; Relay.MaxAttempts of them fail the row
 	LastError   string    // the last publish error ("" when none)
-	RetryAt     time.Time // when a pending row that failed is tried again (zero when not waiting)
+	RetryAt     time.Time // when a pending row that failed, or was enqueued with a NotBefore, is read again (zero when not waiting)
+	NotBefore   time.Time // the message's NotBefore (zero when none)
 	PublishedAt time.Time // zero unless State is StatePublished
 }
 
@@ -66,16 +67,19 @@ func List(ctx context.Context, db DB, opt ListOptions) ([]Row, error) {
 		return nil, fmt.Errorf("%w: List needs a DB with Query (a *pgxpool.Pool, *pgx.Conn or pgx.Tx)", ErrInvalidConfig)
 	}
 	rows, err := q.Query(ctx, `SELECT id, event_id::text, topic, key, coalesce(length(value), 0), created_at, state,
-		attempts, rejections, coalesce(last_error, ''), retry_at, published_at
+		attempts, rejections, coalesce(last_error, ''), retry_at, published_at, not_before
 		FROM `+t.quoted+` WHERE ($1 = '' OR state = $1) ORDER BY id LIMIT $2`, opt.State, opt.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list %s: %w", t.quoted, err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Row, error) {
 		var x Row
-		var retryAt, publishedAt *time.Time
+		var retryAt, publishedAt, notBefore *time.Time
 		err := r.Scan(&x.ID, &x.EventID, &x.Topic, &x.Key, &x.ValueSize, &x.CreatedAt, &x.State,
-			&x.Attempts, &x.Rejections, &x.LastError, &retryAt, &publishedAt)
+			&x.Attempts, &x.Rejections, &x.LastError, &retryAt, &publishedAt, &notBefore)
+		if notBefore != nil {
+			x.NotBefore = *notBefore
+		}
 		if retryAt != nil && x.State == StatePending {
 			x.RetryAt = *retryAt
 		}

@@ -50,6 +50,16 @@
 // transaction and one more statement per round); Relay's doc, "Exactly
 // once", has the argument, the failure handling and the figures.
 //
+// # Delayed events
+//
+// Message.NotBefore (zero by default: as soon as possible) keeps a row
+// unpublished until that time by the database clock, for hours or days if
+// need be, without holding anything but the later rows of its key: a key's
+// rows are still published in enqueue order. The relay arms a timer for the
+// earliest due row (capped by Relay.PollInterval) in addition to NOTIFY, so
+// it neither polls nor publishes late. Relay's doc, "Delayed rows", has the
+// details.
+//
 // # Relay
 //
 // Relay runs as a library type (Relay.Run), as `idem outbox relay`, or inside
@@ -64,7 +74,7 @@
 // idem_outbox (or Relay.Table) is created by Migrate, consumer.Migrate,
 // `idem migrate` or Relay.Run: id (bigint identity, the order), event_id
 // (uuid, published as idem-outbox-id), topic, key, value, header_keys,
-// header_values, created_at, state (pending, published, failed), attempts,
+// header_values, created_at, not_before, state (pending, published, failed), attempts,
 // rejections, last_error, retry_at, published_at; and <table>_rounds
 // (round, ids), the rounds of the exactly-once relay. An AFTER INSERT
 // trigger NOTIFYs the relay at commit.

@@ -1,10 +1,17 @@
 package outbox
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // SetAfterAck installs a hook the relay calls after a round's acks and before
 // it deletes the acked rows (the crash test stops the process there).
 func SetAfterAck(r *Relay, f func(ids []int64)) { r.afterAck = f }
+
+// SetIdle installs a hook the relay calls each time it is about to wait idle,
+// with the longest it will wait.
+func SetIdle(r *Relay, f func(wait time.Duration)) { r.idle = f }
 
 // SetAfterCommit installs a hook the exactly-once relay calls after CommitTxn
 // returned err and before it deletes the round's rows.

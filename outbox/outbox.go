@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
@@ -72,6 +73,20 @@ type Message struct {
 	// Headers are published as given, followed by idem-outbox-id and, when
 	// no header idempotency-key is given, idempotency-key = the event id.
 	Headers []Header
+	// NotBefore, when set, is the earliest time the relay publishes the
+	// row, compared with the database's clock (now()) so that every relay
+	// agrees; it is stored as timestamptz (microseconds). A time already
+	// past means as soon as possible. The relay wakes for the earliest
+	// NotBefore by a timer, without polling (see Relay, "Delayed rows").
+	//
+	// Per-key order still holds: a key's rows are published in enqueue
+	// order, so a delayed row holds back the later rows of its key until it
+	// is published, even rows due earlier or not delayed at all, while
+	// rows enqueued before it and other keys flow on. Use another key (or
+	// none) for an event that must not wait for the delayed one. Enqueue
+	// refuses a time outside PostgreSQL's timestamptz range.
+	// Default: zero, publish as soon as possible.
+	NotBefore time.Time
 }
 
 // Enqueue inserts msgs into the default outbox table (idem_outbox) in the
@@ -101,7 +116,10 @@ func EnqueueTable(ctx context.Context, tx pgx.Tx, table string, msgs ...Message)
 	if tx == nil {
 		return fmt.Errorf("%w: nil transaction (inside an idem handler use dedupe.Tx(ctx) with dedupe.NewPostgres)", ErrInvalidMessage)
 	}
-	q := "INSERT INTO " + t.quoted + " (topic, key, value, header_keys, header_values) VALUES ($1, $2, $3, $4, $5)"
+	// A future not_before is also the row's first retry_at: the relay reads
+	// no row before its retry_at and holds back the later rows of its key.
+	q := "INSERT INTO " + t.quoted + ` (topic, key, value, header_keys, header_values, not_before, retry_at)
+		VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $6::timestamptz > now() THEN $6::timestamptz END)`
 	b := &pgx.Batch{}
 	for i, m := range msgs {
 		if m.Topic == "" {
@@ -116,7 +134,15 @@ func EnqueueTable(ctx context.Context, tx pgx.Tx, table string, msgs ...Message)
 			keys = append(keys, h.Key)
 			vals = append(vals, nonNil(h.Value))
 		}
-		b.Queue(q, m.Topic, m.Key, m.Value, keys, vals)
+		if y := m.NotBefore.Year(); y < -4712 || y > 294275 {
+			return fmt.Errorf("%w: message %d (topic %s) has NotBefore %s, outside PostgreSQL's timestamptz range (4713 BC to 294276 AD)",
+				ErrInvalidMessage, i, m.Topic, m.NotBefore)
+		}
+		var notBefore *time.Time
+		if !m.NotBefore.IsZero() {
+			notBefore = &m.NotBefore
+		}
+		b.Queue(q, m.Topic, m.Key, m.Value, keys, vals, notBefore)
 	}
 	br := tx.SendBatch(ctx, b)
 	for range msgs {
@@ -223,6 +249,8 @@ func (t table) templateData() map[string]string {
 		"PendingIndex":   pgx.Identifier{t.derived("_pending_idx")}.Sanitize(),
 		"RetryIndex":     pgx.Identifier{t.derived("_retry_idx")}.Sanitize(),
 		"PublishedIndex": pgx.Identifier{t.derived("_published_idx")}.Sanitize(),
+		"ReadyIndex":     pgx.Identifier{t.derived("_ready_idx")}.Sanitize(),
+		"HeldIndex":      pgx.Identifier{t.derived("_held_idx")}.Sanitize(),
 		"NotifyFunc":     qualify(t.schema, t.derived("_notify")),
 		"Trigger":        pgx.Identifier{t.derived("_notify_trg")}.Sanitize(),
 		"Rounds":         t.rounds(),

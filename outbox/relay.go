@@ -71,6 +71,31 @@ var DefaultKafkaVersion = sarama.V4_0_0_0
 // flow on. One key therefore publishes at most one row per round (a few
 // milliseconds); many keys publish BatchSize rows per round.
 //
+// # Delayed rows
+//
+// A row enqueued with Message.NotBefore in the future starts with retry_at =
+// NotBefore, and every rule above applies to it as to a row waiting for a
+// retry: it is not read before that time (compared with the database's
+// now(), so relays on hosts with skewed clocks agree), and it holds back the
+// later rows of its key, and only those. A key's rows thus go out in
+// enqueue order even when a later row is due first: per-key order is what
+// downstream readers rely on (a "cancelled" must not overtake its
+// "created"), and a rule that let due rows pass a delayed one would make the
+// order depend on timing. Rows enqueued before the delayed one, and other
+// keys, are not held. After each round that leaves the leader idle, it asks
+// the database for the next time a waiting row comes due (the first
+// retry_at, in time order, of a row no earlier row of its key holds back)
+// and waits for a NOTIFY at most until then, or PollInterval when sooner: a
+// delayed row goes out within a round's time of being due, and an idle
+// leader does not poll faster than PollInterval. Each round reads its
+// window from two index ranges (rows with no retry_at in id order, rows
+// whose retry_at has come), so a large number of rows scheduled for later
+// does not slow the rows due now. idem_outbox_pending counts delayed rows;
+// idem_outbox_oldest_pending_seconds and idem_outbox_publish_seconds count
+// from a row's NotBefore when it is later than its insert. A relay of an
+// idem version before NotBefore must not run on the same table: it would
+// hold back the earlier rows of a key behind a later delayed one.
+//
 // # Never skipping a late commit
 //
 // Identity ids are taken at INSERT, not at COMMIT: a long transaction may
@@ -228,6 +253,8 @@ type Relay struct {
 
 	// PollInterval is how long an idle leader waits for a NOTIFY before it
 	// looks at the table anyway (a fallback: NOTIFY wakes it at each commit).
+	// A timer wakes it sooner when a delayed row (Message.NotBefore) or a
+	// failed row's retry comes due first.
 	// Default: 1s.
 	PollInterval time.Duration
 
@@ -312,6 +339,9 @@ type Relay struct {
 	// Default: computed at Run.
 	TransactionalID string
 
+	// idle, when set (tests only), runs each time an idle leader is about
+	// to wait, with how long it will wait at most.
+	idle func(wait time.Duration)
 	// afterAck, when set (tests only), runs after a round's acks and before
 	// its rows are deleted; with ExactlyOnce, before the round commits.
 	afterAck func(ids []int64)
@@ -651,6 +681,9 @@ func (s *session) lead(ctx context.Context, conn *pgx.Conn) error {
 		if err != nil {
 			return err
 		}
+		if s.cfg.idle != nil {
+			s.cfg.idle(wait)
+		}
 		wctx, cancel := context.WithTimeout(ctx, wait)
 		_, err = conn.WaitForNotification(wctx)
 		timedOut := wctx.Err() != nil
@@ -665,12 +698,17 @@ func (s *session) lead(ctx context.Context, conn *pgx.Conn) error {
 }
 
 // idleWait is how long the leader may wait for a NOTIFY: PollInterval, or
-// less when a failed row's retry comes sooner.
+// less when a waiting row (a NotBefore, a failed row's retry) comes due
+// sooner. A row that is due but held back by an earlier waiting row of its
+// key does not count (its holder's time does), or the leader would spin
+// until the holder is due. The retry index is read in time order and the
+// walk stops at the first row not held back.
 func (s *session) idleWait(ctx context.Context, conn *pgx.Conn) (time.Duration, error) {
 	var next *float64
-	err := s.query(ctx, conn, `SELECT extract(epoch FROM min(retry_at) - now())::float8 FROM `+s.t.quoted+`
-		WHERE state = 'pending' AND retry_at IS NOT NULL`).Scan(&next)
-	if err != nil {
+	err := s.query(ctx, conn, `SELECT extract(epoch FROM o.retry_at - now())::float8 FROM `+s.t.quoted+` o
+		WHERE o.state = 'pending' AND o.retry_at IS NOT NULL AND `+fmt.Sprintf(notHeldSQL, s.t.quoted)+`
+		ORDER BY o.retry_at LIMIT 1`).Scan(&next)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return 0, fmt.Errorf("outbox: next retry: %w", err)
 	}
 	wait := s.cfg.PollInterval
@@ -691,7 +729,7 @@ type row struct {
 	hvals    [][]byte
 	attempts int
 	rejects  int
-	created  time.Time
+	due      time.Time // created_at, or not_before when later
 }
 
 // round publishes the heads of the first BatchSize publishable rows. more
@@ -709,7 +747,7 @@ func (s *session) round(ctx context.Context, conn *pgx.Conn) (more bool, err err
 	for i, h := range heads {
 		if errs[i] == nil {
 			acked = append(acked, h.id)
-			s.m.PublishSeconds.WithLabelValues(s.t.name).Observe(max(0, time.Since(h.created).Seconds()))
+			s.m.PublishSeconds.WithLabelValues(s.t.name).Observe(max(0, time.Since(h.due).Seconds()))
 		}
 	}
 	failed := s.failures(heads, errs)
@@ -728,39 +766,55 @@ func (s *session) round(ctx context.Context, conn *pgx.Conn) (more bool, err err
 }
 
 // fetchSQL reads a window of up to $1 publishable pending rows in id order
-// (rows whose retry time has come, of keys no waiting row holds back) and
-// returns, values included, only each key's first row of the window and
-// every keyless row, with the window's size.
+// (rows whose retry time, if any, has come, and that no earlier waiting row
+// of their key holds back) and returns, values included, only each key's
+// first row of the window and every keyless row, with the window's size.
+// The window is the union of two ranges, each read through its own index in
+// id order, so that rows waiting for a later time (Message.NotBefore, a
+// retry) are never walked past: rows with no retry_at, and rows whose
+// retry_at has come. A row is held back only by an earlier row of its key
+// (%[2]s), so a delayed row never holds back the rows enqueued before it.
 const fetchSQL = `
 WITH w AS (
   SELECT id, key, row_number() OVER (PARTITION BY key ORDER BY id) AS nth
   FROM (
-    SELECT id, key FROM %[1]s
-    WHERE state = 'pending' AND (retry_at IS NULL OR retry_at <= now())
-      AND (key IS NULL OR key NOT IN (
-            SELECT key FROM %[1]s WHERE state = 'pending' AND retry_at > now() AND key IS NOT NULL))
+    SELECT id, key FROM (
+      (SELECT id, key FROM %[1]s o
+       WHERE state = 'pending' AND retry_at IS NULL AND %[2]s
+       ORDER BY id LIMIT $1)
+      UNION ALL
+      (SELECT id, key FROM %[1]s o
+       WHERE state = 'pending' AND retry_at <= now() AND %[2]s
+       ORDER BY id LIMIT $1)) ranges
     ORDER BY id
     LIMIT $1) window_rows
 )
-SELECT o.id, o.event_id::text, o.topic, o.key, o.value, o.header_keys, o.header_values, o.attempts, o.rejections, o.created_at,
-       (SELECT count(*) FROM w)
+SELECT o.id, o.event_id::text, o.topic, o.key, o.value, o.header_keys, o.header_values, o.attempts, o.rejections,
+       greatest(o.created_at, o.not_before), (SELECT count(*) FROM w)
 FROM %[1]s o JOIN w ON w.id = o.id
 WHERE w.nth = 1 OR w.key IS NULL
 ORDER BY o.id`
+
+// notHeldSQL is true for a row o of the table %[1]s that no earlier pending
+// row of its key holds back: one whose retry_at (its NotBefore, or its
+// retry after a failed publish) has not come yet.
+const notHeldSQL = `(o.key IS NULL OR NOT EXISTS (
+  SELECT 1 FROM %[1]s h
+  WHERE h.state = 'pending' AND h.retry_at IS NOT NULL AND h.key = o.key AND h.id < o.id AND h.retry_at > now()))`
 
 // fetch returns the heads of the next window (see fetchSQL) in id order, and
 // the window's size.
 func (s *session) fetch(ctx context.Context, conn *pgx.Conn) ([]row, int, error) {
 	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
-	rs, err := conn.Query(qctx, fmt.Sprintf(fetchSQL, s.t.quoted), s.cfg.BatchSize)
+	rs, err := conn.Query(qctx, fmt.Sprintf(fetchSQL, s.t.quoted, fmt.Sprintf(notHeldSQL, s.t.quoted)), s.cfg.BatchSize)
 	if err != nil {
 		return nil, 0, fmt.Errorf("outbox: read %s: %w", s.t.quoted, err)
 	}
 	var window int
 	out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (row, error) {
 		var x row
-		err := r.Scan(&x.id, &x.eventID, &x.topic, &x.key, &x.value, &x.hkeys, &x.hvals, &x.attempts, &x.rejects, &x.created, &window)
+		err := r.Scan(&x.id, &x.eventID, &x.topic, &x.key, &x.value, &x.hkeys, &x.hvals, &x.attempts, &x.rejects, &x.due, &window)
 		return x, err
 	})
 	if err != nil {
@@ -905,7 +959,8 @@ func (s *session) stats(ctx context.Context, conn *pgx.Conn) error {
 	var pending, failed int64
 	var oldest float64
 	err := s.query(ctx, conn, `SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE state = 'failed'),
-		coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE state = 'pending')), 0)::float8
+		coalesce(extract(epoch FROM now() - min(greatest(created_at, not_before))
+			FILTER (WHERE state = 'pending' AND (not_before IS NULL OR not_before <= now()))), 0)::float8
 		FROM `+s.t.quoted+` WHERE state <> 'published'`).Scan(&pending, &failed, &oldest)
 	if err != nil {
 		return fmt.Errorf("outbox: stats: %w", err)

@@ -363,7 +363,9 @@ func TestFailedRowHoldsBackItsKey(t *testing.T) {
 	}
 }
 
-// TestEnqueueRejectsBadMessages: nothing is inserted for an invalid batch.
+// TestEnqueueRejectsBadMessages: nothing is inserted for an invalid batch
+// (no topic, a header with no name, a NotBefore outside PostgreSQL's
+// timestamptz range).
 func TestEnqueueRejectsBadMessages(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
@@ -373,7 +375,9 @@ func TestEnqueueRejectsBadMessages(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	for _, m := range []outbox.Message{{Key: []byte("no topic")}, {Topic: "x", Headers: []outbox.Header{{Value: []byte("v")}}}} {
+	for _, m := range []outbox.Message{{Key: []byte("no topic")}, {Topic: "x", Headers: []outbox.Header{{Value: []byte("v")}}},
+		{Topic: "x", NotBefore: time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC)},
+		{Topic: "x", NotBefore: time.Date(-5000, 1, 1, 0, 0, 0, 0, time.UTC)}} {
 		if err := outbox.Enqueue(ctx, tx, e.msg("fine", "1"), m); !errors.Is(err, outbox.ErrInvalidMessage) {
 			t.Fatalf("Enqueue(%+v) = %v, want ErrInvalidMessage", m, err)
 		}

@@ -282,7 +282,7 @@ func (s *session) txnRound(ctx context.Context, conn *pgx.Conn) (more bool, err 
 			delete(s.txn.suspects, id)
 		}
 		for _, h := range heads {
-			s.m.PublishSeconds.WithLabelValues(s.t.name).Observe(max(0, time.Since(h.created).Seconds()))
+			s.m.PublishSeconds.WithLabelValues(s.t.name).Observe(max(0, time.Since(h.due).Seconds()))
 		}
 		return more, nil
 	}
