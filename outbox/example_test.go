@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"log"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -37,6 +38,29 @@ func Example() {
 	// Usually in its own goroutine, process or consumer.Config.Relay.
 	relay := &outbox.Relay{Pool: pool, Brokers: []string{"127.0.0.1:9092"}}
 	if err := relay.Run(ctx); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// A reminder published a day after the order is placed, by the database
+// clock. Later events of the same key wait behind it, so it uses a key of
+// its own.
+func ExampleMessage_notBefore() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://idem:idem@127.0.0.1:5432/idem")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		return outbox.Enqueue(ctx, tx, outbox.Message{
+			Topic:     "orders.reminders",
+			Key:       []byte("order-1/reminder"),
+			Value:     []byte(`{"type":"order.unpaid_reminder","order_id":"order-1"}`),
+			NotBefore: time.Now().Add(24 * time.Hour),
+		})
+	})
+	if err != nil {
 		log.Fatal(err)
 	}
 }

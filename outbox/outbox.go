@@ -76,15 +76,18 @@ type Message struct {
 	// NotBefore, when set, is the earliest time the relay publishes the
 	// row, compared with the database's clock (now()) so that every relay
 	// agrees; it is stored as timestamptz (microseconds). A time already
-	// past means as soon as possible. The relay wakes for the earliest
-	// NotBefore by a timer, without polling (see Relay, "Delayed rows").
+	// past means as soon as possible. The time is absolute: with
+	// time.Now().Add(d), a skew between the application's clock and the
+	// database's shifts it. The relay wakes for the earliest NotBefore by a
+	// timer, without polling (see Relay, "Delayed rows"). Enqueue refuses a
+	// time outside PostgreSQL's timestamptz range (4713 BC to 294276 AD).
 	//
 	// Per-key order still holds: a key's rows are published in enqueue
 	// order, so a delayed row holds back the later rows of its key until it
-	// is published, even rows due earlier or not delayed at all, while
-	// rows enqueued before it and other keys flow on. Use another key (or
-	// none) for an event that must not wait for the delayed one. Enqueue
-	// refuses a time outside PostgreSQL's timestamptz range.
+	// is published, even rows due earlier or not delayed at all, while the
+	// rows enqueued before it and other keys flow on; a keyless delayed row
+	// holds back nothing. Use another key (or none) for an event that must
+	// not wait for the delayed one.
 	// Default: zero, publish as soon as possible.
 	NotBefore time.Time
 }
