@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -177,7 +178,7 @@ func (a *app) produce(ctx context.Context, topic string, o produceOpts) error {
 	}
 	defer p.Close()
 	var sum produceSummary
-	var failed []string
+	failed := map[int]error{} // by line number
 	for start := 0; start < len(lines) && ctx.Err() == nil; start += produceBatch {
 		batch := lines[start:min(start+produceBatch, len(lines))]
 		msgs := make([]*sarama.ProducerMessage, len(batch))
@@ -201,7 +202,7 @@ func (a *app) produce(ctx context.Context, topic string, o produceOpts) error {
 		if errors.As(err, &perrs) {
 			for _, pe := range perrs {
 				bad[pe.Msg] = true
-				failed = append(failed, fmt.Sprintf("line %v: %v", pe.Msg.Metadata, pe.Err))
+				failed[pe.Msg.Metadata.(int)] = pe.Err
 			}
 		} else if err != nil {
 			return fmt.Errorf("produce to %s: %w (%s)", topic, err, sum.String(topic))
@@ -218,8 +219,9 @@ func (a *app) produce(ctx context.Context, topic string, o produceOpts) error {
 	}
 	switch {
 	case len(failed) > 0:
-		slices.Sort(failed)
-		return fmt.Errorf("%d of %d records failed, first: %s", len(failed), len(lines), failed[0])
+		first := slices.Min(slices.Collect(maps.Keys(failed)))
+		return fmt.Errorf("%d of %d records failed (see the summary for those produced); first, line %d: %w",
+			len(failed), len(lines), first, failed[first])
 	case ctx.Err() != nil:
 		return fmt.Errorf("stopped after %d of %d records: %w", sum.total, len(lines), ctx.Err())
 	}

@@ -110,6 +110,19 @@ func TestTopicProduceBadInput(t *testing.T) {
 			}
 		})
 	}
+	// A record the broker refuses (over the topic's max.message.bytes): the
+	// summary says what was produced (line 1, unless the broker refused the
+	// batch holding both), and the command fails naming the first bad line.
+	small := testenv.Unique("t_small")
+	t.Cleanup(func() { k.DeleteTopics(t, small) })
+	if code, _, _ := idem(t, k, "", "topic", "create", small, "-p", "1", "--config", "max.message.bytes=200"); code != 0 {
+		t.Fatalf("create %s: code %d", small, code)
+	}
+	code, out, errOut := idem(t, k, "x\n"+strings.Repeat("y", 400)+"\n", "produce", small, "--partition", "0")
+	if code != 1 || !strings.Contains(out, "produced ") || !strings.Contains(errOut, "records failed") ||
+		!strings.Contains(errOut, "of 2 records failed") || !strings.Contains(errOut, "too large") {
+		t.Errorf("produce over max.message.bytes: code %d, stdout %q, stderr %q", code, out, errOut)
+	}
 	if got := readPartition(t, k, topic, 0); len(got) != 0 {
 		t.Errorf("%d records were produced by failed commands", len(got))
 	}
