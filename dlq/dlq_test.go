@@ -237,6 +237,16 @@ func TestReplayToOrigin(t *testing.T) {
 	if len(got) != 5 {
 		t.Fatalf("origin has %d records, want 5", len(got))
 	}
+	// Where each record sits in the dead-letter topic, by idempotency key:
+	// what its replay's idem-replay-of names.
+	dead := map[string]string{}
+	for _, m := range readAll(t, k, topic) {
+		for _, h := range m.Headers {
+			if string(h.Key) == "idempotency-key" {
+				dead[string(h.Value)] = dlq.ReplayOf(topic, dlq.Position{Partition: m.Partition, Offset: m.Offset})
+			}
+		}
+	}
 	byIdem := map[string]*sarama.ConsumerMessage{}
 	for _, m := range got {
 		for _, h := range m.Headers {
@@ -259,8 +269,9 @@ func TestReplayToOrigin(t *testing.T) {
 		if m.Partition != r.origPart {
 			t.Errorf("%s: partition %d, want original %d", r.idemKey, m.Partition, r.origPart)
 		}
-		if len(m.Headers) != 2 || string(m.Headers[1].Key) != "trace-id" {
-			t.Errorf("%s: headers %d, want the 2 originals", r.idemKey, len(m.Headers))
+		if len(m.Headers) != 3 || string(m.Headers[1].Key) != "trace-id" || string(m.Headers[2].Key) != dlq.ReplayOfHeader ||
+			string(m.Headers[2].Value) != dead[r.idemKey] {
+			t.Errorf("%s: headers %v, want the 2 originals and %s=%s", r.idemKey, m.Headers, dlq.ReplayOfHeader, dead[r.idemKey])
 		}
 	}
 

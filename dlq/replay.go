@@ -112,8 +112,11 @@ type Destination string
 
 // ToSource is the default Destination: each record goes back to its
 // idem-original-topic, to the partition it came from (idem-original-partition)
-// when that exists, with only its original (non idem-*) headers, so the
-// consumer sees it as a fresh record.
+// when that exists, with only its original headers (none of the wire
+// contract's idem-* headers), so the consumer sees it as a fresh record.
+//
+// Whatever the destination, a replayed record also carries ReplayOfHeader
+// (idem-replay-of), naming the dead-letter record it came from.
 //
 // Any other Destination is a topic name, typically a retry tier named
 // explicitly (idem never guesses tier names: a policy may have no tiers or
@@ -123,7 +126,7 @@ type Destination string
 // ReplayOptions.Tier says; a consumer reading the topic as that tier of the
 // record's group handles it at once and forwards it onwards as its policy
 // says. A record that has no idem-* headers is sent with its headers as they
-// are, and a named topic equal to the record's idem-original-topic is treated
+// are (plus idem-replay-of), and a named topic equal to the record's idem-original-topic is treated
 // as ToSource. A topic that is really called "source" cannot be named.
 const ToSource Destination = "source"
 
@@ -405,6 +408,7 @@ func replayRecord(r *Record, opts ReplayOptions) (retrytopic.Record, error) {
 		}
 		rec.Headers = retrytopic.Encode(r.Headers, f)
 	}
+	rec.Headers = WithReplayOf(rec.Headers, r.Topic, Position{Partition: r.Partition, Offset: r.Offset})
 	return rec, nil
 }
 

@@ -2,6 +2,7 @@ package dlq
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -82,8 +83,8 @@ func TestReplayRecord(t *testing.T) {
 	now := time.UnixMilli(1_800_000_000_000)
 	f := retrytopic.Failure{Attempt: 4, OriginalTopic: "pay", OriginalPartition: 2, OriginalOffset: 9, Group: "billing", Kind: handler.KindPermanent, Error: "boom"}
 	orig := []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte("k-1")}}
-	failed := &Record{Partition: 1, Offset: 5, Key: []byte("k"), Value: []byte("v"), Headers: retrytopic.Encode(orig, f), Failure: f, HasFailure: true}
-	foreign := &Record{Partition: 1, Offset: 6, Key: []byte("k"), Headers: orig}
+	failed := &Record{Topic: "pay.billing.dlq", Partition: 1, Offset: 5, Key: []byte("k"), Value: []byte("v"), Headers: retrytopic.Encode(orig, f), Failure: f, HasFailure: true}
+	foreign := &Record{Topic: "pay.billing.dlq", Partition: 1, Offset: 6, Key: []byte("k"), Headers: orig}
 	tests := []struct {
 		name      string
 		r         *Record
@@ -110,10 +111,15 @@ func TestReplayRecord(t *testing.T) {
 			if rec.Topic != tt.topic || rec.Partition != tt.partition || string(rec.Key) != "k" {
 				t.Fatalf("record to %s/%d key %q, want %s/%d", rec.Topic, rec.Partition, rec.Key, tt.topic, tt.partition)
 			}
+			// Every replay names its dead letter, last.
+			last := rec.Headers[len(rec.Headers)-1]
+			if want := fmt.Sprintf("pay.billing.dlq/1/%d", tt.r.Offset); string(last.Key) != ReplayOfHeader || string(last.Value) != want {
+				t.Fatalf("last header %s=%s, want %s=%s", last.Key, last.Value, ReplayOfHeader, want)
+			}
 			got, ok, err := retrytopic.Decode(rec.Headers)
 			if tt.wantTier < 0 {
-				if ok || len(rec.Headers) != 1 {
-					t.Fatalf("headers %d (idem: %v), want the original one only", len(rec.Headers), ok)
+				if ok || len(rec.Headers) != 2 {
+					t.Fatalf("headers %d (idem: %v), want the original one and %s", len(rec.Headers), ok, ReplayOfHeader)
 				}
 				return
 			}
@@ -124,5 +130,36 @@ func TestReplayRecord(t *testing.T) {
 	}
 	if _, err := replayRecord(foreign, ReplayOptions{To: ToSource}); !errors.Is(err, ErrNoOrigin) {
 		t.Fatalf("source of a record without idem headers: %v, want ErrNoOrigin", err)
+	}
+}
+
+// TestReplayOf: idem-replay-of round-trips (topic names may hold dots and
+// dashes, never '/'), a bad value does not parse, and a record replayed a
+// second time names only its latest dead letter.
+func TestReplayOf(t *testing.T) {
+	p := Position{Partition: 3, Offset: 42}
+	v := ReplayOf("pay.billing-1.dlq", p)
+	if v != "pay.billing-1.dlq/3/42" {
+		t.Fatalf("ReplayOf = %q", v)
+	}
+	if topic, got, ok := ParseReplayOf(v); !ok || topic != "pay.billing-1.dlq" || got != p {
+		t.Fatalf("ParseReplayOf(%q) = %q %+v %v", v, topic, got, ok)
+	}
+	for _, bad := range []string{"", "t", "t/1", "/1/2", "t/x/2", "t/1/y", "t/-1/2", "t/1/-2", "t/99999999999/1"} {
+		if _, _, ok := ParseReplayOf(bad); ok {
+			t.Errorf("ParseReplayOf(%q) ok", bad)
+		}
+	}
+	hs := []sarama.RecordHeader{{Key: []byte(ReplayOfHeader), Value: []byte("old/0/1")}, {Key: []byte("a"), Value: []byte("b")}}
+	out := WithReplayOf(hs, "new", Position{Partition: 1, Offset: 7})
+	if len(out) != 2 || string(out[0].Key) != "a" || string(out[1].Value) != "new/1/7" || string(hs[0].Value) != "old/0/1" {
+		t.Fatalf("WithReplayOf = %v (input now %v)", out, hs)
+	}
+	r := &Record{Headers: out}
+	if topic, got, ok := r.ReplayedFrom(); !ok || topic != "new" || got != (Position{Partition: 1, Offset: 7}) {
+		t.Fatalf("ReplayedFrom = %q %+v %v", topic, got, ok)
+	}
+	if _, _, ok := (&Record{}).ReplayedFrom(); ok {
+		t.Fatal("a record without the header was replayed from somewhere")
 	}
 }

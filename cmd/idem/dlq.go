@@ -350,6 +350,10 @@ func showText(w io.Writer, r *dlq.Record) {
 	if !f.DueAt.IsZero() {
 		rows = append(rows, [2]string{"due-at", fmtTime(f.DueAt)})
 	}
+	if t, p, ok := r.ReplayedFrom(); ok {
+		// The dead letter this record was replayed from: its earlier failure.
+		rows = append(rows, [2]string{"replay-of", fmt.Sprintf("%s partition %d offset %d", text(t), p.Partition, p.Offset)})
+	}
 	for _, row := range rows {
 		fmt.Fprintf(tw, "  %s\t%s\n", row[0], orDash(row[1]))
 	}

@@ -32,12 +32,18 @@ func seedStub(t *testing.T, k *testenv.Kafka, topic, origin, key string) {
 // readTopic returns every record of partition 0 of topic.
 func readTopic(t *testing.T, k *testenv.Kafka, topic string) []*sarama.ConsumerMessage {
 	t.Helper()
+	return readPartition(t, k, topic, 0)
+}
+
+// readPartition returns every record of partition p of topic.
+func readPartition(t *testing.T, k *testenv.Kafka, topic string, p int32) []*sarama.ConsumerMessage {
+	t.Helper()
 	client, err := sarama.NewClient(k.Brokers, k.Config())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	end, err := client.GetOffset(topic, 0, sarama.OffsetNewest)
+	end, err := client.GetOffset(topic, p, sarama.OffsetNewest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +55,7 @@ func readTopic(t *testing.T, k *testenv.Kafka, topic string) []*sarama.ConsumerM
 		t.Fatal(err)
 	}
 	defer c.Close()
-	pc, err := c.ConsumePartition(topic, 0, sarama.OffsetOldest)
+	pc, err := c.ConsumePartition(topic, p, sarama.OffsetOldest)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 // Command idem is the operator CLI of idem: inspect, replay and purge
 // dead-letter topics, release messages parked by ordering-by-key, run the
-// outbox relay, show and reset batch checkpoints, and create idem's tables.
+// outbox relay, show and reset batch checkpoints, create idem's tables, and,
+// for trying a consumer out, create a topic and produce records to it.
 //
 //	idem dlq list     (-t DLQ | --source T --group G) [--json]
 //	idem dlq depth    (-t DLQ | --source T --group G) [--json]
@@ -17,10 +18,12 @@
 //	idem checkpoint status [job] [--json]
 //	idem checkpoint reset job [--to CURSOR] [--yes]
 //	idem migrate      [--database-url URL] [--table schema.table]
+//	idem topic create NAME --partitions N [--replication-factor R] [--config k=v]... [--if-not-exists]
+//	idem produce TOPIC [--key K | --key-sep SEP [--key-header H]] [--header k=v]... [--partition P]   (one record per stdin line)
 //
-// Commands that talk to Kafka (dlq, ordering release, outbox relay) take -b/--brokers
-// (env KAFKA_BROKERS, default 127.0.0.1:9092), --kafka-version (default
-// 4.0.0) and the TLS and SASL flags --tls, --tls-ca, --tls-cert, --tls-key,
+// Commands that talk to Kafka (dlq, ordering release, outbox relay, topic,
+// produce) take -b/--brokers (env KAFKA_BROKERS, default 127.0.0.1:9092),
+// --kafka-version (default 4.0.0) and the TLS and SASL flags --tls, --tls-ca, --tls-cert, --tls-key,
 // --tls-insecure-skip-verify, --sasl-mechanism (PLAIN, SCRAM-SHA-256,
 // SCRAM-SHA-512) and --sasl-user; each flag not given is read from its
 // environment variable (IDEM_TLS, IDEM_TLS_CA, …, IDEM_SASL_USER), and the

@@ -102,7 +102,8 @@ func newRootCmd(a *app) *cobra.Command {
 		Short: "Operate idem consumers: dead-letter topics, parked ordered messages, schema migrations",
 		Long: `idem operates the consumers built with github.com/idemhq/idem: inspect, replay
 and purge dead-letter topics, release messages parked by ordering-by-key, and
-create idem's PostgreSQL tables.
+create idem's PostgreSQL tables. For a first trial, idem topic create makes a
+topic and idem produce writes records to it from stdin.
 
 Commands that talk to Kafka take --brokers (-b) and, for a secured cluster,
 --tls* and --sasl-* flags; each flag can also be set by the environment
@@ -112,7 +113,8 @@ name (idem dlq list --tls …). Errors print one line on stderr and exit 1.`,
 		Example: `  idem dlq list -b kafka-1:9092 --source payments --group billing
   idem dlq depth --topic payments.billing.dlq --json
   IDEM_SASL_PASSWORD=… idem dlq list -b kafka:9093 --tls-ca ca.pem --sasl-mechanism SCRAM-SHA-512 --sasl-user ops -t payments.billing.dlq
-  idem migrate --database-url postgres://idem@db/idem`,
+  idem migrate --database-url postgres://idem@db/idem
+  idem topic create payments --partitions 6 && printf 'pay-1:{"amount":10}\n' | idem produce payments --key-sep : --key-header idempotency-key`,
 		Version:       versionString(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -127,6 +129,8 @@ name (idem dlq list --tls …). Errors print one line on stderr and exit 1.`,
 	root.AddCommand(newCheckpointCmd(a))
 	root.AddCommand(newOutboxCmd(a))
 	root.AddCommand(newConsoleCmd(a))
+	root.AddCommand(newTopicCmd(a))
+	root.AddCommand(newProduceCmd(a))
 	cobraCommands(root)
 	a.groups(root)
 	return root

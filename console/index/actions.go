@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -21,7 +22,9 @@ import (
 )
 
 // HeaderReplaces is the header EditAndRetry adds to the record it publishes:
-// the DLQ record it replaces, as "<topic>/<partition>/<offset>".
+// the DLQ record it replaces, as "<topic>/<partition>/<offset>". The record
+// also carries dlq.ReplayOfHeader with the same value, the link the indexer
+// follows; idem-replaces alone says the value was edited.
 const HeaderReplaces = "idem-replaces"
 
 // Actions change the index and publish to Kafka on an operator's behalf. Every
@@ -394,8 +397,10 @@ func (a *Actions) kafkaRecord(ctx context.Context, r Record) (*dlq.Record, error
 
 // EditAndRetry publishes value in place of record id's value to the record's
 // origin topic, with its Kafka key and original headers (so under the same
-// idempotency key) and header idem-replaces = "<topic>/<partition>/<offset>"
-// of the DLQ record. value must be valid JSON when the original was JSON, and
+// idempotency key) and two headers naming the DLQ record as
+// "<topic>/<partition>/<offset>": idem-replaces (this record is an edit of
+// it) and idem-replay-of (dlq.ReplayOfHeader, as every replay carries, so a
+// failure of the edited record is linked to it as a replay's is). value must be valid JSON when the original was JSON, and
 // must keep every JSON string field that held the idempotency key; otherwise,
 // or when value is empty, the error is a *ValidationError and nothing is
 // published or changed. The edit is stored as a new Version beside the
@@ -433,8 +438,12 @@ func (a *Actions) EditAndRetry(ctx context.Context, actor string, id int64, valu
 	for _, h := range r.Headers {
 		orig = append(orig, sarama.RecordHeader{Key: h.Key, Value: h.Value})
 	}
-	hs := retrytopic.StripHeaders(orig)
-	hs = append(hs, sarama.RecordHeader{Key: []byte(HeaderReplaces), Value: fmt.Appendf(nil, "%s/%d/%d", r.Topic, r.Partition, r.Offset)})
+	// idem-replaces says this is an edit; idem-replay-of, the link every
+	// replay carries and the indexer follows, names the same dead letter.
+	at := dlq.Position{Partition: r.Partition, Offset: r.Offset}
+	hs := dlq.WithReplayOf(retrytopic.StripHeaders(orig), r.Topic, at)
+	hs = slices.DeleteFunc(hs, func(h sarama.RecordHeader) bool { return string(h.Key) == HeaderReplaces })
+	hs = append(hs, sarama.RecordHeader{Key: []byte(HeaderReplaces), Value: []byte(dlq.ReplayOf(r.Topic, at))})
 	pub, err := newPublisher(a.client)
 	if err != nil {
 		return fail(err)

@@ -16,7 +16,9 @@
 // (Replay, Resolve, Archive, EditAndRetry) and write one audit row each.
 // Replaying a subset leaves the others Unresolved. A replayed record that
 // fails again is indexed as a new record whose PreviousID points at the
-// earlier one (same idempotency key, origin topic and group).
+// earlier one: the dead letter its idem-replay-of header names (every replay
+// and edit-and-retry writes it), else the latest with the same idempotency
+// key, origin topic and group.
 //
 //	if err := index.Migrate(ctx, pool); err != nil { // consumer.Migrate does it too
 //		log.Fatal(err)

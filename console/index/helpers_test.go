@@ -38,6 +38,7 @@ type dead struct {
 	err        string
 	stub       bool
 	lastFailed time.Time
+	replayOf   string // idem-replay-of header, when set
 }
 
 // headers returns the record's headers as the consumer writes them.
@@ -64,6 +65,9 @@ func (d dead) headers() []sarama.RecordHeader {
 	hs := retrytopic.Encode(orig, f)
 	if d.derived != "" {
 		hs = append(hs, sarama.RecordHeader{Key: []byte("idem-idempotency-key"), Value: []byte(d.derived)})
+	}
+	if d.replayOf != "" {
+		hs = append(hs, sarama.RecordHeader{Key: []byte("idem-replay-of"), Value: []byte(d.replayOf)})
 	}
 	return hs
 }

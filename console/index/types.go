@@ -85,9 +85,12 @@ type Record struct {
 	Status                    Status
 	StatusActor, StatusReason string
 	StatusAt                  time.Time
-	// PreviousID is the earlier failure this one repeats: the latest record
-	// indexed before it with the same idempotency key, origin topic and
-	// group (0: none). A replayed record that fails again links back this way.
+	// PreviousID is the earlier failure this one repeats (0: none): the
+	// record its idem-replay-of header names (dlq.ReplayOfHeader, written by
+	// every replay and edit-and-retry and kept by the consumer's forwards)
+	// when the index holds it; else the latest record indexed before it with
+	// the same idempotency key, origin topic and group. A replayed record
+	// that fails again links back this way.
 	PreviousID int64
 	// Versions are the edits made by EditAndRetry, oldest first. Filled by
 	// Get only.
