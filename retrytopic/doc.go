@@ -14,7 +14,12 @@
 // constants), written by Encode and read by Decode. Every forward replaces the
 // idem-* headers; the original-* coordinates and the first failure time are
 // carried over from the record's own headers (NewFailure), so a record deep in
-// the tiers still says where it came from.
+// the tiers still says where it came from. idem-idempotency-key carries the
+// idempotency key the consumer derived (from a header, a JSON field, …), so
+// an operator or a tool sees the key of the inbox row without deriving it
+// again. Only the names of the wire contract are idem's (IsIdemHeader): any
+// other header, even one named idem-… (outbox.Relay's idem-outbox-id), is the
+// record's own, kept by every forward and by StripHeaders (a DLQ replay).
 //
 // A tier consumer reads a record, then calls WaitDue(ctx, failure.DueAt, nil)
 // before handling it: records are never handled early (Encode rounds

@@ -18,9 +18,13 @@ import (
 // tier or to the dead-letter topic. Every value is UTF-8 text (numbers in
 // decimal, times in unix milliseconds) so `kcat -J` shows them plainly.
 // Encode replaces all of them on every forward; they are never duplicated.
+// Only these names are idem's (IsIdemHeader): any other header, even one whose
+// name starts with HeaderPrefix (outbox.Relay's idem-outbox-id), belongs to
+// the record and travels with it unchanged.
 const (
-	// HeaderPrefix starts the name of every idem header. Encode drops every
-	// header with this prefix before it writes its own.
+	// HeaderPrefix starts the name of every header of the wire contract. A
+	// name with this prefix that is not one of the constants below is not
+	// idem's: Encode, StripHeaders and Decode leave it alone.
 	HeaderPrefix = "idem-"
 
 	HeaderAttempt           = "idem-attempt"            // deliveries to a handler so far, decimal
@@ -39,7 +43,16 @@ const (
 	HeaderLastFailureAt     = "idem-last-failure-at"    // unix ms of the latest failure
 	HeaderPayloadOmitted    = "idem-payload-omitted"    // on a stub only: size in bytes of the value that was left out, decimal
 	HeaderForwardError      = "idem-forward-error"      // why the record could not go where it was going (a producer error); capped at MaxErrorBytes
+	HeaderIdempotencyKey    = "idem-idempotency-key"    // the idempotency key the consumer derived (Config.KeyFunc), as the inbox holds it; absent when there was none
 )
+
+// wireHeaders are the names of the wire contract, the only headers idem owns.
+var wireHeaders = map[string]struct{}{
+	HeaderAttempt: {}, HeaderTier: {}, HeaderDueAt: {}, HeaderOriginalTopic: {}, HeaderOriginalPartition: {},
+	HeaderOriginalOffset: {}, HeaderOriginalTimestamp: {}, HeaderConsumerGroup: {}, HeaderError: {},
+	HeaderErrorKind: {}, HeaderErrorType: {}, HeaderStack: {}, HeaderFirstFailureAt: {}, HeaderLastFailureAt: {},
+	HeaderPayloadOmitted: {}, HeaderForwardError: {}, HeaderIdempotencyKey: {},
+}
 
 // MaxStackBytes caps idem-stack; a longer stack is cut at a UTF-8 boundary.
 const MaxStackBytes = 8 << 10
@@ -88,6 +101,11 @@ type Failure struct {
 	// else than planned (a dead-letter topic instead of a tier, or a stub
 	// instead of the whole record); empty otherwise.
 	ForwardError string
+	// IdempotencyKey is the key the consumer derived for the record (from a
+	// header, a JSON field, …: Config.KeyFunc), the one its inbox row holds,
+	// so tools need not derive it again; empty when the record had none (a
+	// missing or invalid key). NewFailure leaves it empty for the caller.
+	IdempotencyKey string
 }
 
 // Source locates the record that failed, as the consumer read it: for a record
@@ -167,14 +185,20 @@ func kv[H AnyHeader](h H) (key, value []byte, ok bool) {
 	return nil, nil, false
 }
 
-// IsIdemHeader reports whether a header name belongs to idem (starts with
-// HeaderPrefix).
+// IsIdemHeader reports whether a header name belongs to idem: one of the wire
+// contract's Header* names. Other names starting with HeaderPrefix (such as
+// outbox.Relay's idem-outbox-id) are not idem's here.
 func IsIdemHeader(key []byte) bool {
-	return len(key) >= len(HeaderPrefix) && string(key[:len(HeaderPrefix)]) == HeaderPrefix
+	if len(key) < len(HeaderPrefix) || string(key[:len(HeaderPrefix)]) != HeaderPrefix {
+		return false // the common case: no lookup
+	}
+	_, ok := wireHeaders[string(key)] // no allocation for the lookup
+	return ok
 }
 
-// StripHeaders returns the headers of hs that are not idem's, in order. The
-// returned headers share their bytes with hs.
+// StripHeaders returns the headers of hs that are not idem's (IsIdemHeader),
+// in order: the ones a replay or a forward keeps. The returned headers share
+// their bytes with hs.
 func StripHeaders[H AnyHeader](hs []H) []sarama.RecordHeader {
 	out := make([]sarama.RecordHeader, 0, len(hs))
 	for _, h := range hs {
@@ -187,8 +211,8 @@ func StripHeaders[H AnyHeader](hs []H) []sarama.RecordHeader {
 }
 
 // Encode returns the headers of a forwarded record: orig's non-idem headers in
-// their order, followed by f's idem-* headers. Every idem-* header of orig is
-// dropped, so forwarding a forwarded record replaces, never duplicates. The
+// their order, followed by f's idem-* headers. Every header of orig that is
+// idem's (IsIdemHeader) is dropped, so forwarding a forwarded record replaces, never duplicates. The
 // returned headers share their bytes with orig. Zero times and empty strings
 // are omitted; Error, ForwardError and Stack are made valid UTF-8 and capped
 // at MaxErrorBytes and MaxStackBytes. DueAt is rounded up to the next
@@ -232,6 +256,7 @@ func Encode[H AnyHeader](orig []H, f Failure) []sarama.RecordHeader {
 		add(HeaderPayloadOmitted, strconv.Itoa(f.OmittedBytes))
 	}
 	addString(HeaderForwardError, capUTF8(f.ForwardError, MaxErrorBytes))
+	addString(HeaderIdempotencyKey, f.IdempotencyKey)
 	return out
 }
 
@@ -279,9 +304,10 @@ func (e *InvalidHeaderError) Error() string {
 // Unwrap returns the parse error.
 func (e *InvalidHeaderError) Unwrap() error { return e.Err }
 
-// Decode reads the idem-* headers of hs. ok reports whether hs has any idem
-// header at all (false for a record fresh from its original topic). When a
-// header is repeated the last one wins. Unknown idem-* headers are ignored.
+// Decode reads the idem-* headers of hs. ok reports whether hs has any header
+// of the wire contract at all (false for a record fresh from its original
+// topic). When a header is repeated the last one wins. Other idem-* names are
+// not the wire contract's and are ignored.
 // A value that does not parse leaves its field zero and is reported as an
 // *InvalidHeaderError (several are joined with errors.Join); the other fields are
 // still filled, so callers may use the Failure with care.
@@ -348,6 +374,8 @@ func Decode[H AnyHeader](hs []H) (f Failure, ok bool, err error) {
 			f.OmittedBytes = int(num(k, v, 32))
 		case HeaderForwardError:
 			f.ForwardError = v
+		case HeaderIdempotencyKey:
+			f.IdempotencyKey = v
 		}
 	}
 	return f, ok, errors.Join(errs...)

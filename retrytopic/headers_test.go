@@ -25,6 +25,7 @@ func sampleFailure() Failure {
 		Error: "charge: upstream said \"no\"", Kind: handler.KindRetriable, ErrorType: "*errors.errorString",
 		Stack:          []byte("goroutine 1 [running]:\nmain.main()"),
 		FirstFailureAt: ms(1_700_000_001_000), LastFailureAt: ms(1_700_000_009_000),
+		IdempotencyKey: "k-1",
 	}
 }
 
@@ -53,14 +54,15 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 		{Key: []byte("idempotency-key"), Value: []byte("k-1")},
 		{Key: []byte("idem-attempt"), Value: []byte("1")},
 		{Key: []byte("trace"), Value: []byte{0xff, 0x00}},
-		{Key: []byte("idem-something-old"), Value: []byte("x")},
+		{Key: []byte("idem-something-old"), Value: []byte("x")}, // not the wire contract's: the record's own
 		{Key: []byte("empty"), Value: nil},
+		{Key: []byte(HeaderIdempotencyKey), Value: []byte("stale")},
 	}
 	f := sampleFailure()
 	hs := Encode(orig, f)
 
 	// Original non-idem headers first, in order, bytes unchanged.
-	want := []string{"idempotency-key", "trace", "empty"}
+	want := []string{"idempotency-key", "trace", "idem-something-old", "empty"}
 	for i, k := range want {
 		if string(hs[i].Key) != k {
 			t.Fatalf("header %d = %q, want %q", i, hs[i].Key, k)
@@ -82,13 +84,13 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 	}
 	for _, k := range []string{HeaderAttempt, HeaderTier, HeaderDueAt, HeaderOriginalTopic, HeaderOriginalPartition,
 		HeaderOriginalOffset, HeaderOriginalTimestamp, HeaderConsumerGroup, HeaderError, HeaderErrorKind,
-		HeaderErrorType, HeaderStack, HeaderFirstFailureAt, HeaderLastFailureAt} {
+		HeaderErrorType, HeaderStack, HeaderFirstFailureAt, HeaderLastFailureAt, HeaderIdempotencyKey} {
 		if count[k] != 1 {
 			t.Errorf("header %s appears %d times, want 1", k, count[k])
 		}
 	}
-	if count["idem-something-old"] != 0 {
-		t.Errorf("stale idem header kept")
+	if got := string(valueOf(hs, HeaderIdempotencyKey)); got != "k-1" {
+		t.Errorf("idem-idempotency-key = %q, want the failure's k-1, not the stale one", got)
 	}
 	if got := string(valueOf(hs, HeaderDueAt)); got != "1700000010000" {
 		t.Errorf("idem-due-at = %q, want unix ms", got)
@@ -264,5 +266,41 @@ func noRepeatedIdemHeader(t *testing.T, hs []sarama.RecordHeader) {
 			}
 			seen[string(h.Key)] = true
 		}
+	}
+}
+
+// Issue 18 #12: only the wire contract's own headers are idem's. Any other
+// header, idem- prefix or not (outbox.Relay's idem-outbox-id, a header a
+// later version may add), is the record's own: Encode and StripHeaders keep
+// it, and Decode does not take a record carrying only such a header for a
+// forwarded one.
+func TestOnlyWireHeadersAreStripped(t *testing.T) {
+	orig := []sarama.RecordHeader{
+		{Key: []byte("idem-outbox-id"), Value: []byte("42")},
+		{Key: []byte(HeaderAttempt), Value: []byte("3")},
+		{Key: []byte("idem-custom"), Value: []byte("x")},
+	}
+	keep := StripHeaders(orig)
+	if len(keep) != 2 || string(keep[0].Key) != "idem-outbox-id" || string(keep[1].Key) != "idem-custom" {
+		t.Fatalf("StripHeaders kept %q, want idem-outbox-id and idem-custom", keep)
+	}
+	hs := Encode(orig, sampleFailure())
+	var outbox int
+	for _, h := range hs {
+		if string(h.Key) == "idem-outbox-id" {
+			outbox++
+			if string(h.Value) != "42" {
+				t.Fatalf("idem-outbox-id = %q, want 42", h.Value)
+			}
+		}
+	}
+	if outbox != 1 {
+		t.Fatalf("Encode kept idem-outbox-id %d times, want once: %q", outbox, hs)
+	}
+	if IsIdemHeader([]byte("idem-outbox-id")) {
+		t.Fatal("IsIdemHeader(idem-outbox-id) = true; it is not part of the wire contract")
+	}
+	if _, ok, _ := Decode(orig[:1]); ok {
+		t.Fatal("Decode took a record with only idem-outbox-id for a forwarded one")
 	}
 }
