@@ -103,6 +103,7 @@ func (p *partition) failure(src retrytopic.Source, key, value []byte, headers []
 	}
 	f := retrytopic.NewFailure(cause, src, o.prior, now)
 	f.Attempt = msg.Attempt
+	f.IdempotencyKey = msg.IdempotencyKey
 	f.Tier = tier
 	if tier > 0 {
 		if ra, ok := handler.RetryAfterOf(cause); ok && ra > delay {
