@@ -136,16 +136,18 @@ func (o outbound) toDLQ(cause error, stub bool) outbound {
 	return outbound{rec: rec, tier: 0, kind: o.kind, f: f, dlq: o.dlq, stub: stub}
 }
 
-// send forwards out and waits for the ack (acks=all); see sendOutcome. It
+// send forwards out and waits for the ack (acks=all); see forward. It
 // returns false (nothing marked) only when the partition is stopping.
 func (p *partition) send(out outbound, msg *handler.Message) bool {
-	_, ok := p.sendOutcome(out, msg)
+	_, ok := p.forward(out, msg)
 	return ok
 }
 
-// sendOutcome forwards out and waits for the ack (acks=all), and returns the
-// tier the record went to: out.tier, or 0 when its tier refused it for good
-// and it was dead-lettered instead.
+// forward is the one way a record leaves for a retry tier or the dead-letter
+// topic: it forwards out, waits for the ack (acks=all), and returns where the
+// record went: sent.tier is out.tier, or 0 when it was dead-lettered instead
+// (sent.stub: as a stub). Every caller (a failed message, a drained one, a
+// pending head recovered) decides what follows from sent, never from out.
 //
 // Failures are classified by retrytopic.IsPermanentForwardError:
 //   - an outage (unknown topic, no leader, network): the partition waits and
@@ -157,9 +159,9 @@ func (p *partition) send(out outbound, msg *handler.Message) bool {
 //   - the dead-letter topic refusing even the stub: an outage-like wait,
 //     logged at ERROR once a minute; the record is never dropped.
 //
-// Each retry starts again from out's own destination. It returns false
-// (nothing marked) only when the partition is stopping.
-func (p *partition) sendOutcome(out outbound, msg *handler.Message) (tier int, ok bool) {
+// Each retry starts again from out's own destination. ok is false (nothing
+// marked) only when the partition is stopping.
+func (p *partition) forward(out outbound, msg *handler.Message) (sent outbound, ok bool) {
 	r := p.r
 	out.rec.Headers = p.injectTrace(out.rec.Headers, msg)
 	var loudAt time.Time
@@ -168,7 +170,7 @@ func (p *partition) sendOutcome(out outbound, msg *handler.Message) (tier int, o
 		sent, err := p.forwardOnce(out, msg, loud)
 		if err == nil {
 			p.forwarded(sent, msg)
-			return sent.tier, true
+			return sent, true
 		}
 		p.stall.failed(err) // cleared when the caller marks the message
 		switch {
@@ -180,7 +182,7 @@ func (p *partition) sendOutcome(out outbound, msg *handler.Message) (tier int, o
 				"offset", msg.Offset, "key", msg.IdempotencyKey, "to", sent.rec.Topic, "err", err, "try", n)
 		}
 		if !sleep(p.stopCtx, r.outageDelay(n)) {
-			return 0, false
+			return outbound{}, false
 		}
 	}
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/keyorder"
-	"github.com/idemhq/idem/metrics"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -219,9 +218,11 @@ func (p *partition) stuck(topic string, key []byte, head string) {
 // drain runs the messages parked behind head (now processed or
 // dead-lettered) in their order. A parked message that fails retriably becomes
 // the key's new head and goes to the first retry tier; the rest stay parked
-// behind it. It returns false when the partition is stopping: the head is then
-// not marked, and its redelivery drains again. Once the partition is stopping
-// it starts no further parked message, even within the shutdown grace.
+// behind it. When that tier refuses it for good and it is dead-lettered
+// instead (forward), it will not come back: the drain goes on behind it. It
+// returns false when the partition is stopping: the head is then not marked,
+// and its redelivery drains again. Once the partition is stopping it starts
+// no further parked message, even within the shutdown grace.
 func (p *partition) drain(topic string, key []byte, head string) bool {
 	r := p.r
 	hooks := p.hooks()
@@ -302,14 +303,31 @@ func (p *partition) drain(topic string, key []byte, head string) bool {
 		if hooks.promoted != nil {
 			hooks.promoted(p.stopCtx, p.hctx, pending)
 		}
-		if !p.send(out, msg) {
-			return false // the next owner of the partition forwards it (claimOrdering)
+		head = next.IdempotencyKey
+		again, ok := p.forwardHead(out, msg, next.Topic, next.Key, head)
+		if !again {
+			return ok
 		}
-		_, ok = p.orderTry("forwarded", func(ctx context.Context) error {
-			return r.order.Forwarded(ctx, next.Topic, next.Key, next.IdempotencyKey)
-		})
-		return ok
 	}
+}
+
+// forwardHead forwards out, the record of the key's head ikey whose forward
+// is recorded as pending, and clears the pending mark. again reports that
+// the head was dead-lettered instead (its tier refused it for good): it will
+// not come back from a tier, so the caller drains the messages parked behind
+// it now. ok is false when the partition is stopping: the forward stays
+// pending and the next owner of the partition does it (claimOrdering).
+func (p *partition) forwardHead(out outbound, msg *handler.Message, topic string, key []byte, ikey string) (again, ok bool) {
+	sent, ok := p.forward(out, msg)
+	if !ok {
+		return false, false
+	}
+	if _, ok = p.orderTry("forwarded", func(ctx context.Context) error {
+		return p.r.order.Forwarded(ctx, topic, key, ikey)
+	}); !ok {
+		return false, false
+	}
+	return sent.tier == 0, true
 }
 
 // parkedMessage rebuilds the handler message and headers of a parked record.
@@ -328,7 +346,8 @@ func parkedMessage(rec keyorder.Record) (*handler.Message, []*sarama.RecordHeade
 }
 
 // pendingOutbound is the forward a promoted head still owes: the record
-// Promote stored, to its tier.
+// Promote stored, to its tier, with its family's dead-letter topic for when
+// the tier refuses it for good.
 func (r *runner) pendingOutbound(rec keyorder.Record) outbound {
 	hs := make([]sarama.RecordHeader, 0, len(rec.Headers))
 	for _, h := range rec.Headers {
@@ -336,6 +355,10 @@ func (r *runner) pendingOutbound(rec keyorder.Record) outbound {
 	}
 	tier := max(rec.Tier, 1)
 	f, _, _ := retrytopic.Decode(hs)
+	f.Tier = tier
+	if f.IdempotencyKey == "" {
+		f.IdempotencyKey = rec.IdempotencyKey
+	}
 	return outbound{
 		rec: retrytopic.Record{
 			Topic: r.policy.Tier(rec.Topic, r.cfg.Group, tier), Partition: rec.Partition,
@@ -343,33 +366,9 @@ func (r *runner) pendingOutbound(rec keyorder.Record) outbound {
 		},
 		tier: tier,
 		kind: string(f.Kind),
+		f:    f,
+		dlq:  r.policy.DLQ(rec.Topic, r.cfg.Group),
 	}
-}
-
-// recoverPending forwards, at start, the heads whose forward a crash
-// interrupted. claimOrdering does the same for each partition when it is
-// claimed, which also covers revokes without a restart; forwarding one twice
-// is harmless (the inbox absorbs the copy).
-func (r *runner) recoverPending(ctx context.Context) error {
-	pending, err := r.order.Pending(ctx, r.cfg.Topics)
-	if err != nil {
-		return err
-	}
-	for _, rec := range pending {
-		if r.tierGone(rec) {
-			continue
-		}
-		out := r.pendingOutbound(rec)
-		if err := r.fwd.Forward(ctx, out.rec); err != nil {
-			return fmt.Errorf("consumer: forward pending head %q: %w", rec.IdempotencyKey, err)
-		}
-		if err := r.order.Forwarded(ctx, rec.Topic, rec.Key, rec.IdempotencyKey); err != nil {
-			return err
-		}
-		r.m.Messages.WithLabelValues(r.cfg.Group, rec.Topic, metrics.OutcomeRetried).Inc()
-		r.log.Info("idem: forwarded a head left pending by a crash", "key", rec.IdempotencyKey, "to", out.rec.Topic)
-	}
-	return nil
 }
 
 // tierGone reports (and logs) a pending head whose tier Retry.Delays no
@@ -398,11 +397,14 @@ func (r *runner) sourceOf(topic string) (string, bool) {
 
 // claimOrdering runs when the partition is claimed, before its first message:
 // it finishes the ordering store's work a previous owner left for this
-// partition. A drain that promoted a parked message and was revoked (or
-// crashed) before forwarding it left the forward pending; the new owner of
-// the partition — of the source topic or of one of its tiers, whichever is
-// claimed first — forwards it now, so the key is not blocked for ever. A
-// forward done twice is harmless: the inbox absorbs the copy. false means the
+// partition, the one recovery path of a pending head. A drain that promoted a
+// parked message and was revoked (or crashed) before forwarding it left the
+// forward pending; the new owner of the partition — of the source topic or of
+// one of its tiers, whichever is claimed first — forwards it now, so the key
+// is not blocked for ever (a forward done twice is harmless: the inbox
+// absorbs the copy). A head its tier refuses for good is dead-lettered
+// (forward) and the messages parked behind it are drained. The partition's
+// reader runs already, so a revoke stops this at once. false means the
 // partition is stopping.
 func (p *partition) claimOrdering() bool {
 	r := p.r
@@ -410,10 +412,6 @@ func (p *partition) claimOrdering() bool {
 	if !ok {
 		return true
 	}
-	// The reader that notices a revoke is not running yet: stop when the
-	// session or Run ends.
-	defer context.AfterFunc(p.sess.Context(), p.stop)()
-	defer context.AfterFunc(r.runCtx, p.stop)()
 	var pending []keyorder.Record
 	err, ok := p.orderTry("claim", func(ctx context.Context) (err error) {
 		pending, err = r.order.PendingOf(ctx, src, p.tp.partition)
@@ -430,15 +428,14 @@ func (p *partition) claimOrdering() bool {
 			continue
 		}
 		msg := &handler.Message{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, IdempotencyKey: rec.IdempotencyKey}
-		if !p.send(r.pendingOutbound(rec), msg) {
-			return false
-		}
-		if _, ok := p.orderTry("forwarded", func(ctx context.Context) error {
-			return r.order.Forwarded(ctx, rec.Topic, rec.Key, rec.IdempotencyKey)
-		}); !ok {
+		again, ok := p.forwardHead(r.pendingOutbound(rec), msg, rec.Topic, rec.Key, rec.IdempotencyKey)
+		if !ok {
 			return false
 		}
 		p.log.Info("idem: forwarded a head whose forward a previous owner left pending", "key", rec.IdempotencyKey, "source", src)
+		if again && !p.drain(rec.Topic, rec.Key, rec.IdempotencyKey) {
+			return false
+		}
 	}
 	return true
 }
@@ -459,11 +456,13 @@ func (r *runner) orderingDB() dedupe.DB {
 // warnUnread logs at WARN, at start, the parked messages of this group that
 // this Run will not read, with counts, topics and the command that releases
 // them: all of them when ordering is off; with OrderingByKey, those of topics
-// not in Config.Topics and those whose head sits in a retry tier beyond
-// len(Retry.Delays) (removed from the policy). Their offsets are committed, so
-// without a release they stay stranded. It never fails Run: a database it
-// cannot read (or without the ordering tables) is skipped.
-func (r *runner) warnUnread(ctx context.Context) {
+// not in Config.Topics, those whose head sits in a retry tier beyond
+// len(Retry.Delays) (removed from the policy), and those whose head has
+// waited in its tier longer than the tier topic keeps records (retention.ms):
+// its tier record expired, so it never comes back. Their offsets are
+// committed, so without a release they stay stranded. It never fails Run: a
+// database it cannot read (or without the ordering tables) is skipped.
+func (r *runner) warnUnread(ctx context.Context, client sarama.Client) {
 	db := r.orderingDB()
 	if db == nil {
 		return
@@ -485,6 +484,7 @@ func (r *runner) warnUnread(ctx context.Context) {
 	}
 	var topics []string
 	byTopic := map[string]*unread{}
+	var retention map[string]time.Duration // of the tier topics, read once when needed
 	for _, k := range keys {
 		var reason string
 		switch {
@@ -494,6 +494,16 @@ func (r *runner) warnUnread(ctx context.Context) {
 			reason = "the topic is not in Config.Topics"
 		case k.Tier > len(r.policy.Delays):
 			reason = fmt.Sprintf("heads wait in retry tier %d, but Retry.Delays has %d tiers", k.Tier, len(r.policy.Delays))
+		case k.Head != "" && !k.Pending && k.Tier > 0 && !k.Since.IsZero():
+			tier := r.policy.Tier(k.Topic, r.cfg.Group, k.Tier)
+			if retention == nil {
+				retention = r.retentions(client, r.topics()[len(r.cfg.Topics):])
+			}
+			d, ok := retention[tier]
+			if !ok || d < 0 || time.Since(k.Since) <= d {
+				continue
+			}
+			reason = fmt.Sprintf("heads waited in retry tier %d longer than its retention.ms (%s): their tier records expired", k.Tier, d)
 		default:
 			continue
 		}

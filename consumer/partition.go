@@ -153,9 +153,6 @@ func (p *partition) run() {
 	}()
 	r.gate.join(p.tp)
 	defer r.register(p)()
-	if r.order != nil && !p.claimOrdering() {
-		return
-	}
 
 	// The reader drains Messages so that its closing (revocation) is seen at
 	// once, and pauses fetching when the worker falls behind.
@@ -196,6 +193,11 @@ func (p *partition) run() {
 		}
 	})
 
+	// The reader runs before anything else, so a revoke stops the claim's
+	// recovery of pending ordering forwards at once, too.
+	if r.order != nil && !p.claimOrdering() {
+		return
+	}
 	if len(p.views) > 0 {
 		p.lanes(q)
 		return
@@ -275,11 +277,11 @@ func (p *partition) handleAfter(cm *sarama.ConsumerMessage, first error) bool {
 		}) {
 			return false
 		}
-		tier, ok := p.sendOutcome(f, msg)
+		sent, ok := p.forward(f, msg)
 		if !ok {
 			return false
 		}
-		if ordered && tier > 0 { // a tier refusing it for good dead-letters it: then drain
+		if ordered && sent.tier > 0 { // a tier refusing it for good dead-letters it: then drain
 			p.mark(cm)
 			return true
 		}

@@ -252,11 +252,8 @@ func (r *runner) run(ctx context.Context) (err error) {
 		if err := r.order.Migrate(ctx); err != nil {
 			return fmt.Errorf("consumer: ordering schema: %w", err)
 		}
-		if err := r.recoverPending(ctx); err != nil {
-			return err
-		}
 	}
-	r.warnUnread(ctx)
+	r.warnUnread(ctx, client)
 	group, err := sarama.NewConsumerGroupFromClient(r.cfg.Group, client)
 	if err != nil {
 		return fmt.Errorf("consumer: join group %s: %w", r.cfg.Group, err)
