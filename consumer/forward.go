@@ -120,20 +120,33 @@ func (p *partition) failure(src retrytopic.Source, key, value []byte, headers []
 	}
 }
 
+// How much of a record toDLQ keeps.
+const (
+	dlqWhole = iota // key, value and headers
+	dlqStub         // key and headers; the value is left out
+	dlqBare         // key and idem's headers only: the last resort
+)
+
 // toDLQ returns o redirected to its dead-letter topic because its
-// destination refused it for good with cause; stub leaves the value out.
-func (o outbound) toDLQ(cause error, stub bool) outbound {
+// destination refused it for good with cause, keeping what level says.
+func (o outbound) toDLQ(cause error, level int) outbound {
 	f := o.f
 	f.Tier, f.DueAt = 0, time.Time{}
 	f.ForwardError = cause.Error()
 	rec := o.rec
 	rec.Topic = o.dlq
-	if stub {
+	if level >= dlqStub {
 		f.Stub, f.OmittedBytes = true, len(o.rec.Value)
 		rec.Value = nil
 	}
-	rec.Headers = retrytopic.Encode(o.rec.Headers, f)
-	return outbound{rec: rec, tier: 0, kind: o.kind, f: f, dlq: o.dlq, stub: stub}
+	if level == dlqBare {
+		own := retrytopic.StripHeaders(o.rec.Headers)
+		f.OmittedHeaders = len(own)
+		rec.Headers = retrytopic.Encode([]sarama.RecordHeader(nil), f)
+	} else {
+		rec.Headers = retrytopic.Encode(o.rec.Headers, f)
+	}
+	return outbound{rec: rec, tier: 0, kind: o.kind, f: f, dlq: o.dlq, stub: level >= dlqStub}
 }
 
 // send forwards out and waits for the ack (acks=all); see forward. It
@@ -155,9 +168,12 @@ func (p *partition) send(out outbound, msg *handler.Message) bool {
 //   - a permanent refusal (too large, not authorised, invalid record): the
 //     record goes to the dead-letter topic whole, or, if that refuses it for
 //     good too, as a stub (key and headers, nil value, idem-payload-omitted),
-//     logged at ERROR and counted in idem_stubs_forwarded_total;
-//   - the dead-letter topic refusing even the stub: an outage-like wait,
-//     logged at ERROR once a minute; the record is never dropped.
+//     or, if its own headers alone are too large, as a bare stub (key and
+//     idem's headers only, idem-headers-omitted), logged at ERROR and counted
+//     in idem_stubs_forwarded_total;
+//   - the dead-letter topic refusing even the bare stub (it refuses every
+//     record: an ACL, a policy): an outage-like wait, logged at ERROR once a
+//     minute; the record is never dropped.
 //
 // Each retry starts again from out's own destination. ok is false (nothing
 // marked) only when the partition is stopping.
@@ -189,7 +205,8 @@ func (p *partition) forward(out outbound, msg *handler.Message) (sent outbound, 
 
 // forwardOnce tries out once and, when its destination refuses it for good,
 // the dead-letter topic with the whole record (if out was for a tier), then
-// a stub. It returns what it sent last and that send's error.
+// a stub, then a bare stub without the record's own headers. It returns what
+// it sent last and that send's error.
 func (p *partition) forwardOnce(out outbound, msg *handler.Message, loud bool) (outbound, error) {
 	r := p.r
 	try := func(o outbound) (bool, error) {
@@ -212,14 +229,18 @@ func (p *partition) forwardOnce(out outbound, msg *handler.Message, loud bool) (
 		return out, err
 	}
 	if out.tier > 0 {
-		whole := out.toDLQ(err, false)
+		whole := out.toDLQ(err, dlqWhole)
 		if done, err = try(whole); done || !retrytopic.IsPermanentForwardError(err) {
 			return whole, err
 		}
 	}
-	stub := out.toDLQ(err, true)
-	_, err = try(stub)
-	return stub, err
+	stub := out.toDLQ(err, dlqStub)
+	if done, err = try(stub); done || !retrytopic.IsPermanentForwardError(err) {
+		return stub, err
+	}
+	bare := out.toDLQ(err, dlqBare) // the record's own headers alone are too large
+	_, err = try(bare)
+	return bare, err
 }
 
 // forwarded counts and logs a durable forward.
@@ -236,7 +257,7 @@ func (p *partition) forwarded(out outbound, msg *handler.Message) {
 	if out.stub {
 		r.m.StubsForwarded.WithLabelValues(r.cfg.Group, dest).Inc()
 		p.log.Error("idem: message dead-lettered as a stub without its value", "offset", msg.Offset, "key", msg.IdempotencyKey,
-			"to", dest, "omitted_bytes", out.f.OmittedBytes, "reason", out.f.ForwardError)
+			"to", dest, "omitted_bytes", out.f.OmittedBytes, "omitted_headers", out.f.OmittedHeaders, "reason", out.f.ForwardError)
 		return
 	}
 	p.log.Info("idem: message forwarded", "offset", msg.Offset, "key", msg.IdempotencyKey, "to", dest, "kind", out.kind, "attempt", msg.Attempt)

@@ -81,6 +81,18 @@ func (e *env) parkBig(key []byte, ik string, offset int64, value []byte) {
 	}
 }
 
+// blockedBehindBigM makes H the head of key K (in tier 1), parks M (5,000
+// bytes, more than tier 1 takes) and P behind it, and returns K.
+func (e *env) blockedBehindBigM() []byte {
+	e.t.Helper()
+	e.smallTier()
+	key := []byte("K")
+	e.block(key, "H", 1)
+	e.parkBig(key, "M", 1000, big(5000))
+	e.parkBig(key, "P", 1001, []byte("P"))
+	return key
+}
+
 // smallTier creates e's retry tier 1 (before Run does) refusing records over
 // 1,000 bytes: a tier that refuses some records for good.
 func (e *env) smallTier() {
@@ -95,11 +107,7 @@ func (e *env) smallTier() {
 func TestOrderingDrainDeadLetteredPromotion(t *testing.T) {
 	t.Parallel()
 	e, cfg := orderedEnv(t, 1, 200*time.Millisecond)
-	e.smallTier()
-	key := []byte("K")
-	e.block(key, "H", 1)
-	e.parkBig(key, "M", 1000, big(5000))
-	e.parkBig(key, "P", 1001, []byte("P"))
+	key := e.blockedBehindBigM()
 	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
 		if m.IdempotencyKey == "M" {
 			return errors.New("M fails")
@@ -123,11 +131,7 @@ func TestOrderingDrainDeadLetteredPromotion(t *testing.T) {
 func TestOrderingPendingHeadRefusedByItsTier(t *testing.T) {
 	t.Parallel()
 	e, cfg := orderedEnv(t, 1, 200*time.Millisecond)
-	e.smallTier()
-	key := []byte("K")
-	e.block(key, "H", 1)
-	e.parkBig(key, "M", 1000, big(5000))
-	e.parkBig(key, "P", 1001, []byte("P"))
+	key := e.blockedBehindBigM()
 	ctx := testenv.Context(t)
 	s := keyorder.New(e.pool, e.group)
 	next, ok, err := s.Next(ctx, e.topic, key, "H")
@@ -257,4 +261,149 @@ func TestOrderingWarnsAboutExpiredHeads(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// sendAll produces one record per idempotency key to partition 0, all with
+// Kafka key key, in one request (so they arrive in one fetch, one batch).
+func (e *env) sendAll(key string, ikeys ...string) {
+	e.t.Helper()
+	msgs := make([]*sarama.ProducerMessage, len(ikeys))
+	for i, ik := range ikeys {
+		msgs[i] = &sarama.ProducerMessage{Topic: e.topic, Partition: 0, Key: sarama.StringEncoder(key), Value: sarama.StringEncoder(ik),
+			Headers: []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(ik)}}}
+	}
+	if err := e.k.Producer(e.t).SendMessages(msgs); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// batchEnv is an env with the applied table and a config that takes what
+// one request produced in one batch, in one lane.
+func batchEnv(t *testing.T) (*env, consumer.Config) {
+	t.Helper()
+	e := newEnv(t, 1)
+	if _, err := e.pool.Exec(testenv.Context(t), `CREATE TABLE applied(seq bigserial primary key, ikey text)`); err != nil {
+		t.Fatal(err)
+	}
+	cfg := e.config()
+	cfg.Batch = consumer.BatchConfig{MaxMessages: 50, MaxWait: time.Second}
+	cfg.Concurrency = 1
+	return e, cfg
+}
+
+// Issue 18 #10: RunBatch's handler names A1 in a *BatchError. A1 and A2
+// share their lane key, and LaneBy promises their order: A2 must not be
+// committed before A1's retry. A failed batch runs each message alone, in
+// order.
+func TestRunBatchErrorKeepsKeyOrder(t *testing.T) {
+	t.Parallel()
+	e, cfg := batchEnv(t)
+	var c calls
+	h := handler.BatchFunc(func(ctx context.Context, msgs []*handler.Message) error {
+		for _, m := range msgs {
+			if m.IdempotencyKey == "A1" && c.inc("A1") == 1 {
+				return (&handler.BatchError{}).Add(m, errors.New("A1 fails once"))
+			}
+		}
+		for _, m := range msgs {
+			if err := apply(ctx, m); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	e.sendAll("A", "A1", "A2", "A3")
+	startBatch(t, cfg, h)
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if got := e.applied(); got != "A1,A2,A3" {
+			return fmt.Errorf("applied %q, want A1,A2,A3", got)
+		}
+		return nil
+	})
+}
+
+// Issue 18 #13: in a batch, X's handler swallows an SQL error, which aborts
+// the shared transaction; Y's next statement then fails with 25P02. That
+// failure is X's doing: Y must not be charged with it (here, with no retry
+// budget and no tiers, Y would be dead-lettered). Y is applied; X, run alone,
+// fails on its own and is dead-lettered.
+func TestBatchAbortedTransactionBlamesNoInnocent(t *testing.T) {
+	t.Parallel()
+	e, cfg := batchEnv(t)
+	cfg.Retries = -1
+	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
+		if m.IdempotencyKey == "X" {
+			_, _ = dedupe.Tx(ctx).Exec(ctx, `SELECT 1/0`) // swallowed: the transaction is aborted
+			return nil
+		}
+		return apply(ctx, m)
+	})
+	e.sendAll("K", "X", "Y")
+	start(t, cfg, h)
+	m := e.onlyDLQRecord(60 * time.Second)
+	if got := header(m, retrytopic.HeaderIdempotencyKey); got != "X" {
+		t.Fatalf("dead-lettered %q, want X (Y is innocent)", got)
+	}
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if got := e.applied(); got != "Y" {
+			return fmt.Errorf("applied %q, want Y", got)
+		}
+		return nil
+	})
+}
+
+// Issue 18 #14: a dedupe store whose configuration is wrong (here an empty
+// inbox table name) fails every unit of work the same way for ever: Run
+// returns that error instead of retrying it as an outage.
+func TestStoreConfigErrorStopsRun(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	cfg := e.config()
+	cfg.Dedupe = dedupe.NewPostgres(e.pool, dedupe.WithTable(""))
+	e.sendAll("K", "A")
+	done := make(chan error, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() { done <- consumer.Run(ctx, cfg, handler.Func(apply)) }()
+	select {
+	case err := <-done:
+		var se *dedupe.StoreError
+		if !errors.As(err, &se) || se.Op != "config" {
+			t.Fatalf("Run returned %v, want the store's config error", err)
+		}
+	case <-time.After(60 * time.Second):
+		cancel()
+		<-done
+		t.Fatal("Run kept retrying a store configuration error as an outage")
+	}
+}
+
+// Issue 18 #14: a keyless record whose own headers alone are larger than
+// the dead-letter topic takes (so even a stub without its value is refused)
+// is dead-lettered as a bare stub: idem's headers only, idem-headers-omitted
+// saying how many of its own were left out. The partition moves on.
+func TestHeadersTooLargeForTheDLQEndInABareStub(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	e.preCreate(e.dlq(), map[string]string{"max.message.bytes": "4000"})
+	cfg := e.config()
+	m := &sarama.ProducerMessage{Topic: e.topic, Partition: 0, Value: sarama.StringEncoder("v"),
+		Headers: []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte("huge")}}}
+	for i := range 10 {
+		m.Headers = append(m.Headers, sarama.RecordHeader{Key: fmt.Appendf(nil, "h%d", i), Value: big(1000)})
+	}
+	p := e.bigProducer()
+	if _, _, err := p.SendMessage(m); err != nil {
+		t.Fatal(err)
+	}
+	e.produceLarge(sizeRecord{key: "after", value: []byte(`{}`)})
+	start(t, cfg, failKeys(map[string]error{"huge": handler.Permanent(errors.New("cannot apply"))}))
+	e.waitEffect("after", 60*time.Second)
+	d := e.onlyDLQRecord(30 * time.Second)
+	if got := header(d, retrytopic.HeaderHeadersOmitted); got != "11" {
+		t.Fatalf("%s = %q, want 11 (its own headers)", retrytopic.HeaderHeadersOmitted, got)
+	}
+	if got := header(d, retrytopic.HeaderIdempotencyKey); got != "huge" || header(d, "h0") != "" {
+		t.Fatalf("bare stub: key %q, h0 %d bytes", got, len(header(d, "h0")))
+	}
 }

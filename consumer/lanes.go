@@ -2,18 +2,19 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"hash/fnv"
 	"runtime/debug"
 	"sync"
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/metrics"
-	"github.com/idemhq/idem/retrytopic"
 )
 
 // laneBuffer bounds the messages queued for one lane; with the partition
@@ -263,7 +264,7 @@ func (p *partition) handleBatch(items []*batchItem) bool {
 	}
 	if probe { // the half-open probe is one message, not a batch
 		r.gate.probeAbandoned()
-		return p.scan(items, nil)
+		return p.alone(items, nil)
 	}
 	recs := make([]dedupe.Record, len(items))
 	for i, it := range items {
@@ -312,21 +313,34 @@ func (p *partition) handleBatch(items []*batchItem) bool {
 	if p.debug {
 		p.log.Debug("idem: batch failed; running its messages one by one", "messages", len(items), "new", len(fresh), "err", err)
 	}
-	be, _ := handler.AsBatchError(err)
-	if be == nil && failedAt >= 0 {
-		return p.scanAfter(items, failedAt, err)
+	firsts := make([]error, len(items))
+	if be, _ := handler.AsBatchError(err); be != nil {
+		for _, f := range be.Failed {
+			for i, it := range items {
+				if it.msg == f.Message {
+					firsts[i] = f.Err
+				}
+			}
+		}
+	} else if failedAt >= 0 && !txAborted(err) {
+		firsts[failedAt] = err
 	}
-	return p.scan(items, be)
+	return p.alone(items, firsts)
 }
 
-// scanAfter handles items one per transaction after the per-message handler
-// failed on items[at] with err inside the batch: that failure counts as the
-// message's first attempt; the others run as if for the first time.
-func (p *partition) scanAfter(items []*batchItem, at int, err error) bool {
+// alone is the one way out of a failed batch: each message runs alone, one
+// transaction each, in the batch's order, so nothing after a failing message
+// commits before that message's own outcome (the order LaneBy promises). A
+// non-nil firsts[i] is the failure the batch pinned on items[i] (the
+// per-message handler failed on it, or a *handler.BatchError named it): it
+// counts as that message's first attempt, so a permanent one goes to the DLQ
+// without running again. A failure nobody can be blamed for pins nothing.
+// false means the partition is stopping.
+func (p *partition) alone(items []*batchItem, firsts []error) bool {
 	for i, it := range items {
 		var first error
-		if i == at {
-			first = err
+		if firsts != nil {
+			first = firsts[i]
 		}
 		if !p.handleAfter(it.cm, first) {
 			return false
@@ -335,61 +349,13 @@ func (p *partition) scanAfter(items []*batchItem, at int, err error) bool {
 	return true
 }
 
-// scan handles items one per transaction, in order. With a *BatchError from
-// a batch handler, the messages it does not name are first committed again
-// as one batch, and those it names as permanent go to the DLQ without
-// running again.
-func (p *partition) scan(items []*batchItem, be *handler.BatchError) bool {
-	failed := map[*handler.Message]error{}
-	if be != nil {
-		for _, f := range be.Failed {
-			failed[f.Message] = f.Err
-		}
-		var rest []*batchItem
-		for _, it := range items {
-			if _, ok := failed[it.msg]; !ok {
-				rest = append(rest, it)
-			}
-		}
-		if len(rest) > 0 && len(rest) < len(items) && !p.handleBatch(rest) {
-			return false
-		}
-		if len(rest) == len(items) { // it named none of them: run each alone
-			failed = nil
-		}
-	}
-	for _, it := range items {
-		if be != nil && failed != nil {
-			ferr, ok := failed[it.msg]
-			if !ok {
-				continue // committed above
-			}
-			if c, err := p.r.classify(ferr); c == classPermanent {
-				if !p.deadLetter(it, err) {
-					return false
-				}
-				continue
-			}
-		}
-		if !p.handleAfter(it.cm, failed[it.msg]) {
-			return false
-		}
-	}
-	return true
-}
-
-// deadLetter sends a prepared message that failed permanently in a batch to
-// the DLQ and marks it.
-func (p *partition) deadLetter(it *batchItem, err error) bool {
-	cm := it.cm
-	src := retrytopic.Source{Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset, Timestamp: cm.Timestamp, Group: p.r.cfg.Group}
-	o := origin{topic: cm.Topic, partition: cm.Partition, offset: cm.Offset}
-	p.stall.failed(err)
-	if !p.send(p.failure(src, cm.Key, cm.Value, cm.Headers, o, it.msg, err), it.msg) {
-		return false
-	}
-	p.mark(cm)
-	return true
+// txAborted reports whether err is PostgreSQL refusing a statement because
+// an earlier one failed in the same transaction (SQLSTATE 25P02): in a batch
+// the message that made it fail is an earlier one whose handler swallowed
+// its error, not the one that got the refusal.
+func txAborted(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "25P02"
 }
 
 // callBatch calls h, turning a panic into a *handler.PanicError.

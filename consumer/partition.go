@@ -359,6 +359,10 @@ func (p *partition) process(rec dedupe.Record, msg *handler.Message, first error
 		switch {
 		case c == classDone:
 			return nil, true
+		case c == classFatal:
+			p.spanEnd(TraceOutcomeAbandoned, err)
+			r.fatal(err)
+			return nil, false
 		case c == classOutage:
 			outages++
 			r.m.StoreErrors.WithLabelValues(r.cfg.Group).Inc()

@@ -36,8 +36,9 @@ var ErrUnknownTopic = errors.New("consumer: unknown topic")
 // message, and returns nil once every goroutine it started has ended. Any other
 // return is a fatal error: an invalid Config (ErrInvalidConfig), a nil handler,
 // a missing topic (ErrUnknownTopic), a cluster that cannot be reached or whose
-// retry/dead-letter topics cannot be created at start, or sarama refusing the
-// configuration.
+// retry/dead-letter topics cannot be created at start, sarama refusing the
+// configuration, or the dedupe store reporting its own configuration wrong (a
+// *dedupe.StoreError with Op "config", met by the first message).
 // Transient broker and database outages are not fatal: the affected partition
 // waits and retries the same message (nothing is marked, nothing dropped) and
 // Run keeps going.
@@ -65,10 +66,13 @@ func Run(ctx context.Context, cfg Config, h handler.Handler) error {
 // RunBatch is Run for a handler.BatchHandler: the new messages of a batch
 // (Config.Batch; MaxMessages defaults to 500 here) are passed to
 // h.HandleBatch at once, in the batch's transaction, so h can write them with
-// one statement. When a batch fails, its messages run again one by one as
-// batches of one (see handler.BatchHandler for *handler.BatchError), and a
-// failing message takes the same path as with Run: in-process retries, retry
-// tiers, the dead-letter topic. Everything else is as Run.
+// one statement. When a batch fails, it is rolled back and its messages run
+// again alone, in order, each as a batch of one in its own transaction, so no
+// message is committed before an earlier one of its lane reached its outcome;
+// a message a *handler.BatchError names counts the failure named as its first
+// attempt (a Permanent one goes to the dead-letter topic without running
+// again). A failing message takes the same path as with Run: in-process
+// retries, retry tiers, the dead-letter topic. Everything else is as Run.
 func RunBatch(ctx context.Context, cfg Config, h handler.BatchHandler) error {
 	if h == nil {
 		return ErrNilHandler
@@ -108,7 +112,8 @@ type runner struct {
 	pauses     *pauser
 	gate       *gate
 	baseCtx    context.Context // values of Run's ctx, never cancelled: handler ctxs derive from it
-	runCtx     context.Context
+	runCtx     context.Context // Run's ctx, also cancelled by fatal
+	abort      context.CancelCauseFunc
 
 	parts sync.Map // tp → *partition: the claimed partitions, watched for stalls
 	keys  keyWatch // warns when the first records of a topic have no key
@@ -211,8 +216,10 @@ func (r *runner) run(ctx context.Context) (err error) {
 			err = nil
 		}
 	}()
-	r.runCtx = ctx
 	r.baseCtx = context.WithoutCancel(ctx)
+	ctx, r.abort = context.WithCancelCause(ctx)
+	defer r.abort(nil)
+	r.runCtx = ctx
 	r.ready.start(r.cfg.Group, storePing(r.cfg))
 	defer r.ready.stop()
 
@@ -290,6 +297,8 @@ func (r *runner) run(ctx context.Context) (err error) {
 	for n := 1; ctx.Err() == nil; {
 		err := group.Consume(ctx, topics, gh)
 		switch {
+		case errors.As(context.Cause(ctx), new(*fatalError)):
+			return context.Cause(ctx)
 		case ctx.Err() != nil:
 		case errors.Is(err, sarama.ErrClosedConsumerGroup):
 			return fmt.Errorf("consumer: %w", err)
@@ -302,6 +311,20 @@ func (r *runner) run(ctx context.Context) (err error) {
 		}
 	}
 	return nil
+}
+
+// fatalError is the error Run returns when a partition met a failure no
+// message can get past (classFatal).
+type fatalError struct{ err error }
+
+func (e *fatalError) Error() string { return "consumer: " + e.err.Error() }
+func (e *fatalError) Unwrap() error { return e.err }
+
+// fatal stops Run, which returns err: the dedupe store reported a
+// configuration error, which every message would meet for ever.
+func (r *runner) fatal(err error) {
+	r.log.Error("idem: the dedupe store is misconfigured; stopping", "err", err)
+	r.abort(&fatalError{err})
 }
 
 // watchDLQDepth exports idem_dlq_depth for each source topic's dead-letter

@@ -44,6 +44,7 @@ const (
 	HeaderPayloadOmitted    = "idem-payload-omitted"    // on a stub only: size in bytes of the value that was left out, decimal
 	HeaderForwardError      = "idem-forward-error"      // why the record could not go where it was going (a producer error); capped at MaxErrorBytes
 	HeaderIdempotencyKey    = "idem-idempotency-key"    // the idempotency key the consumer derived (Config.KeyFunc), as the inbox holds it; absent when there was none
+	HeaderHeadersOmitted    = "idem-headers-omitted"    // on a last-resort stub only: how many of the record's own headers were left out, decimal
 )
 
 // wireHeaders are the names of the wire contract, the only headers idem owns.
@@ -51,7 +52,7 @@ var wireHeaders = map[string]struct{}{
 	HeaderAttempt: {}, HeaderTier: {}, HeaderDueAt: {}, HeaderOriginalTopic: {}, HeaderOriginalPartition: {},
 	HeaderOriginalOffset: {}, HeaderOriginalTimestamp: {}, HeaderConsumerGroup: {}, HeaderError: {},
 	HeaderErrorKind: {}, HeaderErrorType: {}, HeaderStack: {}, HeaderFirstFailureAt: {}, HeaderLastFailureAt: {},
-	HeaderPayloadOmitted: {}, HeaderForwardError: {}, HeaderIdempotencyKey: {},
+	HeaderPayloadOmitted: {}, HeaderForwardError: {}, HeaderIdempotencyKey: {}, HeaderHeadersOmitted: {},
 }
 
 // MaxStackBytes caps idem-stack; a longer stack is cut at a UTF-8 boundary.
@@ -97,6 +98,11 @@ type Failure struct {
 	// idem-payload-omitted, present only on stubs.
 	Stub         bool
 	OmittedBytes int
+	// OmittedHeaders counts the record's own headers left out of a
+	// last-resort stub: the dead-letter topic refused even the stub with
+	// them (their size alone is over its limit), so only idem's headers are
+	// kept. Written as idem-headers-omitted, present only then.
+	OmittedHeaders int
 	// ForwardError is the producer error that made the record go somewhere
 	// else than planned (a dead-letter topic instead of a tier, or a stub
 	// instead of the whole record); empty otherwise.
@@ -257,6 +263,9 @@ func Encode[H AnyHeader](orig []H, f Failure) []sarama.RecordHeader {
 	}
 	addString(HeaderForwardError, capUTF8(f.ForwardError, MaxErrorBytes))
 	addString(HeaderIdempotencyKey, f.IdempotencyKey)
+	if f.OmittedHeaders > 0 {
+		add(HeaderHeadersOmitted, strconv.Itoa(f.OmittedHeaders))
+	}
 	return out
 }
 
@@ -376,6 +385,8 @@ func Decode[H AnyHeader](hs []H) (f Failure, ok bool, err error) {
 			f.ForwardError = v
 		case HeaderIdempotencyKey:
 			f.IdempotencyKey = v
+		case HeaderHeadersOmitted:
+			f.OmittedHeaders = int(num(k, v, 32))
 		}
 	}
 	return f, ok, errors.Join(errs...)

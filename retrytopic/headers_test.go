@@ -25,7 +25,7 @@ func sampleFailure() Failure {
 		Error: "charge: upstream said \"no\"", Kind: handler.KindRetriable, ErrorType: "*errors.errorString",
 		Stack:          []byte("goroutine 1 [running]:\nmain.main()"),
 		FirstFailureAt: ms(1_700_000_001_000), LastFailureAt: ms(1_700_000_009_000),
-		IdempotencyKey: "k-1",
+		IdempotencyKey: "k-1", OmittedHeaders: 2,
 	}
 }
 
@@ -84,7 +84,7 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 	}
 	for _, k := range []string{HeaderAttempt, HeaderTier, HeaderDueAt, HeaderOriginalTopic, HeaderOriginalPartition,
 		HeaderOriginalOffset, HeaderOriginalTimestamp, HeaderConsumerGroup, HeaderError, HeaderErrorKind,
-		HeaderErrorType, HeaderStack, HeaderFirstFailureAt, HeaderLastFailureAt, HeaderIdempotencyKey} {
+		HeaderErrorType, HeaderStack, HeaderFirstFailureAt, HeaderLastFailureAt, HeaderIdempotencyKey, HeaderHeadersOmitted} {
 		if count[k] != 1 {
 			t.Errorf("header %s appears %d times, want 1", k, count[k])
 		}
