@@ -243,7 +243,8 @@ func (p *partition) forwardOnce(out outbound, msg *handler.Message, loud bool) (
 	return bare, err
 }
 
-// forwarded counts and logs a durable forward.
+// forwarded counts and logs a durable forward: a retry tier at INFO, the
+// dead-letter topic at WARN, a stub at ERROR.
 func (p *partition) forwarded(out outbound, msg *handler.Message) {
 	r := p.r
 	dest := out.rec.Topic
@@ -260,7 +261,12 @@ func (p *partition) forwarded(out outbound, msg *handler.Message) {
 			"to", dest, "omitted_bytes", out.f.OmittedBytes, "omitted_headers", out.f.OmittedHeaders, "reason", out.f.ForwardError)
 		return
 	}
-	p.log.Info("idem: message forwarded", "offset", msg.Offset, "key", msg.IdempotencyKey, "to", dest, "kind", out.kind, "attempt", msg.Attempt)
+	if out.tier == 0 { // an operator has work: WARN
+		p.log.Warn("idem: message dead-lettered", "offset", msg.Offset, "key", msg.IdempotencyKey, "to", dest, "kind", out.kind,
+			"attempt", msg.Attempt, "err", out.f.Error)
+		return
+	}
+	p.log.Info("idem: message forwarded to a retry tier", "offset", msg.Offset, "key", msg.IdempotencyKey, "to", dest, "kind", out.kind, "attempt", msg.Attempt)
 }
 
 // setupRetryTopics creates the missing tier and dead-letter topics of every

@@ -407,3 +407,95 @@ func TestHeadersTooLargeForTheDLQEndInABareStub(t *testing.T) {
 		t.Fatalf("bare stub: key %q, h0 %d bytes", got, len(header(d, "h0")))
 	}
 }
+
+// Issue 18 #14: idem_consumer_lag has a series for a claimed partition from
+// the start, not only after the first LagInterval.
+func TestLagSampledAtStart(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	cfg := e.config()
+	cfg.LagInterval = time.Hour
+	block := make(chan struct{})
+	t.Cleanup(func() { close(block) })
+	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
+		select {
+		case <-block:
+		case <-ctx.Done():
+		}
+		return ctx.Err()
+	})
+	e.produce([]string{"a", "b", "c"}, 1)
+	start(t, cfg, h)
+	labels := map[string]string{"group": e.group, "topic": e.topic}
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if got := metricValue(t, e, "idem_consumer_lag", labels); got != 3 {
+			return fmt.Errorf("lag %v, want 3 (nothing committed) well before LagInterval", got)
+		}
+		return nil
+	})
+}
+
+// Issue 18 #15: a handler panic is logged at ERROR with its stack, the
+// dead-letter at WARN, and Run says when it starts (group, topics, mode,
+// tiers) and stops.
+func TestPanicAndLifecycleLogs(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	cfg := e.config()
+	var logs logBuffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
+		if m.IdempotencyKey == "boom" {
+			panic("kaboom")
+		}
+		return effectHandler()(ctx, m)
+	})
+	e.produce([]string{"boom", "fine"}, 1)
+	r := start(t, cfg, h)
+	e.waitEffect("fine", 60*time.Second)
+	e.onlyDLQRecord(30 * time.Second)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	out := logs.String()
+	for _, want := range [][]string{
+		{"level=ERROR", "handler panicked", "panic=kaboom", "stack=", "goroutine"},
+		{"level=WARN", "dead-lettered", "kind=panic"},
+		{"level=INFO", "consumer started", "group=" + e.group, e.topic, "mode=per-message", "tiers="},
+		{"level=INFO", "consumer stopped", "group=" + e.group},
+	} {
+		if !logLine(out, want...) {
+			t.Errorf("no log line with %q:\n%s", want, out)
+		}
+	}
+}
+
+// logLine reports whether one line of out contains every part.
+func logLine(out string, parts ...string) bool {
+next:
+	for _, l := range strings.Split(out, "\n") {
+		for _, p := range parts {
+			if !strings.Contains(l, p) {
+				continue next
+			}
+		}
+		return true
+	}
+	return false
+}
+
+// Issue 18 #15: under JSONField a record whose value is not JSON is
+// dead-lettered with kind decode, not missing-key.
+func TestJSONFieldNonJSONIsDecode(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	cfg := e.config()
+	cfg.KeyFunc = consumer.JSONField("id")
+	e.produceLarge(sizeRecord{key: "x", value: []byte("not json")}, sizeRecord{key: "y", value: []byte(`{"id":"y"}`)})
+	start(t, cfg, effectHandler())
+	e.waitEffect("y", 60*time.Second)
+	m := e.onlyDLQRecord(30 * time.Second)
+	if got := header(m, retrytopic.HeaderErrorKind); got != string(handler.KindDecode) {
+		t.Fatalf("%s = %q, want decode", retrytopic.HeaderErrorKind, got)
+	}
+}

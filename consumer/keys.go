@@ -102,9 +102,11 @@ func RecordKey() KeyFunc {
 // which must be a JSON object. path is dotted: "id" is the top-level field
 // "id", "meta.event_id" the field "event_id" of the object "meta". The field
 // must be a non-empty string or a number; a number's key is its JSON text
-// exactly as written ("42", "1.5e3"). A value that is not a JSON object, a
-// path that does not exist, null, an empty string, a boolean, an object or
-// an array gives an error naming the path, so the message has no key.
+// exactly as written ("42", "1.5e3"). A path that does not exist, null, an
+// empty string, a boolean, an object or an array gives an error naming the
+// path, so the message has no key (kind missing-key). A value that is not
+// JSON, or whose parents on the path are not JSON objects, is a
+// handler.Decode error (kind decode): the record itself is malformed.
 //
 // The value is parsed once per message (and again by your handler if it
 // decodes the value too): about 4µs for a 200-byte value on a 2-core machine
@@ -133,9 +135,9 @@ func JSONField(path string) KeyFunc {
 				}
 				var syntax *json.SyntaxError
 				if errors.As(err, &syntax) {
-					return "", fmt.Errorf("%s: %s is not valid JSON: %w", name, where, err)
+					return "", handler.Decode(fmt.Errorf("%s: %s is not valid JSON: %w", name, where, err))
 				}
-				return "", fmt.Errorf("%s: %s is not a JSON object", name, where)
+				return "", handler.Decode(fmt.Errorf("%s: %s is not a JSON object", name, where))
 			}
 			v, ok := obj[p]
 			if !ok {

@@ -9,7 +9,8 @@ import (
 )
 
 // watchLag refreshes idem_consumer_lag of every claimed partition (source
-// and retry-tier topics) every LagInterval until ctx is done: the partition's
+// and retry-tier topics) every LagInterval, and at once when a partition is
+// claimed (so a series exists from the start), until ctx is done: the partition's
 // high watermark minus the group's committed offset, both asked of the
 // cluster, so the figure is what an outside tool (kafka-consumer-groups)
 // shows. Series of partitions no longer claimed are removed.
@@ -35,6 +36,7 @@ func (r *runner) watchLag(ctx context.Context, client sarama.Client) {
 			}
 			return
 		case <-t.C:
+		case <-r.lagKick:
 		}
 	}
 }

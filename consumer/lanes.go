@@ -313,6 +313,9 @@ func (p *partition) handleBatch(items []*batchItem) bool {
 	if p.debug {
 		p.log.Debug("idem: batch failed; running its messages one by one", "messages", len(items), "new", len(fresh), "err", err)
 	}
+	if r.bh != nil { // a batch handler's panic; a per-message one is logged when it runs alone
+		p.logPanic(err, items[0].msg)
+	}
 	firsts := make([]error, len(items))
 	if be, _ := handler.AsBatchError(err); be != nil {
 		for _, f := range be.Failed {

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -435,8 +436,21 @@ func (p *partition) attempt(rec dedupe.Record, msg *handler.Message) (err error,
 	if herr != nil { // the handler ran and failed (err is herr, or wraps it)
 		mx.duration.Observe(time.Since(start).Seconds())
 		mx.attempt(r.m, r.cfg.Group, topic, herr)
+		p.logPanic(herr, msg)
 	}
 	return err, ran
+}
+
+// logPanic logs a handler panic at ERROR with its stack: a panic is a bug to
+// fix, whatever becomes of the message (retried with RetryPanics, else
+// dead-lettered).
+func (p *partition) logPanic(err error, msg *handler.Message) {
+	var pe *handler.PanicError
+	if !errors.As(err, &pe) {
+		return
+	}
+	p.log.Error("idem: handler panicked", "offset", msg.Offset, "key", msg.IdempotencyKey, "attempt", msg.Attempt,
+		"panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
 }
 
 func (p *partition) retriable(err error) bool {
@@ -448,13 +462,15 @@ func (p *partition) retriable(err error) bool {
 
 // key derives and checks the idempotency key. It is checked before any
 // database call: a key the inbox cannot store, or that would make a poor
-// identifier, follows the MissingKey policy with kind invalid-key.
+// identifier, follows the MissingKey policy with kind invalid-key; a KeyFunc
+// error marked handler.Decode (a value that is not JSON under JSONField)
+// follows it with kind decode, any other with kind missing-key.
 func (p *partition) key(msg *handler.Message, o origin) (string, error) {
 	r := p.r
 	k, err := callKeyFunc(r.cfg.KeyFunc, msg)
-	if err != nil {
+	if err != nil && !handler.IsDecode(err) { // a record that does not decode keeps kind decode
 		err = &handler.MissingKeyError{Reason: "KeyFunc: " + err.Error()}
-	} else {
+	} else if err == nil {
 		err = checkKey(k, r.cfg.MaxKeyLength)
 	}
 	if o.tier == 0 && !p.tier && r.keys.observe(o.topic, o.partition, o.offset, err) {

@@ -116,7 +116,10 @@ type runner struct {
 	abort      context.CancelCauseFunc
 
 	parts sync.Map // tp → *partition: the claimed partitions, watched for stalls
-	keys  keyWatch // warns when the first records of a topic have no key
+	// lagKick asks watchLag for a sample now: a partition was claimed, so its
+	// lag series exists from the start, not only after LagInterval.
+	lagKick chan struct{}
+	keys    keyWatch // warns when the first records of a topic have no key
 
 	ready  *Readiness // Config.Readiness, or a private one
 	life   *lifecycle // OnAssigned/OnRevoked
@@ -136,13 +139,14 @@ func newRunner(cfg Config, h handler.Handler) (*runner, error) {
 		return nil, fmt.Errorf("consumer: sarama config: %w", err)
 	}
 	r := &runner{
-		cfg:    cfg,
-		h:      handler.Chain(h, handler.Recover()),
-		log:    cfg.Logger.With("group", cfg.Group),
-		m:      m,
-		scfg:   scfg,
-		rand:   rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
-		policy: cfg.Retry.WithDefaults(),
+		cfg:     cfg,
+		h:       handler.Chain(h, handler.Recover()),
+		log:     cfg.Logger.With("group", cfg.Group),
+		m:       m,
+		scfg:    scfg,
+		rand:    rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+		policy:  cfg.Retry.WithDefaults(),
+		lagKick: make(chan struct{}, 1),
 	}
 	if bs, ok := cfg.Dedupe.(dedupe.BatchStore); ok && cfg.Batch.MaxMessages > 1 {
 		r.batchStore = bs
@@ -294,6 +298,8 @@ func (r *runner) run(ctx context.Context) (err error) {
 
 	gh := &groupHandler{r: r}
 	topics := r.topics()
+	r.logStart()
+	defer r.log.Info("idem: consumer stopped", "topics", r.cfg.Topics)
 	for n := 1; ctx.Err() == nil; {
 		err := group.Consume(ctx, topics, gh)
 		switch {
@@ -311,6 +317,20 @@ func (r *runner) run(ctx context.Context) (err error) {
 		}
 	}
 	return nil
+}
+
+// logStart logs, once the group is joined, what this Run consumes and how.
+func (r *runner) logStart() {
+	mode := "per-message"
+	switch {
+	case r.bh != nil:
+		mode = "batch handler"
+	case r.batchStore != nil:
+		mode = "batched transactions"
+	}
+	r.log.Info("idem: consumer started", "topics", r.cfg.Topics, "mode", mode, "batch_max", r.cfg.Batch.MaxMessages,
+		"lanes", r.cfg.Concurrency, "ordering", r.cfg.Ordering.String(), "tiers", r.policy.Delays,
+		"dlq", r.policy.DLQ(r.cfg.Topics[0], r.cfg.Group), "key_func", r.cfg.KeyFunc.String())
 }
 
 // fatalError is the error Run returns when a partition met a failure no

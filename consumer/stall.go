@@ -93,6 +93,10 @@ func (r *runner) register(p *partition) func() {
 	p.stalled = r.m.PartitionStalled.WithLabelValues(r.cfg.Group, p.tp.topic, part)
 	p.stalled.Set(0)
 	r.parts.Store(p.tp, p)
+	select {
+	case r.lagKick <- struct{}{}: // sample the new partition's lag now
+	default:
+	}
 	return func() {
 		if r.parts.CompareAndDelete(p.tp, p) { // not yet claimed again by a newer session
 			r.m.PartitionStalled.DeleteLabelValues(r.cfg.Group, p.tp.topic, part)
