@@ -187,22 +187,24 @@ func (p *partition) laneOf(m *sarama.ConsumerMessage, n int) int {
 // work takes messages from src to their outcomes, one at a time or in
 // batches, until src or the partition stops.
 func (p *partition) work(src source) {
-	max := p.r.cfg.Batch.MaxMessages
+	bc := p.r.cfg.Batch
 	var batch []*batchItem
 	for {
 		m, ok := src.pop(p.stopCtx)
 		if !ok {
 			return
 		}
-		if max <= 1 {
+		if bc.MaxMessages <= 1 {
 			if !p.handle(m) {
 				return
 			}
 			continue
 		}
-		// Gather consecutive batchable messages; a message that is not
+		// Gather consecutive batchable messages, within the batch's size
+		// and latency budget (BatchConfig.MaxLatency); a message that is not
 		// batchable ends the batch and is handled alone after it.
 		batch = batch[:0]
+		limit, opened := p.batchLimit(), time.Now()
 		var alone *sarama.ConsumerMessage
 		for {
 			if it, ok := p.prepare(m); ok {
@@ -211,10 +213,16 @@ func (p *partition) work(src source) {
 				alone = m
 				break
 			}
-			if len(batch) >= max {
+			if len(batch) >= limit {
 				break
 			}
-			if m, ok = src.more(p.stopCtx, p.r.cfg.Batch.MaxWait); !ok {
+			wait := bc.MaxWait
+			if bc.MaxLatency > 0 && wait > 0 {
+				if wait = min(wait, bc.MaxLatency-time.Since(opened)); wait <= 0 {
+					break // the batch is as old as its budget: close it
+				}
+			}
+			if m, ok = src.more(p.stopCtx, wait); !ok {
 				break
 			}
 		}
@@ -225,6 +233,32 @@ func (p *partition) work(src source) {
 			return
 		}
 	}
+}
+
+// batchLimit is how many messages the next batch may take: MaxMessages, or
+// fewer when the handler time per message of the worker's recent batches
+// says more would not get through within BatchConfig.MaxLatency.
+func (p *partition) batchLimit() int {
+	bc := p.r.cfg.Batch
+	if bc.MaxLatency <= 0 || p.batchCost <= 0 {
+		return bc.MaxMessages
+	}
+	return max(1, min(bc.MaxMessages, int(bc.MaxLatency/p.batchCost)))
+}
+
+// costed folds the time a successful batch of n messages took into the
+// worker's handler time per message (an exponentially weighted average, so
+// a handler that slows down or speeds up is followed within a few batches).
+func (p *partition) costed(d time.Duration, n int) {
+	if n <= 0 {
+		return
+	}
+	c := d / time.Duration(n)
+	if p.batchCost == 0 {
+		p.batchCost = c
+		return
+	}
+	p.batchCost += (c - p.batchCost) / 4
 }
 
 // batchItem is one message prepared for a batch.
@@ -293,7 +327,9 @@ func (p *partition) handleBatch(items []*batchItem) bool {
 		return nil
 	})
 	if err == nil {
-		d := time.Since(start).Seconds()
+		took := time.Since(start)
+		p.costed(took, len(items))
+		d := took.Seconds()
 		for i, it := range items {
 			if outs[i] == dedupe.Duplicate {
 				p.mx.duplicate.Inc()

@@ -62,6 +62,8 @@ type partition struct {
 
 	tspan spanState // this worker's open attempt span (tracing.go)
 
+	batchCost time.Duration // this worker's recent handler time per batched message (batchLimit)
+
 	// call is the attempt in progress and callFn the function the store
 	// runs for it, bound once per worker so an attempt allocates no closure.
 	call   callState
