@@ -60,7 +60,8 @@ type partition struct {
 
 	names map[string]string // this worker's header-name cache (see newMessage)
 
-	tspan spanState // this worker's open attempt span (tracing.go)
+	tspan    spanState // this worker's open attempt span (tracing.go)
+	unprobed int       // untraced messages since the last span started with a non-recording tracer
 
 	batchCost time.Duration // this worker's recent handler time per batched message (batchLimit)
 

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -124,6 +125,9 @@ type runner struct {
 	ready  *Readiness // Config.Readiness, or a private one
 	life   *lifecycle // OnAssigned/OnRevoked
 	tracer trace.Tracer
+	// noRecord: the last span the tracer started neither recorded nor had
+	// a valid context (no SDK installed); see spanStart.
+	noRecord atomic.Bool
 
 	randMu sync.Mutex
 	rand   *rand.Rand

@@ -135,14 +135,25 @@ func (p *partition) traceMessage(msg *handler.Message, tier int) {
 	p.tspan = spanState{msg: msg, tier: tier}
 }
 
+// noRecordProbe: with a tracer that does not record, one untraced message in
+// noRecordProbe starts a span anyway (spanStart).
+const noRecordProbe = 1024
+
 // consumerKind is the start option of every attempt span, made once.
 var consumerKind = trace.WithSpanKind(trace.SpanKindConsumer)
 
 // spanStart opens the attempt span of msg, a child of the trace context in
 // msg's headers, unless one is open for msg already, and returns the
 // handler's ctx carrying it.
+//
+// When the tracer is known not to record (no SDK installed: the last span it
+// started neither recorded nor had a valid context) and msg carries no trace
+// context, no span is started: the handler's ctx is the parent as extracted.
+// Every noRecordProbe-th such message starts a span anyway, so an SDK
+// installed after Run started is noticed; a message with a trace context
+// always gets a span.
 func (p *partition) spanStart(msg *handler.Message) context.Context {
-	if p.tspan.span != nil && p.tspan.msg == msg {
+	if p.tspan.ctx != nil && p.tspan.msg == msg {
 		return p.tspan.ctx
 	}
 	tier := 0
@@ -152,7 +163,15 @@ func (p *partition) spanStart(msg *handler.Message) context.Context {
 	p.spanEnd(TraceOutcomeAbandoned, nil)
 	r := p.r
 	parent := r.cfg.Propagator.Extract(p.hctx, msgCarrier{msg})
+	if r.noRecord.Load() && !trace.SpanContextFromContext(parent).IsValid() {
+		if p.unprobed++; p.unprobed < noRecordProbe {
+			p.tspan = spanState{msg: msg, tier: tier, ctx: parent}
+			return parent
+		}
+		p.unprobed = 0
+	}
 	ctx, span := r.tracer.Start(parent, SpanHandle, consumerKind)
+	r.noRecord.Store(!span.IsRecording() && !span.SpanContext().IsValid())
 	if span.IsRecording() {
 		span.SetAttributes(
 			attribute.String("messaging.system", "kafka"),
@@ -173,10 +192,10 @@ func (p *partition) spanStart(msg *handler.Message) context.Context {
 // recorded on it as the attempt's failure.
 func (p *partition) spanEnd(outcome string, err error) {
 	s := p.tspan.span
+	p.tspan.span, p.tspan.ctx = nil, nil
 	if s == nil {
 		return
 	}
-	p.tspan.span, p.tspan.ctx = nil, nil
 	if s.IsRecording() {
 		s.SetAttributes(attrOutcome.String(outcome))
 		if err != nil {
