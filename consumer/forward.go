@@ -54,23 +54,23 @@ const dueSlack = time.Second
 // another version, a changed policy, or a skewed clock) is waited for only up
 // to that delay (plus dueSlack), with a WARN, so one record cannot hold a tier
 // partition for long.
-func (p *partition) waitDue(cm *sarama.ConsumerMessage, o origin) bool {
+func (w *worker) waitDue(cm *sarama.ConsumerMessage, o origin) bool {
 	if o.tier == 0 || o.prior.DueAt.IsZero() {
 		return true
 	}
 	due := o.prior.DueAt
-	if o.tier <= len(p.r.policy.Delays) {
-		delay := p.r.policy.Delays[o.tier-1]
+	if o.tier <= len(w.r.policy.Delays) {
+		delay := w.r.policy.Delays[o.tier-1]
 		if bound := time.Now().Add(delay + dueSlack); due.After(bound) {
-			p.log.Warn("idem: retry record due later than its tier's delay; waiting only the delay",
+			w.log.Warn("idem: retry record due later than its tier's delay; waiting only the delay",
 				"topic", cm.Topic, "offset", cm.Offset, "due_at", due, "delay", delay)
 			due = bound
 		}
 	}
-	if err := retrytopic.WaitDue(p.stopCtx, due, nil); err != nil {
+	if err := retrytopic.WaitDue(w.stopCtx, due, nil); err != nil {
 		return false
 	}
-	p.r.m.RetryDelay.WithLabelValues(p.r.cfg.Group, cm.Topic).Observe(time.Since(o.prior.DueAt).Seconds())
+	w.r.m.RetryDelay.WithLabelValues(w.r.cfg.Group, cm.Topic).Observe(time.Since(o.prior.DueAt).Seconds())
 	return true
 }
 
@@ -93,12 +93,12 @@ type outbound struct {
 // handler.RetryAfter is capped at that delay, so it never moves the due time:
 // due times in a tier partition stay in write order and no record holds a
 // tier partition longer than the tier's delay (retrytopic.Policy.Delays).
-func (p *partition) failure(src retrytopic.Source, key, value []byte, headers []*sarama.RecordHeader, o origin, msg *handler.Message, cause error) outbound {
-	r := p.r
+func (w *worker) failure(src retrytopic.Source, key, value []byte, headers []*sarama.RecordHeader, o origin, msg *handler.Message, cause error) outbound {
+	r := w.r
 	now := time.Now()
 	dlq := r.policy.DLQ(o.topic, r.cfg.Group)
 	dest, tier, delay := dlq, 0, time.Duration(0)
-	if p.retriable(cause) {
+	if w.retriable(cause) {
 		dest, tier, delay = r.policy.Next(o.topic, r.cfg.Group, o.tier)
 	}
 	f := retrytopic.NewFailure(cause, src, o.prior, now)
@@ -107,7 +107,7 @@ func (p *partition) failure(src retrytopic.Source, key, value []byte, headers []
 	f.Tier = tier
 	if tier > 0 {
 		if ra, ok := handler.RetryAfterOf(cause); ok && ra > delay {
-			p.log.Debug("idem: RetryAfter capped at the tier's delay", "offset", src.Offset, "retry_after", ra, "delay", delay, "to", dest)
+			w.log.Debug("idem: RetryAfter capped at the tier's delay", "offset", src.Offset, "retry_after", ra, "delay", delay, "to", dest)
 		}
 		f.DueAt = now.Add(delay)
 	}
@@ -151,8 +151,8 @@ func (o outbound) toDLQ(cause error, level int) outbound {
 
 // send forwards out and waits for the ack (acks=all); see forward. It
 // returns false (nothing marked) only when the partition is stopping.
-func (p *partition) send(out outbound, msg *handler.Message) bool {
-	_, ok := p.forward(out, msg)
+func (w *worker) send(out outbound, msg *handler.Message) bool {
+	_, ok := w.forward(out, msg)
 	return ok
 }
 
@@ -177,27 +177,27 @@ func (p *partition) send(out outbound, msg *handler.Message) bool {
 //
 // Each retry starts again from out's own destination. ok is false (nothing
 // marked) only when the partition is stopping.
-func (p *partition) forward(out outbound, msg *handler.Message) (sent outbound, ok bool) {
-	r := p.r
-	out.rec.Headers = p.injectTrace(out.rec.Headers, msg)
+func (w *worker) forward(out outbound, msg *handler.Message) (sent outbound, ok bool) {
+	r := w.r
+	out.rec.Headers = w.injectTrace(out.rec.Headers, msg)
 	var loudAt time.Time
 	for n := 1; ; n++ {
 		loud := n == 1 || time.Since(loudAt) >= time.Minute
-		sent, err := p.forwardOnce(out, msg, loud)
+		sent, err := w.forwardOnce(out, msg, loud)
 		if err == nil {
-			p.forwarded(sent, msg)
+			w.forwarded(sent, msg)
 			return sent, true
 		}
-		p.stall.failed(err) // cleared when the caller marks the message
+		w.stall.failed(err) // cleared when the caller marks the message
 		switch {
 		case !retrytopic.IsPermanentForwardError(err):
-			p.log.Error("idem: forward failed; offset not marked, retrying", "offset", msg.Offset, "to", sent.rec.Topic, "err", err, "try", n)
+			w.log.Error("idem: forward failed; offset not marked, retrying", "offset", msg.Offset, "to", sent.rec.Topic, "err", err, "try", n)
 		case loud:
 			loudAt = time.Now()
-			p.log.Error("idem: the dead-letter topic refuses even a stub of this record; offset not marked, waiting",
+			w.log.Error("idem: the dead-letter topic refuses even a stub of this record; offset not marked, waiting",
 				"offset", msg.Offset, "key", msg.IdempotencyKey, "to", sent.rec.Topic, "err", err, "try", n)
 		}
-		if !sleep(p.stopCtx, r.outageDelay(n)) {
+		if !sleep(w.stopCtx, r.outageDelay(n)) {
 			return outbound{}, false
 		}
 	}
@@ -207,10 +207,10 @@ func (p *partition) forward(out outbound, msg *handler.Message) (sent outbound, 
 // the dead-letter topic with the whole record (if out was for a tier), then
 // a stub, then a bare stub without the record's own headers. It returns what
 // it sent last and that send's error.
-func (p *partition) forwardOnce(out outbound, msg *handler.Message, loud bool) (outbound, error) {
-	r := p.r
+func (w *worker) forwardOnce(out outbound, msg *handler.Message, loud bool) (outbound, error) {
+	r := w.r
 	try := func(o outbound) (bool, error) {
-		err := r.fwd.Forward(p.hctx, o.rec)
+		err := r.fwd.Forward(w.hctx, o.rec)
 		if err == nil {
 			return true, nil
 		}
@@ -219,7 +219,7 @@ func (p *partition) forwardOnce(out outbound, msg *handler.Message, loud bool) (
 			return false, err
 		}
 		if loud {
-			p.log.Error("idem: destination refuses the record for good; dead-lettering it",
+			w.log.Error("idem: destination refuses the record for good; dead-lettering it",
 				"offset", msg.Offset, "key", msg.IdempotencyKey, "to", o.rec.Topic, "stub", o.stub, "bytes", len(o.rec.Value), "err", err)
 		}
 		return false, err
@@ -245,28 +245,28 @@ func (p *partition) forwardOnce(out outbound, msg *handler.Message, loud bool) (
 
 // forwarded counts and logs a durable forward: a retry tier at INFO, the
 // dead-letter topic at WARN, a stub at ERROR.
-func (p *partition) forwarded(out outbound, msg *handler.Message) {
-	r := p.r
+func (w *worker) forwarded(out outbound, msg *handler.Message) {
+	r := w.r
 	dest := out.rec.Topic
 	r.m.Forwarded.WithLabelValues(r.cfg.Group, dest, out.kind).Inc()
 	outcome, span := metrics.OutcomeRetried, TraceOutcomeRetried
 	if out.tier == 0 {
 		outcome, span = metrics.OutcomeDeadLettered, TraceOutcomeDeadLettered
 	}
-	p.spanEnd(span, nil)
+	w.spanEnd(span, nil)
 	r.m.Messages.WithLabelValues(r.cfg.Group, msg.Topic, outcome).Inc()
 	if out.stub {
 		r.m.StubsForwarded.WithLabelValues(r.cfg.Group, dest).Inc()
-		p.log.Error("idem: message dead-lettered as a stub without its value", "offset", msg.Offset, "key", msg.IdempotencyKey,
+		w.log.Error("idem: message dead-lettered as a stub without its value", "offset", msg.Offset, "key", msg.IdempotencyKey,
 			"to", dest, "omitted_bytes", out.f.OmittedBytes, "omitted_headers", out.f.OmittedHeaders, "reason", out.f.ForwardError)
 		return
 	}
 	if out.tier == 0 { // an operator has work: WARN
-		p.log.Warn("idem: message dead-lettered", "offset", msg.Offset, "key", msg.IdempotencyKey, "to", dest, "kind", out.kind,
+		w.log.Warn("idem: message dead-lettered", "offset", msg.Offset, "key", msg.IdempotencyKey, "to", dest, "kind", out.kind,
 			"attempt", msg.Attempt, "err", out.f.Error)
 		return
 	}
-	p.log.Info("idem: message forwarded to a retry tier", "offset", msg.Offset, "key", msg.IdempotencyKey, "to", dest, "kind", out.kind, "attempt", msg.Attempt)
+	w.log.Info("idem: message forwarded to a retry tier", "offset", msg.Offset, "key", msg.IdempotencyKey, "to", dest, "kind", out.kind, "attempt", msg.Attempt)
 }
 
 // setupRetryTopics creates the missing tier and dead-letter topics of every

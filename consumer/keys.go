@@ -8,8 +8,10 @@ import (
 	"log/slog"
 	"reflect"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/idemhq/idem/handler"
 )
@@ -258,4 +260,58 @@ func (r *runner) warnNoKeys(topic string, err error) {
 		slog.String("topic", topic), slog.Int("records", keySample),
 		slog.String("key_func", r.cfg.KeyFunc.String()), slog.String("last_error", err.Error()),
 		slog.String("fix", "consumer.RecordKey(), consumer.JSONField(\"event_id\"), consumer.FirstOf(...), or MissingKey: consumer.MissingKeyUseCoordinates"))
+}
+
+// key derives and checks the idempotency key. It is checked before any
+// database call: a key the inbox cannot store, or that would make a poor
+// identifier, follows the MissingKey policy with kind invalid-key; a KeyFunc
+// error marked handler.Decode (a value that is not JSON under JSONField)
+// follows it with kind decode, any other with kind missing-key.
+func (w *worker) key(msg *handler.Message, o origin) (string, error) {
+	r := w.r
+	k, err := callKeyFunc(r.cfg.KeyFunc, msg)
+	if err != nil && !handler.IsDecode(err) { // a record that does not decode keeps kind decode
+		err = &handler.MissingKeyError{Reason: "KeyFunc: " + err.Error()}
+	} else if err == nil {
+		err = checkKey(k, r.cfg.MaxKeyLength)
+	}
+	if o.tier == 0 && !w.tier && r.keys.observe(o.topic, o.partition, o.offset, err) {
+		r.warnNoKeys(o.topic, err)
+	}
+	if err == nil {
+		return k, nil
+	}
+	if r.cfg.MissingKey == MissingKeyUseCoordinates {
+		return o.topic + "/" + strconv.Itoa(int(o.partition)) + "/" + strconv.FormatInt(o.offset, 10), nil
+	}
+	return "", err
+}
+
+// checkKey validates an idempotency key: not empty, at most max bytes, valid
+// UTF-8 and free of NUL bytes (PostgreSQL text rejects both, SQLSTATE 22021).
+// The error is a *handler.MissingKeyError; Invalid is set for a key that is
+// present but unusable.
+func checkKey(k string, max int) error {
+	switch {
+	case k == "":
+		return &handler.MissingKeyError{Reason: "empty or absent"}
+	case len(k) > max:
+		return &handler.MissingKeyError{Reason: fmt.Sprintf("%d bytes, longer than MaxKeyLength %d", len(k), max), Invalid: true}
+	case !utf8.ValidString(k):
+		return &handler.MissingKeyError{Reason: "not valid UTF-8", Invalid: true}
+	case strings.IndexByte(k, 0) >= 0:
+		return &handler.MissingKeyError{Reason: "contains a NUL byte", Invalid: true}
+	}
+	return nil
+}
+
+// callKeyFunc calls f, turning a panic into an error: a KeyFunc that panics
+// on one bad payload must not take the consumer down.
+func callKeyFunc(f KeyFunc, msg *handler.Message) (k string, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			k, err = "", fmt.Errorf("panic: %v", v)
+		}
+	}()
+	return f(msg)
 }

@@ -45,11 +45,11 @@ func (r *runner) watchLag(ctx context.Context, client sarama.Client) {
 // series in shown that are not claimed any more.
 func (r *runner) refreshLag(ctx context.Context, client sarama.Client, admin sarama.ClusterAdmin, shown map[tp]bool) {
 	claimed := map[string][]int32{}
-	parts := map[tp]*partition{}
+	parts := map[tp]*claim{}
 	r.parts.Range(func(k, v any) bool {
 		t := k.(tp)
 		claimed[t.topic] = append(claimed[t.topic], t.partition)
-		parts[t] = v.(*partition)
+		parts[t] = v.(*claim)
 		return true
 	})
 	for k := range shown {
@@ -80,7 +80,7 @@ func (r *runner) refreshLag(ctx context.Context, client sarama.Client, admin sar
 			committed = b.Offset
 		}
 		if committed < 0 { // nothing committed yet: where the claim started
-			committed = p.claim.InitialOffset()
+			committed = p.kc.InitialOffset()
 			if committed == sarama.OffsetOldest {
 				if committed, err = client.GetOffset(k.topic, k.partition, sarama.OffsetOldest); err != nil {
 					continue

@@ -5,17 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
-	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/keyorder"
-	"github.com/idemhq/idem/retrytopic"
 )
 
 // Ordering says whether a message in a retry tier may be overtaken by later
@@ -119,27 +115,75 @@ func orderErrorOf(err error) orderError {
 	return orderFault
 }
 
+// keyOrder is what Config.Ordering adds to the path of a message with Kafka
+// key key: orderOff (OrderingNone, and records without a Kafka key) adds
+// nothing; byKey (OrderingByKey) keeps per-key order through the ordering
+// store. The message path calls the three steps unconditionally. Each
+// returns false when the partition is stopping.
+type keyOrder interface {
+	// admit parks the message behind its key's head when the key has one
+	// (parked: the message is done here and its offset may be marked).
+	admit(w *worker, cm *sarama.ConsumerMessage, msg *handler.Message, o origin) (parked, ok bool)
+	// toTier makes ikey its key's head before it is forwarded to tier.
+	toTier(w *worker, topic string, key []byte, ikey string, tier int) bool
+	// settled runs once ikey reached its outcome here (processed, duplicate,
+	// dead-lettered): the messages parked behind it follow.
+	settled(w *worker, topic string, key []byte, ikey string) bool
+}
+
+// orderOf returns the keyOrder of cm.
+func (w *worker) orderOf(cm *sarama.ConsumerMessage) keyOrder {
+	if w.r.order == nil || len(cm.Key) == 0 {
+		return orderOff{}
+	}
+	return byKey{}
+}
+
+// orderOff is OrderingNone: every step is a no-op.
+type orderOff struct{}
+
+func (orderOff) admit(*worker, *sarama.ConsumerMessage, *handler.Message, origin) (bool, bool) {
+	return false, true
+}
+func (orderOff) toTier(*worker, string, []byte, string, int) bool { return true }
+func (orderOff) settled(*worker, string, []byte, string) bool     { return true }
+
+// byKey is OrderingByKey, through the ordering store (see the Ordering doc).
+type byKey struct{}
+
+func (byKey) admit(w *worker, cm *sarama.ConsumerMessage, msg *handler.Message, o origin) (bool, bool) {
+	return w.park(cm, msg, o)
+}
+
+func (byKey) toTier(w *worker, topic string, key []byte, ikey string, tier int) bool {
+	return w.orderStep(func(ctx context.Context) error { return w.r.order.BlockTier(ctx, topic, key, ikey, tier) })
+}
+
+func (byKey) settled(w *worker, topic string, key []byte, ikey string) bool {
+	return w.drain(topic, key, ikey)
+}
+
 // orderTry runs a step of the ordering store, retrying it through outages
 // only. It returns nil when the step succeeded, the error when it ended in a
 // conflict or a fault (not retried; see orderError), and ok=false when the
 // partition is stopping.
-func (p *partition) orderTry(step string, f func(ctx context.Context) error) (err error, ok bool) {
+func (w *worker) orderTry(step string, f func(ctx context.Context) error) (err error, ok bool) {
 	for n := 1; ; n++ {
-		err := f(p.hctx)
+		err := f(w.hctx)
 		if err == nil {
 			return nil, true
 		}
 		switch orderErrorOf(err) {
 		case orderConflict:
-			p.log.Warn("idem: ordering conflict: another worker holds the key's head", "step", step, "err", err)
+			w.log.Warn("idem: ordering conflict: another worker holds the key's head", "step", step, "err", err)
 			return err, true
 		case orderFault:
-			p.log.Error("idem: ordering store refused the step; not retrying it", "step", step, "err", err)
+			w.log.Error("idem: ordering store refused the step; not retrying it", "step", step, "err", err)
 			return err, true
 		}
-		p.r.m.StoreErrors.WithLabelValues(p.r.cfg.Group).Inc()
-		p.log.Warn("idem: ordering store unavailable; retrying", "step", step, "err", err, "try", n)
-		if !sleep(p.stopCtx, p.r.outageDelay(n)) {
+		w.r.m.StoreErrors.WithLabelValues(w.r.cfg.Group).Inc()
+		w.log.Warn("idem: ordering store unavailable; retrying", "step", step, "err", err, "try", n)
+		if !sleep(w.stopCtx, w.r.outageDelay(n)) {
 			return err, false
 		}
 	}
@@ -148,15 +192,15 @@ func (p *partition) orderTry(step string, f func(ctx context.Context) error) (er
 // orderStep is orderTry for steps whose conflict or fault the caller takes
 // as done (see orderError for what follows); false means the partition is
 // stopping.
-func (p *partition) orderStep(f func(ctx context.Context) error) bool {
-	_, ok := p.orderTry("block", f)
+func (w *worker) orderStep(f func(ctx context.Context) error) bool {
+	_, ok := w.orderTry("block", f)
 	return ok
 }
 
 // park parks cm behind its key's head when the key is blocked by another
 // message; parked=false means process it now (also when the store refused to
 // park it: it is then processed unordered).
-func (p *partition) park(cm *sarama.ConsumerMessage, msg *handler.Message, o origin) (parked, ok bool) {
+func (w *worker) park(cm *sarama.ConsumerMessage, msg *handler.Message, o origin) (parked, ok bool) {
 	rec := keyorder.Record{
 		Topic: o.topic, Key: cm.Key, IdempotencyKey: msg.IdempotencyKey,
 		Partition: o.partition, Offset: o.offset, Timestamp: cm.Timestamp, Value: cm.Value,
@@ -167,19 +211,19 @@ func (p *partition) park(cm *sarama.ConsumerMessage, msg *handler.Message, o ori
 		}
 	}
 	var st keyorder.State
-	err, ok := p.orderTry("park", func(ctx context.Context) (err error) {
-		st, err = p.r.order.Park(ctx, rec)
+	err, ok := w.orderTry("park", func(ctx context.Context) (err error) {
+		st, err = w.r.order.Park(ctx, rec)
 		return err
 	})
 	if !ok {
 		return false, false
 	}
 	if err != nil {
-		p.log.Error("idem: cannot park; processing the message unordered", "offset", cm.Offset, "key", msg.IdempotencyKey)
+		w.log.Error("idem: cannot park; processing the message unordered", "offset", cm.Offset, "key", msg.IdempotencyKey)
 		return false, true
 	}
 	if st == keyorder.Blocked {
-		p.log.Debug("idem: parked behind an earlier message of its key", "offset", cm.Offset, "key", msg.IdempotencyKey)
+		w.log.Debug("idem: parked behind an earlier message of its key", "offset", cm.Offset, "key", msg.IdempotencyKey)
 	}
 	return st == keyorder.Blocked, true
 }
@@ -200,8 +244,8 @@ func withOrderHooks(ctx context.Context, h *orderHooks) context.Context {
 	return context.WithValue(ctx, orderHooksKey{}, h)
 }
 
-func (p *partition) hooks() *orderHooks {
-	h, _ := p.hctx.Value(orderHooksKey{}).(*orderHooks)
+func (w *worker) hooks() *orderHooks {
+	h, _ := w.hctx.Value(orderHooksKey{}).(*orderHooks)
 	if h == nil {
 		return &orderHooks{}
 	}
@@ -209,325 +253,8 @@ func (p *partition) hooks() *orderHooks {
 }
 
 // stuck logs a key a drain leaves blocked because the store refused a step.
-func (p *partition) stuck(topic string, key []byte, head string) {
-	p.log.Error("idem: key left blocked with its parked messages; release them with idem ordering release",
+func (w *worker) stuck(topic string, key []byte, head string) {
+	w.log.Error("idem: key left blocked with its parked messages; release them with idem ordering release",
 		"source", topic, "head", head,
-		"release", fmt.Sprintf("idem ordering release --group %s --topic %s --key-hex %x --to source", p.r.cfg.Group, topic, key))
-}
-
-// drain runs the messages parked behind head (now processed or
-// dead-lettered) in their order. A parked message that fails retriably becomes
-// the key's new head and goes to the first retry tier; the rest stay parked
-// behind it. When that tier refuses it for good and it is dead-lettered
-// instead (forward), it will not come back: the drain goes on behind it. It
-// returns false when the partition is stopping: the head is then not marked,
-// and its redelivery drains again. Once the partition is stopping it starts
-// no further parked message, even within the shutdown grace.
-func (p *partition) drain(topic string, key []byte, head string) bool {
-	r := p.r
-	hooks := p.hooks()
-	for {
-		var next keyorder.Record
-		var more bool
-		err, ok := p.orderTry("next", func(ctx context.Context) (err error) {
-			next, more, err = r.order.Next(ctx, topic, key, head)
-			return err
-		})
-		if !ok {
-			return false
-		}
-		if err != nil {
-			p.stuck(topic, key, head)
-			return true
-		}
-		if !more {
-			return true
-		}
-		if hooks.draining != nil {
-			hooks.draining(p.stopCtx, p.hctx, next)
-		}
-		if p.stopCtx.Err() != nil {
-			return false // revoked or shutting down: start nothing new
-		}
-		msg, headers := parkedMessage(next)
-		rec := dedupe.Record{Group: r.cfg.Group, Key: next.IdempotencyKey, Topic: next.Topic, Partition: next.Partition, Offset: next.Offset}
-		err, ok = p.process(rec, msg, nil)
-		if !ok {
-			return false
-		}
-		done := func() bool {
-			err, ok := p.orderTry("done", func(ctx context.Context) error { return r.order.Done(ctx, next.Seq) })
-			if ok && err != nil {
-				p.stuck(topic, key, head)
-				return false
-			}
-			return ok
-		}
-		if err == nil {
-			if !done() {
-				return p.stopCtx.Err() == nil
-			}
-			continue
-		}
-		src := retrytopic.Source{Topic: next.Topic, Partition: next.Partition, Offset: next.Offset, Timestamp: next.Timestamp, Group: r.cfg.Group}
-		out := p.failure(src, next.Key, next.Value, headers, origin{topic: next.Topic, partition: next.Partition, offset: next.Offset}, msg, err)
-		if out.tier == 0 {
-			if !p.send(out, msg) {
-				return false
-			}
-			if !done() {
-				return p.stopCtx.Err() == nil
-			}
-			continue
-		}
-		// The parked message becomes the head: promote it (recording the
-		// forward as pending) in one transaction, then forward it.
-		pending := next
-		pending.Tier = out.tier
-		pending.Headers = pending.Headers[:0:0]
-		for _, h := range out.rec.Headers {
-			pending.Headers = append(pending.Headers, keyorder.Header{Key: string(h.Key), Value: h.Value})
-		}
-		err, ok = p.orderTry("promote", func(ctx context.Context) error { return r.order.Promote(ctx, head, pending) })
-		switch {
-		case !ok:
-			return false
-		case orderErrorOf(err) == orderConflict:
-			// Another worker drained this key at the same time and promoted
-			// first: it forwards the new head; this head is done.
-			return true
-		case err != nil:
-			p.stuck(topic, key, head)
-			return true
-		}
-		if hooks.promoted != nil {
-			hooks.promoted(p.stopCtx, p.hctx, pending)
-		}
-		head = next.IdempotencyKey
-		again, ok := p.forwardHead(out, msg, next.Topic, next.Key, head)
-		if !again {
-			return ok
-		}
-	}
-}
-
-// forwardHead forwards out, the record of the key's head ikey whose forward
-// is recorded as pending, and clears the pending mark. again reports that
-// the head was dead-lettered instead (its tier refused it for good): it will
-// not come back from a tier, so the caller drains the messages parked behind
-// it now. ok is false when the partition is stopping: the forward stays
-// pending and the next owner of the partition does it (claimOrdering).
-func (p *partition) forwardHead(out outbound, msg *handler.Message, topic string, key []byte, ikey string) (again, ok bool) {
-	sent, ok := p.forward(out, msg)
-	if !ok {
-		return false, false
-	}
-	if _, ok = p.orderTry("forwarded", func(ctx context.Context) error {
-		return p.r.order.Forwarded(ctx, topic, key, ikey)
-	}); !ok {
-		return false, false
-	}
-	return sent.tier == 0, true
-}
-
-// parkedMessage rebuilds the handler message and headers of a parked record.
-func parkedMessage(rec keyorder.Record) (*handler.Message, []*sarama.RecordHeader) {
-	msg := &handler.Message{
-		Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset,
-		Key: rec.Key, Value: rec.Value, Timestamp: rec.Timestamp,
-		IdempotencyKey: rec.IdempotencyKey, Attempt: 1,
-	}
-	hs := make([]*sarama.RecordHeader, 0, len(rec.Headers))
-	for _, h := range rec.Headers {
-		msg.Headers = append(msg.Headers, handler.Header{Key: h.Key, Value: h.Value})
-		hs = append(hs, &sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})
-	}
-	return msg, hs
-}
-
-// pendingOutbound is the forward a promoted head still owes: the record
-// Promote stored, to its tier, with its family's dead-letter topic for when
-// the tier refuses it for good.
-func (r *runner) pendingOutbound(rec keyorder.Record) outbound {
-	hs := make([]sarama.RecordHeader, 0, len(rec.Headers))
-	for _, h := range rec.Headers {
-		hs = append(hs, sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})
-	}
-	tier := max(rec.Tier, 1)
-	f, _, _ := retrytopic.Decode(hs)
-	f.Tier = tier
-	if f.IdempotencyKey == "" {
-		f.IdempotencyKey = rec.IdempotencyKey
-	}
-	return outbound{
-		rec: retrytopic.Record{
-			Topic: r.policy.Tier(rec.Topic, r.cfg.Group, tier), Partition: rec.Partition,
-			Key: rec.Key, Value: rec.Value, Headers: hs,
-		},
-		tier: tier,
-		kind: string(f.Kind),
-		f:    f,
-		dlq:  r.policy.DLQ(rec.Topic, r.cfg.Group),
-	}
-}
-
-// tierGone reports (and logs) a pending head whose tier Retry.Delays no
-// longer has: it is not forwarded (its topic may be gone, and nothing would
-// read it); warnUnread names it and `idem ordering release` sends it on.
-func (r *runner) tierGone(rec keyorder.Record) bool {
-	if rec.Tier <= len(r.policy.Delays) {
-		return false
-	}
-	r.log.Warn("idem: not forwarding a pending head: its retry tier is no longer configured", "key", rec.IdempotencyKey,
-		"tier", rec.Tier, "tiers", len(r.policy.Delays),
-		"release", fmt.Sprintf("idem ordering release --group %s --topic %s --key-hex %x --to source", r.cfg.Group, rec.Topic, rec.Key))
-	return true
-}
-
-// sourceOf returns the source topic a subscribed topic belongs to: itself, or
-// the source whose retry tier it is.
-func (r *runner) sourceOf(topic string) (string, bool) {
-	for _, t := range r.cfg.Topics {
-		if t == topic || slices.Contains(r.policy.Tiers(t, r.cfg.Group), topic) {
-			return t, true
-		}
-	}
-	return "", false
-}
-
-// claimOrdering runs when the partition is claimed, before its first message:
-// it finishes the ordering store's work a previous owner left for this
-// partition, the one recovery path of a pending head. A drain that promoted a
-// parked message and was revoked (or crashed) before forwarding it left the
-// forward pending; the new owner of the partition — of the source topic or of
-// one of its tiers, whichever is claimed first — forwards it now, so the key
-// is not blocked for ever (a forward done twice is harmless: the inbox
-// absorbs the copy). A head its tier refuses for good is dead-lettered
-// (forward) and the messages parked behind it are drained. The partition's
-// reader runs already, so a revoke stops this at once. false means the
-// partition is stopping.
-func (p *partition) claimOrdering() bool {
-	r := p.r
-	src, ok := r.sourceOf(p.tp.topic)
-	if !ok {
-		return true
-	}
-	var pending []keyorder.Record
-	err, ok := p.orderTry("claim", func(ctx context.Context) (err error) {
-		pending, err = r.order.PendingOf(ctx, src, p.tp.partition)
-		return err
-	})
-	if !ok {
-		return false
-	}
-	if err != nil {
-		return true // logged; the next claim tries again
-	}
-	for _, rec := range pending {
-		if r.tierGone(rec) {
-			continue
-		}
-		msg := &handler.Message{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, IdempotencyKey: rec.IdempotencyKey}
-		again, ok := p.forwardHead(r.pendingOutbound(rec), msg, rec.Topic, rec.Key, rec.IdempotencyKey)
-		if !ok {
-			return false
-		}
-		p.log.Info("idem: forwarded a head whose forward a previous owner left pending", "key", rec.IdempotencyKey, "source", src)
-		if again && !p.drain(rec.Topic, rec.Key, rec.IdempotencyKey) {
-			return false
-		}
-	}
-	return true
-}
-
-// orderingDB is where the parked rows of this group live: Config.OrderingDB,
-// else the database of a Dedupe store that exposes one (DB() dedupe.DB);
-// nil when neither is known.
-func (r *runner) orderingDB() dedupe.DB {
-	if r.cfg.OrderingDB != nil {
-		return r.cfg.OrderingDB
-	}
-	if d, ok := r.cfg.Dedupe.(interface{ DB() dedupe.DB }); ok {
-		return d.DB()
-	}
-	return nil
-}
-
-// warnUnread logs at WARN, at start, the parked messages of this group that
-// this Run will not read, with counts, topics and the command that releases
-// them: all of them when ordering is off; with OrderingByKey, those of topics
-// not in Config.Topics, those whose head sits in a retry tier beyond
-// len(Retry.Delays) (removed from the policy), and those whose head has
-// waited in its tier longer than the tier topic keeps records (retention.ms):
-// its tier record expired, so it never comes back. Their offsets are
-// committed, so without a release they stay stranded. It never fails Run: a
-// database it cannot read (or without the ordering tables) is skipped.
-func (r *runner) warnUnread(ctx context.Context, client sarama.Client) {
-	db := r.orderingDB()
-	if db == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	keys, err := keyorder.List(ctx, db, r.cfg.Group, "")
-	if err != nil {
-		var pe *pgconn.PgError
-		if !errors.As(err, &pe) || pe.Code != "42P01" { // undefined_table: ordering never used here
-			r.log.Debug("idem: cannot look for parked messages", "err", err)
-		}
-		return
-	}
-	type unread struct {
-		keys, parked int
-		oldest       time.Time
-		reason       string
-	}
-	var topics []string
-	byTopic := map[string]*unread{}
-	var retention map[string]time.Duration // of the tier topics, read once when needed
-	for _, k := range keys {
-		var reason string
-		switch {
-		case r.order == nil:
-			reason = "ordering is off (Config.Ordering is not OrderingByKey)"
-		case !slices.Contains(r.cfg.Topics, k.Topic):
-			reason = "the topic is not in Config.Topics"
-		case k.Tier > len(r.policy.Delays):
-			reason = fmt.Sprintf("heads wait in retry tier %d, but Retry.Delays has %d tiers", k.Tier, len(r.policy.Delays))
-		case k.Head != "" && !k.Pending && k.Tier > 0 && !k.Since.IsZero():
-			tier := r.policy.Tier(k.Topic, r.cfg.Group, k.Tier)
-			if retention == nil {
-				retention = r.retentions(client, r.topics()[len(r.cfg.Topics):])
-			}
-			d, ok := retention[tier]
-			if !ok || d < 0 || time.Since(k.Since) <= d {
-				continue
-			}
-			reason = fmt.Sprintf("heads waited in retry tier %d longer than its retention.ms (%s): their tier records expired", k.Tier, d)
-		default:
-			continue
-		}
-		u := byTopic[k.Topic]
-		if u == nil {
-			u = &unread{reason: reason}
-			byTopic[k.Topic] = u
-			topics = append(topics, k.Topic)
-		}
-		u.keys++
-		u.parked += k.Parked
-		if !k.OldestParked.IsZero() && (u.oldest.IsZero() || k.OldestParked.Before(u.oldest)) {
-			u.oldest = k.OldestParked
-		}
-	}
-	for _, t := range topics {
-		u := byTopic[t]
-		age := time.Duration(0)
-		if !u.oldest.IsZero() {
-			age = time.Since(u.oldest).Round(time.Second)
-		}
-		r.log.Warn("idem: parked messages this consumer will not read; their offsets are committed, so release them",
-			"topic", t, "keys", u.keys, "parked", u.parked, "oldest_age", age, "reason", u.reason,
-			"list", fmt.Sprintf("idem ordering list --group %s --topic %s", r.cfg.Group, t),
-			"release", fmt.Sprintf("idem ordering release --group %s --topic %s --all --to source", r.cfg.Group, t))
-	}
+		"release", fmt.Sprintf("idem ordering release --group %s --topic %s --key-hex %x --to source", w.r.cfg.Group, topic, key))
 }

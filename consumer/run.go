@@ -116,7 +116,7 @@ type runner struct {
 	runCtx     context.Context // Run's ctx, also cancelled by fatal
 	abort      context.CancelCauseFunc
 
-	parts sync.Map // tp → *partition: the claimed partitions, watched for stalls
+	parts sync.Map // tp → *claim: the claimed partitions, watched for stalls
 	// lagKick asks watchLag for a sample now: a partition was claimed, so its
 	// lag series exists from the start, not only after LagInterval.
 	lagKick chan struct{}
@@ -431,8 +431,8 @@ func (g *groupHandler) ConsumeClaim(s sarama.ConsumerGroupSession, c sarama.Cons
 	t := tp{c.Topic(), c.Partition()}
 	g.r.life.claimStarting(s, t)
 	defer g.r.life.claimEnded(s, t)
-	p := newPartition(g.r, s, c)
-	p.run()
-	p.obs.close()
+	cl := newClaim(g.r, s, c)
+	cl.run()
+	cl.obs.close()
 	return nil
 }

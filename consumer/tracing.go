@@ -130,9 +130,9 @@ type spanState struct {
 
 // traceMessage records that msg, read from retry tier tier (0: a source
 // topic), is the message the worker's next spans belong to.
-func (p *partition) traceMessage(msg *handler.Message, tier int) {
-	p.spanEnd(TraceOutcomeAbandoned, nil)
-	p.tspan = spanState{msg: msg, tier: tier}
+func (w *worker) traceMessage(msg *handler.Message, tier int) {
+	w.spanEnd(TraceOutcomeAbandoned, nil)
+	w.tspan = spanState{msg: msg, tier: tier}
 }
 
 // noRecordProbe: with a tracer that does not record, one untraced message in
@@ -152,23 +152,23 @@ var consumerKind = trace.WithSpanKind(trace.SpanKindConsumer)
 // Every noRecordProbe-th such message starts a span anyway, so an SDK
 // installed after Run started is noticed; a message with a trace context
 // always gets a span.
-func (p *partition) spanStart(msg *handler.Message) context.Context {
-	if p.tspan.ctx != nil && p.tspan.msg == msg {
-		return p.tspan.ctx
+func (w *worker) spanStart(msg *handler.Message) context.Context {
+	if w.tspan.ctx != nil && w.tspan.msg == msg {
+		return w.tspan.ctx
 	}
 	tier := 0
-	if p.tspan.msg == msg {
-		tier = p.tspan.tier
+	if w.tspan.msg == msg {
+		tier = w.tspan.tier
 	}
-	p.spanEnd(TraceOutcomeAbandoned, nil)
-	r := p.r
-	parent := r.cfg.Propagator.Extract(p.hctx, msgCarrier{msg})
+	w.spanEnd(TraceOutcomeAbandoned, nil)
+	r := w.r
+	parent := r.cfg.Propagator.Extract(w.hctx, msgCarrier{msg})
 	if r.noRecord.Load() && !trace.SpanContextFromContext(parent).IsValid() {
-		if p.unprobed++; p.unprobed < noRecordProbe {
-			p.tspan = spanState{msg: msg, tier: tier, ctx: parent}
+		if w.unprobed++; w.unprobed < noRecordProbe {
+			w.tspan = spanState{msg: msg, tier: tier, ctx: parent}
 			return parent
 		}
-		p.unprobed = 0
+		w.unprobed = 0
 	}
 	ctx, span := r.tracer.Start(parent, SpanHandle, consumerKind)
 	r.noRecord.Store(!span.IsRecording() && !span.SpanContext().IsValid())
@@ -184,15 +184,15 @@ func (p *partition) spanStart(msg *handler.Message) context.Context {
 			attrTier.Int(tier),
 		)
 	}
-	p.tspan = spanState{msg: msg, tier: tier, span: span, ctx: ctx}
+	w.tspan = spanState{msg: msg, tier: tier, span: span, ctx: ctx}
 	return ctx
 }
 
 // spanEnd ends the open attempt span, if any, with outcome; a non-nil err is
 // recorded on it as the attempt's failure.
-func (p *partition) spanEnd(outcome string, err error) {
-	s := p.tspan.span
-	p.tspan.span, p.tspan.ctx = nil, nil
+func (w *worker) spanEnd(outcome string, err error) {
+	s := w.tspan.span
+	w.tspan.span, w.tspan.ctx = nil, nil
 	if s == nil {
 		return
 	}
@@ -208,8 +208,8 @@ func (p *partition) spanEnd(outcome string, err error) {
 
 // spanError records err on the open attempt span without ending it: the
 // attempt failed and its outcome (retry, forward) is not decided yet.
-func (p *partition) spanError(err error) {
-	if s := p.tspan.span; s != nil && err != nil && s.IsRecording() {
+func (w *worker) spanError(err error) {
+	if s := w.tspan.span; s != nil && err != nil && s.IsRecording() {
 		s.RecordError(err)
 		s.SetStatus(codes.Error, err.Error())
 	}
@@ -219,18 +219,18 @@ func (p *partition) spanError(err error) {
 // if none is: a message dead-lettered without an attempt, such as one
 // without a key) into a forwarded record's headers, so the next tier's
 // attempt, or the dead-letter record, continues the trace.
-func (p *partition) injectTrace(hs []sarama.RecordHeader, msg *handler.Message) []sarama.RecordHeader {
-	ctx := p.spanStart(msg)
+func (w *worker) injectTrace(hs []sarama.RecordHeader, msg *handler.Message) []sarama.RecordHeader {
+	ctx := w.spanStart(msg)
 	out := append([]sarama.RecordHeader(nil), hs...)
-	p.r.cfg.Propagator.Inject(ctx, recordCarrier{&out})
+	w.r.cfg.Propagator.Inject(ctx, recordCarrier{&out})
 	return out
 }
 
 // batchSpan starts the span of one batch handler call for items[idx] (the
 // new messages of a batch), linked to the producer context of each (up to
 // 128 links).
-func (p *partition) batchSpan(ctx context.Context, items []*batchItem, idx []int) (context.Context, trace.Span) {
-	r := p.r
+func (w *worker) batchSpan(ctx context.Context, items []*batchItem, idx []int) (context.Context, trace.Span) {
+	r := w.r
 	const maxLinks = 128
 	links := make([]trace.Link, 0, min(len(idx), maxLinks))
 	for _, i := range idx[:min(len(idx), maxLinks)] {
@@ -246,8 +246,8 @@ func (p *partition) batchSpan(ctx context.Context, items []*batchItem, idx []int
 		span.SetAttributes(
 			attribute.String("messaging.system", "kafka"),
 			attribute.String("messaging.operation.type", "process"),
-			attribute.String("messaging.destination.name", p.tp.topic),
-			attribute.Int("messaging.kafka.destination.partition", int(p.tp.partition)),
+			attribute.String("messaging.destination.name", w.tp.topic),
+			attribute.Int("messaging.kafka.destination.partition", int(w.tp.partition)),
 			attribute.Int("messaging.batch.message_count", len(idx)),
 			attribute.String("messaging.consumer.group.name", r.cfg.Group),
 			attrAttempt.Int(1),
