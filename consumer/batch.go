@@ -19,7 +19,8 @@ import (
 // batches, until src or the partition stops.
 func (w *worker) work(src source) {
 	bc := w.r.cfg.Batch
-	var batch []*batchItem
+	var items []*batchItem
+	b := batch{w}
 	for {
 		m, ok := src.pop(w.stopCtx)
 		if !ok {
@@ -34,17 +35,17 @@ func (w *worker) work(src source) {
 		// Gather consecutive batchable messages, within the batch's size
 		// and latency budget (BatchConfig.MaxLatency); a message that is not
 		// batchable ends the batch and is handled alone after it.
-		batch = batch[:0]
-		limit, opened := w.batchLimit(), time.Now()
+		items = items[:0]
+		limit, opened := b.batchLimit(), time.Now()
 		var alone *sarama.ConsumerMessage
 		for {
-			if it, ok := w.prepare(m); ok {
-				batch = append(batch, it)
+			if it, ok := b.prepare(m); ok {
+				items = append(items, it)
 			} else {
 				alone = m
 				break
 			}
-			if len(batch) >= limit {
+			if len(items) >= limit {
 				break
 			}
 			wait := bc.MaxWait
@@ -57,7 +58,7 @@ func (w *worker) work(src source) {
 				break
 			}
 		}
-		if len(batch) > 0 && !w.handleBatch(batch) {
+		if len(items) > 0 && !b.handleBatch(items) {
 			return
 		}
 		if alone != nil && !w.handle(alone) {
@@ -69,7 +70,7 @@ func (w *worker) work(src source) {
 // batchLimit is how many messages the next batch may take: MaxMessages, or
 // fewer when the handler time per message of the worker's recent batches
 // says more would not get through within BatchConfig.MaxLatency.
-func (w *worker) batchLimit() int {
+func (w batch) batchLimit() int {
 	bc := w.r.cfg.Batch
 	if bc.MaxLatency <= 0 || w.batchCost <= 0 {
 		return bc.MaxMessages
@@ -80,7 +81,7 @@ func (w *worker) batchLimit() int {
 // costed folds the time a successful batch of n messages took into the
 // worker's handler time per message (an exponentially weighted average, so
 // a handler that slows down or speeds up is followed within a few batches).
-func (w *worker) costed(d time.Duration, n int) {
+func (w batch) costed(d time.Duration, n int) {
 	if n <= 0 {
 		return
 	}
@@ -92,6 +93,10 @@ func (w *worker) costed(d time.Duration, n int) {
 	w.batchCost += (c - w.batchCost) / 4
 }
 
+// batch holds the steps of a worker's batches: their size, their
+// transaction, and the way out of a failed one.
+type batch struct{ *worker }
+
 // batchItem is one message prepared for a batch.
 type batchItem struct {
 	cm  *sarama.ConsumerMessage
@@ -102,7 +107,7 @@ type batchItem struct {
 // prepare returns cm ready for a batch, or false when it must be handled
 // alone: a retry-tier record (it may have to wait for its due time), a record
 // without a valid key, ordering mode, or a store without batches.
-func (w *worker) prepare(cm *sarama.ConsumerMessage) (*batchItem, bool) {
+func (w batch) prepare(cm *sarama.ConsumerMessage) (*batchItem, bool) {
 	r := w.r
 	if r.order != nil || r.batchStore == nil || w.tier {
 		return nil, false
@@ -121,7 +126,7 @@ func (w *worker) prepare(cm *sarama.ConsumerMessage) (*batchItem, bool) {
 // handleBatch runs items in one transaction and marks them; on a failure it
 // falls back to one transaction per message (see Config.Batch). false means
 // the partition is stopping.
-func (w *worker) handleBatch(items []*batchItem) bool {
+func (w batch) handleBatch(items []*batchItem) bool {
 	r := w.r
 	probe, ok := r.gate.wait(w.stopCtx)
 	if !ok {
@@ -140,7 +145,7 @@ func (w *worker) handleBatch(items []*batchItem) bool {
 	failedAt := -1 // the item whose handler failed (per-message handler)
 	outs, err := r.batchStore.ProcessBatch(w.hctx, recs, func(ctx context.Context, idx []int) (err error) {
 		fresh = idx
-		ctx, span := w.batchSpan(ctx, items, idx)
+		ctx, span := w.ob.batchSpan(ctx, items, idx)
 		defer func() { batchSpanEnd(span, err) }()
 		if r.bh != nil {
 			msgs := make([]*handler.Message, len(idx))
@@ -181,7 +186,7 @@ func (w *worker) handleBatch(items []*batchItem) bool {
 		w.log.Debug("idem: batch failed; running its messages one by one", "messages", len(items), "new", len(fresh), "err", err)
 	}
 	if r.bh != nil { // a batch handler's panic; a per-message one is logged when it runs alone
-		w.logPanic(err, items[0].msg)
+		w.ob.logPanic(err, items[0].msg)
 	}
 	firsts := make([]error, len(items))
 	if be, _ := handler.AsBatchError(err); be != nil {
@@ -206,7 +211,7 @@ func (w *worker) handleBatch(items []*batchItem) bool {
 // counts as that message's first attempt, so a permanent one goes to the DLQ
 // without running again. A failure nobody can be blamed for pins nothing.
 // false means the partition is stopping.
-func (w *worker) alone(items []*batchItem, firsts []error) bool {
+func (w batch) alone(items []*batchItem, firsts []error) bool {
 	for i, it := range items {
 		var first error
 		if firsts != nil {

@@ -22,7 +22,7 @@ func TestBatchLimitFollowsHandlerTime(t *testing.T) {
 		{"no budget", -1, time.Second, 500},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			p := &worker{claim: &claim{r: &runner{cfg: Config{Batch: BatchConfig{MaxMessages: 500, MaxLatency: tt.latency}}}}}
+			p := batch{&worker{claim: &claim{r: &runner{cfg: Config{Batch: BatchConfig{MaxMessages: 500, MaxLatency: tt.latency}}}}}}
 			for range 20 {
 				p.costed(tt.cost*10, 10)
 			}

@@ -85,7 +85,8 @@ func newClaim(r *runner, s sarama.ConsumerGroupSession, kc sarama.ConsumerGroupC
 
 // newWorker returns a worker of c with a stall of its own.
 func (c *claim) newWorker() *worker {
-	w := &worker{claim: c, stall: &stall{}, names: map[string]string{}}
+	w := &worker{claim: c, stall: &stall{}, names: map[string]string{},
+		ob: observer{r: c.r, log: c.log, tp: c.tp, hctx: c.hctx}}
 	w.callFn = w.callHandler
 	c.stalls = append(c.stalls, w.stall)
 	return w
@@ -165,7 +166,7 @@ func (c *claim) run() {
 
 	// The reader runs before anything else, so a revoke stops the claim's
 	// recovery of pending ordering forwards at once, too.
-	if r.order != nil && !c.main.claimOrdering() {
+	if r.order != nil && !(byKey{c.main}).claimOrdering() {
 		return
 	}
 	if len(c.workers) > 0 {

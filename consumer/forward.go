@@ -179,13 +179,13 @@ func (w *worker) send(out outbound, msg *handler.Message) bool {
 // marked) only when the partition is stopping.
 func (w *worker) forward(out outbound, msg *handler.Message) (sent outbound, ok bool) {
 	r := w.r
-	out.rec.Headers = w.injectTrace(out.rec.Headers, msg)
+	out.rec.Headers = w.ob.injectTrace(out.rec.Headers, msg)
 	var loudAt time.Time
 	for n := 1; ; n++ {
 		loud := n == 1 || time.Since(loudAt) >= time.Minute
 		sent, err := w.forwardOnce(out, msg, loud)
 		if err == nil {
-			w.forwarded(sent, msg)
+			w.ob.forwarded(sent, msg)
 			return sent, true
 		}
 		w.stall.failed(err) // cleared when the caller marks the message
@@ -245,28 +245,28 @@ func (w *worker) forwardOnce(out outbound, msg *handler.Message, loud bool) (out
 
 // forwarded counts and logs a durable forward: a retry tier at INFO, the
 // dead-letter topic at WARN, a stub at ERROR.
-func (w *worker) forwarded(out outbound, msg *handler.Message) {
-	r := w.r
+func (o *observer) forwarded(out outbound, msg *handler.Message) {
+	r := o.r
 	dest := out.rec.Topic
 	r.m.Forwarded.WithLabelValues(r.cfg.Group, dest, out.kind).Inc()
 	outcome, span := metrics.OutcomeRetried, TraceOutcomeRetried
 	if out.tier == 0 {
 		outcome, span = metrics.OutcomeDeadLettered, TraceOutcomeDeadLettered
 	}
-	w.spanEnd(span, nil)
+	o.spanEnd(span, nil)
 	r.m.Messages.WithLabelValues(r.cfg.Group, msg.Topic, outcome).Inc()
 	if out.stub {
 		r.m.StubsForwarded.WithLabelValues(r.cfg.Group, dest).Inc()
-		w.log.Error("idem: message dead-lettered as a stub without its value", "offset", msg.Offset, "key", msg.IdempotencyKey,
+		o.log.Error("idem: message dead-lettered as a stub without its value", "offset", msg.Offset, "key", msg.IdempotencyKey,
 			"to", dest, "omitted_bytes", out.f.OmittedBytes, "omitted_headers", out.f.OmittedHeaders, "reason", out.f.ForwardError)
 		return
 	}
 	if out.tier == 0 { // an operator has work: WARN
-		w.log.Warn("idem: message dead-lettered", "offset", msg.Offset, "key", msg.IdempotencyKey, "to", dest, "kind", out.kind,
+		o.log.Warn("idem: message dead-lettered", "offset", msg.Offset, "key", msg.IdempotencyKey, "to", dest, "kind", out.kind,
 			"attempt", msg.Attempt, "err", out.f.Error)
 		return
 	}
-	w.log.Info("idem: message forwarded to a retry tier", "offset", msg.Offset, "key", msg.IdempotencyKey, "to", dest, "kind", out.kind, "attempt", msg.Attempt)
+	o.log.Info("idem: message forwarded to a retry tier", "offset", msg.Offset, "key", msg.IdempotencyKey, "to", dest, "kind", out.kind, "attempt", msg.Attempt)
 }
 
 // setupRetryTopics creates the missing tier and dead-letter topics of every

@@ -123,12 +123,12 @@ func orderErrorOf(err error) orderError {
 type keyOrder interface {
 	// admit parks the message behind its key's head when the key has one
 	// (parked: the message is done here and its offset may be marked).
-	admit(w *worker, cm *sarama.ConsumerMessage, msg *handler.Message, o origin) (parked, ok bool)
+	admit(cm *sarama.ConsumerMessage, msg *handler.Message, o origin) (parked, ok bool)
 	// toTier makes ikey its key's head before it is forwarded to tier.
-	toTier(w *worker, topic string, key []byte, ikey string, tier int) bool
+	toTier(topic string, key []byte, ikey string, tier int) bool
 	// settled runs once ikey reached its outcome here (processed, duplicate,
 	// dead-lettered): the messages parked behind it follow.
-	settled(w *worker, topic string, key []byte, ikey string) bool
+	settled(topic string, key []byte, ikey string) bool
 }
 
 // orderOf returns the keyOrder of cm.
@@ -136,30 +136,31 @@ func (w *worker) orderOf(cm *sarama.ConsumerMessage) keyOrder {
 	if w.r.order == nil || len(cm.Key) == 0 {
 		return orderOff{}
 	}
-	return byKey{}
+	return byKey{w}
 }
 
 // orderOff is OrderingNone: every step is a no-op.
 type orderOff struct{}
 
-func (orderOff) admit(*worker, *sarama.ConsumerMessage, *handler.Message, origin) (bool, bool) {
+func (orderOff) admit(*sarama.ConsumerMessage, *handler.Message, origin) (bool, bool) {
 	return false, true
 }
-func (orderOff) toTier(*worker, string, []byte, string, int) bool { return true }
-func (orderOff) settled(*worker, string, []byte, string) bool     { return true }
+func (orderOff) toTier(string, []byte, string, int) bool { return true }
+func (orderOff) settled(string, []byte, string) bool     { return true }
 
-// byKey is OrderingByKey, through the ordering store (see the Ordering doc).
-type byKey struct{}
+// byKey is OrderingByKey for one worker: the steps of the ordering store
+// (see the Ordering doc), run by w.
+type byKey struct{ *worker }
 
-func (byKey) admit(w *worker, cm *sarama.ConsumerMessage, msg *handler.Message, o origin) (bool, bool) {
+func (w byKey) admit(cm *sarama.ConsumerMessage, msg *handler.Message, o origin) (bool, bool) {
 	return w.park(cm, msg, o)
 }
 
-func (byKey) toTier(w *worker, topic string, key []byte, ikey string, tier int) bool {
+func (w byKey) toTier(topic string, key []byte, ikey string, tier int) bool {
 	return w.orderStep(func(ctx context.Context) error { return w.r.order.BlockTier(ctx, topic, key, ikey, tier) })
 }
 
-func (byKey) settled(w *worker, topic string, key []byte, ikey string) bool {
+func (w byKey) settled(topic string, key []byte, ikey string) bool {
 	return w.drain(topic, key, ikey)
 }
 
@@ -167,7 +168,7 @@ func (byKey) settled(w *worker, topic string, key []byte, ikey string) bool {
 // only. It returns nil when the step succeeded, the error when it ended in a
 // conflict or a fault (not retried; see orderError), and ok=false when the
 // partition is stopping.
-func (w *worker) orderTry(step string, f func(ctx context.Context) error) (err error, ok bool) {
+func (w byKey) orderTry(step string, f func(ctx context.Context) error) (err error, ok bool) {
 	for n := 1; ; n++ {
 		err := f(w.hctx)
 		if err == nil {
@@ -192,7 +193,7 @@ func (w *worker) orderTry(step string, f func(ctx context.Context) error) (err e
 // orderStep is orderTry for steps whose conflict or fault the caller takes
 // as done (see orderError for what follows); false means the partition is
 // stopping.
-func (w *worker) orderStep(f func(ctx context.Context) error) bool {
+func (w byKey) orderStep(f func(ctx context.Context) error) bool {
 	_, ok := w.orderTry("block", f)
 	return ok
 }
@@ -200,7 +201,7 @@ func (w *worker) orderStep(f func(ctx context.Context) error) bool {
 // park parks cm behind its key's head when the key is blocked by another
 // message; parked=false means process it now (also when the store refused to
 // park it: it is then processed unordered).
-func (w *worker) park(cm *sarama.ConsumerMessage, msg *handler.Message, o origin) (parked, ok bool) {
+func (w byKey) park(cm *sarama.ConsumerMessage, msg *handler.Message, o origin) (parked, ok bool) {
 	rec := keyorder.Record{
 		Topic: o.topic, Key: cm.Key, IdempotencyKey: msg.IdempotencyKey,
 		Partition: o.partition, Offset: o.offset, Timestamp: cm.Timestamp, Value: cm.Value,
@@ -244,7 +245,7 @@ func withOrderHooks(ctx context.Context, h *orderHooks) context.Context {
 	return context.WithValue(ctx, orderHooksKey{}, h)
 }
 
-func (w *worker) hooks() *orderHooks {
+func (w byKey) hooks() *orderHooks {
 	h, _ := w.hctx.Value(orderHooksKey{}).(*orderHooks)
 	if h == nil {
 		return &orderHooks{}
@@ -253,7 +254,7 @@ func (w *worker) hooks() *orderHooks {
 }
 
 // stuck logs a key a drain leaves blocked because the store refused a step.
-func (w *worker) stuck(topic string, key []byte, head string) {
+func (w byKey) stuck(topic string, key []byte, head string) {
 	w.log.Error("idem: key left blocked with its parked messages; release them with idem ordering release",
 		"source", topic, "head", head,
 		"release", fmt.Sprintf("idem ordering release --group %s --topic %s --key-hex %x --to source", w.r.cfg.Group, topic, key))

@@ -21,7 +21,7 @@ import (
 // returns false when the partition is stopping: the head is then not marked,
 // and its redelivery drains again. Once the partition is stopping it starts
 // no further parked message, even within the shutdown grace.
-func (w *worker) drain(topic string, key []byte, head string) bool {
+func (w byKey) drain(topic string, key []byte, head string) bool {
 	r := w.r
 	hooks := w.hooks()
 	for {
@@ -115,7 +115,7 @@ func (w *worker) drain(topic string, key []byte, head string) bool {
 // not come back from a tier, so the caller drains the messages parked behind
 // it now. ok is false when the partition is stopping: the forward stays
 // pending and the next owner of the partition does it (claimOrdering).
-func (w *worker) forwardHead(out outbound, msg *handler.Message, topic string, key []byte, ikey string) (again, ok bool) {
+func (w byKey) forwardHead(out outbound, msg *handler.Message, topic string, key []byte, ikey string) (again, ok bool) {
 	sent, ok := w.forward(out, msg)
 	if !ok {
 		return false, false
@@ -204,7 +204,7 @@ func (r *runner) sourceOf(topic string) (string, bool) {
 // (forward) and the messages parked behind it are drained. The partition's
 // reader runs already, so a revoke stops this at once. false means the
 // partition is stopping.
-func (w *worker) claimOrdering() bool {
+func (w byKey) claimOrdering() bool {
 	r := w.r
 	src, ok := r.sourceOf(w.tp.topic)
 	if !ok {

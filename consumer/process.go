@@ -36,14 +36,14 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 		if first != nil { // failed in a batch: that was this message's attempt
 			err, ran, first = first, true, nil
 			w.mx.attempt(r.m, r.cfg.Group, msg.Topic, err)
-			w.spanStart(msg)
+			w.ob.spanStart(msg)
 		} else {
 			err, ran = w.attempt(rec, msg)
 		}
 		if err != nil && w.hctx.Err() != nil {
 			// Cancelled past the grace period: rolled back, left for redelivery.
 			r.m.Abandoned.WithLabelValues(r.cfg.Group).Inc()
-			w.spanEnd(TraceOutcomeAbandoned, err)
+			w.ob.spanEnd(TraceOutcomeAbandoned, err)
 			if probe {
 				r.gate.probeAbandoned() // cut short by revoke or shutdown: proves nothing
 			}
@@ -63,7 +63,7 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 			if c == classBreaker {
 				r.gate.trip(err)
 				r.gate.probeDone(true)
-				w.spanEnd(TraceOutcomeBreakerOpen, err)
+				w.ob.spanEnd(TraceOutcomeBreakerOpen, err)
 				continue
 			}
 			r.gate.probeDone(false)
@@ -75,13 +75,13 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 		case c == classDone:
 			return nil, true
 		case c == classFatal:
-			w.spanEnd(TraceOutcomeAbandoned, err)
+			w.ob.spanEnd(TraceOutcomeAbandoned, err)
 			r.fatal(err)
 			return nil, false
 		case c == classOutage:
 			outages++
 			r.m.StoreErrors.WithLabelValues(r.cfg.Group).Inc()
-			w.spanEnd(TraceOutcomeOutage, err)
+			w.ob.spanEnd(TraceOutcomeOutage, err)
 			w.log.Warn("idem: database unavailable; retrying the same message", "offset", msg.Offset, "err", err, "try", outages)
 			if !sleep(w.stopCtx, r.outageDelay(outages)) {
 				return nil, false
@@ -89,20 +89,20 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 		case c == classBreaker:
 			// The dependency is down: pause instead of spending retries.
 			r.gate.trip(err)
-			w.spanEnd(TraceOutcomeBreakerOpen, err)
+			w.ob.spanEnd(TraceOutcomeBreakerOpen, err)
 		case c == classRetriable && retries < r.cfg.Retries:
 			d := r.jitter(retries + 1)
 			if ra, ok := handler.RetryAfterOf(err); ok && ra > d {
 				if ra > r.cfg.RetryMax && len(r.policy.Delays) > 0 {
 					// Too long to hold the partition: the retry tier honours it
 					// (capped at its delay) without blocking later messages.
-					w.spanError(err)
+					w.ob.spanError(err)
 					return err, true
 				}
 				d = ra
 			}
 			retries++
-			w.spanEnd(TraceOutcomeRetry, err)
+			w.ob.spanEnd(TraceOutcomeRetry, err)
 			msg.Attempt++
 			r.m.Retries.WithLabelValues(r.cfg.Group, msg.Topic).Inc()
 			if w.debug {
@@ -112,7 +112,7 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 				return nil, false
 			}
 		default:
-			w.spanError(err) // its forward ends the span
+			w.ob.spanError(err) // its forward ends the span
 			return err, true
 		}
 	}
@@ -124,7 +124,7 @@ func (w *worker) attempt(rec dedupe.Record, msg *handler.Message) (err error, ra
 	r := w.r
 	start := time.Now()
 	w.call = callState{msg: msg}
-	out, err := r.cfg.Dedupe.Process(w.spanStart(msg), rec, w.callFn)
+	out, err := r.cfg.Dedupe.Process(w.ob.spanStart(msg), rec, w.callFn)
 	ran, herr := w.call.ran, w.call.err
 	w.call = callState{}
 	topic := msg.Topic
@@ -135,7 +135,7 @@ func (w *worker) attempt(rec dedupe.Record, msg *handler.Message) (err error, ra
 	switch {
 	case err == nil && out == dedupe.Duplicate:
 		mx.duplicate.Inc()
-		w.spanEnd(TraceOutcomeDuplicate, nil)
+		w.ob.spanEnd(TraceOutcomeDuplicate, nil)
 		if w.debug {
 			w.log.Debug("idem: duplicate skipped", "offset", msg.Offset, "key", rec.Key)
 		}
@@ -144,13 +144,13 @@ func (w *worker) attempt(rec dedupe.Record, msg *handler.Message) (err error, ra
 		mx.duration.Observe(time.Since(start).Seconds())
 		mx.attemptOK.Inc()
 		mx.processed.Inc()
-		w.spanEnd(TraceOutcomeProcessed, nil)
+		w.ob.spanEnd(TraceOutcomeProcessed, nil)
 		return nil, ran
 	}
 	if herr != nil { // the handler ran and failed (err is herr, or wraps it)
 		mx.duration.Observe(time.Since(start).Seconds())
 		mx.attempt(r.m, r.cfg.Group, topic, herr)
-		w.logPanic(herr, msg)
+		w.ob.logPanic(herr, msg)
 	}
 	return err, ran
 }
@@ -158,12 +158,12 @@ func (w *worker) attempt(rec dedupe.Record, msg *handler.Message) (err error, ra
 // logPanic logs a handler panic at ERROR with its stack: a panic is a bug to
 // fix, whatever becomes of the message (retried with RetryPanics, else
 // dead-lettered).
-func (w *worker) logPanic(err error, msg *handler.Message) {
+func (o *observer) logPanic(err error, msg *handler.Message) {
 	var pe *handler.PanicError
 	if !errors.As(err, &pe) {
 		return
 	}
-	w.log.Error("idem: handler panicked", "offset", msg.Offset, "key", msg.IdempotencyKey, "attempt", msg.Attempt,
+	o.log.Error("idem: handler panicked", "offset", msg.Offset, "key", msg.IdempotencyKey, "attempt", msg.Attempt,
 		"panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
 }
 

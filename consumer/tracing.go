@@ -130,9 +130,9 @@ type spanState struct {
 
 // traceMessage records that msg, read from retry tier tier (0: a source
 // topic), is the message the worker's next spans belong to.
-func (w *worker) traceMessage(msg *handler.Message, tier int) {
-	w.spanEnd(TraceOutcomeAbandoned, nil)
-	w.tspan = spanState{msg: msg, tier: tier}
+func (o *observer) traceMessage(msg *handler.Message, tier int) {
+	o.spanEnd(TraceOutcomeAbandoned, nil)
+	o.tspan = spanState{msg: msg, tier: tier}
 }
 
 // noRecordProbe: with a tracer that does not record, one untraced message in
@@ -152,23 +152,23 @@ var consumerKind = trace.WithSpanKind(trace.SpanKindConsumer)
 // Every noRecordProbe-th such message starts a span anyway, so an SDK
 // installed after Run started is noticed; a message with a trace context
 // always gets a span.
-func (w *worker) spanStart(msg *handler.Message) context.Context {
-	if w.tspan.ctx != nil && w.tspan.msg == msg {
-		return w.tspan.ctx
+func (o *observer) spanStart(msg *handler.Message) context.Context {
+	if o.tspan.ctx != nil && o.tspan.msg == msg {
+		return o.tspan.ctx
 	}
 	tier := 0
-	if w.tspan.msg == msg {
-		tier = w.tspan.tier
+	if o.tspan.msg == msg {
+		tier = o.tspan.tier
 	}
-	w.spanEnd(TraceOutcomeAbandoned, nil)
-	r := w.r
-	parent := r.cfg.Propagator.Extract(w.hctx, msgCarrier{msg})
+	o.spanEnd(TraceOutcomeAbandoned, nil)
+	r := o.r
+	parent := r.cfg.Propagator.Extract(o.hctx, msgCarrier{msg})
 	if r.noRecord.Load() && !trace.SpanContextFromContext(parent).IsValid() {
-		if w.unprobed++; w.unprobed < noRecordProbe {
-			w.tspan = spanState{msg: msg, tier: tier, ctx: parent}
+		if o.unprobed++; o.unprobed < noRecordProbe {
+			o.tspan = spanState{msg: msg, tier: tier, ctx: parent}
 			return parent
 		}
-		w.unprobed = 0
+		o.unprobed = 0
 	}
 	ctx, span := r.tracer.Start(parent, SpanHandle, consumerKind)
 	r.noRecord.Store(!span.IsRecording() && !span.SpanContext().IsValid())
@@ -184,15 +184,15 @@ func (w *worker) spanStart(msg *handler.Message) context.Context {
 			attrTier.Int(tier),
 		)
 	}
-	w.tspan = spanState{msg: msg, tier: tier, span: span, ctx: ctx}
+	o.tspan = spanState{msg: msg, tier: tier, span: span, ctx: ctx}
 	return ctx
 }
 
 // spanEnd ends the open attempt span, if any, with outcome; a non-nil err is
 // recorded on it as the attempt's failure.
-func (w *worker) spanEnd(outcome string, err error) {
-	s := w.tspan.span
-	w.tspan.span, w.tspan.ctx = nil, nil
+func (o *observer) spanEnd(outcome string, err error) {
+	s := o.tspan.span
+	o.tspan.span, o.tspan.ctx = nil, nil
 	if s == nil {
 		return
 	}
@@ -208,8 +208,8 @@ func (w *worker) spanEnd(outcome string, err error) {
 
 // spanError records err on the open attempt span without ending it: the
 // attempt failed and its outcome (retry, forward) is not decided yet.
-func (w *worker) spanError(err error) {
-	if s := w.tspan.span; s != nil && err != nil && s.IsRecording() {
+func (o *observer) spanError(err error) {
+	if s := o.tspan.span; s != nil && err != nil && s.IsRecording() {
 		s.RecordError(err)
 		s.SetStatus(codes.Error, err.Error())
 	}
@@ -219,18 +219,18 @@ func (w *worker) spanError(err error) {
 // if none is: a message dead-lettered without an attempt, such as one
 // without a key) into a forwarded record's headers, so the next tier's
 // attempt, or the dead-letter record, continues the trace.
-func (w *worker) injectTrace(hs []sarama.RecordHeader, msg *handler.Message) []sarama.RecordHeader {
-	ctx := w.spanStart(msg)
+func (o *observer) injectTrace(hs []sarama.RecordHeader, msg *handler.Message) []sarama.RecordHeader {
+	ctx := o.spanStart(msg)
 	out := append([]sarama.RecordHeader(nil), hs...)
-	w.r.cfg.Propagator.Inject(ctx, recordCarrier{&out})
+	o.r.cfg.Propagator.Inject(ctx, recordCarrier{&out})
 	return out
 }
 
 // batchSpan starts the span of one batch handler call for items[idx] (the
 // new messages of a batch), linked to the producer context of each (up to
 // 128 links).
-func (w *worker) batchSpan(ctx context.Context, items []*batchItem, idx []int) (context.Context, trace.Span) {
-	r := w.r
+func (o *observer) batchSpan(ctx context.Context, items []*batchItem, idx []int) (context.Context, trace.Span) {
+	r := o.r
 	const maxLinks = 128
 	links := make([]trace.Link, 0, min(len(idx), maxLinks))
 	for _, i := range idx[:min(len(idx), maxLinks)] {
@@ -246,8 +246,8 @@ func (w *worker) batchSpan(ctx context.Context, items []*batchItem, idx []int) (
 		span.SetAttributes(
 			attribute.String("messaging.system", "kafka"),
 			attribute.String("messaging.operation.type", "process"),
-			attribute.String("messaging.destination.name", w.tp.topic),
-			attribute.Int("messaging.kafka.destination.partition", int(w.tp.partition)),
+			attribute.String("messaging.destination.name", o.tp.topic),
+			attribute.Int("messaging.kafka.destination.partition", int(o.tp.partition)),
 			attribute.Int("messaging.batch.message_count", len(idx)),
 			attribute.String("messaging.consumer.group.name", r.cfg.Group),
 			attrAttempt.Int(1),

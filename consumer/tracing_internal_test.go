@@ -57,7 +57,7 @@ func BenchmarkAttemptSpanNoSDK(b *testing.B) {
 		b.Run(tc.name, func(b *testing.B) {
 			r := &runner{cfg: Config{Propagator: propagation.TraceContext{}}}
 			r.tracer = otel.GetTracerProvider().Tracer(TracerName)
-			p := &worker{claim: &claim{r: r, hctx: context.Background()}}
+			p := &observer{r: r, hctx: context.Background()}
 			msg := &handler.Message{Topic: "t", Headers: tc.headers}
 			b.ReportAllocs()
 			for b.Loop() {
@@ -99,7 +99,7 @@ func TestSpanSkippedWithoutSDKUntilOneIsInstalled(t *testing.T) {
 	sp.cur.Store(&none)
 	r := &runner{cfg: Config{Propagator: propagation.TraceContext{}}}
 	r.tracer = sp.Tracer(TracerName)
-	p := &worker{claim: &claim{r: r, hctx: context.Background()}}
+	p := &observer{r: r, hctx: context.Background()}
 	msg := &handler.Message{Topic: "t", Headers: []handler.Header{{Key: "idempotency-key", Value: []byte("k")}}}
 	run := func(n int) {
 		for range n {

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -28,9 +29,7 @@ type worker struct {
 
 	stall *stall            // how long this worker's head message has been failing
 	names map[string]string // header-name cache (see newMessage)
-
-	tspan    spanState // the open attempt span (tracing.go)
-	unprobed int       // untraced messages since the last span started with a non-recording tracer
+	ob    observer          // this worker's spans, and the logs and metrics that go with them
 
 	batchCost time.Duration // recent handler time per batched message (batchLimit)
 
@@ -38,6 +37,19 @@ type worker struct {
 	// runs for it, bound once per worker so an attempt allocates no closure.
 	call   callState
 	callFn func(ctx context.Context) error
+}
+
+// observer is a worker's instrumentation: the attempt span of the message
+// the worker is taking to an outcome, and the logs and metrics of the steps
+// that end one (forwarded, a panic). One per worker, so its state needs no
+// lock.
+type observer struct {
+	r        *runner
+	log      *slog.Logger
+	tp       tp
+	hctx     context.Context // the claim's handler ctx: the root of every span
+	tspan    spanState       // the open attempt span (tracing.go)
+	unprobed int             // untraced messages since the last span started with a non-recording tracer
 }
 
 // callState is one attempt's message and what became of its handler call.
@@ -88,8 +100,8 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) bool {
 	if !w.waitDue(cm, origin) {
 		return false
 	}
-	w.traceMessage(msg, origin.tier)
-	defer w.spanEnd(TraceOutcomeAbandoned, nil) // any span still open: cut short
+	w.ob.traceMessage(msg, origin.tier)
+	defer w.ob.spanEnd(TraceOutcomeAbandoned, nil) // any span still open: cut short
 	src := retrytopic.Source{Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset, Timestamp: cm.Timestamp, Group: r.cfg.Group}
 
 	key, keyErr := w.key(msg, origin)
@@ -103,7 +115,7 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) bool {
 	}
 	msg.IdempotencyKey = key
 	ord := w.orderOf(cm)
-	parked, ok := ord.admit(w, cm, msg, origin)
+	parked, ok := ord.admit(cm, msg, origin)
 	if !ok {
 		return false
 	}
@@ -119,7 +131,7 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) bool {
 	}
 	if err != nil {
 		f := w.failure(src, cm.Key, cm.Value, cm.Headers, origin, msg, err)
-		if f.tier > 0 && !ord.toTier(w, origin.topic, cm.Key, key, f.tier) {
+		if f.tier > 0 && !ord.toTier(origin.topic, cm.Key, key, f.tier) {
 			return false
 		}
 		sent, ok := w.forward(f, msg)
@@ -132,7 +144,7 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) bool {
 		}
 	}
 	// Processed, duplicate or dead-lettered: the key's parked messages follow.
-	if !ord.settled(w, origin.topic, cm.Key, key) {
+	if !ord.settled(origin.topic, cm.Key, key) {
 		return false
 	}
 	w.mark(cm)
