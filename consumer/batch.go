@@ -27,7 +27,7 @@ func (w *worker) work(src source) {
 			return
 		}
 		if bc.MaxMessages <= 1 {
-			if !w.handle(m) {
+			if w.handle(m) != nil {
 				return
 			}
 			continue
@@ -58,10 +58,10 @@ func (w *worker) work(src source) {
 				break
 			}
 		}
-		if len(items) > 0 && !b.handleBatch(items) {
+		if len(items) > 0 && b.handleBatch(items) != nil {
 			return
 		}
-		if alone != nil && !w.handle(alone) {
+		if alone != nil && w.handle(alone) != nil {
 			return
 		}
 	}
@@ -124,13 +124,13 @@ func (w batch) prepare(cm *sarama.ConsumerMessage) (*batchItem, bool) {
 }
 
 // handleBatch runs items in one transaction and marks them; on a failure it
-// falls back to one transaction per message (see Config.Batch). false means
-// the partition is stopping.
-func (w batch) handleBatch(items []*batchItem) bool {
+// falls back to one transaction per message (see Config.Batch). errStopping
+// means the partition is stopping.
+func (w batch) handleBatch(items []*batchItem) error {
 	r := w.r
 	probe, ok := r.gate.wait(w.stopCtx)
 	if !ok {
-		return false
+		return errStopping
 	}
 	if probe { // the half-open probe is one message, not a batch
 		r.gate.probeAbandoned()
@@ -176,11 +176,11 @@ func (w batch) handleBatch(items []*batchItem) bool {
 			}
 			w.mark(it.cm)
 		}
-		return true
+		return nil
 	}
 	if w.hctx.Err() != nil {
 		r.m.Abandoned.WithLabelValues(r.cfg.Group).Add(float64(len(items)))
-		return false
+		return errStopping
 	}
 	if w.debug {
 		w.log.Debug("idem: batch failed; running its messages one by one", "messages", len(items), "new", len(fresh), "err", err)
@@ -210,18 +210,18 @@ func (w batch) handleBatch(items []*batchItem) bool {
 // per-message handler failed on it, or a *handler.BatchError named it): it
 // counts as that message's first attempt, so a permanent one goes to the DLQ
 // without running again. A failure nobody can be blamed for pins nothing.
-// false means the partition is stopping.
-func (w batch) alone(items []*batchItem, firsts []error) bool {
+// errStopping means the partition is stopping.
+func (w batch) alone(items []*batchItem, firsts []error) error {
 	for i, it := range items {
 		var first error
 		if firsts != nil {
 			first = firsts[i]
 		}
-		if !w.handleAfter(it.cm, first) {
-			return false
+		if err := w.handleAfter(it.cm, first); err != nil {
+			return err
 		}
 	}
-	return true
+	return nil
 }
 
 // txAborted reports whether err is PostgreSQL refusing a statement because

@@ -166,7 +166,7 @@ func (c *claim) run() {
 
 	// The reader runs before anything else, so a revoke stops the claim's
 	// recovery of pending ordering forwards at once, too.
-	if r.order != nil && !(byKey{c.main}).claimOrdering() {
+	if r.order != nil && (byKey{c.main}).claimOrdering() != nil {
 		return
 	}
 	if len(c.workers) > 0 {

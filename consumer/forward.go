@@ -53,10 +53,10 @@ const dueSlack = time.Second
 // bounded: a due time further out than the tier's delay from now (written by
 // another version, a changed policy, or a skewed clock) is waited for only up
 // to that delay (plus dueSlack), with a WARN, so one record cannot hold a tier
-// partition for long.
-func (w *worker) waitDue(cm *sarama.ConsumerMessage, o origin) bool {
+// partition for long. errStopping: the partition is stopping.
+func (w *worker) waitDue(cm *sarama.ConsumerMessage, o origin) error {
 	if o.tier == 0 || o.prior.DueAt.IsZero() {
-		return true
+		return nil
 	}
 	due := o.prior.DueAt
 	if o.tier <= len(w.r.policy.Delays) {
@@ -68,10 +68,10 @@ func (w *worker) waitDue(cm *sarama.ConsumerMessage, o origin) bool {
 		}
 	}
 	if err := retrytopic.WaitDue(w.stopCtx, due, nil); err != nil {
-		return false
+		return errStopping
 	}
 	w.r.m.RetryDelay.WithLabelValues(w.r.cfg.Group, cm.Topic).Observe(time.Since(o.prior.DueAt).Seconds())
-	return true
+	return nil
 }
 
 // outbound is a failed message on its way to a retry tier or the DLQ.
@@ -149,13 +149,6 @@ func (o outbound) toDLQ(cause error, level int) outbound {
 	return outbound{rec: rec, tier: 0, kind: o.kind, f: f, dlq: o.dlq, stub: level >= dlqStub}
 }
 
-// send forwards out and waits for the ack (acks=all); see forward. It
-// returns false (nothing marked) only when the partition is stopping.
-func (w *worker) send(out outbound, msg *handler.Message) bool {
-	_, ok := w.forward(out, msg)
-	return ok
-}
-
 // forward is the one way a record leaves for a retry tier or the dead-letter
 // topic: it forwards out, waits for the ack (acks=all), and returns where the
 // record went: sent.tier is out.tier, or 0 when it was dead-lettered instead
@@ -175,9 +168,9 @@ func (w *worker) send(out outbound, msg *handler.Message) bool {
 //     record: an ACL, a policy): an outage-like wait, logged at ERROR once a
 //     minute; the record is never dropped.
 //
-// Each retry starts again from out's own destination. ok is false (nothing
-// marked) only when the partition is stopping.
-func (w *worker) forward(out outbound, msg *handler.Message) (sent outbound, ok bool) {
+// Each retry starts again from out's own destination. The only error is
+// errStopping (nothing marked): the partition is stopping.
+func (w *worker) forward(out outbound, msg *handler.Message) (sent outbound, err error) {
 	r := w.r
 	out.rec.Headers = w.ob.injectTrace(out.rec.Headers, msg)
 	var loudAt time.Time
@@ -186,7 +179,7 @@ func (w *worker) forward(out outbound, msg *handler.Message) (sent outbound, ok 
 		sent, err := w.forwardOnce(out, msg, loud)
 		if err == nil {
 			w.ob.forwarded(sent, msg)
-			return sent, true
+			return sent, nil
 		}
 		w.stall.failed(err) // cleared when the caller marks the message
 		switch {
@@ -198,7 +191,7 @@ func (w *worker) forward(out outbound, msg *handler.Message) (sent outbound, ok 
 				"offset", msg.Offset, "key", msg.IdempotencyKey, "to", sent.rec.Topic, "err", err, "try", n)
 		}
 		if !sleep(w.stopCtx, r.outageDelay(n)) {
-			return outbound{}, false
+			return outbound{}, errStopping
 		}
 	}
 }

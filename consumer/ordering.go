@@ -119,16 +119,16 @@ func orderErrorOf(err error) orderError {
 // key key: orderOff (OrderingNone, and records without a Kafka key) adds
 // nothing; byKey (OrderingByKey) keeps per-key order through the ordering
 // store. The message path calls the three steps unconditionally. Each
-// returns false when the partition is stopping.
+// returns errStopping when the partition is stopping, and no other error.
 type keyOrder interface {
 	// admit parks the message behind its key's head when the key has one
 	// (parked: the message is done here and its offset may be marked).
-	admit(cm *sarama.ConsumerMessage, msg *handler.Message, o origin) (parked, ok bool)
+	admit(cm *sarama.ConsumerMessage, msg *handler.Message, o origin) (parked bool, err error)
 	// toTier makes ikey its key's head before it is forwarded to tier.
-	toTier(topic string, key []byte, ikey string, tier int) bool
+	toTier(topic string, key []byte, ikey string, tier int) error
 	// settled runs once ikey reached its outcome here (processed, duplicate,
 	// dead-lettered): the messages parked behind it follow.
-	settled(topic string, key []byte, ikey string) bool
+	settled(topic string, key []byte, ikey string) error
 }
 
 // orderOf returns the keyOrder of cm.
@@ -142,66 +142,66 @@ func (w *worker) orderOf(cm *sarama.ConsumerMessage) keyOrder {
 // orderOff is OrderingNone: every step is a no-op.
 type orderOff struct{}
 
-func (orderOff) admit(*sarama.ConsumerMessage, *handler.Message, origin) (bool, bool) {
-	return false, true
+func (orderOff) admit(*sarama.ConsumerMessage, *handler.Message, origin) (bool, error) {
+	return false, nil
 }
-func (orderOff) toTier(string, []byte, string, int) bool { return true }
-func (orderOff) settled(string, []byte, string) bool     { return true }
+func (orderOff) toTier(string, []byte, string, int) error { return nil }
+func (orderOff) settled(string, []byte, string) error     { return nil }
 
 // byKey is OrderingByKey for one worker: the steps of the ordering store
 // (see the Ordering doc), run by w.
 type byKey struct{ *worker }
 
-func (w byKey) admit(cm *sarama.ConsumerMessage, msg *handler.Message, o origin) (bool, bool) {
+func (w byKey) admit(cm *sarama.ConsumerMessage, msg *handler.Message, o origin) (bool, error) {
 	return w.park(cm, msg, o)
 }
 
-func (w byKey) toTier(topic string, key []byte, ikey string, tier int) bool {
+func (w byKey) toTier(topic string, key []byte, ikey string, tier int) error {
 	return w.orderStep(func(ctx context.Context) error { return w.r.order.BlockTier(ctx, topic, key, ikey, tier) })
 }
 
-func (w byKey) settled(topic string, key []byte, ikey string) bool {
+func (w byKey) settled(topic string, key []byte, ikey string) error {
 	return w.drain(topic, key, ikey)
 }
 
 // orderTry runs a step of the ordering store, retrying it through outages
-// only. It returns nil when the step succeeded, the error when it ended in a
-// conflict or a fault (not retried; see orderError), and ok=false when the
-// partition is stopping.
-func (w byKey) orderTry(step string, f func(ctx context.Context) error) (err error, ok bool) {
+// only. refused is nil when the step succeeded, else the error it ended in:
+// a conflict or a fault (not retried; see orderError). err is errStopping
+// when the partition is stopping, and nil otherwise.
+func (w byKey) orderTry(step string, f func(ctx context.Context) error) (refused, err error) {
 	for n := 1; ; n++ {
 		err := f(w.hctx)
 		if err == nil {
-			return nil, true
+			return nil, nil
 		}
 		switch orderErrorOf(err) {
 		case orderConflict:
 			w.log.Warn("idem: ordering conflict: another worker holds the key's head", "step", step, "err", err)
-			return err, true
+			return err, nil
 		case orderFault:
 			w.log.Error("idem: ordering store refused the step; not retrying it", "step", step, "err", err)
-			return err, true
+			return err, nil
 		}
 		w.r.m.StoreErrors.WithLabelValues(w.r.cfg.Group).Inc()
 		w.log.Warn("idem: ordering store unavailable; retrying", "step", step, "err", err, "try", n)
 		if !sleep(w.stopCtx, w.r.outageDelay(n)) {
-			return err, false
+			return err, errStopping
 		}
 	}
 }
 
 // orderStep is orderTry for steps whose conflict or fault the caller takes
-// as done (see orderError for what follows); false means the partition is
-// stopping.
-func (w byKey) orderStep(f func(ctx context.Context) error) bool {
-	_, ok := w.orderTry("block", f)
-	return ok
+// as done (see orderError for what follows); errStopping means the partition
+// is stopping.
+func (w byKey) orderStep(f func(ctx context.Context) error) error {
+	_, err := w.orderTry("block", f)
+	return err
 }
 
 // park parks cm behind its key's head when the key is blocked by another
 // message; parked=false means process it now (also when the store refused to
 // park it: it is then processed unordered).
-func (w byKey) park(cm *sarama.ConsumerMessage, msg *handler.Message, o origin) (parked, ok bool) {
+func (w byKey) park(cm *sarama.ConsumerMessage, msg *handler.Message, o origin) (parked bool, err error) {
 	rec := keyorder.Record{
 		Topic: o.topic, Key: cm.Key, IdempotencyKey: msg.IdempotencyKey,
 		Partition: o.partition, Offset: o.offset, Timestamp: cm.Timestamp, Value: cm.Value,
@@ -212,21 +212,21 @@ func (w byKey) park(cm *sarama.ConsumerMessage, msg *handler.Message, o origin) 
 		}
 	}
 	var st keyorder.State
-	err, ok := w.orderTry("park", func(ctx context.Context) (err error) {
+	refused, err := w.orderTry("park", func(ctx context.Context) (err error) {
 		st, err = w.r.order.Park(ctx, rec)
 		return err
 	})
-	if !ok {
-		return false, false
-	}
 	if err != nil {
+		return false, err
+	}
+	if refused != nil {
 		w.log.Error("idem: cannot park; processing the message unordered", "offset", cm.Offset, "key", msg.IdempotencyKey)
-		return false, true
+		return false, nil
 	}
 	if st == keyorder.Blocked {
 		w.log.Debug("idem: parked behind an earlier message of its key", "offset", cm.Offset, "key", msg.IdempotencyKey)
 	}
-	return st == keyorder.Blocked, true
+	return st == keyorder.Blocked, nil
 }
 
 // orderHooks lets this package's tests act at exact points of the ordering

@@ -18,63 +18,65 @@ import (
 // the key's new head and goes to the first retry tier; the rest stay parked
 // behind it. When that tier refuses it for good and it is dead-lettered
 // instead (forward), it will not come back: the drain goes on behind it. It
-// returns false when the partition is stopping: the head is then not marked,
-// and its redelivery drains again. Once the partition is stopping it starts
+// returns errStopping when the partition is stopping: the head is then not
+// marked, and its redelivery drains again. Once the partition is stopping it starts
 // no further parked message, even within the shutdown grace.
-func (w byKey) drain(topic string, key []byte, head string) bool {
+func (w byKey) drain(topic string, key []byte, head string) error {
 	r := w.r
 	hooks := w.hooks()
 	for {
 		var next keyorder.Record
 		var more bool
-		err, ok := w.orderTry("next", func(ctx context.Context) (err error) {
+		refused, err := w.orderTry("next", func(ctx context.Context) (err error) {
 			next, more, err = r.order.Next(ctx, topic, key, head)
 			return err
 		})
-		if !ok {
-			return false
-		}
 		if err != nil {
+			return err
+		}
+		if refused != nil {
 			w.stuck(topic, key, head)
-			return true
+			return nil
 		}
 		if !more {
-			return true
+			return nil
 		}
 		if hooks.draining != nil {
 			hooks.draining(w.stopCtx, w.hctx, next)
 		}
 		if w.stopCtx.Err() != nil {
-			return false // revoked or shutting down: start nothing new
+			return errStopping // revoked or shutting down: start nothing new
 		}
 		msg, headers := parkedMessage(next)
 		rec := dedupe.Record{Group: r.cfg.Group, Key: next.IdempotencyKey, Topic: next.Topic, Partition: next.Partition, Offset: next.Offset}
-		err, ok = w.process(rec, msg, nil)
-		if !ok {
-			return false
+		failed, err := w.process(rec, msg, nil)
+		if err != nil {
+			return err
 		}
-		done := func() bool {
-			err, ok := w.orderTry("done", func(ctx context.Context) error { return r.order.Done(ctx, next.Seq) })
-			if ok && err != nil {
+		// done removes next from the parked messages; stuck: the store
+		// refused, and the key stays blocked (logged).
+		done := func() (stuck bool, err error) {
+			refused, err := w.orderTry("done", func(ctx context.Context) error { return r.order.Done(ctx, next.Seq) })
+			if err == nil && refused != nil {
 				w.stuck(topic, key, head)
-				return false
+				return true, nil
 			}
-			return ok
+			return false, err
 		}
-		if err == nil {
-			if !done() {
-				return w.stopCtx.Err() == nil
+		if failed == nil {
+			if stuck, err := done(); stuck || err != nil {
+				return err
 			}
 			continue
 		}
 		src := retrytopic.Source{Topic: next.Topic, Partition: next.Partition, Offset: next.Offset, Timestamp: next.Timestamp, Group: r.cfg.Group}
-		out := w.failure(src, next.Key, next.Value, headers, origin{topic: next.Topic, partition: next.Partition, offset: next.Offset}, msg, err)
+		out := w.failure(src, next.Key, next.Value, headers, origin{topic: next.Topic, partition: next.Partition, offset: next.Offset}, msg, failed)
 		if out.tier == 0 {
-			if !w.send(out, msg) {
-				return false
+			if _, err := w.forward(out, msg); err != nil {
+				return err
 			}
-			if !done() {
-				return w.stopCtx.Err() == nil
+			if stuck, err := done(); stuck || err != nil {
+				return err
 			}
 			continue
 		}
@@ -86,25 +88,25 @@ func (w byKey) drain(topic string, key []byte, head string) bool {
 		for _, h := range out.rec.Headers {
 			pending.Headers = append(pending.Headers, keyorder.Header{Key: string(h.Key), Value: h.Value})
 		}
-		err, ok = w.orderTry("promote", func(ctx context.Context) error { return r.order.Promote(ctx, head, pending) })
+		refused, err = w.orderTry("promote", func(ctx context.Context) error { return r.order.Promote(ctx, head, pending) })
 		switch {
-		case !ok:
-			return false
-		case orderErrorOf(err) == orderConflict:
+		case err != nil:
+			return err
+		case orderErrorOf(refused) == orderConflict:
 			// Another worker drained this key at the same time and promoted
 			// first: it forwards the new head; this head is done.
-			return true
-		case err != nil:
+			return nil
+		case refused != nil:
 			w.stuck(topic, key, head)
-			return true
+			return nil
 		}
 		if hooks.promoted != nil {
 			hooks.promoted(w.stopCtx, w.hctx, pending)
 		}
 		head = next.IdempotencyKey
-		again, ok := w.forwardHead(out, msg, next.Topic, next.Key, head)
-		if !again {
-			return ok
+		again, err := w.forwardHead(out, msg, next.Topic, next.Key, head)
+		if !again || err != nil {
+			return err
 		}
 	}
 }
@@ -113,19 +115,19 @@ func (w byKey) drain(topic string, key []byte, head string) bool {
 // is recorded as pending, and clears the pending mark. again reports that
 // the head was dead-lettered instead (its tier refused it for good): it will
 // not come back from a tier, so the caller drains the messages parked behind
-// it now. ok is false when the partition is stopping: the forward stays
+// it now. errStopping: the partition is stopping; the forward stays
 // pending and the next owner of the partition does it (claimOrdering).
-func (w byKey) forwardHead(out outbound, msg *handler.Message, topic string, key []byte, ikey string) (again, ok bool) {
-	sent, ok := w.forward(out, msg)
-	if !ok {
-		return false, false
+func (w byKey) forwardHead(out outbound, msg *handler.Message, topic string, key []byte, ikey string) (again bool, err error) {
+	sent, err := w.forward(out, msg)
+	if err != nil {
+		return false, err
 	}
-	if _, ok = w.orderTry("forwarded", func(ctx context.Context) error {
+	if _, err = w.orderTry("forwarded", func(ctx context.Context) error {
 		return w.r.order.Forwarded(ctx, topic, key, ikey)
-	}); !ok {
-		return false, false
+	}); err != nil {
+		return false, err
 	}
-	return sent.tier == 0, true
+	return sent.tier == 0, nil
 }
 
 // parkedMessage rebuilds the handler message and headers of a parked record.
@@ -202,38 +204,40 @@ func (r *runner) sourceOf(topic string) (string, bool) {
 // is not blocked for ever (a forward done twice is harmless: the inbox
 // absorbs the copy). A head its tier refuses for good is dead-lettered
 // (forward) and the messages parked behind it are drained. The partition's
-// reader runs already, so a revoke stops this at once. false means the
-// partition is stopping.
-func (w byKey) claimOrdering() bool {
+// reader runs already, so a revoke stops this at once. errStopping means
+// the partition is stopping.
+func (w byKey) claimOrdering() error {
 	r := w.r
 	src, ok := r.sourceOf(w.tp.topic)
 	if !ok {
-		return true
+		return nil
 	}
 	var pending []keyorder.Record
-	err, ok := w.orderTry("claim", func(ctx context.Context) (err error) {
+	refused, err := w.orderTry("claim", func(ctx context.Context) (err error) {
 		pending, err = r.order.PendingOf(ctx, src, w.tp.partition)
 		return err
 	})
-	if !ok {
-		return false
-	}
 	if err != nil {
-		return true // logged; the next claim tries again
+		return err
+	}
+	if refused != nil {
+		return nil // logged; the next claim tries again
 	}
 	for _, rec := range pending {
 		if r.tierGone(rec) {
 			continue
 		}
 		msg := &handler.Message{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, IdempotencyKey: rec.IdempotencyKey}
-		again, ok := w.forwardHead(r.pendingOutbound(rec), msg, rec.Topic, rec.Key, rec.IdempotencyKey)
-		if !ok {
-			return false
+		again, err := w.forwardHead(r.pendingOutbound(rec), msg, rec.Topic, rec.Key, rec.IdempotencyKey)
+		if err != nil {
+			return err
 		}
 		w.log.Info("idem: forwarded a head whose forward a previous owner left pending", "key", rec.IdempotencyKey, "source", src)
-		if again && !w.drain(rec.Topic, rec.Key, rec.IdempotencyKey) {
-			return false
+		if again {
+			if err := w.drain(rec.Topic, rec.Key, rec.IdempotencyKey); err != nil {
+				return err
+			}
 		}
 	}
-	return true
+	return nil
 }

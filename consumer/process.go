@@ -18,18 +18,19 @@ const maxHandlerOutages = 5
 
 // process runs the attempts of one message: the handler in the dedupe store's
 // unit of work, in-process retries with jittered backoff, waits through store
-// outages and open breakers (neither counts as an attempt). It returns nil when
-// the message is done (processed or duplicate), the final error when it must be
-// forwarded, or ok=false when the partition is stopping. Errors are classified
-// by runner.classify. A non-nil first is the failure of the message's first
-// attempt, made inside a batch that was rolled back: it counts as attempt 1.
-func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (err error, ok bool) {
+// outages and open breakers (neither counts as an attempt). failed is nil
+// when the message is done (processed or duplicate), else the final error
+// with which it must be forwarded; err is errStopping when the partition is
+// stopping. Errors are classified by runner.classify. A non-nil first is the
+// failure of the message's first attempt, made inside a batch that was rolled
+// back: it counts as attempt 1.
+func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (failed, err error) {
 	r := w.r
 	retries, outages, handlerOutages := 0, 0, 0
 	for {
 		probe, ok := r.gate.wait(w.stopCtx)
 		if !ok {
-			return nil, false
+			return nil, errStopping
 		}
 		var err error
 		var ran bool
@@ -47,7 +48,7 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 			if probe {
 				r.gate.probeAbandoned() // cut short by revoke or shutdown: proves nothing
 			}
-			return nil, false
+			return nil, errStopping
 		}
 		c, err := r.classify(err)
 		if c == classOutage && ran {
@@ -73,18 +74,18 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 		}
 		switch {
 		case c == classDone:
-			return nil, true
+			return nil, nil
 		case c == classFatal:
 			w.ob.spanEnd(TraceOutcomeAbandoned, err)
 			r.fatal(err)
-			return nil, false
+			return nil, errStopping
 		case c == classOutage:
 			outages++
 			r.m.StoreErrors.WithLabelValues(r.cfg.Group).Inc()
 			w.ob.spanEnd(TraceOutcomeOutage, err)
 			w.log.Warn("idem: database unavailable; retrying the same message", "offset", msg.Offset, "err", err, "try", outages)
 			if !sleep(w.stopCtx, r.outageDelay(outages)) {
-				return nil, false
+				return nil, errStopping
 			}
 		case c == classBreaker:
 			// The dependency is down: pause instead of spending retries.
@@ -97,7 +98,7 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 					// Too long to hold the partition: the retry tier honours it
 					// (capped at its delay) without blocking later messages.
 					w.ob.spanError(err)
-					return err, true
+					return err, nil
 				}
 				d = ra
 			}
@@ -109,11 +110,11 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 				w.log.Debug("idem: handler failed; retrying in process", "offset", msg.Offset, "key", rec.Key, "err", err, "retry", retries, "in", d)
 			}
 			if !sleep(w.stopCtx, d) {
-				return nil, false
+				return nil, errStopping
 			}
 		default:
 			w.ob.spanError(err) // its forward ends the span
-			return err, true
+			return err, nil
 		}
 	}
 }

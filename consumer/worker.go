@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -79,14 +80,20 @@ func (w *worker) mark(m *sarama.ConsumerMessage) {
 	w.stall.clear()
 }
 
-// handle takes m to a final outcome and marks it, or returns false when the
-// partition is stopping and m must be left for redelivery.
-func (w *worker) handle(cm *sarama.ConsumerMessage) bool { return w.handleAfter(cm, nil) }
+// errStopping is the one error a stopping worker returns, from every step:
+// the claim was revoked, the session ended or Run is shutting down. The
+// message in hand is not marked and is redelivered to the partition's next
+// owner.
+var errStopping = errors.New("consumer: partition stopping")
+
+// handle takes m to a final outcome and marks it, or returns errStopping
+// when the partition is stopping and m must be left for redelivery.
+func (w *worker) handle(cm *sarama.ConsumerMessage) error { return w.handleAfter(cm, nil) }
 
 // handleAfter is handle for a message whose first attempt already failed
 // with first (inside a batch that was rolled back): that failure counts as
 // its first attempt. first nil is handle.
-func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) bool {
+func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 	r := w.r
 	msg := w.message(cm)
 	origin := origin{topic: cm.Topic, partition: cm.Partition, offset: cm.Offset}
@@ -97,8 +104,8 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) bool {
 	if origin.tier > 0 {
 		msg.Original = handler.Origin{Topic: origin.topic, Partition: origin.partition, Offset: origin.offset, Timestamp: origin.prior.OriginalTimestamp}
 	}
-	if !w.waitDue(cm, origin) {
-		return false
+	if err := w.waitDue(cm, origin); err != nil {
+		return err
 	}
 	w.ob.traceMessage(msg, origin.tier)
 	defer w.ob.spanEnd(TraceOutcomeAbandoned, nil) // any span still open: cut short
@@ -107,46 +114,48 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) bool {
 	key, keyErr := w.key(msg, origin)
 	if keyErr != nil {
 		r.m.MissingKey.WithLabelValues(r.cfg.Group, cm.Topic).Inc()
-		if !w.send(w.failure(src, cm.Key, cm.Value, cm.Headers, origin, msg, keyErr), msg) {
-			return false
+		if _, err := w.forward(w.failure(src, cm.Key, cm.Value, cm.Headers, origin, msg, keyErr), msg); err != nil {
+			return err
 		}
 		w.mark(cm)
-		return true
+		return nil
 	}
 	msg.IdempotencyKey = key
 	ord := w.orderOf(cm)
-	parked, ok := ord.admit(cm, msg, origin)
-	if !ok {
-		return false
+	parked, err := ord.admit(cm, msg, origin)
+	if err != nil {
+		return err
 	}
 	if parked {
 		r.m.Messages.WithLabelValues(r.cfg.Group, cm.Topic, metrics.OutcomeParked).Inc()
 		w.mark(cm)
-		return true
+		return nil
 	}
 	rec := dedupe.Record{Group: r.cfg.Group, Key: key, Topic: origin.topic, Partition: origin.partition, Offset: origin.offset}
-	err, ok := w.process(rec, msg, first)
-	if !ok {
-		return false
-	}
+	failed, err := w.process(rec, msg, first)
 	if err != nil {
-		f := w.failure(src, cm.Key, cm.Value, cm.Headers, origin, msg, err)
-		if f.tier > 0 && !ord.toTier(origin.topic, cm.Key, key, f.tier) {
-			return false
+		return err
+	}
+	if failed != nil {
+		f := w.failure(src, cm.Key, cm.Value, cm.Headers, origin, msg, failed)
+		if f.tier > 0 {
+			if err := ord.toTier(origin.topic, cm.Key, key, f.tier); err != nil {
+				return err
+			}
 		}
-		sent, ok := w.forward(f, msg)
-		if !ok {
-			return false
+		sent, err := w.forward(f, msg)
+		if err != nil {
+			return err
 		}
 		if sent.tier > 0 { // in a tier: it comes back; a tier refusing it for good dead-letters it
 			w.mark(cm)
-			return true
+			return nil
 		}
 	}
 	// Processed, duplicate or dead-lettered: the key's parked messages follow.
-	if !ord.settled(origin.topic, cm.Key, key) {
-		return false
+	if err := ord.settled(origin.topic, cm.Key, key); err != nil {
+		return err
 	}
 	w.mark(cm)
-	return true
+	return nil
 }
