@@ -33,10 +33,14 @@ const (
 	classRetriable
 	// classPermanent: no try can succeed: the dead-letter topic at once.
 	classPermanent
+	// classFatal: the dedupe store is misconfigured (*dedupe.StoreError with
+	// Op "config"): every unit of work fails the same way for ever, whatever
+	// the message. Run stops and returns the error.
+	classFatal
 )
 
 func (c class) String() string {
-	return [...]string{"done", "outage", "breaker", "retriable", "permanent"}[c]
+	return [...]string{"done", "outage", "breaker", "retriable", "permanent", "fatal"}[c]
 }
 
 // SQLSTATE classes and codes, by what they mean for the message.
@@ -75,7 +79,13 @@ func sqlClass(code string) class {
 // The rules, in order:
 //  1. nil: done.
 //  2. An open breaker (breaker.IsOpen): classBreaker.
-//  3. A failure of the store's own step (*dedupe.StoreError: BEGIN, the
+//  3. A store that reports its own configuration wrong (*dedupe.StoreError
+//     with Op "config") is fatal: Run returns it.
+//  4. A handler error that says it is permanent or a decode failure
+//     (handler.IsPermanent, handler.IsDecode) is permanent, even when the
+//     database connection died under it: the message fails the same way on
+//     any connection. This holds for single messages and batches alike.
+//  5. A failure of the store's own step (*dedupe.StoreError: BEGIN, the
 //     inbox INSERT, COMMIT, a lease claim) is an outage — the same for every
 //     message, so no message is to blame: the server is unreachable, the
 //     inbox table is missing, the server is read-only after a failover —
@@ -84,11 +94,11 @@ func sqlClass(code string) class {
 //     server refused because of the handler's writes (SQLSTATE 23, a deferred
 //     constraint; 40, a serialization failure) has a known outcome, rolled
 //     back, and is an ordinary handler failure.
-//  4. An error of the handler carrying an SQLSTATE (pgconn.PgError) is
+//  6. An error of the handler carrying an SQLSTATE (pgconn.PgError) is
 //     classified by sqlClass; one raised while the handler's connection died
 //     (a *dedupe.StoreError with Op "handler") without an SQLSTATE is an
 //     outage.
-//  5. Other handler errors by their handler kind: permanent, decode, missing
+//  7. Other handler errors by their handler kind: permanent, decode, missing
 //     or invalid key, and panics (unless Config.RetryPanics) are permanent;
 //     everything else, timeouts included, is retriable.
 func (r *runner) classify(err error) (class, error) {
@@ -98,10 +108,17 @@ func (r *runner) classify(err error) (class, error) {
 	if breaker.IsOpen(err) {
 		return classBreaker, err
 	}
-	var pe *pgconn.PgError
-	sql := errors.As(err, &pe) && !handler.IsPermanent(err) && !handler.IsDecode(err)
 	var se *dedupe.StoreError
-	if errors.As(err, &se) && se.Op != "handler" {
+	isStore := errors.As(err, &se)
+	if isStore && se.Op == "config" {
+		return classFatal, err
+	}
+	if handler.IsPermanent(err) || handler.IsDecode(err) {
+		return classPermanent, err
+	}
+	var pe *pgconn.PgError
+	sql := errors.As(err, &pe)
+	if isStore && se.Op != "handler" {
 		switch {
 		case sql && sqlClass(pe.Code) == classPermanent:
 			return classPermanent, handler.Permanent(err)
@@ -119,7 +136,7 @@ func (r *runner) classify(err error) (class, error) {
 		}
 		return classRetriable, err
 	}
-	if se != nil { // the handler's connection died, no SQLSTATE
+	if isStore { // the handler's connection died, no SQLSTATE
 		return classOutage, err
 	}
 	if handler.IsPanic(err) && r.cfg.RetryPanics {

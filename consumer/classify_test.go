@@ -58,6 +58,12 @@ func TestClassify(t *testing.T) {
 		{"handler: out of memory (53200)", pg("53200"), false, classRetriable, handler.KindRetriable},
 		{"handler: query cancelled (57014)", pg("57014"), false, classRetriable, handler.KindRetriable},
 		{"handler says permanent over SQL", handler.Permanent(pg("08006")), false, classPermanent, handler.KindPermanent},
+		// Issue 18 #14: the connection died under a handler (or a batch's
+		// handler) that failed for good: permanent, as for a single message.
+		{"conn died, handler said permanent", store("handler", handler.Permanent(errors.New("no"))), false, classPermanent, handler.KindPermanent},
+		{"conn died, handler said decode", store("handler", handler.Decode(errors.New("bad json"))), false, classPermanent, handler.KindDecode},
+		// Issue 18 #14: a store configuration error never heals: fatal.
+		{"store config", store("config", errors.New("empty table name")), false, classFatal, ""},
 		{"ctx cancelled", context.Canceled, false, classRetriable, handler.KindRetriable},
 	} {
 		t.Run(c.name, func(t *testing.T) {

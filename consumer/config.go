@@ -221,7 +221,7 @@ type Config struct {
 	// from retry tiers, records without a valid key, OrderingByKey, and
 	// dedupe stores that do not implement dedupe.BatchStore are handled one
 	// per transaction.
-	// Default: BatchConfig{} (off: one message per transaction; RunBatch sets MaxMessages to 500).
+	// Default: BatchConfig{MaxLatency: 50ms} (off: one message per transaction; RunBatch sets MaxMessages to 500).
 	Batch BatchConfig
 
 	// Concurrency is the number of lanes per partition: messages are spread
@@ -333,6 +333,17 @@ type BatchConfig struct {
 	// once it has one.
 	// Default: 0 (take what has been fetched; never wait).
 	MaxWait time.Duration
+	// MaxLatency is the latency budget of a batch: a batch closes when its
+	// age (since its first message was taken) reaches MaxLatency, even if
+	// MaxWait has not run out and it is not full; and a batch takes no more
+	// messages than its handler is expected to get through within
+	// MaxLatency, from the handler time per message of the worker's recent
+	// batches (at least one message, at most MaxMessages). So a slow handler
+	// gets smaller batches and each message waits for its commit about
+	// MaxLatency at most, while a fast one keeps MaxMessages. Negative: no
+	// budget (batches close only at MaxMessages or MaxWait).
+	// Default: 50ms.
+	MaxLatency time.Duration
 }
 
 // LaneKey is what Config.LaneBy hashes to pick a message's lane.
@@ -385,6 +396,7 @@ func defaults() Config {
 		KeyFunc:          HeaderKey("idempotency-key"),
 		MaxKeyLength:     256,
 		MissingKey:       MissingKeyDeadLetter,
+		Batch:            BatchConfig{MaxLatency: 50 * time.Millisecond},
 		Sarama:           sarama.NewConfig(),
 		Logger:           slog.Default(),
 		ShutdownGrace:    10 * time.Second,
@@ -454,6 +466,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Retention == 0 {
 		c.Retention = d.Retention
+	}
+	if c.Batch.MaxLatency == 0 {
+		c.Batch.MaxLatency = d.Batch.MaxLatency
 	}
 	if c.TracerProvider == nil {
 		c.TracerProvider = d.TracerProvider

@@ -99,9 +99,9 @@ var knownDefaults = map[string]func(v reflect.Value) error{
 		}
 		return nil
 	},
-	"BatchConfig{}": func(v reflect.Value) error {
-		if b, ok := v.Interface().(BatchConfig); !ok || b != (BatchConfig{}) {
-			return fmt.Errorf("is %#v, want BatchConfig{}", v.Interface())
+	"BatchConfig{MaxLatency: 50ms}": func(v reflect.Value) error {
+		if b, ok := v.Interface().(BatchConfig); !ok || b != (BatchConfig{MaxLatency: 50 * time.Millisecond}) {
+			return fmt.Errorf("is %#v, want BatchConfig{MaxLatency: 50ms}", v.Interface())
 		}
 		return nil
 	},

@@ -53,25 +53,25 @@ const dueSlack = time.Second
 // bounded: a due time further out than the tier's delay from now (written by
 // another version, a changed policy, or a skewed clock) is waited for only up
 // to that delay (plus dueSlack), with a WARN, so one record cannot hold a tier
-// partition for long.
-func (p *partition) waitDue(cm *sarama.ConsumerMessage, o origin) bool {
+// partition for long. errStopping: the partition is stopping.
+func (w *worker) waitDue(cm *sarama.ConsumerMessage, o origin) error {
 	if o.tier == 0 || o.prior.DueAt.IsZero() {
-		return true
+		return nil
 	}
 	due := o.prior.DueAt
-	if o.tier <= len(p.r.policy.Delays) {
-		delay := p.r.policy.Delays[o.tier-1]
+	if o.tier <= len(w.r.policy.Delays) {
+		delay := w.r.policy.Delays[o.tier-1]
 		if bound := time.Now().Add(delay + dueSlack); due.After(bound) {
-			p.log.Warn("idem: retry record due later than its tier's delay; waiting only the delay",
+			w.log.Warn("idem: retry record due later than its tier's delay; waiting only the delay",
 				"topic", cm.Topic, "offset", cm.Offset, "due_at", due, "delay", delay)
 			due = bound
 		}
 	}
-	if err := retrytopic.WaitDue(p.stopCtx, due, nil); err != nil {
-		return false
+	if err := retrytopic.WaitDue(w.stopCtx, due, nil); err != nil {
+		return errStopping
 	}
-	p.r.m.RetryDelay.WithLabelValues(p.r.cfg.Group, cm.Topic).Observe(time.Since(o.prior.DueAt).Seconds())
-	return true
+	w.r.m.RetryDelay.WithLabelValues(w.r.cfg.Group, cm.Topic).Observe(time.Since(o.prior.DueAt).Seconds())
+	return nil
 }
 
 // outbound is a failed message on its way to a retry tier or the DLQ.
@@ -93,20 +93,21 @@ type outbound struct {
 // handler.RetryAfter is capped at that delay, so it never moves the due time:
 // due times in a tier partition stay in write order and no record holds a
 // tier partition longer than the tier's delay (retrytopic.Policy.Delays).
-func (p *partition) failure(src retrytopic.Source, key, value []byte, headers []*sarama.RecordHeader, o origin, msg *handler.Message, cause error) outbound {
-	r := p.r
+func (w *worker) failure(src retrytopic.Source, key, value []byte, headers []*sarama.RecordHeader, o origin, msg *handler.Message, cause error) outbound {
+	r := w.r
 	now := time.Now()
 	dlq := r.policy.DLQ(o.topic, r.cfg.Group)
 	dest, tier, delay := dlq, 0, time.Duration(0)
-	if p.retriable(cause) {
+	if w.retriable(cause) {
 		dest, tier, delay = r.policy.Next(o.topic, r.cfg.Group, o.tier)
 	}
 	f := retrytopic.NewFailure(cause, src, o.prior, now)
 	f.Attempt = msg.Attempt
+	f.IdempotencyKey = msg.IdempotencyKey
 	f.Tier = tier
 	if tier > 0 {
 		if ra, ok := handler.RetryAfterOf(cause); ok && ra > delay {
-			p.log.Debug("idem: RetryAfter capped at the tier's delay", "offset", src.Offset, "retry_after", ra, "delay", delay, "to", dest)
+			w.log.Debug("idem: RetryAfter capped at the tier's delay", "offset", src.Offset, "retry_after", ra, "delay", delay, "to", dest)
 		}
 		f.DueAt = now.Add(delay)
 	}
@@ -119,32 +120,40 @@ func (p *partition) failure(src retrytopic.Source, key, value []byte, headers []
 	}
 }
 
+// How much of a record toDLQ keeps.
+const (
+	dlqWhole = iota // key, value and headers
+	dlqStub         // key and headers; the value is left out
+	dlqBare         // key and idem's headers only: the last resort
+)
+
 // toDLQ returns o redirected to its dead-letter topic because its
-// destination refused it for good with cause; stub leaves the value out.
-func (o outbound) toDLQ(cause error, stub bool) outbound {
+// destination refused it for good with cause, keeping what level says.
+func (o outbound) toDLQ(cause error, level int) outbound {
 	f := o.f
 	f.Tier, f.DueAt = 0, time.Time{}
 	f.ForwardError = cause.Error()
 	rec := o.rec
 	rec.Topic = o.dlq
-	if stub {
+	if level >= dlqStub {
 		f.Stub, f.OmittedBytes = true, len(o.rec.Value)
 		rec.Value = nil
 	}
-	rec.Headers = retrytopic.Encode(o.rec.Headers, f)
-	return outbound{rec: rec, tier: 0, kind: o.kind, f: f, dlq: o.dlq, stub: stub}
+	if level == dlqBare {
+		own := retrytopic.StripHeaders(o.rec.Headers)
+		f.OmittedHeaders = len(own)
+		rec.Headers = retrytopic.Encode([]sarama.RecordHeader(nil), f)
+	} else {
+		rec.Headers = retrytopic.Encode(o.rec.Headers, f)
+	}
+	return outbound{rec: rec, tier: 0, kind: o.kind, f: f, dlq: o.dlq, stub: level >= dlqStub}
 }
 
-// send forwards out and waits for the ack (acks=all); see sendOutcome. It
-// returns false (nothing marked) only when the partition is stopping.
-func (p *partition) send(out outbound, msg *handler.Message) bool {
-	_, ok := p.sendOutcome(out, msg)
-	return ok
-}
-
-// sendOutcome forwards out and waits for the ack (acks=all), and returns the
-// tier the record went to: out.tier, or 0 when its tier refused it for good
-// and it was dead-lettered instead.
+// forward is the one way a record leaves for a retry tier or the dead-letter
+// topic: it forwards out, waits for the ack (acks=all), and returns where the
+// record went: sent.tier is out.tier, or 0 when it was dead-lettered instead
+// (sent.stub: as a stub). Every caller (a failed message, a drained one, a
+// pending head recovered) decides what follows from sent, never from out.
 //
 // Failures are classified by retrytopic.IsPermanentForwardError:
 //   - an outage (unknown topic, no leader, network): the partition waits and
@@ -152,45 +161,49 @@ func (p *partition) send(out outbound, msg *handler.Message) bool {
 //   - a permanent refusal (too large, not authorised, invalid record): the
 //     record goes to the dead-letter topic whole, or, if that refuses it for
 //     good too, as a stub (key and headers, nil value, idem-payload-omitted),
-//     logged at ERROR and counted in idem_stubs_forwarded_total;
-//   - the dead-letter topic refusing even the stub: an outage-like wait,
-//     logged at ERROR once a minute; the record is never dropped.
+//     or, if its own headers alone are too large, as a bare stub (key and
+//     idem's headers only, idem-headers-omitted), logged at ERROR and counted
+//     in idem_stubs_forwarded_total;
+//   - the dead-letter topic refusing even the bare stub (it refuses every
+//     record: an ACL, a policy): an outage-like wait, logged at ERROR once a
+//     minute; the record is never dropped.
 //
-// Each retry starts again from out's own destination. It returns false
-// (nothing marked) only when the partition is stopping.
-func (p *partition) sendOutcome(out outbound, msg *handler.Message) (tier int, ok bool) {
-	r := p.r
-	out.rec.Headers = p.injectTrace(out.rec.Headers, msg)
+// Each retry starts again from out's own destination. The only error is
+// errStopping (nothing marked): the partition is stopping.
+func (w *worker) forward(out outbound, msg *handler.Message) (sent outbound, err error) {
+	r := w.r
+	out.rec.Headers = w.ob.injectTrace(out.rec.Headers, msg)
 	var loudAt time.Time
 	for n := 1; ; n++ {
 		loud := n == 1 || time.Since(loudAt) >= time.Minute
-		sent, err := p.forwardOnce(out, msg, loud)
+		sent, err := w.forwardOnce(out, msg, loud)
 		if err == nil {
-			p.forwarded(sent, msg)
-			return sent.tier, true
+			w.ob.forwarded(sent, msg)
+			return sent, nil
 		}
-		p.stall.failed(err) // cleared when the caller marks the message
+		w.stall.failed(err) // cleared when the caller marks the message
 		switch {
 		case !retrytopic.IsPermanentForwardError(err):
-			p.log.Error("idem: forward failed; offset not marked, retrying", "offset", msg.Offset, "to", sent.rec.Topic, "err", err, "try", n)
+			w.log.Error("idem: forward failed; offset not marked, retrying", "offset", msg.Offset, "to", sent.rec.Topic, "err", err, "try", n)
 		case loud:
 			loudAt = time.Now()
-			p.log.Error("idem: the dead-letter topic refuses even a stub of this record; offset not marked, waiting",
+			w.log.Error("idem: the dead-letter topic refuses even a stub of this record; offset not marked, waiting",
 				"offset", msg.Offset, "key", msg.IdempotencyKey, "to", sent.rec.Topic, "err", err, "try", n)
 		}
-		if !sleep(p.stopCtx, r.outageDelay(n)) {
-			return 0, false
+		if !sleep(w.stopCtx, r.outageDelay(n)) {
+			return outbound{}, errStopping
 		}
 	}
 }
 
 // forwardOnce tries out once and, when its destination refuses it for good,
 // the dead-letter topic with the whole record (if out was for a tier), then
-// a stub. It returns what it sent last and that send's error.
-func (p *partition) forwardOnce(out outbound, msg *handler.Message, loud bool) (outbound, error) {
-	r := p.r
+// a stub, then a bare stub without the record's own headers. It returns what
+// it sent last and that send's error.
+func (w *worker) forwardOnce(out outbound, msg *handler.Message, loud bool) (outbound, error) {
+	r := w.r
 	try := func(o outbound) (bool, error) {
-		err := r.fwd.Forward(p.hctx, o.rec)
+		err := r.fwd.Forward(w.hctx, o.rec)
 		if err == nil {
 			return true, nil
 		}
@@ -199,7 +212,7 @@ func (p *partition) forwardOnce(out outbound, msg *handler.Message, loud bool) (
 			return false, err
 		}
 		if loud {
-			p.log.Error("idem: destination refuses the record for good; dead-lettering it",
+			w.log.Error("idem: destination refuses the record for good; dead-lettering it",
 				"offset", msg.Offset, "key", msg.IdempotencyKey, "to", o.rec.Topic, "stub", o.stub, "bytes", len(o.rec.Value), "err", err)
 		}
 		return false, err
@@ -209,34 +222,44 @@ func (p *partition) forwardOnce(out outbound, msg *handler.Message, loud bool) (
 		return out, err
 	}
 	if out.tier > 0 {
-		whole := out.toDLQ(err, false)
+		whole := out.toDLQ(err, dlqWhole)
 		if done, err = try(whole); done || !retrytopic.IsPermanentForwardError(err) {
 			return whole, err
 		}
 	}
-	stub := out.toDLQ(err, true)
-	_, err = try(stub)
-	return stub, err
+	stub := out.toDLQ(err, dlqStub)
+	if done, err = try(stub); done || !retrytopic.IsPermanentForwardError(err) {
+		return stub, err
+	}
+	bare := out.toDLQ(err, dlqBare) // the record's own headers alone are too large
+	_, err = try(bare)
+	return bare, err
 }
 
-// forwarded counts and logs a durable forward.
-func (p *partition) forwarded(out outbound, msg *handler.Message) {
-	r := p.r
+// forwarded counts and logs a durable forward: a retry tier at INFO, the
+// dead-letter topic at WARN, a stub at ERROR.
+func (o *observer) forwarded(out outbound, msg *handler.Message) {
+	r := o.r
 	dest := out.rec.Topic
 	r.m.Forwarded.WithLabelValues(r.cfg.Group, dest, out.kind).Inc()
 	outcome, span := metrics.OutcomeRetried, TraceOutcomeRetried
 	if out.tier == 0 {
 		outcome, span = metrics.OutcomeDeadLettered, TraceOutcomeDeadLettered
 	}
-	p.spanEnd(span, nil)
+	o.spanEnd(span, nil)
 	r.m.Messages.WithLabelValues(r.cfg.Group, msg.Topic, outcome).Inc()
 	if out.stub {
 		r.m.StubsForwarded.WithLabelValues(r.cfg.Group, dest).Inc()
-		p.log.Error("idem: message dead-lettered as a stub without its value", "offset", msg.Offset, "key", msg.IdempotencyKey,
-			"to", dest, "omitted_bytes", out.f.OmittedBytes, "reason", out.f.ForwardError)
+		o.log.Error("idem: message dead-lettered as a stub without its value", "offset", msg.Offset, "key", msg.IdempotencyKey,
+			"to", dest, "omitted_bytes", out.f.OmittedBytes, "omitted_headers", out.f.OmittedHeaders, "reason", out.f.ForwardError)
 		return
 	}
-	p.log.Info("idem: message forwarded", "offset", msg.Offset, "key", msg.IdempotencyKey, "to", dest, "kind", out.kind, "attempt", msg.Attempt)
+	if out.tier == 0 { // an operator has work: WARN
+		o.log.Warn("idem: message dead-lettered", "offset", msg.Offset, "key", msg.IdempotencyKey, "to", dest, "kind", out.kind,
+			"attempt", msg.Attempt, "err", out.f.Error)
+		return
+	}
+	o.log.Info("idem: message forwarded to a retry tier", "offset", msg.Offset, "key", msg.IdempotencyKey, "to", dest, "kind", out.kind, "attempt", msg.Attempt)
 }
 
 // setupRetryTopics creates the missing tier and dead-letter topics of every

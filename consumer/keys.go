@@ -8,8 +8,10 @@ import (
 	"log/slog"
 	"reflect"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/idemhq/idem/handler"
 )
@@ -102,9 +104,11 @@ func RecordKey() KeyFunc {
 // which must be a JSON object. path is dotted: "id" is the top-level field
 // "id", "meta.event_id" the field "event_id" of the object "meta". The field
 // must be a non-empty string or a number; a number's key is its JSON text
-// exactly as written ("42", "1.5e3"). A value that is not a JSON object, a
-// path that does not exist, null, an empty string, a boolean, an object or
-// an array gives an error naming the path, so the message has no key.
+// exactly as written ("42", "1.5e3"). A path that does not exist, null, an
+// empty string, a boolean, an object or an array gives an error naming the
+// path, so the message has no key (kind missing-key). A value that is not
+// JSON, or whose parents on the path are not JSON objects, is a
+// handler.Decode error (kind decode): the record itself is malformed.
 //
 // The value is parsed once per message (and again by your handler if it
 // decodes the value too): about 4µs for a 200-byte value on a 2-core machine
@@ -133,9 +137,9 @@ func JSONField(path string) KeyFunc {
 				}
 				var syntax *json.SyntaxError
 				if errors.As(err, &syntax) {
-					return "", fmt.Errorf("%s: %s is not valid JSON: %w", name, where, err)
+					return "", handler.Decode(fmt.Errorf("%s: %s is not valid JSON: %w", name, where, err))
 				}
-				return "", fmt.Errorf("%s: %s is not a JSON object", name, where)
+				return "", handler.Decode(fmt.Errorf("%s: %s is not a JSON object", name, where))
 			}
 			v, ok := obj[p]
 			if !ok {
@@ -256,4 +260,58 @@ func (r *runner) warnNoKeys(topic string, err error) {
 		slog.String("topic", topic), slog.Int("records", keySample),
 		slog.String("key_func", r.cfg.KeyFunc.String()), slog.String("last_error", err.Error()),
 		slog.String("fix", "consumer.RecordKey(), consumer.JSONField(\"event_id\"), consumer.FirstOf(...), or MissingKey: consumer.MissingKeyUseCoordinates"))
+}
+
+// key derives and checks the idempotency key. It is checked before any
+// database call: a key the inbox cannot store, or that would make a poor
+// identifier, follows the MissingKey policy with kind invalid-key; a KeyFunc
+// error marked handler.Decode (a value that is not JSON under JSONField)
+// follows it with kind decode, any other with kind missing-key.
+func (w *worker) key(msg *handler.Message, o origin) (string, error) {
+	r := w.r
+	k, err := callKeyFunc(r.cfg.KeyFunc, msg)
+	if err != nil && !handler.IsDecode(err) { // a record that does not decode keeps kind decode
+		err = &handler.MissingKeyError{Reason: "KeyFunc: " + err.Error()}
+	} else if err == nil {
+		err = checkKey(k, r.cfg.MaxKeyLength)
+	}
+	if o.tier == 0 && !w.tier && r.keys.observe(o.topic, o.partition, o.offset, err) {
+		r.warnNoKeys(o.topic, err)
+	}
+	if err == nil {
+		return k, nil
+	}
+	if r.cfg.MissingKey == MissingKeyUseCoordinates {
+		return o.topic + "/" + strconv.Itoa(int(o.partition)) + "/" + strconv.FormatInt(o.offset, 10), nil
+	}
+	return "", err
+}
+
+// checkKey validates an idempotency key: not empty, at most max bytes, valid
+// UTF-8 and free of NUL bytes (PostgreSQL text rejects both, SQLSTATE 22021).
+// The error is a *handler.MissingKeyError; Invalid is set for a key that is
+// present but unusable.
+func checkKey(k string, max int) error {
+	switch {
+	case k == "":
+		return &handler.MissingKeyError{Reason: "empty or absent"}
+	case len(k) > max:
+		return &handler.MissingKeyError{Reason: fmt.Sprintf("%d bytes, longer than MaxKeyLength %d", len(k), max), Invalid: true}
+	case !utf8.ValidString(k):
+		return &handler.MissingKeyError{Reason: "not valid UTF-8", Invalid: true}
+	case strings.IndexByte(k, 0) >= 0:
+		return &handler.MissingKeyError{Reason: "contains a NUL byte", Invalid: true}
+	}
+	return nil
+}
+
+// callKeyFunc calls f, turning a panic into an error: a KeyFunc that panics
+// on one bad payload must not take the consumer down.
+func callKeyFunc(f KeyFunc, msg *handler.Message) (k string, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			k, err = "", fmt.Errorf("panic: %v", v)
+		}
+	}()
+	return f(msg)
 }

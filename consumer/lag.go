@@ -9,7 +9,8 @@ import (
 )
 
 // watchLag refreshes idem_consumer_lag of every claimed partition (source
-// and retry-tier topics) every LagInterval until ctx is done: the partition's
+// and retry-tier topics) every LagInterval, and at once when a partition is
+// claimed (so a series exists from the start), until ctx is done: the partition's
 // high watermark minus the group's committed offset, both asked of the
 // cluster, so the figure is what an outside tool (kafka-consumer-groups)
 // shows. Series of partitions no longer claimed are removed.
@@ -35,6 +36,7 @@ func (r *runner) watchLag(ctx context.Context, client sarama.Client) {
 			}
 			return
 		case <-t.C:
+		case <-r.lagKick:
 		}
 	}
 }
@@ -43,11 +45,11 @@ func (r *runner) watchLag(ctx context.Context, client sarama.Client) {
 // series in shown that are not claimed any more.
 func (r *runner) refreshLag(ctx context.Context, client sarama.Client, admin sarama.ClusterAdmin, shown map[tp]bool) {
 	claimed := map[string][]int32{}
-	parts := map[tp]*partition{}
+	parts := map[tp]*claim{}
 	r.parts.Range(func(k, v any) bool {
 		t := k.(tp)
 		claimed[t.topic] = append(claimed[t.topic], t.partition)
-		parts[t] = v.(*partition)
+		parts[t] = v.(*claim)
 		return true
 	})
 	for k := range shown {
@@ -78,7 +80,7 @@ func (r *runner) refreshLag(ctx context.Context, client sarama.Client, admin sar
 			committed = b.Offset
 		}
 		if committed < 0 { // nothing committed yet: where the claim started
-			committed = p.claim.InitialOffset()
+			committed = p.kc.InitialOffset()
 			if committed == sarama.OffsetOldest {
 				if committed, err = client.GetOffset(k.topic, k.partition, sarama.OffsetOldest); err != nil {
 					continue

@@ -9,7 +9,7 @@ import (
 )
 
 // partObs holds a claimed partition's end-to-end latency and in-flight
-// collectors, shared by the partition and its lanes' views.
+// collectors, shared by the claim's workers.
 type partObs struct {
 	e2e      prometheus.Observer // idem_end_to_end_seconds{group,topic}
 	inflight prometheus.Gauge    // idem_messages_in_flight{group,topic}

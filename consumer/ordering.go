@@ -5,18 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
-	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/keyorder"
-	"github.com/idemhq/idem/metrics"
-	"github.com/idemhq/idem/retrytopic"
 )
 
 // Ordering says whether a message in a retry tier may be overtaken by later
@@ -120,44 +115,93 @@ func orderErrorOf(err error) orderError {
 	return orderFault
 }
 
+// keyOrder is what Config.Ordering adds to the path of a message with Kafka
+// key key: orderOff (OrderingNone, and records without a Kafka key) adds
+// nothing; byKey (OrderingByKey) keeps per-key order through the ordering
+// store. The message path calls the three steps unconditionally. Each
+// returns errStopping when the partition is stopping, and no other error.
+type keyOrder interface {
+	// admit parks the message behind its key's head when the key has one
+	// (parked: the message is done here and its offset may be marked).
+	admit(cm *sarama.ConsumerMessage, msg *handler.Message, o origin) (parked bool, err error)
+	// toTier makes ikey its key's head before it is forwarded to tier.
+	toTier(topic string, key []byte, ikey string, tier int) error
+	// settled runs once ikey reached its outcome here (processed, duplicate,
+	// dead-lettered): the messages parked behind it follow.
+	settled(topic string, key []byte, ikey string) error
+}
+
+// orderOf returns the keyOrder of cm.
+func (w *worker) orderOf(cm *sarama.ConsumerMessage) keyOrder {
+	if w.r.order == nil || len(cm.Key) == 0 {
+		return orderOff{}
+	}
+	return byKey{w}
+}
+
+// orderOff is OrderingNone: every step is a no-op.
+type orderOff struct{}
+
+func (orderOff) admit(*sarama.ConsumerMessage, *handler.Message, origin) (bool, error) {
+	return false, nil
+}
+func (orderOff) toTier(string, []byte, string, int) error { return nil }
+func (orderOff) settled(string, []byte, string) error     { return nil }
+
+// byKey is OrderingByKey for one worker: the steps of the ordering store
+// (see the Ordering doc), run by w.
+type byKey struct{ *worker }
+
+func (w byKey) admit(cm *sarama.ConsumerMessage, msg *handler.Message, o origin) (bool, error) {
+	return w.park(cm, msg, o)
+}
+
+func (w byKey) toTier(topic string, key []byte, ikey string, tier int) error {
+	return w.orderStep(func(ctx context.Context) error { return w.r.order.BlockTier(ctx, topic, key, ikey, tier) })
+}
+
+func (w byKey) settled(topic string, key []byte, ikey string) error {
+	return w.drain(topic, key, ikey)
+}
+
 // orderTry runs a step of the ordering store, retrying it through outages
-// only. It returns nil when the step succeeded, the error when it ended in a
-// conflict or a fault (not retried; see orderError), and ok=false when the
-// partition is stopping.
-func (p *partition) orderTry(step string, f func(ctx context.Context) error) (err error, ok bool) {
+// only. refused is nil when the step succeeded, else the error it ended in:
+// a conflict or a fault (not retried; see orderError). err is errStopping
+// when the partition is stopping, and nil otherwise.
+func (w byKey) orderTry(step string, f func(ctx context.Context) error) (refused, err error) {
 	for n := 1; ; n++ {
-		err := f(p.hctx)
+		err := f(w.hctx)
 		if err == nil {
-			return nil, true
+			return nil, nil
 		}
 		switch orderErrorOf(err) {
 		case orderConflict:
-			p.log.Warn("idem: ordering conflict: another worker holds the key's head", "step", step, "err", err)
-			return err, true
+			w.log.Warn("idem: ordering conflict: another worker holds the key's head", "step", step, "err", err)
+			return err, nil
 		case orderFault:
-			p.log.Error("idem: ordering store refused the step; not retrying it", "step", step, "err", err)
-			return err, true
+			w.log.Error("idem: ordering store refused the step; not retrying it", "step", step, "err", err)
+			return err, nil
 		}
-		p.r.m.StoreErrors.WithLabelValues(p.r.cfg.Group).Inc()
-		p.log.Warn("idem: ordering store unavailable; retrying", "step", step, "err", err, "try", n)
-		if !sleep(p.stopCtx, p.r.outageDelay(n)) {
-			return err, false
+		w.r.m.StoreErrors.WithLabelValues(w.r.cfg.Group).Inc()
+		w.log.Warn("idem: ordering store unavailable; retrying", "step", step, "err", err, "try", n)
+		if !sleep(w.stopCtx, w.r.outageDelay(n)) {
+			return err, errStopping
 		}
 	}
 }
 
 // orderStep is orderTry for steps whose conflict or fault the caller takes
-// as done (see orderError for what follows); false means the partition is
-// stopping.
-func (p *partition) orderStep(f func(ctx context.Context) error) bool {
-	_, ok := p.orderTry("block", f)
-	return ok
+// as done (see orderError for what follows); errStopping means the partition
+// is stopping.
+func (w byKey) orderStep(f func(ctx context.Context) error) error {
+	_, err := w.orderTry("block", f)
+	return err
 }
 
 // park parks cm behind its key's head when the key is blocked by another
 // message; parked=false means process it now (also when the store refused to
 // park it: it is then processed unordered).
-func (p *partition) park(cm *sarama.ConsumerMessage, msg *handler.Message, o origin) (parked, ok bool) {
+func (w byKey) park(cm *sarama.ConsumerMessage, msg *handler.Message, o origin) (parked bool, err error) {
 	rec := keyorder.Record{
 		Topic: o.topic, Key: cm.Key, IdempotencyKey: msg.IdempotencyKey,
 		Partition: o.partition, Offset: o.offset, Timestamp: cm.Timestamp, Value: cm.Value,
@@ -168,21 +212,21 @@ func (p *partition) park(cm *sarama.ConsumerMessage, msg *handler.Message, o ori
 		}
 	}
 	var st keyorder.State
-	err, ok := p.orderTry("park", func(ctx context.Context) (err error) {
-		st, err = p.r.order.Park(ctx, rec)
+	refused, err := w.orderTry("park", func(ctx context.Context) (err error) {
+		st, err = w.r.order.Park(ctx, rec)
 		return err
 	})
-	if !ok {
-		return false, false
-	}
 	if err != nil {
-		p.log.Error("idem: cannot park; processing the message unordered", "offset", cm.Offset, "key", msg.IdempotencyKey)
-		return false, true
+		return false, err
+	}
+	if refused != nil {
+		w.log.Error("idem: cannot park; processing the message unordered", "offset", cm.Offset, "key", msg.IdempotencyKey)
+		return false, nil
 	}
 	if st == keyorder.Blocked {
-		p.log.Debug("idem: parked behind an earlier message of its key", "offset", cm.Offset, "key", msg.IdempotencyKey)
+		w.log.Debug("idem: parked behind an earlier message of its key", "offset", cm.Offset, "key", msg.IdempotencyKey)
 	}
-	return st == keyorder.Blocked, true
+	return st == keyorder.Blocked, nil
 }
 
 // orderHooks lets this package's tests act at exact points of the ordering
@@ -201,8 +245,8 @@ func withOrderHooks(ctx context.Context, h *orderHooks) context.Context {
 	return context.WithValue(ctx, orderHooksKey{}, h)
 }
 
-func (p *partition) hooks() *orderHooks {
-	h, _ := p.hctx.Value(orderHooksKey{}).(*orderHooks)
+func (w byKey) hooks() *orderHooks {
+	h, _ := w.hctx.Value(orderHooksKey{}).(*orderHooks)
 	if h == nil {
 		return &orderHooks{}
 	}
@@ -210,314 +254,8 @@ func (p *partition) hooks() *orderHooks {
 }
 
 // stuck logs a key a drain leaves blocked because the store refused a step.
-func (p *partition) stuck(topic string, key []byte, head string) {
-	p.log.Error("idem: key left blocked with its parked messages; release them with idem ordering release",
+func (w byKey) stuck(topic string, key []byte, head string) {
+	w.log.Error("idem: key left blocked with its parked messages; release them with idem ordering release",
 		"source", topic, "head", head,
-		"release", fmt.Sprintf("idem ordering release --group %s --topic %s --key-hex %x --to source", p.r.cfg.Group, topic, key))
-}
-
-// drain runs the messages parked behind head (now processed or
-// dead-lettered) in their order. A parked message that fails retriably becomes
-// the key's new head and goes to the first retry tier; the rest stay parked
-// behind it. It returns false when the partition is stopping: the head is then
-// not marked, and its redelivery drains again. Once the partition is stopping
-// it starts no further parked message, even within the shutdown grace.
-func (p *partition) drain(topic string, key []byte, head string) bool {
-	r := p.r
-	hooks := p.hooks()
-	for {
-		var next keyorder.Record
-		var more bool
-		err, ok := p.orderTry("next", func(ctx context.Context) (err error) {
-			next, more, err = r.order.Next(ctx, topic, key, head)
-			return err
-		})
-		if !ok {
-			return false
-		}
-		if err != nil {
-			p.stuck(topic, key, head)
-			return true
-		}
-		if !more {
-			return true
-		}
-		if hooks.draining != nil {
-			hooks.draining(p.stopCtx, p.hctx, next)
-		}
-		if p.stopCtx.Err() != nil {
-			return false // revoked or shutting down: start nothing new
-		}
-		msg, headers := parkedMessage(next)
-		rec := dedupe.Record{Group: r.cfg.Group, Key: next.IdempotencyKey, Topic: next.Topic, Partition: next.Partition, Offset: next.Offset}
-		err, ok = p.process(rec, msg, nil)
-		if !ok {
-			return false
-		}
-		done := func() bool {
-			err, ok := p.orderTry("done", func(ctx context.Context) error { return r.order.Done(ctx, next.Seq) })
-			if ok && err != nil {
-				p.stuck(topic, key, head)
-				return false
-			}
-			return ok
-		}
-		if err == nil {
-			if !done() {
-				return p.stopCtx.Err() == nil
-			}
-			continue
-		}
-		src := retrytopic.Source{Topic: next.Topic, Partition: next.Partition, Offset: next.Offset, Timestamp: next.Timestamp, Group: r.cfg.Group}
-		out := p.failure(src, next.Key, next.Value, headers, origin{topic: next.Topic, partition: next.Partition, offset: next.Offset}, msg, err)
-		if out.tier == 0 {
-			if !p.send(out, msg) {
-				return false
-			}
-			if !done() {
-				return p.stopCtx.Err() == nil
-			}
-			continue
-		}
-		// The parked message becomes the head: promote it (recording the
-		// forward as pending) in one transaction, then forward it.
-		pending := next
-		pending.Tier = out.tier
-		pending.Headers = pending.Headers[:0:0]
-		for _, h := range out.rec.Headers {
-			pending.Headers = append(pending.Headers, keyorder.Header{Key: string(h.Key), Value: h.Value})
-		}
-		err, ok = p.orderTry("promote", func(ctx context.Context) error { return r.order.Promote(ctx, head, pending) })
-		switch {
-		case !ok:
-			return false
-		case orderErrorOf(err) == orderConflict:
-			// Another worker drained this key at the same time and promoted
-			// first: it forwards the new head; this head is done.
-			return true
-		case err != nil:
-			p.stuck(topic, key, head)
-			return true
-		}
-		if hooks.promoted != nil {
-			hooks.promoted(p.stopCtx, p.hctx, pending)
-		}
-		if !p.send(out, msg) {
-			return false // the next owner of the partition forwards it (claimOrdering)
-		}
-		_, ok = p.orderTry("forwarded", func(ctx context.Context) error {
-			return r.order.Forwarded(ctx, next.Topic, next.Key, next.IdempotencyKey)
-		})
-		return ok
-	}
-}
-
-// parkedMessage rebuilds the handler message and headers of a parked record.
-func parkedMessage(rec keyorder.Record) (*handler.Message, []*sarama.RecordHeader) {
-	msg := &handler.Message{
-		Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset,
-		Key: rec.Key, Value: rec.Value, Timestamp: rec.Timestamp,
-		IdempotencyKey: rec.IdempotencyKey, Attempt: 1,
-	}
-	hs := make([]*sarama.RecordHeader, 0, len(rec.Headers))
-	for _, h := range rec.Headers {
-		msg.Headers = append(msg.Headers, handler.Header{Key: h.Key, Value: h.Value})
-		hs = append(hs, &sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})
-	}
-	return msg, hs
-}
-
-// pendingOutbound is the forward a promoted head still owes: the record
-// Promote stored, to its tier.
-func (r *runner) pendingOutbound(rec keyorder.Record) outbound {
-	hs := make([]sarama.RecordHeader, 0, len(rec.Headers))
-	for _, h := range rec.Headers {
-		hs = append(hs, sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})
-	}
-	tier := max(rec.Tier, 1)
-	f, _, _ := retrytopic.Decode(hs)
-	return outbound{
-		rec: retrytopic.Record{
-			Topic: r.policy.Tier(rec.Topic, r.cfg.Group, tier), Partition: rec.Partition,
-			Key: rec.Key, Value: rec.Value, Headers: hs,
-		},
-		tier: tier,
-		kind: string(f.Kind),
-	}
-}
-
-// recoverPending forwards, at start, the heads whose forward a crash
-// interrupted. claimOrdering does the same for each partition when it is
-// claimed, which also covers revokes without a restart; forwarding one twice
-// is harmless (the inbox absorbs the copy).
-func (r *runner) recoverPending(ctx context.Context) error {
-	pending, err := r.order.Pending(ctx, r.cfg.Topics)
-	if err != nil {
-		return err
-	}
-	for _, rec := range pending {
-		if r.tierGone(rec) {
-			continue
-		}
-		out := r.pendingOutbound(rec)
-		if err := r.fwd.Forward(ctx, out.rec); err != nil {
-			return fmt.Errorf("consumer: forward pending head %q: %w", rec.IdempotencyKey, err)
-		}
-		if err := r.order.Forwarded(ctx, rec.Topic, rec.Key, rec.IdempotencyKey); err != nil {
-			return err
-		}
-		r.m.Messages.WithLabelValues(r.cfg.Group, rec.Topic, metrics.OutcomeRetried).Inc()
-		r.log.Info("idem: forwarded a head left pending by a crash", "key", rec.IdempotencyKey, "to", out.rec.Topic)
-	}
-	return nil
-}
-
-// tierGone reports (and logs) a pending head whose tier Retry.Delays no
-// longer has: it is not forwarded (its topic may be gone, and nothing would
-// read it); warnUnread names it and `idem ordering release` sends it on.
-func (r *runner) tierGone(rec keyorder.Record) bool {
-	if rec.Tier <= len(r.policy.Delays) {
-		return false
-	}
-	r.log.Warn("idem: not forwarding a pending head: its retry tier is no longer configured", "key", rec.IdempotencyKey,
-		"tier", rec.Tier, "tiers", len(r.policy.Delays),
-		"release", fmt.Sprintf("idem ordering release --group %s --topic %s --key-hex %x --to source", r.cfg.Group, rec.Topic, rec.Key))
-	return true
-}
-
-// sourceOf returns the source topic a subscribed topic belongs to: itself, or
-// the source whose retry tier it is.
-func (r *runner) sourceOf(topic string) (string, bool) {
-	for _, t := range r.cfg.Topics {
-		if t == topic || slices.Contains(r.policy.Tiers(t, r.cfg.Group), topic) {
-			return t, true
-		}
-	}
-	return "", false
-}
-
-// claimOrdering runs when the partition is claimed, before its first message:
-// it finishes the ordering store's work a previous owner left for this
-// partition. A drain that promoted a parked message and was revoked (or
-// crashed) before forwarding it left the forward pending; the new owner of
-// the partition — of the source topic or of one of its tiers, whichever is
-// claimed first — forwards it now, so the key is not blocked for ever. A
-// forward done twice is harmless: the inbox absorbs the copy. false means the
-// partition is stopping.
-func (p *partition) claimOrdering() bool {
-	r := p.r
-	src, ok := r.sourceOf(p.tp.topic)
-	if !ok {
-		return true
-	}
-	// The reader that notices a revoke is not running yet: stop when the
-	// session or Run ends.
-	defer context.AfterFunc(p.sess.Context(), p.stop)()
-	defer context.AfterFunc(r.runCtx, p.stop)()
-	var pending []keyorder.Record
-	err, ok := p.orderTry("claim", func(ctx context.Context) (err error) {
-		pending, err = r.order.PendingOf(ctx, src, p.tp.partition)
-		return err
-	})
-	if !ok {
-		return false
-	}
-	if err != nil {
-		return true // logged; the next claim tries again
-	}
-	for _, rec := range pending {
-		if r.tierGone(rec) {
-			continue
-		}
-		msg := &handler.Message{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, IdempotencyKey: rec.IdempotencyKey}
-		if !p.send(r.pendingOutbound(rec), msg) {
-			return false
-		}
-		if _, ok := p.orderTry("forwarded", func(ctx context.Context) error {
-			return r.order.Forwarded(ctx, rec.Topic, rec.Key, rec.IdempotencyKey)
-		}); !ok {
-			return false
-		}
-		p.log.Info("idem: forwarded a head whose forward a previous owner left pending", "key", rec.IdempotencyKey, "source", src)
-	}
-	return true
-}
-
-// orderingDB is where the parked rows of this group live: Config.OrderingDB,
-// else the database of a Dedupe store that exposes one (DB() dedupe.DB);
-// nil when neither is known.
-func (r *runner) orderingDB() dedupe.DB {
-	if r.cfg.OrderingDB != nil {
-		return r.cfg.OrderingDB
-	}
-	if d, ok := r.cfg.Dedupe.(interface{ DB() dedupe.DB }); ok {
-		return d.DB()
-	}
-	return nil
-}
-
-// warnUnread logs at WARN, at start, the parked messages of this group that
-// this Run will not read, with counts, topics and the command that releases
-// them: all of them when ordering is off; with OrderingByKey, those of topics
-// not in Config.Topics and those whose head sits in a retry tier beyond
-// len(Retry.Delays) (removed from the policy). Their offsets are committed, so
-// without a release they stay stranded. It never fails Run: a database it
-// cannot read (or without the ordering tables) is skipped.
-func (r *runner) warnUnread(ctx context.Context) {
-	db := r.orderingDB()
-	if db == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	keys, err := keyorder.List(ctx, db, r.cfg.Group, "")
-	if err != nil {
-		var pe *pgconn.PgError
-		if !errors.As(err, &pe) || pe.Code != "42P01" { // undefined_table: ordering never used here
-			r.log.Debug("idem: cannot look for parked messages", "err", err)
-		}
-		return
-	}
-	type unread struct {
-		keys, parked int
-		oldest       time.Time
-		reason       string
-	}
-	var topics []string
-	byTopic := map[string]*unread{}
-	for _, k := range keys {
-		var reason string
-		switch {
-		case r.order == nil:
-			reason = "ordering is off (Config.Ordering is not OrderingByKey)"
-		case !slices.Contains(r.cfg.Topics, k.Topic):
-			reason = "the topic is not in Config.Topics"
-		case k.Tier > len(r.policy.Delays):
-			reason = fmt.Sprintf("heads wait in retry tier %d, but Retry.Delays has %d tiers", k.Tier, len(r.policy.Delays))
-		default:
-			continue
-		}
-		u := byTopic[k.Topic]
-		if u == nil {
-			u = &unread{reason: reason}
-			byTopic[k.Topic] = u
-			topics = append(topics, k.Topic)
-		}
-		u.keys++
-		u.parked += k.Parked
-		if !k.OldestParked.IsZero() && (u.oldest.IsZero() || k.OldestParked.Before(u.oldest)) {
-			u.oldest = k.OldestParked
-		}
-	}
-	for _, t := range topics {
-		u := byTopic[t]
-		age := time.Duration(0)
-		if !u.oldest.IsZero() {
-			age = time.Since(u.oldest).Round(time.Second)
-		}
-		r.log.Warn("idem: parked messages this consumer will not read; their offsets are committed, so release them",
-			"topic", t, "keys", u.keys, "parked", u.parked, "oldest_age", age, "reason", u.reason,
-			"list", fmt.Sprintf("idem ordering list --group %s --topic %s", r.cfg.Group, t),
-			"release", fmt.Sprintf("idem ordering release --group %s --topic %s --all --to source", r.cfg.Group, t))
-	}
+		"release", fmt.Sprintf("idem ordering release --group %s --topic %s --key-hex %x --to source", w.r.cfg.Group, topic, key))
 }

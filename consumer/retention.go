@@ -18,20 +18,41 @@ func (r *runner) warnRetention(client sarama.Client) {
 	if inbox <= 0 {
 		return
 	}
+	for topic, d := range r.retentions(client, r.cfg.Topics) {
+		if d >= 0 && d <= inbox {
+			continue
+		}
+		kafka := "for ever (retention.ms=-1)"
+		if d >= 0 {
+			kafka = d.String()
+		}
+		r.log.Warn("idem: the inbox forgets keys sooner than Kafka keeps records; a record re-read after its key was swept (expired group offsets, an offset reset) is applied twice",
+			"topic", topic, "topic_retention", kafka, "inbox_retention", inbox,
+			"fix", "keep inbox keys at least as long as the topic's retention.ms, or set StartAt: StartNewest")
+	}
+}
+
+// retentions returns the retention.ms of topics (negative: for ever); a
+// topic whose config cannot be read is left out, with a DEBUG line.
+func (r *runner) retentions(client sarama.Client, topics []string) map[string]time.Duration {
+	out := map[string]time.Duration{}
+	if len(topics) == 0 {
+		return out
+	}
 	admin, err := sarama.NewClusterAdminFromClient(client)
 	if err != nil {
 		r.log.Debug("idem: retention check skipped", "err", err)
-		return
+		return out
 	}
 	// Closing the admin would close the shared client; it holds no other resource.
-	resources := make([]*sarama.ConfigResource, len(r.cfg.Topics))
-	for i, t := range r.cfg.Topics {
+	resources := make([]*sarama.ConfigResource, len(topics))
+	for i, t := range topics {
 		resources[i] = &sarama.ConfigResource{Type: sarama.TopicResource, Name: t, ConfigNames: []string{"retention.ms"}}
 	}
 	results, err := admin.DescribeConfigs(resources, sarama.DescribeConfigsOptions{})
 	if err != nil {
 		r.log.Debug("idem: retention check skipped", "err", err)
-		return
+		return out
 	}
 	for _, res := range results {
 		if res.ErrorCode != sarama.ErrNoError {
@@ -42,22 +63,12 @@ func (r *runner) warnRetention(client sarama.Client) {
 			if e.Name != "retention.ms" {
 				continue
 			}
-			ms, err := strconv.ParseInt(e.Value, 10, 64)
-			if err != nil {
-				continue
+			if ms, err := strconv.ParseInt(e.Value, 10, 64); err == nil {
+				out[res.Name] = time.Duration(ms) * time.Millisecond
 			}
-			if ms >= 0 && time.Duration(ms)*time.Millisecond <= inbox {
-				continue
-			}
-			kafka := "for ever (retention.ms=-1)"
-			if ms >= 0 {
-				kafka = (time.Duration(ms) * time.Millisecond).String()
-			}
-			r.log.Warn("idem: the inbox forgets keys sooner than Kafka keeps records; a record re-read after its key was swept (expired group offsets, an offset reset) is applied twice",
-				"topic", res.Name, "topic_retention", kafka, "inbox_retention", inbox,
-				"fix", "keep inbox keys at least as long as the topic's retention.ms, or set StartAt: StartNewest")
 		}
 	}
+	return out
 }
 
 // warnIgnoredInitial logs a WARN when Config.Sarama asks for

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -36,8 +37,9 @@ var ErrUnknownTopic = errors.New("consumer: unknown topic")
 // message, and returns nil once every goroutine it started has ended. Any other
 // return is a fatal error: an invalid Config (ErrInvalidConfig), a nil handler,
 // a missing topic (ErrUnknownTopic), a cluster that cannot be reached or whose
-// retry/dead-letter topics cannot be created at start, or sarama refusing the
-// configuration.
+// retry/dead-letter topics cannot be created at start, sarama refusing the
+// configuration, or the dedupe store reporting its own configuration wrong (a
+// *dedupe.StoreError with Op "config", met by the first message).
 // Transient broker and database outages are not fatal: the affected partition
 // waits and retries the same message (nothing is marked, nothing dropped) and
 // Run keeps going.
@@ -65,10 +67,13 @@ func Run(ctx context.Context, cfg Config, h handler.Handler) error {
 // RunBatch is Run for a handler.BatchHandler: the new messages of a batch
 // (Config.Batch; MaxMessages defaults to 500 here) are passed to
 // h.HandleBatch at once, in the batch's transaction, so h can write them with
-// one statement. When a batch fails, its messages run again one by one as
-// batches of one (see handler.BatchHandler for *handler.BatchError), and a
-// failing message takes the same path as with Run: in-process retries, retry
-// tiers, the dead-letter topic. Everything else is as Run.
+// one statement. When a batch fails, it is rolled back and its messages run
+// again alone, in order, each as a batch of one in its own transaction, so no
+// message is committed before an earlier one of its lane reached its outcome;
+// a message a *handler.BatchError names counts the failure named as its first
+// attempt (a Permanent one goes to the dead-letter topic without running
+// again). A failing message takes the same path as with Run: in-process
+// retries, retry tiers, the dead-letter topic. Everything else is as Run.
 func RunBatch(ctx context.Context, cfg Config, h handler.BatchHandler) error {
 	if h == nil {
 		return ErrNilHandler
@@ -108,14 +113,21 @@ type runner struct {
 	pauses     *pauser
 	gate       *gate
 	baseCtx    context.Context // values of Run's ctx, never cancelled: handler ctxs derive from it
-	runCtx     context.Context
+	runCtx     context.Context // Run's ctx, also cancelled by fatal
+	abort      context.CancelCauseFunc
 
-	parts sync.Map // tp → *partition: the claimed partitions, watched for stalls
-	keys  keyWatch // warns when the first records of a topic have no key
+	parts sync.Map // tp → *claim: the claimed partitions, watched for stalls
+	// lagKick asks watchLag for a sample now: a partition was claimed, so its
+	// lag series exists from the start, not only after LagInterval.
+	lagKick chan struct{}
+	keys    keyWatch // warns when the first records of a topic have no key
 
 	ready  *Readiness // Config.Readiness, or a private one
 	life   *lifecycle // OnAssigned/OnRevoked
 	tracer trace.Tracer
+	// noRecord: the last span the tracer started neither recorded nor had
+	// a valid context (no SDK installed); see spanStart.
+	noRecord atomic.Bool
 
 	randMu sync.Mutex
 	rand   *rand.Rand
@@ -131,13 +143,14 @@ func newRunner(cfg Config, h handler.Handler) (*runner, error) {
 		return nil, fmt.Errorf("consumer: sarama config: %w", err)
 	}
 	r := &runner{
-		cfg:    cfg,
-		h:      handler.Chain(h, handler.Recover()),
-		log:    cfg.Logger.With("group", cfg.Group),
-		m:      m,
-		scfg:   scfg,
-		rand:   rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
-		policy: cfg.Retry.WithDefaults(),
+		cfg:     cfg,
+		h:       handler.Chain(h, handler.Recover()),
+		log:     cfg.Logger.With("group", cfg.Group),
+		m:       m,
+		scfg:    scfg,
+		rand:    rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+		policy:  cfg.Retry.WithDefaults(),
+		lagKick: make(chan struct{}, 1),
 	}
 	if bs, ok := cfg.Dedupe.(dedupe.BatchStore); ok && cfg.Batch.MaxMessages > 1 {
 		r.batchStore = bs
@@ -211,8 +224,10 @@ func (r *runner) run(ctx context.Context) (err error) {
 			err = nil
 		}
 	}()
-	r.runCtx = ctx
 	r.baseCtx = context.WithoutCancel(ctx)
+	ctx, r.abort = context.WithCancelCause(ctx)
+	defer r.abort(nil)
+	r.runCtx = ctx
 	r.ready.start(r.cfg.Group, storePing(r.cfg))
 	defer r.ready.stop()
 
@@ -252,11 +267,8 @@ func (r *runner) run(ctx context.Context) (err error) {
 		if err := r.order.Migrate(ctx); err != nil {
 			return fmt.Errorf("consumer: ordering schema: %w", err)
 		}
-		if err := r.recoverPending(ctx); err != nil {
-			return err
-		}
 	}
-	r.warnUnread(ctx)
+	r.warnUnread(ctx, client)
 	group, err := sarama.NewConsumerGroupFromClient(r.cfg.Group, client)
 	if err != nil {
 		return fmt.Errorf("consumer: join group %s: %w", r.cfg.Group, err)
@@ -290,9 +302,13 @@ func (r *runner) run(ctx context.Context) (err error) {
 
 	gh := &groupHandler{r: r}
 	topics := r.topics()
+	r.logStart()
+	defer r.log.Info("idem: consumer stopped", "topics", r.cfg.Topics)
 	for n := 1; ctx.Err() == nil; {
 		err := group.Consume(ctx, topics, gh)
 		switch {
+		case errors.As(context.Cause(ctx), new(*fatalError)):
+			return context.Cause(ctx)
 		case ctx.Err() != nil:
 		case errors.Is(err, sarama.ErrClosedConsumerGroup):
 			return fmt.Errorf("consumer: %w", err)
@@ -305,6 +321,34 @@ func (r *runner) run(ctx context.Context) (err error) {
 		}
 	}
 	return nil
+}
+
+// logStart logs, once the group is joined, what this Run consumes and how.
+func (r *runner) logStart() {
+	mode := "per-message"
+	switch {
+	case r.bh != nil:
+		mode = "batch handler"
+	case r.batchStore != nil:
+		mode = "batched transactions"
+	}
+	r.log.Info("idem: consumer started", "topics", r.cfg.Topics, "mode", mode, "batch_max", r.cfg.Batch.MaxMessages,
+		"lanes", r.cfg.Concurrency, "ordering", r.cfg.Ordering.String(), "tiers", r.policy.Delays,
+		"dlq", r.policy.DLQ(r.cfg.Topics[0], r.cfg.Group), "key_func", r.cfg.KeyFunc.String())
+}
+
+// fatalError is the error Run returns when a partition met a failure no
+// message can get past (classFatal).
+type fatalError struct{ err error }
+
+func (e *fatalError) Error() string { return "consumer: " + e.err.Error() }
+func (e *fatalError) Unwrap() error { return e.err }
+
+// fatal stops Run, which returns err: the dedupe store reported a
+// configuration error, which every message would meet for ever.
+func (r *runner) fatal(err error) {
+	r.log.Error("idem: the dedupe store is misconfigured; stopping", "err", err)
+	r.abort(&fatalError{err})
 }
 
 // watchDLQDepth exports idem_dlq_depth for each source topic's dead-letter
@@ -387,8 +431,8 @@ func (g *groupHandler) ConsumeClaim(s sarama.ConsumerGroupSession, c sarama.Cons
 	t := tp{c.Topic(), c.Partition()}
 	g.r.life.claimStarting(s, t)
 	defer g.r.life.claimEnded(s, t)
-	p := newPartition(g.r, s, c)
-	p.run()
-	p.obs.close()
+	cl := newClaim(g.r, s, c)
+	cl.run()
+	cl.obs.close()
 	return nil
 }

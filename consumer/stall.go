@@ -68,7 +68,7 @@ func (r *runner) watchStalls(ctx context.Context) {
 		}
 		now := time.Now()
 		r.parts.Range(func(_, v any) bool {
-			p := v.(*partition)
+			p := v.(*claim)
 			var d time.Duration
 			var cause error
 			for _, s := range p.stalls {
@@ -88,11 +88,15 @@ func (r *runner) watchStalls(ctx context.Context) {
 
 // register adds p to the partitions watched for stalls, and returns the
 // function that removes it.
-func (r *runner) register(p *partition) func() {
+func (r *runner) register(p *claim) func() {
 	part := strconv.Itoa(int(p.tp.partition))
 	p.stalled = r.m.PartitionStalled.WithLabelValues(r.cfg.Group, p.tp.topic, part)
 	p.stalled.Set(0)
 	r.parts.Store(p.tp, p)
+	select {
+	case r.lagKick <- struct{}{}: // sample the new partition's lag now
+	default:
+	}
 	return func() {
 		if r.parts.CompareAndDelete(p.tp, p) { // not yet claimed again by a newer session
 			r.m.PartitionStalled.DeleteLabelValues(r.cfg.Group, p.tp.topic, part)

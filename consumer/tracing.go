@@ -130,10 +130,14 @@ type spanState struct {
 
 // traceMessage records that msg, read from retry tier tier (0: a source
 // topic), is the message the worker's next spans belong to.
-func (p *partition) traceMessage(msg *handler.Message, tier int) {
-	p.spanEnd(TraceOutcomeAbandoned, nil)
-	p.tspan = spanState{msg: msg, tier: tier}
+func (o *observer) traceMessage(msg *handler.Message, tier int) {
+	o.spanEnd(TraceOutcomeAbandoned, nil)
+	o.tspan = spanState{msg: msg, tier: tier}
 }
+
+// noRecordProbe: with a tracer that does not record, one untraced message in
+// noRecordProbe starts a span anyway (spanStart).
+const noRecordProbe = 1024
 
 // consumerKind is the start option of every attempt span, made once.
 var consumerKind = trace.WithSpanKind(trace.SpanKindConsumer)
@@ -141,18 +145,33 @@ var consumerKind = trace.WithSpanKind(trace.SpanKindConsumer)
 // spanStart opens the attempt span of msg, a child of the trace context in
 // msg's headers, unless one is open for msg already, and returns the
 // handler's ctx carrying it.
-func (p *partition) spanStart(msg *handler.Message) context.Context {
-	if p.tspan.span != nil && p.tspan.msg == msg {
-		return p.tspan.ctx
+//
+// When the tracer is known not to record (no SDK installed: the last span it
+// started neither recorded nor had a valid context) and msg carries no trace
+// context, no span is started: the handler's ctx is the parent as extracted.
+// Every noRecordProbe-th such message starts a span anyway, so an SDK
+// installed after Run started is noticed; a message with a trace context
+// always gets a span.
+func (o *observer) spanStart(msg *handler.Message) context.Context {
+	if o.tspan.ctx != nil && o.tspan.msg == msg {
+		return o.tspan.ctx
 	}
 	tier := 0
-	if p.tspan.msg == msg {
-		tier = p.tspan.tier
+	if o.tspan.msg == msg {
+		tier = o.tspan.tier
 	}
-	p.spanEnd(TraceOutcomeAbandoned, nil)
-	r := p.r
-	parent := r.cfg.Propagator.Extract(p.hctx, msgCarrier{msg})
+	o.spanEnd(TraceOutcomeAbandoned, nil)
+	r := o.r
+	parent := r.cfg.Propagator.Extract(o.hctx, msgCarrier{msg})
+	if r.noRecord.Load() && !trace.SpanContextFromContext(parent).IsValid() {
+		if o.unprobed++; o.unprobed < noRecordProbe {
+			o.tspan = spanState{msg: msg, tier: tier, ctx: parent}
+			return parent
+		}
+		o.unprobed = 0
+	}
 	ctx, span := r.tracer.Start(parent, SpanHandle, consumerKind)
+	r.noRecord.Store(!span.IsRecording() && !span.SpanContext().IsValid())
 	if span.IsRecording() {
 		span.SetAttributes(
 			attribute.String("messaging.system", "kafka"),
@@ -165,18 +184,18 @@ func (p *partition) spanStart(msg *handler.Message) context.Context {
 			attrTier.Int(tier),
 		)
 	}
-	p.tspan = spanState{msg: msg, tier: tier, span: span, ctx: ctx}
+	o.tspan = spanState{msg: msg, tier: tier, span: span, ctx: ctx}
 	return ctx
 }
 
 // spanEnd ends the open attempt span, if any, with outcome; a non-nil err is
 // recorded on it as the attempt's failure.
-func (p *partition) spanEnd(outcome string, err error) {
-	s := p.tspan.span
+func (o *observer) spanEnd(outcome string, err error) {
+	s := o.tspan.span
+	o.tspan.span, o.tspan.ctx = nil, nil
 	if s == nil {
 		return
 	}
-	p.tspan.span, p.tspan.ctx = nil, nil
 	if s.IsRecording() {
 		s.SetAttributes(attrOutcome.String(outcome))
 		if err != nil {
@@ -189,8 +208,8 @@ func (p *partition) spanEnd(outcome string, err error) {
 
 // spanError records err on the open attempt span without ending it: the
 // attempt failed and its outcome (retry, forward) is not decided yet.
-func (p *partition) spanError(err error) {
-	if s := p.tspan.span; s != nil && err != nil && s.IsRecording() {
+func (o *observer) spanError(err error) {
+	if s := o.tspan.span; s != nil && err != nil && s.IsRecording() {
 		s.RecordError(err)
 		s.SetStatus(codes.Error, err.Error())
 	}
@@ -200,18 +219,18 @@ func (p *partition) spanError(err error) {
 // if none is: a message dead-lettered without an attempt, such as one
 // without a key) into a forwarded record's headers, so the next tier's
 // attempt, or the dead-letter record, continues the trace.
-func (p *partition) injectTrace(hs []sarama.RecordHeader, msg *handler.Message) []sarama.RecordHeader {
-	ctx := p.spanStart(msg)
+func (o *observer) injectTrace(hs []sarama.RecordHeader, msg *handler.Message) []sarama.RecordHeader {
+	ctx := o.spanStart(msg)
 	out := append([]sarama.RecordHeader(nil), hs...)
-	p.r.cfg.Propagator.Inject(ctx, recordCarrier{&out})
+	o.r.cfg.Propagator.Inject(ctx, recordCarrier{&out})
 	return out
 }
 
 // batchSpan starts the span of one batch handler call for items[idx] (the
 // new messages of a batch), linked to the producer context of each (up to
 // 128 links).
-func (p *partition) batchSpan(ctx context.Context, items []*batchItem, idx []int) (context.Context, trace.Span) {
-	r := p.r
+func (o *observer) batchSpan(ctx context.Context, items []*batchItem, idx []int) (context.Context, trace.Span) {
+	r := o.r
 	const maxLinks = 128
 	links := make([]trace.Link, 0, min(len(idx), maxLinks))
 	for _, i := range idx[:min(len(idx), maxLinks)] {
@@ -227,8 +246,8 @@ func (p *partition) batchSpan(ctx context.Context, items []*batchItem, idx []int
 		span.SetAttributes(
 			attribute.String("messaging.system", "kafka"),
 			attribute.String("messaging.operation.type", "process"),
-			attribute.String("messaging.destination.name", p.tp.topic),
-			attribute.Int("messaging.kafka.destination.partition", int(p.tp.partition)),
+			attribute.String("messaging.destination.name", o.tp.topic),
+			attribute.Int("messaging.kafka.destination.partition", int(o.tp.partition)),
 			attribute.Int("messaging.batch.message_count", len(idx)),
 			attribute.String("messaging.consumer.group.name", r.cfg.Group),
 			attrAttempt.Int(1),

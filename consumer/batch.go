@@ -1,0 +1,273 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"runtime/debug"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemhq/idem/breaker"
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/metrics"
+)
+
+// work takes messages from src to their outcomes, one at a time or in
+// batches, until src or the partition stops.
+func (w *worker) work(src source) {
+	bc := w.r.cfg.Batch
+	var items []*batchItem
+	b := batch{w}
+	for {
+		m, ok := src.pop(w.stopCtx)
+		if !ok {
+			return
+		}
+		if bc.MaxMessages <= 1 {
+			if w.handle(m) != nil {
+				return
+			}
+			continue
+		}
+		// Gather consecutive batchable messages, within the batch's size
+		// and latency budget (BatchConfig.MaxLatency); a message that is not
+		// batchable ends the batch and is handled alone after it.
+		items = items[:0]
+		limit, opened := b.batchLimit(), time.Now()
+		var alone *sarama.ConsumerMessage
+		for {
+			if it, ok := b.prepare(m); ok {
+				items = append(items, it)
+			} else {
+				alone = m
+				break
+			}
+			if len(items) >= limit {
+				break
+			}
+			wait := bc.MaxWait
+			if bc.MaxLatency > 0 && wait > 0 {
+				if wait = min(wait, bc.MaxLatency-time.Since(opened)); wait <= 0 {
+					break // the batch is as old as its budget: close it
+				}
+			}
+			if m, ok = src.more(w.stopCtx, wait); !ok {
+				break
+			}
+		}
+		if len(items) > 0 && b.handleBatch(items) != nil {
+			return
+		}
+		if alone != nil && w.handle(alone) != nil {
+			return
+		}
+	}
+}
+
+// batchLimit is how many messages the next batch may take: MaxMessages, or
+// fewer when the handler time per message of the worker's recent batches
+// says more would not get through within BatchConfig.MaxLatency.
+func (w batch) batchLimit() int {
+	bc := w.r.cfg.Batch
+	if bc.MaxLatency <= 0 || w.batchCost <= 0 {
+		return bc.MaxMessages
+	}
+	return max(1, min(bc.MaxMessages, int(bc.MaxLatency/w.batchCost)))
+}
+
+// costed folds the time a successful batch of n messages took into the
+// worker's handler time per message (an exponentially weighted average, so
+// a handler that slows down or speeds up is followed within a few batches).
+func (w batch) costed(d time.Duration, n int) {
+	if n <= 0 {
+		return
+	}
+	c := d / time.Duration(n)
+	if w.batchCost == 0 {
+		w.batchCost = c
+		return
+	}
+	w.batchCost += (c - w.batchCost) / 4
+}
+
+// batch holds the steps of a worker's batches: their size, their
+// transaction, and the way out of a failed one.
+type batch struct{ *worker }
+
+// batchItem is one message prepared for a batch.
+type batchItem struct {
+	cm  *sarama.ConsumerMessage
+	msg *handler.Message
+	rec dedupe.Record
+}
+
+// prepare returns cm ready for a batch, or false when it must be handled
+// alone: a retry-tier record (it may have to wait for its due time), a record
+// without a valid key, ordering mode, or a store without batches.
+func (w batch) prepare(cm *sarama.ConsumerMessage) (*batchItem, bool) {
+	r := w.r
+	if r.order != nil || r.batchStore == nil || w.tier {
+		return nil, false
+	}
+	msg := w.message(cm)
+	msg.Attempt = 1
+	o := origin{topic: cm.Topic, partition: cm.Partition, offset: cm.Offset}
+	key, err := w.key(msg, o)
+	if err != nil {
+		return nil, false
+	}
+	msg.IdempotencyKey = key
+	return &batchItem{cm: cm, msg: msg, rec: dedupe.Record{Group: r.cfg.Group, Key: key, Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset}}, true
+}
+
+// handleBatch runs items in one transaction and marks them; on a failure it
+// falls back to one transaction per message (see Config.Batch). errStopping
+// means the partition is stopping.
+func (w batch) handleBatch(items []*batchItem) error {
+	r := w.r
+	probe, ok := r.gate.wait(w.stopCtx)
+	if !ok {
+		return errStopping
+	}
+	if probe { // the half-open probe is one message, not a batch
+		r.gate.probeAbandoned()
+		return w.alone(items, nil)
+	}
+	recs := make([]dedupe.Record, len(items))
+	for i, it := range items {
+		recs[i] = it.rec
+	}
+	start := time.Now()
+	var fresh []int
+	failedAt := -1 // the item whose handler failed (per-message handler)
+	outs, err := r.batchStore.ProcessBatch(w.hctx, recs, func(ctx context.Context, idx []int) (err error) {
+		fresh = idx
+		ctx, span := w.ob.batchSpan(ctx, items, idx)
+		defer func() { batchSpanEnd(span, err) }()
+		if r.bh != nil {
+			msgs := make([]*handler.Message, len(idx))
+			for j, i := range idx {
+				msgs[j] = items[i].msg
+			}
+			return callBatch(ctx, r.bh, msgs)
+		}
+		for _, i := range idx {
+			if err := r.h.Handle(ctx, items[i].msg); err != nil {
+				failedAt = i
+				return err
+			}
+		}
+		return nil
+	})
+	if err == nil {
+		took := time.Since(start)
+		w.costed(took, len(items))
+		d := took.Seconds()
+		for i, it := range items {
+			if outs[i] == dedupe.Duplicate {
+				w.mx.duplicate.Inc()
+			} else {
+				w.mx.processed.Inc()
+				w.mx.attemptOK.Inc()
+				w.mx.duration.Observe(d)
+			}
+			w.mark(it.cm)
+		}
+		return nil
+	}
+	if w.hctx.Err() != nil {
+		r.m.Abandoned.WithLabelValues(r.cfg.Group).Add(float64(len(items)))
+		return errStopping
+	}
+	if w.debug {
+		w.log.Debug("idem: batch failed; running its messages one by one", "messages", len(items), "new", len(fresh), "err", err)
+	}
+	if r.bh != nil { // a batch handler's panic; a per-message one is logged when it runs alone
+		w.ob.logPanic(err, items[0].msg)
+	}
+	firsts := make([]error, len(items))
+	if be, _ := handler.AsBatchError(err); be != nil {
+		for _, f := range be.Failed {
+			for i, it := range items {
+				if it.msg == f.Message {
+					firsts[i] = f.Err
+				}
+			}
+		}
+	} else if failedAt >= 0 && !txAborted(err) {
+		firsts[failedAt] = err
+	}
+	return w.alone(items, firsts)
+}
+
+// alone is the one way out of a failed batch: each message runs alone, one
+// transaction each, in the batch's order, so nothing after a failing message
+// commits before that message's own outcome (the order LaneBy promises). A
+// non-nil firsts[i] is the failure the batch pinned on items[i] (the
+// per-message handler failed on it, or a *handler.BatchError named it): it
+// counts as that message's first attempt, so a permanent one goes to the DLQ
+// without running again. A failure nobody can be blamed for pins nothing.
+// errStopping means the partition is stopping.
+func (w batch) alone(items []*batchItem, firsts []error) error {
+	for i, it := range items {
+		var first error
+		if firsts != nil {
+			first = firsts[i]
+		}
+		if err := w.handleAfter(it.cm, first); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// txAborted reports whether err is PostgreSQL refusing a statement because
+// an earlier one failed in the same transaction (SQLSTATE 25P02): in a batch
+// the message that made it fail is an earlier one whose handler swallowed
+// its error, not the one that got the refusal.
+func txAborted(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "25P02"
+}
+
+// callBatch calls h, turning a panic into a *handler.PanicError.
+func callBatch(ctx context.Context, h handler.BatchHandler, msgs []*handler.Message) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &handler.PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return h.HandleBatch(ctx, msgs)
+}
+
+// partMetrics are the collectors of one partition's hot path, with their
+// labels resolved once.
+type partMetrics struct {
+	processed, duplicate, attemptOK, commits interface{ Inc() }
+	duration                                 interface{ Observe(float64) }
+}
+
+// attempt counts a failed handler attempt by its result.
+func (partMetrics) attempt(m *metrics.Metrics, group, topic string, herr error) {
+	result := metrics.ResultError
+	switch {
+	case handler.IsPanic(herr):
+		result = metrics.ResultPanic
+	case breaker.IsOpen(herr):
+		result = metrics.ResultBreakerOpen
+	}
+	m.Attempts.WithLabelValues(group, topic, result).Inc()
+}
+
+func newPartMetrics(m *metrics.Metrics, group, topic string) partMetrics {
+	return partMetrics{
+		processed: m.Messages.WithLabelValues(group, topic, metrics.OutcomeProcessed),
+		duplicate: m.Messages.WithLabelValues(group, topic, metrics.OutcomeDuplicate),
+		attemptOK: m.Attempts.WithLabelValues(group, topic, metrics.ResultOK),
+		commits:   m.Commits.WithLabelValues(group),
+		duration:  m.HandlerDuration.WithLabelValues(group, topic),
+	}
+}

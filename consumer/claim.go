@@ -1,0 +1,344 @@
+package consumer
+
+import (
+	"context"
+	"hash/fnv"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// claim is one claimed partition: it owns the claim's queue, fetch
+// back-pressure, the dispatch of messages to its workers (one, or one per
+// lane with Config.Concurrency > 1) and the offset tracker. Its reader
+// goroutine drains the Kafka claim into the queue, so a revoke is seen at
+// once; its workers take the messages to their outcomes.
+type claim struct {
+	r     *runner
+	sess  sarama.ConsumerGroupSession
+	kc    sarama.ConsumerGroupClaim // the Kafka claim
+	tp    tp
+	log   *slog.Logger
+	debug bool // log at DEBUG: checked before building debug attributes
+	tier  bool // the topic is a retry tier, not a source topic
+	mx    partMetrics
+	obs   *partObs // end-to-end latency and in-flight messages of the claim
+
+	// stopCtx is cancelled when the claim ends (revoked, session over, Run
+	// cancelled): no new message is taken, waits between attempts end.
+	stopCtx context.Context
+	stop    context.CancelFunc
+	// hctx is the handlers' ctx: cancelled ShutdownGrace after stopCtx, so an
+	// in-flight message may finish (and be marked) within the grace period.
+	hctx    context.Context
+	hcancel context.CancelFunc
+
+	// track marks offsets finished out of order (lanes, batches); nil when
+	// messages finish in order and are marked directly.
+	track *tracker
+	// main is the claim's own worker: it runs the start-of-claim recovery
+	// and, with one lane, every message; workers are the lanes' workers
+	// (Concurrency > 1).
+	main    *worker
+	workers []*worker
+
+	stalls  []*stall         // every worker's stall
+	stalled prometheus.Gauge // idem_partition_stalled_seconds of this partition
+
+	bp bpState // back-pressure
+}
+
+// bpState is whether a partition's fetching is paused by back-pressure.
+type bpState struct {
+	mu sync.Mutex  // serialises transitions
+	on atomic.Bool // fast-path read
+}
+
+func newClaim(r *runner, s sarama.ConsumerGroupSession, kc sarama.ConsumerGroupClaim) *claim {
+	c := &claim{
+		r: r, sess: s, kc: kc,
+		tp:    tp{kc.Topic(), kc.Partition()},
+		log:   r.log.With("topic", kc.Topic(), "partition", kc.Partition()),
+		debug: r.log.Enabled(context.Background(), slog.LevelDebug),
+		tier:  !slices.Contains(r.cfg.Topics, kc.Topic()),
+		mx:    newPartMetrics(r.m, r.cfg.Group, kc.Topic()),
+		obs:   newPartObs(r, kc.Topic()),
+	}
+	c.stopCtx, c.stop = context.WithCancel(r.baseCtx)
+	c.hctx, c.hcancel = context.WithCancel(r.baseCtx)
+	if r.cfg.Concurrency > 1 || r.cfg.Batch.MaxMessages > 1 {
+		c.track = newTracker(c)
+	}
+	c.main = c.newWorker()
+	if n := r.cfg.Concurrency; n > 1 {
+		for range n {
+			c.workers = append(c.workers, c.newWorker())
+		}
+	}
+	return c
+}
+
+// newWorker returns a worker of c with a stall of its own.
+func (c *claim) newWorker() *worker {
+	w := &worker{claim: c, stall: &stall{}, names: map[string]string{},
+		ob: observer{r: c.r, log: c.log, tp: c.tp, hctx: c.hctx}}
+	w.callFn = w.callHandler
+	c.stalls = append(c.stalls, w.stall)
+	return w
+}
+
+// backpressure pauses or resumes fetching when the queue crosses its marks;
+// the transition is taken under bpMu so pause and resume cannot cross.
+func (c *claim) backpressure(on bool) {
+	if c.bp.on.Load() == on {
+		return
+	}
+	c.bp.mu.Lock()
+	defer c.bp.mu.Unlock()
+	if c.bp.on.Load() != on {
+		c.r.pauses.set(c.tp, pauseBackpressure, on)
+		c.bp.on.Store(on)
+	}
+}
+
+// run handles the claim until it ends. It marks an offset only after the
+// message's outcome is durable and only before it returns, so never after the
+// claim is lost.
+func (c *claim) run() {
+	r := c.r
+	q := newQueue()
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	defer func() {
+		close(done)
+		c.stop()
+		c.hcancel()
+		wg.Wait()
+		r.gate.leave(c.tp)
+		r.pauses.forget(c.tp)
+	}()
+	r.gate.join(c.tp)
+	defer r.register(c)()
+
+	// The reader drains Messages so that its closing (revocation) is seen at
+	// once, and pauses fetching when the worker falls behind.
+	wg.Go(func() {
+		defer c.stop()
+		for {
+			select {
+			case m, ok := <-c.kc.Messages():
+				if !ok {
+					return
+				}
+				if q.push(m) {
+					c.backpressure(true)
+				}
+			case <-c.sess.Context().Done():
+				return
+			case <-r.runCtx.Done():
+				return
+			case <-done:
+				return
+			}
+		}
+	})
+	// The grace timer: once stopping, the in-flight handler has ShutdownGrace.
+	wg.Go(func() {
+		select {
+		case <-c.stopCtx.Done():
+		case <-done:
+			return
+		}
+		t := time.NewTimer(r.cfg.ShutdownGrace)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			c.log.Warn("idem: in-flight message exceeded the shutdown grace; cancelling it", "grace", r.cfg.ShutdownGrace)
+			c.hcancel()
+		case <-done:
+		}
+	})
+
+	// The reader runs before anything else, so a revoke stops the claim's
+	// recovery of pending ordering forwards at once, too.
+	if r.order != nil && (byKey{c.main}).claimOrdering() != nil {
+		return
+	}
+	if len(c.workers) > 0 {
+		c.lanes(q)
+		return
+	}
+	c.main.work(queueSource{c, q})
+}
+
+// laneBuffer bounds the messages queued for one lane; with the partition
+// queue's high-water mark it bounds a partition's in-flight messages.
+const laneBuffer = 256
+
+// tracker marks offsets when messages finish out of order (lanes, batches
+// with a failed member): the committed offset is the lowest unfinished one,
+// so an offset is marked only when every message below it is final.
+type tracker struct {
+	c       *claim
+	mu      sync.Mutex
+	pending []int64 // offsets handed out, in order, not yet below the mark
+	done    map[int64]struct{}
+}
+
+func newTracker(c *claim) *tracker {
+	return &tracker{c: c, done: map[int64]struct{}{}}
+}
+
+// add registers the next offset handed to a worker. Offsets arrive in order.
+func (t *tracker) add(offset int64) {
+	t.mu.Lock()
+	t.pending = append(t.pending, offset)
+	t.mu.Unlock()
+}
+
+// finish records that offset reached its outcome and marks the longest
+// finished prefix.
+func (t *tracker) finish(offset int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.done[offset] = struct{}{}
+	mark := int64(-1)
+	for len(t.pending) > 0 {
+		o := t.pending[0]
+		if _, ok := t.done[o]; !ok {
+			break
+		}
+		delete(t.done, o)
+		t.pending = t.pending[1:]
+		mark = o
+	}
+	if mark >= 0 {
+		t.c.sess.MarkOffset(t.c.tp.topic, t.c.tp.partition, mark+1, "")
+	}
+}
+
+// source is where a worker takes its messages from: the partition's queue or
+// a lane's channel.
+type source interface {
+	// pop waits for the next message; false when the worker must stop.
+	pop(ctx context.Context) (*sarama.ConsumerMessage, bool)
+	// more returns the next message if one arrives within wait.
+	more(ctx context.Context, wait time.Duration) (*sarama.ConsumerMessage, bool)
+}
+
+// queueSource is the partition's own queue (one lane): it lifts
+// back-pressure below the low-water mark and registers offsets with the
+// tracker, if any.
+type queueSource struct {
+	c *claim
+	q *queue
+}
+
+func (s queueSource) pop(ctx context.Context) (*sarama.ConsumerMessage, bool) {
+	m, low, ok := s.q.pop(ctx)
+	if ok {
+		s.c.popped(m, low)
+	}
+	return m, ok
+}
+
+func (s queueSource) more(ctx context.Context, wait time.Duration) (*sarama.ConsumerMessage, bool) {
+	m, low, ok := s.q.tryPop(ctx, wait)
+	if ok {
+		s.c.popped(m, low)
+	}
+	return m, ok
+}
+
+// chanSource is one lane's channel, filled by the dispatcher.
+type chanSource chan *sarama.ConsumerMessage
+
+func (c chanSource) pop(ctx context.Context) (*sarama.ConsumerMessage, bool) {
+	select {
+	case m, ok := <-c:
+		return m, ok && ctx.Err() == nil
+	case <-ctx.Done():
+		return nil, false
+	}
+}
+
+func (c chanSource) more(ctx context.Context, wait time.Duration) (*sarama.ConsumerMessage, bool) {
+	select {
+	case m, ok := <-c:
+		return m, ok
+	default:
+	}
+	if wait <= 0 {
+		return nil, false
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case m, ok := <-c:
+		return m, ok
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return nil, false
+}
+
+// popped runs for every message taken from the partition's queue.
+func (c *claim) popped(m *sarama.ConsumerMessage, low bool) {
+	c.obs.taken()
+	if low {
+		c.backpressure(false)
+	}
+	if c.track != nil {
+		c.track.add(m.Offset)
+	}
+}
+
+// lanes runs Config.Concurrency workers fed by a dispatcher that hashes each
+// message's lane key; it returns when the queue or the partition stops.
+func (c *claim) lanes(q *queue) {
+	n := c.r.cfg.Concurrency
+	chans := make([]chan *sarama.ConsumerMessage, n)
+	var wg sync.WaitGroup
+	for i := range chans {
+		chans[i] = make(chan *sarama.ConsumerMessage, laneBuffer)
+		w := c.workers[i]
+		src := chanSource(chans[i])
+		wg.Go(func() { w.work(src) })
+	}
+	defer func() {
+		for _, ch := range chans {
+			close(ch)
+		}
+		wg.Wait()
+	}()
+	src := queueSource{c, q}
+	for {
+		m, ok := src.pop(c.stopCtx)
+		if !ok {
+			return
+		}
+		select {
+		case chans[c.laneOf(m, n)] <- m:
+		case <-c.stopCtx.Done():
+			return
+		}
+	}
+}
+
+// laneOf hashes m's lane key (Config.LaneBy; the Kafka key with
+// OrderingByKey) onto n lanes.
+func (c *claim) laneOf(m *sarama.ConsumerMessage, n int) int {
+	h := fnv.New32a()
+	if c.r.cfg.LaneBy == LaneByKafkaKey || c.r.order != nil {
+		h.Write(m.Key)
+	} else {
+		k, _ := callKeyFunc(c.r.cfg.KeyFunc, toMessage(m))
+		h.Write([]byte(k))
+	}
+	return int(h.Sum32() % uint32(n))
+}

@@ -1,0 +1,243 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/IBM/sarama"
+
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/keyorder"
+	"github.com/idemhq/idem/retrytopic"
+)
+
+// drain runs the messages parked behind head (now processed or
+// dead-lettered) in their order. A parked message that fails retriably becomes
+// the key's new head and goes to the first retry tier; the rest stay parked
+// behind it. When that tier refuses it for good and it is dead-lettered
+// instead (forward), it will not come back: the drain goes on behind it. It
+// returns errStopping when the partition is stopping: the head is then not
+// marked, and its redelivery drains again. Once the partition is stopping it starts
+// no further parked message, even within the shutdown grace.
+func (w byKey) drain(topic string, key []byte, head string) error {
+	r := w.r
+	hooks := w.hooks()
+	for {
+		var next keyorder.Record
+		var more bool
+		refused, err := w.orderTry("next", func(ctx context.Context) (err error) {
+			next, more, err = r.order.Next(ctx, topic, key, head)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		if refused != nil {
+			w.stuck(topic, key, head)
+			return nil
+		}
+		if !more {
+			return nil
+		}
+		if hooks.draining != nil {
+			hooks.draining(w.stopCtx, w.hctx, next)
+		}
+		if w.stopCtx.Err() != nil {
+			return errStopping // revoked or shutting down: start nothing new
+		}
+		msg, headers := parkedMessage(next)
+		rec := dedupe.Record{Group: r.cfg.Group, Key: next.IdempotencyKey, Topic: next.Topic, Partition: next.Partition, Offset: next.Offset}
+		failed, err := w.process(rec, msg, nil)
+		if err != nil {
+			return err
+		}
+		// done removes next from the parked messages; stuck: the store
+		// refused, and the key stays blocked (logged).
+		done := func() (stuck bool, err error) {
+			refused, err := w.orderTry("done", func(ctx context.Context) error { return r.order.Done(ctx, next.Seq) })
+			if err == nil && refused != nil {
+				w.stuck(topic, key, head)
+				return true, nil
+			}
+			return false, err
+		}
+		if failed == nil {
+			if stuck, err := done(); stuck || err != nil {
+				return err
+			}
+			continue
+		}
+		src := retrytopic.Source{Topic: next.Topic, Partition: next.Partition, Offset: next.Offset, Timestamp: next.Timestamp, Group: r.cfg.Group}
+		out := w.failure(src, next.Key, next.Value, headers, origin{topic: next.Topic, partition: next.Partition, offset: next.Offset}, msg, failed)
+		if out.tier == 0 {
+			if _, err := w.forward(out, msg); err != nil {
+				return err
+			}
+			if stuck, err := done(); stuck || err != nil {
+				return err
+			}
+			continue
+		}
+		// The parked message becomes the head: promote it (recording the
+		// forward as pending) in one transaction, then forward it.
+		pending := next
+		pending.Tier = out.tier
+		pending.Headers = pending.Headers[:0:0]
+		for _, h := range out.rec.Headers {
+			pending.Headers = append(pending.Headers, keyorder.Header{Key: string(h.Key), Value: h.Value})
+		}
+		refused, err = w.orderTry("promote", func(ctx context.Context) error { return r.order.Promote(ctx, head, pending) })
+		switch {
+		case err != nil:
+			return err
+		case orderErrorOf(refused) == orderConflict:
+			// Another worker drained this key at the same time and promoted
+			// first: it forwards the new head; this head is done.
+			return nil
+		case refused != nil:
+			w.stuck(topic, key, head)
+			return nil
+		}
+		if hooks.promoted != nil {
+			hooks.promoted(w.stopCtx, w.hctx, pending)
+		}
+		head = next.IdempotencyKey
+		again, err := w.forwardHead(out, msg, next.Topic, next.Key, head)
+		if !again || err != nil {
+			return err
+		}
+	}
+}
+
+// forwardHead forwards out, the record of the key's head ikey whose forward
+// is recorded as pending, and clears the pending mark. again reports that
+// the head was dead-lettered instead (its tier refused it for good): it will
+// not come back from a tier, so the caller drains the messages parked behind
+// it now. errStopping: the partition is stopping; the forward stays
+// pending and the next owner of the partition does it (claimOrdering).
+func (w byKey) forwardHead(out outbound, msg *handler.Message, topic string, key []byte, ikey string) (again bool, err error) {
+	sent, err := w.forward(out, msg)
+	if err != nil {
+		return false, err
+	}
+	if _, err = w.orderTry("forwarded", func(ctx context.Context) error {
+		return w.r.order.Forwarded(ctx, topic, key, ikey)
+	}); err != nil {
+		return false, err
+	}
+	return sent.tier == 0, nil
+}
+
+// parkedMessage rebuilds the handler message and headers of a parked record.
+func parkedMessage(rec keyorder.Record) (*handler.Message, []*sarama.RecordHeader) {
+	msg := &handler.Message{
+		Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset,
+		Key: rec.Key, Value: rec.Value, Timestamp: rec.Timestamp,
+		IdempotencyKey: rec.IdempotencyKey, Attempt: 1,
+	}
+	hs := make([]*sarama.RecordHeader, 0, len(rec.Headers))
+	for _, h := range rec.Headers {
+		msg.Headers = append(msg.Headers, handler.Header{Key: h.Key, Value: h.Value})
+		hs = append(hs, &sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})
+	}
+	return msg, hs
+}
+
+// pendingOutbound is the forward a promoted head still owes: the record
+// Promote stored, to its tier, with its family's dead-letter topic for when
+// the tier refuses it for good.
+func (r *runner) pendingOutbound(rec keyorder.Record) outbound {
+	hs := make([]sarama.RecordHeader, 0, len(rec.Headers))
+	for _, h := range rec.Headers {
+		hs = append(hs, sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})
+	}
+	tier := max(rec.Tier, 1)
+	f, _, _ := retrytopic.Decode(hs)
+	f.Tier = tier
+	if f.IdempotencyKey == "" {
+		f.IdempotencyKey = rec.IdempotencyKey
+	}
+	return outbound{
+		rec: retrytopic.Record{
+			Topic: r.policy.Tier(rec.Topic, r.cfg.Group, tier), Partition: rec.Partition,
+			Key: rec.Key, Value: rec.Value, Headers: hs,
+		},
+		tier: tier,
+		kind: string(f.Kind),
+		f:    f,
+		dlq:  r.policy.DLQ(rec.Topic, r.cfg.Group),
+	}
+}
+
+// tierGone reports (and logs) a pending head whose tier Retry.Delays no
+// longer has: it is not forwarded (its topic may be gone, and nothing would
+// read it); warnUnread names it and `idem ordering release` sends it on.
+func (r *runner) tierGone(rec keyorder.Record) bool {
+	if rec.Tier <= len(r.policy.Delays) {
+		return false
+	}
+	r.log.Warn("idem: not forwarding a pending head: its retry tier is no longer configured", "key", rec.IdempotencyKey,
+		"tier", rec.Tier, "tiers", len(r.policy.Delays),
+		"release", fmt.Sprintf("idem ordering release --group %s --topic %s --key-hex %x --to source", r.cfg.Group, rec.Topic, rec.Key))
+	return true
+}
+
+// sourceOf returns the source topic a subscribed topic belongs to: itself, or
+// the source whose retry tier it is.
+func (r *runner) sourceOf(topic string) (string, bool) {
+	for _, t := range r.cfg.Topics {
+		if t == topic || slices.Contains(r.policy.Tiers(t, r.cfg.Group), topic) {
+			return t, true
+		}
+	}
+	return "", false
+}
+
+// claimOrdering runs when the partition is claimed, before its first message:
+// it finishes the ordering store's work a previous owner left for this
+// partition, the one recovery path of a pending head. A drain that promoted a
+// parked message and was revoked (or crashed) before forwarding it left the
+// forward pending; the new owner of the partition — of the source topic or of
+// one of its tiers, whichever is claimed first — forwards it now, so the key
+// is not blocked for ever (a forward done twice is harmless: the inbox
+// absorbs the copy). A head its tier refuses for good is dead-lettered
+// (forward) and the messages parked behind it are drained. The partition's
+// reader runs already, so a revoke stops this at once. errStopping means
+// the partition is stopping.
+func (w byKey) claimOrdering() error {
+	r := w.r
+	src, ok := r.sourceOf(w.tp.topic)
+	if !ok {
+		return nil
+	}
+	var pending []keyorder.Record
+	refused, err := w.orderTry("claim", func(ctx context.Context) (err error) {
+		pending, err = r.order.PendingOf(ctx, src, w.tp.partition)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if refused != nil {
+		return nil // logged; the next claim tries again
+	}
+	for _, rec := range pending {
+		if r.tierGone(rec) {
+			continue
+		}
+		msg := &handler.Message{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, IdempotencyKey: rec.IdempotencyKey}
+		again, err := w.forwardHead(r.pendingOutbound(rec), msg, rec.Topic, rec.Key, rec.IdempotencyKey)
+		if err != nil {
+			return err
+		}
+		w.log.Info("idem: forwarded a head whose forward a previous owner left pending", "key", rec.IdempotencyKey, "source", src)
+		if again {
+			if err := w.drain(rec.Topic, rec.Key, rec.IdempotencyKey); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,176 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/handler"
+)
+
+// maxHandlerOutages bounds how often in a row one message may end an attempt
+// with an outage-class error raised while its handler ran (its database
+// connection dropped) while the store itself keeps working (BEGIN and the
+// inbox INSERT succeed): then the message, not the database, is the likely
+// cause, and the error is treated as an ordinary handler failure.
+const maxHandlerOutages = 5
+
+// process runs the attempts of one message: the handler in the dedupe store's
+// unit of work, in-process retries with jittered backoff, waits through store
+// outages and open breakers (neither counts as an attempt). failed is nil
+// when the message is done (processed or duplicate), else the final error
+// with which it must be forwarded; err is errStopping when the partition is
+// stopping. Errors are classified by runner.classify. A non-nil first is the
+// failure of the message's first attempt, made inside a batch that was rolled
+// back: it counts as attempt 1.
+func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (failed, err error) {
+	r := w.r
+	retries, outages, handlerOutages := 0, 0, 0
+	for {
+		probe, ok := r.gate.wait(w.stopCtx)
+		if !ok {
+			return nil, errStopping
+		}
+		var err error
+		var ran bool
+		if first != nil { // failed in a batch: that was this message's attempt
+			err, ran, first = first, true, nil
+			w.mx.attempt(r.m, r.cfg.Group, msg.Topic, err)
+			w.ob.spanStart(msg)
+		} else {
+			err, ran = w.attempt(rec, msg)
+		}
+		if err != nil && w.hctx.Err() != nil {
+			// Cancelled past the grace period: rolled back, left for redelivery.
+			r.m.Abandoned.WithLabelValues(r.cfg.Group).Inc()
+			w.ob.spanEnd(TraceOutcomeAbandoned, err)
+			if probe {
+				r.gate.probeAbandoned() // cut short by revoke or shutdown: proves nothing
+			}
+			return nil, errStopping
+		}
+		c, err := r.classify(err)
+		if c == classOutage && ran {
+			if handlerOutages++; handlerOutages > maxHandlerOutages {
+				w.log.Warn("idem: the handler lost its database connection on every try while the store works; treating it as a handler failure",
+					"offset", msg.Offset, "key", rec.Key, "err", err, "tries", handlerOutages)
+				c = classRetriable
+			}
+		} else if c == classOutage {
+			handlerOutages = 0
+		}
+		if probe {
+			if c == classBreaker {
+				r.gate.trip(err)
+				r.gate.probeDone(true)
+				w.ob.spanEnd(TraceOutcomeBreakerOpen, err)
+				continue
+			}
+			r.gate.probeDone(false)
+		}
+		if c != classDone {
+			w.stall.failed(err)
+		}
+		switch {
+		case c == classDone:
+			return nil, nil
+		case c == classFatal:
+			w.ob.spanEnd(TraceOutcomeAbandoned, err)
+			r.fatal(err)
+			return nil, errStopping
+		case c == classOutage:
+			outages++
+			r.m.StoreErrors.WithLabelValues(r.cfg.Group).Inc()
+			w.ob.spanEnd(TraceOutcomeOutage, err)
+			w.log.Warn("idem: database unavailable; retrying the same message", "offset", msg.Offset, "err", err, "try", outages)
+			if !sleep(w.stopCtx, r.outageDelay(outages)) {
+				return nil, errStopping
+			}
+		case c == classBreaker:
+			// The dependency is down: pause instead of spending retries.
+			r.gate.trip(err)
+			w.ob.spanEnd(TraceOutcomeBreakerOpen, err)
+		case c == classRetriable && retries < r.cfg.Retries:
+			d := r.jitter(retries + 1)
+			if ra, ok := handler.RetryAfterOf(err); ok && ra > d {
+				if ra > r.cfg.RetryMax && len(r.policy.Delays) > 0 {
+					// Too long to hold the partition: the retry tier honours it
+					// (capped at its delay) without blocking later messages.
+					w.ob.spanError(err)
+					return err, nil
+				}
+				d = ra
+			}
+			retries++
+			w.ob.spanEnd(TraceOutcomeRetry, err)
+			msg.Attempt++
+			r.m.Retries.WithLabelValues(r.cfg.Group, msg.Topic).Inc()
+			if w.debug {
+				w.log.Debug("idem: handler failed; retrying in process", "offset", msg.Offset, "key", rec.Key, "err", err, "retry", retries, "in", d)
+			}
+			if !sleep(w.stopCtx, d) {
+				return nil, errStopping
+			}
+		default:
+			w.ob.spanError(err) // its forward ends the span
+			return err, nil
+		}
+	}
+}
+
+// attempt runs the handler once inside the dedupe store's unit of work; ran
+// says whether the handler was called (the store got that far).
+func (w *worker) attempt(rec dedupe.Record, msg *handler.Message) (err error, ran bool) {
+	r := w.r
+	start := time.Now()
+	w.call = callState{msg: msg}
+	out, err := r.cfg.Dedupe.Process(w.ob.spanStart(msg), rec, w.callFn)
+	ran, herr := w.call.ran, w.call.err
+	w.call = callState{}
+	topic := msg.Topic
+	mx := w.mx
+	if topic != w.tp.topic { // a parked message of another topic (ordering mode)
+		mx = newPartMetrics(r.m, r.cfg.Group, topic)
+	}
+	switch {
+	case err == nil && out == dedupe.Duplicate:
+		mx.duplicate.Inc()
+		w.ob.spanEnd(TraceOutcomeDuplicate, nil)
+		if w.debug {
+			w.log.Debug("idem: duplicate skipped", "offset", msg.Offset, "key", rec.Key)
+		}
+		return nil, ran
+	case err == nil:
+		mx.duration.Observe(time.Since(start).Seconds())
+		mx.attemptOK.Inc()
+		mx.processed.Inc()
+		w.ob.spanEnd(TraceOutcomeProcessed, nil)
+		return nil, ran
+	}
+	if herr != nil { // the handler ran and failed (err is herr, or wraps it)
+		mx.duration.Observe(time.Since(start).Seconds())
+		mx.attempt(r.m, r.cfg.Group, topic, herr)
+		w.ob.logPanic(herr, msg)
+	}
+	return err, ran
+}
+
+// logPanic logs a handler panic at ERROR with its stack: a panic is a bug to
+// fix, whatever becomes of the message (retried with RetryPanics, else
+// dead-lettered).
+func (o *observer) logPanic(err error, msg *handler.Message) {
+	var pe *handler.PanicError
+	if !errors.As(err, &pe) {
+		return
+	}
+	o.log.Error("idem: handler panicked", "offset", msg.Offset, "key", msg.IdempotencyKey, "attempt", msg.Attempt,
+		"panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
+}
+
+func (w *worker) retriable(err error) bool {
+	if handler.IsPanic(err) {
+		return w.r.cfg.RetryPanics
+	}
+	return handler.IsRetriable(err)
+}

@@ -1,0 +1,161 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/metrics"
+	"github.com/idemhq/idem/retrytopic"
+)
+
+// worker takes the messages of one lane (or of the whole claim) to their
+// outcomes, one at a time or in batches. Its state is its own; what it shares
+// with the claim's other workers it reaches through claim.
+//
+// One message, from fetch to mark, one file per step: claim.go (the reader
+// fills the claim's queue; dispatch to a lane), batch.go (work: alone or in
+// a batch), worker.go (handleAfter: the steps of one message), keys.go (its
+// idempotency key), ordering.go (keyOrder: parked behind its key's head?),
+// process.go (dedupe store + handler, in-process retries, outages,
+// breakers), forward.go (forward: retry tier or dead-letter topic, and where
+// it went), then worker.mark (the offset, through the claim's tracker).
+type worker struct {
+	*claim
+
+	stall *stall            // how long this worker's head message has been failing
+	names map[string]string // header-name cache (see newMessage)
+	ob    observer          // this worker's spans, and the logs and metrics that go with them
+
+	batchCost time.Duration // recent handler time per batched message (batchLimit)
+
+	// call is the attempt in progress and callFn the function the store
+	// runs for it, bound once per worker so an attempt allocates no closure.
+	call   callState
+	callFn func(ctx context.Context) error
+}
+
+// observer is a worker's instrumentation: the attempt span of the message
+// the worker is taking to an outcome, and the logs and metrics of the steps
+// that end one (forwarded, a panic). One per worker, so its state needs no
+// lock.
+type observer struct {
+	r        *runner
+	log      *slog.Logger
+	tp       tp
+	hctx     context.Context // the claim's handler ctx: the root of every span
+	tspan    spanState       // the open attempt span (tracing.go)
+	unprobed int             // untraced messages since the last span started with a non-recording tracer
+}
+
+// callState is one attempt's message and what became of its handler call.
+type callState struct {
+	msg *handler.Message
+	ran bool
+	err error
+}
+
+// callHandler runs the handler for w.call.msg; it is w.callFn.
+func (w *worker) callHandler(ctx context.Context) error {
+	w.call.ran = true
+	w.call.err = w.r.h.Handle(ctx, w.call.msg)
+	return w.call.err
+}
+
+// mark records m's outcome as final: its offset is marked for commit at
+// once, or through the tracker once every earlier message is final.
+func (w *worker) mark(m *sarama.ConsumerMessage) {
+	if w.track != nil {
+		w.track.finish(m.Offset)
+	} else {
+		w.sess.MarkMessage(m, "")
+	}
+	w.mx.commits.Inc()
+	w.obs.marked(m)
+	w.stall.clear()
+}
+
+// errStopping is the one error a stopping worker returns, from every step:
+// the claim was revoked, the session ended or Run is shutting down. The
+// message in hand is not marked and is redelivered to the partition's next
+// owner.
+var errStopping = errors.New("consumer: partition stopping")
+
+// handle takes m to a final outcome and marks it, or returns errStopping
+// when the partition is stopping and m must be left for redelivery.
+func (w *worker) handle(cm *sarama.ConsumerMessage) error { return w.handleAfter(cm, nil) }
+
+// handleAfter is handle for a message whose first attempt already failed
+// with first (inside a batch that was rolled back): that failure counts as
+// its first attempt. first nil is handle.
+func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
+	r := w.r
+	msg := w.message(cm)
+	origin := origin{topic: cm.Topic, partition: cm.Partition, offset: cm.Offset}
+	if w.tier { // only records of this group's retry tiers carry an origin to decode
+		origin = r.originOf(cm)
+	}
+	msg.Attempt = origin.attempts + 1
+	if origin.tier > 0 {
+		msg.Original = handler.Origin{Topic: origin.topic, Partition: origin.partition, Offset: origin.offset, Timestamp: origin.prior.OriginalTimestamp}
+	}
+	if err := w.waitDue(cm, origin); err != nil {
+		return err
+	}
+	w.ob.traceMessage(msg, origin.tier)
+	defer w.ob.spanEnd(TraceOutcomeAbandoned, nil) // any span still open: cut short
+	src := retrytopic.Source{Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset, Timestamp: cm.Timestamp, Group: r.cfg.Group}
+
+	key, keyErr := w.key(msg, origin)
+	if keyErr != nil {
+		r.m.MissingKey.WithLabelValues(r.cfg.Group, cm.Topic).Inc()
+		if _, err := w.forward(w.failure(src, cm.Key, cm.Value, cm.Headers, origin, msg, keyErr), msg); err != nil {
+			return err
+		}
+		w.mark(cm)
+		return nil
+	}
+	msg.IdempotencyKey = key
+	ord := w.orderOf(cm)
+	parked, err := ord.admit(cm, msg, origin)
+	if err != nil {
+		return err
+	}
+	if parked {
+		r.m.Messages.WithLabelValues(r.cfg.Group, cm.Topic, metrics.OutcomeParked).Inc()
+		w.mark(cm)
+		return nil
+	}
+	rec := dedupe.Record{Group: r.cfg.Group, Key: key, Topic: origin.topic, Partition: origin.partition, Offset: origin.offset}
+	failed, err := w.process(rec, msg, first)
+	if err != nil {
+		return err
+	}
+	if failed != nil {
+		f := w.failure(src, cm.Key, cm.Value, cm.Headers, origin, msg, failed)
+		if f.tier > 0 {
+			if err := ord.toTier(origin.topic, cm.Key, key, f.tier); err != nil {
+				return err
+			}
+		}
+		sent, err := w.forward(f, msg)
+		if err != nil {
+			return err
+		}
+		if sent.tier > 0 { // in a tier: it comes back; a tier refusing it for good dead-letters it
+			w.mark(cm)
+			return nil
+		}
+	}
+	// Processed, duplicate or dead-lettered: the key's parked messages follow.
+	if err := ord.settled(origin.topic, cm.Key, key); err != nil {
+		return err
+	}
+	w.mark(cm)
+	return nil
+}
