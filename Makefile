@@ -15,10 +15,10 @@ STATICCHECK_VERSION ?= v0.8.2
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-services: ## start Kafka + PostgreSQL (idempotent); prints KAFKA_BROKERS and DATABASE_URL
+services: ## start Kafka + PostgreSQL (idempotent); prints KAFKA_BROKERS and DATABASE_URL; KAFKA_NODES=3 starts a three-node Kafka cluster (docs/guarantees-cluster.md)
 	@bash scripts/services.sh up
 
-services-down: ## stop what `make services` started (CLEAN=1 also deletes .state)
+services-down: ## stop what `make services` started, one broker or three (CLEAN=1 also deletes .state)
 	@bash scripts/services.sh down
 
 run: services ## run the payments example's demo against the local services
