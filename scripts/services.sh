@@ -268,7 +268,8 @@ kafka3_down() {
   local n pid any=""
   for n in 1 2 3; do
     pid=$(node_pid "$n")
-    if alive "$pid"; then kill "$pid" 2>/dev/null || true; any=1; fi
+    # SIGCONT too: a node frozen by a chaos run handles SIGTERM only once resumed.
+    if alive "$pid"; then kill "$pid" 2>/dev/null || true; kill -CONT "$pid" 2>/dev/null || true; any=1; fi
   done
   for n in 1 2 3; do
     pid=$(node_pid "$n")

@@ -246,15 +246,21 @@ func (c *clusterFaults) freezeLeader(ctx context.Context) error {
 	if err := c.svc.SignalNode(int(node), syscall.SIGSTOP); err != nil {
 		return err
 	}
-	serr := sleep(ctx, c.freeze)
+	t0 := time.Now()
+	if next, err := find(ctx, c.svc.Brokers(), leaderOf(c.source, p), node, c.freeze); err == nil {
+		c.logf("  %s moved to node %d %s into the freeze", what, next, time.Since(t0).Round(100*time.Millisecond))
+	} else {
+		c.logf("  %s did not move during the freeze: %v", what, err)
+	}
+	serr := sleep(ctx, time.Until(t0.Add(c.freeze)))
 	if err := errors.Join(serr, c.svc.SignalNode(int(node), syscall.SIGCONT)); err != nil {
 		return err
 	}
-	t0 := time.Now()
+	t1 := time.Now()
 	if err := c.svc.StartKafka(ctx); err != nil {
 		return err
 	}
-	c.logf("  node %d resumed; all three nodes answer (%s)", node, time.Since(t0).Round(100*time.Millisecond))
+	c.logf("  node %d resumed; all three nodes answer (%s)", node, time.Since(t1).Round(100*time.Millisecond))
 	return nil
 }
 
