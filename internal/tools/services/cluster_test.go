@@ -2,8 +2,6 @@ package services
 
 import (
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,31 +10,9 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-)
 
-// freeRange finds base such that base, base+1, …, base+5 are all free: the
-// three nodes' broker ports (base, base+2, base+4) and controller ports
-// (base+1, base+3, base+5).
-func freeRange(t *testing.T) int {
-	t.Helper()
-	for range 100 {
-		base := 30000 + 2*rand.IntN(15000)
-		ok := true
-		for p := base; p < base+6 && ok; p++ {
-			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
-			if err != nil {
-				ok = false
-				continue
-			}
-			l.Close()
-		}
-		if ok {
-			return base
-		}
-	}
-	t.Fatal("no six free consecutive ports")
-	return 0
-}
+	"github.com/idemhq/idem/internal/testenv"
+)
 
 // KAFKA_NODES=3: three combined broker+controller nodes start, each node's
 // own metadata lists all three, a topic with replication factor 3 and
@@ -49,7 +25,7 @@ func TestServicesThreeNodeCluster(t *testing.T) {
 	}
 	began := time.Now()
 	state := stateWithJars(t)
-	base := freeRange(t)
+	base := testenv.FreePortRange(t, 6)
 	run := scriptRunner(t, state, "KAFKA_NODES=3", "KAFKA_PORT="+itoa(base), "KAFKA_CONTROLLER_PORT="+itoa(base+1))
 	t.Cleanup(func() { run("down") })
 	out := run("up")
