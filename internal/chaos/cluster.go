@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -92,12 +93,10 @@ func topicConfigInt(admin sarama.ClusterAdmin, topic, name string) (int64, error
 // a partition's leader, a group's or a transactional id's coordinator.
 type locate func(c sarama.Client) (int32, error)
 
-// leaderOf locates the leader of topic/partition.
+// leaderOf locates the leader of topic/partition, from the metadata a new
+// client fetched from its seed brokers (Metadata.Full: every topic).
 func leaderOf(topic string, partition int32) locate {
 	return func(c sarama.Client) (int32, error) {
-		if err := c.RefreshMetadata(topic); err != nil {
-			return -1, err
-		}
 		b, err := c.Leader(topic, partition)
 		if err != nil {
 			return -1, err
@@ -247,7 +246,9 @@ func (c *clusterFaults) freezeLeader(ctx context.Context) error {
 		return err
 	}
 	t0 := time.Now()
-	if next, err := find(ctx, c.svc.Brokers(), leaderOf(c.source, p), node, c.freeze); err == nil {
+	// Ask the other two: a frozen node accepts connections but never answers.
+	others := slices.DeleteFunc(c.svc.Brokers(), func(a string) bool { return a == c.svc.addr(int(node)) })
+	if next, err := find(ctx, others, leaderOf(c.source, p), node, c.freeze); err == nil {
 		c.logf("  %s moved to node %d %s into the freeze", what, next, time.Since(t0).Round(100*time.Millisecond))
 	} else {
 		c.logf("  %s did not move during the freeze: %v", what, err)
