@@ -57,9 +57,16 @@ func createClusterTopics(brokers []string, source, events, group string) error {
 		return fmt.Errorf("kafka admin: %w", err)
 	}
 	defer admin.Close()
-	srcMax, err := topicConfigInt(admin, source, "max.message.bytes")
-	if err != nil {
-		return err
+	// Creation is asynchronous: a node may not know the topic yet.
+	var srcMax int64
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if srcMax, err = topicConfigInt(admin, source, "max.message.bytes"); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(200 * time.Millisecond) // polling interval
 	}
 	p := retryPolicy()
 	cfg := map[string]*string{

@@ -73,13 +73,13 @@ func TestClusterLocatorsFollowAFailover(t *testing.T) {
 				}
 			}
 		}
+		for _, tp := range topics {
+			if isr, err := topicConfigInt(admin, tp, "min.insync.replicas"); err != nil || isr != 2 {
+				return fmt.Errorf("topic %s: min.insync.replicas %d, %v", tp, isr, err)
+			}
+		}
 		return nil
 	})
-	for _, tp := range topics {
-		if isr, err := topicConfigInt(admin, tp, "min.insync.replicas"); err != nil || isr != 2 {
-			t.Fatalf("topic %s: min.insync.replicas %d, %v", tp, isr, err)
-		}
-	}
 	nodes := []int32{1, 2, 3}
 	for what, l := range map[string]locate{"group coordinator": groupCoordinator(group), "transaction coordinator": txnCoordinator(group + "-txn")} {
 		n, err := find(ctx, brokers, l, -1, time.Minute)
