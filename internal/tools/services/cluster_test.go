@@ -39,7 +39,9 @@ func TestServicesThreeNodeCluster(t *testing.T) {
 	cfg.Version = sarama.V4_0_0_0
 	cfg.Producer.RequiredAcks = sarama.WaitForAll
 	cfg.Producer.Return.Successes = true
-	cfg.Producer.Retry.Max = 20
+	// A killed leader stays leader until the controller fences it (about
+	// 9 s): retry for up to 30 s.
+	cfg.Producer.Retry.Max = 120
 	cfg.Producer.Retry.Backoff = 250 * time.Millisecond
 	for _, a := range addrs {
 		b := sarama.NewBroker(a)
