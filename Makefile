@@ -15,10 +15,10 @@ STATICCHECK_VERSION ?= v0.8.2
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-services: ## start Kafka + PostgreSQL (idempotent); prints KAFKA_BROKERS and DATABASE_URL
+services: ## start Kafka + PostgreSQL (idempotent); prints KAFKA_BROKERS and DATABASE_URL; KAFKA_NODES=3 starts a three-node Kafka cluster (docs/guarantees-cluster.md)
 	@bash scripts/services.sh up
 
-services-down: ## stop what `make services` started (CLEAN=1 also deletes .state)
+services-down: ## stop what `make services` started, one broker or three (CLEAN=1 also deletes .state)
 	@bash scripts/services.sh down
 
 # The failure console `make run` starts beside the demo (loopback only, no login).
@@ -62,10 +62,13 @@ test: services ## go vet + all tests with -race against real Kafka and PostgreSQ
 
 # The chaos run (internal/tools/chaos) starts its own broker and PostgreSQL on
 # CHAOS_PORTS' ports (it kills, restarts and freezes them), never the shared ones.
+# CHAOS_BROKERS=3 runs it on a three-node cluster of its own (19092/19094/19096,
+# controllers 19093/19095/19097) with the cluster's faults (docs/guarantees-cluster.md).
 CHAOSARGS ?=
-CHAOS_PORTS = -kafka-port 19092 -controller-port 19093 -pg-port 15432
+CHAOS_BROKERS ?= 1
+CHAOS_PORTS = -kafka-port 19092 -controller-port 19093 -pg-port 15432 -brokers $(CHAOS_BROKERS)
 
-chaos: ## fault injection, every mode: 50,000 payments each while members are SIGKILLed, PostgreSQL and the broker restart, the broker freezes, the group resizes; then the history checker (CHAOSARGS='-h' lists the flags)
+chaos: ## fault injection, every mode: 50,000 payments each while members are SIGKILLed, PostgreSQL and the broker restart, the broker freezes, the group resizes; then the history checker (CHAOSARGS='-h' lists the flags; CHAOS_BROKERS=3: on three nodes, with leader, coordinator and rolling-restart faults)
 	@$(GO) build -o bin/idem-chaos ./internal/tools/chaos && ./bin/idem-chaos $(CHAOS_PORTS) $(CHAOSARGS)
 
 chaos-ci: ## the short chaos run `make test` ends with: 2,000 payments per mode, every fault kind and every mode, ~6 min

@@ -11,7 +11,17 @@
 #   down  stop what `up` started (also after a crash); CLEAN=1 also deletes the state.
 #
 # Knobs: KAFKA_PORT (9092), KAFKA_CONTROLLER_PORT (9093), PGPORT (5432 as root via
-# pg_ctlcluster, 5433 for the initdb cluster), IDEM_STATE (.state), KAFKA_HEAP (512m).
+# pg_ctlcluster, 5433 for the initdb cluster), IDEM_STATE (.state), KAFKA_HEAP (512m),
+# KAFKA_NODES (1).
+#
+# KAFKA_NODES=3 starts a three-node cluster instead of the one broker (always from the
+# jars, never Docker): node n (1…3) is a combined broker+controller with node.id n,
+# broker port KAFKA_PORT+2(n-1) and controller port KAFKA_CONTROLLER_PORT+2(n-1)
+# (9092/9093, 9094/9095, 9096/9097 by default), a 3-voter quorum, replication factor 3
+# for new topics and the internal ones, min.insync.replicas=2. Its state is under
+# IDEM_STATE/kafka3/n<n>; `up` starts the nodes that are not running (also one that was
+# killed) and waits until every node's own metadata lists all three brokers. `down`
+# stops both layouts, whichever runs.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -20,6 +30,8 @@ envfile=$state/services.env
 kport=${KAFKA_PORT:-9092}
 cport=${KAFKA_CONTROLLER_PORT:-9093}
 kdir=$state/kafka
+nodes=${KAFKA_NODES:-1}
+kdir3=$state/kafka3
 
 die() { echo "services: $*" >&2; exit 1; }
 note() { echo "services: $*" >&2; }
@@ -73,11 +85,16 @@ auto.create.topics.enable=false
 delete.topic.enable=true
 log.retention.hours=24
 CFG
-  cat >"$kdir/log4j2.properties" <<CFG
+  log4j_config "$kdir"
+}
+
+# log4j_config DIR writes DIR/log4j2.properties: the broker logs to DIR/server.log.
+log4j_config() {
+  cat >"$1/log4j2.properties" <<CFG
 status = warn
 appender.file.type = File
 appender.file.name = file
-appender.file.fileName = $kdir/server.log
+appender.file.fileName = $1/server.log
 appender.file.layout.type = PatternLayout
 appender.file.layout.pattern = [%d] %p %m (%c)%n
 rootLogger.level = INFO
@@ -153,6 +170,120 @@ kafka_down() {
   pkill -f "kafka.Kafka $kdir/server.properties" 2>/dev/null || true
 }
 
+# ------------------------------------------------- Kafka, three nodes ----
+node_port() { echo $((kport + 2 * ($1 - 1))); }
+node_cport() { echo $((cport + 2 * ($1 - 1))); }
+node_pid() { [ -f "$kdir3/n$1/kafka.pid" ] && cat "$kdir3/n$1/kafka.pid" || true; }
+# A SIGKILLed node is a zombie until init reaps it: not alive.
+node_alive() { alive "$1" && ! grep -q ') Z ' "/proc/$1/stat" 2>/dev/null; }
+kafka3_brokers() { echo "127.0.0.1:$(node_port 1),127.0.0.1:$(node_port 2),127.0.0.1:$(node_port 3)"; }
+
+kafka3_config() {
+  local n=$1 nd=$kdir3/n$1
+  local voters="1@127.0.0.1:$(node_cport 1),2@127.0.0.1:$(node_cport 2),3@127.0.0.1:$(node_cport 3)"
+  mkdir -p "$nd/data"
+  cat >"$nd/server.properties" <<CFG
+process.roles=broker,controller
+node.id=$n
+controller.quorum.voters=$voters
+listeners=PLAINTEXT://127.0.0.1:$(node_port "$n"),CONTROLLER://127.0.0.1:$(node_cport "$n")
+advertised.listeners=PLAINTEXT://127.0.0.1:$(node_port "$n")
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+log.dirs=$nd/data
+num.partitions=1
+default.replication.factor=3
+min.insync.replicas=2
+offsets.topic.replication.factor=3
+offsets.topic.num.partitions=6
+transaction.state.log.replication.factor=3
+transaction.state.log.min.isr=2
+transaction.state.log.num.partitions=6
+unclean.leader.election.enable=false
+group.initial.rebalance.delay.ms=0
+auto.create.topics.enable=false
+delete.topic.enable=true
+log.retention.hours=24
+CFG
+  log4j_config "$nd"
+}
+
+# kafka3_up starts every node that is not running and waits until each node's
+# own metadata lists all three brokers (so the quorum has a leader: a broker is
+# listed only once the active controller has registered and unfenced it).
+kafka3_up() {
+  mkdir -p "$kdir3"
+  local n pid start="" pids=""
+  for n in 1 2 3; do
+    pid=$(node_pid "$n")
+    if node_alive "$pid"; then pids="$pids,$pid"; continue; fi
+    if [ -f "$kdir3/n$n/kafka.pid" ]; then
+      note "removing stale pid file (node $n, pid $pid, is not running)"; rm -f "$kdir3/n$n/kafka.pid"
+      # A node just killed may hold its ports until its last thread is gone.
+      for _ in $(seq 1 50); do port_busy "$(node_port "$n")" || port_busy "$(node_cport "$n")" || break; sleep 0.2; done
+    fi
+    if port_busy "$(node_port "$n")"; then die "port $(node_port "$n") (Kafka node $n) is already in use by $(port_owner "$(node_port "$n")" || echo 'another process'); stop it or set KAFKA_PORT to a free range"; fi
+    if port_busy "$(node_cport "$n")"; then die "port $(node_cport "$n") (Kafka node $n's controller) is already in use by $(port_owner "$(node_cport "$n")" || echo 'another process'); stop it or set KAFKA_CONTROLLER_PORT"; fi
+    start="$start $n"
+  done
+  if [ -n "$start" ]; then
+    kafka_libs
+    local cp="$kdir/libs/*"
+    if [ ! -f "$kdir3/cluster.id" ]; then
+      if [ -n "$(ls -A "$kdir3"/n*/data 2>/dev/null)" ]; then
+        die "stale Kafka state in $kdir3 (no cluster.id beside it); run 'make services-down CLEAN=1' and try again"
+      fi
+      java -cp "$cp" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n1 >"$kdir3/cluster.id.tmp" || die "kafka StorageTool random-uuid failed"
+      mv "$kdir3/cluster.id.tmp" "$kdir3/cluster.id"
+    fi
+    local cid; cid=$(cat "$kdir3/cluster.id")
+    for n in $start; do
+      local nd=$kdir3/n$n
+      kafka3_config "$n"
+      if [ -f "$nd/data/meta.properties" ] && ! grep -q "cluster.id=$cid" "$nd/data/meta.properties"; then
+        die "stale Kafka state in $nd/data (cluster id differs from $kdir3/cluster.id); run 'make services-down CLEAN=1' and try again"
+      fi
+      if ! java -Dlog4j2.configurationFile="$nd/log4j2.properties" -cp "$cp" kafka.tools.StorageTool format \
+          -t "$cid" -c "$nd/server.properties" --ignore-formatted >"$nd/format.log" 2>&1; then
+        die "formatting Kafka node $n's storage failed: $(grep -m1 -iE 'error|exception' "$nd/format.log" || tail -n1 "$nd/format.log"); if the state is stale run 'make services-down CLEAN=1'"
+      fi
+      note "starting Kafka node $n on 127.0.0.1:$(node_port "$n") (controller $(node_cport "$n"); log: $nd/server.log)"
+      setsid nohup java -Xms256m -Xmx"${KAFKA_HEAP:-512m}" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true \
+        -Dlog4j2.configurationFile="$nd/log4j2.properties" -Dkafka.logs.dir="$nd" \
+        -cp "$cp" kafka.Kafka "$nd/server.properties" >"$nd/kafka.out" 2>&1 </dev/null &
+      pid=$!
+      echo "$pid" >"$nd/kafka.pid"
+      pids="$pids,$pid"
+    done
+  fi
+  if ! "$(readyprobe)" -brokers "$(kafka3_brokers)" -want-brokers 3 -timeout 180s -pid "${pids#,}"; then
+    local why; why=$(grep -h -m1 -E '\] (ERROR|FATAL) ' "$kdir3"/n*/server.log "$kdir3"/n*/kafka.out 2>/dev/null | head -n1 || true)
+    die "the three-node Kafka cluster did not become ready${why:+: $why} (logs: $kdir3/n*/server.log; 'make services-down' stops it)"
+  fi
+}
+
+kafka3_down() {
+  [ -d "$kdir3" ] || return 0
+  local n pid any=""
+  for n in 1 2 3; do
+    pid=$(node_pid "$n")
+    # SIGCONT too: a node frozen by a chaos run handles SIGTERM only once resumed.
+    if alive "$pid"; then kill "$pid" 2>/dev/null || true; kill -CONT "$pid" 2>/dev/null || true; any=1; fi
+  done
+  for n in 1 2 3; do
+    pid=$(node_pid "$n")
+    # The last node of a quorum may wait for a controlled shutdown that cannot
+    # happen any more: give each 20 s, then SIGKILL.
+    for _ in $(seq 1 100); do alive "$pid" || break; sleep 0.2; done
+    alive "$pid" && kill -9 "$pid" 2>/dev/null || true
+    rm -f "$kdir3/n$n/kafka.pid"
+    pkill -f "kafka.Kafka $kdir3/n$n/server.properties" 2>/dev/null || true
+  done
+  [ -n "$any" ] && note "Kafka cluster (3 nodes) stopped"
+  return 0
+}
+
 # ----------------------------------------------------------- PostgreSQL ----
 pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n1; }
 
@@ -217,7 +348,11 @@ cmd=${1:-up}
 mkdir -p "$state"
 case "$cmd" in
 up)
+  case "$nodes" in 1|3) ;; *) die "KAFKA_NODES=$nodes: want 1 (one broker) or 3 (a three-node cluster)" ;; esac
   kafka_set=${KAFKA_BROKERS:-}; db_set=${DATABASE_URL:-}
+  if [ "$nodes" = 3 ] && [ -z "$kafka_set" ]; then
+    kafka3_up; KAFKA_BROKERS=$(kafka3_brokers); kafka_set=$KAFKA_BROKERS
+  fi
   if [ -z "$kafka_set" ] || [ -z "$db_set" ]; then
     if [ "${IDEM_NO_DOCKER:-}" != 1 ] && docker_up; then
       svcs=""; [ -z "$kafka_set" ] && svcs="$svcs kafka"; [ -z "$db_set" ] && svcs="$svcs postgres"
@@ -239,9 +374,10 @@ down)
     rm -f "$state/docker.started"
   fi
   kafka_down
+  kafka3_down
   pg_down
   rm -f "$envfile"
-  if [ "${CLEAN:-}" = 1 ]; then rm -rf "$kdir" "$state/pg"; note "state deleted"; fi
+  if [ "${CLEAN:-}" = 1 ]; then rm -rf "$kdir" "$kdir3" "$state/pg"; note "state deleted"; fi
   ;;
 env) cat "$envfile" 2>/dev/null || die "no $envfile: run 'make services'" ;;
 *) die "usage: services.sh up|down|env" ;;

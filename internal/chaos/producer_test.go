@@ -56,3 +56,20 @@ func TestPlan(t *testing.T) {
 		t.Errorf("%d repeated keys, %d duplicate records", dups, kinds["duplicate"])
 	}
 }
+
+// A member's exit at start is excused when it could not reach a server; an
+// exit for any other cause is not.
+func TestOutageExit(t *testing.T) {
+	for line, want := range map[string]bool{
+		"payments-consumer: create topic payments-lanes: dial tcp 127.0.0.1:29194: connect: connection refused":                                                       true,
+		"payments-consumer: consumer: consumer: retry topics of p: retrytopic: describe topic p: dial tcp 127.0.0.1:1: connect: connection refused":                   true,
+		"payments-consumer: consumer: consumer: retry topics of p: retrytopic: describe configs of topic p.g.retry.2: read tcp 127.0.0.1:5->127.0.0.1:1: i/o timeout": true,
+		"payments-consumer: consumer: consumer: retry topics of p: retrytopic: PartitionMismatchError":                                                                false,
+		"payments-consumer: consumer: handler panicked: dial tcp 127.0.0.1:1: connect: connection refused":                                                            false,
+		"panic: runtime error: index out of range": false,
+	} {
+		if got := outageExit.MatchString(line); got != want {
+			t.Errorf("outageExit(%q) = %v, want %v", line, got, want)
+		}
+	}
+}

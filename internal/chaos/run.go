@@ -70,10 +70,14 @@ func RunMode(ctx context.Context, o Options, mode string) (*Summary, error) {
 		return nil, err
 	}
 	events := topic + ".events"
-	for _, t := range []string{topic, events} {
-		if err := createTopic(svc.Brokers(), t); err != nil {
-			return nil, err
+	if svc.nodes() == 1 {
+		for _, t := range []string{topic, events} {
+			if err := createTopic(svc.Brokers(), t, 1, nil); err != nil {
+				return nil, err
+			}
 		}
+	} else if err := createClusterTopics(svc.Brokers(), topic, events, group); err != nil {
+		return nil, err
 	}
 	recs, orders := plan(o.Workload, run, rnd)
 	o.Logf("[%s] %d records planned (%d payments), topic %s, group %s, logs in %s", mode, len(recs), o.Workload.Payments, topic, group, dir)
@@ -150,49 +154,82 @@ func RunMode(ctx context.Context, o Options, mode string) (*Summary, error) {
 	outage := func(f func() error) func() error {
 		return func() error { infra.Lock(); defer infra.Unlock(); return f() }
 	}
-	err = runSteps(
-		func() error {
-			return step(0.15, "resize", "group 1 → 3 members", func() error {
+	resize := func(frac float64, detail string, to []string) func() error {
+		return func() error {
+			return step(frac, "resize", detail, func() error {
 				fl.membership.Lock()
 				defer fl.membership.Unlock()
 				slotsMu.Lock()
-				slots = []string{"m1", "m2", "m3"}
+				from := slots
+				slots = to
 				slotsMu.Unlock()
-				return errors.Join(fl.start("m2"), fl.start("m3"))
-			})
-		},
-		func() error {
-			return step(0.3, "pg-restart", "PostgreSQL stopped -m immediate and started", outage(func() error { return svc.RestartPG(ctx) }))
-		},
-		func() error {
-			return step(0.5, "broker-restart", "broker SIGKILLed and started", outage(func() error {
-				if err := svc.KillKafka(ctx); err != nil {
-					return err
+				var errs []error
+				for _, s := range to {
+					if !slices.Contains(from, s) {
+						errs = append(errs, fl.start(s))
+					}
 				}
-				return svc.StartKafka(ctx)
-			}))
-		},
-		func() error {
-			return step(0.7, "broker-freeze", fmt.Sprintf("broker SIGSTOPped for %s (session timeout %s)", o.FreezeFor, sessionTimeout), outage(func() error {
-				if err := svc.SignalKafka(syscall.SIGSTOP); err != nil {
-					return err
+				for _, s := range from {
+					if !slices.Contains(to, s) {
+						fl.stop(s, 40*time.Second)
+					}
 				}
-				serr := sleep(ctx, o.FreezeFor)
-				return errors.Join(serr, svc.SignalKafka(syscall.SIGCONT))
-			}))
-		},
-		func() error {
-			return step(0.85, "resize", "group 3 → 2 members (m3 stopped with SIGTERM)", func() error {
-				fl.membership.Lock()
-				defer fl.membership.Unlock()
-				slotsMu.Lock()
-				slots = []string{"m1", "m2"}
-				slotsMu.Unlock()
-				fl.stop("m3", 40*time.Second)
-				return nil
+				return errors.Join(errs...)
 			})
-		},
-	)
+		}
+	}
+	pgRestart := func(frac float64) func() error {
+		return func() error {
+			return step(frac, "pg-restart", "PostgreSQL stopped -m immediate and started", outage(func() error { return svc.RestartPG(ctx) }))
+		}
+	}
+	var steps []func() error
+	if svc.nodes() == 1 {
+		steps = []func() error{
+			resize(0.15, "group 1 → 3 members", []string{"m1", "m2", "m3"}),
+			pgRestart(0.3),
+			func() error {
+				return step(0.5, "broker-restart", "broker SIGKILLed and started", outage(func() error {
+					if err := svc.KillKafka(ctx); err != nil {
+						return err
+					}
+					return svc.StartKafka(ctx)
+				}))
+			},
+			func() error {
+				return step(0.7, "broker-freeze", fmt.Sprintf("broker SIGSTOPped for %s (session timeout %s)", o.FreezeFor, sessionTimeout), outage(func() error {
+					if err := svc.SignalKafka(syscall.SIGSTOP); err != nil {
+						return err
+					}
+					serr := sleep(ctx, o.FreezeFor)
+					return errors.Join(serr, svc.SignalKafka(syscall.SIGCONT))
+				}))
+			},
+			resize(0.85, "group 3 → 2 members (m3 stopped with SIGTERM)", []string{"m1", "m2"}),
+		}
+	} else {
+		// Three nodes: one node down is no outage (RF 3, min.insync 2), so
+		// members keep starting and the infra lock is not taken; ERROR lines
+		// are still excused during a broker fault and errorGrace after it.
+		cf := &clusterFaults{svc: svc, rnd: rnd, source: topic, group: group, txnID: group + "-txn", freeze: o.FreezeFor,
+			logf: func(f string, a ...any) { o.Logf("["+mode+"] "+f, a...) }, timeout: time.Minute}
+		node := func(frac float64, kind, detail string, f func(context.Context) error) func() error {
+			return func() error { return step(frac, kind, detail, func() error { return f(ctx) }) }
+		}
+		steps = []func() error{
+			resize(0.08, "group 1 → 3 members", []string{"m1", "m2", "m3"}),
+			node(0.16, "leader-kill", "SIGKILL the leader of a source partition, restart it after the failover", cf.sourceLeader),
+			pgRestart(0.26),
+			node(0.32, "tier-leader-kill", "SIGKILL the leader of a tier or DLQ partition, restart it after the failover", cf.tierLeader),
+			node(0.44, "coordinator-kill", "SIGKILL the group coordinator of "+group+", restart it after the move", cf.groupCoordinator),
+			node(0.56, "txn-coordinator-kill", "SIGKILL the transaction coordinator of transactional id "+cf.txnID+
+				" (the members run without transactions: no producer uses it yet), restart it after the move", cf.txnCoordinator),
+			node(0.66, "broker-freeze", fmt.Sprintf("SIGSTOP the leader of a source partition for %s (session timeouts: members %s, brokers 9s)", o.FreezeFor, sessionTimeout), cf.freezeLeader),
+			resize(0.78, "group 3 → 2 members (m3 stopped with SIGTERM)", []string{"m1", "m2"}),
+			node(0.82, "rolling-restart", "each node in turn stopped with SIGTERM and started, the next once all three answer", cf.rollingRestart),
+		}
+	}
+	err = runSteps(steps...)
 	if err != nil {
 		cancelProd() // the run is void: do not wait for a producer that cannot finish
 	}
@@ -262,14 +299,16 @@ func saramaConfig() *sarama.Config {
 	return c
 }
 
-// createTopic creates the source topic.
-func createTopic(brokers []string, topic string) error {
+// createTopic creates topic with the run's partition count, replication
+// factor rf and configs.
+func createTopic(brokers []string, topic string, rf int16, configs map[string]*string) error {
 	admin, err := sarama.NewClusterAdmin(brokers, saramaConfig())
 	if err != nil {
 		return fmt.Errorf("kafka admin: %w", err)
 	}
 	defer admin.Close()
-	if err := admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1}, false); err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
+	d := &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: rf, ConfigEntries: configs}
+	if err := admin.CreateTopic(topic, d, false); err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
 		return fmt.Errorf("create topic %s: %w", topic, err)
 	}
 	return nil

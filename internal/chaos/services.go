@@ -23,22 +23,45 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Services are the chaos run's own Kafka broker and PostgreSQL server, on
-// ports no other test uses, so that the run may kill, restart and freeze
-// them.
+// Services are the chaos run's own Kafka broker (or three-node cluster) and
+// PostgreSQL server, on ports no other test uses, so that the run may kill,
+// restart and freeze them.
 type Services struct {
 	Root           string // the repository (scripts/services.sh)
 	State          string // Kafka's state dir (IDEM_STATE of services.sh)
-	KafkaPort      int
-	ControllerPort int
+	KafkaPort      int    // node n's broker port is KafkaPort+2(n-1) with Nodes 3
+	ControllerPort int    // node n's controller port is ControllerPort+2(n-1) with Nodes 3
 	PGPort         int
-	Log            func(format string, args ...any)
+	// Nodes is 1 (one broker, the default when 0) or 3 (services.sh's
+	// KAFKA_NODES=3: three combined broker+controller nodes, node.id 1…3).
+	Nodes int
+	Log   func(format string, args ...any)
 
 	pgDir string // PostgreSQL's data and socket dir (outside the repo: the postgres user must reach it)
 }
 
-// Brokers is the broker's bootstrap address.
-func (s *Services) Brokers() []string { return []string{fmt.Sprintf("127.0.0.1:%d", s.KafkaPort)} }
+// nodes is Nodes with its default.
+func (s *Services) nodes() int { return max(s.Nodes, 1) }
+
+// Brokers are the bootstrap addresses, node 1's first.
+func (s *Services) Brokers() []string {
+	out := make([]string, s.nodes())
+	for i := range out {
+		out[i] = s.addr(i + 1)
+	}
+	return out
+}
+
+// addr is node n's broker address.
+func (s *Services) addr(n int) string { return fmt.Sprintf("127.0.0.1:%d", s.KafkaPort+2*(n-1)) }
+
+// pidFile is where services.sh keeps node n's process id.
+func (s *Services) pidFile(n int) string {
+	if s.nodes() == 1 {
+		return filepath.Join(s.State, "kafka", "kafka.pid")
+	}
+	return filepath.Join(s.State, "kafka3", fmt.Sprintf("n%d", n), "kafka.pid")
+}
 
 // DatabaseURL is the URL of database db.
 func (s *Services) DatabaseURL(db string) string {
@@ -54,6 +77,9 @@ func (s *Services) Start(ctx context.Context) error {
 		if err := os.RemoveAll(filepath.Join(kdir, d)); err != nil {
 			return err
 		}
+	}
+	if err := os.RemoveAll(filepath.Join(s.State, "kafka3")); err != nil { // the three-node cluster's state
+		return err
 	}
 	if err := os.MkdirAll(kdir, 0o755); err != nil {
 		return err
@@ -77,7 +103,8 @@ func (s *Services) Start(ctx context.Context) error {
 func (s *Services) script(ctx context.Context, cmd string) error {
 	c := exec.CommandContext(ctx, "bash", filepath.Join(s.Root, "scripts", "services.sh"), cmd)
 	c.Env = append(os.Environ(), "IDEM_STATE="+s.State, "IDEM_NO_DOCKER=1", "KAFKA_BROKERS=",
-		"DATABASE_URL=unused", "KAFKA_PORT="+strconv.Itoa(s.KafkaPort), "KAFKA_CONTROLLER_PORT="+strconv.Itoa(s.ControllerPort))
+		"DATABASE_URL=unused", "KAFKA_PORT="+strconv.Itoa(s.KafkaPort), "KAFKA_CONTROLLER_PORT="+strconv.Itoa(s.ControllerPort),
+		"KAFKA_NODES="+strconv.Itoa(s.nodes()))
 	out, err := c.CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("services.sh %s: %w: %s", cmd, err, strings.TrimSpace(string(out)))
@@ -85,35 +112,67 @@ func (s *Services) script(ctx context.Context, cmd string) error {
 	return nil
 }
 
-// StartKafka starts the broker (after a kill too) and waits until it answers.
+// StartKafka starts the broker, or every node of the cluster that is not
+// running (after a kill too), and waits until it answers (with three nodes:
+// until each node's metadata lists all three).
 func (s *Services) StartKafka(ctx context.Context) error { return s.script(ctx, "up") }
 
-// KafkaPID is the broker's process id.
-func (s *Services) KafkaPID() (int, error) {
-	b, err := os.ReadFile(filepath.Join(s.State, "kafka", "kafka.pid"))
+// KafkaPID is the broker's process id (node 1's with three nodes).
+func (s *Services) KafkaPID() (int, error) { return s.NodePID(1) }
+
+// NodePID is node n's process id.
+func (s *Services) NodePID(n int) (int, error) {
+	b, err := os.ReadFile(s.pidFile(n))
 	if err != nil {
-		return 0, fmt.Errorf("broker pid: %w", err)
+		return 0, fmt.Errorf("node %d's pid: %w", n, err)
 	}
 	return strconv.Atoi(strings.TrimSpace(string(b)))
 }
 
-// SignalKafka sends sig to the broker.
-func (s *Services) SignalKafka(sig syscall.Signal) error {
-	pid, err := s.KafkaPID()
+// SignalKafka sends sig to the broker (node 1 with three nodes).
+func (s *Services) SignalKafka(sig syscall.Signal) error { return s.SignalNode(1, sig) }
+
+// SignalNode sends sig to node n.
+func (s *Services) SignalNode(n int, sig syscall.Signal) error {
+	pid, err := s.NodePID(n)
 	if err != nil {
 		return err
 	}
 	return syscall.Kill(pid, sig)
 }
 
-// KillKafka SIGKILLs the broker and waits until it is gone.
-func (s *Services) KillKafka(ctx context.Context) error {
-	pid, err := s.KafkaPID()
+// KillKafka SIGKILLs the broker (node 1 with three nodes) and waits until it
+// is gone.
+func (s *Services) KillKafka(ctx context.Context) error { return s.KillNode(ctx, 1) }
+
+// KillNode SIGKILLs node n and waits until it is gone.
+func (s *Services) KillNode(ctx context.Context, n int) error {
+	return s.endNode(ctx, n, syscall.SIGKILL, 0)
+}
+
+// StopNode stops node n with SIGTERM (a controlled shutdown: it hands its
+// leaderships over first), SIGKILLs it if it is still there after grace,
+// and waits until it is gone.
+func (s *Services) StopNode(ctx context.Context, n int, grace time.Duration) error {
+	return s.endNode(ctx, n, syscall.SIGTERM, grace)
+}
+
+func (s *Services) endNode(ctx context.Context, n int, sig syscall.Signal, grace time.Duration) error {
+	pid, err := s.NodePID(n)
 	if err != nil {
 		return err
 	}
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		return fmt.Errorf("kill broker %d: %w", pid, err)
+	if err := syscall.Kill(pid, sig); err != nil {
+		return fmt.Errorf("signal node %d (pid %d): %w", n, pid, err)
+	}
+	if sig != syscall.SIGKILL {
+		gctx, cancel := context.WithTimeout(ctx, grace)
+		err := waitGone(gctx, pid)
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			s.Log("node %d (pid %d) still up %s after %s: SIGKILL", n, pid, grace, sig)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
 	}
 	if err := waitGone(ctx, pid); err != nil {
 		return err
@@ -121,7 +180,7 @@ func (s *Services) KillKafka(ctx context.Context) error {
 	// A multi-threaded process is a zombie before its last thread has exited
 	// and closed its sockets.
 	for {
-		c, err := net.DialTimeout("tcp", s.Brokers()[0], time.Second)
+		c, err := net.DialTimeout("tcp", s.addr(n), time.Second)
 		if err != nil {
 			break
 		}
@@ -132,7 +191,7 @@ func (s *Services) KillKafka(ctx context.Context) error {
 	}
 	// A zombie not reaped yet still answers kill -0: services.sh would take
 	// it for a live broker.
-	return os.Remove(filepath.Join(s.State, "kafka", "kafka.pid"))
+	return os.Remove(s.pidFile(n))
 }
 
 // waitGone polls until pid no longer exists (a SIGKILLed child of another

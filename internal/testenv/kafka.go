@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -211,4 +213,30 @@ func Eventually(tb testing.TB, timeout time.Duration, f func() error) {
 			interval *= 2
 		}
 	}
+}
+
+// FreePortRange returns base such that the n ports base … base+n-1 were all
+// free a moment ago (scripts/services.sh's three-node layout needs six
+// consecutive ports: KAFKA_PORT=base, KAFKA_CONTROLLER_PORT=base+1). It picks
+// them in 20000–32700, below Linux's ephemeral range (32768–60999), so that
+// no outgoing connection takes one before the broker binds it.
+func FreePortRange(tb testing.TB, n int) int {
+	tb.Helper()
+	for range 100 {
+		base := 20000 + 2*rand.IntN(6000)
+		free := true
+		for p := base; p < base+n && free; p++ {
+			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+			if err != nil {
+				free = false
+				continue
+			}
+			l.Close()
+		}
+		if free {
+			return base
+		}
+	}
+	tb.Fatalf("testenv: no %d free consecutive ports", n)
+	return 0
 }

@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"fmt"
 	"io"
+	"maps"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -404,12 +406,14 @@ func (ix *index) noLag() Result {
 func (ix *index) processes() Result {
 	res := Result{Name: "no process ended with an unexpected error"}
 	killed, excused := 0, 0
+	why := map[string]int{} // excuses, their broker addresses left out
 	for _, p := range ix.h.Procs {
 		switch {
 		case p.Killed:
 			killed++
 		case p.ExitCode != 0 && p.Excused != "":
 			excused++
+			why[addrs.ReplaceAllString(p.Excused, "…")]++
 		case p.ExitCode != 0:
 			res.Violations = append(res.Violations, fmt.Sprintf("%s (%s – %s) exited with status %d", p.Name, clock(p.Start), clock(p.End), p.ExitCode))
 		}
@@ -418,8 +422,15 @@ func (ix *index) processes() Result {
 		}
 	}
 	res.Counts = fmt.Sprintf("%d processes, %d SIGKILLed, %d exited at start during an outage", len(ix.h.Procs), killed, excused)
+	reasons := slices.Sorted(maps.Keys(why))
+	for _, r := range reasons {
+		res.Counts += fmt.Sprintf("\n       %d× %s", why[r], r)
+	}
 	return res
 }
+
+// addrs matches the addresses in an error text.
+var addrs = regexp.MustCompile(`\d+\.\d+\.\d+\.\d+:\d+(->\d+\.\d+\.\d+\.\d+:\d+)?`)
 
 // timeline tells what happened to key (or, when key is empty, to record seq):
 // what was produced, each handler call, each effect, each DLQ copy, and the

@@ -170,3 +170,22 @@ func TestTimelineShowsTheStory(t *testing.T) {
 		last = i
 	}
 }
+
+// An exit at start excused by an outage passes, and the report names its
+// cause (addresses left out, so that equal causes count together).
+func TestExcusedExitsNameTheirCause(t *testing.T) {
+	h := goodHistory("per-message")
+	cause := "payments-consumer: consumer: retry topics of t: retrytopic: describe topic t: dial tcp 127.0.0.1:%d: connect: connection refused"
+	h.Procs = append(h.Procs,
+		Proc{Name: "m2#3", ExitCode: 1, Excused: fmt.Sprintf(cause, 29196)},
+		Proc{Name: "m2#4", ExitCode: 1, Excused: fmt.Sprintf(cause, 29194)})
+	r := Check(h)
+	if !r.OK() {
+		t.Fatalf("excused exits failed the run: %v", r.Failed())
+	}
+	var b strings.Builder
+	r.Print(&b)
+	if want := "2× " + strings.Replace(fmt.Sprintf(cause, 1), "127.0.0.1:1", "…", 1); !strings.Contains(b.String(), want) {
+		t.Fatalf("report does not name the cause %q:\n%s", want, b.String())
+	}
+}

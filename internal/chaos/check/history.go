@@ -111,7 +111,7 @@ type Proc struct {
 
 // Fault is one injected fault, for timelines.
 type Fault struct {
-	Kind   string // kill, restart-member, pg-restart, broker-restart, broker-freeze, resize
+	Kind   string // kill, restart-member, pg-restart, broker-restart, broker-freeze, resize; on three nodes also leader-kill, tier-leader-kill, coordinator-kill, txn-coordinator-kill, rolling-restart
 	Detail string
 	Start  time.Time
 	End    time.Time

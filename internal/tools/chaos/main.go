@@ -4,7 +4,15 @@
 // sends payments, duplicates and poison records, and checks the whole history
 // (package internal/chaos/check). It exits 1 when any invariant is violated.
 //
-//	go run ./internal/tools/chaos [-ci] [-modes per-message,lanes] [-payments 50000] …
+// With -brokers 3 the run has a three-node Kafka cluster of its own (ports
+// -kafka-port, +2, +4 and -controller-port, +2, +4), idem's topics have
+// replication factor 3 and min.insync.replicas=2, and the broker faults are
+// the cluster's: SIGKILL of a source partition's leader, of a tier or DLQ
+// partition's leader, of the group coordinator and of the transaction
+// coordinator, a leader frozen with SIGSTOP past the session timeouts, and a
+// rolling restart of all three nodes (docs/guarantees-cluster.md).
+//
+//	go run ./internal/tools/chaos [-ci] [-brokers 3] [-modes per-message,lanes] [-payments 50000] …
 package main
 
 import (
@@ -34,9 +42,10 @@ func main() {
 
 func run(ctx context.Context) int {
 	ci := flag.Bool("ci", false, "the short form for CI: fewer records, shorter faults (every fault kind and every mode still)")
+	brokers := flag.Int("brokers", 1, "Kafka nodes: 1 (one broker, replication 1) or 3 (a three-node cluster, replication 3, min.insync.replicas 2, the cluster faults)")
 	modes := flag.String("modes", strings.Join(allModes, ","), "modes to run, comma-separated")
 	payments := flag.Int("payments", 0, "unique payments per mode (default 50000, -ci 2000)")
-	produceFor := flag.Duration("produce-for", 0, "the producer spreads its records over this long; the faults happen meanwhile (default 80s, -ci 36s)")
+	produceFor := flag.Duration("produce-for", 0, "the producer spreads its records over this long; the faults happen meanwhile (default 80s, -ci 36s; with -brokers 3: 300s, -ci 200s)")
 	killEvery := flag.Duration("kill-every", 0, "a random member is SIGKILLed this often (default 4s, -ci 5s)")
 	freezeFor := flag.Duration("freeze-for", 0, "how long the broker is SIGSTOPped; more than the 10s session timeout (default 16s, -ci 13s)")
 	drainTimeout := flag.Duration("drain-timeout", 5*time.Minute, "how long the group may take to catch up after the faults")
@@ -55,6 +64,17 @@ func run(ctx context.Context) int {
 				*d = short
 			}
 		}
+	}
+	if *brokers != 1 && *brokers != 3 {
+		fmt.Fprintf(os.Stderr, "chaos: -brokers %d: want 1 or 3\n", *brokers)
+		return 2
+	}
+	if *brokers == 3 {
+		// The cluster's faults each wait for a failover and a node's restart
+		// (about 25 s each, a rolling restart about 50 s; about 170 s in
+		// all): production lasts long enough for them to happen while
+		// records still arrive.
+		def(produceFor, 300*time.Second, 200*time.Second)
 	}
 	def(produceFor, 80*time.Second, 36*time.Second)
 	def(killEvery, 4*time.Second, 5*time.Second)
@@ -86,7 +106,7 @@ func run(ctx context.Context) int {
 	logf := func(format string, args ...any) {
 		fmt.Printf("%s chaos: %s\n", time.Now().UTC().Format("15:04:05"), fmt.Sprintf(format, args...))
 	}
-	logf("seed %d, %d payments per mode over %s, kill every %s, freeze %s; logs in %s", *seed, *payments, *produceFor, *killEvery, *freezeFor, runDir)
+	logf("seed %d, %d Kafka node(s), %d payments per mode over %s, kill every %s, freeze %s; logs in %s", *seed, *brokers, *payments, *produceFor, *killEvery, *freezeFor, runDir)
 
 	bin := filepath.Join(runDir, "payments-consumer")
 	build := []string{"build", "-o", bin}
@@ -97,7 +117,7 @@ func run(ctx context.Context) int {
 		fmt.Fprintf(os.Stderr, "chaos: build the member: %v\n%s", err, out)
 		return 2
 	}
-	svc := &chaos.Services{Root: root, State: stateDir, KafkaPort: *kport, ControllerPort: *cport, PGPort: *pgport, Log: logf}
+	svc := &chaos.Services{Root: root, State: stateDir, KafkaPort: *kport, ControllerPort: *cport, PGPort: *pgport, Nodes: *brokers, Log: logf}
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -109,7 +129,7 @@ func run(ctx context.Context) int {
 		fmt.Fprintln(os.Stderr, "chaos:", err)
 		return 2
 	}
-	logf("broker on %s", svc.Brokers()[0])
+	logf("Kafka on %s", strings.Join(svc.Brokers(), ","))
 
 	w := chaos.Workload{Payments: *payments, Customers: max(50, *payments/100), DupRate: 0.15, Poison: 0.004, Rivals: 0.005, Flaky: 0.02, Huge: 0.002}
 	opts := chaos.Options{Services: svc, Bin: bin, Dir: runDir, Workload: w, Seed: *seed, ProduceFor: *produceFor,

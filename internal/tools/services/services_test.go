@@ -81,6 +81,44 @@ func services(t *testing.T, env ...string) (string, error) {
 
 func itoa(n int) string { return strconv.Itoa(n) }
 
+// scriptRunner returns a function that runs `services.sh ARG` for Kafka only
+// (PostgreSQL is left alone) with state folder state and env, and fails the
+// test if it fails.
+func scriptRunner(t *testing.T, state string, env ...string) func(arg string) string {
+	script := filepath.Join(repoRoot(t), "scripts", "services.sh")
+	return func(arg string) string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "bash", script, arg)
+		cmd.Env = append(os.Environ(), "IDEM_STATE="+state, "DATABASE_URL=postgres://unused", "IDEM_NO_DOCKER=1", "KAFKA_BROKERS=")
+		cmd.Env = append(cmd.Env, env...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("services.sh %s: %v\n%s", arg, err, out)
+		}
+		return string(out)
+	}
+}
+
+// stateWithJars is a fresh state folder (IDEM_STATE) whose kafka/libs links
+// to the Kafka jars `make services` fetched.
+func stateWithJars(t *testing.T) string {
+	t.Helper()
+	state := t.TempDir()
+	libs := filepath.Join(repoRoot(t), ".state", "kafka", "libs")
+	if _, err := os.Stat(filepath.Join(libs, ".stamp")); err != nil {
+		t.Fatalf("no Kafka jars under %s: run `make services` first", libs)
+	}
+	if err := os.MkdirAll(filepath.Join(state, "kafka"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(libs, filepath.Join(state, "kafka", "libs")); err != nil {
+		t.Fatal(err)
+	}
+	return state
+}
+
 func TestServicesBadInput(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs scripts/services.sh")
@@ -140,35 +178,12 @@ func TestServicesIdempotentAndCrashCleanup(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a Kafka broker")
 	}
-	state := t.TempDir()
-	libs := filepath.Join(repoRoot(t), ".state", "kafka", "libs")
-	if _, err := os.Stat(filepath.Join(libs, ".stamp")); err != nil {
-		t.Fatalf("no Kafka jars under %s: run `make services` first", libs)
-	}
-	if err := os.MkdirAll(filepath.Join(state, "kafka"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(libs, filepath.Join(state, "kafka", "libs")); err != nil {
-		t.Fatal(err)
-	}
+	state := stateWithJars(t)
 	kport, l1 := freePort(t)
 	cport, l2 := freePort(t)
 	l1.Close()
 	l2.Close()
-	script := filepath.Join(repoRoot(t), "scripts", "services.sh")
-	run := func(arg string) string {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, "bash", script, arg)
-		cmd.Env = append(os.Environ(), "IDEM_STATE="+state, "DATABASE_URL=postgres://unused", "IDEM_NO_DOCKER=1", "KAFKA_BROKERS=",
-			"KAFKA_PORT="+itoa(kport), "KAFKA_CONTROLLER_PORT="+itoa(cport))
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("services.sh %s: %v\n%s", arg, err, out)
-		}
-		return string(out)
-	}
+	run := scriptRunner(t, state, "KAFKA_PORT="+itoa(kport), "KAFKA_CONTROLLER_PORT="+itoa(cport))
 	t.Cleanup(func() { run("down") })
 	out := run("up")
 	want := "KAFKA_BROKERS=127.0.0.1:" + itoa(kport)
