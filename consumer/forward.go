@@ -275,7 +275,11 @@ func (r *runner) setupRetryTopics(ctx context.Context, client sarama.Client) (in
 	// Closing the admin would close the shared client; it holds no other resource.
 	limit := 0
 	for _, t := range r.cfg.Topics {
-		sz, err := retrytopic.EnsureTopicsFor(ctx, admin, t, r.cfg.Group, r.policy)
+		var sz retrytopic.Sizes
+		err := r.retryStart(ctx, client, "creating the retry topics of "+t, func() (err error) {
+			sz, err = retrytopic.EnsureTopicsFor(ctx, admin, t, r.cfg.Group, r.policy)
+			return err
+		})
 		if err != nil {
 			return 0, fmt.Errorf("consumer: retry topics of %s: %w", t, err)
 		}
@@ -284,7 +288,7 @@ func (r *runner) setupRetryTopics(ctx context.Context, client sarama.Client) (in
 		}
 		limit = max(limit, sz.ProducerMaxMessageBytes())
 	}
-	if err := client.RefreshMetadata(); err != nil {
+	if err := r.retryStart(ctx, client, "reading metadata", func() error { return client.RefreshMetadata() }); err != nil {
 		return 0, fmt.Errorf("consumer: metadata: %w", err)
 	}
 	return limit, nil

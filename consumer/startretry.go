@@ -1,0 +1,79 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"syscall"
+	"time"
+
+	"github.com/IBM/sarama"
+)
+
+// startRetryFor bounds how long Run's start-up steps that talk to the
+// cluster's controller (creating the retry and dead-letter topics) retry a
+// broker that does not answer. A broker killed in a multi-node cluster keeps
+// being named as controller or leader until the quorum fences it (about 9 s
+// with Kafka's defaults); within this bound Run waits that out instead of
+// failing at start. Beyond it Run fails as documented, so a cluster that is
+// really unreachable is still reported.
+const startRetryFor = 30 * time.Second
+
+// transientClusterErr reports whether err from an admin request means "this
+// broker (or the controller we know of) did not answer" rather than "the
+// cluster refused": a refused or reset connection, EOF, a timeout, or one of
+// Kafka's not-available / not-controller codes. Those are worth a retry after
+// a metadata refresh; anything else (authorization, a partition mismatch, bad
+// config) is returned at once.
+func transientClusterErr(err error) bool {
+	var ne net.Error
+	switch {
+	case err == nil:
+		return false
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
+		errors.Is(err, sarama.ErrOutOfBrokers), errors.Is(err, sarama.ErrNotConnected),
+		errors.Is(err, sarama.ErrBrokerNotAvailable), errors.Is(err, sarama.ErrNotController),
+		errors.Is(err, sarama.ErrLeaderNotAvailable), errors.Is(err, sarama.ErrRequestTimedOut),
+		errors.Is(err, sarama.ErrNotLeaderForPartition):
+		return true
+	case errors.As(err, &ne):
+		return true
+	}
+	return false
+}
+
+// retryStart runs step until it succeeds, returns an error that is not
+// transientClusterErr, ctx ends, or startRetryFor has passed since the first
+// failure. Between tries it refreshes the client's controller and metadata
+// (so a fenced broker is dropped) and waits 250 ms, doubling to 2 s. Each
+// retried failure is logged at WARN.
+func (r *runner) retryStart(ctx context.Context, client sarama.Client, what string, step func() error) error {
+	wait := 250 * time.Millisecond
+	var deadline time.Time
+	for {
+		err := step()
+		if err == nil || !transientClusterErr(err) {
+			return err
+		}
+		now := time.Now()
+		if deadline.IsZero() {
+			deadline = now.Add(startRetryFor)
+		}
+		if now.After(deadline) {
+			return err
+		}
+		r.log.Warn("idem: "+what+" failed; retrying while the cluster moves its leaders", "err", err, "in", wait)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		_, _ = client.RefreshController()
+		_ = client.RefreshMetadata()
+		wait = min(2*wait, 2*time.Second)
+	}
+}
