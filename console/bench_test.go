@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/internal/testenv"
 )
@@ -22,39 +24,7 @@ import (
 // 200 ms). It is a benchmark, not a test: go test -run '^$' -bench
 // RecordList -benchtime 1x ./console/
 func BenchmarkRecordList(b *testing.B) {
-	rows := 1_000_000
-	if v := os.Getenv("IDEM_BENCH_ROWS"); v != "" {
-		rows, _ = strconv.Atoi(v)
-	}
-	ctx := b.Context()
-	pool := testenv.Postgres(b)
-	if err := index.Migrate(ctx, pool); err != nil {
-		b.Fatal(err)
-	}
-	start := time.Now()
-	// 20 topics (one group each), 50 failure groups, 20 % unresolved, failures
-	// spread over 7 days, a 200-byte JSON value each.
-	if _, err := pool.Exec(ctx, `
-		INSERT INTO idem_dlq_records (dlq_topic, dlq_partition, dlq_offset, origin_topic, origin_partition, origin_offset,
-			consumer_group, fingerprint, kind, msg_key, idempotency_key, attempts, first_failure_at, last_failure_at,
-			error, error_type, value, value_size, status, status_actor, status_at)
-		SELECT 'payments-' || (i % 20) || '.billing.dlq', i % 6, i / 60, 'payments-' || (i % 20), i % 6, i,
-			'billing-' || (i % 20), lpad(to_hex(i % 50), 12, '0'),
-			(ARRAY['permanent','retriable','decode','timeout','panic'])[1 + i % 5],
-			convert_to('order-' || i, 'UTF8'), 'pay-' || i, 1 + i % 4,
-			now() - make_interval(secs => (i::float8 / $1) * 604800) - interval '1 minute',
-			now() - make_interval(secs => (i::float8 / $1) * 604800),
-			'call ledger for payment pay-' || i || ': ' || (ARRAY['deadline exceeded','account frozen','insufficient funds','decode: invalid character','connection reset'])[1 + i % 5],
-			'*errors.errorString',
-			convert_to('{"id":"pay-' || i || '","amount":' || (i % 1000) || ',"currency":"EUR","card":{"number":"4111111111111111"},"note":"' || repeat('x', 120) || '"}', 'UTF8'),
-			200, (ARRAY['unresolved','resolved','replayed','archived','resolved'])[1 + i % 5], 'bench', now()
-		FROM generate_series(1, $1::int) AS i`, rows); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `ANALYZE idem_dlq_records`); err != nil {
-		b.Fatal(err)
-	}
-	b.Logf("indexed %d rows in %s", rows, time.Since(start).Round(time.Second))
+	pool, rows := loadRecords(b)
 	st := index.NewStore(pool)
 	// InsecureNoAuth lets the UI pages be fetched without a login; the API
 	// calls still send the viewer's token.
@@ -144,6 +114,54 @@ func BenchmarkRecordList(b *testing.B) {
 			b.Logf("%-22s p50 %6.1f ms  max %6.1f ms", q.name, ms(ds[len(ds)/2]), ms(ds[len(ds)-1]))
 		}
 	}
+}
+
+// benchRows is IDEM_BENCH_ROWS, 1,000,000 by default: how many records the
+// console benchmarks index.
+func benchRows() int {
+	if v := os.Getenv("IDEM_BENCH_ROWS"); v != "" {
+		if n, err := strconv.Atoi(v); err == nil && n > 0 {
+			return n
+		}
+	}
+	return 1_000_000
+}
+
+// loadRecords migrates the index in a schema of its own (dropped when the
+// benchmark ends) and bulk-loads benchRows() records: 20 topics (one group
+// each), 50 failure groups, 20 % unresolved, failures spread over 7 days, a
+// 200-byte JSON value each. It returns the pool and the number of records.
+func loadRecords(tb testing.TB) (*pgxpool.Pool, int) {
+	tb.Helper()
+	rows := benchRows()
+	pool := testenv.Postgres(tb)
+	ctx := tb.Context()
+	if err := index.Migrate(ctx, pool); err != nil {
+		tb.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO idem_dlq_records (dlq_topic, dlq_partition, dlq_offset, origin_topic, origin_partition, origin_offset,
+			consumer_group, fingerprint, kind, msg_key, idempotency_key, attempts, first_failure_at, last_failure_at,
+			error, error_type, value, value_size, status, status_actor, status_at)
+		SELECT 'payments-' || (i % 20) || '.billing.dlq', i % 6, i / 60, 'payments-' || (i % 20), i % 6, i,
+			'billing-' || (i % 20), lpad(to_hex(i % 50), 12, '0'),
+			(ARRAY['permanent','retriable','decode','timeout','panic'])[1 + i % 5],
+			convert_to('order-' || i, 'UTF8'), 'pay-' || i, 1 + i % 4,
+			now() - make_interval(secs => (i::float8 / $1) * 604800) - interval '1 minute',
+			now() - make_interval(secs => (i::float8 / $1) * 604800),
+			'call ledger for payment pay-' || i || ': ' || (ARRAY['deadline exceeded','account frozen','insufficient funds','decode: invalid character','connection reset'])[1 + i % 5],
+			'*errors.errorString',
+			convert_to('{"id":"pay-' || i || '","amount":' || (i % 1000) || ',"currency":"EUR","card":{"number":"4111111111111111"},"note":"' || repeat('x', 120) || '"}', 'UTF8'),
+			200, (ARRAY['unresolved','resolved','replayed','archived','resolved'])[1 + i % 5], 'bench', now()
+		FROM generate_series(1, $1::int) AS i`, rows); err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `ANALYZE idem_dlq_records`); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Logf("indexed %d rows in %s", rows, time.Since(start).Round(time.Second))
+	return pool, rows
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -31,7 +31,7 @@ const screenshotsEnv = "IDEM_CONSOLE_SCREENSHOTS"
 
 // browser starts headless Chromium (the Debian chromium package; CI
 // installs it) and returns a context that drives one tab.
-func browser(t *testing.T) context.Context {
+func browser(t testing.TB) context.Context {
 	t.Helper()
 	path := ""
 	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
@@ -58,7 +58,7 @@ func browser(t *testing.T) context.Context {
 
 // shot saves a full-page PNG as docs/console/name.png when
 // IDEM_CONSOLE_SCREENSHOTS=1.
-func shot(t *testing.T, name string) chromedp.Action {
+func shot(t testing.TB, name string) chromedp.Action {
 	return chromedp.ActionFunc(func(ctx context.Context) error {
 		if os.Getenv(screenshotsEnv) != "1" {
 			return nil
