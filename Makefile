@@ -82,7 +82,7 @@ fuzz: ## a short run of every fuzz target (FUZZTIME each, default 4s)
 BENCHARGS  ?=
 BENCHFLAGS ?=
 
-bench: services ## the benchmark harness (bench/, own module): idem beside raw sarama, Watermill and a naive loop; table, JSON and PNG in bench/out. BENCHARGS='-h' lists its flags; BENCHFLAGS='-bench X' runs the go test benchmarks instead
+bench: services ## the benchmark harness (bench/, own module): idem beside raw sarama, raw franz-go (kgo), Watermill and a naive loop; table, JSON and PNG in bench/out. BENCHARGS='-h' lists its flags; BENCHFLAGS='-bench X' runs the go test benchmarks instead
 	@if [ -n "$(BENCHFLAGS)" ]; then \
 		$(WITH_ENV) $(GO) test -run '^$$' -bench . -benchmem $(BENCHFLAGS) ./...; \
 	else \
