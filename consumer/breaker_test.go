@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/handler"
@@ -227,5 +229,45 @@ func TestBreakerRebalanceWhilePaused(t *testing.T) {
 	}
 	if err := first.stop(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestBreakerStateSeriesFromTheStart: a breaker that never changed state
+// still has an idem_breaker_state series, of 0 (closed), and no transition is
+// counted for it, so a healthy service's breaker panel is not empty.
+func TestBreakerStateSeriesFromTheStart(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	hook, err := consumer.BreakerMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := breaker.NewSet(breaker.Settings{OnStateChange: hook})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := set.Do(context.Background(), "bank-api", func(context.Context) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var series int
+	for _, mf := range mfs {
+		switch mf.GetName() {
+		case "idem_breaker_state":
+			for _, m := range mf.GetMetric() {
+				series++
+				if l := m.GetLabel(); len(l) != 1 || l[0].GetValue() != "bank-api" || m.GetGauge().GetValue() != 0 {
+					t.Errorf("idem_breaker_state series %v = %v, want {name=bank-api} = 0", l, m.GetGauge().GetValue())
+				}
+			}
+		case "idem_breaker_transitions_total":
+			t.Errorf("idem_breaker_transitions_total has %d series for a breaker that never changed state", len(mf.GetMetric()))
+		}
+	}
+	if series != 1 {
+		t.Fatalf("idem_breaker_state has %d series, want 1 (bank-api, closed)", series)
 	}
 }
