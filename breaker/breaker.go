@@ -63,7 +63,9 @@ type Breaker struct {
 
 // New returns a closed Breaker for the dependency called name. Zero fields of
 // s take the values of DefaultSettings. It returns an error matching
-// ErrInvalidSettings if s.Validate fails.
+// ErrInvalidSettings if s.Validate fails. The breaker announces itself to
+// s.OnStateChange (name, Closed, Closed) on its first use (Do or State), not
+// in New, so that a hook may use the variable New's result is assigned to.
 func New(name string, s Settings) (*Breaker, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
@@ -71,9 +73,14 @@ func New(name string, s Settings) (*Breaker, error) {
 	return newBreaker(name, s.withDefaults(DefaultSettings())), nil
 }
 
+// newBreaker returns a closed breaker whose announcement (Closed → Closed)
+// is queued for OnStateChange; the caller delivers it.
 func newBreaker(name string, s Settings) *Breaker {
 	b := &Breaker{name: name, s: s}
 	b.windowEnd = s.Now().Add(s.Window)
+	if s.OnStateChange != nil {
+		b.pending = append(b.pending, transition{Closed, Closed})
+	}
 	return b
 }
 

@@ -357,7 +357,7 @@ func TestOnStateChangeSeesEveryTransition(t *testing.T) {
 	b = newBreaker(t, c, breaker.Settings{
 		ConsecutiveFailures: 2, OpenTimeout: 10 * time.Second,
 		OnStateChange: func(name string, from, to breaker.State) {
-			if got := b.State(); got != to { // may call State: no lock held
+			if got := b.State(); got != to && from != to { // may call State: no lock held
 				t.Errorf("State() in OnStateChange = %s, want %s", got, to)
 			}
 			r.hook(name, from, to)
@@ -380,6 +380,36 @@ func TestOnStateChangeSeesEveryTransition(t *testing.T) {
 	}
 	if got := r.got(); !slices.Equal(got, want) {
 		t.Fatalf("transitions:\n got %q\nwant %q", got, want)
+	}
+}
+
+// TestNewBreakerIsAnnounced: OnStateChange hears of every breaker once, with
+// from == to == Closed, on its first use and before any transition, so a
+// state gauge has a series for a breaker that never changes state.
+func TestNewBreakerIsAnnounced(t *testing.T) {
+	c := newClock()
+	var mu sync.Mutex
+	var calls []string
+	hook := func(name string, from, to breaker.State) {
+		mu.Lock()
+		calls = append(calls, name+": "+from.String()+" -> "+to.String())
+		mu.Unlock()
+	}
+	b := newBreaker(t, c, breaker.Settings{ConsecutiveFailures: 1, OnStateChange: hook})
+	do(t, b, 1, ok)
+	do(t, b, 1, fail) // closed -> open
+	set, err := breaker.NewSet(breaker.Settings{Now: c.Now, OnStateChange: hook})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = set.Get("bank-api")
+	_ = set.Do(context.Background(), "ledger", ok)
+	_ = set.Do(context.Background(), "ledger", ok)
+	mu.Lock()
+	defer mu.Unlock()
+	want := []string{"dep: closed -> closed", "dep: closed -> open", "bank-api: closed -> closed", "ledger: closed -> closed"}
+	if !slices.Equal(calls, want) {
+		t.Fatalf("OnStateChange calls:\n got %q\nwant %q", calls, want)
 	}
 }
 

@@ -18,6 +18,9 @@ func ExampleSet_Do() {
 		OpenTimeout:         30 * time.Second,
 		Now:                 func() time.Time { return now },
 		OnStateChange: func(name string, from, to breaker.State) {
+			if from == to {
+				return // a new breaker's announcement, before its first transition
+			}
 			fmt.Printf("  [%s: %s -> %s]\n", name, from, to)
 		},
 	})

@@ -120,13 +120,17 @@ var errDown = errors.New("dependency down")
 func ok(context.Context) error   { return nil }
 func fail(context.Context) error { return errDown }
 
-// recorder collects OnStateChange calls.
+// recorder collects OnStateChange calls that are transitions (it skips a
+// new breaker's announcement, from == to; see TestNewBreakerIsAnnounced).
 type recorder struct {
 	mu sync.Mutex
 	ts []string
 }
 
 func (r *recorder) hook(name string, from, to breaker.State) {
+	if from == to {
+		return
+	}
 	r.mu.Lock()
 	r.ts = append(r.ts, name+": "+from.String()+" -> "+to.String())
 	r.mu.Unlock()

@@ -68,8 +68,10 @@ func (s *Set) Configure(name string, st Settings) error {
 // Limits: call through Set.Do for those.
 func (s *Set) Get(name string) *Breaker {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.breaker(name)
+	b := s.breaker(name)
+	s.mu.Unlock()
+	b.deliver() // the announcement of a new breaker
+	return b
 }
 
 // breaker returns the breaker called name, creating it. mu must be held.

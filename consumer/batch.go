@@ -256,6 +256,8 @@ func (partMetrics) attempt(m *metrics.Metrics, group, topic string, herr error) 
 	switch {
 	case handler.IsPanic(herr):
 		result = metrics.ResultPanic
+	case breaker.IsThrottled(herr): // before IsOpen, which holds for a throttle too
+		result = metrics.ResultThrottled
 	case breaker.IsOpen(herr):
 		result = metrics.ResultBreakerOpen
 	}

@@ -4,15 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/metrics"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -227,5 +232,75 @@ func TestBreakerRebalanceWhilePaused(t *testing.T) {
 	}
 	if err := first.stop(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestBreakerStateSeriesFromTheStart: a breaker that never changed state
+// still has an idem_breaker_state series, of 0 (closed), and no transition is
+// counted for it, so a healthy service's breaker panel is not empty.
+func TestBreakerStateSeriesFromTheStart(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	hook, err := consumer.BreakerMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := breaker.NewSet(breaker.Settings{OnStateChange: hook})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := set.Do(context.Background(), "bank-api", func(context.Context) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var series int
+	for _, mf := range mfs {
+		switch mf.GetName() {
+		case "idem_breaker_state":
+			for _, m := range mf.GetMetric() {
+				series++
+				if l := m.GetLabel(); len(l) != 1 || l[0].GetValue() != "bank-api" || m.GetGauge().GetValue() != 0 {
+					t.Errorf("idem_breaker_state series %v = %v, want {name=bank-api} = 0", l, m.GetGauge().GetValue())
+				}
+			}
+		case "idem_breaker_transitions_total":
+			t.Errorf("idem_breaker_transitions_total has %d series for a breaker that never changed state", len(mf.GetMetric()))
+		}
+	}
+	if series != 1 {
+		t.Fatalf("idem_breaker_state has %d series, want 1 (bank-api, closed)", series)
+	}
+}
+
+// TestThrottleCountedAndLoggedAsThrottle: a handler refused by a limit
+// (*breaker.ThrottleError) pauses the partition like an open breaker, but
+// its attempt counts as result "throttled", not "breaker_open", and the
+// pause's log names the dependency and the reason.
+func TestThrottleCountedAndLoggedAsThrottle(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	var logs logBuffer
+	cfg := e.config()
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	var calls atomic.Int64
+	start(t, cfg, handler.Func(func(ctx context.Context, m *handler.Message) error {
+		if calls.Add(1) == 1 {
+			return &breaker.ThrottleError{Name: "bank-api", Reason: breaker.ReasonRate, RetryAfter: 50 * time.Millisecond}
+		}
+		return effectHandler()(ctx, m)
+	}))
+	e.produce([]string{"k1"}, 1)
+	e.waitEffect("k1", 60*time.Second)
+	if v := metricValue(t, e, "idem_handler_attempts_total", map[string]string{"result": metrics.ResultThrottled}); v != 1 {
+		t.Errorf("throttled attempts = %v, want 1", v)
+	}
+	if v := metricValue(t, e, "idem_handler_attempts_total", map[string]string{"result": metrics.ResultBreakerOpen}); v != 0 {
+		t.Errorf("breaker_open attempts = %v, want 0", v)
+	}
+	if out := logs.String(); !strings.Contains(out, "dependency throttled") || !strings.Contains(out, "breaker=bank-api") || !strings.Contains(out, "reason=rate") {
+		t.Errorf("no pause log naming the throttled dependency; logs:\n%s", out)
 	}
 }

@@ -15,7 +15,10 @@ import (
 // (idem_breaker_transitions_total) and the seconds it spent open
 // (idem_breaker_open_seconds_total) on reg, the same registry as
 // Config.Registerer (registering twice on one registry reuses the
-// collectors). It returns an error when reg refuses them: another collector
+// collectors). A breaker has an idem_breaker_state series of 0 (closed) from
+// its creation on (breaker.New, or a Set's first use of the name), since the
+// breaker announces itself to the hook with from == to == Closed; that call
+// counts no transition. It returns an error when reg refuses them: another collector
 // with one of their names but a different shape. The hook is safe for
 // concurrent use. See the example.
 //
@@ -30,6 +33,9 @@ func BreakerMetrics(reg prometheus.Registerer) (func(name string, from, to break
 	openedAt := map[string]time.Time{}
 	return func(name string, from, to breaker.State) {
 		m.BreakerState.WithLabelValues(name).Set(float64(stateCode(to)))
+		if from == to {
+			return // a new breaker's announcement: a series, no transition
+		}
 		m.BreakerTransition.WithLabelValues(name, from.String(), to.String()).Inc()
 		mu.Lock()
 		defer mu.Unlock()

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/outbox"
 	"github.com/idemhq/idem/retrytopic"
@@ -321,6 +322,18 @@ type Config struct {
 	// others stand by. See consumer/outbox.go and package outbox.
 	// Default: nil (no relay: run `idem outbox relay` or outbox.Relay apart).
 	Relay *outbox.Relay
+
+	// FailureIndex, when set, runs this failure indexer (index.Indexer.Run)
+	// inside Run's process for as long as Run runs: it stores every record of
+	// this consumer's dead-letter topics in the PostgreSQL failure index that
+	// idem console and `idem dlq --database-url` read. Run copies it and
+	// fills its empty Brokers, Sarama, Logger and Registerer from this
+	// Config; empty Topics (with no TopicPattern) become the dead-letter
+	// topic of each of Config.Topics (Retry.DLQ). Pool is required. The
+	// indexer retries its own start (migration, Kafka) with backoff, so a
+	// database or broker briefly down at start delays indexing only.
+	// Default: nil (no indexer: run idem console or index.Indexer apart).
+	FailureIndex *index.Indexer
 }
 
 // BatchConfig sizes the batches of Config.Batch.
@@ -595,6 +608,11 @@ func (c Config) Validate() error {
 	}
 	if err := c.validateRelay(); err != nil {
 		bad("Relay", "", err.Error())
+	}
+	if ix := c.failureIndex(); ix != nil {
+		if err := ix.Validate(); err != nil {
+			bad("FailureIndex", "", err.Error())
+		}
 	}
 	if c.RetryMax < c.RetryBase {
 		bad("RetryMax", c.RetryMax, fmt.Sprintf("must be >= RetryBase (%s)", c.RetryBase))

@@ -219,7 +219,8 @@ func TestDLQRefusingStubWaitsNeverLoses(t *testing.T) {
 	cfg := e.config()
 	cfg.OutageBackoff = 200 * time.Millisecond
 	e.produceLarge(sizeRecord{key: "keyless", value: []byte(`{"n":1}`)}, sizeRecord{key: "after", value: []byte(`{}`)})
-	start(t, cfg, failKeys(map[string]error{"keyless": handler.Permanent(errors.New("no"))}))
+	h := failKeys(map[string]error{"keyless": handler.Permanent(errors.New("no"))})
+	run := start(t, cfg, h)
 	testenv.Eventually(t, 60*time.Second, func() error {
 		// Each round tries the whole record, then the stub.
 		if v := metricValue(t, e, "idem_forward_errors_total", map[string]string{"destination": e.dlq()}); v < 4 {
@@ -233,9 +234,38 @@ func TestDLQRefusingStubWaitsNeverLoses(t *testing.T) {
 	if n := e.count(`SELECT count(*) FROM effects`); n != 0 {
 		t.Fatalf("%d effects while the partition waits, want 0", n)
 	}
+	// The topic-config change takes effect on the broker some time after the
+	// call returns: a round running then could see the whole record refused
+	// and its stub accepted. So Run is stopped while the config changes, a
+	// keyless probe shows the DLQ accepts such records, and a new Run forwards
+	// the record whole.
+	if err := run.stop(); err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run: %v", err)
+	}
 	e.setTopicConfig(e.dlq(), "cleanup.policy", "delete")
+	probe := e.k.Producer(t)
+	testenv.Eventually(t, 60*time.Second, func() error {
+		_, _, err := probe.SendMessage(&sarama.ProducerMessage{Topic: e.dlq(), Value: sarama.StringEncoder("probe"),
+			Headers: []sarama.RecordHeader{{Key: []byte("test-probe"), Value: []byte("1")}}})
+		return err
+	})
+	start(t, cfg, h)
 	e.waitEffect("after", 60*time.Second)
-	m := e.onlyDLQRecord(30 * time.Second)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if n := e.total(e.dlq(), 1); n != 2 {
+			return fmt.Errorf("DLQ has %d records, want the probe and the record", n)
+		}
+		return nil
+	})
+	var m *sarama.ConsumerMessage
+	for _, r := range e.readAll(e.dlq(), 1) {
+		if header(r, "test-probe") == "" {
+			m = r
+		}
+	}
+	if m == nil {
+		t.Fatal("the DLQ holds only the probe")
+	}
 	if string(m.Value) != `{"n":1}` || header(m, retrytopic.HeaderPayloadOmitted) != "" {
 		t.Fatalf("DLQ record = %q with %s=%q, want the whole record", m.Value, retrytopic.HeaderPayloadOmitted, header(m, retrytopic.HeaderPayloadOmitted))
 	}

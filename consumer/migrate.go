@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/idemhq/idem/checkpoint"
+	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/outbox"
@@ -22,12 +23,15 @@ import (
 //     idem_ordering_parked (Run also creates them when Ordering is on);
 //   - the transactional outbox, idem_outbox (package outbox);
 //   - the saga orchestrator's idem_saga and idem_saga_step (package saga);
-//   - the batch jobs' checkpoints, idem_checkpoint (package checkpoint).
+//   - the batch jobs' checkpoints, idem_checkpoint (package checkpoint);
+//   - the failure index of idem console and Config.FailureIndex,
+//     idem_dlq_records, idem_dlq_groups, idem_dlq_versions and
+//     idem_dlq_audit (package console/index).
 //
 // The schema is versioned and embedded; Migrate is idempotent and safe when
 // several processes start at once (an advisory lock serialises them), so a
 // service may call it at every start. dedupe.Migrate, the stores' Migrate
-// methods, outbox.Migrate, saga.Migrate and checkpoint.Migrate each create
+// methods, outbox.Migrate, saga.Migrate, checkpoint.Migrate and index.Migrate each create
 // their own tables only.
 func Migrate(ctx context.Context, db dedupe.DB, opts ...dedupe.PostgresOption) error {
 	steps := []struct {
@@ -39,6 +43,7 @@ func Migrate(ctx context.Context, db dedupe.DB, opts ...dedupe.PostgresOption) e
 		{"outbox", func(ctx context.Context) error { return outbox.Migrate(ctx, db) }}, // idem_outbox
 		{"saga tables", func(ctx context.Context) error { return saga.Migrate(ctx, db) }},
 		{"checkpoint table", func(ctx context.Context) error { return checkpoint.Migrate(ctx, db) }},
+		{"failure index", func(ctx context.Context) error { return index.Migrate(ctx, db) }}, // idem_dlq_records, idem_dlq_groups, idem_dlq_versions, idem_dlq_audit
 		// A package that keeps tables of its own adds its step here, one line,
 		// so that Migrate (and `idem migrate`) stays the only entry point.
 	}

@@ -37,17 +37,27 @@ func (c Config) validateRelay() error {
 	return nil
 }
 
-// startRelay runs Config.Relay on wg until ctx is done. The relay retries
-// database and broker outages itself; an error it returns (a failed
-// migration, a producer sarama refuses) stops only the relay and is logged,
-// so consuming goes on and rows wait in the outbox (idem_outbox_pending).
+// startRelay runs Config.Relay on wg until ctx is done, and has Run's
+// Readiness report its outbox.Health (the Config's own, or a new one): the
+// consumer is not ready while the relay cannot run. The relay retries its
+// start-up (migration, producer) and every database or broker outage by
+// itself, for as long as ctx lasts; Run returns an error only for a
+// configuration Validate already rejected or a Registerer that holds its
+// collectors already, which is logged and stops only the relay, so
+// consuming goes on, rows wait in the outbox (idem_outbox_pending) and the
+// consumer stays not ready.
 func (r *runner) startRelay(ctx context.Context, wg *sync.WaitGroup) {
 	rl := r.cfg.relay()
 	if rl == nil {
 		return
 	}
+	if rl.Health == nil {
+		rl.Health = new(outbox.Health)
+	}
+	r.ready.setRelay(rl.Health.Err)
 	wg.Go(func() {
 		if err := rl.Run(ctx); err != nil {
+			r.ready.setRelay(func() error { return err })
 			r.log.Error("idem: outbox relay stopped; events wait in the outbox until it runs again", "err", err)
 		}
 	})

@@ -126,9 +126,13 @@ func (g *gate) trip(err error) {
 	d, _ := breaker.RetryAfter(err)
 	d = max(d, 10*time.Millisecond)
 	var oe *breaker.OpenError
-	name := ""
-	if errors.As(err, &oe) {
+	var te *breaker.ThrottleError
+	name, reason := "", ""
+	switch {
+	case errors.As(err, &oe):
 		name = oe.Name
+	case errors.As(err, &te):
+		name, reason = te.Name, string(te.Reason)
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -139,7 +143,11 @@ func (g *gate) trip(err error) {
 		for k := range g.members {
 			g.r.pauses.set(k, pauseBreaker, true)
 		}
-		g.r.log.Warn("idem: dependency breaker open; consumption paused", "breaker", name, "retry_after", d)
+		if te != nil {
+			g.r.log.Warn("idem: dependency throttled; consumption paused", "breaker", name, "reason", reason, "retry_after", d)
+		} else {
+			g.r.log.Warn("idem: dependency breaker open; consumption paused", "breaker", name, "retry_after", d)
+		}
 	}
 	if until.After(g.until) {
 		g.until = until

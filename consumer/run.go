@@ -299,6 +299,7 @@ func (r *runner) run(ctx context.Context) (err error) {
 	wg.Go(func() { r.watchStalls(watchCtx) })
 	wg.Go(func() { r.sweep(watchCtx) })
 	r.startRelay(watchCtx, &wg)
+	r.startFailureIndex(watchCtx, &wg)
 
 	gh := &groupHandler{r: r}
 	topics := r.topics()

@@ -93,8 +93,8 @@ func TestRetentionValidation(t *testing.T) {
 }
 
 // TestMigrateCreatesEveryTable: consumer.Migrate is the one entry point:
-// run twice on an empty schema it creates the inbox, ordering, outbox, saga
-// and checkpoint tables.
+// run twice on an empty schema it creates the inbox, ordering, outbox, saga,
+// checkpoint and failure-index tables.
 func TestMigrateCreatesEveryTable(t *testing.T) {
 	t.Parallel()
 	pool, schema := testenv.PostgresSchema(t)
@@ -104,7 +104,7 @@ func TestMigrateCreatesEveryTable(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, table := range []string{"idem_processed", "idem_ordering_heads", "idem_ordering_parked", "idem_outbox", "idem_saga", "idem_saga_step", "idem_checkpoint"} {
+	for _, table := range []string{"idem_processed", "idem_ordering_heads", "idem_ordering_parked", "idem_outbox", "idem_saga", "idem_saga_step", "idem_checkpoint", "idem_dlq_records", "idem_dlq_groups", "idem_dlq_versions", "idem_dlq_audit"} {
 		var n int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM information_schema.tables WHERE table_schema = $1 AND table_name = $2`, schema, table).Scan(&n); err != nil || n != 1 {
 			t.Errorf("table %s: count %d, err %v", table, n, err)

@@ -20,13 +20,15 @@ import (
 // HandleBatch returns.
 //
 // Returning nil commits the inbox rows and every write of the batch at once.
-// Returning a *BatchError names the messages that failed and how: the batch
-// is rolled back, the other messages are committed again without them, and
-// each failed message takes the per-message failure path (in-process
-// retries with a batch of one, retry tiers, the DLQ; a Permanent error goes
-// to the DLQ at once). Any other error fails the whole batch: it is rolled
-// back and every message is run again alone, as a batch of one, so only the
-// failing ones take the failure path.
+// Any error fails the whole batch: it is rolled back, and then each of its
+// messages runs alone, as a batch of one in its own transaction, in offset
+// order, so nothing after a failing message commits before that message's
+// own outcome. A *BatchError names the messages that failed and how: each
+// named error counts as that message's first attempt, which then takes the
+// per-message failure path (in-process retries with a batch of one, retry
+// tiers, the DLQ; a Permanent error goes to the DLQ without running again);
+// the messages it does not name run alone as usual. With any other error,
+// every message runs alone, so only the failing ones take the failure path.
 type BatchHandler interface {
 	HandleBatch(ctx context.Context, msgs []*Message) error
 }

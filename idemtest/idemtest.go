@@ -316,7 +316,9 @@ type DeadLetter struct {
 	Offset    int64
 	// Key and Value are the original record's bytes, unchanged.
 	Key, Value []byte
-	// Headers are the original record's headers (idem's own removed).
+	// Headers are the original record's headers without the wire
+	// contract's idem-* headers (retrytopic.IsIdemHeader): other names, such
+	// as outbox.Relay's idem-outbox-id, are kept.
 	Headers []handler.Header
 	// Failure is what the idem-* headers say: error, kind, attempts, and the
 	// original topic, partition and offset.
@@ -393,10 +395,8 @@ func (k *Kafka) ReadDLQ(tb testing.TB, dlqTopic string, n int) []DeadLetter {
 func deadLetter(m *sarama.ConsumerMessage) DeadLetter {
 	d := DeadLetter{Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value}
 	d.Failure, _, _ = retrytopic.Decode(m.Headers)
-	for _, h := range m.Headers {
-		if h != nil && !strings.HasPrefix(string(h.Key), retrytopic.HeaderPrefix) {
-			d.Headers = append(d.Headers, handler.Header{Key: string(h.Key), Value: h.Value})
-		}
+	for _, h := range retrytopic.StripHeaders(m.Headers) { // keeps idem-outbox-id: only the wire contract's headers go
+		d.Headers = append(d.Headers, handler.Header{Key: string(h.Key), Value: h.Value})
 	}
 	return d
 }

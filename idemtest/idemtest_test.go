@@ -190,3 +190,31 @@ func TestForgottenWithPostgresIsAClearError(t *testing.T) {
 		t.Fatalf("dead letter: kind %s, error %q; want a permanent error naming dedupe.NewPostgres and idemtest.WithPostgres", f.Kind, f.Error)
 	}
 }
+
+// TestDeadLetterKeepsOutboxID: ReadDLQ drops only the wire contract's
+// idem-* headers; a record published by outbox.Relay keeps its
+// idem-outbox-id in DeadLetter.Headers, as the DLQ record does.
+func TestDeadLetterKeepsOutboxID(t *testing.T) {
+	t.Parallel()
+	k := idemtest.NewKafka(t)
+	k.CreateTopic(t, "events", 1)
+	k.Produce(t, "events", idemtest.Record{IdempotencyKey: "evt-1", Value: []byte("{}"),
+		Headers: []handler.Header{{Key: "idem-outbox-id", Value: []byte("42")}}})
+	c := idemtest.Start(t, k.Config(t, "audit", "events"), handler.Func(func(ctx context.Context, m *handler.Message) error {
+		return handler.Permanent(errors.New("unknown event"))
+	}))
+	c.WaitOutcome(t, "dead_lettered", 1)
+	dl := k.ReadDLQ(t, idemtest.DLQTopic("events", "audit"), 1)
+	var id string
+	for _, h := range dl[0].Headers {
+		if h.Key == "idem-outbox-id" {
+			id = string(h.Value)
+		}
+		if retrytopic.IsIdemHeader([]byte(h.Key)) {
+			t.Errorf("wire-contract header %s kept in DeadLetter.Headers", h.Key)
+		}
+	}
+	if id != "42" {
+		t.Fatalf("DeadLetter.Headers = %+v, want idem-outbox-id 42 kept", dl[0].Headers)
+	}
+}

@@ -16,7 +16,7 @@
 //
 //	name                                   type       labels                    meaning
 //	idem_messages_total                    counter    group,topic,outcome       messages with a final outcome: processed, duplicate, retried (sent to a tier), dead_lettered, parked
-//	idem_handler_attempts_total            counter    group,topic,result        handler calls by result: ok, error, panic, breaker_open
+//	idem_handler_attempts_total            counter    group,topic,result        handler calls by result: ok, error, panic, breaker_open, throttled
 //	idem_handler_duration_seconds          histogram  group,topic               handler call latency including the dedupe transaction (1 ms to 30 s)
 //	idem_retries_total                     counter    group,topic               in-process retries: handler attempts after a failure
 //	idem_forwarded_total                   counter    group,destination,kind    records forwarded to a retry tier or the DLQ, by idem-error-kind

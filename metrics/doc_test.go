@@ -315,3 +315,37 @@ func TestDocTable(t *testing.T) {
 		}
 	}
 }
+
+// TestAttemptResultsDocumented: every Result label value of
+// idem_handler_attempts_total is named in doc.go's row and in the Help text.
+func TestAttemptResultsDocumented(t *testing.T) {
+	src, err := os.ReadFile("doc.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var row string
+	for _, line := range strings.Split(string(src), "\n") {
+		if strings.HasPrefix(line, "//\tidem_handler_attempts_total ") {
+			row = line
+		}
+	}
+	if row == "" {
+		t.Fatal("doc.go: no idem_handler_attempts_total row")
+	}
+	reg := prometheus.NewRegistry()
+	m, err := metrics.New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	help := make(chan *prometheus.Desc, 1)
+	m.Attempts.Describe(help)
+	desc := (<-help).String()
+	for _, r := range []string{metrics.ResultOK, metrics.ResultError, metrics.ResultPanic, metrics.ResultBreakerOpen, metrics.ResultThrottled} {
+		if !strings.Contains(row, r) {
+			t.Errorf("doc.go's idem_handler_attempts_total row does not name result %q: %s", r, row)
+		}
+		if !strings.Contains(desc, r) {
+			t.Errorf("idem_handler_attempts_total's Help does not name result %q: %s", r, desc)
+		}
+	}
+}

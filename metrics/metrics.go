@@ -21,6 +21,10 @@ const (
 	ResultError       = "error"
 	ResultPanic       = "panic"
 	ResultBreakerOpen = "breaker_open"
+	// ResultThrottled: the handler returned a *breaker.ThrottleError (a rate
+	// or in-flight limit, or the dependency's Retry-After); the partition
+	// pauses as for an open breaker, but the dependency is not failing.
+	ResultThrottled = "throttled"
 )
 
 // Metrics is the set of idem's collectors. The zero value is not usable; use New.
@@ -64,7 +68,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		Messages: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_messages_total",
 			Help: "Messages with a final outcome (processed, duplicate, retried, dead_lettered)."}, []string{"group", "topic", "outcome"}),
 		Attempts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_handler_attempts_total",
-			Help: "Handler calls by result (ok, error, panic, breaker_open)."}, []string{"group", "topic", "result"}),
+			Help: "Handler calls by result (ok, error, panic, breaker_open, throttled)."}, []string{"group", "topic", "result"}),
 		HandlerDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "idem_handler_duration_seconds",
 			Help:    "Handler call latency, including the dedupe transaction.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}}, []string{"group", "topic"}),
