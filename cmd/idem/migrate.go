@@ -19,7 +19,9 @@ func newMigrateCmd(a *app) *cobra.Command {
 		Short: "Create or upgrade every PostgreSQL table idem needs; idempotent",
 		Long: `Create or upgrade every table idem keeps in PostgreSQL, as consumer.Migrate does:
 the inbox (idem_processed, or --table), the ordering tables, the outbox, the
-saga tables and the batch checkpoints. Safe to run again and from several
+saga tables, the batch checkpoints and the failure index that idem console and
+idem dlq --database-url read (idem_dlq_records, idem_dlq_groups,
+idem_dlq_versions, idem_dlq_audit). Safe to run again and from several
 processes at once. Talks only to PostgreSQL: --database-url, or DATABASE_URL.`,
 		Example: `  idem migrate --database-url postgres://idem:secret@db:5432/idem
   DATABASE_URL=postgres://idem@db/idem idem migrate --table billing.idem_processed`,
