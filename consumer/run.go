@@ -36,8 +36,10 @@ var ErrUnknownTopic = errors.New("consumer: unknown topic")
 // back and they are redelivered later), commits the offsets of every finished
 // message, and returns nil once every goroutine it started has ended. Any other
 // return is a fatal error: an invalid Config (ErrInvalidConfig), a nil handler,
-// a missing topic (ErrUnknownTopic), a cluster that cannot be reached or whose
-// retry/dead-letter topics cannot be created at start, sarama refusing the
+// a missing topic (ErrUnknownTopic), a cluster that cannot be reached at start
+// (a broker that refuses connections or times out is retried for up to 30 s
+// first, so a service started during a broker restart or a leader move waits it
+// out) or whose retry/dead-letter topics cannot be created, sarama refusing the
 // configuration, or the dedupe store reporting its own configuration wrong (a
 // *dedupe.StoreError with Op "config", met by the first message).
 // Transient broker and database outages are not fatal: the affected partition
@@ -231,7 +233,11 @@ func (r *runner) run(ctx context.Context) (err error) {
 	r.ready.start(r.cfg.Group, storePing(r.cfg))
 	defer r.ready.stop()
 
-	client, err := sarama.NewClient(r.cfg.Brokers, r.scfg)
+	var client sarama.Client
+	err = r.retryStart(ctx, nil, "connecting to the cluster", func() (err error) {
+		client, err = sarama.NewClient(r.cfg.Brokers, r.scfg)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("consumer: connect to %v: %w", r.cfg.Brokers, err)
 	}

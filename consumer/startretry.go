@@ -23,7 +23,9 @@ const startRetryFor = 30 * time.Second
 // transientClusterErr reports whether err from an admin request means "this
 // broker (or the controller we know of) did not answer" rather than "the
 // cluster refused": a refused or reset connection, EOF, a timeout, or one of
-// Kafka's not-available / not-controller codes. Those are worth a retry after
+// Kafka's not-available / not-controller codes. sarama's "run out of available
+// brokers" counts only through the connection errors it wraps, so a refused
+// SASL login or TLS handshake behind it is not retried. Those are worth a retry after
 // a metadata refresh; anything else (authorization, a partition mismatch, bad
 // config) is returned at once.
 func transientClusterErr(err error) bool {
@@ -33,7 +35,6 @@ func transientClusterErr(err error) bool {
 		return false
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
 		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
-		errors.Is(err, sarama.ErrOutOfBrokers), errors.Is(err, sarama.ErrNotConnected),
 		errors.Is(err, sarama.ErrBrokerNotAvailable), errors.Is(err, sarama.ErrNotController),
 		errors.Is(err, sarama.ErrLeaderNotAvailable), errors.Is(err, sarama.ErrRequestTimedOut),
 		errors.Is(err, sarama.ErrNotLeaderForPartition):
@@ -47,7 +48,7 @@ func transientClusterErr(err error) bool {
 // retryStart runs step until it succeeds, returns an error that is not
 // transientClusterErr, ctx ends, or startRetryFor has passed since the first
 // failure. Between tries it refreshes the client's controller and metadata
-// (so a fenced broker is dropped) and waits 250 ms, doubling to 2 s. Each
+// (so a fenced broker is dropped; client may be nil before one exists) and waits 250 ms, doubling to 2 s. Each
 // retried failure is logged at WARN.
 func (r *runner) retryStart(ctx context.Context, client sarama.Client, what string, step func() error) error {
 	wait := 250 * time.Millisecond
@@ -72,8 +73,10 @@ func (r *runner) retryStart(ctx context.Context, client sarama.Client, what stri
 			return err
 		case <-t.C:
 		}
-		_, _ = client.RefreshController()
-		_ = client.RefreshMetadata()
+		if client != nil {
+			_, _ = client.RefreshController()
+			_ = client.RefreshMetadata()
+		}
 		wait = min(2*wait, 2*time.Second)
 	}
 }

@@ -18,7 +18,7 @@ func TestTransientClusterErr(t *testing.T) {
 		io.EOF,
 		fmt.Errorf("retrytopic: describe topic t: %w", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}),
 		syscall.ECONNRESET,
-		sarama.ErrOutOfBrokers,
+		sarama.Wrap(sarama.ErrOutOfBrokers, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}),
 		sarama.ErrNotController,
 		fmt.Errorf("wrapped: %w", sarama.ErrLeaderNotAvailable),
 		sarama.ErrRequestTimedOut,
@@ -33,6 +33,8 @@ func TestTransientClusterErr(t *testing.T) {
 		errors.New("retrytopic: topic t has 3 partitions, want 12"),
 		sarama.ErrTopicAuthorizationFailed,
 		sarama.ErrClusterAuthorizationFailed,
+		sarama.Wrap(sarama.ErrOutOfBrokers, sarama.ErrSASLAuthenticationFailed),
+		sarama.ErrOutOfBrokers,
 		sarama.ErrInvalidConfig,
 		context.Canceled,
 	}
