@@ -66,12 +66,8 @@ func (r *runner) retryStart(ctx context.Context, client sarama.Client, what stri
 			return err
 		}
 		r.log.Warn("idem: "+what+" failed; retrying while the cluster moves its leaders", "err", err, "in", wait)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleep(ctx, wait) {
 			return err
-		case <-t.C:
 		}
 		if client != nil {
 			_, _ = client.RefreshController()
