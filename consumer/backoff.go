@@ -3,8 +3,39 @@ package consumer
 import (
 	"context"
 	"math/rand/v2"
+	"sync"
 	"time"
 )
+
+// delays draws the randomized waits of one Run: between in-process retries
+// of a failing message, and between tries while a dependency is out.
+type delays struct {
+	retryBase, retryMax, outageMax time.Duration
+
+	mu   sync.Mutex
+	rand *rand.Rand
+}
+
+func newDelays(cfg Config) *delays {
+	return &delays{retryBase: cfg.RetryBase, retryMax: cfg.RetryMax, outageMax: cfg.OutageBackoff,
+		rand: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))}
+}
+
+// retry is the wait before in-process retry n of a message (full jitter
+// between RetryBase and RetryMax).
+func (d *delays) retry(n int) time.Duration {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return fullJitter(d.retryBase, d.retryMax, n, d.rand)
+}
+
+// outage is the wait before try n during an outage: full jitter from 100 ms
+// up to OutageBackoff, at least 50 ms.
+func (d *delays) outage(n int) time.Duration {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return max(fullJitter(100*time.Millisecond, d.outageMax, n, d.rand), 50*time.Millisecond)
+}
 
 // fullJitter returns the delay before retry n (n >= 1): a uniformly random
 // duration in [0, min(cap, base*2^(n-1))], the "full jitter" of AWS's

@@ -123,7 +123,7 @@ func (c *claim) run() {
 		r.pauses.forget(c.tp)
 	}()
 	r.gate.join(c.tp)
-	defer r.register(c)()
+	defer r.claims.register(c)()
 
 	// The reader drains Messages so that its closing (revocation) is seen at
 	// once, and pauses fetching when the worker falls behind.

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 
 	"github.com/idemhq/idem/console/index"
@@ -40,14 +41,14 @@ func (c Config) failureIndex() *index.Indexer {
 // for a configuration Validate already checked or a Registerer that holds
 // its collectors already, which is logged: consuming goes on, and the
 // dead-letter topics keep every record for a later indexer.
-func (r *runner) startFailureIndex(ctx context.Context, wg *sync.WaitGroup) {
-	ix := r.cfg.failureIndex()
+func startFailureIndex(ctx context.Context, wg *sync.WaitGroup, cfg Config, log *slog.Logger) {
+	ix := cfg.failureIndex()
 	if ix == nil {
 		return
 	}
 	wg.Go(func() {
 		if err := ix.Run(ctx); err != nil {
-			r.log.Error("idem: failure indexer stopped; dead-lettered records are not indexed until it runs again", "err", err)
+			log.Error("idem: failure indexer stopped; dead-lettered records are not indexed until it runs again", "err", err)
 		}
 	})
 }

@@ -190,7 +190,7 @@ func (w *worker) forward(out outbound, msg *handler.Message) (sent outbound, err
 			w.log.Error("idem: the dead-letter topic refuses even a stub of this record; offset not marked, waiting",
 				"offset", msg.Offset, "key", msg.IdempotencyKey, "to", sent.rec.Topic, "err", err, "try", n)
 		}
-		if !sleep(w.stopCtx, r.outageDelay(n)) {
+		if !sleep(w.stopCtx, r.wait.outage(n)) {
 			return outbound{}, errStopping
 		}
 	}
@@ -267,28 +267,28 @@ func (o *observer) forwarded(out outbound, msg *handler.Message) {
 // largest records (retrytopic.EnsureTopicsFor), logs a WARN for each existing
 // one that is smaller than its source or keeps records shorter than twice its
 // delay, and returns the Producer.MaxMessageBytes the forward producer needs.
-func (r *runner) setupRetryTopics(ctx context.Context, client sarama.Client) (int, error) {
+func (s setup) retryTopics(ctx context.Context, client sarama.Client) (int, error) {
 	admin, err := sarama.NewClusterAdminFromClient(client)
 	if err != nil {
 		return 0, fmt.Errorf("consumer: admin: %w", err)
 	}
 	// Closing the admin would close the shared client; it holds no other resource.
 	limit := 0
-	for _, t := range r.cfg.Topics {
+	for _, t := range s.cfg.Topics {
 		var sz retrytopic.Sizes
-		err := r.retryStart(ctx, client, "creating the retry topics of "+t, func() (err error) {
-			sz, err = retrytopic.EnsureTopicsFor(ctx, admin, t, r.cfg.Group, r.policy)
+		err := s.retry(ctx, client, "creating the retry topics of "+t, func() (err error) {
+			sz, err = retrytopic.EnsureTopicsFor(ctx, admin, t, s.cfg.Group, s.policy)
 			return err
 		})
 		if err != nil {
 			return 0, fmt.Errorf("consumer: retry topics of %s: %w", t, err)
 		}
 		for _, w := range sz.Warnings {
-			r.log.Warn("idem: "+strings.TrimPrefix(w.Error(), "retrytopic: "), "topic", w.Topic, "config", w.Config, "found", w.Found, "want", w.Want)
+			s.log.Warn("idem: "+strings.TrimPrefix(w.Error(), "retrytopic: "), "topic", w.Topic, "config", w.Config, "found", w.Found, "want", w.Want)
 		}
 		limit = max(limit, sz.ProducerMaxMessageBytes())
 	}
-	if err := r.retryStart(ctx, client, "reading metadata", func() error { return client.RefreshMetadata() }); err != nil {
+	if err := s.retry(ctx, client, "reading metadata", func() error { return client.RefreshMetadata() }); err != nil {
 		return 0, fmt.Errorf("consumer: metadata: %w", err)
 	}
 	return limit, nil

@@ -184,8 +184,8 @@ func TestWarnIgnoredInitial(t *testing.T) {
 		cfg.Sarama = sarama.NewConfig()
 		cfg.Sarama.Consumer.Offsets.Initial = c.initial
 		cfg.StartAt = c.start
-		r := &runner{cfg: cfg, log: slog.New(slog.NewTextHandler(&buf, nil))}
-		r.warnIgnoredInitial()
+		s := setup{cfg: cfg, log: slog.New(slog.NewTextHandler(&buf, nil))}
+		s.warnIgnoredInitial()
 		if got := strings.Contains(buf.String(), "idem uses StartAt"); got != c.warn {
 			t.Errorf("Initial %d, StartAt %s: warned %v, want %v (%s)", c.initial, c.start, got, c.warn, buf.String())
 		}

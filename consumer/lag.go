@@ -14,39 +14,39 @@ import (
 // high watermark minus the group's committed offset, both asked of the
 // cluster, so the figure is what an outside tool (kafka-consumer-groups)
 // shows. Series of partitions no longer claimed are removed.
-func (r *runner) watchLag(ctx context.Context, client sarama.Client) {
-	if r.cfg.LagInterval < 0 {
+func (cs *claimSet) watchLag(ctx context.Context, client sarama.Client, interval time.Duration) {
+	if interval < 0 {
 		return
 	}
 	admin, err := sarama.NewClusterAdminFromClient(client)
 	if err != nil {
-		r.log.Warn("idem: consumer lag disabled: admin client", "err", err)
+		cs.log.Warn("idem: consumer lag disabled: admin client", "err", err)
 		return
 	}
 	// Closing the admin would close the shared client; it holds no other resource.
-	t := time.NewTicker(r.cfg.LagInterval)
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	shown := map[tp]bool{}
 	for {
-		r.refreshLag(ctx, client, admin, shown)
+		cs.refreshLag(ctx, client, admin, shown)
 		select {
 		case <-ctx.Done():
 			for k := range shown {
-				r.m.ConsumerLag.DeleteLabelValues(r.cfg.Group, k.topic, strconv.Itoa(int(k.partition)))
+				cs.m.ConsumerLag.DeleteLabelValues(cs.group, k.topic, strconv.Itoa(int(k.partition)))
 			}
 			return
 		case <-t.C:
-		case <-r.lagKick:
+		case <-cs.kick:
 		}
 	}
 }
 
 // refreshLag sets the lag of the partitions claimed now and removes the
 // series in shown that are not claimed any more.
-func (r *runner) refreshLag(ctx context.Context, client sarama.Client, admin sarama.ClusterAdmin, shown map[tp]bool) {
+func (cs *claimSet) refreshLag(ctx context.Context, client sarama.Client, admin sarama.ClusterAdmin, shown map[tp]bool) {
 	claimed := map[string][]int32{}
 	parts := map[tp]*claim{}
-	r.parts.Range(func(k, v any) bool {
+	cs.parts.Range(func(k, v any) bool {
 		t := k.(tp)
 		claimed[t.topic] = append(claimed[t.topic], t.partition)
 		parts[t] = v.(*claim)
@@ -54,16 +54,16 @@ func (r *runner) refreshLag(ctx context.Context, client sarama.Client, admin sar
 	})
 	for k := range shown {
 		if parts[k] == nil {
-			r.m.ConsumerLag.DeleteLabelValues(r.cfg.Group, k.topic, strconv.Itoa(int(k.partition)))
+			cs.m.ConsumerLag.DeleteLabelValues(cs.group, k.topic, strconv.Itoa(int(k.partition)))
 			delete(shown, k)
 		}
 	}
 	if len(parts) == 0 || ctx.Err() != nil {
 		return
 	}
-	resp, err := admin.ListConsumerGroupOffsets(r.cfg.Group, claimed)
+	resp, err := admin.ListConsumerGroupOffsets(cs.group, claimed)
 	if err != nil {
-		r.log.Debug("idem: consumer lag: committed offsets", "err", err)
+		cs.log.Debug("idem: consumer lag: committed offsets", "err", err)
 		return
 	}
 	for k, p := range parts {
@@ -72,7 +72,7 @@ func (r *runner) refreshLag(ctx context.Context, client sarama.Client, admin sar
 		}
 		hwm, err := client.GetOffset(k.topic, k.partition, sarama.OffsetNewest)
 		if err != nil {
-			r.log.Debug("idem: consumer lag: high watermark", "topic", k.topic, "partition", k.partition, "err", err)
+			cs.log.Debug("idem: consumer lag: high watermark", "topic", k.topic, "partition", k.partition, "err", err)
 			continue
 		}
 		committed := int64(-1)
@@ -90,10 +90,10 @@ func (r *runner) refreshLag(ctx context.Context, client sarama.Client, admin sar
 		if committed < 0 { // started at the newest offset: no figure until a commit
 			continue
 		}
-		if _, ok := r.parts.Load(k); !ok {
+		if _, ok := cs.parts.Load(k); !ok {
 			continue // revoked meanwhile
 		}
-		r.m.ConsumerLag.WithLabelValues(r.cfg.Group, k.topic, strconv.Itoa(int(k.partition))).Set(float64(max(hwm-committed, 0)))
+		cs.m.ConsumerLag.WithLabelValues(cs.group, k.topic, strconv.Itoa(int(k.partition))).Set(float64(max(hwm-committed, 0)))
 		shown[k] = true
 	}
 }

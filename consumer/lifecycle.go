@@ -69,7 +69,7 @@ func (l *lifecycle) claimStarting(s sarama.ConsumerGroupSession, t tp) {
 // offsets synchronously and calls OnRevoked for the partition.
 func (l *lifecycle) claimEnded(s sarama.ConsumerGroupSession, t tp) {
 	l.r.ready.claimed(t, false)
-	if _, ok := l.r.parts.Load(t); !ok { // not claimed again meanwhile
+	if !l.r.claims.claimed(t) { // not claimed again meanwhile
 		l.r.m.ConsumerLag.DeleteLabelValues(l.r.cfg.Group, t.topic, strconv.Itoa(int(t.partition)))
 	}
 	if l.r.cfg.OnAssigned != nil {

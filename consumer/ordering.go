@@ -184,7 +184,7 @@ func (w byKey) orderTry(step string, f func(ctx context.Context) error) (refused
 		}
 		w.r.m.StoreErrors.WithLabelValues(w.r.cfg.Group).Inc()
 		w.log.Warn("idem: ordering store unavailable; retrying", "step", step, "err", err, "try", n)
-		if !sleep(w.stopCtx, w.r.outageDelay(n)) {
+		if !sleep(w.stopCtx, w.r.wait.outage(n)) {
 			return err, errStopping
 		}
 	}

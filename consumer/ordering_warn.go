@@ -17,11 +17,11 @@ import (
 // orderingDB is where the parked rows of this group live: Config.OrderingDB,
 // else the database of a Dedupe store that exposes one (DB() dedupe.DB);
 // nil when neither is known.
-func (r *runner) orderingDB() dedupe.DB {
-	if r.cfg.OrderingDB != nil {
-		return r.cfg.OrderingDB
+func orderingDB(cfg Config) dedupe.DB {
+	if cfg.OrderingDB != nil {
+		return cfg.OrderingDB
 	}
-	if d, ok := r.cfg.Dedupe.(interface{ DB() dedupe.DB }); ok {
+	if d, ok := cfg.Dedupe.(interface{ DB() dedupe.DB }); ok {
 		return d.DB()
 	}
 	return nil
@@ -36,18 +36,18 @@ func (r *runner) orderingDB() dedupe.DB {
 // its tier record expired, so it never comes back. Their offsets are
 // committed, so without a release they stay stranded. It never fails Run: a
 // database it cannot read (or without the ordering tables) is skipped.
-func (r *runner) warnUnread(ctx context.Context, client sarama.Client) {
-	db := r.orderingDB()
+func (s setup) warnUnread(ctx context.Context, client sarama.Client) {
+	db := orderingDB(s.cfg)
 	if db == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	keys, err := keyorder.List(ctx, db, r.cfg.Group, "")
+	keys, err := keyorder.List(ctx, db, s.cfg.Group, "")
 	if err != nil {
 		var pe *pgconn.PgError
 		if !errors.As(err, &pe) || pe.Code != "42P01" { // undefined_table: ordering never used here
-			r.log.Debug("idem: cannot look for parked messages", "err", err)
+			s.log.Debug("idem: cannot look for parked messages", "err", err)
 		}
 		return
 	}
@@ -62,16 +62,16 @@ func (r *runner) warnUnread(ctx context.Context, client sarama.Client) {
 	for _, k := range keys {
 		var reason string
 		switch {
-		case r.order == nil:
+		case !s.order:
 			reason = "ordering is off (Config.Ordering is not OrderingByKey)"
-		case !slices.Contains(r.cfg.Topics, k.Topic):
+		case !slices.Contains(s.cfg.Topics, k.Topic):
 			reason = "the topic is not in Config.Topics"
-		case k.Tier > len(r.policy.Delays):
-			reason = fmt.Sprintf("heads wait in retry tier %d, but Retry.Delays has %d tiers", k.Tier, len(r.policy.Delays))
+		case k.Tier > len(s.policy.Delays):
+			reason = fmt.Sprintf("heads wait in retry tier %d, but Retry.Delays has %d tiers", k.Tier, len(s.policy.Delays))
 		case k.Head != "" && !k.Pending && k.Tier > 0 && !k.Since.IsZero():
-			tier := r.policy.Tier(k.Topic, r.cfg.Group, k.Tier)
+			tier := s.policy.Tier(k.Topic, s.cfg.Group, k.Tier)
 			if retention == nil {
-				retention = r.retentions(client, r.topics()[len(r.cfg.Topics):])
+				retention = s.retentions(client, subscribed(s.cfg, s.policy)[len(s.cfg.Topics):])
 			}
 			d, ok := retention[tier]
 			if !ok || d < 0 || time.Since(k.Since) <= d {
@@ -99,9 +99,9 @@ func (r *runner) warnUnread(ctx context.Context, client sarama.Client) {
 		if !u.oldest.IsZero() {
 			age = time.Since(u.oldest).Round(time.Second)
 		}
-		r.log.Warn("idem: parked messages this consumer will not read; their offsets are committed, so release them",
+		s.log.Warn("idem: parked messages this consumer will not read; their offsets are committed, so release them",
 			"topic", t, "keys", u.keys, "parked", u.parked, "oldest_age", age, "reason", u.reason,
-			"list", fmt.Sprintf("idem ordering list --group %s --topic %s", r.cfg.Group, t),
-			"release", fmt.Sprintf("idem ordering release --group %s --topic %s --all --to source", r.cfg.Group, t))
+			"list", fmt.Sprintf("idem ordering list --group %s --topic %s", s.cfg.Group, t),
+			"release", fmt.Sprintf("idem ordering release --group %s --topic %s --all --to source", s.cfg.Group, t))
 	}
 }

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 
 	"github.com/idemhq/idem/outbox"
@@ -46,19 +47,19 @@ func (c Config) validateRelay() error {
 // collectors already, which is logged and stops only the relay, so
 // consuming goes on, rows wait in the outbox (idem_outbox_pending) and the
 // consumer stays not ready.
-func (r *runner) startRelay(ctx context.Context, wg *sync.WaitGroup) {
-	rl := r.cfg.relay()
+func startRelay(ctx context.Context, wg *sync.WaitGroup, cfg Config, ready *Readiness, log *slog.Logger) {
+	rl := cfg.relay()
 	if rl == nil {
 		return
 	}
 	if rl.Health == nil {
 		rl.Health = new(outbox.Health)
 	}
-	r.ready.setRelay(rl.Health.Err)
+	ready.setRelay(rl.Health.Err)
 	wg.Go(func() {
 		if err := rl.Run(ctx); err != nil {
-			r.ready.setRelay(func() error { return err })
-			r.log.Error("idem: outbox relay stopped; events wait in the outbox until it runs again", "err", err)
+			ready.setRelay(func() error { return err })
+			log.Error("idem: outbox relay stopped; events wait in the outbox until it runs again", "err", err)
 		}
 	})
 }

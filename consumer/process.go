@@ -84,7 +84,7 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 			r.m.StoreErrors.WithLabelValues(r.cfg.Group).Inc()
 			w.ob.spanEnd(TraceOutcomeOutage, err)
 			w.log.Warn("idem: database unavailable; retrying the same message", "offset", msg.Offset, "err", err, "try", outages)
-			if !sleep(w.stopCtx, r.outageDelay(outages)) {
+			if !sleep(w.stopCtx, r.wait.outage(outages)) {
 				return nil, errStopping
 			}
 		case c == classBreaker:
@@ -92,7 +92,7 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 			r.gate.trip(err)
 			w.ob.spanEnd(TraceOutcomeBreakerOpen, err)
 		case c == classRetriable && retries < r.cfg.Retries:
-			d := r.jitter(retries + 1)
+			d := r.wait.retry(retries + 1)
 			if ra, ok := handler.RetryAfterOf(err); ok && ra > d {
 				if ra > r.cfg.RetryMax && len(r.policy.Delays) > 0 {
 					// Too long to hold the partition: the retry tier honours it

@@ -13,12 +13,12 @@ import (
 // records: a group that re-reads old records (its committed offsets expired,
 // or an operator reset them) would apply those records a second time. It only
 // logs; a topic whose config cannot be read is skipped with a DEBUG line.
-func (r *runner) warnRetention(client sarama.Client) {
-	inbox := r.inboxRetention()
+func (s setup) warnRetention(client sarama.Client) {
+	inbox := inboxRetention(s.cfg)
 	if inbox <= 0 {
 		return
 	}
-	for topic, d := range r.retentions(client, r.cfg.Topics) {
+	for topic, d := range s.retentions(client, s.cfg.Topics) {
 		if d >= 0 && d <= inbox {
 			continue
 		}
@@ -26,7 +26,7 @@ func (r *runner) warnRetention(client sarama.Client) {
 		if d >= 0 {
 			kafka = d.String()
 		}
-		r.log.Warn("idem: the inbox forgets keys sooner than Kafka keeps records; a record re-read after its key was swept (expired group offsets, an offset reset) is applied twice",
+		s.log.Warn("idem: the inbox forgets keys sooner than Kafka keeps records; a record re-read after its key was swept (expired group offsets, an offset reset) is applied twice",
 			"topic", topic, "topic_retention", kafka, "inbox_retention", inbox,
 			"fix", "keep inbox keys at least as long as the topic's retention.ms, or set StartAt: StartNewest")
 	}
@@ -34,14 +34,14 @@ func (r *runner) warnRetention(client sarama.Client) {
 
 // retentions returns the retention.ms of topics (negative: for ever); a
 // topic whose config cannot be read is left out, with a DEBUG line.
-func (r *runner) retentions(client sarama.Client, topics []string) map[string]time.Duration {
+func (s setup) retentions(client sarama.Client, topics []string) map[string]time.Duration {
 	out := map[string]time.Duration{}
 	if len(topics) == 0 {
 		return out
 	}
 	admin, err := sarama.NewClusterAdminFromClient(client)
 	if err != nil {
-		r.log.Debug("idem: retention check skipped", "err", err)
+		s.log.Debug("idem: retention check skipped", "err", err)
 		return out
 	}
 	// Closing the admin would close the shared client; it holds no other resource.
@@ -51,12 +51,12 @@ func (r *runner) retentions(client sarama.Client, topics []string) map[string]ti
 	}
 	results, err := admin.DescribeConfigs(resources, sarama.DescribeConfigsOptions{})
 	if err != nil {
-		r.log.Debug("idem: retention check skipped", "err", err)
+		s.log.Debug("idem: retention check skipped", "err", err)
 		return out
 	}
 	for _, res := range results {
 		if res.ErrorCode != sarama.ErrNoError {
-			r.log.Debug("idem: retention check skipped", "topic", res.Name, "err", res.ErrorCode)
+			s.log.Debug("idem: retention check skipped", "topic", res.Name, "err", res.ErrorCode)
 			continue
 		}
 		for _, e := range res.Configs {
@@ -75,9 +75,9 @@ func (r *runner) retentions(client sarama.Client, topics []string) map[string]ti
 // Consumer.Offsets.Initial = OffsetOldest (sarama's default is OffsetNewest,
 // so it was set on purpose) while StartAt is StartNewest: StartAt decides,
 // and the override must not be silent.
-func (r *runner) warnIgnoredInitial() {
-	if r.cfg.Sarama.Consumer.Offsets.Initial == sarama.OffsetOldest && r.cfg.StartAt == StartNewest {
-		r.log.Warn("idem: Config.Sarama.Consumer.Offsets.Initial is OffsetOldest but StartAt is StartNewest; idem uses StartAt",
+func (s setup) warnIgnoredInitial() {
+	if s.cfg.Sarama.Consumer.Offsets.Initial == sarama.OffsetOldest && s.cfg.StartAt == StartNewest {
+		s.log.Warn("idem: Config.Sarama.Consumer.Offsets.Initial is OffsetOldest but StartAt is StartNewest; idem uses StartAt",
 			"fix", "set StartAt: consumer.StartOldest, or leave Offsets.Initial alone")
 	}
 }

@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemhq/idem/dedupe"
@@ -118,11 +118,8 @@ type runner struct {
 	runCtx     context.Context // Run's ctx, also cancelled by fatal
 	abort      context.CancelCauseFunc
 
-	parts sync.Map // tp → *claim: the claimed partitions, watched for stalls
-	// lagKick asks watchLag for a sample now: a partition was claimed, so its
-	// lag series exists from the start, not only after LagInterval.
-	lagKick chan struct{}
-	keys    keyWatch // warns when the first records of a topic have no key
+	claims *claimSet // the claimed partitions, watched for stalls and lag
+	keys   keyWatch  // warns when the first records of a topic have no key
 
 	ready  *Readiness // Config.Readiness, or a private one
 	life   *lifecycle // OnAssigned/OnRevoked
@@ -130,9 +127,7 @@ type runner struct {
 	// noRecord: the last span the tracer started neither recorded nor had
 	// a valid context (no SDK installed); see spanStart.
 	noRecord atomic.Bool
-
-	randMu sync.Mutex
-	rand   *rand.Rand
+	wait     *delays
 }
 
 func newRunner(cfg Config, h handler.Handler) (*runner, error) {
@@ -145,14 +140,13 @@ func newRunner(cfg Config, h handler.Handler) (*runner, error) {
 		return nil, fmt.Errorf("consumer: sarama config: %w", err)
 	}
 	r := &runner{
-		cfg:     cfg,
-		h:       handler.Chain(h, handler.Recover()),
-		log:     cfg.Logger.With("group", cfg.Group),
-		m:       m,
-		scfg:    scfg,
-		rand:    rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
-		policy:  cfg.Retry.WithDefaults(),
-		lagKick: make(chan struct{}, 1),
+		cfg:    cfg,
+		h:      handler.Chain(h, handler.Recover()),
+		log:    cfg.Logger.With("group", cfg.Group),
+		m:      m,
+		scfg:   scfg,
+		wait:   newDelays(cfg),
+		policy: cfg.Retry.WithDefaults(),
 	}
 	if bs, ok := cfg.Dedupe.(dedupe.BatchStore); ok && cfg.Batch.MaxMessages > 1 {
 		r.batchStore = bs
@@ -161,6 +155,7 @@ func newRunner(cfg Config, h handler.Handler) (*runner, error) {
 	if r.ready == nil {
 		r.ready = NewReadiness()
 	}
+	r.claims = newClaimSet(cfg.Group, m, r.log)
 	r.life = newLifecycle(r)
 	r.tracer = cfg.TracerProvider.Tracer(TracerName)
 	return r, nil
@@ -205,19 +200,6 @@ func saramaConfig(cfg Config) *sarama.Config {
 	return &c
 }
 
-func (r *runner) jitter(n int) time.Duration {
-	r.randMu.Lock()
-	defer r.randMu.Unlock()
-	return fullJitter(r.cfg.RetryBase, r.cfg.RetryMax, n, r.rand)
-}
-
-func (r *runner) outageDelay(n int) time.Duration {
-	r.randMu.Lock()
-	defer r.randMu.Unlock()
-	d := fullJitter(100*time.Millisecond, r.cfg.OutageBackoff, n, r.rand)
-	return max(d, 50*time.Millisecond)
-}
-
 func (r *runner) run(ctx context.Context) (err error) {
 	defer func() {
 		// A ctx cancelled while Run starts (creating the retry topics,
@@ -233,8 +215,9 @@ func (r *runner) run(ctx context.Context) (err error) {
 	r.ready.start(r.cfg.Group, storePing(r.cfg))
 	defer r.ready.stop()
 
+	st := setup{cfg: r.cfg, policy: r.policy, log: r.log, order: r.cfg.Ordering == OrderingByKey}
 	var client sarama.Client
-	err = r.retryStart(ctx, nil, "connecting to the cluster", func() (err error) {
+	err = st.retry(ctx, nil, "connecting to the cluster", func() (err error) {
 		client, err = sarama.NewClient(r.cfg.Brokers, r.scfg)
 		return err
 	})
@@ -245,9 +228,9 @@ func (r *runner) run(ctx context.Context) (err error) {
 	if err := checkTopics(client, r.cfg.Topics); err != nil {
 		return err
 	}
-	r.warnRetention(client)
-	r.warnIgnoredInitial()
-	maxBytes, err := r.setupRetryTopics(ctx, client)
+	st.warnRetention(client)
+	st.warnIgnoredInitial()
+	maxBytes, err := st.retryTopics(ctx, client)
 	if err != nil {
 		return err
 	}
@@ -274,7 +257,7 @@ func (r *runner) run(ctx context.Context) (err error) {
 			return fmt.Errorf("consumer: ordering schema: %w", err)
 		}
 	}
-	r.warnUnread(ctx, client)
+	st.warnUnread(ctx, client)
 	group, err := sarama.NewConsumerGroupFromClient(r.cfg.Group, client)
 	if err != nil {
 		return fmt.Errorf("consumer: join group %s: %w", r.cfg.Group, err)
@@ -300,15 +283,15 @@ func (r *runner) run(ctx context.Context) (err error) {
 		wg.Wait()
 	}()
 
-	wg.Go(func() { r.watchLag(watchCtx, client) })
-	wg.Go(func() { r.watchDLQDepth(watchCtx, client) })
-	wg.Go(func() { r.watchStalls(watchCtx) })
-	wg.Go(func() { r.sweep(watchCtx) })
-	r.startRelay(watchCtx, &wg)
-	r.startFailureIndex(watchCtx, &wg)
+	wg.Go(func() { r.claims.watchLag(watchCtx, client, r.cfg.LagInterval) })
+	wg.Go(func() { watchDLQDepth(watchCtx, client, r.cfg, r.policy, r.m.DLQDepth, r.log) })
+	wg.Go(func() { r.claims.watchStalls(watchCtx, r.cfg.StallWarning) })
+	wg.Go(func() { sweep(watchCtx, r.cfg, r.log) })
+	startRelay(watchCtx, &wg, r.cfg, r.ready, r.log)
+	startFailureIndex(watchCtx, &wg, r.cfg, r.log)
 
 	gh := &groupHandler{r: r}
-	topics := r.topics()
+	topics := subscribed(r.cfg, r.policy)
 	r.logStart()
 	defer r.log.Info("idem: consumer stopped", "topics", r.cfg.Topics)
 	for n := 1; ctx.Err() == nil; {
@@ -321,7 +304,7 @@ func (r *runner) run(ctx context.Context) (err error) {
 			return fmt.Errorf("consumer: %w", err)
 		case err != nil:
 			r.log.Warn("idem: consume failed; retrying", "err", err)
-			sleep(ctx, r.outageDelay(n))
+			sleep(ctx, r.wait.outage(n))
 			n++
 		default:
 			n = 1
@@ -360,24 +343,24 @@ func (r *runner) fatal(err error) {
 
 // watchDLQDepth exports idem_dlq_depth for each source topic's dead-letter
 // topic every DLQDepthInterval, until ctx is done.
-func (r *runner) watchDLQDepth(ctx context.Context, client sarama.Client) {
-	if r.cfg.DLQDepthInterval < 0 {
+func watchDLQDepth(ctx context.Context, client sarama.Client, cfg Config, policy retrytopic.Policy, depth *prometheus.GaugeVec, log *slog.Logger) {
+	if cfg.DLQDepthInterval < 0 {
 		return
 	}
 	d := dlq.New(client)
-	t := time.NewTicker(r.cfg.DLQDepthInterval)
+	t := time.NewTicker(cfg.DLQDepthInterval)
 	defer t.Stop()
 	for {
-		for _, topic := range r.cfg.Topics {
-			name := r.policy.DLQ(topic, r.cfg.Group)
+		for _, topic := range cfg.Topics {
+			name := policy.DLQ(topic, cfg.Group)
 			n, err := d.Depth(ctx, name)
 			if err != nil {
 				if ctx.Err() == nil {
-					r.log.Debug("idem: DLQ depth", "topic", name, "err", err)
+					log.Debug("idem: DLQ depth", "topic", name, "err", err)
 				}
 				continue
 			}
-			r.m.DLQDepth.WithLabelValues(name).Set(float64(n))
+			depth.WithLabelValues(name).Set(float64(n))
 		}
 		select {
 		case <-ctx.Done():
@@ -387,12 +370,12 @@ func (r *runner) watchDLQDepth(ctx context.Context, client sarama.Client) {
 	}
 }
 
-// topics returns the topics the group subscribes to: the sources and their
-// retry tiers.
-func (r *runner) topics() []string {
-	ts := append([]string(nil), r.cfg.Topics...)
-	for _, t := range r.cfg.Topics {
-		ts = append(ts, r.policy.Tiers(t, r.cfg.Group)...)
+// subscribed returns the topics the group subscribes to: the sources and
+// their retry tiers.
+func subscribed(cfg Config, policy retrytopic.Policy) []string {
+	ts := append([]string(nil), cfg.Topics...)
+	for _, t := range cfg.Topics {
+		ts = append(ts, policy.Tiers(t, cfg.Group)...)
 	}
 	return ts
 }

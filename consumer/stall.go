@@ -3,10 +3,36 @@ package consumer
 import (
 	"cmp"
 	"context"
+	"log/slog"
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/idemhq/idem/metrics"
 )
+
+// claimSet is the registry of the partitions this member has claimed now.
+// The stall and lag watchers read it; a claim registers itself when it
+// starts and deregisters when it ends.
+type claimSet struct {
+	group string
+	m     *metrics.Metrics
+	log   *slog.Logger
+	parts sync.Map // tp → *claim
+	// kick asks watchLag for a sample now: a partition was claimed, so its
+	// lag series exists from the start, not only after LagInterval.
+	kick chan struct{}
+}
+
+func newClaimSet(group string, m *metrics.Metrics, log *slog.Logger) *claimSet {
+	return &claimSet{group: group, m: m, log: log, kick: make(chan struct{}, 1)}
+}
+
+// claimed reports whether t is claimed now.
+func (cs *claimSet) claimed(t tp) bool {
+	_, ok := cs.parts.Load(t)
+	return ok
+}
 
 // stall tracks how long a partition has been failing on the message at its
 // head: since the first failed try of that message (an outage, a handler
@@ -57,8 +83,8 @@ func (s *stall) check(now time.Time, after time.Duration) (d time.Duration, warn
 // watchStalls refreshes idem_partition_stalled_seconds of every claimed
 // partition every few seconds, and logs a WARN with the cause once a minute
 // for each partition stalled longer than Config.StallWarning.
-func (r *runner) watchStalls(ctx context.Context) {
-	t := time.NewTicker(min(max(r.cfg.StallWarning/4, 100*time.Millisecond), 5*time.Second))
+func (cs *claimSet) watchStalls(ctx context.Context, after time.Duration) {
+	t := time.NewTicker(min(max(after/4, 100*time.Millisecond), 5*time.Second))
 	defer t.Stop()
 	for {
 		select {
@@ -67,12 +93,12 @@ func (r *runner) watchStalls(ctx context.Context) {
 		case <-t.C:
 		}
 		now := time.Now()
-		r.parts.Range(func(_, v any) bool {
+		cs.parts.Range(func(_, v any) bool {
 			p := v.(*claim)
 			var d time.Duration
 			var cause error
 			for _, s := range p.stalls {
-				if sd, c := s.check(now, r.cfg.StallWarning); sd > d || c != nil {
+				if sd, c := s.check(now, after); sd > d || c != nil {
 					d = max(d, sd)
 					cause = cmp.Or(c, cause)
 				}
@@ -88,18 +114,18 @@ func (r *runner) watchStalls(ctx context.Context) {
 
 // register adds p to the partitions watched for stalls, and returns the
 // function that removes it.
-func (r *runner) register(p *claim) func() {
+func (cs *claimSet) register(p *claim) func() {
 	part := strconv.Itoa(int(p.tp.partition))
-	p.stalled = r.m.PartitionStalled.WithLabelValues(r.cfg.Group, p.tp.topic, part)
+	p.stalled = cs.m.PartitionStalled.WithLabelValues(cs.group, p.tp.topic, part)
 	p.stalled.Set(0)
-	r.parts.Store(p.tp, p)
+	cs.parts.Store(p.tp, p)
 	select {
-	case r.lagKick <- struct{}{}: // sample the new partition's lag now
+	case cs.kick <- struct{}{}: // sample the new partition's lag now
 	default:
 	}
 	return func() {
-		if r.parts.CompareAndDelete(p.tp, p) { // not yet claimed again by a newer session
-			r.m.PartitionStalled.DeleteLabelValues(r.cfg.Group, p.tp.topic, part)
+		if cs.parts.CompareAndDelete(p.tp, p) { // not yet claimed again by a newer session
+			cs.m.PartitionStalled.DeleteLabelValues(cs.group, p.tp.topic, part)
 		}
 	}
 }

@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/idemhq/idem/dedupe"
@@ -26,11 +27,11 @@ func validateRetention(c Config, bad func(field string, v any, rule string)) {
 
 // sweeper returns the inbox sweeper Run starts, or nil when Run does not
 // sweep (Retention negative, or a store that is not dedupe.Sweepable).
-func (r *runner) sweeper() *dedupe.Sweeper {
-	if r.cfg.Retention < 0 {
+func inboxSweeper(cfg Config, log *slog.Logger) *dedupe.Sweeper {
+	if cfg.Retention < 0 {
 		return nil
 	}
-	sw, ok := r.cfg.Dedupe.(dedupe.Sweepable)
+	sw, ok := cfg.Dedupe.(dedupe.Sweepable)
 	if !ok {
 		return nil
 	}
@@ -38,30 +39,30 @@ func (r *runner) sweeper() *dedupe.Sweeper {
 	if s == nil {
 		return nil
 	}
-	s.Retention = r.cfg.Retention
-	s.Logger = r.log
+	s.Retention = cfg.Retention
+	s.Logger = log
 	return s
 }
 
 // inboxRetention is how long the inbox keeps keys, as far as Run knows:
 // Retention when Run sweeps, else InboxRetention (0: unknown).
-func (r *runner) inboxRetention() time.Duration {
-	if r.sweeper() != nil {
-		return r.cfg.Retention
+func inboxRetention(cfg Config) time.Duration {
+	if inboxSweeper(cfg, nil) != nil {
+		return cfg.Retention
 	}
-	return r.cfg.InboxRetention
+	return cfg.InboxRetention
 }
 
 // sweep runs the inbox sweeper, if Run has one, until ctx is done. Its
 // configuration was checked by Config.Validate; an error it still reports is
 // logged.
-func (r *runner) sweep(ctx context.Context) {
-	s := r.sweeper()
+func sweep(ctx context.Context, cfg Config, log *slog.Logger) {
+	s := inboxSweeper(cfg, log)
 	if s == nil {
 		return
 	}
-	r.log.Debug("idem: inbox sweeper started", "table", s.Table, "retention", s.Retention)
+	log.Debug("idem: inbox sweeper started", "table", s.Table, "retention", s.Retention)
 	if err := s.Run(ctx); err != nil {
-		r.log.Error("idem: inbox sweeper not started", "err", err)
+		log.Error("idem: inbox sweeper not started", "err", err)
 	}
 }

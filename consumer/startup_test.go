@@ -48,10 +48,10 @@ func TestTransientClusterErr(t *testing.T) {
 // A start-up step that fails with a final error is not retried, and one that
 // fails transiently is retried until it succeeds.
 func TestRetryStart(t *testing.T) {
-	r := &runner{log: slog.New(slog.DiscardHandler)}
+	s := setup{log: slog.New(slog.DiscardHandler)}
 	client := fakeRefresher{}
 	calls := 0
-	err := r.retryStart(context.Background(), client, "x", func() error {
+	err := s.retry(context.Background(), client, "x", func() error {
 		calls++
 		return sarama.ErrTopicAuthorizationFailed
 	})
@@ -59,7 +59,7 @@ func TestRetryStart(t *testing.T) {
 		t.Fatalf("final error: err %v after %d calls, want it after 1", err, calls)
 	}
 	calls = 0
-	err = r.retryStart(context.Background(), client, "x", func() error {
+	err = s.retry(context.Background(), client, "x", func() error {
 		calls++
 		if calls < 3 {
 			return &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
@@ -72,7 +72,7 @@ func TestRetryStart(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	calls = 0
-	err = r.retryStart(ctx, client, "x", func() error { calls++; return io.EOF })
+	err = s.retry(ctx, client, "x", func() error { calls++; return io.EOF })
 	if !errors.Is(err, io.EOF) || calls != 1 {
 		t.Fatalf("cancelled: err %v after %d calls, want EOF after 1", err, calls)
 	}

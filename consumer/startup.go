@@ -4,12 +4,26 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"syscall"
 	"time"
 
 	"github.com/IBM/sarama"
+
+	"github.com/idemhq/idem/retrytopic"
 )
+
+// setup runs Run's start-up steps, before the group is joined: connecting
+// and creating the retry topics with retries while the cluster moves its
+// leaders, and the warnings about a configuration that would lose or skip
+// records.
+type setup struct {
+	cfg    Config
+	policy retrytopic.Policy
+	log    *slog.Logger
+	order  bool // ordering by key is on
+}
 
 // startRetryFor bounds how long Run's start-up steps that talk to the
 // cluster's controller (creating the retry and dead-letter topics) retry a
@@ -50,7 +64,7 @@ func transientClusterErr(err error) bool {
 // failure. Between tries it refreshes the client's controller and metadata
 // (so a fenced broker is dropped; client may be nil before one exists) and waits 250 ms, doubling to 2 s. Each
 // retried failure is logged at WARN.
-func (r *runner) retryStart(ctx context.Context, client sarama.Client, what string, step func() error) error {
+func (s setup) retry(ctx context.Context, client sarama.Client, what string, step func() error) error {
 	wait := 250 * time.Millisecond
 	var deadline time.Time
 	for {
@@ -65,7 +79,7 @@ func (r *runner) retryStart(ctx context.Context, client sarama.Client, what stri
 		if now.After(deadline) {
 			return err
 		}
-		r.log.Warn("idem: "+what+" failed; retrying while the cluster moves its leaders", "err", err, "in", wait)
+		s.log.Warn("idem: "+what+" failed; retrying while the cluster moves its leaders", "err", err, "in", wait)
 		if !sleep(ctx, wait) {
 			return err
 		}
