@@ -46,8 +46,9 @@
 //
 // github.com/platinummonkey/go-concurrency-limits was considered: its AIMD
 // limit reacts to drops only (no latency), grows on every sample rather than
-// once a window and has no upper bound, its gradient limits keep no fair
-// share, and its module requires gRPC, protobuf and the DataDog client, which
+// once a window and has no upper bound, its gradient limits give no
+// fair-share guarantee (TestFairShare checks this one's), and its module
+// requires gRPC, protobuf and the DataDog client, which
 // would all become requirements of idem's users. The controller here is one
 // small state machine with no clock of its own: it is driven by samples only,
 // so tests are deterministic and need no time.

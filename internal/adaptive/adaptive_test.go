@@ -96,6 +96,29 @@ func TestShrinksOn429AndGrowsBack(t *testing.T) {
 	}
 }
 
+// TestFairShare: two members, each with its own controller, share one
+// dependency that takes N calls at once; one starts at N, the other at 1.
+// AIMD brings them to about half each (the reason it was chosen), and
+// together near N.
+func TestFairShare(t *testing.T) {
+	const n = 40
+	dep := &dependency{n: n, base: 20 * time.Millisecond, shape: linear}
+	a, b := newLimiter(t, Config{Max: 256, Initial: n}), newLimiter(t, Config{Max: 256})
+	s := newMultiSim(dep, 13, a, b)
+	s.run(1000 * n)
+	s.means = []float64{0, 0}
+	const calls = 1000 * n
+	s.run(calls)
+	ma, mb := s.means[0]/calls, s.means[1]/calls
+	t.Logf("mean limits over the second half: %.1f and %.1f (N = %d)", ma, mb, n)
+	if ma < 0.35*n || mb < 0.35*n {
+		t.Fatalf("mean limits %.1f and %.1f: one member starves the other (want each at least 35%% of %d)", ma, mb, n)
+	}
+	if !within(ma+mb, n) {
+		t.Fatalf("together %.1f, want within ±25%% of %d", ma+mb, n)
+	}
+}
+
 // TestOne429CutsOnce: the 429s of the calls that were in flight together
 // cut the limit once, not once each.
 func TestOne429CutsOnce(t *testing.T) {

@@ -48,26 +48,30 @@ type fixed int
 func (f fixed) Limit() int     { return int(f) }
 func (f fixed) Observe(Sample) {}
 
-// sim is a discrete-event simulation on a virtual clock: the caller keeps
-// as many calls in flight as the controller's limit allows (and as it has
+// sim is a discrete-event simulation on a virtual clock: each caller keeps
+// as many calls in flight as its controller's limit allows (and as it has
 // work for: demand, 0 = unbounded); each call ends after the dependency's
-// latency, and its sample goes to the controller. Nothing sleeps; the same
-// seed gives the same run.
+// latency, which depends on the calls in flight of all callers, and its
+// sample goes to its caller's controller. Nothing sleeps; the same seed gives
+// the same run.
 type sim struct {
-	c      controller
+	cs     []controller
 	dep    *dependency
 	demand int
 	rnd    *rand.Rand
 
 	now      time.Duration
-	inFlight int
+	inFlight []int // per caller
+	total    int   // calls in flight, all callers
 	seq      int
 	pending  events
 	done     int
-	limits   []int // the limit after each completed call
+	limits   []int     // the limit of caller 0 after each completed call
+	means    []float64 // per caller: the sum of its limits after each completed call
 }
 
 type event struct {
+	caller    int
 	at        time.Duration
 	seq       int
 	latency   time.Duration
@@ -94,16 +98,23 @@ func (e *events) Pop() any {
 }
 
 func newSim(c controller, dep *dependency, seed uint64) *sim {
-	return &sim{c: c, dep: dep, rnd: rand.New(rand.NewPCG(seed, 7))}
+	return newMultiSim(dep, seed, c)
 }
 
-// fill starts calls up to the limit (and the demand).
+func newMultiSim(dep *dependency, seed uint64, cs ...controller) *sim {
+	return &sim{cs: cs, dep: dep, rnd: rand.New(rand.NewPCG(seed, 7)), inFlight: make([]int, len(cs)), means: make([]float64, len(cs))}
+}
+
+// fill starts calls up to each caller's limit (and the demand).
 func (s *sim) fill() {
-	for s.inFlight < s.c.Limit() && (s.demand == 0 || s.inFlight < s.demand) {
-		s.inFlight++
-		lat, thr := s.dep.call(s.inFlight, s.rnd)
-		s.seq++
-		heap.Push(&s.pending, event{at: s.now + lat, seq: s.seq, latency: lat, inFlight: s.inFlight, throttled: thr})
+	for i, c := range s.cs {
+		for s.inFlight[i] < c.Limit() && (s.demand == 0 || s.inFlight[i] < s.demand) {
+			s.inFlight[i]++
+			s.total++
+			lat, thr := s.dep.call(s.total, s.rnd)
+			s.seq++
+			heap.Push(&s.pending, event{caller: i, at: s.now + lat, seq: s.seq, latency: lat, inFlight: s.inFlight[i], throttled: thr})
+		}
 	}
 }
 
@@ -113,10 +124,14 @@ func (s *sim) run(calls int) {
 		s.fill()
 		e := heap.Pop(&s.pending).(event)
 		s.now = e.at
-		s.inFlight--
-		s.c.Observe(Sample{Latency: e.latency, InFlight: e.inFlight, Throttled: e.throttled})
+		s.inFlight[e.caller]--
+		s.total--
+		s.cs[e.caller].Observe(Sample{Latency: e.latency, InFlight: e.inFlight, Throttled: e.throttled})
 		s.done++
-		s.limits = append(s.limits, s.c.Limit())
+		s.limits = append(s.limits, s.cs[0].Limit())
+		for j, c := range s.cs {
+			s.means[j] += float64(c.Limit())
+		}
 	}
 }
 
