@@ -6,14 +6,24 @@
 //
 // # Rules
 //
-//	policy, err := recovery.New(fallback, // the consumer's Config: today's behaviour
-//		recovery.Rule{Name: "fraud", Match: recovery.Is(bank.ErrFraud),
+//	fallback := recovery.Fallback{ // the consumer's Config: today's behaviour
+//		Attempts: 1 + 3,
+//		Backoff:  recovery.Backoff{Base: 100 * time.Millisecond, Max: 5 * time.Second},
+//	}
+//	errFraud := errors.New("bank: fraud suspected")
+//	policy, err := recovery.New(fallback,
+//		recovery.Rule{Name: "fraud", Match: recovery.Is(errFraud),
 //			Attempts: 1, Tiers: &recovery.Ladder{}, DLQ: "payments.dlq.fraud"},
 //		recovery.Rule{Name: "timeout", Match: recovery.Kind(handler.KindTimeout),
 //			Attempts: 5, Tiers: &recovery.Ladder{Name: "slow", Delays: []time.Duration{time.Minute, 10 * time.Minute}}},
 //		recovery.Rule{Name: "validation", Match: recovery.HTTPStatus(400, 422),
 //			Attempts: 1, Tiers: &recovery.Ladder{}},
 //	)
+//	if err != nil {
+//		log.Fatal(err) // names the index of every bad rule
+//	}
+//	d := policy.Decide(fmt.Errorf("charge: %w", errFraud))
+//	fmt.Println(d.Name, d.Retry.DLQ("payments", "billing")) // fraud payments.dlq.fraud
 //
 // A Rule's Match says which errors it takes:
 //
