@@ -216,19 +216,28 @@ func New(fallback Fallback, rules ...Rule) (*Policy, error) {
 // waited out before any rule is asked, and a permanent failure (permanent,
 // decode, missing or invalid key, a panic unless Config.RetryPanics) goes to
 // the decision's dead-letter topic at once, whatever its Attempts and Tiers.
+//
+// The Decision is the caller's: changing it (its Retry.Delays) changes
+// nothing in the Policy.
 func (p *Policy) Decide(err error) Decision {
 	if err != nil {
 		for i, m := range p.matchers {
 			if m.Match(err) {
-				return p.rules[i]
+				return p.rules[i].clone()
 			}
 		}
 	}
-	return p.fallback
+	return p.fallback.clone()
 }
 
 // Fallback returns the decision made when no rule matches.
-func (p *Policy) Fallback() Decision { return p.fallback }
+func (p *Policy) Fallback() Decision { return p.fallback.clone() }
+
+// clone returns d with its own copy of Retry.Delays.
+func (d Decision) clone() Decision {
+	d.Retry.Delays = slices.Clone(d.Retry.Delays)
+	return d
+}
 
 // Retries returns every distinct retrytopic.Policy a decision may carry, the
 // fallback's first: what the consumer creates topics for

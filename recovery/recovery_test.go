@@ -457,3 +457,13 @@ func TestBackoffFullJitter(t *testing.T) {
 		}
 	}
 }
+
+// TestDecisionIsACopy: changing a Decision changes nothing in the Policy.
+func TestDecisionIsACopy(t *testing.T) {
+	p := newPolicy(t)
+	d := p.Decide(errFraud)
+	d.Retry.Delays[0] = time.Hour
+	if got := p.Decide(errFraud).Retry.Delays[0]; got != time.Second {
+		t.Fatalf("tier 1 delay after a caller changed its Decision: %s, want 1s", got)
+	}
+}
