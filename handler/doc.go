@@ -75,6 +75,8 @@
 //	                                              the tier at once); in a retry tier, d is capped
 //	                                              at the tier's delay (due = failure + delay)
 //	the error of Timeout(d)          timeout      retriable, as above; errors.Is(err, ErrTimeout)
+//	HTTPStatus(err, code)            err's kind   as err; the status is there for recoverability
+//	                                              rules (package recovery) and HTTPStatusOf
 //	Permanent(err)                   permanent    dead-letter topic at once, no retries
 //	Decode(err)                      decode       dead-letter topic at once; bytes kept unchanged
 //	a panic (*PanicError)            panic        dead-letter topic at once, or retriable when
@@ -97,8 +99,8 @@
 // timeout. The markers wrap with Unwrap, so errors.Is and errors.As still find
 // the original error, and they may be wrapped again with fmt.Errorf("…: %w").
 // [Cause] strips idem's own wrappers to name the underlying error's type in the
-// idem-error-type header. Permanent(nil), Decode(nil) and RetryAfter(nil, d)
-// return nil, so `return handler.Permanent(err)` is safe when err is nil.
+// idem-error-type header. Permanent(nil), Decode(nil), RetryAfter(nil, d) and
+// HTTPStatus(nil, code) return nil, so `return handler.Permanent(err)` is safe when err is nil.
 //
 // # Middleware
 //

@@ -60,6 +60,13 @@
 // idem_dlq_retention_seconds by topic. The alert IdemDLQUnresolvedAging
 // compares the last two.
 //
+// The flow limits of a breaker.Set's dependencies (rate, calls in flight,
+// Retry-After pauses) are exported by the collector breaker.NewLimitCollector
+// reads them with, documented there: idem_dependency_rate_limit,
+// idem_dependency_max_in_flight and idem_dependency_in_flight (gauges), and
+// idem_dependency_throttled_seconds_total and idem_dependency_throttled_total
+// (counters by reason), all by dependency.
+//
 // # Reading them
 //
 // Success rate: rate(idem_messages_total{outcome=~"processed|duplicate"}) over

@@ -98,6 +98,7 @@ var imports = map[string]string{
 	"outbox": "github.com/idemhq/idem/outbox", "saga": "github.com/idemhq/idem/saga",
 	"checkpoint": "github.com/idemhq/idem/checkpoint",
 	"index":      "github.com/idemhq/idem/console/index",
+	"recovery":   "github.com/idemhq/idem/recovery",
 }
 
 // goLike tells a block meant as Go from a table, a shell session or SQL: a
