@@ -1,5 +1,7 @@
-// Package services tests scripts/services.sh's handling of bad input: each
-// case must end within seconds with one line naming the cause and the fix.
+// Package services tests scripts/services.sh: bad input (each case must end
+// within a minute with one line naming the cause and the fix), stale state,
+// crash clean-up, the three-node cluster, and the reuse of services another
+// checkout started.
 package services
 
 import (
@@ -60,7 +62,10 @@ func freePort(t *testing.T) (int, net.Listener) {
 // services runs `services.sh up` with a private state folder and free ports.
 func services(t *testing.T, env ...string) (string, error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	// A taken port now costs a build of the readiness probe (a fresh state
+	// folder has none) and one probe of up to 5 s, to tell a Kafka broker,
+	// which is reused, from anything else: 60 s leaves room on a loaded machine.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	kport, l1 := freePort(t)
 	cport, l2 := freePort(t)
@@ -130,11 +135,11 @@ func TestServicesBadInput(t *testing.T) {
 	}{
 		{"java missing", func(t *testing.T) []string { return []string{"PATH=" + pathWithout(t, "java")} }, "java not found"},
 		{"maven missing", func(t *testing.T) []string { return []string{"PATH=" + pathWithout(t, "mvn")} }, "mvn not found"},
-		{"port taken", func(t *testing.T) []string {
+		{"port taken by something that is not Kafka", func(t *testing.T) []string {
 			p, l := freePort(t)
 			t.Cleanup(func() { l.Close() })
 			return []string{"KAFKA_PORT=" + itoa(p)}
-		}, "already in use"},
+		}, "which does not answer as a Kafka broker"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
