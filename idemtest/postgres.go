@@ -1,0 +1,104 @@
+package idemtest
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemhq/idem/consumer"
+)
+
+// Postgres is a PostgreSQL schema of one test's own, holding idem's tables,
+// made by [ConnectPostgres].
+type Postgres struct {
+	// Pool is a pool whose connections have Schema as their search_path:
+	// idem's tables and every table the test creates without a schema
+	// qualifier are there. Its size is pgxpool's default unless DATABASE_URL
+	// sets pool_max_conns. Closed when the test ends.
+	Pool *pgxpool.Pool
+	// Schema is the schema's name: the test's name made an identifier, then
+	// "_" and a random suffix.
+	Schema string
+	// URL is DATABASE_URL with search_path set to Schema, for a second pool
+	// (another consumer member) or a process the test starts.
+	URL string
+}
+
+// ConnectPostgres gives the test a database of its own on the PostgreSQL
+// server at DATABASE_URL (as `make services` writes it): a new schema, with
+// idem's tables created in it by consumer.Migrate (the inbox idem_processed,
+// the ordering tables, the outbox, the saga and checkpoint tables, the
+// failure index), and a pool on it. Tests that use it may run in parallel;
+// none sees another's rows. When the test ends the pool is closed and the
+// schema dropped with everything in it.
+//
+// DATABASE_URL must be set: there is no in-process PostgreSQL, so the test
+// fails, naming the variable, when it is not. Pass Pool to [WithPostgres] to
+// run a consumer on the transactional inbox.
+func ConnectPostgres(tb testing.TB) *Postgres {
+	tb.Helper()
+	base := os.Getenv("DATABASE_URL")
+	if base == "" {
+		tb.Fatalf("idemtest: DATABASE_URL is not set: start PostgreSQL (make services) and export DATABASE_URL (set -a; . .state/services.env; set +a)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), DefaultTimeout)
+	defer cancel()
+	schema := unique(tb.Name())
+	quoted := pgx.Identifier{schema}.Sanitize()
+	admin, err := pgx.Connect(ctx, base)
+	if err != nil {
+		tb.Fatalf("idemtest: connect to DATABASE_URL: %v", err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+quoted); err != nil {
+		tb.Fatalf("idemtest: create schema %s: %v", schema, err)
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), DefaultTimeout)
+		defer cancel()
+		c, err := pgx.Connect(ctx, base)
+		if err != nil {
+			tb.Errorf("idemtest: drop schema %s: %v", schema, err)
+			return
+		}
+		defer c.Close(ctx)
+		if _, err := c.Exec(ctx, "DROP SCHEMA "+quoted+" CASCADE"); err != nil {
+			tb.Errorf("idemtest: drop schema %s: %v", schema, err)
+		}
+	})
+	connURL, err := withSearchPath(base, schema)
+	if err != nil {
+		tb.Fatalf("idemtest: DATABASE_URL: %v", err)
+	}
+	pool, err := pgxpool.New(ctx, connURL)
+	if err != nil {
+		tb.Fatalf("idemtest: pool on schema %s: %v", schema, err)
+	}
+	tb.Cleanup(pool.Close) // before the schema is dropped: cleanups run last-in first-out
+	if err := consumer.Migrate(ctx, pool); err != nil {
+		tb.Fatalf("idemtest: migrate schema %s: %v", schema, err)
+	}
+	return &Postgres{Pool: pool, Schema: schema, URL: connURL}
+}
+
+// withSearchPath returns the connection string conn (a URL or keyword/value
+// pairs) with search_path set to schema.
+func withSearchPath(conn, schema string) (string, error) {
+	if strings.HasPrefix(conn, "postgres://") || strings.HasPrefix(conn, "postgresql://") {
+		u, err := url.Parse(conn)
+		if err != nil {
+			return "", err
+		}
+		q := u.Query()
+		q.Set("search_path", schema)
+		u.RawQuery = q.Encode()
+		return u.String(), nil
+	}
+	return fmt.Sprintf("%s search_path=%s", conn, schema), nil
+}
