@@ -159,6 +159,9 @@ func TestConnectPostgresIsolatesAndDrops(t *testing.T) {
 				t.Errorf("table %s.%s: found %v, err %v", a.Schema, table, found, err)
 			}
 		}
+		if n := a.Pool.Config().MaxConns; n != 16 {
+			t.Errorf("pool of %d connections, want the default 16", n)
+		}
 		if _, err := a.Pool.Exec(ctx, `INSERT INTO idem_processed (consumer_group, idempotency_key) VALUES ('g', 'k')`); err != nil {
 			t.Fatal(err)
 		}
@@ -190,5 +193,24 @@ func TestConnectPostgresNeedsDatabaseURL(t *testing.T) {
 	t.Setenv("DATABASE_URL", "")
 	if msg := fatalOf(t, func(tb testing.TB) { idemtest.ConnectPostgres(tb) }); !strings.Contains(msg, "DATABASE_URL is not set") {
 		t.Fatalf("ConnectPostgres failed with %q, want an error naming DATABASE_URL", msg)
+	}
+}
+
+// pool_max_conns in DATABASE_URL sizes the pool.
+func TestConnectPostgresPoolSize(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL (DATABASE_URL)")
+	}
+	base := os.Getenv("DATABASE_URL")
+	if base == "" {
+		t.Fatal("DATABASE_URL is not set: run `make services` and export .state/services.env")
+	}
+	sep := "?"
+	if strings.Contains(base, "?") {
+		sep = "&"
+	}
+	t.Setenv("DATABASE_URL", base+sep+"pool_max_conns=3")
+	if n := idemtest.ConnectPostgres(t).Pool.Config().MaxConns; n != 3 {
+		t.Fatalf("pool of %d connections, want pool_max_conns=3", n)
 	}
 }

@@ -19,14 +19,18 @@ import (
 type Postgres struct {
 	// Pool is a pool whose connections have Schema as their search_path:
 	// idem's tables and every table the test creates without a schema
-	// qualifier are there. Its size is pgxpool's default unless DATABASE_URL
-	// sets pool_max_conns. Closed when the test ends.
+	// qualifier are there. It opens connections as they are needed, up to
+	// pool_max_conns of DATABASE_URL.
+	// Default: at most 16 connections (enough for a consumer with 16 lanes
+	// and its sweeper). Closed when the test ends.
 	Pool *pgxpool.Pool
 	// Schema is the schema's name: the test's name made an identifier, then
 	// "_" and a random suffix.
 	Schema string
 	// URL is DATABASE_URL with search_path set to Schema, for a second pool
-	// (another consumer member) or a process the test starts.
+	// (another consumer member) or a process the test starts. It keeps any
+	// pool_* setting of DATABASE_URL, which pgxpool reads and pgx.Connect
+	// would send to the server.
 	URL string
 }
 
@@ -47,11 +51,18 @@ func ConnectPostgres(tb testing.TB) *Postgres {
 	if base == "" {
 		tb.Fatalf("idemtest: DATABASE_URL is not set: start PostgreSQL (make services) and export DATABASE_URL (set -a; . .state/services.env; set +a)")
 	}
+	// The schema is made and dropped on a connection of its own, from the
+	// pool's parsed settings (pgx.Connect would send pool_max_conns to the
+	// server as a parameter).
+	baseCfg, err := pgxpool.ParseConfig(base)
+	if err != nil {
+		tb.Fatalf("idemtest: DATABASE_URL: %v", err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), DefaultTimeout)
 	defer cancel()
 	schema := unique(tb.Name())
 	quoted := pgx.Identifier{schema}.Sanitize()
-	admin, err := pgx.Connect(ctx, base)
+	admin, err := pgx.ConnectConfig(ctx, baseCfg.ConnConfig.Copy())
 	if err != nil {
 		tb.Fatalf("idemtest: connect to DATABASE_URL: %v", err)
 	}
@@ -62,7 +73,7 @@ func ConnectPostgres(tb testing.TB) *Postgres {
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), DefaultTimeout)
 		defer cancel()
-		c, err := pgx.Connect(ctx, base)
+		c, err := pgx.ConnectConfig(ctx, baseCfg.ConnConfig.Copy())
 		if err != nil {
 			tb.Errorf("idemtest: drop schema %s: %v", schema, err)
 			return
@@ -76,7 +87,14 @@ func ConnectPostgres(tb testing.TB) *Postgres {
 	if err != nil {
 		tb.Fatalf("idemtest: DATABASE_URL: %v", err)
 	}
-	pool, err := pgxpool.New(ctx, connURL)
+	cfg, err := pgxpool.ParseConfig(connURL)
+	if err != nil {
+		tb.Fatalf("idemtest: DATABASE_URL: %v", err)
+	}
+	if !strings.Contains(connURL, "pool_max_conns") {
+		cfg.MaxConns = 16
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		tb.Fatalf("idemtest: pool on schema %s: %v", schema, err)
 	}
