@@ -179,7 +179,10 @@ kafka_reusable() {
   port_busy "$kport" || return 1
   # This checkout's own broker whose pid file was lost (a crash of this script) is not reused: it is adopted.
   local own; own=$(pgrep -f "kafka.Kafka $kdir/server.properties" 2>/dev/null | head -n1 || true)
-  if [ -n "$own" ]; then mkdir -p "$kdir"; echo "$own" >"$kdir/kafka.pid"; return 1; fi
+  if [ -n "$own" ]; then
+    note "this checkout's broker runs without its pid file (pid $own): keeping it"
+    mkdir -p "$kdir"; echo "$own" >"$kdir/kafka.pid"; return 1
+  fi
   "$(readyprobe)" -brokers "127.0.0.1:$kport" -timeout 5s 2>/dev/null
 }
 

@@ -14,7 +14,8 @@ import (
 // A second checkout's `up` finds the broker a first checkout started and the
 // PostgreSQL that accepts idem's credentials, reuses both (saying so, and
 // writing its own services.env), and its `down` leaves them running; the
-// first checkout's `down` still stops its broker. PostgreSQL is the one the
+// first checkout keeps its broker as its own (also with the pid file lost)
+// and its `down` still stops it. PostgreSQL is the one the
 // tests run against: only reused, never stopped.
 func TestServicesReuseAnotherCheckouts(t *testing.T) {
 	if testing.Short() {
@@ -65,6 +66,17 @@ func TestServicesReuseAnotherCheckouts(t *testing.T) {
 	// Up again in the owner is still a no-op on its own broker.
 	if out := runOwner("up"); strings.Contains(out, "reusing") || strings.Contains(out, "starting Kafka") {
 		t.Fatalf("owner's second up: %q", out)
+	}
+	// The owner's broker with its pid file lost (a crash of the script) is
+	// the owner's still: kept, not reused.
+	if err := os.Remove(filepath.Join(owner, "kafka", "kafka.pid")); err != nil {
+		t.Fatal(err)
+	}
+	if out := runOwner("up"); !strings.Contains(out, "runs without its pid file (pid "+pid+"): keeping it") || strings.Contains(out, "reusing") {
+		t.Fatalf("owner's up without its pid file: %q", out)
+	}
+	if got := strings.TrimSpace(string(must(os.ReadFile(filepath.Join(owner, "kafka", "kafka.pid"))))); got != pid {
+		t.Fatalf("pid file says %s after up, want the running broker's %s", got, pid)
 	}
 
 	if out := runOwner("down"); !strings.Contains(out, "Kafka stopped") {
