@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# services.sh up|down|env — local Kafka (KRaft, one node) and PostgreSQL for idem's
+# services.sh up|down|env|jars — local Kafka (KRaft, one node) and PostgreSQL for idem's
 # development and tests, without Docker when no engine runs.
 #
 #   up    start what is missing and print KAFKA_BROKERS=… and DATABASE_URL=…; idempotent.
@@ -8,6 +8,9 @@
 #         Otherwise: Apache Kafka from Maven Central jars run with java, and the
 #         machine's PostgreSQL cluster (pg_ctlcluster, as root) or an initdb'd one
 #         under .state/pg (not root).
+#   jars  fetch Kafka's jars into .state/kafka/libs (what `up` does before it starts a
+#         broker) and start nothing: for the tests of this script in a checkout that
+#         reuses another one's broker.
 #   down  stop what `up` started (also after a crash); CLEAN=1 also deletes the state.
 #         Services this checkout reused (below) are left running, and `down` says so.
 #
@@ -447,5 +450,6 @@ down)
   if [ "${CLEAN:-}" = 1 ]; then rm -rf "$kdir" "$kdir3" "$state/pg"; note "state deleted"; fi
   ;;
 env) cat "$envfile" 2>/dev/null || die "no $envfile: run 'make services'" ;;
-*) die "usage: services.sh up|down|env" ;;
+jars) kafka_libs ;;
+*) die "usage: services.sh up|down|env|jars" ;;
 esac

@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -106,15 +107,37 @@ func scriptRunner(t *testing.T, state string, env ...string) func(arg string) st
 	}
 }
 
+var jarsMu sync.Mutex
+
+// sharedJars returns the repository's .state/kafka/libs, the Kafka jars
+// `make services` fetched; when they are not there (a checkout whose
+// `make services` reused another checkout's broker), it fetches them first
+// with `services.sh jars`.
+func sharedJars(t *testing.T) string {
+	t.Helper()
+	jarsMu.Lock()
+	defer jarsMu.Unlock()
+	state := filepath.Join(repoRoot(t), ".state")
+	libs := filepath.Join(state, "kafka", "libs")
+	if _, err := os.Stat(filepath.Join(libs, ".stamp")); err == nil {
+		return libs
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", filepath.Join(repoRoot(t), "scripts", "services.sh"), "jars")
+	cmd.Env = append(os.Environ(), "IDEM_STATE="+state)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("no Kafka jars under %s, and services.sh jars failed: %v\n%s", libs, err, out)
+	}
+	return libs
+}
+
 // stateWithJars is a fresh state folder (IDEM_STATE) whose kafka/libs links
-// to the Kafka jars `make services` fetched.
+// to the repository's Kafka jars (sharedJars).
 func stateWithJars(t *testing.T) string {
 	t.Helper()
 	state := t.TempDir()
-	libs := filepath.Join(repoRoot(t), ".state", "kafka", "libs")
-	if _, err := os.Stat(filepath.Join(libs, ".stamp")); err != nil {
-		t.Fatalf("no Kafka jars under %s: run `make services` first", libs)
-	}
+	libs := sharedJars(t)
 	if err := os.MkdirAll(filepath.Join(state, "kafka"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -161,10 +184,7 @@ func TestServicesStaleState(t *testing.T) {
 		t.Skip("runs scripts/services.sh")
 	}
 	state := t.TempDir()
-	libs := filepath.Join(repoRoot(t), ".state", "kafka", "libs")
-	if _, err := os.Stat(filepath.Join(libs, ".stamp")); err != nil {
-		t.Fatalf("no Kafka jars under %s: run `make services` first", libs)
-	}
+	libs := sharedJars(t)
 	if err := os.MkdirAll(filepath.Join(state, "kafka", "data", "__cluster_metadata-0"), 0o755); err != nil {
 		t.Fatal(err)
 	}
