@@ -51,8 +51,9 @@ ORDERING_TESTS = TestOrderingByKey|TestOrderingParkedFailureBecomesHead|TestOrde
 FUZZ_TARGETS = ./consumer:FuzzKeyExtraction ./consumer:FuzzJSONField ./retrytopic:FuzzDecode ./dlq:FuzzRecord ./internal/keyorder:FuzzParkRoundTrip
 FUZZTIME ?= 20000x
 
-test: services ## go vet + all tests with -race against real Kafka and PostgreSQL, core tests in batch and lane modes, alert rule tests, a short fuzz run, the short chaos run
+test: services ## go vet + staticcheck + all tests with -race against real Kafka and PostgreSQL, core tests in batch and lane modes, alert rule tests, a short fuzz run, the short chaos run
 	$(GO) vet ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 	@$(MAKE) --no-print-directory rules-test
 	@$(WITH_ENV) IDEM_REQUIRE_REAL_KAFKA=1 $(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) ./...
 	@$(WITH_ENV) IDEM_REQUIRE_REAL_KAFKA=1 IDEM_TEST_MODE=batch $(GO) test -race -count=1 -timeout 15m -run '$(CORE_TESTS)' ./consumer/
