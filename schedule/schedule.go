@@ -5,7 +5,9 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -102,8 +104,10 @@ const maxAhead = handler.MaxDefer + 24*time.Hour
 //
 // at is absolute: with time.Now().Add(d) a skew between the application's
 // clock and the database's shifts it. Defer refuses (ErrInvalidRecord) a nil
-// tx, an empty Group or Topic, a header with an empty name, and an at more
-// than handler.MaxDefer plus a day ahead of this process's clock.
+// tx, an empty Group or Topic, a header with an empty name, text that
+// PostgreSQL cannot store (Group, Topic, IdempotencyKey, Origin.Topic or a
+// header name that is not UTF-8 or holds a NUL), and an at more than
+// handler.MaxDefer plus a day ahead of this process's clock.
 func Defer(ctx context.Context, tx pgx.Tx, rec Record, at time.Time) error {
 	if err := rec.validate(at, time.Now()); err != nil {
 		return err
@@ -148,13 +152,25 @@ func (rec Record) validate(at, now time.Time) error {
 		return fmt.Errorf("%w: group %s, topic %s: due at %s, more than %s ahead (handler.MaxDefer plus a day)",
 			ErrInvalidRecord, rec.Group, rec.Topic, at.UTC().Format(time.RFC3339), maxAhead)
 	}
+	for _, f := range []struct{ name, v string }{{"Group", rec.Group}, {"Topic", rec.Topic},
+		{"IdempotencyKey", rec.IdempotencyKey}, {"Origin.Topic", rec.Origin.Topic}} {
+		if !isText(f.v) {
+			return fmt.Errorf("%w: %s %q is not valid UTF-8 without NUL (PostgreSQL text)", ErrInvalidRecord, f.name, f.v)
+		}
+	}
 	for i, h := range rec.Headers {
-		if h.Key == "" {
+		switch {
+		case h.Key == "":
 			return fmt.Errorf("%w: group %s, topic %s: header %d has an empty name", ErrInvalidRecord, rec.Group, rec.Topic, i)
+		case !isText(h.Key):
+			return fmt.Errorf("%w: group %s, topic %s: header %d name %q is not valid UTF-8 without NUL", ErrInvalidRecord, rec.Group, rec.Topic, i, h.Key)
 		}
 	}
 	return nil
 }
+
+// isText reports whether s can be stored in a PostgreSQL text column.
+func isText(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
 
 // Pending is one deferred record as List returns it.
 type Pending struct {

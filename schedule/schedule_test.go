@@ -30,6 +30,13 @@ func TestDeferRefusesBadInput(t *testing.T) {
 		{name: "empty header name", mutate: func(r *schedule.Record, _ *time.Time) {
 			r.Headers = append(r.Headers, handler.Header{Key: "", Value: []byte("x")})
 		}, want: "header 3 has an empty name"},
+		{name: "NUL in idempotency key", mutate: func(r *schedule.Record, _ *time.Time) { r.IdempotencyKey = "k\x00" },
+			want: "IdempotencyKey"},
+		{name: "NUL in header name", mutate: func(r *schedule.Record, _ *time.Time) {
+			r.Headers = append(r.Headers, handler.Header{Key: "a\x00b"})
+		}, want: "header 3 name"},
+		{name: "topic not UTF-8", mutate: func(r *schedule.Record, _ *time.Time) { r.Topic = "\xff" }, want: "Topic"},
+		{name: "origin topic not UTF-8", mutate: func(r *schedule.Record, _ *time.Time) { r.Origin.Topic = "\xff" }, want: "Origin.Topic"},
 		{name: "too far", mutate: func(_ *schedule.Record, at *time.Time) {
 			*at = time.Now().Add(handler.MaxDefer + 48*time.Hour)
 		}, want: "more than"},
