@@ -6,11 +6,12 @@
 // transaction back (the inbox records nothing for the key) and, in the
 // transaction that settles the message, inserts the record with Defer:
 //
+//	until, _ := handler.DeferredUntil(h.Handle(ctx, m))
 //	err := schedule.Defer(ctx, tx, schedule.Record{
 //		Group: "payments", Topic: "payments", Partition: m.Partition,
 //		Key: m.Key, Value: m.Value, Headers: m.Headers, // the idempotency key and idem-original-* among them
 //		IdempotencyKey: m.IdempotencyKey, Origin: m.Origin(),
-//	}, t)
+//	}, until)
 //
 // and commits the message's offset at once: the partition flows on. The
 // group's Scheduler (one leader per group, elected by a PostgreSQL advisory
