@@ -10,7 +10,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/pgmigrate"
@@ -36,11 +35,15 @@ var ErrInvalidConfig = errors.New("schedule: invalid configuration")
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
-// DB is what Migrate and List need from a database handle; *pgxpool.Pool,
-// *pgx.Conn and pgx.Tx satisfy it.
-type DB interface {
+// Beginner is what Migrate needs from a database handle: *pgxpool.Pool,
+// *pgx.Conn, pgx.Tx and dedupe.DB satisfy it.
+type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// Querier is what List needs from a database handle: *pgxpool.Pool,
+// *pgx.Conn and pgx.Tx satisfy it.
+type Querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
@@ -48,7 +51,7 @@ type DB interface {
 // trigger that wakes the schedulers at commit (pgmigrate component
 // "schedule"). It is idempotent and safe to call from several processes at
 // once; Scheduler.Run calls it too.
-func Migrate(ctx context.Context, db DB) error {
+func Migrate(ctx context.Context, db Beginner) error {
 	ms, err := pgmigrate.Load(migrationFS, "migrations", nil)
 	if err != nil {
 		return fmt.Errorf("schedule: load migrations: %w", err)
@@ -202,7 +205,7 @@ type Filter struct {
 
 // List returns pending deferred records in the order they come due (due_at,
 // then id); what `idem schedule list` shows.
-func List(ctx context.Context, db DB, f Filter) ([]Pending, error) {
+func List(ctx context.Context, db Querier, f Filter) ([]Pending, error) {
 	if f.Limit <= 0 {
 		f.Limit = 100
 	}

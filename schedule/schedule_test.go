@@ -7,10 +7,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/schedule"
 )
+
+// consumer.Migrate may call Migrate with its dedupe.DB.
+var _ schedule.Beginner = dedupe.DB(nil)
 
 // TestDeferRefusesBadInput (issue 21, test 7): each bad record gets a clear
 // error wrapping ErrInvalidRecord, and nothing is inserted.
