@@ -9,7 +9,12 @@
 //	until, _ := handler.DeferredUntil(h.Handle(ctx, m))
 //	err := schedule.Defer(ctx, tx, schedule.Record{
 //		Group: "payments", Topic: "payments", Partition: m.Partition,
-//		Key: m.Key, Value: m.Value, Headers: m.Headers, // the idempotency key and idem-original-* among them
+//		Key: m.Key, Value: m.Value,
+//		Headers: retrytopic.Encode(m.Headers, retrytopic.Failure{ // keeps idempotency-key, adds idem-original-*
+//			OriginalTopic: m.Origin().Topic, OriginalPartition: m.Origin().Partition,
+//			OriginalOffset: m.Origin().Offset, OriginalTimestamp: m.Origin().Timestamp,
+//			Group: "payments", IdempotencyKey: m.IdempotencyKey,
+//		}),
 //		IdempotencyKey: m.IdempotencyKey, Origin: m.Origin(),
 //	}, until)
 //

@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/retrytopic"
 	"github.com/idemhq/idem/schedule"
 )
 
@@ -81,11 +82,8 @@ func (e *env) record(i int) schedule.Record {
 	return schedule.Record{
 		Group: e.group, Topic: e.topic, Partition: int32(i % 3),
 		Key: []byte(key), Value: []byte("v-" + key),
-		Headers: []handler.Header{
-			{Key: "idempotency-key", Value: []byte("idem-" + key)},
-			{Key: "idem-original-topic", Value: []byte("payments")},
-			{Key: "idem-original-offset", Value: []byte(fmt.Sprint(i))},
-		},
+		Headers: retrytopic.Encode([]handler.Header{{Key: "idempotency-key", Value: []byte("idem-" + key)}},
+			retrytopic.Failure{OriginalTopic: "payments", OriginalOffset: int64(i), IdempotencyKey: "idem-" + key}),
 		IdempotencyKey: "idem-" + key,
 		Origin:         handler.Origin{Topic: "payments", Partition: 0, Offset: int64(i)},
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemhq/idem/handler"
@@ -82,8 +83,9 @@ type Record struct {
 	// Headers are published as given, in order. To be handled as the same
 	// message, they must let the consumer derive the same idempotency key
 	// (the idempotency-key header, by default) and carry the origin
-	// (retrytopic's idem-original-* headers).
-	Headers []handler.Header
+	// (retrytopic's idem-original-* headers): retrytopic.Encode of the
+	// record's headers with the origin gives both.
+	Headers []sarama.RecordHeader
 	// Timestamp is the published record's timestamp. Default: zero, the
 	// producer's clock at publication.
 	Timestamp time.Time
@@ -121,7 +123,7 @@ func Defer(ctx context.Context, tx pgx.Tx, rec Record, at time.Time) error {
 	keys := make([]string, len(rec.Headers))
 	vals := make([][]byte, len(rec.Headers))
 	for i, h := range rec.Headers {
-		keys[i] = h.Key
+		keys[i] = string(h.Key)
 		vals[i] = h.Value
 		if vals[i] == nil {
 			vals[i] = []byte{}
@@ -163,9 +165,9 @@ func (rec Record) validate(at, now time.Time) error {
 	}
 	for i, h := range rec.Headers {
 		switch {
-		case h.Key == "":
+		case len(h.Key) == 0:
 			return fmt.Errorf("%w: group %s, topic %s: header %d has an empty name", ErrInvalidRecord, rec.Group, rec.Topic, i)
-		case !isText(h.Key):
+		case !isText(string(h.Key)):
 			return fmt.Errorf("%w: group %s, topic %s: header %d name %q is not valid UTF-8 without NUL", ErrInvalidRecord, rec.Group, rec.Topic, i, h.Key)
 		}
 	}

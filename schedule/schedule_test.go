@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
+
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
@@ -32,13 +34,13 @@ func TestDeferRefusesBadInput(t *testing.T) {
 		{name: "no group", mutate: func(r *schedule.Record, _ *time.Time) { r.Group = "" }, want: "no Group"},
 		{name: "no topic", mutate: func(r *schedule.Record, _ *time.Time) { r.Topic = "" }, want: "no Topic"},
 		{name: "empty header name", mutate: func(r *schedule.Record, _ *time.Time) {
-			r.Headers = append(r.Headers, handler.Header{Key: "", Value: []byte("x")})
-		}, want: "header 3 has an empty name"},
+			r.Headers = append(r.Headers, sarama.RecordHeader{Key: nil, Value: []byte("x")})
+		}, want: "has an empty name"},
 		{name: "NUL in idempotency key", mutate: func(r *schedule.Record, _ *time.Time) { r.IdempotencyKey = "k\x00" },
 			want: "IdempotencyKey"},
 		{name: "NUL in header name", mutate: func(r *schedule.Record, _ *time.Time) {
-			r.Headers = append(r.Headers, handler.Header{Key: "a\x00b"})
-		}, want: "header 3 name"},
+			r.Headers = append(r.Headers, sarama.RecordHeader{Key: []byte("a\x00b")})
+		}, want: `name "a\x00b" is not valid UTF-8`},
 		{name: "topic not UTF-8", mutate: func(r *schedule.Record, _ *time.Time) { r.Topic = "\xff" }, want: "Topic"},
 		{name: "origin topic not UTF-8", mutate: func(r *schedule.Record, _ *time.Time) { r.Origin.Topic = "\xff" }, want: "Origin.Topic"},
 		{name: "too far", mutate: func(_ *schedule.Record, at *time.Time) {
