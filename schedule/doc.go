@@ -7,18 +7,12 @@
 // transaction that settles the message, inserts the record with Defer:
 //
 //	until, _ := handler.DeferredUntil(h.Handle(ctx, m))
-//	err := schedule.Defer(ctx, tx, schedule.Record{
-//		Group: "payments", Topic: "payments", Partition: m.Partition,
-//		Key: m.Key, Value: m.Value,
-//		Headers: retrytopic.Encode(m.Headers, retrytopic.Failure{ // keeps idempotency-key, adds idem-original-*
-//			OriginalTopic: m.Origin().Topic, OriginalPartition: m.Origin().Partition,
-//			OriginalOffset: m.Origin().Offset, OriginalTimestamp: m.Origin().Timestamp,
-//			Group: "payments", IdempotencyKey: m.IdempotencyKey,
-//		}),
-//		IdempotencyKey: m.IdempotencyKey, Origin: m.Origin(),
-//	}, until)
+//	err := schedule.Defer(ctx, tx, schedule.RecordOf("payments", "payments.payments.deferred", m), until)
 //
-// and commits the message's offset at once: the partition flows on. The
+// RecordOf keeps the message's key, value and headers, its idempotency-key
+// among them, and adds retrytopic's idem-original-* headers naming where it
+// was first consumed. The consumer then commits the message's offset at
+// once: the partition flows on. The
 // group's Scheduler (one leader per group, elected by a PostgreSQL advisory
 // lock) publishes the record when t comes by the database's clock, waking by
 // a timer for the next due row and by a NOTIFY at each insert, and deletes

@@ -18,7 +18,6 @@ import (
 
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
-	"github.com/idemhq/idem/retrytopic"
 	"github.com/idemhq/idem/schedule"
 )
 
@@ -75,18 +74,15 @@ func run(t testing.TB, s *schedule.Scheduler) {
 	})
 }
 
-// record is the i-th test record: key k<i>, its own idempotency key and
-// origin headers, as a consumer would store it.
+// record is the i-th test record: key k<i>, its own idempotency key, read
+// from offset i of partition i%3 of "payments", as a consumer would store it.
 func (e *env) record(i int) schedule.Record {
 	key := fmt.Sprintf("k%03d", i)
-	return schedule.Record{
-		Group: e.group, Topic: e.topic, Partition: int32(i % 3),
-		Key: []byte(key), Value: []byte("v-" + key),
-		Headers: retrytopic.Encode([]handler.Header{{Key: "idempotency-key", Value: []byte("idem-" + key)}},
-			retrytopic.Failure{OriginalTopic: "payments", OriginalOffset: int64(i), IdempotencyKey: "idem-" + key}),
-		IdempotencyKey: "idem-" + key,
-		Origin:         handler.Origin{Topic: "payments", Partition: 0, Offset: int64(i)},
-	}
+	return schedule.RecordOf(e.group, e.topic, &handler.Message{
+		Topic: "payments", Partition: int32(i % 3), Offset: int64(i), Timestamp: time.UnixMilli(1_700_000_000_000),
+		Key: []byte(key), Value: []byte("v-" + key), IdempotencyKey: "idem-" + key, Attempt: 1,
+		Headers: []handler.Header{{Key: "idempotency-key", Value: []byte("idem-" + key)}},
+	})
 }
 
 // deferAll inserts recs due at in one committed transaction.

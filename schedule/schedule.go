@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/pgmigrate"
+	"github.com/idemhq/idem/retrytopic"
 )
 
 // Table is the table deferred records wait in, resolved through the
@@ -94,6 +95,29 @@ type Record struct {
 	// published (the headers carry what the consumer reads).
 	IdempotencyKey string
 	Origin         handler.Origin
+}
+
+// RecordOf is the Record a consumer of group stores when its handler defers
+// m, to be published to topic: m's partition number (its origin's), key and
+// value (shared with m, not copied: call Defer before the handler's message
+// is released), and headers that keep m's own (its idempotency-key among
+// them) and carry where it was first consumed: retrytopic.Encode with the
+// origin, the attempt count, the group and the idempotency key, which drops
+// the idem-* headers of an earlier forward (a retry tier's due time, error
+// and tier). The copy is therefore read as the same message, from the same
+// origin, with no failure attached.
+func RecordOf(group, topic string, m *handler.Message) Record {
+	o := m.Origin()
+	return Record{
+		Group: group, Topic: topic, Partition: o.Partition,
+		Key: m.Key, Value: m.Value,
+		Headers: retrytopic.Encode(m.Headers, retrytopic.Failure{
+			Attempt: m.Attempt, Group: group, IdempotencyKey: m.IdempotencyKey,
+			OriginalTopic: o.Topic, OriginalPartition: o.Partition, OriginalOffset: o.Offset, OriginalTimestamp: o.Timestamp,
+		}),
+		IdempotencyKey: m.IdempotencyKey,
+		Origin:         o,
+	}
 }
 
 // maxAhead bounds how far Defer accepts a due time: handler.MaxDefer, plus a

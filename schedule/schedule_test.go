@@ -12,6 +12,7 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/retrytopic"
 	"github.com/idemhq/idem/schedule"
 )
 
@@ -147,5 +148,42 @@ func TestListShowsPendingInDueOrder(t *testing.T) {
 	all, err := schedule.List(ctx, e.pool, schedule.Filter{Limit: 1})
 	if err != nil || len(all) != 1 || string(all[0].Key) != "k003" {
 		t.Fatalf("List(all, limit 1) = %+v, %v", all, err)
+	}
+}
+
+// TestRecordOfKeepsTheMessageAndItsOrigin: the record of a message read from
+// a retry tier keeps its key, value and own headers, names its first
+// origin, and drops the tier's due time, tier and error.
+func TestRecordOfKeepsTheMessageAndItsOrigin(t *testing.T) {
+	first := time.UnixMilli(1_700_000_000_000)
+	tierHeaders := retrytopic.Encode([]handler.Header{
+		{Key: "idempotency-key", Value: []byte("pay-1")}, {Key: "trace-id", Value: []byte("abc")},
+	}, retrytopic.Failure{Attempt: 4, Tier: 2, DueAt: first.Add(time.Hour), OriginalTopic: "payments", OriginalPartition: 2,
+		OriginalOffset: 41, OriginalTimestamp: first, Group: "billing", Error: "bank down", Kind: handler.KindRetriable})
+	m := &handler.Message{Topic: "payments.billing.retry.2", Partition: 0, Offset: 7, Key: []byte("order-1"), Value: []byte("{}"),
+		IdempotencyKey: "pay-1", Attempt: 5,
+		Original: handler.Origin{Topic: "payments", Partition: 2, Offset: 41, Timestamp: first}}
+	for _, h := range tierHeaders {
+		m.Headers = append(m.Headers, handler.Header{Key: string(h.Key), Value: h.Value})
+	}
+	rec := schedule.RecordOf("billing", "payments.billing.deferred", m)
+	if rec.Group != "billing" || rec.Topic != "payments.billing.deferred" || rec.Partition != 2 || string(rec.Key) != "order-1" ||
+		string(rec.Value) != "{}" || rec.IdempotencyKey != "pay-1" || rec.Origin != m.Original {
+		t.Fatalf("RecordOf = %+v", rec)
+	}
+	f, ok, err := retrytopic.Decode(rec.Headers)
+	if !ok || err != nil {
+		t.Fatalf("Decode: %v %v", ok, err)
+	}
+	want := retrytopic.Failure{Attempt: 5, OriginalTopic: "payments", OriginalPartition: 2, OriginalOffset: 41,
+		OriginalTimestamp: first, Group: "billing", IdempotencyKey: "pay-1"}
+	if f.Attempt != want.Attempt || f.OriginalTopic != want.OriginalTopic || f.OriginalPartition != want.OriginalPartition ||
+		f.OriginalOffset != want.OriginalOffset || !f.OriginalTimestamp.Equal(first) || f.Group != want.Group ||
+		f.IdempotencyKey != want.IdempotencyKey || f.Tier != 0 || !f.DueAt.IsZero() || f.Error != "" || f.Kind != "" {
+		t.Fatalf("decoded %+v, want %+v", f, want)
+	}
+	own := retrytopic.StripHeaders(rec.Headers)
+	if len(own) != 2 || string(own[0].Key) != "idempotency-key" || string(own[0].Value) != "pay-1" || string(own[1].Key) != "trace-id" {
+		t.Fatalf("own headers %v", own)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/retrytopic"
 	"github.com/idemhq/idem/schedule"
 )
 
@@ -58,6 +59,10 @@ func TestDeferredPublishedOnceAfterTheirTime(t *testing.T) {
 		if string(m.Value) != string(r.Value) || m.Partition != int32(i%3) ||
 			header(m, "idempotency-key") != r.IdempotencyKey || header(m, "idem-original-offset") != fmt.Sprint(i) {
 			t.Fatalf("record %s changed: partition %d value %q headers %v", r.Key, m.Partition, m.Value, m.Headers)
+		}
+		if f, _, err := retrytopic.Decode(m.Headers); err != nil || f.OriginalTopic != "payments" || f.OriginalPartition != int32(i%3) ||
+			f.OriginalOffset != int64(i) || f.OriginalTimestamp.UnixMilli() != 1_700_000_000_000 || f.IdempotencyKey != r.IdempotencyKey {
+			t.Fatalf("record %s: origin headers decode to %+v (%v)", r.Key, f, err)
 		}
 	}
 	waitMetric(t, reg, "idem_schedule_published_total", 100, e.group)
