@@ -300,3 +300,26 @@ func TestMissingTopicIsWaitedOut(t *testing.T) {
 		return nil
 	})
 }
+
+// TestIdleLeaderWakesForNewRows: a leader with nothing due sleeps (here up
+// to an hour: MaxWait and StatsInterval), yet a row committed meanwhile is
+// published at its due time: the insert's NOTIFY wakes the leader, which
+// then sleeps by a timer until the new row is due, not before.
+func TestIdleLeaderWakesForNewRows(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	col := e.collect()
+	s, reg := e.scheduler()
+	s.MaxWait, s.StatsInterval = time.Hour, time.Hour
+	run(t, s)
+	waitMetric(t, reg, "idem_schedule_leader", 1, e.group)
+
+	at := e.dbNow().Add(2 * time.Second)
+	e.deferAll(at, e.record(1))
+	col.waitKeys(t, 1) // well within the hour
+	if got := col.snapshot()[0]; got.dbAt.Before(at) || got.m.Timestamp.Before(at.Truncate(time.Millisecond)) {
+		t.Fatalf("published at %s (read at %s by the database clock), before its due time %s", got.m.Timestamp, got.dbAt, at)
+	}
+	e.deferAll(time.Time{}, e.record(2))
+	col.waitKeys(t, 2)
+}
