@@ -38,7 +38,7 @@ const (
 //
 // Run as many schedulers of a group as you like (one per consumer process,
 // say); exactly one publishes. Each holds a dedicated connection (taken out
-// of Pool for good) on which it tries pg_try_advisory_lock(key of the group)
+// of Pool for good) on which it tries pg_try_advisory_lock(key of the table and group)
 // every LeaderRetry; the holder reads, publishes and deletes on that same
 // connection, so a leader whose connection dies cannot delete anything more
 // and loses the lock in the same instant. When the leader's process dies,
@@ -295,11 +295,13 @@ func (r *runner) backoff(n int) time.Duration {
 	return pglead.Backoff(n, r.cfg.LeaderRetry, r.cfg.RetryMax)
 }
 
-// LockKey is the advisory lock key of group's leader: a 64-bit FNV-1a hash
-// of "idem-schedule:" and the group, so each group has its own leader.
-func LockKey(group string) int64 {
+// lockKey is the advisory lock key of group's leader for the table whose oid
+// is given: a 64-bit FNV-1a hash of both, so each group has its own leader,
+// and a group of the same name in another schema's table (advisory locks are
+// database-wide) has another.
+func lockKey(table uint32, group string) int64 {
 	h := fnv.New64a()
-	h.Write([]byte("idem-schedule:" + group))
+	fmt.Fprintf(h, "idem-schedule:%d:%s", table, group)
 	return int64(h.Sum64())
 }
 
@@ -316,7 +318,7 @@ func (r *runner) session(ctx context.Context) error {
 		return fmt.Errorf("schedule: find table %s: %w", Table, err)
 	}
 	r.connected = true
-	got, err := pglead.Lock(ctx, conn, LockKey(r.cfg.Group), r.cfg.LeaderRetry, r.cfg.QueryTimeout, func() {
+	got, err := pglead.Lock(ctx, conn, lockKey(oid, r.cfg.Group), r.cfg.LeaderRetry, r.cfg.QueryTimeout, func() {
 		r.log.Info("idem: scheduler standing by: another scheduler leads the group")
 	})
 	if !got || err != nil {

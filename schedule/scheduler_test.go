@@ -323,3 +323,22 @@ func TestIdleLeaderWakesForNewRows(t *testing.T) {
 	e.deferAll(time.Time{}, e.record(2))
 	col.waitKeys(t, 2)
 }
+
+// TestSameGroupInTwoSchemasHasTwoLeaders: advisory locks are database-wide,
+// so the lock names the table too: a group of the same name in another
+// schema (another service on the same database) has its own leader, and its
+// rows are published.
+func TestSameGroupInTwoSchemasHasTwoLeaders(t *testing.T) {
+	t.Parallel()
+	a, b := newEnv(t, 1), newEnv(t, 1)
+	b.group = a.group
+	sa, regA := a.scheduler()
+	sb, regB := b.scheduler()
+	run(t, sa)
+	run(t, sb)
+	waitMetric(t, regA, "idem_schedule_leader", 1, a.group)
+	waitMetric(t, regB, "idem_schedule_leader", 1, b.group)
+	col := b.collect()
+	b.deferAll(time.Time{}, b.record(1))
+	col.waitKeys(t, 1)
+}
