@@ -48,7 +48,7 @@ ORDERING_TESTS = TestOrderingByKey|TestOrderingParkedFailureBecomesHead|TestOrde
 # with "context deadline exceeded" at the -fuzztime boundary on a loaded
 # machine, golang/go#75804, fixed in Go 1.27; CI hit it once);
 # their committed seed corpora also run in every plain `go test`.
-FUZZ_TARGETS = ./consumer:FuzzKeyExtraction ./consumer:FuzzJSONField ./retrytopic:FuzzDecode ./dlq:FuzzRecord ./internal/keyorder:FuzzParkRoundTrip
+FUZZ_TARGETS = ./consumer:FuzzKeyExtraction ./consumer:FuzzJSONField ./retrytopic:FuzzDecode ./dlq:FuzzRecord ./internal/keyorder:FuzzParkRoundTrip ./internal/expiry:FuzzParseDeadline
 FUZZTIME ?= 20000x
 
 test: services ## go vet + staticcheck + all tests with -race against real Kafka and PostgreSQL, core tests in batch and lane modes, alert rule tests, a short fuzz run, the short chaos run

@@ -94,6 +94,14 @@
 // until the cool-down ends) and a failure of the dedupe store itself
 // (dedupe.StoreError; the same message is tried again with backoff).
 //
+// A handler may also ask for the message later rather than fail it:
+// [DeferUntil] (or [Defer]) returns a [*DeferError], which is not a failure.
+// The consumer stores the message in PostgreSQL, commits its offset at once
+// and its group's scheduler (package schedule) publishes it again when the
+// time comes, with the same idempotency key and origin; no retry is spent
+// and nothing is forwarded. A time more than [MaxDefer] away is refused with
+// a Permanent error wrapping [ErrDeferTooFar].
+//
 // When several markers are present the first of missing-key, panic, decode,
 // permanent, timeout wins; [IsRetriable] is true for kinds retriable and
 // timeout. The markers wrap with Unwrap, so errors.Is and errors.As still find
