@@ -12,6 +12,7 @@ import (
 	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/expiry"
 	"github.com/idemhq/idem/metrics"
 )
 
@@ -106,7 +107,7 @@ type batchItem struct {
 
 // prepare returns cm ready for a batch, or false when it must be handled
 // alone: a retry-tier record (it may have to wait for its due time), a record
-// without a valid key, ordering mode, or a store without batches.
+// without a valid key, an expired one (Config.Expiry), ordering mode, or a store without batches.
 func (w batch) prepare(cm *sarama.ConsumerMessage) (*batchItem, bool) {
 	r := w.r
 	if r.order != nil || r.batchStore == nil || w.tier {
@@ -120,6 +121,9 @@ func (w batch) prepare(cm *sarama.ConsumerMessage) (*batchItem, bool) {
 		return nil, false
 	}
 	msg.IdempotencyKey = key
+	if w.expiryOf(msg).Status != expiry.Live { // handleAfter dead-letters or drops it
+		return nil, false
+	}
 	return &batchItem{cm: cm, msg: msg, rec: dedupe.Record{Group: r.cfg.Group, Key: key, Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset}}, true
 }
 

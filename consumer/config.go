@@ -17,6 +17,7 @@ import (
 	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/outbox"
+	"github.com/idemhq/idem/recovery"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -132,6 +133,24 @@ type Config struct {
 	// subscribes to the tiers itself.
 	// Default: retrytopic.Policy{} (no tiers; dead-letter topic "<topic>.<group>.dlq").
 	Retry retrytopic.Policy
+
+	// Rules choose, by the error, how a failed message is retried: each
+	// rule's Match (errors.Is/As, kind, SQLSTATE class, HTTP status) picks
+	// its attempts per delivery, backoff, retry-tier ladder and dead-letter
+	// topic (e.g. fraud declines to "payments.dlq.fraud"). Rules are matched
+	// in order against the error the handler returned; the first match
+	// wins, and an error no rule matches takes the fallback rule Retries,
+	// RetryBase/RetryMax and Retry make. A rule's zero fields take the
+	// fallback's. A rule never makes a permanent error retriable: it only
+	// chooses its dead-letter topic. Validated at start (a rule without a
+	// Match is an error). See package recovery.
+	// Default: nil (every error takes the fallback rule: today's behaviour).
+	Rules []recovery.Rule
+
+	// Expiry is when a message is too old to handle: a maximum age per
+	// topic and the per-message "idem-deadline" header (see Expiry).
+	// Default: Expiry{} (no maximum age; the deadline header is honoured).
+	Expiry Expiry
 
 	// Ordering keeps per-key order across retry tiers when set to
 	// OrderingByKey (see there); it then needs OrderingDB.
@@ -614,8 +633,13 @@ func (c Config) Validate() error {
 			bad("FailureIndex", "", err.Error())
 		}
 	}
+	if err := c.Expiry.policy().Validate(); err != nil {
+		bad("Expiry", "", err.Error())
+	}
 	if c.RetryMax < c.RetryBase {
 		bad("RetryMax", c.RetryMax, fmt.Sprintf("must be >= RetryBase (%s)", c.RetryBase))
+	} else if len(c.Rules) > 0 && c.Retry.Validate() == nil && c.RetryBase >= 0 {
+		c.validateRules(bad) // only once the fallback's own fields passed: recovery.New checks them again
 	}
 	return errors.Join(errs...)
 }

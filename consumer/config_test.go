@@ -77,6 +77,12 @@ func defaultLines(doc string) []string {
 // knownDefaults checks the defaults that are not plain scalars, by behaviour
 // where they are functions. The key is the documented text exactly.
 var knownDefaults = map[string]func(v reflect.Value) error{
+	"Expiry{}": func(v reflect.Value) error {
+		if !v.IsZero() {
+			return fmt.Errorf("is %+v, want the zero Expiry", v.Interface())
+		}
+		return nil
+	},
 	`HeaderKey("idempotency-key")`: func(v reflect.Value) error {
 		kf, ok := v.Interface().(KeyFunc)
 		if !ok || kf == nil {

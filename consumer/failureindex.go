@@ -30,7 +30,7 @@ func (c Config) failureIndex() *index.Indexer {
 	}
 	if len(ix.Topics) == 0 && ix.TopicPattern == nil {
 		for _, t := range c.Topics {
-			ix.Topics = append(ix.Topics, c.Retry.DLQ(t, c.Group))
+			ix.Topics = append(ix.Topics, c.dlqTopics(t)...)
 		}
 	}
 	return &ix

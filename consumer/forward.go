@@ -35,7 +35,7 @@ func (r *runner) originOf(cm *sarama.ConsumerMessage) origin {
 	if !ok || err != nil || f.Group != r.cfg.Group || f.OriginalTopic == "" || f.Tier < 1 {
 		return o
 	}
-	if cm.Topic != r.policy.Tier(f.OriginalTopic, r.cfg.Group, f.Tier) {
+	if n, _, ok := r.rules.Tier(f.OriginalTopic, r.cfg.Group, cm.Topic); !ok || n != f.Tier {
 		return o
 	}
 	o.topic, o.partition, o.offset = f.OriginalTopic, f.OriginalPartition, f.OriginalOffset
@@ -59,8 +59,7 @@ func (w *worker) waitDue(cm *sarama.ConsumerMessage, o origin) error {
 		return nil
 	}
 	due := o.prior.DueAt
-	if o.tier <= len(w.r.policy.Delays) {
-		delay := w.r.policy.Delays[o.tier-1]
+	if _, delay, ok := w.r.rules.Tier(o.topic, w.r.cfg.Group, cm.Topic); ok { // the delay of its own ladder's tier
 		if bound := time.Now().Add(delay + dueSlack); due.After(bound) {
 			w.log.Warn("idem: retry record due later than its tier's delay; waiting only the delay",
 				"topic", cm.Topic, "offset", cm.Offset, "due_at", due, "delay", delay)
@@ -96,10 +95,11 @@ type outbound struct {
 func (w *worker) failure(src retrytopic.Source, key, value []byte, headers []*sarama.RecordHeader, o origin, msg *handler.Message, cause error) outbound {
 	r := w.r
 	now := time.Now()
-	dlq := r.policy.DLQ(o.topic, r.cfg.Group)
+	dec := r.rules.Decide(cause) // Config.Rules: this error's ladder and dead-letter topic
+	dlq := dec.Retry.DLQ(o.topic, r.cfg.Group)
 	dest, tier, delay := dlq, 0, time.Duration(0)
 	if w.retriable(cause) {
-		dest, tier, delay = r.policy.Next(o.topic, r.cfg.Group, o.tier)
+		dest, tier, delay = dec.Retry.Next(o.topic, r.cfg.Group, o.tier)
 	}
 	f := retrytopic.NewFailure(cause, src, o.prior, now)
 	f.Attempt = msg.Attempt
@@ -277,8 +277,16 @@ func (s setup) retryTopics(ctx context.Context, client sarama.Client) (int, erro
 	for _, t := range s.cfg.Topics {
 		var sz retrytopic.Sizes
 		err := s.retry(ctx, client, "creating the retry topics of "+t, func() (err error) {
-			sz, err = retrytopic.EnsureTopicsFor(ctx, admin, t, s.cfg.Group, s.policy)
-			return err
+			sz = retrytopic.Sizes{}
+			for _, p := range s.rules.Retries(t, s.cfg.Group) { // the fallback's first, then each rule's
+				psz, err := retrytopic.EnsureTopicsFor(ctx, admin, t, s.cfg.Group, p)
+				if err != nil {
+					return err
+				}
+				sz.Warnings = append(sz.Warnings, psz.Warnings...)
+				sz.MaxMessageBytes = max(sz.MaxMessageBytes, psz.MaxMessageBytes)
+			}
+			return nil
 		})
 		if err != nil {
 			return 0, fmt.Errorf("consumer: retry topics of %s: %w", t, err)

@@ -49,9 +49,11 @@ func (w byKey) drain(topic string, key []byte, head string) error {
 		}
 		msg, headers := parkedMessage(next)
 		rec := dedupe.Record{Group: r.cfg.Group, Key: next.IdempotencyKey, Topic: next.Topic, Partition: next.Partition, Offset: next.Offset}
-		failed, err := w.process(rec, msg, nil)
-		if err != nil {
-			return err
+		failed, drop := w.expired(msg, next.Topic) // its turn came: still live?
+		if failed == nil && !drop {
+			if failed, err = w.process(rec, msg, nil); err != nil {
+				return err
+			}
 		}
 		// done removes next from the parked messages; stuck: the store
 		// refused, and the key stays blocked (logged).
@@ -188,7 +190,7 @@ func (r *runner) tierGone(rec keyorder.Record) bool {
 // the source whose retry tier it is.
 func (r *runner) sourceOf(topic string) (string, bool) {
 	for _, t := range r.cfg.Topics {
-		if t == topic || slices.Contains(r.policy.Tiers(t, r.cfg.Group), topic) {
+		if t == topic || slices.Contains(r.rules.TierTopics(t, r.cfg.Group), topic) {
 			return t, true
 		}
 	}

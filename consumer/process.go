@@ -91,23 +91,18 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 			// The dependency is down: pause instead of spending retries.
 			r.gate.trip(err)
 			w.ob.spanEnd(TraceOutcomeBreakerOpen, err)
-		case c == classRetriable && retries < r.cfg.Retries:
-			d := r.wait.retry(retries + 1)
-			if ra, ok := handler.RetryAfterOf(err); ok && ra > d {
-				if ra > r.cfg.RetryMax && len(r.policy.Delays) > 0 {
-					// Too long to hold the partition: the retry tier honours it
-					// (capped at its delay) without blocking later messages.
-					w.ob.spanError(err)
-					return err, nil
-				}
-				d = ra
+		case c == classRetriable:
+			d, again, rule := w.retryWait(err, retries) // rules.go: Config.Rules' attempts and backoff
+			if !again {
+				w.ob.spanError(err) // its forward ends the span
+				return err, nil
 			}
 			retries++
 			w.ob.spanEnd(TraceOutcomeRetry, err)
 			msg.Attempt++
 			r.m.Retries.WithLabelValues(r.cfg.Group, msg.Topic).Inc()
 			if w.debug {
-				w.log.Debug("idem: handler failed; retrying in process", "offset", msg.Offset, "key", rec.Key, "err", err, "retry", retries, "in", d)
+				w.log.Debug("idem: handler failed; retrying in process", "offset", msg.Offset, "key", rec.Key, "err", err, "retry", retries, "in", d, "rule", rule)
 			}
 			if !sleep(w.stopCtx, d) {
 				return nil, errStopping

@@ -18,6 +18,7 @@ import (
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/metrics"
+	"github.com/idemhq/idem/recovery"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -107,6 +108,7 @@ type runner struct {
 	scfg   *sarama.Config
 	group  sarama.ConsumerGroup
 	policy retrytopic.Policy
+	rules  *recovery.Policy // Config.Rules over the fallback rule; policy is the fallback's Retry
 	fwd    *retrytopic.Forwarder
 	order  *keyorder.Store      // nil unless OrderingByKey
 	bh     handler.BatchHandler // RunBatch's handler; nil for Run
@@ -147,6 +149,9 @@ func newRunner(cfg Config, h handler.Handler) (*runner, error) {
 		scfg:   scfg,
 		wait:   newDelays(cfg),
 		policy: cfg.Retry.WithDefaults(),
+	}
+	if r.rules, err = cfg.recovery(); err != nil {
+		return nil, fmt.Errorf("consumer: rules: %w", err)
 	}
 	if bs, ok := cfg.Dedupe.(dedupe.BatchStore); ok && cfg.Batch.MaxMessages > 1 {
 		r.batchStore = bs
@@ -215,7 +220,7 @@ func (r *runner) run(ctx context.Context) (err error) {
 	r.ready.start(r.cfg.Group, storePing(r.cfg))
 	defer r.ready.stop()
 
-	st := setup{cfg: r.cfg, policy: r.policy, log: r.log, order: r.cfg.Ordering == OrderingByKey}
+	st := setup{cfg: r.cfg, policy: r.policy, rules: r.rules, log: r.log, order: r.cfg.Ordering == OrderingByKey}
 	var client sarama.Client
 	err = st.retry(ctx, nil, "connecting to the cluster", func() (err error) {
 		client, err = sarama.NewClient(r.cfg.Brokers, r.scfg)
@@ -284,14 +289,14 @@ func (r *runner) run(ctx context.Context) (err error) {
 	}()
 
 	wg.Go(func() { r.claims.watchLag(watchCtx, client, r.cfg.LagInterval) })
-	wg.Go(func() { watchDLQDepth(watchCtx, client, r.cfg, r.policy, r.m.DLQDepth, r.log) })
+	wg.Go(func() { watchDLQDepth(watchCtx, client, r.cfg, r.m.DLQDepth, r.log) })
 	wg.Go(func() { r.claims.watchStalls(watchCtx, r.cfg.StallWarning) })
 	wg.Go(func() { sweep(watchCtx, r.cfg, r.log) })
 	startRelay(watchCtx, &wg, r.cfg, r.ready, r.log)
 	startFailureIndex(watchCtx, &wg, r.cfg, r.log)
 
 	gh := &groupHandler{r: r}
-	topics := subscribed(r.cfg, r.policy)
+	topics := subscribed(r.cfg, r.rules)
 	r.logStart()
 	defer r.log.Info("idem: consumer stopped", "topics", r.cfg.Topics)
 	for n := 1; ctx.Err() == nil; {
@@ -343,7 +348,7 @@ func (r *runner) fatal(err error) {
 
 // watchDLQDepth exports idem_dlq_depth for each source topic's dead-letter
 // topic every DLQDepthInterval, until ctx is done.
-func watchDLQDepth(ctx context.Context, client sarama.Client, cfg Config, policy retrytopic.Policy, depth *prometheus.GaugeVec, log *slog.Logger) {
+func watchDLQDepth(ctx context.Context, client sarama.Client, cfg Config, depth *prometheus.GaugeVec, log *slog.Logger) {
 	if cfg.DLQDepthInterval < 0 {
 		return
 	}
@@ -352,15 +357,16 @@ func watchDLQDepth(ctx context.Context, client sarama.Client, cfg Config, policy
 	defer t.Stop()
 	for {
 		for _, topic := range cfg.Topics {
-			name := policy.DLQ(topic, cfg.Group)
-			n, err := d.Depth(ctx, name)
-			if err != nil {
-				if ctx.Err() == nil {
-					log.Debug("idem: DLQ depth", "topic", name, "err", err)
+			for _, name := range cfg.dlqTopics(topic) { // the fallback's and each rule's
+				n, err := d.Depth(ctx, name)
+				if err != nil {
+					if ctx.Err() == nil {
+						log.Debug("idem: DLQ depth", "topic", name, "err", err)
+					}
+					continue
 				}
-				continue
+				depth.WithLabelValues(name).Set(float64(n))
 			}
-			depth.WithLabelValues(name).Set(float64(n))
 		}
 		select {
 		case <-ctx.Done():
@@ -371,11 +377,11 @@ func watchDLQDepth(ctx context.Context, client sarama.Client, cfg Config, policy
 }
 
 // subscribed returns the topics the group subscribes to: the sources and
-// their retry tiers.
-func subscribed(cfg Config, policy retrytopic.Policy) []string {
+// their retry tiers (Retry's, and those of the rules' own ladders).
+func subscribed(cfg Config, rules *recovery.Policy) []string {
 	ts := append([]string(nil), cfg.Topics...)
 	for _, t := range cfg.Topics {
-		ts = append(ts, policy.Tiers(t, cfg.Group)...)
+		ts = append(ts, rules.TierTopics(t, cfg.Group)...)
 	}
 	return ts
 }

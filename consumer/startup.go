@@ -11,6 +11,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/idemhq/idem/recovery"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -21,6 +22,7 @@ import (
 type setup struct {
 	cfg    Config
 	policy retrytopic.Policy
+	rules  *recovery.Policy
 	log    *slog.Logger
 	order  bool // ordering by key is on
 }

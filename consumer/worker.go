@@ -122,19 +122,27 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 	}
 	msg.IdempotencyKey = key
 	ord := w.orderOf(cm)
-	parked, err := ord.admit(cm, msg, origin)
-	if err != nil {
-		return err
+	expired, drop := w.expired(msg, cm.Topic) // before parking, before the handler, once a tier record is due
+	if expired == nil && !drop {
+		parked, err := ord.admit(cm, msg, origin)
+		if err != nil {
+			return err
+		}
+		if parked {
+			r.m.Messages.WithLabelValues(r.cfg.Group, cm.Topic, metrics.OutcomeParked).Inc()
+			w.mark(cm)
+			return nil
+		}
+	} else if origin.tier == 0 { // never admitted: its key's order is not its to settle
+		return w.expire(cm, src, origin, msg, expired)
 	}
-	if parked {
-		r.m.Messages.WithLabelValues(r.cfg.Group, cm.Topic, metrics.OutcomeParked).Inc()
-		w.mark(cm)
-		return nil
-	}
-	rec := dedupe.Record{Group: r.cfg.Group, Key: key, Topic: origin.topic, Partition: origin.partition, Offset: origin.offset}
-	failed, err := w.process(rec, msg, first)
-	if err != nil {
-		return err
+	failed := expired
+	if expired == nil && !drop {
+		rec := dedupe.Record{Group: r.cfg.Group, Key: key, Topic: origin.topic, Partition: origin.partition, Offset: origin.offset}
+		var err error
+		if failed, err = w.process(rec, msg, first); err != nil {
+			return err
+		}
 	}
 	if failed != nil {
 		f := w.failure(src, cm.Key, cm.Value, cm.Headers, origin, msg, failed)

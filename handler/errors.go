@@ -19,6 +19,10 @@ const (
 	KindInvalidKey Kind = "invalid-key" // a key that is not valid UTF-8, holds a NUL, or is too long
 	KindDecode     Kind = "decode"      // Decode(err): the payload cannot be decoded (poison bytes)
 	KindTimeout    Kind = "timeout"     // the handler exceeded its Timeout
+	// KindExpired: past its idem-deadline or its topic's maximum age; never handled.
+	KindExpired Kind = "expired"
+	// KindInvalidHeader: a header idem reads (idem-deadline) is not valid; never handled.
+	KindInvalidHeader Kind = "invalid-header"
 )
 
 type permanentError struct{ err error }
@@ -193,14 +197,37 @@ func (e *MissingKeyError) Error() string {
 	return "handler: missing idempotency key: " + e.Reason
 }
 
+// ExpiredError reports a message the consumer did not hand to its handler
+// because it expired (its idem-deadline or its topic's maximum age had
+// passed: kind "expired") or because its deadline header is not a time
+// (kind "invalid-header"). It is never retried.
+type ExpiredError struct {
+	Reason        string // e.g. "older than its topic's maximum age 1h0m0s"
+	InvalidHeader bool   // the deadline header is not a time
+}
+
+// Error describes the failure in one line.
+func (e *ExpiredError) Error() string {
+	if e.InvalidHeader {
+		return "handler: invalid header: " + e.Reason
+	}
+	return "handler: expired: " + e.Reason
+}
+
 // ErrorKind classifies err for routing and for the idem-error-kind header.
-// nil gives "". Precedence: missing-key (or invalid-key), panic, decode, permanent, timeout, then
+// nil gives "". Precedence: expired (or invalid-header), missing-key (or invalid-key), panic, decode, permanent, timeout, then
 // retriable.
 func ErrorKind(err error) Kind {
 	var mk *MissingKeyError
+	var ex *ExpiredError
 	switch {
 	case err == nil:
 		return ""
+	case errors.As(err, &ex):
+		if ex.InvalidHeader {
+			return KindInvalidHeader
+		}
+		return KindExpired
 	case errors.As(err, &mk):
 		if mk.Invalid {
 			return KindInvalidKey

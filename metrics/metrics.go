@@ -12,7 +12,14 @@ const (
 	OutcomeDuplicate    = "duplicate"
 	OutcomeRetried      = "retried"
 	OutcomeDeadLettered = "dead_lettered"
-	OutcomeParked       = "parked" // OrderingByKey: stored behind an earlier message of its key
+	OutcomeParked       = "parked"  // OrderingByKey: stored behind an earlier message of its key
+	OutcomeExpired      = "expired" // past its deadline or maximum age and dropped (consumer.Expiry.Drop); an expired message dead-lettered counts as dead_lettered
+)
+
+// Action label values of idem_expired_total.
+const (
+	ExpiredDeadLettered = "dead_lettered" // sent to the DLQ with idem-error-kind "expired"
+	ExpiredDropped      = "dropped"       // consumer.Expiry.Drop: not sent anywhere
 )
 
 // Result label values of idem_handler_attempts_total.
@@ -38,6 +45,7 @@ type Metrics struct {
 	ForwardErrors     *prometheus.CounterVec   // idem_forward_errors_total
 	StubsForwarded    *prometheus.CounterVec   // idem_stubs_forwarded_total
 	MissingKey        *prometheus.CounterVec   // idem_missing_key_total
+	Expired           *prometheus.CounterVec   // idem_expired_total
 	StoreErrors       *prometheus.CounterVec   // idem_store_errors_total
 	RetryDelay        *prometheus.HistogramVec // idem_retry_delay_seconds
 	DLQDepth          *prometheus.GaugeVec     // idem_dlq_depth
@@ -82,6 +90,8 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Records dead-lettered as stubs (value omitted) because the destination refused them whole for good."}, []string{"group", "destination"}),
 		MissingKey: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_missing_key_total",
 			Help: "Messages without a valid idempotency key."}, []string{"group", "topic"}),
+		Expired: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_expired_total",
+			Help: "Messages past their deadline or their topic's maximum age, not handled; action is dead_lettered or dropped."}, []string{"group", "topic", "action"}),
 		StoreErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_store_errors_total",
 			Help: "Dedupe store failures; the message is retried without counting an attempt."}, []string{"group"}),
 		RetryDelay: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "idem_retry_delay_seconds",
@@ -125,6 +135,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	m.ForwardErrors = register(reg, m.ForwardErrors, &err)
 	m.StubsForwarded = register(reg, m.StubsForwarded, &err)
 	m.MissingKey = register(reg, m.MissingKey, &err)
+	m.Expired = register(reg, m.Expired, &err)
 	m.StoreErrors = register(reg, m.StoreErrors, &err)
 	m.RetryDelay = register(reg, m.RetryDelay, &err)
 	m.DLQDepth = register(reg, m.DLQDepth, &err)

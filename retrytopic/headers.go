@@ -36,7 +36,7 @@ const (
 	HeaderOriginalTimestamp = "idem-original-timestamp" // its timestamp there, unix ms
 	HeaderConsumerGroup     = "idem-consumer-group"     // consumer group that failed to handle it
 	HeaderError             = "idem-error"              // last error message (capped at MaxErrorBytes)
-	HeaderErrorKind         = "idem-error-kind"         // handler.Kind: retriable|permanent|panic|missing-key|invalid-key|decode|timeout
+	HeaderErrorKind         = "idem-error-kind"         // handler.Kind: retriable|permanent|panic|missing-key|invalid-key|decode|timeout|expired|invalid-header
 	HeaderErrorType         = "idem-error-type"         // Go type of handler.Cause(err), as fmt %T prints it
 	HeaderStack             = "idem-stack"              // panic stack (capped at MaxStackBytes)
 	HeaderFirstFailureAt    = "idem-first-failure-at"   // unix ms of the first failure

@@ -1,0 +1,94 @@
+package consumer
+
+import (
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/expiry"
+	"github.com/idemhq/idem/metrics"
+	"github.com/idemhq/idem/retrytopic"
+)
+
+// Expiry says when a message is too old to handle (issue 21, "Expiry"): a
+// maximum age per topic, measured from the time the message was first
+// produced (handler.Message.Origin's Timestamp: a retry tier does not make a
+// message younger), and a deadline per message in the header
+// "idem-deadline" (unix milliseconds, or RFC 3339 with a zone).
+//
+// The consumer checks it before the handler, before parking a message in
+// ordering mode (OrderingByKey), when a parked message's turn comes, and
+// when a retry tier's record comes due. A message past either limit is not
+// handled: it is dead-lettered with idem-error-kind "expired" and the reason
+// in idem-error (or dropped and counted in idem_expired_total with Drop). A
+// deadline header that is not a time dead-letters the message with kind
+// "invalid-header", whatever Drop says. See docs/deferral-and-expiry.md.
+//
+// The zero Expiry expires nothing by age and honours the deadline header.
+type Expiry struct {
+	// MaxAge is the oldest a record of a topic not in MaxAgeByTopic may be,
+	// by its first timestamp, and still be handled. Negative values are
+	// refused at start.
+	// Default: 0 (no limit by age).
+	MaxAge time.Duration
+	// MaxAgeByTopic overrides MaxAge for the source topics it names; 0 there
+	// means no limit for that topic.
+	// Default: nil.
+	MaxAgeByTopic map[string]time.Duration
+	// Header is the name of the per-message deadline header.
+	// Default: "idem-deadline".
+	Header string
+	// Drop drops an expired message (counted, never handled, nothing sent)
+	// instead of dead-lettering it with kind "expired".
+	// Default: false.
+	Drop bool
+}
+
+// policy is e as the expiry package's Policy (the same fields).
+func (e Expiry) policy() expiry.Policy { return expiry.Policy(e) }
+
+// expiryOf is msg's verdict under Config.Expiry now, by its origin (a tier
+// record is as old as its first delivery).
+func (w *worker) expiryOf(msg *handler.Message) expiry.Result {
+	o := msg.Origin()
+	return w.r.cfg.Expiry.policy().Check(o.Topic, o.Timestamp, msg.Headers, time.Now())
+}
+
+// expired checks msg against Config.Expiry. It returns nil, false when msg
+// may be handled; else the error to dead-letter it with (a
+// *handler.ExpiredError), or drop = true when it is to be dropped. Both are
+// counted here; topic is the topic msg is read from, for the counters.
+func (w *worker) expired(msg *handler.Message, topic string) (err error, drop bool) {
+	res := w.expiryOf(msg)
+	switch res.Status {
+	case expiry.Live:
+		return nil, false
+	case expiry.Expired:
+		if w.r.cfg.Expiry.Drop {
+			w.r.m.Expired.WithLabelValues(w.r.cfg.Group, topic, metrics.ExpiredDropped).Inc()
+			w.r.m.Messages.WithLabelValues(w.r.cfg.Group, topic, metrics.OutcomeExpired).Inc()
+			w.ob.spanEnd(TraceOutcomeExpired, nil)
+			w.log.Info("idem: expired message dropped", "topic", topic, "offset", msg.Offset, "key", msg.IdempotencyKey, "reason", res.Reason)
+			return nil, true
+		}
+		w.r.m.Expired.WithLabelValues(w.r.cfg.Group, topic, metrics.ExpiredDeadLettered).Inc()
+		return &handler.ExpiredError{Reason: res.Reason}, false
+	default: // expiry.InvalidHeader: the producer's bug; never dropped
+		return &handler.ExpiredError{Reason: res.Reason, InvalidHeader: true}, false
+	}
+}
+
+// expire finishes a source record that expired before it was admitted to
+// its key's order: dead-lettered with cause (kind expired or
+// invalid-header), or dropped when cause is nil; then marked. errStopping:
+// the partition is stopping.
+func (w *worker) expire(cm *sarama.ConsumerMessage, src retrytopic.Source, o origin, msg *handler.Message, cause error) error {
+	if cause != nil {
+		if _, err := w.forward(w.failure(src, cm.Key, cm.Value, cm.Headers, o, msg, cause), msg); err != nil {
+			return err
+		}
+	}
+	w.mark(cm)
+	return nil
+}

@@ -1,0 +1,291 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/idemhq/idem/consumer"
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/metrics"
+	"github.com/idemhq/idem/retrytopic"
+)
+
+// Issue 21 test 4 (and the expiry part of test 7): Config.Expiry on real
+// Kafka and PostgreSQL.
+
+// expiryRec is one record for the expiry tests: its idempotency key (also
+// its Kafka key unless kafkaKey is set), its timestamp (zero: now) and an
+// idem-deadline header value ("": none).
+type expiryRec struct {
+	ikey, kafkaKey string
+	ts             time.Time
+	deadline       string
+}
+
+func (e *env) produceExpiry(recs ...expiryRec) {
+	e.t.Helper()
+	p := e.k.Producer(e.t)
+	for _, r := range recs {
+		key := r.kafkaKey
+		if key == "" {
+			key = r.ikey
+		}
+		hs := []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(r.ikey)}}
+		if r.deadline != "" {
+			hs = append(hs, sarama.RecordHeader{Key: []byte("idem-deadline"), Value: []byte(r.deadline)})
+		}
+		m := &sarama.ProducerMessage{Topic: e.topic, Partition: 0, Key: sarama.StringEncoder(key), Value: sarama.StringEncoder(r.ikey), Headers: hs, Timestamp: r.ts}
+		if _, _, err := p.SendMessage(m); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+}
+
+// dlqKinds reads n records of the test's DLQ and returns idempotency key →
+// idem-error-kind.
+func (e *env) dlqKinds(n int) map[string]string {
+	e.t.Helper()
+	out := map[string]string{}
+	for _, r := range e.coreReadRecords(e.dlq(), 0, n, 60*time.Second) {
+		out[header(r, "idempotency-key")] = header(r, retrytopic.HeaderErrorKind)
+	}
+	return out
+}
+
+// waitClaimed waits until the member registered on e.reg has claimed a
+// partition, so a test's clock starts when the consumer reads.
+func (e *env) waitClaimed() {
+	e.t.Helper()
+	testenv.Eventually(e.t, 60*time.Second, func() error {
+		if coreClaimed(e.t, e.reg) == 0 {
+			return errors.New("no partition claimed yet")
+		}
+		return nil
+	})
+}
+
+func ms(t time.Time) string { return strconv.FormatInt(t.UnixMilli(), 10) }
+
+// TestExpiryDeadLettersWithoutHandling: records older than the topic's
+// maximum age and records past their idem-deadline go to the DLQ with kind
+// "expired", a deadline that is not a time with kind "invalid-header", and
+// none reaches the handler; the live records around them are handled (the
+// partition does not stall).
+func TestExpiryDeadLettersWithoutHandling(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	now := time.Now()
+	e.produceExpiry(
+		expiryRec{ikey: "old-1", ts: now.Add(-3 * time.Hour)},
+		expiryRec{ikey: "live-1"},
+		expiryRec{ikey: "old-2", ts: now.Add(-2 * time.Hour)},
+		expiryRec{ikey: "past-deadline", deadline: ms(now.Add(-time.Minute))},
+		expiryRec{ikey: "rfc-deadline", deadline: now.Add(-time.Minute).UTC().Format(time.RFC3339)},
+		expiryRec{ikey: "bad-deadline", deadline: "tomorrow"},
+		expiryRec{ikey: "future-deadline", deadline: ms(now.Add(time.Hour))},
+		expiryRec{ikey: "live-2", ts: now.Add(-30 * time.Minute)},
+	)
+	cfg := e.config()
+	cfg.Expiry = consumer.Expiry{MaxAge: time.Hour}
+	var c calls
+	eff := effectHandler()
+	start(t, cfg, handler.Func(func(ctx context.Context, m *handler.Message) error {
+		c.inc(m.IdempotencyKey)
+		return eff(ctx, m)
+	}))
+	e.waitCommitted(e.topic, 1, 60*time.Second)
+
+	want := map[string]string{
+		"old-1": "expired", "old-2": "expired", "past-deadline": "expired", "rfc-deadline": "expired",
+		"bad-deadline": "invalid-header",
+	}
+	got := e.dlqKinds(len(want))
+	for k, kind := range want {
+		if got[k] != kind {
+			t.Errorf("DLQ record %s: kind %q, want %q (all: %v)", k, got[k], kind, got)
+		}
+		if n := c.get(k); n != 0 {
+			t.Errorf("handler called %d times for %s, want 0", n, k)
+		}
+	}
+	if n := e.total(e.dlq(), 1); n != int64(len(want)) {
+		t.Errorf("DLQ holds %d records, want %d", n, len(want))
+	}
+	for _, k := range []string{"live-1", "live-2", "future-deadline"} {
+		if n := e.count(`SELECT count(*) FROM effects WHERE key = $1`, k); n != 1 {
+			t.Errorf("%s applied %d times, want 1", k, n)
+		}
+	}
+	if got := gatherSum(t, e.reg, "idem_expired_total", map[string]string{"action": metrics.ExpiredDeadLettered}); got != 4 {
+		t.Errorf("idem_expired_total{action=dead_lettered} = %v, want 4", got)
+	}
+	if got := gatherSum(t, e.reg, "idem_forwarded_total", map[string]string{"kind": "expired"}); got != 4 {
+		t.Errorf("idem_forwarded_total{kind=expired} = %v, want 4", got)
+	}
+}
+
+// TestExpiryDropCounts: with Expiry.Drop an expired record is dropped and
+// counted, not dead-lettered; an invalid deadline is still dead-lettered.
+func TestExpiryDropCounts(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	now := time.Now()
+	e.produceExpiry(
+		expiryRec{ikey: "old", ts: now.Add(-3 * time.Hour)},
+		expiryRec{ikey: "past-deadline", deadline: ms(now.Add(-time.Minute))},
+		expiryRec{ikey: "bad-deadline", deadline: "1.5"},
+		expiryRec{ikey: "live"},
+	)
+	cfg := e.config()
+	cfg.Expiry = consumer.Expiry{MaxAgeByTopic: map[string]time.Duration{e.topic: time.Hour}, Drop: true}
+	var c calls
+	eff := effectHandler()
+	start(t, cfg, handler.Func(func(ctx context.Context, m *handler.Message) error {
+		c.inc(m.IdempotencyKey)
+		return eff(ctx, m)
+	}))
+	e.waitCommitted(e.topic, 1, 60*time.Second)
+	if got := e.dlqKinds(1); got["bad-deadline"] != "invalid-header" {
+		t.Errorf("DLQ: %v, want bad-deadline with kind invalid-header", got)
+	}
+	if n := e.total(e.dlq(), 1); n != 1 {
+		t.Errorf("DLQ holds %d records, want 1 (the invalid header; expired ones are dropped)", n)
+	}
+	for _, k := range []string{"old", "past-deadline", "bad-deadline"} {
+		if n := c.get(k); n != 0 {
+			t.Errorf("handler called %d times for %s, want 0", n, k)
+		}
+	}
+	if n := e.count(`SELECT count(*) FROM effects WHERE key = 'live'`); n != 1 {
+		t.Errorf("live applied %d times, want 1", n)
+	}
+	if got := gatherSum(t, e.reg, "idem_expired_total", map[string]string{"action": metrics.ExpiredDropped}); got != 2 {
+		t.Errorf("idem_expired_total{action=dropped} = %v, want 2", got)
+	}
+	if got := coreOutcome(t, e.reg, metrics.OutcomeExpired); got != 2 {
+		t.Errorf("idem_messages_total{outcome=expired} = %d, want 2", got)
+	}
+}
+
+// TestExpiryThroughATier: a record that fails once goes to a retry tier;
+// its deadline passes while it waits there, so when it comes due it is
+// dead-lettered with kind "expired" and the handler is not called again.
+func TestExpiryThroughATier(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	cfg := e.config()
+	cfg.Retries = -1
+	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{6 * time.Second}}
+	var c calls
+	eff := effectHandler()
+	start(t, cfg, handler.Func(func(ctx context.Context, m *handler.Message) error {
+		if c.inc(m.IdempotencyKey) == 1 && m.IdempotencyKey == "a" {
+			return errors.New("first attempt fails")
+		}
+		return eff(ctx, m)
+	}))
+	e.waitClaimed()
+	produced := time.Now()
+	e.produceExpiry(expiryRec{ikey: "a", deadline: ms(produced.Add(3 * time.Second))}, expiryRec{ikey: "b"})
+	e.waitCommitted(e.topic, 1, 60*time.Second)
+	if got := e.dlqKinds(1); got["a"] != "expired" {
+		t.Fatalf("DLQ: %v, want a with kind expired", got)
+	}
+	if n := e.total(e.tier(1), 1); n != 1 {
+		t.Errorf("tier 1 got %d records, want 1", n)
+	}
+	if n := c.get("a"); n != 1 {
+		t.Errorf("handler called %d times for a, want 1 (the first attempt, before its deadline; never from the tier)", n)
+	}
+	if n := e.count(`SELECT count(*) FROM effects`); n != 1 {
+		t.Errorf("effects = %d, want 1 (b)", n)
+	}
+	if d := time.Since(produced); d < 3*time.Second {
+		t.Fatalf("dead-lettered %s after producing, before its deadline", d)
+	}
+}
+
+// TestExpiryOrdering: in ordering mode, an expired record of a blocked key
+// is dead-lettered instead of parked, and a parked record whose deadline
+// passes while it waits is dead-lettered when its turn comes; neither is
+// handled, and the key's live records keep their order.
+func TestExpiryOrdering(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	ctx := testenv.Context(t)
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE applied(seq bigserial primary key, ikey text)`); err != nil {
+		t.Fatal(err)
+	}
+	cfg := e.config()
+	cfg.Retries = -1
+	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{6 * time.Second}}
+	cfg.Ordering = consumer.OrderingByKey
+	cfg.OrderingDB = e.pool
+	var c calls
+	start(t, cfg, handler.Func(func(ctx context.Context, m *handler.Message) error {
+		if c.inc(m.IdempotencyKey) == 1 && m.IdempotencyKey == "A1" {
+			return errors.New("first attempt fails")
+		}
+		_, err := dedupe.Tx(ctx).Exec(ctx, `INSERT INTO applied(ikey) VALUES ($1)`, m.IdempotencyKey)
+		return err
+	}))
+	e.waitClaimed()
+	produced := time.Now()
+	e.produceExpiry(
+		expiryRec{ikey: "A1", kafkaKey: "A"},
+		expiryRec{ikey: "A2", kafkaKey: "A", deadline: ms(produced.Add(-time.Minute))},    // expired: not parked
+		expiryRec{ikey: "A3", kafkaKey: "A"},                                              // parked
+		expiryRec{ikey: "A4", kafkaKey: "A", deadline: ms(produced.Add(3 * time.Second))}, // parked live, expires while parked
+		expiryRec{ikey: "A5", kafkaKey: "A"},
+	)
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if n := e.count(`SELECT count(*) FROM applied`); n != 3 {
+			return fmt.Errorf("%d applied", n)
+		}
+		return nil
+	})
+	var got string
+	if err := e.pool.QueryRow(ctx, `SELECT string_agg(ikey, ',' ORDER BY seq) FROM applied`).Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if got != "A1,A3,A5" {
+		t.Errorf("applied %s, want A1,A3,A5", got)
+	}
+	kinds := e.dlqKinds(2)
+	if kinds["A2"] != "expired" || kinds["A4"] != "expired" {
+		t.Errorf("DLQ: %v, want A2 and A4 with kind expired", kinds)
+	}
+	for _, k := range []string{"A2", "A4"} {
+		if n := c.get(k); n != 0 {
+			t.Errorf("handler called %d times for %s, want 0", n, k)
+		}
+	}
+	if n := coreOutcome(t, e.reg, metrics.OutcomeParked); n != 3 {
+		t.Errorf("idem_messages_total{outcome=parked} = %d, want 3 (A3, A4, A5; not the expired A2)", n)
+	}
+}
+
+// TestExpiryRejectsNegativeAge: a negative maximum age is a start error
+// naming the field (issue 21 test 7).
+func TestExpiryRejectsNegativeAge(t *testing.T) {
+	for name, x := range map[string]consumer.Expiry{
+		"MaxAge":        {MaxAge: -time.Second},
+		"MaxAgeByTopic": {MaxAgeByTopic: map[string]time.Duration{"t": -time.Minute}},
+	} {
+		cfg := coreValidConfig()
+		cfg.Expiry = x
+		err := consumer.Run(context.Background(), cfg, handler.Func(func(context.Context, *handler.Message) error { return nil }))
+		var ce *consumer.ConfigError
+		if !errors.As(err, &ce) || ce.Field != "Expiry" {
+			t.Errorf("%s: Run = %v, want a *ConfigError for Expiry", name, err)
+		}
+	}
+}

@@ -1,0 +1,89 @@
+package consumer
+
+import (
+	"time"
+
+	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/recovery"
+)
+
+// recovery is c's recoverability policy: Config.Rules, matched in order,
+// over the fallback rule Config.Retries, RetryBase/RetryMax and Retry make
+// (today's behaviour when Rules is empty). c has its defaults applied.
+func (c Config) recovery() (*recovery.Policy, error) {
+	return recovery.New(recovery.Fallback{
+		Attempts: 1 + max(c.Retries, 0),
+		Backoff:  recovery.Backoff{Base: c.RetryBase, Max: c.RetryMax},
+		Retry:    c.Retry,
+	}, c.Rules...)
+}
+
+// dlqTopics is every dead-letter topic of source topic t: the fallback's
+// and each rule's, once each. c has its defaults applied.
+func (c Config) dlqTopics(t string) []string {
+	if p, err := c.recovery(); err == nil {
+		return p.DLQTopics(t, c.Group)
+	}
+	return []string{c.Retry.DLQ(t, c.Group)} // Validate reports the rules
+}
+
+// validateRules checks Config.Rules (bad reports each problem, naming the
+// rule): matchers, attempts, backoffs, ladders and topic names. Called only
+// once the fallback's own fields passed (recovery.New checks them again).
+func (c Config) validateRules(bad func(field string, v any, rule string)) {
+	p, err := c.recovery()
+	if err != nil {
+		bad("Rules", len(c.Rules), err.Error())
+		return
+	}
+	for _, t := range c.Topics {
+		if t == "" || c.Group == "" {
+			continue
+		}
+		if err := p.ValidateNames(t, c.Group); err != nil {
+			bad("Rules", t, err.Error())
+		}
+	}
+	if c.Ordering == OrderingByKey {
+		for i, r := range c.Rules {
+			if r.Tiers != nil && len(r.Tiers.Delays) > 0 {
+				bad("Rules", i, "a rule with a tier ladder of its own (Tiers with Delays) is not supported with OrderingByKey: a parked head is re-sent to Retry's tiers")
+			}
+		}
+	}
+}
+
+// retryWait decides whether a retriable err, after retries in-process
+// retries of this delivery, gets one more (again) and how long to wait
+// first, by the rule err matches: its Attempts and Backoff, and a
+// handler.RetryAfter longer than its Backoff.Max goes to the rule's retry
+// tier instead of holding the partition (when it has tiers). name is the
+// rule's, for logs.
+func (w *worker) retryWait(err error, retries int) (d time.Duration, again bool, name string) {
+	r := w.r
+	dec := r.rules.Decide(err)
+	if retries+1 >= dec.Attempts {
+		return 0, false, dec.Name
+	}
+	if dec.Rule < 0 {
+		d = r.wait.retry(retries + 1) // the fallback: RetryBase, RetryMax
+	} else {
+		d = r.wait.backoff(dec.Backoff, retries+1)
+	}
+	if ra, ok := handler.RetryAfterOf(err); ok && ra > d {
+		if ra > dec.Backoff.Max && len(dec.Retry.Delays) > 0 {
+			// Too long to hold the partition: the retry tier honours it
+			// (capped at its delay) without blocking later messages.
+			return 0, false, dec.Name
+		}
+		d = ra
+	}
+	return d, true, dec.Name
+}
+
+// backoff is b's full-jitter delay before retry n, from d's random source.
+func (d *delays) backoff(b recovery.Backoff, n int) time.Duration {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return b.Delay(n, d.rand)
+}
