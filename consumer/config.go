@@ -124,6 +124,21 @@ type Config struct {
 	// Default: 1s. Kafka: auto.commit.interval.ms (of marked offsets only).
 	CommitInterval time.Duration
 
+	// InstanceID turns on static membership (KIP-345): a stable id of this
+	// member, e.g. its pod or host name, unique within the group. A member
+	// killed and restarted with the same InstanceID within the session
+	// timeout (Sarama.Consumer.Group.Session.Timeout) gets its partitions
+	// back without a rebalance: the other members keep theirs and never
+	// stop. The trade-off: when a static member dies for good, its
+	// partitions wait, unread, up to the session timeout before they move,
+	// since it no longer leaves the group on shutdown or crash. Two running
+	// members with one InstanceID fence each other (the older one fails
+	// with FENCED_INSTANCE_ID). At most 249 characters of [a-zA-Z0-9._-],
+	// not "." or "..".
+	// Default: "" (dynamic membership: every start and stop rebalances).
+	// Kafka: group.instance.id.
+	InstanceID string
+
 	// Retry says where a message goes when its in-process retries are spent:
 	// through non-blocking retry topics, one per entry of Retry.Delays, then to
 	// the dead-letter topic. Permanent errors, decode errors, missing keys and
@@ -560,6 +575,11 @@ func (c Config) Validate() error {
 	}
 	if c.OutageBackoff < 0 {
 		bad("OutageBackoff", c.OutageBackoff, "must be > 0")
+	}
+	if c.InstanceID != "" {
+		if err := validInstanceID(c.InstanceID); err != nil {
+			bad("InstanceID", c.InstanceID, err.Error())
+		}
 	}
 	if err := c.Retry.Validate(); err != nil {
 		bad("Retry", c.Retry.Delays, err.Error())

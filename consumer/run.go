@@ -187,6 +187,8 @@ func saramaConfig(cfg Config) *sarama.Config {
 	// metadata request or a produce.
 	c.Metadata.AllowAutoTopicCreation = false
 	c.Consumer.Return.Errors = true
+	// Static membership (Config.InstanceID); "" keeps sarama's dynamic one.
+	c.Consumer.Group.InstanceId = cfg.InstanceID
 	if s := c.Consumer.Group.Rebalance.GroupStrategies; len(s) == 0 || (len(s) == 1 && s[0].Name() == sarama.RangeBalanceStrategyName) {
 		c.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
 	}
@@ -406,6 +408,9 @@ type groupHandler struct{ r *runner }
 
 func (g *groupHandler) Setup(s sarama.ConsumerGroupSession) error {
 	g.r.log.Debug("idem: session started", "generation", s.GenerationID(), "claims", s.Claims())
+	if h := hooksOf(g.r.baseCtx); h != nil && h.session != nil {
+		h.session(s)
+	}
 	g.r.ready.setJoined(true)
 	return nil
 }
