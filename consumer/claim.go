@@ -126,7 +126,10 @@ func (c *claim) run() {
 	defer r.claims.register(c)()
 
 	// The reader drains Messages so that its closing (revocation) is seen at
-	// once, and pauses fetching when the worker falls behind.
+	// once, and pauses fetching when the worker falls behind. A failed
+	// transaction (Transactions) stops the claim, which ends the session:
+	// the next one reads from the committed offsets.
+	txnFailed := r.txnFailed()
 	wg.Go(func() {
 		defer c.stop()
 		for {
@@ -139,6 +142,8 @@ func (c *claim) run() {
 					c.backpressure(true)
 				}
 			case <-c.sess.Context().Done():
+				return
+			case <-txnFailed:
 				return
 			case <-r.runCtx.Done():
 				return
@@ -218,7 +223,7 @@ func (t *tracker) finish(offset int64) {
 		mark = o
 	}
 	if mark >= 0 {
-		t.c.sess.MarkOffset(t.c.tp.topic, t.c.tp.partition, mark+1, "")
+		t.c.markOffset(mark + 1)
 	}
 }
 

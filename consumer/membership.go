@@ -35,6 +35,8 @@ type testHooks struct {
 	// session is called by every session's Setup: tests follow the
 	// session's generation with it.
 	session func(s sarama.ConsumerGroupSession)
+	// beforeCommit is the transaction owner's BeforeCommit hook.
+	beforeCommit func(records int) error
 }
 
 type testHooksKey struct{}

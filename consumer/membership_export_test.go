@@ -15,6 +15,16 @@ func WithSessionHook(ctx context.Context, f func(s sarama.ConsumerGroupSession))
 	return context.WithValue(ctx, testHooksKey{}, &h)
 }
 
+// WithBeforeCommitHook returns ctx carrying a hook that the transaction owner
+// of Run (Config.Transactions) calls after adding the offsets and before
+// committing, with the number of records the transaction holds; an error it
+// returns aborts the transaction.
+func WithBeforeCommitHook(ctx context.Context, f func(records int) error) context.Context {
+	h := *hooks(ctx)
+	h.beforeCommit = f
+	return context.WithValue(ctx, testHooksKey{}, &h)
+}
+
 func hooks(ctx context.Context) *testHooks {
 	if h := hooksOf(ctx); h != nil {
 		return h

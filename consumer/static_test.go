@@ -50,24 +50,9 @@ func TestMemberHelperProcess(t *testing.T) {
 	if os.Getenv(memberEnvFlag) != "1" {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // a safety net
-	defer cancel()
-	pcfg, err := pgxpool.ParseConfig(os.Getenv(memberEnvDB))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcfg.ConnConfig.RuntimeParams["search_path"] = os.Getenv(memberEnvSchema)
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	session, err := time.ParseDuration(os.Getenv(memberEnvSession))
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, pool, session := memberHelperEnv(t)
 	var assigned atomic.Int64
-	err = consumer.Run(ctx, consumer.Config{
+	err := consumer.Run(ctx, consumer.Config{
 		Brokers:        strings.Split(os.Getenv(memberEnvBrokers), ","),
 		Group:          os.Getenv(memberEnvGroup),
 		Topics:         []string{os.Getenv(memberEnvTopic)},
@@ -85,6 +70,30 @@ func TestMemberHelperProcess(t *testing.T) {
 		},
 	}, effectHandler())
 	t.Fatalf("member helper: Run returned %v before it was killed", err)
+}
+
+// memberHelperEnv is what a member helper process runs with, from its
+// environment: a ctx that ends after 5 minutes (a safety net: the parent
+// kills it long before), a pool on the test's schema and the session
+// timeout.
+func memberHelperEnv(t *testing.T) (context.Context, *pgxpool.Pool, time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	pcfg, err := pgxpool.ParseConfig(os.Getenv(memberEnvDB))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.ConnConfig.RuntimeParams["search_path"] = os.Getenv(memberEnvSchema)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	session, err := time.ParseDuration(os.Getenv(memberEnvSession))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ctx, pool, session
 }
 
 func staticSarama(session time.Duration) *sarama.Config {
