@@ -37,10 +37,11 @@ const (
 	// Op "config"): every unit of work fails the same way for ever, whatever
 	// the message. Run stops and returns the error.
 	classFatal
+	classDeferred // handler.DeferUntil: not a failure (deferral.go)
 )
 
 func (c class) String() string {
-	return [...]string{"done", "outage", "breaker", "retriable", "permanent", "fatal"}[c]
+	return [...]string{"done", "outage", "breaker", "retriable", "permanent", "fatal", "deferred"}[c]
 }
 
 // SQLSTATE classes and codes, by what they mean for the message.
@@ -104,6 +105,9 @@ func sqlClass(code string) class {
 func (r *runner) classify(err error) (class, error) {
 	if err == nil {
 		return classDone, nil
+	}
+	if _, ok := handler.DeferredUntil(err); ok {
+		return classDeferred, err
 	}
 	if breaker.IsOpen(err) {
 		return classBreaker, err

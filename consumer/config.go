@@ -19,6 +19,7 @@ import (
 	"github.com/idemhq/idem/outbox"
 	"github.com/idemhq/idem/recovery"
 	"github.com/idemhq/idem/retrytopic"
+	"github.com/idemhq/idem/schedule"
 )
 
 // DefaultKafkaVersion is the protocol version idem gives sarama when the base
@@ -196,6 +197,17 @@ type Config struct {
 	// Match is an error). See package recovery.
 	// Default: nil (every error takes the fallback rule: today's behaviour).
 	Rules []recovery.Rule
+
+	// Defer enables handler.DeferUntil: a deferred message is stored in
+	// PostgreSQL (idem_deferred, created by Migrate), its offset commits at
+	// once, and this scheduler, run inside Run (one leader per group across
+	// members), publishes it to "<topic>.<group>.deferred" (DeferredTopic)
+	// when due, where this group reads it as the same message. Pool is
+	// required; Brokers, Sarama, Group, Logger and Registerer are taken from
+	// this Config when unset (Group must be this Config's).
+	// Default: nil (a handler that defers gets its message dead-lettered:
+	// permanent, "needs Config.Defer").
+	Defer *schedule.Scheduler
 
 	// Expiry is when a message is too old to handle: a maximum age per
 	// topic and the per-message "idem-deadline" header (see Expiry).
@@ -692,6 +704,9 @@ func (c Config) Validate() error {
 		if err := ix.Validate(); err != nil {
 			bad("FailureIndex", "", err.Error())
 		}
+	}
+	if err := c.validateDefer(); err != nil {
+		bad("Defer", "", err.Error())
 	}
 	if err := c.Expiry.policy().Validate(); err != nil {
 		bad("Expiry", "", err.Error())

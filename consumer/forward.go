@@ -34,7 +34,13 @@ type origin struct {
 func (r *runner) originOf(cm *sarama.ConsumerMessage) origin {
 	o := origin{topic: cm.Topic, partition: cm.Partition, offset: cm.Offset}
 	f, ok, err := retrytopic.Decode(cm.Headers)
-	if !ok || err != nil || f.Group != r.cfg.Group || f.OriginalTopic == "" || f.Tier < 1 {
+	if !ok || err != nil || f.Group != r.cfg.Group || f.OriginalTopic == "" {
+		return o
+	}
+	if d, ok := r.deferredOrigin(cm, f); ok { // a deferred copy (deferral.go)
+		return d
+	}
+	if f.Tier < 1 {
 		return o
 	}
 	if n, _, ok := r.rules.Tier(f.OriginalTopic, r.cfg.Group, cm.Topic); !ok || n != f.Tier {
@@ -287,7 +293,11 @@ func (s setup) retryTopics(ctx context.Context, client sarama.Client) (int, erro
 		var sz retrytopic.Sizes
 		err := s.retry(ctx, client, "creating the retry topics of "+t, func() (err error) {
 			sz = retrytopic.Sizes{}
-			for _, p := range s.rules.Retries(t, s.cfg.Group) { // the fallback's first, then each rule's
+			ps := s.rules.Retries(t, s.cfg.Group) // the fallback's first, then each rule's
+			if s.cfg.Defer != nil {
+				ps = append(ps, s.deferredPolicy()) // the deferred topic, created like a tier
+			}
+			for _, p := range ps {
 				psz, err := retrytopic.EnsureTopicsFor(ctx, admin, t, s.cfg.Group, p)
 				if err != nil {
 					return err

@@ -10,6 +10,7 @@ import (
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/outbox"
 	"github.com/idemhq/idem/saga"
+	"github.com/idemhq/idem/schedule"
 )
 
 // Migrate creates or upgrades every table idem keeps in PostgreSQL, and is the
@@ -26,7 +27,9 @@ import (
 //   - the batch jobs' checkpoints, idem_checkpoint (package checkpoint);
 //   - the failure index of idem console and Config.FailureIndex,
 //     idem_dlq_records, idem_dlq_groups, idem_dlq_versions and
-//     idem_dlq_audit (package console/index).
+//     idem_dlq_audit (package console/index);
+//   - the deferred messages of handler.DeferUntil, idem_deferred (package
+//     schedule).
 //
 // The schema is versioned and embedded; Migrate is idempotent and safe when
 // several processes start at once (an advisory lock serialises them), so a
@@ -43,7 +46,8 @@ func Migrate(ctx context.Context, db dedupe.DB, opts ...dedupe.PostgresOption) e
 		{"outbox", func(ctx context.Context) error { return outbox.Migrate(ctx, db) }}, // idem_outbox
 		{"saga tables", func(ctx context.Context) error { return saga.Migrate(ctx, db) }},
 		{"checkpoint table", func(ctx context.Context) error { return checkpoint.Migrate(ctx, db) }},
-		{"failure index", func(ctx context.Context) error { return index.Migrate(ctx, db) }}, // idem_dlq_records, idem_dlq_groups, idem_dlq_versions, idem_dlq_audit
+		{"failure index", func(ctx context.Context) error { return index.Migrate(ctx, db) }},        // idem_dlq_records, idem_dlq_groups, idem_dlq_versions, idem_dlq_audit
+		{"deferred messages", func(ctx context.Context) error { return schedule.Migrate(ctx, db) }}, // idem_deferred
 		// A package that keeps tables of its own adds its step here, one line,
 		// so that Migrate (and `idem migrate`) stays the only entry point.
 	}

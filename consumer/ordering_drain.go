@@ -54,6 +54,9 @@ func (w byKey) drain(topic string, key []byte, head string) error {
 			if failed, err = w.process(rec, msg, nil); err != nil {
 				return err
 			}
+			if failed, err = w.deferred(msg, failed); err != nil { // handler.DeferUntil: stored, then done
+				return err
+			}
 		}
 		// done removes next from the parked messages; stuck: the store
 		// refused, and the key stays blocked (logged).

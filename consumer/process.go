@@ -69,12 +69,14 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 			}
 			r.gate.probeDone(false)
 		}
-		if c != classDone {
+		if c != classDone && c != classDeferred {
 			w.stall.failed(err)
 		}
 		switch {
 		case c == classDone:
 			return nil, nil
+		case c == classDeferred: // not a failure: no retry spent; handleAfter stores it
+			return err, nil
 		case c == classFatal:
 			w.ob.spanEnd(TraceOutcomeAbandoned, err)
 			r.fatal(err)

@@ -312,6 +312,7 @@ func (r *runner) run(ctx context.Context) (err error) {
 	wg.Go(func() { sweep(watchCtx, r.cfg, r.log) })
 	startRelay(watchCtx, &wg, r.cfg, r.ready, r.log)
 	startFailureIndex(watchCtx, &wg, r.cfg, r.log)
+	startScheduler(watchCtx, &wg, r.cfg, r.log)
 
 	gh := &groupHandler{r: r}
 	topics := subscribed(r.cfg, r.rules)
@@ -401,6 +402,7 @@ func subscribed(cfg Config, rules *recovery.Policy) []string {
 	for _, t := range cfg.Topics {
 		ts = append(ts, rules.TierTopics(t, cfg.Group)...)
 	}
+	ts = append(ts, cfg.deferredTopics()...)
 	return ts
 }
 

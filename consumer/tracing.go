@@ -59,6 +59,7 @@ const (
 	TraceOutcomeBreakerOpen  = "breaker_open"  // a breaker was open; the partition waits
 	TraceOutcomeAbandoned    = "abandoned"     // cut short by revoke or shutdown; left for redelivery
 	TraceOutcomeFailed       = "failed"        // a batch failed; its messages run again one by one
+	TraceOutcomeDeferred     = "deferred"      // the handler deferred it (handler.DeferUntil): stored for the scheduler
 	TraceOutcomeExpired      = "expired"       // past its deadline or maximum age, and dropped (Expiry.Drop); handler not called
 )
 

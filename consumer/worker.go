@@ -107,7 +107,7 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 		origin = r.originOf(cm)
 	}
 	msg.Attempt = origin.attempts + 1
-	if origin.tier > 0 {
+	if origin.topic != cm.Topic { // a tier record, or a deferred copy
 		msg.Original = handler.Origin{Topic: origin.topic, Partition: origin.partition, Offset: origin.offset, Timestamp: origin.prior.OriginalTimestamp}
 	}
 	if err := w.waitDue(cm, origin); err != nil {
@@ -148,6 +148,12 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 		var err error
 		if failed, err = w.process(rec, msg, first); err != nil {
 			return err
+		}
+	}
+	if failed != nil {
+		var stop error
+		if failed, stop = w.deferred(msg, failed); stop != nil { // handler.DeferUntil: stored, then settled and marked
+			return stop
 		}
 	}
 	if failed != nil {

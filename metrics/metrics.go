@@ -12,8 +12,9 @@ const (
 	OutcomeDuplicate    = "duplicate"
 	OutcomeRetried      = "retried"
 	OutcomeDeadLettered = "dead_lettered"
-	OutcomeParked       = "parked"  // OrderingByKey: stored behind an earlier message of its key
-	OutcomeExpired      = "expired" // past its deadline or maximum age and dropped (consumer.Expiry.Drop); an expired message dead-lettered counts as dead_lettered
+	OutcomeParked       = "parked"   // OrderingByKey: stored behind an earlier message of its key
+	OutcomeDeferred     = "deferred" // handler.DeferUntil: stored for the scheduler; the offset is committed
+	OutcomeExpired      = "expired"  // past its deadline or maximum age and dropped (consumer.Expiry.Drop); an expired message dead-lettered counts as dead_lettered
 )
 
 // Action label values of idem_expired_total.
@@ -46,6 +47,7 @@ type Metrics struct {
 	StubsForwarded    *prometheus.CounterVec   // idem_stubs_forwarded_total
 	MissingKey        *prometheus.CounterVec   // idem_missing_key_total
 	Expired           *prometheus.CounterVec   // idem_expired_total
+	Deferred          *prometheus.CounterVec   // idem_deferred_total
 	StoreErrors       *prometheus.CounterVec   // idem_store_errors_total
 	RetryDelay        *prometheus.HistogramVec // idem_retry_delay_seconds
 	DLQDepth          *prometheus.GaugeVec     // idem_dlq_depth
@@ -92,6 +94,8 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Messages without a valid idempotency key."}, []string{"group", "topic"}),
 		Expired: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_expired_total",
 			Help: "Messages past their deadline or their topic's maximum age, not handled; action is dead_lettered or dropped."}, []string{"group", "topic", "action"}),
+		Deferred: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_deferred_total",
+			Help: "Messages a handler deferred (handler.DeferUntil), stored in PostgreSQL for the group's scheduler."}, []string{"group", "topic"}),
 		StoreErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_store_errors_total",
 			Help: "Dedupe store failures; the message is retried without counting an attempt."}, []string{"group"}),
 		RetryDelay: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "idem_retry_delay_seconds",
@@ -136,6 +140,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	m.StubsForwarded = register(reg, m.StubsForwarded, &err)
 	m.MissingKey = register(reg, m.MissingKey, &err)
 	m.Expired = register(reg, m.Expired, &err)
+	m.Deferred = register(reg, m.Deferred, &err)
 	m.StoreErrors = register(reg, m.StoreErrors, &err)
 	m.RetryDelay = register(reg, m.RetryDelay, &err)
 	m.DLQDepth = register(reg, m.DLQDepth, &err)

@@ -1,0 +1,189 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/metrics"
+	"github.com/idemhq/idem/retrytopic"
+	"github.com/idemhq/idem/schedule"
+)
+
+// Deferring a message (handler.DeferUntil, issue 21 "Long delays"): the
+// message is stored in PostgreSQL (schedule.Defer, table idem_deferred) in a
+// transaction of its own, its offset is marked at once, and the group's
+// scheduler (Config.Defer, one leader per group) publishes a copy to the
+// source's deferred topic "<source>.<group>.deferred" when it is due. This
+// group alone reads that topic; the copy carries the message's own headers
+// (its idempotency key) and its origin (idem-original-*), so it is handled
+// as the same message, deduplicated by the inbox. See
+// docs/deferral-and-expiry.md.
+
+// DeferredTopic is the topic Config.Defer's scheduler publishes the deferred
+// messages of source, as consumed by group, to: "<source>.<group>.deferred".
+// Run creates it (with the source's partitions, like a retry tier) and
+// subscribes to it when Config.Defer is set.
+func DeferredTopic(source, group string) string { return source + "." + group + ".deferred" }
+
+// scheduler is Config.Defer as Run runs it: Brokers, Sarama, Group, Logger
+// and Registerer filled from c where unset; nil without Defer.
+func (c Config) scheduler() *schedule.Scheduler {
+	if c.Defer == nil {
+		return nil
+	}
+	s := *c.Defer
+	if len(s.Brokers) == 0 {
+		s.Brokers = c.Brokers
+	}
+	if s.Sarama == nil {
+		s.Sarama = c.Sarama
+	}
+	if s.Group == "" {
+		s.Group = c.Group
+	}
+	if s.Logger == nil {
+		s.Logger = c.Logger
+	}
+	if s.Registerer == nil {
+		s.Registerer = c.Registerer
+	}
+	return &s
+}
+
+// validateDefer checks Config.Defer as Run will run it.
+func (c Config) validateDefer() error {
+	s := c.scheduler()
+	if s == nil {
+		return nil
+	}
+	if s.Group != c.Group {
+		return fmt.Errorf("Defer.Group = %q: must be Config.Group (%q) or empty", s.Group, c.Group)
+	}
+	return s.Validate()
+}
+
+// startScheduler runs Config.Defer's scheduler on wg until ctx is done. It
+// retries its own outages; an error it returns (a configuration Validate
+// rejected, a Registerer holding its collectors) is logged, and consuming
+// goes on: deferred rows wait in idem_deferred for a scheduler.
+func startScheduler(ctx context.Context, wg *sync.WaitGroup, cfg Config, log *slog.Logger) {
+	s := cfg.scheduler()
+	if s == nil {
+		return
+	}
+	wg.Go(func() {
+		if err := s.Run(ctx); err != nil && ctx.Err() == nil {
+			log.Error("idem: deferred-message scheduler stopped; deferred messages wait in PostgreSQL until one runs", "err", err)
+		}
+	})
+}
+
+// deferredTopics returns the deferred topics of c's sources; none without
+// Config.Defer.
+func (c Config) deferredTopics() []string {
+	if c.Defer == nil {
+		return nil
+	}
+	out := make([]string, 0, len(c.Topics))
+	for _, t := range c.Topics {
+		out = append(out, DeferredTopic(t, c.Group))
+	}
+	return out
+}
+
+// deferredPolicy is the retrytopic policy whose one "tier" is source's
+// deferred topic: EnsureTopicsFor creates it like a tier (the source's
+// partitions and record size), and its dead-letter topic is the fallback's.
+func (s setup) deferredPolicy() retrytopic.Policy {
+	p := s.policy
+	p.Delays = []time.Duration{time.Second}
+	p.TierTopic = func(topic, group string, _ int) string { return DeferredTopic(topic, group) }
+	return p
+}
+
+// deferredOrigin decodes a record of one of this group's deferred topics:
+// its origin (idem-original-*, written by schedule.RecordOf) with no tier
+// and no due time; ok is false for a record that is not such a copy.
+func (r *runner) deferredOrigin(cm *sarama.ConsumerMessage, f retrytopic.Failure) (origin, bool) {
+	if r.cfg.Defer == nil || f.Tier != 0 || cm.Topic != DeferredTopic(f.OriginalTopic, r.cfg.Group) {
+		return origin{}, false
+	}
+	return origin{topic: f.OriginalTopic, partition: f.OriginalPartition, offset: f.OriginalOffset,
+		prior: retrytopic.Failure{OriginalTimestamp: f.OriginalTimestamp}, attempts: f.Attempt}, true
+}
+
+// errDeferNeedsConfig dead-letters a deferral when Config.Defer is not set.
+var errDeferNeedsConfig = errors.New("consumer: the handler deferred the message (handler.DeferUntil), which needs Config.Defer")
+
+// deferred handles a handler's *handler.DeferError: it stores the message
+// for its scheduler (deferMsg) and returns nil, so the caller settles and
+// marks it as processed; or it returns the error to dead-letter it with
+// (Config.Defer not set, a record schedule.Defer refuses). stop is
+// errStopping when the partition is stopping. failed that is not a deferral
+// is returned as it is.
+func (w *worker) deferred(msg *handler.Message, failed error) (dlq, stop error) {
+	until, ok := handler.DeferredUntil(failed)
+	if !ok {
+		return failed, nil
+	}
+	if w.r.cfg.Defer == nil {
+		return handler.Permanent(fmt.Errorf("%w: %w", errDeferNeedsConfig, failed)), nil
+	}
+	if err := w.deferMsg(msg, until); err != nil {
+		if errors.Is(err, schedule.ErrInvalidRecord) {
+			return handler.Permanent(err), nil
+		}
+		return nil, err
+	}
+	return nil, nil
+}
+
+// deferMsg stores msg in idem_deferred to be published to its source's
+// deferred topic at until, in a transaction of its own (the handler's was
+// rolled back: the inbox recorded nothing). An outage is retried with
+// backoff, the partition waiting as for a failed forward. It returns
+// errStopping when the partition is stopping, or schedule.Defer's
+// ErrInvalidRecord error.
+func (w *worker) deferMsg(msg *handler.Message, until time.Time) error {
+	r := w.r
+	rec := schedule.RecordOf(r.cfg.Group, DeferredTopic(msg.Origin().Topic, r.cfg.Group), msg)
+	pool := r.cfg.Defer.Pool
+	for n := 1; ; n++ {
+		err := func() error {
+			tx, err := pool.Begin(w.hctx)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = tx.Rollback(context.WithoutCancel(w.hctx)) }()
+			if err := schedule.Defer(w.hctx, tx, rec, until); err != nil {
+				return err
+			}
+			return tx.Commit(w.hctx)
+		}()
+		switch {
+		case err == nil:
+			r.m.Deferred.WithLabelValues(r.cfg.Group, msg.Origin().Topic).Inc()
+			r.m.Messages.WithLabelValues(r.cfg.Group, msg.Topic, metrics.OutcomeDeferred).Inc()
+			w.ob.spanEnd(TraceOutcomeDeferred, nil)
+			if w.debug {
+				w.log.Debug("idem: message deferred", "offset", msg.Offset, "key", msg.IdempotencyKey, "until", until)
+			}
+			return nil
+		case errors.Is(err, schedule.ErrInvalidRecord):
+			return err
+		}
+		w.stall.failed(err)
+		r.m.StoreErrors.WithLabelValues(r.cfg.Group).Inc()
+		w.log.Warn("idem: cannot store a deferred message; retrying", "offset", msg.Offset, "key", msg.IdempotencyKey, "err", err, "try", n)
+		if !sleep(w.stopCtx, r.wait.outage(n)) {
+			return errStopping
+		}
+	}
+}
