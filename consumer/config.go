@@ -96,8 +96,10 @@ type Config struct {
 	// only, Consumer.Offsets.Initial from StartAt (the value you set there is
 	// not used; Run logs a WARN when it contradicts StartAt), the isolation
 	// level from ReadUncommitted, the cooperative-sticky assignor (unless you
-	// set strategies yourself), an idempotent acks=all producer for forwards,
-	// and Version when left at sarama's default: DefaultKafkaVersion (4.0),
+	// set strategies yourself), Consumer.Group.InstanceId from InstanceID,
+	// an idempotent acks=all producer for forwards (transactional, on a
+	// client of its own, with Transactions), and Version when left at
+	// sarama's default: DefaultKafkaVersion (4.0),
 	// whose requests a Kafka 3.x cluster may refuse, so for one set Version to
 	// the brokers' (e.g. sarama.V3_7_0_0).
 	// Default: sarama.NewConfig().
@@ -119,8 +121,10 @@ type Config struct {
 	// Default: 10s.
 	ShutdownGrace time.Duration
 
-	// CommitInterval is how often marked offsets are committed. Offsets are
-	// also committed when a partition is revoked and at shutdown.
+	// CommitInterval is how often marked offsets are committed (with
+	// Transactions: how often the member's Kafka transaction commits, with
+	// its forwards). Offsets are also committed when a partition is revoked
+	// and at shutdown.
 	// Default: 1s. Kafka: auto.commit.interval.ms (of marked offsets only).
 	CommitInterval time.Duration
 
