@@ -168,7 +168,11 @@ type Config struct {
 	// with an InstanceID (a restarted member fences its predecessor and
 	// aborts its open transaction at once), else "idem-<Group>-<host>-<random>"
 	// (a crashed member's open transaction then holds read_committed readers
-	// of its partitions back until TransactionTimeout).
+	// of its partitions back until TransactionTimeout). Set
+	// Relay.ExactlyOnce too for the relay's events. A transaction ends with
+	// a marker in each partition it wrote, after the last record: lag
+	// computed from end offsets (idem_consumer_lag of tiers,
+	// idem_dlq_depth) counts those markers.
 	// Default: false.
 	Transactions bool
 

@@ -385,6 +385,15 @@ func TestTxnZombieCannotCommit(t *testing.T) {
 // read_committed reader.
 func TestTxnAbortReprocesses(t *testing.T) {
 	t.Parallel()
+	for _, batch := range []int{0, 50} {
+		t.Run(fmt.Sprintf("batch %d", batch), func(t *testing.T) {
+			t.Parallel()
+			txnAbortReprocesses(t, batch)
+		})
+	}
+}
+
+func txnAbortReprocesses(t *testing.T, batch int) {
 	e := newEnv(t, txnPartitions)
 	e.produceTxnKeys()
 	var aborts sync.Map
@@ -402,6 +411,7 @@ func TestTxnAbortReprocesses(t *testing.T) {
 	})
 	reg := prometheus.NewRegistry()
 	cfg := txnConfig(e.config(), "")
+	cfg.Batch = consumer.BatchConfig{MaxMessages: batch}
 	cfg.Registerer = reg
 	r := startCtx(t, ctx, cfg, poisonHandler())
 	e.waitTxnSettled(reg)
