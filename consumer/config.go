@@ -98,8 +98,10 @@ type Config struct {
 	// only, Consumer.Offsets.Initial from StartAt (the value you set there is
 	// not used; Run logs a WARN when it contradicts StartAt), the isolation
 	// level from ReadUncommitted, the cooperative-sticky assignor (unless you
-	// set strategies yourself), an idempotent acks=all producer for forwards,
-	// and Version when left at sarama's default: DefaultKafkaVersion (4.0),
+	// set strategies yourself), Consumer.Group.InstanceId from InstanceID,
+	// an idempotent acks=all producer for forwards (transactional, on a
+	// client of its own, with Transactions), and Version when left at
+	// sarama's default: DefaultKafkaVersion (4.0),
 	// whose requests a Kafka 3.x cluster may refuse, so for one set Version to
 	// the brokers' (e.g. sarama.V3_7_0_0).
 	// Default: sarama.NewConfig().
@@ -121,8 +123,10 @@ type Config struct {
 	// Default: 10s.
 	ShutdownGrace time.Duration
 
-	// CommitInterval is how often marked offsets are committed. Offsets are
-	// also committed when a partition is revoked and at shutdown.
+	// CommitInterval is how often marked offsets are committed (with
+	// Transactions: how often the member's Kafka transaction commits, with
+	// its forwards). Offsets are also committed when a partition is revoked
+	// and at shutdown.
 	// Default: 1s. Kafka: auto.commit.interval.ms (of marked offsets only).
 	CommitInterval time.Duration
 
@@ -166,7 +170,11 @@ type Config struct {
 	// with an InstanceID (a restarted member fences its predecessor and
 	// aborts its open transaction at once), else "idem-<Group>-<host>-<random>"
 	// (a crashed member's open transaction then holds read_committed readers
-	// of its partitions back until TransactionTimeout).
+	// of its partitions back until TransactionTimeout). Set
+	// Relay.ExactlyOnce too for the relay's events. A transaction ends with
+	// a marker in each partition it wrote, after the last record: lag
+	// computed from end offsets (idem_consumer_lag of tiers,
+	// idem_dlq_depth) counts those markers.
 	// Default: false.
 	Transactions bool
 

@@ -385,6 +385,15 @@ func TestTxnZombieCannotCommit(t *testing.T) {
 // read_committed reader.
 func TestTxnAbortReprocesses(t *testing.T) {
 	t.Parallel()
+	for _, batch := range []int{0, 50} {
+		t.Run(fmt.Sprintf("batch %d", batch), func(t *testing.T) {
+			t.Parallel()
+			txnAbortReprocesses(t, batch)
+		})
+	}
+}
+
+func txnAbortReprocesses(t *testing.T, batch int) {
 	e := newEnv(t, txnPartitions)
 	e.produceTxnKeys()
 	var aborts sync.Map
@@ -402,6 +411,7 @@ func TestTxnAbortReprocesses(t *testing.T) {
 	})
 	reg := prometheus.NewRegistry()
 	cfg := txnConfig(e.config(), "")
+	cfg.Batch = consumer.BatchConfig{MaxMessages: batch}
 	cfg.Registerer = reg
 	r := startCtx(t, ctx, cfg, poisonHandler())
 	e.waitTxnSettled(reg)
@@ -414,4 +424,68 @@ func TestTxnAbortReprocesses(t *testing.T) {
 	if n := coreOutcome(t, reg, metrics.OutcomeDeadLettered); n < txnPoison {
 		t.Errorf("dead-lettered %d, want >= %d", n, txnPoison)
 	}
+}
+
+// A producer fenced by another with the same transactional.id (a member
+// started twice, an operator's tool): the member's commit fails for good,
+// the producer is closed and made anew (fencing the other in turn), and
+// the records of the failed transaction are handled again: nothing lost,
+// nothing doubled for a read_committed reader.
+func TestTxnFencedProducerIsRecreated(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, txnPartitions)
+	e.produceTxnKeys()
+	const instance = "fenced-member"
+	var fenced sync.Once
+	var fenceErr error
+	ctx := consumer.WithBeforeCommitHook(testenv.Context(t), func(records int) error {
+		if records == 0 {
+			return nil
+		}
+		fenced.Do(func() {
+			// InitProducerId with the member's transactional.id bumps the
+			// epoch: the member's producer is fenced from here on.
+			c := e.k.Config()
+			c.Version = sarama.V4_1_0_0
+			retrytopic.ConfigureProducer(c)
+			c.Producer.Transaction.ID = "idem-" + e.group + "-" + instance
+			p, err := sarama.NewSyncProducer(e.k.Brokers, c)
+			if err != nil {
+				fenceErr = err
+				return
+			}
+			fenceErr = p.Close()
+		})
+		return nil
+	})
+	reg := prometheus.NewRegistry()
+	cfg := txnConfig(e.config(), instance)
+	cfg.Registerer = reg
+	var logs logBuffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	r := startCtx(t, ctx, cfg, poisonHandler())
+	e.waitTxnSettled(reg)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if fenceErr != nil {
+		t.Fatalf("the fencing producer: %v", fenceErr)
+	}
+	if !strings.Contains(logs.String(), "Kafka transaction failed and aborted") {
+		t.Fatalf("the member's commit did not fail after its producer was fenced; its log:\n%s", logs.String())
+	}
+	t.Logf("the member's failure: %s", firstLine(logs.String(), "Kafka transaction failed"))
+	if uncommitted := e.assertExactlyOnceForwards(); uncommitted <= 2*txnPoison {
+		t.Errorf("read_uncommitted readers see %d records in the tier and the DLQ, want more than %d (the fenced transaction's forwards)", uncommitted, 2*txnPoison)
+	}
+}
+
+// firstLine returns the first line of s containing sub.
+func firstLine(s, sub string) string {
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			return l
+		}
+	}
+	return ""
 }

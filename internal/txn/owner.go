@@ -186,44 +186,71 @@ func (o *Owner) Mark(topic string, partition int32, next int64) {
 // commit returns nil. On failure the transaction is aborted (or the producer
 // dropped when it is fatal), Failed is closed and the error wraps ErrBroken.
 func (o *Owner) Commit(gm *sarama.ConsumerGroupMetadata) error {
-	o.gate.Lock()
+	o.gate.Lock() // no forward runs until the transaction has ended
 	defer o.gate.Unlock()
 	o.mu.Lock()
-	defer o.mu.Unlock()
 	if o.broken != nil {
+		defer o.mu.Unlock()
 		return o.broken
 	}
 	if !o.open && len(o.offsets) == 0 {
+		o.mu.Unlock()
 		return nil
 	}
 	if !o.open {
 		if err := o.prod.BeginTxn(); err != nil {
+			defer o.mu.Unlock()
 			return o.failLocked(fmt.Errorf("txn: begin: %w", err))
 		}
 		o.open = true
 	}
-	if len(o.offsets) > 0 {
-		offs := make(map[string][]*sarama.PartitionOffsetMetadata, len(o.offsets))
-		for topic, ps := range o.offsets {
-			for p, next := range ps {
-				offs[topic] = append(offs[topic], &sarama.PartitionOffsetMetadata{Partition: p, Offset: next, LeaderEpoch: -1})
+	// Marks of records settled meanwhile (effects in the dedupe store: no
+	// forward can run) go on into the map for the next transaction; mu is
+	// not held over the round trips.
+	snap := make(map[string][]*sarama.PartitionOffsetMetadata, len(o.offsets))
+	for topic, ps := range o.offsets {
+		for p, next := range ps {
+			snap[topic] = append(snap[topic], &sarama.PartitionOffsetMetadata{Partition: p, Offset: next, LeaderEpoch: -1})
+		}
+	}
+	prod, records := o.prod, o.records
+	o.mu.Unlock()
+	err := o.commit(prod, snap, gm, records)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if err != nil {
+		return o.failLocked(err)
+	}
+	o.open, o.records = false, 0
+	for topic, ps := range snap {
+		for _, po := range ps {
+			if o.offsets[topic][po.Partition] == po.Offset { // not marked further meanwhile
+				delete(o.offsets[topic], po.Partition)
 			}
 		}
+		if len(o.offsets[topic]) == 0 {
+			delete(o.offsets, topic)
+		}
+	}
+	return nil
+}
+
+// commit adds offs to the open transaction, fenced by gm, and commits it.
+func (o *Owner) commit(prod sarama.SyncProducer, offs map[string][]*sarama.PartitionOffsetMetadata, gm *sarama.ConsumerGroupMetadata, records int) error {
+	if len(offs) > 0 {
 		gm.GroupInstanceID = o.instance
-		if err := o.prod.AddOffsetsToTxnWithGroupMetadata(offs, gm); err != nil {
-			return o.failLocked(fmt.Errorf("txn: add offsets: %w", err))
+		if err := prod.AddOffsetsToTxnWithGroupMetadata(offs, gm); err != nil {
+			return fmt.Errorf("txn: add offsets: %w", err)
 		}
 	}
 	if o.BeforeCommit != nil {
-		if err := o.BeforeCommit(o.records); err != nil {
-			return o.failLocked(fmt.Errorf("txn: before commit: %w", err))
+		if err := o.BeforeCommit(records); err != nil {
+			return fmt.Errorf("txn: before commit: %w", err)
 		}
 	}
-	if err := o.prod.CommitTxn(); err != nil {
-		return o.failLocked(fmt.Errorf("txn: commit (generation %d): %w", gm.GenerationID, err))
+	if err := prod.CommitTxn(); err != nil {
+		return fmt.Errorf("txn: commit (generation %d): %w", gm.GenerationID, err)
 	}
-	o.open, o.records = false, 0
-	clear(o.offsets)
 	return nil
 }
 
