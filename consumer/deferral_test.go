@@ -1,15 +1,23 @@
 package consumer_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/idemhq/idem/consumer"
+	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/metrics"
@@ -157,4 +165,139 @@ func TestDeferConfigRejected(t *testing.T) {
 			t.Errorf("%s: Validate = %v, want a *ConfigError for Defer", name, err)
 		}
 	}
+}
+
+// deferEnvFlag runs TestDeferHelperProcess; the other settings come in the
+// crash helper's variables (core_test.go).
+const deferEnvFlag = "IDEM_DEFER_HELPER"
+
+// deferHandler defers every message read from its source topic by delay and
+// applies it when it comes back from the deferred topic.
+func deferHandler(source string, delay time.Duration) handler.Func {
+	eff := effectHandler()
+	return func(ctx context.Context, m *handler.Message) error {
+		if m.Topic == source {
+			return handler.Defer(delay)
+		}
+		return eff(ctx, m)
+	}
+}
+
+// TestDeferHelperProcess is not a test: TestDeferLeaderSIGKILLLosesNone runs
+// the test binary again with only this function and IDEM_DEFER_HELPER=1, and
+// SIGKILLs it. It runs consumer.Run with Config.Defer and deferHandler (10 s),
+// so it stores the messages and leads the group's scheduler. Without the
+// variable it returns at once.
+func TestDeferHelperProcess(t *testing.T) {
+	if os.Getenv(deferEnvFlag) != "1" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // the parent kills us long before
+	defer cancel()
+	pcfg, err := pgxpool.ParseConfig(os.Getenv(crashEnvDB))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.ConnConfig.RuntimeParams["search_path"] = os.Getenv(crashEnvSchema)
+	pcfg.ConnConfig.RuntimeParams["application_name"] = deferAppName(os.Getenv(crashEnvSchema))
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	scfg := sarama.NewConfig()
+	scfg.Version = testenv.KafkaVersion
+	scfg.Consumer.Group.Session.Timeout = 6 * time.Second // the broker's minimum: the dead member is evicted soon
+	scfg.Consumer.Group.Heartbeat.Interval = time.Second
+	topic := os.Getenv(crashEnvTopic)
+	err = consumer.Run(ctx, consumer.Config{
+		Brokers:        strings.Split(os.Getenv(crashEnvBrokers), ","),
+		Group:          os.Getenv(crashEnvGroup),
+		Topics:         []string{topic},
+		Dedupe:         dedupe.NewPostgres(pool),
+		Sarama:         scfg,
+		Logger:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		CommitInterval: 100 * time.Millisecond,
+		Defer:          &schedule.Scheduler{Pool: pool},
+	}, deferHandler(topic, 10*time.Second))
+	t.Fatalf("defer helper: Run returned %v before it was killed", err)
+}
+
+// deferAppName is the application_name of the defer helper's sessions.
+func deferAppName(schema string) string { return "idem-defer-helper-" + schema }
+
+// TestDeferLeaderSIGKILLLosesNone is the SIGKILL part of issue 21 test 5 at
+// the consumer's level: a member that deferred 100 messages by 10 s and
+// leads the group's scheduler is SIGKILLed before they are due; a member
+// started after it takes the partitions and the scheduler's lead, and every
+// deferred message is handled once.
+func TestDeferLeaderSIGKILLLosesNone(t *testing.T) {
+	t.Parallel()
+	const partitions = 2
+	e := newEnv(t, partitions)
+	ctx := testenv.Context(t)
+	if err := consumer.Migrate(ctx, e.pool); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.k.DeleteTopics(t, consumer.DeferredTopic(e.topic, e.group)) })
+	e.produce(coreKeys("d-", 100), partitions)
+
+	var out bytes.Buffer
+	cmd := exec.Command(os.Args[0], "-test.run=^TestDeferHelperProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), deferEnvFlag+"=1", crashEnvTopic+"="+e.topic, crashEnvGroup+"="+e.group,
+		crashEnvSchema+"="+e.coreSchema(), crashEnvBrokers+"="+strings.Join(e.k.Brokers, ","), crashEnvDB+"="+testenv.DatabaseURL(t))
+	cmd.Stdout, cmd.Stderr = &out, &out // read only after Wait
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	var killOnce sync.Once
+	kill := func() error {
+		var err error
+		killOnce.Do(func() {
+			_ = cmd.Process.Kill()
+			err = <-waited
+			if out.Len() > 0 {
+				t.Logf("defer helper output:\n%s", out.String())
+			}
+		})
+		return err
+	}
+	t.Cleanup(func() { _ = kill() })
+
+	// The helper stored all 100 and holds the scheduler's advisory lock.
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if n := e.count(`SELECT count(*) FROM ` + schedule.Table); n != 100 {
+			return fmt.Errorf("%d of 100 deferred", n)
+		}
+		if n := e.count(`SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+			WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = left($1, 63)`, deferAppName(e.coreSchema())); n == 0 {
+			return errors.New("the helper does not lead the scheduler yet")
+		}
+		return nil
+	})
+	if err := kill(); err == nil {
+		t.Fatal("the defer helper ended before it was killed")
+	}
+	if n := e.count(`SELECT count(*) FROM ` + schedule.Table); n != 100 {
+		t.Fatalf("%d rows left at the kill, want 100 (killed before they were due)", n)
+	}
+	if n := e.count(`SELECT count(*) FROM effects`); n != 0 {
+		t.Fatalf("%d effects before the kill, want 0", n)
+	}
+
+	cfg := e.config()
+	cfg.Defer = &schedule.Scheduler{Pool: e.pool}
+	start(t, cfg, deferHandler(e.topic, 10*time.Second))
+	testenv.Eventually(t, 90*time.Second, func() error {
+		if n := e.count(`SELECT count(*) FROM effects`); n < 100 {
+			return fmt.Errorf("%d of 100 deferred messages applied", n)
+		}
+		if n := e.count(`SELECT count(*) FROM ` + schedule.Table); n != 0 {
+			return fmt.Errorf("%d rows left", n)
+		}
+		return nil
+	})
+	e.coreAssertOnePerKey(100)
 }
