@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/outbox"
@@ -205,6 +206,17 @@ type Config struct {
 	// Match is an error). See package recovery.
 	// Default: nil (every error takes the fallback rule: today's behaviour).
 	Rules []recovery.Rule
+
+	// Breakers is the breaker.Set the handler calls its dependencies
+	// through, when it has flow limits (Set.SetLimits: a rate and calls in
+	// flight per dependency, the budget of the whole group). Run registers
+	// its series (breaker.NewLimitCollector: idem_dependency_*) on
+	// Registerer and, after each rebalance, splits the budget across the
+	// group's members: Set.SetShare(1/members). Until a member has counted
+	// the group it uses the whole budget; during a rebalance members may
+	// briefly use more than their share.
+	// Default: nil (no limits split; the handler may still use a Set).
+	Breakers *breaker.Set
 
 	// Defer enables handler.DeferUntil: a deferred message is stored in
 	// PostgreSQL (idem_deferred, created by Migrate), its offset commits at

@@ -110,6 +110,7 @@ type runner struct {
 	group  sarama.ConsumerGroup
 	policy retrytopic.Policy
 	rules  *recovery.Policy // Config.Rules over the fallback rule; policy is the fallback's Retry
+	shares *shares          // splits Config.Breakers' limits across the group (limits.go); nil without
 	fwd    *retrytopic.Forwarder
 	txn    *txn.Owner           // Transactions: every forward and offset commit; nil otherwise
 	order  *keyorder.Store      // nil unless OrderingByKey
@@ -152,6 +153,10 @@ func newRunner(cfg Config, h handler.Handler) (*runner, error) {
 		wait:   newDelays(cfg),
 		policy: cfg.Retry.WithDefaults(),
 	}
+	if err := registerLimits(cfg); err != nil {
+		return nil, err
+	}
+	r.shares = newShares(cfg.Breakers)
 	if r.rules, err = cfg.recovery(); err != nil {
 		return nil, fmt.Errorf("consumer: rules: %w", err)
 	}
@@ -313,6 +318,7 @@ func (r *runner) run(ctx context.Context) (err error) {
 	startRelay(watchCtx, &wg, r.cfg, r.ready, r.log)
 	startFailureIndex(watchCtx, &wg, r.cfg, r.log)
 	startScheduler(watchCtx, &wg, r.cfg, r.log)
+	r.shares.start(watchCtx, &wg, client, r)
 
 	gh := &groupHandler{r: r}
 	topics := subscribed(r.cfg, r.rules)
@@ -446,6 +452,7 @@ func (g *groupHandler) Setup(s sarama.ConsumerGroupSession) error {
 		}
 		g.stopCommits = stop
 	}
+	g.r.shares.rebalanced() // Config.Breakers: 1/members of the new generation
 	g.r.ready.setJoined(true)
 	return nil
 }

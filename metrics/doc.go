@@ -67,7 +67,8 @@
 // reads them with, documented there: idem_dependency_rate_limit,
 // idem_dependency_max_in_flight and idem_dependency_in_flight (gauges), and
 // idem_dependency_throttled_seconds_total and idem_dependency_throttled_total
-// (counters by reason), all by dependency.
+// (counters by reason), all by dependency. consumer.Run registers it for
+// consumer.Config.Breakers.
 //
 // # Reading them
 //

@@ -1,0 +1,125 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemhq/idem/breaker"
+)
+
+// Flow limits per dependency (issue 21): the handler calls its dependencies
+// through Config.Breakers (breaker.Set.Do), whose limits (Set.SetLimits)
+// are the budget of the whole consumer group. Run exports the Set's limit
+// series and splits the budget across the group's members: after each
+// rebalance it asks the group coordinator how many members the group has
+// and calls Set.SetShare(1/members). Until the first answer a member uses
+// the whole budget, and during a rebalance members that have not rescaled
+// yet may briefly use more than their share (breaker.Set.SetShare).
+
+// registerLimits registers Config.Breakers' limit collector
+// (breaker.NewLimitCollector: idem_dependency_*) on Config.Registerer. The
+// same Set registered already by another Run on one registry is fine.
+func registerLimits(cfg Config) error {
+	if cfg.Breakers == nil || cfg.Registerer == nil {
+		return nil
+	}
+	if err := cfg.Registerer.Register(breaker.NewLimitCollector(cfg.Breakers)); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			return fmt.Errorf("consumer: register the limit metrics of Config.Breakers: %w", err)
+		}
+	}
+	return nil
+}
+
+// shares splits Config.Breakers' budget across the group's members: each
+// session's Setup signals it (rebalanced) and watch, running for Run's
+// lifetime, counts the group's members and sets the Set's share.
+type shares struct {
+	set  *breaker.Set
+	kick chan struct{} // one pending recount at most
+}
+
+func newShares(set *breaker.Set) *shares {
+	if set == nil {
+		return nil
+	}
+	return &shares{set: set, kick: make(chan struct{}, 1)}
+}
+
+// rebalanced asks watch to recount the members; it never blocks.
+func (s *shares) rebalanced() {
+	if s == nil {
+		return
+	}
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// start runs watch on wg until ctx is done.
+func (s *shares) start(ctx context.Context, wg *sync.WaitGroup, client sarama.Client, r *runner) {
+	if s == nil {
+		return
+	}
+	wg.Go(func() { s.watch(ctx, client, r.cfg.Group, r.log, r.wait.outage) })
+}
+
+// watch recounts the group's members at each signal of rebalanced and sets
+// the Set's share to 1/members. A failed count keeps the share in force
+// (logged) and is tried again after a short wait.
+func (s *shares) watch(ctx context.Context, client sarama.Client, group string, log *slog.Logger, wait func(n int) time.Duration) {
+	admin, err := sarama.NewClusterAdminFromClient(client) // closing it would close the shared client
+	if err != nil {
+		log.Warn("idem: cannot split the dependencies' limits across the group: no admin client", "err", err)
+		return
+	}
+	for n := 0; ; {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.kick:
+		}
+		members, err := groupMembers(admin, group)
+		if err == nil && members > 0 {
+			n = 0
+			if err := s.set.SetShare(1 / float64(members)); err != nil {
+				log.Warn("idem: set the dependencies' share", "members", members, "err", err)
+			}
+			log.Debug("idem: dependencies' limits split across the group", "members", members)
+			continue
+		}
+		n++
+		log.Warn("idem: cannot count the group's members; the dependencies' share is unchanged", "err", err, "try", n)
+		if !sleep(ctx, wait(n)) {
+			return
+		}
+		s.rebalanced() // try again
+	}
+}
+
+// groupMembers is the number of members of group, from its coordinator.
+func groupMembers(admin sarama.ClusterAdmin, group string) (int, error) {
+	ds, err := admin.DescribeConsumerGroups([]string{group})
+	if err != nil {
+		return 0, err
+	}
+	for _, d := range ds {
+		if d.GroupId != group {
+			continue
+		}
+		if d.Err != sarama.ErrNoError {
+			return 0, d.Err
+		}
+		return len(d.Members), nil
+	}
+	return 0, fmt.Errorf("group %s not described", group)
+}
