@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/retrytopic"
 )
 
 // ledger is the bank's own record of the calls it got.
@@ -93,5 +95,93 @@ func TestRateLimitSplitAcrossMembers(t *testing.T) {
 	t.Logf("%d calls in %s; busiest 1 s window: %d calls", len(bank.calls), took.Round(time.Millisecond), most)
 	if most > 210 {
 		t.Errorf("the bank saw %d calls in one 1 s window, want <= 210", most)
+	}
+}
+
+// TestRetryAfterPausesWithoutFailing is issue 21 test 2: the bank answers
+// 429 with Retry-After 2 s for its first 10 s. No message reaches a tier or
+// the DLQ, no retry is counted, a member starts no call to the bank during a
+// Retry-After window it was given, and everything is applied once
+// afterwards. 3 members, each with its own breaker.Set.
+func TestRetryAfterPausesWithoutFailing(t *testing.T) {
+	t.Parallel()
+	const members, partitions, total = 3, 6, 300
+	const throttleFor, retryAfter, grace = 10 * time.Second, 2 * time.Second, 100 * time.Millisecond
+	e := newEnv(t, partitions)
+	type call struct {
+		member   int
+		at       time.Time
+		throttle bool
+	}
+	var (
+		mu    sync.Mutex
+		first time.Time
+		calls []call
+	)
+	bank := func(member int) error {
+		mu.Lock()
+		defer mu.Unlock()
+		now := time.Now()
+		if first.IsZero() {
+			first = now
+		}
+		throttle := now.Sub(first) < throttleFor
+		calls = append(calls, call{member, now, throttle})
+		if throttle {
+			return handler.RetryAfter(errors.New("bank: 429 Too Many Requests"), retryAfter)
+		}
+		return nil
+	}
+	regs := make([]*prometheus.Registry, members)
+	for i := range members {
+		set, err := breaker.NewSet(breaker.Settings{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		eff := effectHandler()
+		cfg := e.config()
+		regs[i] = prometheus.NewRegistry()
+		cfg.Registerer = regs[i]
+		cfg.Breakers = set
+		cfg.Retry = retrytopic.Policy{Delays: []time.Duration{time.Second}}
+		start(t, cfg, handler.Func(func(ctx context.Context, m *handler.Message) error {
+			if err := set.Do(ctx, "bank", func(context.Context) error { return bank(i) }); err != nil {
+				return err
+			}
+			return eff(ctx, m)
+		}))
+	}
+	e.produce(coreKeys("ra", total), partitions)
+	e.coreWaitEffects(total, 120*time.Second)
+	e.coreAssertOnePerKey(total)
+
+	mu.Lock()
+	defer mu.Unlock()
+	throttled := 0
+	for i, c := range calls {
+		if !c.throttle {
+			continue
+		}
+		throttled++
+		for _, d := range calls[i+1:] {
+			if d.member == c.member && d.at.After(c.at.Add(grace)) && d.at.Before(c.at.Add(retryAfter-grace)) {
+				t.Errorf("member %d called the bank %s after a 429 with Retry-After %s", c.member, d.at.Sub(c.at).Round(time.Millisecond), retryAfter)
+			}
+		}
+	}
+	t.Logf("%d calls, %d answered 429", len(calls), throttled)
+	if throttled == 0 {
+		t.Fatal("the bank never answered 429: the test did not exercise Retry-After")
+	}
+	if n := e.total(e.dlq(), partitions) + e.total(e.tier(1), partitions); n != 0 {
+		t.Errorf("the DLQ and the retry tier hold %d records, want 0", n)
+	}
+	for i, reg := range regs {
+		if got := gatherSum(t, reg, "idem_retries_total", nil); got != 0 {
+			t.Errorf("member %d: idem_retries_total = %v, want 0", i, got)
+		}
+		if got := gatherSum(t, reg, "idem_handler_attempts_total", map[string]string{"result": "error"}); got != 0 {
+			t.Errorf("member %d: idem_handler_attempts_total{result=error} = %v, want 0 (a 429 is no failure)", i, got)
+		}
 	}
 }
