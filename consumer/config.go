@@ -218,6 +218,22 @@ type Config struct {
 	// Default: nil (no limits split; the handler may still use a Set).
 	Breakers *breaker.Set
 
+	// OnDeadLettered runs after a message was sent to a dead-letter topic
+	// (any kind, any rule), in a transaction of the dedupe store that
+	// records it in the inbox, so it runs exactly once per message (by where
+	// it was first consumed), across redeliveries and crashes: a service
+	// marks its payment needs_attention or enqueues a compensating event
+	// through the outbox with dedupe.Tx(ctx). An error is retried with
+	// backoff, the partition waiting, as for a failed forward.
+	// Default: nil.
+	OnDeadLettered func(ctx context.Context, d DeadLettered) error
+
+	// OnExpired runs for a message that expired (Config.Expiry), dropped
+	// or dead-lettered, before either, as OnDeadLettered does: once per
+	// message, in the inbox's transaction (dedupe.Tx(ctx)).
+	// Default: nil.
+	OnExpired func(ctx context.Context, x Expired) error
+
 	// Defer enables handler.DeferUntil: a deferred message is stored in
 	// PostgreSQL (idem_deferred, created by Migrate), its offset commits at
 	// once, and this scheduler, run inside Run (one leader per group across

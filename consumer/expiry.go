@@ -58,9 +58,22 @@ func (w *worker) expiryOf(msg *handler.Message) expiry.Result {
 // expired checks msg against Config.Expiry. It returns nil, false when msg
 // may be handled; else the error to dead-letter it with (a
 // *handler.ExpiredError), or drop = true when it is to be dropped. Both are
-// counted here; topic is the topic msg is read from, for the counters.
-func (w *worker) expired(msg *handler.Message, topic string) (err error, drop bool) {
+// counted here, and Config.OnExpired has run for an expired one; topic is
+// the topic msg is read from, for the counters. stop is errStopping when
+// the partition is stopping (the hook was retrying).
+func (w *worker) expired(msg *handler.Message, topic string) (err error, drop bool, stop error) {
 	res := w.expiryOf(msg)
+	if res.Status == expiry.Expired {
+		if stop := w.expiredHook(msg, res.Reason, w.r.cfg.Expiry.Drop); stop != nil {
+			return nil, false, stop
+		}
+	}
+	err, drop = w.expiredVerdict(msg, topic, res)
+	return err, drop, nil
+}
+
+// expiredVerdict is expired's outcome for res, counted.
+func (w *worker) expiredVerdict(msg *handler.Message, topic string, res expiry.Result) (err error, drop bool) {
 	switch res.Status {
 	case expiry.Live:
 		return nil, false

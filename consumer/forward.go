@@ -190,6 +190,11 @@ func (w *worker) forward(out outbound, msg *handler.Message) (sent outbound, err
 		sent, err := w.forwardOnce(out, msg, loud)
 		if err == nil {
 			w.ob.forwarded(sent, msg)
+			if sent.tier == 0 { // Config.OnDeadLettered, once per message (hooks.go)
+				if err := w.deadLettered(sent, msg); err != nil {
+					return outbound{}, err
+				}
+			}
 			return sent, nil // the hold ends with the mark
 		}
 		w.stall.failed(err) // cleared when the caller marks the message

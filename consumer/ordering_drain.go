@@ -49,7 +49,10 @@ func (w byKey) drain(topic string, key []byte, head string) error {
 		}
 		msg, headers := parkedMessage(next)
 		rec := dedupe.Record{Group: r.cfg.Group, Key: next.IdempotencyKey, Topic: next.Topic, Partition: next.Partition, Offset: next.Offset}
-		failed, drop := w.expired(msg, next.Topic) // its turn came: still live?
+		failed, drop, err := w.expired(msg, next.Topic) // its turn came: still live?
+		if err != nil {
+			return err
+		}
 		if failed == nil && !drop {
 			if failed, err = w.process(rec, msg, nil); err != nil {
 				return err

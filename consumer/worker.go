@@ -128,7 +128,10 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 	}
 	msg.IdempotencyKey = key
 	ord := w.orderOf(cm)
-	expired, drop := w.expired(msg, cm.Topic) // before parking, before the handler, once a tier record is due
+	expired, drop, stop := w.expired(msg, cm.Topic) // before parking, before the handler, once a tier record is due
+	if stop != nil {
+		return stop
+	}
 	if expired == nil && !drop {
 		parked, err := ord.admit(cm, msg, origin)
 		if err != nil {
