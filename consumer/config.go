@@ -234,6 +234,13 @@ type Config struct {
 	// Default: nil.
 	OnExpired func(ctx context.Context, x Expired) error
 
+	// Adaptive makes the handler calls in flight adapt to the latency and
+	// the 429s of the dependencies (see Adaptive): each partition gets
+	// Adaptive.Max lanes (Concurrency is then ignored) and a member-wide
+	// AIMD limit, exported as idem_lanes, decides how many run at once.
+	// Default: nil (a fixed Concurrency).
+	Adaptive *Adaptive
+
 	// Defer enables handler.DeferUntil: a deferred message is stored in
 	// PostgreSQL (idem_deferred, created by Migrate), its offset commits at
 	// once, and this scheduler, run inside Run (one leader per group across
@@ -740,6 +747,9 @@ func (c Config) Validate() error {
 		if err := ix.Validate(); err != nil {
 			bad("FailureIndex", "", err.Error())
 		}
+	}
+	if err := c.Adaptive.validate(); err != nil {
+		bad("Adaptive", "", err.Error())
 	}
 	if err := c.validateDefer(); err != nil {
 		bad("Defer", "", err.Error())

@@ -39,7 +39,16 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 			w.mx.attempt(r.m, r.cfg.Group, msg.Topic, err)
 			w.ob.spanStart(msg)
 		} else {
+			slot, ok := r.lanes.acquire(w.stopCtx) // Config.Adaptive (adaptive.go); nil: no limit
+			if !ok {
+				if probe {
+					r.gate.probeAbandoned()
+				}
+				return nil, errStopping
+			}
+			start := time.Now()
 			err, ran = w.attempt(rec, msg)
+			r.lanes.release(slot, time.Since(start), err, r.classify)
 		}
 		if err != nil && w.hctx.Err() != nil {
 			// Cancelled past the grace period: rolled back, left for redelivery.

@@ -111,6 +111,7 @@ type runner struct {
 	policy retrytopic.Policy
 	rules  *recovery.Policy // Config.Rules over the fallback rule; policy is the fallback's Retry
 	shares *shares          // splits Config.Breakers' limits across the group (limits.go); nil without
+	lanes  *lanesGate       // Config.Adaptive's member-wide limit (adaptive.go); nil without
 	fwd    *retrytopic.Forwarder
 	txn    *txn.Owner           // Transactions: every forward and offset commit; nil otherwise
 	order  *keyorder.Store      // nil unless OrderingByKey
@@ -157,6 +158,12 @@ func newRunner(cfg Config, h handler.Handler) (*runner, error) {
 		return nil, err
 	}
 	r.shares = newShares(cfg.Breakers)
+	if r.lanes, err = newLanesGate(cfg.Adaptive, m.Lanes.WithLabelValues(cfg.Group)); err != nil {
+		return nil, err
+	}
+	if cfg.Adaptive != nil {
+		r.cfg.Concurrency = cfg.Adaptive.Max // Max lanes a partition; the gate decides how many run
+	}
 	if r.rules, err = cfg.recovery(); err != nil {
 		return nil, fmt.Errorf("consumer: rules: %w", err)
 	}

@@ -48,6 +48,7 @@ type Metrics struct {
 	MissingKey        *prometheus.CounterVec   // idem_missing_key_total
 	Expired           *prometheus.CounterVec   // idem_expired_total
 	Deferred          *prometheus.CounterVec   // idem_deferred_total
+	Lanes             *prometheus.GaugeVec     // idem_lanes
 	StoreErrors       *prometheus.CounterVec   // idem_store_errors_total
 	RetryDelay        *prometheus.HistogramVec // idem_retry_delay_seconds
 	DLQDepth          *prometheus.GaugeVec     // idem_dlq_depth
@@ -96,6 +97,8 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Messages past their deadline or their topic's maximum age, not handled; action is dead_lettered or dropped."}, []string{"group", "topic", "action"}),
 		Deferred: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_deferred_total",
 			Help: "Messages a handler deferred (handler.DeferUntil), stored in PostgreSQL for the group's scheduler."}, []string{"group", "topic"}),
+		Lanes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_lanes",
+			Help: "Handler attempts this member may run at once under consumer.Config.Adaptive (the AIMD limit)."}, []string{"group"}),
 		StoreErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_store_errors_total",
 			Help: "Dedupe store failures; the message is retried without counting an attempt."}, []string{"group"}),
 		RetryDelay: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "idem_retry_delay_seconds",
@@ -141,6 +144,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	m.MissingKey = register(reg, m.MissingKey, &err)
 	m.Expired = register(reg, m.Expired, &err)
 	m.Deferred = register(reg, m.Deferred, &err)
+	m.Lanes = register(reg, m.Lanes, &err)
 	m.StoreErrors = register(reg, m.StoreErrors, &err)
 	m.RetryDelay = register(reg, m.RetryDelay, &err)
 	m.DLQDepth = register(reg, m.DLQDepth, &err)

@@ -1,0 +1,119 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemhq/idem/consumer"
+	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/testenv"
+)
+
+// saturating is a dependency whose latency is base up to n concurrent calls
+// and rises in proportion beyond: its throughput is flat past n.
+type saturating struct {
+	n        int64
+	base     time.Duration
+	inFlight atomic.Int64
+}
+
+func (d *saturating) call(ctx context.Context) error {
+	k := d.inFlight.Add(1)
+	defer d.inFlight.Add(-1)
+	lat := d.base
+	if k > d.n {
+		lat = time.Duration(int64(d.base) * k / d.n)
+	}
+	t := time.NewTimer(lat)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// throughput is the rate of effects after the first fifth (the warm-up).
+func (e *env) throughput() float64 {
+	e.t.Helper()
+	var n int
+	var secs float64
+	if err := e.query.QueryRow(context.Background(), `
+		WITH o AS (SELECT at, row_number() OVER (ORDER BY at) AS i, count(*) OVER () AS c FROM effects)
+		SELECT count(*), extract(epoch FROM max(at) - min(at)) FROM o WHERE i > c / 5`).Scan(&n, &secs); err != nil {
+		e.t.Fatal(err)
+	}
+	if secs <= 0 {
+		return 0
+	}
+	return float64(n-1) / secs
+}
+
+// TestAdaptiveSettlesNearTheKnee is issue 21 test 3: against a dependency
+// whose latency rises past N = 8 concurrent calls, the adaptive limit
+// (idem_lanes) settles within ±25 % of N, and the throughput is at least
+// 80 % of the best fixed Concurrency of a sweep (4, 8, 16).
+func TestAdaptiveSettlesNearTheKnee(t *testing.T) {
+	testenv.SkipIfShort(t)
+	const knee, total = 8, 1200
+	run := func(name string, set func(*consumer.Config), sample func(*env)) float64 {
+		e := newEnv(t, 1)
+		dep := &saturating{n: knee, base: 80 * time.Millisecond}
+		cfg := e.config()
+		cfg.Batch = consumer.BatchConfig{}
+		set(&cfg)
+		eff := effectHandler()
+		r := start(t, cfg, handler.Func(func(ctx context.Context, m *handler.Message) error {
+			if err := dep.call(ctx); err != nil {
+				return err
+			}
+			return eff(ctx, m)
+		}))
+		e.produce(coreKeys(name, total), 1)
+		if sample != nil {
+			sample(e)
+		}
+		e.coreWaitEffects(total, 3*time.Minute)
+		_ = r.stop()
+		tp := e.throughput()
+		t.Logf("%s: %.1f messages/s", name, tp)
+		return tp
+	}
+	best := 0.0
+	for _, lanes := range []int{4, 8, 16} {
+		best = max(best, run(fmt.Sprintf("fixed-%d", lanes), func(c *consumer.Config) { c.Concurrency = lanes }, nil))
+	}
+	var samples []float64
+	tp := run("adaptive", func(c *consumer.Config) { c.Adaptive = &consumer.Adaptive{Max: 64} }, func(e *env) {
+		// Sample the gauge once the first fifth is done, until the end.
+		testenv.Eventually(t, 2*time.Minute, func() error {
+			if n := e.count(`SELECT count(*) FROM effects`); n < total/5 {
+				return fmt.Errorf("warming up: %d effects", n)
+			}
+			return nil
+		})
+		for e.count(`SELECT count(*) FROM effects`) < total {
+			samples = append(samples, gatherSum(t, e.reg, "idem_lanes", nil))
+			time.Sleep(100 * time.Millisecond) // a sampling period, not a synchronisation
+		}
+	})
+	if len(samples) == 0 {
+		t.Fatal("no sample of idem_lanes")
+	}
+	mean := 0.0
+	for _, s := range samples {
+		mean += s
+	}
+	mean /= float64(len(samples))
+	t.Logf("idem_lanes: mean %.2f over %d samples (knee %d); throughput %.1f/s, best fixed %.1f/s", mean, len(samples), knee, tp, best)
+	if mean < 0.75*knee || mean > 1.25*knee {
+		t.Errorf("idem_lanes settled at %.2f on average, want within ±25 %% of %d", mean, knee)
+	}
+	if tp < 0.8*best {
+		t.Errorf("adaptive throughput %.1f/s is below 80 %% of the best fixed setting's %.1f/s", tp, best)
+	}
+}
