@@ -99,7 +99,7 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	defer bk.close()
-	log.Info("bank", "url", bk.URL(), "faults", bf.faults.describe())
+	log.Info("bank", "url", bk.URL(), "faults", bf.faults.describe(), "limits", bf.describeLimits())
 
 	log.Info("consuming", "topic", *topic, "group", *group, "brokers", e.Brokers,
 		"dlq", retryPolicy.DLQ(*topic, *group), "metrics", *metricsAddr)
@@ -182,11 +182,15 @@ func startService(bf bankFlags, reg prometheus.Registerer, eventsTopic string) (
 	if err != nil {
 		return nil, nil, err
 	}
+	requests, err := bf.setUpFlow(breakers, reg) // its limits and their metrics (flow.go)
+	if err != nil {
+		return nil, nil, err
+	}
 	bk, err := startBank(bf.faults, 2*bf.timeout)
 	if err != nil {
 		return nil, nil, err
 	}
-	client := &bankClient{url: bk.URL(), timeout: bf.timeout, breakers: breakers,
+	client := &bankClient{url: bk.URL(), timeout: bf.timeout, breakers: breakers, requests: requests,
 		http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 30 * time.Second}}}
 	return &service{bank: client, eventsTopic: eventsTopic}, bk, nil
 }
