@@ -325,7 +325,7 @@ func (bf *bankFlags) register(fs *flag.FlagSet) {
 	fs.Var(windowsFlag{&bf.faults.Outages}, "bank-outage", "bank outage windows from its start, start+length, comma-separated (e.g. 4s+3s)")
 	fs.DurationVar(&bf.timeout, "bank-timeout", bf.timeout, "client timeout of one bank charge")
 	fs.DurationVar(&bf.cooldown, "breaker-cooldown", bf.cooldown, "how long the bank's circuit breaker stays open before a half-open probe")
-	bf.registerFlow(fs) // -bank-rate, -bank-max-in-flight, -bank-throttle, -bank-retry-after (flow.go)
+	bf.registerFlow(fs) // -bank-rate, -bank-burst, -bank-max-in-flight, -bank-throttle, -bank-retry-after (flow.go)
 }
 
 // validate checks the bank flags.

@@ -48,7 +48,7 @@ func (bf *bankFlags) registerFlow(fs *flag.FlagSet) {
 	if bf.faults.RetryAfter == 0 {
 		bf.faults.RetryAfter = 2 * time.Second
 	}
-	fs.Float64Var(&bf.limits.Rate, "bank-rate", bf.limits.Rate, "calls a second to the bank at most (token bucket, burst 1, breaker.Set.SetLimits); 0: no rate limit")
+	fs.Float64Var(&bf.limits.Rate, "bank-rate", bf.limits.Rate, "calls a second to the bank at most (a token bucket of -bank-burst, breaker.Set.SetLimits); 0: no rate limit")
 	fs.IntVar(&bf.limits.Burst, "bank-burst", bf.limits.Burst, "calls that may start at once on top of -bank-rate (the token bucket's size); 0: 1")
 	fs.IntVar(&bf.limits.MaxInFlight, "bank-max-in-flight", bf.limits.MaxInFlight, "calls to the bank in flight at most; 0: no cap")
 	fs.Var(windowsFlag{&bf.faults.Throttles}, "bank-throttle", "windows, start+length from the bank's start (comma-separated, e.g. 8s+2s), in which the bank answers every charge 429 with -bank-retry-after")

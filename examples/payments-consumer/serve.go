@@ -171,8 +171,8 @@ func serveMetrics(ln net.Listener, reg prometheus.Gatherer, ready *consumer.Read
 
 // startService starts the in-process bank with bf's faults and returns the
 // handler's service, which charges it through a circuit breaker named "bank"
-// whose state is exported on reg, and publishes payment.recorded events to
-// eventsTopic. The caller closes the bank.
+// with bf's flow limits, whose state and limits are exported on reg, and
+// publishes payment.recorded events to eventsTopic. The caller closes the bank.
 func startService(bf bankFlags, reg prometheus.Registerer, eventsTopic string) (*service, *bank, error) {
 	onChange, err := consumer.BreakerMetrics(reg)
 	if err != nil {
