@@ -40,3 +40,12 @@ func FetchSQL(table string) (string, error) {
 	}
 	return t.fetchSQL(), nil
 }
+
+// StatsSQL is the statement the leader refreshes its gauges with, on table.
+func StatsSQL(table string) (string, error) {
+	t, err := parseTable(table)
+	if err != nil {
+		return "", err
+	}
+	return t.statsSQL(), nil
+}

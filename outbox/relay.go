@@ -94,7 +94,10 @@ var DefaultKafkaVersion = sarama.V4_0_0_0
 // scheduled for later nor a large backlog of undelayed rows makes a round
 // read more than its window. idem_outbox_pending counts delayed rows;
 // idem_outbox_oldest_pending_seconds and idem_outbox_publish_seconds count
-// from a row's NotBefore when it is later than its insert. A relay of an
+// from a row's NotBefore when it is later than its insert, and the gauge
+// leaves out the rows that may not go yet: delayed rows not due and the
+// rows of their key held back behind them (the holder counts once due), so
+// that it measures the relay's delay, not the one asked for. A relay of an
 // idem version before NotBefore must not run on the same table: it would
 // hold back the earlier rows of a key behind a later delayed one.
 //
@@ -809,6 +812,9 @@ const notHeldSQL = `(o.key IS NULL OR NOT EXISTS (
   SELECT 1 FROM %[1]s h
   WHERE h.state = 'pending' AND h.retry_at IS NOT NULL AND h.key = o.key AND h.id < o.id))`
 
+// statsSQL is statsSQL for table t.
+func (t table) statsSQL() string { return fmt.Sprintf(statsSQL, t.quoted) }
+
 // fetchSQL is fetchSQL for table t.
 func (t table) fetchSQL() string {
 	return fmt.Sprintf(fetchSQL, t.quoted, fmt.Sprintf(notHeldSQL, t.quoted))
@@ -969,14 +975,28 @@ func (s *session) settle(ctx context.Context, conn *pgx.Conn, acked []int64, fai
 	return nil
 }
 
+// statsSQL counts the pending and failed rows of the table %[1]s and gives
+// the seconds since the oldest pending row could first be published: its
+// insert, or its NotBefore when later. Rows whose NotBefore has not come
+// are left out, and so are the rows an earlier waiting row of their key
+// holds back (hk.first is the key's first waiting row): such a row waits by
+// design; once its holder is due the holder counts itself, and a held row
+// has never waited longer than its holder. One pass over the table, joined to the keys
+// of the waiting rows (read from the retry index, usually few).
+const statsSQL = `SELECT count(*) FILTER (WHERE o.state = 'pending'), count(*) FILTER (WHERE o.state = 'failed'),
+  coalesce(extract(epoch FROM now() - min(greatest(o.created_at, o.not_before))
+    FILTER (WHERE o.state = 'pending' AND (o.not_before IS NULL OR o.not_before <= now())
+            AND (hk.first IS NULL OR hk.first >= o.id))), 0)::float8
+FROM %[1]s o LEFT JOIN (
+  SELECT key, min(id) AS first FROM %[1]s
+  WHERE state = 'pending' AND retry_at IS NOT NULL AND key IS NOT NULL GROUP BY key) hk ON hk.key = o.key
+WHERE o.state <> 'published'`
+
 // stats refreshes the pending, oldest-pending and failed gauges.
 func (s *session) stats(ctx context.Context, conn *pgx.Conn) error {
 	var pending, failed int64
 	var oldest float64
-	err := s.query(ctx, conn, `SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE state = 'failed'),
-		coalesce(extract(epoch FROM now() - min(greatest(created_at, not_before))
-			FILTER (WHERE state = 'pending' AND (not_before IS NULL OR not_before <= now()))), 0)::float8
-		FROM `+s.t.quoted+` WHERE state <> 'published'`).Scan(&pending, &failed, &oldest)
+	err := s.query(ctx, conn, s.t.statsSQL()).Scan(&pending, &failed, &oldest)
 	if err != nil {
 		return fmt.Errorf("outbox: stats: %w", err)
 	}
