@@ -78,11 +78,11 @@ var DefaultKafkaVersion = sarama.V4_0_0_0
 // NotBefore, and every rule above applies to it as to a row waiting for a
 // retry: it is not read before that time (compared with the database's
 // now(), so relays on hosts with skewed clocks agree), and it holds back the
-// later rows of its key, and only those, until it is published. A key's rows thus go out in
-// enqueue order even when a later row is due first: per-key order is what
-// downstream readers rely on (a "cancelled" must not overtake its
-// "created"), and a rule that let due rows pass a delayed one would make the
-// order depend on timing. Rows enqueued before the delayed one, and other
+// later rows of its key, and only those, until it is published. A key's
+// rows thus go out in enqueue order even when a later row is due first:
+// per-key order is what downstream readers rely on (a "cancelled" must not
+// overtake its "created"), and a rule that let due rows pass a delayed one
+// would make the order depend on timing. Rows enqueued before the delayed one, and other
 // keys, are not held. After each round that leaves the leader idle, it asks
 // the database for the next time a waiting row comes due (the first
 // retry_at, in time order, of a row no earlier row of its key holds back)
@@ -812,9 +812,6 @@ const notHeldSQL = `(o.key IS NULL OR NOT EXISTS (
   SELECT 1 FROM %[1]s h
   WHERE h.state = 'pending' AND h.retry_at IS NOT NULL AND h.key = o.key AND h.id < o.id))`
 
-// statsSQL is statsSQL for table t.
-func (t table) statsSQL() string { return fmt.Sprintf(statsSQL, t.quoted) }
-
 // fetchSQL is fetchSQL for table t.
 func (t table) fetchSQL() string {
 	return fmt.Sprintf(fetchSQL, t.quoted, fmt.Sprintf(notHeldSQL, t.quoted))
@@ -981,8 +978,8 @@ func (s *session) settle(ctx context.Context, conn *pgx.Conn, acked []int64, fai
 // are left out, and so are the rows an earlier waiting row of their key
 // holds back (hk.first is the key's first waiting row): such a row waits by
 // design; once its holder is due the holder counts itself, and a held row
-// has never waited longer than its holder. One pass over the table, joined to the keys
-// of the waiting rows (read from the retry index, usually few).
+// has never waited longer than its holder. One pass over the table, joined
+// to the keys of the waiting rows (read from the retry index, usually few).
 const statsSQL = `SELECT count(*) FILTER (WHERE o.state = 'pending'), count(*) FILTER (WHERE o.state = 'failed'),
   coalesce(extract(epoch FROM now() - min(greatest(o.created_at, o.not_before))
     FILTER (WHERE o.state = 'pending' AND (o.not_before IS NULL OR o.not_before <= now())
@@ -991,6 +988,9 @@ FROM %[1]s o LEFT JOIN (
   SELECT key, min(id) AS first FROM %[1]s
   WHERE state = 'pending' AND retry_at IS NOT NULL AND key IS NOT NULL GROUP BY key) hk ON hk.key = o.key
 WHERE o.state <> 'published'`
+
+// statsSQL is statsSQL for table t.
+func (t table) statsSQL() string { return fmt.Sprintf(statsSQL, t.quoted) }
 
 // stats refreshes the pending, oldest-pending and failed gauges.
 func (s *session) stats(ctx context.Context, conn *pgx.Conn) error {
