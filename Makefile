@@ -15,10 +15,10 @@ STATICCHECK_VERSION ?= v0.8.2
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-services: ## start Kafka + PostgreSQL (idempotent); prints KAFKA_BROKERS and DATABASE_URL; KAFKA_NODES=3 starts a three-node Kafka cluster (docs/guarantees-cluster.md)
+services: ## start Kafka + PostgreSQL (idempotent), or reuse the ones another checkout started on their ports; prints KAFKA_BROKERS and DATABASE_URL; KAFKA_NODES=3 starts a three-node Kafka cluster (docs/guarantees-cluster.md)
 	@bash scripts/services.sh up
 
-services-down: ## stop what `make services` started, one broker or three (CLEAN=1 also deletes .state)
+services-down: ## stop what `make services` started in this checkout, one broker or three (services it reused keep running; CLEAN=1 also deletes .state)
 	@bash scripts/services.sh down
 
 # The failure console `make run` starts beside the demo (loopback only, no login).
@@ -48,11 +48,12 @@ ORDERING_TESTS = TestOrderingByKey|TestOrderingParkedFailureBecomesHead|TestOrde
 # with "context deadline exceeded" at the -fuzztime boundary on a loaded
 # machine, golang/go#75804, fixed in Go 1.27; CI hit it once);
 # their committed seed corpora also run in every plain `go test`.
-FUZZ_TARGETS = ./consumer:FuzzKeyExtraction ./consumer:FuzzJSONField ./retrytopic:FuzzDecode ./dlq:FuzzRecord ./internal/keyorder:FuzzParkRoundTrip
+FUZZ_TARGETS = ./consumer:FuzzKeyExtraction ./consumer:FuzzJSONField ./retrytopic:FuzzDecode ./dlq:FuzzRecord ./internal/keyorder:FuzzParkRoundTrip ./internal/expiry:FuzzParseDeadline
 FUZZTIME ?= 20000x
 
-test: services ## go vet + all tests with -race against real Kafka and PostgreSQL, core tests in batch and lane modes, alert rule tests, a short fuzz run, the short chaos run
+test: services ## go vet + staticcheck + all tests with -race against real Kafka and PostgreSQL, core tests in batch and lane modes, alert rule tests, a short fuzz run, the short chaos run
 	$(GO) vet ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 	@$(MAKE) --no-print-directory rules-test
 	@$(WITH_ENV) IDEM_REQUIRE_REAL_KAFKA=1 $(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) ./...
 	@$(WITH_ENV) IDEM_REQUIRE_REAL_KAFKA=1 IDEM_TEST_MODE=batch $(GO) test -race -count=1 -timeout 15m -run '$(CORE_TESTS)' ./consumer/

@@ -64,13 +64,17 @@ type Breaker struct {
 // New returns a closed Breaker for the dependency called name. Zero fields of
 // s take the values of DefaultSettings. It returns an error matching
 // ErrInvalidSettings if s.Validate fails. The breaker announces itself to
-// s.OnStateChange (name, Closed, Closed) on its first use (Do or State), not
-// in New, so that a hook may use the variable New's result is assigned to.
+// s.OnStateChange (name, Closed, Closed) in New, before New returns, so that a
+// state gauge has its series from the breaker's creation on, not from its
+// first call; the hook must therefore not use New's result on that call
+// (from == to).
 func New(name string, s Settings) (*Breaker, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
-	return newBreaker(name, s.withDefaults(DefaultSettings())), nil
+	b := newBreaker(name, s.withDefaults(DefaultSettings()))
+	b.deliver() // the announcement
+	return b, nil
 }
 
 // newBreaker returns a closed breaker whose announcement (Closed → Closed)

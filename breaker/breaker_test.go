@@ -357,8 +357,12 @@ func TestOnStateChangeSeesEveryTransition(t *testing.T) {
 	b = newBreaker(t, c, breaker.Settings{
 		ConsecutiveFailures: 2, OpenTimeout: 10 * time.Second,
 		OnStateChange: func(name string, from, to breaker.State) {
-			if got := b.State(); got != to && from != to { // may call State: no lock held
-				t.Errorf("State() in OnStateChange = %s, want %s", got, to)
+			// The announcement (from == to) comes in New, before b is set;
+			// on a transition the hook may call State: no lock is held.
+			if from != to {
+				if got := b.State(); got != to {
+					t.Errorf("State() in OnStateChange = %s, want %s", got, to)
+				}
 			}
 			r.hook(name, from, to)
 		},
@@ -384,7 +388,7 @@ func TestOnStateChangeSeesEveryTransition(t *testing.T) {
 }
 
 // TestNewBreakerIsAnnounced: OnStateChange hears of every breaker once, with
-// from == to == Closed, on its first use and before any transition, so a
+// from == to == Closed, at its creation and before any transition, so a
 // state gauge has a series for a breaker that never changes state.
 func TestNewBreakerIsAnnounced(t *testing.T) {
 	c := newClock()
@@ -410,6 +414,36 @@ func TestNewBreakerIsAnnounced(t *testing.T) {
 	want := []string{"dep: closed -> closed", "dep: closed -> open", "bank-api: closed -> closed", "ledger: closed -> closed"}
 	if !slices.Equal(calls, want) {
 		t.Fatalf("OnStateChange calls:\n got %q\nwant %q", calls, want)
+	}
+}
+
+// TestNewAnnouncesAtCreation: New announces the breaker (Closed -> Closed)
+// before it returns, so a state gauge has its series from the breaker's
+// creation on, not from its first call: a dependency that is configured but
+// not called yet is visible as closed.
+func TestNewAnnouncesAtCreation(t *testing.T) {
+	var mu sync.Mutex
+	var calls []string
+	b, err := breaker.New("bank-api", breaker.Settings{OnStateChange: func(name string, from, to breaker.State) {
+		mu.Lock()
+		calls = append(calls, name+": "+from.String()+" -> "+to.String())
+		mu.Unlock()
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	got := slices.Clone(calls)
+	mu.Unlock()
+	if want := []string{"bank-api: closed -> closed"}; !slices.Equal(got, want) {
+		t.Fatalf("OnStateChange calls after New, before any use:\n got %q\nwant %q", got, want)
+	}
+	_ = b.State() // a later use announces nothing more
+	_ = b.Do(context.Background(), ok)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(calls) != 1 {
+		t.Fatalf("OnStateChange calls after use: %q, want the one announcement", calls)
 	}
 }
 

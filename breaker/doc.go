@@ -51,9 +51,10 @@
 // arrive while the probe runs get HalfOpen *OpenErrors with RetryAfter of at
 // most one second and pause briefly.
 //
-// Breakers do not export metrics themselves: Settings.OnStateChange is the
-// hook the consumer (or the user) wires to metrics and logs, and Set.States
-// reports every breaker's state for a gauge.
+// Breakers do not export their states themselves: Settings.OnStateChange is
+// the hook the consumer (or the user) wires to metrics and logs, and
+// Set.States reports every breaker's state for a gauge. The flow limits below
+// have a collector of their own, NewLimitCollector.
 //
 // # Quotas: rate limits, calls in flight, and Retry-After
 //
@@ -86,7 +87,11 @@
 // (below): the partition waits; no retry budget is spent; nothing goes to a
 // retry or dead-letter topic. Set.LimitStates reports, per dependency, the
 // current limits of this member, the calls in flight, and counters of the
-// time waited, the time paused and the calls throttled, for metrics.
+// time waited, the time paused and the calls throttled, for metrics;
+// NewLimitCollector exports them to Prometheus (idem_dependency_rate_limit,
+// idem_dependency_max_in_flight, idem_dependency_in_flight,
+// idem_dependency_throttled_seconds_total and idem_dependency_throttled_total,
+// by dependency).
 //
 // # Why this package does not wrap gobreaker
 //

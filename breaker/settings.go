@@ -99,10 +99,11 @@ type Settings struct {
 	// a later Do. Open → half-open is noticed lazily, by the first Do, State
 	// or Set.States after the cool-down. Use it to export metrics and logs.
 	// A new breaker is announced once, before any transition, with
-	// from == to == Closed, on its first use (Do, State, Set.Do, Set.Get or
-	// Set.States), so that a gauge of the state has a series for every breaker
-	// even if it never changes state; a hook that counts or logs transitions
-	// skips calls with from == to.
+	// from == to == Closed, when it is created: by New, before it returns, or
+	// by a Set when the name is first used (Set.Do, Set.Get); so a gauge of the
+	// state has a series for every breaker even if it never changes state or
+	// is never called. A hook that counts or logs transitions skips calls with
+	// from == to.
 	// Default: nil
 	OnStateChange func(name string, from, to State)
 

@@ -213,7 +213,7 @@ func (a *auth) bearer(r *http.Request) (identity, error) {
 	}
 	scheme, secret, ok := strings.Cut(h, " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return identity{}, errors.New("Authorization must be \"Bearer <token>\"")
+		return identity{}, errors.New(`the Authorization header must be "Bearer <token>"`)
 	}
 	t, ok := a.token(strings.TrimSpace(secret))
 	if !ok {

@@ -85,7 +85,7 @@ func newClaim(r *runner, s sarama.ConsumerGroupSession, kc sarama.ConsumerGroupC
 
 // newWorker returns a worker of c with a stall of its own.
 func (c *claim) newWorker() *worker {
-	w := &worker{claim: c, stall: &stall{}, names: map[string]string{},
+	w := &worker{claim: c, stall: &stall{}, names: headerNames{},
 		ob: observer{r: c.r, log: c.log, tp: c.tp, hctx: c.hctx}}
 	w.callFn = w.callHandler
 	c.stalls = append(c.stalls, w.stall)
@@ -126,20 +126,42 @@ func (c *claim) run() {
 	defer r.claims.register(c)()
 
 	// The reader drains Messages so that its closing (revocation) is seen at
-	// once, and pauses fetching when the worker falls behind. A failed
-	// transaction (Transactions) stops the claim, which ends the session:
-	// the next one reads from the committed offsets.
+	// once, and pauses fetching when the worker falls behind. What sarama has
+	// already buffered is taken without the select (a non-blocking receive
+	// each) and queued under one lock, up to readBurst records: the select
+	// per record was 15 % of the no-op path's CPU. A failed transaction
+	// (Transactions) stops the claim, which ends the session: the next one
+	// reads from the committed offsets.
 	txnFailed := r.txnFailed()
 	wg.Go(func() {
 		defer c.stop()
+		msgs := c.kc.Messages()
+		burst := make([]*sarama.ConsumerMessage, 0, readBurst)
 		for {
 			select {
-			case m, ok := <-c.kc.Messages():
+			case m, ok := <-msgs:
 				if !ok {
 					return
 				}
-				if q.push(m) {
+				burst = append(burst[:0], m)
+				open := true
+				for open && len(burst) < readBurst {
+					select {
+					case m, open = <-msgs:
+						if open {
+							burst = append(burst, m)
+						}
+						continue
+					default:
+					}
+					break
+				}
+				if q.push(burst...) {
 					c.backpressure(true)
+				}
+				clear(burst)
+				if !open {
+					return
 				}
 			case <-c.sess.Context().Done():
 				return
@@ -180,6 +202,9 @@ func (c *claim) run() {
 	}
 	c.main.work(queueSource{c, q})
 }
+
+// readBurst bounds the records the reader queues at once.
+const readBurst = 256
 
 // laneBuffer bounds the messages queued for one lane; with the partition
 // queue's high-water mark it bounds a partition's in-flight messages.

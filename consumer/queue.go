@@ -39,11 +39,13 @@ func newQueue() *queue { return &queue{notify: make(chan struct{}, 1)} }
 
 func size(m *sarama.ConsumerMessage) int { return len(m.Key) + len(m.Value) }
 
-// push appends m and reports whether the queue is at or above a high mark.
-func (q *queue) push(m *sarama.ConsumerMessage) (full bool) {
+// push appends ms and reports whether the queue is at or above a high mark.
+func (q *queue) push(ms ...*sarama.ConsumerMessage) (full bool) {
 	q.mu.Lock()
-	q.items = append(q.items, m)
-	q.bytes += size(m)
+	q.items = append(q.items, ms...)
+	for _, m := range ms {
+		q.bytes += size(m)
+	}
 	full = len(q.items) >= highWater || q.bytes >= highBytes
 	q.mu.Unlock()
 	select {

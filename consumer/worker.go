@@ -28,9 +28,9 @@ import (
 type worker struct {
 	*claim
 
-	stall *stall            // how long this worker's head message has been failing
-	names map[string]string // header-name cache (see newMessage)
-	ob    observer          // this worker's spans, and the logs and metrics that go with them
+	stall *stall      // how long this worker's head message has been failing
+	names headerNames // header-name cache (see newMessage)
+	ob    observer    // this worker's spans, and the logs and metrics that go with them
 
 	batchCost time.Duration // recent handler time per batched message (batchLimit)
 

@@ -75,6 +75,8 @@
 //	                                              the tier at once); in a retry tier, d is capped
 //	                                              at the tier's delay (due = failure + delay)
 //	the error of Timeout(d)          timeout      retriable, as above; errors.Is(err, ErrTimeout)
+//	HTTPStatus(err, code)            err's kind   as err; the status is there for recoverability
+//	                                              rules (package recovery) and HTTPStatusOf
 //	Permanent(err)                   permanent    dead-letter topic at once, no retries
 //	Decode(err)                      decode       dead-letter topic at once; bytes kept unchanged
 //	a panic (*PanicError)            panic        dead-letter topic at once, or retriable when
@@ -92,13 +94,21 @@
 // until the cool-down ends) and a failure of the dedupe store itself
 // (dedupe.StoreError; the same message is tried again with backoff).
 //
+// A handler may also ask for the message later rather than fail it:
+// [DeferUntil] (or [Defer]) returns a [*DeferError], which is not a failure.
+// The consumer stores the message in PostgreSQL, commits its offset at once
+// and its group's scheduler (package schedule) publishes it again when the
+// time comes, with the same idempotency key and origin; no retry is spent
+// and nothing is forwarded. A time more than [MaxDefer] away is refused with
+// a Permanent error wrapping [ErrDeferTooFar].
+//
 // When several markers are present the first of missing-key, panic, decode,
 // permanent, timeout wins; [IsRetriable] is true for kinds retriable and
 // timeout. The markers wrap with Unwrap, so errors.Is and errors.As still find
 // the original error, and they may be wrapped again with fmt.Errorf("…: %w").
 // [Cause] strips idem's own wrappers to name the underlying error's type in the
-// idem-error-type header. Permanent(nil), Decode(nil) and RetryAfter(nil, d)
-// return nil, so `return handler.Permanent(err)` is safe when err is nil.
+// idem-error-type header. Permanent(nil), Decode(nil), RetryAfter(nil, d) and
+// HTTPStatus(nil, code) return nil, so `return handler.Permanent(err)` is safe when err is nil.
 //
 // # Middleware
 //

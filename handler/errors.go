@@ -110,6 +110,45 @@ func RetryAfterOf(err error) (time.Duration, bool) {
 	return 0, false
 }
 
+// StatusError is a dependency's HTTP answer as an error: the status code it
+// returned and the failure. It changes nothing in how the consumer treats the
+// error (its kind is that of Err: retriable unless marked otherwise); it lets
+// a recoverability rule match the status (package recovery, HTTPStatus).
+type StatusError struct {
+	Code int   // the HTTP status code, e.g. 422
+	Err  error // the failure
+}
+
+// Error describes the failure in one line.
+func (e *StatusError) Error() string { return fmt.Sprintf("%v (HTTP %d)", e.Err, e.Code) }
+
+// Unwrap returns the wrapped error.
+func (e *StatusError) Unwrap() error { return e.Err }
+
+// HTTPStatus returns the status code, so that HTTPStatusOf finds it.
+func (e *StatusError) HTTPStatus() int { return e.Code }
+
+// HTTPStatus marks err as a dependency's HTTP answer with status code. The
+// result keeps err's message, kind and chain. HTTPStatus(nil, code) returns
+// nil.
+func HTTPStatus(err error, code int) error {
+	if err == nil {
+		return nil
+	}
+	return &StatusError{Code: code, Err: err}
+}
+
+// HTTPStatusOf returns the HTTP status code carried by the first error in
+// err's chain that has a method HTTPStatus() int: a *StatusError (from
+// HTTPStatus), or an HTTP client's own error type that has such a method.
+func HTTPStatusOf(err error) (int, bool) {
+	var s interface{ HTTPStatus() int }
+	if errors.As(err, &s) {
+		return s.HTTPStatus(), true
+	}
+	return 0, false
+}
+
 // PanicError is the error a recovered handler panic becomes.
 type PanicError struct {
 	Value any    // the value passed to panic
@@ -198,6 +237,8 @@ func Cause(err error) error {
 		case *decodeError:
 			err = e.err
 		case *RetryAfterError:
+			err = e.Err
+		case *StatusError:
 			err = e.Err
 		case *timeoutError:
 			err = e.err

@@ -195,3 +195,42 @@ func TestCause(t *testing.T) {
 		})
 	}
 }
+
+// apiError is an HTTP client's own error type with an HTTPStatus method.
+type apiError struct{ code int }
+
+func (e apiError) Error() string   { return fmt.Sprintf("api: status %d", e.code) }
+func (e apiError) HTTPStatus() int { return e.code }
+
+func TestHTTPStatus(t *testing.T) {
+	if err := handler.HTTPStatus(nil, 500); err != nil {
+		t.Fatalf("HTTPStatus(nil, 500) = %v, want nil", err)
+	}
+	if code, ok := handler.HTTPStatusOf(nil); ok || code != 0 {
+		t.Fatalf("HTTPStatusOf(nil) = %d, %v; want 0, false", code, ok)
+	}
+	base := errors.New("bank: declined")
+	err := fmt.Errorf("charge: %w", handler.Permanent(handler.HTTPStatus(base, 422)))
+	if code, ok := handler.HTTPStatusOf(err); !ok || code != 422 {
+		t.Fatalf("HTTPStatusOf = %d, %v; want 422, true", code, ok)
+	}
+	if !errors.Is(err, base) || !handler.IsPermanent(err) || handler.ErrorKind(err) != handler.KindPermanent {
+		t.Fatalf("the status hides the chain: Is %v, IsPermanent %v, kind %s", errors.Is(err, base), handler.IsPermanent(err), handler.ErrorKind(err))
+	}
+	if got := handler.Cause(handler.Permanent(handler.HTTPStatus(base, 422))); got != base {
+		t.Fatalf("Cause = %v, want the bank's error", got)
+	}
+	if got := handler.HTTPStatus(base, 503).Error(); got != "bank: declined (HTTP 503)" {
+		t.Fatalf("Error() = %q", got)
+	}
+	if handler.ErrorKind(handler.HTTPStatus(base, 503)) != handler.KindRetriable {
+		t.Fatal("a status alone must not change the kind")
+	}
+	// A client's own type is found through its method.
+	if code, ok := handler.HTTPStatusOf(fmt.Errorf("x: %w", apiError{409})); !ok || code != 409 {
+		t.Fatalf("HTTPStatusOf(apiError) = %d, %v; want 409, true", code, ok)
+	}
+	if _, ok := handler.HTTPStatusOf(base); ok {
+		t.Fatal("HTTPStatusOf of a plain error reports a status")
+	}
+}

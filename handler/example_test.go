@@ -135,3 +135,19 @@ func ExampleMessage_Header() {
 	// new true
 	// false
 }
+
+// A handler defers a message it may not act on yet; the consumer stores it
+// and delivers it again at that time, without holding the partition.
+func ExampleDeferUntil() {
+	opens := time.Now().Add(24 * time.Hour) // the settlement window
+	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
+		if time.Now().Before(opens) {
+			return handler.DeferUntil(opens)
+		}
+		return nil // settle the payment
+	})
+	err := h.Handle(context.Background(), &handler.Message{Topic: "settlements"})
+	until, deferred := handler.DeferredUntil(err)
+	fmt.Println(deferred, until.Equal(opens))
+	// Output: true true
+}

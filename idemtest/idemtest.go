@@ -23,11 +23,13 @@ import (
 // the test.
 const DefaultTimeout = 30 * time.Second
 
-// Kafka is an in-process Kafka cluster of one broker (franz-go's kfake): no
-// Docker, no ports to configure, gone when the test ends. It speaks the
-// Kafka protocol, so consumer.Run, sarama and the idem CLI's library talk to
-// it as to a real broker; it is made for tests, not for load or for
-// checking broker-specific behaviour.
+// Kafka is the cluster a test runs on. From NewKafka (and from Connect
+// without KAFKA_BROKERS) it is an in-process cluster of one broker
+// (franz-go's kfake): no Docker, no ports to configure, gone when the test
+// ends. It speaks the Kafka protocol, so consumer.Run, sarama and the idem
+// CLI's library talk to it as to a real broker; it is made for tests, not
+// for load or for checking broker-specific behaviour. From Connect with
+// KAFKA_BROKERS it is that real cluster, which outlives the test.
 type Kafka struct {
 	// Brokers are the bootstrap addresses of the cluster ("127.0.0.1:port").
 	Brokers []string
@@ -60,7 +62,9 @@ func (k *Kafka) SaramaConfig() *sarama.Config {
 }
 
 // CreateTopic creates a topic with the given number of partitions and waits
-// until its metadata is visible.
+// until its metadata is visible. The name is used as given: on a broker
+// shared between tests and runs (Connect with KAFKA_BROKERS) use Topic,
+// whose names are unique and cleaned up.
 func (k *Kafka) CreateTopic(tb testing.TB, name string, partitions int32) {
 	tb.Helper()
 	admin, err := sarama.NewClusterAdmin(k.Brokers, k.SaramaConfig())

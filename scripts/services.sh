@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# services.sh up|down|env — local Kafka (KRaft, one node) and PostgreSQL for idem's
+# services.sh up|down|env|jars — local Kafka (KRaft, one node) and PostgreSQL for idem's
 # development and tests, without Docker when no engine runs.
 #
 #   up    start what is missing and print KAFKA_BROKERS=… and DATABASE_URL=…; idempotent.
@@ -8,7 +8,20 @@
 #         Otherwise: Apache Kafka from Maven Central jars run with java, and the
 #         machine's PostgreSQL cluster (pg_ctlcluster, as root) or an initdb'd one
 #         under .state/pg (not root).
+#   jars  fetch Kafka's jars into .state/kafka/libs (what `up` does before it starts a
+#         broker) and start nothing: for the tests of this script in a checkout that
+#         reuses another one's broker.
 #   down  stop what `up` started (also after a crash); CLEAN=1 also deletes the state.
+#         Services this checkout reused (below) are left running, and `down` says so.
+#
+# Reuse: when this checkout has not started a service and its port is taken by one
+# that works (another checkout's `make services`, a compose stack, a system cluster),
+# `up` reuses it, says so, and writes .state/services.env pointing at it:
+#   Kafka       a broker on 127.0.0.1:KAFKA_PORT that answers a metadata request
+#               with a broker and a controller (one broker only, not KAFKA_NODES=3);
+#   PostgreSQL  a server on 127.0.0.1:PGPORT (unset: 5432, then 5433 when not root)
+#               that accepts user idem, password idem, database idem.
+# Anything else on those ports is an error naming the port and its process.
 #
 # Knobs: KAFKA_PORT (9092), KAFKA_CONTROLLER_PORT (9093), PGPORT (5432 as root via
 # pg_ctlcluster, 5433 for the initdb cluster), IDEM_STATE (.state), KAFKA_HEAP (512m),
@@ -37,7 +50,12 @@ die() { echo "services: $*" >&2; exit 1; }
 note() { echo "services: $*" >&2; }
 
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-port_owner() { ss -ltnpH "sport = :$1" 2>/dev/null | sed -n 's/.*users:((\("[^"]*",pid=[0-9]*\).*/\1/p' | head -n1; }
+# port_owner PORT names the process listening on PORT as "name, pid N", or
+# "another process" when ss cannot tell (not root, or no ss).
+port_owner() {
+  local o; o=$(ss -ltnpH "sport = :$1" 2>/dev/null | sed -n 's/.*users:(("\([^"]*\)",pid=\([0-9]*\).*/\1, pid \2/p' | head -n1)
+  echo "${o:-another process}"
+}
 alive() { [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null; }
 
 docker_up() {
@@ -114,7 +132,7 @@ kafka_up() {
     return
   fi
   [ -f "$kdir/kafka.pid" ] && { note "removing stale pid file (broker $pid is not running)"; rm -f "$kdir/kafka.pid"; }
-  if port_busy "$kport"; then die "port $kport is already in use by $(port_owner "$kport" || echo 'another process'); stop it or set KAFKA_PORT to a free port"; fi
+  if port_busy "$kport"; then die "port $kport is already in use by $(port_owner "$kport"), which does not answer as a Kafka broker; stop it or set KAFKA_PORT to a free port"; fi
   if port_busy "$cport"; then die "port $cport (Kafka controller) is already in use by $(port_owner "$cport" || echo 'another process'); stop it or set KAFKA_CONTROLLER_PORT"; fi
   kafka_libs
   kafka_config
@@ -155,6 +173,20 @@ readyprobe() {
     (cd "$root" && go build -o "$bin" ./internal/tools/kafkaready) >&2 || die "could not build the readiness probe (internal/tools/kafkaready)"
   fi
   echo "$bin"
+}
+
+# kafka_reusable: no broker of this checkout runs, and a working one already
+# listens on KAFKA_PORT (started by another checkout or by hand).
+kafka_reusable() {
+  alive "$(kafka_pid)" && return 1
+  port_busy "$kport" || return 1
+  # This checkout's own broker whose pid file was lost (a crash of this script) is not reused: it is adopted.
+  local own; own=$(pgrep -f "kafka.Kafka $kdir/server.properties" 2>/dev/null | head -n1 || true)
+  if [ -n "$own" ]; then
+    note "this checkout's broker runs without its pid file (pid $own): keeping it"
+    mkdir -p "$kdir"; echo "$own" >"$kdir/kafka.pid"; return 1
+  fi
+  "$(readyprobe)" -brokers "127.0.0.1:$kport" -timeout 5s 2>/dev/null
 }
 
 kafka_down() {
@@ -299,7 +331,7 @@ pg_up() {
     fi
     read -r ver name port status _ <<<"$line"
     if [ "$status" != online ]; then
-      if port_busy "$port"; then die "port $port is already in use by $(port_owner "$port" || echo 'another process'); PostgreSQL $ver/$name cannot start there"; fi
+      if port_busy "$port"; then die "port $port is already in use by $(port_owner "$port"), which does not accept PostgreSQL user idem (password idem, database idem); PostgreSQL $ver/$name cannot start there"; fi
       timeout 60 pg_ctlcluster "$ver" "$name" start || die "pg_ctlcluster $ver $name start failed (see /var/log/postgresql/postgresql-$ver-$name.log)"
       echo "$ver $name" >"$state/pg.started"
     fi
@@ -319,7 +351,7 @@ pg_up() {
       rm -rf "$pgd"; mkdir -p "$pgd"
       "$bin/initdb" -D "$pgd/data" -U idem --auth=trust >"$pgd/initdb.log" 2>&1 || die "initdb failed (see $pgd/initdb.log)"
     fi
-    if port_busy "$port"; then die "port $port is already in use by $(port_owner "$port" || echo 'another process'); set PGPORT to a free port"; fi
+    if port_busy "$port"; then die "port $port is already in use by $(port_owner "$port"), which does not accept PostgreSQL user idem (password idem, database idem); stop it or set PGPORT to a free port"; fi
     rm -f "$pgd/data/postmaster.pid"
     "$bin/pg_ctl" -D "$pgd/data" -l "$pgd/server.log" -w -t 60 -o "-p $port -k $pgd -c listen_addresses=127.0.0.1" start >/dev/null ||
       die "PostgreSQL did not start (see $pgd/server.log)"
@@ -328,6 +360,24 @@ pg_up() {
   "$bin/psql" -h 127.0.0.1 -p "$port" -U idem -d postgres -qAtc "SELECT 1 FROM pg_database WHERE datname='idem'" | grep -q 1 ||
     "$bin/createdb" -h 127.0.0.1 -p "$port" -U idem idem || die "could not create database idem"
   DATABASE_URL="postgres://idem@127.0.0.1:$port/idem?sslmode=disable"
+}
+
+# pg_reusable: this checkout has not started PostgreSQL, and a server on PGPORT
+# (unset: 5432, then 5433 when not root) accepts idem's credentials; prints its port.
+pg_reusable() {
+  [ -f "$state/pg.started" ] && return 1
+  local psql; psql=$(command -v psql || echo "$(pg_bin)/psql")
+  [ -x "$psql" ] || return 1
+  local ports=${PGPORT:-5432}
+  [ -z "${PGPORT:-}" ] && [ "$(id -u)" != 0 ] && ports="5432 5433"
+  local p
+  for p in $ports; do
+    port_busy "$p" || continue
+    if PGPASSWORD=idem PGCONNECT_TIMEOUT=5 "$psql" -h 127.0.0.1 -p "$p" -U idem -d idem -w -qAtc 'SELECT 1' 2>/dev/null | grep -qx 1; then
+      echo "$p"; return 0
+    fi
+  done
+  return 1
 }
 
 pg_down() {
@@ -350,6 +400,18 @@ case "$cmd" in
 up)
   case "$nodes" in 1|3) ;; *) die "KAFKA_NODES=$nodes: want 1 (one broker) or 3 (a three-node cluster)" ;; esac
   kafka_set=${KAFKA_BROKERS:-}; db_set=${DATABASE_URL:-}
+  rm -f "$state/kafka.reused" "$state/pg.reused"
+  # Services another checkout started (or the machine runs) are reused, not started again.
+  if [ "$nodes" = 1 ] && [ -z "$kafka_set" ] && [ ! -f "$state/docker.started" ] && kafka_reusable; then
+    KAFKA_BROKERS=127.0.0.1:$kport; kafka_set=$KAFKA_BROKERS
+    echo "$KAFKA_BROKERS" >"$state/kafka.reused"
+    note "reusing the Kafka broker already at $KAFKA_BROKERS (served by $(port_owner "$kport")): not started by this checkout, so 'make services-down' here leaves it running"
+  fi
+  if [ -z "$db_set" ] && [ ! -f "$state/docker.started" ] && pgp=$(pg_reusable); then
+    DATABASE_URL="postgres://idem:idem@127.0.0.1:$pgp/idem?sslmode=disable"; db_set=$DATABASE_URL
+    echo "$DATABASE_URL" >"$state/pg.reused"
+    note "reusing the PostgreSQL already at 127.0.0.1:$pgp (served by $(port_owner "$pgp"), accepts user idem): not started by this checkout, so 'make services-down' here leaves it running"
+  fi
   if [ "$nodes" = 3 ] && [ -z "$kafka_set" ]; then
     kafka3_up; KAFKA_BROKERS=$(kafka3_brokers); kafka_set=$KAFKA_BROKERS
   fi
@@ -369,6 +431,14 @@ up)
   printf 'KAFKA_BROKERS=%s\nDATABASE_URL=%s\n' "$KAFKA_BROKERS" "$DATABASE_URL" | tee "$envfile"
   ;;
 down)
+  if [ -f "$state/kafka.reused" ]; then
+    note "Kafka at $(cat "$state/kafka.reused") was not started by this checkout: left running (stop it from the checkout that started it)"
+    rm -f "$state/kafka.reused"
+  fi
+  if [ -f "$state/pg.reused" ]; then
+    note "PostgreSQL at $(sed 's|.*@||; s|/.*||' "$state/pg.reused") was not started by this checkout: left running (stop it from the checkout that started it)"
+    rm -f "$state/pg.reused"
+  fi
   if [ -f "$state/docker.started" ]; then
     (cd "$root" && docker compose down) >&2 || true
     rm -f "$state/docker.started"
@@ -380,5 +450,6 @@ down)
   if [ "${CLEAN:-}" = 1 ]; then rm -rf "$kdir" "$kdir3" "$state/pg"; note "state deleted"; fi
   ;;
 env) cat "$envfile" 2>/dev/null || die "no $envfile: run 'make services'" ;;
-*) die "usage: services.sh up|down|env" ;;
+jars) kafka_libs ;;
+*) die "usage: services.sh up|down|env|jars" ;;
 esac

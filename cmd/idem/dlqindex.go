@@ -17,15 +17,6 @@ import (
 	"github.com/idemhq/idem/dlq"
 )
 
-// indexFlags are the flags of a dlq command working on the failure index.
-type indexFlags struct {
-	ids    []int64
-	status string
-	limit  int
-	reason string
-	actor  string
-}
-
 // dlqDBFlags adds --database-url to the dlq command: with it (or
 // DATABASE_URL) list, show, replay, resolve and archive work on the failure
 // index instead of the admin group's offsets.

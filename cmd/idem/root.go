@@ -128,6 +128,7 @@ name (idem dlq list --tls …). Errors print one line on stderr and exit 1.`,
 	root.AddCommand(newOrderingCmd(a))
 	root.AddCommand(newCheckpointCmd(a))
 	root.AddCommand(newOutboxCmd(a))
+	root.AddCommand(newScheduleCmd(a))
 	root.AddCommand(newConsoleCmd(a))
 	root.AddCommand(newTopicCmd(a))
 	root.AddCommand(newProduceCmd(a))

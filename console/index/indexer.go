@@ -304,16 +304,24 @@ func (ix *Indexer) readRetention(client sarama.Client, topics []string, col *Col
 	// Closing this admin would close the shared client: it is left to be
 	// collected with it.
 	ret := map[string]time.Duration{}
-	for _, t := range topics {
-		entries, err := admin.DescribeConfig(sarama.ConfigResource{Type: sarama.TopicResource, Name: t, ConfigNames: []string{"retention.ms"}})
-		if err != nil {
-			ix.Logger.Warn("index: read retention.ms", "topic", t, "err", err)
+	resources := make([]*sarama.ConfigResource, len(topics))
+	for i, t := range topics {
+		resources[i] = &sarama.ConfigResource{Type: sarama.TopicResource, Name: t, ConfigNames: []string{"retention.ms"}}
+	}
+	results, err := admin.DescribeConfigs(resources, sarama.DescribeConfigsOptions{})
+	if err != nil {
+		ix.Logger.Warn("index: read retention.ms", "err", err)
+		results = nil
+	}
+	for _, res := range results {
+		if res.ErrorCode != sarama.ErrNoError {
+			ix.Logger.Warn("index: read retention.ms", "topic", res.Name, "err", res.ErrorCode)
 			continue
 		}
-		for _, e := range entries {
+		for _, e := range res.Configs {
 			if e.Name == "retention.ms" {
 				if ms, err := strconv.ParseInt(e.Value, 10, 64); err == nil && ms > 0 {
-					ret[t] = time.Duration(ms) * time.Millisecond
+					ret[res.Name] = time.Duration(ms) * time.Millisecond
 				}
 			}
 		}

@@ -214,10 +214,10 @@ func startSaga(o *saga.Orchestrator) handler.Func {
 		if err := json.Unmarshal(m.Value, &ord); err != nil || ord.ID == "" || ord.Qty <= 0 {
 			return handler.Decode(fmt.Errorf("bad order %q: %v", m.Value, err))
 		}
-		tx := dedupe.Tx(ctx)
-		if tx == nil {
+		if !dedupe.HasTx(ctx) {
 			return errors.New("no transaction in the handler's context: configure a dedupe.Postgres store")
 		}
+		tx := dedupe.Tx(ctx)
 		_, err := o.Start(ctx, tx, "order", ord.ID, m.Value)
 		return err
 	}

@@ -203,10 +203,10 @@ func (r *recorder) injectedFailure(m *handler.Message) error {
 
 // effect writes m's ledger row in the transaction of ctx.
 func (r *recorder) effect(ctx context.Context, m *handler.Message) error {
-	tx := dedupe.Tx(ctx)
-	if tx == nil {
+	if !dedupe.HasTx(ctx) {
 		return errNoTx
 	}
+	tx := dedupe.Tx(ctx)
 	_, err := tx.Exec(ctx, `INSERT INTO chaos_effects (idempotency_key, kafka_key, seq, member, topic, kpartition, koffset, attempt)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
 		m.IdempotencyKey, string(m.Key), seqOf(m), r.member, m.Topic, m.Partition, m.Offset, m.Attempt)

@@ -125,10 +125,10 @@ func (o *runOptions) run(ctx context.Context, cfg consumer.Config, pool *pgxpool
 // message that cannot be applied is named in a *handler.BatchError with the
 // error handlePayment would return; idem then commits the others without it.
 func (s *service) handlePayments(ctx context.Context, msgs []*handler.Message) error {
-	tx := dedupe.Tx(ctx)
-	if tx == nil {
+	if !dedupe.HasTx(ctx) {
 		return errNoTx
 	}
+	tx := dedupe.Tx(ctx)
 	be := &handler.BatchError{}
 	var keys, orders, amounts, currencies []string
 	valid := make([]*handler.Message, 0, len(msgs))

@@ -144,10 +144,10 @@ func (s *service) handlePayment(ctx context.Context, m *handler.Message) error {
 	if err := p.validate(); err != nil {
 		return handler.Permanent(err)
 	}
-	tx := dedupe.Tx(ctx)
-	if tx == nil {
+	if !dedupe.HasTx(ctx) {
 		return errNoTx
 	}
+	tx := dedupe.Tx(ctx)
 	key := m.IdempotencyKey // what the inbox recorded: header, else JSON field
 
 	ins, err := tx.Exec(ctx, `

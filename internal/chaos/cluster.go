@@ -84,11 +84,14 @@ func createClusterTopics(brokers []string, source, events, group string) error {
 
 // topicConfigInt is topic's config name, as an integer.
 func topicConfigInt(admin sarama.ClusterAdmin, topic, name string) (int64, error) {
-	entries, err := admin.DescribeConfig(sarama.ConfigResource{Type: sarama.TopicResource, Name: topic, ConfigNames: []string{name}})
+	results, err := admin.DescribeConfigs([]*sarama.ConfigResource{{Type: sarama.TopicResource, Name: topic, ConfigNames: []string{name}}}, sarama.DescribeConfigsOptions{})
+	if err == nil && len(results) == 1 && results[0].ErrorCode != sarama.ErrNoError {
+		err = results[0].ErrorCode
+	}
 	if err != nil {
 		return 0, fmt.Errorf("describe config of %s: %w", topic, err)
 	}
-	for _, e := range entries {
+	for _, e := range results[0].Configs {
 		if e.Name == name {
 			return strconv.ParseInt(e.Value, 10, 64)
 		}

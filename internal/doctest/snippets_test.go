@@ -96,8 +96,10 @@ var imports = map[string]string{
 	"idemtest": "github.com/idemhq/idem/idemtest", "metrics": "github.com/idemhq/idem/metrics",
 	"retrytopic": "github.com/idemhq/idem/retrytopic", "kafkaauth": "github.com/idemhq/idem/kafkaauth",
 	"outbox": "github.com/idemhq/idem/outbox", "saga": "github.com/idemhq/idem/saga",
+	"schedule":   "github.com/idemhq/idem/schedule",
 	"checkpoint": "github.com/idemhq/idem/checkpoint",
 	"index":      "github.com/idemhq/idem/console/index",
+	"recovery":   "github.com/idemhq/idem/recovery",
 }
 
 // goLike tells a block meant as Go from a table, a shell session or SQL: a

@@ -1,5 +1,7 @@
-// Package services tests scripts/services.sh's handling of bad input: each
-// case must end within seconds with one line naming the cause and the fix.
+// Package services tests scripts/services.sh: bad input (each case must end
+// within a minute with one line naming the cause and the fix), stale state,
+// crash clean-up, the three-node cluster, and the reuse of services another
+// checkout started.
 package services
 
 import (
@@ -11,6 +13,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -60,7 +63,10 @@ func freePort(t *testing.T) (int, net.Listener) {
 // services runs `services.sh up` with a private state folder and free ports.
 func services(t *testing.T, env ...string) (string, error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	// A taken port now costs a build of the readiness probe (a fresh state
+	// folder has none) and one probe of up to 5 s, to tell a Kafka broker,
+	// which is reused, from anything else: 60 s leaves room on a loaded machine.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	kport, l1 := freePort(t)
 	cport, l2 := freePort(t)
@@ -101,15 +107,37 @@ func scriptRunner(t *testing.T, state string, env ...string) func(arg string) st
 	}
 }
 
+var jarsMu sync.Mutex
+
+// sharedJars returns the repository's .state/kafka/libs, the Kafka jars
+// `make services` fetched; when they are not there (a checkout whose
+// `make services` reused another checkout's broker), it fetches them first
+// with `services.sh jars`.
+func sharedJars(t *testing.T) string {
+	t.Helper()
+	jarsMu.Lock()
+	defer jarsMu.Unlock()
+	state := filepath.Join(repoRoot(t), ".state")
+	libs := filepath.Join(state, "kafka", "libs")
+	if _, err := os.Stat(filepath.Join(libs, ".stamp")); err == nil {
+		return libs
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", filepath.Join(repoRoot(t), "scripts", "services.sh"), "jars")
+	cmd.Env = append(os.Environ(), "IDEM_STATE="+state)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("no Kafka jars under %s, and services.sh jars failed: %v\n%s", libs, err, out)
+	}
+	return libs
+}
+
 // stateWithJars is a fresh state folder (IDEM_STATE) whose kafka/libs links
-// to the Kafka jars `make services` fetched.
+// to the repository's Kafka jars (sharedJars).
 func stateWithJars(t *testing.T) string {
 	t.Helper()
 	state := t.TempDir()
-	libs := filepath.Join(repoRoot(t), ".state", "kafka", "libs")
-	if _, err := os.Stat(filepath.Join(libs, ".stamp")); err != nil {
-		t.Fatalf("no Kafka jars under %s: run `make services` first", libs)
-	}
+	libs := sharedJars(t)
 	if err := os.MkdirAll(filepath.Join(state, "kafka"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -130,11 +158,11 @@ func TestServicesBadInput(t *testing.T) {
 	}{
 		{"java missing", func(t *testing.T) []string { return []string{"PATH=" + pathWithout(t, "java")} }, "java not found"},
 		{"maven missing", func(t *testing.T) []string { return []string{"PATH=" + pathWithout(t, "mvn")} }, "mvn not found"},
-		{"port taken", func(t *testing.T) []string {
+		{"port taken by something that is not Kafka", func(t *testing.T) []string {
 			p, l := freePort(t)
 			t.Cleanup(func() { l.Close() })
 			return []string{"KAFKA_PORT=" + itoa(p)}
-		}, "already in use"},
+		}, "which does not answer as a Kafka broker"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -156,10 +184,7 @@ func TestServicesStaleState(t *testing.T) {
 		t.Skip("runs scripts/services.sh")
 	}
 	state := t.TempDir()
-	libs := filepath.Join(repoRoot(t), ".state", "kafka", "libs")
-	if _, err := os.Stat(filepath.Join(libs, ".stamp")); err != nil {
-		t.Fatalf("no Kafka jars under %s: run `make services` first", libs)
-	}
+	libs := sharedJars(t)
 	if err := os.MkdirAll(filepath.Join(state, "kafka", "data", "__cluster_metadata-0"), 0o755); err != nil {
 		t.Fatal(err)
 	}

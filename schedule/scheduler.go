@@ -1,0 +1,488 @@
+package schedule
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemhq/idem/internal/pglead"
+	"github.com/idemhq/idem/retrytopic"
+)
+
+// Defaults of the Scheduler fields, applied when a field is zero.
+const (
+	DefaultBatchSize     = 500
+	DefaultMaxWait       = 30 * time.Second
+	DefaultLeaderRetry   = time.Second
+	DefaultRetryBase     = 100 * time.Millisecond
+	DefaultRetryMax      = 30 * time.Second
+	DefaultStatsInterval = 5 * time.Second
+	DefaultQueryTimeout  = 30 * time.Second
+)
+
+// Scheduler publishes one consumer group's deferred records (Defer) to Kafka
+// when they come due. It is a plain configuration struct: Run does the work
+// and keeps its state on its own stack, so a Scheduler value may be copied
+// and Run once at a time.
+//
+// # Leadership
+//
+// Run as many schedulers of a group as you like (one per consumer process,
+// say); exactly one publishes. Each holds a dedicated connection (taken out
+// of Pool for good) on which it tries pg_try_advisory_lock(key of the table and group)
+// every LeaderRetry; the holder reads, publishes and deletes on that same
+// connection, so a leader whose connection dies cannot delete anything more
+// and loses the lock in the same instant. When the leader's process dies,
+// PostgreSQL ends its session and releases the lock, and a standby takes over
+// within LeaderRetry. This is outbox.Relay's election, per group instead of
+// per table.
+//
+// # Waking up
+//
+// The leader reads the group's rows whose due_at has come (database clock)
+// in due order, BatchSize at a time. When none is left it asks the database
+// for the group's next due_at and sleeps until then, or until a NOTIFY (an
+// insert into the table committed: a new row may be due sooner), or at most
+// MaxWait: it neither polls nor publishes late.
+//
+// # Guarantee: each deferred message is handled once
+//
+// A row is deleted only after Kafka acknowledged its record (acks=all,
+// idempotent producer), in a statement on the lock's connection. A leader
+// killed between the ack and the delete leaves the row, and the next leader
+// publishes it again: publication is at least once, never lost. The copies
+// are the same record (key, value, headers, so the same idempotency key), and
+// the consumer's inbox records a key only when its handler succeeds, so the
+// first copy handled has the effects and every later copy is a duplicate:
+// handled once. The same holds when a handler defers a copy again (the
+// inbox has no row for the key yet, so the newest copy runs the handler).
+//
+// Deferred records leave their key's order: each is published at its own
+// due time, whatever was published for its key meanwhile.
+//
+// # Failures
+//
+// A failed publish (brokers down, unknown topic, authorization, a record
+// refused) is logged, counted in idem_schedule_publish_failures_total and
+// tried again after a backoff with full jitter (RetryBase doubling per
+// attempt of that row, up to RetryMax), by moving the row's due_at; the
+// row's attempts and last_error show in `idem schedule list`. A row is never
+// deleted unpublished. Lost database connections are retried with backoff
+// (LeaderRetry doubling, up to RetryMax).
+type Scheduler struct {
+	// Pool is the database of the idem_deferred table. Required. The
+	// scheduler takes one connection out of it for good (its lock and LISTEN
+	// connection); session advisory locks and LISTEN need a direct
+	// connection or a session-mode pooler.
+	Pool *pgxpool.Pool
+
+	// Brokers are the Kafka bootstrap addresses, "host:port". Required.
+	Brokers []string
+
+	// Sarama is the base sarama config (TLS, SASL, client id). The scheduler
+	// copies it and applies retrytopic.ConfigureProducer (idempotent,
+	// acks=all, no topic auto-creation, the partition chosen per record).
+	// Default: sarama.NewConfig().
+	Sarama *sarama.Config
+
+	// Group is the consumer group whose deferred records this scheduler
+	// publishes; one scheduler of a group leads at a time. Required.
+	Group string
+
+	// BatchSize is the most due rows one round reads and publishes.
+	// Default: 500.
+	BatchSize int
+
+	// MaxWait is the longest an idle leader sleeps without looking at the
+	// table (a fallback: a timer wakes it at the next due time and a NOTIFY
+	// at each insert).
+	// Default: 30s.
+	MaxWait time.Duration
+
+	// LeaderRetry is how often a standby tries to take the group's lock, and
+	// the first wait before reconnecting after a failure (doubling with each
+	// failure in a row, with jitter, up to RetryMax).
+	// Default: 1s.
+	LeaderRetry time.Duration
+
+	// RetryBase and RetryMax shape the wait before a row whose publish failed
+	// is tried again: a uniformly random time in [0, min(RetryMax,
+	// RetryBase*2^(attempts-1))].
+	// Default: 100ms.
+	RetryBase time.Duration
+	// RetryMax caps the retry wait (see RetryBase).
+	// Default: 30s.
+	RetryMax time.Duration
+
+	// StatsInterval is how often the leader refreshes idem_schedule_pending.
+	// Default: 5s.
+	StatsInterval time.Duration
+
+	// QueryTimeout bounds each statement on the scheduler's connection.
+	// Default: 30s.
+	QueryTimeout time.Duration
+
+	// Logger receives the scheduler's logs.
+	// Default: slog.Default().
+	Logger *slog.Logger
+
+	// Registerer receives the idem_schedule_* collectors (NewMetrics).
+	// Default: nil, metrics are kept but not exported.
+	Registerer prometheus.Registerer
+
+	// afterAck, when set (tests only), runs after a round's acks and before
+	// its rows are deleted.
+	afterAck func(ids []int64)
+}
+
+// Validate reports the first bad field, wrapping ErrInvalidConfig.
+func (s *Scheduler) Validate() error {
+	bad := func(field string, v any, rule string) error {
+		return fmt.Errorf("%w: Scheduler.%s = %v: %s", ErrInvalidConfig, field, v, rule)
+	}
+	switch {
+	case s == nil:
+		return fmt.Errorf("%w: nil Scheduler", ErrInvalidConfig)
+	case s.Pool == nil:
+		return bad("Pool", nil, "required")
+	case len(s.Brokers) == 0:
+		return bad("Brokers", s.Brokers, "at least one host:port required")
+	case s.Group == "":
+		return bad("Group", `""`, "required (the consumer group whose deferred records it publishes)")
+	case s.BatchSize < 0:
+		return bad("BatchSize", s.BatchSize, "must be >= 0 (0: the default)")
+	case s.RetryMax > 0 && s.RetryBase > s.RetryMax:
+		return bad("RetryBase", s.RetryBase, fmt.Sprintf("must not exceed RetryMax (%s)", s.RetryMax))
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"MaxWait", s.MaxWait}, {"LeaderRetry", s.LeaderRetry}, {"RetryBase", s.RetryBase},
+		{"RetryMax", s.RetryMax}, {"StatsInterval", s.StatsInterval}, {"QueryTimeout", s.QueryTimeout}} {
+		if d.v < 0 {
+			return bad(d.name, d.v, "must be >= 0 (0: the default)")
+		}
+	}
+	if err := producerConfig(s.Sarama).Validate(); err != nil {
+		return fmt.Errorf("%w: Scheduler.Sarama: %w", ErrInvalidConfig, err)
+	}
+	return nil
+}
+
+// withDefaults returns a copy with every zero field set to its default.
+func (s *Scheduler) withDefaults() Scheduler {
+	c := *s
+	def := func(p *time.Duration, v time.Duration) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	def(&c.MaxWait, DefaultMaxWait)
+	def(&c.LeaderRetry, DefaultLeaderRetry)
+	def(&c.RetryBase, DefaultRetryBase)
+	def(&c.RetryMax, DefaultRetryMax)
+	def(&c.StatsInterval, DefaultStatsInterval)
+	def(&c.QueryTimeout, DefaultQueryTimeout)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	c.Sarama = producerConfig(c.Sarama)
+	return c
+}
+
+func producerConfig(base *sarama.Config) *sarama.Config {
+	c := sarama.NewConfig()
+	if base != nil {
+		cp := *base
+		c = &cp
+	}
+	retrytopic.ConfigureProducer(c)
+	return c
+}
+
+// Run schedules until ctx is cancelled, then returns nil once its
+// connection, producer and every goroutine it started are gone. It returns an
+// error only for an invalid configuration (Validate) or metrics it cannot
+// register. Everything else (the database or the brokers down at start or
+// later) is logged and retried with backoff for as long as it lasts.
+func (s *Scheduler) Run(ctx context.Context) error {
+	if err := s.Validate(); err != nil {
+		return err
+	}
+	c := s.withDefaults()
+	m, err := NewMetrics(c.Registerer)
+	if err != nil {
+		return fmt.Errorf("schedule: register metrics: %w", err)
+	}
+	r := &runner{cfg: c, m: m, log: c.Logger.With("group", c.Group)}
+	r.leader = m.Leader.WithLabelValues(c.Group)
+	r.leader.Set(0)
+	if !r.start(ctx) {
+		return nil
+	}
+	defer r.close()
+	for failures := 1; ctx.Err() == nil; failures++ {
+		err := r.session(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		if r.connected {
+			failures, r.connected = 1, false
+		}
+		wait := r.backoff(failures)
+		r.log.Warn("idem: scheduler session ended (database connection lost?); reconnecting", "err", err, "in", wait)
+		pglead.Sleep(ctx, wait)
+	}
+	return nil
+}
+
+// runner is one Run's state.
+type runner struct {
+	cfg    Scheduler
+	m      *Metrics
+	leader prometheus.Gauge
+	log    *slog.Logger
+	client sarama.Client
+	fwd    *retrytopic.Forwarder
+	// connected is set once a session got its connection: the next failure
+	// starts the backoff over.
+	connected bool
+}
+
+// start migrates the table and connects to Kafka, retrying with backoff
+// until both succeed (true) or ctx ends (false).
+func (r *runner) start(ctx context.Context) bool {
+	for n := 1; ; n++ {
+		err := Migrate(ctx, r.cfg.Pool)
+		if err == nil {
+			if r.client, err = sarama.NewClient(r.cfg.Brokers, r.cfg.Sarama); err == nil {
+				if r.fwd, err = retrytopic.NewForwarderFromClient(r.client); err == nil {
+					return true
+				}
+				_ = r.client.Close()
+			}
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		wait := r.backoff(n)
+		r.log.Warn("idem: scheduler cannot start yet (database or brokers unreachable?); retrying", "err", err, "attempt", n, "in", wait)
+		if !pglead.Sleep(ctx, wait) {
+			return false
+		}
+	}
+}
+
+func (r *runner) close() {
+	_ = r.fwd.Close()
+	_ = r.client.Close()
+}
+
+// backoff is the wait after the n-th failure in a row to start or reconnect.
+func (r *runner) backoff(n int) time.Duration {
+	return pglead.Backoff(n, r.cfg.LeaderRetry, r.cfg.RetryMax)
+}
+
+// lockKey is the advisory lock key of group's leader for the table whose oid
+// is given: a 64-bit FNV-1a hash of both, so each group has its own leader,
+// and a group of the same name in another schema's table (advisory locks are
+// database-wide) has another.
+func lockKey(table uint32, group string) int64 {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "idem-schedule:%d:%s", table, group)
+	return int64(h.Sum64())
+}
+
+// session takes a dedicated connection, waits to lead the group, and leads
+// until the connection fails (error) or ctx ends (nil).
+func (r *runner) session(ctx context.Context) error {
+	conn, release, err := pglead.Conn(ctx, r.cfg.Pool)
+	if err != nil {
+		return fmt.Errorf("schedule: %w", err)
+	}
+	defer release() // ends the session: releases the lock
+	var oid uint32
+	if err := r.row(ctx, conn, "SELECT $1::regclass::oid", Table).Scan(&oid); err != nil {
+		return fmt.Errorf("schedule: find table %s: %w", Table, err)
+	}
+	r.connected = true
+	got, err := pglead.Lock(ctx, conn, lockKey(oid, r.cfg.Group), r.cfg.LeaderRetry, r.cfg.QueryTimeout, func() {
+		r.log.Info("idem: scheduler standing by: another scheduler leads the group")
+	})
+	if !got || err != nil {
+		return ctxOr(ctx, err)
+	}
+	r.leader.Set(1)
+	defer r.leader.Set(0)
+	r.log.Info("idem: scheduler is the group's leader")
+	if _, err := r.exec(ctx, conn, "LISTEN "+pgx.Identifier{fmt.Sprintf("idem_deferred_%d", oid)}.Sanitize()); err != nil {
+		return fmt.Errorf("schedule: listen: %w", err)
+	}
+	return r.lead(ctx, conn)
+}
+
+// lead publishes due rows until the connection fails or ctx ends.
+func (r *runner) lead(ctx context.Context, conn *pgx.Conn) error {
+	var nextStats time.Time
+	for {
+		if now := time.Now(); !now.Before(nextStats) {
+			if err := r.stats(ctx, conn); err != nil {
+				return ctxOr(ctx, err)
+			}
+			nextStats = now.Add(r.cfg.StatsInterval)
+		}
+		n, err := r.round(ctx, conn)
+		if err != nil {
+			return ctxOr(ctx, err)
+		}
+		if n == r.cfg.BatchSize {
+			continue // more may be due
+		}
+		wait, err := r.idleWait(ctx, conn)
+		if err != nil {
+			return ctxOr(ctx, err)
+		}
+		if err := pglead.Wait(ctx, conn, min(wait, time.Until(nextStats))); err != nil {
+			return ctxOr(ctx, fmt.Errorf("schedule: %w", err))
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+	}
+}
+
+// ctxOr is nil when ctx has ended (the error is the cancellation's), else err.
+func ctxOr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// idleWait is how long until the group's next row is due, at most MaxWait.
+func (r *runner) idleWait(ctx context.Context, conn *pgx.Conn) (time.Duration, error) {
+	var next *float64
+	err := r.row(ctx, conn, `SELECT extract(epoch FROM min(due_at) - now())::float8 FROM `+Table+
+		` WHERE consumer_group = $1`, r.cfg.Group).Scan(&next)
+	if err != nil {
+		return 0, fmt.Errorf("schedule: next due time: %w", err)
+	}
+	return pglead.Until(next, r.cfg.MaxWait), nil
+}
+
+// due is one row to publish.
+type due struct {
+	id       int64
+	rec      retrytopic.Record
+	attempts int
+}
+
+// round publishes up to BatchSize due rows and settles them; it returns how
+// many rows it read.
+func (r *runner) round(ctx context.Context, conn *pgx.Conn) (int, error) {
+	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+	defer cancel()
+	rows, err := conn.Query(qctx, `SELECT id, topic, partition, key, value, header_keys, header_values, record_timestamp, attempts
+		FROM `+Table+` WHERE consumer_group = $1 AND due_at <= now() ORDER BY due_at, id LIMIT $2`, r.cfg.Group, r.cfg.BatchSize)
+	if err != nil {
+		return 0, fmt.Errorf("schedule: read due rows: %w", err)
+	}
+	batch, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (due, error) {
+		var d due
+		var hk []string
+		var hv [][]byte
+		var ts *time.Time
+		if err := row.Scan(&d.id, &d.rec.Topic, &d.rec.Partition, &d.rec.Key, &d.rec.Value, &hk, &hv, &ts, &d.attempts); err != nil {
+			return d, err
+		}
+		for i, k := range hk {
+			d.rec.Headers = append(d.rec.Headers, sarama.RecordHeader{Key: []byte(k), Value: hv[i]})
+		}
+		if ts != nil {
+			d.rec.Timestamp = *ts
+		}
+		return d, nil
+	})
+	if err != nil || len(batch) == 0 {
+		if err != nil {
+			err = fmt.Errorf("schedule: read due rows: %w", err)
+		}
+		return 0, err
+	}
+	errs := make([]error, len(batch))
+	var wg sync.WaitGroup
+	for i, d := range batch {
+		wg.Go(func() { errs[i] = r.fwd.Forward(context.WithoutCancel(ctx), d.rec) })
+	}
+	wg.Wait()
+	var acked []int64
+	b := &pgx.Batch{}
+	for i, d := range batch {
+		if errs[i] == nil {
+			acked = append(acked, d.id)
+			continue
+		}
+		wait := r.retryWait(d.attempts + 1)
+		r.m.PublishFailures.WithLabelValues(r.cfg.Group).Inc()
+		r.log.Warn("idem: publishing a due deferred record failed; will retry", "id", d.id, "topic", d.rec.Topic,
+			"attempts", d.attempts+1, "err", errs[i], "in", wait)
+		b.Queue(`UPDATE `+Table+` SET attempts = attempts + 1, last_error = $2, due_at = now() + make_interval(secs => $3)
+			WHERE id = $1`, d.id, errs[i].Error(), wait.Seconds())
+	}
+	if r.cfg.afterAck != nil {
+		r.cfg.afterAck(acked)
+	}
+	if len(acked) > 0 {
+		b.Queue(`DELETE FROM `+Table+` WHERE id = ANY($1)`, acked)
+	}
+	// Kafka has the acked records: record it even if ctx was cancelled
+	// meanwhile, or a clean shutdown would publish them again.
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.QueryTimeout)
+	defer scancel()
+	if err := conn.SendBatch(sctx, b).Close(); err != nil {
+		return 0, fmt.Errorf("schedule: settle published rows: %w", err)
+	}
+	r.m.Published.WithLabelValues(r.cfg.Group).Add(float64(len(acked)))
+	return len(batch), nil
+}
+
+// retryWait is a random wait in [1ms, min(RetryMax, RetryBase·2^(attempts-1))].
+func (r *runner) retryWait(attempts int) time.Duration {
+	ceil := r.cfg.RetryBase << min(attempts-1, 30)
+	if ceil <= 0 || ceil > r.cfg.RetryMax {
+		ceil = r.cfg.RetryMax
+	}
+	return max(rand.N(ceil+1), time.Millisecond)
+}
+
+// stats refreshes idem_schedule_pending.
+func (r *runner) stats(ctx context.Context, conn *pgx.Conn) error {
+	var n int64
+	if err := r.row(ctx, conn, `SELECT count(*) FROM `+Table+` WHERE consumer_group = $1`, r.cfg.Group).Scan(&n); err != nil {
+		return fmt.Errorf("schedule: stats: %w", err)
+	}
+	r.m.Pending.WithLabelValues(r.cfg.Group).Set(float64(n))
+	return nil
+}
+
+func (r *runner) row(ctx context.Context, conn *pgx.Conn, sql string, args ...any) pgx.Row {
+	return pglead.QueryRow(ctx, conn, r.cfg.QueryTimeout, sql, args...)
+}
+
+func (r *runner) exec(ctx context.Context, conn *pgx.Conn, sql string, args ...any) (any, error) {
+	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+	defer cancel()
+	return conn.Exec(qctx, sql, args...)
+}
