@@ -127,11 +127,11 @@ func (c *claim) run() {
 
 	// The reader drains Messages so that its closing (revocation) is seen at
 	// once, and pauses fetching when the worker falls behind. What sarama has
-	// already buffered is taken without the four-way select (a non-blocking
-	// receive each) and queued under one lock, up to readBurst records: the
-	// select per record was 15 % of the no-op path's CPU. A failed
-	// transaction (Transactions) stops the claim, which ends the session:
-	// the next one reads from the committed offsets.
+	// already buffered is taken without the select (a non-blocking receive
+	// each) and queued under one lock, up to readBurst records: the select
+	// per record was 15 % of the no-op path's CPU. A failed transaction
+	// (Transactions) stops the claim, which ends the session: the next one
+	// reads from the committed offsets.
 	txnFailed := r.txnFailed()
 	wg.Go(func() {
 		defer c.stop()

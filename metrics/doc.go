@@ -40,11 +40,11 @@
 //	idem_consumer_lag                      gauge      group,topic,partition     records behind in a claimed partition: high watermark minus committed offset, sources and retry tiers (consumer.Config.LagInterval); removed when released
 //	idem_end_to_end_seconds                histogram  group,topic               record timestamp to offset marked (final outcome), 1 ms to 1 h (EndToEndBuckets) for p95/p99; a tier record is timed from its forward
 //	idem_messages_in_flight                gauge      group,topic               messages taken from a partition's queue whose outcome is not final yet
-//	idem_outbox_pending                    gauge      table                     outbox rows waiting to be published (refreshed by the leader)
-//	idem_outbox_oldest_pending_seconds     gauge      table                     age of the oldest waiting outbox row; 0 when none
+//	idem_outbox_pending                    gauge      table                     outbox rows waiting to be published, delayed ones included (refreshed by the leader)
+//	idem_outbox_oldest_pending_seconds     gauge      table                     seconds the oldest outbox row the relay may publish now has waited, from its insert or its NotBefore when later; rows delayed to a later time, and rows held back behind them on their key, left out; 0 when none
 //	idem_outbox_failed                     gauge      table                     outbox rows in the failed state
 //	idem_outbox_published_total            counter    table                     outbox rows published and acknowledged by Kafka
-//	idem_outbox_publish_seconds            histogram  table                     outbox row insert (about its commit) to Kafka's ack, latency
+//	idem_outbox_publish_seconds            histogram  table                     outbox row insert (about its commit), or its NotBefore when later, to Kafka's ack, latency
 //	idem_outbox_publish_failures_total     counter    table,reason              refused or failed outbox publishes: unknown_topic, too_large, authorization, other
 //	idem_outbox_leader                     gauge      table                     1 while this relay holds the table's lock, else 0
 //	idem_saga_transitions_total            counter    type,state                sagas entering a state: running, waiting, compensating, completed, compensated

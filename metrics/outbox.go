@@ -4,15 +4,23 @@ import "github.com/prometheus/client_golang/prometheus"
 
 // The outbox relay's metrics (package outbox), all labelled by table:
 //
-//	idem_outbox_pending{table}                          rows waiting to be published
-//	idem_outbox_oldest_pending_seconds{table}           age of the oldest waiting row (0 when none)
+//	idem_outbox_pending{table}                          rows waiting to be published, delayed ones included
+//	idem_outbox_oldest_pending_seconds{table}           how long the oldest publishable row has waited (below); 0 when none
 //	idem_outbox_failed{table}                           rows in the failed state (`idem outbox list --failed`)
 //	idem_outbox_published_total{table}                  rows published and acknowledged by Kafka
-//	idem_outbox_publish_seconds{table}                  row insert (≈ commit) → Kafka ack latency, histogram
+//	idem_outbox_publish_seconds{table}                  row insert (≈ commit), or its NotBefore when later → Kafka ack latency, histogram
 //	idem_outbox_publish_failures_total{table,reason}    refused or failed publishes, by reason
 //	idem_outbox_leader{table}                           1 while this relay holds the table's lock, else 0
 //
-// The gauges pending, oldest and failed are refreshed by the leader only.
+// The gauges pending, oldest and failed are refreshed by the leader only,
+// every Relay.StatsInterval (5 s by default). The oldest pending row is
+// timed from its insert, or from its NotBefore (outbox.Message) when that is
+// later, and only among the rows the relay may publish now: rows delayed to
+// a time that has not come, and rows held back behind an earlier waiting row
+// of their key (a delayed or retried one), are left out, as they wait by
+// design; the holder itself counts once it is due. The gauge thus measures
+// the relay's delay, which is what an alert should watch (IdemOutboxStuck),
+// never a delay the application asked for.
 
 // Reason label values of idem_outbox_publish_failures_total. Only the
 // rejections of a record itself count towards Relay.MaxAttempts (see
@@ -46,15 +54,15 @@ func NewOutbox(reg prometheus.Registerer) (*Outbox, error) {
 	table := []string{"table"}
 	m := &Outbox{
 		Pending: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_outbox_pending",
-			Help: "Outbox rows waiting to be published (refreshed by the leader)."}, table),
+			Help: "Outbox rows waiting to be published, delayed ones included (refreshed by the leader)."}, table),
 		OldestPending: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_outbox_oldest_pending_seconds",
-			Help: "Age of the oldest outbox row waiting to be published; 0 when none."}, table),
+			Help: "Seconds the oldest outbox row the relay may publish now has waited, from its insert or its NotBefore when later (rows delayed to a later time, and rows held back behind them on their key, are left out); 0 when none."}, table),
 		Failed: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_outbox_failed",
 			Help: "Outbox rows in the failed state, waiting for `idem outbox retry`."}, table),
 		Published: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_outbox_published_total",
 			Help: "Outbox rows published and acknowledged by Kafka."}, table),
 		PublishSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "idem_outbox_publish_seconds",
-			Help:    "Latency from an outbox row's insert (about its commit) to Kafka's acknowledgement.",
+			Help:    "Latency from an outbox row's insert (about its commit), or its NotBefore when later, to Kafka's acknowledgement.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}}, table),
 		PublishFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_outbox_publish_failures_total",
 			Help: "Failed outbox publishes by reason: unknown_topic, too_large, authorization, other."}, []string{"table", "reason"}),

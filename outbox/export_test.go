@@ -30,3 +30,22 @@ func DefaultTransactionalID(ctx context.Context, db DB, table string) (string, e
 	}
 	return defaultTransactionalID(ctx, db, t)
 }
+
+// FetchSQL is the statement a round reads its window with, on table, with
+// the batch size as $1.
+func FetchSQL(table string) (string, error) {
+	t, err := parseTable(table)
+	if err != nil {
+		return "", err
+	}
+	return t.fetchSQL(), nil
+}
+
+// StatsSQL is the statement the leader refreshes its gauges with, on table.
+func StatsSQL(table string) (string, error) {
+	t, err := parseTable(table)
+	if err != nil {
+		return "", err
+	}
+	return t.statsSQL(), nil
+}

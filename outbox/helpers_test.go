@@ -205,7 +205,7 @@ func header(m *sarama.ConsumerMessage, name string) string {
 
 // metric returns the value of the gauge or counter name with the given
 // label values (in label order), or 0 when absent.
-func metric(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
+func metric(t testing.TB, reg *prometheus.Registry, name string, labels ...string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {

@@ -173,3 +173,37 @@ func TestNotBeforeHeldRowDoesNotSpin(t *testing.T) {
 		t.Fatalf("%d idle waits shorter than 100ms while k2 was held back by k1", short)
 	}
 }
+
+// TestNotBeforeOldestPendingLeavesOutWaitingRows: rows that cannot be
+// published yet leave idem_outbox_oldest_pending_seconds at 0: rows delayed
+// to a later time (A, C) and B, enqueued undelayed behind A on A's key,
+// which waits for A by design (an IdemOutboxStuck page for it would be
+// false). A failed row (F) is not pending. The gauge is read after a
+// refresh that saw every row: idem_outbox_failed moves to 1 only once F
+// is inserted, after a refresh already counted the three pending rows.
+func TestNotBeforeOldestPendingLeavesOutWaitingRows(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	r, reg := e.relay(e.pool)
+	start(t, r)
+	later := e.dbNow().Add(time.Hour)
+	e.enqueue(e.delayed("K", "a", later), e.msg("K", "b"), e.delayed("N", "c", later))
+	gauge := func(name string, want float64) {
+		t.Helper()
+		testenv.Eventually(t, 30*time.Second, func() error {
+			if v := metric(t, reg, name, "idem_outbox"); v != want {
+				return fmt.Errorf("%s = %v, want %v", name, v, want)
+			}
+			return nil
+		})
+	}
+	gauge("idem_outbox_pending", 3)
+	if _, err := e.pool.Exec(testenv.Context(t), `INSERT INTO idem_outbox (topic, key, value, state, attempts, rejections)
+		VALUES ($1, 'F', 'f', 'failed', 10, 10)`, e.topic); err != nil {
+		t.Fatal(err)
+	}
+	gauge("idem_outbox_failed", 1)
+	if o := metric(t, reg, "idem_outbox_oldest_pending_seconds", "idem_outbox"); o != 0 {
+		t.Fatalf("idem_outbox_oldest_pending_seconds = %v, want 0: nothing can be published before %v", o, later)
+	}
+}

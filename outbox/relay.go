@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -77,11 +78,11 @@ var DefaultKafkaVersion = sarama.V4_0_0_0
 // NotBefore, and every rule above applies to it as to a row waiting for a
 // retry: it is not read before that time (compared with the database's
 // now(), so relays on hosts with skewed clocks agree), and it holds back the
-// later rows of its key, and only those. A key's rows thus go out in
-// enqueue order even when a later row is due first: per-key order is what
-// downstream readers rely on (a "cancelled" must not overtake its
-// "created"), and a rule that let due rows pass a delayed one would make the
-// order depend on timing. Rows enqueued before the delayed one, and other
+// later rows of its key, and only those, until it is published. A key's
+// rows thus go out in enqueue order even when a later row is due first:
+// per-key order is what downstream readers rely on (a "cancelled" must not
+// overtake its "created"), and a rule that let due rows pass a delayed one
+// would make the order depend on timing. Rows enqueued before the delayed one, and other
 // keys, are not held. After each round that leaves the leader idle, it asks
 // the database for the next time a waiting row comes due (the first
 // retry_at, in time order, of a row no earlier row of its key holds back)
@@ -89,10 +90,14 @@ var DefaultKafkaVersion = sarama.V4_0_0_0
 // delayed row goes out within a round's time of being due, and an idle
 // leader does not poll faster than PollInterval. Each round reads its
 // window from two index ranges (rows with no retry_at in id order, rows
-// whose retry_at has come), so a large number of rows scheduled for later
-// does not slow the rows due now. idem_outbox_pending counts delayed rows;
+// whose retry_at has come in time order), so neither a large number of rows
+// scheduled for later nor a large backlog of undelayed rows makes a round
+// read more than its window. idem_outbox_pending counts delayed rows;
 // idem_outbox_oldest_pending_seconds and idem_outbox_publish_seconds count
-// from a row's NotBefore when it is later than its insert. A relay of an
+// from a row's NotBefore when it is later than its insert, and the gauge
+// leaves out the rows that may not go yet: delayed rows not due and the
+// rows of their key held back behind them (the holder counts once due), so
+// that it measures the relay's delay, not the one asked for. A relay of an
 // idem version before NotBefore must not run on the same table: it would
 // hold back the earlier rows of a key behind a later delayed one.
 //
@@ -730,17 +735,16 @@ type row struct {
 	attempts int
 	rejects  int
 	due      time.Time // created_at, or not_before when later
+	waited   bool      // it had a retry_at (a NotBefore, a retry)
 }
 
 // round publishes the heads of the first BatchSize publishable rows. more
 // says another round may find work at once.
 func (s *session) round(ctx context.Context, conn *pgx.Conn) (more bool, err error) {
-	heads, window, err := s.fetch(ctx, conn)
+	heads, more, err := s.fetch(ctx, conn)
 	if err != nil || len(heads) == 0 {
 		return false, err
 	}
-	// A full window, or rows left behind their key's head: go again at once.
-	more = window == s.cfg.BatchSize || len(heads) < window
 	errs := s.publish(heads)
 
 	var acked []int64
@@ -768,12 +772,17 @@ func (s *session) round(ctx context.Context, conn *pgx.Conn) (more bool, err err
 // fetchSQL reads a window of up to $1 publishable pending rows in id order
 // (rows whose retry time, if any, has come, and that no earlier waiting row
 // of their key holds back) and returns, values included, only each key's
-// first row of the window and every keyless row, with the window's size.
-// The window is the union of two ranges, each read through its own index in
-// id order, so that rows waiting for a later time (Message.NotBefore, a
-// retry) are never walked past: rows with no retry_at, and rows whose
-// retry_at has come. A row is held back only by an earlier row of its key
-// (%[2]s), so a delayed row never holds back the rows enqueued before it.
+// first row of the window and every keyless row, with whether the row was
+// waiting (had a retry_at) and the window's size. The window is the lowest
+// ids of two ranges, each read in the order of its own index so that
+// neither walks past rows it does not want: rows with no retry_at in id
+// order (most rows), and rows whose retry_at has come in time order (rows
+// scheduled for later are never visited, nor is the backlog of undelayed
+// rows). Taking the second range in time order rather than id order may
+// leave a due row out of a window that holds a later id; per-key order
+// still holds because a waiting row, due or not, holds back every later row
+// of its key until it is published (%[2]s). A delayed row never holds back
+// the rows enqueued before it.
 const fetchSQL = `
 WITH w AS (
   SELECT id, key, row_number() OVER (PARTITION BY key ORDER BY id) AS nth
@@ -784,43 +793,52 @@ WITH w AS (
        ORDER BY id LIMIT $1)
       UNION ALL
       (SELECT id, key FROM %[1]s o
-       WHERE state = 'pending' AND retry_at <= now() AND %[2]s
-       ORDER BY id LIMIT $1)) ranges
+       WHERE state = 'pending' AND retry_at IS NOT NULL AND retry_at <= now() AND %[2]s
+       ORDER BY retry_at LIMIT $1)) ranges
     ORDER BY id
     LIMIT $1) window_rows
 )
 SELECT o.id, o.event_id::text, o.topic, o.key, o.value, o.header_keys, o.header_values, o.attempts, o.rejections,
-       greatest(o.created_at, o.not_before), (SELECT count(*) FROM w)
+       greatest(o.created_at, o.not_before), o.retry_at IS NOT NULL, (SELECT count(*) FROM w)
 FROM %[1]s o JOIN w ON w.id = o.id
 WHERE w.nth = 1 OR w.key IS NULL
 ORDER BY o.id`
 
 // notHeldSQL is true for a row o of the table %[1]s that no earlier pending
-// row of its key holds back: one whose retry_at (its NotBefore, or its
-// retry after a failed publish) has not come yet.
+// row of its key holds back: one that waits (has a retry_at: its NotBefore,
+// or its retry after a failed publish), due or not. One probe of the held
+// index, which holds only waiting rows.
 const notHeldSQL = `(o.key IS NULL OR NOT EXISTS (
   SELECT 1 FROM %[1]s h
-  WHERE h.state = 'pending' AND h.retry_at IS NOT NULL AND h.key = o.key AND h.id < o.id AND h.retry_at > now()))`
+  WHERE h.state = 'pending' AND h.retry_at IS NOT NULL AND h.key = o.key AND h.id < o.id))`
 
-// fetch returns the heads of the next window (see fetchSQL) in id order, and
-// the window's size.
-func (s *session) fetch(ctx context.Context, conn *pgx.Conn) ([]row, int, error) {
+// fetchSQL is fetchSQL for table t.
+func (t table) fetchSQL() string {
+	return fmt.Sprintf(fetchSQL, t.quoted, fmt.Sprintf(notHeldSQL, t.quoted))
+}
+
+// fetch returns the heads of the next window (see fetchSQL) in id order.
+// more says another round may find work at once: the window was full, or
+// it held rows behind their key's head, or a head was a waiting row, whose
+// key's later rows it kept out of the window.
+func (s *session) fetch(ctx context.Context, conn *pgx.Conn) (heads []row, more bool, err error) {
 	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
-	rs, err := conn.Query(qctx, fmt.Sprintf(fetchSQL, s.t.quoted, fmt.Sprintf(notHeldSQL, s.t.quoted)), s.cfg.BatchSize)
+	rs, err := conn.Query(qctx, s.t.fetchSQL(), s.cfg.BatchSize)
 	if err != nil {
-		return nil, 0, fmt.Errorf("outbox: read %s: %w", s.t.quoted, err)
+		return nil, false, fmt.Errorf("outbox: read %s: %w", s.t.quoted, err)
 	}
 	var window int
-	out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (row, error) {
+	heads, err = pgx.CollectRows(rs, func(r pgx.CollectableRow) (row, error) {
 		var x row
-		err := r.Scan(&x.id, &x.eventID, &x.topic, &x.key, &x.value, &x.hkeys, &x.hvals, &x.attempts, &x.rejects, &x.due, &window)
+		err := r.Scan(&x.id, &x.eventID, &x.topic, &x.key, &x.value, &x.hkeys, &x.hvals, &x.attempts, &x.rejects, &x.due, &x.waited, &window)
 		return x, err
 	})
 	if err != nil {
-		return nil, 0, fmt.Errorf("outbox: read %s: %w", s.t.quoted, err)
+		return nil, false, fmt.Errorf("outbox: read %s: %w", s.t.quoted, err)
 	}
-	return out, window, nil
+	more = window == s.cfg.BatchSize || len(heads) < window || slices.ContainsFunc(heads, func(r row) bool { return r.waited })
+	return heads, more, nil
 }
 
 // publish sends heads and waits for every ack or error; errs[i] is heads[i]'s.
@@ -954,14 +972,31 @@ func (s *session) settle(ctx context.Context, conn *pgx.Conn, acked []int64, fai
 	return nil
 }
 
+// statsSQL counts the pending and failed rows of the table %[1]s and gives
+// the seconds since the oldest pending row could first be published: its
+// insert, or its NotBefore when later. Rows whose NotBefore has not come
+// are left out, and so are the rows an earlier waiting row of their key
+// holds back (hk.first is the key's first waiting row): such a row waits by
+// design; once its holder is due the holder counts itself, and a held row
+// has never waited longer than its holder. One pass over the table, joined
+// to the keys of the waiting rows (read from the retry index, usually few).
+const statsSQL = `SELECT count(*) FILTER (WHERE o.state = 'pending'), count(*) FILTER (WHERE o.state = 'failed'),
+  coalesce(extract(epoch FROM now() - min(greatest(o.created_at, o.not_before))
+    FILTER (WHERE o.state = 'pending' AND (o.not_before IS NULL OR o.not_before <= now())
+            AND (hk.first IS NULL OR hk.first >= o.id))), 0)::float8
+FROM %[1]s o LEFT JOIN (
+  SELECT key, min(id) AS first FROM %[1]s
+  WHERE state = 'pending' AND retry_at IS NOT NULL AND key IS NOT NULL GROUP BY key) hk ON hk.key = o.key
+WHERE o.state <> 'published'`
+
+// statsSQL is statsSQL for table t.
+func (t table) statsSQL() string { return fmt.Sprintf(statsSQL, t.quoted) }
+
 // stats refreshes the pending, oldest-pending and failed gauges.
 func (s *session) stats(ctx context.Context, conn *pgx.Conn) error {
 	var pending, failed int64
 	var oldest float64
-	err := s.query(ctx, conn, `SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE state = 'failed'),
-		coalesce(extract(epoch FROM now() - min(greatest(created_at, not_before))
-			FILTER (WHERE state = 'pending' AND (not_before IS NULL OR not_before <= now()))), 0)::float8
-		FROM `+s.t.quoted+` WHERE state <> 'published'`).Scan(&pending, &failed, &oldest)
+	err := s.query(ctx, conn, s.t.statsSQL()).Scan(&pending, &failed, &oldest)
 	if err != nil {
 		return fmt.Errorf("outbox: stats: %w", err)
 	}

@@ -229,11 +229,10 @@ func fetchMark(client sarama.Client, group string) (mark int64, retry bool, err 
 // unknown (fatal producer error, commit that could not be confirmed) is
 // settled by txnRecover from the mark.
 func (s *session) txnRound(ctx context.Context, conn *pgx.Conn) (more bool, err error) {
-	heads, window, err := s.fetch(ctx, conn)
+	heads, more, err := s.fetch(ctx, conn)
 	if err != nil || len(heads) == 0 {
 		return false, err
 	}
-	more = window == s.cfg.BatchSize || len(heads) < window
 	heads, err = s.screen(ctx, conn, heads)
 	if err != nil || len(heads) == 0 {
 		return more, err

@@ -92,7 +92,7 @@ the table when missing.`,
 	c.Flags().IntVar(&r.BatchSize, "batch-size", outbox.DefaultBatchSize, "rows read per round")
 	c.Flags().DurationVar(&r.PollInterval, "poll-interval", outbox.DefaultPollInterval, "look at the table this often when no NOTIFY arrives")
 	c.Flags().DurationVar(&r.LeaderRetry, "leader-retry", outbox.DefaultLeaderRetry, "how often a standby tries to take over")
-	c.Flags().IntVar(&r.MaxAttempts, "max-attempts", outbox.DefaultMaxAttempts, "refused publishes (unknown topic, too large, authorization) before a row fails")
+	c.Flags().IntVar(&r.MaxAttempts, "max-attempts", outbox.DefaultMaxAttempts, "publishes Kafka refuses for the record itself (too large, invalid) before a row fails; outages never count")
 	c.Flags().DurationVar(&r.KeepPublished, "keep-published", 0, "keep published rows this long instead of deleting them at once")
 	c.Flags().BoolVar(&r.ExactlyOnce, "exactly-once", false, "publish each round in a Kafka transaction: read_committed readers get every event exactly once (slower; see outbox.Relay)")
 	c.Flags().StringVar(&r.TransactionalID, "transactional-id", "", "with --exactly-once: Kafka transactional.id and progress-mark group (empty: derived from the database and table)")
@@ -106,10 +106,14 @@ func newOutboxListCmd(a *app) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "list",
 		Short: "List outbox rows (--failed: the ones that need an operator)",
-		Long: `List outbox rows in id order: pending rows waiting for the relay (with their
-failed attempts and next try), failed rows (refused --max-attempts times for an
-unknown topic, a record too large or missing authorization; they stay until
-retried) and, with --keep-published, published ones. Reads only.`,
+		Long: `List outbox rows in id order: pending rows waiting for the relay, failed rows
+(Kafka refused the record itself --max-attempts times: too large, invalid;
+they stay until retried) and, with --keep-published, published ones. Reads
+only. ATTEMPTS counts every failed publish, outages included; REJECTIONS only
+the refusals that fail a row. NOT BEFORE is the time the event was delayed to
+(outbox.Message.NotBefore); NEXT TRY is when the relay reads a pending row
+again, after a failed publish or until its NOT BEFORE (times in UTC, by the
+database's clock; "-" for none).`,
 		Example: `  idem outbox list --failed
   idem outbox list --state pending --limit 20 --json`,
 		Args: cobra.NoArgs,
@@ -138,10 +142,10 @@ retried) and, with --keep-published, published ones. Reads only.`,
 				return nil
 			}
 			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tSTATE\tTOPIC\tKEY\tBYTES\tATTEMPTS\tAGE\tLAST ERROR")
+			fmt.Fprintln(tw, "ID\tSTATE\tTOPIC\tKEY\tBYTES\tATTEMPTS\tREJECTIONS\tNOT BEFORE\tNEXT TRY\tAGE\tLAST ERROR")
 			for _, r := range rows {
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", r.ID, r.State, r.Topic, truncate(showKey(r.Key), 40),
-					r.ValueSize, r.Attempts, age(r.CreatedAt), orDash(truncate(r.LastError, 80)))
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\n", r.ID, r.State, r.Topic, truncate(showKey(r.Key), 40),
+					r.ValueSize, r.Attempts, r.Rejections, fmtTime(r.NotBefore), fmtTime(r.RetryAt), age(r.CreatedAt), orDash(truncate(r.LastError, 80)))
 			}
 			return tw.Flush()
 		},
@@ -164,14 +168,18 @@ func outboxJSON(a *app, rows []outbox.Row) error {
 		Key         string    `json:"key"`
 		Bytes       int       `json:"bytes"`
 		Attempts    int       `json:"attempts"`
+		Rejections  int       `json:"rejections"`
 		LastError   string    `json:"last_error,omitempty"`
 		CreatedAt   time.Time `json:"created_at"`
+		NotBefore   time.Time `json:"not_before,omitzero"`
 		RetryAt     time.Time `json:"retry_at,omitzero"`
 		PublishedAt time.Time `json:"published_at,omitzero"`
 	}
 	out := []row{}
 	for _, r := range rows {
-		out = append(out, row{r.ID, r.EventID, r.State, r.Topic, showKey(r.Key), r.ValueSize, r.Attempts, r.LastError, r.CreatedAt, r.RetryAt, r.PublishedAt})
+		out = append(out, row{ID: r.ID, EventID: r.EventID, State: r.State, Topic: r.Topic, Key: showKey(r.Key), Bytes: r.ValueSize,
+			Attempts: r.Attempts, Rejections: r.Rejections, LastError: r.LastError, CreatedAt: r.CreatedAt, NotBefore: r.NotBefore,
+			RetryAt: r.RetryAt, PublishedAt: r.PublishedAt})
 	}
 	enc := json.NewEncoder(a.out)
 	enc.SetIndent("", "  ")
@@ -185,7 +193,7 @@ func newOutboxRetryCmd(a *app) *cobra.Command {
 		Use:   "retry ID...",
 		Short: "Make failed outbox rows pending again (fix their cause first)",
 		Long: `Make the failed rows with these ids (from idem outbox list --failed) pending
-again, with their attempts reset, and wake the relay. Rows that are not failed
+again, with their attempts and rejections reset, and wake the relay. Rows that are not failed
 are left alone and reported.`,
 		Example: `  idem outbox retry 1042 1043`,
 		Args:    cobra.MinimumNArgs(1),

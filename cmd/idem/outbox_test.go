@@ -10,21 +10,30 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/outbox"
 )
+
+// outboxEnv is a broker and a schema holding the outbox table, with the
+// database URL of that schema for --database-url.
+func outboxEnv(t *testing.T) (*testenv.Kafka, *pgxpool.Pool, string) {
+	t.Helper()
+	k := testenv.NewKafka(t)
+	pool, schema := testenv.PostgresSchema(t)
+	if err := outbox.Migrate(testenv.Context(t), pool); err != nil {
+		t.Fatal(err)
+	}
+	return k, pool, schemaURL(t, schema)
+}
 
 // TestOutboxCLI: list --failed shows a failed row with its error, retry
 // makes it pending again, and relay publishes it (and the pending row) until
 // its context ends.
 func TestOutboxCLI(t *testing.T) {
-	k := testenv.NewKafka(t)
-	pool, schema := testenv.PostgresSchema(t)
-	url := schemaURL(t, schema)
+	k, pool, url := outboxEnv(t)
 	ctx := testenv.Context(t)
-	if err := outbox.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
 	topic := k.Topic(t, 1)
 	missing := testenv.Unique("t_missing")
 	t.Cleanup(func() { k.DeleteTopics(t, missing) })
@@ -95,4 +104,81 @@ func TestOutboxCLI(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("outbox relay: %v\n%s", err, stderr.String())
 	}
+}
+
+// TestOutboxListShowsRejectionsAndNotBefore: list prints, in their own
+// columns, a row's rejections (apart from its attempts), the NotBefore it
+// was delayed to and its next try; --json carries both too.
+func TestOutboxListShowsRejectionsAndNotBefore(t *testing.T) {
+	k, pool, url := outboxEnv(t)
+	ctx := testenv.Context(t)
+	var now time.Time
+	if err := pool.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
+		t.Fatal(err)
+	}
+	due := now.Add(2 * time.Hour).Truncate(time.Second)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.Enqueue(ctx, tx, outbox.Message{Topic: "orders", Key: []byte("delayed"), Value: []byte("v"), NotBefore: due}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO idem_outbox (topic, key, value, state, attempts, rejections, last_error)
+		VALUES ('orders', 'refused', 'v', 'failed', 12, 7, 'kafka server: Message was too large')`); err != nil {
+		t.Fatal(err)
+	}
+
+	code, out, _ := idem(t, k, "", "outbox", "list", "--database-url", url)
+	if code != 0 {
+		t.Fatalf("list: code %d", code)
+	}
+	lines := strings.Split(out, "\n")
+	header, delayed, refused := lines[0], lineWith(t, lines, "delayed"), lineWith(t, lines, "refused")
+	// tabwriter aligns cells on the left: a value starts where its heading does.
+	at := func(line, heading, want string) {
+		t.Helper()
+		i := strings.Index(header, heading)
+		if i < 0 || !strings.HasPrefix(line[i:], want) {
+			t.Errorf("column %s: want %q in\n%s\n%s", heading, want, header, line)
+		}
+	}
+	at(delayed, "NOT BEFORE", due.UTC().Format(time.RFC3339))
+	at(delayed, "NEXT TRY", due.UTC().Format(time.RFC3339))
+	at(delayed, "REJECTIONS", "0 ")
+	at(refused, "ATTEMPTS", "12 ")
+	at(refused, "REJECTIONS", "7 ")
+	at(refused, "NOT BEFORE", "- ")
+	at(refused, "NEXT TRY", "- ")
+
+	code, out, _ = idem(t, k, "", "outbox", "list", "--json", "--database-url", url)
+	var rows []struct {
+		Key        string     `json:"key"`
+		Rejections int        `json:"rejections"`
+		NotBefore  *time.Time `json:"not_before"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &rows) != nil || len(rows) != 2 {
+		t.Fatalf("list --json: code %d\n%s", code, out)
+	}
+	if r := rows[0]; r.Key != "delayed" || r.NotBefore == nil || !r.NotBefore.Equal(due) || r.Rejections != 0 {
+		t.Errorf("delayed row: %+v, want not_before %v", r, due)
+	}
+	if r := rows[1]; r.Key != "refused" || r.NotBefore != nil || r.Rejections != 7 {
+		t.Errorf("refused row: %+v, want 7 rejections and no not_before", r)
+	}
+}
+
+// lineWith returns the first of lines that contains s.
+func lineWith(t *testing.T, lines []string, s string) string {
+	t.Helper()
+	for _, l := range lines {
+		if strings.Contains(l, s) {
+			return l
+		}
+	}
+	t.Fatalf("no line with %q", s)
+	return ""
 }

@@ -17,6 +17,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/handler"
 )
@@ -34,6 +36,8 @@ type bankFaults struct {
 	TimeoutRate float64       // fraction of charges that answer only after the client gave up (but are charged)
 	Latency     time.Duration // added to every charge
 	Outages     []window      // intervals, from the bank's start, in which every charge gets 503
+	Throttles   []window      // intervals, from the bank's start, in which every charge gets 429 (flow.go)
+	RetryAfter  time.Duration // the Retry-After of those 429s
 }
 
 // window is one outage: from Start to Start+Length after the bank started.
@@ -110,6 +114,7 @@ type bank struct {
 	repeats int64 // charges answered from the ledger (same key again)
 
 	calls, failed atomic.Int64
+	ledger1s      callLedger // calls per 1 s window, 429s, calls during a Retry-After (flow.go)
 
 	srv *http.Server
 	ln  net.Listener
@@ -151,9 +156,12 @@ func (b *bank) close() {
 func (b *bank) restartClock() { b.start.Store(time.Now().UnixNano()) }
 
 // inOutage reports whether the bank is in one of its outage windows.
-func (b *bank) inOutage(now time.Time) bool {
+func (b *bank) inOutage(now time.Time) bool { return b.within(b.faults.Outages, now) }
+
+// within reports whether now falls in one of ws, counted from the bank's clock.
+func (b *bank) within(ws []window, now time.Time) bool {
 	since := now.Sub(time.Unix(0, b.start.Load()))
-	for _, w := range b.faults.Outages {
+	for _, w := range ws {
 		if since >= w.Start && since < w.Start+w.Length {
 			return true
 		}
@@ -163,6 +171,11 @@ func (b *bank) inOutage(now time.Time) bool {
 
 func (b *bank) handleCharge(w http.ResponseWriter, r *http.Request) {
 	b.calls.Add(1)
+	now := time.Now()
+	defer b.ledger1s.arrive(now)() // until the answer is written
+	if b.throttle(w, now) {
+		return
+	}
 	key := r.Header.Get("Idempotency-Key")
 	var req chargeRequest
 	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&req); err != nil || key == "" {
@@ -207,11 +220,12 @@ func (b *bank) handleCharge(w http.ResponseWriter, r *http.Request) {
 
 // bankFigures is what the bank's ledger says after a run.
 type bankFigures struct {
-	Calls, Failed  int64 // requests received; answered 503 or too late
-	Charges        int64 // distinct charges (idempotency keys)
-	Repeats        int64 // requests answered from the ledger
-	DoubleCharged  int64 // orders with more than one charge
-	ChargedPrefix  int64 // charges whose order id has the run's prefix
+	Calls, Failed  int64         // requests received; answered 503 or too late
+	Charges        int64         // distinct charges (idempotency keys)
+	Repeats        int64         // requests answered from the ledger
+	DoubleCharged  int64         // orders with more than one charge
+	ChargedPrefix  int64         // charges whose order id has the run's prefix
+	Flow           ledgerFigures // calls per 1 s window and 429s (flow.go)
 	chargedByOrder map[string]int
 }
 
@@ -221,7 +235,7 @@ func (b *bank) figures(prefix string) bankFigures {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	f := bankFigures{Calls: b.calls.Load(), Failed: b.failed.Load(), Repeats: b.repeats,
-		Charges: int64(len(b.ledger)), chargedByOrder: map[string]int{}}
+		Charges: int64(len(b.ledger)), Flow: b.ledger1s.figures(), chargedByOrder: map[string]int{}}
 	for _, c := range b.ledger {
 		if strings.HasPrefix(c.OrderID, prefix) {
 			f.ChargedPrefix++
@@ -236,12 +250,14 @@ func (b *bank) figures(prefix string) bankFigures {
 	return f
 }
 
-// bankClient charges through a circuit breaker named "bank".
+// bankClient charges through a circuit breaker named "bank", and the flow
+// limits the Set gives that name (flow.go).
 type bankClient struct {
 	url      string
 	http     *http.Client
 	timeout  time.Duration
 	breakers *breaker.Set
+	requests *prometheus.CounterVec // payments_bank_requests_total{result}, flow.go
 }
 
 // errBankUnavailable is a 5xx answer from the bank: retriable.
@@ -250,7 +266,12 @@ var errBankUnavailable = errors.New("bank unavailable")
 // Charge charges p once per idempotency key. A timeout or a 5xx is a
 // retriable error (in-process retries, then the retry tiers), counted by the
 // breaker; while the breaker is open the error is a *breaker.OpenError and the
-// consumer pauses instead of retrying. A 4xx is permanent.
+// consumer pauses instead of retrying. A 429 is the bank's request to wait:
+// its Retry-After goes back through the Set as handler.RetryAfter, which pauses
+// every call to the bank for that long, and the error is a
+// *breaker.ThrottleError, so the consumer pauses too (no retry spent, nothing
+// forwarded). Calls wait for the bank's rate limit, if any, inside the Set. Any
+// other 4xx is permanent.
 func (c *bankClient) Charge(ctx context.Context, key string, p Payment) error {
 	body, err := json.Marshal(chargeRequest{OrderID: p.OrderID, Amount: string(p.Amount), Currency: p.Currency})
 	if err != nil {
@@ -267,6 +288,7 @@ func (c *bankClient) Charge(ctx context.Context, key string, p Payment) error {
 		req.Header.Set("Idempotency-Key", key)
 		resp, err := c.http.Do(req)
 		if err != nil {
+			c.count(0)
 			if errors.Is(err, context.DeadlineExceeded) {
 				return fmt.Errorf("bank: no answer within %s: %w", c.timeout, err)
 			}
@@ -274,7 +296,10 @@ func (c *bankClient) Charge(ctx context.Context, key string, p Payment) error {
 		}
 		defer resp.Body.Close()
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+		c.count(resp.StatusCode)
 		switch {
+		case resp.StatusCode == http.StatusTooManyRequests:
+			return tooManyRequests(resp.Header.Get("Retry-After"))
 		case resp.StatusCode >= 500:
 			return fmt.Errorf("bank: HTTP %d: %w", resp.StatusCode, errBankUnavailable)
 		case resp.StatusCode >= 400:
@@ -287,8 +312,9 @@ func (c *bankClient) Charge(ctx context.Context, key string, p Payment) error {
 // bankFlags are the bank's command-line settings, shared by both modes.
 type bankFlags struct {
 	faults   bankFaults
-	timeout  time.Duration // client timeout of one charge
-	cooldown time.Duration // breaker open time
+	timeout  time.Duration  // client timeout of one charge
+	cooldown time.Duration  // breaker open time
+	limits   breaker.Limits // the client's rate and calls in flight toward the bank; zero: none (flow.go)
 }
 
 // register adds the bank flags to fs with the given defaults.
@@ -299,6 +325,7 @@ func (bf *bankFlags) register(fs *flag.FlagSet) {
 	fs.Var(windowsFlag{&bf.faults.Outages}, "bank-outage", "bank outage windows from its start, start+length, comma-separated (e.g. 4s+3s)")
 	fs.DurationVar(&bf.timeout, "bank-timeout", bf.timeout, "client timeout of one bank charge")
 	fs.DurationVar(&bf.cooldown, "breaker-cooldown", bf.cooldown, "how long the bank's circuit breaker stays open before a half-open probe")
+	bf.registerFlow(fs) // -bank-rate, -bank-burst, -bank-max-in-flight, -bank-throttle, -bank-retry-after (flow.go)
 }
 
 // validate checks the bank flags.
@@ -312,12 +339,12 @@ func (bf bankFlags) validate() error {
 	case bf.timeout <= 0 || bf.cooldown <= 0:
 		return usagef("-bank-timeout and -breaker-cooldown must be > 0")
 	}
-	return nil
+	return bf.validateFlow()
 }
 
 // describe is a one-line summary of the faults, for logs and the demo header.
 func (f bankFaults) describe() string {
-	if f.FailureRate == 0 && f.TimeoutRate == 0 && f.Latency == 0 && len(f.Outages) == 0 {
+	if f.FailureRate == 0 && f.TimeoutRate == 0 && f.Latency == 0 && len(f.Outages) == 0 && len(f.Throttles) == 0 {
 		return "no faults"
 	}
 	var parts []string
@@ -332,6 +359,9 @@ func (f bankFaults) describe() string {
 	}
 	for _, w := range f.Outages {
 		parts = append(parts, "outage "+w.String())
+	}
+	for _, w := range f.Throttles {
+		parts = append(parts, "429 Retry-After "+f.RetryAfter.String()+" in "+w.String())
 	}
 	return strings.Join(parts, ", ")
 }

@@ -61,9 +61,11 @@ func defaultDemoOptions() demoOptions {
 	return demoOptions{
 		N: 10000, Dup: 0.10, Bad: 20, Partitions: 6, Rate: 1000, Timeout: 5 * time.Minute,
 		Bank: bankFlags{
-			faults:   bankFaults{FailureRate: 0.04, TimeoutRate: 0.01, Latency: time.Millisecond, Outages: []window{{3 * time.Second, 3 * time.Second}}},
+			faults: bankFaults{FailureRate: 0.04, TimeoutRate: 0.01, Latency: time.Millisecond, Outages: []window{{3 * time.Second, 3 * time.Second}},
+				Throttles: []window{{8 * time.Second, 2 * time.Second}}, RetryAfter: time.Second},
 			timeout:  100 * time.Millisecond,
 			cooldown: time.Second,
+			limits:   demoBankLimits,
 		},
 		MetricsAddr: ":9464", Progress: 2 * time.Second, GrafanaURL: "http://127.0.0.1:3000",
 	}
@@ -103,6 +105,7 @@ type summary struct {
 	ProduceTime, ConsumeTime time.Duration
 
 	Events eventFigures // payment.recorded events published through the outbox (events.go)
+	Flow   flowFigures  // the bank's rate limit and 429s (flow.go)
 }
 
 // DuplicatesSkipped is the good deliveries that had no second effect.
@@ -148,6 +151,9 @@ func (s summary) check() error {
 	if err := s.Events.check(s.Stored); err != nil {
 		errs = append(errs, err)
 	}
+	if err := s.Flow.check(s.Bank.Flow); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 
@@ -171,6 +177,7 @@ func (s summary) print(w io.Writer) {
 	line("bank", "%s calls, %s failed or timed out, %s answered from its idempotency ledger",
 		num(s.Bank.Calls), num(s.Bank.Failed), num(s.Bank.Repeats))
 	line("breaker openings", "%d (bank outages configured: %d)", s.BreakerOpenings, s.Outages)
+	s.Flow.print(line, s.Bank.Flow)
 	line("dead-lettered", "%s in %s", num(s.DeadLettered), s.DLQ)
 	for _, g := range s.DLQGroups {
 		msg := g.Message
@@ -248,8 +255,8 @@ func runDemo(ctx context.Context, e env, o demoOptions, stdout, stderr io.Writer
 	s.Partitions = o.Partitions
 	s.Outages = len(o.Bank.faults.Outages)
 	fmt.Fprintf(stdout, "idem payments demo — topic %s (%d partitions), group %s\n", s.Topic, o.Partitions, s.Group)
-	fmt.Fprintf(stdout, "  bank:     %s; timeout %s; breaker opens after 5 failures in a row, for %s\n",
-		o.Bank.faults.describe(), o.Bank.timeout, o.Bank.cooldown)
+	fmt.Fprintf(stdout, "  bank:     %s; %s; timeout %s; breaker opens after 5 failures in a row, for %s\n",
+		o.Bank.faults.describe(), o.Bank.describeLimits(), o.Bank.timeout, o.Bank.cooldown)
 
 	level := slog.LevelWarn
 	if o.Verbose {
@@ -425,6 +432,9 @@ func runDemo(ctx context.Context, e env, o demoOptions, stdout, stderr io.Writer
 		s.TierForwarded = append(s.TierForwarded, g.sum("idem_forwarded_total", "destination", t))
 	}
 	s.BreakerOpenings = g.sumWhere("idem_breaker_transitions_total", map[string]string{"name": "bank", "to": "open"})
+	if err := readFlow(ctx, client, g, o.Bank, &s); err != nil {
+		return s, err
+	}
 	s.print(stdout)
 	return s, nil
 }
@@ -703,6 +713,11 @@ func (g gatheredMetrics) find(name, label, value string) (int64, bool) {
 // sumWhere adds up the counter or gauge name over the series whose labels
 // include want.
 func (g gatheredMetrics) sumWhere(name string, want map[string]string) int64 {
+	return int64(g.sumFloat(name, want))
+}
+
+// sumFloat is sumWhere without rounding.
+func (g gatheredMetrics) sumFloat(name string, want map[string]string) float64 {
 	var sum float64
 	for _, mf := range g {
 		if mf.GetName() != name {
@@ -725,7 +740,7 @@ func (g gatheredMetrics) sumWhere(name string, want map[string]string) int64 {
 			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
 		}
 	}
-	return int64(sum)
+	return sum
 }
 
 // cleanupRun deletes the run's topics, rows and inbox entries.

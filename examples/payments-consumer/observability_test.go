@@ -441,7 +441,7 @@ func TestSelectors(t *testing.T) {
 // rule without error, and that every rule and panel query succeeds through
 // Prometheus's HTTP API.
 func TestObservability(t *testing.T) {
-	e := servicesEnv(t)
+	servicesEnv(t) // skips under -short before looking for prometheus
 	promBin, err := exec.LookPath("prometheus")
 	if err != nil {
 		t.Fatalf("the prometheus server is needed (Debian package prometheus: apt-get install prometheus; .ci/run installs it): %v", err)
@@ -529,16 +529,7 @@ func TestObservability(t *testing.T) {
 		}
 		return nil
 	}
-	var out, logs bytes.Buffer
-	s, err := runDemo(t.Context(), e, o, &out, &logs)
-	t.Logf("demo output:\n%s", out.String())
-	if err != nil {
-		t.Logf("demo logs:\n%s", logs.String())
-		t.Fatalf("demo: %v", err)
-	}
-	if err := s.check(); err != nil {
-		t.Fatalf("figures do not balance:\n%v", err)
-	}
+	runCheckedDemo(t, o)
 }
 
 // mentionsAbsent reports whether expr selects a metric of mayBeAbsent.

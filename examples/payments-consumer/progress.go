@@ -22,6 +22,7 @@ type progress struct {
 	start    time.Time
 	lastLine time.Time
 	drawn    bool
+	flow     flowProgress // the bank's calls/s and throttles (flow.go)
 }
 
 func newProgress(w io.Writer, every time.Duration, total int64, reg prometheus.Gatherer, group string) *progress {
@@ -57,8 +58,8 @@ func (p *progress) update(sent int64) {
 	if st, ok := g.find("idem_breaker_state", "name", "bank"); ok {
 		bank = breakerNames[st]
 	}
-	stats := fmt.Sprintf("%s/%s done · bank %s · %s applied · %s dup · %s DLQ · %s to tiers · %s retries · %s sent",
-		num(done), num(p.total), bank, num(out("processed")), num(out("duplicate")), num(out("dead_lettered")),
+	stats := fmt.Sprintf("%s/%s done · bank %s%s · %s applied · %s dup · %s DLQ · %s to tiers · %s retries · %s sent",
+		num(done), num(p.total), bank, p.flow.stats(g, now), num(out("processed")), num(out("duplicate")), num(out("dead_lettered")),
 		num(out("retried")), num(g.sum("idem_retries_total", "", "")), num(sent))
 	el := now.Sub(p.start).Truncate(100 * time.Millisecond)
 	if !p.tty {

@@ -99,7 +99,7 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	defer bk.close()
-	log.Info("bank", "url", bk.URL(), "faults", bf.faults.describe())
+	log.Info("bank", "url", bk.URL(), "faults", bf.faults.describe(), "limits", bf.describeLimits())
 
 	log.Info("consuming", "topic", *topic, "group", *group, "brokers", e.Brokers,
 		"dlq", retryPolicy.DLQ(*topic, *group), "metrics", *metricsAddr)
@@ -171,8 +171,8 @@ func serveMetrics(ln net.Listener, reg prometheus.Gatherer, ready *consumer.Read
 
 // startService starts the in-process bank with bf's faults and returns the
 // handler's service, which charges it through a circuit breaker named "bank"
-// whose state is exported on reg, and publishes payment.recorded events to
-// eventsTopic. The caller closes the bank.
+// with bf's flow limits, whose state and limits are exported on reg, and
+// publishes payment.recorded events to eventsTopic. The caller closes the bank.
 func startService(bf bankFlags, reg prometheus.Registerer, eventsTopic string) (*service, *bank, error) {
 	onChange, err := consumer.BreakerMetrics(reg)
 	if err != nil {
@@ -182,11 +182,15 @@ func startService(bf bankFlags, reg prometheus.Registerer, eventsTopic string) (
 	if err != nil {
 		return nil, nil, err
 	}
+	requests, err := bf.setUpFlow(breakers, reg) // its limits and their metrics (flow.go)
+	if err != nil {
+		return nil, nil, err
+	}
 	bk, err := startBank(bf.faults, 2*bf.timeout)
 	if err != nil {
 		return nil, nil, err
 	}
-	client := &bankClient{url: bk.URL(), timeout: bf.timeout, breakers: breakers,
+	client := &bankClient{url: bk.URL(), timeout: bf.timeout, breakers: breakers, requests: requests,
 		http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 30 * time.Second}}}
 	return &service{bank: client, eventsTopic: eventsTopic}, bk, nil
 }
