@@ -2,7 +2,9 @@ package consumer_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -115,5 +117,35 @@ func TestAdaptiveSettlesNearTheKnee(t *testing.T) {
 	}
 	if tp < 0.8*best {
 		t.Errorf("adaptive throughput %.1f/s is below 80 %% of the best fixed setting's %.1f/s", tp, best)
+	}
+}
+
+// TestAdaptiveRejectedAtStart: a limit of 0, negative values, an
+// impossible backoff, or Adaptive with Transactions are start errors naming
+// Adaptive (issue 21 test 7).
+func TestAdaptiveRejectedAtStart(t *testing.T) {
+	for name, tc := range map[string]struct {
+		a   consumer.Adaptive
+		txn bool
+	}{
+		"max 0":        {a: consumer.Adaptive{}},
+		"negative min": {a: consumer.Adaptive{Min: -1, Max: 4}},
+		"max > 1024":   {a: consumer.Adaptive{Max: 2000}},
+		"tolerance 1":  {a: consumer.Adaptive{Max: 4, Tolerance: 1}},
+		"backoff 1":    {a: consumer.Adaptive{Max: 4, Backoff: 1}},
+		"transactions": {a: consumer.Adaptive{Max: 4}, txn: true},
+	} {
+		cfg := coreValidConfig()
+		cfg.Adaptive = &tc.a
+		cfg.Transactions = tc.txn
+		var ce *consumer.ConfigError
+		if err := cfg.Validate(); !errors.As(err, &ce) || !slices.Contains(coreConfigFields(err), "Adaptive") {
+			t.Errorf("%s: Validate = %v, want a *ConfigError for Adaptive", name, err)
+		}
+	}
+	cfg := coreValidConfig()
+	cfg.Adaptive = &consumer.Adaptive{Max: 4}
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("Adaptive{Max: 4}: Validate = %v", err)
 	}
 }

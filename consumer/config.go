@@ -748,7 +748,7 @@ func (c Config) Validate() error {
 			bad("FailureIndex", "", err.Error())
 		}
 	}
-	if err := c.Adaptive.validate(); err != nil {
+	if err := c.Adaptive.validate(c.Transactions); err != nil {
 		bad("Adaptive", "", err.Error())
 	}
 	if err := c.validateDefer(); err != nil {
