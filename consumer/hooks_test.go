@@ -1,12 +1,20 @@
 package consumer_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/consumer"
@@ -97,4 +105,128 @@ func TestHooksRunOncePerMessage(t *testing.T) {
 	})
 	e.waitCommitted(e.topic, 1, 60*time.Second)
 	check("second delivery")
+}
+
+// hooksEnvFlag runs TestHooksHelperProcess; the other settings come in the
+// crash helper's variables (core_test.go).
+const hooksEnvFlag = "IDEM_HOOKS_HELPER"
+
+// hooksConfig is the consumer of the hooks crash test: every message whose
+// idempotency key starts with "bad" is permanent, and OnDeadLettered writes
+// an attention row in the inbox's transaction.
+func hooksConfig(cfg consumer.Config) (consumer.Config, handler.Handler) {
+	cfg.OnDeadLettered = func(ctx context.Context, d consumer.DeadLettered) error {
+		_, err := dedupe.Tx(ctx).Exec(ctx, `INSERT INTO attention VALUES ($1, $2, $3)`, d.Message.IdempotencyKey, string(d.Kind), d.Topic)
+		return err
+	}
+	eff := effectHandler()
+	return cfg, handler.Func(func(ctx context.Context, m *handler.Message) error {
+		if len(m.IdempotencyKey) >= 3 && m.IdempotencyKey[:3] == "bad" {
+			return handler.Permanent(errors.New("rejected"))
+		}
+		return eff(ctx, m)
+	})
+}
+
+// TestHooksHelperProcess is not a test: TestHooksSIGKILLOncePerMessage runs
+// the test binary again with only this function and IDEM_HOOKS_HELPER=1, and
+// SIGKILLs it. It consumes with hooksConfig and a one-hour CommitInterval,
+// so no offset is committed before the kill. Without the variable it
+// returns at once.
+func TestHooksHelperProcess(t *testing.T) {
+	if os.Getenv(hooksEnvFlag) != "1" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // the parent kills us long before
+	defer cancel()
+	pcfg, err := pgxpool.ParseConfig(os.Getenv(crashEnvDB))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.ConnConfig.RuntimeParams["search_path"] = os.Getenv(crashEnvSchema)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	scfg := sarama.NewConfig()
+	scfg.Version = testenv.KafkaVersion
+	scfg.Consumer.Group.Session.Timeout = 6 * time.Second
+	scfg.Consumer.Group.Heartbeat.Interval = time.Second
+	cfg, h := hooksConfig(consumer.Config{
+		Brokers:        strings.Split(os.Getenv(crashEnvBrokers), ","),
+		Group:          os.Getenv(crashEnvGroup),
+		Topics:         []string{os.Getenv(crashEnvTopic)},
+		Dedupe:         dedupe.NewPostgres(pool),
+		Sarama:         scfg,
+		Logger:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		CommitInterval: time.Hour, // never by the ticker: the kill comes first
+	})
+	err = consumer.Run(ctx, cfg, h)
+	t.Fatalf("hooks helper: Run returned %v before it was killed", err)
+}
+
+// TestHooksSIGKILLOncePerMessage is the crash part of issue 21 test 6: a
+// consumer dead-letters 50 messages, runs OnDeadLettered for each, and is
+// SIGKILLed before any offset is committed; the consumer started after it
+// gets every message again and dead-letters it again, but OnDeadLettered
+// has written exactly one row per message.
+func TestHooksSIGKILLOncePerMessage(t *testing.T) {
+	t.Parallel()
+	const n = 50
+	e := newEnv(t, 1)
+	ctx := testenv.Context(t)
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE attention(key text, kind text, dlq text)`); err != nil {
+		t.Fatal(err)
+	}
+	e.produce(coreKeys("bad", n), 1)
+
+	var out bytes.Buffer
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHooksHelperProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), hooksEnvFlag+"=1", crashEnvTopic+"="+e.topic, crashEnvGroup+"="+e.group,
+		crashEnvSchema+"="+e.coreSchema(), crashEnvBrokers+"="+strings.Join(e.k.Brokers, ","), crashEnvDB+"="+testenv.DatabaseURL(t))
+	cmd.Stdout, cmd.Stderr = &out, &out // read only after Wait
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	var killOnce sync.Once
+	kill := func() error {
+		var err error
+		killOnce.Do(func() {
+			_ = cmd.Process.Kill()
+			err = <-waited
+			if out.Len() > 0 {
+				t.Logf("hooks helper output:\n%s", out.String())
+			}
+		})
+		return err
+	}
+	t.Cleanup(func() { _ = kill() })
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if got := e.count(`SELECT count(*) FROM attention`); got != n {
+			return fmt.Errorf("%d of %d hook rows", got, n)
+		}
+		return nil
+	})
+	if err := kill(); err == nil {
+		t.Fatal("the hooks helper ended before it was killed")
+	}
+	if c := e.committed(e.topic, 1)[0]; c > 0 {
+		t.Fatalf("offset %d committed before the kill: the crash window was not exercised", c)
+	}
+
+	cfg, h := hooksConfig(e.config())
+	start(t, cfg, h)
+	e.waitCommitted(e.topic, 1, 90*time.Second)
+	if got := e.total(e.dlq(), 1); got < 2*n {
+		t.Errorf("DLQ holds %d records, want %d (each dead-lettered again after the crash)", got, 2*n)
+	}
+	if got := e.count(`SELECT count(*) FROM attention`); got != n {
+		t.Errorf("%d hook rows, want %d", got, n)
+	}
+	if got := e.count(`SELECT count(DISTINCT key) FROM attention`); got != n {
+		t.Errorf("%d distinct keys in the hook rows, want %d", got, n)
+	}
 }
