@@ -242,29 +242,7 @@ func TestDeferLeaderSIGKILLLosesNone(t *testing.T) {
 	t.Cleanup(func() { e.k.DeleteTopics(t, consumer.DeferredTopic(e.topic, e.group)) })
 	e.produce(coreKeys("d-", 100), partitions)
 
-	var out bytes.Buffer
-	cmd := exec.Command(os.Args[0], "-test.run=^TestDeferHelperProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(), deferEnvFlag+"=1", crashEnvTopic+"="+e.topic, crashEnvGroup+"="+e.group,
-		crashEnvSchema+"="+e.coreSchema(), crashEnvBrokers+"="+strings.Join(e.k.Brokers, ","), crashEnvDB+"="+testenv.DatabaseURL(t))
-	cmd.Stdout, cmd.Stderr = &out, &out // read only after Wait
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	waited := make(chan error, 1)
-	go func() { waited <- cmd.Wait() }()
-	var killOnce sync.Once
-	kill := func() error {
-		var err error
-		killOnce.Do(func() {
-			_ = cmd.Process.Kill()
-			err = <-waited
-			if out.Len() > 0 {
-				t.Logf("defer helper output:\n%s", out.String())
-			}
-		})
-		return err
-	}
-	t.Cleanup(func() { _ = kill() })
+	kill := e.startHelperProcess("TestDeferHelperProcess", deferEnvFlag)
 
 	// The helper stored all 100 and holds the scheduler's advisory lock.
 	testenv.Eventually(t, 60*time.Second, func() error {
@@ -300,4 +278,38 @@ func TestDeferLeaderSIGKILLLosesNone(t *testing.T) {
 		return nil
 	})
 	e.coreAssertOnePerKey(100)
+}
+
+// startHelperProcess runs the test binary again with only the test named
+// run and flag=1, with the crash helper's variables for e, and returns the
+// function that SIGKILLs it and waits for it (once; also at cleanup),
+// logging its output. The error is the process's: an *exec.ExitError after
+// a kill.
+func (e *env) startHelperProcess(run, flag string) (kill func() error) {
+	t := e.t
+	t.Helper()
+	var out bytes.Buffer
+	cmd := exec.Command(os.Args[0], "-test.run=^"+run+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), flag+"=1", crashEnvTopic+"="+e.topic, crashEnvGroup+"="+e.group,
+		crashEnvSchema+"="+e.coreSchema(), crashEnvBrokers+"="+strings.Join(e.k.Brokers, ","), crashEnvDB+"="+testenv.DatabaseURL(t))
+	cmd.Stdout, cmd.Stderr = &out, &out // read only after Wait
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	var once sync.Once
+	var err error
+	kill = func() error {
+		once.Do(func() {
+			_ = cmd.Process.Kill() // SIGKILL: no deferred code, no revoke, no offset commit
+			err = <-waited
+			if out.Len() > 0 {
+				t.Logf("%s output:\n%s", run, out.String())
+			}
+		})
+		return err
+	}
+	t.Cleanup(func() { _ = kill() })
+	return kill
 }

@@ -1,15 +1,12 @@
 package consumer_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -181,29 +178,7 @@ func TestHooksSIGKILLOncePerMessage(t *testing.T) {
 	}
 	e.produce(coreKeys("bad", n), 1)
 
-	var out bytes.Buffer
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHooksHelperProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(), hooksEnvFlag+"=1", crashEnvTopic+"="+e.topic, crashEnvGroup+"="+e.group,
-		crashEnvSchema+"="+e.coreSchema(), crashEnvBrokers+"="+strings.Join(e.k.Brokers, ","), crashEnvDB+"="+testenv.DatabaseURL(t))
-	cmd.Stdout, cmd.Stderr = &out, &out // read only after Wait
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	waited := make(chan error, 1)
-	go func() { waited <- cmd.Wait() }()
-	var killOnce sync.Once
-	kill := func() error {
-		var err error
-		killOnce.Do(func() {
-			_ = cmd.Process.Kill()
-			err = <-waited
-			if out.Len() > 0 {
-				t.Logf("hooks helper output:\n%s", out.String())
-			}
-		})
-		return err
-	}
-	t.Cleanup(func() { _ = kill() })
+	kill := e.startHelperProcess("TestHooksHelperProcess", hooksEnvFlag)
 	testenv.Eventually(t, 60*time.Second, func() error {
 		if got := e.count(`SELECT count(*) FROM attention`); got != n {
 			return fmt.Errorf("%d of %d hook rows", got, n)
