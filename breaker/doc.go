@@ -44,7 +44,9 @@
 // When a handler's error wraps an *OpenError or a *ThrottleError (IsOpen,
 // RetryAfter), the consumer treats the dependency as down rather than the message as bad: it
 // rolls the transaction back, spends no retry budget, sends nothing to a retry
-// or dead-letter topic, and pauses its partitions for RetryAfter. It then
+// or dead-letter topic, and pauses its partitions for RetryAfter (for a
+// *ThrottleError only the message that needs the dependency waits, the other
+// partitions go on). It then
 // redelivers; the first call after the cool-down is the half-open probe. Its
 // success closes the breaker and consumption goes on; its failure reopens it
 // and the consumer pauses for a full cool-down again. Other partitions that

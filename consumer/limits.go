@@ -23,6 +23,24 @@ import (
 // the whole budget, and during a rebalance members that have not rescaled
 // yet may briefly use more than their share (breaker.Set.SetShare).
 
+// throttleWait waits out a *breaker.ThrottleError of one dependency (its
+// rate or in-flight limit, or its Retry-After pause): only the message that
+// needs the dependency waits, the member's other partitions and lanes go on
+// (unlike an open breaker, which pauses them all). It logs the pause at
+// WARN at most once a second for the member. false: the partition is
+// stopping.
+func (w *worker) throttleWait(err error) bool {
+	var te *breaker.ThrottleError
+	errors.As(err, &te)
+	d, _ := breaker.RetryAfter(err)
+	d = max(d, 10*time.Millisecond)
+	if last := w.r.throttleLog.Load(); time.Since(time.Unix(0, last)) >= time.Second &&
+		w.r.throttleLog.CompareAndSwap(last, time.Now().UnixNano()) {
+		w.log.Warn("idem: dependency throttled; messages that need it wait", "breaker", te.Name, "reason", string(te.Reason), "retry_after", d)
+	}
+	return sleep(w.stopCtx, d)
+}
+
 // registerLimits registers Config.Breakers' limit collector
 // (breaker.NewLimitCollector: idem_dependency_*) on Config.Registerer. The
 // same Set registered already by another Run on one registry is fine.

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/breaker"
@@ -183,5 +185,89 @@ func TestRetryAfterPausesWithoutFailing(t *testing.T) {
 		if got := gatherSum(t, reg, "idem_handler_attempts_total", map[string]string{"result": "error"}); got != 0 {
 			t.Errorf("member %d: idem_handler_attempts_total{result=error} = %v, want 0 (a 429 is no failure)", i, got)
 		}
+	}
+}
+
+// TestRetryAfterPausesOnlyItsDependency: a 429 with Retry-After from "bank"
+// holds the messages that call the bank, not the member's other
+// partitions: messages that need no bank, produced after the 429, are all
+// applied during the pause; the bank's are applied after it, once each, and
+// nothing reaches a tier or the DLQ.
+func TestRetryAfterPausesOnlyItsDependency(t *testing.T) {
+	t.Parallel()
+	const n, retryAfter = 20, 5 * time.Second
+	e := newEnv(t, 2)
+	set, err := breaker.NewSet(breaker.Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu      sync.Mutex
+		paused  time.Time // the 429
+		applied = map[string]time.Time{}
+	)
+	eff := effectHandler()
+	cfg := e.config()
+	cfg.Breakers = set
+	start(t, cfg, handler.Func(func(ctx context.Context, m *handler.Message) error {
+		if m.Partition == 0 { // the bank's messages
+			err := set.Do(ctx, "bank", func(context.Context) error {
+				mu.Lock()
+				defer mu.Unlock()
+				if paused.IsZero() {
+					paused = time.Now()
+					return handler.RetryAfter(errors.New("bank: 429"), retryAfter)
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+		}
+		if err := eff(ctx, m); err != nil {
+			return err
+		}
+		mu.Lock()
+		applied[m.IdempotencyKey] = time.Now()
+		mu.Unlock()
+		return nil
+	}))
+	p := e.k.Producer(t)
+	send := func(prefix string, partition int32) {
+		for _, k := range coreKeys(prefix, n) {
+			if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: e.topic, Partition: partition, Key: sarama.StringEncoder(k),
+				Value: sarama.StringEncoder(k), Headers: []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(k)}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	send("bank-", 0)
+	testenv.Eventually(t, 60*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if paused.IsZero() {
+			return errors.New("no 429 yet")
+		}
+		return nil
+	})
+	send("other-", 1)
+	e.coreWaitEffects(2*n, 60*time.Second)
+	e.coreAssertOnePerKey(2 * n)
+	mu.Lock()
+	defer mu.Unlock()
+	for k, at := range applied {
+		d := at.Sub(paused)
+		switch bank := strings.HasPrefix(k, "bank-"); {
+		case bank && d < retryAfter-100*time.Millisecond:
+			t.Errorf("%s applied %s after the 429, inside its Retry-After of %s", k, d.Round(time.Millisecond), retryAfter)
+		case !bank && d >= retryAfter:
+			t.Errorf("%s (no bank call) applied %s after the 429: it waited for the bank's pause", k, d.Round(time.Millisecond))
+		}
+	}
+	if n := e.total(e.dlq(), 2); n != 0 {
+		t.Errorf("the DLQ holds %d records, want 0", n)
+	}
+	if got := gatherSum(t, e.reg, "idem_retries_total", nil); got != 0 {
+		t.Errorf("idem_retries_total = %v, want 0", got)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 )
@@ -96,6 +97,13 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 			w.ob.spanEnd(TraceOutcomeOutage, err)
 			w.log.Warn("idem: database unavailable; retrying the same message", "offset", msg.Offset, "err", err, "try", outages)
 			if !sleep(w.stopCtx, r.wait.outage(outages)) {
+				return nil, errStopping
+			}
+		case c == classBreaker && breaker.IsThrottled(err):
+			// A limit or a Retry-After of one dependency: only this message
+			// waits for it (limits.go); nothing counts as a failure.
+			w.ob.spanEnd(TraceOutcomeBreakerOpen, err)
+			if !w.throttleWait(err) {
 				return nil, errStopping
 			}
 		case c == classBreaker:

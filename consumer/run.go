@@ -134,6 +134,9 @@ type runner struct {
 	// a valid context (no SDK installed); see spanStart.
 	noRecord atomic.Bool
 	wait     *delays
+
+	// throttleLog is when (unix ns) throttleWait last logged at WARN.
+	throttleLog atomic.Int64
 }
 
 func newRunner(cfg Config, h handler.Handler) (*runner, error) {

@@ -30,8 +30,9 @@ const (
 	ResultPanic       = "panic"
 	ResultBreakerOpen = "breaker_open"
 	// ResultThrottled: the handler returned a *breaker.ThrottleError (a rate
-	// or in-flight limit, or the dependency's Retry-After); the partition
-	// pauses as for an open breaker, but the dependency is not failing.
+	// or in-flight limit, or the dependency's Retry-After); the message
+	// waits for that dependency (no retry spent) while the member's other
+	// partitions go on: the dependency is not failing.
 	ResultThrottled = "throttled"
 )
 
