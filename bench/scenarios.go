@@ -60,6 +60,20 @@ func init() {
 		cfg.Batch = consumer.BatchConfig{MaxMessages: 500}
 		return consumer.RunBatch(ctx, cfg, insertAll(e))
 	}})
+	// Transactional mode (Config.Transactions): the offsets commit in Kafka
+	// transactions (one every CommitInterval), the member's only offset
+	// writer; compared with the same scenario without it.
+	register(Scenario{Name: "idem PG transactional", Limit: pgLimit, PG: true, Versus: "idem PG", Consume: func(ctx context.Context, e *Env) error {
+		cfg := e.Idem(dedupe.NewPostgres(e.Pool))
+		cfg.Transactions = true
+		return consumer.Run(ctx, cfg, insertOne(e))
+	}})
+	register(Scenario{Name: "idem PG batched transactional", Limit: pgLimit, PG: true, Versus: "idem PG batched", Consume: func(ctx context.Context, e *Env) error {
+		cfg := e.Idem(dedupe.NewPostgres(e.Pool))
+		cfg.Batch = consumer.BatchConfig{MaxMessages: 100}
+		cfg.Transactions = true
+		return consumer.Run(ctx, cfg, insertOne(e))
+	}})
 	register(Scenario{Name: "idem 2 ms", Limit: slowLimit, Consume: func(ctx context.Context, e *Env) error {
 		return consumer.Run(ctx, e.Idem(dedupe.NewMemory()), sleepy(e))
 	}})

@@ -127,9 +127,12 @@ func (c *claim) run() {
 
 	// The reader drains Messages so that its closing (revocation) is seen at
 	// once, and pauses fetching when the worker falls behind. What sarama has
-	// already buffered is taken without the four-way select (a non-blocking
-	// receive each) and queued under one lock, up to readBurst records: the
-	// select per record was 15 % of the no-op path's CPU.
+	// already buffered is taken without the select (a non-blocking receive
+	// each) and queued under one lock, up to readBurst records: the select
+	// per record was 15 % of the no-op path's CPU. A failed transaction
+	// (Transactions) stops the claim, which ends the session: the next one
+	// reads from the committed offsets.
+	txnFailed := r.txnFailed()
 	wg.Go(func() {
 		defer c.stop()
 		msgs := c.kc.Messages()
@@ -161,6 +164,8 @@ func (c *claim) run() {
 					return
 				}
 			case <-c.sess.Context().Done():
+				return
+			case <-txnFailed:
 				return
 			case <-r.runCtx.Done():
 				return
@@ -243,7 +248,7 @@ func (t *tracker) finish(offset int64) {
 		mark = o
 	}
 	if mark >= 0 {
-		t.c.sess.MarkOffset(t.c.tp.topic, t.c.tp.partition, mark+1, "")
+		t.c.markOffset(mark + 1)
 	}
 }
 

@@ -96,8 +96,10 @@ type Config struct {
 	// only, Consumer.Offsets.Initial from StartAt (the value you set there is
 	// not used; Run logs a WARN when it contradicts StartAt), the isolation
 	// level from ReadUncommitted, the cooperative-sticky assignor (unless you
-	// set strategies yourself), an idempotent acks=all producer for forwards,
-	// and Version when left at sarama's default: DefaultKafkaVersion (4.0),
+	// set strategies yourself), Consumer.Group.InstanceId from InstanceID,
+	// an idempotent acks=all producer for forwards (transactional, on a
+	// client of its own, with Transactions), and Version when left at
+	// sarama's default: DefaultKafkaVersion (4.0),
 	// whose requests a Kafka 3.x cluster may refuse, so for one set Version to
 	// the brokers' (e.g. sarama.V3_7_0_0).
 	// Default: sarama.NewConfig().
@@ -119,10 +121,66 @@ type Config struct {
 	// Default: 10s.
 	ShutdownGrace time.Duration
 
-	// CommitInterval is how often marked offsets are committed. Offsets are
-	// also committed when a partition is revoked and at shutdown.
+	// CommitInterval is how often marked offsets are committed (with
+	// Transactions: how often the member's Kafka transaction commits, with
+	// its forwards). Offsets are also committed when a partition is revoked
+	// and at shutdown.
 	// Default: 1s. Kafka: auto.commit.interval.ms (of marked offsets only).
 	CommitInterval time.Duration
+
+	// InstanceID turns on static membership (KIP-345): a stable id of this
+	// member, e.g. its pod or host name, unique within the group. A member
+	// killed and restarted with the same InstanceID within the session
+	// timeout (Sarama.Consumer.Group.Session.Timeout) gets its partitions
+	// back without a rebalance: the other members keep theirs and never
+	// stop. The trade-off: when a static member dies for good, its
+	// partitions wait, unread, up to the session timeout before they move,
+	// since it no longer leaves the group on shutdown or crash. Two running
+	// members with one InstanceID fence each other (the older one fails
+	// with FENCED_INSTANCE_ID). At most 249 characters of [a-zA-Z0-9._-],
+	// not "." or "..".
+	// Default: "" (dynamic membership: every start and stop rebalances).
+	// Kafka: group.instance.id.
+	InstanceID string
+
+	// Transactions makes what the member writes to Kafka exactly once for
+	// read_committed readers (KIP-447): one transactional producer per
+	// member, whose transactions commit the forwards to retry tiers and the
+	// dead-letter topic together with the source offsets of the records
+	// they settle, and the offsets of records whose effect is in the dedupe
+	// store too: with Transactions on, the member never sends a plain offset
+	// commit. Offsets go with the member's generation, so a member the
+	// group has expelled (paused past its session timeout, partitioned
+	// away) cannot commit: its transaction is aborted with everything it
+	// forwarded. A crash anywhere leaves either a forward and its offset, or
+	// neither. A transaction that fails ends the member's session; the next
+	// session reads its partitions again from the committed offsets (effects
+	// are kept once by the dedupe store).
+	//
+	// Its cost: a commit (EndTxn, two round trips to the transaction
+	// coordinator, a marker written to every partition the transaction
+	// touched) every CommitInterval; forwards wait while a commit is in
+	// flight; readers of the tiers and the dead-letter topic must use
+	// read_committed (idem's own consumers do) and see forwards only after
+	// the commit, so up to CommitInterval later. Needs Kafka ≥ 2.5 (idem
+	// asks for protocol 4.1), Concurrency 1, Ordering OrderingNone and
+	// read_committed. The transactional.id is "idem-<Group>-<InstanceID>"
+	// with an InstanceID (a restarted member fences its predecessor and
+	// aborts its open transaction at once), else "idem-<Group>-<host>-<random>"
+	// (a crashed member's open transaction then holds read_committed readers
+	// of its partitions back until TransactionTimeout). Set
+	// Relay.ExactlyOnce too for the relay's events. A transaction ends with
+	// a marker in each partition it wrote, after the last record: lag
+	// computed from end offsets (idem_consumer_lag of tiers,
+	// idem_dlq_depth) counts those markers.
+	// Default: false.
+	Transactions bool
+
+	// TransactionTimeout is how long the transaction coordinator lets a
+	// transaction stay open before it aborts it (a member that died with a
+	// transaction open). It must exceed CommitInterval.
+	// Default: 10s. Kafka: transaction.timeout.ms.
+	TransactionTimeout time.Duration
 
 	// Retry says where a message goes when its in-process retries are spent:
 	// through non-blocking retry topics, one per entry of Retry.Delays, then to
@@ -406,27 +464,28 @@ func (s StartPosition) String() string {
 // "Default:" line against it.
 func defaults() Config {
 	return Config{
-		KeyFunc:          HeaderKey("idempotency-key"),
-		MaxKeyLength:     256,
-		MissingKey:       MissingKeyDeadLetter,
-		Batch:            BatchConfig{MaxLatency: 50 * time.Millisecond},
-		Sarama:           sarama.NewConfig(),
-		Logger:           slog.Default(),
-		ShutdownGrace:    10 * time.Second,
-		CommitInterval:   time.Second,
-		OutageBackoff:    5 * time.Second,
-		Retries:          3,
-		DLQDepthInterval: 30 * time.Second,
-		LagInterval:      15 * time.Second,
-		RetryBase:        100 * time.Millisecond,
-		RetryMax:         5 * time.Second,
-		StallWarning:     time.Minute,
-		StartAt:          StartOldest,
-		Concurrency:      1,
-		LaneBy:           LaneByIdempotencyKey,
-		Retention:        dedupe.DefaultRetention,
-		TracerProvider:   otel.GetTracerProvider(),
-		Propagator:       propagation.TraceContext{},
+		KeyFunc:            HeaderKey("idempotency-key"),
+		MaxKeyLength:       256,
+		MissingKey:         MissingKeyDeadLetter,
+		Batch:              BatchConfig{MaxLatency: 50 * time.Millisecond},
+		Sarama:             sarama.NewConfig(),
+		Logger:             slog.Default(),
+		ShutdownGrace:      10 * time.Second,
+		CommitInterval:     time.Second,
+		TransactionTimeout: 10 * time.Second,
+		OutageBackoff:      5 * time.Second,
+		Retries:            3,
+		DLQDepthInterval:   30 * time.Second,
+		LagInterval:        15 * time.Second,
+		RetryBase:          100 * time.Millisecond,
+		RetryMax:           5 * time.Second,
+		StallWarning:       time.Minute,
+		StartAt:            StartOldest,
+		Concurrency:        1,
+		LaneBy:             LaneByIdempotencyKey,
+		Retention:          dedupe.DefaultRetention,
+		TracerProvider:     otel.GetTracerProvider(),
+		Propagator:         propagation.TraceContext{},
 	}
 }
 
@@ -453,6 +512,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.OutageBackoff == 0 {
 		c.OutageBackoff = d.OutageBackoff
+	}
+	if c.TransactionTimeout == 0 {
+		c.TransactionTimeout = d.TransactionTimeout
 	}
 	if c.DLQDepthInterval == 0 {
 		c.DLQDepthInterval = d.DLQDepthInterval
@@ -561,6 +623,12 @@ func (c Config) Validate() error {
 	if c.OutageBackoff < 0 {
 		bad("OutageBackoff", c.OutageBackoff, "must be > 0")
 	}
+	if c.InstanceID != "" {
+		if err := validInstanceID(c.InstanceID); err != nil {
+			bad("InstanceID", c.InstanceID, err.Error())
+		}
+	}
+	c.validateTransactions(bad)
 	if err := c.Retry.Validate(); err != nil {
 		bad("Retry", c.Retry.Delays, err.Error())
 	}

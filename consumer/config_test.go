@@ -311,6 +311,12 @@ func checkValue(c Config, field, text string) error {
 			return nil
 		}
 	}
+	if text == `""` && v.Kind() == reflect.String {
+		if got := v.String(); got != "" {
+			return fmt.Errorf("is %q, documented \"\"", got)
+		}
+		return nil
+	}
 	if text == "nil" {
 		switch v.Kind() {
 		case reflect.Interface, reflect.Pointer, reflect.Func, reflect.Map, reflect.Slice:

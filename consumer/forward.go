@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/txn"
 	"github.com/idemhq/idem/metrics"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -175,13 +177,20 @@ func (w *worker) forward(out outbound, msg *handler.Message) (sent outbound, err
 	out.rec.Headers = w.ob.injectTrace(out.rec.Headers, msg)
 	var loudAt time.Time
 	for n := 1; ; n++ {
+		if !w.hold() { // Transactions: the transaction failed
+			return outbound{}, errStopping
+		}
 		loud := n == 1 || time.Since(loudAt) >= time.Minute
 		sent, err := w.forwardOnce(out, msg, loud)
 		if err == nil {
 			w.ob.forwarded(sent, msg)
-			return sent, nil
+			return sent, nil // the hold ends with the mark
 		}
 		w.stall.failed(err) // cleared when the caller marks the message
+		if errors.Is(err, txn.ErrBroken) {
+			return outbound{}, errStopping
+		}
+		w.endHold() // nothing of this forward is in the transaction: let it commit meanwhile
 		switch {
 		case !retrytopic.IsPermanentForwardError(err):
 			w.log.Error("idem: forward failed; offset not marked, retrying", "offset", msg.Offset, "to", sent.rec.Topic, "err", err, "try", n)
@@ -203,12 +212,12 @@ func (w *worker) forward(out outbound, msg *handler.Message) (sent outbound, err
 func (w *worker) forwardOnce(out outbound, msg *handler.Message, loud bool) (outbound, error) {
 	r := w.r
 	try := func(o outbound) (bool, error) {
-		err := r.fwd.Forward(w.hctx, o.rec)
+		err := r.send(w.hctx, o.rec)
 		if err == nil {
 			return true, nil
 		}
 		r.m.ForwardErrors.WithLabelValues(r.cfg.Group, o.rec.Topic).Inc()
-		if !retrytopic.IsPermanentForwardError(err) {
+		if sendStops(err) {
 			return false, err
 		}
 		if loud {
@@ -218,17 +227,17 @@ func (w *worker) forwardOnce(out outbound, msg *handler.Message, loud bool) (out
 		return false, err
 	}
 	done, err := try(out)
-	if done || !retrytopic.IsPermanentForwardError(err) {
+	if done || sendStops(err) {
 		return out, err
 	}
 	if out.tier > 0 {
 		whole := out.toDLQ(err, dlqWhole)
-		if done, err = try(whole); done || !retrytopic.IsPermanentForwardError(err) {
+		if done, err = try(whole); done || sendStops(err) {
 			return whole, err
 		}
 	}
 	stub := out.toDLQ(err, dlqStub)
-	if done, err = try(stub); done || !retrytopic.IsPermanentForwardError(err) {
+	if done, err = try(stub); done || sendStops(err) {
 		return stub, err
 	}
 	bare := out.toDLQ(err, dlqBare) // the record's own headers alone are too large

@@ -77,10 +77,17 @@ func (l *lifecycle) claimEnded(s sarama.ConsumerGroupSession, t tp) {
 		delete(l.announced, t)
 		l.mu.Unlock()
 	}
+	if l.r.txn != nil {
+		// The partition's offsets, and the forwards of the open transaction,
+		// commit before it can move to another member.
+		l.r.commitTxn(s)
+	}
 	if l.r.cfg.OnRevoked == nil {
 		return
 	}
-	s.Commit()
+	if l.r.txn == nil {
+		s.Commit()
+	}
 	l.r.cfg.OnRevoked(l.r.baseCtx, []TopicPartition{{t.topic, t.partition}})
 }
 

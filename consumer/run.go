@@ -17,6 +17,7 @@ import (
 	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/keyorder"
+	"github.com/idemhq/idem/internal/txn"
 	"github.com/idemhq/idem/metrics"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -108,6 +109,7 @@ type runner struct {
 	group  sarama.ConsumerGroup
 	policy retrytopic.Policy
 	fwd    *retrytopic.Forwarder
+	txn    *txn.Owner           // Transactions: every forward and offset commit; nil otherwise
 	order  *keyorder.Store      // nil unless OrderingByKey
 	bh     handler.BatchHandler // RunBatch's handler; nil for Run
 	// batchStore is cfg.Dedupe when it takes batches and Batch is on.
@@ -172,6 +174,11 @@ func saramaConfig(cfg Config) *sarama.Config {
 	// committer runs every CommitInterval and at revoke/shutdown.
 	c.Consumer.Offsets.AutoCommit.Enable = true
 	c.Consumer.Offsets.AutoCommit.Interval = cfg.CommitInterval
+	if cfg.Transactions {
+		// The transactions are the only offset writer: sarama's committer
+		// never runs (nothing is marked with it either).
+		c.Consumer.Offsets.AutoCommit.Enable = false
+	}
 	// StartAt decides (Config.Sarama's doc); Run warns when the base config
 	// asked otherwise (warnIgnoredInitial).
 	c.Consumer.Offsets.Initial = sarama.OffsetOldest
@@ -187,6 +194,8 @@ func saramaConfig(cfg Config) *sarama.Config {
 	// metadata request or a produce.
 	c.Metadata.AllowAutoTopicCreation = false
 	c.Consumer.Return.Errors = true
+	// Static membership (Config.InstanceID); "" keeps sarama's dynamic one.
+	c.Consumer.Group.InstanceId = cfg.InstanceID
 	if s := c.Consumer.Group.Rebalance.GroupStrategies; len(s) == 0 || (len(s) == 1 && s[0].Name() == sarama.RangeBalanceStrategyName) {
 		c.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
 	}
@@ -238,19 +247,28 @@ func (r *runner) run(ctx context.Context) (err error) {
 	// group's rebalances and the producer's metadata never interfere. Its
 	// Producer.MaxMessageBytes follows the largest max.message.bytes of the
 	// source, tier and dead-letter topics (plus room for idem's headers).
-	pcfg := *r.scfg
-	pcfg.Producer.MaxMessageBytes = max(pcfg.Producer.MaxMessageBytes, maxBytes)
-	pclient, err := sarama.NewClient(r.cfg.Brokers, &pcfg)
-	if err != nil {
-		return fmt.Errorf("consumer: connect producer to %v: %w", r.cfg.Brokers, err)
+	if r.cfg.Transactions {
+		tclient, err := r.startTxn(ctx, st, maxBytes)
+		if err != nil {
+			return err
+		}
+		defer tclient.Close()
+		defer r.txn.Close() // aborts a transaction still open
+	} else {
+		pcfg := *r.scfg
+		pcfg.Producer.MaxMessageBytes = max(pcfg.Producer.MaxMessageBytes, maxBytes)
+		pclient, err := sarama.NewClient(r.cfg.Brokers, &pcfg)
+		if err != nil {
+			return fmt.Errorf("consumer: connect producer to %v: %w", r.cfg.Brokers, err)
+		}
+		defer pclient.Close()
+		fwd, err := retrytopic.NewForwarderFromClient(pclient)
+		if err != nil {
+			return fmt.Errorf("consumer: %w", err)
+		}
+		defer fwd.Close()
+		r.fwd = fwd
 	}
-	defer pclient.Close()
-	fwd, err := retrytopic.NewForwarderFromClient(pclient)
-	if err != nil {
-		return fmt.Errorf("consumer: %w", err)
-	}
-	defer fwd.Close()
-	r.fwd = fwd
 	if r.cfg.Ordering == OrderingByKey {
 		r.order = keyorder.New(r.cfg.OrderingDB, r.cfg.Group)
 		if err := r.order.Migrate(ctx); err != nil {
@@ -402,16 +420,34 @@ func checkTopics(client sarama.Client, topics []string) error {
 }
 
 // groupHandler adapts the runner to sarama.ConsumerGroupHandler.
-type groupHandler struct{ r *runner }
+type groupHandler struct {
+	r *runner
+	// stopCommits ends the session's transaction commits (Transactions).
+	stopCommits func()
+}
 
 func (g *groupHandler) Setup(s sarama.ConsumerGroupSession) error {
 	g.r.log.Debug("idem: session started", "generation", s.GenerationID(), "claims", s.Claims())
+	if h := hooksOf(g.r.baseCtx); h != nil && h.session != nil {
+		h.session(s)
+	}
+	if g.r.txn != nil {
+		stop, err := g.r.startCommits(s)
+		if err != nil {
+			return err
+		}
+		g.stopCommits = stop
+	}
 	g.r.ready.setJoined(true)
 	return nil
 }
 
 func (g *groupHandler) Cleanup(s sarama.ConsumerGroupSession) error {
 	g.r.ready.setJoined(false)
+	if g.stopCommits != nil {
+		g.stopCommits()
+		g.stopCommits = nil
+	}
 	return nil
 }
 

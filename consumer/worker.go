@@ -38,6 +38,10 @@ type worker struct {
 	// runs for it, bound once per worker so an attempt allocates no closure.
 	call   callState
 	callFn func(ctx context.Context) error
+
+	// release ends the worker's hold on the open Kafka transaction
+	// (Transactions): taken by a forward, ended by the mark that follows it.
+	release func()
 }
 
 // observer is a worker's instrumentation: the attempt span of the message
@@ -73,8 +77,9 @@ func (w *worker) mark(m *sarama.ConsumerMessage) {
 	if w.track != nil {
 		w.track.finish(m.Offset)
 	} else {
-		w.sess.MarkMessage(m, "")
+		w.markOffset(m.Offset + 1)
 	}
+	w.endHold() // the forward's offset is in its transaction
 	w.mx.commits.Inc()
 	w.obs.marked(m)
 	w.stall.clear()
@@ -95,6 +100,7 @@ func (w *worker) handle(cm *sarama.ConsumerMessage) error { return w.handleAfter
 // its first attempt. first nil is handle.
 func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 	r := w.r
+	defer w.endHold() // a forward whose message was not marked (stopping)
 	msg := w.message(cm)
 	origin := origin{topic: cm.Topic, partition: cm.Partition, offset: cm.Offset}
 	if w.tier { // only records of this group's retry tiers carry an origin to decode

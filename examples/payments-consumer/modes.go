@@ -36,6 +36,9 @@ type runOptions struct {
 	history     string
 	failHeader  string
 	retryDelays string
+	// transactions: Config.Transactions, and the relay (if any) in
+	// exactly-once mode.
+	transactions bool
 }
 
 // addRunFlags declares the mode and test-hook flags on fs.
@@ -45,6 +48,7 @@ func addRunFlags(fs *flag.FlagSet) *runOptions {
 	fs.StringVar(&o.retryDelays, "retry-delays", "1s,10s,1m", "delays of the retry tiers, comma-separated (empty: no tiers, failures go to the DLQ)")
 	fs.StringVar(&o.history, "history", "", "test hook: append each handler call to this JSON-lines file and write a chaos_effects row per success")
 	fs.StringVar(&o.member, "member", "", "test hook: this member's name in the history (default: the host:pid)")
+	fs.BoolVar(&o.transactions, "transactions", false, "transactional mode: forwards and offsets commit in Kafka transactions (Config.Transactions; not with -mode lanes or ordering), the outbox relay publishes exactly once (Relay.ExactlyOnce)")
 	fs.StringVar(&o.failHeader, "fail-header", "", "test hook (needs -history): a message with this header, value N, fails its first N attempts with a retriable error")
 	return o
 }
@@ -73,6 +77,12 @@ func (o *runOptions) run(ctx context.Context, cfg consumer.Config, pool *pgxpool
 		return err
 	}
 	cfg.Retry.Delays = delays
+	if o.transactions {
+		cfg.Transactions = true
+		if cfg.Relay != nil {
+			cfg.Relay.ExactlyOnce = true
+		}
+	}
 	switch o.mode {
 	case modePerMessage, modeBatchHandler:
 	case modeBatched:

@@ -92,7 +92,7 @@ func (d *downstream) stop(faults []check.Fault) check.Proc {
 // gatherEvents builds the outbox invariant's input: for every stored
 // payment (and every payment an event names), the copies on the events
 // topic, the distinct event ids and the downstream ledger rows.
-func gatherEvents(ctx context.Context, brokers []string, pool *pgxpool.Pool, topic string, payments []check.Payment) ([]check.Event, error) {
+func gatherEvents(ctx context.Context, brokers []string, pool *pgxpool.Pool, topic string, payments []check.Payment, committed bool) ([]check.Event, error) {
 	byKey := map[string]*check.Event{}
 	ids := map[string]map[string]bool{}
 	ev := func(key string) *check.Event {
@@ -107,7 +107,7 @@ func gatherEvents(ctx context.Context, brokers []string, pool *pgxpool.Pool, top
 	for _, p := range payments {
 		ev(p.Key).Stored = true
 	}
-	recs, err := readTopic(brokers, topic)
+	recs, err := readAll(brokers, topic, committed)
 	if err != nil {
 		return nil, err
 	}

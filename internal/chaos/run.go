@@ -34,6 +34,11 @@ type Options struct {
 	KillEvery    time.Duration // a random member is SIGKILLed this often
 	FreezeFor    time.Duration // the broker is SIGSTOPped this long (more than the session timeout)
 	DrainTimeout time.Duration // how long the group may take to catch up after the faults
+	// Transactions runs the members with Config.Transactions and the relay
+	// with ExactlyOnce (modes per-message, batched, batch-handler), and
+	// reads the DLQ, the tiers and the events as read_committed readers:
+	// the checker then wants exactly one copy of each forward per hop.
+	Transactions bool
 	Logf         func(format string, args ...any)
 }
 
@@ -86,6 +91,9 @@ func RunMode(ctx context.Context, o Options, mode string) (*Summary, error) {
 	env := append(os.Environ(), "KAFKA_BROKERS="+strings.Join(svc.Brokers(), ","), "DATABASE_URL="+svc.DatabaseURL(db))
 	args := []string{"-topic", topic, "-group", group, "-partitions", fmt.Sprint(partitions), "-metrics-addr", "",
 		"-mode", mode, "-retry-delays", retryDelays, "-fail-header", FailHeader, "-events-topic", events}
+	if o.Transactions {
+		args = append(args, "-transactions")
+	}
 	fl := newFleet(o.Bin, dir, args, env, &infra, func(f string, a ...any) { o.Logf("["+mode+"] "+f, a...) })
 	faults := &faultLog{}
 	defer func() {
@@ -263,12 +271,20 @@ func RunMode(ctx context.Context, o Options, mode string) (*Summary, error) {
 	dp := down.stop(allFaults)
 	downProc = &dp
 
-	h, err := gather(ctx, svc.Brokers(), pool, mode, sources, dir)
+	h, err := gather(ctx, svc.Brokers(), pool, mode, sources, dir, o.Transactions)
 	if err != nil {
 		return nil, err
 	}
-	if h.Events, err = gatherEvents(ctx, svc.Brokers(), pool, events, h.Payments); err != nil {
+	if h.Events, err = gatherEvents(ctx, svc.Brokers(), pool, events, h.Payments, o.Transactions); err != nil {
 		return nil, err
+	}
+	if o.Transactions {
+		h.Transactional, h.Tiers = true, map[string][]check.DLQRecord{}
+		for _, t := range tiers {
+			if h.Tiers[t], err = readDLQ(svc.Brokers(), t, true); err != nil {
+				return nil, err
+			}
+		}
 	}
 	h.Group, h.Topic = group, topic
 	h.Produced = produced
@@ -450,6 +466,9 @@ func lagsOf(brokers []string, group string, topics []string) ([]check.Lag, error
 			if b := resp.GetBlock(t, p); b != nil {
 				l.Committed = b.Offset
 			}
+			// A transactional run's logs end with markers (and maybe
+			// aborted records) a consumer never commits past.
+			l.End = settledEnd(client, t, p, l.Committed, l.End)
 			lags = append(lags, l)
 		}
 	}
@@ -458,7 +477,7 @@ func lagsOf(brokers []string, group string, topics []string) ([]check.Lag, error
 
 // gather reads the run's outcome: the ledger, payments and orders from
 // PostgreSQL, the DLQ and the lags from Kafka, the members' histories.
-func gather(ctx context.Context, brokers []string, pool *pgxpool.Pool, mode string, sources []lagSource, dir string) (*check.History, error) {
+func gather(ctx context.Context, brokers []string, pool *pgxpool.Pool, mode string, sources []lagSource, dir string, committed bool) (*check.History, error) {
 	h := &check.History{Mode: mode, Orders: map[string]string{}}
 	rows, err := pool.Query(ctx, `SELECT id, idempotency_key, kafka_key, seq, member, topic, kpartition, koffset, attempt, at FROM chaos_effects`)
 	if err != nil {
@@ -488,7 +507,7 @@ func gather(ctx context.Context, brokers []string, pool *pgxpool.Pool, mode stri
 	if _, err := pgx.ForEachRow(rows, []any{&id, &status}, func() error { h.Orders[id] = status; return nil }); err != nil {
 		return nil, fmt.Errorf("read orders: %w", err)
 	}
-	if h.DLQ, err = readDLQ(brokers, sources[0].topics[0]+"."+sources[0].group+".dlq"); err != nil {
+	if h.DLQ, err = readDLQ(brokers, sources[0].topics[0]+"."+sources[0].group+".dlq", committed); err != nil {
 		return nil, err
 	}
 	if h.Lags, err = leftOver(ctx, brokers, pool, sources, mode == "ordering"); err != nil {
@@ -513,9 +532,10 @@ type rawRecord struct {
 	headers   map[string]string // the last value of each header
 }
 
-// readDLQ reads every record of the dead-letter topic.
-func readDLQ(brokers []string, dlq string) ([]check.DLQRecord, error) {
-	recs, err := readTopic(brokers, dlq)
+// readDLQ reads every record of the dead-letter topic (or a retry tier),
+// as a read_committed reader gets them when committed.
+func readDLQ(brokers []string, dlq string, committed bool) ([]check.DLQRecord, error) {
+	recs, err := readAll(brokers, dlq, committed)
 	if err != nil {
 		return nil, err
 	}
@@ -530,8 +550,10 @@ func readDLQ(brokers []string, dlq string) ([]check.DLQRecord, error) {
 	return out, nil
 }
 
-// readTopic reads every record of topic (none if it does not exist).
-func readTopic(brokers []string, topic string) ([]rawRecord, error) {
+// readAll reads every record of topic (none if it does not exist): as a
+// read_committed reader gets them when committed (readCommitted), else
+// all of them.
+func readAll(brokers []string, topic string, committed bool) ([]rawRecord, error) {
 	client, err := sarama.NewClient(brokers, saramaConfig())
 	if err != nil {
 		return nil, err
@@ -541,6 +563,14 @@ func readTopic(brokers []string, topic string) ([]rawRecord, error) {
 	if err != nil || !slices.Contains(topics, topic) {
 		return nil, err
 	}
+	if committed {
+		return readTopicCommitted(client, topic)
+	}
+	return readTopic(client, topic)
+}
+
+// readTopic reads every record of topic.
+func readTopic(client sarama.Client, topic string) ([]rawRecord, error) {
 	c, err := sarama.NewConsumerFromClient(client)
 	if err != nil {
 		return nil, err

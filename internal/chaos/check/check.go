@@ -132,6 +132,9 @@ func Check(h *History) *Report {
 	if h.Events != nil {
 		r.Results = append(r.Results, ix.outbox())
 	}
+	if h.Transactional {
+		r.Results = append(r.Results, ix.oncePerHop())
+	}
 	r.Results = append(r.Results, ix.noLag(), ix.processes())
 	return r
 }
@@ -516,4 +519,41 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	slices.Sort(ks)
 	return ks
+}
+
+// oncePerHop (transactional runs): a read_committed reader sees each
+// produced record at most once in each retry tier and in the DLQ; with
+// poisonInDLQ, every poison record exactly once in the DLQ.
+func (ix *index) oncePerHop() Result {
+	res := Result{Name: "each forward once per hop (read_committed)"}
+	hops := map[string][]DLQRecord{"dlq": ix.h.DLQ}
+	names := []string{"dlq"}
+	for t, recs := range ix.h.Tiers {
+		hops[t] = recs
+		names = append(names, t)
+	}
+	slices.Sort(names)
+	var counts []string
+	for _, name := range names {
+		copies := map[int64]int{}
+		for _, d := range hops[name] {
+			if d.Seq >= 0 {
+				copies[d.Seq]++
+			}
+		}
+		for seq, n := range copies {
+			if n > 1 {
+				key := ""
+				if p := ix.bySeq[seq]; p != nil {
+					key = p.Key
+				}
+				res.Violations = append(res.Violations, fmt.Sprintf("seq %d has %d copies in %s for a read_committed reader\n%s",
+					seq, n, name, ix.timeline(key, seq)))
+			}
+		}
+		counts = append(counts, fmt.Sprintf("%s: %d copies of %d records", name, len(hops[name]), len(copies)))
+	}
+	slices.Sort(res.Violations)
+	res.Counts = strings.Join(counts, "; ")
+	return res
 }

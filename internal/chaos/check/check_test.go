@@ -55,8 +55,13 @@ func goodHistory(mode string) *History {
 }
 
 func TestGoodHistoryPasses(t *testing.T) {
-	for _, mode := range []string{"per-message", "ordering"} {
-		r := Check(goodHistory(mode))
+	for _, mode := range []string{"per-message", "ordering", "transactional"} {
+		h := goodHistory(mode)
+		if mode == "transactional" {
+			h.Mode, h.Transactional = "per-message", true
+			h.Tiers = map[string][]DLQRecord{"payments.g.retry.1": {{Seq: 2}, {Seq: 3}}}
+		}
+		r := Check(h)
 		if !r.OK() {
 			var b bytes.Buffer
 			r.Print(&b)
@@ -125,6 +130,14 @@ func TestBadHistoriesFail(t *testing.T) {
 		{"event of a rolled-back payment", "per-message", func(h *History) {
 			h.Events = []Event{{Key: "pay-b", Published: 1, IDs: 1, Applied: 1}}
 		}, "every outbox event published, applied once", `payment "pay-b" is not stored`},
+		{"DLQ copy doubled in a transactional run", "per-message", func(h *History) {
+			h.Transactional = true
+			h.DLQ = append(h.DLQ, h.DLQ[2])
+		}, "each forward once per hop (read_committed)", "seq 8 has 2 copies in dlq"},
+		{"tier copy doubled in a transactional run", "per-message", func(h *History) {
+			h.Transactional = true
+			h.Tiers = map[string][]DLQRecord{"payments.g.retry.1": {{Seq: 2}, {Seq: 3}, {Seq: 2}}}
+		}, "each forward once per hop (read_committed)", "seq 2 has 2 copies in payments.g.retry.1"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -143,4 +143,10 @@ type History struct {
 	Faults   []Fault
 	// Events are the outbox events, nil when the run had no outbox.
 	Events []Event
+	// Transactional: the members ran with Config.Transactions; DLQ, Tiers
+	// and Events were read as a read_committed reader gets them.
+	Transactional bool
+	// Tiers are the records of each retry tier, by topic (transactional
+	// runs only).
+	Tiers map[string][]DLQRecord
 }

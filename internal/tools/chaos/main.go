@@ -33,6 +33,10 @@ import (
 
 var allModes = []string{"per-message", "batched", "batch-handler", "lanes", "ordering"}
 
+// txnModes are the modes -transactions runs: Config.Transactions takes
+// neither lanes nor OrderingByKey.
+var txnModes = []string{"per-message", "batched", "batch-handler"}
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx)
@@ -43,7 +47,8 @@ func main() {
 func run(ctx context.Context) int {
 	ci := flag.Bool("ci", false, "the short form for CI: fewer records, shorter faults (every fault kind and every mode still)")
 	brokers := flag.Int("brokers", 1, "Kafka nodes: 1 (one broker, replication 1) or 3 (a three-node cluster, replication 3, min.insync.replicas 2, the cluster faults)")
-	modes := flag.String("modes", strings.Join(allModes, ","), "modes to run, comma-separated")
+	modes := flag.String("modes", "", "modes to run, comma-separated (default: "+strings.Join(allModes, ",")+"; with -transactions: "+strings.Join(txnModes, ",")+")")
+	transactions := flag.Bool("transactions", false, "transactional mode: members with Config.Transactions, the relay with ExactlyOnce; the checker reads the DLQ, the tiers and the events as a read_committed reader and wants exactly one copy per hop")
 	payments := flag.Int("payments", 0, "unique payments per mode (default 50000, -ci 2000)")
 	produceFor := flag.Duration("produce-for", 0, "the producer spreads its records over this long; the faults happen meanwhile (default 80s, -ci 36s; with -brokers 3: 300s, -ci 200s)")
 	killEvery := flag.Duration("kill-every", 0, "a random member is SIGKILLed this often (default 4s, -ci 5s)")
@@ -85,10 +90,17 @@ func run(ctx context.Context) int {
 			*payments = 2000
 		}
 	}
+	valid := allModes
+	if *transactions {
+		valid = txnModes
+	}
+	if *modes == "" {
+		*modes = strings.Join(valid, ",")
+	}
 	ms := strings.Split(*modes, ",")
 	for _, m := range ms {
-		if !slices.Contains(allModes, m) {
-			fmt.Fprintf(os.Stderr, "chaos: unknown mode %q (want %s)\n", m, strings.Join(allModes, ", "))
+		if !slices.Contains(valid, m) {
+			fmt.Fprintf(os.Stderr, "chaos: unknown mode %q (want %s)\n", m, strings.Join(valid, ", "))
 			return 2
 		}
 	}
@@ -106,7 +118,7 @@ func run(ctx context.Context) int {
 	logf := func(format string, args ...any) {
 		fmt.Printf("%s chaos: %s\n", time.Now().UTC().Format("15:04:05"), fmt.Sprintf(format, args...))
 	}
-	logf("seed %d, %d Kafka node(s), %d payments per mode over %s, kill every %s, freeze %s; logs in %s", *seed, *brokers, *payments, *produceFor, *killEvery, *freezeFor, runDir)
+	logf("seed %d, %d Kafka node(s), %d payments per mode over %s, kill every %s, freeze %s, transactions %v; logs in %s", *seed, *brokers, *payments, *produceFor, *killEvery, *freezeFor, *transactions, runDir)
 
 	bin := filepath.Join(runDir, "payments-consumer")
 	build := []string{"build", "-o", bin}
@@ -133,7 +145,7 @@ func run(ctx context.Context) int {
 
 	w := chaos.Workload{Payments: *payments, Customers: max(50, *payments/100), DupRate: 0.15, Poison: 0.004, Rivals: 0.005, Flaky: 0.02, Huge: 0.002}
 	opts := chaos.Options{Services: svc, Bin: bin, Dir: runDir, Workload: w, Seed: *seed, ProduceFor: *produceFor,
-		KillEvery: *killEvery, FreezeFor: *freezeFor, DrainTimeout: *drainTimeout, Logf: logf}
+		KillEvery: *killEvery, FreezeFor: *freezeFor, DrainTimeout: *drainTimeout, Transactions: *transactions, Logf: logf}
 	failed := false
 	var sums []*chaos.Summary
 	total := time.Now()

@@ -1,0 +1,304 @@
+package consumer_test
+
+// Static membership (Config.InstanceID, KIP-345): a member SIGKILLed and
+// restarted with its InstanceID within the session timeout gets its
+// partitions back without a rebalance.
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemhq/idem/consumer"
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/internal/testenv"
+)
+
+// Environment of the member helper process.
+const (
+	memberEnvFlag     = "IDEM_MEMBER_HELPER"
+	memberEnvTopic    = "IDEM_MEMBER_TOPIC"
+	memberEnvGroup    = "IDEM_MEMBER_GROUP"
+	memberEnvSchema   = "IDEM_MEMBER_SCHEMA"
+	memberEnvBrokers  = "IDEM_MEMBER_BROKERS"
+	memberEnvDB       = "IDEM_MEMBER_DATABASE_URL"
+	memberEnvInstance = "IDEM_MEMBER_INSTANCE"
+	memberEnvSession  = "IDEM_MEMBER_SESSION_TIMEOUT"
+)
+
+// TestMemberHelperProcess is not a test: staticKillTest runs the test binary
+// again with only this function and IDEM_MEMBER_HELPER=1, and SIGKILLs it. It
+// runs consumer.Run as one member of the test's group (with the InstanceID
+// of IDEM_MEMBER_INSTANCE, possibly empty) writing effects, and prints
+// "assigned <n>" each time partitions are assigned to it. Without the
+// variable it returns at once.
+func TestMemberHelperProcess(t *testing.T) {
+	if os.Getenv(memberEnvFlag) != "1" {
+		return
+	}
+	ctx, pool, session := memberHelperEnv(t)
+	var assigned atomic.Int64
+	err := consumer.Run(ctx, consumer.Config{
+		Brokers:        strings.Split(os.Getenv(memberEnvBrokers), ","),
+		Group:          os.Getenv(memberEnvGroup),
+		Topics:         []string{os.Getenv(memberEnvTopic)},
+		InstanceID:     os.Getenv(memberEnvInstance),
+		Dedupe:         dedupe.NewPostgres(pool),
+		Sarama:         staticSarama(session),
+		Logger:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		CommitInterval: 100 * time.Millisecond,
+		ShutdownGrace:  5 * time.Second,
+		OnAssigned: func(_ context.Context, tps []consumer.TopicPartition) {
+			fmt.Printf("assigned %d\n", assigned.Add(int64(len(tps))))
+		},
+		OnRevoked: func(_ context.Context, tps []consumer.TopicPartition) {
+			fmt.Printf("assigned %d\n", assigned.Add(-int64(len(tps))))
+		},
+	}, effectHandler())
+	t.Fatalf("member helper: Run returned %v before it was killed", err)
+}
+
+// memberHelperEnv is what a member helper process runs with, from its
+// environment: a ctx that ends after 5 minutes (a safety net: the parent
+// kills it long before), a pool on the test's schema and the session
+// timeout.
+func memberHelperEnv(t *testing.T) (context.Context, *pgxpool.Pool, time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	pcfg, err := pgxpool.ParseConfig(os.Getenv(memberEnvDB))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.ConnConfig.RuntimeParams["search_path"] = os.Getenv(memberEnvSchema)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	session, err := time.ParseDuration(os.Getenv(memberEnvSession))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ctx, pool, session
+}
+
+func staticSarama(session time.Duration) *sarama.Config {
+	c := sarama.NewConfig()
+	c.Version = testenv.KafkaVersion
+	c.Consumer.Group.Session.Timeout = session
+	c.Consumer.Group.Heartbeat.Interval = time.Second
+	return c
+}
+
+// memberChild is one run of the member helper process.
+type memberChild struct {
+	cmd      *exec.Cmd
+	assigned chan int // every "assigned <n>" line
+	done     chan error
+	out      *logBuffer
+}
+
+func (e *env) startMember(instance string, session time.Duration) *memberChild {
+	e.t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestMemberHelperProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(),
+		memberEnvFlag+"=1", memberEnvTopic+"="+e.topic, memberEnvGroup+"="+e.group,
+		memberEnvSchema+"="+e.coreSchema(), memberEnvBrokers+"="+strings.Join(e.k.Brokers, ","),
+		memberEnvDB+"="+testenv.DatabaseURL(e.t), memberEnvInstance+"="+instance, memberEnvSession+"="+session.String())
+	out := &logBuffer{}
+	cmd.Stderr = out
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	c := &memberChild{cmd: cmd, assigned: make(chan int, 1000), done: make(chan error, 1), out: out}
+	var read sync.WaitGroup
+	read.Go(func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if n, ok := strings.CutPrefix(sc.Text(), "assigned "); ok {
+				if v, err := strconv.Atoi(n); err == nil {
+					c.assigned <- v
+				}
+			}
+		}
+		_, _ = io.Copy(io.Discard, stdout)
+	})
+	go func() {
+		read.Wait()
+		c.done <- cmd.Wait()
+	}()
+	e.t.Cleanup(c.kill)
+	return c
+}
+
+// kill SIGKILLs the child (no LeaveGroup, no commit) and waits for it.
+func (c *memberChild) kill() {
+	if c.cmd.ProcessState != nil {
+		return
+	}
+	_ = c.cmd.Process.Kill()
+	err := <-c.done
+	c.done <- err
+}
+
+// waitAssigned waits until the child says it holds want partitions.
+func (c *memberChild) waitAssigned(t *testing.T, want int, timeout time.Duration) {
+	t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		select {
+		case n := <-c.assigned:
+			if n == want {
+				return
+			}
+		case err := <-c.done:
+			c.done <- err
+			t.Fatalf("member helper ended with %v before it was assigned %d partitions; its log:\n%s", err, want, c.out.String())
+		case <-deadline.C:
+			t.Fatalf("member helper not assigned %d partitions within %s; its log:\n%s", want, timeout, c.out.String())
+		}
+	}
+}
+
+// generations follows the sessions of the in-process members.
+type generations struct {
+	mu       sync.Mutex
+	sessions map[string][]sarama.ConsumerGroupSession // by member name, in start order
+}
+
+func (g *generations) hook(ctx context.Context, name string) context.Context {
+	return consumer.WithSessionHook(ctx, func(s sarama.ConsumerGroupSession) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		g.sessions[name] = append(g.sessions[name], s)
+	})
+}
+
+// current returns each member's latest session count and generation.
+func (g *generations) current() map[string][2]int32 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := map[string][2]int32{}
+	for name, ss := range g.sessions {
+		out[name] = [2]int32{int32(len(ss)), ss[len(ss)-1].GenerationID()}
+	}
+	return out
+}
+
+// staticKillTest runs 3 members on 12 partitions: two in this process and a
+// child process SIGKILLed and restarted kills times, every 5 s, all with
+// an InstanceID when static. It returns the in-process members' (sessions,
+// generation) before the first kill and after the last restart, and checks
+// that every message was applied exactly once.
+func staticKillTest(t *testing.T, static bool, kills int, session time.Duration) (before, after map[string][2]int32) {
+	const partitions, perRound = 12, 240
+	e := newEnv(t, partitions)
+	gens := &generations{sessions: map[string][]sarama.ConsumerGroupSession{}}
+	regs := map[string]*prometheus.Registry{}
+	for _, name := range []string{"member-a", "member-b"} {
+		cfg := e.config()
+		cfg.Sarama = staticSarama(session)
+		cfg.Registerer = prometheus.NewRegistry()
+		regs[name] = cfg.Registerer.(*prometheus.Registry)
+		if static {
+			cfg.InstanceID = name
+		}
+		startCtx(t, gens.hook(testenv.Context(t), name), cfg, effectHandler())
+	}
+	instance := ""
+	if static {
+		instance = "member-c"
+	}
+	total := 0
+	produce := func() {
+		e.produce(coreKeys(fmt.Sprintf("static-%d", total), perRound), partitions)
+		total += perRound
+	}
+	produce()
+	// The group is settled when the child holds its share and the two
+	// others hold the rest.
+	child := e.startMember(instance, session)
+	child.waitAssigned(t, partitions/3, 90*time.Second)
+	testenv.Eventually(t, 60*time.Second, func() error {
+		a, b := coreClaimed(t, regs["member-a"]), coreClaimed(t, regs["member-b"])
+		if a != partitions/3 || b != partitions/3 {
+			return fmt.Errorf("in-process members claim %d and %d partitions, waiting for %d each", a, b, partitions/3)
+		}
+		return nil
+	})
+	before = gens.current()
+	for i := range kills {
+		child.kill()
+		produce()
+		child = e.startMember(instance, session)
+		child.waitAssigned(t, partitions/3, 90*time.Second)
+		if i < kills-1 {
+			// The cadence of the kills, not a synchronisation.
+			select {
+			case <-time.After(5 * time.Second):
+			case <-testenv.Context(t).Done():
+				return
+			}
+		}
+	}
+	testenv.Eventually(t, 60*time.Second, func() error {
+		a, b := coreClaimed(t, regs["member-a"]), coreClaimed(t, regs["member-b"])
+		if a != partitions/3 || b != partitions/3 {
+			return fmt.Errorf("in-process members claim %d and %d partitions, waiting for %d each", a, b, partitions/3)
+		}
+		return nil
+	})
+	after = gens.current()
+	e.coreWaitEffects(total, 120*time.Second)
+	e.coreAssertOnePerKey(total)
+	return before, after
+}
+
+// TestStaticMemberRestartKeepsGeneration: one of three static members is
+// SIGKILLed and restarted every 5 s; the other two never see a rebalance
+// (their session and generation stay put), and every message is applied
+// once.
+func TestStaticMemberRestartKeepsGeneration(t *testing.T) {
+	t.Parallel()
+	before, after := staticKillTest(t, true, 4, 30*time.Second)
+	t.Logf("in-process members (sessions, generation): before the kills %v, after %v", before, after)
+	for name, b := range before {
+		if a := after[name]; a != b {
+			t.Errorf("%s: (sessions, generation) went from %v to %v across the kills: a static member's restart rebalanced the group", name, b, a)
+		}
+	}
+}
+
+// TestDynamicMemberRestartRebalances is the counter-test: without
+// InstanceID, the same kill and restart moves the other members to a new
+// generation, so TestStaticMemberRestartKeepsGeneration's assertion can
+// fail.
+func TestDynamicMemberRestartRebalances(t *testing.T) {
+	t.Parallel()
+	before, after := staticKillTest(t, false, 1, 10*time.Second)
+	t.Logf("in-process members (sessions, generation): before the kill %v, after %v", before, after)
+	for name, b := range before {
+		if a := after[name]; a == b {
+			t.Errorf("%s: (sessions, generation) stayed %v across a dynamic member's restart: the generation is not observed", name, b)
+		}
+	}
+}

@@ -1,0 +1,190 @@
+package consumer
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/idemhq/idem/internal/txn"
+	"github.com/idemhq/idem/retrytopic"
+)
+
+// This file is the transactional mode (Config.Transactions): the runner's
+// transaction owner (internal/txn), the member's one offset writer and the
+// one producer of its forwards.
+
+// validateTransactions checks what Config.Transactions needs.
+func (c Config) validateTransactions(bad func(field string, v any, rule string)) {
+	if c.TransactionTimeout < 0 {
+		bad("TransactionTimeout", c.TransactionTimeout, "must be > 0")
+	}
+	if !c.Transactions {
+		return
+	}
+	if c.TransactionTimeout <= c.CommitInterval {
+		bad("TransactionTimeout", c.TransactionTimeout, fmt.Sprintf("must exceed CommitInterval (%s): a transaction stays open that long", c.CommitInterval))
+	}
+	if c.Concurrency > 1 {
+		bad("Concurrency", c.Concurrency, "must be 1 with Transactions: a forward commits with its offset, which with lanes may wait behind an earlier, unfinished message")
+	}
+	if c.Ordering != OrderingNone {
+		bad("Ordering", c.Ordering, "must be OrderingNone with Transactions: OrderingByKey forwards parked messages from PostgreSQL, outside the offsets' transaction")
+	}
+	if c.ReadUncommitted {
+		bad("ReadUncommitted", c.ReadUncommitted, "must be false with Transactions: idem's own tiers are written in transactions")
+	}
+	if c.Sarama != nil && c.Sarama.Version != sarama.DefaultVersion && !c.Sarama.Version.IsAtLeast(sarama.V2_5_0_0) {
+		bad("Sarama", c.Sarama.Version, "Version must be at least 2.5 with Transactions (TxnOffsetCommit with the generation, KIP-447)")
+	}
+}
+
+var txnIDUnsafe = regexp.MustCompile(`[^a-zA-Z0-9._-]+`)
+
+// transactionalID is the member's transactional.id (Config.Transactions).
+func (c Config) transactionalID() string {
+	if c.InstanceID != "" {
+		return "idem-" + c.Group + "-" + c.InstanceID
+	}
+	host, _ := os.Hostname()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "idem-" + c.Group + "-" + txnIDUnsafe.ReplaceAllString(host, "_") + "-" + hex.EncodeToString(b[:])
+}
+
+// txnProducerConfig is the config of the transaction owner's own client.
+func txnProducerConfig(base *sarama.Config, cfg Config, maxBytes int) *sarama.Config {
+	c := txn.Config(base, cfg.transactionalID(), cfg.TransactionTimeout)
+	c.Producer.MaxMessageBytes = max(c.Producer.MaxMessageBytes, maxBytes)
+	return c
+}
+
+// startTxn makes the member's transaction owner, on a client of its own
+// (one request in flight, the transactional id), retrying through outages
+// like the rest of the start-up. The caller closes the returned client after
+// the owner.
+func (r *runner) startTxn(ctx context.Context, st setup, maxBytes int) (sarama.Client, error) {
+	pcfg := txnProducerConfig(r.scfg, r.cfg, maxBytes)
+	var client sarama.Client
+	var owner *txn.Owner
+	err := st.retry(ctx, nil, "starting the transactional producer", func() (err error) {
+		if client == nil {
+			if client, err = sarama.NewClient(r.cfg.Brokers, pcfg); err != nil {
+				return err
+			}
+		}
+		owner, err = txn.New(client, r.cfg.Group, r.cfg.InstanceID, r.log)
+		return err
+	})
+	if err != nil {
+		if client != nil {
+			_ = client.Close()
+		}
+		return nil, fmt.Errorf("consumer: transactional producer %q: %w", pcfg.Producer.Transaction.ID, err)
+	}
+	if h := hooksOf(r.baseCtx); h != nil {
+		owner.BeforeCommit = h.beforeCommit
+	}
+	r.txn = owner
+	r.log.Info("idem: transactional mode", "transactional_id", pcfg.Producer.Transaction.ID, "commit_interval", r.cfg.CommitInterval)
+	return client, nil
+}
+
+// commitTxn commits the open transaction with the offsets marked so far,
+// fenced by s's generation. A failure is logged by the owner and ends the
+// session (claims watch txn.Failed).
+func (r *runner) commitTxn(s sarama.ConsumerGroupSession) {
+	_ = r.txn.Commit(sarama.NewConsumerGroupMetadataFromSession(s, r.cfg.Group, nil))
+}
+
+// startCommits readies the owner for session s and commits its transaction
+// every CommitInterval until s ends or stop is called (Cleanup). With
+// Transactions these are the member's only offset commits.
+func (r *runner) startCommits(s sarama.ConsumerGroupSession) (stop func(), err error) {
+	if err := r.txn.Reset(); err != nil {
+		return nil, fmt.Errorf("consumer: transactional producer: %w", err)
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(r.cfg.CommitInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				r.commitTxn(s)
+			case <-s.Context().Done():
+				return
+			case <-done:
+				return
+			}
+		}
+	})
+	return func() { close(done); wg.Wait() }, nil
+}
+
+// txnFailed is closed when the session's transaction failed (nil channel
+// without Transactions: never).
+func (r *runner) txnFailed() <-chan struct{} {
+	if r.txn == nil {
+		return nil
+	}
+	return r.txn.Failed()
+}
+
+// markOffset makes next the partition's offset to commit: through the
+// transaction owner with Transactions, else sarama's offset manager.
+func (c *claim) markOffset(next int64) {
+	if c.r.txn != nil {
+		c.r.txn.Mark(c.tp.topic, c.tp.partition, next)
+		return
+	}
+	c.sess.MarkOffset(c.tp.topic, c.tp.partition, next, "")
+}
+
+// hold joins the open transaction for a forward and the mark that follows
+// it (Transactions only; endHold ends it). false: the transaction failed and
+// the partition must stop.
+func (w *worker) hold() bool {
+	if w.r.txn == nil || w.release != nil {
+		return true
+	}
+	rel, err := w.r.txn.Hold()
+	if err != nil {
+		return false
+	}
+	w.release = rel
+	return true
+}
+
+// endHold ends w's hold, if any.
+func (w *worker) endHold() {
+	if w.release != nil {
+		w.release()
+		w.release = nil
+	}
+}
+
+// send is one try of a forward: in the open transaction with Transactions,
+// else acked on its own.
+func (r *runner) send(ctx context.Context, rec retrytopic.Record) error {
+	if r.txn != nil {
+		return r.txn.Forward(ctx, rec)
+	}
+	return r.fwd.Forward(ctx, rec)
+}
+
+// sendStops says a forward try's error ends the forward as it is: an outage
+// (the caller waits and tries again) or a failed transaction (the partition
+// stops), rather than a refusal that sends the record on to the dead-letter
+// topic.
+func sendStops(err error) bool {
+	return !retrytopic.IsPermanentForwardError(err) || errors.Is(err, txn.ErrBroken)
+}

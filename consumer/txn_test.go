@@ -1,0 +1,491 @@
+package consumer_test
+
+// Transactional mode (Config.Transactions): forwards to retry tiers and the
+// dead-letter topic commit with the source offsets in one Kafka transaction,
+// so a read_committed reader sees each exactly once, whatever fails.
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemhq/idem/consumer"
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/metrics"
+	"github.com/idemhq/idem/retrytopic"
+)
+
+const (
+	txnPartitions = 3
+	txnGood       = 240 // keys whose effect is in PostgreSQL
+	txnPoison     = 30  // keys that always fail: source → tier 1 → DLQ
+)
+
+// txnConfig is e.config() in transactional mode with one short retry tier
+// and no in-process retries.
+func txnConfig(cfg consumer.Config, instance string) consumer.Config {
+	cfg.Transactions = true
+	cfg.InstanceID = instance
+	cfg.Retries = -1
+	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{200 * time.Millisecond}}
+	cfg.CommitInterval = 200 * time.Millisecond
+	cfg.Concurrency = 1 // IDEM_TEST_MODE lanes: not with Transactions
+	return cfg
+}
+
+// poisonHandler fails every "poison-" key (retriable) and writes the effect
+// of the others.
+func poisonHandler() handler.Func {
+	eff := effectHandler()
+	return func(ctx context.Context, m *handler.Message) error {
+		if strings.HasPrefix(m.IdempotencyKey, "poison-") {
+			return errors.New("poison")
+		}
+		return eff(ctx, m)
+	}
+}
+
+// produceTxnKeys produces the good and the poison keys, interleaved.
+func (e *env) produceTxnKeys() {
+	e.t.Helper()
+	var keys []string
+	for i := range txnGood {
+		keys = append(keys, fmt.Sprintf("good-%d", i))
+		if i%(txnGood/txnPoison) == 0 {
+			keys = append(keys, fmt.Sprintf("poison-%d", i/(txnGood/txnPoison)))
+		}
+	}
+	e.produce(keys, txnPartitions)
+}
+
+func (e *env) tier1() string { return retrytopic.Policy{}.Tier(e.topic, e.group, 1) }
+func (e *env) dlqTopic() string {
+	return retrytopic.Policy{}.DLQ(e.topic, e.group)
+}
+
+// copies reads topic from the start at level and returns how many records
+// each key has. It appends a sentinel to every partition (outside any
+// transaction) and reads up to it, which a read_committed reader gets past
+// only once every earlier transaction has ended. Call it when no member
+// consumes topic any more.
+func (e *env) copies(topic string, level sarama.IsolationLevel) map[string]int {
+	e.t.Helper()
+	const sentinel = "idem-test-sentinel"
+	cfg := e.k.Config()
+	cfg.Consumer.IsolationLevel = level
+	c, err := sarama.NewConsumer(e.k.Brokers, cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer c.Close()
+	parts, err := c.Partitions(topic)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	p := e.k.Producer(e.t)
+	for _, part := range parts {
+		if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: topic, Partition: part, Key: sarama.StringEncoder(sentinel)}); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	out := map[string]int{}
+	for _, part := range parts {
+		pc, err := c.ConsumePartition(topic, part, sarama.OffsetOldest)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		deadline := time.NewTimer(60 * time.Second)
+	read:
+		for {
+			select {
+			case m := <-pc.Messages():
+				if string(m.Key) == sentinel {
+					break read
+				}
+				out[string(m.Key)]++
+			case <-deadline.C:
+				e.t.Fatalf("%s/%d: the sentinel was not read within 60 s (a transaction left open?)", topic, part)
+			}
+		}
+		deadline.Stop()
+		pc.AsyncClose()
+	}
+	return out
+}
+
+// assertExactlyOnceForwards checks that a read_committed reader sees every
+// poison key exactly once in tier 1 and once in the DLQ, and nothing else;
+// and that the effects are one per good key. It returns the records a
+// read_uncommitted reader sees in both topics (aborted copies included).
+func (e *env) assertExactlyOnceForwards() (uncommitted int) {
+	e.t.Helper()
+	for _, topic := range []string{e.tier1(), e.dlqTopic()} {
+		got := e.copies(topic, sarama.ReadCommitted)
+		for i := range txnPoison {
+			if n := got[fmt.Sprintf("poison-%d", i)]; n != 1 {
+				e.t.Errorf("%s: poison-%d has %d copies for a read_committed reader, want 1", topic, i, n)
+			}
+		}
+		if len(got) != txnPoison {
+			e.t.Errorf("%s: %d keys for a read_committed reader, want the %d poison keys", topic, len(got), txnPoison)
+		}
+		for _, n := range e.copies(topic, sarama.ReadUncommitted) {
+			uncommitted += n
+		}
+	}
+	if got := e.count(`SELECT count(*) FROM effects`); got != txnGood {
+		e.t.Errorf("effects = %d, want %d", got, txnGood)
+	}
+	if got := e.count(`SELECT count(DISTINCT key) FROM effects`); got != txnGood {
+		e.t.Errorf("distinct effect keys = %d, want %d", got, txnGood)
+	}
+	return uncommitted
+}
+
+// waitTxnSettled waits until reg's member has dead-lettered every poison key
+// and written every effect.
+func (e *env) waitTxnSettled(reg prometheus.Gatherer) {
+	e.t.Helper()
+	testenv.Eventually(e.t, 120*time.Second, func() error {
+		dl := coreOutcome(e.t, reg, metrics.OutcomeDeadLettered)
+		eff := e.count(`SELECT count(*) FROM effects`)
+		if dl < txnPoison || eff < txnGood {
+			return fmt.Errorf("dead-lettered %d of %d, effects %d of %d", dl, txnPoison, eff, txnGood)
+		}
+		return nil
+	})
+}
+
+// Environment of the transactional member helper process.
+const (
+	txnEnvFlag  = "IDEM_TXN_HELPER"
+	txnEnvPoint = "IDEM_TXN_POINT" // "kill": SIGKILL itself before the first commit with records; "stall": wait for stdin there
+)
+
+// TestTxnMemberHelperProcess is not a test: the transactional tests run the
+// test binary again with only this function and IDEM_TXN_HELPER=1. It runs a
+// transactional member (the member helper's environment, see
+// TestMemberHelperProcess) whose first commit of a transaction holding
+// records, after its offsets were added, either SIGKILLs the process
+// (IDEM_TXN_POINT=kill) or prints "pending" and waits for a line on stdin
+// (stall), then goes on. Without the variable it returns at once.
+func TestTxnMemberHelperProcess(t *testing.T) {
+	if os.Getenv(txnEnvFlag) != "1" {
+		return
+	}
+	ctx, pool, session := memberHelperEnv(t)
+	var once sync.Once
+	ctx = consumer.WithBeforeCommitHook(ctx, func(records int) error {
+		if records == 0 {
+			return nil
+		}
+		once.Do(func() {
+			switch os.Getenv(txnEnvPoint) {
+			case "kill":
+				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+				select {} // the signal is on its way
+			case "stall":
+				fmt.Println("pending")
+				_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
+			}
+		})
+		return nil
+	})
+	scfg := staticSarama(session)
+	scfg.Consumer.Group.Rebalance.Timeout = 2 * session
+	cfg := txnConfig(consumer.Config{
+		Brokers:        strings.Split(os.Getenv(memberEnvBrokers), ","),
+		Group:          os.Getenv(memberEnvGroup),
+		Topics:         []string{os.Getenv(memberEnvTopic)},
+		Dedupe:         dedupe.NewPostgres(pool),
+		Sarama:         scfg,
+		Logger:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		ShutdownGrace:  5 * time.Second,
+		RetryBase:      5 * time.Millisecond,
+		RetryMax:       20 * time.Millisecond,
+		CommitInterval: 200 * time.Millisecond,
+	}, os.Getenv(memberEnvInstance))
+	cfg.TransactionTimeout = time.Minute // a stalled member's transaction must outlive its membership
+	err := consumer.Run(ctx, cfg, poisonHandler())
+	t.Fatalf("txn member helper: Run returned %v before it was killed", err)
+}
+
+// txnChild is one run of the transactional member helper.
+type txnChild struct {
+	cmd     *exec.Cmd
+	stdin   io.WriteCloser
+	pending chan struct{} // closed when it printed "pending"
+	done    chan error
+	out     *logBuffer
+}
+
+func (e *env) startTxnChild(point, instance string, session time.Duration) *txnChild {
+	e.t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestTxnMemberHelperProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), txnEnvFlag+"=1", txnEnvPoint+"="+point,
+		memberEnvTopic+"="+e.topic, memberEnvGroup+"="+e.group,
+		memberEnvSchema+"="+e.coreSchema(), memberEnvBrokers+"="+strings.Join(e.k.Brokers, ","),
+		memberEnvDB+"="+testenv.DatabaseURL(e.t), memberEnvInstance+"="+instance, memberEnvSession+"="+session.String())
+	c := &txnChild{cmd: cmd, pending: make(chan struct{}), done: make(chan error, 1), out: &logBuffer{}}
+	cmd.Stderr = c.out
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if c.stdin, err = cmd.StdinPipe(); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if sc.Text() == "pending" {
+				close(c.pending)
+			}
+		}
+		c.done <- cmd.Wait()
+	}()
+	e.t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Kill()
+		err := <-c.done
+		c.done <- err
+	})
+	return c
+}
+
+// wait returns how the child ended, failing the test after timeout.
+func (c *txnChild) wait(t *testing.T, timeout time.Duration) error {
+	t.Helper()
+	select {
+	case err := <-c.done:
+		c.done <- err
+		return err
+	case <-time.After(timeout):
+		t.Fatalf("txn member helper still running after %s; its log:\n%s", timeout, c.out.String())
+		return nil
+	}
+}
+
+// killedBySignal reports whether err is the exit of a process killed by a
+// signal.
+func killedBySignal(err error) bool {
+	var ee *exec.ExitError
+	return errors.As(err, &ee) && ee.ExitCode() == -1
+}
+
+// (a) A member dies (SIGKILL) after its forwards and offsets are in the
+// transaction, before the commit. Its successor (same InstanceID, so the
+// same transactional.id: it fences the dead producer and aborts its
+// transaction) handles those records again: a read_committed reader sees
+// every poison key once in the tier and once in the DLQ, and every effect
+// is applied once.
+func TestTxnKillBetweenForwardAndCommit(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, txnPartitions)
+	e.produceTxnKeys()
+	child := e.startTxnChild("kill", "txn-member", 10*time.Second)
+	if err := child.wait(t, 120*time.Second); !killedBySignal(err) {
+		t.Fatalf("txn member helper ended with %v, want killed at its first commit with records; its log:\n%s", err, child.out.String())
+	}
+	reg := prometheus.NewRegistry()
+	cfg := txnConfig(e.config(), "txn-member")
+	cfg.Registerer = reg
+	r := start(t, cfg, poisonHandler())
+	e.waitTxnSettled(reg)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	uncommitted := e.assertExactlyOnceForwards()
+	// The killed transaction's records are in the log, aborted: the crash
+	// window was exercised.
+	if uncommitted <= 2*txnPoison {
+		t.Errorf("read_uncommitted readers see %d records in the tier and the DLQ, want more than %d (the killed member's aborted forwards)", uncommitted, 2*txnPoison)
+	}
+}
+
+// (b) A zombie: a member is frozen (SIGSTOP) in the middle of a commit, after
+// its offsets were added, past its session timeout; the group moves on
+// without it and a new member handles its partitions. Thawed, the zombie's
+// commit carries its stale generation: the broker refuses it, the
+// transaction is aborted and nothing it forwarded becomes visible.
+func TestTxnZombieCannotCommit(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, txnPartitions)
+	e.produceTxnKeys()
+	const session = 6 * time.Second // the broker's minimum
+	zombie := e.startTxnChild("stall", "", session)
+	select {
+	case <-zombie.pending:
+	case err := <-zombie.done:
+		t.Fatalf("zombie ended with %v before its commit; its log:\n%s", err, zombie.out.String())
+	case <-time.After(120 * time.Second):
+		t.Fatalf("zombie never reached a commit with records; its log:\n%s", zombie.out.String())
+	}
+	if err := zombie.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	// The successor takes every partition (source and tier) once the
+	// zombie's session expired. (It cannot get far before the zombie thaws:
+	// the zombie was frozen inside a PostgreSQL transaction too, whose
+	// inbox row locks hold the successor's message of that key.)
+	reg := prometheus.NewRegistry()
+	cfg := txnConfig(e.config(), "")
+	cfg.Registerer = reg
+	r := start(t, cfg, poisonHandler())
+	testenv.Eventually(t, 120*time.Second, func() error {
+		if n := coreClaimed(t, reg); n < 2*txnPartitions {
+			return fmt.Errorf("the successor claims %d of %d partitions", n, 2*txnPartitions)
+		}
+		return nil
+	})
+	if err := zombie.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(zombie.stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if !strings.Contains(zombie.out.String(), "Kafka transaction failed and aborted") {
+			return fmt.Errorf("the zombie has not failed its commit yet")
+		}
+		return nil
+	})
+	t.Logf("zombie's log:\n%s", zombie.out.String())
+	_ = zombie.cmd.Process.Kill()
+	e.waitTxnSettled(reg)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if uncommitted := e.assertExactlyOnceForwards(); uncommitted <= 2*txnPoison {
+		t.Errorf("read_uncommitted readers see %d records in the tier and the DLQ, want more than %d (the zombie's aborted forwards)", uncommitted, 2*txnPoison)
+	}
+}
+
+// (c) A transaction that fails (forced, as an abortable error at the commit
+// would) is aborted; the member ends its session and handles the records
+// again from the committed offsets: nothing lost, nothing doubled for a
+// read_committed reader.
+func TestTxnAbortReprocesses(t *testing.T) {
+	t.Parallel()
+	for _, batch := range []int{0, 50} {
+		t.Run(fmt.Sprintf("batch %d", batch), func(t *testing.T) {
+			t.Parallel()
+			txnAbortReprocesses(t, batch)
+		})
+	}
+}
+
+func txnAbortReprocesses(t *testing.T, batch int) {
+	e := newEnv(t, txnPartitions)
+	e.produceTxnKeys()
+	var aborts sync.Map
+	ctx := consumer.WithBeforeCommitHook(testenv.Context(t), func(records int) error {
+		if records == 0 {
+			return nil
+		}
+		// Abort the first three transactions that hold records.
+		for i := range 3 {
+			if _, loaded := aborts.LoadOrStore(i, records); !loaded {
+				return fmt.Errorf("forced abort %d (%d records)", i+1, records)
+			}
+		}
+		return nil
+	})
+	reg := prometheus.NewRegistry()
+	cfg := txnConfig(e.config(), "")
+	cfg.Batch = consumer.BatchConfig{MaxMessages: batch}
+	cfg.Registerer = reg
+	r := startCtx(t, ctx, cfg, poisonHandler())
+	e.waitTxnSettled(reg)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if uncommitted := e.assertExactlyOnceForwards(); uncommitted <= 2*txnPoison {
+		t.Errorf("read_uncommitted readers see %d records in the tier and the DLQ, want more than %d (the aborted forwards)", uncommitted, 2*txnPoison)
+	}
+	if n := coreOutcome(t, reg, metrics.OutcomeDeadLettered); n < txnPoison {
+		t.Errorf("dead-lettered %d, want >= %d", n, txnPoison)
+	}
+}
+
+// A producer fenced by another with the same transactional.id (a member
+// started twice, an operator's tool): the member's commit fails for good,
+// the producer is closed and made anew (fencing the other in turn), and
+// the records of the failed transaction are handled again: nothing lost,
+// nothing doubled for a read_committed reader.
+func TestTxnFencedProducerIsRecreated(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, txnPartitions)
+	e.produceTxnKeys()
+	const instance = "fenced-member"
+	var fenced sync.Once
+	var fenceErr error
+	ctx := consumer.WithBeforeCommitHook(testenv.Context(t), func(records int) error {
+		if records == 0 {
+			return nil
+		}
+		fenced.Do(func() {
+			// InitProducerId with the member's transactional.id bumps the
+			// epoch: the member's producer is fenced from here on.
+			c := e.k.Config()
+			c.Version = sarama.V4_1_0_0
+			retrytopic.ConfigureProducer(c)
+			c.Producer.Transaction.ID = "idem-" + e.group + "-" + instance
+			p, err := sarama.NewSyncProducer(e.k.Brokers, c)
+			if err != nil {
+				fenceErr = err
+				return
+			}
+			fenceErr = p.Close()
+		})
+		return nil
+	})
+	reg := prometheus.NewRegistry()
+	cfg := txnConfig(e.config(), instance)
+	cfg.Registerer = reg
+	var logs logBuffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	r := startCtx(t, ctx, cfg, poisonHandler())
+	e.waitTxnSettled(reg)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if fenceErr != nil {
+		t.Fatalf("the fencing producer: %v", fenceErr)
+	}
+	if !strings.Contains(logs.String(), "Kafka transaction failed and aborted") {
+		t.Fatalf("the member's commit did not fail after its producer was fenced; its log:\n%s", logs.String())
+	}
+	t.Logf("the member's failure: %s", firstLine(logs.String(), "Kafka transaction failed"))
+	if uncommitted := e.assertExactlyOnceForwards(); uncommitted <= 2*txnPoison {
+		t.Errorf("read_uncommitted readers see %d records in the tier and the DLQ, want more than %d (the fenced transaction's forwards)", uncommitted, 2*txnPoison)
+	}
+}
+
+// firstLine returns the first line of s containing sub.
+func firstLine(s, sub string) string {
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			return l
+		}
+	}
+	return ""
+}

@@ -1,0 +1,137 @@
+package txn_test
+
+import (
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/txn"
+	"github.com/idemhq/idem/retrytopic"
+)
+
+// newOwner makes an owner for group on a client of its own.
+func newOwner(t *testing.T, k *testenv.Kafka, group string) *txn.Owner {
+	t.Helper()
+	client, err := sarama.NewClient(k.Brokers, txn.Config(k.Config(), testenv.Unique("txn-test"), 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	o, err := txn.New(client, group, "", slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = o.Close() })
+	return o
+}
+
+// committedOffset is group's committed offset of topic/0 (-1: none).
+func committedOffset(t *testing.T, k *testenv.Kafka, group, topic string) int64 {
+	t.Helper()
+	resp, err := k.Admin(t).ListConsumerGroupOffsets(group, map[string][]int32{topic: {0}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := resp.GetBlock(topic, 0); b != nil {
+		return b.Offset
+	}
+	return -1
+}
+
+// TestOwnerFailsAndResets: a commit the group coordinator refuses (a
+// generation the group never had) aborts the transaction with its record;
+// the owner then refuses holds and drops marks until Reset, after which a
+// forward and its offset commit together.
+func TestOwnerFailsAndResets(t *testing.T) {
+	t.Parallel()
+	k := testenv.NewKafka(t)
+	topic, group := k.Topic(t, 1), testenv.Group(t)
+	o := newOwner(t, k, group)
+
+	if err := o.Commit(sarama.NewConsumerGroupMetadata(group)); err != nil {
+		t.Fatalf("Commit with nothing to commit = %v, want nil", err)
+	}
+
+	release, err := o.Hold()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Forward(testenv.Context(t), retrytopic.Record{Topic: topic, Partition: 0, Key: []byte("aborted")}); err != nil {
+		t.Fatal(err)
+	}
+	o.Mark(topic, 0, 7)
+	release()
+	stale := sarama.NewConsumerGroupMetadata(group)
+	stale.GenerationID, stale.MemberID = 5, "gone"
+	err = o.Commit(stale)
+	if !errors.Is(err, txn.ErrBroken) {
+		t.Fatalf("Commit with a generation the group never had = %v, want ErrBroken", err)
+	}
+	select {
+	case <-o.Failed():
+	default:
+		t.Fatal("Failed is not closed after a failed commit")
+	}
+	if _, err := o.Hold(); !errors.Is(err, txn.ErrBroken) {
+		t.Fatalf("Hold after a failed commit = %v, want ErrBroken", err)
+	}
+	o.Mark(topic, 0, 9) // dropped
+
+	if err := o.Reset(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-o.Failed():
+		t.Fatal("Failed is closed after Reset")
+	default:
+	}
+	if err := o.Commit(sarama.NewConsumerGroupMetadata(group)); err != nil {
+		t.Fatalf("Commit after Reset with nothing marked = %v, want nil (the failed session's marks are dropped)", err)
+	}
+	if got := committedOffset(t, k, group, topic); got != -1 {
+		t.Fatalf("committed offset %d after the failed transaction, want none", got)
+	}
+	release, err = o.Hold()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Forward(testenv.Context(t), retrytopic.Record{Topic: topic, Partition: 0, Key: []byte("committed")}); err != nil {
+		t.Fatal(err)
+	}
+	o.Mark(topic, 0, 3)
+	release()
+	// A group with no members takes offsets without a generation (a simple
+	// group), as the outbox relay's progress mark does.
+	if err := o.Commit(sarama.NewConsumerGroupMetadata(group)); err != nil {
+		t.Fatal(err)
+	}
+	if got := committedOffset(t, k, group, topic); got != 3 {
+		t.Fatalf("committed offset %d, want 3", got)
+	}
+
+	// A read_committed reader sees only the committed record.
+	cfg := k.Config()
+	cfg.Consumer.IsolationLevel = sarama.ReadCommitted
+	c, err := sarama.NewConsumer(k.Brokers, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	pc, err := c.ConsumePartition(topic, 0, sarama.OffsetOldest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	select {
+	case m := <-pc.Messages():
+		if string(m.Key) != "committed" {
+			t.Fatalf("read_committed reader got %q first, want the committed record", m.Key)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("read_committed reader got nothing within 30 s")
+	}
+}
