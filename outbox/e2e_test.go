@@ -374,3 +374,46 @@ func TestEnqueueInBatchMode(t *testing.T) {
 		t.Fatalf("%d events for %d messages", n, len(keys))
 	}
 }
+
+// TestSeriesExistOnAStandby: a relay that has published nothing, here a
+// standby behind a leader, exports idem_outbox_published_total and
+// idem_outbox_publish_seconds at zero, so a dashboard panel over them is not
+// empty for it (TestObservability of the payments example failed when its
+// relay was a standby behind another test's relay on the same table).
+func TestSeriesExistOnAStandby(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	a, regA := e.relay(e.pool)
+	b, regB := e.relay(e.pool)
+	start(t, a)
+	waitMetric(t, regA, 1, "idem_outbox_leader", "idem_outbox")
+	start(t, b)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		mfs, err := regB.Gather()
+		if err != nil {
+			return err
+		}
+		var missing []string
+		for _, name := range []string{"idem_outbox_published_total", "idem_outbox_publish_seconds", "idem_outbox_leader"} {
+			found := false
+			for _, mf := range mfs {
+				if mf.GetName() != name {
+					continue
+				}
+				for _, m := range mf.GetMetric() {
+					found = found || matches(m, []string{"idem_outbox"})
+				}
+			}
+			if !found {
+				missing = append(missing, name)
+			}
+		}
+		if len(missing) > 0 {
+			return fmt.Errorf("the standby exports no series of %v", missing)
+		}
+		return nil
+	})
+	if l := metric(t, regB, "idem_outbox_leader", "idem_outbox"); l != 0 {
+		t.Fatalf("relay B leads (%v) while A does", l)
+	}
+}

@@ -484,6 +484,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	s.leader = m.Leader.WithLabelValues(t.name)
 	s.leader.Set(0)
+	// The published counter and the publish latency exist from the start,
+	// at zero, on a standby too: a dashboard or alert that reads them finds
+	// a series for every relay, not only once this one has led and published.
+	m.Published.WithLabelValues(t.name)
+	m.PublishSeconds.WithLabelValues(t.name)
 	c.Health.set(ErrNotStarted)
 	defer c.Health.set(ErrStopped)
 	if !s.start(ctx) {
