@@ -194,32 +194,10 @@ func TestDeferHelperProcess(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // the parent kills us long before
 	defer cancel()
-	pcfg, err := pgxpool.ParseConfig(os.Getenv(crashEnvDB))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcfg.ConnConfig.RuntimeParams["search_path"] = os.Getenv(crashEnvSchema)
-	pcfg.ConnConfig.RuntimeParams["application_name"] = deferAppName(os.Getenv(crashEnvSchema))
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	scfg := sarama.NewConfig()
-	scfg.Version = testenv.KafkaVersion
-	scfg.Consumer.Group.Session.Timeout = 6 * time.Second // the broker's minimum: the dead member is evicted soon
-	scfg.Consumer.Group.Heartbeat.Interval = time.Second
-	topic := os.Getenv(crashEnvTopic)
-	err = consumer.Run(ctx, consumer.Config{
-		Brokers:        strings.Split(os.Getenv(crashEnvBrokers), ","),
-		Group:          os.Getenv(crashEnvGroup),
-		Topics:         []string{topic},
-		Dedupe:         dedupe.NewPostgres(pool),
-		Sarama:         scfg,
-		Logger:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
-		CommitInterval: 100 * time.Millisecond,
-		Defer:          &schedule.Scheduler{Pool: pool},
-	}, deferHandler(topic, 10*time.Second))
+	cfg, pool := helperConfig(t, ctx, deferAppName(os.Getenv(crashEnvSchema)))
+	cfg.CommitInterval = 100 * time.Millisecond
+	cfg.Defer = &schedule.Scheduler{Pool: pool}
+	err := consumer.Run(ctx, cfg, deferHandler(cfg.Topics[0], 10*time.Second))
 	t.Fatalf("defer helper: Run returned %v before it was killed", err)
 }
 
@@ -312,4 +290,34 @@ func (e *env) startHelperProcess(run, flag string) (kill func() error) {
 	}
 	t.Cleanup(func() { _ = kill() })
 	return kill
+}
+
+// helperConfig is the Config of a helper process (TestDeferHelperProcess,
+// TestHooksHelperProcess) from the crash helper's variables, with a pool on
+// the test's schema named appName (closed at the test's end) and the
+// broker's shortest session, so the killed member is evicted soon.
+func helperConfig(t *testing.T, ctx context.Context, appName string) (consumer.Config, *pgxpool.Pool) {
+	pcfg, err := pgxpool.ParseConfig(os.Getenv(crashEnvDB))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.ConnConfig.RuntimeParams["search_path"] = os.Getenv(crashEnvSchema)
+	pcfg.ConnConfig.RuntimeParams["application_name"] = appName
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	scfg := sarama.NewConfig()
+	scfg.Version = testenv.KafkaVersion
+	scfg.Consumer.Group.Session.Timeout = 6 * time.Second // the broker's minimum
+	scfg.Consumer.Group.Heartbeat.Interval = time.Second
+	return consumer.Config{
+		Brokers: strings.Split(os.Getenv(crashEnvBrokers), ","),
+		Group:   os.Getenv(crashEnvGroup),
+		Topics:  []string{os.Getenv(crashEnvTopic)},
+		Dedupe:  dedupe.NewPostgres(pool),
+		Sarama:  scfg,
+		Logger:  slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
+	}, pool
 }

@@ -4,14 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/IBM/sarama"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/consumer"
@@ -136,30 +132,10 @@ func TestHooksHelperProcess(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // the parent kills us long before
 	defer cancel()
-	pcfg, err := pgxpool.ParseConfig(os.Getenv(crashEnvDB))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcfg.ConnConfig.RuntimeParams["search_path"] = os.Getenv(crashEnvSchema)
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	scfg := sarama.NewConfig()
-	scfg.Version = testenv.KafkaVersion
-	scfg.Consumer.Group.Session.Timeout = 6 * time.Second
-	scfg.Consumer.Group.Heartbeat.Interval = time.Second
-	cfg, h := hooksConfig(consumer.Config{
-		Brokers:        strings.Split(os.Getenv(crashEnvBrokers), ","),
-		Group:          os.Getenv(crashEnvGroup),
-		Topics:         []string{os.Getenv(crashEnvTopic)},
-		Dedupe:         dedupe.NewPostgres(pool),
-		Sarama:         scfg,
-		Logger:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
-		CommitInterval: time.Hour, // never by the ticker: the kill comes first
-	})
-	err = consumer.Run(ctx, cfg, h)
+	base, _ := helperConfig(t, ctx, "idem-hooks-helper")
+	base.CommitInterval = time.Hour // never by the ticker: the kill comes first
+	cfg, h := hooksConfig(base)
+	err := consumer.Run(ctx, cfg, h)
 	t.Fatalf("hooks helper: Run returned %v before it was killed", err)
 }
 
