@@ -56,7 +56,7 @@ func (a *Adaptive) validate(transactions bool) error {
 		return errors.New("must be nil with Transactions: it runs lanes, and Transactions needs one message at a time per partition")
 	}
 	if a.Max > 1024 {
-		return fmt.Errorf("Max = %d: must be at most 1024 (as Concurrency)", a.Max)
+		return fmt.Errorf("at most 1024 lanes (as Concurrency), not Max = %d", a.Max)
 	}
 	return a.config().Validate()
 }
