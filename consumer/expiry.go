@@ -51,8 +51,15 @@ func (e Expiry) policy() expiry.Policy { return expiry.Policy(e) }
 // expiryOf is msg's verdict under Config.Expiry now, by its origin (a tier
 // record is as old as its first delivery).
 func (w *worker) expiryOf(msg *handler.Message) expiry.Result {
+	p := w.r.cfg.Expiry.policy()
 	o := msg.Origin()
-	return w.r.cfg.Expiry.policy().Check(o.Topic, o.Timestamp, msg.Headers, time.Now())
+	maxAge, header := p.MaxAgeOf(o.Topic), p.HeaderName()
+	if maxAge <= 0 && !expiry.HasHeader(msg.Headers, header) {
+		// Live whatever the time: the clock is not read (time.Now per
+		// message was 6 % of the no-op path's CPU).
+		return expiry.Result{Status: expiry.Live}
+	}
+	return expiry.Check(o.Timestamp, msg.Headers, header, maxAge, time.Now())
 }
 
 // expired checks msg against Config.Expiry. It returns nil, false when msg
