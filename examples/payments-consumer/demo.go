@@ -343,6 +343,7 @@ func runDemo(ctx context.Context, e env, o demoOptions, stdout, stderr io.Writer
 			Logger:           log,
 			Registerer:       reg,
 			Retry:            demoRetry,
+			Rules:            paymentRules(),
 			Retries:          1,
 			RetryBase:        20 * time.Millisecond,
 			DLQDepthInterval: time.Second,

@@ -115,6 +115,7 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer) error {
 		Logger:     log,
 		Registerer: reg,
 		Retry:      retryPolicy,
+		Rules:      paymentRules(),
 		Readiness:  ready,
 		Relay:      eventsRelay(*relay, pool),
 	}, pool, log, svc)
