@@ -211,10 +211,10 @@ type Config struct {
 	// through, when it has flow limits (Set.SetLimits: a rate and calls in
 	// flight per dependency, the budget of the whole group). Run registers
 	// its series (breaker.NewLimitCollector: idem_dependency_*) on
-	// Registerer and, after each rebalance, splits the budget across the
-	// group's members: Set.SetShare(1/members). Until a member has counted
-	// the group it uses the whole budget; during a rebalance members may
-	// briefly use more than their share.
+	// Registerer and, after each rebalance and every 5 s, splits the budget
+	// across the group's members: Set.SetShare(1/members). Until a member
+	// has counted the group it uses the whole budget; during a rebalance
+	// members may briefly use more than their share.
 	// Default: nil (no limits split; the handler may still use a Set).
 	Breakers *breaker.Set
 

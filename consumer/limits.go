@@ -18,8 +18,8 @@ import (
 // through Config.Breakers (breaker.Set.Do), whose limits (Set.SetLimits)
 // are the budget of the whole consumer group. Run exports the Set's limit
 // series and splits the budget across the group's members: after each
-// rebalance it asks the group coordinator how many members the group has
-// and calls Set.SetShare(1/members). Until the first answer a member uses
+// rebalance, and every 5 s, it asks the group coordinator how many members
+// the group has and calls Set.SetShare(1/members) when the count changed. Until the first answer a member uses
 // the whole budget, and during a rebalance members that have not rescaled
 // yet may briefly use more than their share (breaker.Set.SetShare).
 
@@ -59,11 +59,20 @@ func registerLimits(cfg Config) error {
 
 // shares splits Config.Breakers' budget across the group's members: each
 // session's Setup signals it (rebalanced) and watch, running for Run's
-// lifetime, counts the group's members and sets the Set's share.
+// lifetime, counts the group's members and sets the Set's share. It also
+// recounts every shareRecount: a member whose partitions a cooperative
+// rebalance left alone gets no new session, so no Setup tells it that others
+// joined (TestRateLimitSplitAcrossMembers failed in CI that way: the first
+// member kept the whole budget), and a count taken while the group was
+// still joining can be short.
 type shares struct {
 	set  *breaker.Set
 	kick chan struct{} // one pending recount at most
 }
+
+// shareRecount is how often the members are counted again without a
+// rebalance signal.
+const shareRecount = 5 * time.Second
 
 func newShares(set *breaker.Set) *shares {
 	if set == nil {
@@ -100,18 +109,27 @@ func (s *shares) watch(ctx context.Context, client sarama.Client, group string, 
 		log.Warn("idem: cannot split the dependencies' limits across the group: no admin client", "err", err)
 		return
 	}
+	recount := time.NewTicker(shareRecount)
+	defer recount.Stop()
+	last := 0
 	for n := 0; ; {
 		select {
 		case <-ctx.Done():
 			return
 		case <-s.kick:
+		case <-recount.C:
 		}
 		members, err := groupMembers(admin, group)
 		if err == nil && members > 0 {
 			n = 0
+			if members == last {
+				continue
+			}
 			if err := s.set.SetShare(1 / float64(members)); err != nil {
 				log.Warn("idem: set the dependencies' share", "members", members, "err", err)
+				continue
 			}
+			last = members
 			log.Debug("idem: dependencies' limits split across the group", "members", members)
 			continue
 		}
