@@ -269,8 +269,8 @@ var errBankUnavailable = errors.New("bank unavailable")
 // consumer pauses instead of retrying. A 429 is the bank's request to wait:
 // its Retry-After goes back through the Set as handler.RetryAfter, which pauses
 // every call to the bank for that long, and the error is a
-// *breaker.ThrottleError, so the consumer pauses too (no retry spent, nothing
-// forwarded). Calls wait for the bank's rate limit, if any, inside the Set. Any
+// *breaker.ThrottleError, so the message waits for it too (no retry spent,
+// nothing forwarded; messages that need no bank call go on). Calls wait for the bank's rate limit, if any, inside the Set. Any
 // other 4xx is permanent.
 func (c *bankClient) Charge(ctx context.Context, key string, p Payment) error {
 	body, err := json.Marshal(chargeRequest{OrderID: p.OrderID, Amount: string(p.Amount), Currency: p.Currency})

@@ -26,8 +26,8 @@ import (
 // (breaker.Set.SetLimits: waiting for a token is not an attempt), and honours
 // a 429 by returning handler.RetryAfter from inside Set.Do: every call to the
 // bank then pauses until the Retry-After has passed, and the handler's error
-// is a *breaker.ThrottleError, on which idem pauses the partitions without
-// spending a retry or forwarding anything. breaker.NewLimitCollector exports
+// is a *breaker.ThrottleError, on which idem holds the message until then
+// without spending a retry or forwarding anything. breaker.NewLimitCollector exports
 // the limits (idem_dependency_*).
 //
 // This file has the flags, the bank's side (429 windows; a ledger of the calls
