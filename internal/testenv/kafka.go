@@ -140,7 +140,11 @@ func (k *Kafka) DeleteTopics(tb testing.TB, names ...string) {
 	}
 }
 
-// WaitTopic polls metadata until topic shows partitions partitions with leaders.
+// WaitTopic polls until topic shows partitions partitions with leaders, and
+// each leader answers for its partition. Metadata names a leader before that
+// broker has made the partition's log, and meanwhile a fetch or a produce is
+// refused with NOT_LEADER_OR_FOLLOWER ("Your metadata is out of date"), which
+// failed tests that consumed a topic right after creating it.
 func (k *Kafka) WaitTopic(tb testing.TB, topic string, partitions int32) {
 	tb.Helper()
 	c, err := sarama.NewClient(k.Brokers, k.Config())
@@ -162,6 +166,9 @@ func (k *Kafka) WaitTopic(tb testing.TB, topic string, partitions int32) {
 		for _, p := range ps {
 			if _, err := c.Leader(topic, p); err != nil {
 				return err
+			}
+			if _, err := c.GetOffset(topic, p, sarama.OffsetNewest); err != nil {
+				return fmt.Errorf("topic %s partition %d: %w", topic, p, err)
 			}
 		}
 		return nil
