@@ -1,13 +1,11 @@
 package checkpoint_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -275,7 +273,6 @@ func TestTwoRunnersNeverTakeTheSameChunk(t *testing.T) {
 }
 
 const (
-	childEnv     = "IDEM_CHECKPOINT_CHILD"
 	childSchema  = "IDEM_CHECKPOINT_SCHEMA"
 	childKillAt  = "IDEM_CHECKPOINT_KILL_AT"
 	childChunk   = 40
@@ -284,13 +281,13 @@ const (
 )
 
 // TestCheckpointChildProcess is not a test: TestKilledAtRandomRowResumes runs
-// the test binary again with only this function and IDEM_CHECKPOINT_CHILD=1.
+// the test binary again with only this function (testenv.StartChild).
 // It runs the job, printing "row N" as it processes each row; at row
 // IDEM_CHECKPOINT_KILL_AT it prints "at N" and blocks with its chunk's
 // transaction open until the parent SIGKILLs it. Without the variable it
 // returns at once.
 func TestCheckpointChildProcess(t *testing.T) {
-	if os.Getenv(childEnv) != "1" {
+	if !testenv.InChild("TestCheckpointChildProcess") {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), childTimeout) // a safety net
@@ -326,35 +323,11 @@ func TestCheckpointChildProcess(t *testing.T) {
 // (mid-chunk, its transaction open) and checks it died of the signal.
 func killChildAt(t *testing.T, schema string, killAt int64) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestCheckpointChildProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(), childEnv+"=1", childSchema+"="+schema, childKillAt+"="+strconv.FormatInt(killAt, 10))
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
+	c := testenv.StartChild(t, "TestCheckpointChildProcess", childSchema+"="+schema, childKillAt+"="+strconv.FormatInt(killAt, 10))
+	if !c.WaitForLine(fmt.Sprintf("at %d", killAt)) {
+		t.Fatalf("child: exited before row %d; stderr:\n%s", killAt, c.Stderr())
 	}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	sc := bufio.NewScanner(out)
-	reached := false
-	for sc.Scan() {
-		if sc.Text() == fmt.Sprintf("at %d", killAt) {
-			reached = true
-			break
-		}
-	}
-	if err := cmd.Process.Kill(); err != nil { // SIGKILL: no deferred code runs
-		t.Fatal(err)
-	}
-	_ = out.Close()
-	err = cmd.Wait()
-	var ee *exec.ExitError
-	if !reached || !errors.As(err, &ee) || ee.ExitCode() != -1 {
-		t.Fatalf("child: reached row %d = %v, ended with %v; stderr:\n%s", killAt, reached, err, stderr.String())
-	}
+	c.Kill(t)
 }
 
 // A batch process is SIGKILLed at a random row, twice, each time in the

@@ -1,7 +1,6 @@
 package outbox_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -147,31 +146,11 @@ func TestCrashAfterAckBeforeDelete(t *testing.T) {
 	recs := e.consume(e.topic)
 	e.enqueue(e.msg("order-1", `{"event":"payment.recorded","order":"order-1"}`))
 
-	cmd, stdout := e.startChild("TestRelayChildProcess", childEnv)
-	acked := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		s := bufio.NewScanner(stdout)
-		for s.Scan() {
-			if strings.HasPrefix(s.Text(), ackedMarker) {
-				close(acked)
-				break
-			}
-		}
-		for s.Scan() { // drain until the child dies
-		}
-	})
-	select {
-	case <-acked:
-	case <-time.After(time.Minute):
-		_ = cmd.Process.Kill()
-		t.Fatal("the child relay never reported an ack")
+	c := e.startChild("TestRelayChildProcess", childEnv)
+	if _, ok := c.WaitFor(func(line string) bool { return strings.HasPrefix(line, ackedMarker) }); !ok {
+		t.Fatalf("the child relay exited without reporting an ack; stderr:\n%s", c.Stderr())
 	}
-	if err := cmd.Process.Kill(); err != nil { // SIGKILL: no deferred code runs in the child
-		t.Fatal(err)
-	}
-	_ = cmd.Wait()
-	wg.Wait()
+	c.Kill(t)
 
 	if n := e.count("state = 'pending'"); n != 1 {
 		t.Fatalf("%d pending rows after the crash, want the acked row still there", n)

@@ -3,10 +3,8 @@ package outbox_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -267,23 +265,11 @@ func (w testWriter) Write(p []byte) (int, error) {
 }
 
 // startChild starts this test binary as a child process that runs only
-// test, with env added and schemaEnv set to the test's schema; its stderr
-// goes to the test log and its stdout is returned.
-func (e *env) startChild(test, schemaEnv string, env ...string) (*exec.Cmd, io.Reader) {
+// test, with env added and schemaEnv set to the test's schema.
+func (e *env) startChild(test, schemaEnv string, env ...string) *testenv.Child {
 	e.t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.count=1")
-	cmd.Env = append(os.Environ(), schemaEnv+"="+e.schema,
-		"KAFKA_BROKERS="+strings.Join(e.k.Brokers, ","), "DATABASE_URL="+testenv.DatabaseURL(e.t))
-	cmd.Env = append(cmd.Env, env...)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	cmd.Stderr = testWriter{e.t}
-	if err := cmd.Start(); err != nil {
-		e.t.Fatal(err)
-	}
-	return cmd, stdout
+	return testenv.StartChild(e.t, test, append([]string{schemaEnv + "=" + e.schema,
+		"KAFKA_BROKERS=" + strings.Join(e.k.Brokers, ","), "DATABASE_URL=" + testenv.DatabaseURL(e.t)}, env...)...)
 }
 
 // childEnvOf returns, in a child process started by startChild, the env on

@@ -1,7 +1,6 @@
 package outbox_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -317,48 +316,27 @@ func TestExactlyOnceSurvivesSIGKILL(t *testing.T) {
 func (e *env) runTxnChild(point string, rounds int, jitter time.Duration) string {
 	t := e.t
 	t.Helper()
-	cmd, stdout := e.startChild("TestExactlyOnceRelayChildProcess", childTxnEnv, childKillAt+"="+point)
-	reached := make(chan string, 1)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		s := bufio.NewScanner(stdout)
-		commits := 0
-		sent := false
-		for s.Scan() {
-			line := s.Text()
-			if sent {
-				continue // drain until the child dies
-			}
-			switch {
-			case point != "" && strings.HasPrefix(line, markerWaiting):
-				reached <- line
-				sent = true
-			case point == "" && strings.HasPrefix(line, markerCommitted):
-				if commits++; commits == rounds {
-					reached <- fmt.Sprintf("running, after %d committed rounds", rounds)
-					sent = true
-				}
-			}
+	c := e.startChild("TestExactlyOnceRelayChildProcess", childTxnEnv, childKillAt+"="+point)
+	commits := 0
+	what, ok := c.WaitFor(func(line string) bool {
+		switch {
+		case point != "":
+			return strings.HasPrefix(line, markerWaiting)
+		case strings.HasPrefix(line, markerCommitted):
+			commits++
+			return commits == rounds
 		}
-		if !sent {
-			reached <- "exited or emptied the outbox before the kill point"
-		}
+		return false
 	})
-	var what string
-	select {
-	case what = <-reached:
-		if point == "" {
-			time.Sleep(jitter) // not synchronisation: where the kill lands in the child's next round
-			what += fmt.Sprintf(" + %s", jitter)
-		}
-	case <-time.After(2 * time.Minute):
-		what = "never reached the kill point"
+	switch {
+	case !ok:
+		what = "exited or emptied the outbox before the kill point"
+	case point == "":
+		time.Sleep(jitter) // not synchronisation: where the kill lands in the child's next round
+		what = fmt.Sprintf("running, after %d committed rounds + %s", rounds, jitter)
 	}
-	if err := cmd.Process.Kill(); err != nil { // SIGKILL: no deferred code runs in the child
-		t.Fatal(err)
-	}
-	_ = cmd.Wait()
-	wg.Wait()
+	_ = c.Cmd.Process.Kill() // SIGKILL: no deferred code runs in the child
+	_ = c.Wait()
 	return what
 }
 

@@ -1,13 +1,11 @@
 package saga_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -526,18 +524,15 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	}
 }
 
-const (
-	childEnv    = "IDEM_SAGA_CHILD"
-	childSchema = "IDEM_SAGA_SCHEMA"
-)
+const childSchema = "IDEM_SAGA_SCHEMA"
 
 // TestSagaChildProcess is not a test: TestSIGKILLMidStepResumes runs the
-// test binary again with only this function and IDEM_SAGA_CHILD=1. It
+// test binary again with only this function (testenv.StartChild). It
 // drives saga "k" whose "charge" step makes its remote effect, prints
 // "at charge" and blocks, its transaction open, until the parent SIGKILLs
 // it. Without the variable it returns at once.
 func TestSagaChildProcess(t *testing.T) {
-	if os.Getenv(childEnv) != "1" {
+	if !testenv.InChild("TestSagaChildProcess") {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a safety net
@@ -573,33 +568,11 @@ func TestSIGKILLMidStepResumes(t *testing.T) {
 	if err := w.pool.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestSagaChildProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(), childEnv+"=1", childSchema+"="+schema)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
+	c := testenv.StartChild(t, "TestSagaChildProcess", childSchema+"="+schema)
+	if !c.WaitForLine("at charge") {
+		t.Fatalf("child: exited before the charge step; stderr:\n%s", c.Stderr())
 	}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	reached := false
-	for sc := bufio.NewScanner(out); sc.Scan(); {
-		if reached = sc.Text() == "at charge"; reached {
-			break
-		}
-	}
-	if err := cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	_ = out.Close()
-	err = cmd.Wait()
-	var ee *exec.ExitError
-	if !reached || !errors.As(err, &ee) || ee.ExitCode() != -1 {
-		t.Fatalf("child: reached charge = %v, ended with %v; stderr:\n%s", reached, err, stderr.String())
-	}
+	c.Kill(t)
 	if s, err := saga.Get(ctx, w.pool, "k"); err != nil || s.State != saga.Running || len(s.Steps) != 1 {
 		t.Fatalf("after the kill: %+v, %v; want running with reserve done", s, err)
 	}

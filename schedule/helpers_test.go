@@ -3,10 +3,8 @@ package schedule_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -226,21 +224,11 @@ func (w testWriter) Write(p []byte) (int, error) {
 }
 
 // startChild runs this test binary as a child running only test, with the
-// test's schema, group and topic in its environment; its stdout is returned.
-func (e *env) startChild(test string) (*exec.Cmd, io.Reader) {
+// test's schema, group and topic in its environment.
+func (e *env) startChild(test string) *testenv.Child {
 	e.t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.count=1")
-	cmd.Env = append(os.Environ(), childEnv+"="+strings.Join([]string{e.schema, e.group, e.topic}, ","),
+	return testenv.StartChild(e.t, test, childEnv+"="+strings.Join([]string{e.schema, e.group, e.topic}, ","),
 		"KAFKA_BROKERS="+strings.Join(e.k.Brokers, ","), "DATABASE_URL="+testenv.DatabaseURL(e.t))
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	cmd.Stderr = testWriter{e.t}
-	if err := cmd.Start(); err != nil {
-		e.t.Fatal(err)
-	}
-	return cmd, stdout
 }
 
 // childEnvOf returns, in a child started by startChild, its env; nil in a

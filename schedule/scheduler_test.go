@@ -1,11 +1,9 @@
 package schedule_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -143,34 +141,14 @@ func TestLeaderSIGKILLLosesNone(t *testing.T) {
 	}
 	e.deferAll(e.dbNow().Add(time.Second), recs...)
 
-	cmd, stdout := e.startChild("TestSchedulerChildProcess")
-	acked := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if strings.HasPrefix(sc.Text(), ackedMarker) {
-				close(acked)
-				break
-			}
-		}
-		for sc.Scan() { // drain until the child dies
-		}
-	})
-	select {
-	case <-acked:
-	case <-time.After(time.Minute):
-		_ = cmd.Process.Kill()
-		t.Fatal("the child scheduler never reported an ack")
+	c := e.startChild("TestSchedulerChildProcess")
+	if _, ok := c.WaitFor(func(line string) bool { return strings.HasPrefix(line, ackedMarker) }); !ok {
+		t.Fatalf("the child scheduler exited without reporting an ack; stderr:\n%s", c.Stderr())
 	}
 	// The standby starts while the child still leads, and waits for the lock.
 	standby, reg := e.scheduler()
 	run(t, standby)
-	if err := cmd.Process.Kill(); err != nil { // SIGKILL: no deferred code runs in the child
-		t.Fatal(err)
-	}
-	_ = cmd.Wait()
-	wg.Wait()
+	c.Kill(t)
 
 	col.waitKeys(t, 100)
 	testenv.Eventually(t, 30*time.Second, func() error {

@@ -1,12 +1,9 @@
 package index
 
 import (
-	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -17,7 +14,6 @@ import (
 )
 
 const (
-	childEnv       = "IDEM_INDEX_CHILD"
 	childSchema    = "IDEM_INDEX_SCHEMA"
 	childGroup     = "IDEM_INDEX_GROUP"
 	childTopic     = "IDEM_INDEX_TOPIC"
@@ -25,13 +21,13 @@ const (
 )
 
 // TestIndexerChildProcess is not a test: TestIndexerUnderSIGKILL runs the
-// test binary again with only this function and IDEM_INDEX_CHILD=1. It runs
+// test binary again with only this function (testenv.StartChild). It runs
 // an Indexer, printing "stored N" after each committed batch (N in total).
 // With IDEM_INDEX_HOLD_AFTER=M, once M records are stored it prints "hold"
 // and blocks right after a batch's commit, before its offsets are marked,
 // until the parent SIGKILLs it. Without the variable it returns at once.
 func TestIndexerChildProcess(t *testing.T) {
-	if os.Getenv(childEnv) != "1" {
+	if !testenv.InChild("TestIndexerChildProcess") {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a safety net
@@ -58,43 +54,20 @@ func TestIndexerChildProcess(t *testing.T) {
 // records.
 func killChild(t *testing.T, schema, group, topic string, hold, after int64) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestIndexerChildProcess$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), childEnv+"=1", childSchema+"="+schema, childGroup+"="+group, childTopic+"="+topic,
+	c := testenv.StartChild(t, "TestIndexerChildProcess", childSchema+"="+schema, childGroup+"="+group, childTopic+"="+topic,
 		childHoldAfter+"="+strconv.FormatInt(hold, 10))
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	sc := bufio.NewScanner(out)
-	reached := ""
-	for sc.Scan() {
-		line := sc.Text()
-		if hold > 0 && line == "hold" {
-			reached = line
-			break
+	reached, ok := c.WaitFor(func(line string) bool {
+		if hold > 0 {
+			return line == "hold"
 		}
-		if n, ok := strings.CutPrefix(line, "stored "); ok && hold == 0 {
-			if v, _ := strconv.ParseInt(n, 10, 64); v >= after {
-				reached = line
-				break
-			}
-		}
+		n, ok := strings.CutPrefix(line, "stored ")
+		v, _ := strconv.ParseInt(n, 10, 64)
+		return ok && v >= after
+	})
+	if !ok {
+		t.Fatalf("child: exited before it was to be killed; stderr:\n%s", c.Stderr())
 	}
-	if err := cmd.Process.Kill(); err != nil { // SIGKILL: no deferred code runs
-		t.Fatal(err)
-	}
-	_ = out.Close()
-	err = cmd.Wait()
-	var ee *exec.ExitError
-	if reached == "" || !errors.As(err, &ee) || ee.ExitCode() != -1 {
-		t.Fatalf("child: reached %q, ended with %v; stderr:\n%s", reached, err, stderr.String())
-	}
+	c.Kill(t)
 	t.Logf("child killed at %q", reached)
 }
 
