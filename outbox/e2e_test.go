@@ -368,22 +368,9 @@ func TestSeriesExistOnAStandby(t *testing.T) {
 	waitMetric(t, regA, 1, "idem_outbox_leader", "idem_outbox")
 	start(t, b)
 	testenv.Eventually(t, 30*time.Second, func() error {
-		mfs, err := regB.Gather()
-		if err != nil {
-			return err
-		}
 		var missing []string
 		for _, name := range []string{"idem_outbox_published_total", "idem_outbox_publish_seconds", "idem_outbox_leader"} {
-			found := false
-			for _, mf := range mfs {
-				if mf.GetName() != name {
-					continue
-				}
-				for _, m := range mf.GetMetric() {
-					found = found || matches(m, []string{"idem_outbox"})
-				}
-			}
-			if !found {
+			if _, found := testenv.MetricFound(t, regB, name, map[string]string{"table": "idem_outbox"}); !found {
 				missing = append(missing, name)
 			}
 		}

@@ -14,7 +14,6 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/outbox"
@@ -201,32 +200,16 @@ func header(m *sarama.ConsumerMessage, name string) string {
 	return ""
 }
 
-// metric returns the value of the gauge or counter name with the given
-// label values (in label order), or 0 when absent.
-func metric(t testing.TB, reg *prometheus.Registry, name string, labels ...string) float64 {
+// metric returns testenv.Metric of name with the given label values, in
+// label-name order: table; reason, table; or group, outcome, topic.
+func metric(t testing.TB, reg *prometheus.Registry, name string, values ...string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	names := map[int][]string{1: {"table"}, 2: {"reason", "table"}, 3: {"group", "outcome", "topic"}}[len(values)]
+	want := map[string]string{}
+	for i, v := range values {
+		want[names[i]] = v
 	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if matches(m, labels) {
-				switch {
-				case m.Gauge != nil:
-					return m.GetGauge().GetValue()
-				case m.Counter != nil:
-					return m.GetCounter().GetValue()
-				case m.Histogram != nil:
-					return float64(m.GetHistogram().GetSampleCount())
-				}
-			}
-		}
-	}
-	return 0
+	return testenv.Metric(t, reg, name, want)
 }
 
 // waitMetric waits until metric name (labels in label-name order) is want.
@@ -238,15 +221,6 @@ func waitMetric(t *testing.T, reg *prometheus.Registry, want float64, name strin
 		}
 		return nil
 	})
-}
-
-func matches(m *dto.Metric, labels []string) bool {
-	for i, l := range m.GetLabel() {
-		if i < len(labels) && l.GetValue() != labels[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func testLogger(t testing.TB) *slog.Logger {

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/retrytopic"
@@ -205,33 +204,7 @@ func TestOneLeaderPerGroup(t *testing.T) {
 // metric returns the value of the gauge or counter name for group, or 0.
 func metric(t testing.TB, reg *prometheus.Registry, name, group string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if labelIs(m, "group", group) {
-				if m.Gauge != nil {
-					return m.GetGauge().GetValue()
-				}
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
-}
-
-func labelIs(m *dto.Metric, name, value string) bool {
-	for _, l := range m.GetLabel() {
-		if l.GetName() == name {
-			return l.GetValue() == value
-		}
-	}
-	return false
+	return testenv.Metric(t, reg, name, map[string]string{"group": group})
 }
 
 func waitMetric(t testing.TB, reg *prometheus.Registry, name string, want float64, group string) {

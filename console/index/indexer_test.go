@@ -99,33 +99,15 @@ func TestIndexerIndexesEveryRecordOnce(t *testing.T) {
 	}
 }
 
-// gauge returns the value of gauge name{group,topic} gathered from reg.
+// gauge returns the value of gauge name{group,topic} gathered from reg; the
+// test fails when there is no such series.
 func gauge(t *testing.T, reg *prometheus.Registry, name, group, topic string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	v, ok := testenv.MetricFound(t, reg, name, map[string]string{"group": group, "topic": topic})
+	if !ok {
+		t.Fatalf("no %s{group=%q,topic=%q}", name, group, topic)
 	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if labels["group"] == group && labels["topic"] == topic {
-				return m.GetGauge().GetValue()
-			}
-		}
-	}
-	var names []string
-	for _, mf := range mfs {
-		names = append(names, mf.GetName())
-	}
-	t.Fatalf("no %s{group=%q,topic=%q} in %s", name, group, topic, strings.Join(names, ","))
-	return 0
+	return v
 }
 
 // runUntil runs ix and returns a function that stops it and waits.
