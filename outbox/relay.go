@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemhq/idem/internal/pglead"
 	"github.com/idemhq/idem/metrics"
 )
 
@@ -506,7 +507,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		c.Health.set(err)
 		wait := s.backoff(failures)
 		s.log.Warn("idem: outbox relay session ended (database connection lost or refused); reconnecting", "err", err, "in", wait)
-		sleep(ctx, wait)
+		pglead.Sleep(ctx, wait)
 	}
 	return nil
 }
@@ -534,7 +535,7 @@ func (s *session) start(ctx context.Context) bool {
 		wait := s.backoff(n)
 		s.log.Warn("idem: outbox relay cannot start yet (database or brokers unreachable?); retrying",
 			"err", err, "attempt", n, "in", wait)
-		if !sleep(ctx, wait) {
+		if !pglead.Sleep(ctx, wait) {
 			return false
 		}
 	}
@@ -544,11 +545,7 @@ func (s *session) start(ctx context.Context) bool {
 // start-up or session: a random duration in [c/2, c], c = min(RetryMax,
 // LeaderRetry·2^(n-1)).
 func (s *session) backoff(n int) time.Duration {
-	ceil := s.cfg.RetryMax
-	if n-1 < 30 && s.cfg.LeaderRetry<<(n-1) < ceil {
-		ceil = s.cfg.LeaderRetry << (n - 1)
-	}
-	return ceil/2 + time.Duration(s.rand.Int64N(int64(ceil-ceil/2)+1))
+	return pglead.Backoff(n, s.cfg.LeaderRetry, s.cfg.RetryMax)
 }
 
 // Errors Health.Err returns while the relay is not running.
@@ -605,37 +602,25 @@ type session struct {
 // run takes a dedicated connection, waits to become leader, and leads until
 // the connection fails or ctx ends.
 func (s *session) run(ctx context.Context) error {
-	pc, err := s.cfg.Pool.Acquire(ctx)
+	conn, closeConn, err := pglead.Conn(ctx, s.cfg.Pool)
 	if err != nil {
-		return fmt.Errorf("outbox: acquire connection: %w", err)
+		return fmt.Errorf("outbox: %w", err)
 	}
-	conn := pc.Hijack()
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = conn.Close(cctx) // ends the session: releases the lock
-	}()
+	defer closeConn() // ends the session: releases the lock
 	var oid uint32
 	if err := s.query(ctx, conn, "SELECT $1::regclass::oid", s.t.quoted).Scan(&oid); err != nil {
 		return fmt.Errorf("outbox: find table %s: %w", s.t.quoted, err)
 	}
-	lockKey := lockNamespace<<32 | int64(oid)
-	for waited := false; ; waited = true {
-		var got bool
-		if err := s.query(ctx, conn, "SELECT pg_try_advisory_lock($1)", lockKey).Scan(&got); err != nil {
-			return fmt.Errorf("outbox: try lock: %w", err)
+	s.led = true
+	s.cfg.Health.set(nil)
+	got, err := pglead.Lock(ctx, conn, lockNamespace<<32|int64(oid), s.cfg.LeaderRetry, s.cfg.QueryTimeout, func() {
+		s.log.Info("idem: outbox relay standing by: another relay holds the table's lock")
+	})
+	if err != nil || !got {
+		if err != nil {
+			err = fmt.Errorf("outbox: %w", err)
 		}
-		s.led = true
-		s.cfg.Health.set(nil)
-		if got {
-			break
-		}
-		if !waited {
-			s.log.Info("idem: outbox relay standing by: another relay holds the table's lock")
-		}
-		if !sleep(ctx, s.cfg.LeaderRetry) {
-			return nil
-		}
+		return err
 	}
 	s.leader.Set(1)
 	defer s.leader.Set(0)
@@ -694,15 +679,14 @@ func (s *session) lead(ctx context.Context, conn *pgx.Conn) error {
 		if s.cfg.idle != nil {
 			s.cfg.idle(wait)
 		}
-		wctx, cancel := context.WithTimeout(ctx, wait)
-		_, err = conn.WaitForNotification(wctx)
-		timedOut := wctx.Err() != nil
-		cancel()
-		switch {
-		case ctx.Err() != nil:
+		if err := pglead.Wait(ctx, conn, wait); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("outbox: %w", err)
+		}
+		if ctx.Err() != nil {
 			return nil
-		case err != nil && !timedOut:
-			return fmt.Errorf("outbox: wait for notification: %w", err)
 		}
 	}
 }
@@ -721,11 +705,7 @@ func (s *session) idleWait(ctx context.Context, conn *pgx.Conn) (time.Duration, 
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return 0, fmt.Errorf("outbox: next retry: %w", err)
 	}
-	wait := s.cfg.PollInterval
-	if next != nil {
-		wait = min(wait, max(time.Millisecond, time.Duration(*next*float64(time.Second))))
-	}
-	return wait, nil
+	return pglead.Until(next, s.cfg.PollInterval), nil
 }
 
 // row is one pending outbox row.
@@ -1027,25 +1007,13 @@ func (s *session) sweep(ctx context.Context, conn *pgx.Conn) error {
 }
 
 func (s *session) query(ctx context.Context, conn *pgx.Conn, sql string, args ...any) pgx.Row {
-	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
-	return cancelRow{conn.QueryRow(qctx, sql, args...), cancel}
+	return pglead.QueryRow(ctx, conn, s.cfg.QueryTimeout, sql, args...)
 }
 
 func (s *session) exec(ctx context.Context, conn *pgx.Conn, sql string, args ...any) (interface{ RowsAffected() int64 }, error) {
 	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
 	return conn.Exec(qctx, sql, args...)
-}
-
-// cancelRow releases a query's timeout once the row is scanned.
-type cancelRow struct {
-	pgx.Row
-	cancel context.CancelFunc
-}
-
-func (r cancelRow) Scan(dest ...any) error {
-	defer r.cancel()
-	return r.Row.Scan(dest...)
 }
 
 // Reason classifies a publish error into the bounded reason label of
@@ -1082,16 +1050,4 @@ func tooLarge(err error) bool {
 	var ce sarama.ConfigurationError
 	return errors.Is(err, sarama.ErrMessageSizeTooLarge) || errors.Is(err, sarama.ErrMessageSetSizeTooLarge) ||
 		errors.As(err, &ce) && strings.Contains(string(ce), "MaxMessageBytes")
-}
-
-// sleep waits d or until ctx is done; it reports whether d passed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

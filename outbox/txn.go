@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/idemhq/idem/internal/pglead"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -118,7 +119,7 @@ func (s *session) txnRecover(ctx context.Context, conn *pgx.Conn) error {
 		s.cfg.Health.set(err)
 		wait := s.backoff(n)
 		s.log.Warn("idem: outbox relay cannot start its Kafka transactions yet; retrying", "err", err, "attempt", n, "in", wait)
-		if !sleep(ctx, wait) {
+		if !pglead.Sleep(ctx, wait) {
 			return nil
 		}
 	}
@@ -173,7 +174,7 @@ func (s *session) readMark(ctx context.Context) (int64, error) {
 		if time.Now().After(deadline) {
 			return -1, fmt.Errorf("outbox: read the progress mark of group %q: %w", group, err)
 		}
-		if !sleep(ctx, wait) {
+		if !pglead.Sleep(ctx, wait) {
 			return -1, ctx.Err()
 		}
 	}

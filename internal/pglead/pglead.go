@@ -6,9 +6,8 @@
 // dies, PostgreSQL ends the session and a standby takes over within one
 // retry interval.
 //
-// schedule.Scheduler uses it (one leader per consumer group);
-// outbox.Relay's election (one leader per table) is the same protocol, still
-// written out in package outbox.
+// schedule.Scheduler (one leader per consumer group) and outbox.Relay (one
+// leader per table) use it: one election, one way to wait and back off.
 package pglead
 
 import (
