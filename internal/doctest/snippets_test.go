@@ -100,6 +100,7 @@ var imports = map[string]string{
 	"checkpoint": "github.com/idemhq/idem/checkpoint",
 	"index":      "github.com/idemhq/idem/console/index",
 	"recovery":   "github.com/idemhq/idem/recovery",
+	"idem":       "github.com/idemhq/idem",
 }
 
 // goLike tells a block meant as Go from a table, a shell session or SQL: a
