@@ -445,21 +445,3 @@ func numbered(code string) string {
 	}
 	return b.String()
 }
-
-// TestReadmeShowsTheOrdersService: README's "Using idem" shows
-// examples/orders-service/main.go exactly, so the service README explains
-// is the one that compiles and whose test runs.
-func TestReadmeShowsTheOrdersService(t *testing.T) {
-	root := repoRoot(t)
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, err := os.ReadFile(filepath.Join(root, "examples", "orders-service", "main.go"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Contains(readme, append(append([]byte("```go\n"), src...), "```\n"...)) {
-		t.Fatal("README.md does not show examples/orders-service/main.go verbatim in a ```go block: copy the file into README's \"Using idem\"")
-	}
-}
