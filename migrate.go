@@ -4,13 +4,8 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/idemhq/idem/checkpoint"
-	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/dedupe"
-	"github.com/idemhq/idem/internal/keyorder"
-	"github.com/idemhq/idem/outbox"
-	"github.com/idemhq/idem/saga"
-	"github.com/idemhq/idem/schedule"
+	"github.com/idemhq/idem/internal/schema"
 )
 
 // A MigrateOption names a table Migrate creates under another name than
@@ -63,24 +58,8 @@ func Migrate(ctx context.Context, db dedupe.DB, opts ...MigrateOption) error {
 	for _, o := range opts {
 		o(&c)
 	}
-	steps := []struct {
-		what string
-		run  func(context.Context) error
-	}{
-		{"inbox", func(ctx context.Context) error { return dedupe.Migrate(ctx, db, c.inbox...) }},
-		{"ordering tables", keyorder.New(db, "").Migrate},
-		{"outbox", func(ctx context.Context) error { return outbox.Migrate(ctx, db, c.outbox...) }},
-		{"saga tables", func(ctx context.Context) error { return saga.Migrate(ctx, db) }},
-		{"checkpoint table", func(ctx context.Context) error { return checkpoint.Migrate(ctx, db) }},
-		{"failure index", func(ctx context.Context) error { return index.Migrate(ctx, db) }},
-		{"deferred messages", func(ctx context.Context) error { return schedule.Migrate(ctx, db) }},
-		// A package that keeps tables of its own adds its step here, one
-		// line, and its tables to TestMigrateCreatesEveryTable.
-	}
-	for _, s := range steps {
-		if err := s.run(ctx); err != nil {
-			return fmt.Errorf("idem: migrate %s: %w", s.what, err)
-		}
+	if err := schema.Migrate(ctx, db, c.inbox, c.outbox); err != nil {
+		return fmt.Errorf("idem: %w", err)
 	}
 	return nil
 }

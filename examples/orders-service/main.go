@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
@@ -55,7 +56,7 @@ func run(ctx context.Context, brokers, databaseURL, metricsAddr string) error {
 	}
 	defer pool.Close()
 	// Every table idem needs (inbox, ordering, ...): idempotent, safe at every start.
-	if err := consumer.Migrate(ctx, pool); err != nil {
+	if err := idem.Migrate(ctx, pool); err != nil {
 		return err
 	}
 	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS orders (
