@@ -7,24 +7,25 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
-	"github.com/idemhq/idem/consumer"
-	"github.com/idemhq/idem/dedupe"
+	idemroot "github.com/idemhq/idem" // the root package; the tests' helper is called idem
 )
 
 // newMigrateCmd builds `idem migrate`: create or upgrade idem's tables.
 func newMigrateCmd(a *app) *cobra.Command {
 	var url, table string
+	var outboxTables []string
 	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Create or upgrade every PostgreSQL table idem needs; idempotent",
-		Long: `Create or upgrade every table idem keeps in PostgreSQL, as consumer.Migrate does:
-the inbox (idem_processed, or --table), the ordering tables, the outbox, the
-saga tables, the batch checkpoints and the failure index that idem console and
+		Long: `Create or upgrade every table idem keeps in PostgreSQL, as idem.Migrate does:
+the inbox (idem_processed, or --table), the ordering tables, the outbox
+(idem_outbox, or each --outbox-table), the saga tables, the batch checkpoints,
+the deferred messages and the failure index that idem console and
 idem dlq --database-url read (idem_dlq_records, idem_dlq_groups,
 idem_dlq_versions, idem_dlq_audit). Safe to run again and from several
 processes at once. Talks only to PostgreSQL: --database-url, or DATABASE_URL.`,
 		Example: `  idem migrate --database-url postgres://idem:secret@db:5432/idem
-  DATABASE_URL=postgres://idem@db/idem idem migrate --table billing.idem_processed`,
+  DATABASE_URL=postgres://idem@db/idem idem migrate --table billing.idem_processed --outbox-table billing.events`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if url == "" {
@@ -36,12 +37,15 @@ processes at once. Talks only to PostgreSQL: --database-url, or DATABASE_URL.`,
 				return fmt.Errorf("database: %w", err)
 			}
 			defer pool.Close()
-			var opts []dedupe.PostgresOption
+			var opts []idemroot.MigrateOption
 			if table != "" {
-				opts = append(opts, dedupe.WithTable(table))
+				opts = append(opts, idemroot.InboxTable(table))
+			}
+			for _, t := range outboxTables {
+				opts = append(opts, idemroot.OutboxTable(t))
 			}
 			start := time.Now()
-			if err := consumer.Migrate(ctx, pool, opts...); err != nil {
+			if err := idemroot.Migrate(ctx, pool, opts...); err != nil {
 				return err
 			}
 			fmt.Fprintf(a.out, "idem: schema up to date (%s)\n", time.Since(start).Round(time.Millisecond))
@@ -50,5 +54,6 @@ processes at once. Talks only to PostgreSQL: --database-url, or DATABASE_URL.`,
 	}
 	dbFlag(cmd, &url)
 	cmd.Flags().StringVar(&table, "table", "", "inbox table name, optionally schema-qualified (default idem_processed)")
+	cmd.Flags().StringArrayVar(&outboxTables, "outbox-table", nil, "outbox table name, optionally schema-qualified; repeat for several (default idem_outbox)")
 	return cmd
 }

@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	idemroot "github.com/idemhq/idem"
 	"github.com/idemhq/idem/internal/testenv"
 )
 
@@ -41,5 +44,43 @@ func TestMigrate(t *testing.T) {
 	var out, errOut strings.Builder
 	if code := run([]string{"migrate", "--database-url", ""}, strings.NewReader(""), &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "DATABASE_URL") {
 		t.Fatalf("no URL: exit %d, %q", code, errOut.String())
+	}
+}
+
+// TestMigrateIsIdemMigrate: `idem migrate` on a fresh schema applies the
+// same migrations as idem.Migrate on another, outbox tables of other names
+// included.
+func TestMigrateIsIdemMigrate(t *testing.T) {
+	t.Parallel()
+	ctx := testenv.Context(t)
+	url := testenv.DatabaseURL(t)
+	cli, cliSchema := testenv.PostgresSchema(t)
+	lib, _ := testenv.PostgresSchema(t)
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	var out, errOut strings.Builder
+	if code := run([]string{"migrate", "--database-url", url + sep + "search_path=" + cliSchema, "--outbox-table", "events", "--outbox-table", "audit"},
+		strings.NewReader(""), &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	if err := idemroot.Migrate(ctx, lib, idemroot.OutboxTable("events"), idemroot.OutboxTable("audit")); err != nil {
+		t.Fatal(err)
+	}
+	applied := func(pool *pgxpool.Pool) []string {
+		rows, err := pool.Query(ctx, `SELECT component || ' ' || version FROM idem_schema_migrations ORDER BY 1`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	got, want := applied(cli), applied(lib)
+	if !slices.Equal(got, want) || !slices.Contains(got, "outbox:audit 1") {
+		t.Fatalf("idem migrate applied %v; idem.Migrate %v", got, want)
 	}
 }

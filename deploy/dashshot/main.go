@@ -5,7 +5,7 @@
 //
 //	go run ./deploy/dashshot -prom http://127.0.0.1:9090 -start 2026-11-30T01:10:00Z -end 2026-11-30T01:11:00Z -out docs/dashboard.png
 //
-// It is how docs/dashboard.png was made (README "Operating idem").
+// It is how docs/dashboard.png was made (docs/operations.md, "The dashboard").
 package main
 
 import (

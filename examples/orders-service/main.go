@@ -1,5 +1,5 @@
-// Command orders-service is the small, complete service README's "Using
-// idem" walks through. It consumes the "orders" topic and marks each order
+// Command orders-service is the small, complete service whose handler
+// README's "A handler" shows. It consumes the "orders" topic and marks each order
 // paid in PostgreSQL exactly once, retries failures through two retry
 // topics, dead-letters what cannot succeed, sweeps its inbox, and serves
 // /metrics, /healthz and /readyz on :9464.
@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
@@ -55,7 +56,7 @@ func run(ctx context.Context, brokers, databaseURL, metricsAddr string) error {
 	}
 	defer pool.Close()
 	// Every table idem needs (inbox, ordering, ...): idempotent, safe at every start.
-	if err := consumer.Migrate(ctx, pool); err != nil {
+	if err := idem.Migrate(ctx, pool); err != nil {
 		return err
 	}
 	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS orders (
@@ -66,7 +67,7 @@ func run(ctx context.Context, brokers, databaseURL, metricsAddr string) error {
 	base := sarama.NewConfig()
 	base.ClientID = "orders-service"
 	// base.Version = sarama.V3_7_0_0 // for a Kafka 3.x cluster (the default is 4.0)
-	// base.Net.TLS / base.Net.SASL for a secured cluster: README, "Secured clusters".
+	// base.Net.TLS / base.Net.SASL for a secured cluster: docs/secured-clusters.md.
 
 	reg := prometheus.NewRegistry()
 	ready := consumer.NewReadiness()

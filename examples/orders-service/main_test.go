@@ -1,11 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
 	"testing"
 	"time"
 
@@ -13,7 +17,7 @@ import (
 	"github.com/idemhq/idem/internal/testenv"
 )
 
-// TestService runs the README's service end to end on an in-process Kafka
+// TestService runs the service end to end on an in-process Kafka
 // cluster and a PostgreSQL schema of its own: a duplicate event pays once,
 // an order that is not pending is dead-lettered, and /readyz turns 200.
 func TestService(t *testing.T) {
@@ -87,4 +91,31 @@ func TestService(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestReadmeShowsThisHandler: README's "A handler" shows markPaid exactly as
+// this service runs it, so the handler the README explains is the one
+// TestService runs end to end (internal/doctest compiles the README's
+// snippet on its own).
+func TestReadmeShowsThisHandler(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := os.ReadFile("main.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fn := regexp.MustCompile(`(?ms)^// markPaid .*?^}\n`)
+	want := fn.Find(src)
+	if want == nil {
+		t.Fatal("main.go has no markPaid with its doc comment")
+	}
+	got := fn.Find(readme)
+	if got == nil {
+		t.Fatal("README.md shows no markPaid: its \"A handler\" section should")
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("README.md's markPaid differs from main.go's; copy main.go's into README's \"A handler\":\n%s", want)
+	}
 }

@@ -100,6 +100,7 @@ var imports = map[string]string{
 	"checkpoint": "github.com/idemhq/idem/checkpoint",
 	"index":      "github.com/idemhq/idem/console/index",
 	"recovery":   "github.com/idemhq/idem/recovery",
+	"idem":       "github.com/idemhq/idem",
 }
 
 // goLike tells a block meant as Go from a table, a shell session or SQL: a
@@ -443,22 +444,4 @@ func numbered(code string) string {
 		fmt.Fprintf(&b, "%4d| %s\n", i+1, l)
 	}
 	return b.String()
-}
-
-// TestReadmeShowsTheOrdersService: README's "Using idem" shows
-// examples/orders-service/main.go exactly, so the service README explains
-// is the one that compiles and whose test runs.
-func TestReadmeShowsTheOrdersService(t *testing.T) {
-	root := repoRoot(t)
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, err := os.ReadFile(filepath.Join(root, "examples", "orders-service", "main.go"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Contains(readme, append(append([]byte("```go\n"), src...), "```\n"...)) {
-		t.Fatal("README.md does not show examples/orders-service/main.go verbatim in a ```go block: copy the file into README's \"Using idem\"")
-	}
 }

@@ -1,0 +1,47 @@
+// Package schema creates every table idem keeps in PostgreSQL, in one call.
+// It is what idem.Migrate (the public entry point, at the module root) runs,
+// and it lives here so that packages the root may not be imported by, such
+// as idemtest, can create the same tables the same way.
+package schema
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/idemhq/idem/checkpoint"
+	"github.com/idemhq/idem/console/index"
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/internal/keyorder"
+	"github.com/idemhq/idem/outbox"
+	"github.com/idemhq/idem/saga"
+	"github.com/idemhq/idem/schedule"
+)
+
+// Migrate creates or upgrades every table idem keeps: the inbox (inbox
+// names it, as for dedupe.NewPostgres), the ordering tables, the outbox
+// (outboxTables, default idem_outbox), the saga and checkpoint tables, the
+// failure index and the deferred messages. Each step is versioned
+// (internal/pgmigrate) and serialised by one advisory lock, so Migrate is
+// idempotent and safe when several processes run it at once.
+func Migrate(ctx context.Context, db dedupe.DB, inbox []dedupe.PostgresOption, outboxTables []string) error {
+	steps := []struct {
+		what string
+		run  func(context.Context) error
+	}{
+		{"inbox", func(ctx context.Context) error { return dedupe.Migrate(ctx, db, inbox...) }},
+		{"ordering tables", keyorder.New(db, "").Migrate},
+		{"outbox", func(ctx context.Context) error { return outbox.Migrate(ctx, db, outboxTables...) }},
+		{"saga tables", func(ctx context.Context) error { return saga.Migrate(ctx, db) }},
+		{"checkpoint table", func(ctx context.Context) error { return checkpoint.Migrate(ctx, db) }},
+		{"failure index", func(ctx context.Context) error { return index.Migrate(ctx, db) }},
+		{"deferred messages", func(ctx context.Context) error { return schedule.Migrate(ctx, db) }},
+		// A package that keeps tables of its own adds its step here, one
+		// line; the root's TestMigrateCreatesEveryTable fails until it does.
+	}
+	for _, s := range steps {
+		if err := s.run(ctx); err != nil {
+			return fmt.Errorf("migrate %s: %w", s.what, err)
+		}
+	}
+	return nil
+}

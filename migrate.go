@@ -1,0 +1,65 @@
+package idem
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/internal/schema"
+)
+
+// A MigrateOption names a table Migrate creates under another name than
+// its default.
+type MigrateOption func(*migrateConfig)
+
+type migrateConfig struct {
+	inbox  []dedupe.PostgresOption
+	outbox []string
+}
+
+// InboxTable makes Migrate create the inbox as name (default
+// idem_processed), optionally schema-qualified ("billing.idem_processed";
+// the schema must exist), as dedupe.WithTable does for the store that uses
+// it.
+func InboxTable(name string) MigrateOption {
+	return func(c *migrateConfig) { c.inbox = append(c.inbox, dedupe.WithTable(name)) }
+}
+
+// OutboxTable makes Migrate create the outbox as name instead of the
+// default idem_outbox, as outbox.Relay.Table names it; give it once per
+// outbox table when a database holds several.
+func OutboxTable(name string) MigrateOption {
+	return func(c *migrateConfig) { c.outbox = append(c.outbox, name) }
+}
+
+// Migrate creates or upgrades every table idem keeps in PostgreSQL. It is the
+// one migration entry point a service needs; `idem migrate` runs it from a
+// shell. The tables, by the package that uses them:
+//
+//   - dedupe (the inbox of dedupe.Postgres and dedupe.PostgresLease):
+//     idem_processed, or InboxTable's name, with the index the sweeper uses;
+//   - consumer's ordering by key: idem_ordering_heads, idem_ordering_parked;
+//   - outbox: idem_outbox, or each OutboxTable's name, with its NOTIFY
+//     trigger;
+//   - saga: idem_saga, idem_saga_step;
+//   - checkpoint: idem_checkpoint;
+//   - console/index (the failure index of idem console and
+//     consumer.Config.FailureIndex): idem_dlq_records, idem_dlq_groups,
+//     idem_dlq_versions, idem_dlq_audit;
+//   - schedule (the messages handler.DeferUntil defers): idem_deferred;
+//   - and idem_schema_migrations, which records the versions applied.
+//
+// Unqualified names resolve through the connection's search_path. Every
+// step is versioned and runs under one advisory lock, so Migrate is
+// idempotent and safe when several replicas start at once: a service may
+// call it at every start. db is a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
+func Migrate(ctx context.Context, db dedupe.DB, opts ...MigrateOption) error {
+	var c migrateConfig
+	for _, o := range opts {
+		o(&c)
+	}
+	if err := schema.Migrate(ctx, db, c.inbox, c.outbox); err != nil {
+		return fmt.Errorf("idem: %w", err)
+	}
+	return nil
+}
