@@ -24,7 +24,7 @@ const rollbackTimeout = 5 * time.Second
 
 // DB is what the package needs from a database handle: *pgxpool.Pool and
 // *pgx.Conn satisfy it, and so does dedupe.DB (the same methods), so
-// consumer.Migrate can pass its handle on.
+// idem.Migrate can pass its handle on.
 type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)

@@ -24,7 +24,7 @@ import (
 	"github.com/idemhq/idem/internal/testenv"
 )
 
-// consumer.Migrate holds a dedupe.DB; a pool is what users pass.
+// idem.Migrate holds a dedupe.DB; a pool is what users pass.
 var (
 	_ checkpoint.DB = dedupe.DB(nil)
 	_ checkpoint.DB = (*pgxpool.Pool)(nil)

@@ -18,7 +18,7 @@
 // # Using the inbox
 //
 //	store := dedupe.NewPostgres(pool)               // table idem_processed
-//	if err := store.Migrate(ctx); err != nil { // idempotent; consumer.Migrate creates every idem table
+//	if err := store.Migrate(ctx); err != nil { // idempotent; idem.Migrate creates every idem table
 //		log.Fatal(err)
 //	}
 //	rec := dedupe.Record{Group: "payments", Key: "pay-42", Topic: "payments", Partition: 0, Offset: 1234}

@@ -54,7 +54,7 @@ func NewPostgres(db DB, opts ...PostgresOption) *Postgres {
 // Migrate creates or upgrades the store's table through the idem schema
 // migrator (component "dedupe:<table>"). It is idempotent and safe to call
 // concurrently from several processes. It creates the inbox table only:
-// consumer.Migrate creates it and every other table idem needs.
+// idem.Migrate creates it and every other table idem needs.
 func (p *Postgres) Migrate(ctx context.Context) error {
 	if p.err != nil {
 		return p.err

@@ -134,7 +134,7 @@ func (t table) migrate(ctx context.Context, db pgmigrate.DB) error {
 // idempotent and safe to call from several processes at once (see
 // Postgres.Migrate). The schema of a qualified table name must already exist.
 //
-// Services should call consumer.Migrate (or run `idem migrate`), the one entry
+// Services should call idem.Migrate (or run `idem migrate`), the one entry
 // point that creates every table idem needs, the inbox included; this
 // function remains for code that uses package dedupe without the consumer.
 func Migrate(ctx context.Context, db DB, opts ...PostgresOption) error {

@@ -36,7 +36,7 @@
 //		}
 //	}
 //
-// With PostgreSQL, [WithPostgres] creates idem's tables (consumer.Migrate)
+// With PostgreSQL, [WithPostgres] creates idem's tables (as idem.Migrate does)
 // and switches the config to the transactional inbox, so the handler writes
 // through dedupe.Tx(ctx) as in production:
 //

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	idemschema "github.com/idemhq/idem/internal/schema"
+
 	"github.com/IBM/sarama"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -168,7 +170,7 @@ func (k *Kafka) Config(tb testing.TB, group string, topics ...string) consumer.C
 }
 
 // WithPostgres returns cfg using the transactional inbox over db
-// (dedupe.NewPostgres), after creating idem's tables with consumer.Migrate.
+// (dedupe.NewPostgres), after creating idem's tables as idem.Migrate does.
 // db is usually a *pgxpool.Pool on a test database; handlers then write
 // through dedupe.Tx(ctx) exactly as in production. Without it, the kit's
 // memory store runs handlers with no transaction: every call on
@@ -176,7 +178,7 @@ func (k *Kafka) Config(tb testing.TB, group string, topics ...string) consumer.C
 // dead-lettered with that reason).
 func WithPostgres(tb testing.TB, cfg consumer.Config, db dedupe.DB) consumer.Config {
 	tb.Helper()
-	if err := consumer.Migrate(context.Background(), db); err != nil {
+	if err := idemschema.Migrate(context.Background(), db, nil, nil); err != nil {
 		tb.Fatalf("idemtest: migrate: %v", err)
 	}
 	cfg.Dedupe = dedupe.NewPostgres(db)

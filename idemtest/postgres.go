@@ -8,10 +8,10 @@ import (
 	"strings"
 	"testing"
 
+	idemschema "github.com/idemhq/idem/internal/schema"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/idemhq/idem/consumer"
 )
 
 // Postgres is a PostgreSQL schema of one test's own, holding idem's tables,
@@ -36,7 +36,7 @@ type Postgres struct {
 
 // ConnectPostgres gives the test a database of its own on the PostgreSQL
 // server at DATABASE_URL (as `make services` writes it): a new schema, with
-// idem's tables created in it by consumer.Migrate (the inbox idem_processed,
+// idem's tables created in it as idem.Migrate creates them (the inbox idem_processed,
 // the ordering tables, the outbox, the saga and checkpoint tables, the
 // failure index), and a pool on it. Tests that use it may run in parallel;
 // none sees another's rows. When the test ends the pool is closed and the
@@ -99,7 +99,7 @@ func ConnectPostgres(tb testing.TB) *Postgres {
 		tb.Fatalf("idemtest: pool on schema %s: %v", schema, err)
 	}
 	tb.Cleanup(pool.Close) // before the schema is dropped: cleanups run last-in first-out
-	if err := consumer.Migrate(ctx, pool); err != nil {
+	if err := idemschema.Migrate(ctx, pool, nil, nil); err != nil {
 		tb.Fatalf("idemtest: migrate schema %s: %v", schema, err)
 	}
 	return &Postgres{Pool: pool, Schema: schema, URL: connURL}

@@ -171,7 +171,7 @@ func nonNil(b []byte) []byte {
 // may name another, as for Relay.Table), its indexes and the trigger that
 // notifies the relay at commit. It is versioned (internal component
 // "outbox:<table>" in idem_schema_migrations), idempotent and safe when
-// several processes start at once. consumer.Migrate and `idem migrate` call
+// several processes start at once. idem.Migrate and `idem migrate` call
 // it for the default table; Relay.Run calls it for its own.
 func Migrate(ctx context.Context, db DB, tables ...string) error {
 	if len(tables) == 0 {

@@ -66,7 +66,7 @@ var (
 
 // DB is what Migrate and the orchestrator need from a database handle:
 // *pgxpool.Pool and *pgx.Conn satisfy it, and so does dedupe.DB (the same
-// methods), so consumer.Migrate can pass its handle on.
+// methods), so idem.Migrate can pass its handle on.
 type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)

@@ -24,7 +24,7 @@ import (
 	"github.com/idemhq/idem/saga"
 )
 
-// consumer.Migrate holds a dedupe.DB; a pool is what users pass.
+// idem.Migrate holds a dedupe.DB; a pool is what users pass.
 var (
 	_ saga.DB = dedupe.DB(nil)
 	_ saga.DB = (*pgxpool.Pool)(nil)

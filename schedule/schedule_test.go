@@ -16,7 +16,7 @@ import (
 	"github.com/idemhq/idem/schedule"
 )
 
-// consumer.Migrate may call Migrate with its dedupe.DB.
+// idem.Migrate may call Migrate with its dedupe.DB.
 var _ schedule.Beginner = dedupe.DB(nil)
 
 // TestDeferRefusesBadInput (issue 21, test 7): each bad record gets a clear

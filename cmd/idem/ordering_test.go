@@ -8,10 +8,11 @@ import (
 	"testing"
 	"time"
 
+	idemroot "github.com/idemhq/idem"
+
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/testenv"
@@ -115,7 +116,7 @@ func TestOrderingCLI(t *testing.T) {
 	pool, schema := testenv.PostgresSchema(t)
 	db := schemaURL(t, schema)
 	ctx := testenv.Context(t)
-	if err := consumer.Migrate(ctx, pool); err != nil {
+	if err := idemroot.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
 	topic, group := k.Topic(t, 2), testenv.Group(t)

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	idemroot "github.com/idemhq/idem"
+
 	"github.com/IBM/sarama"
 
 	"github.com/idemhq/idem/consumer"
@@ -60,7 +62,7 @@ func TestSecureCluster(t *testing.T) {
 
 	ctx := testenv.Context(t)
 	pool := testenv.Postgres(t)
-	if err := consumer.Migrate(ctx, pool); err != nil {
+	if err := idemroot.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
 	cfg := sarama.NewConfig()

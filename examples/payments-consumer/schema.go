@@ -4,10 +4,10 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/idemhq/idem"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/idemhq/idem/consumer"
 )
 
 // schema is the service's own tables. Every statement is idempotent, so
@@ -34,10 +34,10 @@ CREATE INDEX IF NOT EXISTS payments_order_id_idx ON payments (order_id);
 // the tables above (CREATE TABLE IF NOT EXISTS alone can race in PostgreSQL).
 const schemaLock = 0x1de3_0001
 
-// migrate creates every table idem keeps (consumer.Migrate: the inbox
+// migrate creates every table idem keeps (idem.Migrate: the inbox
 // idem_processed, the outbox idem_outbox, …) and the service's tables.
 func migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	if err := consumer.Migrate(ctx, pool); err != nil {
+	if err := idem.Migrate(ctx, pool); err != nil {
 		return fmt.Errorf("migrate idem's tables: %w", err)
 	}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
