@@ -92,7 +92,7 @@ func (r *runner) startTxn(ctx context.Context, st setup, maxBytes int) (sarama.C
 	if h := hooksOf(r.baseCtx); h != nil {
 		owner.BeforeCommit = h.beforeCommit
 	}
-	r.txn = owner
+	r.txn, r.refused = owner, newRefusals()
 	r.log.Info("idem: transactional mode", "transactional_id", pcfg.Producer.Transaction.ID, "commit_interval", r.cfg.CommitInterval)
 	return client, nil
 }

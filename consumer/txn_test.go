@@ -79,11 +79,21 @@ func (e *env) dlqTopic() string {
 }
 
 // copies reads topic from the start at level and returns how many records
-// each key has. It appends a sentinel to every partition (outside any
-// transaction) and reads up to it, which a read_committed reader gets past
-// only once every earlier transaction has ended. Call it when no member
-// consumes topic any more.
+// each key has (see records).
 func (e *env) copies(topic string, level sarama.IsolationLevel) map[string]int {
+	e.t.Helper()
+	out := map[string]int{}
+	for _, m := range e.records(topic, level) {
+		out[string(m.Key)]++
+	}
+	return out
+}
+
+// records reads topic from the start at level and returns its records. It
+// appends a sentinel to every partition (outside any transaction) and reads
+// up to it, which a read_committed reader gets past only once every earlier
+// transaction has ended. Call it when no member consumes topic any more.
+func (e *env) records(topic string, level sarama.IsolationLevel) []*sarama.ConsumerMessage {
 	e.t.Helper()
 	const sentinel = "idem-test-sentinel"
 	cfg := e.k.Config()
@@ -103,7 +113,7 @@ func (e *env) copies(topic string, level sarama.IsolationLevel) map[string]int {
 			e.t.Fatal(err)
 		}
 	}
-	out := map[string]int{}
+	var out []*sarama.ConsumerMessage
 	for _, part := range parts {
 		pc, err := c.ConsumePartition(topic, part, sarama.OffsetOldest)
 		if err != nil {
@@ -117,7 +127,7 @@ func (e *env) copies(topic string, level sarama.IsolationLevel) map[string]int {
 				if string(m.Key) == sentinel {
 					break read
 				}
-				out[string(m.Key)]++
+				out = append(out, m)
 			case <-deadline.C:
 				e.t.Fatalf("%s/%d: the sentinel was not read within 60 s (a transaction left open?)", topic, part)
 			}
