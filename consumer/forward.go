@@ -186,6 +186,9 @@ func (o outbound) toDLQ(cause error, level int) outbound {
 func (w *worker) forward(out outbound, msg *handler.Message) (sent outbound, err error) {
 	r := w.r
 	out.rec.Headers = w.ob.injectTrace(out.rec.Headers, msg)
+	if !w.awaitEarlier(msg.Offset) { // Transactions with lanes: the forward and its mark in one transaction
+		return outbound{}, errStopping
+	}
 	from, cause := formOut, error(nil)
 	if r.refused != nil {
 		if from, cause, err = w.resume(msg); err != nil {

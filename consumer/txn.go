@@ -32,9 +32,6 @@ func (c Config) validateTransactions(bad func(field string, v any, rule string))
 	if c.TransactionTimeout <= c.CommitInterval {
 		bad("TransactionTimeout", c.TransactionTimeout, fmt.Sprintf("must exceed CommitInterval (%s): a transaction stays open that long", c.CommitInterval))
 	}
-	if c.Concurrency > 1 {
-		bad("Concurrency", c.Concurrency, "must be 1 with Transactions: a forward commits with its offset, which with lanes may wait behind an earlier, unfinished message")
-	}
 	if c.Ordering != OrderingNone {
 		bad("Ordering", c.Ordering, "must be OrderingNone with Transactions: OrderingByKey forwards parked messages from PostgreSQL, outside the offsets' transaction")
 	}
@@ -147,6 +144,26 @@ func (c *claim) markOffset(next int64) {
 		return
 	}
 	c.sess.MarkOffset(c.tp.topic, c.tp.partition, next, "")
+}
+
+// awaitEarlier waits, with Transactions and messages that finish out of
+// order (lanes, batches), until every message of the partition before offset
+// is final, so that a forward of the message at offset, its send and the
+// mark of its offset go into one transaction: the mark then covers the
+// offset at once. (A forward committed in a transaction whose offsets stop
+// below it, behind an earlier message still in another lane, would be
+// forwarded again after a crash.) It holds nothing while it waits, so a slow
+// earlier message never keeps a transaction open. false: the partition is
+// stopping.
+func (w *worker) awaitEarlier(offset int64) bool {
+	if w.r.txn == nil || w.track == nil {
+		return true
+	}
+	return w.track.waitFirst(w.stopCtx, offset, func(first int64) {
+		if w.debug {
+			w.log.Debug("idem: forward waits for the earlier messages of its partition (Transactions)", "offset", offset, "first_unfinished", first)
+		}
+	})
 }
 
 // hold joins the open transaction for a forward and the mark that follows
