@@ -1,6 +1,7 @@
 package consumer_test
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -101,5 +103,62 @@ func TestTxnRefusedRecordEndsAsStub(t *testing.T) {
 				t.Errorf("%d aborted transactions logged, want 1", n)
 			}
 		})
+	}
+}
+
+// Issue 20: with Transactions, a dead-letter topic that refuses every form
+// of a record (compacted, and the record has no Kafka key) makes the
+// partition wait as it does without Transactions: the offset is not
+// committed, nothing is lost, and the record's rounds are spaced by the
+// outage backoff rather than aborting transactions back to back. Once the
+// topic accepts the record, it lands whole, once for a read_committed
+// reader.
+func TestTxnDLQRefusingEveryFormWaits(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	e.preCreate(e.dlq(), map[string]string{"cleanup.policy": "compact"})
+	cfg := txnConfig(e.config(), "")
+	cfg.OutageBackoff = 300 * time.Millisecond
+	var logs logBuffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	e.produceLarge(sizeRecord{key: "keyless", value: []byte(`{"n":1}`)}, sizeRecord{key: "after", value: []byte(`{}`)})
+	h := failKeys(map[string]error{"keyless": handler.Permanent(errors.New("no"))})
+	run := start(t, cfg, h)
+	testenv.Eventually(t, 60*time.Second, func() error {
+		// Round 1 aborts at the whole record, the stub and the bare stub;
+		// round 2 starts again after a wait.
+		if !strings.Contains(logs.String(), "the dead-letter topic refuses even a stub of this record") {
+			return errors.New("no round has found every form refused yet")
+		}
+		return nil
+	})
+	if err := run.stop(); err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run: %v", err)
+	}
+	t.Logf("the member's log:\n%s", logs.String())
+	if got := e.committed(e.topic, 1)[0]; got > 0 {
+		t.Fatalf("committed offset %d while the DLQ refuses the record, want none", got)
+	}
+	if n := e.count(`SELECT count(*) FROM effects`); n != 0 {
+		t.Fatalf("%d effects while the partition waits, want 0", n)
+	}
+	if recs := e.records(e.dlq(), sarama.ReadCommitted); len(recs) != 0 {
+		t.Fatalf("the DLQ has %d records for a read_committed reader while it refuses them, want 0", len(recs))
+	}
+	e.uncompactDLQ()
+	start(t, cfg, h)
+	e.waitEffect("after", 60*time.Second)
+	e.waitCommitted(e.topic, 1, 30*time.Second)
+	var got []*sarama.ConsumerMessage
+	for _, m := range e.records(e.dlq(), sarama.ReadCommitted) {
+		if header(m, "test-probe") == "" {
+			got = append(got, m)
+		}
+	}
+	if len(got) != 1 || string(got[0].Value) != `{"n":1}` || header(got[0], retrytopic.HeaderPayloadOmitted) != "" {
+		for _, m := range e.records(e.dlq(), sarama.ReadUncommitted) {
+			t.Logf("uncommitted: offset %d key %q value %q headers %d", m.Offset, m.Key, m.Value, len(m.Headers))
+		}
+		t.Fatalf("the DLQ holds %d copies of the record for a read_committed reader, want it once and whole; the member's log:\n%s", len(got), logs.String())
 	}
 }

@@ -94,7 +94,8 @@ func (e *env) copies(topic string, level sarama.IsolationLevel) map[string]int {
 // records reads topic from the start at level and returns its records. It
 // appends a sentinel to every partition (outside any transaction) and reads
 // up to it, which a read_committed reader gets past only once every earlier
-// transaction has ended. Call it when no member consumes topic any more.
+// transaction has ended; sentinels of earlier calls are skipped. Call it
+// when no member consumes topic any more.
 func (e *env) records(topic string, level sarama.IsolationLevel) []*sarama.ConsumerMessage {
 	e.t.Helper()
 	const sentinel = "idem-test-sentinel"
@@ -110,10 +111,13 @@ func (e *env) records(topic string, level sarama.IsolationLevel) []*sarama.Consu
 		e.t.Fatal(err)
 	}
 	p := e.k.Producer(e.t)
+	ends := map[int32]int64{} // the offset of this call's sentinel (an earlier call's are skipped)
 	for _, part := range parts {
-		if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: topic, Partition: part, Key: sarama.StringEncoder(sentinel)}); err != nil {
+		_, off, err := p.SendMessage(&sarama.ProducerMessage{Topic: topic, Partition: part, Key: sarama.StringEncoder(sentinel)})
+		if err != nil {
 			e.t.Fatal(err)
 		}
+		ends[part] = off
 	}
 	var out []*sarama.ConsumerMessage
 	for _, part := range parts {
@@ -127,7 +131,10 @@ func (e *env) records(topic string, level sarama.IsolationLevel) []*sarama.Consu
 			select {
 			case m := <-pc.Messages():
 				if string(m.Key) == sentinel {
-					break read
+					if m.Offset >= ends[part] {
+						break read
+					}
+					continue
 				}
 				out = append(out, m)
 			case <-deadline.C:
