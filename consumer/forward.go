@@ -191,7 +191,7 @@ func (w *worker) forward(out outbound, msg *handler.Message) (sent outbound, err
 	}
 	from, cause := formOut, error(nil)
 	if r.refused != nil {
-		if from, cause, err = w.resume(msg); err != nil {
+		if from, cause, err = w.resume(msg, out); err != nil {
 			return outbound{}, err
 		}
 	}

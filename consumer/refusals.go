@@ -47,6 +47,7 @@ type refusalKey struct {
 
 // refusal is where a record's forward left off.
 type refusal struct {
+	dest   string    // the forward's own destination (outbound.rec.Topic)
 	next   int       // the form to try next; past dlqBare: every form was refused
 	cause  error     // the last refusal (the next form's idem-forward-error)
 	rounds int       // rounds in which every form was refused
@@ -59,9 +60,9 @@ func keyOfRefusal(msg *handler.Message) refusalKey {
 	return refusalKey{msg.Topic, msg.Partition, msg.Offset}
 }
 
-// refused records that msg's forward was refused with cause and goes on at
-// form next.
-func (rs *refusals) refused(msg *handler.Message, next int, cause error) {
+// refused records that msg's forward to dest was refused with cause and
+// goes on at form next.
+func (rs *refusals) refused(msg *handler.Message, dest string, next int, cause error) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	k := keyOfRefusal(msg)
@@ -76,7 +77,7 @@ func (rs *refusals) refused(msg *handler.Message, next int, cause error) {
 		ref = &refusal{}
 		rs.m[k] = ref
 	}
-	ref.next, ref.cause = next, cause
+	ref.dest, ref.next, ref.cause = dest, next, cause
 }
 
 // forget drops msg's refusal: its forward went through.
@@ -86,16 +87,17 @@ func (rs *refusals) forget(msg *handler.Message) {
 	rs.mu.Unlock()
 }
 
-// resume returns the form msg's forward starts at and the refusal of the
-// form before it: formOut and nil when no earlier try was refused. When
-// every form was refused in an earlier round, it waits like an outage (the
-// ERROR log at most once a minute) and starts the next round from formOut.
-// The only error is errStopping.
-func (w *worker) resume(msg *handler.Message) (from int, cause error, err error) {
+// resume returns the form msg's forward of out starts at and the refusal of
+// the form before it: formOut and nil when no earlier try of a forward to
+// out's destination was refused (a handler whose error changed may send the
+// record elsewhere now). When every form was refused in an earlier round,
+// it waits like an outage (the ERROR log at most once a minute) and starts
+// the next round from formOut. The only error is errStopping.
+func (w *worker) resume(msg *handler.Message, out outbound) (from int, cause error, err error) {
 	rs := w.r.refused
 	rs.mu.Lock()
 	ref := rs.m[keyOfRefusal(msg)]
-	if ref == nil {
+	if ref == nil || ref.dest != out.rec.Topic {
 		rs.mu.Unlock()
 		return formOut, nil, nil
 	}
@@ -133,7 +135,7 @@ func (w *worker) refusedInTxn(out outbound, msg *handler.Message, form int, err 
 	if next == dlqWhole && out.tier == 0 { // out was for the dead-letter topic already
 		next = dlqStub
 	}
-	w.r.refused.refused(msg, next, ref.Err)
+	w.r.refused.refused(msg, out.rec.Topic, next, ref.Err)
 	then := "the dead-letter topic, whole"
 	switch next {
 	case dlqStub:

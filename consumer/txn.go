@@ -32,8 +32,20 @@ func (c Config) validateTransactions(bad func(field string, v any, rule string))
 	if c.TransactionTimeout <= c.CommitInterval {
 		bad("TransactionTimeout", c.TransactionTimeout, fmt.Sprintf("must exceed CommitInterval (%s): a transaction stays open that long", c.CommitInterval))
 	}
+	// OrderingByKey stays refused (issue 20): a drain removes a parked
+	// message from PostgreSQL (Done) or clears its promoted head's pending
+	// forward (Forwarded) once the forward is acked, which in a transaction
+	// is before it commits; an aborted transaction would then lose the
+	// message (the DLQ copy aborted, the row gone) or block its key for ever
+	// (the tier copy aborted, the head's forward marked done). Lifting it
+	// takes, on the rows, a mark of the transaction that sent them (the
+	// consumed record whose offset commits with the forward), Done,
+	// Forwarded and Next's unblocking run only once that offset is
+	// committed, a redelivered head re-sending the rows its aborted
+	// transaction marked, and claimOrdering settling marked rows by the
+	// group's committed offsets; with a SIGKILL test at each step.
 	if c.Ordering != OrderingNone {
-		bad("Ordering", c.Ordering, "must be OrderingNone with Transactions: OrderingByKey forwards parked messages from PostgreSQL, outside the offsets' transaction")
+		bad("Ordering", c.Ordering, "must be OrderingNone with Transactions: OrderingByKey settles parked messages in PostgreSQL when their forward is sent, before the Kafka transaction commits")
 	}
 	if c.ReadUncommitted {
 		bad("ReadUncommitted", c.ReadUncommitted, "must be false with Transactions: idem's own tiers are written in transactions")
