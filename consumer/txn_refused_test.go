@@ -139,9 +139,8 @@ func TestTxnDLQRefusingEveryFormWaits(t *testing.T) {
 	if got := e.committed(e.topic, 1)[0]; got > 0 {
 		t.Fatalf("committed offset %d while the DLQ refuses the record, want none", got)
 	}
-	if n := e.count(`SELECT count(*) FROM effects`); n != 0 {
-		t.Fatalf("%d effects while the partition waits, want 0", n)
-	}
+	// (With lanes, "after" may be applied meanwhile in another lane; its
+	// offset waits behind the refused record's all the same.)
 	if recs := e.records(e.dlq(), sarama.ReadCommitted); len(recs) != 0 {
 		t.Fatalf("the DLQ has %d records for a read_committed reader while it refuses them, want 0", len(recs))
 	}
