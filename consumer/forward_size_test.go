@@ -244,8 +244,8 @@ func TestDLQRefusingStubWaitsNeverLoses(t *testing.T) {
 	if got := e.committed(e.topic, 1)[0]; got > 0 {
 		t.Fatalf("committed offset %d while the DLQ refuses the record, want none", got)
 	}
-	if n := e.count(`SELECT count(*) FROM effects`); n != 0 {
-		t.Fatalf("%d effects while the partition waits, want 0", n)
+	if n := e.count(`SELECT count(*) FROM effects`); n != 0 && cfg.Concurrency == 1 {
+		t.Fatalf("%d effects while the partition waits, want 0", n) // with lanes "after" may run in another lane; its offset waits
 	}
 	// The topic-config change takes effect on the broker some time after the
 	// call returns: a round running then could see the whole record refused
