@@ -47,13 +47,10 @@ type Adaptive struct {
 	Backoff float64
 }
 
-// validate checks a as Run uses it; transactions is Config.Transactions.
-func (a *Adaptive) validate(transactions bool) error {
+// validate checks a as Run uses it.
+func (a *Adaptive) validate() error {
 	if a == nil {
 		return nil
-	}
-	if transactions {
-		return errors.New("must be nil with Transactions: it runs lanes, and Transactions needs one message at a time per partition")
 	}
 	if a.Max > 1024 {
 		return fmt.Errorf("at most 1024 lanes (as Concurrency), not Max = %d", a.Max)

@@ -120,24 +120,21 @@ func TestAdaptiveSettlesNearTheKnee(t *testing.T) {
 	}
 }
 
-// TestAdaptiveRejectedAtStart: a limit of 0, negative values, an
-// impossible backoff, or Adaptive with Transactions are start errors naming
-// Adaptive (issue 21 test 7).
+// TestAdaptiveRejectedAtStart: a limit of 0, negative values or an
+// impossible backoff are start errors naming Adaptive (issue 21 test 7).
+// (Adaptive with Transactions is valid since lanes are: issue 20.)
 func TestAdaptiveRejectedAtStart(t *testing.T) {
 	for name, tc := range map[string]struct {
-		a   consumer.Adaptive
-		txn bool
+		a consumer.Adaptive
 	}{
 		"max 0":        {a: consumer.Adaptive{}},
 		"negative min": {a: consumer.Adaptive{Min: -1, Max: 4}},
 		"max > 1024":   {a: consumer.Adaptive{Max: 2000}},
 		"tolerance 1":  {a: consumer.Adaptive{Max: 4, Tolerance: 1}},
 		"backoff 1":    {a: consumer.Adaptive{Max: 4, Backoff: 1}},
-		"transactions": {a: consumer.Adaptive{Max: 4}, txn: true},
 	} {
 		cfg := coreValidConfig()
 		cfg.Adaptive = &tc.a
-		cfg.Transactions = tc.txn
 		var ce *consumer.ConfigError
 		if err := cfg.Validate(); !errors.As(err, &ce) || !slices.Contains(coreConfigFields(err), "Adaptive") {
 			t.Errorf("%s: Validate = %v, want a *ConfigError for Adaptive", name, err)

@@ -218,6 +218,9 @@ type tracker struct {
 	mu      sync.Mutex
 	pending []int64 // offsets handed out, in order, not yet below the mark
 	done    map[int64]struct{}
+	// moved is closed when the mark moves; made only by waitFirst
+	// (Transactions), nil otherwise.
+	moved chan struct{}
 }
 
 func newTracker(c *claim) *tracker {
@@ -249,6 +252,37 @@ func (t *tracker) finish(offset int64) {
 	}
 	if mark >= 0 {
 		t.c.markOffset(mark + 1)
+		if t.moved != nil {
+			close(t.moved)
+			t.moved = nil
+		}
+	}
+}
+
+// waitFirst waits until offset is the partition's lowest unfinished offset:
+// every message before it is final. waiting runs, with the lowest
+// unfinished offset, before the first wait. false: ctx ended first.
+func (t *tracker) waitFirst(ctx context.Context, offset int64, waiting func(first int64)) bool {
+	for n := 0; ; n++ {
+		t.mu.Lock()
+		if len(t.pending) == 0 || t.pending[0] >= offset {
+			t.mu.Unlock()
+			return true
+		}
+		first := t.pending[0]
+		if t.moved == nil {
+			t.moved = make(chan struct{})
+		}
+		moved := t.moved
+		t.mu.Unlock()
+		if n == 0 {
+			waiting(first)
+		}
+		select {
+		case <-moved:
+		case <-ctx.Done():
+			return false
+		}
 	}
 }
 

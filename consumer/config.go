@@ -165,8 +165,18 @@ type Config struct {
 	// touched) every CommitInterval; forwards wait while a commit is in
 	// flight; readers of the tiers and the dead-letter topic must use
 	// read_committed (idem's own consumers do) and see forwards only after
-	// the commit, so up to CommitInterval later. Needs Kafka ≥ 2.5 (idem
-	// asks for protocol 4.1), Concurrency 1, Ordering OrderingNone and
+	// the commit, so up to CommitInterval later. With lanes (Concurrency >
+	// 1, Adaptive) a forward first waits, holding nothing, until every
+	// earlier message of its partition is final, so that its offset commits
+	// in the forward's transaction: the lane of a failing message waits
+	// behind the slowest earlier message of its partition (forwards are
+	// rare; the other lanes go on). A record a destination refuses for good
+	// (too large for the dead-letter topic, invalid in a compacted tier)
+	// costs an aborted transaction, and a re-read of the member's partitions
+	// from the committed offsets, per form it falls back through (the
+	// dead-letter topic whole, a stub, a bare stub): the member remembers
+	// the refusal, so the record ends in the dead-letter topic once. Needs
+	// Kafka ≥ 2.5 (idem asks for protocol 4.1), Ordering OrderingNone and
 	// read_committed. The transactional.id is "idem-<Group>-<InstanceID>"
 	// with an InstanceID (a restarted member fences its predecessor and
 	// aborts its open transaction at once), else "idem-<Group>-<host>-<random>"
@@ -356,7 +366,10 @@ type Config struct {
 	// crash redelivers whatever was in flight; the inbox makes that safe. A
 	// revoked partition waits for its lanes' in-flight messages within
 	// ShutdownGrace. Each lane holds its own database connection while it
-	// works: budget members × partitions × Concurrency connections.
+	// works: budget members × partitions × Concurrency connections. With
+	// Transactions a forward to a retry tier or the dead-letter topic waits
+	// until every earlier message of its partition is final (see
+	// Transactions).
 	// Default: 1 (one message at a time per partition).
 	Concurrency int
 
@@ -748,7 +761,7 @@ func (c Config) Validate() error {
 			bad("FailureIndex", "", err.Error())
 		}
 	}
-	if err := c.Adaptive.validate(c.Transactions); err != nil {
+	if err := c.Adaptive.validate(); err != nil {
 		bad("Adaptive", "", err.Error())
 	}
 	if err := c.validateDefer(); err != nil {

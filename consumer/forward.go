@@ -128,9 +128,11 @@ func (w *worker) failure(src retrytopic.Source, key, value []byte, headers []*sa
 	}
 }
 
-// How much of a record toDLQ keeps.
+// The forms a forward tries, in order (forwardOnce); toDLQ keeps what the
+// dead-letter forms say.
 const (
-	dlqWhole = iota // key, value and headers
+	formOut  = iota // out as it is: its tier, or the dead-letter topic
+	dlqWhole        // key, value and headers
 	dlqStub         // key and headers; the value is left out
 	dlqBare         // key and idem's headers only: the last resort
 )
@@ -176,19 +178,34 @@ func (o outbound) toDLQ(cause error, level int) outbound {
 //     record: an ACL, a policy): an outage-like wait, logged at ERROR once a
 //     minute; the record is never dropped.
 //
-// Each retry starts again from out's own destination. The only error is
+// Each retry starts again from out's own destination. With Transactions a
+// refusal aborts the transaction (the record cannot fall back within it):
+// the refusal is remembered (refusals.go) and the record's next try, in the
+// next session, starts at the form after the refused one. The only error is
 // errStopping (nothing marked): the partition is stopping.
 func (w *worker) forward(out outbound, msg *handler.Message) (sent outbound, err error) {
 	r := w.r
 	out.rec.Headers = w.ob.injectTrace(out.rec.Headers, msg)
+	if !w.awaitEarlier(msg.Offset) { // Transactions with lanes: the forward and its mark in one transaction
+		return outbound{}, errStopping
+	}
+	from, cause := formOut, error(nil)
+	if r.refused != nil {
+		if from, cause, err = w.resume(msg, out); err != nil {
+			return outbound{}, err
+		}
+	}
 	var loudAt time.Time
 	for n := 1; ; n++ {
 		if !w.hold() { // Transactions: the transaction failed
 			return outbound{}, errStopping
 		}
 		loud := n == 1 || time.Since(loudAt) >= time.Minute
-		sent, err := w.forwardOnce(out, msg, loud)
+		sent, form, err := w.forwardOnce(out, msg, loud, from, cause)
 		if err == nil {
+			if r.refused != nil {
+				r.refused.forget(msg)
+			}
 			w.ob.forwarded(sent, msg)
 			if sent.tier == 0 { // Config.OnDeadLettered, once per message (hooks.go)
 				if err := w.deadLettered(sent, msg); err != nil {
@@ -199,9 +216,11 @@ func (w *worker) forward(out outbound, msg *handler.Message) (sent outbound, err
 		}
 		w.stall.failed(err) // cleared when the caller marks the message
 		if errors.Is(err, txn.ErrBroken) {
+			w.refusedInTxn(out, msg, form, err)
 			return outbound{}, errStopping
 		}
 		w.endHold() // nothing of this forward is in the transaction: let it commit meanwhile
+		from, cause = formOut, nil
 		switch {
 		case !retrytopic.IsPermanentForwardError(err):
 			w.log.Error("idem: forward failed; offset not marked, retrying", "offset", msg.Offset, "to", sent.rec.Topic, "err", err, "try", n)
@@ -216,11 +235,13 @@ func (w *worker) forward(out outbound, msg *handler.Message) (sent outbound, err
 	}
 }
 
-// forwardOnce tries out once and, when its destination refuses it for good,
-// the dead-letter topic with the whole record (if out was for a tier), then
-// a stub, then a bare stub without the record's own headers. It returns what
-// it sent last and that send's error.
-func (w *worker) forwardOnce(out outbound, msg *handler.Message, loud bool) (outbound, error) {
+// forwardOnce tries out once in the forms from from on: out itself, and,
+// when its destination refuses it for good, the dead-letter topic with the
+// whole record (if out was for a tier), then a stub, then a bare stub
+// without the record's own headers. cause is the refusal of the form before
+// from (nil for formOut). It returns what it sent last, its form and that
+// send's error.
+func (w *worker) forwardOnce(out outbound, msg *handler.Message, loud bool, from int, cause error) (outbound, int, error) {
 	r := w.r
 	try := func(o outbound) (bool, error) {
 		err := r.send(w.hctx, o.rec)
@@ -237,23 +258,22 @@ func (w *worker) forwardOnce(out outbound, msg *handler.Message, loud bool) (out
 		}
 		return false, err
 	}
-	done, err := try(out)
-	if done || sendStops(err) {
-		return out, err
-	}
-	if out.tier > 0 {
-		whole := out.toDLQ(err, dlqWhole)
-		if done, err = try(whole); done || sendStops(err) {
-			return whole, err
+	sent, err := out, cause
+	for form := from; form <= dlqBare; form++ {
+		o := out
+		switch {
+		case form == dlqWhole && out.tier == 0: // out is for the dead-letter topic already
+			continue
+		case form > formOut:
+			o = out.toDLQ(err, form)
+		}
+		done, terr := try(o)
+		sent, err = o, terr
+		if done || sendStops(terr) {
+			return o, form, terr
 		}
 	}
-	stub := out.toDLQ(err, dlqStub)
-	if done, err = try(stub); done || sendStops(err) {
-		return stub, err
-	}
-	bare := out.toDLQ(err, dlqBare) // the record's own headers alone are too large
-	_, err = try(bare)
-	return bare, err
+	return sent, dlqBare, err
 }
 
 // forwarded counts and logs a durable forward: a retry tier at INFO, the

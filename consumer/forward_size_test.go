@@ -208,6 +208,19 @@ func TestTierRefusingRecordSendsItToDLQ(t *testing.T) {
 	e.waitCommitted(e.topic, 1, 30*time.Second)
 }
 
+// uncompactDLQ sets the DLQ's cleanup.policy to delete and waits until a
+// keyless probe record (header test-probe) shows the broker applied it.
+func (e *env) uncompactDLQ() {
+	e.t.Helper()
+	e.setTopicConfig(e.dlq(), "cleanup.policy", "delete")
+	probe := e.k.Producer(e.t)
+	testenv.Eventually(e.t, 60*time.Second, func() error {
+		_, _, err := probe.SendMessage(&sarama.ProducerMessage{Topic: e.dlq(), Value: sarama.StringEncoder("probe"),
+			Headers: []sarama.RecordHeader{{Key: []byte("test-probe"), Value: []byte("1")}}})
+		return err
+	})
+}
+
 // Issue 8: when the DLQ refuses even the stub for good (a compacted DLQ and a
 // record without a Kafka key), the partition waits like an outage: the
 // offset is not marked and nothing is lost. Once the DLQ accepts it, the
@@ -231,8 +244,8 @@ func TestDLQRefusingStubWaitsNeverLoses(t *testing.T) {
 	if got := e.committed(e.topic, 1)[0]; got > 0 {
 		t.Fatalf("committed offset %d while the DLQ refuses the record, want none", got)
 	}
-	if n := e.count(`SELECT count(*) FROM effects`); n != 0 {
-		t.Fatalf("%d effects while the partition waits, want 0", n)
+	if n := e.count(`SELECT count(*) FROM effects`); n != 0 && cfg.Concurrency == 1 {
+		t.Fatalf("%d effects while the partition waits, want 0", n) // with lanes "after" may run in another lane; its offset waits
 	}
 	// The topic-config change takes effect on the broker some time after the
 	// call returns: a round running then could see the whole record refused
@@ -242,13 +255,7 @@ func TestDLQRefusingStubWaitsNeverLoses(t *testing.T) {
 	if err := run.stop(); err != nil && !errors.Is(err, context.Canceled) {
 		t.Fatalf("Run: %v", err)
 	}
-	e.setTopicConfig(e.dlq(), "cleanup.policy", "delete")
-	probe := e.k.Producer(t)
-	testenv.Eventually(t, 60*time.Second, func() error {
-		_, _, err := probe.SendMessage(&sarama.ProducerMessage{Topic: e.dlq(), Value: sarama.StringEncoder("probe"),
-			Headers: []sarama.RecordHeader{{Key: []byte("test-probe"), Value: []byte("1")}}})
-		return err
-	})
+	e.uncompactDLQ()
 	start(t, cfg, h)
 	e.waitEffect("after", 60*time.Second)
 	testenv.Eventually(t, 30*time.Second, func() error {

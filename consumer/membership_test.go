@@ -23,6 +23,8 @@ func TestValidateMembershipAndTransactions(t *testing.T) {
 		{"transactions, static, batches", func(c *Config) {
 			c.Transactions, c.InstanceID, c.Batch.MaxMessages = true, "m-1", 50
 		}, ""},
+		{"transactions with lanes", func(c *Config) { c.Transactions, c.Concurrency = true, 4 }, ""},
+		{"transactions with adaptive lanes", func(c *Config) { c.Transactions, c.Adaptive = true, &Adaptive{Max: 8} }, ""},
 
 		{"instance id of 250 characters", func(c *Config) { c.InstanceID = strings.Repeat("a", 250) }, "InstanceID"},
 		{"instance id with a slash", func(c *Config) { c.InstanceID = "ns/pod" }, "InstanceID"},
@@ -33,7 +35,6 @@ func TestValidateMembershipAndTransactions(t *testing.T) {
 		{"transaction timeout not above the commit interval", func(c *Config) {
 			c.Transactions, c.CommitInterval, c.TransactionTimeout = true, 5*time.Second, 5*time.Second
 		}, "TransactionTimeout"},
-		{"transactions with lanes", func(c *Config) { c.Transactions, c.Concurrency = true, 4 }, "Concurrency"},
 		{"transactions with ordering", func(c *Config) { c.Transactions, c.Ordering = true, OrderingByKey }, "Ordering"},
 		{"transactions read uncommitted", func(c *Config) { c.Transactions, c.ReadUncommitted = true, true }, "ReadUncommitted"},
 		{"transactions on an old protocol", func(c *Config) {

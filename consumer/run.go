@@ -113,9 +113,12 @@ type runner struct {
 	shares *shares          // splits Config.Breakers' limits across the group (limits.go); nil without
 	lanes  *lanesGate       // Config.Adaptive's member-wide limit (adaptive.go); nil without
 	fwd    *retrytopic.Forwarder
-	txn    *txn.Owner           // Transactions: every forward and offset commit; nil otherwise
-	order  *keyorder.Store      // nil unless OrderingByKey
-	bh     handler.BatchHandler // RunBatch's handler; nil for Run
+	txn    *txn.Owner // Transactions: every forward and offset commit; nil otherwise
+	// refused remembers forwards refused in an aborted transaction
+	// (Transactions; refusals.go); nil otherwise.
+	refused *refusals
+	order   *keyorder.Store      // nil unless OrderingByKey
+	bh      handler.BatchHandler // RunBatch's handler; nil for Run
 	// batchStore is cfg.Dedupe when it takes batches and Batch is on.
 	batchStore dedupe.BatchStore
 	pauses     *pauser

@@ -32,11 +32,20 @@ func (c Config) validateTransactions(bad func(field string, v any, rule string))
 	if c.TransactionTimeout <= c.CommitInterval {
 		bad("TransactionTimeout", c.TransactionTimeout, fmt.Sprintf("must exceed CommitInterval (%s): a transaction stays open that long", c.CommitInterval))
 	}
-	if c.Concurrency > 1 {
-		bad("Concurrency", c.Concurrency, "must be 1 with Transactions: a forward commits with its offset, which with lanes may wait behind an earlier, unfinished message")
-	}
+	// OrderingByKey stays refused (issue 20): a drain removes a parked
+	// message from PostgreSQL (Done) or clears its promoted head's pending
+	// forward (Forwarded) once the forward is acked, which in a transaction
+	// is before it commits; an aborted transaction would then lose the
+	// message (the DLQ copy aborted, the row gone) or block its key for ever
+	// (the tier copy aborted, the head's forward marked done). Lifting it
+	// takes, on the rows, a mark of the transaction that sent them (the
+	// consumed record whose offset commits with the forward), Done,
+	// Forwarded and Next's unblocking run only once that offset is
+	// committed, a redelivered head re-sending the rows its aborted
+	// transaction marked, and claimOrdering settling marked rows by the
+	// group's committed offsets; with a SIGKILL test at each step.
 	if c.Ordering != OrderingNone {
-		bad("Ordering", c.Ordering, "must be OrderingNone with Transactions: OrderingByKey forwards parked messages from PostgreSQL, outside the offsets' transaction")
+		bad("Ordering", c.Ordering, "must be OrderingNone with Transactions: OrderingByKey settles parked messages in PostgreSQL when their forward is sent, before the Kafka transaction commits")
 	}
 	if c.ReadUncommitted {
 		bad("ReadUncommitted", c.ReadUncommitted, "must be false with Transactions: idem's own tiers are written in transactions")
@@ -92,7 +101,7 @@ func (r *runner) startTxn(ctx context.Context, st setup, maxBytes int) (sarama.C
 	if h := hooksOf(r.baseCtx); h != nil {
 		owner.BeforeCommit = h.beforeCommit
 	}
-	r.txn = owner
+	r.txn, r.refused = owner, newRefusals()
 	r.log.Info("idem: transactional mode", "transactional_id", pcfg.Producer.Transaction.ID, "commit_interval", r.cfg.CommitInterval)
 	return client, nil
 }
@@ -147,6 +156,26 @@ func (c *claim) markOffset(next int64) {
 		return
 	}
 	c.sess.MarkOffset(c.tp.topic, c.tp.partition, next, "")
+}
+
+// awaitEarlier waits, with Transactions and messages that finish out of
+// order (lanes, batches), until every message of the partition before offset
+// is final, so that a forward of the message at offset, its send and the
+// mark of its offset go into one transaction: the mark then covers the
+// offset at once. (A forward committed in a transaction whose offsets stop
+// below it, behind an earlier message still in another lane, would be
+// forwarded again after a crash.) It holds nothing while it waits, so a slow
+// earlier message never keeps a transaction open. false: the partition is
+// stopping.
+func (w *worker) awaitEarlier(offset int64) bool {
+	if w.r.txn == nil || w.track == nil {
+		return true
+	}
+	return w.track.waitFirst(w.stopCtx, offset, func(first int64) {
+		if w.debug {
+			w.log.Debug("idem: forward waits for the earlier messages of its partition (Transactions)", "offset", offset, "first_unfinished", first)
+		}
+	})
 }
 
 // hold joins the open transaction for a forward and the mark that follows

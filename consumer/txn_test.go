@@ -9,12 +9,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -44,7 +47,6 @@ func txnConfig(cfg consumer.Config, instance string) consumer.Config {
 	cfg.Retries = -1
 	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{200 * time.Millisecond}}
 	cfg.CommitInterval = 200 * time.Millisecond
-	cfg.Concurrency = 1 // IDEM_TEST_MODE lanes: not with Transactions
 	return cfg
 }
 
@@ -79,11 +81,22 @@ func (e *env) dlqTopic() string {
 }
 
 // copies reads topic from the start at level and returns how many records
-// each key has. It appends a sentinel to every partition (outside any
-// transaction) and reads up to it, which a read_committed reader gets past
-// only once every earlier transaction has ended. Call it when no member
-// consumes topic any more.
+// each key has (see records).
 func (e *env) copies(topic string, level sarama.IsolationLevel) map[string]int {
+	e.t.Helper()
+	out := map[string]int{}
+	for _, m := range e.records(topic, level) {
+		out[string(m.Key)]++
+	}
+	return out
+}
+
+// records reads topic from the start at level and returns its records. It
+// appends a sentinel to every partition (outside any transaction) and reads
+// up to it, which a read_committed reader gets past only once every earlier
+// transaction has ended; sentinels of earlier calls are skipped. Call it
+// when no member consumes topic any more.
+func (e *env) records(topic string, level sarama.IsolationLevel) []*sarama.ConsumerMessage {
 	e.t.Helper()
 	const sentinel = "idem-test-sentinel"
 	cfg := e.k.Config()
@@ -98,12 +111,15 @@ func (e *env) copies(topic string, level sarama.IsolationLevel) map[string]int {
 		e.t.Fatal(err)
 	}
 	p := e.k.Producer(e.t)
+	ends := map[int32]int64{} // the offset of this call's sentinel (an earlier call's are skipped)
 	for _, part := range parts {
-		if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: topic, Partition: part, Key: sarama.StringEncoder(sentinel)}); err != nil {
+		_, off, err := p.SendMessage(&sarama.ProducerMessage{Topic: topic, Partition: part, Key: sarama.StringEncoder(sentinel)})
+		if err != nil {
 			e.t.Fatal(err)
 		}
+		ends[part] = off
 	}
-	out := map[string]int{}
+	var out []*sarama.ConsumerMessage
 	for _, part := range parts {
 		pc, err := c.ConsumePartition(topic, part, sarama.OffsetOldest)
 		if err != nil {
@@ -115,9 +131,12 @@ func (e *env) copies(topic string, level sarama.IsolationLevel) map[string]int {
 			select {
 			case m := <-pc.Messages():
 				if string(m.Key) == sentinel {
-					break read
+					if m.Offset >= ends[part] {
+						break read
+					}
+					continue
 				}
-				out[string(m.Key)]++
+				out = append(out, m)
 			case <-deadline.C:
 				e.t.Fatalf("%s/%d: the sentinel was not read within 60 s (a transaction left open?)", topic, part)
 			}
@@ -174,31 +193,44 @@ func (e *env) waitTxnSettled(reg prometheus.Gatherer) {
 // Environment of the transactional member helper process.
 const (
 	txnEnvFlag  = "IDEM_TXN_HELPER"
-	txnEnvPoint = "IDEM_TXN_POINT" // "kill": SIGKILL itself before the first commit with records; "stall": wait for stdin there
+	txnEnvPoint = "IDEM_TXN_POINT" // see TestTxnMemberHelperProcess
+	txnEnvLanes = "IDEM_TXN_LANES" // Config.Concurrency, when set; "adaptive": Config.Adaptive up to 8 lanes
 )
 
 // TestTxnMemberHelperProcess is not a test: the transactional tests run the
 // test binary again with only this function and IDEM_TXN_HELPER=1. It runs a
 // transactional member (the member helper's environment, see
-// TestMemberHelperProcess) whose first commit of a transaction holding
-// records, after its offsets were added, either SIGKILLs the process
-// (IDEM_TXN_POINT=kill) or prints "pending" and waits for a line on stdin
-// (stall), then goes on. Without the variable it returns at once.
+// TestMemberHelperProcess; IDEM_TEST_MODE's mode, IDEM_TXN_LANES lanes)
+// whose first commit of a transaction holding records, after its offsets
+// were added, either SIGKILLs the process (IDEM_TXN_POINT=kill) or prints
+// "pending" and waits for a line on stdin (stall), then goes on. With
+// "kill-next" that transaction commits and the process SIGKILLs itself at
+// the next commit: what the first one committed must cover its forwards.
+// Without the variable it returns at once.
 func TestTxnMemberHelperProcess(t *testing.T) {
 	if os.Getenv(txnEnvFlag) != "1" {
 		return
 	}
 	ctx, pool, session := memberHelperEnv(t)
 	var once sync.Once
+	var committed atomic.Bool // kill-next: a transaction with records committed
+	kill := func() {
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {} // the signal is on its way
+	}
 	ctx = consumer.WithBeforeCommitHook(ctx, func(records int) error {
+		if committed.Load() {
+			kill()
+		}
 		if records == 0 {
 			return nil
 		}
 		once.Do(func() {
 			switch os.Getenv(txnEnvPoint) {
 			case "kill":
-				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-				select {} // the signal is on its way
+				kill()
+			case "kill-next":
+				committed.Store(true)
 			case "stall":
 				fmt.Println("pending")
 				_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
@@ -220,9 +252,22 @@ func TestTxnMemberHelperProcess(t *testing.T) {
 		RetryMax:       20 * time.Millisecond,
 		CommitInterval: 200 * time.Millisecond,
 	}, os.Getenv(memberEnvInstance))
+	cfg = modeConfig(cfg, os.Getenv("IDEM_TEST_MODE"))
+	cfg = txnLanes(cfg, os.Getenv(txnEnvLanes))
 	cfg.TransactionTimeout = time.Minute // a stalled member's transaction must outlive its membership
 	err := consumer.Run(ctx, cfg, poisonHandler())
 	t.Fatalf("txn member helper: Run returned %v before it was killed", err)
+}
+
+// txnLanes returns cfg with lanes: "" keeps cfg's, "adaptive" is
+// Config.Adaptive up to 8 lanes, a number is Config.Concurrency.
+func txnLanes(cfg consumer.Config, lanes string) consumer.Config {
+	if lanes == "adaptive" {
+		cfg.Adaptive = &consumer.Adaptive{Max: 8}
+	} else if n, err := strconv.Atoi(lanes); err == nil {
+		cfg.Concurrency = n
+	}
+	return cfg
 }
 
 // txnChild is one run of the transactional member helper.
@@ -234,10 +279,13 @@ type txnChild struct {
 	out     *logBuffer
 }
 
-func (e *env) startTxnChild(point, instance string, session time.Duration) *txnChild {
+// startTxnChild starts the transactional member helper with its point, its
+// InstanceID and its session timeout; env adds variables (txnEnvLanes).
+func (e *env) startTxnChild(point, instance string, session time.Duration, env ...string) *txnChild {
 	e.t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestTxnMemberHelperProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(), txnEnvFlag+"=1", txnEnvPoint+"="+point,
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Env = append(cmd.Env, txnEnvFlag+"=1", txnEnvPoint+"="+point,
 		memberEnvTopic+"="+e.topic, memberEnvGroup+"="+e.group,
 		memberEnvSchema+"="+e.coreSchema(), memberEnvBrokers+"="+strings.Join(e.k.Brokers, ","),
 		memberEnvDB+"="+testenv.DatabaseURL(e.t), memberEnvInstance+"="+instance, memberEnvSession+"="+session.String())
@@ -296,28 +344,46 @@ func killedBySignal(err error) bool {
 // same transactional.id: it fences the dead producer and aborts its
 // transaction) handles those records again: a read_committed reader sees
 // every poison key once in the tier and once in the DLQ, and every effect
-// is applied once.
+// is applied once. With lanes (issue 20) too, and killed at the commit
+// after one that committed forwards: lanes finish messages out of order, so
+// a forward must commit with an offset that covers it, or the successor
+// forwards it again.
 func TestTxnKillBetweenForwardAndCommit(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, txnPartitions)
-	e.produceTxnKeys()
-	child := e.startTxnChild("kill", "txn-member", 10*time.Second)
-	if err := child.wait(t, 120*time.Second); !killedBySignal(err) {
-		t.Fatalf("txn member helper ended with %v, want killed at its first commit with records; its log:\n%s", err, child.out.String())
-	}
-	reg := prometheus.NewRegistry()
-	cfg := txnConfig(e.config(), "txn-member")
-	cfg.Registerer = reg
-	r := start(t, cfg, poisonHandler())
-	e.waitTxnSettled(reg)
-	if err := r.stop(); err != nil {
-		t.Fatal(err)
-	}
-	uncommitted := e.assertExactlyOnceForwards()
-	// The killed transaction's records are in the log, aborted: the crash
-	// window was exercised.
-	if uncommitted <= 2*txnPoison {
-		t.Errorf("read_uncommitted readers see %d records in the tier and the DLQ, want more than %d (the killed member's aborted forwards)", uncommitted, 2*txnPoison)
+	for _, tc := range []struct {
+		name, point string
+		lanes       string // txnLanes; "": IDEM_TEST_MODE's
+	}{
+		{"mode's lanes", "kill", ""},
+		{"mode's lanes, after a commit", "kill-next", ""},
+		{"lanes", "kill", "8"},
+		{"lanes, after a commit", "kill-next", "8"},
+		{"adaptive, after a commit", "kill-next", "adaptive"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, txnPartitions)
+			e.produceTxnKeys()
+			child := e.startTxnChild(tc.point, "txn-member", 10*time.Second, txnEnvLanes+"="+tc.lanes)
+			if err := child.wait(t, 120*time.Second); !killedBySignal(err) {
+				t.Fatalf("txn member helper ended with %v, want killed at a commit; its log:\n%s", err, child.out.String())
+			}
+			reg := prometheus.NewRegistry()
+			cfg := txnLanes(txnConfig(e.config(), "txn-member"), tc.lanes)
+			cfg.Registerer = reg
+			r := start(t, cfg, poisonHandler())
+			e.waitTxnSettled(reg)
+			if err := r.stop(); err != nil {
+				t.Fatal(err)
+			}
+			uncommitted := e.assertExactlyOnceForwards()
+			// The killed transaction's records are in the log, aborted: the
+			// crash window was exercised. (kill-next's killed transaction
+			// may hold offsets only.)
+			if tc.point == "kill" && uncommitted <= 2*txnPoison {
+				t.Errorf("read_uncommitted readers see %d records in the tier and the DLQ, want more than %d (the killed member's aborted forwards)", uncommitted, 2*txnPoison)
+			}
+		})
 	}
 }
 
@@ -488,4 +554,75 @@ func firstLine(s, sub string) string {
 		}
 	}
 	return ""
+}
+
+// With lanes and Transactions a forward waits, holding nothing, until every
+// earlier message of its partition is final, so its offset commits in its
+// transaction (issue 20): a poison message behind a slow one in another lane
+// is not forwarded while the slow one runs, nor is anything committed past
+// the slow one; once it finishes, the poison message goes to the tier and
+// on to the DLQ, once each for a read_committed reader.
+func TestTxnForwardWaitsForEarlierMessage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	const lanes = 4
+	laneOf := func(k string) uint32 {
+		h := fnv.New32a()
+		h.Write([]byte(k))
+		return h.Sum32() % lanes
+	}
+	poison := "poison-0"
+	for i := 1; laneOf(poison) == laneOf("slow"); i++ {
+		poison = fmt.Sprintf("poison-%d", i)
+	}
+	e.produce([]string{"slow", poison, "after"}, 1)
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
+	inner := poisonHandler()
+	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
+		if m.IdempotencyKey == "slow" {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return inner(ctx, m)
+	})
+	cfg := txnConfig(e.config(), "")
+	cfg.Concurrency, cfg.Adaptive, cfg.Batch = lanes, nil, consumer.BatchConfig{}
+	var logs logBuffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	reg := prometheus.NewRegistry()
+	cfg.Registerer = reg
+	r := start(t, cfg, h)
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if !strings.Contains(logs.String(), "forward waits for the earlier messages of its partition") {
+			return errors.New("the poison message's forward is not waiting")
+		}
+		return nil
+	})
+	if n := e.total(e.tier1(), 1); n != 0 {
+		t.Fatalf("tier 1 holds %d records while the slow message runs, want 0 (the forward waits)", n)
+	}
+	if got := e.committed(e.topic, 1)[0]; got > 0 {
+		t.Fatalf("committed offset %d while the message at offset 0 runs, want none", got)
+	}
+	releaseOnce.Do(func() { close(release) })
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if dl, eff := coreOutcome(t, reg, metrics.OutcomeDeadLettered), e.count(`SELECT count(*) FROM effects`); dl < 1 || eff < 2 {
+			return fmt.Errorf("dead-lettered %d of 1, effects %d of 2", dl, eff)
+		}
+		return nil
+	})
+	e.waitCommitted(e.topic, 1, 30*time.Second)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	for _, topic := range []string{e.tier1(), e.dlqTopic()} {
+		if got := e.copies(topic, sarama.ReadCommitted); len(got) != 1 || got[poison] != 1 {
+			t.Errorf("%s holds %v for a read_committed reader, want one %s", topic, got, poison)
+		}
+	}
 }

@@ -36,6 +36,25 @@ import (
 // and was aborted: nothing can join it until Reset.
 var ErrBroken = errors.New("txn: transaction aborted; the session must restart from the committed offsets")
 
+// RefusedError is the error of a Forward whose record the broker refused for
+// good (retrytopic.IsPermanentForwardError: too large for the destination,
+// invalid there, not authorised): the refused produce left the transaction
+// abortable, so it was aborted. It wraps ErrBroken and the refusal; the
+// caller can send the record on in another form in a later transaction.
+// Only the Forward whose own record was refused returns it.
+type RefusedError struct {
+	Topic  string // the destination that refused the record
+	Err    error  // the refusal
+	broken error  // the owner's error, wrapping ErrBroken
+}
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("txn: %s refused the record for good; transaction aborted: %v", e.Topic, e.Err)
+}
+
+// Unwrap returns ErrBroken's error and the refusal.
+func (e *RefusedError) Unwrap() []error { return []error{e.broken, e.Err} }
+
 // Owner owns one member's transactional producer. It is safe for concurrent
 // use.
 type Owner struct {
@@ -134,7 +153,8 @@ func (o *Owner) Hold() (release func(), err error) {
 // and waits for its acknowledgement. The caller holds a Hold. A record the
 // forwarder refuses before sending it (larger than Producer.MaxMessageBytes,
 // an unknown topic) returns that error and leaves the transaction intact; a
-// failed send fails the transaction: the error then wraps ErrBroken.
+// failed send fails the transaction: the error then wraps ErrBroken, and is a
+// *RefusedError when the broker refused the record for good.
 func (o *Owner) Forward(ctx context.Context, rec retrytopic.Record) error {
 	o.mu.Lock()
 	if o.broken != nil {
@@ -160,7 +180,11 @@ func (o *Owner) Forward(ctx context.Context, rec retrytopic.Record) error {
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return o.failLocked(fmt.Errorf("txn: send to %s: %w", rec.Topic, err))
+	broken := o.failLocked(fmt.Errorf("txn: send to %s: %w", rec.Topic, err))
+	if retrytopic.IsPermanentForwardError(err) {
+		return &RefusedError{Topic: rec.Topic, Err: err, broken: broken}
+	}
+	return broken
 }
 
 // Mark records next as the offset to commit for topic/partition in the

@@ -135,3 +135,60 @@ func TestOwnerFailsAndResets(t *testing.T) {
 		t.Fatal("read_committed reader got nothing within 30 s")
 	}
 }
+
+// TestOwnerRefusedRecord: a record the broker refuses for good (a keyless
+// record for a compacted topic: INVALID_RECORD) aborts the transaction; the
+// Forward that sent it returns a *RefusedError naming the destination and
+// the refusal, which wraps ErrBroken too, and a record forwarded earlier in
+// the same transaction is aborted with it. After Reset the owner works.
+func TestOwnerRefusedRecord(t *testing.T) {
+	t.Parallel()
+	k := testenv.NewKafka(t)
+	topic, group := k.Topic(t, 1), testenv.Group(t)
+	compacted := testenv.Unique("t_compacted")
+	policy := "compact"
+	if err := k.Admin(t).CreateTopic(compacted, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1,
+		ConfigEntries: map[string]*string{"cleanup.policy": &policy}}, false); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { k.DeleteTopics(t, compacted) })
+	k.WaitTopic(t, compacted, 1)
+	o := newOwner(t, k, group)
+
+	release, err := o.Hold()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Forward(testenv.Context(t), retrytopic.Record{Topic: topic, Partition: 0, Key: []byte("aborted")}); err != nil {
+		t.Fatal(err)
+	}
+	err = o.Forward(testenv.Context(t), retrytopic.Record{Topic: compacted, Partition: 0, Value: []byte("keyless")})
+	release()
+	var refused *txn.RefusedError
+	if !errors.As(err, &refused) || refused.Topic != compacted || !errors.Is(err, sarama.ErrInvalidRecord) || !errors.Is(err, txn.ErrBroken) {
+		t.Fatalf("Forward of a keyless record to a compacted topic = %v, want a *RefusedError wrapping INVALID_RECORD and ErrBroken", err)
+	}
+	select {
+	case <-o.Failed():
+	default:
+		t.Fatal("Failed is not closed after a refused record")
+	}
+	if err := o.Reset(); err != nil {
+		t.Fatal(err)
+	}
+	release, err = o.Hold()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Forward(testenv.Context(t), retrytopic.Record{Topic: compacted, Partition: 0, Key: []byte("k"), Value: []byte("keyed")}); err != nil {
+		t.Fatalf("Forward after Reset = %v", err)
+	}
+	o.Mark(topic, 0, 1)
+	release()
+	if err := o.Commit(sarama.NewConsumerGroupMetadata(group)); err != nil {
+		t.Fatal(err)
+	}
+	if got := committedOffset(t, k, group, topic); got != 1 {
+		t.Fatalf("committed offset %d, want 1", got)
+	}
+}

@@ -33,9 +33,9 @@ import (
 
 var allModes = []string{"per-message", "batched", "batch-handler", "lanes", "ordering"}
 
-// txnModes are the modes -transactions runs: Config.Transactions takes
-// neither lanes nor OrderingByKey.
-var txnModes = []string{"per-message", "batched", "batch-handler"}
+// txnModes are the modes -transactions runs: Config.Transactions does not
+// take OrderingByKey.
+var txnModes = []string{"per-message", "batched", "batch-handler", "lanes"}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
