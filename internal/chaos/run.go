@@ -56,6 +56,9 @@ type Summary struct {
 	Produced int
 	Elapsed  time.Duration
 	Faults   map[string]int
+	// Injected are the run's faults other than the members' SIGKILLs, in
+	// order, each with what it found (which node, how long the move took).
+	Injected []check.Fault
 	Report   *check.Report
 }
 
@@ -146,13 +149,20 @@ func RunMode(ctx context.Context, o Options, mode string) (*Summary, error) {
 
 	T := o.ProduceFor
 	at := func(frac float64) error { return sleep(ctx, time.Until(start.Add(time.Duration(frac*float64(T))))) }
-	step := func(frac float64, kind, detail string, f func() error) error {
+	// step runs fault f at frac of the production; found, if given, says
+	// what f found (which node), appended to the fault's detail.
+	step := func(frac float64, kind, detail string, f func() error, found ...func() string) error {
 		if err := at(frac); err != nil {
 			return err
 		}
 		t0 := time.Now()
 		o.Logf("[%s] fault: %s %s", mode, kind, detail)
 		err := f()
+		for _, fd := range found {
+			if s := fd(); s != "" {
+				detail += ": " + s
+			}
+		}
 		faults.add(check.Fault{Kind: kind, Detail: detail, Start: t0, End: time.Now()})
 		if err != nil {
 			return fmt.Errorf("%s: %w", kind, err)
@@ -219,10 +229,26 @@ func RunMode(ctx context.Context, o Options, mode string) (*Summary, error) {
 		// Three nodes: one node down is no outage (RF 3, min.insync 2), so
 		// members keep starting and the infra lock is not taken; ERROR lines
 		// are still excused during a broker fault and errorGrace after it.
-		cf := &clusterFaults{svc: svc, rnd: rnd, source: topic, group: group, txnID: group + "-txn", freeze: o.FreezeFor,
+		cf := &clusterFaults{svc: svc, rnd: rnd, source: topic, group: group, freeze: o.FreezeFor,
 			logf: func(f string, a ...any) { o.Logf("["+mode+"] "+f, a...) }, timeout: time.Minute}
+		txnDetail := "SIGKILL the transaction coordinator of a live member's transactional id, restart it after the move"
+		if o.Transactions {
+			cf.txnID = func(ctx context.Context) (string, string, error) {
+				id, m, err := fl.liveTransactionalID(ctx, time.Minute)
+				return id, "member " + m, err
+			}
+		} else {
+			cf.txnID = func(context.Context) (string, string, error) {
+				return group + "-txn", "no member's: they run without transactions", nil
+			}
+			txnDetail = "SIGKILL the transaction coordinator of transactional id " + group + "-txn" +
+				" (the members run without transactions: no producer uses it), restart it after the move"
+		}
 		node := func(frac float64, kind, detail string, f func(context.Context) error) func() error {
-			return func() error { return step(frac, kind, detail, func() error { return f(ctx) }) }
+			return func() error {
+				cf.found = ""
+				return step(frac, kind, detail, func() error { return f(ctx) }, func() string { return cf.found })
+			}
 		}
 		steps = []func() error{
 			resize(0.08, "group 1 → 3 members", []string{"m1", "m2", "m3"}),
@@ -230,8 +256,7 @@ func RunMode(ctx context.Context, o Options, mode string) (*Summary, error) {
 			pgRestart(0.26),
 			node(0.32, "tier-leader-kill", "SIGKILL the leader of a tier or DLQ partition, restart it after the failover", cf.tierLeader),
 			node(0.44, "coordinator-kill", "SIGKILL the group coordinator of "+group+", restart it after the move", cf.groupCoordinator),
-			node(0.56, "txn-coordinator-kill", "SIGKILL the transaction coordinator of transactional id "+cf.txnID+
-				" (the members run without transactions: no producer uses it yet), restart it after the move", cf.txnCoordinator),
+			node(0.56, "txn-coordinator-kill", txnDetail, cf.txnCoordinator),
 			node(0.66, "broker-freeze", fmt.Sprintf("SIGSTOP the leader of a source partition for %s (session timeouts: members %s, brokers 9s)", o.FreezeFor, sessionTimeout), cf.freezeLeader),
 			resize(0.78, "group 3 → 2 members (m3 stopped with SIGTERM)", []string{"m1", "m2"}),
 			node(0.82, "rolling-restart", "each node in turn stopped with SIGTERM and started, the next once all three answer", cf.rollingRestart),
@@ -293,6 +318,9 @@ func RunMode(ctx context.Context, o Options, mode string) (*Summary, error) {
 	sum := &Summary{Mode: mode, Produced: len(produced), Elapsed: time.Since(start), Faults: map[string]int{}, Report: check.Check(h)}
 	for _, f := range h.Faults {
 		sum.Faults[f.Kind]++
+		if f.Kind != "kill" {
+			sum.Injected = append(sum.Injected, f)
+		}
 	}
 	return sum, nil
 }

@@ -156,6 +156,7 @@ func run(ctx context.Context) int {
 			return 2
 		}
 		fmt.Printf("\n== mode %s: %d records, %s, faults %v\n", m, sum.Produced, sum.Elapsed.Round(time.Second), sum.Faults)
+		printInjected(sum)
 		sum.Report.Print(os.Stdout)
 		fmt.Println()
 		if !sum.Report.OK() {
@@ -175,4 +176,12 @@ func run(ctx context.Context) int {
 		return 1
 	}
 	return 0
+}
+
+// printInjected prints the mode's faults other than the members' SIGKILLs,
+// each with what it found.
+func printInjected(sum *chaos.Summary) {
+	for _, f := range sum.Injected {
+		fmt.Printf("   %s %-20s (%s) %s\n", f.Start.UTC().Format("15:04:05"), f.Kind, f.End.Sub(f.Start).Round(100*time.Millisecond), f.Detail)
+	}
 }
