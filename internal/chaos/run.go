@@ -99,26 +99,14 @@ func RunMode(ctx context.Context, o Options, mode string) (*Summary, error) {
 	}
 	fl := newFleet(o.Bin, dir, args, env, &infra, func(f string, a ...any) { o.Logf("["+mode+"] "+f, a...) })
 	faults := &faultLog{}
-	defer func() {
-		fl.close()
-		for _, s := range fl.running() {
-			fl.kill(s)
-		}
-		fl.wait()
-	}()
+	defer fl.killAll()
 
 	// One member first; the orders exist before any payment is sent.
-	if err := fl.start("m1"); err != nil {
-		return nil, err
-	}
-	pool, err := pgxpool.New(ctx, svc.DatabaseURL(db))
+	pool, err := firstMember(ctx, fl, svc.DatabaseURL(db), orders)
 	if err != nil {
 		return nil, err
 	}
 	defer pool.Close()
-	if err := insertOrders(ctx, pool, orders); err != nil {
-		return nil, err
-	}
 	down, err := startDownstream(ctx, svc.Brokers(), pool, events, group+"-downstream", filepath.Join(dir, "downstream.log"))
 	if err != nil {
 		return nil, err
@@ -346,16 +334,39 @@ func saramaConfig() *sarama.Config {
 // createTopic creates topic with the run's partition count, replication
 // factor rf and configs.
 func createTopic(brokers []string, topic string, rf int16, configs map[string]*string) error {
+	return createTopicN(brokers, topic, partitions, rf, configs)
+}
+
+// createTopicN creates topic with n partitions, replication factor rf and
+// configs; an existing topic is left alone.
+func createTopicN(brokers []string, topic string, n int32, rf int16, configs map[string]*string) error {
 	admin, err := sarama.NewClusterAdmin(brokers, saramaConfig())
 	if err != nil {
 		return fmt.Errorf("kafka admin: %w", err)
 	}
 	defer admin.Close()
-	d := &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: rf, ConfigEntries: configs}
+	d := &sarama.TopicDetail{NumPartitions: n, ReplicationFactor: rf, ConfigEntries: configs}
 	if err := admin.CreateTopic(topic, d, false); err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
 		return fmt.Errorf("create topic %s: %w", topic, err)
 	}
 	return nil
+}
+
+// firstMember starts member m1, which creates the schema, and inserts the
+// orders in the database at url, through the pool it returns.
+func firstMember(ctx context.Context, fl *fleet, url string, orders []string) (*pgxpool.Pool, error) {
+	if err := fl.start("m1"); err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	if err := insertOrders(ctx, pool, orders); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
 }
 
 // insertOrders waits for the first member to create the schema, then
