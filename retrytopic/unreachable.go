@@ -24,8 +24,10 @@ const UnreachableFor = 30 * time.Second
 // broker did not answer" rather than "the cluster refused the request": a
 // refused or reset connection, EOF, a network timeout, or one of Kafka's
 // broker-not-available, not-controller, leader-not-available,
-// not-leader-for-partition or request-timed-out codes. sarama's "run out of
-// available brokers" counts only through the connection errors it wraps. Such a request is worth sending again, possibly
+// not-leader-for-partition or request-timed-out codes, or a coordinator
+// that is not available, has moved or is still loading its state (a node
+// just restarted). sarama's "run out of available brokers" counts only
+// through the connection errors it wraps. Such a request is worth sending again, possibly
 // to another broker; any other error (authorization, a partition mismatch,
 // bad config, a refused SASL login) is not.
 func IsUnreachable(err error) bool {
@@ -37,7 +39,9 @@ func IsUnreachable(err error) bool {
 		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
 		errors.Is(err, sarama.ErrNotConnected), errors.Is(err, sarama.ErrBrokerNotAvailable),
 		errors.Is(err, sarama.ErrNotController), errors.Is(err, sarama.ErrLeaderNotAvailable),
-		errors.Is(err, sarama.ErrRequestTimedOut), errors.Is(err, sarama.ErrNotLeaderForPartition):
+		errors.Is(err, sarama.ErrRequestTimedOut), errors.Is(err, sarama.ErrNotLeaderForPartition),
+		errors.Is(err, sarama.ErrOffsetsLoadInProgress), errors.Is(err, sarama.ErrConsumerCoordinatorNotAvailable),
+		errors.Is(err, sarama.ErrNotCoordinatorForConsumer):
 		return true
 	case errors.As(err, &ne):
 		return true

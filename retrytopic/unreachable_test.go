@@ -25,6 +25,11 @@ func TestIsUnreachable(t *testing.T) {
 		{errors.Join(refused, errors.New("list topics: no available broker")), true},
 		{sarama.ErrNotController, true},
 		{sarama.ErrRequestTimedOut, true},
+		// InitProducerId while a restarted node loads __transaction_state
+		// (a chaos run's rolling restart, after sarama's own 5 s of retries).
+		{fmt.Errorf("txn: transactional producer %q: %w", "idem-g-x", sarama.ErrOffsetsLoadInProgress), true},
+		{sarama.ErrConsumerCoordinatorNotAvailable, true},
+		{sarama.ErrNotCoordinatorForConsumer, true},
 		{sarama.ErrTopicAuthorizationFailed, false},
 		{&PartitionMismatchError{Topic: "t", Found: 1, Wanted: 2}, false},
 		{context.Canceled, false},
