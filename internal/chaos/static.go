@@ -308,7 +308,7 @@ func generation(svc *Services, group string) (int32, error) {
 // and returns their reasons, oldest first.
 func rebalances(svc *Services, group string) (int, []string) {
 	prefix := "Preparing to rebalance group " + group + " "
-	re := regexp.MustCompile(`\(reason: (.*)\)`)
+	re := regexp.MustCompile(`\(reason: ([^;)]*)`)
 	var lines []string
 	_ = svc.scanBrokerLogs(func(line string) {
 		if strings.Contains(line, prefix) {
