@@ -2,11 +2,7 @@ package consumer
 
 import (
 	"context"
-	"errors"
-	"io"
 	"log/slog"
-	"net"
-	"syscall"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -45,20 +41,7 @@ const startRetryFor = 30 * time.Second
 // a metadata refresh; anything else (authorization, a partition mismatch, bad
 // config) is returned at once.
 func transientClusterErr(err error) bool {
-	var ne net.Error
-	switch {
-	case err == nil:
-		return false
-	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
-		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
-		errors.Is(err, sarama.ErrBrokerNotAvailable), errors.Is(err, sarama.ErrNotController),
-		errors.Is(err, sarama.ErrLeaderNotAvailable), errors.Is(err, sarama.ErrRequestTimedOut),
-		errors.Is(err, sarama.ErrNotLeaderForPartition):
-		return true
-	case errors.As(err, &ne):
-		return true
-	}
-	return false
+	return retrytopic.IsUnreachable(err)
 }
 
 // retryStart runs step until it succeeds, returns an error that is not

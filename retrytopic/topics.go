@@ -36,8 +36,13 @@ func (e *PartitionMismatchError) Error() string {
 // It is idempotent and safe to call from several processes at once: a topic
 // created meanwhile by someone else (TOPIC_ALREADY_EXISTS) counts as existing
 // and is checked like one. ctx is checked between topics; each admin call is
-// bounded by the admin's Admin.Timeout. Topics created here may take a moment
-// to show in the metadata of other clients.
+// bounded by the admin's Admin.Timeout. An admin call that no broker answered
+// (IsUnreachable: a node killed and not yet fenced, for one) is retried for
+// up to UnreachableFor or until ctx ends; a topic's description then comes
+// from another node. Creating a missing topic needs the controller the
+// admin knows; while that node is down the creation is retried the same way.
+// Topics created here may take a moment to show in the metadata of other
+// clients.
 func EnsureTopics(ctx context.Context, admin sarama.ClusterAdmin, topics []string, partitions int32, policy Policy) error {
 	_, err := ensure(ctx, admin, topics, partitions, policy, nil)
 	return err
@@ -66,16 +71,18 @@ func ensure(ctx context.Context, admin sarama.ClusterAdmin, topics []string, par
 		if err := ctx.Err(); err != nil {
 			return created, err
 		}
-		found, exists, err := describe(admin, topic)
+		found, exists, err := describe(ctx, admin, topic)
 		if err != nil {
 			return created, fmt.Errorf("retrytopic: describe topic %s: %w", topic, err)
 		}
 		if !exists {
-			err := admin.CreateTopic(topic, &sarama.TopicDetail{
-				NumPartitions:     partitions,
-				ReplicationFactor: rf,
-				ConfigEntries:     configs,
-			}, false)
+			err := persist(ctx, func() error {
+				return admin.CreateTopic(topic, &sarama.TopicDetail{
+					NumPartitions:     partitions,
+					ReplicationFactor: rf,
+					ConfigEntries:     configs,
+				}, false)
+			})
 			if err == nil {
 				created[topic] = true
 				continue
@@ -156,6 +163,7 @@ func (w *LimitWarning) Error() string {
 //	max.message.bytes = source's max.message.bytes + HeaderHeadroom
 //	segment.bytes     = source's, when source overrides it (never below max.message.bytes)
 //
+// Admin calls that no broker answered are retried as in EnsureTopics.
 // Existing topics are not altered; one whose max.message.bytes is below the
 // source's, or a tier whose retention.ms is below twice its delay, is
 // reported in Sizes.Warnings. A topic with fewer partitions than the source
@@ -165,14 +173,14 @@ func (w *LimitWarning) Error() string {
 // Producer.MaxMessageBytes must be (Sizes.ProducerMaxMessageBytes).
 func EnsureTopicsFor(ctx context.Context, admin sarama.ClusterAdmin, source, group string, policy Policy) (Sizes, error) {
 	var sz Sizes
-	partitions, exists, err := describe(admin, source)
+	partitions, exists, err := describe(ctx, admin, source)
 	switch {
 	case err != nil:
 		return sz, fmt.Errorf("retrytopic: describe topic %s: %w", source, err)
 	case !exists:
 		return sz, fmt.Errorf("retrytopic: describe topic %s: %w", source, sarama.ErrUnknownTopicOrPartition)
 	}
-	src, err := topicConfig(admin, source)
+	src, err := topicConfig(ctx, admin, source)
 	if err != nil {
 		return sz, err
 	}
@@ -204,7 +212,7 @@ func EnsureTopicsFor(ctx context.Context, admin sarama.ClusterAdmin, source, gro
 		if made[topic] {
 			continue
 		}
-		cfg, err := topicConfig(admin, topic)
+		cfg, err := topicConfig(ctx, admin, topic)
 		if err != nil {
 			return sz, err
 		}
@@ -246,11 +254,17 @@ func (c configs) int(name string) (int64, error) {
 	return n, nil
 }
 
-// topicConfig describes topic's size and retention configs.
-func topicConfig(admin sarama.ClusterAdmin, topic string) (configs, error) {
+// topicConfig describes topic's size and retention configs. The request
+// goes to a random broker; one that does not answer is retried (persist),
+// which picks another.
+func topicConfig(ctx context.Context, admin sarama.ClusterAdmin, topic string) (configs, error) {
 	out := configs{topic: topic, entries: map[string]sarama.ConfigEntry{}}
-	results, err := admin.DescribeConfigs([]*sarama.ConfigResource{{Type: sarama.TopicResource, Name: topic,
-		ConfigNames: []string{"max.message.bytes", "segment.bytes", "retention.ms"}}}, sarama.DescribeConfigsOptions{})
+	var results []*sarama.ConfigResourceResult
+	err := persist(ctx, func() (err error) {
+		results, err = admin.DescribeConfigs([]*sarama.ConfigResource{{Type: sarama.TopicResource, Name: topic,
+			ConfigNames: []string{"max.message.bytes", "segment.bytes", "retention.ms"}}}, sarama.DescribeConfigsOptions{})
+		return err
+	})
 	if err != nil {
 		return out, fmt.Errorf("retrytopic: describe configs of topic %s: %w", topic, err)
 	}
@@ -269,7 +283,33 @@ func topicConfig(admin sarama.ClusterAdmin, topic string) (configs, error) {
 }
 
 // describe returns topic's partition count, or exists=false.
-func describe(admin sarama.ClusterAdmin, topic string) (partitions int32, exists bool, err error) {
+//
+// sarama's DescribeTopics asks the broker the admin's client takes for the
+// controller. In a multi-node cluster that may be a node that was just
+// killed: the others list it until the controller fences it, and the admin
+// never asks anyone else. So when it does not answer (IsUnreachable),
+// describe asks for the metadata of every topic with ListTopics, which
+// tries another broker on a connection error; both are retried (persist)
+// until one answers.
+func describe(ctx context.Context, admin sarama.ClusterAdmin, topic string) (partitions int32, exists bool, err error) {
+	err = persist(ctx, func() (err error) {
+		partitions, exists, err = describeOnce(admin, topic)
+		if !IsUnreachable(err) {
+			return err
+		}
+		all, lerr := admin.ListTopics()
+		if lerr != nil {
+			return errors.Join(err, lerr)
+		}
+		d, ok := all[topic]
+		partitions, exists = d.NumPartitions, ok
+		return nil
+	})
+	return partitions, exists, err
+}
+
+// describeOnce is describe's DescribeTopics request.
+func describeOnce(admin sarama.ClusterAdmin, topic string) (partitions int32, exists bool, err error) {
 	md, err := admin.DescribeTopics([]string{topic})
 	if err != nil {
 		return 0, false, err
@@ -296,7 +336,7 @@ func describeCreated(ctx context.Context, admin sarama.ClusterAdmin, topic strin
 	defer cancel()
 	wait := 20 * time.Millisecond
 	for {
-		n, exists, err := describe(admin, topic)
+		n, exists, err := describe(ctx, admin, topic)
 		if err != nil {
 			return 0, err
 		}

@@ -39,6 +39,8 @@ type runOptions struct {
 	// transactions: Config.Transactions, and the relay (if any) in
 	// exactly-once mode.
 	transactions bool
+	// instanceID: Config.InstanceID (static membership), empty for none.
+	instanceID string
 }
 
 // addRunFlags declares the mode and test-hook flags on fs.
@@ -49,6 +51,7 @@ func addRunFlags(fs *flag.FlagSet) *runOptions {
 	fs.StringVar(&o.history, "history", "", "test hook: append each handler call to this JSON-lines file and write a chaos_effects row per success")
 	fs.StringVar(&o.member, "member", "", "test hook: this member's name in the history (default: the host:pid)")
 	fs.BoolVar(&o.transactions, "transactions", false, "transactional mode: forwards and offsets commit in Kafka transactions (Config.Transactions; not with -mode lanes or ordering), the outbox relay publishes exactly once (Relay.ExactlyOnce)")
+	fs.StringVar(&o.instanceID, "instance-id", "", "static membership (Config.InstanceID): a stable id of this member, unique in the group; a member restarted with it within the session timeout gets its partitions back without a rebalance")
 	fs.StringVar(&o.failHeader, "fail-header", "", "test hook (needs -history): a message with this header, value N, fails its first N attempts with a retriable error")
 	return o
 }
@@ -77,6 +80,7 @@ func (o *runOptions) run(ctx context.Context, cfg consumer.Config, pool *pgxpool
 		return err
 	}
 	cfg.Retry.Delays = delays
+	cfg.InstanceID = o.instanceID
 	if o.transactions {
 		cfg.Transactions = true
 		if cfg.Relay != nil {

@@ -180,14 +180,17 @@ func find(ctx context.Context, brokers []string, l locate, not int32, timeout ti
 
 // clusterFaults are the three-node run's broker faults.
 type clusterFaults struct {
-	svc     *Services
-	rnd     *rand.Rand
-	source  string
-	group   string
-	txnID   string
+	svc    *Services
+	rnd    *rand.Rand
+	source string
+	group  string
+	// txnID names the transactional.id whose coordinator txn-coordinator-kill
+	// kills, and whose it is (a member, or why none).
+	txnID   func(ctx context.Context) (id, whose string, err error)
 	freeze  time.Duration
 	logf    func(format string, args ...any) // the mode's log
 	timeout time.Duration                    // how long a failover may take
+	found   string                           // what the last fault found, for its report line
 }
 
 // killFound SIGKILLs the node that l names, waits until l names another node
@@ -200,6 +203,7 @@ func (c *clusterFaults) killFound(ctx context.Context, what string, l locate) er
 		return fmt.Errorf("find %s: %w", what, err)
 	}
 	c.logf("  %s is node %d: SIGKILL", what, node)
+	c.found = fmt.Sprintf("%s was node %d", what, node)
 	t0 := time.Now()
 	if err := c.svc.KillNode(ctx, int(node)); err != nil {
 		return err
@@ -208,12 +212,16 @@ func (c *clusterFaults) killFound(ctx context.Context, what string, l locate) er
 	if err != nil {
 		return fmt.Errorf("%s after node %d's kill: %w", what, node, err)
 	}
-	c.logf("  %s moved to node %d %s after the kill; restarting node %d", what, next, time.Since(t0).Round(100*time.Millisecond), node)
+	moved := time.Since(t0).Round(100 * time.Millisecond)
+	c.logf("  %s moved to node %d %s after the kill; restarting node %d", what, next, moved, node)
+	c.found += fmt.Sprintf(", moved to node %d %s after the kill", next, moved)
 	t1 := time.Now()
 	if err := c.svc.StartKafka(ctx); err != nil {
 		return err
 	}
-	c.logf("  node %d back, all three nodes answer (%s)", node, time.Since(t1).Round(100*time.Millisecond))
+	back := time.Since(t1).Round(100 * time.Millisecond)
+	c.logf("  node %d back, all three nodes answer (%s)", node, back)
+	c.found += fmt.Sprintf("; node %d back %s later", node, back)
 	return nil
 }
 
@@ -236,9 +244,14 @@ func (c *clusterFaults) groupCoordinator(ctx context.Context) error {
 	return c.killFound(ctx, "the coordinator of group "+c.group, groupCoordinator(c.group))
 }
 
-// txnCoordinator kills the transaction coordinator of c.txnID.
+// txnCoordinator kills the transaction coordinator of the transactional.id
+// c.txnID names (a live member's, with -transactions).
 func (c *clusterFaults) txnCoordinator(ctx context.Context) error {
-	return c.killFound(ctx, "the transaction coordinator of "+c.txnID, txnCoordinator(c.txnID))
+	id, whose, err := c.txnID(ctx)
+	if err != nil {
+		return fmt.Errorf("transactional id: %w", err)
+	}
+	return c.killFound(ctx, "the transaction coordinator of "+id+" ("+whose+")", txnCoordinator(id))
 }
 
 // freezeLeader SIGSTOPs the leader of a random source partition for

@@ -29,6 +29,9 @@ type fleet struct {
 	// a resize never races a restart of the slot it removes.
 	membership sync.Mutex
 	logf       func(string, ...any)
+	// instanceIDs gives each member -instance-id <slot>: static membership,
+	// the same id for every incarnation of a slot.
+	instanceIDs bool
 
 	mu     sync.Mutex
 	n      int                // incarnations started
@@ -97,6 +100,9 @@ func (f *fleet) spawn(slot string) (*member, error) {
 		return nil, err
 	}
 	args := append(slices.Clone(f.args), "-member", name, "-history", base+".history.jsonl")
+	if f.instanceIDs {
+		args = append(args, "-instance-id", slot)
+	}
 	cmd := exec.Command(f.bin, args...)
 	cmd.Env, cmd.Stdout, cmd.Stderr = f.env, errf, errf
 	if err := cmd.Start(); err != nil {
@@ -219,6 +225,16 @@ func (f *fleet) running() []string {
 	}
 	slices.Sort(s)
 	return s
+}
+
+// killAll starts no more members, SIGKILLs the running ones and waits for
+// every incarnation's exit.
+func (f *fleet) killAll() {
+	f.close()
+	for _, s := range f.running() {
+		f.kill(s)
+	}
+	f.wait()
 }
 
 // wait waits for every incarnation's exit.

@@ -73,3 +73,16 @@ func TestOutageExit(t *testing.T) {
 		}
 	}
 }
+
+// The transactional.id a member logs at start is found in its log line.
+func TestTxnIDLine(t *testing.T) {
+	for line, want := range map[string]string{
+		`time=2026-12-01T18:38:05.424Z level=INFO msg="idem: transactional mode" group=chaos-batched transactional_id=idem-chaos-batched-host_1-0a1b2c commit_interval=100ms`: "idem-chaos-batched-host_1-0a1b2c",
+		`time=2026-12-01T18:38:05.424Z level=INFO msg="idem: transactional mode" transactional_id="idem-g-a b" commit_interval=100ms`:                                         "idem-g-a b",
+	} {
+		g := txnIDLine.FindStringSubmatch(line)
+		if g == nil || string(trimQuotes([]byte(g[1]))) != want {
+			t.Errorf("%s: got %q, want %q", line, g, want)
+		}
+	}
+}

@@ -56,6 +56,9 @@ type Summary struct {
 	Produced int
 	Elapsed  time.Duration
 	Faults   map[string]int
+	// Injected are the run's faults other than the members' SIGKILLs, in
+	// order, each with what it found (which node, how long the move took).
+	Injected []check.Fault
 	Report   *check.Report
 }
 
@@ -96,26 +99,14 @@ func RunMode(ctx context.Context, o Options, mode string) (*Summary, error) {
 	}
 	fl := newFleet(o.Bin, dir, args, env, &infra, func(f string, a ...any) { o.Logf("["+mode+"] "+f, a...) })
 	faults := &faultLog{}
-	defer func() {
-		fl.close()
-		for _, s := range fl.running() {
-			fl.kill(s)
-		}
-		fl.wait()
-	}()
+	defer fl.killAll()
 
 	// One member first; the orders exist before any payment is sent.
-	if err := fl.start("m1"); err != nil {
-		return nil, err
-	}
-	pool, err := pgxpool.New(ctx, svc.DatabaseURL(db))
+	pool, err := firstMember(ctx, fl, svc.DatabaseURL(db), orders)
 	if err != nil {
 		return nil, err
 	}
 	defer pool.Close()
-	if err := insertOrders(ctx, pool, orders); err != nil {
-		return nil, err
-	}
 	down, err := startDownstream(ctx, svc.Brokers(), pool, events, group+"-downstream", filepath.Join(dir, "downstream.log"))
 	if err != nil {
 		return nil, err
@@ -146,13 +137,20 @@ func RunMode(ctx context.Context, o Options, mode string) (*Summary, error) {
 
 	T := o.ProduceFor
 	at := func(frac float64) error { return sleep(ctx, time.Until(start.Add(time.Duration(frac*float64(T))))) }
-	step := func(frac float64, kind, detail string, f func() error) error {
+	// step runs fault f at frac of the production; found, if given, says
+	// what f found (which node), appended to the fault's detail.
+	step := func(frac float64, kind, detail string, f func() error, found ...func() string) error {
 		if err := at(frac); err != nil {
 			return err
 		}
 		t0 := time.Now()
 		o.Logf("[%s] fault: %s %s", mode, kind, detail)
 		err := f()
+		for _, fd := range found {
+			if s := fd(); s != "" {
+				detail += ": " + s
+			}
+		}
 		faults.add(check.Fault{Kind: kind, Detail: detail, Start: t0, End: time.Now()})
 		if err != nil {
 			return fmt.Errorf("%s: %w", kind, err)
@@ -219,10 +217,26 @@ func RunMode(ctx context.Context, o Options, mode string) (*Summary, error) {
 		// Three nodes: one node down is no outage (RF 3, min.insync 2), so
 		// members keep starting and the infra lock is not taken; ERROR lines
 		// are still excused during a broker fault and errorGrace after it.
-		cf := &clusterFaults{svc: svc, rnd: rnd, source: topic, group: group, txnID: group + "-txn", freeze: o.FreezeFor,
+		cf := &clusterFaults{svc: svc, rnd: rnd, source: topic, group: group, freeze: o.FreezeFor,
 			logf: func(f string, a ...any) { o.Logf("["+mode+"] "+f, a...) }, timeout: time.Minute}
+		txnDetail := "SIGKILL the transaction coordinator of a live member's transactional id, restart it after the move"
+		if o.Transactions {
+			cf.txnID = func(ctx context.Context) (string, string, error) {
+				id, m, err := fl.liveTransactionalID(ctx, time.Minute)
+				return id, "member " + m, err
+			}
+		} else {
+			cf.txnID = func(context.Context) (string, string, error) {
+				return group + "-txn", "no member's: they run without transactions", nil
+			}
+			txnDetail = "SIGKILL the transaction coordinator of transactional id " + group + "-txn" +
+				" (the members run without transactions: no producer uses it), restart it after the move"
+		}
 		node := func(frac float64, kind, detail string, f func(context.Context) error) func() error {
-			return func() error { return step(frac, kind, detail, func() error { return f(ctx) }) }
+			return func() error {
+				cf.found = ""
+				return step(frac, kind, detail, func() error { return f(ctx) }, func() string { return cf.found })
+			}
 		}
 		steps = []func() error{
 			resize(0.08, "group 1 → 3 members", []string{"m1", "m2", "m3"}),
@@ -230,8 +244,7 @@ func RunMode(ctx context.Context, o Options, mode string) (*Summary, error) {
 			pgRestart(0.26),
 			node(0.32, "tier-leader-kill", "SIGKILL the leader of a tier or DLQ partition, restart it after the failover", cf.tierLeader),
 			node(0.44, "coordinator-kill", "SIGKILL the group coordinator of "+group+", restart it after the move", cf.groupCoordinator),
-			node(0.56, "txn-coordinator-kill", "SIGKILL the transaction coordinator of transactional id "+cf.txnID+
-				" (the members run without transactions: no producer uses it yet), restart it after the move", cf.txnCoordinator),
+			node(0.56, "txn-coordinator-kill", txnDetail, cf.txnCoordinator),
 			node(0.66, "broker-freeze", fmt.Sprintf("SIGSTOP the leader of a source partition for %s (session timeouts: members %s, brokers 9s)", o.FreezeFor, sessionTimeout), cf.freezeLeader),
 			resize(0.78, "group 3 → 2 members (m3 stopped with SIGTERM)", []string{"m1", "m2"}),
 			node(0.82, "rolling-restart", "each node in turn stopped with SIGTERM and started, the next once all three answer", cf.rollingRestart),
@@ -293,6 +306,9 @@ func RunMode(ctx context.Context, o Options, mode string) (*Summary, error) {
 	sum := &Summary{Mode: mode, Produced: len(produced), Elapsed: time.Since(start), Faults: map[string]int{}, Report: check.Check(h)}
 	for _, f := range h.Faults {
 		sum.Faults[f.Kind]++
+		if f.Kind != "kill" {
+			sum.Injected = append(sum.Injected, f)
+		}
 	}
 	return sum, nil
 }
@@ -318,16 +334,39 @@ func saramaConfig() *sarama.Config {
 // createTopic creates topic with the run's partition count, replication
 // factor rf and configs.
 func createTopic(brokers []string, topic string, rf int16, configs map[string]*string) error {
+	return createTopicN(brokers, topic, partitions, rf, configs)
+}
+
+// createTopicN creates topic with n partitions, replication factor rf and
+// configs; an existing topic is left alone.
+func createTopicN(brokers []string, topic string, n int32, rf int16, configs map[string]*string) error {
 	admin, err := sarama.NewClusterAdmin(brokers, saramaConfig())
 	if err != nil {
 		return fmt.Errorf("kafka admin: %w", err)
 	}
 	defer admin.Close()
-	d := &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: rf, ConfigEntries: configs}
+	d := &sarama.TopicDetail{NumPartitions: n, ReplicationFactor: rf, ConfigEntries: configs}
 	if err := admin.CreateTopic(topic, d, false); err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
 		return fmt.Errorf("create topic %s: %w", topic, err)
 	}
 	return nil
+}
+
+// firstMember starts member m1, which creates the schema, and inserts the
+// orders in the database at url, through the pool it returns.
+func firstMember(ctx context.Context, fl *fleet, url string, orders []string) (*pgxpool.Pool, error) {
+	if err := fl.start("m1"); err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	if err := insertOrders(ctx, pool, orders); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
 }
 
 // insertOrders waits for the first member to create the schema, then

@@ -55,6 +55,8 @@ func run(ctx context.Context) int {
 	freezeFor := flag.Duration("freeze-for", 0, "how long the broker is SIGSTOPped; more than the 10s session timeout (default 16s, -ci 13s)")
 	drainTimeout := flag.Duration("drain-timeout", 5*time.Minute, "how long the group may take to catch up after the faults")
 	seed := flag.Uint64("seed", uint64(time.Now().UnixNano()), "random seed (printed, so a run can be repeated)")
+	static := flag.Bool("static", false, "the static-membership figure instead of the modes: 3 members (per-message) on a 12-partition topic consume a backlog of -payments records (default 150000, -ci 40000); a calm phase and a phase in which one member is SIGKILLed and restarted every -kill-every (default 5s) last -static-window each; run with InstanceIDs, then without (the dynamic counter-run); PASS wants >= 0.5 x the calm throughput and the group's generation unchanged")
+	staticWindow := flag.Duration("static-window", 0, "with -static: how long the calm phase and the kill phase each last (default 40s, -ci 20s)")
 	race := flag.Bool("race", false, "build the members with the race detector")
 	kport := flag.Int("kafka-port", 19092, "the chaos broker's port")
 	cport := flag.Int("controller-port", 19093, "the chaos broker's controller port")
@@ -82,6 +84,16 @@ func run(ctx context.Context) int {
 		def(produceFor, 300*time.Second, 200*time.Second)
 	}
 	def(produceFor, 80*time.Second, 36*time.Second)
+	if *static {
+		def(killEvery, 5*time.Second, 5*time.Second)
+		def(staticWindow, 40*time.Second, 20*time.Second)
+		if *payments == 0 {
+			*payments = 150000
+			if *ci {
+				*payments = 40000
+			}
+		}
+	}
 	def(killEvery, 4*time.Second, 5*time.Second)
 	def(freezeFor, 16*time.Second, 13*time.Second)
 	if *payments == 0 {
@@ -143,6 +155,10 @@ func run(ctx context.Context) int {
 	}
 	logf("Kafka on %s", strings.Join(svc.Brokers(), ","))
 
+	if *static {
+		so := chaos.StaticOptions{Services: svc, Bin: bin, Dir: runDir, Backlog: *payments, Window: *staticWindow, KillEvery: *killEvery, Seed: *seed, Logf: logf}
+		return runStatic(ctx, so)
+	}
 	w := chaos.Workload{Payments: *payments, Customers: max(50, *payments/100), DupRate: 0.15, Poison: 0.004, Rivals: 0.005, Flaky: 0.02, Huge: 0.002}
 	opts := chaos.Options{Services: svc, Bin: bin, Dir: runDir, Workload: w, Seed: *seed, ProduceFor: *produceFor,
 		KillEvery: *killEvery, FreezeFor: *freezeFor, DrainTimeout: *drainTimeout, Transactions: *transactions, Logf: logf}
@@ -156,6 +172,7 @@ func run(ctx context.Context) int {
 			return 2
 		}
 		fmt.Printf("\n== mode %s: %d records, %s, faults %v\n", m, sum.Produced, sum.Elapsed.Round(time.Second), sum.Faults)
+		printInjected(sum)
 		sum.Report.Print(os.Stdout)
 		fmt.Println()
 		if !sum.Report.OK() {
@@ -175,4 +192,46 @@ func run(ctx context.Context) int {
 		return 1
 	}
 	return 0
+}
+
+// printInjected prints the mode's faults other than the members' SIGKILLs,
+// each with what it found.
+func printInjected(sum *chaos.Summary) {
+	for _, f := range sum.Injected {
+		fmt.Printf("   %s %-20s (%s) %s\n", f.Start.UTC().Format("15:04:05"), f.Kind, f.End.Sub(f.Start).Round(100*time.Millisecond), f.Detail)
+	}
+}
+
+// runStatic runs the static-membership figure, then its dynamic
+// counter-run, and prints both; it returns 1 when the static run misses the
+// goal.
+func runStatic(ctx context.Context, o chaos.StaticOptions) int {
+	var rs []*chaos.StaticResult
+	for _, static := range []bool{true, false} {
+		r, err := chaos.RunStatic(ctx, o, static)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "chaos: static=%v: %v\n", static, err)
+			return 2
+		}
+		rs = append(rs, r)
+	}
+	fmt.Printf("\n== static membership: 3 members, 12 partitions, one member SIGKILLed and restarted every %s; phases of %s\n", o.KillEvery, o.Window)
+	code := 0
+	for _, r := range rs {
+		r.Print(os.Stdout)
+		verdict := "PASS"
+		if f := r.Failed(); len(f) > 0 {
+			verdict = "FAIL " + strings.Join(f, "; ")
+			if r.Static {
+				code = 1
+			}
+		}
+		if r.Static {
+			fmt.Printf("  %s (goal: >= 0.50 x calm and the generation unchanged)\n", verdict)
+		} else {
+			fmt.Printf("  counter-run (not held to the goal): %.2f x calm, generation %d -> %d%s\n", r.Ratio(), r.GenBefore, r.GenAfter,
+				map[bool]string{true: "", false: "; " + strings.Join(r.Failed(), "; ")}[len(r.Failed()) == 0])
+		}
+	}
+	return code
 }
