@@ -61,7 +61,10 @@ func (c Config) validateTransactions(bad func(field string, v any, rule string))
 	//     metadata, which every later commit of the partition carries on (a
 	//     later commit overwrites the metadata).
 	//   - with lanes, forward's awaitEarlier gets the parked message's
-	//     source offset, not the head's: it would wait on the wrong offset.
+	//     source offset, not the head's: the drain waits on its own head
+	//     for ever (IDEM_TEST_MODE=lanes TestOrderingParkedFailureBecomesHead
+	//     stalls at 1 applied: "forward waits" on the tier, offset=1,
+	//     first_unfinished=0, the head itself). Pass the head's offset.
 	//   - Next's unblock while marked rows still wait for the commit races
 	//     a new message of the key on another partition (the source vs the
 	//     tier); a revert must then not block the key behind the old head.
