@@ -38,12 +38,39 @@ func (c Config) validateTransactions(bad func(field string, v any, rule string))
 	// is before it commits; an aborted transaction would then lose the
 	// message (the DLQ copy aborted, the row gone) or block its key for ever
 	// (the tier copy aborted, the head's forward marked done). Lifting it
-	// takes, on the rows, a mark of the transaction that sent them (the
-	// consumed record whose offset commits with the forward), Done,
-	// Forwarded and Next's unblocking run only once that offset is
-	// committed, a redelivered head re-sending the rows its aborted
-	// transaction marked, and claimOrdering settling marked rows by the
-	// group's committed offsets; with a SIGKILL test at each step.
+	// takes, on the rows, a mark of the transaction that sent them, Done,
+	// Forwarded and Next's unblocking run only once it is committed, and
+	// claimOrdering settling or reverting marked rows by the group's
+	// committed offsets; with a SIGKILL test at each step.
+	//
+	// What a try with the refusal lifted showed (helper txnorder):
+	//   - a drain's forwards all commit with the offset of the head message
+	//     whose settling ran the drain (X on partition tp): the first forward
+	//     takes the hold and the head's mark ends it. So (tp, X) can be the
+	//     mark, with no offset metadata: committed iff tp's committed offset
+	//     is > X. A settle after each commit (tokens of tp below the offset
+	//     just committed) and the same settle at claim (below the claim's
+	//     committed offset; above it: revert the rows to parked, the head
+	//     row to X, so X's redelivery drains them again) is one code path.
+	//   - claimOrdering's forward of a pending head is tied to no message:
+	//     its hold is never released when no message follows on the
+	//     partition, and Commit then waits for ever
+	//     (TestOrderingRecoversPendingForward hangs in Owner.Commit, at
+	//     gate.Lock). It needs a mark of its own: the claimed partition's
+	//     committed offset recommitted with a monotonic token in its
+	//     metadata, which every later commit of the partition carries on (a
+	//     later commit overwrites the metadata).
+	//   - with lanes, forward's awaitEarlier gets the parked message's
+	//     source offset, not the head's: the drain waits on its own head
+	//     for ever (IDEM_TEST_MODE=lanes TestOrderingParkedFailureBecomesHead
+	//     stalls at 1 applied: "forward waits" on the tier, offset=1,
+	//     first_unfinished=0, the head itself). Pass the head's offset.
+	//   - Next's unblock while marked rows still wait for the commit races
+	//     a new message of the key on another partition (the source vs the
+	//     tier); a revert must then not block the key behind the old head.
+	//   - TestOrderingByKey passed with Transactions as is (no abort, no
+	//     crash); TestOrderingParkedFailureBecomesHead counts tier records by
+	//     end offset, which counts commit markers too (4 for 2 records).
 	if c.Ordering != OrderingNone {
 		bad("Ordering", c.Ordering, "must be OrderingNone with Transactions: OrderingByKey settles parked messages in PostgreSQL when their forward is sent, before the Kafka transaction commits")
 	}
