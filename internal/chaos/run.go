@@ -217,7 +217,9 @@ func RunMode(ctx context.Context, o Options, mode string) (*Summary, error) {
 		// Three nodes: one node down is no outage (RF 3, min.insync 2), so
 		// members keep starting and the infra lock is not taken; ERROR lines
 		// are still excused during a broker fault and errorGrace after it.
-		cf := &clusterFaults{svc: svc, rnd: rnd, source: topic, group: group, freeze: o.FreezeFor,
+		// A generator of its own: the kill loop's goroutine draws from rnd
+		// meanwhile, and a rand.Rand is not safe for concurrent use.
+		cf := &clusterFaults{svc: svc, rnd: rand.New(rand.NewPCG(o.Seed, uint64(len(mode))+1<<32)), source: topic, group: group, freeze: o.FreezeFor,
 			logf: func(f string, a ...any) { o.Logf("["+mode+"] "+f, a...) }, timeout: time.Minute}
 		txnDetail := "SIGKILL the transaction coordinator of a live member's transactional id, restart it after the move"
 		if o.Transactions {
