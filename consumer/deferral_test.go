@@ -168,7 +168,7 @@ func TestDeferConfigRejected(t *testing.T) {
 }
 
 // deferEnvFlag runs TestDeferHelperProcess; the other settings come in the
-// crash helper's variables (core_test.go).
+// crash helper's variables (crash_test.go).
 const deferEnvFlag = "IDEM_DEFER_HELPER"
 
 // deferHandler defers every message read from its source topic by delay and

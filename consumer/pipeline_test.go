@@ -26,7 +26,7 @@ func keysWithDuplicates(n int, dupFrac float64, seed uint64) ([]string, int) {
 	return keys, uniq
 }
 
-// Test 1: 1,000 messages, 30% duplicate keys, 6 partitions: exactly the unique
+// 1,000 messages, 30% duplicate keys, 6 partitions: exactly the unique
 // keys have effects, and every offset is committed.
 func TestDuplicatesHaveOneEffect(t *testing.T) {
 	t.Parallel()
