@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -62,12 +61,12 @@ func (g *coreTokens) take(ctx context.Context) error {
 }
 
 // coreWaitProgress waits until the stream has moved n messages on: n
-// committed effects, or, when messages commit in batches (IDEM_TEST_MODE
-// batch modes, where a batch waiting for a token holds back the effects of
+// committed effects, or, when messages commit in batches (the batch
+// modes, where a batch waiting for a token holds back the effects of
 // its members), n tokens taken.
 func (e *env) coreWaitProgress(g *coreTokens, n int, timeout time.Duration) {
 	e.t.Helper()
-	if !strings.Contains(os.Getenv("IDEM_TEST_MODE"), "batch") {
+	if !strings.Contains(string(e.mode), "batch") {
 		e.coreWaitEffects(n, timeout)
 		return
 	}
@@ -180,88 +179,90 @@ func (e *env) coreSchema() string {
 // successful attempt, and there is exactly one effect.
 func TestFailThenSucceedRecordsKeyOnlyOnSuccess(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
-	const key = "flaky-1"
-	e.produce([]string{key}, 1)
+	forEachMode(t, allModes, func(t *testing.T, mode testMode) {
+		e := newEnv(t, 1).in(mode)
+		const key = "flaky-1"
+		e.produce([]string{key}, 1)
 
-	entered := make(chan struct{})
-	release := make(chan struct{})
-	var (
-		mu       sync.Mutex
-		attempts []int
-		inTx     = -1
-	)
-	eff := effectHandler()
-	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
-		mu.Lock()
-		attempts = append(attempts, m.Attempt)
-		n := len(attempts)
-		mu.Unlock()
-		if n == 1 {
-			return errors.New("transient failure")
+		entered := make(chan struct{})
+		release := make(chan struct{})
+		var (
+			mu       sync.Mutex
+			attempts []int
+			inTx     = -1
+		)
+		eff := effectHandler()
+		h := handler.Func(func(ctx context.Context, m *handler.Message) error {
+			mu.Lock()
+			attempts = append(attempts, m.Attempt)
+			n := len(attempts)
+			mu.Unlock()
+			if n == 1 {
+				return errors.New("transient failure")
+			}
+			if n == 2 {
+				close(entered)
+				select {
+				case <-release:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			// Inside the transaction the attempt's own inbox row is visible.
+			var c int
+			if err := dedupe.Tx(ctx).QueryRow(ctx, `SELECT count(*) FROM idem_processed WHERE idempotency_key = $1`, key).Scan(&c); err != nil {
+				return err
+			}
+			mu.Lock()
+			inTx = c
+			mu.Unlock()
+			return eff(ctx, m)
+		})
+		start(t, e.config(), h)
+
+		select {
+		case <-entered:
+		case <-time.After(60 * time.Second):
+			t.Fatal("the handler was not called a second time")
 		}
-		if n == 2 {
-			close(entered)
-			select {
-			case <-release:
-			case <-ctx.Done():
-				return ctx.Err()
+		// The second attempt is blocked: the first one failed and rolled back.
+		if got := e.count(`SELECT count(*) FROM idem_processed WHERE consumer_group = $1 AND idempotency_key = $2`, e.group, key); got != 0 {
+			t.Errorf("after the failed attempt the inbox has %d rows for the key, want 0", got)
+		}
+		if got := e.count(`SELECT count(*) FROM effects`); got != 0 {
+			t.Errorf("after the failed attempt effects = %d, want 0", got)
+		}
+		close(release)
+
+		e.waitCommitted(e.topic, 1, 60*time.Second)
+		if got := e.count(`SELECT count(*) FROM idem_processed WHERE consumer_group = $1 AND idempotency_key = $2`, e.group, key); got != 1 {
+			t.Errorf("after success the inbox has %d rows for the key, want 1", got)
+		}
+		if got := e.count(`SELECT count(*) FROM effects WHERE key = $1`, key); got != 1 {
+			t.Errorf("effects = %d, want 1", got)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if fmt.Sprint(attempts) != "[1 2]" {
+			t.Errorf("handler saw Attempt %v, want [1 2]", attempts)
+		}
+		if inTx != 1 {
+			t.Errorf("inside the successful attempt's transaction the inbox row count was %d, want 1", inTx)
+		}
+		for _, c := range []struct {
+			name   string
+			labels map[string]string
+			want   float64
+		}{
+			{"idem_handler_attempts_total", map[string]string{"result": metrics.ResultError}, 1},
+			{"idem_handler_attempts_total", map[string]string{"result": metrics.ResultOK}, 1},
+			{"idem_retries_total", nil, 1},
+			{"idem_messages_total", map[string]string{"outcome": metrics.OutcomeProcessed}, 1},
+			{"idem_messages_total", map[string]string{"outcome": metrics.OutcomeDeadLettered}, 0},
+		} {
+			if got := gatherSum(t, e.reg, c.name, c.labels); got != c.want {
+				t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
 			}
 		}
-		// Inside the transaction the attempt's own inbox row is visible.
-		var c int
-		if err := dedupe.Tx(ctx).QueryRow(ctx, `SELECT count(*) FROM idem_processed WHERE idempotency_key = $1`, key).Scan(&c); err != nil {
-			return err
-		}
-		mu.Lock()
-		inTx = c
-		mu.Unlock()
-		return eff(ctx, m)
 	})
-	start(t, e.config(), h)
-
-	select {
-	case <-entered:
-	case <-time.After(60 * time.Second):
-		t.Fatal("the handler was not called a second time")
-	}
-	// The second attempt is blocked: the first one failed and rolled back.
-	if got := e.count(`SELECT count(*) FROM idem_processed WHERE consumer_group = $1 AND idempotency_key = $2`, e.group, key); got != 0 {
-		t.Errorf("after the failed attempt the inbox has %d rows for the key, want 0", got)
-	}
-	if got := e.count(`SELECT count(*) FROM effects`); got != 0 {
-		t.Errorf("after the failed attempt effects = %d, want 0", got)
-	}
-	close(release)
-
-	e.waitCommitted(e.topic, 1, 60*time.Second)
-	if got := e.count(`SELECT count(*) FROM idem_processed WHERE consumer_group = $1 AND idempotency_key = $2`, e.group, key); got != 1 {
-		t.Errorf("after success the inbox has %d rows for the key, want 1", got)
-	}
-	if got := e.count(`SELECT count(*) FROM effects WHERE key = $1`, key); got != 1 {
-		t.Errorf("effects = %d, want 1", got)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	if fmt.Sprint(attempts) != "[1 2]" {
-		t.Errorf("handler saw Attempt %v, want [1 2]", attempts)
-	}
-	if inTx != 1 {
-		t.Errorf("inside the successful attempt's transaction the inbox row count was %d, want 1", inTx)
-	}
-	for _, c := range []struct {
-		name   string
-		labels map[string]string
-		want   float64
-	}{
-		{"idem_handler_attempts_total", map[string]string{"result": metrics.ResultError}, 1},
-		{"idem_handler_attempts_total", map[string]string{"result": metrics.ResultOK}, 1},
-		{"idem_retries_total", nil, 1},
-		{"idem_messages_total", map[string]string{"outcome": metrics.OutcomeProcessed}, 1},
-		{"idem_messages_total", map[string]string{"outcome": metrics.OutcomeDeadLettered}, 0},
-	} {
-		if got := gatherSum(t, e.reg, c.name, c.labels); got != c.want {
-			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
-		}
-	}
 }

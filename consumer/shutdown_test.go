@@ -2,7 +2,6 @@ package consumer_test
 
 import (
 	"context"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -20,71 +19,73 @@ import (
 // completes the stream without a gap and without a double effect.
 func TestGracefulShutdownMidStreamThenRestart(t *testing.T) {
 	t.Parallel()
-	const partitions, total = 4, 1200
-	e := newEnv(t, partitions)
-	e.produce(coreKeys("graceful", total), partitions)
+	forEachMode(t, allModes, func(t *testing.T, mode testMode) {
+		const partitions, total = 4, 1200
+		e := newEnv(t, partitions).in(mode)
+		e.produce(coreKeys("graceful", total), partitions)
 
-	gate := coreNewTokens()
-	t.Cleanup(gate.open)
-	reg1 := prometheus.NewRegistry()
-	cfg := e.config()
-	cfg.Registerer = reg1
-	cfg.CommitInterval = time.Hour // only the shutdown commits
-	r1 := start(t, cfg, coreGatedHandler(gate))
+		gate := coreNewTokens()
+		t.Cleanup(gate.open)
+		reg1 := prometheus.NewRegistry()
+		cfg := e.config()
+		cfg.Registerer = reg1
+		cfg.CommitInterval = time.Hour // only the shutdown commits
+		r1 := start(t, cfg, coreGatedHandler(gate))
 
-	gate.release(total / 2)
-	e.coreWaitProgress(gate, total/2, 60*time.Second)
-	// Every partition now has a handler waiting for a token. Cancel, then let
-	// the in-flight ones finish within the grace period.
-	r1.cancel()
-	gate.release(partitions)
-	if err := r1.stop(); err != nil {
-		t.Fatalf("Run after cancel = %v, want nil", err)
-	}
-
-	done := e.count(`SELECT count(*) FROM effects`)
-	committed := e.committed(e.topic, partitions)
-	t.Logf("at shutdown: effects %d, committed %v", done, committed)
-	if done >= total {
-		t.Fatalf("the stream completed before the shutdown (effects %d): not mid-stream", done)
-	}
-	// With lanes, messages above the lowest unfinished one may have finished
-	// too: their offsets are not committed (the restart sees them again as
-	// duplicates), but below the committed offset there is never a gap.
-	lanes := strings.Contains(os.Getenv("IDEM_TEST_MODE"), "lanes")
-	sum := int64(0)
-	for p := range int32(partitions) {
-		c := max(committed[p], 0)
-		sum += c
-		n := e.count(`SELECT count(*) FROM effects WHERE part = $1`, p)
-		inRange := e.count(`SELECT count(*) FROM effects WHERE part = $1 AND off < $2`, p, c)
-		if int64(inRange) != c || (!lanes && inRange != n) {
-			t.Errorf("partition %d: committed %d but has %d effects (%d below the committed offset); want effects for exactly offsets [0,%d)", p, c, n, inRange, c)
+		gate.release(total / 2)
+		e.coreWaitProgress(gate, total/2, 60*time.Second)
+		// Every partition now has a handler waiting for a token. Cancel, then let
+		// the in-flight ones finish within the grace period.
+		r1.cancel()
+		gate.release(partitions)
+		if err := r1.stop(); err != nil {
+			t.Fatalf("Run after cancel = %v, want nil", err)
 		}
-	}
-	if !lanes && sum != int64(done) {
-		t.Errorf("committed offsets sum to %d, effects %d: finished messages were not committed at shutdown (or a gap was)", sum, done)
-	}
 
-	reg2 := prometheus.NewRegistry()
-	cfg2 := e.config()
-	cfg2.Registerer = reg2
-	gate.open()
-	start(t, cfg2, coreGatedHandler(gate))
-	e.waitCommitted(e.topic, partitions, 90*time.Second)
-	e.coreAssertOnePerKey(total)
-	if got := coreOutcome(t, reg2, metrics.OutcomeProcessed); got != total-done {
-		t.Errorf("after restart processed = %d, want %d", got, total-done)
-	}
-	// With lanes the finished messages above the committed offset come back
-	// as duplicates; without, the shutdown committed every finished message.
-	wantDup := 0
-	if lanes {
-		wantDup = done - int(sum)
-	}
-	if got := coreOutcome(t, reg2, metrics.OutcomeDuplicate); got != wantDup {
-		t.Errorf("after restart duplicates = %d, want %d (finished messages above the committed offsets)", got, wantDup)
-	}
+		done := e.count(`SELECT count(*) FROM effects`)
+		committed := e.committed(e.topic, partitions)
+		t.Logf("at shutdown: effects %d, committed %v", done, committed)
+		if done >= total {
+			t.Fatalf("the stream completed before the shutdown (effects %d): not mid-stream", done)
+		}
+		// With lanes, messages above the lowest unfinished one may have finished
+		// too: their offsets are not committed (the restart sees them again as
+		// duplicates), but below the committed offset there is never a gap.
+		lanes := strings.Contains(string(mode), "lanes")
+		sum := int64(0)
+		for p := range int32(partitions) {
+			c := max(committed[p], 0)
+			sum += c
+			n := e.count(`SELECT count(*) FROM effects WHERE part = $1`, p)
+			inRange := e.count(`SELECT count(*) FROM effects WHERE part = $1 AND off < $2`, p, c)
+			if int64(inRange) != c || (!lanes && inRange != n) {
+				t.Errorf("partition %d: committed %d but has %d effects (%d below the committed offset); want effects for exactly offsets [0,%d)", p, c, n, inRange, c)
+			}
+		}
+		if !lanes && sum != int64(done) {
+			t.Errorf("committed offsets sum to %d, effects %d: finished messages were not committed at shutdown (or a gap was)", sum, done)
+		}
+
+		reg2 := prometheus.NewRegistry()
+		cfg2 := e.config()
+		cfg2.Registerer = reg2
+		gate.open()
+		start(t, cfg2, coreGatedHandler(gate))
+		e.waitCommitted(e.topic, partitions, 90*time.Second)
+		e.coreAssertOnePerKey(total)
+		if got := coreOutcome(t, reg2, metrics.OutcomeProcessed); got != total-done {
+			t.Errorf("after restart processed = %d, want %d", got, total-done)
+		}
+		// With lanes the finished messages above the committed offset come back
+		// as duplicates; without, the shutdown committed every finished message.
+		wantDup := 0
+		if lanes {
+			wantDup = done - int(sum)
+		}
+		if got := coreOutcome(t, reg2, metrics.OutcomeDuplicate); got != wantDup {
+			t.Errorf("after restart duplicates = %d, want %d (finished messages above the committed offsets)", got, wantDup)
+		}
+	})
 }
 
 // TestShutdownGraceCancelsInFlight: a handler still running ShutdownGrace
