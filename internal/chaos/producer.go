@@ -36,7 +36,7 @@ type record struct {
 }
 
 // FailHeader is the header whose value N makes the members fail a message's
-// first N attempts (the example's -fail-header).
+// first N attempts (the member's -fail-header, internal/chaos/member).
 const FailHeader = "chaos-fail"
 
 // plan lays out the records to send, in order, and the orders to create.

@@ -25,7 +25,7 @@ import (
 // Options configure one mode's run.
 type Options struct {
 	Services *Services
-	Bin      string // the payments-consumer binary
+	Bin      string // the member binary (internal/chaos/member: payments-consumer with the hooks)
 	Dir      string // where the logs go (one subdirectory per mode)
 	Workload Workload
 	Seed     uint64

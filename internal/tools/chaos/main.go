@@ -132,12 +132,14 @@ func run(ctx context.Context) int {
 	}
 	logf("seed %d, %d Kafka node(s), %d payments per mode over %s, kill every %s, freeze %s, transactions %v; logs in %s", *seed, *brokers, *payments, *produceFor, *killEvery, *freezeFor, *transactions, runDir)
 
-	bin := filepath.Join(runDir, "payments-consumer")
+	// The members run the reference service with the harness's hooks
+	// (history, ledger, injected failures): internal/chaos/member.
+	bin := filepath.Join(runDir, "chaos-member")
 	build := []string{"build", "-o", bin}
 	if *race {
 		build = append(build, "-race")
 	}
-	if out, err := exec.CommandContext(ctx, "go", append(build, "./examples/payments-consumer")...).CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(ctx, "go", append(build, "./internal/chaos/member")...).CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "chaos: build the member: %v\n%s", err, out)
 		return 2
 	}

@@ -1,4 +1,4 @@
-package main
+package payments
 
 import (
 	"context"
@@ -27,7 +27,7 @@ import (
 var retryPolicy = retrytopic.Policy{Delays: []time.Duration{time.Second, 10 * time.Second, time.Minute}}
 
 // serveMain runs the consumer until SIGINT/SIGTERM.
-func serveMain(ctx context.Context, args []string, stderr io.Writer) error {
+func serveMain(ctx context.Context, args []string, stderr io.Writer, hooks Hooks) error {
 	fs := flag.NewFlagSet("payments-consumer", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	topic := fs.String("topic", "payments", "topic to consume (created when missing)")
@@ -39,7 +39,10 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer) error {
 	verbose := fs.Bool("v", false, "debug logs")
 	bf := bankFlags{timeout: 2 * time.Second, cooldown: 10 * time.Second} // no faults by default
 	bf.register(fs)
-	opts := addRunFlags(fs) // -mode, -retry-delays and the chaos test hooks (modes.go)
+	opts := addRunFlags(fs) // -mode, -retry-delays, -transactions, -instance-id (modes.go)
+	if hooks.Flags != nil {
+		hooks.Flags(fs)
+	}
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: payments-consumer [flags]      consume payments\n       payments-consumer demo [flags] run the end-to-end demo (demo -h)\n\nenv: KAFKA_BROKERS, DATABASE_URL\n\nflags:\n")
 		fs.PrintDefaults()
@@ -118,7 +121,7 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer) error {
 		Rules:      paymentRules(),
 		Readiness:  ready,
 		Relay:      eventsRelay(*relay, pool),
-	}, pool, log, svc)
+	}, pool, log, svc, hooks)
 	if err != nil {
 		return fmt.Errorf("consumer: %w", err)
 	}

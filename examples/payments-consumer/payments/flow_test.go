@@ -1,4 +1,4 @@
-package main
+package payments
 
 import (
 	"bytes"
@@ -132,6 +132,10 @@ func TestBank429(t *testing.T) {
 	o.N, o.Rate = 300, 100 // 3.4 s of stream: much of it arrives during the 429s
 	o.Bank.faults = bankFaults{Latency: time.Millisecond, Throttles: []window{{time.Second, 10 * time.Second}}, RetryAfter: 2 * time.Second}
 	o.Bank.limits = breaker.Limits{}
+	// No call may time out: a timeout is a retry, and this test counts none.
+	// The demo's 100 ms client timeout turned slow answers on a loaded machine
+	// into 17 retries once.
+	o.Bank.timeout = 2 * time.Second
 	var metrics map[string]float64
 	o.consumed = func(ctx context.Context) (err error) {
 		metrics, err = scrapeBank(ctx, o.Metrics.Addr().String())

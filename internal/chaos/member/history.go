@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -14,10 +15,9 @@ import (
 	"github.com/idemhq/idem/handler"
 )
 
-// This file is the consumer's test hooks for the chaos harness
-// (internal/tools/chaos): a history of every handler call, an effects ledger
-// written in the message's transaction, and injected transient failures.
-// None of it is active unless -history is given.
+// This file is the member's hooks: a history of every handler call, an
+// effects ledger written in the message's transaction, and injected
+// transient failures.
 
 // Attempt is one line of a member's history file: one call of the handler
 // for one message, and what the handler returned. "ok" only means the
@@ -200,6 +200,9 @@ func (r *recorder) injectedFailure(m *handler.Message) error {
 	}
 	return fmt.Errorf("injected failure %d of %d (%s header)", m.Attempt, n, r.failHeader)
 }
+
+// errNoTx is returned when the handler runs without the inbox's transaction.
+var errNoTx = errors.New("no transaction in the handler's context: Config.Dedupe must be dedupe.NewPostgres(pool)")
 
 // effect writes m's ledger row in the transaction of ctx.
 func (r *recorder) effect(ctx context.Context, m *handler.Message) error {

@@ -1,4 +1,4 @@
-package main
+package payments
 
 import (
 	"bufio"
@@ -30,8 +30,8 @@ import (
 // The files the operations side ships; the test reads its queries from them,
 // so a panel or rule that names a metric idem does not export fails here.
 const (
-	dashboardFile = "../../deploy/grafana/dashboards/idem.json"
-	alertsFile    = "../../deploy/prometheus/alerts.yml"
+	dashboardFile = "../../../deploy/grafana/dashboards/idem.json"
+	alertsFile    = "../../../deploy/prometheus/alerts.yml"
 )
 
 // mayBeAbsent are the series a healthy demo run need not produce: counters of
@@ -394,8 +394,8 @@ func checkScrape(samples []sample, qs []query, metricsSource string) []string {
 // metricsSource is the text of package metrics, where every metric is named.
 func metricsSource(t *testing.T) string {
 	t.Helper()
-	files, err := filepath.Glob("../../metrics/*.go")
-	index, _ := filepath.Glob("../../console/index/*.go")
+	files, err := filepath.Glob("../../../metrics/*.go")
+	index, _ := filepath.Glob("../../../console/index/*.go")
 	files = append(files, index...)
 	if err != nil || len(files) == 0 {
 		t.Fatalf("metrics sources: %v", err)

@@ -1,4 +1,4 @@
-package main
+package payments
 
 import (
 	"context"
@@ -28,13 +28,9 @@ const (
 
 var modes = []string{modePerMessage, modeBatched, modeBatchHandler, modeLanes, modeOrdering}
 
-// runOptions are the serve flags that choose how the consumer runs and what
-// it records for the chaos harness.
+// runOptions are the serve flags that choose how the consumer runs.
 type runOptions struct {
 	mode        string
-	member      string
-	history     string
-	failHeader  string
 	retryDelays string
 	// transactions: Config.Transactions, and the relay (if any) in
 	// exactly-once mode.
@@ -43,16 +39,13 @@ type runOptions struct {
 	instanceID string
 }
 
-// addRunFlags declares the mode and test-hook flags on fs.
+// addRunFlags declares the mode flags on fs.
 func addRunFlags(fs *flag.FlagSet) *runOptions {
 	o := &runOptions{}
 	fs.StringVar(&o.mode, "mode", modePerMessage, "processing mode: "+strings.Join(modes, "|"))
 	fs.StringVar(&o.retryDelays, "retry-delays", "1s,10s,1m", "delays of the retry tiers, comma-separated (empty: no tiers, failures go to the DLQ)")
-	fs.StringVar(&o.history, "history", "", "test hook: append each handler call to this JSON-lines file and write a chaos_effects row per success")
-	fs.StringVar(&o.member, "member", "", "test hook: this member's name in the history (default: the host:pid)")
 	fs.BoolVar(&o.transactions, "transactions", false, "transactional mode: forwards and offsets commit in Kafka transactions (Config.Transactions; not with -mode lanes or ordering), the outbox relay publishes exactly once (Relay.ExactlyOnce)")
 	fs.StringVar(&o.instanceID, "instance-id", "", "static membership (Config.InstanceID): a stable id of this member, unique in the group; a member restarted with it within the session timeout gets its partitions back without a rebalance")
-	fs.StringVar(&o.failHeader, "fail-header", "", "test hook (needs -history): a message with this header, value N, fails its first N attempts with a retriable error")
 	return o
 }
 
@@ -72,9 +65,9 @@ func (o *runOptions) retryTiers() ([]time.Duration, error) {
 	return ds, nil
 }
 
-// run runs the consumer of cfg with svc's handlers in the chosen mode until
-// ctx ends.
-func (o *runOptions) run(ctx context.Context, cfg consumer.Config, pool *pgxpool.Pool, log *slog.Logger, svc *service) (err error) {
+// run runs the consumer of cfg with svc's handlers, wrapped by hooks, in the
+// chosen mode until ctx ends.
+func (o *runOptions) run(ctx context.Context, cfg consumer.Config, pool *pgxpool.Pool, log *slog.Logger, svc *service, hooks Hooks) (err error) {
 	delays, err := o.retryTiers()
 	if err != nil {
 		return err
@@ -98,24 +91,19 @@ func (o *runOptions) run(ctx context.Context, cfg consumer.Config, pool *pgxpool
 	default:
 		return usagef("-mode %q: want one of %s", o.mode, strings.Join(modes, ", "))
 	}
-	if o.failHeader != "" && o.history == "" {
-		return usagef("-fail-header needs -history")
-	}
 	var h handler.Handler = handler.Func(svc.handlePayment)
 	var bh handler.BatchHandler = handler.BatchFunc(svc.handlePayments)
-	if o.history != "" {
-		if _, err := pool.Exec(ctx, effectsSchema); err != nil {
-			return fmt.Errorf("chaos ledger: %w", err)
-		}
-		hl, err := openHistory(o.history)
+	if hooks.Wrap != nil {
+		var done func() error
+		h, bh, done, err = hooks.Wrap(ctx, o.mode, pool, h, bh)
 		if err != nil {
 			return err
 		}
-		defer func() { err = errors.Join(err, hl.Close()) }()
-		r := &recorder{member: o.member, mode: o.mode, failHeader: o.failHeader, log: hl}
-		h, bh = r.wrap(h), r.wrapBatch(bh)
+		if done != nil {
+			defer func() { err = errors.Join(err, done()) }()
+		}
 	}
-	log.Info("mode", "mode", o.mode, "retry_delays", delays, "history", o.history)
+	log.Info("mode", "mode", o.mode, "retry_delays", delays)
 	if o.mode == modeBatchHandler {
 		return consumer.RunBatch(ctx, cfg, bh)
 	}

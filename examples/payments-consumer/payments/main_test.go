@@ -1,4 +1,4 @@
-package main
+package payments
 
 import (
 	"bytes"
@@ -348,7 +348,7 @@ func TestDecodeAmount(t *testing.T) {
 func TestMissingEnv(t *testing.T) {
 	t.Setenv("KAFKA_BROKERS", "")
 	t.Setenv("DATABASE_URL", "")
-	err := run(t.Context(), []string{"demo"}, io.Discard, io.Discard)
+	err := run(t.Context(), []string{"demo"}, io.Discard, io.Discard, Hooks{})
 	if err == nil || !strings.Contains(err.Error(), "KAFKA_BROKERS") || !strings.Contains(err.Error(), "DATABASE_URL") || !strings.Contains(err.Error(), "make services") {
 		t.Fatalf("run without env = %v; want an error naming both variables and `make services`", err)
 	}
