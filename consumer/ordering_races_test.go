@@ -19,6 +19,7 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/keyorder"
+	"github.com/idemhq/idem/internal/schema"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -29,7 +30,7 @@ func orderedEnv(t *testing.T, partitions int32, delay time.Duration) (*env, cons
 	t.Helper()
 	e := newEnv(t, partitions)
 	ctx := testenv.Context(t)
-	if err := consumer.Migrate(ctx, e.pool); err != nil {
+	if err := schema.Migrate(ctx, e.pool, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.pool.Exec(ctx, `CREATE TABLE applied(seq bigserial primary key, ikey text)`); err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/schema"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -200,7 +201,7 @@ func TestOrderingRecoversPendingForward(t *testing.T) {
 	forEachMode(t, orderingModes, func(t *testing.T, mode testMode) {
 		e := newEnv(t, 1).in(mode)
 		ctx := testenv.Context(t)
-		if err := consumer.Migrate(ctx, e.pool); err != nil {
+		if err := schema.Migrate(ctx, e.pool, nil, nil); err != nil {
 			t.Fatal(err)
 		}
 		cfg := e.config()
