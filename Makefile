@@ -38,11 +38,6 @@ run: services ## run the payments example's demo against the local services, wit
 	echo "the demo is done; the failure console still runs at http://$(CONSOLE_ADDR)/ (Ctrl-C stops it)"; \
 	wait $$cpid
 
-# The core pipeline tests, run again in batch mode and in lane mode
-# (consumer/helpers_test.go: IDEM_TEST_MODE).
-CORE_TESTS = TestDuplicatesHaveOneEffect|TestCrashAfterCommitBeforeOffsetCommit|TestFailThenSucceedRecordsKeyOnlyOnSuccess|TestMembersLeaveAndJoinMidStream|TestGracefulShutdownMidStreamThenRestart|TestFailTwiceThenSucceed|TestPoisonMessages|TestBadRecordsNeverStallAPartition|TestBreakerPausesInsteadOfRetrying
-# Ordering mode with lanes (lanes follow the Kafka key there).
-ORDERING_TESTS = TestOrderingByKey|TestOrderingParkedFailureBecomesHead|TestOrderingRecoversPendingForward|TestOrderingTwoCopiesOfOneHead|TestOrderingDrainStopsOnRevoke
 # Fuzz targets (package:Target), each run for FUZZTIME executions by `make fuzz`
 # (a count, not a duration: Go 1.26's fuzz coordinator can fail a duration run
 # with "context deadline exceeded" at the -fuzztime boundary on a loaded
@@ -51,14 +46,11 @@ ORDERING_TESTS = TestOrderingByKey|TestOrderingParkedFailureBecomesHead|TestOrde
 FUZZ_TARGETS = ./consumer:FuzzKeyExtraction ./consumer:FuzzJSONField ./retrytopic:FuzzDecode ./dlq:FuzzRecord ./internal/keyorder:FuzzParkRoundTrip ./internal/expiry:FuzzParseDeadline
 FUZZTIME ?= 20000x
 
-test: services ## go vet + staticcheck + all tests with -race against real Kafka and PostgreSQL, core tests in batch and lane modes, alert rule tests, a short fuzz run, the short chaos run
+test: services ## go vet + staticcheck + all tests with -race against real Kafka and PostgreSQL (the consumer core tests run in every pipeline mode as subtests), alert rule tests, a short fuzz run, the short chaos run
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 	@$(MAKE) --no-print-directory rules-test
 	@$(WITH_ENV) IDEM_REQUIRE_REAL_KAFKA=1 $(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) ./...
-	@$(WITH_ENV) IDEM_REQUIRE_REAL_KAFKA=1 IDEM_TEST_MODE=batch $(GO) test -race -count=1 -timeout 15m -run '$(CORE_TESTS)' ./consumer/
-	@$(WITH_ENV) IDEM_REQUIRE_REAL_KAFKA=1 IDEM_TEST_MODE=lanes $(GO) test -race -count=1 -timeout 15m -run '$(CORE_TESTS)|$(ORDERING_TESTS)' ./consumer/
-	@$(WITH_ENV) IDEM_REQUIRE_REAL_KAFKA=1 IDEM_TEST_MODE=lanes-batch $(GO) test -race -count=1 -timeout 15m -run '$(CORE_TESTS)' ./consumer/
 	@$(MAKE) --no-print-directory fuzz
 	cd bench && $(GO) vet ./... && $(GO) test -count=1 ./...
 	cd deploy/dashshot && $(GO) vet ./...

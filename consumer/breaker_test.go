@@ -116,72 +116,75 @@ func (b *breakerEnv) opens() int {
 // reopens; after recovery every message has exactly one effect.
 func TestBreakerPausesInsteadOfRetrying(t *testing.T) {
 	t.Parallel()
-	b := newBreakerEnv(t, 3)
-	b.dep.down.Store(true)
-	keys, uniq := keysWithDuplicates(300, 0.1, 7)
-	b.produce(keys, 3)
-	start(t, b.config(), b.handler())
+	forEachMode(t, allModes, func(t *testing.T, mode testMode) {
+		b := newBreakerEnv(t, 3)
+		b.in(mode)
+		b.dep.down.Store(true)
+		keys, uniq := keysWithDuplicates(300, 0.1, 7)
+		b.produce(keys, 3)
+		start(t, b.config(), b.handler())
 
-	// Let the breaker open, probe and reopen a few times while down.
-	testenv.Eventually(t, 60*time.Second, func() error {
-		if n := b.opens(); n < 4 {
-			return fmt.Errorf("breaker opened %d times", n)
+		// Let the breaker open, probe and reopen a few times while down.
+		testenv.Eventually(t, 60*time.Second, func() error {
+			if n := b.opens(); n < 4 {
+				return fmt.Errorf("breaker opened %d times", n)
+			}
+			return nil
+		})
+		// Every claimed partition (3 source + 3 of tier 1) is paused.
+		if v, claimed := metricValue(t, b.env, "idem_partitions_paused", nil), metricValue(t, b.env, "idem_partitions_assigned", nil); v != 6 || claimed != 6 {
+			t.Errorf("idem_partitions_paused = %v of %v claimed while open, want 6 of 6", v, claimed)
 		}
-		return nil
+		callsWhileDown := b.dep.calls.Load()
+		b.dep.down.Store(false)
+
+		b.waitCommitted(b.topic, 3, 90*time.Second)
+		if n := b.count(`SELECT count(*) FROM effects`); n != uniq {
+			t.Fatalf("effects = %d, want %d", n, uniq)
+		}
+		if n := b.total(b.dlq(), 3) + b.total(b.tier(1), 3); n != 0 {
+			t.Fatalf("%d records reached a retry tier or the DLQ, want 0", n)
+		}
+		if a := b.maxAttempt.Load(); a > 3 {
+			t.Errorf("a message reached attempt %d: the open breaker spent retries", a)
+		}
+		// While down, the dependency saw the 3 tripping failures plus one probe per
+		// reopen, not one call per message.
+		opens := int64(b.opens())
+		if callsWhileDown > 3+opens+3 { // +3: partitions racing the first trip
+			t.Errorf("dependency called %d times while down for %d opens: not paused", callsWhileDown, opens)
+		}
+		b.mu.Lock()
+		trs := append([]string(nil), b.transitions...)
+		b.mu.Unlock()
+		for i, tr := range trs {
+			if tr == "half-open->open" && (i == 0 || trs[i-1] != "open->half-open") {
+				t.Errorf("transitions out of order: %v", trs)
+			}
+		}
+		if trs[len(trs)-1] != "half-open->closed" {
+			t.Errorf("breaker did not close at the end: %v", trs)
+		}
+		// Only the probe ran while half-open: one handler call per half-open period.
+		halfOpens := int64(0)
+		for _, tr := range trs {
+			if tr == "open->half-open" {
+				halfOpens++
+			}
+		}
+		if got := b.halfOpen.Load(); got > halfOpens {
+			t.Errorf("%d handler calls began while half-open, over %d half-open periods: more than the probe ran", got, halfOpens)
+		}
+		if v := metricValue(t, b.env, "idem_breaker_state", map[string]string{"name": "bank-api"}); v != 0 {
+			t.Errorf("idem_breaker_state = %v, want 0 (closed)", v)
+		}
+		if v := metricValue(t, b.env, "idem_breaker_transitions_total", map[string]string{"name": "bank-api", "to": "open"}); v < 4 {
+			t.Errorf("transitions to open = %v", v)
+		}
+		if v := metricValue(t, b.env, "idem_partitions_paused", nil); v != 0 {
+			t.Errorf("idem_partitions_paused = %v after recovery, want 0", v)
+		}
 	})
-	// Every claimed partition (3 source + 3 of tier 1) is paused.
-	if v, claimed := metricValue(t, b.env, "idem_partitions_paused", nil), metricValue(t, b.env, "idem_partitions_assigned", nil); v != 6 || claimed != 6 {
-		t.Errorf("idem_partitions_paused = %v of %v claimed while open, want 6 of 6", v, claimed)
-	}
-	callsWhileDown := b.dep.calls.Load()
-	b.dep.down.Store(false)
-
-	b.waitCommitted(b.topic, 3, 90*time.Second)
-	if n := b.count(`SELECT count(*) FROM effects`); n != uniq {
-		t.Fatalf("effects = %d, want %d", n, uniq)
-	}
-	if n := b.total(b.dlq(), 3) + b.total(b.tier(1), 3); n != 0 {
-		t.Fatalf("%d records reached a retry tier or the DLQ, want 0", n)
-	}
-	if a := b.maxAttempt.Load(); a > 3 {
-		t.Errorf("a message reached attempt %d: the open breaker spent retries", a)
-	}
-	// While down, the dependency saw the 3 tripping failures plus one probe per
-	// reopen, not one call per message.
-	opens := int64(b.opens())
-	if callsWhileDown > 3+opens+3 { // +3: partitions racing the first trip
-		t.Errorf("dependency called %d times while down for %d opens: not paused", callsWhileDown, opens)
-	}
-	b.mu.Lock()
-	trs := append([]string(nil), b.transitions...)
-	b.mu.Unlock()
-	for i, tr := range trs {
-		if tr == "half-open->open" && (i == 0 || trs[i-1] != "open->half-open") {
-			t.Errorf("transitions out of order: %v", trs)
-		}
-	}
-	if trs[len(trs)-1] != "half-open->closed" {
-		t.Errorf("breaker did not close at the end: %v", trs)
-	}
-	// Only the probe ran while half-open: one handler call per half-open period.
-	halfOpens := int64(0)
-	for _, tr := range trs {
-		if tr == "open->half-open" {
-			halfOpens++
-		}
-	}
-	if got := b.halfOpen.Load(); got > halfOpens {
-		t.Errorf("%d handler calls began while half-open, over %d half-open periods: more than the probe ran", got, halfOpens)
-	}
-	if v := metricValue(t, b.env, "idem_breaker_state", map[string]string{"name": "bank-api"}); v != 0 {
-		t.Errorf("idem_breaker_state = %v, want 0 (closed)", v)
-	}
-	if v := metricValue(t, b.env, "idem_breaker_transitions_total", map[string]string{"name": "bank-api", "to": "open"}); v < 4 {
-		t.Errorf("transitions to open = %v", v)
-	}
-	if v := metricValue(t, b.env, "idem_partitions_paused", nil); v != 0 {
-		t.Errorf("idem_partitions_paused = %v after recovery, want 0", v)
-	}
 }
 
 // Issue 5, test 3: a rebalance while paused: a second member joins while the

@@ -17,7 +17,6 @@ import (
 	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/dedupe"
-	"github.com/idemhq/idem/outbox"
 	"github.com/idemhq/idem/recovery"
 	"github.com/idemhq/idem/retrytopic"
 	"github.com/idemhq/idem/schedule"
@@ -182,7 +181,7 @@ type Config struct {
 	// aborts its open transaction at once), else "idem-<Group>-<host>-<random>"
 	// (a crashed member's open transaction then holds read_committed readers
 	// of its partitions back until TransactionTimeout). Set
-	// Relay.ExactlyOnce too for the relay's events. A transaction ends with
+	// outbox.Relay.ExactlyOnce too for the relay's events. A transaction ends with
 	// a marker in each partition it wrote, after the last record: lag
 	// computed from end offsets (idem_consumer_lag of tiers,
 	// idem_dlq_depth) counts those markers.
@@ -449,16 +448,6 @@ type Config struct {
 	// traces would silently break at idem.
 	// Default: propagation.TraceContext{}.
 	Propagator propagation.TextMapPropagator
-
-	// Relay, when set, runs this outbox relay (outbox.Relay.Run) inside Run's
-	// process for as long as Run runs, so the events handlers enqueue with
-	// outbox.Enqueue(ctx, dedupe.Tx(ctx), ...) are published without a
-	// separate service. Run copies it and fills its empty Brokers, Sarama,
-	// Logger and Registerer from this Config. Several members may all run
-	// one: a PostgreSQL advisory lock lets exactly one publish per table, the
-	// others stand by. See consumer/outbox.go and package outbox.
-	// Default: nil (no relay: run `idem outbox relay` or outbox.Relay apart).
-	Relay *outbox.Relay
 
 	// FailureIndex, when set, runs this failure indexer (index.Indexer.Run)
 	// inside Run's process for as long as Run runs: it stores every record of
@@ -752,9 +741,6 @@ func (c Config) Validate() error {
 	validateRetention(c, bad)
 	if c.RetryBase < 0 {
 		bad("RetryBase", c.RetryBase, "must be > 0")
-	}
-	if err := c.validateRelay(); err != nil {
-		bad("Relay", "", err.Error())
 	}
 	if ix := c.failureIndex(); ix != nil {
 		if err := ix.Validate(); err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/schema"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/metrics"
 	"github.com/idemhq/idem/schedule"
@@ -34,7 +35,7 @@ func TestDeferUntil(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 2)
 	ctx := testenv.Context(t)
-	if err := consumer.Migrate(ctx, e.pool); err != nil {
+	if err := schema.Migrate(ctx, e.pool, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.k.DeleteTopics(t, consumer.DeferredTopic(e.topic, e.group)) })
@@ -168,7 +169,7 @@ func TestDeferConfigRejected(t *testing.T) {
 }
 
 // deferEnvFlag runs TestDeferHelperProcess; the other settings come in the
-// crash helper's variables (core_test.go).
+// crash helper's variables (crash_test.go).
 const deferEnvFlag = "IDEM_DEFER_HELPER"
 
 // deferHandler defers every message read from its source topic by delay and
@@ -214,7 +215,7 @@ func TestDeferLeaderSIGKILLLosesNone(t *testing.T) {
 	const partitions = 2
 	e := newEnv(t, partitions)
 	ctx := testenv.Context(t)
-	if err := consumer.Migrate(ctx, e.pool); err != nil {
+	if err := schema.Migrate(ctx, e.pool, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.k.DeleteTopics(t, consumer.DeferredTopic(e.topic, e.group)) })

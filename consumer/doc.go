@@ -18,7 +18,7 @@
 //			log.Fatal(err)
 //		}
 //		// Every table idem needs; idempotent, so it is safe at every start.
-//		if err := consumer.Migrate(ctx, pool); err != nil {
+//		if err := idem.Migrate(ctx, pool); err != nil {
 //			log.Fatal(err)
 //		}
 //

@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
-	"os"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/breaker"
@@ -66,17 +64,4 @@ func ExampleFirstOf() {
 	// h-1
 	// j-2
 	// consumer.FirstOf
-}
-
-// Migrate at start-up creates every table idem needs; it is idempotent.
-func ExampleMigrate() {
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer pool.Close()
-	if err := consumer.Migrate(ctx, pool); err != nil {
-		log.Fatal(err)
-	}
 }

@@ -31,6 +31,7 @@ type env struct {
 	topic string
 	group string
 	reg   *prometheus.Registry
+	mode  testMode // the pipeline mode config() applies; see forEachMode
 }
 
 func newEnv(t *testing.T, partitions int32) *env {
@@ -75,15 +76,51 @@ func (e *env) config() consumer.Config {
 		RetryBase:      5 * time.Millisecond,
 		RetryMax:       20 * time.Millisecond,
 	}
-	return modeConfig(cfg, os.Getenv("IDEM_TEST_MODE"))
+	return e.mode.apply(cfg)
 }
 
-// modeConfig returns cfg in one of the pipeline's modes, so one suite checks
-// them all: `make test` runs the core tests again with IDEM_TEST_MODE set to
-// "batch" (batched transactions), "lanes" (16 lanes per partition) and
-// "lanes-batch" (4 lanes, each batching).
-func modeConfig(cfg consumer.Config, mode string) consumer.Config {
-	switch mode {
+// in sets the pipeline mode e.config() applies and returns e.
+func (e *env) in(mode testMode) *env {
+	e.mode = mode
+	return e
+}
+
+// testMode is one of the pipeline's modes: "" (per message: one lane, one
+// transaction per message), "batch" (batched transactions), "lanes" (16
+// lanes per partition) and "lanes-batch" (4 lanes, each batching).
+type testMode string
+
+// allModes are the modes the core tests run in; orderingModes the ones the
+// ordering tests run in (Ordering takes no Batch).
+var (
+	allModes      = []testMode{"", "batch", "lanes", "lanes-batch"}
+	orderingModes = []testMode{"", "lanes"}
+)
+
+// name is the mode's subtest name.
+func (m testMode) name() string {
+	if m == "" {
+		return "per-message"
+	}
+	return string(m)
+}
+
+// forEachMode runs fn as one parallel subtest per mode (named per-message,
+// batch, lanes, lanes-batch), in the style of pgx's test helpers that run a
+// test body once per query exec mode: one `go test` checks every mode.
+func forEachMode(t *testing.T, modes []testMode, fn func(t *testing.T, mode testMode)) {
+	t.Helper()
+	for _, mode := range modes {
+		t.Run(mode.name(), func(t *testing.T) {
+			t.Parallel()
+			fn(t, mode)
+		})
+	}
+}
+
+// apply returns cfg in mode m.
+func (m testMode) apply(cfg consumer.Config) consumer.Config {
+	switch m {
 	case "":
 	case "batch":
 		cfg.Batch = consumer.BatchConfig{MaxMessages: 50}
@@ -93,7 +130,7 @@ func modeConfig(cfg consumer.Config, mode string) consumer.Config {
 		cfg.Concurrency = 4
 		cfg.Batch = consumer.BatchConfig{MaxMessages: 16}
 	default:
-		panic("IDEM_TEST_MODE: unknown mode " + mode)
+		panic("unknown test mode " + string(m))
 	}
 	return cfg
 }

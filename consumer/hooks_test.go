@@ -101,7 +101,7 @@ func TestHooksRunOncePerMessage(t *testing.T) {
 }
 
 // hooksEnvFlag runs TestHooksHelperProcess; the other settings come in the
-// crash helper's variables (core_test.go).
+// crash helper's variables (crash_test.go).
 const hooksEnvFlag = "IDEM_HOOKS_HELPER"
 
 // hooksConfig is the consumer of the hooks crash test: every message whose

@@ -495,3 +495,30 @@ func seriesCount(t *testing.T, e *env, name string, want map[string]string) int 
 	}
 	return n
 }
+
+// Issue 18 #14: idem_consumer_lag has a series for a claimed partition from
+// the start, not only after the first LagInterval.
+func TestLagSampledAtStart(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	cfg := e.config()
+	cfg.LagInterval = time.Hour
+	block := make(chan struct{})
+	t.Cleanup(func() { close(block) })
+	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
+		select {
+		case <-block:
+		case <-ctx.Done():
+		}
+		return ctx.Err()
+	})
+	e.produce([]string{"a", "b", "c"}, 1)
+	start(t, cfg, h)
+	labels := map[string]string{"group": e.group, "topic": e.topic}
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if got := metricValue(t, e, "idem_consumer_lag", labels); got != 3 {
+			return fmt.Errorf("lag %v, want 3 (nothing committed) well before LagInterval", got)
+		}
+		return nil
+	})
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/schema"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -24,168 +25,172 @@ import (
 // after A's first, in order; a restart in the middle changes nothing.
 func TestOrderingByKey(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
-	ctx := testenv.Context(t)
-	if _, err := e.pool.Exec(ctx, `CREATE TABLE applied(seq bigserial primary key, kafka_key text, ikey text)`); err != nil {
-		t.Fatal(err)
-	}
-	cfg := e.config()
-	cfg.Retries = -1
-	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{300 * time.Millisecond, 300 * time.Millisecond}}
-	cfg.Ordering = consumer.OrderingByKey
-	cfg.OrderingDB = e.pool
+	forEachMode(t, orderingModes, func(t *testing.T, mode testMode) {
+		e := newEnv(t, 1).in(mode)
+		ctx := testenv.Context(t)
+		if _, err := e.pool.Exec(ctx, `CREATE TABLE applied(seq bigserial primary key, kafka_key text, ikey text)`); err != nil {
+			t.Fatal(err)
+		}
+		cfg := e.config()
+		cfg.Retries = -1
+		cfg.Retry = retrytopic.Policy{Delays: []time.Duration{300 * time.Millisecond, 300 * time.Millisecond}}
+		cfg.Ordering = consumer.OrderingByKey
+		cfg.OrderingDB = e.pool
 
-	var mu sync.Mutex
-	failures := map[string]int{}
-	release := make(chan struct{}) // A1's second failure waits here, so the test can restart mid-way
-	var releaseOnce sync.Once
-	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
-		if m.IdempotencyKey == "A1" {
-			mu.Lock()
-			failures["A1"]++
-			n := failures["A1"]
-			mu.Unlock()
-			if n == 2 {
-				select {
-				case <-release:
-				case <-ctx.Done():
-					return ctx.Err()
+		var mu sync.Mutex
+		failures := map[string]int{}
+		release := make(chan struct{}) // A1's second failure waits here, so the test can restart mid-way
+		var releaseOnce sync.Once
+		h := handler.Func(func(ctx context.Context, m *handler.Message) error {
+			if m.IdempotencyKey == "A1" {
+				mu.Lock()
+				failures["A1"]++
+				n := failures["A1"]
+				mu.Unlock()
+				if n == 2 {
+					select {
+					case <-release:
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+				}
+				if n <= 2 {
+					return errors.New("A1 not yet")
 				}
 			}
-			if n <= 2 {
-				return errors.New("A1 not yet")
+			_, err := dedupe.Tx(ctx).Exec(ctx, `INSERT INTO applied(kafka_key, ikey) VALUES ($1,$2)`, string(m.Key), m.IdempotencyKey)
+			return err
+		})
+		p := e.k.Producer(t)
+		order := []string{"A1", "B1", "A2", "B2", "A3", "B3"}
+		for _, ik := range order {
+			if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: e.topic, Partition: 0, Key: sarama.StringEncoder(ik[:1]),
+				Value: sarama.StringEncoder(ik), Headers: []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(ik)}}}); err != nil {
+				t.Fatal(err)
 			}
 		}
-		_, err := dedupe.Tx(ctx).Exec(ctx, `INSERT INTO applied(kafka_key, ikey) VALUES ($1,$2)`, string(m.Key), m.IdempotencyKey)
-		return err
-	})
-	p := e.k.Producer(t)
-	order := []string{"A1", "B1", "A2", "B2", "A3", "B3"}
-	for _, ik := range order {
-		if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: e.topic, Partition: 0, Key: sarama.StringEncoder(ik[:1]),
-			Value: sarama.StringEncoder(ik), Headers: []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(ik)}}}); err != nil {
+		first := start(t, cfg, h)
+		// B flows on while A1 waits in a retry tier; A2 and A3 are parked.
+		testenv.Eventually(t, 60*time.Second, func() error {
+			if n := e.count(`SELECT count(*) FROM applied WHERE kafka_key='B'`); n != 3 {
+				return fmt.Errorf("%d B applied", n)
+			}
+			if n := e.count(`SELECT count(*) FROM idem_ordering_parked`); n != 2 {
+				return fmt.Errorf("%d parked", n)
+			}
+			return nil
+		})
+		if n := e.count(`SELECT count(*) FROM applied WHERE kafka_key='A'`); n != 0 {
+			t.Fatalf("%d A messages overtook A1", n)
+		}
+		// Restart in the middle: A1 is in its second attempt (tier 1), A2 and A3 parked.
+		testenv.Eventually(t, 60*time.Second, func() error {
+			mu.Lock()
+			defer mu.Unlock()
+			if failures["A1"] < 2 {
+				return errors.New("A1 not in its second attempt yet")
+			}
+			return nil
+		})
+		if err := first.stop(); err != nil {
 			t.Fatal(err)
 		}
-	}
-	first := start(t, cfg, h)
-	// B flows on while A1 waits in a retry tier; A2 and A3 are parked.
-	testenv.Eventually(t, 60*time.Second, func() error {
-		if n := e.count(`SELECT count(*) FROM applied WHERE kafka_key='B'`); n != 3 {
-			return fmt.Errorf("%d B applied", n)
+		releaseOnce.Do(func() { close(release) })
+		start(t, cfg, h)
+		testenv.Eventually(t, 60*time.Second, func() error {
+			if n := e.count(`SELECT count(*) FROM applied`); n != 6 {
+				return fmt.Errorf("%d applied", n)
+			}
+			return nil
+		})
+		rows, err := e.pool.Query(ctx, `SELECT ikey FROM applied WHERE kafka_key='A' ORDER BY seq`)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if n := e.count(`SELECT count(*) FROM idem_ordering_parked`); n != 2 {
-			return fmt.Errorf("%d parked", n)
+		var as []string
+		for rows.Next() {
+			var s string
+			if err := rows.Scan(&s); err != nil {
+				t.Fatal(err)
+			}
+			as = append(as, s)
 		}
-		return nil
-	})
-	if n := e.count(`SELECT count(*) FROM applied WHERE kafka_key='A'`); n != 0 {
-		t.Fatalf("%d A messages overtook A1", n)
-	}
-	// Restart in the middle: A1 is in its second attempt (tier 1), A2 and A3 parked.
-	testenv.Eventually(t, 60*time.Second, func() error {
-		mu.Lock()
-		defer mu.Unlock()
-		if failures["A1"] < 2 {
-			return errors.New("A1 not in its second attempt yet")
+		if got := strings.Join(as, ","); got != "A1,A2,A3" {
+			t.Fatalf("A applied in order %s, want A1,A2,A3", got)
 		}
-		return nil
-	})
-	if err := first.stop(); err != nil {
-		t.Fatal(err)
-	}
-	releaseOnce.Do(func() { close(release) })
-	start(t, cfg, h)
-	testenv.Eventually(t, 60*time.Second, func() error {
+		// The drain deletes its rows after the last message's commit: wait.
+		testenv.Eventually(t, 30*time.Second, func() error {
+			if n := e.count(`SELECT count(*) FROM idem_ordering_parked`) + e.count(`SELECT count(*) FROM idem_ordering_heads`); n != 0 {
+				return fmt.Errorf("%d ordering rows left", n)
+			}
+			return nil
+		})
 		if n := e.count(`SELECT count(*) FROM applied`); n != 6 {
-			return fmt.Errorf("%d applied", n)
+			t.Fatalf("%d applied, want 6", n)
 		}
-		return nil
+		e.waitCommitted(e.topic, 1, 30*time.Second)
 	})
-	rows, err := e.pool.Query(ctx, `SELECT ikey FROM applied WHERE kafka_key='A' ORDER BY seq`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var as []string
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		as = append(as, s)
-	}
-	if got := strings.Join(as, ","); got != "A1,A2,A3" {
-		t.Fatalf("A applied in order %s, want A1,A2,A3", got)
-	}
-	// The drain deletes its rows after the last message's commit: wait.
-	testenv.Eventually(t, 30*time.Second, func() error {
-		if n := e.count(`SELECT count(*) FROM idem_ordering_parked`) + e.count(`SELECT count(*) FROM idem_ordering_heads`); n != 0 {
-			return fmt.Errorf("%d ordering rows left", n)
-		}
-		return nil
-	})
-	if n := e.count(`SELECT count(*) FROM applied`); n != 6 {
-		t.Fatalf("%d applied, want 6", n)
-	}
-	e.waitCommitted(e.topic, 1, 30*time.Second)
 }
 
 // A parked message that fails while its key drains becomes the key's new head;
 // the messages parked behind it still follow in order.
 func TestOrderingParkedFailureBecomesHead(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
-	ctx := testenv.Context(t)
-	if _, err := e.pool.Exec(ctx, `CREATE TABLE applied(seq bigserial primary key, ikey text)`); err != nil {
-		t.Fatal(err)
-	}
-	cfg := e.config()
-	cfg.Retries = -1
-	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{200 * time.Millisecond}}
-	cfg.Ordering = consumer.OrderingByKey
-	cfg.OrderingDB = e.pool
-	var mu sync.Mutex
-	failed := map[string]bool{}
-	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
-		mu.Lock()
-		first := !failed[m.IdempotencyKey]
-		failed[m.IdempotencyKey] = true
-		mu.Unlock()
-		if first && (m.IdempotencyKey == "A1" || m.IdempotencyKey == "A2") {
-			return errors.New("first try fails")
-		}
-		_, err := dedupe.Tx(ctx).Exec(ctx, `INSERT INTO applied(ikey) VALUES ($1)`, m.IdempotencyKey)
-		return err
-	})
-	p := e.k.Producer(t)
-	for _, ik := range []string{"A1", "A2", "A3", "A4"} {
-		if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: e.topic, Partition: 0, Key: sarama.StringEncoder("A"),
-			Value: sarama.StringEncoder(ik), Headers: []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(ik)}}}); err != nil {
+	forEachMode(t, orderingModes, func(t *testing.T, mode testMode) {
+		e := newEnv(t, 1).in(mode)
+		ctx := testenv.Context(t)
+		if _, err := e.pool.Exec(ctx, `CREATE TABLE applied(seq bigserial primary key, ikey text)`); err != nil {
 			t.Fatal(err)
 		}
-	}
-	start(t, cfg, h)
-	testenv.Eventually(t, 60*time.Second, func() error {
-		if n := e.count(`SELECT count(*) FROM applied`); n != 4 {
-			return fmt.Errorf("%d applied", n)
+		cfg := e.config()
+		cfg.Retries = -1
+		cfg.Retry = retrytopic.Policy{Delays: []time.Duration{200 * time.Millisecond}}
+		cfg.Ordering = consumer.OrderingByKey
+		cfg.OrderingDB = e.pool
+		var mu sync.Mutex
+		failed := map[string]bool{}
+		h := handler.Func(func(ctx context.Context, m *handler.Message) error {
+			mu.Lock()
+			first := !failed[m.IdempotencyKey]
+			failed[m.IdempotencyKey] = true
+			mu.Unlock()
+			if first && (m.IdempotencyKey == "A1" || m.IdempotencyKey == "A2") {
+				return errors.New("first try fails")
+			}
+			_, err := dedupe.Tx(ctx).Exec(ctx, `INSERT INTO applied(ikey) VALUES ($1)`, m.IdempotencyKey)
+			return err
+		})
+		p := e.k.Producer(t)
+		for _, ik := range []string{"A1", "A2", "A3", "A4"} {
+			if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: e.topic, Partition: 0, Key: sarama.StringEncoder("A"),
+				Value: sarama.StringEncoder(ik), Headers: []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(ik)}}}); err != nil {
+				t.Fatal(err)
+			}
 		}
-		return nil
-	})
-	var got string
-	if err := e.pool.QueryRow(ctx, `SELECT string_agg(ikey, ',' ORDER BY seq) FROM applied`).Scan(&got); err != nil {
-		t.Fatal(err)
-	}
-	if got != "A1,A2,A3,A4" {
-		t.Fatalf("applied %s, want A1,A2,A3,A4", got)
-	}
-	testenv.Eventually(t, 30*time.Second, func() error {
-		if n := e.count(`SELECT count(*) FROM idem_ordering_parked`) + e.count(`SELECT count(*) FROM idem_ordering_heads`); n != 0 {
-			return fmt.Errorf("%d ordering rows left", n)
+		start(t, cfg, h)
+		testenv.Eventually(t, 60*time.Second, func() error {
+			if n := e.count(`SELECT count(*) FROM applied`); n != 4 {
+				return fmt.Errorf("%d applied", n)
+			}
+			return nil
+		})
+		var got string
+		if err := e.pool.QueryRow(ctx, `SELECT string_agg(ikey, ',' ORDER BY seq) FROM applied`).Scan(&got); err != nil {
+			t.Fatal(err)
 		}
-		return nil
+		if got != "A1,A2,A3,A4" {
+			t.Fatalf("applied %s, want A1,A2,A3,A4", got)
+		}
+		testenv.Eventually(t, 30*time.Second, func() error {
+			if n := e.count(`SELECT count(*) FROM idem_ordering_parked`) + e.count(`SELECT count(*) FROM idem_ordering_heads`); n != 0 {
+				return fmt.Errorf("%d ordering rows left", n)
+			}
+			return nil
+		})
+		if n := e.total(e.tier(1), 1); n != 2 {
+			t.Errorf("tier 1 got %d records, want 2 (A1, then A2 as the new head)", n)
+		}
 	})
-	if n := e.total(e.tier(1), 1); n != 2 {
-		t.Errorf("tier 1 got %d records, want 2 (A1, then A2 as the new head)", n)
-	}
 }
 
 // A crash between promoting a parked message to head and forwarding it leaves
@@ -193,61 +198,63 @@ func TestOrderingParkedFailureBecomesHead(t *testing.T) {
 // is not stranded, and its parked successors follow.
 func TestOrderingRecoversPendingForward(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
-	ctx := testenv.Context(t)
-	if err := consumer.Migrate(ctx, e.pool); err != nil {
-		t.Fatal(err)
-	}
-	cfg := e.config()
-	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{100 * time.Millisecond}}
-	cfg.Ordering = consumer.OrderingByKey
-	cfg.OrderingDB = e.pool
-	// The state a crash left: A2 is K's head with its tier-1 forward pending,
-	// and A3 is parked behind it. Neither is in Kafka any more.
-	now := time.Now()
-	hdrs := retrytopic.Encode([]sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte("A2")}}, retrytopic.Failure{
-		Attempt: 1, Tier: 1, DueAt: now, OriginalTopic: e.topic, OriginalPartition: 0, OriginalOffset: 1,
-		OriginalTimestamp: now, Group: e.group, Error: "boom", Kind: handler.KindRetriable, FirstFailureAt: now, LastFailureAt: now,
-	})
-	type h struct {
-		K string `json:"k"`
-		V []byte `json:"v"`
-	}
-	var pendingHeaders []h
-	for _, x := range hdrs {
-		pendingHeaders = append(pendingHeaders, h{string(x.Key), x.Value})
-	}
-	pending, err := json.Marshal(map[string]any{"topic": e.topic, "key": []byte("A"), "ikey": "A2", "partition": 0, "offset": 1,
-		"ts": now, "value": []byte("A2"), "headers": pendingHeaders, "tier": 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.pool.Exec(ctx, `INSERT INTO idem_ordering_heads(consumer_group, topic, msg_key, head_key, pending) VALUES ($1,$2,$3,'A2',$4)`,
-		e.group, e.topic, []byte("A"), pending); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.pool.Exec(ctx, `INSERT INTO idem_ordering_parked(consumer_group, topic, msg_key, idempotency_key, "partition", "offset", record_time, value, header_keys, header_values)
-		VALUES ($1,$2,$3,'A3',0,2,now(),'A3',ARRAY['idempotency-key'::bytea],ARRAY['A3'::bytea])`, e.group, e.topic, []byte("A")); err != nil {
-		t.Fatal(err)
-	}
-	start(t, cfg, effectHandler())
-	testenv.Eventually(t, 60*time.Second, func() error {
-		if n := e.count(`SELECT count(*) FROM effects`); n != 2 {
-			return fmt.Errorf("%d effects", n)
+	forEachMode(t, orderingModes, func(t *testing.T, mode testMode) {
+		e := newEnv(t, 1).in(mode)
+		ctx := testenv.Context(t)
+		if err := schema.Migrate(ctx, e.pool, nil, nil); err != nil {
+			t.Fatal(err)
 		}
-		return nil
-	})
-	var got string
-	if err := e.pool.QueryRow(ctx, `SELECT string_agg(key, ',' ORDER BY at, key) FROM effects`).Scan(&got); err != nil {
-		t.Fatal(err)
-	}
-	if got != "A2,A3" {
-		t.Fatalf("effects %s, want A2,A3", got)
-	}
-	testenv.Eventually(t, 30*time.Second, func() error {
-		if n := e.count(`SELECT count(*) FROM idem_ordering_heads`) + e.count(`SELECT count(*) FROM idem_ordering_parked`); n != 0 {
-			return fmt.Errorf("%d ordering rows left", n)
+		cfg := e.config()
+		cfg.Retry = retrytopic.Policy{Delays: []time.Duration{100 * time.Millisecond}}
+		cfg.Ordering = consumer.OrderingByKey
+		cfg.OrderingDB = e.pool
+		// The state a crash left: A2 is K's head with its tier-1 forward pending,
+		// and A3 is parked behind it. Neither is in Kafka any more.
+		now := time.Now()
+		hdrs := retrytopic.Encode([]sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte("A2")}}, retrytopic.Failure{
+			Attempt: 1, Tier: 1, DueAt: now, OriginalTopic: e.topic, OriginalPartition: 0, OriginalOffset: 1,
+			OriginalTimestamp: now, Group: e.group, Error: "boom", Kind: handler.KindRetriable, FirstFailureAt: now, LastFailureAt: now,
+		})
+		type h struct {
+			K string `json:"k"`
+			V []byte `json:"v"`
 		}
-		return nil
+		var pendingHeaders []h
+		for _, x := range hdrs {
+			pendingHeaders = append(pendingHeaders, h{string(x.Key), x.Value})
+		}
+		pending, err := json.Marshal(map[string]any{"topic": e.topic, "key": []byte("A"), "ikey": "A2", "partition": 0, "offset": 1,
+			"ts": now, "value": []byte("A2"), "headers": pendingHeaders, "tier": 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.pool.Exec(ctx, `INSERT INTO idem_ordering_heads(consumer_group, topic, msg_key, head_key, pending) VALUES ($1,$2,$3,'A2',$4)`,
+			e.group, e.topic, []byte("A"), pending); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.pool.Exec(ctx, `INSERT INTO idem_ordering_parked(consumer_group, topic, msg_key, idempotency_key, "partition", "offset", record_time, value, header_keys, header_values)
+			VALUES ($1,$2,$3,'A3',0,2,now(),'A3',ARRAY['idempotency-key'::bytea],ARRAY['A3'::bytea])`, e.group, e.topic, []byte("A")); err != nil {
+			t.Fatal(err)
+		}
+		start(t, cfg, effectHandler())
+		testenv.Eventually(t, 60*time.Second, func() error {
+			if n := e.count(`SELECT count(*) FROM effects`); n != 2 {
+				return fmt.Errorf("%d effects", n)
+			}
+			return nil
+		})
+		var got string
+		if err := e.pool.QueryRow(ctx, `SELECT string_agg(key, ',' ORDER BY at, key) FROM effects`).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got != "A2,A3" {
+			t.Fatalf("effects %s, want A2,A3", got)
+		}
+		testenv.Eventually(t, 30*time.Second, func() error {
+			if n := e.count(`SELECT count(*) FROM idem_ordering_heads`) + e.count(`SELECT count(*) FROM idem_ordering_parked`); n != 0 {
+				return fmt.Errorf("%d ordering rows left", n)
+			}
+			return nil
+		})
 	})
 }

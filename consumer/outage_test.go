@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -85,4 +86,54 @@ func TestRetryAfterIsHonoured(t *testing.T) {
 	if gap := at[1].Sub(at[0]); gap < 400*time.Millisecond {
 		t.Fatalf("retried after %s, sooner than RetryAfter's 400ms (RetryMax is %s)", gap, cfg.RetryMax)
 	}
+}
+
+// TestDatabaseGoneUnderHandlerIsAnOutage: a handler whose connection is
+// terminated (57P01) waits as in an outage — no retry budget spent, nothing
+// dead-lettered — and the partition's stall shows in
+// idem_partition_stalled_seconds until the message goes through.
+func TestDatabaseGoneUnderHandlerIsAnOutage(t *testing.T) {
+	e := newEnv(t, 1)
+	var kills atomic.Int32
+	release := make(chan struct{})
+	kill := func() bool {
+		if kills.Add(1) <= 3 {
+			return true
+		}
+		<-release // stay stalled until the test has seen the gauge
+		return false
+	}
+	e.produceHard([]hardRecord{{header: []byte("blip"), op: "kill"}, {header: []byte("after"), op: "ok"}})
+	cfg := e.config()
+	cfg.StallWarning = 200 * time.Millisecond
+	cfg.OutageBackoff = 100 * time.Millisecond
+	start(t, cfg, hardHandler(kill))
+
+	labels := map[string]string{"topic": e.topic, "partition": "0"}
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if v := metricValue(t, e, "idem_partition_stalled_seconds", labels); v <= 0 {
+			return fmt.Errorf("idem_partition_stalled_seconds = %v after %d kills", v, kills.Load())
+		}
+		return nil
+	})
+	close(release)
+	e.waitCommitted(e.topic, 1, 30*time.Second)
+	if n := e.count(`SELECT count(*) FROM effects WHERE key IN ('blip','after')`); n != 2 {
+		t.Errorf("effects: %d, want 2", n)
+	}
+	if n := metricValue(t, e, "idem_retries_total", nil); n != 0 {
+		t.Errorf("idem_retries_total = %v, want 0: an outage spends no retry budget", n)
+	}
+	if n := metricValue(t, e, "idem_store_errors_total", nil); n < 3 {
+		t.Errorf("idem_store_errors_total = %v, want >= 3", n)
+	}
+	if n := metricValue(t, e, "idem_messages_total", map[string]string{"outcome": "dead_lettered"}); n != 0 {
+		t.Errorf("dead-lettered %v, want 0", n)
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if v := metricValue(t, e, "idem_partition_stalled_seconds", labels); v != 0 {
+			return fmt.Errorf("idem_partition_stalled_seconds = %v after the message went through", v)
+		}
+		return nil
+	})
 }

@@ -30,7 +30,6 @@ type Readiness struct {
 	group   string
 	claims  map[tp]int // claimed partitions (a count: a partition may be claimed again before its old claim ended)
 	ping    func(ctx context.Context) error
-	relay   func() error // the state of Config.Relay, while Run runs one
 }
 
 // NewReadiness returns a Readiness that is not ready until a Run using it
@@ -41,14 +40,9 @@ func NewReadiness() *Readiness { return &Readiness{claims: map[tp]int{}} }
 // (Config.Dedupe, and Config.OrderingDB with OrderingByKey) of the claimed
 // partitions is reachable; otherwise an error wrapping ErrNotReady that says
 // which: Run not started (or returned), the group not joined yet or between
-// generations, the outbox relay of Config.Relay not running, or the store
-// failing, with its error.
-//
-// A Config.Relay that cannot run (outbox.Health.Err: not started yet, its
-// database or brokers unreachable) makes the consumer not ready, even while
-// consuming works: the events its handlers enqueue would pile up unseen. The
-// relay retries by itself; Check is ready again once it runs (leading or
-// standing by).
+// generations, or the store failing, with its error. A service that runs an
+// outbox relay next to Run checks the relay's outbox.Health too, in the
+// function it gives its /readyz (package outbox, section Relay).
 //
 // The store is pinged on every call that finds partitions claimed, bounded
 // by ReadinessTimeout: a store with a method Ping(context.Context) error is
@@ -59,7 +53,7 @@ func NewReadiness() *Readiness { return &Readiness{claims: map[tp]int{}} }
 // partitions) is ready without a ping.
 func (r *Readiness) Check(ctx context.Context) error {
 	r.mu.Lock()
-	running, joined, group, ping, relay := r.running, r.joined, r.group, r.ping, r.relay
+	running, joined, group, ping := r.running, r.joined, r.group, r.ping
 	var claimed []string
 	for t := range r.claims {
 		claimed = append(claimed, TopicPartition{t.topic, t.partition}.String())
@@ -71,8 +65,6 @@ func (r *Readiness) Check(ctx context.Context) error {
 		return fmt.Errorf("%w: consumer is not running", ErrNotReady)
 	case !joined:
 		return fmt.Errorf("%w: group %q not joined yet", ErrNotReady, group)
-	case relay != nil && relay() != nil:
-		return fmt.Errorf("%w: outbox relay not running: %w", ErrNotReady, relay())
 	case len(claimed) == 0 || ping == nil:
 		return nil
 	}
@@ -93,7 +85,7 @@ func (r *Readiness) Check(ctx context.Context) error {
 func (r *Readiness) start(group string, ping func(ctx context.Context) error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.running, r.joined, r.group, r.ping, r.relay = true, false, group, ping, nil
+	r.running, r.joined, r.group, r.ping = true, false, group, ping
 	clear(r.claims)
 }
 
@@ -101,16 +93,8 @@ func (r *Readiness) start(group string, ping func(ctx context.Context) error) {
 func (r *Readiness) stop() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.running, r.joined, r.relay = false, false, nil
+	r.running, r.joined = false, false
 	clear(r.claims)
-}
-
-// setRelay makes Check report h, the state of Run's outbox relay (nil:
-// running).
-func (r *Readiness) setRelay(h func() error) {
-	r.mu.Lock()
-	r.relay = h
-	r.mu.Unlock()
 }
 
 // setJoined records whether a group session is live.

@@ -68,54 +68,56 @@ func header(m *sarama.ConsumerMessage, k string) string {
 // the in-process retry and the tier are visible in metrics.
 func TestFailTwiceThenSucceed(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 2)
-	cfg := e.config()
-	cfg.Retries = 1 // attempt 1 and its one in-process retry fail; tier 1 succeeds
-	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{200 * time.Millisecond}}
-	var mu sync.Mutex
-	attempts := map[string][]int{}
-	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
-		mu.Lock()
-		attempts[m.IdempotencyKey] = append(attempts[m.IdempotencyKey], m.Attempt)
-		n := len(attempts[m.IdempotencyKey])
-		mu.Unlock()
-		if n <= 2 {
-			return errors.New("flaky dependency")
-		}
-		return effectHandler()(ctx, m)
-	})
-	e.produce([]string{"a", "b", "c"}, 2)
-	start(t, cfg, h)
-	testenv.Eventually(t, 60*time.Second, func() error {
+	forEachMode(t, allModes, func(t *testing.T, mode testMode) {
+		e := newEnv(t, 2).in(mode)
+		cfg := e.config()
+		cfg.Retries = 1 // attempt 1 and its one in-process retry fail; tier 1 succeeds
+		cfg.Retry = retrytopic.Policy{Delays: []time.Duration{200 * time.Millisecond}}
+		var mu sync.Mutex
+		attempts := map[string][]int{}
+		h := handler.Func(func(ctx context.Context, m *handler.Message) error {
+			mu.Lock()
+			attempts[m.IdempotencyKey] = append(attempts[m.IdempotencyKey], m.Attempt)
+			n := len(attempts[m.IdempotencyKey])
+			mu.Unlock()
+			if n <= 2 {
+				return errors.New("flaky dependency")
+			}
+			return effectHandler()(ctx, m)
+		})
+		e.produce([]string{"a", "b", "c"}, 2)
+		start(t, cfg, h)
+		testenv.Eventually(t, 60*time.Second, func() error {
+			if n := e.count(`SELECT count(*) FROM effects`); n != 3 {
+				return fmt.Errorf("%d effects", n)
+			}
+			return nil
+		})
+		e.waitCommitted(e.topic, 2, 30*time.Second)
+		e.waitCommitted(e.tier(1), 2, 30*time.Second)
 		if n := e.count(`SELECT count(*) FROM effects`); n != 3 {
-			return fmt.Errorf("%d effects", n)
+			t.Fatalf("effects = %d, want 3", n)
 		}
-		return nil
+		mu.Lock()
+		for k, a := range attempts {
+			if fmt.Sprint(a) != "[1 2 3]" {
+				t.Errorf("key %s attempts %v, want [1 2 3]", k, a)
+			}
+		}
+		mu.Unlock()
+		if got := metricValue(t, e, "idem_retries_total", map[string]string{"group": e.group, "topic": e.topic}); got != 3 {
+			t.Errorf("idem_retries_total = %v, want 3", got)
+		}
+		if got := metricValue(t, e, "idem_forwarded_total", map[string]string{"destination": e.tier(1)}); got != 3 {
+			t.Errorf("idem_forwarded_total{destination=tier1} = %v, want 3", got)
+		}
+		if got := metricValue(t, e, "idem_messages_total", map[string]string{"topic": e.tier(1), "outcome": "processed"}); got != 3 {
+			t.Errorf("processed from tier 1 = %v, want 3", got)
+		}
+		if n := e.total(e.dlq(), 2); n != 0 {
+			t.Errorf("DLQ has %d records, want 0", n)
+		}
 	})
-	e.waitCommitted(e.topic, 2, 30*time.Second)
-	e.waitCommitted(e.tier(1), 2, 30*time.Second)
-	if n := e.count(`SELECT count(*) FROM effects`); n != 3 {
-		t.Fatalf("effects = %d, want 3", n)
-	}
-	mu.Lock()
-	for k, a := range attempts {
-		if fmt.Sprint(a) != "[1 2 3]" {
-			t.Errorf("key %s attempts %v, want [1 2 3]", k, a)
-		}
-	}
-	mu.Unlock()
-	if got := metricValue(t, e, "idem_retries_total", map[string]string{"group": e.group, "topic": e.topic}); got != 3 {
-		t.Errorf("idem_retries_total = %v, want 3", got)
-	}
-	if got := metricValue(t, e, "idem_forwarded_total", map[string]string{"destination": e.tier(1)}); got != 3 {
-		t.Errorf("idem_forwarded_total{destination=tier1} = %v, want 3", got)
-	}
-	if got := metricValue(t, e, "idem_messages_total", map[string]string{"topic": e.tier(1), "outcome": "processed"}); got != 3 {
-		t.Errorf("processed from tier 1 = %v, want 3", got)
-	}
-	if n := e.total(e.dlq(), 2); n != 0 {
-		t.Errorf("DLQ has %d records, want 0", n)
-	}
 }
 
 // Issue 4, test 2: always failing → through every tier, each delay never

@@ -328,7 +328,6 @@ func (r *runner) run(ctx context.Context) (err error) {
 	wg.Go(func() { watchDLQDepth(watchCtx, client, r.cfg, r.m.DLQDepth, r.log) })
 	wg.Go(func() { r.claims.watchStalls(watchCtx, r.cfg.StallWarning) })
 	wg.Go(func() { sweep(watchCtx, r.cfg, r.log) })
-	startRelay(watchCtx, &wg, r.cfg, r.ready, r.log)
 	startFailureIndex(watchCtx, &wg, r.cfg, r.log)
 	startScheduler(watchCtx, &wg, r.cfg, r.log)
 	r.shares.start(watchCtx, &wg, client, r)

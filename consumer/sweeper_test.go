@@ -1,9 +1,7 @@
 package consumer_test
 
 import (
-	"context"
 	"errors"
-	"fmt"
 	"testing"
 	"time"
 
@@ -89,28 +87,5 @@ func TestRetentionValidation(t *testing.T) {
 		case !c.ok && (!errors.As(err, &ce) || ce.Field != "Retention" || !errors.Is(err, consumer.ErrInvalidConfig)):
 			t.Errorf("%s: err = %v, want a ConfigError on Retention", c.name, err)
 		}
-	}
-}
-
-// TestMigrateCreatesEveryTable: consumer.Migrate is the one entry point:
-// run twice on an empty schema it creates the inbox, ordering, outbox, saga,
-// checkpoint and failure-index tables.
-func TestMigrateCreatesEveryTable(t *testing.T) {
-	t.Parallel()
-	pool, schema := testenv.PostgresSchema(t)
-	ctx := context.Background()
-	for range 2 {
-		if err := consumer.Migrate(ctx, pool); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, table := range []string{"idem_processed", "idem_ordering_heads", "idem_ordering_parked", "idem_outbox", "idem_saga", "idem_saga_step", "idem_checkpoint", "idem_dlq_records", "idem_dlq_groups", "idem_dlq_versions", "idem_dlq_audit"} {
-		var n int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM information_schema.tables WHERE table_schema = $1 AND table_name = $2`, schema, table).Scan(&n); err != nil || n != 1 {
-			t.Errorf("table %s: count %d, err %v", table, n, err)
-		}
-	}
-	if err := consumer.Migrate(ctx, pool, dedupe.WithTable("")); err == nil || !errors.Is(err, dedupe.ErrInvalidConfig) {
-		t.Errorf("bad inbox table: err = %v", fmt.Sprint(err))
 	}
 }

@@ -62,7 +62,7 @@ func (c Config) validateTransactions(bad func(field string, v any, rule string))
 	//     later commit overwrites the metadata).
 	//   - with lanes, forward's awaitEarlier gets the parked message's
 	//     source offset, not the head's: the drain waits on its own head
-	//     for ever (IDEM_TEST_MODE=lanes TestOrderingParkedFailureBecomesHead
+	//     for ever (TestOrderingParkedFailureBecomesHead/lanes
 	//     stalls at 1 applied: "forward waits" on the tier, offset=1,
 	//     first_unfinished=0, the head itself). Pass the head's offset.
 	//   - Next's unblock while marked rows still wait for the commit races

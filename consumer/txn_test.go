@@ -200,7 +200,7 @@ const (
 // TestTxnMemberHelperProcess is not a test: the transactional tests run the
 // test binary again with only this function and IDEM_TXN_HELPER=1. It runs a
 // transactional member (the member helper's environment, see
-// TestMemberHelperProcess; IDEM_TEST_MODE's mode, IDEM_TXN_LANES lanes)
+// TestMemberHelperProcess; IDEM_TXN_LANES lanes)
 // whose first commit of a transaction holding records, after its offsets
 // were added, either SIGKILLs the process (IDEM_TXN_POINT=kill) or prints
 // "pending" and waits for a line on stdin (stall), then goes on. With
@@ -252,7 +252,6 @@ func TestTxnMemberHelperProcess(t *testing.T) {
 		RetryMax:       20 * time.Millisecond,
 		CommitInterval: 200 * time.Millisecond,
 	}, os.Getenv(memberEnvInstance))
-	cfg = modeConfig(cfg, os.Getenv("IDEM_TEST_MODE"))
 	cfg = txnLanes(cfg, os.Getenv(txnEnvLanes))
 	cfg.TransactionTimeout = time.Minute // a stalled member's transaction must outlive its membership
 	err := consumer.Run(ctx, cfg, poisonHandler())
@@ -352,10 +351,10 @@ func TestTxnKillBetweenForwardAndCommit(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name, point string
-		lanes       string // txnLanes; "": IDEM_TEST_MODE's
+		lanes       string // txnLanes; "": one lane
 	}{
-		{"mode's lanes", "kill", ""},
-		{"mode's lanes, after a commit", "kill-next", ""},
+		{"one lane", "kill", ""},
+		{"one lane, after a commit", "kill-next", ""},
 		{"lanes", "kill", "8"},
 		{"lanes, after a commit", "kill-next", "8"},
 		{"adaptive, after a commit", "kill-next", "adaptive"},

@@ -5,12 +5,18 @@
 // Publishing from a handler straight to Kafka is the pitfall this removes: an
 // event sent before the transaction commits is out in the world even if the
 // transaction then rolls back, and a message redelivered after a crash sends
-// it again. With the outbox the event is a row:
+// it again. With the outbox the event is a row, and the service runs the
+// relay next to its consumer, as it runs metrics.Serve:
 //
+//	relay := &outbox.Relay{Pool: pool, Brokers: brokers, Health: new(outbox.Health)}
+//	go func() {
+//		if err := relay.Run(ctx); err != nil { // until ctx ends
+//			slog.Error("outbox relay stopped", "err", err)
+//		}
+//	}()
 //	err := consumer.Run(ctx, consumer.Config{
 //		Brokers: brokers, Group: "payments", Topics: []string{"payments"},
 //		Dedupe:  dedupe.NewPostgres(pool),
-//		Relay:   &outbox.Relay{Pool: pool}, // publish from this process too
 //	}, handler.Func(func(ctx context.Context, m *handler.Message) error {
 //		tx := dedupe.Tx(ctx) // the transaction of the inbox row
 //		if _, err := tx.Exec(ctx, `INSERT INTO payments ...`); err != nil {
@@ -62,8 +68,12 @@
 //
 // # Relay
 //
-// Relay runs as a library type (Relay.Run), as `idem outbox relay`, or inside
-// a consumer (consumer.Config.Relay). Run as many as you like: an advisory
+// Relay runs as a library type (Relay.Run: in the consumer's process, next
+// to consumer.Run, or in a process of its own) or as `idem outbox relay`.
+// Its readiness is Health.Err: a service that runs one makes its /readyz
+// check it after consumer.Readiness.Check, so that a relay that cannot run
+// makes the service not ready (the events its handlers enqueue would pile up
+// unseen); examples/payments-consumer does. Run as many as you like: an advisory
 // lock lets one publish per table and the others take over within seconds.
 // See Relay for leadership, ordering, the late-commit argument, bad input and
 // the failed state; List and Retry are what `idem outbox list` and

@@ -20,7 +20,8 @@ import (
 	"github.com/idemhq/idem/outbox"
 )
 
-// runConsumer runs consumer.Run on topic as group until the test ends.
+// runConsumer runs consumer.Run on topic as group until the test ends, and
+// relay (nil: none) next to it in this process, as a service runs it.
 func (e *env) runConsumer(topic, group string, reg *prometheus.Registry, relay *outbox.Relay, h handler.Func, mutate ...func(*consumer.Config)) {
 	e.t.Helper()
 	if err := dedupe.Migrate(testenv.Context(e.t), e.pool); err != nil {
@@ -38,16 +39,24 @@ func (e *env) runConsumer(topic, group string, reg *prometheus.Registry, relay *
 		Logger:         testLogger(e.t),
 		Registerer:     reg,
 		CommitInterval: 100 * time.Millisecond,
-		Relay:          relay,
 	}
 	for _, m := range mutate {
 		m(&cfg)
+	}
+	relayDone := make(chan error, 1)
+	if relay != nil {
+		go func() { relayDone <- relay.Run(ctx) }()
+	} else {
+		relayDone <- nil
 	}
 	go func() { done <- consumer.Run(ctx, cfg, h) }()
 	e.t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			e.t.Errorf("consumer.Run: %v", err)
+		}
+		if err := <-relayDone; err != nil {
+			e.t.Errorf("relay.Run: %v", err)
 		}
 	})
 }
@@ -60,7 +69,8 @@ func messages(t *testing.T, reg *prometheus.Registry, group, outcome, topic stri
 // TestRolledBackHandlerPublishesNothing (issue test 1): a handler enqueues
 // an event in its transaction and fails; the transaction rolls back and the
 // event never exists, so it is never published. The next message's event
-// is. The relay runs inside the consumer (Config.Relay).
+// is. The relay runs next to the consumer, in its process and on its
+// registry.
 func TestRolledBackHandlerPublishesNothing(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
@@ -69,7 +79,7 @@ func TestRolledBackHandlerPublishesNothing(t *testing.T) {
 	out := e.consume(e.topic)
 	reg := prometheus.NewRegistry()
 	relay, _ := e.relay(e.pool)
-	relay.Registerer, relay.Brokers, relay.Logger = nil, nil, nil // taken from the consumer's Config
+	relay.Registerer = reg // the consumer's
 	e.runConsumer(in, group, reg, relay, func(ctx context.Context, m *handler.Message) error {
 		if err := outbox.Enqueue(ctx, dedupe.Tx(ctx), outbox.Message{Topic: e.topic, Key: m.Key, Value: m.Value}); err != nil {
 			return err

@@ -35,7 +35,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	// Usually in its own goroutine, process or consumer.Config.Relay.
+	// Usually in its own goroutine next to consumer.Run, or in a process of its own.
 	relay := &outbox.Relay{Pool: pool, Brokers: []string{"127.0.0.1:9092"}}
 	if err := relay.Run(ctx); err != nil {
 		log.Fatal(err)

@@ -12,8 +12,6 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"github.com/idemhq/idem/consumer"
-	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/outbox"
 )
@@ -396,8 +394,7 @@ func TestEnqueueRejectsBadMessages(t *testing.T) {
 	}
 }
 
-// TestRelayValidate: bad fields are named; consumer.Config checks its Relay
-// as Run will run it (Brokers taken from the Config).
+// TestRelayValidate: bad fields are named.
 func TestRelayValidate(t *testing.T) {
 	t.Parallel()
 	pool := testenv.Postgres(t)
@@ -416,15 +413,6 @@ func TestRelayValidate(t *testing.T) {
 		if !errors.Is(err, outbox.ErrInvalidConfig) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("Validate() = %v, want ErrInvalidConfig naming %s", err, c.want)
 		}
-	}
-	cfg := consumer.Config{Brokers: []string{"b:9092"}, Group: "g", Topics: []string{"t"}, Dedupe: dedupe.NewMemory(),
-		Relay: &outbox.Relay{Pool: pool}}
-	if err := cfg.Validate(); err != nil {
-		t.Fatalf("a relay with the consumer's brokers: %v", err)
-	}
-	cfg.Relay = &outbox.Relay{}
-	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "Relay") {
-		t.Fatalf("consumer.Config with a relay without Pool: %v", err)
 	}
 }
 

@@ -17,7 +17,7 @@ var migrationFS embed.FS
 // per-group counts idem_dlq_groups with the triggers that keep them,
 // idem_dlq_versions, idem_dlq_audit); pgmigrate component "console-index".
 // It is idempotent and safe when several processes start at once.
-// db is a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx. consumer.Migrate (and
+// db is a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx. idem.Migrate (and
 // `idem migrate`) call it.
 func Migrate(ctx context.Context, db interface {
 	Begin(context.Context) (pgx.Tx, error)

@@ -308,6 +308,9 @@ func runDemo(ctx context.Context, e env, o demoOptions, stdout, stderr io.Writer
 	// 2. Metrics, the bank, the consumer.
 	reg := prometheus.NewRegistry()
 	ready := consumer.NewReadiness()
+	dcfg := saramaConfig("payments-demo-consumer")
+	rl := eventsRelay(true, pool, e.Brokers, dcfg, log, reg) // publishes payment.recorded from this process
+	readyz := readyFunc(ready, rl)
 	if ln := o.Metrics; ln != nil || o.MetricsAddr != "" {
 		if ln == nil {
 			ln, err = net.Listen("tcp", o.MetricsAddr)
@@ -315,7 +318,7 @@ func runDemo(ctx context.Context, e env, o demoOptions, stdout, stderr io.Writer
 		if err != nil {
 			fmt.Fprintf(stdout, "  metrics:  not served: %v\n", err) // a demo still runs beside another
 		} else {
-			stopMetrics := serveMetrics(ln, reg, ready, log)
+			stopMetrics := serveMetrics(ln, reg, readyz, log)
 			defer stopMetrics()
 			fmt.Fprintf(stdout, "  metrics:  http://%s/metrics (also /healthz, /readyz)\n", displayAddr(ln.Addr()))
 		}
@@ -339,7 +342,7 @@ func runDemo(ctx context.Context, e env, o demoOptions, stdout, stderr io.Writer
 			Topics:           []string{s.Topic},
 			KeyFunc:          paymentKey,
 			Dedupe:           dedupe.NewPostgres(pool),
-			Sarama:           saramaConfig("payments-demo-consumer"),
+			Sarama:           dcfg,
 			Logger:           log,
 			Registerer:       reg,
 			Retry:            demoRetry,
@@ -349,9 +352,9 @@ func runDemo(ctx context.Context, e env, o demoOptions, stdout, stderr io.Writer
 			DLQDepthInterval: time.Second,
 			LagInterval:      time.Second,
 			Readiness:        ready,
-			Relay:            eventsRelay(true, pool), // publishes payment.recorded from this process
 		}, handler.Func(svc.handlePayment))
 	}()
+	defer startRelay(runCtx, rl, log)()
 	waitCtx, stopWait := context.WithCancel(ctx)
 	defer stopWait()
 	go func() { // a fatal Run error ends the waits at once
@@ -362,7 +365,7 @@ func runDemo(ctx context.Context, e env, o demoOptions, stdout, stderr io.Writer
 		case <-waitCtx.Done():
 		}
 	}()
-	if err := waitReady(waitCtx, ready); err != nil {
+	if err := waitReady(waitCtx, readyz); err != nil {
 		return s, finish(runErr, stopRun, err)
 	}
 
@@ -449,12 +452,13 @@ func finish(runErr chan error, stopRun context.CancelFunc, werr error) error {
 	return werr
 }
 
-// waitReady polls ready until the consumer has joined its group.
-func waitReady(ctx context.Context, ready *consumer.Readiness) error {
+// waitReady polls ready until the consumer has joined its group and the
+// relay runs.
+func waitReady(ctx context.Context, ready func(context.Context) error) error {
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
 	for {
-		err := ready.Check(ctx)
+		err := ready(ctx)
 		if err == nil {
 			return nil
 		}

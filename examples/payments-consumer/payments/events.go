@@ -5,12 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/outbox"
 )
@@ -149,11 +152,52 @@ func readEventKeys(ctx context.Context, client sarama.Client, topic string) (map
 	return keys, nil
 }
 
-// eventsRelay is the consumer's outbox relay: one on pool when on, else nil
-// (events then wait in idem_outbox for `idem outbox relay`).
-func eventsRelay(on bool, pool *pgxpool.Pool) *outbox.Relay {
+// eventsRelay is the service's outbox relay, which it runs next to the
+// consumer as it runs its metrics server (startRelay): one on pool with the
+// consumer's brokers, Sarama configuration, logger and registry when on,
+// else nil (events then wait in idem_outbox for `idem outbox relay`). Its
+// Health joins the service's readiness (readyFunc).
+func eventsRelay(on bool, pool *pgxpool.Pool, brokers []string, scfg *sarama.Config, log *slog.Logger, reg prometheus.Registerer) *outbox.Relay {
 	if !on {
 		return nil
 	}
-	return &outbox.Relay{Pool: pool}
+	return &outbox.Relay{Pool: pool, Brokers: brokers, Sarama: scfg, Logger: log, Registerer: reg, Health: new(outbox.Health)}
+}
+
+// startRelay runs rl (nil: nothing) until ctx ends or stop is called; stop
+// waits for it. The relay retries its start-up and every database or broker
+// outage by itself; an error it returns (a configuration it refuses) is
+// logged, and events wait in the outbox, visible in idem_outbox_pending and
+// in the readiness.
+func startRelay(ctx context.Context, rl *outbox.Relay, log *slog.Logger) (stop func()) {
+	if rl == nil {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := rl.Run(ctx); err != nil {
+			log.Error("outbox relay stopped; events wait in the outbox until it runs again", "err", err)
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
+// readyFunc is the service's /readyz check: when the relay runs in this
+// process, its Health, so that a relay that cannot run makes the service not
+// ready even while consuming works (the events its handlers enqueue would
+// pile up unseen); then the consumer's Readiness.
+func readyFunc(ready *consumer.Readiness, rl *outbox.Relay) func(context.Context) error {
+	return func(ctx context.Context) error {
+		if rl != nil {
+			if err := rl.Health.Err(); err != nil {
+				return fmt.Errorf("outbox relay not running: %w", err)
+			}
+		}
+		return ready.Check(ctx)
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/outbox"
 )
 
 // The consumer's processing modes (-mode).
@@ -66,8 +67,9 @@ func (o *runOptions) retryTiers() ([]time.Duration, error) {
 }
 
 // run runs the consumer of cfg with svc's handlers, wrapped by hooks, in the
-// chosen mode until ctx ends.
-func (o *runOptions) run(ctx context.Context, cfg consumer.Config, pool *pgxpool.Pool, log *slog.Logger, svc *service, hooks Hooks) (err error) {
+// chosen mode, and the outbox relay rl next to it (nil: none), until ctx
+// ends.
+func (o *runOptions) run(ctx context.Context, cfg consumer.Config, rl *outbox.Relay, pool *pgxpool.Pool, log *slog.Logger, svc *service, hooks Hooks) (err error) {
 	delays, err := o.retryTiers()
 	if err != nil {
 		return err
@@ -76,8 +78,8 @@ func (o *runOptions) run(ctx context.Context, cfg consumer.Config, pool *pgxpool
 	cfg.InstanceID = o.instanceID
 	if o.transactions {
 		cfg.Transactions = true
-		if cfg.Relay != nil {
-			cfg.Relay.ExactlyOnce = true
+		if rl != nil {
+			rl.ExactlyOnce = true
 		}
 	}
 	switch o.mode {
@@ -104,6 +106,7 @@ func (o *runOptions) run(ctx context.Context, cfg consumer.Config, pool *pgxpool
 		}
 	}
 	log.Info("mode", "mode", o.mode, "retry_delays", delays)
+	defer startRelay(ctx, rl, log)()
 	if o.mode == modeBatchHandler {
 		return consumer.RunBatch(ctx, cfg, bh)
 	}

@@ -88,12 +88,13 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, hooks Hooks
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	ready := consumer.NewReadiness()
+	rl := eventsRelay(*relay, pool, e.Brokers, scfg, log, reg)
 	if *metricsAddr != "" {
 		ln, err := net.Listen("tcp", *metricsAddr)
 		if err != nil {
 			return fmt.Errorf("metrics listener: %w", err)
 		}
-		stopMetrics := serveMetrics(ln, reg, ready, log)
+		stopMetrics := serveMetrics(ln, reg, readyFunc(ready, rl), log)
 		defer stopMetrics()
 	}
 
@@ -120,8 +121,7 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, hooks Hooks
 		Retry:      retryPolicy,
 		Rules:      paymentRules(),
 		Readiness:  ready,
-		Relay:      eventsRelay(*relay, pool),
-	}, pool, log, svc, hooks)
+	}, rl, pool, log, svc, hooks)
 	if err != nil {
 		return fmt.Errorf("consumer: %w", err)
 	}
@@ -156,8 +156,8 @@ func createTopic(ctx context.Context, brokers []string, scfg *sarama.Config, top
 
 // serveMetrics serves /metrics (reg), /healthz and /readyz (ready) on ln
 // until the returned func is called.
-func serveMetrics(ln net.Listener, reg prometheus.Gatherer, ready *consumer.Readiness, log *slog.Logger) (stop func()) {
-	srv := &http.Server{Handler: metrics.NewServeMux(reg, ready.Check), ReadHeaderTimeout: 5 * time.Second}
+func serveMetrics(ln net.Listener, reg prometheus.Gatherer, ready func(context.Context) error, log *slog.Logger) (stop func()) {
+	srv := &http.Server{Handler: metrics.NewServeMux(reg, ready), ReadHeaderTimeout: 5 * time.Second}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

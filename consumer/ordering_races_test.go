@@ -19,6 +19,7 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/keyorder"
+	"github.com/idemhq/idem/internal/schema"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -29,7 +30,7 @@ func orderedEnv(t *testing.T, partitions int32, delay time.Duration) (*env, cons
 	t.Helper()
 	e := newEnv(t, partitions)
 	ctx := testenv.Context(t)
-	if err := consumer.Migrate(ctx, e.pool); err != nil {
+	if err := schema.Migrate(ctx, e.pool, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.pool.Exec(ctx, `CREATE TABLE applied(seq bigserial primary key, ikey text)`); err != nil {
@@ -224,41 +225,45 @@ func waitFor(ctx context.Context, cond func() bool) error {
 // copy of H is committed.
 func TestOrderingTwoCopiesOfOneHead(t *testing.T) {
 	t.Parallel()
-	e, cfg := orderedEnv(t, 2, 200*time.Millisecond)
-	g := &gated{Store: cfg.Dedupe}
-	cfg.Dedupe = g
-	key := []byte("K")
-	e.block(key, "H", 1, "M")
-	var c calls
-	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
-		if m.IdempotencyKey != "M" {
+	forEachMode(t, orderingModes, func(t *testing.T, mode testMode) {
+		e, cfg := orderedEnv(t, 2, 200*time.Millisecond)
+		e.in(mode)
+		cfg = mode.apply(cfg)
+		g := &gated{Store: cfg.Dedupe}
+		cfg.Dedupe = g
+		key := []byte("K")
+		e.block(key, "H", 1, "M")
+		var c calls
+		h := handler.Func(func(ctx context.Context, m *handler.Message) error {
+			if m.IdempotencyKey != "M" {
+				return apply(ctx, m)
+			}
+			switch c.inc("M") {
+			case 1: // the first drain: wait until the second drain reached M too
+				if err := waitFor(ctx, func() bool { return g.count("M") >= 2 }); err != nil {
+					return err
+				}
+				return errors.New("M fails")
+			case 2: // the second drain: fail only after the first promoted M
+				if err := waitFor(ctx, func() bool {
+					var head string
+					_ = e.pool.QueryRow(ctx, `SELECT head_key FROM idem_ordering_heads`).Scan(&head)
+					return head == "M"
+				}); err != nil {
+					return err
+				}
+				return errors.New("M fails again")
+			}
 			return apply(ctx, m)
+		})
+		e.runOnBoth(cfg, h, key, [2]string{"H", "H"}, "H,M")
+		if n := e.total(e.tier(1), 2); n != 1 {
+			t.Errorf("tier 1 got %d records, want M once", n)
 		}
-		switch c.inc("M") {
-		case 1: // the first drain: wait until the second drain reached M too
-			if err := waitFor(ctx, func() bool { return g.count("M") >= 2 }); err != nil {
-				return err
-			}
-			return errors.New("M fails")
-		case 2: // the second drain: fail only after the first promoted M
-			if err := waitFor(ctx, func() bool {
-				var head string
-				_ = e.pool.QueryRow(ctx, `SELECT head_key FROM idem_ordering_heads`).Scan(&head)
-				return head == "M"
-			}); err != nil {
-				return err
-			}
-			return errors.New("M fails again")
+		if n := c.get("M"); n != 3 {
+			t.Errorf("M handled %d times, want 3 (two failing drains, then from the tier)", n)
 		}
-		return apply(ctx, m)
 	})
-	e.runOnBoth(cfg, h, key, [2]string{"H", "H"}, "H,M")
-	if n := e.total(e.tier(1), 2); n != 1 {
-		t.Errorf("tier 1 got %d records, want M once", n)
-	}
-	if n := c.get("M"); n != 3 {
-		t.Errorf("M handled %d times, want 3 (two failing drains, then from the tier)", n)
-	}
 }
 
 // runOnBoth sends ikeys[i] with Kafka key key to partition i, runs cfg and h,
@@ -307,43 +312,47 @@ func TestOrderingBlockRaceOnLongKey(t *testing.T) {
 // them in order after a restart.
 func TestOrderingDrainStopsOnRevoke(t *testing.T) {
 	t.Parallel()
-	e, cfg := orderedEnv(t, 1, 200*time.Millisecond)
-	cfg.ShutdownGrace = 30 * time.Second
-	key := []byte("K")
-	e.block(key, "H", 1, "P1", "P2", "P3")
-	stops := make(chan context.Context, 1)
-	running := make(chan struct{})
-	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
-		if m.IdempotencyKey == "P1" {
-			stop := <-stops
-			close(running)
-			<-stop.Done() // the partition is stopping; P1 itself may still finish
+	forEachMode(t, orderingModes, func(t *testing.T, mode testMode) {
+		e, cfg := orderedEnv(t, 1, 200*time.Millisecond)
+		e.in(mode)
+		cfg = mode.apply(cfg)
+		cfg.ShutdownGrace = 30 * time.Second
+		key := []byte("K")
+		e.block(key, "H", 1, "P1", "P2", "P3")
+		stops := make(chan context.Context, 1)
+		running := make(chan struct{})
+		h := handler.Func(func(ctx context.Context, m *handler.Message) error {
+			if m.IdempotencyKey == "P1" {
+				stop := <-stops
+				close(running)
+				<-stop.Done() // the partition is stopping; P1 itself may still finish
+			}
+			return apply(ctx, m)
+		})
+		ctx := consumer.WithOrderHooks(context.Background(), nil, func(stop, _ context.Context, r keyorder.Record) {
+			if r.IdempotencyKey == "P1" {
+				stops <- stop
+			}
+		})
+		e.send(e.k.Producer(t), 0, key, "H")
+		first := startCtx(t, ctx, cfg, h)
+		select {
+		case <-running:
+		case <-time.After(60 * time.Second):
+			t.Fatal("P1 never started")
 		}
-		return apply(ctx, m)
-	})
-	ctx := consumer.WithOrderHooks(context.Background(), nil, func(stop, _ context.Context, r keyorder.Record) {
-		if r.IdempotencyKey == "P1" {
-			stops <- stop
+		if err := first.stop(); err != nil {
+			t.Fatal(err)
 		}
+		if got := e.applied(); got != "H,P1" {
+			t.Fatalf("applied %q by the stopping member, want H,P1 (nothing started after the stop)", got)
+		}
+		if n := e.count(`SELECT count(*) FROM idem_ordering_parked`); n != 2 {
+			t.Fatalf("%d parked, want P2 and P3", n)
+		}
+		start(t, cfg, handler.Func(apply))
+		e.waitSettled("H,P1,P2,P3")
 	})
-	e.send(e.k.Producer(t), 0, key, "H")
-	first := startCtx(t, ctx, cfg, h)
-	select {
-	case <-running:
-	case <-time.After(60 * time.Second):
-		t.Fatal("P1 never started")
-	}
-	if err := first.stop(); err != nil {
-		t.Fatal(err)
-	}
-	if got := e.applied(); got != "H,P1" {
-		t.Fatalf("applied %q by the stopping member, want H,P1 (nothing started after the stop)", got)
-	}
-	if n := e.count(`SELECT count(*) FROM idem_ordering_parked`); n != 2 {
-		t.Fatalf("%d parked, want P2 and P3", n)
-	}
-	start(t, cfg, handler.Func(apply))
-	e.waitSettled("H,P1,P2,P3")
 }
 
 // Issue 8: Run warns at start about parked messages of its group it will not

@@ -1,0 +1,33 @@
+package consumer_test
+
+import (
+	"log/slog"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+)
+
+// TestInboxRetentionShorterThanTopicWarns: an inbox that forgets keys
+// sooner than the topic keeps records is named at start, with both numbers.
+func TestInboxRetentionShorterThanTopicWarns(t *testing.T) {
+	e := newEnv(t, 1)
+	twoDays := strconv.Itoa(int((48 * time.Hour).Milliseconds()))
+	if err := e.k.Admin(t).AlterConfig(sarama.TopicResource, e.topic, map[string]*string{"retention.ms": &twoDays}, false); err != nil {
+		t.Fatal(err)
+	}
+	var logs logBuffer
+	cfg := e.config()
+	cfg.InboxRetention = time.Hour
+	cfg.Retention = -1 // swept elsewhere: InboxRetention says for how long
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	e.produce([]string{"k"}, 1)
+	start(t, cfg, effectHandler())
+	e.waitCommitted(e.topic, 1, 60*time.Second)
+	out := logs.String()
+	if !strings.Contains(out, "inbox forgets keys sooner") || !strings.Contains(out, "inbox_retention=1h0m0s") || !strings.Contains(out, "topic_retention=48h0m0s") {
+		t.Errorf("no retention warning naming both numbers; logs:\n%s", out)
+	}
+}
