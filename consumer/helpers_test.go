@@ -305,37 +305,7 @@ func metricValue(t *testing.T, e *env, name string, want map[string]string) floa
 // the metric family name whose labels include want; 0 if there is none.
 func gatherSum(t *testing.T, g prometheus.Gatherer, name string, want map[string]string) float64 {
 	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			for k, v := range want {
-				if labels[k] != v {
-					continue next
-				}
-			}
-			switch {
-			case m.Counter != nil:
-				sum += m.Counter.GetValue()
-			case m.Gauge != nil:
-				sum += m.Gauge.GetValue()
-			case m.Histogram != nil:
-				sum += float64(m.Histogram.GetSampleCount())
-			}
-		}
-	}
-	return sum
+	return testenv.Metric(t, g, name, want)
 }
 
 // bigProducer returns a sync producer (manual partitioner) that sends
