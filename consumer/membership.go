@@ -37,6 +37,10 @@ type testHooks struct {
 	session func(s sarama.ConsumerGroupSession)
 	// beforeCommit is the transaction owner's BeforeCommit hook.
 	beforeCommit func(records int) error
+	// startStep is called before each try of a start-up step that talks to
+	// the cluster or the database (setup.retry), with the step's name; an
+	// error it returns is that try's result.
+	startStep func(what string) error
 }
 
 type testHooksKey struct{}

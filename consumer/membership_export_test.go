@@ -25,6 +25,16 @@ func WithBeforeCommitHook(ctx context.Context, f func(records int) error) contex
 	return context.WithValue(ctx, testHooksKey{}, &h)
 }
 
+// WithStartStepHook returns ctx carrying a hook that Run calls before each
+// try of a start-up step that talks to the cluster or the database, with the
+// step's name; an error it returns is that try's result (a test makes an
+// outage at any step with it).
+func WithStartStepHook(ctx context.Context, f func(what string) error) context.Context {
+	h := *hooks(ctx)
+	h.startStep = f
+	return context.WithValue(ctx, testHooksKey{}, &h)
+}
+
 func hooks(ctx context.Context) *testHooks {
 	if h := hooksOf(ctx); h != nil {
 		return h

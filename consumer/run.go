@@ -257,7 +257,7 @@ func (r *runner) run(ctx context.Context) (err error) {
 		return fmt.Errorf("consumer: connect to %v: %w", r.cfg.Brokers, err)
 	}
 	defer client.Close()
-	if err := checkTopics(client, r.cfg.Topics); err != nil {
+	if err := st.retry(ctx, client, "reading the topics' metadata", func() error { return checkTopics(client, r.cfg.Topics) }); err != nil {
 		return err
 	}
 	st.warnRetention(client)
@@ -280,21 +280,29 @@ func (r *runner) run(ctx context.Context) (err error) {
 	} else {
 		pcfg := *r.scfg
 		pcfg.Producer.MaxMessageBytes = max(pcfg.Producer.MaxMessageBytes, maxBytes)
-		pclient, err := sarama.NewClient(r.cfg.Brokers, &pcfg)
-		if err != nil {
-			return fmt.Errorf("consumer: connect producer to %v: %w", r.cfg.Brokers, err)
+		var pclient sarama.Client
+		var fwd *retrytopic.Forwarder
+		err := st.retry(ctx, nil, "starting the forwarder's producer", func() (err error) {
+			if pclient == nil {
+				if pclient, err = sarama.NewClient(r.cfg.Brokers, &pcfg); err != nil {
+					return err
+				}
+			}
+			fwd, err = retrytopic.NewForwarderFromClient(pclient)
+			return err
+		})
+		if pclient != nil {
+			defer pclient.Close()
 		}
-		defer pclient.Close()
-		fwd, err := retrytopic.NewForwarderFromClient(pclient)
 		if err != nil {
-			return fmt.Errorf("consumer: %w", err)
+			return fmt.Errorf("consumer: forwarder's producer on %v: %w", r.cfg.Brokers, err)
 		}
 		defer fwd.Close()
 		r.fwd = fwd
 	}
 	if r.cfg.Ordering == OrderingByKey {
 		r.order = keyorder.New(r.cfg.OrderingDB, r.cfg.Group)
-		if err := r.order.Migrate(ctx); err != nil {
+		if err := st.retry(ctx, nil, "creating the ordering schema", func() error { return r.order.Migrate(ctx) }); err != nil {
 			return fmt.Errorf("consumer: ordering schema: %w", err)
 		}
 	}

@@ -2,10 +2,13 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemhq/idem/recovery"
 	"github.com/idemhq/idem/retrytopic"
@@ -40,8 +43,21 @@ const startRetryFor = 30 * time.Second
 // SASL login or TLS handshake behind it is not retried. Those are worth a retry after
 // a metadata refresh; anything else (authorization, a partition mismatch, bad
 // config) is returned at once.
+//
+// PostgreSQL that cannot be reached, or that is starting, shutting down or
+// recovering (SQLSTATE class 08, and 57P01–57P03) counts too: the ordering
+// schema is migrated at start, and a database restart then is an outage like
+// a broker's.
 func transientClusterErr(err error) bool {
-	return retrytopic.IsUnreachable(err)
+	var ce *pgconn.ConnectError
+	var pe *pgconn.PgError
+	switch {
+	case errors.As(err, &pe): // also inside a ConnectError: a refused login is final
+		return strings.HasPrefix(pe.Code, "08") || pe.Code == "57P01" || pe.Code == "57P02" || pe.Code == "57P03"
+	case retrytopic.IsUnreachable(err), errors.As(err, &ce):
+		return true
+	}
+	return false
 }
 
 // retryStart runs step until it succeeds, returns an error that is not
@@ -53,7 +69,7 @@ func (s setup) retry(ctx context.Context, client sarama.Client, what string, ste
 	wait := 250 * time.Millisecond
 	var deadline time.Time
 	for {
-		err := step()
+		err := tryStep(ctx, what, step)
 		if err == nil || !transientClusterErr(err) {
 			return err
 		}
@@ -74,4 +90,14 @@ func (s setup) retry(ctx context.Context, client sarama.Client, what string, ste
 		}
 		wait = min(2*wait, 2*time.Second)
 	}
+}
+
+// tryStep runs step once, unless a test hook fails this try first.
+func tryStep(ctx context.Context, what string, step func() error) error {
+	if h := hooksOf(ctx); h != nil && h.startStep != nil {
+		if err := h.startStep(what); err != nil {
+			return err
+		}
+	}
+	return step()
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 func TestTransientClusterErr(t *testing.T) {
@@ -22,6 +23,8 @@ func TestTransientClusterErr(t *testing.T) {
 		sarama.ErrNotController,
 		fmt.Errorf("wrapped: %w", sarama.ErrLeaderNotAvailable),
 		sarama.ErrRequestTimedOut,
+		&pgconn.PgError{Code: "57P03"},                                      // the database system is starting up
+		fmt.Errorf("keyorder: migrate: %w", &pgconn.PgError{Code: "08006"}), // connection failure
 	}
 	for _, err := range transient {
 		if !transientClusterErr(err) {
@@ -37,6 +40,8 @@ func TestTransientClusterErr(t *testing.T) {
 		sarama.ErrOutOfBrokers,
 		sarama.ErrInvalidConfig,
 		context.Canceled,
+		&pgconn.PgError{Code: "28P01"}, // password authentication failed
+		&pgconn.PgError{Code: "42501"}, // insufficient privilege
 	}
 	for _, err := range final {
 		if transientClusterErr(err) {
