@@ -122,12 +122,12 @@ func NewRunner[R any](job Job[R]) (*Runner[R], error) {
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: metrics: %w", err)
 	}
-	return &Runner[R]{job: job, lock: LockKey(job.Name), m: m}, nil
+	return &Runner[R]{job: job, lock: lockKey(job.Name), m: m}, nil
 }
 
-// LockKey is the pg_advisory_xact_lock key of job: the FNV-1a 64-bit hash of
+// lockKey is the pg_advisory_xact_lock key of job: the FNV-1a 64-bit hash of
 // "idem-checkpoint:" + job. Run and Reset hold it for each transaction.
-func LockKey(job string) int64 {
+func lockKey(job string) int64 {
 	h := fnv.New64a()
 	h.Write([]byte("idem-checkpoint:" + job))
 	return int64(h.Sum64())
