@@ -66,10 +66,10 @@ type Metrics struct {
 	InFlight          *prometheus.GaugeVec     // idem_messages_in_flight
 }
 
-// EndToEndBuckets are the buckets of idem_end_to_end_seconds: from 1 ms to
+// endToEndBuckets are the buckets of idem_end_to_end_seconds: from 1 ms to
 // 1 h, dense enough around typical SLOs (100 ms to 10 s) for p95/p99, and
 // reaching the delays of retry tiers.
-var EndToEndBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600}
+var endToEndBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600}
 
 // New creates the collectors and registers them on reg. A nil reg registers
 // nothing (the metrics still work, unexported). Registering twice on one
@@ -127,7 +127,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Records behind in a claimed partition: high watermark minus the group's committed offset (source and retry-tier topics)."}, []string{"group", "topic", "partition"}),
 		EndToEnd: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "idem_end_to_end_seconds",
 			Help:    "Seconds from a record's timestamp to its offset being marked (final outcome), histogram.",
-			Buckets: EndToEndBuckets}, []string{"group", "topic"}),
+			Buckets: endToEndBuckets}, []string{"group", "topic"}),
 		InFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_messages_in_flight",
 			Help: "Messages taken from a partition's queue whose outcome is not final yet."}, []string{"group", "topic"}),
 	}
