@@ -26,16 +26,16 @@ const (
 	DefaultPollInterval  = time.Second
 	DefaultLeaderRetry   = time.Second
 	DefaultMaxAttempts   = 10
-	DefaultRetryBase     = 100 * time.Millisecond
-	DefaultRetryMax      = 30 * time.Second
-	DefaultSweepInterval = time.Minute
-	DefaultStatsInterval = 5 * time.Second
-	DefaultQueryTimeout  = 30 * time.Second
+	defaultRetryBase     = 100 * time.Millisecond
+	defaultRetryMax      = 30 * time.Second
+	defaultSweepInterval = time.Minute
+	defaultStatsInterval = 5 * time.Second
+	defaultQueryTimeout  = 30 * time.Second
 )
 
-// DefaultKafkaVersion is the protocol version the relay speaks when
+// defaultKafkaVersion is the protocol version the relay speaks when
 // Relay.Sarama leaves it at sarama's default.
-var DefaultKafkaVersion = sarama.V4_0_0_0
+var defaultKafkaVersion = sarama.V4_0_0_0
 
 // Relay publishes the rows of one outbox table to Kafka. It is a plain
 // configuration struct: Run does the work and keeps all state in its own
@@ -410,11 +410,11 @@ func (r *Relay) withDefaults() Relay {
 	setDefault(&c.PollInterval, DefaultPollInterval)
 	setDefault(&c.LeaderRetry, DefaultLeaderRetry)
 	setDefault(&c.MaxAttempts, DefaultMaxAttempts)
-	setDefault(&c.RetryBase, DefaultRetryBase)
-	setDefault(&c.RetryMax, DefaultRetryMax)
-	setDefault(&c.SweepInterval, DefaultSweepInterval)
-	setDefault(&c.StatsInterval, DefaultStatsInterval)
-	setDefault(&c.QueryTimeout, DefaultQueryTimeout)
+	setDefault(&c.RetryBase, defaultRetryBase)
+	setDefault(&c.RetryMax, defaultRetryMax)
+	setDefault(&c.SweepInterval, defaultSweepInterval)
+	setDefault(&c.StatsInterval, defaultStatsInterval)
+	setDefault(&c.QueryTimeout, defaultQueryTimeout)
 	if c.Sarama == nil {
 		c.Sarama = sarama.NewConfig()
 	}
@@ -440,7 +440,7 @@ func ProducerConfig(base *sarama.Config) *sarama.Config {
 	}
 	c := *base
 	if c.Version == sarama.DefaultVersion {
-		c.Version = DefaultKafkaVersion
+		c.Version = defaultKafkaVersion
 	}
 	c.Metadata.AllowAutoTopicCreation = false
 	c.Producer.Idempotent = true
