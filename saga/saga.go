@@ -195,32 +195,32 @@ type Config struct {
 
 // Defaults of Config.
 const (
-	DefaultStepAttempts           = 3
+	defaultStepAttempts           = 3
 	DefaultCompensationAttempts   = 5
-	DefaultBackoffBase            = 100 * time.Millisecond
-	DefaultBackoffMax             = 10 * time.Second
-	DefaultCompensationBackoffMax = 5 * time.Minute
-	DefaultPollInterval           = time.Second
+	defaultBackoffBase            = 100 * time.Millisecond
+	defaultBackoffMax             = 10 * time.Second
+	defaultCompensationBackoffMax = 5 * time.Minute
+	defaultPollInterval           = time.Second
 )
 
 func (c Config) withDefaults() Config {
 	if c.StepAttempts == 0 {
-		c.StepAttempts = DefaultStepAttempts
+		c.StepAttempts = defaultStepAttempts
 	}
 	if c.CompensationAttempts == 0 {
 		c.CompensationAttempts = DefaultCompensationAttempts
 	}
 	if c.BackoffBase == 0 {
-		c.BackoffBase = DefaultBackoffBase
+		c.BackoffBase = defaultBackoffBase
 	}
 	if c.BackoffMax == 0 {
-		c.BackoffMax = DefaultBackoffMax
+		c.BackoffMax = defaultBackoffMax
 	}
 	if c.CompensationBackoffMax == 0 {
-		c.CompensationBackoffMax = DefaultCompensationBackoffMax
+		c.CompensationBackoffMax = defaultCompensationBackoffMax
 	}
 	if c.PollInterval == 0 {
-		c.PollInterval = DefaultPollInterval
+		c.PollInterval = defaultPollInterval
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -237,7 +237,7 @@ func (c Config) validate(defs []Definition) error {
 	case c.BackoffBase < 0 || c.BackoffMax < c.BackoffBase:
 		return fmt.Errorf("%w: BackoffBase %v, BackoffMax %v: want 0 <= base <= max", ErrInvalidConfig, c.BackoffBase, c.BackoffMax)
 	case c.CompensationBackoffMax < 0:
-		return fmt.Errorf("%w: CompensationBackoffMax %v: want >= 0 (0: %v)", ErrInvalidConfig, c.CompensationBackoffMax, DefaultCompensationBackoffMax)
+		return fmt.Errorf("%w: CompensationBackoffMax %v: want >= 0 (0: %v)", ErrInvalidConfig, c.CompensationBackoffMax, defaultCompensationBackoffMax)
 	case c.PollInterval < 0:
 		return fmt.Errorf("%w: PollInterval %v: want >= 0", ErrInvalidConfig, c.PollInterval)
 	case len(defs) == 0:
