@@ -6,7 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Metrics are the scheduler's collectors, all labelled by consumer group:
+// metrics are the scheduler's collectors, all labelled by consumer group:
 //
 //	idem_schedule_pending{group}                  gauge    deferred records waiting (due or not), refreshed by the leader every StatsInterval
 //	idem_schedule_published_total{group}          counter  deferred records published and acknowledged by Kafka
@@ -15,20 +15,20 @@ import (
 //
 // A consumer counts the records it defers itself (idem_deferred_total in
 // package metrics, when wired).
-type Metrics struct {
+type metrics struct {
 	Pending         *prometheus.GaugeVec
 	Published       *prometheus.CounterVec
 	PublishFailures *prometheus.CounterVec
 	Leader          *prometheus.GaugeVec
 }
 
-// NewMetrics makes the scheduler's collectors and registers them on reg
+// newMetrics makes the scheduler's collectors and registers them on reg
 // (nil: kept, not exported). Collectors already registered on reg by an
 // earlier call (another Scheduler on the same registry) are shared, not an
 // error. Scheduler.Run calls it with Scheduler.Registerer.
-func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	group := []string{"group"}
-	m := &Metrics{
+	m := &metrics{
 		Pending: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_schedule_pending",
 			Help: "Deferred records waiting to be published, due or not (refreshed by the leader)."}, group),
 		Published: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_schedule_published_total",
