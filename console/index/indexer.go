@@ -200,7 +200,7 @@ func (c *Indexer) run(ctx context.Context) error {
 	defer group.Close()
 
 	store := &Store{db: c.Pool}
-	col := NewCollector(store)
+	col := newCollector(store)
 	if c.Registerer != nil {
 		if err := c.Registerer.Register(col); err != nil {
 			return fmt.Errorf("index: register collectors: %w", err)
@@ -292,7 +292,7 @@ func (ix *Indexer) topics(client sarama.Client) ([]string, error) {
 
 // readRetention reads retention.ms of topics into col. Errors are logged:
 // the metric is then absent.
-func (ix *Indexer) readRetention(client sarama.Client, topics []string, col *Collector) {
+func (ix *Indexer) readRetention(client sarama.Client, topics []string, col *collector) {
 	if len(topics) == 0 {
 		return
 	}
