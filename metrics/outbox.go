@@ -22,18 +22,6 @@ import "github.com/prometheus/client_golang/prometheus"
 // the relay's delay, which is what an alert should watch (IdemOutboxStuck),
 // never a delay the application asked for.
 
-// Reason label values of idem_outbox_publish_failures_total. Only the
-// rejections of a record itself count towards Relay.MaxAttempts (see
-// outbox.Rejected): too_large, and the invalid records counted under other.
-// unknown_topic, authorization and the rest of other (broker outages,
-// timeouts, SASL) are outages, retried for as long as they last.
-const (
-	ReasonUnknownTopic  = "unknown_topic"
-	ReasonTooLarge      = "too_large"
-	ReasonAuthorization = "authorization"
-	ReasonOther         = "other"
-)
-
 // Outbox is the set of the relay's collectors. The zero value is not usable;
 // use NewOutbox. All methods are safe for concurrent use.
 type Outbox struct {

@@ -917,10 +917,10 @@ func (s *session) failures(heads []row, errs []error) []failure {
 }
 
 func (s *session) failure(r row, err error) failure {
-	reason := Reason(err)
+	reason := failureReason(err)
 	s.m.PublishFailures.WithLabelValues(s.t.name, reason).Inc()
 	attempts := r.attempts + 1
-	f := failure{id: r.id, err: err.Error(), reason: reason, rejected: Rejected(err)}
+	f := failure{id: r.id, err: err.Error(), reason: reason, rejected: rejected(err)}
 	f.final = f.rejected && r.rejects+1 >= s.cfg.MaxAttempts
 	ceil := s.cfg.RetryBase << min(attempts-1, 30)
 	if ceil <= 0 || ceil > s.cfg.RetryMax {
@@ -1016,24 +1016,36 @@ func (s *session) exec(ctx context.Context, conn *pgx.Conn, sql string, args ...
 	return conn.Exec(qctx, sql, args...)
 }
 
-// Reason classifies a publish error into the bounded reason label of
-// idem_outbox_publish_failures_total: metrics.ReasonUnknownTopic,
-// ReasonTooLarge, ReasonAuthorization or ReasonOther. Only errors Rejected
+// Reason label values of idem_outbox_publish_failures_total. Only the
+// rejections of a record itself count towards Relay.MaxAttempts (see
+// rejected): too_large, and the invalid records counted under other.
+// unknown_topic, authorization and the rest of other (broker outages,
+// timeouts, SASL) are outages, retried for as long as they last.
+const (
+	reasonUnknownTopic  = "unknown_topic"
+	reasonTooLarge      = "too_large"
+	reasonAuthorization = "authorization"
+	reasonOther         = "other"
+)
+
+// failureReason classifies a publish error into the bounded reason label of
+// idem_outbox_publish_failures_total: reasonUnknownTopic,
+// reasonTooLarge, reasonAuthorization or reasonOther. Only errors rejected
 // reports count towards Relay.MaxAttempts; the others are outages.
-func Reason(err error) string {
+func failureReason(err error) string {
 	switch {
 	case errors.Is(err, sarama.ErrUnknownTopicOrPartition), errors.Is(err, sarama.ErrInvalidTopic):
-		return metrics.ReasonUnknownTopic
+		return reasonUnknownTopic
 	case tooLarge(err):
-		return metrics.ReasonTooLarge
+		return reasonTooLarge
 	case errors.Is(err, sarama.ErrTopicAuthorizationFailed), errors.Is(err, sarama.ErrClusterAuthorizationFailed),
 		errors.Is(err, sarama.ErrTransactionalIDAuthorizationFailed), errors.Is(err, sarama.ErrSASLAuthenticationFailed):
-		return metrics.ReasonAuthorization
+		return reasonAuthorization
 	}
-	return metrics.ReasonOther
+	return reasonOther
 }
 
-// Rejected reports whether err is Kafka (or the producer) refusing the
+// rejected reports whether err is Kafka (or the producer) refusing the
 // record itself, so that publishing it again will fail the same way however
 // long one waits: a record too large for the producer or the topic, a record
 // the broker finds invalid (a keyless record on a compacted topic) or whose
@@ -1042,7 +1054,7 @@ func Reason(err error) string {
 // counting: brokers unreachable, timeouts, SASL authentication, cluster,
 // topic or transactional-id authorization (credentials being rotated, ACLs
 // being granted), an unknown topic (not created yet).
-func Rejected(err error) bool {
+func rejected(err error) bool {
 	return tooLarge(err) || errors.Is(err, sarama.ErrInvalidRecord) || errors.Is(err, sarama.ErrInvalidTimestamp)
 }
 
