@@ -16,8 +16,8 @@ import (
 	"github.com/idemhq/idem/metrics"
 )
 
-// DefaultChunkSize is Job.ChunkSize when zero.
-const DefaultChunkSize = 500
+// defaultChunkSize is Job.ChunkSize when zero.
+const defaultChunkSize = 500
 
 // rollbackTimeout bounds a rollback run after the caller's ctx is done.
 const rollbackTimeout = 5 * time.Second
@@ -68,7 +68,7 @@ type Job[R any] struct {
 
 	// ChunkSize is the most rows read, processed and committed together.
 	// Bigger chunks commit less often; a crash redoes at most one chunk.
-	// Default: 500 (DefaultChunkSize).
+	// Default: 500.
 	ChunkSize int
 
 	// Read returns up to limit rows strictly after the cursor after, in key
@@ -109,14 +109,14 @@ func NewRunner[R any](job Job[R]) (*Runner[R], error) {
 	case job.Name == "":
 		return nil, fmt.Errorf("%w: Name is empty", ErrInvalidJob)
 	case job.ChunkSize < 0:
-		return nil, fmt.Errorf("%w: ChunkSize is %d, want >= 0 (0: %d)", ErrInvalidJob, job.ChunkSize, DefaultChunkSize)
+		return nil, fmt.Errorf("%w: ChunkSize is %d, want >= 0 (0: %d)", ErrInvalidJob, job.ChunkSize, defaultChunkSize)
 	case job.Read == nil:
 		return nil, fmt.Errorf("%w: Read is nil", ErrInvalidJob)
 	case job.Process == nil:
 		return nil, fmt.Errorf("%w: Process is nil", ErrInvalidJob)
 	}
 	if job.ChunkSize == 0 {
-		job.ChunkSize = DefaultChunkSize
+		job.ChunkSize = defaultChunkSize
 	}
 	m, err := metrics.NewCheckpoint(job.Registerer)
 	if err != nil {

@@ -205,7 +205,7 @@ func TestNewRunnerRejectsBadJobs(t *testing.T) {
 		}
 	}
 	r, err := checkpoint.NewRunner(ok)
-	if err != nil || r.ChunkSize() != checkpoint.DefaultChunkSize {
+	if err != nil || r.ChunkSize() != 500 { // Job.ChunkSize's documented default
 		t.Fatalf("defaults: %v, chunk size %d", err, r.ChunkSize())
 	}
 }
