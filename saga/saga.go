@@ -196,7 +196,7 @@ type Config struct {
 // Defaults of Config.
 const (
 	defaultStepAttempts           = 3
-	DefaultCompensationAttempts   = 5
+	defaultCompensationAttempts   = 5
 	defaultBackoffBase            = 100 * time.Millisecond
 	defaultBackoffMax             = 10 * time.Second
 	defaultCompensationBackoffMax = 5 * time.Minute
@@ -208,7 +208,7 @@ func (c Config) withDefaults() Config {
 		c.StepAttempts = defaultStepAttempts
 	}
 	if c.CompensationAttempts == 0 {
-		c.CompensationAttempts = DefaultCompensationAttempts
+		c.CompensationAttempts = defaultCompensationAttempts
 	}
 	if c.BackoffBase == 0 {
 		c.BackoffBase = defaultBackoffBase

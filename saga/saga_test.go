@@ -289,7 +289,7 @@ func TestCompensationsRunInReverseOrderAndAreRetried(t *testing.T) {
 	// ErrCompensationFailing, and RunDue picks it up again once it is due.
 	id = "o-2"
 	w.failAction[id+"/charge"] = -1
-	w.failComp[id+"/reserve/compensate"] = saga.DefaultCompensationAttempts + 1
+	w.failComp[id+"/reserve/compensate"] = saga.DefaultCompensationAttemptsForTest + 1
 	if _, err := o.Start(ctx, w.pool, "order", id, nil); err != nil {
 		t.Fatal(err)
 	}
