@@ -13,7 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/internal/pgmigrate"
-	"github.com/idemhq/idem/metrics"
 )
 
 // defaultChunkSize is Job.ChunkSize when zero.
@@ -100,7 +99,7 @@ type Job[R any] struct {
 type Runner[R any] struct {
 	job  Job[R]
 	lock int64
-	m    *metrics.Checkpoint
+	m    *collectors
 }
 
 // NewRunner validates job, fills its defaults and registers its metrics.
@@ -118,7 +117,7 @@ func NewRunner[R any](job Job[R]) (*Runner[R], error) {
 	if job.ChunkSize == 0 {
 		job.ChunkSize = defaultChunkSize
 	}
-	m, err := metrics.NewCheckpoint(job.Registerer)
+	m, err := newCollectors(job.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: metrics: %w", err)
 	}
@@ -224,6 +223,3 @@ func (r *Runner[R]) chunk(ctx context.Context, db DB) (n int, done bool, err err
 
 // ChunkSize returns the chunk size in use (Job.ChunkSize or its default).
 func (r *Runner[R]) ChunkSize() int { return r.job.ChunkSize }
-
-// Metrics returns the runner's collectors (for tests and dashboards).
-func (r *Runner[R]) Metrics() *metrics.Checkpoint { return r.m }

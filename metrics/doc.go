@@ -1,7 +1,10 @@
-// Package metrics holds every Prometheus metric idem exports, in one place, so
-// dashboards and alerts have one list to read. Collectors are registered on a
-// caller-given prometheus.Registerer (consumer.Config.Registerer, the outbox
-// relay's Registerer); nothing is registered globally. NewServeMux and Serve
+// Package metrics lists every Prometheus metric idem exports, in one table,
+// so dashboards and alerts have one list to read (a test checks the table
+// against the collectors). It declares the consumer's collectors; the outbox
+// relay, the saga orchestrator and the checkpoint runner keep theirs in their
+// own packages. Collectors are registered on a caller-given
+// prometheus.Registerer (consumer.Config.Registerer, the outbox relay's
+// Registerer); nothing is registered globally. NewServeMux and Serve
 // expose a registry with /healthz and /readyz on one address.
 //
 // Labels are bounded: group, topic, partition, destination (a tier or DLQ

@@ -1,9 +1,9 @@
 package metrics
 
 import (
-	"errors"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemhq/idem/internal/promreg"
 )
 
 // Outcome label values of idem_messages_total.
@@ -135,49 +135,33 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		return m, nil
 	}
 	var err error
-	m.Messages = register(reg, m.Messages, &err)
-	m.Attempts = register(reg, m.Attempts, &err)
-	m.HandlerDuration = register(reg, m.HandlerDuration, &err)
-	m.Retries = register(reg, m.Retries, &err)
-	m.Forwarded = register(reg, m.Forwarded, &err)
-	m.ForwardErrors = register(reg, m.ForwardErrors, &err)
-	m.StubsForwarded = register(reg, m.StubsForwarded, &err)
-	m.MissingKey = register(reg, m.MissingKey, &err)
-	m.Expired = register(reg, m.Expired, &err)
-	m.Deferred = register(reg, m.Deferred, &err)
-	m.Lanes = register(reg, m.Lanes, &err)
-	m.StoreErrors = register(reg, m.StoreErrors, &err)
-	m.RetryDelay = register(reg, m.RetryDelay, &err)
-	m.DLQDepth = register(reg, m.DLQDepth, &err)
-	m.BreakerState = register(reg, m.BreakerState, &err)
-	m.BreakerTransition = register(reg, m.BreakerTransition, &err)
-	m.BreakerOpen = register(reg, m.BreakerOpen, &err)
-	m.PartitionsPaused = register(reg, m.PartitionsPaused, &err)
-	m.PartitionsClaimed = register(reg, m.PartitionsClaimed, &err)
-	m.Commits = register(reg, m.Commits, &err)
-	m.Abandoned = register(reg, m.Abandoned, &err)
-	m.PartitionStalled = register(reg, m.PartitionStalled, &err)
-	m.ConsumerLag = register(reg, m.ConsumerLag, &err)
-	m.EndToEnd = register(reg, m.EndToEnd, &err)
-	m.InFlight = register(reg, m.InFlight, &err)
+	m.Messages = promreg.Register(reg, m.Messages, &err)
+	m.Attempts = promreg.Register(reg, m.Attempts, &err)
+	m.HandlerDuration = promreg.Register(reg, m.HandlerDuration, &err)
+	m.Retries = promreg.Register(reg, m.Retries, &err)
+	m.Forwarded = promreg.Register(reg, m.Forwarded, &err)
+	m.ForwardErrors = promreg.Register(reg, m.ForwardErrors, &err)
+	m.StubsForwarded = promreg.Register(reg, m.StubsForwarded, &err)
+	m.MissingKey = promreg.Register(reg, m.MissingKey, &err)
+	m.Expired = promreg.Register(reg, m.Expired, &err)
+	m.Deferred = promreg.Register(reg, m.Deferred, &err)
+	m.Lanes = promreg.Register(reg, m.Lanes, &err)
+	m.StoreErrors = promreg.Register(reg, m.StoreErrors, &err)
+	m.RetryDelay = promreg.Register(reg, m.RetryDelay, &err)
+	m.DLQDepth = promreg.Register(reg, m.DLQDepth, &err)
+	m.BreakerState = promreg.Register(reg, m.BreakerState, &err)
+	m.BreakerTransition = promreg.Register(reg, m.BreakerTransition, &err)
+	m.BreakerOpen = promreg.Register(reg, m.BreakerOpen, &err)
+	m.PartitionsPaused = promreg.Register(reg, m.PartitionsPaused, &err)
+	m.PartitionsClaimed = promreg.Register(reg, m.PartitionsClaimed, &err)
+	m.Commits = promreg.Register(reg, m.Commits, &err)
+	m.Abandoned = promreg.Register(reg, m.Abandoned, &err)
+	m.PartitionStalled = promreg.Register(reg, m.PartitionStalled, &err)
+	m.ConsumerLag = promreg.Register(reg, m.ConsumerLag, &err)
+	m.EndToEnd = promreg.Register(reg, m.EndToEnd, &err)
+	m.InFlight = promreg.Register(reg, m.InFlight, &err)
 	if err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-// register registers c, or returns the equal collector already registered.
-func register[T prometheus.Collector](reg prometheus.Registerer, c T, errp *error) T {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(T); ok {
-				return existing
-			}
-		}
-		if *errp == nil {
-			*errp = err
-		}
-	}
-	return c
 }

@@ -17,7 +17,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/internal/pglead"
-	"github.com/idemhq/idem/metrics"
 )
 
 // Defaults of the Relay fields, applied when a field is zero.
@@ -472,7 +471,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	c := r.withDefaults()
 	t, _ := parseTable(c.Table)
-	m, err := metrics.NewOutbox(c.Registerer)
+	m, err := newCollectors(c.Registerer)
 	if err != nil {
 		return fmt.Errorf("outbox: register metrics: %w", err)
 	}
@@ -588,7 +587,7 @@ func (h *Health) set(err error) {
 type session struct {
 	cfg    Relay
 	t      table
-	m      *metrics.Outbox
+	m      *collectors
 	leader prometheus.Gauge
 	prod   sarama.AsyncProducer // with ExactlyOnce, made anew at each leadership
 	log    *slog.Logger

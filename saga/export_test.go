@@ -12,3 +12,6 @@ func ConfigOf(o *Orchestrator) Config { return o.cfg }
 
 // DefaultCompensationAttemptsForTest is Config.CompensationAttempts' default.
 const DefaultCompensationAttemptsForTest = defaultCompensationAttempts
+
+// Metrics returns o's collectors.
+func Metrics(o *Orchestrator) *collectors { return o.m }

@@ -15,7 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/internal/pgmigrate"
-	"github.com/idemhq/idem/metrics"
 )
 
 // State is a saga's state, stored in idem_saga.state.
@@ -272,7 +271,7 @@ type Orchestrator struct {
 	defs map[string]*Definition
 	// types are the keys of defs, sorted: RunDue's type filter.
 	types []string
-	m     *metrics.Saga
+	m     *collectors
 	// boundary, when set (tests), is called at every step boundary; an error
 	// aborts Execute there as a crash would.
 	boundary func(point string) error
@@ -283,7 +282,7 @@ func New(cfg Config, defs ...Definition) (*Orchestrator, error) {
 	if err := cfg.validate(defs); err != nil {
 		return nil, err
 	}
-	m, err := metrics.NewSaga(cfg.Registerer)
+	m, err := newCollectors(cfg.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("saga: metrics: %w", err)
 	}
@@ -294,9 +293,6 @@ func New(cfg Config, defs ...Definition) (*Orchestrator, error) {
 	o.types = slices.Sorted(maps.Keys(o.defs))
 	return o, nil
 }
-
-// Metrics returns the orchestrator's collectors.
-func (o *Orchestrator) Metrics() *metrics.Saga { return o.m }
 
 // Start records a new saga of type typ with the given id and input, Running
 // and due at once; call Execute (or let Run find it) to drive it. q may be

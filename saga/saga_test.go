@@ -267,7 +267,7 @@ func TestCompensationsRunInReverseOrderAndAreRetried(t *testing.T) {
 	if status.Error != "ship: declined" || status.Steps[1].CompAttempts != 3 || status.Steps[2].Attempts != 1 {
 		t.Fatalf("status %+v", status)
 	}
-	m := o.Metrics()
+	m := saga.Metrics(o)
 	for _, c := range []struct {
 		got, want float64
 		what      string
