@@ -1,9 +1,9 @@
 package schedule
 
 import (
-	"errors"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemhq/idem/internal/promreg"
 )
 
 // metrics are the scheduler's collectors, all labelled by consumer group:
@@ -41,30 +41,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	var errs []error
-	m.Pending = registerOrShare(reg, m.Pending, &errs)
-	m.Published = registerOrShare(reg, m.Published, &errs)
-	m.PublishFailures = registerOrShare(reg, m.PublishFailures, &errs)
-	m.Leader = registerOrShare(reg, m.Leader, &errs)
-	if err := errors.Join(errs...); err != nil {
+	var err error
+	m.Pending = promreg.Register(reg, m.Pending, &err)
+	m.Published = promreg.Register(reg, m.Published, &err)
+	m.PublishFailures = promreg.Register(reg, m.PublishFailures, &err)
+	m.Leader = promreg.Register(reg, m.Leader, &err)
+	if err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-// registerOrShare registers c, or returns the collector of the same
-// description reg already has.
-func registerOrShare[T prometheus.Collector](reg prometheus.Registerer, c T, errs *[]error) T {
-	err := reg.Register(c)
-	var are prometheus.AlreadyRegisteredError
-	switch {
-	case err == nil:
-		return c
-	case errors.As(err, &are):
-		if existing, ok := are.ExistingCollector.(T); ok {
-			return existing
-		}
-	}
-	*errs = append(*errs, err)
-	return c
 }
