@@ -92,10 +92,10 @@ func FuzzRecord(f *testing.F) {
 			} else {
 				original = append(original, h)
 			}
-			if string(h.Key) == IdempotencyKeyHeader && !derived {
+			if string(h.Key) == idempotencyKeyHeader && !derived {
 				idemKey = string(h.Value)
 			}
-			if string(h.Key) == DerivedKeyHeader {
+			if string(h.Key) == derivedKeyHeader {
 				idemKey, derived = string(h.Value), true
 			}
 		}
