@@ -13,13 +13,18 @@
 // the totals; -v also lists every name.
 //
 // With -refs it prints instead, for every exported top-level name, where
-// it is referenced: "own" (its own package), "idem" (another package of
-// the module outside consumer/ and examples/: cmd/, internal/, the other
-// public packages, bench/), "consumer", "examples", "test" (only in a
-// _test.go file of another package), "md" (a Markdown page: README.md,
-// docs/). A name used by no example, no consumer file and no page is a
+// it is referenced: "own" (its own package), "owntest" (the package's own
+// internal tests), "idem" (another package of the module outside consumer/
+// and examples/: cmd/, internal/, the other public packages, bench/),
+// "consumer" and "examples" (any file, tests included), "test" (another
+// _test.go file, the package's external tests included), "md" (a Markdown
+// page: README.md, docs/). A name used by no example, no consumer file and no page is a
 // candidate to move to internal/ or to unexport; a name used by none at
-// all outside its package can simply be unexported.
+// all outside its package can simply be unexported. For example, the
+// candidates, and the idem-only names consumer/ still holds:
+//
+//	go run scripts/exported.go -refs | awk -F'\t' '$2 !~ /consumer|examples|md/'
+//	go run scripts/exported.go -refs | awk -F'\t' '$2 ~ /consumer/ && $2 !~ /examples|md/'
 package main
 
 import (
