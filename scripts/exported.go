@@ -426,7 +426,11 @@ func printRefs(root string) error {
 		if len(w) == 0 {
 			w = []string{"-"}
 		}
-		fmt.Printf("%s.%s\t%s\n", k.pkg, k.name, strings.Join(w, ","))
+		pkg := k.pkg
+		if pkg == "." {
+			pkg = "idem" // the root package
+		}
+		fmt.Printf("%s.%s\t%s\n", pkg, k.name, strings.Join(w, ","))
 	}
 	return nil
 }
