@@ -184,7 +184,7 @@ func SCRAMClientGenerator(mechanism sarama.SASLMechanism) (func() sarama.SCRAMCl
 	return func() sarama.SCRAMClient { return &scramClient{Hash: h} }, nil
 }
 
-// scramClient implements sarama.scramClient with github.com/xdg-go/scram.
+// scramClient implements sarama.SCRAMClient with github.com/xdg-go/scram.
 // One value serves one authentication; make it with SCRAMClientGenerator.
 type scramClient struct {
 	// Hash is the hash of the mechanism: sha256.New or sha512.New.
