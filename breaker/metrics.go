@@ -21,12 +21,12 @@ import "github.com/prometheus/client_golang/prometheus"
 // Config.Registerer). Two Sets on one registry must not share dependency
 // names: their series would collide and the registry reports the error at
 // scrape time. The collector is safe for concurrent use.
-func NewLimitCollector(set *Set) *LimitCollector { return &LimitCollector{set: set} }
+func NewLimitCollector(set *Set) prometheus.Collector { return &limitCollector{set: set} }
 
-// LimitCollector is the prometheus.Collector NewLimitCollector returns.
-type LimitCollector struct{ set *Set }
+// limitCollector is the prometheus.Collector NewLimitCollector returns.
+type limitCollector struct{ set *Set }
 
-var _ prometheus.Collector = (*LimitCollector)(nil)
+var _ prometheus.Collector = (*limitCollector)(nil)
 
 // The label values of idem_dependency_throttled_seconds_total.
 const (
@@ -56,14 +56,14 @@ var (
 )
 
 // Describe sends the descriptors of the collector's metrics.
-func (c *LimitCollector) Describe(ch chan<- *prometheus.Desc) {
+func (c *limitCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRateLimit, descMaxInFlight, descInFlight, descThrottledSeconds, descThrottled} {
 		ch <- d
 	}
 }
 
 // Collect reads set.LimitStates and sends the current values.
-func (c *LimitCollector) Collect(ch chan<- prometheus.Metric) {
+func (c *limitCollector) Collect(ch chan<- prometheus.Metric) {
 	for name, st := range c.set.LimitStates() {
 		ch <- prometheus.MustNewConstMetric(descRateLimit, prometheus.GaugeValue, st.Rate, name)
 		ch <- prometheus.MustNewConstMetric(descMaxInFlight, prometheus.GaugeValue, float64(st.MaxInFlight), name)

@@ -13,11 +13,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/internal/pgmigrate"
-	"github.com/idemhq/idem/metrics"
 )
 
-// DefaultChunkSize is Job.ChunkSize when zero.
-const DefaultChunkSize = 500
+// defaultChunkSize is Job.ChunkSize when zero.
+const defaultChunkSize = 500
 
 // rollbackTimeout bounds a rollback run after the caller's ctx is done.
 const rollbackTimeout = 5 * time.Second
@@ -68,7 +67,7 @@ type Job[R any] struct {
 
 	// ChunkSize is the most rows read, processed and committed together.
 	// Bigger chunks commit less often; a crash redoes at most one chunk.
-	// Default: 500 (DefaultChunkSize).
+	// Default: 500.
 	ChunkSize int
 
 	// Read returns up to limit rows strictly after the cursor after, in key
@@ -100,7 +99,7 @@ type Job[R any] struct {
 type Runner[R any] struct {
 	job  Job[R]
 	lock int64
-	m    *metrics.Checkpoint
+	m    *collectors
 }
 
 // NewRunner validates job, fills its defaults and registers its metrics.
@@ -109,25 +108,25 @@ func NewRunner[R any](job Job[R]) (*Runner[R], error) {
 	case job.Name == "":
 		return nil, fmt.Errorf("%w: Name is empty", ErrInvalidJob)
 	case job.ChunkSize < 0:
-		return nil, fmt.Errorf("%w: ChunkSize is %d, want >= 0 (0: %d)", ErrInvalidJob, job.ChunkSize, DefaultChunkSize)
+		return nil, fmt.Errorf("%w: ChunkSize is %d, want >= 0 (0: %d)", ErrInvalidJob, job.ChunkSize, defaultChunkSize)
 	case job.Read == nil:
 		return nil, fmt.Errorf("%w: Read is nil", ErrInvalidJob)
 	case job.Process == nil:
 		return nil, fmt.Errorf("%w: Process is nil", ErrInvalidJob)
 	}
 	if job.ChunkSize == 0 {
-		job.ChunkSize = DefaultChunkSize
+		job.ChunkSize = defaultChunkSize
 	}
-	m, err := metrics.NewCheckpoint(job.Registerer)
+	m, err := newCollectors(job.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: metrics: %w", err)
 	}
-	return &Runner[R]{job: job, lock: LockKey(job.Name), m: m}, nil
+	return &Runner[R]{job: job, lock: lockKey(job.Name), m: m}, nil
 }
 
-// LockKey is the pg_advisory_xact_lock key of job: the FNV-1a 64-bit hash of
+// lockKey is the pg_advisory_xact_lock key of job: the FNV-1a 64-bit hash of
 // "idem-checkpoint:" + job. Run and Reset hold it for each transaction.
-func LockKey(job string) int64 {
+func lockKey(job string) int64 {
 	h := fnv.New64a()
 	h.Write([]byte("idem-checkpoint:" + job))
 	return int64(h.Sum64())
@@ -224,6 +223,3 @@ func (r *Runner[R]) chunk(ctx context.Context, db DB) (n int, done bool, err err
 
 // ChunkSize returns the chunk size in use (Job.ChunkSize or its default).
 func (r *Runner[R]) ChunkSize() int { return r.job.ChunkSize }
-
-// Metrics returns the runner's collectors (for tests and dashboards).
-func (r *Runner[R]) Metrics() *metrics.Checkpoint { return r.m }

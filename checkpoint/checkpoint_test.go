@@ -150,10 +150,10 @@ func TestRunResumesAfterAFailedChunk(t *testing.T) {
 	if err != nil || cp.Cursor != strconv.Itoa(n) || cp.Rows != n || cp.FinishedAt.IsZero() {
 		t.Fatalf("final checkpoint: %+v, %v", cp, err)
 	}
-	if got := testutil.ToFloat64(r.Metrics().Rows.WithLabelValues("fill")); got != n {
+	if got := testutil.ToFloat64(checkpoint.Metrics(r).Rows.WithLabelValues("fill")); got != n {
 		t.Fatalf("idem_checkpoint_rows_total = %v, want %d", got, n)
 	}
-	if got := testutil.ToFloat64(r.Metrics().Chunks.WithLabelValues("fill", "failed")); got != 1 {
+	if got := testutil.ToFloat64(checkpoint.Metrics(r).Chunks.WithLabelValues("fill", "failed")); got != 1 {
 		t.Fatalf("failed chunks = %v, want 1", got)
 	}
 
@@ -205,7 +205,7 @@ func TestNewRunnerRejectsBadJobs(t *testing.T) {
 		}
 	}
 	r, err := checkpoint.NewRunner(ok)
-	if err != nil || r.ChunkSize() != checkpoint.DefaultChunkSize {
+	if err != nil || r.ChunkSize() != 500 { // Job.ChunkSize's documented default
 		t.Fatalf("defaults: %v, chunk size %d", err, r.ChunkSize())
 	}
 }

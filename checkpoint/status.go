@@ -78,7 +78,7 @@ func Reset(ctx context.Context, db DB, job, cursor string) (err error) {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", LockKey(job)); err != nil {
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", lockKey(job)); err != nil {
 		return fmt.Errorf("checkpoint: reset %s: advisory lock: %w", job, err)
 	}
 	tag, err := tx.Exec(ctx, `UPDATE idem_checkpoint SET cursor = $2, rows_done = 0, chunks_done = 0,

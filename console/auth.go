@@ -48,8 +48,8 @@ func (r Role) String() string {
 	return "role(" + strconv.Itoa(int(r)) + ")"
 }
 
-// ParseRole reads "viewer", "operator" or "admin".
-func ParseRole(s string) (Role, error) {
+// parseRole reads "viewer", "operator" or "admin".
+func parseRole(s string) (Role, error) {
 	switch strings.ToLower(strings.TrimSpace(s)) {
 	case "viewer":
 		return Viewer, nil
@@ -87,15 +87,8 @@ func (t Token) validate() error {
 	return nil
 }
 
-// ParseTokens reads a tokens file: one token a line, "ROLE NAME SECRET"
-// separated by white space; blank lines and lines starting with # are
-// ignored. Example:
-//
-//	# role     name    secret
-//	admin      alice   6f1c0e0c5d0a4b8e9d2f
-//	operator   oncall  b7e4a1d09c3f44e2a8b1
-//	viewer     grafana 0d9e8c7b6a5f4e3d2c1b
-func ParseTokens(r io.Reader) ([]Token, error) {
+// parseTokens reads a tokens file in the format LoadTokens describes.
+func parseTokens(r io.Reader) ([]Token, error) {
 	var out []Token
 	sc := bufio.NewScanner(r)
 	for n := 1; sc.Scan(); n++ {
@@ -119,14 +112,21 @@ func ParseTokens(r io.Reader) ([]Token, error) {
 	return out, checkUnique(out)
 }
 
-// LoadTokens reads the tokens file at path (see ParseTokens).
+// LoadTokens reads the tokens file at path: one token a line, "ROLE NAME
+// SECRET" separated by white space; blank lines and lines starting with #
+// are ignored. Example:
+//
+//	# role     name    secret
+//	admin      alice   6f1c0e0c5d0a4b8e9d2f
+//	operator   oncall  b7e4a1d09c3f44e2a8b1
+//	viewer     grafana 0d9e8c7b6a5f4e3d2c1b
 func LoadTokens(path string) ([]Token, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("tokens file: %w", err)
 	}
 	defer f.Close()
-	ts, err := ParseTokens(f)
+	ts, err := parseTokens(f)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
@@ -156,7 +156,7 @@ func TokensFromEnv(v string) ([]Token, error) {
 }
 
 func newToken(role, name, secret string) (Token, error) {
-	r, err := ParseRole(role)
+	r, err := parseRole(role)
 	if err != nil {
 		return Token{}, err
 	}

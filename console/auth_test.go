@@ -10,7 +10,7 @@ import (
 )
 
 func TestParseTokens(t *testing.T) {
-	ts, err := ParseTokens(strings.NewReader("# comment\n\nadmin alice 0123456789abcdef0\n  viewer   ci   fedcba98765432100  \n"))
+	ts, err := parseTokens(strings.NewReader("# comment\n\nadmin alice 0123456789abcdef0\n  viewer   ci   fedcba98765432100  \n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -24,8 +24,8 @@ func TestParseTokens(t *testing.T) {
 		"admin al|ce 0123456789abcdef0", // name
 		"admin a 0123456789abcdef0\nviewer b 0123456789abcdef0", // shared secret
 	} {
-		if _, err := ParseTokens(strings.NewReader(bad)); err == nil {
-			t.Errorf("ParseTokens(%q): no error", bad)
+		if _, err := parseTokens(strings.NewReader(bad)); err == nil {
+			t.Errorf("parseTokens(%q): no error", bad)
 		}
 	}
 	ts, err = TokensFromEnv("operator:bob:0123456789abcdef0, admin:eve:0123456789abcdef1")

@@ -11,16 +11,16 @@ import (
 
 // Defaults of Config.
 const (
-	// DefaultPageSize is the number of records a list page or API call
+	// defaultPageSize is the number of records a list page or API call
 	// returns when the request names no limit.
-	DefaultPageSize = 50
-	// MaxPageSize bounds the limit a request may ask for.
-	MaxPageSize = 500
-	// DefaultDisplayBytes is how much of a value or header the UI shows
+	defaultPageSize = 50
+	// maxPageSize bounds the limit a request may ask for.
+	maxPageSize = 500
+	// defaultDisplayBytes is how much of a value or header the UI shows
 	// inline before it truncates the display and offers a download.
-	DefaultDisplayBytes = 16 << 10
-	// DefaultSessionTTL is how long a UI login lasts.
-	DefaultSessionTTL = 12 * time.Hour
+	defaultDisplayBytes = 16 << 10
+	// defaultSessionTTL is how long a UI login lasts.
+	defaultSessionTTL = 12 * time.Hour
 )
 
 // Config configures the console's handler. Store and Actions are required;
@@ -36,7 +36,7 @@ type Config struct {
 
 	// Tokens are the accepted bearer tokens and the role of each. A UI user
 	// logs in with one of them and gets a session cookie. Load them with
-	// LoadTokens, ParseTokens or TokensFromEnv.
+	// LoadTokens or TokensFromEnv.
 	// Default: none, which New accepts only together with InsecureNoAuth.
 	Tokens []Token
 	// InsecureNoAuth turns authentication off: every request acts as the
@@ -65,7 +65,7 @@ type Config struct {
 	// Default: 32 random bytes per New (sessions end when the process does).
 	SessionKey []byte
 	// SessionTTL is how long a UI login lasts.
-	// Default: DefaultSessionTTL (12 h).
+	// Default: 12 h.
 	SessionTTL time.Duration
 	// SecureCookies marks the session cookie Secure (sent over HTTPS only).
 	// Set it when the console is served over TLS or behind a TLS proxy.
@@ -73,7 +73,7 @@ type Config struct {
 	SecureCookies bool
 	// DisplayBytes is how many bytes of a value or header the UI shows inline;
 	// longer values are truncated on screen with a download link.
-	// Default: DefaultDisplayBytes (16 KiB).
+	// Default: 16 KiB.
 	DisplayBytes int
 	// Logger receives request errors.
 	// Default: slog.Default().
@@ -85,10 +85,10 @@ type Config struct {
 // defaults returns c with every zero field set to its default.
 func (c Config) defaults() Config {
 	if c.SessionTTL == 0 {
-		c.SessionTTL = DefaultSessionTTL
+		c.SessionTTL = defaultSessionTTL
 	}
 	if c.DisplayBytes == 0 {
-		c.DisplayBytes = DefaultDisplayBytes
+		c.DisplayBytes = defaultDisplayBytes
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

@@ -98,14 +98,14 @@ func filterValues(f index.Filter) url.Values {
 	return v
 }
 
-// parseLimit reads limit (default DefaultPageSize, at most MaxPageSize).
+// parseLimit reads limit (default defaultPageSize, at most maxPageSize).
 func parseLimit(s string) (int, error) {
 	if s == "" {
-		return DefaultPageSize, nil
+		return defaultPageSize, nil
 	}
 	n, err := strconv.Atoi(s)
-	if err != nil || n < 1 || n > MaxPageSize {
-		return 0, badInput("limit", "limit %q: want 1 to %d", s, MaxPageSize)
+	if err != nil || n < 1 || n > maxPageSize {
+		return 0, badInput("limit", "limit %q: want 1 to %d", s, maxPageSize)
 	}
 	return n, nil
 }

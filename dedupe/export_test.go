@@ -2,3 +2,6 @@ package dedupe
 
 // SweeperWithDefaults exposes Sweeper.withDefaults to the external tests.
 func SweeperWithDefaults(s Sweeper) Sweeper { return s.withDefaults() }
+
+// DefaultLeaseForTest is the lease NewPostgresLease takes when given 0.
+const DefaultLeaseForTest = defaultLease

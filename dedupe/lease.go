@@ -80,10 +80,10 @@ func NewPostgresLease(db DB, lease time.Duration, opts ...PostgresOption) *Postg
 	c := newPGConfig(opts)
 	t, err := parseTable(c.table)
 	if lease == 0 {
-		lease = DefaultLease
+		lease = defaultLease
 	}
 	if err == nil && lease < time.Millisecond {
-		err = fmt.Errorf("%w: lease is %v, want at least 1ms (0 selects the default %v)", ErrInvalidConfig, lease, DefaultLease)
+		err = fmt.Errorf("%w: lease is %v, want at least 1ms (0 selects the default %v)", ErrInvalidConfig, lease, defaultLease)
 	}
 	owner, terr := newToken()
 	if err == nil {

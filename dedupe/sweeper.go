@@ -59,10 +59,10 @@ func (s Sweeper) withDefaults() Sweeper {
 		s.Retention = DefaultRetention
 	}
 	if s.BatchSize == 0 {
-		s.BatchSize = DefaultBatchSize
+		s.BatchSize = defaultBatchSize
 	}
 	if s.Interval == 0 {
-		s.Interval = DefaultSweepInterval
+		s.Interval = defaultSweepInterval
 	}
 	if s.Logger == nil {
 		s.Logger = slog.Default()
@@ -87,10 +87,10 @@ func (s *Sweeper) Validate() error {
 			ErrInvalidConfig, c.Retention, MinRetention, DefaultRetention))
 	}
 	if c.BatchSize < 1 || c.BatchSize > 1_000_000 {
-		errs = append(errs, fmt.Errorf("%w: Sweeper.BatchSize is %d, want 1..1000000 (0 selects %d)", ErrInvalidConfig, c.BatchSize, DefaultBatchSize))
+		errs = append(errs, fmt.Errorf("%w: Sweeper.BatchSize is %d, want 1..1000000 (0 selects %d)", ErrInvalidConfig, c.BatchSize, defaultBatchSize))
 	}
 	if c.Interval < 0 {
-		errs = append(errs, fmt.Errorf("%w: Sweeper.Interval is %v, want > 0 (0 selects %v)", ErrInvalidConfig, c.Interval, DefaultSweepInterval))
+		errs = append(errs, fmt.Errorf("%w: Sweeper.Interval is %v, want > 0 (0 selects %v)", ErrInvalidConfig, c.Interval, defaultSweepInterval))
 	}
 	return errors.Join(errs...)
 }

@@ -19,14 +19,14 @@ import (
 const (
 	// DefaultTable is the inbox table used when WithTable is not given.
 	DefaultTable = "idem_processed"
-	// DefaultLease is the claim duration NewPostgresLease uses when lease is 0.
-	DefaultLease = 5 * time.Minute
+	// defaultLease is the claim duration NewPostgresLease uses when lease is 0.
+	defaultLease = 5 * time.Minute
 	// DefaultRetention is Sweeper.Retention when zero.
 	DefaultRetention = 14 * 24 * time.Hour
-	// DefaultBatchSize is Sweeper.BatchSize when zero.
-	DefaultBatchSize = 1000
-	// DefaultSweepInterval is Sweeper.Interval when zero.
-	DefaultSweepInterval = time.Minute
+	// defaultBatchSize is Sweeper.BatchSize when zero.
+	defaultBatchSize = 1000
+	// defaultSweepInterval is Sweeper.Interval when zero.
+	defaultSweepInterval = time.Minute
 )
 
 // Timeouts for the statements that must run even after the caller's context

@@ -19,13 +19,13 @@ var normalisers = []struct {
 	{regexp.MustCompile(`[0-9]+`), "<n>"},
 }
 
-// Normalize collapses the parts of an error message that vary between
+// normalize collapses the parts of an error message that vary between
 // occurrences of the same failure, so they group together: quoted strings
 // ("…", '…' not preceded by a letter, `…`) become "…", UUIDs <uuid>, hex ids (0x…, or runs of hex
 // digits mixing letters and digits) <hex>, and remaining digit runs <n>.
 //
-//	Normalize(`order 12345 for "alice": lock 0xdeadbeef`) == `order <n> for "…": lock <hex>`
-func Normalize(msg string) string {
+//	normalize(`order 12345 for "alice": lock 0xdeadbeef`) == `order <n> for "…": lock <hex>`
+func normalize(msg string) string {
 	for _, n := range normalisers {
 		msg = n.re.ReplaceAllString(msg, n.repl)
 	}
@@ -41,6 +41,6 @@ func Fingerprint(kind handler.Kind, errorType, message string) string {
 	h.Write([]byte{0})
 	h.Write([]byte(errorType))
 	h.Write([]byte{0})
-	h.Write([]byte(Normalize(message)))
+	h.Write([]byte(normalize(message)))
 	return hex.EncodeToString(h.Sum(nil))[:12]
 }

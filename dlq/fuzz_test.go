@@ -92,10 +92,10 @@ func FuzzRecord(f *testing.F) {
 			} else {
 				original = append(original, h)
 			}
-			if string(h.Key) == IdempotencyKeyHeader && !derived {
+			if string(h.Key) == idempotencyKeyHeader && !derived {
 				idemKey = string(h.Value)
 			}
-			if string(h.Key) == DerivedKeyHeader {
+			if string(h.Key) == derivedKeyHeader {
 				idemKey, derived = string(h.Value), true
 			}
 		}
@@ -129,7 +129,7 @@ func FuzzRecord(f *testing.F) {
 		g := newGroup(r, fp)
 		g.add(r)
 		g.add(r)
-		if g.Count != 2 || g.Fingerprint != fp || g.Message != Normalize(r.Failure.Error) || g.SampleError != r.Failure.Error ||
+		if g.Count != 2 || g.Fingerprint != fp || g.Message != normalize(r.Failure.Error) || g.SampleError != r.Failure.Error ||
 			!g.FirstSeen.Equal(r.LastFailureAt()) || !g.LastSeen.Equal(g.FirstSeen) {
 			t.Fatalf("group = %+v", g)
 		}

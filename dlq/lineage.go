@@ -24,10 +24,10 @@ func ReplayOf(topic string, p Position) string {
 	return fmt.Sprintf("%s/%d/%d", topic, p.Partition, p.Offset)
 }
 
-// ParseReplayOf parses a ReplayOfHeader value: ok is false when s is not
+// parseReplayOf parses a ReplayOfHeader value: ok is false when s is not
 // "<topic>/<partition>/<offset>" (a topic name cannot hold '/', so the last
 // two '/' split it).
-func ParseReplayOf(s string) (topic string, p Position, ok bool) {
+func parseReplayOf(s string) (topic string, p Position, ok bool) {
 	i := strings.LastIndexByte(s, '/')
 	if i < 0 {
 		return "", Position{}, false
@@ -51,7 +51,7 @@ func (r *Record) ReplayedFrom() (topic string, p Position, ok bool) {
 	if !found {
 		return "", Position{}, false
 	}
-	return ParseReplayOf(v)
+	return parseReplayOf(v)
 }
 
 // WithReplayOf returns hs without any ReplayOfHeader, followed by one naming

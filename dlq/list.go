@@ -82,7 +82,7 @@ func newGroup(r *Record, fp string) *Group {
 	seen := r.LastFailureAt()
 	return &Group{
 		Fingerprint: fp, Kind: r.Failure.Kind, ErrorType: r.Failure.ErrorType,
-		Message: Normalize(r.Failure.Error), SampleError: r.Failure.Error,
+		Message: normalize(r.Failure.Error), SampleError: r.Failure.Error,
 		FirstSeen: seen, LastSeen: seen, SamplePartition: r.Partition, SampleOffset: r.Offset,
 	}
 }

@@ -10,15 +10,15 @@ import (
 	"github.com/idemhq/idem/retrytopic"
 )
 
-// IdempotencyKeyHeader is the header idem reads the idempotency key from by
+// idempotencyKeyHeader is the header idem reads the idempotency key from by
 // default; Show and Filter match it as well as the record key.
-const IdempotencyKeyHeader = "idempotency-key"
+const idempotencyKeyHeader = "idempotency-key"
 
-// DerivedKeyHeader is the header in which the consumer writes, on every
+// derivedKeyHeader is the header in which the consumer writes, on every
 // record it forwards, the idempotency key it derived (from a header, the
 // Kafka key or a JSON field of the body). Show, Filter and IdempotencyKey
 // read it first. (retrytopic.HeaderIdempotencyKey names it too.)
-const DerivedKeyHeader = "idem-idempotency-key"
+const derivedKeyHeader = "idem-idempotency-key"
 
 // Record is one dead-lettered record: the record as it was forwarded (key and
 // value byte for byte, the original headers followed by the idem-* headers)
@@ -66,13 +66,13 @@ func newRecord(m *sarama.ConsumerMessage) *Record {
 func (r *Record) OriginalHeaders() []sarama.RecordHeader { return retrytopic.StripHeaders(r.Headers) }
 
 // IdempotencyKey returns the idempotency key idem derived for the record: the
-// value of the last idem-idempotency-key header (DerivedKeyHeader), else of
+// value of the last idem-idempotency-key header (derivedKeyHeader), else of
 // the last idempotency-key header, else "".
 func (r *Record) IdempotencyKey() string {
-	if v, ok := r.header(DerivedKeyHeader); ok {
+	if v, ok := r.header(derivedKeyHeader); ok {
 		return v
 	}
-	v, _ := r.header(IdempotencyKeyHeader)
+	v, _ := r.header(idempotencyKeyHeader)
 	return v
 }
 
@@ -93,7 +93,7 @@ func (r *Record) HasKey(k string) bool {
 	if string(r.Key) == k {
 		return true
 	}
-	for _, name := range []string{DerivedKeyHeader, IdempotencyKeyHeader} {
+	for _, name := range []string{derivedKeyHeader, idempotencyKeyHeader} {
 		if v, ok := r.header(name); ok && v == k {
 			return true
 		}

@@ -23,7 +23,7 @@ func TestNormalize(t *testing.T) {
 		{"retry 3 of 10 after 250ms", "retry <n> of <n> after <n>ms"},
 	}
 	for _, tt := range tests {
-		if got := Normalize(tt.in); got != tt.want {
+		if got := normalize(tt.in); got != tt.want {
 			t.Errorf("Normalize(%q) = %q, want %q", tt.in, got, tt.want)
 		}
 	}
@@ -142,12 +142,12 @@ func TestReplayOf(t *testing.T) {
 	if v != "pay.billing-1.dlq/3/42" {
 		t.Fatalf("ReplayOf = %q", v)
 	}
-	if topic, got, ok := ParseReplayOf(v); !ok || topic != "pay.billing-1.dlq" || got != p {
-		t.Fatalf("ParseReplayOf(%q) = %q %+v %v", v, topic, got, ok)
+	if topic, got, ok := parseReplayOf(v); !ok || topic != "pay.billing-1.dlq" || got != p {
+		t.Fatalf("parseReplayOf(%q) = %q %+v %v", v, topic, got, ok)
 	}
 	for _, bad := range []string{"", "t", "t/1", "/1/2", "t/x/2", "t/1/y", "t/-1/2", "t/1/-2", "t/99999999999/1"} {
-		if _, _, ok := ParseReplayOf(bad); ok {
-			t.Errorf("ParseReplayOf(%q) ok", bad)
+		if _, _, ok := parseReplayOf(bad); ok {
+			t.Errorf("parseReplayOf(%q) ok", bad)
 		}
 	}
 	hs := []sarama.RecordHeader{{Key: []byte(ReplayOfHeader), Value: []byte("old/0/1")}, {Key: []byte("a"), Value: []byte("b")}}

@@ -7,7 +7,7 @@
 // Call Apply on the sarama.Config given to consumer.Config.Sarama (see the
 // package Example).
 //
-// sarama needs a SCRAM implementation it does not ship; SCRAMClient is one,
+// sarama needs a SCRAM implementation it does not ship; this package has one,
 // built on github.com/xdg-go/scram as sarama's own examples are. Apply sets
 // it for the SCRAM mechanisms.
 package kafkaauth
@@ -136,7 +136,7 @@ func (o Options) TLSConfig() (*tls.Config, error) {
 
 // Apply sets cfg.Net.TLS and cfg.Net.SASL as o describes, after Validate.
 // With the zero Options it changes nothing. For SASL it sets handshake on
-// (Kafka requires it) and, for SCRAM, a SCRAMClient generator.
+// (Kafka requires it) and, for SCRAM, a sarama.SCRAMClient generator.
 func Apply(cfg *sarama.Config, o Options) error {
 	if err := o.Validate(); err != nil {
 		return err
@@ -169,7 +169,7 @@ func Apply(cfg *sarama.Config, o Options) error {
 }
 
 // SCRAMClientGenerator returns, for sarama.Config.Net.SASL.SCRAMClientGeneratorFunc,
-// a function making a new SCRAMClient for mechanism (SCRAM-SHA-256 or
+// a function making a new sarama.SCRAMClient for mechanism (SCRAM-SHA-256 or
 // SCRAM-SHA-512).
 func SCRAMClientGenerator(mechanism sarama.SASLMechanism) (func() sarama.SCRAMClient, error) {
 	var h scram.HashGeneratorFcn
@@ -181,19 +181,19 @@ func SCRAMClientGenerator(mechanism sarama.SASLMechanism) (func() sarama.SCRAMCl
 	default:
 		return nil, fmt.Errorf("kafkaauth: %q is not a SCRAM mechanism", mechanism)
 	}
-	return func() sarama.SCRAMClient { return &SCRAMClient{Hash: h} }, nil
+	return func() sarama.SCRAMClient { return &scramClient{Hash: h} }, nil
 }
 
-// SCRAMClient implements sarama.SCRAMClient with github.com/xdg-go/scram.
+// scramClient implements sarama.SCRAMClient with github.com/xdg-go/scram.
 // One value serves one authentication; make it with SCRAMClientGenerator.
-type SCRAMClient struct {
+type scramClient struct {
 	// Hash is the hash of the mechanism: sha256.New or sha512.New.
 	Hash scram.HashGeneratorFcn
 	conv *scram.ClientConversation
 }
 
 // Begin starts a conversation for user and password (authzID is usually "").
-func (c *SCRAMClient) Begin(user, password, authzID string) error {
+func (c *scramClient) Begin(user, password, authzID string) error {
 	cl, err := c.Hash.NewClient(user, password, authzID)
 	if err != nil {
 		return fmt.Errorf("kafkaauth: SCRAM client: %w", err)
@@ -203,7 +203,7 @@ func (c *SCRAMClient) Begin(user, password, authzID string) error {
 }
 
 // Step answers the server's challenge.
-func (c *SCRAMClient) Step(challenge string) (string, error) {
+func (c *scramClient) Step(challenge string) (string, error) {
 	if c.conv == nil {
 		return "", errors.New("kafkaauth: SCRAM Step before Begin")
 	}
@@ -211,6 +211,6 @@ func (c *SCRAMClient) Step(challenge string) (string, error) {
 }
 
 // Done reports whether the conversation has ended (successfully or not).
-func (c *SCRAMClient) Done() bool {
+func (c *scramClient) Done() bool {
 	return c.conv != nil && c.conv.Done()
 }

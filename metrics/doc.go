@@ -1,7 +1,10 @@
-// Package metrics holds every Prometheus metric idem exports, in one place, so
-// dashboards and alerts have one list to read. Collectors are registered on a
-// caller-given prometheus.Registerer (consumer.Config.Registerer, the outbox
-// relay's Registerer); nothing is registered globally. NewServeMux and Serve
+// Package metrics lists every Prometheus metric idem exports, in one table,
+// so dashboards and alerts have one list to read (a test checks the table
+// against the collectors). It declares the consumer's collectors; the outbox
+// relay, the saga orchestrator and the checkpoint runner keep theirs in their
+// own packages. Collectors are registered on a caller-given
+// prometheus.Registerer (consumer.Config.Registerer, the outbox relay's
+// Registerer); nothing is registered globally. NewServeMux and Serve
 // expose a registry with /healthz and /readyz on one address.
 //
 // Labels are bounded: group, topic, partition, destination (a tier or DLQ
@@ -38,7 +41,7 @@
 //	idem_abandoned_total                   counter    group                     in-flight messages cancelled past ShutdownGrace (rolled back, left for redelivery)
 //	idem_partition_stalled_seconds         gauge      group,topic,partition     seconds a claimed partition has been failing on one message (outages, retries, forward errors); 0 while it flows
 //	idem_consumer_lag                      gauge      group,topic,partition     records behind in a claimed partition: high watermark minus committed offset, sources and retry tiers (consumer.Config.LagInterval); removed when released
-//	idem_end_to_end_seconds                histogram  group,topic               record timestamp to offset marked (final outcome), 1 ms to 1 h (EndToEndBuckets) for p95/p99; a tier record is timed from its forward
+//	idem_end_to_end_seconds                histogram  group,topic               record timestamp to offset marked (final outcome), 1 ms to 1 h for p95/p99; a tier record is timed from its forward
 //	idem_messages_in_flight                gauge      group,topic               messages taken from a partition's queue whose outcome is not final yet
 //	idem_outbox_pending                    gauge      table                     outbox rows waiting to be published, delayed ones included (refreshed by the leader)
 //	idem_outbox_oldest_pending_seconds     gauge      table                     seconds the oldest outbox row the relay may publish now has waited, from its insert or its NotBefore when later; rows delayed to a later time, and rows held back behind them on their key, left out; 0 when none

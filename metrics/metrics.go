@@ -1,9 +1,9 @@
 package metrics
 
 import (
-	"errors"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemhq/idem/internal/promreg"
 )
 
 // Outcome label values of idem_messages_total.
@@ -66,10 +66,10 @@ type Metrics struct {
 	InFlight          *prometheus.GaugeVec     // idem_messages_in_flight
 }
 
-// EndToEndBuckets are the buckets of idem_end_to_end_seconds: from 1 ms to
+// endToEndBuckets are the buckets of idem_end_to_end_seconds: from 1 ms to
 // 1 h, dense enough around typical SLOs (100 ms to 10 s) for p95/p99, and
 // reaching the delays of retry tiers.
-var EndToEndBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600}
+var endToEndBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600}
 
 // New creates the collectors and registers them on reg. A nil reg registers
 // nothing (the metrics still work, unexported). Registering twice on one
@@ -127,7 +127,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Records behind in a claimed partition: high watermark minus the group's committed offset (source and retry-tier topics)."}, []string{"group", "topic", "partition"}),
 		EndToEnd: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "idem_end_to_end_seconds",
 			Help:    "Seconds from a record's timestamp to its offset being marked (final outcome), histogram.",
-			Buckets: EndToEndBuckets}, []string{"group", "topic"}),
+			Buckets: endToEndBuckets}, []string{"group", "topic"}),
 		InFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_messages_in_flight",
 			Help: "Messages taken from a partition's queue whose outcome is not final yet."}, []string{"group", "topic"}),
 	}
@@ -135,49 +135,33 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		return m, nil
 	}
 	var err error
-	m.Messages = register(reg, m.Messages, &err)
-	m.Attempts = register(reg, m.Attempts, &err)
-	m.HandlerDuration = register(reg, m.HandlerDuration, &err)
-	m.Retries = register(reg, m.Retries, &err)
-	m.Forwarded = register(reg, m.Forwarded, &err)
-	m.ForwardErrors = register(reg, m.ForwardErrors, &err)
-	m.StubsForwarded = register(reg, m.StubsForwarded, &err)
-	m.MissingKey = register(reg, m.MissingKey, &err)
-	m.Expired = register(reg, m.Expired, &err)
-	m.Deferred = register(reg, m.Deferred, &err)
-	m.Lanes = register(reg, m.Lanes, &err)
-	m.StoreErrors = register(reg, m.StoreErrors, &err)
-	m.RetryDelay = register(reg, m.RetryDelay, &err)
-	m.DLQDepth = register(reg, m.DLQDepth, &err)
-	m.BreakerState = register(reg, m.BreakerState, &err)
-	m.BreakerTransition = register(reg, m.BreakerTransition, &err)
-	m.BreakerOpen = register(reg, m.BreakerOpen, &err)
-	m.PartitionsPaused = register(reg, m.PartitionsPaused, &err)
-	m.PartitionsClaimed = register(reg, m.PartitionsClaimed, &err)
-	m.Commits = register(reg, m.Commits, &err)
-	m.Abandoned = register(reg, m.Abandoned, &err)
-	m.PartitionStalled = register(reg, m.PartitionStalled, &err)
-	m.ConsumerLag = register(reg, m.ConsumerLag, &err)
-	m.EndToEnd = register(reg, m.EndToEnd, &err)
-	m.InFlight = register(reg, m.InFlight, &err)
+	m.Messages = promreg.Register(reg, m.Messages, &err)
+	m.Attempts = promreg.Register(reg, m.Attempts, &err)
+	m.HandlerDuration = promreg.Register(reg, m.HandlerDuration, &err)
+	m.Retries = promreg.Register(reg, m.Retries, &err)
+	m.Forwarded = promreg.Register(reg, m.Forwarded, &err)
+	m.ForwardErrors = promreg.Register(reg, m.ForwardErrors, &err)
+	m.StubsForwarded = promreg.Register(reg, m.StubsForwarded, &err)
+	m.MissingKey = promreg.Register(reg, m.MissingKey, &err)
+	m.Expired = promreg.Register(reg, m.Expired, &err)
+	m.Deferred = promreg.Register(reg, m.Deferred, &err)
+	m.Lanes = promreg.Register(reg, m.Lanes, &err)
+	m.StoreErrors = promreg.Register(reg, m.StoreErrors, &err)
+	m.RetryDelay = promreg.Register(reg, m.RetryDelay, &err)
+	m.DLQDepth = promreg.Register(reg, m.DLQDepth, &err)
+	m.BreakerState = promreg.Register(reg, m.BreakerState, &err)
+	m.BreakerTransition = promreg.Register(reg, m.BreakerTransition, &err)
+	m.BreakerOpen = promreg.Register(reg, m.BreakerOpen, &err)
+	m.PartitionsPaused = promreg.Register(reg, m.PartitionsPaused, &err)
+	m.PartitionsClaimed = promreg.Register(reg, m.PartitionsClaimed, &err)
+	m.Commits = promreg.Register(reg, m.Commits, &err)
+	m.Abandoned = promreg.Register(reg, m.Abandoned, &err)
+	m.PartitionStalled = promreg.Register(reg, m.PartitionStalled, &err)
+	m.ConsumerLag = promreg.Register(reg, m.ConsumerLag, &err)
+	m.EndToEnd = promreg.Register(reg, m.EndToEnd, &err)
+	m.InFlight = promreg.Register(reg, m.InFlight, &err)
 	if err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-// register registers c, or returns the equal collector already registered.
-func register[T prometheus.Collector](reg prometheus.Registerer, c T, errp *error) T {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(T); ok {
-				return existing
-			}
-		}
-		if *errp == nil {
-			*errp = err
-		}
-	}
-	return c
 }

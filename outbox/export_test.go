@@ -49,3 +49,9 @@ func StatsSQL(table string) (string, error) {
 	}
 	return t.statsSQL(), nil
 }
+
+// Reason is failureReason, for the external tests.
+func Reason(err error) string { return failureReason(err) }
+
+// Rejected is rejected, for the external tests.
+func Rejected(err error) bool { return rejected(err) }

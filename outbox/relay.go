@@ -17,7 +17,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/internal/pglead"
-	"github.com/idemhq/idem/metrics"
 )
 
 // Defaults of the Relay fields, applied when a field is zero.
@@ -26,16 +25,16 @@ const (
 	DefaultPollInterval  = time.Second
 	DefaultLeaderRetry   = time.Second
 	DefaultMaxAttempts   = 10
-	DefaultRetryBase     = 100 * time.Millisecond
-	DefaultRetryMax      = 30 * time.Second
-	DefaultSweepInterval = time.Minute
-	DefaultStatsInterval = 5 * time.Second
-	DefaultQueryTimeout  = 30 * time.Second
+	defaultRetryBase     = 100 * time.Millisecond
+	defaultRetryMax      = 30 * time.Second
+	defaultSweepInterval = time.Minute
+	defaultStatsInterval = 5 * time.Second
+	defaultQueryTimeout  = 30 * time.Second
 )
 
-// DefaultKafkaVersion is the protocol version the relay speaks when
+// defaultKafkaVersion is the protocol version the relay speaks when
 // Relay.Sarama leaves it at sarama's default.
-var DefaultKafkaVersion = sarama.V4_0_0_0
+var defaultKafkaVersion = sarama.V4_0_0_0
 
 // Relay publishes the rows of one outbox table to Kafka. It is a plain
 // configuration struct: Run does the work and keeps all state in its own
@@ -410,11 +409,11 @@ func (r *Relay) withDefaults() Relay {
 	setDefault(&c.PollInterval, DefaultPollInterval)
 	setDefault(&c.LeaderRetry, DefaultLeaderRetry)
 	setDefault(&c.MaxAttempts, DefaultMaxAttempts)
-	setDefault(&c.RetryBase, DefaultRetryBase)
-	setDefault(&c.RetryMax, DefaultRetryMax)
-	setDefault(&c.SweepInterval, DefaultSweepInterval)
-	setDefault(&c.StatsInterval, DefaultStatsInterval)
-	setDefault(&c.QueryTimeout, DefaultQueryTimeout)
+	setDefault(&c.RetryBase, defaultRetryBase)
+	setDefault(&c.RetryMax, defaultRetryMax)
+	setDefault(&c.SweepInterval, defaultSweepInterval)
+	setDefault(&c.StatsInterval, defaultStatsInterval)
+	setDefault(&c.QueryTimeout, defaultQueryTimeout)
 	if c.Sarama == nil {
 		c.Sarama = sarama.NewConfig()
 	}
@@ -440,7 +439,7 @@ func ProducerConfig(base *sarama.Config) *sarama.Config {
 	}
 	c := *base
 	if c.Version == sarama.DefaultVersion {
-		c.Version = DefaultKafkaVersion
+		c.Version = defaultKafkaVersion
 	}
 	c.Metadata.AllowAutoTopicCreation = false
 	c.Producer.Idempotent = true
@@ -472,7 +471,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	c := r.withDefaults()
 	t, _ := parseTable(c.Table)
-	m, err := metrics.NewOutbox(c.Registerer)
+	m, err := newCollectors(c.Registerer)
 	if err != nil {
 		return fmt.Errorf("outbox: register metrics: %w", err)
 	}
@@ -588,7 +587,7 @@ func (h *Health) set(err error) {
 type session struct {
 	cfg    Relay
 	t      table
-	m      *metrics.Outbox
+	m      *collectors
 	leader prometheus.Gauge
 	prod   sarama.AsyncProducer // with ExactlyOnce, made anew at each leadership
 	log    *slog.Logger
@@ -917,10 +916,10 @@ func (s *session) failures(heads []row, errs []error) []failure {
 }
 
 func (s *session) failure(r row, err error) failure {
-	reason := Reason(err)
+	reason := failureReason(err)
 	s.m.PublishFailures.WithLabelValues(s.t.name, reason).Inc()
 	attempts := r.attempts + 1
-	f := failure{id: r.id, err: err.Error(), reason: reason, rejected: Rejected(err)}
+	f := failure{id: r.id, err: err.Error(), reason: reason, rejected: rejected(err)}
 	f.final = f.rejected && r.rejects+1 >= s.cfg.MaxAttempts
 	ceil := s.cfg.RetryBase << min(attempts-1, 30)
 	if ceil <= 0 || ceil > s.cfg.RetryMax {
@@ -1016,24 +1015,36 @@ func (s *session) exec(ctx context.Context, conn *pgx.Conn, sql string, args ...
 	return conn.Exec(qctx, sql, args...)
 }
 
-// Reason classifies a publish error into the bounded reason label of
-// idem_outbox_publish_failures_total: metrics.ReasonUnknownTopic,
-// ReasonTooLarge, ReasonAuthorization or ReasonOther. Only errors Rejected
+// Reason label values of idem_outbox_publish_failures_total. Only the
+// rejections of a record itself count towards Relay.MaxAttempts (see
+// rejected): too_large, and the invalid records counted under other.
+// unknown_topic, authorization and the rest of other (broker outages,
+// timeouts, SASL) are outages, retried for as long as they last.
+const (
+	reasonUnknownTopic  = "unknown_topic"
+	reasonTooLarge      = "too_large"
+	reasonAuthorization = "authorization"
+	reasonOther         = "other"
+)
+
+// failureReason classifies a publish error into the bounded reason label of
+// idem_outbox_publish_failures_total: reasonUnknownTopic,
+// reasonTooLarge, reasonAuthorization or reasonOther. Only errors rejected
 // reports count towards Relay.MaxAttempts; the others are outages.
-func Reason(err error) string {
+func failureReason(err error) string {
 	switch {
 	case errors.Is(err, sarama.ErrUnknownTopicOrPartition), errors.Is(err, sarama.ErrInvalidTopic):
-		return metrics.ReasonUnknownTopic
+		return reasonUnknownTopic
 	case tooLarge(err):
-		return metrics.ReasonTooLarge
+		return reasonTooLarge
 	case errors.Is(err, sarama.ErrTopicAuthorizationFailed), errors.Is(err, sarama.ErrClusterAuthorizationFailed),
 		errors.Is(err, sarama.ErrTransactionalIDAuthorizationFailed), errors.Is(err, sarama.ErrSASLAuthenticationFailed):
-		return metrics.ReasonAuthorization
+		return reasonAuthorization
 	}
-	return metrics.ReasonOther
+	return reasonOther
 }
 
-// Rejected reports whether err is Kafka (or the producer) refusing the
+// rejected reports whether err is Kafka (or the producer) refusing the
 // record itself, so that publishing it again will fail the same way however
 // long one waits: a record too large for the producer or the topic, a record
 // the broker finds invalid (a keyless record on a compacted topic) or whose
@@ -1042,7 +1053,7 @@ func Reason(err error) string {
 // counting: brokers unreachable, timeouts, SASL authentication, cluster,
 // topic or transactional-id authorization (credentials being rotated, ACLs
 // being granted), an unknown topic (not created yet).
-func Rejected(err error) bool {
+func rejected(err error) bool {
 	return tooLarge(err) || errors.Is(err, sarama.ErrInvalidRecord) || errors.Is(err, sarama.ErrInvalidTimestamp)
 }
 

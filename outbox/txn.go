@@ -258,7 +258,7 @@ func (s *session) txnRound(ctx context.Context, conn *pgx.Conn) (more bool, err 
 		switch {
 		case errors.Is(err, sarama.ErrTransactionNotReady):
 			errs[i] = nil // refused because another record had failed the transaction: not this row's failure
-		case Rejected(err) && len(heads) > 1:
+		case rejected(err) && len(heads) > 1:
 			// Once a transaction fails, sarama fails the records that follow
 			// with the first error: which row Kafka refused is unknown. Each
 			// suspect goes alone in a round of its own, which tells.
@@ -302,7 +302,7 @@ func (s *session) txnRound(ctx context.Context, conn *pgx.Conn) (more bool, err 
 		}
 	}
 	if cerr != nil {
-		s.m.PublishFailures.WithLabelValues(s.t.name, Reason(cerr)).Add(float64(len(heads)))
+		s.m.PublishFailures.WithLabelValues(s.t.name, failureReason(cerr)).Add(float64(len(heads)))
 	}
 	st := s.prod.TxnStatus()
 	if st&sarama.ProducerTxnFlagFatalError == 0 && s.prod.AbortTxn() == nil {

@@ -39,8 +39,8 @@ func TestDueAtNeverEarly(t *testing.T) {
 		if f.DueAt.Sub(due.Round(0)) >= time.Millisecond {
 			t.Fatalf("due %s decoded as %s: more than 1ms late", due, f.DueAt)
 		}
-		if DueMilli(f.DueAt) != f.DueAt.UnixMilli() {
-			t.Fatalf("DueMilli is not stable on a whole millisecond: %s", f.DueAt)
+		if dueMilli(f.DueAt) != f.DueAt.UnixMilli() {
+			t.Fatalf("dueMilli is not stable on a whole millisecond: %s", f.DueAt)
 		}
 	}
 }

@@ -222,7 +222,7 @@ func StripHeaders[H AnyHeader](hs []H) []sarama.RecordHeader {
 // returned headers share their bytes with orig. Zero times and empty strings
 // are omitted; Error, ForwardError and Stack are made valid UTF-8 and capped
 // at MaxErrorBytes and MaxStackBytes. DueAt is rounded up to the next
-// millisecond (DueMilli), so the decoded due time is never early; the other
+// millisecond (dueMilli), so the decoded due time is never early; the other
 // times are truncated to the millisecond.
 func Encode[H AnyHeader](orig []H, f Failure) []sarama.RecordHeader {
 	out := StripHeaders(orig)
@@ -236,7 +236,7 @@ func Encode[H AnyHeader](orig []H, f Failure) []sarama.RecordHeader {
 	}
 	addDue := func(k string, t time.Time) {
 		if !t.IsZero() {
-			add(k, strconv.FormatInt(DueMilli(t), 10))
+			add(k, strconv.FormatInt(dueMilli(t), 10))
 		}
 	}
 	addString := func(k, v string) {
@@ -269,10 +269,10 @@ func Encode[H AnyHeader](orig []H, f Failure) []sarama.RecordHeader {
 	return out
 }
 
-// DueMilli is due in unix milliseconds rounded UP, the value Encode writes as
+// dueMilli is due in unix milliseconds rounded UP, the value Encode writes as
 // idem-due-at: a record decoded from it is never due before the true due
 // time, only up to a millisecond after it.
-func DueMilli(due time.Time) int64 {
+func dueMilli(due time.Time) int64 {
 	ms := due.UnixMilli()
 	if ms < math.MaxInt64 && time.UnixMilli(ms).Before(due) {
 		ms++
@@ -298,34 +298,34 @@ func capUTF8(s string, max int) string {
 	return s
 }
 
-// InvalidHeaderError reports an idem-* header whose value Decode cannot parse.
-type InvalidHeaderError struct {
+// invalidHeaderError reports an idem-* header whose value Decode cannot parse.
+type invalidHeaderError struct {
 	Header string // e.g. "idem-attempt"
 	Value  string // the raw value
 	Err    error  // the parse error
 }
 
 // Error describes the failure in one line.
-func (e *InvalidHeaderError) Error() string {
+func (e *invalidHeaderError) Error() string {
 	return fmt.Sprintf("retrytopic: header %s=%q: %v", e.Header, e.Value, e.Err)
 }
 
 // Unwrap returns the parse error.
-func (e *InvalidHeaderError) Unwrap() error { return e.Err }
+func (e *invalidHeaderError) Unwrap() error { return e.Err }
 
 // Decode reads the idem-* headers of hs. ok reports whether hs has any header
 // of the wire contract at all (false for a record fresh from its original
 // topic). When a header is repeated the last one wins. Other idem-* names are
 // not the wire contract's and are ignored.
 // A value that does not parse leaves its field zero and is reported as an
-// *InvalidHeaderError (several are joined with errors.Join); the other fields are
+// *invalidHeaderError (several are joined with errors.Join); the other fields are
 // still filled, so callers may use the Failure with care.
 func Decode[H AnyHeader](hs []H) (f Failure, ok bool, err error) {
 	var errs []error
 	num := func(k, v string, bits int) int64 {
 		n, e := strconv.ParseInt(strings.TrimSpace(v), 10, bits)
 		if e != nil {
-			errs = append(errs, &InvalidHeaderError{Header: k, Value: v, Err: e})
+			errs = append(errs, &invalidHeaderError{Header: k, Value: v, Err: e})
 			return 0
 		}
 		return n
@@ -333,7 +333,7 @@ func Decode[H AnyHeader](hs []H) (f Failure, ok bool, err error) {
 	ms := func(k, v string) time.Time {
 		n, e := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 		if e != nil {
-			errs = append(errs, &InvalidHeaderError{Header: k, Value: v, Err: e})
+			errs = append(errs, &invalidHeaderError{Header: k, Value: v, Err: e})
 			return time.Time{}
 		}
 		return time.UnixMilli(n)

@@ -154,9 +154,9 @@ func TestDecodeBadValue(t *testing.T) {
 		{Key: []byte(HeaderOriginalTopic), Value: []byte("payments")},
 	}
 	f, ok, err := Decode(hs)
-	var he *InvalidHeaderError
+	var he *invalidHeaderError
 	if !ok || !errors.As(err, &he) || he.Header != HeaderAttempt {
-		t.Fatalf("Decode: ok=%v err=%v, want *InvalidHeaderError for %s", ok, err, HeaderAttempt)
+		t.Fatalf("Decode: ok=%v err=%v, want *invalidHeaderError for %s", ok, err, HeaderAttempt)
 	}
 	if f.OriginalTopic != "payments" {
 		t.Fatalf("other fields not decoded: %+v", f)

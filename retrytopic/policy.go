@@ -7,13 +7,13 @@ import (
 	"time"
 )
 
-// DefaultRetention is the retention.ms EnsureTopics gives the tier and
+// defaultRetention is the retention.ms EnsureTopics gives the tier and
 // dead-letter topics it creates when Policy.Retention is zero.
-const DefaultRetention = 7 * 24 * time.Hour
+const defaultRetention = 7 * 24 * time.Hour
 
-// DefaultReplicationFactor asks the broker for its default.replication.factor.
+// defaultReplicationFactor asks the broker for its default.replication.factor.
 // It is what a zero Policy.ReplicationFactor means.
-const DefaultReplicationFactor int16 = -1
+const defaultReplicationFactor int16 = -1
 
 // DefaultTierTopic names retry tier n (n = 1…) of topic as consumed by group:
 // "<topic>.<group>.retry.<n>", e.g. "payments.billing.retry.1".
@@ -72,14 +72,14 @@ type Policy struct {
 	// EnsureTopics creates. A negative value keeps records forever
 	// (retention.ms=-1). Existing topics are not altered.
 	//
-	// Default: DefaultRetention (7 days).
+	// Default: 7 days.
 	// Kafka: topic config retention.ms.
 	Retention time.Duration
 
 	// ReplicationFactor of the topics EnsureTopics creates; -1 (or 0) asks for
 	// the broker's default.
 	//
-	// Default: DefaultReplicationFactor (-1, the broker's default.replication.factor).
+	// Default: -1 (the broker's default.replication.factor).
 	// Kafka: CreateTopics replication_factor.
 	ReplicationFactor int16
 }
@@ -94,10 +94,10 @@ func (p Policy) WithDefaults() Policy {
 		p.DLQTopic = DefaultDLQTopic
 	}
 	if p.Retention == 0 {
-		p.Retention = DefaultRetention
+		p.Retention = defaultRetention
 	}
 	if p.ReplicationFactor == 0 {
-		p.ReplicationFactor = DefaultReplicationFactor
+		p.ReplicationFactor = defaultReplicationFactor
 	}
 	return p
 }

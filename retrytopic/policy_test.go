@@ -10,7 +10,7 @@ import (
 // TestPolicyDefaults checks the documented defaults against WithDefaults.
 func TestPolicyDefaults(t *testing.T) {
 	p := Policy{}.WithDefaults()
-	if p.Retention != 7*24*time.Hour || DefaultRetention != 7*24*time.Hour {
+	if p.Retention != 7*24*time.Hour || defaultRetention != 7*24*time.Hour {
 		t.Errorf("Retention = %s, documented 7 days", p.Retention)
 	}
 	if p.ReplicationFactor != -1 {

@@ -9,3 +9,9 @@ func SetBoundary(o *Orchestrator, f func(point string) error) { o.boundary = f }
 
 // ConfigOf returns the configuration o runs with, defaults filled in.
 func ConfigOf(o *Orchestrator) Config { return o.cfg }
+
+// DefaultCompensationAttemptsForTest is Config.CompensationAttempts' default.
+const DefaultCompensationAttemptsForTest = defaultCompensationAttempts
+
+// Metrics returns o's collectors.
+func Metrics(o *Orchestrator) *collectors { return o.m }

@@ -15,7 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/internal/pgmigrate"
-	"github.com/idemhq/idem/metrics"
 )
 
 // State is a saga's state, stored in idem_saga.state.
@@ -195,32 +194,32 @@ type Config struct {
 
 // Defaults of Config.
 const (
-	DefaultStepAttempts           = 3
-	DefaultCompensationAttempts   = 5
-	DefaultBackoffBase            = 100 * time.Millisecond
-	DefaultBackoffMax             = 10 * time.Second
-	DefaultCompensationBackoffMax = 5 * time.Minute
-	DefaultPollInterval           = time.Second
+	defaultStepAttempts           = 3
+	defaultCompensationAttempts   = 5
+	defaultBackoffBase            = 100 * time.Millisecond
+	defaultBackoffMax             = 10 * time.Second
+	defaultCompensationBackoffMax = 5 * time.Minute
+	defaultPollInterval           = time.Second
 )
 
 func (c Config) withDefaults() Config {
 	if c.StepAttempts == 0 {
-		c.StepAttempts = DefaultStepAttempts
+		c.StepAttempts = defaultStepAttempts
 	}
 	if c.CompensationAttempts == 0 {
-		c.CompensationAttempts = DefaultCompensationAttempts
+		c.CompensationAttempts = defaultCompensationAttempts
 	}
 	if c.BackoffBase == 0 {
-		c.BackoffBase = DefaultBackoffBase
+		c.BackoffBase = defaultBackoffBase
 	}
 	if c.BackoffMax == 0 {
-		c.BackoffMax = DefaultBackoffMax
+		c.BackoffMax = defaultBackoffMax
 	}
 	if c.CompensationBackoffMax == 0 {
-		c.CompensationBackoffMax = DefaultCompensationBackoffMax
+		c.CompensationBackoffMax = defaultCompensationBackoffMax
 	}
 	if c.PollInterval == 0 {
-		c.PollInterval = DefaultPollInterval
+		c.PollInterval = defaultPollInterval
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -237,7 +236,7 @@ func (c Config) validate(defs []Definition) error {
 	case c.BackoffBase < 0 || c.BackoffMax < c.BackoffBase:
 		return fmt.Errorf("%w: BackoffBase %v, BackoffMax %v: want 0 <= base <= max", ErrInvalidConfig, c.BackoffBase, c.BackoffMax)
 	case c.CompensationBackoffMax < 0:
-		return fmt.Errorf("%w: CompensationBackoffMax %v: want >= 0 (0: %v)", ErrInvalidConfig, c.CompensationBackoffMax, DefaultCompensationBackoffMax)
+		return fmt.Errorf("%w: CompensationBackoffMax %v: want >= 0 (0: %v)", ErrInvalidConfig, c.CompensationBackoffMax, defaultCompensationBackoffMax)
 	case c.PollInterval < 0:
 		return fmt.Errorf("%w: PollInterval %v: want >= 0", ErrInvalidConfig, c.PollInterval)
 	case len(defs) == 0:
@@ -272,7 +271,7 @@ type Orchestrator struct {
 	defs map[string]*Definition
 	// types are the keys of defs, sorted: RunDue's type filter.
 	types []string
-	m     *metrics.Saga
+	m     *collectors
 	// boundary, when set (tests), is called at every step boundary; an error
 	// aborts Execute there as a crash would.
 	boundary func(point string) error
@@ -283,7 +282,7 @@ func New(cfg Config, defs ...Definition) (*Orchestrator, error) {
 	if err := cfg.validate(defs); err != nil {
 		return nil, err
 	}
-	m, err := metrics.NewSaga(cfg.Registerer)
+	m, err := newCollectors(cfg.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("saga: metrics: %w", err)
 	}
@@ -294,9 +293,6 @@ func New(cfg Config, defs ...Definition) (*Orchestrator, error) {
 	o.types = slices.Sorted(maps.Keys(o.defs))
 	return o, nil
 }
-
-// Metrics returns the orchestrator's collectors.
-func (o *Orchestrator) Metrics() *metrics.Saga { return o.m }
 
 // Start records a new saga of type typ with the given id and input, Running
 // and due at once; call Execute (or let Run find it) to drive it. q may be

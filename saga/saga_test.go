@@ -267,7 +267,7 @@ func TestCompensationsRunInReverseOrderAndAreRetried(t *testing.T) {
 	if status.Error != "ship: declined" || status.Steps[1].CompAttempts != 3 || status.Steps[2].Attempts != 1 {
 		t.Fatalf("status %+v", status)
 	}
-	m := o.Metrics()
+	m := saga.Metrics(o)
 	for _, c := range []struct {
 		got, want float64
 		what      string
@@ -289,7 +289,7 @@ func TestCompensationsRunInReverseOrderAndAreRetried(t *testing.T) {
 	// ErrCompensationFailing, and RunDue picks it up again once it is due.
 	id = "o-2"
 	w.failAction[id+"/charge"] = -1
-	w.failComp[id+"/reserve/compensate"] = saga.DefaultCompensationAttempts + 1
+	w.failComp[id+"/reserve/compensate"] = saga.DefaultCompensationAttemptsForTest + 1
 	if _, err := o.Start(ctx, w.pool, "order", id, nil); err != nil {
 		t.Fatal(err)
 	}

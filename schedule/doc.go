@@ -50,5 +50,5 @@
 //
 // idem_schedule_pending, idem_schedule_published_total,
 // idem_schedule_publish_failures_total and idem_schedule_leader, labelled by
-// group (NewMetrics; Scheduler.Registerer).
+// group (Scheduler.Registerer).
 package schedule

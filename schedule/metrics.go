@@ -1,12 +1,12 @@
 package schedule
 
 import (
-	"errors"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemhq/idem/internal/promreg"
 )
 
-// Metrics are the scheduler's collectors, all labelled by consumer group:
+// metrics are the scheduler's collectors, all labelled by consumer group:
 //
 //	idem_schedule_pending{group}                  gauge    deferred records waiting (due or not), refreshed by the leader every StatsInterval
 //	idem_schedule_published_total{group}          counter  deferred records published and acknowledged by Kafka
@@ -15,20 +15,20 @@ import (
 //
 // A consumer counts the records it defers itself (idem_deferred_total in
 // package metrics, when wired).
-type Metrics struct {
+type metrics struct {
 	Pending         *prometheus.GaugeVec
 	Published       *prometheus.CounterVec
 	PublishFailures *prometheus.CounterVec
 	Leader          *prometheus.GaugeVec
 }
 
-// NewMetrics makes the scheduler's collectors and registers them on reg
+// newMetrics makes the scheduler's collectors and registers them on reg
 // (nil: kept, not exported). Collectors already registered on reg by an
 // earlier call (another Scheduler on the same registry) are shared, not an
 // error. Scheduler.Run calls it with Scheduler.Registerer.
-func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	group := []string{"group"}
-	m := &Metrics{
+	m := &metrics{
 		Pending: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_schedule_pending",
 			Help: "Deferred records waiting to be published, due or not (refreshed by the leader)."}, group),
 		Published: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_schedule_published_total",
@@ -41,30 +41,13 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	var errs []error
-	m.Pending = registerOrShare(reg, m.Pending, &errs)
-	m.Published = registerOrShare(reg, m.Published, &errs)
-	m.PublishFailures = registerOrShare(reg, m.PublishFailures, &errs)
-	m.Leader = registerOrShare(reg, m.Leader, &errs)
-	if err := errors.Join(errs...); err != nil {
+	var err error
+	m.Pending = promreg.Register(reg, m.Pending, &err)
+	m.Published = promreg.Register(reg, m.Published, &err)
+	m.PublishFailures = promreg.Register(reg, m.PublishFailures, &err)
+	m.Leader = promreg.Register(reg, m.Leader, &err)
+	if err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-// registerOrShare registers c, or returns the collector of the same
-// description reg already has.
-func registerOrShare[T prometheus.Collector](reg prometheus.Registerer, c T, errs *[]error) T {
-	err := reg.Register(c)
-	var are prometheus.AlreadyRegisteredError
-	switch {
-	case err == nil:
-		return c
-	case errors.As(err, &are):
-		if existing, ok := are.ExistingCollector.(T); ok {
-			return existing
-		}
-	}
-	*errs = append(*errs, err)
-	return c
 }

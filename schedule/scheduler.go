@@ -20,13 +20,13 @@ import (
 
 // Defaults of the Scheduler fields, applied when a field is zero.
 const (
-	DefaultBatchSize     = 500
-	DefaultMaxWait       = 30 * time.Second
-	DefaultLeaderRetry   = time.Second
-	DefaultRetryBase     = 100 * time.Millisecond
-	DefaultRetryMax      = 30 * time.Second
-	DefaultStatsInterval = 5 * time.Second
-	DefaultQueryTimeout  = 30 * time.Second
+	defaultBatchSize     = 500
+	defaultMaxWait       = 30 * time.Second
+	defaultLeaderRetry   = time.Second
+	defaultRetryBase     = 100 * time.Millisecond
+	defaultRetryMax      = 30 * time.Second
+	defaultStatsInterval = 5 * time.Second
+	defaultQueryTimeout  = 30 * time.Second
 )
 
 // Scheduler publishes one consumer group's deferred records (Defer) to Kafka
@@ -135,7 +135,7 @@ type Scheduler struct {
 	// Default: slog.Default().
 	Logger *slog.Logger
 
-	// Registerer receives the idem_schedule_* collectors (NewMetrics).
+	// Registerer receives the idem_schedule_* collectors.
 	// Default: nil, metrics are kept but not exported.
 	Registerer prometheus.Registerer
 
@@ -187,14 +187,14 @@ func (s *Scheduler) withDefaults() Scheduler {
 		}
 	}
 	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
+		c.BatchSize = defaultBatchSize
 	}
-	def(&c.MaxWait, DefaultMaxWait)
-	def(&c.LeaderRetry, DefaultLeaderRetry)
-	def(&c.RetryBase, DefaultRetryBase)
-	def(&c.RetryMax, DefaultRetryMax)
-	def(&c.StatsInterval, DefaultStatsInterval)
-	def(&c.QueryTimeout, DefaultQueryTimeout)
+	def(&c.MaxWait, defaultMaxWait)
+	def(&c.LeaderRetry, defaultLeaderRetry)
+	def(&c.RetryBase, defaultRetryBase)
+	def(&c.RetryMax, defaultRetryMax)
+	def(&c.StatsInterval, defaultStatsInterval)
+	def(&c.QueryTimeout, defaultQueryTimeout)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -222,7 +222,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		return err
 	}
 	c := s.withDefaults()
-	m, err := NewMetrics(c.Registerer)
+	m, err := newMetrics(c.Registerer)
 	if err != nil {
 		return fmt.Errorf("schedule: register metrics: %w", err)
 	}
@@ -251,7 +251,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 // runner is one Run's state.
 type runner struct {
 	cfg    Scheduler
-	m      *Metrics
+	m      *metrics
 	leader prometheus.Gauge
 	log    *slog.Logger
 	client sarama.Client

@@ -104,7 +104,7 @@ func index(t *testing.T, pool *pgxpool.Pool, first int64, ds ...dead) {
 		}
 		batch = append(batch, m)
 	}
-	if err := store(testenv.Context(t), pool, batch, DefaultMaxValueBytes); err != nil {
+	if err := store(testenv.Context(t), pool, batch, defaultMaxValueBytes); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -89,9 +89,9 @@ type Indexer struct {
 // Default values of the Indexer's fields.
 const (
 	DefaultRefreshInterval = 30 * time.Second
-	DefaultMaxValueBytes   = 1 << 20
-	DefaultRetention       = 30 * 24 * time.Hour
-	DefaultBatchSize       = 500
+	defaultMaxValueBytes   = 1 << 20
+	defaultRetention       = 30 * 24 * time.Hour
+	defaultBatchSize       = 500
 )
 
 // withDefaults returns a copy of ix with every default applied.
@@ -107,13 +107,13 @@ func (ix *Indexer) withDefaults() *Indexer {
 		c.Group = DefaultGroup
 	}
 	if c.MaxValueBytes <= 0 {
-		c.MaxValueBytes = DefaultMaxValueBytes
+		c.MaxValueBytes = defaultMaxValueBytes
 	}
 	if c.Retention == 0 {
-		c.Retention = DefaultRetention
+		c.Retention = defaultRetention
 	}
 	if c.BatchSize <= 0 {
-		c.BatchSize = DefaultBatchSize
+		c.BatchSize = defaultBatchSize
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -200,7 +200,7 @@ func (c *Indexer) run(ctx context.Context) error {
 	defer group.Close()
 
 	store := &Store{db: c.Pool}
-	col := NewCollector(store)
+	col := newCollector(store)
 	if c.Registerer != nil {
 		if err := c.Registerer.Register(col); err != nil {
 			return fmt.Errorf("index: register collectors: %w", err)
@@ -292,7 +292,7 @@ func (ix *Indexer) topics(client sarama.Client) ([]string, error) {
 
 // readRetention reads retention.ms of topics into col. Errors are logged:
 // the metric is then absent.
-func (ix *Indexer) readRetention(client sarama.Client, topics []string, col *Collector) {
+func (ix *Indexer) readRetention(client sarama.Client, topics []string, col *collector) {
 	if len(topics) == 0 {
 		return
 	}

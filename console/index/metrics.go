@@ -23,11 +23,15 @@ import (
 // A group and topic with no unresolved record has no series. A scrape that
 // cannot read the index (within 5 s) reports nothing for it and logs why.
 // Register it on a prometheus.Registerer (Indexer.Registerer does).
-func NewCollector(s *Store) *Collector { return &Collector{store: s, now: time.Now} }
+func NewCollector(s *Store) prometheus.Collector { return newCollector(s) }
 
-// Collector is the collector NewCollector returns. It is safe for
+// newCollector is NewCollector with the type the indexer sets the topics'
+// retention on.
+func newCollector(s *Store) *collector { return &collector{store: s, now: time.Now} }
+
+// collector is the collector NewCollector returns. It is safe for
 // concurrent use.
-type Collector struct {
+type collector struct {
 	store *Store
 	now   func() time.Time
 
@@ -42,14 +46,14 @@ var (
 )
 
 // Describe sends the descriptors of the collector's metrics.
-func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descUnresolved
 	ch <- descOldest
 	ch <- descRetention
 }
 
 // Collect reads the index and sends the current values.
-func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	rows, err := c.store.db.Query(ctx, `SELECT g.consumer_group, g.dlq_topic, g.unresolved,
@@ -89,7 +93,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 
 // setRetention replaces the retention of the topics in r (the others keep
 // theirs).
-func (c *Collector) setRetention(r map[string]time.Duration) {
+func (c *collector) setRetention(r map[string]time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.retention == nil {

@@ -28,7 +28,7 @@ func TestCollector(t *testing.T) {
 	if _, err := NewActions(s, nil).Resolve(ctx, "alice", Selection{IDs: []int64{oldest.ID}}, "done"); err != nil {
 		t.Fatal(err)
 	}
-	c := NewCollector(s)
+	c := newCollector(s)
 	c.now = func() time.Time { return now }
 	c.setRetention(map[string]time.Duration{"a.billing.dlq": 7 * 24 * time.Hour})
 	reg := prometheus.NewRegistry()

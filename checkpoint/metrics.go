@@ -1,24 +1,28 @@
-package metrics
+package checkpoint
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
 
-// Checkpoint is the set of the checkpoint runner's collectors (package
-// checkpoint; the idem_checkpoint_* rows of the table in doc.go). The job
-// label is the job's name, which comes from code. Use NewCheckpoint; all
+	"github.com/idemhq/idem/internal/promreg"
+)
+
+// collectors is the set of the checkpoint runner's collectors (the
+// idem_checkpoint_* rows of the table in package metrics' doc). The job
+// label is the job's name, which comes from code. Use newCollectors; all
 // methods are safe for concurrent use.
-type Checkpoint struct {
+type collectors struct {
 	Rows          *prometheus.CounterVec   // idem_checkpoint_rows_total
 	Chunks        *prometheus.CounterVec   // idem_checkpoint_chunks_total
 	ChunkDuration *prometheus.HistogramVec // idem_checkpoint_chunk_duration_seconds
 	LockWait      *prometheus.HistogramVec // idem_checkpoint_lock_wait_seconds
 }
 
-// NewCheckpoint creates the checkpoint collectors and registers them on reg.
+// newCollectors creates the checkpoint collectors and registers them on reg.
 // A nil reg registers nothing (the collectors still work, unexported).
 // Registering on a registry that already holds them reuses the existing
 // collectors, so several runners may share one registry.
-func NewCheckpoint(reg prometheus.Registerer) (*Checkpoint, error) {
-	m := &Checkpoint{
+func newCollectors(reg prometheus.Registerer) (*collectors, error) {
+	m := &collectors{
 		Rows: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_checkpoint_rows_total",
 			Help: "Rows processed in committed chunks."}, []string{"job"}),
 		Chunks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_checkpoint_chunks_total",
@@ -34,10 +38,10 @@ func NewCheckpoint(reg prometheus.Registerer) (*Checkpoint, error) {
 		return m, nil
 	}
 	var err error
-	m.Rows = register(reg, m.Rows, &err)
-	m.Chunks = register(reg, m.Chunks, &err)
-	m.ChunkDuration = register(reg, m.ChunkDuration, &err)
-	m.LockWait = register(reg, m.LockWait, &err)
+	m.Rows = promreg.Register(reg, m.Rows, &err)
+	m.Chunks = promreg.Register(reg, m.Chunks, &err)
+	m.ChunkDuration = promreg.Register(reg, m.ChunkDuration, &err)
+	m.LockWait = promreg.Register(reg, m.LockWait, &err)
 	if err != nil {
 		return nil, err
 	}

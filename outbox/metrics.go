@@ -1,6 +1,10 @@
-package metrics
+package outbox
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemhq/idem/internal/promreg"
+)
 
 // The outbox relay's metrics (package outbox), all labelled by table:
 //
@@ -22,21 +26,9 @@ import "github.com/prometheus/client_golang/prometheus"
 // the relay's delay, which is what an alert should watch (IdemOutboxStuck),
 // never a delay the application asked for.
 
-// Reason label values of idem_outbox_publish_failures_total. Only the
-// rejections of a record itself count towards Relay.MaxAttempts (see
-// outbox.Rejected): too_large, and the invalid records counted under other.
-// unknown_topic, authorization and the rest of other (broker outages,
-// timeouts, SASL) are outages, retried for as long as they last.
-const (
-	ReasonUnknownTopic  = "unknown_topic"
-	ReasonTooLarge      = "too_large"
-	ReasonAuthorization = "authorization"
-	ReasonOther         = "other"
-)
-
-// Outbox is the set of the relay's collectors. The zero value is not usable;
-// use NewOutbox. All methods are safe for concurrent use.
-type Outbox struct {
+// collectors is the set of the relay's collectors. The zero value is not usable;
+// use newCollectors. All methods are safe for concurrent use.
+type collectors struct {
 	Pending         *prometheus.GaugeVec     // idem_outbox_pending
 	OldestPending   *prometheus.GaugeVec     // idem_outbox_oldest_pending_seconds
 	Failed          *prometheus.GaugeVec     // idem_outbox_failed
@@ -46,21 +38,21 @@ type Outbox struct {
 	Leader          *prometheus.GaugeVec     // idem_outbox_leader
 }
 
-// NewOutbox creates the relay's collectors and registers them on reg. A nil
+// newCollectors creates the relay's collectors and registers them on reg. A nil
 // reg registers nothing. Registering twice on one registry reuses the
 // collectors already there (two relays of different tables, or a relay inside
 // a consumer, may share a registry).
-func NewOutbox(reg prometheus.Registerer) (*Outbox, error) {
+func newCollectors(reg prometheus.Registerer) (*collectors, error) {
 	table := []string{"table"}
-	m := &Outbox{
+	m := &collectors{
 		Pending: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_outbox_pending",
-			Help: "Outbox rows waiting to be published, delayed ones included (refreshed by the leader)."}, table),
+			Help: "collectors rows waiting to be published, delayed ones included (refreshed by the leader)."}, table),
 		OldestPending: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_outbox_oldest_pending_seconds",
 			Help: "Seconds the oldest outbox row the relay may publish now has waited, from its insert or its NotBefore when later (rows delayed to a later time, and rows held back behind them on their key, are left out); 0 when none."}, table),
 		Failed: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_outbox_failed",
-			Help: "Outbox rows in the failed state, waiting for `idem outbox retry`."}, table),
+			Help: "collectors rows in the failed state, waiting for `idem outbox retry`."}, table),
 		Published: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_outbox_published_total",
-			Help: "Outbox rows published and acknowledged by Kafka."}, table),
+			Help: "collectors rows published and acknowledged by Kafka."}, table),
 		PublishSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "idem_outbox_publish_seconds",
 			Help:    "Latency from an outbox row's insert (about its commit), or its NotBefore when later, to Kafka's acknowledgement.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}}, table),
@@ -73,13 +65,13 @@ func NewOutbox(reg prometheus.Registerer) (*Outbox, error) {
 		return m, nil
 	}
 	var err error
-	m.Pending = register(reg, m.Pending, &err)
-	m.OldestPending = register(reg, m.OldestPending, &err)
-	m.Failed = register(reg, m.Failed, &err)
-	m.Published = register(reg, m.Published, &err)
-	m.PublishSeconds = register(reg, m.PublishSeconds, &err)
-	m.PublishFailures = register(reg, m.PublishFailures, &err)
-	m.Leader = register(reg, m.Leader, &err)
+	m.Pending = promreg.Register(reg, m.Pending, &err)
+	m.OldestPending = promreg.Register(reg, m.OldestPending, &err)
+	m.Failed = promreg.Register(reg, m.Failed, &err)
+	m.Published = promreg.Register(reg, m.Published, &err)
+	m.PublishSeconds = promreg.Register(reg, m.PublishSeconds, &err)
+	m.PublishFailures = promreg.Register(reg, m.PublishFailures, &err)
+	m.Leader = promreg.Register(reg, m.Leader, &err)
 	if err != nil {
 		return nil, err
 	}
