@@ -83,7 +83,7 @@ func TestRunBatchErrorKeepsKeyOrder(t *testing.T) {
 func TestBatchAbortedTransactionBlamesNoInnocent(t *testing.T) {
 	t.Parallel()
 	e, cfg := batchEnv(t)
-	cfg.Retries = -1
+	cfg.Retry.Attempts = 1
 	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
 		if m.IdempotencyKey == "X" {
 			_, _ = dedupe.Tx(ctx).Exec(ctx, `SELECT 1/0`) // swallowed: the transaction is aborted

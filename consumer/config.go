@@ -194,22 +194,19 @@ type Config struct {
 	// Default: 10s. Kafka: transaction.timeout.ms.
 	TransactionTimeout time.Duration
 
-	// Retry says where a message goes when its in-process retries are spent:
-	// through non-blocking retry topics, one per entry of Retry.Delays, then to
-	// the dead-letter topic. Permanent errors, decode errors, missing keys and
-	// panics go to the dead-letter topic at once. idem creates missing tier and
-	// dead-letter topics at start (with at least the source's partitions) and
-	// subscribes to the tiers itself.
-	// Default: retrytopic.Policy{} (no tiers; dead-letter topic "<topic>.<group>.dlq").
-	Retry retrytopic.Policy
+	// Retry says how a message whose handler failed is tried again: in
+	// process (Attempts, Backoff), through retry tiers (Tiers), and whether a
+	// panic counts as a retriable failure (Panics). See RetryConfig.
+	// Default: RetryConfig{Attempts: 4, Backoff: {Base: 100ms, Max: 5s}}.
+	Retry RetryConfig
 
 	// Rules choose, by the error, how a failed message is retried: each
 	// rule's Match (errors.Is/As, kind, SQLSTATE class, HTTP status) picks
 	// its attempts per delivery, backoff, retry-tier ladder and dead-letter
 	// topic (e.g. fraud declines to "payments.dlq.fraud"). Rules are matched
 	// in order against the error the handler returned; the first match
-	// wins, and an error no rule matches takes the fallback rule Retries,
-	// RetryBase/RetryMax and Retry make. A rule's zero fields take the
+	// wins, and an error no rule matches takes the fallback rule Retry
+	// makes (Attempts, Backoff, Tiers). A rule's zero fields take the
 	// fallback's. A rule never makes a permanent error retriable: it only
 	// chooses its dead-letter topic. Validated at start (a rule without a
 	// Match is an error). See package recovery.
@@ -290,32 +287,9 @@ type Config struct {
 	// Default: 15s.
 	LagInterval time.Duration
 
-	// Retries is the number of in-process retries of a message whose handler
-	// returned a retriable error, each in a fresh transaction, on every
-	// delivery: at the source topic and again in each retry tier. After them
-	// the message is forwarded to the next retry tier, or after the last tier
-	// to the dead-letter topic, so an always failing message is handled
-	// (1 + Retries) × (1 + len(Retry.Delays)) times in all (package doc,
-	// "Attempts per message"). A negative value disables in-process retries.
-	// Default: 3.
-	Retries int
-
-	// RetryBase and RetryMax shape the in-process backoff: retry n waits a
-	// uniformly random time in [0, min(RetryMax, RetryBase*2^(n-1))] ("full
-	// jitter"), or at least the delay asked by handler.RetryAfter.
-	// Default: RetryBase 100ms, RetryMax 5s.
-	RetryBase time.Duration
-	// RetryMax caps the in-process backoff (see RetryBase).
-	// Default: 5s.
-	RetryMax time.Duration
-
-	// RetryPanics treats a handler panic like a retriable error instead of
-	// dead-lettering it at once.
-	// Default: false.
-	RetryPanics bool
-
 	// OutageBackoff bounds the wait between tries while the dedupe store or
-	// the broker is unavailable. Such tries are not handler attempts.
+	// the broker is unavailable. Such tries are not handler attempts, so it
+	// is not part of Retry: an outage never spends a message's attempts.
 	// Default: 5s (starting at 100ms, doubling, with jitter).
 	OutageBackoff time.Duration
 
@@ -399,7 +373,7 @@ type Config struct {
 	// dedupe.WithTable). A message delivered again after its key was swept
 	// runs its handler again, so when Run sweeps, Validate requires
 	// Retention to be at least the retention of the retry-tier and
-	// dead-letter topics (Retry.Retention, 7 days by default): a failed
+	// dead-letter topics (Retry.Tiers.Retention, 7 days by default): a failed
 	// record can wait in a tier, or in the dead-letter topic until an
 	// operator replays it (the replay window), for that long, and a second
 	// copy of an already handled message (forwarded twice after a crash, or
@@ -455,7 +429,7 @@ type Config struct {
 	// idem console and `idem dlq --database-url` read. Run copies it and
 	// fills its empty Brokers, Sarama, Logger and Registerer from this
 	// Config; empty Topics (with no TopicPattern) become the dead-letter
-	// topic of each of Config.Topics (Retry.DLQ). Pool is required. The
+	// topic of each of Config.Topics (Retry.Tiers.DLQ). Pool is required. The
 	// indexer retries its own start (migration, Kafka) with backoff, so a
 	// database or broker briefly down at start delays indexing only.
 	// Default: nil (no indexer: run idem console or index.Indexer apart).
@@ -483,6 +457,43 @@ type BatchConfig struct {
 	// budget (batches close only at MaxMessages or MaxWait).
 	// Default: 50ms.
 	MaxLatency time.Duration
+}
+
+// RetryConfig is Config.Retry: how a message whose handler returned a
+// retriable error is tried again. Permanent errors, decode errors, missing
+// keys and (unless Panics) panics go to the dead-letter topic at once.
+type RetryConfig struct {
+	// Attempts is how many times the handler is called for one delivery of
+	// a message that keeps failing with a retriable error, each call in a
+	// fresh transaction: at the source topic, and again in each retry tier.
+	// After them the message is forwarded to the next tier of Tiers, or after
+	// the last tier to the dead-letter topic, so an always failing message is
+	// handled Attempts × (1 + len(Tiers.Delays)) times in all (package doc,
+	// "Attempts per message"). 1 means no in-process retries; a negative value is an error.
+	// Default: 4 (three in-process retries).
+	Attempts int
+
+	// Backoff shapes the waits between in-process attempts: retry n waits a
+	// uniformly random time in [0, min(Max, Base*2^(n-1))] ("full jitter"),
+	// or at least the delay asked by handler.RetryAfter (one longer than Max
+	// sends the message to its retry tier instead, when there are tiers).
+	// A zero Base or Max takes its default.
+	// Default: {Base: 100ms, Max: 5s}.
+	Backoff recovery.Backoff
+
+	// Panics treats a handler panic like a retriable error instead of
+	// dead-lettering it at once.
+	// Default: false.
+	Panics bool
+
+	// Tiers says where a message goes when its in-process attempts are
+	// spent: through non-blocking retry topics, one per entry of
+	// Tiers.Delays, then to the dead-letter topic (Tiers.DLQ). idem creates
+	// missing tier and dead-letter topics at start (with at least the
+	// source's partitions) and subscribes to the tiers itself.
+	// Tiers.Retention is those topics' retention.ms.
+	// Default: retrytopic.Policy{} (no tiers; dead-letter topic "<topic>.<group>.dlq").
+	Tiers retrytopic.Policy
 }
 
 // LaneKey is what Config.LaneBy hashes to pick a message's lane.
@@ -542,11 +553,9 @@ func defaults() Config {
 		CommitInterval:     time.Second,
 		TransactionTimeout: 10 * time.Second,
 		OutageBackoff:      5 * time.Second,
-		Retries:            3,
+		Retry:              RetryConfig{Attempts: 4, Backoff: recovery.Backoff{Base: 100 * time.Millisecond, Max: 5 * time.Second}},
 		DLQDepthInterval:   30 * time.Second,
 		LagInterval:        15 * time.Second,
-		RetryBase:          100 * time.Millisecond,
-		RetryMax:           5 * time.Second,
 		StallWarning:       time.Minute,
 		StartAt:            StartOldest,
 		Concurrency:        1,
@@ -590,16 +599,14 @@ func (c Config) withDefaults() Config {
 	if c.LagInterval == 0 {
 		c.LagInterval = d.LagInterval
 	}
-	if c.Retries == 0 {
-		c.Retries = d.Retries
-	} else if c.Retries < 0 {
-		c.Retries = 0
+	if c.Retry.Attempts == 0 {
+		c.Retry.Attempts = d.Retry.Attempts
 	}
-	if c.RetryBase == 0 {
-		c.RetryBase = d.RetryBase
+	if c.Retry.Backoff.Base == 0 {
+		c.Retry.Backoff.Base = d.Retry.Backoff.Base
 	}
-	if c.RetryMax == 0 {
-		c.RetryMax = d.RetryMax
+	if c.Retry.Backoff.Max == 0 {
+		c.Retry.Backoff.Max = d.Retry.Backoff.Max
 	}
 	if c.StallWarning == 0 {
 		c.StallWarning = d.StallWarning
@@ -697,15 +704,18 @@ func (c Config) Validate() error {
 		}
 	}
 	c.validateTransactions(bad)
-	if err := c.Retry.Validate(); err != nil {
-		bad("Retry", c.Retry.Delays, err.Error())
+	if c.Retry.Attempts < 1 {
+		bad("Retry.Attempts", c.Retry.Attempts, "must be >= 1 (1: no in-process retries; 0: the default, 4)")
+	}
+	if err := c.Retry.Tiers.Validate(); err != nil {
+		bad("Retry.Tiers", c.Retry.Tiers.Delays, err.Error())
 	}
 	for _, t := range c.Topics {
 		if t == "" {
 			continue
 		}
-		if err := c.Retry.ValidateNames(t, c.Group); err != nil && strings.TrimSpace(c.Group) != "" {
-			bad("Retry", t, err.Error())
+		if err := c.Retry.Tiers.ValidateNames(t, c.Group); err != nil && strings.TrimSpace(c.Group) != "" {
+			bad("Retry.Tiers", t, err.Error())
 		}
 	}
 	switch c.Ordering {
@@ -739,8 +749,8 @@ func (c Config) Validate() error {
 		bad("InboxRetention", c.InboxRetention, "must be >= 0 (0: unknown)")
 	}
 	validateRetention(c, bad)
-	if c.RetryBase < 0 {
-		bad("RetryBase", c.RetryBase, "must be > 0")
+	if c.Retry.Backoff.Base < 0 {
+		bad("Retry.Backoff.Base", c.Retry.Backoff.Base, "must be > 0")
 	}
 	if ix := c.failureIndex(); ix != nil {
 		if err := ix.Validate(); err != nil {
@@ -756,9 +766,9 @@ func (c Config) Validate() error {
 	if err := c.Expiry.policy().Validate(); err != nil {
 		bad("Expiry", "", err.Error())
 	}
-	if c.RetryMax < c.RetryBase {
-		bad("RetryMax", c.RetryMax, fmt.Sprintf("must be >= RetryBase (%s)", c.RetryBase))
-	} else if len(c.Rules) > 0 && c.Retry.Validate() == nil && c.RetryBase >= 0 {
+	if c.Retry.Backoff.Max < c.Retry.Backoff.Base {
+		bad("Retry.Backoff.Max", c.Retry.Backoff.Max, fmt.Sprintf("must be >= Retry.Backoff.Base (%s)", c.Retry.Backoff.Base))
+	} else if len(c.Rules) > 0 && c.Retry.Tiers.Validate() == nil && c.Retry.Backoff.Base >= 0 && c.Retry.Attempts >= 1 {
 		c.validateRules(bad) // only once the fallback's own fields passed: recovery.New checks them again
 	}
 	return errors.Join(errs...)

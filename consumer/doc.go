@@ -40,7 +40,9 @@
 //			// Where the idempotency key is; a message without one is dead-lettered.
 //			KeyFunc: consumer.HeaderKey("idempotency-key"),
 //			Dedupe:  dedupe.NewPostgres(pool), // Run also sweeps it (Config.Retention)
-//			Retry:   retrytopic.Policy{Delays: []time.Duration{10 * time.Second, time.Minute, 10 * time.Minute}},
+//			Retry: consumer.RetryConfig{
+//				Tiers: retrytopic.Policy{Delays: []time.Duration{10 * time.Second, time.Minute, 10 * time.Minute}},
+//			},
 //		}, h)
 //		if err != nil {
 //			log.Fatal(err) // only fatal errors: bad config, unknown topic, and so on
@@ -120,7 +122,7 @@
 // for a service that sweeps in a cron job of its own. A key must outlive every
 // copy of its message that may still arrive, so Validate requires Retention
 // to be at least the retention of the retry-tier and dead-letter topics
-// (Retry.Retention, 7 days by default): that is how long a record can wait in
+// (Retry.Tiers.Retention, 7 days by default): that is how long a record can wait in
 // a tier, or in the dead-letter topic for an operator to replay it. [Migrate]
 // creates the inbox table with every other table idem keeps.
 //
@@ -131,7 +133,7 @@
 // are handled concurrently, so the handler must be safe for concurrent use.
 //
 // In-process retries keep order: the partition waits for its message (the
-// waits follow Config.RetryBase and Config.RetryMax, or a longer
+// waits follow Config.Retry.Backoff, or a longer
 // handler.RetryAfter) and later messages queue behind it. Retry tiers do not:
 // a record forwarded to a tier leaves the source partition, which moves on,
 // so later messages of the same key can be handled before it (with the
@@ -221,24 +223,24 @@
 //
 // # Attempts per message
 //
-// Config.Retries applies to every delivery of a message: at the source topic
-// and again in each retry tier. A message whose handler keeps returning a
-// retriable error is therefore handled (1 + Retries) times at the source,
-// forwarded to tier 1, handled (1 + Retries) times there, and so on; after
-// the last tier's attempts it is dead-lettered:
+// Config.Retry.Attempts applies to every delivery of a message: at the source
+// topic and again in each retry tier. A message whose handler keeps returning
+// a retriable error is therefore handled Attempts times at the source,
+// forwarded to tier 1, handled Attempts times there, and so on; after the
+// last tier's attempts it is dead-lettered:
 //
-//	Retries   retry tiers   handler calls before the dead-letter topic
-//	-------   -----------   ------------------------------------------------
-//	-1        none          1
-//	3 (def.)  none          4
-//	3 (def.)  2             12  (4 at the source + 4 in each tier)
-//	r         n             (1 + r) × (1 + n)
+//	Attempts  retry tiers   handler calls before the dead-letter topic
+//	--------  -----------   ------------------------------------------------
+//	1         none          1
+//	4 (def.)  none          4
+//	4 (def.)  2             12  (4 at the source + 4 in each tier)
+//	a         n             a × (1 + n)
 //	any       any           1 for handler.Permanent, handler.Decode and panics
-//	                        (unless RetryPanics); 0 for a missing key
+//	                        (unless Retry.Panics); 0 for a missing key
 //
 // handler.Message.Attempt counts these calls across tiers. Two things end a
 // delivery's in-process retries early: a handler.RetryAfter longer than
-// Config.RetryMax when there are tiers (the message goes to the next tier at
+// Config.Retry.Backoff.Max when there are tiers (the message goes to the next tier at
 // once), and a permanent error on any attempt (the dead-letter topic at
 // once). Outages and open breakers are waited out and never counted; a
 // message interrupted by a revoke or shutdown is redelivered with its count
@@ -248,10 +250,10 @@
 //
 // The dead-letter topic ("<topic>.<group>.dlq" by default, see
 // retrytopic.Policy) receives, at once: handler.Permanent and handler.Decode
-// errors, panics (unless Config.RetryPanics), and messages without a valid
+// errors, panics (unless Config.Retry.Panics), and messages without a valid
 // key. Other errors — ordinary, handler.RetryAfter, handler timeouts, and
-// panics with RetryPanics — go through the attempts above: in-process
-// retries at the source and in each retry tier of Config.Retry (none by
+// panics with Retry.Panics — go through the attempts above: in-process
+// retries at the source and in each retry tier of Config.Retry.Tiers (none by
 // default), and the dead-letter topic after the last tier. A
 // dead-lettered record keeps its key, value and headers byte for byte and its
 // partition number, and carries idem-* headers saying why (error, kind, Go
@@ -268,9 +270,9 @@
 //   - handler failure: the handler's error, a timeout, a COMMIT refused
 //     because of the handler's writes (SQLSTATE 23 deferred constraint, 40
 //     serialization), any other SQLSTATE of the handler's statements. In-process
-//     retries (Retries), then the retry tiers, then the dead-letter topic.
+//     retries (Retry.Attempts), then the retry tiers, then the dead-letter topic.
 //   - permanent: handler.Permanent, handler.Decode, panics (unless
-//     RetryPanics), a missing or invalid key (checked before any database
+//     Retry.Panics), a missing or invalid key (checked before any database
 //     call: valid UTF-8, no NUL, at most MaxKeyLength bytes), SQLSTATE 22
 //     (data) and 54 (program limit). The dead-letter topic at once.
 //   - outage: the dedupe store's own step failing in a way no message causes

@@ -20,6 +20,7 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/recovery"
 )
 
 // env is one test's broker, database and names.
@@ -73,8 +74,7 @@ func (e *env) config() consumer.Config {
 		Registerer:     e.reg,
 		CommitInterval: 100 * time.Millisecond,
 		ShutdownGrace:  5 * time.Second,
-		RetryBase:      5 * time.Millisecond,
-		RetryMax:       20 * time.Millisecond,
+		Retry:          consumer.RetryConfig{Backoff: recovery.Backoff{Base: 5 * time.Millisecond, Max: 20 * time.Millisecond}},
 	}
 	return e.mode.apply(cfg)
 }

@@ -207,7 +207,7 @@ func TestBatchHandlerThroughRetryTiers(t *testing.T) {
 	var fromTier atomic.Int32
 	cfg := e.config()
 	cfg.Batch = consumer.BatchConfig{MaxMessages: 16}
-	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{100 * time.Millisecond}}
+	cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{100 * time.Millisecond}}
 	h := handler.BatchFunc(func(ctx context.Context, msgs []*handler.Message) error {
 		var be handler.BatchError
 		for _, m := range msgs {

@@ -162,7 +162,7 @@ func TestRetryAfterPausesWithoutFailing(t *testing.T) {
 		regs[i] = prometheus.NewRegistry()
 		cfg.Registerer = regs[i]
 		cfg.Breakers = set
-		cfg.Retry = retrytopic.Policy{Delays: []time.Duration{time.Second}}
+		cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{time.Second}}
 		start(t, cfg, handler.Func(func(ctx context.Context, m *handler.Message) error {
 			if err := set.Do(ctx, "bank", func(context.Context) error { return bank(i) }); err != nil {
 				return err

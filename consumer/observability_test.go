@@ -102,8 +102,8 @@ func TestTraceAcrossRetryTierIntoDLQ(t *testing.T) {
 				cfg.Batch = consumer.BatchConfig{MaxMessages: 10}
 			}
 			cfg.TracerProvider = tr.tp
-			cfg.Retries = 1
-			cfg.Retry = retrytopic.Policy{Delays: []time.Duration{100 * time.Millisecond}}
+			cfg.Retry.Attempts = 2
+			cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{100 * time.Millisecond}}
 			h := handler.Func(func(ctx context.Context, m *handler.Message) error {
 				if !trace.SpanContextFromContext(ctx).IsValid() {
 					return handler.Permanent(errors.New("handler ctx carries no span"))
@@ -316,7 +316,7 @@ func TestReadinessAndLifecycle(t *testing.T) {
 	cfg := e.config()
 	cfg.Dedupe = store
 	cfg.Readiness = ready
-	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{time.Second}} // its tier is claimed too
+	cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{time.Second}} // its tier is claimed too
 	cfg.OnAssigned = func(ctx context.Context, tps []consumer.TopicPartition) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -409,7 +409,7 @@ func TestLagInFlightAndEndToEnd(t *testing.T) {
 	e := newEnv(t, 2)
 	cfg := e.config()
 	cfg.LagInterval = 100 * time.Millisecond
-	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{time.Second}} // tier partitions have lag series too
+	cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{time.Second}} // tier partitions have lag series too
 	release := make(chan struct{})
 	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
 		select {

@@ -43,7 +43,7 @@ const (
 	// orderError for each outcome.
 	//
 	// Parked messages whose head will never come back (ordering switched off
-	// later, the head's tier removed from Retry.Delays or expired by
+	// later, the head's tier removed from Retry.Tiers.Delays or expired by
 	// retention) have committed offsets: Run warns about them at start, and
 	// `idem ordering list` and `idem ordering release` show and send them on.
 	OrderingByKey

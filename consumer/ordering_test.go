@@ -32,8 +32,8 @@ func TestOrderingByKey(t *testing.T) {
 			t.Fatal(err)
 		}
 		cfg := e.config()
-		cfg.Retries = -1
-		cfg.Retry = retrytopic.Policy{Delays: []time.Duration{300 * time.Millisecond, 300 * time.Millisecond}}
+		cfg.Retry.Attempts = 1
+		cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{300 * time.Millisecond, 300 * time.Millisecond}}
 		cfg.Ordering = consumer.OrderingByKey
 		cfg.OrderingDB = e.pool
 
@@ -143,8 +143,8 @@ func TestOrderingParkedFailureBecomesHead(t *testing.T) {
 			t.Fatal(err)
 		}
 		cfg := e.config()
-		cfg.Retries = -1
-		cfg.Retry = retrytopic.Policy{Delays: []time.Duration{200 * time.Millisecond}}
+		cfg.Retry.Attempts = 1
+		cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{200 * time.Millisecond}}
 		cfg.Ordering = consumer.OrderingByKey
 		cfg.OrderingDB = e.pool
 		var mu sync.Mutex
@@ -205,7 +205,7 @@ func TestOrderingRecoversPendingForward(t *testing.T) {
 			t.Fatal(err)
 		}
 		cfg := e.config()
-		cfg.Retry = retrytopic.Policy{Delays: []time.Duration{100 * time.Millisecond}}
+		cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{100 * time.Millisecond}}
 		cfg.Ordering = consumer.OrderingByKey
 		cfg.OrderingDB = e.pool
 		// The state a crash left: A2 is K's head with its tier-1 forward pending,

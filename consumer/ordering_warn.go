@@ -31,7 +31,7 @@ func orderingDB(cfg Config) dedupe.DB {
 // this Run will not read, with counts, topics and the command that releases
 // them: all of them when ordering is off; with OrderingByKey, those of topics
 // not in Config.Topics, those whose head sits in a retry tier beyond
-// len(Retry.Delays) (removed from the policy), and those whose head has
+// len(Retry.Tiers.Delays) (removed from the policy), and those whose head has
 // waited in its tier longer than the tier topic keeps records (retention.ms):
 // its tier record expired, so it never comes back. Their offsets are
 // committed, so without a release they stay stranded. It never fails Run: a
@@ -67,7 +67,7 @@ func (s setup) warnUnread(ctx context.Context, client sarama.Client) {
 		case !slices.Contains(s.cfg.Topics, k.Topic):
 			reason = "the topic is not in Config.Topics"
 		case k.Tier > len(s.policy.Delays):
-			reason = fmt.Sprintf("heads wait in retry tier %d, but Retry.Delays has %d tiers", k.Tier, len(s.policy.Delays))
+			reason = fmt.Sprintf("heads wait in retry tier %d, but Retry.Tiers.Delays has %d tiers", k.Tier, len(s.policy.Delays))
 		case k.Head != "" && !k.Pending && k.Tier > 0 && !k.Since.IsZero():
 			tier := s.policy.Tier(k.Topic, s.cfg.Group, k.Tier)
 			if retention == nil {

@@ -171,7 +171,7 @@ func (w *worker) attempt(rec dedupe.Record, msg *handler.Message) (err error, ra
 }
 
 // logPanic logs a handler panic at ERROR with its stack: a panic is a bug to
-// fix, whatever becomes of the message (retried with RetryPanics, else
+// fix, whatever becomes of the message (retried with Retry.Panics, else
 // dead-lettered).
 func (o *observer) logPanic(err error, msg *handler.Message) {
 	var pe *handler.PanicError
@@ -184,7 +184,7 @@ func (o *observer) logPanic(err error, msg *handler.Message) {
 
 func (w *worker) retriable(err error) bool {
 	if handler.IsPanic(err) {
-		return w.r.cfg.RetryPanics
+		return w.r.cfg.Retry.Panics
 	}
 	return handler.IsRetriable(err)
 }

@@ -18,7 +18,7 @@ import (
 // and PostgreSQL: a fraud decline goes straight to a dead-letter topic of its
 // own; a timeout gets 5 attempts a delivery and two tiers of its own ladder;
 // a validation error (HTTP 422) goes to the DLQ at once; any other error
-// keeps the fallback (Retries 1, one tier).
+// keeps the fallback (Retry.Attempts 2, one tier).
 func TestRulesRouteByError(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
@@ -28,8 +28,8 @@ func TestRulesRouteByError(t *testing.T) {
 	t.Cleanup(func() { e.k.DeleteTopics(t, fraudDLQ, slow(1), slow(2)) })
 
 	cfg := e.config()
-	cfg.Retries = 1
-	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{100 * time.Millisecond}}
+	cfg.Retry.Attempts = 2
+	cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{100 * time.Millisecond}}
 	cfg.Rules = []recovery.Rule{
 		{Name: "fraud", Match: recovery.Is(errFraud), Attempts: 1, Tiers: &recovery.Ladder{}, DLQ: fraudDLQ},
 		{Name: "timeout", Match: recovery.Kind(handler.KindTimeout), Attempts: 5,
@@ -75,7 +75,7 @@ func TestRulesRouteByError(t *testing.T) {
 		"fraud":      1,           // straight to its DLQ
 		"timeout":    5 * 3,       // 5 attempts at the source and in each of its two tiers
 		"validation": 1,           // at once
-		"other":      (1 + 1) * 2, // the fallback: 1 + Retries, at the source and in its one tier
+		"other":      (1 + 1) * 2, // the fallback: Retry.Attempts, at the source and in its one tier
 		"ok":         1,
 	} {
 		if n := c.get(k); n != want {

@@ -158,7 +158,7 @@ func newRunner(cfg Config, h handler.Handler) (*runner, error) {
 		m:      m,
 		scfg:   scfg,
 		wait:   newDelays(cfg),
-		policy: cfg.Retry.WithDefaults(),
+		policy: cfg.Retry.Tiers.WithDefaults(),
 	}
 	if err := registerLimits(cfg); err != nil {
 		return nil, err

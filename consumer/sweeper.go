@@ -20,8 +20,8 @@ func validateRetention(c Config, bad func(field string, v any, rule string)) {
 		bad("Retention", c.Retention, fmt.Sprintf("must be at least %s (dedupe.MinRetention), or negative to disable the sweeper", dedupe.MinRetention))
 		return
 	}
-	if tiers := c.Retry.WithDefaults().Retention; c.Retention < tiers {
-		bad("Retention", c.Retention, fmt.Sprintf("must be at least Retry.Retention (%s): a record may wait that long in a retry tier or the dead-letter topic before it is handled or replayed, and a copy of a message handled meanwhile must still find its key (raise Retention, or lower Retry.Retention)", tiers))
+	if tiers := c.Retry.Tiers.WithDefaults().Retention; c.Retention < tiers {
+		bad("Retention", c.Retention, fmt.Sprintf("must be at least Retry.Tiers.Retention (%s): a record may wait that long in a retry tier or the dead-letter topic before it is handled or replayed, and a copy of a message handled meanwhile must still find its key (raise Retention, or lower Retry.Tiers.Retention)", tiers))
 	}
 }
 

@@ -72,13 +72,13 @@ func TestRetentionValidation(t *testing.T) {
 		if c.ok {
 			// A store Run does not sweep ignores Retention.
 			mem := base
-			mem.Dedupe, mem.Retention, mem.Retry = dedupe.NewMemory(), 30*time.Minute, c.policy
+			mem.Dedupe, mem.Retention, mem.Retry.Tiers = dedupe.NewMemory(), 30*time.Minute, c.policy
 			if err := mem.Validate(); err != nil {
 				t.Errorf("%s with a memory store: %v", c.name, err)
 			}
 		}
 		cfg := base
-		cfg.Retention, cfg.Retry = c.retention, c.policy
+		cfg.Retention, cfg.Retry.Tiers = c.retention, c.policy
 		err := cfg.Validate()
 		var ce *consumer.ConfigError
 		switch {

@@ -30,6 +30,7 @@ import (
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/metrics"
+	"github.com/idemhq/idem/recovery"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -44,8 +45,8 @@ const (
 func txnConfig(cfg consumer.Config, instance string) consumer.Config {
 	cfg.Transactions = true
 	cfg.InstanceID = instance
-	cfg.Retries = -1
-	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{200 * time.Millisecond}}
+	cfg.Retry.Attempts = 1
+	cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{200 * time.Millisecond}}
 	cfg.CommitInterval = 200 * time.Millisecond
 	return cfg
 }
@@ -248,8 +249,7 @@ func TestTxnMemberHelperProcess(t *testing.T) {
 		Sarama:         scfg,
 		Logger:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		ShutdownGrace:  5 * time.Second,
-		RetryBase:      5 * time.Millisecond,
-		RetryMax:       20 * time.Millisecond,
+		Retry:          consumer.RetryConfig{Backoff: recovery.Backoff{Base: 5 * time.Millisecond, Max: 20 * time.Millisecond}},
 		CommitInterval: 200 * time.Millisecond,
 	}, os.Getenv(memberEnvInstance))
 	cfg = txnLanes(cfg, os.Getenv(txnEnvLanes))

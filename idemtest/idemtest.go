@@ -10,6 +10,7 @@ import (
 	"time"
 
 	idemschema "github.com/idemhq/idem/internal/schema"
+	"github.com/idemhq/idem/recovery"
 
 	"github.com/IBM/sarama"
 	"github.com/prometheus/client_golang/prometheus"
@@ -162,8 +163,7 @@ func (k *Kafka) Config(tb testing.TB, group string, topics ...string) consumer.C
 		Sarama:           k.SaramaConfig(),
 		Logger:           slog.New(slog.NewTextHandler(tbWriter{tb}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		CommitInterval:   100 * time.Millisecond,
-		RetryBase:        time.Millisecond,
-		RetryMax:         10 * time.Millisecond,
+		Retry:            consumer.RetryConfig{Backoff: recovery.Backoff{Base: time.Millisecond, Max: 10 * time.Millisecond}},
 		ShutdownGrace:    5 * time.Second,
 		DLQDepthInterval: -1,
 	}

@@ -35,8 +35,8 @@ func TestRetryTierAndDLQ(t *testing.T) {
 			Headers: []handler.Header{{Key: "trace", Value: []byte("t-1")}}},
 	)
 	cfg := k.Config(t, "billing", "payments")
-	cfg.Retries = 1
-	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{50 * time.Millisecond}}
+	cfg.Retry.Attempts = 2
+	cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{50 * time.Millisecond}}
 	var origins atomic.Int64
 	c := idemtest.Start(t, cfg, handler.Func(func(ctx context.Context, m *handler.Message) error {
 		if m.Origin().Topic == "payments" {
@@ -145,7 +145,7 @@ func TestBatchErrorNamingACopyIsNotLost(t *testing.T) {
 	k.CreateTopic(t, "ledger", 1)
 	k.Produce(t, "ledger", idemtest.Record{IdempotencyKey: "entry-1", Value: []byte("{}")})
 	cfg := k.Config(t, "books", "ledger")
-	cfg.Retries = 1
+	cfg.Retry.Attempts = 2
 	c := idemtest.StartBatch(t, cfg, handler.BatchFunc(func(ctx context.Context, ms []*handler.Message) error {
 		be := &handler.BatchError{}
 		for _, m := range ms {

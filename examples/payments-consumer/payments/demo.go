@@ -28,6 +28,7 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/recovery"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -345,10 +346,8 @@ func runDemo(ctx context.Context, e env, o demoOptions, stdout, stderr io.Writer
 			Sarama:           dcfg,
 			Logger:           log,
 			Registerer:       reg,
-			Retry:            demoRetry,
+			Retry:            consumer.RetryConfig{Attempts: 2, Backoff: recovery.Backoff{Base: 20 * time.Millisecond}, Tiers: demoRetry},
 			Rules:            paymentRules(),
-			Retries:          1,
-			RetryBase:        20 * time.Millisecond,
 			DLQDepthInterval: time.Second,
 			LagInterval:      time.Second,
 			Readiness:        ready,

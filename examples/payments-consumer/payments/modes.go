@@ -74,7 +74,7 @@ func (o *runOptions) run(ctx context.Context, cfg consumer.Config, rl *outbox.Re
 	if err != nil {
 		return err
 	}
-	cfg.Retry.Delays = delays
+	cfg.Retry.Tiers.Delays = delays
 	cfg.InstanceID = o.instanceID
 	if o.transactions {
 		cfg.Transactions = true
