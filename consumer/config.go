@@ -175,7 +175,7 @@ type Config struct {
 	// from the committed offsets, per form it falls back through (the
 	// dead-letter topic whole, a stub, a bare stub): the member remembers
 	// the refusal, so the record ends in the dead-letter topic once. Needs
-	// Kafka ≥ 2.5 (idem asks for protocol 4.1), Ordering OrderingNone and
+	// Kafka ≥ 2.5 (idem asks for protocol 4.1), no Ordering (not ByKey) and
 	// read_committed. The transactional.id is "idem-<Group>-<InstanceID>"
 	// with an InstanceID (a restarted member fences its predecessor and
 	// aborts its open transaction at once), else "idem-<Group>-<host>-<random>"
@@ -264,14 +264,10 @@ type Config struct {
 	Expiry Expiry
 
 	// Ordering keeps per-key order across retry tiers when set to
-	// OrderingByKey (see there); it then needs OrderingDB.
-	// Default: OrderingNone.
+	// ByKey(pool), pool holding the parked keys and messages (usually the
+	// dedupe store's; its tables are created at start). See ByKey.
+	// Default: Ordering{} (none: later messages of a key overtake one in a retry tier).
 	Ordering Ordering
-
-	// OrderingDB holds the parked keys and messages of OrderingByKey, usually
-	// the same pool as the dedupe store. Its tables are created at start.
-	// Default: nil (required with OrderingByKey).
-	OrderingDB dedupe.DB
 
 	// DLQDepthInterval is how often idem_dlq_depth is refreshed for each
 	// source topic's dead-letter topic (its end offsets minus the offsets
@@ -326,7 +322,7 @@ type Config struct {
 	// no latency when the partition is idle. If the handler fails, the batch
 	// is rolled back whole (no savepoints) and its messages run again one per
 	// transaction, so only the failing message takes the retry path. Records
-	// from retry tiers, records without a valid key, OrderingByKey, and
+	// from retry tiers, records without a valid key, Ordering ByKey, and
 	// dedupe stores that do not implement dedupe.BatchStore are handled one
 	// per transaction.
 	// Default: BatchConfig{MaxLatency: 50ms} (off: one message per transaction; RunBatch sets MaxMessages to 500).
@@ -347,7 +343,7 @@ type Config struct {
 	Concurrency int
 
 	// LaneBy chooses what keeps its order across lanes (Concurrency > 1).
-	// With OrderingByKey the Kafka key is always used.
+	// With Ordering ByKey the Kafka key is always used.
 	// Default: LaneByIdempotencyKey.
 	LaneBy LaneKey
 
@@ -718,14 +714,8 @@ func (c Config) Validate() error {
 			bad("Retry.Tiers", t, err.Error())
 		}
 	}
-	switch c.Ordering {
-	case OrderingNone:
-	case OrderingByKey:
-		if c.OrderingDB == nil {
-			bad("OrderingDB", nil, "required with Ordering = OrderingByKey (pass the PostgreSQL pool)")
-		}
-	default:
-		bad("Ordering", c.Ordering, "unknown ordering")
+	if c.Ordering.keyed && c.Ordering.db == nil {
+		bad("Ordering", c.Ordering, "ByKey needs the PostgreSQL pool that holds the parked messages: ByKey(pool), not ByKey(nil)")
 	}
 	if c.StallWarning < 0 {
 		bad("StallWarning", c.StallWarning, "must be > 0")

@@ -89,6 +89,12 @@ func defaultLines(doc string) []string {
 // knownDefaults checks the defaults that are not plain scalars, by behaviour
 // where they are functions. The key is the documented text exactly.
 var knownDefaults = map[string]func(v reflect.Value) error{
+	"Ordering{}": func(v reflect.Value) error {
+		if o, ok := v.Interface().(Ordering); !ok || o != (Ordering{}) || o.String() != "none" {
+			return fmt.Errorf("is %v, want the zero Ordering (none)", v.Interface())
+		}
+		return nil
+	},
 	"Expiry{}": func(v reflect.Value) error {
 		if !v.IsZero() {
 			return fmt.Errorf("is %+v, want the zero Expiry", v.Interface())
@@ -604,8 +610,8 @@ func TestValidate(t *testing.T) {
 		}, "Retry.Tiers"},
 		{"negative Backoff.Base", func(c *Config) { c.Retry.Backoff.Base = -time.Millisecond }, "Retry.Backoff.Base"},
 		{"negative Retry.Attempts", func(c *Config) { c.Retry.Attempts = -1 }, "Retry.Attempts"},
-		{"unknown Ordering", func(c *Config) { c.Ordering = Ordering(9) }, "Ordering"},
-		{"OrderingByKey without OrderingDB", func(c *Config) { c.Ordering = OrderingByKey }, "OrderingDB"},
+		{"ByKey with a pool", func(c *Config) { c.Ordering = ByKey(someDB{}) }, ""},
+		{"ByKey without a pool", func(c *Config) { c.Ordering = ByKey(nil) }, "Ordering"},
 
 		// Contradictory combinations.
 		{"ShutdownGrace equal to the rebalance timeout", func(c *Config) { c.ShutdownGrace = 60 * time.Second }, "ShutdownGrace"},

@@ -58,8 +58,8 @@
 //     idem never creates source topics) and creates the missing retry-tier and
 //     dead-letter topics, each with at least as many partitions as its source.
 //  3. It opens an idempotent, acks=all producer on a client of its own for
-//     forwarding failed records. With [OrderingByKey] it also prepares its
-//     tables in Config.OrderingDB and first forwards any record a crash left
+//     forwarding failed records. With Config.Ordering [ByKey] it also prepares
+//     its tables in ByKey's pool and first forwards any record a crash left
 //     half-forwarded.
 //  4. It starts the inbox sweeper when Config.Dedupe is a PostgreSQL store
 //     (see Inbox retention below), joins the group, subscribed to the source
@@ -68,10 +68,9 @@
 //     offset (Config.StartAt).
 //  5. Each claimed partition gets one worker goroutine. For each message, in
 //     offset order, the worker: holds a retry-tier record until its due time;
-//     derives the idempotency key (Config.KeyFunc); with OrderingByKey, parks
+//     derives the idempotency key (Config.KeyFunc); with ByKey ordering, parks
 //     it if an earlier message of its Kafka key is in a retry tier; runs the
-//     handler inside
-//     Dedupe.Process — with dedupe.NewPostgres that is BEGIN, INSERT the inbox
+//     handler inside Dedupe.Process — with dedupe.NewPostgres that is BEGIN, INSERT the inbox
 //     row (a conflict means a duplicate: the handler is not called), the
 //     handler, then COMMIT on nil or ROLLBACK on an error; classifies an error
 //     (package handler) and retries in process or forwards the record; and
@@ -133,24 +132,23 @@
 // are handled concurrently, so the handler must be safe for concurrent use.
 //
 // In-process retries keep order: the partition waits for its message (the
-// waits follow Config.Retry.Backoff, or a longer
-// handler.RetryAfter) and later messages queue behind it. Retry tiers do not:
-// a record forwarded to a tier leaves the source partition, which moves on,
-// so later messages of the same key can be handled before it (with the
-// default [OrderingNone]). A tier record keeps its partition number and is
-// held until its due time, never handled early; only that tier partition
-// waits. With [OrderingByKey], while a message of a Kafka record key is in a
-// retry tier, later messages of that key are parked in PostgreSQL
-// (Config.OrderingDB) behind it and their offsets committed; when it succeeds
-// or is dead-lettered, the parked messages are handled in their original
-// order. Records with an empty Kafka key are never parked.
+// waits follow Config.Retry.Backoff, or a longer handler.RetryAfter) and
+// later messages queue behind it. Retry tiers do not: a record forwarded to a
+// tier leaves the source partition, which moves on, so later messages of the
+// same key can be handled before it (with the default, zero [Ordering]). A
+// tier record keeps its partition number and is held until its due time,
+// never handled early; only that tier partition waits. With Ordering:
+// ByKey(pool), while a message of a Kafka record key is in a retry tier,
+// later messages of that key are parked in PostgreSQL (in pool) behind it
+// and their offsets committed; when it succeeds or is dead-lettered, the
+// parked messages are handled in their original order. Records with an empty Kafka key are never parked.
 //
 // # Commits
 //
 // An offset is marked only when its message's outcome is final and durable:
 // committed by the handler's transaction, found to be a duplicate, forwarded
 // to a retry tier or the dead-letter topic and acknowledged by all in-sync
-// replicas, or (with OrderingByKey) parked. Marked offsets are committed every
+// replicas, or (with ByKey ordering) parked. Marked offsets are committed every
 // Config.CommitInterval, when a partition is revoked, and at shutdown; never
 // before the outcome is durable. A crash therefore means redelivery from the
 // last committed offset: messages already committed become duplicates that

@@ -18,7 +18,7 @@ import (
 // "idem-deadline" (unix milliseconds, or RFC 3339 with a zone).
 //
 // The consumer checks it before the handler, before parking a message in
-// ordering mode (OrderingByKey), when a parked message's turn comes, and
+// ordering mode (Ordering ByKey), when a parked message's turn comes, and
 // when a retry tier's record comes due. A message past either limit is not
 // handled: it is dead-lettered with idem-error-kind "expired" and the reason
 // in idem-error (or dropped and counted in idem_expired_total with Drop). A

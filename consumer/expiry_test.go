@@ -227,8 +227,7 @@ func TestExpiryOrdering(t *testing.T) {
 	cfg := e.config()
 	cfg.Retry.Attempts = 1
 	cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{6 * time.Second}}
-	cfg.Ordering = consumer.OrderingByKey
-	cfg.OrderingDB = e.pool
+	cfg.Ordering = consumer.ByKey(e.pool)
 	var c calls
 	start(t, cfg, handler.Func(func(ctx context.Context, m *handler.Message) error {
 		if c.inc(m.IdempotencyKey) == 1 && m.IdempotencyKey == "A1" {

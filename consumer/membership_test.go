@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/idemhq/idem/dedupe"
 )
 
 // TestValidateMembershipAndTransactions checks the rules of InstanceID and
@@ -35,7 +36,7 @@ func TestValidateMembershipAndTransactions(t *testing.T) {
 		{"transaction timeout not above the commit interval", func(c *Config) {
 			c.Transactions, c.CommitInterval, c.TransactionTimeout = true, 5*time.Second, 5*time.Second
 		}, "TransactionTimeout"},
-		{"transactions with ordering", func(c *Config) { c.Transactions, c.Ordering = true, OrderingByKey }, "Ordering"},
+		{"transactions with ordering", func(c *Config) { c.Transactions, c.Ordering = true, ByKey(someDB{}) }, "Ordering"},
 		{"transactions read uncommitted", func(c *Config) { c.Transactions, c.ReadUncommitted = true, true }, "ReadUncommitted"},
 		{"transactions on an old protocol", func(c *Config) {
 			c.Transactions = true
@@ -63,3 +64,6 @@ func TestValidateMembershipAndTransactions(t *testing.T) {
 		})
 	}
 }
+
+// someDB is a non-nil dedupe.DB for checks that never reach the database.
+type someDB struct{ dedupe.DB }

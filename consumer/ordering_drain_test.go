@@ -163,7 +163,7 @@ func TestOrderingClaimRecoveryWatchesRevoke(t *testing.T) {
 	cfg.ShutdownGrace = time.Second
 	var assignedA, revokedA, assignedB atomic.Int32
 	a := cfg
-	a.OrderingDB = recoveryDown{e.pool}
+	a.Ordering = consumer.ByKey(recoveryDown{e.pool})
 	a.OnAssigned = func(_ context.Context, ps []consumer.TopicPartition) { assignedA.Add(int32(len(ps))) }
 	a.OnRevoked = func(_ context.Context, ps []consumer.TopicPartition) { revokedA.Add(int32(len(ps))) }
 	start(t, a, handler.Func(apply))

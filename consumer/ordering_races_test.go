@@ -39,8 +39,7 @@ func orderedEnv(t *testing.T, partitions int32, delay time.Duration) (*env, cons
 	cfg := e.config()
 	cfg.Retry.Attempts = 1
 	cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{delay}}
-	cfg.Ordering = consumer.OrderingByKey
-	cfg.OrderingDB = e.pool
+	cfg.Ordering = consumer.ByKey(e.pool)
 	return e, cfg
 }
 
@@ -368,7 +367,7 @@ func TestOrderingWarnsAboutUnreadParked(t *testing.T) {
 		parked  string
 		reason  string
 	}{
-		{"ordering off", func(c *consumer.Config) { c.Ordering = consumer.OrderingNone }, 1, false, "parked=3", "ordering is off"},
+		{"ordering off", func(c *consumer.Config) { c.Ordering = consumer.Ordering{} }, 1, false, "parked=3", "ordering is off"},
 		{"tier removed", func(c *consumer.Config) {}, 3, true, "parked=2", "retry tier 3, but Retry.Tiers.Delays has 1 tiers"},
 	}
 	for _, tt := range tests {

@@ -34,8 +34,7 @@ func TestOrderingByKey(t *testing.T) {
 		cfg := e.config()
 		cfg.Retry.Attempts = 1
 		cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{300 * time.Millisecond, 300 * time.Millisecond}}
-		cfg.Ordering = consumer.OrderingByKey
-		cfg.OrderingDB = e.pool
+		cfg.Ordering = consumer.ByKey(e.pool)
 
 		var mu sync.Mutex
 		failures := map[string]int{}
@@ -145,8 +144,7 @@ func TestOrderingParkedFailureBecomesHead(t *testing.T) {
 		cfg := e.config()
 		cfg.Retry.Attempts = 1
 		cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{200 * time.Millisecond}}
-		cfg.Ordering = consumer.OrderingByKey
-		cfg.OrderingDB = e.pool
+		cfg.Ordering = consumer.ByKey(e.pool)
 		var mu sync.Mutex
 		failed := map[string]bool{}
 		h := handler.Func(func(ctx context.Context, m *handler.Message) error {
@@ -206,8 +204,7 @@ func TestOrderingRecoversPendingForward(t *testing.T) {
 		}
 		cfg := e.config()
 		cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{100 * time.Millisecond}}
-		cfg.Ordering = consumer.OrderingByKey
-		cfg.OrderingDB = e.pool
+		cfg.Ordering = consumer.ByKey(e.pool)
 		// The state a crash left: A2 is K's head with its tier-1 forward pending,
 		// and A3 is parked behind it. Neither is in Kafka any more.
 		now := time.Now()

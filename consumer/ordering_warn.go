@@ -14,12 +14,12 @@ import (
 	"github.com/idemhq/idem/internal/keyorder"
 )
 
-// orderingDB is where the parked rows of this group live: Config.OrderingDB,
+// orderingDB is where the parked rows of this group live: ByKey's pool,
 // else the database of a Dedupe store that exposes one (DB() dedupe.DB);
 // nil when neither is known.
 func orderingDB(cfg Config) dedupe.DB {
-	if cfg.OrderingDB != nil {
-		return cfg.OrderingDB
+	if cfg.Ordering.db != nil {
+		return cfg.Ordering.db
 	}
 	if d, ok := cfg.Dedupe.(interface{ DB() dedupe.DB }); ok {
 		return d.DB()
@@ -29,7 +29,7 @@ func orderingDB(cfg Config) dedupe.DB {
 
 // warnUnread logs at WARN, at start, the parked messages of this group that
 // this Run will not read, with counts, topics and the command that releases
-// them: all of them when ordering is off; with OrderingByKey, those of topics
+// them: all of them when ordering is off; with Ordering ByKey, those of topics
 // not in Config.Topics, those whose head sits in a retry tier beyond
 // len(Retry.Tiers.Delays) (removed from the policy), and those whose head has
 // waited in its tier longer than the tier topic keeps records (retention.ms):
@@ -63,7 +63,7 @@ func (s setup) warnUnread(ctx context.Context, client sarama.Client) {
 		var reason string
 		switch {
 		case !s.order:
-			reason = "ordering is off (Config.Ordering is not OrderingByKey)"
+			reason = "ordering is off (Config.Ordering is not ByKey)"
 		case !slices.Contains(s.cfg.Topics, k.Topic):
 			reason = "the topic is not in Config.Topics"
 		case k.Tier > len(s.policy.Delays):

@@ -44,10 +44,10 @@ func (c Config) validateRules(bad func(field string, v any, rule string)) {
 			bad("Rules", t, err.Error())
 		}
 	}
-	if c.Ordering == OrderingByKey {
+	if c.Ordering.keyed {
 		for i, r := range c.Rules {
 			if r.Tiers != nil && len(r.Tiers.Delays) > 0 {
-				bad("Rules", i, "a rule with a tier ladder of its own (Tiers with Delays) is not supported with OrderingByKey: a parked head is re-sent to Retry.Tiers")
+				bad("Rules", i, "a rule with a tier ladder of its own (Tiers with Delays) is not supported with Ordering ByKey: a parked head is re-sent to Retry.Tiers")
 			}
 		}
 	}

@@ -107,10 +107,9 @@ func TestRulesRejectedAtStart(t *testing.T) {
 		}
 	}
 	cfg := coreValidConfig()
-	cfg.Ordering = consumer.OrderingByKey
-	cfg.OrderingDB = nil
+	cfg.Ordering = consumer.ByKey(nil)
 	cfg.Rules = []recovery.Rule{{Match: recovery.Kind(handler.KindTimeout), Tiers: &recovery.Ladder{Name: "slow", Delays: []time.Duration{time.Second}}}}
-	if !strings.Contains(fmt.Sprint(cfg.Validate()), "not supported with OrderingByKey") {
-		t.Errorf("Validate = %v, want a rule ladder refused with OrderingByKey", cfg.Validate())
+	if !strings.Contains(fmt.Sprint(cfg.Validate()), "not supported with Ordering ByKey") {
+		t.Errorf("Validate = %v, want a rule ladder refused with Ordering ByKey", cfg.Validate())
 	}
 }

@@ -117,7 +117,7 @@ type runner struct {
 	// refused remembers forwards refused in an aborted transaction
 	// (Transactions; refusals.go); nil otherwise.
 	refused *refusals
-	order   *keyorder.Store      // nil unless OrderingByKey
+	order   *keyorder.Store      // nil unless Ordering is ByKey
 	bh      handler.BatchHandler // RunBatch's handler; nil for Run
 	// batchStore is cfg.Dedupe when it takes batches and Batch is on.
 	batchStore dedupe.BatchStore
@@ -247,7 +247,7 @@ func (r *runner) run(ctx context.Context) (err error) {
 	r.ready.start(r.cfg.Group, storePing(r.cfg))
 	defer r.ready.stop()
 
-	st := setup{cfg: r.cfg, policy: r.policy, rules: r.rules, log: r.log, order: r.cfg.Ordering == OrderingByKey}
+	st := setup{cfg: r.cfg, policy: r.policy, rules: r.rules, log: r.log, order: r.cfg.Ordering.keyed}
 	var client sarama.Client
 	err = st.retry(ctx, nil, "connecting to the cluster", func() (err error) {
 		client, err = sarama.NewClient(r.cfg.Brokers, r.scfg)
@@ -300,8 +300,8 @@ func (r *runner) run(ctx context.Context) (err error) {
 		defer fwd.Close()
 		r.fwd = fwd
 	}
-	if r.cfg.Ordering == OrderingByKey {
-		r.order = keyorder.New(r.cfg.OrderingDB, r.cfg.Group)
+	if r.cfg.Ordering.keyed {
+		r.order = keyorder.New(r.cfg.Ordering.db, r.cfg.Group)
 		if err := st.retry(ctx, nil, "creating the ordering schema", func() error { return r.order.Migrate(ctx) }); err != nil {
 			return fmt.Errorf("consumer: ordering schema: %w", err)
 		}

@@ -32,7 +32,7 @@ func (c Config) validateTransactions(bad func(field string, v any, rule string))
 	if c.TransactionTimeout <= c.CommitInterval {
 		bad("TransactionTimeout", c.TransactionTimeout, fmt.Sprintf("must exceed CommitInterval (%s): a transaction stays open that long", c.CommitInterval))
 	}
-	// OrderingByKey stays refused (issue 20): a drain removes a parked
+	// Ordering ByKey stays refused (issue 20): a drain removes a parked
 	// message from PostgreSQL (Done) or clears its promoted head's pending
 	// forward (Forwarded) once the forward is acked, which in a transaction
 	// is before it commits; an aborted transaction would then lose the
@@ -71,8 +71,8 @@ func (c Config) validateTransactions(bad func(field string, v any, rule string))
 	//   - TestOrderingByKey passed with Transactions as is (no abort, no
 	//     crash); TestOrderingParkedFailureBecomesHead counts tier records by
 	//     end offset, which counts commit markers too (4 for 2 records).
-	if c.Ordering != OrderingNone {
-		bad("Ordering", c.Ordering, "must be OrderingNone with Transactions: OrderingByKey settles parked messages in PostgreSQL when their forward is sent, before the Kafka transaction commits")
+	if c.Ordering.keyed {
+		bad("Ordering", c.Ordering, "must not be ByKey with Transactions: ByKey settles parked messages in PostgreSQL when their forward is sent, before the Kafka transaction commits")
 	}
 	if c.ReadUncommitted {
 		bad("ReadUncommitted", c.ReadUncommitted, "must be false with Transactions: idem's own tiers are written in transactions")

@@ -24,8 +24,8 @@ import (
 func newOrderingCmd(a *app) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "ordering <command>",
-		Short: "Show and release messages parked by OrderingByKey",
-		Long: `Show and release the messages OrderingByKey parked behind a key's head (the
+		Short: "Show and release messages parked by ByKey ordering",
+		Long: `Show and release the messages ByKey ordering parked behind a key's head (the
 message of that Kafka key waiting in a retry tier).
 
 Parked messages are stored in PostgreSQL (idem_ordering_parked); their Kafka
@@ -90,7 +90,7 @@ func newOrderingListCmd(a *app) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "list",
 		Short: "List blocked keys and their parked messages per group and topic",
-		Long: `List the keys OrderingByKey holds blocked: per consumer group and source topic,
+		Long: `List the keys ByKey ordering holds blocked: per consumer group and source topic,
 each key with its head (the idempotency key it waits for), the head's retry
 tier (0: not recorded), whether the head's forward to its tier is still
 pending, how many messages are parked behind it and how old the oldest is;

@@ -24,7 +24,7 @@ const (
 	modeBatched      = "batched"       // Config.Batch: many messages per transaction, handlePayment for each
 	modeBatchHandler = "batch-handler" // consumer.RunBatch with handlePayments: one statement per batch
 	modeLanes        = "lanes"         // Config.Concurrency 16: keys of one partition in parallel
-	modeOrdering     = "ordering"      // Config.Ordering OrderingByKey: per-key order across retry tiers
+	modeOrdering     = "ordering"      // Config.Ordering ByKey(pool): per-key order across retry tiers
 )
 
 var modes = []string{modePerMessage, modeBatched, modeBatchHandler, modeLanes, modeOrdering}
@@ -89,7 +89,7 @@ func (o *runOptions) run(ctx context.Context, cfg consumer.Config, rl *outbox.Re
 	case modeLanes:
 		cfg.Concurrency = 16
 	case modeOrdering:
-		cfg.Ordering, cfg.OrderingDB = consumer.OrderingByKey, pool
+		cfg.Ordering = consumer.ByKey(pool)
 	default:
 		return usagef("-mode %q: want one of %s", o.mode, strings.Join(modes, ", "))
 	}
