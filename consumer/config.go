@@ -309,7 +309,7 @@ type Config struct {
 	// also applies it when a group's committed offsets have expired
 	// (offsets.retention.minutes, 7 days by default): with StartOldest the
 	// group then re-reads the whole topic, and records older than the inbox
-	// retention (InboxRetention) are applied twice.
+	// retention (Retention.Keep) are applied twice.
 	// Default: StartOldest. Kafka: auto.offset.reset.
 	StartAt StartPosition
 
@@ -347,36 +347,11 @@ type Config struct {
 	// Default: LaneByIdempotencyKey.
 	LaneBy LaneKey
 
-	// InboxRetention tells Run how long a dedupe store that Run does not
-	// sweep itself remembers a key (your own dedupe.Sweeper, a custom store,
-	// or Retention negative). When Run sweeps (see Retention), Retention is
-	// used instead. Either way Run compares the inbox's retention at start
-	// with each source topic's retention.ms and warns, naming both numbers,
-	// when the inbox forgets sooner than Kafka: a record re-read after its key
-	// was swept would be applied twice.
-	// Default: 0 (unknown: no check).
-	InboxRetention time.Duration
-
-	// Retention is how long the inbox keeps a key. When Dedupe is a
-	// PostgreSQL store (dedupe.NewPostgres, dedupe.NewPostgresLease: any
-	// dedupe.Sweepable), Run starts a dedupe.Sweeper on its table that
-	// deletes, every minute, the rows processed more than Retention ago; it
-	// stops with Run. A negative value disables it: the table then grows
-	// until you sweep it yourself. Other stores are not swept.
-	//
-	// The sweeper deletes old rows of every consumer group in the table, so
-	// services sharing one inbox table must agree on Retention (or use
-	// dedupe.WithTable). A message delivered again after its key was swept
-	// runs its handler again, so when Run sweeps, Validate requires
-	// Retention to be at least the retention of the retry-tier and
-	// dead-letter topics (Retry.Tiers.Retention, 7 days by default): a failed
-	// record can wait in a tier, or in the dead-letter topic until an
-	// operator replays it (the replay window), for that long, and a second
-	// copy of an already handled message (forwarded twice after a crash, or
-	// sent twice by its producer) must still find its key. At least
-	// dedupe.MinRetention (1h).
-	// Default: 336h (14 days).
-	Retention time.Duration
+	// Retention is how long the inbox keeps a key, and whether Run deletes
+	// older keys itself (see RetentionConfig). It is the inbox's retention;
+	// the retry-tier and dead-letter topics' is Retry.Tiers.Retention.
+	// Default: RetentionConfig{} (Run sweeps a PostgreSQL inbox, keeping keys 14 days).
+	Retention RetentionConfig
 
 	// Readiness, when set, is kept up to date by Run for a /readyz endpoint:
 	// see (*Readiness).Check and metrics.NewServeMux.
@@ -492,6 +467,44 @@ type RetryConfig struct {
 	Tiers retrytopic.Policy
 }
 
+// RetentionConfig is Config.Retention: how long the inbox keeps a key and
+// who deletes the older ones. A message delivered again after its key was
+// deleted runs its handler again, so the inbox must remember a key for as
+// long as a copy of its message may arrive.
+//
+// When Dedupe is a PostgreSQL store (dedupe.NewPostgres,
+// dedupe.NewPostgresLease: any dedupe.Sweepable) and NoSweep is false, Run
+// starts a dedupe.Sweeper on its table that deletes, every minute, the rows
+// processed more than Keep ago; it stops with Run. The sweeper deletes old
+// rows of every consumer group in the table, so services sharing one inbox
+// table must agree on Keep (or use dedupe.WithTable). Validate then requires
+// Keep to be at least dedupe.MinRetention (1h) and the retention of the
+// retry-tier and dead-letter topics (Retry.Tiers.Retention, 7 days by
+// default): a failed record can wait that long in a tier, or in the
+// dead-letter topic until an operator replays it, and a second copy of an
+// already handled message (forwarded twice after a crash, or sent twice by
+// its producer) must still find its key.
+//
+// Either way, Run compares Keep at start with each source topic's
+// retention.ms and warns, naming both numbers, when the inbox forgets
+// sooner than Kafka keeps records: a record re-read after its key was
+// deleted (expired group offsets, an offset reset) would be applied twice.
+type RetentionConfig struct {
+	// Keep is how long the inbox keeps a key. With NoSweep, or a store Run
+	// does not sweep (dedupe.NewMemory, a custom store), it only tells Run
+	// how long the store keeps keys, for the check against retention.ms;
+	// left 0 there, it is unknown and nothing is checked. Negative is an
+	// error.
+	// Default: 0 (dedupe.DefaultRetention, 14 days, when Run sweeps; unknown when it does not).
+	Keep time.Duration
+
+	// NoSweep stops Run from sweeping the inbox: you sweep it yourself (a
+	// dedupe.Sweeper or a cron job of your own), and the table grows until
+	// you do.
+	// Default: false (Run sweeps a dedupe.Sweepable store).
+	NoSweep bool
+}
+
 // LaneKey is what Config.LaneBy hashes to pick a message's lane.
 type LaneKey int
 
@@ -556,7 +569,6 @@ func defaults() Config {
 		StartAt:            StartOldest,
 		Concurrency:        1,
 		LaneBy:             LaneByIdempotencyKey,
-		Retention:          dedupe.DefaultRetention,
 		TracerProvider:     otel.GetTracerProvider(),
 		Propagator:         propagation.TraceContext{},
 	}
@@ -609,9 +621,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Concurrency == 0 {
 		c.Concurrency = d.Concurrency
-	}
-	if c.Retention == 0 {
-		c.Retention = d.Retention
 	}
 	if c.Batch.MaxLatency == 0 {
 		c.Batch.MaxLatency = d.Batch.MaxLatency
@@ -734,9 +743,6 @@ func (c Config) Validate() error {
 	}
 	if c.Batch.MaxWait < 0 {
 		bad("Batch.MaxWait", c.Batch.MaxWait, "must be >= 0")
-	}
-	if c.InboxRetention < 0 {
-		bad("InboxRetention", c.InboxRetention, "must be >= 0 (0: unknown)")
 	}
 	validateRetention(c, bad)
 	if c.Retry.Backoff.Base < 0 {

@@ -108,7 +108,7 @@
 // idempotent with the key (for example an Idempotency-Key header): a crash
 // between the external effect and the record still repeats the call. The
 // inbox dedupes by key, not by content, and only for as long as it keeps
-// the key (Config.Retention). dedupe.NewMemory is for tests: it forgets
+// the key (Config.Retention.Keep). dedupe.NewMemory is for tests: it forgets
 // everything on exit.
 //
 // # Inbox retention
@@ -117,12 +117,12 @@
 // Config.Dedupe is a PostgreSQL store (dedupe.NewPostgres or
 // dedupe.NewPostgresLease): a dedupe.Sweeper runs beside the consumer and
 // deletes, every minute and in batches, the rows processed more than
-// Config.Retention ago (default 14 days). A negative Retention turns it off,
-// for a service that sweeps in a cron job of its own. A key must outlive every
-// copy of its message that may still arrive, so Validate requires Retention
+// Config.Retention.Keep ago (default 14 days). Retention.NoSweep turns it
+// off, for a service that sweeps in a cron job of its own. A key must outlive
+// every copy of its message that may still arrive, so Validate requires Keep
 // to be at least the retention of the retry-tier and dead-letter topics
-// (Retry.Tiers.Retention, 7 days by default): that is how long a record can wait in
-// a tier, or in the dead-letter topic for an operator to replay it. [Migrate]
+// (Retry.Tiers.Retention, 7 days by default): that is how long a record can
+// wait in a tier, or in the dead-letter topic for an operator to replay it. [Migrate]
 // creates the inbox table with every other table idem keeps.
 //
 // # Ordering
