@@ -316,7 +316,7 @@ type Config struct {
 	// Batch groups the new messages of a partition (of a lane, with
 	// Concurrency > 1) into one transaction: one multi-row inbox INSERT finds
 	// the new keys in one round trip, the handler runs for each new message
-	// (or RunBatch's handler once for all of them) in that transaction, and
+	// (or a handler.Batch handler once for all of them) in that transaction, and
 	// one COMMIT records them. A batch takes the messages already fetched, up
 	// to Batch.MaxMessages, waiting at most Batch.MaxWait for more, so it adds
 	// no latency when the partition is idle. If the handler fails, the batch
@@ -325,7 +325,7 @@ type Config struct {
 	// from retry tiers, records without a valid key, Ordering ByKey, and
 	// dedupe stores that do not implement dedupe.BatchStore are handled one
 	// per transaction.
-	// Default: BatchConfig{MaxLatency: 50ms} (off: one message per transaction; RunBatch sets MaxMessages to 500).
+	// Default: BatchConfig{MaxLatency: 50ms} (off: one message per transaction; with a handler.Batch handler, MaxMessages 500).
 	Batch BatchConfig
 
 	// Concurrency is the number of lanes per partition: messages are spread
@@ -409,9 +409,11 @@ type Config struct {
 
 // BatchConfig sizes the batches of Config.Batch.
 type BatchConfig struct {
-	// MaxMessages is the most messages in one transaction; 0 or 1 turns
-	// batching off.
-	// Default: 0 (off); RunBatch: 500.
+	// MaxMessages is the most messages in one transaction; 1 turns
+	// batching off. Left 0, it is 0 (off) for a handler that handles one
+	// message at a time, and 500 for a batch handler (handler.Batch), which
+	// Run recognises: a batch handler batches unless told otherwise.
+	// Default: 0 (off; 500 with a handler.Batch handler).
 	MaxMessages int
 	// MaxWait is how long a batch that is not full waits for more messages
 	// once it has one.

@@ -292,11 +292,12 @@
 // # Batches and lanes
 //
 // Config.Batch puts consecutive new messages of a partition in one
-// transaction (dedupe.BatchStore); RunBatch passes them to a
-// handler.BatchHandler at once. A failed batch rolls back whole and its
-// messages run again one per transaction, so only the failing one takes the
-// failure path. Config.Concurrency spreads a partition over lanes by key;
-// the committed offset is always the lowest unfinished one.
+// transaction (dedupe.BatchStore); Run passes them to a batch handler
+// (handler.Batch) at once, and a batch handler batches 500 by default. A
+// failed batch rolls back whole and its messages run again one per
+// transaction, so only the failing one takes the failure path.
+// Config.Concurrency spreads a partition over lanes by key; the committed
+// offset is always the lowest unfinished one.
 //
 // # Testing
 //

@@ -197,12 +197,6 @@ func startCtx(t *testing.T, ctx context.Context, cfg consumer.Config, h handler.
 	return startFunc(t, ctx, func(ctx context.Context) error { return consumer.Run(ctx, cfg, h) })
 }
 
-// startBatch runs consumer.RunBatch until stop (or the test's end).
-func startBatch(t *testing.T, cfg consumer.Config, h handler.BatchHandler) *running {
-	t.Helper()
-	return startFunc(t, context.Background(), func(ctx context.Context) error { return consumer.RunBatch(ctx, cfg, h) })
-}
-
 // startFunc runs run in the background until stop (or the test's end), and
 // reports an error it returns other than cancellation.
 func startFunc(t *testing.T, ctx context.Context, run func(context.Context) error) *running {

@@ -23,7 +23,8 @@ import (
 	"github.com/idemhq/idem/retrytopic"
 )
 
-// ErrNilHandler is returned by Run when h is nil or a nil handler.Func.
+// ErrNilHandler is returned by Run when h is nil (handler.Batch(nil) is) or a
+// nil handler.Func.
 var ErrNilHandler = errors.New("consumer: nil handler")
 
 // ErrUnknownTopic is wrapped by the error Run returns when a configured topic
@@ -50,6 +51,18 @@ var ErrUnknownTopic = errors.New("consumer: unknown topic")
 //
 // After every rebalance Run joins the group again. With the default
 // cooperative-sticky assignor a rebalance only stops the partitions that move.
+//
+// A handler made by handler.Batch (any handler.BatchHandler) runs as a batch
+// handler: the new messages of a batch (Config.Batch; MaxMessages, left 0,
+// is 500 for it) are passed to its HandleBatch at once, in the batch's
+// transaction, so it can write them with one statement. When a batch fails,
+// it is rolled back and its messages run again alone, in order, each as a
+// batch of one in its own transaction, so no message is committed before an
+// earlier one of its lane reached its outcome; a message a
+// *handler.BatchError names counts the failure named as its first attempt (a
+// Permanent one goes to the dead-letter topic without running again). A
+// failing message takes the same path as any other: in-process retries,
+// retry tiers, the dead-letter topic.
 func Run(ctx context.Context, cfg Config, h handler.Handler) error {
 	if h == nil {
 		return ErrNilHandler
@@ -57,6 +70,7 @@ func Run(ctx context.Context, cfg Config, h handler.Handler) error {
 	if f, ok := h.(handler.Func); ok && f == nil {
 		return ErrNilHandler
 	}
+	cfg, bh := forHandler(cfg, h)
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -65,39 +79,23 @@ func Run(ctx context.Context, cfg Config, h handler.Handler) error {
 	if err != nil {
 		return err
 	}
+	r.bh = bh
 	return r.run(ctx)
 }
 
-// RunBatch is Run for a handler.BatchHandler: the new messages of a batch
-// (Config.Batch; MaxMessages defaults to 500 here) are passed to
-// h.HandleBatch at once, in the batch's transaction, so h can write them with
-// one statement. When a batch fails, it is rolled back and its messages run
-// again alone, in order, each as a batch of one in its own transaction, so no
-// message is committed before an earlier one of its lane reached its outcome;
-// a message a *handler.BatchError names counts the failure named as its first
-// attempt (a Permanent one goes to the dead-letter topic without running
-// again). A failing message takes the same path as with Run: in-process
-// retries, retry tiers, the dead-letter topic. Everything else is as Run.
-func RunBatch(ctx context.Context, cfg Config, h handler.BatchHandler) error {
-	if h == nil {
-		return ErrNilHandler
+// batchHandlerMaxMessages is Config.Batch.MaxMessages's default for a batch
+// handler (handler.Batch): see BatchConfig.MaxMessages.
+const batchHandlerMaxMessages = 500
+
+// forHandler returns h as a batch handler (nil if it is not one) and cfg
+// with the defaults that depend on it: Batch.MaxMessages, left 0, is
+// batchHandlerMaxMessages for a batch handler.
+func forHandler(cfg Config, h handler.Handler) (Config, handler.BatchHandler) {
+	bh, _ := h.(handler.BatchHandler)
+	if bh != nil && cfg.Batch.MaxMessages == 0 {
+		cfg.Batch.MaxMessages = batchHandlerMaxMessages
 	}
-	if f, ok := h.(handler.BatchFunc); ok && f == nil {
-		return ErrNilHandler
-	}
-	if cfg.Batch.MaxMessages == 0 {
-		cfg.Batch.MaxMessages = 500
-	}
-	if err := cfg.Validate(); err != nil {
-		return err
-	}
-	cfg = cfg.withDefaults()
-	r, err := newRunner(cfg, handler.Single(h))
-	if err != nil {
-		return err
-	}
-	r.bh = h
-	return r.run(ctx)
+	return cfg, bh
 }
 
 // runner owns everything one Run call starts.
@@ -118,7 +116,7 @@ type runner struct {
 	// (Transactions; refusals.go); nil otherwise.
 	refused *refusals
 	order   *keyorder.Store      // nil unless Ordering is ByKey
-	bh      handler.BatchHandler // RunBatch's handler; nil for Run
+	bh      handler.BatchHandler // a batch handler (handler.Batch); nil for any other
 	// batchStore is cfg.Dedupe when it takes batches and Batch is on.
 	batchStore dedupe.BatchStore
 	pauses     *pauser

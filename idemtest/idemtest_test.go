@@ -114,8 +114,8 @@ func TestWithPostgres(t *testing.T) {
 	}
 }
 
-// TestStartBatch: RunBatch through the kit.
-func TestStartBatch(t *testing.T) {
+// TestStartBatchHandler: a handler.Batch handler through the kit.
+func TestStartBatchHandler(t *testing.T) {
 	t.Parallel()
 	k := idemtest.NewKafka(t)
 	k.CreateTopic(t, "events", 1)
@@ -125,7 +125,7 @@ func TestStartBatch(t *testing.T) {
 	}
 	k.Produce(t, "events", recs...)
 	var seen atomic.Int64
-	c := idemtest.StartBatch(t, k.Config(t, "audit", "events"), handler.BatchFunc(func(ctx context.Context, ms []*handler.Message) error {
+	c := idemtest.Start(t, k.Config(t, "audit", "events"), handler.Batch(func(ctx context.Context, ms []*handler.Message) error {
 		seen.Add(int64(len(ms)))
 		return nil
 	}))
@@ -146,7 +146,7 @@ func TestBatchErrorNamingACopyIsNotLost(t *testing.T) {
 	k.Produce(t, "ledger", idemtest.Record{IdempotencyKey: "entry-1", Value: []byte("{}")})
 	cfg := k.Config(t, "books", "ledger")
 	cfg.Retry.Attempts = 2
-	c := idemtest.StartBatch(t, cfg, handler.BatchFunc(func(ctx context.Context, ms []*handler.Message) error {
+	c := idemtest.Start(t, cfg, handler.Batch(func(ctx context.Context, ms []*handler.Message) error {
 		be := &handler.BatchError{}
 		for _, m := range ms {
 			cp := *m // a copy: not one of the messages the batch was given
