@@ -65,13 +65,13 @@ func init() {
 	// writer; compared with the same scenario without it.
 	register(Scenario{Name: "idem PG transactional", Limit: pgLimit, PG: true, Versus: "idem PG", Consume: func(ctx context.Context, e *Env) error {
 		cfg := e.Idem(dedupe.NewPostgres(e.Pool))
-		cfg.Transactions = true
+		cfg.Transactions.Enabled = true
 		return consumer.Run(ctx, cfg, insertOne(e))
 	}})
 	register(Scenario{Name: "idem PG batched transactional", Limit: pgLimit, PG: true, Versus: "idem PG batched", Consume: func(ctx context.Context, e *Env) error {
 		cfg := e.Idem(dedupe.NewPostgres(e.Pool))
 		cfg.Batch = consumer.BatchConfig{MaxMessages: 100}
-		cfg.Transactions = true
+		cfg.Transactions.Enabled = true
 		return consumer.Run(ctx, cfg, insertOne(e))
 	}})
 	register(Scenario{Name: "idem 2 ms", Limit: slowLimit, Consume: func(ctx context.Context, e *Env) error {

@@ -145,54 +145,11 @@ type Config struct {
 	// Kafka: group.instance.id.
 	InstanceID string
 
-	// Transactions makes what the member writes to Kafka exactly once for
-	// read_committed readers (KIP-447): one transactional producer per
-	// member, whose transactions commit the forwards to retry tiers and the
-	// dead-letter topic together with the source offsets of the records
-	// they settle, and the offsets of records whose effect is in the dedupe
-	// store too: with Transactions on, the member never sends a plain offset
-	// commit. Offsets go with the member's generation, so a member the
-	// group has expelled (paused past its session timeout, partitioned
-	// away) cannot commit: its transaction is aborted with everything it
-	// forwarded. A crash anywhere leaves either a forward and its offset, or
-	// neither. A transaction that fails ends the member's session; the next
-	// session reads its partitions again from the committed offsets (effects
-	// are kept once by the dedupe store).
-	//
-	// Its cost: a commit (EndTxn, two round trips to the transaction
-	// coordinator, a marker written to every partition the transaction
-	// touched) every CommitInterval; forwards wait while a commit is in
-	// flight; readers of the tiers and the dead-letter topic must use
-	// read_committed (idem's own consumers do) and see forwards only after
-	// the commit, so up to CommitInterval later. With lanes (Concurrency >
-	// 1, Adaptive) a forward first waits, holding nothing, until every
-	// earlier message of its partition is final, so that its offset commits
-	// in the forward's transaction: the lane of a failing message waits
-	// behind the slowest earlier message of its partition (forwards are
-	// rare; the other lanes go on). A record a destination refuses for good
-	// (too large for the dead-letter topic, invalid in a compacted tier)
-	// costs an aborted transaction, and a re-read of the member's partitions
-	// from the committed offsets, per form it falls back through (the
-	// dead-letter topic whole, a stub, a bare stub): the member remembers
-	// the refusal, so the record ends in the dead-letter topic once. Needs
-	// Kafka ≥ 2.5 (idem asks for protocol 4.1), no Ordering (not ByKey) and
-	// read_committed. The transactional.id is "idem-<Group>-<InstanceID>"
-	// with an InstanceID (a restarted member fences its predecessor and
-	// aborts its open transaction at once), else "idem-<Group>-<host>-<random>"
-	// (a crashed member's open transaction then holds read_committed readers
-	// of its partitions back until TransactionTimeout). Set
-	// outbox.Relay.ExactlyOnce too for the relay's events. A transaction ends with
-	// a marker in each partition it wrote, after the last record: lag
-	// computed from end offsets (idem_consumer_lag of tiers,
-	// idem_dlq_depth) counts those markers.
-	// Default: false.
-	Transactions bool
-
-	// TransactionTimeout is how long the transaction coordinator lets a
-	// transaction stay open before it aborts it (a member that died with a
-	// transaction open). It must exceed CommitInterval.
-	// Default: 10s. Kafka: transaction.timeout.ms.
-	TransactionTimeout time.Duration
+	// Transactions makes what the member writes to Kafka (forwards and
+	// offsets) exactly once for read_committed readers, in Kafka
+	// transactions: see TransactionsConfig.
+	// Default: TransactionsConfig{} (off; Timeout 10s when on).
+	Transactions TransactionsConfig
 
 	// Retry says how a message whose handler failed is tried again: in
 	// process (Attempts, Backoff), through retry tiers (Tiers), and whether a
@@ -469,6 +426,56 @@ type RetryConfig struct {
 	Tiers retrytopic.Policy
 }
 
+// TransactionsConfig is Config.Transactions. Enabled makes what the member
+// writes to Kafka exactly once for read_committed readers (KIP-447): one
+// transactional producer per member, whose transactions commit the forwards
+// to retry tiers and the dead-letter topic together with the source offsets
+// of the records they settle, and the offsets of records whose effect is in
+// the dedupe store too: with transactions on, the member never sends a plain
+// offset commit. Offsets go with the member's generation, so a member the
+// group has expelled (paused past its session timeout, partitioned away)
+// cannot commit: its transaction is aborted with everything it forwarded. A
+// crash anywhere leaves either a forward and its offset, or neither. A
+// transaction that fails ends the member's session; the next session reads
+// its partitions again from the committed offsets (effects are kept once by
+// the dedupe store).
+//
+// Its cost: a commit (EndTxn, two round trips to the transaction
+// coordinator, a marker written to every partition the transaction touched)
+// every CommitInterval; forwards wait while a commit is in flight; readers
+// of the tiers and the dead-letter topic must use read_committed (idem's own
+// consumers do) and see forwards only after the commit, so up to
+// CommitInterval later. With lanes (Concurrency > 1, Adaptive) a forward
+// first waits, holding nothing, until every earlier message of its partition
+// is final, so that its offset commits in the forward's transaction: the
+// lane of a failing message waits behind the slowest earlier message of its
+// partition (forwards are rare; the other lanes go on). A record a
+// destination refuses for good (too large for the dead-letter topic, invalid
+// in a compacted tier) costs an aborted transaction, and a re-read of the
+// member's partitions from the committed offsets, per form it falls back
+// through (the dead-letter topic whole, a stub, a bare stub): the member
+// remembers the refusal, so the record ends in the dead-letter topic once.
+// Needs Kafka ≥ 2.5 (idem asks for protocol 4.1), no Ordering (not ByKey)
+// and read_committed. The transactional.id is "idem-<Group>-<InstanceID>"
+// with an InstanceID (a restarted member fences its predecessor and aborts
+// its open transaction at once), else "idem-<Group>-<host>-<random>" (a
+// crashed member's open transaction then holds read_committed readers of its
+// partitions back until Timeout). Set outbox.Relay.ExactlyOnce too for the
+// relay's events. A transaction ends with a marker in each partition it
+// wrote, after the last record: lag computed from end offsets
+// (idem_consumer_lag of tiers, idem_dlq_depth) counts those markers.
+type TransactionsConfig struct {
+	// Enabled turns the transactional mode on.
+	// Default: false.
+	Enabled bool
+
+	// Timeout is how long the transaction coordinator lets a transaction
+	// stay open before it aborts it (a member that died with a transaction
+	// open). It must exceed Config.CommitInterval.
+	// Default: 10s. Kafka: transaction.timeout.ms.
+	Timeout time.Duration
+}
+
 // RetentionConfig is Config.Retention: how long the inbox keeps a key and
 // who deletes the older ones. A message delivered again after its key was
 // deleted runs its handler again, so the inbox must remember a key for as
@@ -554,25 +561,25 @@ func (s StartPosition) String() string {
 // "Default:" line against it.
 func defaults() Config {
 	return Config{
-		KeyFunc:            HeaderKey("idempotency-key"),
-		MaxKeyLength:       256,
-		MissingKey:         MissingKeyDeadLetter,
-		Batch:              BatchConfig{MaxLatency: 50 * time.Millisecond},
-		Sarama:             sarama.NewConfig(),
-		Logger:             slog.Default(),
-		ShutdownGrace:      10 * time.Second,
-		CommitInterval:     time.Second,
-		TransactionTimeout: 10 * time.Second,
-		OutageBackoff:      5 * time.Second,
-		Retry:              RetryConfig{Attempts: 4, Backoff: recovery.Backoff{Base: 100 * time.Millisecond, Max: 5 * time.Second}},
-		DLQDepthInterval:   30 * time.Second,
-		LagInterval:        15 * time.Second,
-		StallWarning:       time.Minute,
-		StartAt:            StartOldest,
-		Concurrency:        1,
-		LaneBy:             LaneByIdempotencyKey,
-		TracerProvider:     otel.GetTracerProvider(),
-		Propagator:         propagation.TraceContext{},
+		KeyFunc:          HeaderKey("idempotency-key"),
+		MaxKeyLength:     256,
+		MissingKey:       MissingKeyDeadLetter,
+		Batch:            BatchConfig{MaxLatency: 50 * time.Millisecond},
+		Sarama:           sarama.NewConfig(),
+		Logger:           slog.Default(),
+		ShutdownGrace:    10 * time.Second,
+		CommitInterval:   time.Second,
+		Transactions:     TransactionsConfig{Timeout: 10 * time.Second},
+		OutageBackoff:    5 * time.Second,
+		Retry:            RetryConfig{Attempts: 4, Backoff: recovery.Backoff{Base: 100 * time.Millisecond, Max: 5 * time.Second}},
+		DLQDepthInterval: 30 * time.Second,
+		LagInterval:      15 * time.Second,
+		StallWarning:     time.Minute,
+		StartAt:          StartOldest,
+		Concurrency:      1,
+		LaneBy:           LaneByIdempotencyKey,
+		TracerProvider:   otel.GetTracerProvider(),
+		Propagator:       propagation.TraceContext{},
 	}
 }
 
@@ -600,8 +607,8 @@ func (c Config) withDefaults() Config {
 	if c.OutageBackoff == 0 {
 		c.OutageBackoff = d.OutageBackoff
 	}
-	if c.TransactionTimeout == 0 {
-		c.TransactionTimeout = d.TransactionTimeout
+	if c.Transactions.Timeout == 0 {
+		c.Transactions.Timeout = d.Transactions.Timeout
 	}
 	if c.DLQDepthInterval == 0 {
 		c.DLQDepthInterval = d.DLQDepthInterval

@@ -33,7 +33,7 @@ var requiredFields = []string{"Brokers", "Group", "Topics", "Dedupe"}
 // groups are the Config fields whose type is a group of options, each field
 // of which documents its own default (checked like Config's): the field name
 // and the group's type name.
-var groups = map[string]string{"Retry": "RetryConfig", "Batch": "BatchConfig", "Retention": "RetentionConfig"}
+var groups = map[string]string{"Retry": "RetryConfig", "Batch": "BatchConfig", "Retention": "RetentionConfig", "Transactions": "TransactionsConfig"}
 
 // configFieldDocs parses config.go and returns the doc comment of every field
 // of Config, in declaration order.
@@ -89,6 +89,13 @@ func defaultLines(doc string) []string {
 // knownDefaults checks the defaults that are not plain scalars, by behaviour
 // where they are functions. The key is the documented text exactly.
 var knownDefaults = map[string]func(v reflect.Value) error{
+	"TransactionsConfig{}": func(v reflect.Value) error {
+		// Off; its Timeout's default is checked on TransactionsConfig.Timeout.
+		if tc, ok := v.Interface().(TransactionsConfig); !ok || tc.Enabled {
+			return fmt.Errorf("is %+v, want transactions off", v.Interface())
+		}
+		return nil
+	},
 	"RetentionConfig{}": func(v reflect.Value) error {
 		if r, ok := v.Interface().(RetentionConfig); !ok || r != (RetentionConfig{}) {
 			return fmt.Errorf("is %+v, want the zero RetentionConfig", v.Interface())

@@ -195,7 +195,7 @@ func saramaConfig(cfg Config) *sarama.Config {
 	// committer runs every CommitInterval and at revoke/shutdown.
 	c.Consumer.Offsets.AutoCommit.Enable = true
 	c.Consumer.Offsets.AutoCommit.Interval = cfg.CommitInterval
-	if cfg.Transactions {
+	if cfg.Transactions.Enabled {
 		// The transactions are the only offset writer: sarama's committer
 		// never runs (nothing is marked with it either).
 		c.Consumer.Offsets.AutoCommit.Enable = false
@@ -268,7 +268,7 @@ func (r *runner) run(ctx context.Context) (err error) {
 	// group's rebalances and the producer's metadata never interfere. Its
 	// Producer.MaxMessageBytes follows the largest max.message.bytes of the
 	// source, tier and dead-letter topics (plus room for idem's headers).
-	if r.cfg.Transactions {
+	if r.cfg.Transactions.Enabled {
 		tclient, err := r.startTxn(ctx, st, maxBytes)
 		if err != nil {
 			return err

@@ -34,7 +34,7 @@ func TestStartRidesOutOutages(t *testing.T) {
 		{"ordering", func(cfg *consumer.Config, e *env) {
 			cfg.Ordering = consumer.ByKey(e.pool)
 		}, []string{"reading the topics' metadata", "starting the forwarder's producer", "creating the ordering schema"}},
-		{"transactions", func(cfg *consumer.Config, _ *env) { cfg.Transactions = true }, []string{
+		{"transactions", func(cfg *consumer.Config, _ *env) { cfg.Transactions.Enabled = true }, []string{
 			"reading the topics' metadata", "starting the transactional producer"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -23,14 +23,14 @@ import (
 
 // validateTransactions checks what Config.Transactions needs.
 func (c Config) validateTransactions(bad func(field string, v any, rule string)) {
-	if c.TransactionTimeout < 0 {
-		bad("TransactionTimeout", c.TransactionTimeout, "must be > 0")
+	if c.Transactions.Timeout < 0 {
+		bad("Transactions.Timeout", c.Transactions.Timeout, "must be > 0")
 	}
-	if !c.Transactions {
+	if !c.Transactions.Enabled {
 		return
 	}
-	if c.TransactionTimeout <= c.CommitInterval {
-		bad("TransactionTimeout", c.TransactionTimeout, fmt.Sprintf("must exceed CommitInterval (%s): a transaction stays open that long", c.CommitInterval))
+	if c.Transactions.Timeout <= c.CommitInterval {
+		bad("Transactions.Timeout", c.Transactions.Timeout, fmt.Sprintf("must exceed CommitInterval (%s): a transaction stays open that long", c.CommitInterval))
 	}
 	// Ordering ByKey stays refused (issue 20): a drain removes a parked
 	// message from PostgreSQL (Done) or clears its promoted head's pending
@@ -97,7 +97,7 @@ func (c Config) transactionalID() string {
 
 // txnProducerConfig is the config of the transaction owner's own client.
 func txnProducerConfig(base *sarama.Config, cfg Config, maxBytes int) *sarama.Config {
-	c := txn.Config(base, cfg.transactionalID(), cfg.TransactionTimeout)
+	c := txn.Config(base, cfg.transactionalID(), cfg.Transactions.Timeout)
 	c.Producer.MaxMessageBytes = max(c.Producer.MaxMessageBytes, maxBytes)
 	return c
 }

@@ -43,7 +43,7 @@ const (
 // txnConfig is e.config() in transactional mode with one short retry tier
 // and no in-process retries.
 func txnConfig(cfg consumer.Config, instance string) consumer.Config {
-	cfg.Transactions = true
+	cfg.Transactions.Enabled = true
 	cfg.InstanceID = instance
 	cfg.Retry.Attempts = 1
 	cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{200 * time.Millisecond}}
@@ -253,7 +253,7 @@ func TestTxnMemberHelperProcess(t *testing.T) {
 		CommitInterval: 200 * time.Millisecond,
 	}, os.Getenv(memberEnvInstance))
 	cfg = txnLanes(cfg, os.Getenv(txnEnvLanes))
-	cfg.TransactionTimeout = time.Minute // a stalled member's transaction must outlive its membership
+	cfg.Transactions.Timeout = time.Minute // a stalled member's transaction must outlive its membership
 	err := consumer.Run(ctx, cfg, poisonHandler())
 	t.Fatalf("txn member helper: Run returned %v before it was killed", err)
 }

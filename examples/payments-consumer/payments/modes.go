@@ -77,7 +77,7 @@ func (o *runOptions) run(ctx context.Context, cfg consumer.Config, rl *outbox.Re
 	cfg.Retry.Tiers.Delays = delays
 	cfg.InstanceID = o.instanceID
 	if o.transactions {
-		cfg.Transactions = true
+		cfg.Transactions.Enabled = true
 		if rl != nil {
 			rl.ExactlyOnce = true
 		}
