@@ -17,6 +17,7 @@ import (
 	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/internal/expiry"
 	"github.com/idemhq/idem/recovery"
 	"github.com/idemhq/idem/retrytopic"
 	"github.com/idemhq/idem/schedule"
@@ -152,23 +153,11 @@ type Config struct {
 	Transactions TransactionsConfig
 
 	// Retry says how a message whose handler failed is tried again: in
-	// process (Attempts, Backoff), through retry tiers (Tiers), and whether a
-	// panic counts as a retriable failure (Panics). See RetryConfig.
+	// process (Attempts, Backoff), through retry tiers (Tiers), whether a
+	// panic counts as a retriable failure (Panics), and per error (Rules).
+	// See RetryConfig.
 	// Default: RetryConfig{Attempts: 4, Backoff: {Base: 100ms, Max: 5s}}.
 	Retry RetryConfig
-
-	// Rules choose, by the error, how a failed message is retried: each
-	// rule's Match (errors.Is/As, kind, SQLSTATE class, HTTP status) picks
-	// its attempts per delivery, backoff, retry-tier ladder and dead-letter
-	// topic (e.g. fraud declines to "payments.dlq.fraud"). Rules are matched
-	// in order against the error the handler returned; the first match
-	// wins, and an error no rule matches takes the fallback rule Retry
-	// makes (Attempts, Backoff, Tiers). A rule's zero fields take the
-	// fallback's. A rule never makes a permanent error retriable: it only
-	// chooses its dead-letter topic. Validated at start (a rule without a
-	// Match is an error). See package recovery.
-	// Default: nil (every error takes the fallback rule: today's behaviour).
-	Rules []recovery.Rule
 
 	// Breakers is the breaker.Set the handler calls its dependencies
 	// through, when it has flow limits (Set.SetLimits: a rate and calls in
@@ -191,12 +180,6 @@ type Config struct {
 	// Default: nil.
 	OnDeadLettered func(ctx context.Context, d DeadLettered) error
 
-	// OnExpired runs for a message that expired (Config.Expiry), dropped
-	// or dead-lettered, before either, as OnDeadLettered does: once per
-	// message, in the inbox's transaction (dedupe.Tx(ctx)).
-	// Default: nil.
-	OnExpired func(ctx context.Context, x Expired) error
-
 	// Adaptive makes the handler calls in flight adapt to the latency and
 	// the 429s of the dependencies (see Adaptive): each partition gets
 	// Adaptive.Max lanes (Concurrency is then ignored) and a member-wide
@@ -216,8 +199,9 @@ type Config struct {
 	Defer *schedule.Scheduler
 
 	// Expiry is when a message is too old to handle: a maximum age per
-	// topic and the per-message "idem-deadline" header (see Expiry).
-	// Default: Expiry{} (no maximum age; the deadline header is honoured).
+	// topic and the per-message "idem-deadline" header, and what runs for
+	// an expired message (see Expiry).
+	// Default: Expiry{Header: "idem-deadline"} (no maximum age; the deadline header is honoured).
 	Expiry Expiry
 
 	// Ordering keeps per-key order across retry tiers when set to
@@ -424,6 +408,19 @@ type RetryConfig struct {
 	// Tiers.Retention is those topics' retention.ms.
 	// Default: retrytopic.Policy{} (no tiers; dead-letter topic "<topic>.<group>.dlq").
 	Tiers retrytopic.Policy
+
+	// Rules choose, by the error, how a failed message is retried: each
+	// rule's Match (errors.Is/As, kind, SQLSTATE class, HTTP status) picks
+	// its attempts per delivery, backoff, retry-tier ladder and dead-letter
+	// topic (e.g. fraud declines to "payments.dlq.fraud"). Rules are
+	// matched in order against the error the handler returned; the first
+	// match wins, and an error no rule matches takes the fallback rule the
+	// other fields make (Attempts, Backoff, Tiers). A rule's zero fields
+	// take the fallback's. A rule never makes a permanent error retriable:
+	// it only chooses its dead-letter topic. Validated at start (a rule
+	// without a Match is an error). See package recovery.
+	// Default: nil (every error takes the fallback rule).
+	Rules []recovery.Rule
 }
 
 // TransactionsConfig is Config.Transactions. Enabled makes what the member
@@ -570,6 +567,7 @@ func defaults() Config {
 		ShutdownGrace:    10 * time.Second,
 		CommitInterval:   time.Second,
 		Transactions:     TransactionsConfig{Timeout: 10 * time.Second},
+		Expiry:           Expiry{Header: expiry.HeaderDeadline},
 		OutageBackoff:    5 * time.Second,
 		Retry:            RetryConfig{Attempts: 4, Backoff: recovery.Backoff{Base: 100 * time.Millisecond, Max: 5 * time.Second}},
 		DLQDepthInterval: 30 * time.Second,
@@ -609,6 +607,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Transactions.Timeout == 0 {
 		c.Transactions.Timeout = d.Transactions.Timeout
+	}
+	if c.Expiry.Header == "" {
+		c.Expiry.Header = d.Expiry.Header
 	}
 	if c.DLQDepthInterval == 0 {
 		c.DLQDepthInterval = d.DLQDepthInterval
@@ -773,7 +774,7 @@ func (c Config) Validate() error {
 	}
 	if c.Retry.Backoff.Max < c.Retry.Backoff.Base {
 		bad("Retry.Backoff.Max", c.Retry.Backoff.Max, fmt.Sprintf("must be >= Retry.Backoff.Base (%s)", c.Retry.Backoff.Base))
-	} else if len(c.Rules) > 0 && c.Retry.Tiers.Validate() == nil && c.Retry.Backoff.Base >= 0 && c.Retry.Attempts >= 1 {
+	} else if len(c.Retry.Rules) > 0 && c.Retry.Tiers.Validate() == nil && c.Retry.Backoff.Base >= 0 && c.Retry.Attempts >= 1 {
 		c.validateRules(bad) // only once the fallback's own fields passed: recovery.New checks them again
 	}
 	return errors.Join(errs...)

@@ -33,43 +33,58 @@ var requiredFields = []string{"Brokers", "Group", "Topics", "Dedupe"}
 // groups are the Config fields whose type is a group of options, each field
 // of which documents its own default (checked like Config's): the field name
 // and the group's type name.
-var groups = map[string]string{"Retry": "RetryConfig", "Batch": "BatchConfig", "Retention": "RetentionConfig", "Transactions": "TransactionsConfig"}
+var groups = map[string]string{
+	"Retry":        "RetryConfig",
+	"Batch":        "BatchConfig",
+	"Retention":    "RetentionConfig",
+	"Transactions": "TransactionsConfig",
+	"Expiry":       "Expiry",
+}
 
-// configFieldDocs parses config.go and returns the doc comment of every field
+// configFieldDocs parses the package and returns the doc comment of every field
 // of Config, in declaration order.
 func configFieldDocs(tb testing.TB) (names []string, docs map[string]string) {
 	return structFieldDocs(tb, "Config")
 }
 
-// structFieldDocs parses config.go and returns the doc comment of every field
-// of the struct type typeName, in declaration order.
+// structFieldDocs parses the package's non-test files and returns the doc
+// comment of every field of the struct type typeName, in declaration order.
 func structFieldDocs(tb testing.TB, typeName string) (names []string, docs map[string]string) {
 	tb.Helper()
-	fset := token.NewFileSet()
-	f, err := parser.ParseFile(fset, "config.go", nil, parser.ParseComments)
+	paths, err := filepath.Glob("*.go")
 	if err != nil {
 		tb.Fatal(err)
 	}
+	fset := token.NewFileSet()
 	docs = map[string]string{}
-	ast.Inspect(f, func(n ast.Node) bool {
-		ts, ok := n.(*ast.TypeSpec)
-		if !ok || ts.Name.Name != typeName {
-			return true
+	for _, path := range paths {
+		if strings.HasSuffix(path, "_test.go") {
+			continue
 		}
-		st, ok := ts.Type.(*ast.StructType)
-		if !ok {
-			tb.Fatalf("%s is a %T, want a struct", typeName, ts.Type)
+		f, err := parser.ParseFile(fset, path, nil, parser.ParseComments)
+		if err != nil {
+			tb.Fatal(err)
 		}
-		for _, fld := range st.Fields.List {
-			for _, id := range fld.Names {
-				names = append(names, id.Name)
-				docs[id.Name] = fld.Doc.Text()
+		ast.Inspect(f, func(n ast.Node) bool {
+			ts, ok := n.(*ast.TypeSpec)
+			if !ok || ts.Name.Name != typeName {
+				return true
 			}
-		}
-		return false
-	})
+			st, ok := ts.Type.(*ast.StructType)
+			if !ok {
+				tb.Fatalf("%s is a %T, want a struct", typeName, ts.Type)
+			}
+			for _, fld := range st.Fields.List {
+				for _, id := range fld.Names {
+					names = append(names, id.Name)
+					docs[id.Name] = fld.Doc.Text()
+				}
+			}
+			return false
+		})
+	}
 	if len(names) == 0 {
-		tb.Fatalf("type %s not found in config.go", typeName)
+		tb.Fatalf("type %s not found in package consumer", typeName)
 	}
 	return names, docs
 }
@@ -108,9 +123,10 @@ var knownDefaults = map[string]func(v reflect.Value) error{
 		}
 		return nil
 	},
-	"Expiry{}": func(v reflect.Value) error {
-		if !v.IsZero() {
-			return fmt.Errorf("is %+v, want the zero Expiry", v.Interface())
+	`Expiry{Header: "idem-deadline"}`: func(v reflect.Value) error {
+		x, ok := v.Interface().(Expiry)
+		if !ok || x.Header != "idem-deadline" || x.MaxAge != 0 || x.MaxAgeByTopic != nil || x.Drop || x.OnExpired != nil {
+			return fmt.Errorf("is %+v, want Expiry{Header: \"idem-deadline\"}", v.Interface())
 		}
 		return nil
 	},
@@ -362,9 +378,9 @@ func checkValue(c reflect.Value, field, text string) error {
 			return nil
 		}
 	}
-	if text == `""` && v.Kind() == reflect.String {
-		if got := v.String(); got != "" {
-			return fmt.Errorf("is %q, documented \"\"", got)
+	if want, err := strconv.Unquote(text); err == nil && v.Kind() == reflect.String {
+		if got := v.String(); got != want {
+			return fmt.Errorf("is %q, documented %q", got, want)
 		}
 		return nil
 	}

@@ -111,7 +111,7 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 			r.gate.trip(err)
 			w.ob.spanEnd(TraceOutcomeBreakerOpen, err)
 		case c == classRetriable:
-			d, again, rule := w.retryWait(err, retries) // rules.go: Config.Rules' attempts and backoff
+			d, again, rule := w.retryWait(err, retries) // rules.go: Config.Retry.Rules' attempts and backoff
 			if !again {
 				w.ob.spanError(err) // its forward ends the span
 				return err, nil

@@ -7,7 +7,7 @@ import (
 	"github.com/idemhq/idem/recovery"
 )
 
-// recovery is c's recoverability policy: Config.Rules, matched in order,
+// recovery is c's recoverability policy: Config.Retry.Rules, matched in order,
 // over the fallback rule Config.Retry makes
 // (today's behaviour when Rules is empty). c has its defaults applied.
 func (c Config) recovery() (*recovery.Policy, error) {
@@ -15,7 +15,7 @@ func (c Config) recovery() (*recovery.Policy, error) {
 		Attempts: c.Retry.Attempts,
 		Backoff:  c.Retry.Backoff,
 		Retry:    c.Retry.Tiers,
-	}, c.Rules...)
+	}, c.Retry.Rules...)
 }
 
 // dlqTopics is every dead-letter topic of source topic t: the fallback's
@@ -27,13 +27,13 @@ func (c Config) dlqTopics(t string) []string {
 	return []string{c.Retry.Tiers.DLQ(t, c.Group)} // Validate reports the rules
 }
 
-// validateRules checks Config.Rules (bad reports each problem, naming the
+// validateRules checks Config.Retry.Rules (bad reports each problem, naming the
 // rule): matchers, attempts, backoffs, ladders and topic names. Called only
 // once the fallback's own fields passed (recovery.New checks them again).
 func (c Config) validateRules(bad func(field string, v any, rule string)) {
 	p, err := c.recovery()
 	if err != nil {
-		bad("Rules", len(c.Rules), err.Error())
+		bad("Retry.Rules", len(c.Retry.Rules), err.Error())
 		return
 	}
 	for _, t := range c.Topics {
@@ -41,13 +41,13 @@ func (c Config) validateRules(bad func(field string, v any, rule string)) {
 			continue
 		}
 		if err := p.ValidateNames(t, c.Group); err != nil {
-			bad("Rules", t, err.Error())
+			bad("Retry.Rules", t, err.Error())
 		}
 	}
 	if c.Ordering.keyed {
-		for i, r := range c.Rules {
+		for i, r := range c.Retry.Rules {
 			if r.Tiers != nil && len(r.Tiers.Delays) > 0 {
-				bad("Rules", i, "a rule with a tier ladder of its own (Tiers with Delays) is not supported with Ordering ByKey: a parked head is re-sent to Retry.Tiers")
+				bad("Retry.Rules", i, "a rule with a tier ladder of its own (Tiers with Delays) is not supported with Ordering ByKey: a parked head is re-sent to Retry.Tiers")
 			}
 		}
 	}

@@ -30,7 +30,7 @@ func TestRulesRouteByError(t *testing.T) {
 	cfg := e.config()
 	cfg.Retry.Attempts = 2
 	cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{100 * time.Millisecond}}
-	cfg.Rules = []recovery.Rule{
+	cfg.Retry.Rules = []recovery.Rule{
 		{Name: "fraud", Match: recovery.Is(errFraud), Attempts: 1, Tiers: &recovery.Ladder{}, DLQ: fraudDLQ},
 		{Name: "timeout", Match: recovery.Kind(handler.KindTimeout), Attempts: 5,
 			Tiers: &recovery.Ladder{Name: "slow", Delays: []time.Duration{200 * time.Millisecond, 400 * time.Millisecond}}},
@@ -99,16 +99,16 @@ func TestRulesRejectedAtStart(t *testing.T) {
 		"ladder no name":    {recovery.Rule{Match: recovery.Kind(handler.KindTimeout), Tiers: &recovery.Ladder{Delays: []time.Duration{time.Second}}}, "no Name"},
 	} {
 		cfg := coreValidConfig()
-		cfg.Rules = []recovery.Rule{tc.rule}
+		cfg.Retry.Rules = []recovery.Rule{tc.rule}
 		err := consumer.Run(context.Background(), cfg, handler.Func(func(context.Context, *handler.Message) error { return nil }))
 		var ce *consumer.ConfigError
-		if !errors.As(err, &ce) || ce.Field != "Rules" || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: Run = %v, want a *ConfigError for Rules saying %q", name, err, tc.want)
+		if !errors.As(err, &ce) || ce.Field != "Retry.Rules" || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: Run = %v, want a *ConfigError for Retry.Rules saying %q", name, err, tc.want)
 		}
 	}
 	cfg := coreValidConfig()
 	cfg.Ordering = consumer.ByKey(nil)
-	cfg.Rules = []recovery.Rule{{Match: recovery.Kind(handler.KindTimeout), Tiers: &recovery.Ladder{Name: "slow", Delays: []time.Duration{time.Second}}}}
+	cfg.Retry.Rules = []recovery.Rule{{Match: recovery.Kind(handler.KindTimeout), Tiers: &recovery.Ladder{Name: "slow", Delays: []time.Duration{time.Second}}}}
 	if !strings.Contains(fmt.Sprint(cfg.Validate()), "not supported with Ordering ByKey") {
 		t.Errorf("Validate = %v, want a rule ladder refused with Ordering ByKey", cfg.Validate())
 	}

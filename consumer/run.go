@@ -107,7 +107,7 @@ type runner struct {
 	scfg   *sarama.Config
 	group  sarama.ConsumerGroup
 	policy retrytopic.Policy
-	rules  *recovery.Policy // Config.Rules over the fallback rule; policy is the fallback's Retry
+	rules  *recovery.Policy // Config.Retry.Rules over the fallback rule; policy is the fallback's Retry
 	shares *shares          // splits Config.Breakers' limits across the group (limits.go); nil without
 	lanes  *lanesGate       // Config.Adaptive's member-wide limit (adaptive.go); nil without
 	fwd    *retrytopic.Forwarder

@@ -338,16 +338,18 @@ func runDemo(ctx context.Context, e env, o demoOptions, stdout, stderr io.Writer
 	runErr := make(chan error, 1)
 	go func() {
 		runErr <- consumer.Run(runCtx, consumer.Config{
-			Brokers:          e.Brokers,
-			Group:            s.Group,
-			Topics:           []string{s.Topic},
-			KeyFunc:          paymentKey,
-			Dedupe:           dedupe.NewPostgres(pool),
-			Sarama:           dcfg,
-			Logger:           log,
-			Registerer:       reg,
-			Retry:            consumer.RetryConfig{Attempts: 2, Backoff: recovery.Backoff{Base: 20 * time.Millisecond}, Tiers: demoRetry},
-			Rules:            paymentRules(),
+			Brokers:    e.Brokers,
+			Group:      s.Group,
+			Topics:     []string{s.Topic},
+			KeyFunc:    paymentKey,
+			Dedupe:     dedupe.NewPostgres(pool),
+			Sarama:     dcfg,
+			Logger:     log,
+			Registerer: reg,
+			Retry: consumer.RetryConfig{
+				Attempts: 2, Backoff: recovery.Backoff{Base: 20 * time.Millisecond},
+				Tiers: demoRetry, Rules: paymentRules(),
+			},
 			DLQDepthInterval: time.Second,
 			LagInterval:      time.Second,
 			Readiness:        ready,

@@ -6,7 +6,7 @@ import (
 	"github.com/idemhq/idem/recovery"
 )
 
-// paymentRules is the service's recoverability policy (Config.Rules): a bank
+// paymentRules is the service's recoverability policy (Config.Retry.Rules): a bank
 // call that timed out gets more in-process attempts than other failures. A
 // timeout says the bank is slow, not that the payment is wrong, and the bank
 // charges once per idempotency key, so trying again soon is safe and usually

@@ -118,8 +118,7 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, hooks Hooks
 		Sarama:     scfg,
 		Logger:     log,
 		Registerer: reg,
-		Retry:      consumer.RetryConfig{Tiers: retryPolicy},
-		Rules:      paymentRules(),
+		Retry:      consumer.RetryConfig{Tiers: retryPolicy, Rules: paymentRules()},
 		Readiness:  ready,
 	}, rl, pool, log, svc, hooks)
 	if err != nil {
