@@ -14,9 +14,9 @@ import (
 )
 
 // Adaptive makes the number of handler calls in flight adapt to the
-// dependency (issue 21, "Adaptive concurrency"): Config.Adaptive set, each
-// partition gets Max lanes and a member-wide limit decides how many of this
-// member's handler attempts may run at once. The limit grows while the
+// dependency (issue 21, "Adaptive concurrency"): Config.Limits.Adaptive set,
+// each partition gets Max lanes and a member-wide limit decides how many of
+// this member's handler attempts may run at once. The limit grows while the
 // attempts' latency holds and shrinks when it rises or a dependency answers
 // 429 (a *breaker.ThrottleError with breaker.ReasonRetryAfter from the call
 // itself): AIMD, additive increase by one per window of samples (doubling at
@@ -62,8 +62,8 @@ func (a *Adaptive) config() adaptive.Config {
 	return adaptive.Config{Min: a.Min, Max: a.Max, Tolerance: a.Tolerance, Backoff: a.Backoff}
 }
 
-// lanesGate is Config.Adaptive's member-wide limit of handler attempts in
-// flight; nil without Adaptive (every method is then a no-op).
+// lanesGate is Config.Limits.Adaptive's member-wide limit of handler
+// attempts in flight; nil without Adaptive (every method is then a no-op).
 type lanesGate struct {
 	lim   *adaptive.Limiter
 	gauge prometheus.Gauge
@@ -79,7 +79,7 @@ func newLanesGate(a *Adaptive, gauge prometheus.Gauge) (*lanesGate, error) {
 	}
 	lim, err := adaptive.New(a.config())
 	if err != nil {
-		return nil, fmt.Errorf("consumer: Adaptive: %w", err)
+		return nil, fmt.Errorf("consumer: Limits.Adaptive: %w", err)
 	}
 	gauge.Set(float64(lim.Limit()))
 	return &lanesGate{lim: lim, gauge: gauge, freed: make(chan struct{})}, nil

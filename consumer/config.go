@@ -159,16 +159,11 @@ type Config struct {
 	// Default: RetryConfig{Attempts: 4, Backoff: {Base: 100ms, Max: 5s}}.
 	Retry RetryConfig
 
-	// Breakers is the breaker.Set the handler calls its dependencies
-	// through, when it has flow limits (Set.SetLimits: a rate and calls in
-	// flight per dependency, the budget of the whole group). Run registers
-	// its series (breaker.NewLimitCollector: idem_dependency_*) on
-	// Registerer and, after each rebalance and every 5 s, splits the budget
-	// across the group's members: Set.SetShare(1/members). Until a member
-	// has counted the group it uses the whole budget; during a rebalance
-	// members may briefly use more than their share.
-	// Default: nil (no limits split; the handler may still use a Set).
-	Breakers *breaker.Set
+	// Limits bound what the handler asks of its dependencies: the flow
+	// limits of a breaker.Set split across the group (Breakers), and lanes
+	// that adapt to the dependencies' latency (Adaptive). See LimitsConfig.
+	// Default: LimitsConfig{} (no limits split; a fixed Concurrency).
+	Limits LimitsConfig
 
 	// OnDeadLettered runs after a message was sent to a dead-letter topic
 	// (any kind, any rule), in a transaction of the dedupe store that
@@ -179,13 +174,6 @@ type Config struct {
 	// backoff, the partition waiting, as for a failed forward.
 	// Default: nil.
 	OnDeadLettered func(ctx context.Context, d DeadLettered) error
-
-	// Adaptive makes the handler calls in flight adapt to the latency and
-	// the 429s of the dependencies (see Adaptive): each partition gets
-	// Adaptive.Max lanes (Concurrency is then ignored) and a member-wide
-	// AIMD limit, exported as idem_lanes, decides how many run at once.
-	// Default: nil (a fixed Concurrency).
-	Adaptive *Adaptive
 
 	// Defer enables handler.DeferUntil: a deferred message is stored in
 	// PostgreSQL (idem_deferred, created by Migrate), its offset commits at
@@ -442,7 +430,7 @@ type RetryConfig struct {
 // every CommitInterval; forwards wait while a commit is in flight; readers
 // of the tiers and the dead-letter topic must use read_committed (idem's own
 // consumers do) and see forwards only after the commit, so up to
-// CommitInterval later. With lanes (Concurrency > 1, Adaptive) a forward
+// CommitInterval later. With lanes (Concurrency > 1, Limits.Adaptive) a forward
 // first waits, holding nothing, until every earlier message of its partition
 // is final, so that its offset commits in the forward's transaction: the
 // lane of a failing message waits behind the slowest earlier message of its
@@ -471,6 +459,29 @@ type TransactionsConfig struct {
 	// open). It must exceed Config.CommitInterval.
 	// Default: 10s. Kafka: transaction.timeout.ms.
 	Timeout time.Duration
+}
+
+// LimitsConfig is Config.Limits: how the handler's calls to its
+// dependencies are bounded.
+type LimitsConfig struct {
+	// Breakers is the breaker.Set the handler calls its dependencies
+	// through, when it has flow limits (Set.SetLimits: a rate and calls in
+	// flight per dependency, the budget of the whole group). Run registers
+	// its series (breaker.NewLimitCollector: idem_dependency_*) on
+	// Registerer and, after each rebalance and every 5 s, splits the budget
+	// across the group's members: Set.SetShare(1/members). Until a member
+	// has counted the group it uses the whole budget; during a rebalance
+	// members may briefly use more than their share.
+	// Default: nil (no limits split; the handler may still use a Set).
+	Breakers *breaker.Set
+
+	// Adaptive makes the handler calls in flight adapt to the latency and
+	// the 429s of the dependencies (see Adaptive): each partition gets
+	// Adaptive.Max lanes (Config.Concurrency is then ignored) and a
+	// member-wide AIMD limit, exported as idem_lanes, decides how many run
+	// at once.
+	// Default: nil (a fixed Config.Concurrency).
+	Adaptive *Adaptive
 }
 
 // RetentionConfig is Config.Retention: how long the inbox keeps a key and
@@ -763,8 +774,8 @@ func (c Config) Validate() error {
 			bad("FailureIndex", "", err.Error())
 		}
 	}
-	if err := c.Adaptive.validate(); err != nil {
-		bad("Adaptive", "", err.Error())
+	if err := c.Limits.Adaptive.validate(); err != nil {
+		bad("Limits.Adaptive", "", err.Error())
 	}
 	if err := c.validateDefer(); err != nil {
 		bad("Defer", "", err.Error())

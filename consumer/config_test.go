@@ -38,6 +38,7 @@ var groups = map[string]string{
 	"Batch":        "BatchConfig",
 	"Retention":    "RetentionConfig",
 	"Transactions": "TransactionsConfig",
+	"Limits":       "LimitsConfig",
 	"Expiry":       "Expiry",
 }
 
@@ -104,6 +105,12 @@ func defaultLines(doc string) []string {
 // knownDefaults checks the defaults that are not plain scalars, by behaviour
 // where they are functions. The key is the documented text exactly.
 var knownDefaults = map[string]func(v reflect.Value) error{
+	"LimitsConfig{}": func(v reflect.Value) error {
+		if l, ok := v.Interface().(LimitsConfig); !ok || l != (LimitsConfig{}) {
+			return fmt.Errorf("is %+v, want the zero LimitsConfig", v.Interface())
+		}
+		return nil
+	},
 	"TransactionsConfig{}": func(v reflect.Value) error {
 		// Off; its Timeout's default is checked on TransactionsConfig.Timeout.
 		if tc, ok := v.Interface().(TransactionsConfig); !ok || tc.Enabled {

@@ -25,7 +25,7 @@ func TestValidateMembershipAndTransactions(t *testing.T) {
 			c.Transactions.Enabled, c.InstanceID, c.Batch.MaxMessages = true, "m-1", 50
 		}, ""},
 		{"transactions with lanes", func(c *Config) { c.Transactions.Enabled, c.Concurrency = true, 4 }, ""},
-		{"transactions with adaptive lanes", func(c *Config) { c.Transactions.Enabled, c.Adaptive = true, &Adaptive{Max: 8} }, ""},
+		{"transactions with adaptive lanes", func(c *Config) { c.Transactions.Enabled, c.Limits.Adaptive = true, &Adaptive{Max: 8} }, ""},
 
 		{"instance id of 250 characters", func(c *Config) { c.InstanceID = strings.Repeat("a", 250) }, "InstanceID"},
 		{"instance id with a slash", func(c *Config) { c.InstanceID = "ns/pod" }, "InstanceID"},

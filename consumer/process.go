@@ -40,7 +40,7 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 			w.mx.attempt(r.m, r.cfg.Group, msg.Topic, err)
 			w.ob.spanStart(msg)
 		} else {
-			slot, ok := r.lanes.acquire(w.stopCtx) // Config.Adaptive (adaptive.go); nil: no limit
+			slot, ok := r.lanes.acquire(w.stopCtx) // Config.Limits.Adaptive (adaptive.go); nil: no limit
 			if !ok {
 				if probe {
 					r.gate.probeAbandoned()

@@ -108,8 +108,8 @@ type runner struct {
 	group  sarama.ConsumerGroup
 	policy retrytopic.Policy
 	rules  *recovery.Policy // Config.Retry.Rules over the fallback rule; policy is the fallback's Retry
-	shares *shares          // splits Config.Breakers' limits across the group (limits.go); nil without
-	lanes  *lanesGate       // Config.Adaptive's member-wide limit (adaptive.go); nil without
+	shares *shares          // splits Config.Limits.Breakers' limits across the group (limits.go); nil without
+	lanes  *lanesGate       // Config.Limits.Adaptive's member-wide limit (adaptive.go); nil without
 	fwd    *retrytopic.Forwarder
 	txn    *txn.Owner // Transactions: every forward and offset commit; nil otherwise
 	// refused remembers forwards refused in an aborted transaction
@@ -161,12 +161,12 @@ func newRunner(cfg Config, h handler.Handler) (*runner, error) {
 	if err := registerLimits(cfg); err != nil {
 		return nil, err
 	}
-	r.shares = newShares(cfg.Breakers)
-	if r.lanes, err = newLanesGate(cfg.Adaptive, m.Lanes.WithLabelValues(cfg.Group)); err != nil {
+	r.shares = newShares(cfg.Limits.Breakers)
+	if r.lanes, err = newLanesGate(cfg.Limits.Adaptive, m.Lanes.WithLabelValues(cfg.Group)); err != nil {
 		return nil, err
 	}
-	if cfg.Adaptive != nil {
-		r.cfg.Concurrency = cfg.Adaptive.Max // Max lanes a partition; the gate decides how many run
+	if cfg.Limits.Adaptive != nil {
+		r.cfg.Concurrency = cfg.Limits.Adaptive.Max // Max lanes a partition; the gate decides how many run
 	}
 	if r.rules, err = cfg.recovery(); err != nil {
 		return nil, fmt.Errorf("consumer: rules: %w", err)
@@ -470,7 +470,7 @@ func (g *groupHandler) Setup(s sarama.ConsumerGroupSession) error {
 		}
 		g.stopCommits = stop
 	}
-	g.r.shares.rebalanced() // Config.Breakers: 1/members of the new generation
+	g.r.shares.rebalanced() // Config.Limits.Breakers: 1/members of the new generation
 	g.r.ready.setJoined(true)
 	return nil
 }

@@ -195,7 +195,7 @@ func (e *env) waitTxnSettled(reg prometheus.Gatherer) {
 const (
 	txnEnvFlag  = "IDEM_TXN_HELPER"
 	txnEnvPoint = "IDEM_TXN_POINT" // see TestTxnMemberHelperProcess
-	txnEnvLanes = "IDEM_TXN_LANES" // Config.Concurrency, when set; "adaptive": Config.Adaptive up to 8 lanes
+	txnEnvLanes = "IDEM_TXN_LANES" // Config.Concurrency, when set; "adaptive": Config.Limits.Adaptive up to 8 lanes
 )
 
 // TestTxnMemberHelperProcess is not a test: the transactional tests run the
@@ -259,10 +259,10 @@ func TestTxnMemberHelperProcess(t *testing.T) {
 }
 
 // txnLanes returns cfg with lanes: "" keeps cfg's, "adaptive" is
-// Config.Adaptive up to 8 lanes, a number is Config.Concurrency.
+// Config.Limits.Adaptive up to 8 lanes, a number is Config.Concurrency.
 func txnLanes(cfg consumer.Config, lanes string) consumer.Config {
 	if lanes == "adaptive" {
-		cfg.Adaptive = &consumer.Adaptive{Max: 8}
+		cfg.Limits.Adaptive = &consumer.Adaptive{Max: 8}
 	} else if n, err := strconv.Atoi(lanes); err == nil {
 		cfg.Concurrency = n
 	}
@@ -590,7 +590,7 @@ func TestTxnForwardWaitsForEarlierMessage(t *testing.T) {
 		return inner(ctx, m)
 	})
 	cfg := txnConfig(e.config(), "")
-	cfg.Concurrency, cfg.Adaptive, cfg.Batch = lanes, nil, consumer.BatchConfig{}
+	cfg.Concurrency, cfg.Limits.Adaptive, cfg.Batch = lanes, nil, consumer.BatchConfig{}
 	var logs logBuffer
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	reg := prometheus.NewRegistry()
