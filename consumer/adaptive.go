@@ -52,10 +52,11 @@ func (a *Adaptive) validate() error {
 	if a == nil {
 		return nil
 	}
+	var errs []error
 	if a.Max > 1024 {
-		return fmt.Errorf("at most 1024 lanes (as Concurrency), not Max = %d", a.Max)
+		errs = append(errs, fmt.Errorf("at most 1024 lanes (as Concurrency), not Max = %d", a.Max))
 	}
-	return a.config().Validate()
+	return errors.Join(append(errs, a.config().Validate())...)
 }
 
 func (a *Adaptive) config() adaptive.Config {

@@ -655,6 +655,22 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// badEach reports each error joined in err (errors.Join) as a problem of
+// field, so that a group's validator that reports every problem at once
+// gives one ConfigError per problem.
+func badEach(bad func(field string, v any, rule string), field string, err error) {
+	if err == nil {
+		return
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range j.Unwrap() {
+			badEach(bad, field, e)
+		}
+		return
+	}
+	bad(field, "", err.Error())
+}
+
 // ErrInvalidConfig is wrapped by every error Validate returns.
 var ErrInvalidConfig = errors.New("consumer: invalid config")
 
@@ -770,19 +786,11 @@ func (c Config) Validate() error {
 		bad("Retry.Backoff.Base", c.Retry.Backoff.Base, "must be > 0")
 	}
 	if ix := c.failureIndex(); ix != nil {
-		if err := ix.Validate(); err != nil {
-			bad("FailureIndex", "", err.Error())
-		}
+		badEach(bad, "FailureIndex", ix.Validate())
 	}
-	if err := c.Limits.Adaptive.validate(); err != nil {
-		bad("Limits.Adaptive", "", err.Error())
-	}
-	if err := c.validateDefer(); err != nil {
-		bad("Defer", "", err.Error())
-	}
-	if err := c.Expiry.policy().Validate(); err != nil {
-		bad("Expiry", "", err.Error())
-	}
+	badEach(bad, "Limits.Adaptive", c.Limits.Adaptive.validate())
+	badEach(bad, "Defer", c.validateDefer())
+	badEach(bad, "Expiry", c.Expiry.policy().Validate())
 	if c.Retry.Backoff.Max < c.Retry.Backoff.Base {
 		bad("Retry.Backoff.Max", c.Retry.Backoff.Max, fmt.Sprintf("must be >= Retry.Backoff.Base (%s)", c.Retry.Backoff.Base))
 	} else if len(c.Retry.Rules) > 0 && c.Retry.Tiers.Validate() == nil && c.Retry.Backoff.Base >= 0 && c.Retry.Attempts >= 1 {

@@ -707,4 +707,17 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 			t.Errorf("Validate() reported %v; missing %s", fields, want)
 		}
 	}
+
+	// A group's own validator reports every problem too, one ConfigError
+	// each: two of Expiry, two of Limits.Adaptive.
+	c = validConfig()
+	c.Expiry = Expiry{MaxAge: -time.Second, Header: "a\x00b"}
+	c.Limits.Adaptive = &Adaptive{Max: 2000, Tolerance: 1}
+	count := map[string]int{}
+	for _, ce := range configErrors(c.Validate()) {
+		count[ce.Field]++
+	}
+	if count["Expiry"] != 2 || count["Limits.Adaptive"] != 2 || len(count) != 2 {
+		t.Errorf("Validate() reported %v; want Expiry 2, Limits.Adaptive 2", count)
+	}
 }

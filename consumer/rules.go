@@ -33,7 +33,7 @@ func (c Config) dlqTopics(t string) []string {
 func (c Config) validateRules(bad func(field string, v any, rule string)) {
 	p, err := c.recovery()
 	if err != nil {
-		bad("Retry.Rules", len(c.Retry.Rules), err.Error())
+		badEach(bad, "Retry.Rules", err)
 		return
 	}
 	for _, t := range c.Topics {
