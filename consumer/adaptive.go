@@ -47,6 +47,13 @@ type Adaptive struct {
 	Backoff float64
 }
 
+// withDefaults returns a copy of a with every zero optional field set to
+// its documented default (adaptive.DefaultConfig).
+func (a Adaptive) withDefaults() Adaptive {
+	c := a.config().WithDefaults()
+	return Adaptive{Min: c.Min, Max: c.Max, Tolerance: c.Tolerance, Backoff: c.Backoff}
+}
+
 // validate checks a as Run uses it.
 func (a *Adaptive) validate() error {
 	if a == nil {

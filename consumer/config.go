@@ -622,6 +622,10 @@ func (c Config) withDefaults() Config {
 	if c.Expiry.Header == "" {
 		c.Expiry.Header = d.Expiry.Header
 	}
+	if c.Limits.Adaptive != nil {
+		a := c.Limits.Adaptive.withDefaults() // a copy: the caller's stays as set
+		c.Limits.Adaptive = &a
+	}
 	if c.DLQDepthInterval == 0 {
 		c.DLQDepthInterval = d.DLQDepthInterval
 	}

@@ -42,6 +42,18 @@ var groups = map[string]string{
 	"Expiry":       "Expiry",
 }
 
+// pointerGroups are the Config fields whose type is a pointer to a group
+// (nil: the feature is off), keyed by their path, with the group's type
+// name and a value whose required fields are set: withDefaults must fill
+// the rest with their documented defaults. A field whose doc says
+// "Required." documents no default.
+var pointerGroups = map[string]struct {
+	typ string
+	set Config
+}{
+	"Limits.Adaptive": {"Adaptive", Config{Limits: LimitsConfig{Adaptive: &Adaptive{Max: 8}}}},
+}
+
 // configFieldDocs parses the package and returns the doc comment of every field
 // of Config, in declaration order.
 func configFieldDocs(tb testing.TB) (names []string, docs map[string]string) {
@@ -385,6 +397,14 @@ func checkValue(c reflect.Value, field, text string) error {
 			return nil
 		}
 	}
+	if v.CanFloat() {
+		if want, err := strconv.ParseFloat(text, 64); err == nil {
+			if got := v.Float(); got != want {
+				return fmt.Errorf("is %v, documented %v", got, want)
+			}
+			return nil
+		}
+	}
 	if want, err := strconv.Unquote(text); err == nil && v.Kind() == reflect.String {
 		if got := v.String(); got != want {
 			return fmt.Errorf("is %q, documented %q", got, want)
@@ -505,6 +525,32 @@ func TestDocumentedDefaults(t *testing.T) {
 			checked++
 		}
 	}
+	for path, pg := range pointerGroups {
+		gnames, gdocs := structFieldDocs(t, pg.typ)
+		g := reflect.ValueOf(pg.set.withDefaults())
+		for _, name := range strings.Split(path, ".") {
+			g = reflect.Indirect(g.FieldByName(name))
+		}
+		for _, gf := range gnames {
+			lines := defaultLines(gdocs[gf])
+			if len(lines) == 0 && strings.Contains(gdocs[gf], "Required.") {
+				continue
+			}
+			if len(lines) != 1 {
+				t.Errorf("%s.%s has %d \"Default:\" lines, want one (or \"Required.\"): %q", pg.typ, gf, len(lines), lines)
+				continue
+			}
+			for _, err := range checkDefaultLine(g, gf, lines[0]) {
+				t.Errorf("%s.%s: documented %q: %s.withDefaults() %v", pg.typ, gf, lines[0], path, err)
+			}
+			checked++
+		}
+	}
+	a := &Adaptive{Max: 8}
+	if filled := (Config{Limits: LimitsConfig{Adaptive: a}}).withDefaults().Limits.Adaptive; filled == a || *a != (Adaptive{Max: 8}) {
+		t.Errorf("withDefaults changed the caller's Adaptive, or returned it: it must fill a copy")
+	}
+
 	if checked < 10 {
 		t.Errorf("checked only %d documented defaults; is the parser still finding them?", checked)
 	}
