@@ -58,20 +58,20 @@ func init() {
 	register(Scenario{Name: "idem PG batch handler", Limit: pgLimit, PG: true, Consume: func(ctx context.Context, e *Env) error {
 		cfg := e.Idem(dedupe.NewPostgres(e.Pool))
 		cfg.Batch = consumer.BatchConfig{MaxMessages: 500}
-		return consumer.RunBatch(ctx, cfg, insertAll(e))
+		return consumer.Run(ctx, cfg, insertAll(e))
 	}})
 	// Transactional mode (Config.Transactions): the offsets commit in Kafka
 	// transactions (one every CommitInterval), the member's only offset
 	// writer; compared with the same scenario without it.
 	register(Scenario{Name: "idem PG transactional", Limit: pgLimit, PG: true, Versus: "idem PG", Consume: func(ctx context.Context, e *Env) error {
 		cfg := e.Idem(dedupe.NewPostgres(e.Pool))
-		cfg.Transactions = true
+		cfg.Transactions.Enabled = true
 		return consumer.Run(ctx, cfg, insertOne(e))
 	}})
 	register(Scenario{Name: "idem PG batched transactional", Limit: pgLimit, PG: true, Versus: "idem PG batched", Consume: func(ctx context.Context, e *Env) error {
 		cfg := e.Idem(dedupe.NewPostgres(e.Pool))
 		cfg.Batch = consumer.BatchConfig{MaxMessages: 100}
-		cfg.Transactions = true
+		cfg.Transactions.Enabled = true
 		return consumer.Run(ctx, cfg, insertOne(e))
 	}})
 	register(Scenario{Name: "idem 2 ms", Limit: slowLimit, Consume: func(ctx context.Context, e *Env) error {
@@ -120,8 +120,8 @@ func insertOne(e *Env) handler.Handler {
 
 // insertAll inserts the business rows of a whole batch with one unnest
 // statement through the batch's transaction.
-func insertAll(e *Env) handler.BatchHandler {
-	return handler.BatchFunc(func(ctx context.Context, msgs []*handler.Message) error {
+func insertAll(e *Env) handler.Handler {
+	return handler.Batch(func(ctx context.Context, msgs []*handler.Message) error {
 		keys := make([]string, len(msgs))
 		parts := make([]int32, len(msgs))
 		offs := make([]int64, len(msgs))

@@ -142,7 +142,7 @@ func TestBrowserTriage(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		err := consumer.Run(rctx, consumer.Config{Brokers: e.k.Brokers, Sarama: e.k.Config(), Group: group, Topics: []string{source},
-			Dedupe: store, Retry: pol, Retention: -1}, h)
+			Dedupe: store, Retry: consumer.RetryConfig{Tiers: pol}, Retention: consumer.RetentionConfig{NoSweep: true}}, h)
 		if err != nil {
 			t.Errorf("consumer.Run: %v", err)
 		}

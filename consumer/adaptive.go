@@ -14,9 +14,9 @@ import (
 )
 
 // Adaptive makes the number of handler calls in flight adapt to the
-// dependency (issue 21, "Adaptive concurrency"): Config.Adaptive set, each
-// partition gets Max lanes and a member-wide limit decides how many of this
-// member's handler attempts may run at once. The limit grows while the
+// dependency (issue 21, "Adaptive concurrency"): Config.Limits.Adaptive set,
+// each partition gets Max lanes and a member-wide limit decides how many of
+// this member's handler attempts may run at once. The limit grows while the
 // attempts' latency holds and shrinks when it rises or a dependency answers
 // 429 (a *breaker.ThrottleError with breaker.ReasonRetryAfter from the call
 // itself): AIMD, additive increase by one per window of samples (doubling at
@@ -47,23 +47,31 @@ type Adaptive struct {
 	Backoff float64
 }
 
+// withDefaults returns a copy of a with every zero optional field set to
+// its documented default (adaptive.DefaultConfig).
+func (a Adaptive) withDefaults() Adaptive {
+	c := a.config().WithDefaults()
+	return Adaptive{Min: c.Min, Max: c.Max, Tolerance: c.Tolerance, Backoff: c.Backoff}
+}
+
 // validate checks a as Run uses it.
 func (a *Adaptive) validate() error {
 	if a == nil {
 		return nil
 	}
+	var errs []error
 	if a.Max > 1024 {
-		return fmt.Errorf("at most 1024 lanes (as Concurrency), not Max = %d", a.Max)
+		errs = append(errs, fmt.Errorf("at most 1024 lanes (as Concurrency), not Max = %d", a.Max))
 	}
-	return a.config().Validate()
+	return errors.Join(append(errs, a.config().Validate())...)
 }
 
 func (a *Adaptive) config() adaptive.Config {
 	return adaptive.Config{Min: a.Min, Max: a.Max, Tolerance: a.Tolerance, Backoff: a.Backoff}
 }
 
-// lanesGate is Config.Adaptive's member-wide limit of handler attempts in
-// flight; nil without Adaptive (every method is then a no-op).
+// lanesGate is Config.Limits.Adaptive's member-wide limit of handler
+// attempts in flight; nil without Adaptive (every method is then a no-op).
 type lanesGate struct {
 	lim   *adaptive.Limiter
 	gauge prometheus.Gauge
@@ -79,7 +87,7 @@ func newLanesGate(a *Adaptive, gauge prometheus.Gauge) (*lanesGate, error) {
 	}
 	lim, err := adaptive.New(a.config())
 	if err != nil {
-		return nil, fmt.Errorf("consumer: Adaptive: %w", err)
+		return nil, fmt.Errorf("consumer: Limits.Adaptive: %w", err)
 	}
 	gauge.Set(float64(lim.Limit()))
 	return &lanesGate{lim: lim, gauge: gauge, freed: make(chan struct{})}, nil

@@ -91,7 +91,7 @@ func TestAdaptiveSettlesNearTheKnee(t *testing.T) {
 		return tp
 	}
 	var samples []float64
-	tp := run("adaptive", func(c *consumer.Config) { c.Adaptive = &consumer.Adaptive{Max: 64} }, func(e *env) {
+	tp := run("adaptive", func(c *consumer.Config) { c.Limits.Adaptive = &consumer.Adaptive{Max: 64} }, func(e *env) {
 		// Sample the gauge once the first fifth is done, until the end.
 		testenv.Eventually(t, 2*time.Minute, func() error {
 			if n := e.count(`SELECT count(*) FROM effects`); n < total/5 {
@@ -132,14 +132,14 @@ func TestAdaptiveRejectedAtStart(t *testing.T) {
 		"backoff 1":    {a: consumer.Adaptive{Max: 4, Backoff: 1}},
 	} {
 		cfg := coreValidConfig()
-		cfg.Adaptive = &tc.a
+		cfg.Limits.Adaptive = &tc.a
 		var ce *consumer.ConfigError
-		if err := cfg.Validate(); !errors.As(err, &ce) || !slices.Contains(coreConfigFields(err), "Adaptive") {
+		if err := cfg.Validate(); !errors.As(err, &ce) || !slices.Contains(coreConfigFields(err), "Limits.Adaptive") {
 			t.Errorf("%s: Validate = %v, want a *ConfigError for Adaptive", name, err)
 		}
 	}
 	cfg := coreValidConfig()
-	cfg.Adaptive = &consumer.Adaptive{Max: 4}
+	cfg.Limits.Adaptive = &consumer.Adaptive{Max: 4}
 	if err := cfg.Validate(); err != nil {
 		t.Errorf("Adaptive{Max: 4}: Validate = %v", err)
 	}

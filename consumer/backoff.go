@@ -17,12 +17,12 @@ type delays struct {
 }
 
 func newDelays(cfg Config) *delays {
-	return &delays{retryBase: cfg.RetryBase, retryMax: cfg.RetryMax, outageMax: cfg.OutageBackoff,
+	return &delays{retryBase: cfg.Retry.Backoff.Base, retryMax: cfg.Retry.Backoff.Max, outageMax: cfg.OutageBackoff,
 		rand: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))}
 }
 
 // retry is the wait before in-process retry n of a message (full jitter
-// between RetryBase and RetryMax).
+// within Config.Retry.Backoff).
 func (d *delays) retry(n int) time.Duration {
 	d.mu.Lock()
 	defer d.mu.Unlock()

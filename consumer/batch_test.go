@@ -44,15 +44,15 @@ func batchEnv(t *testing.T) (*env, consumer.Config) {
 	return e, cfg
 }
 
-// Issue 18 #10: RunBatch's handler names A1 in a *BatchError. A1 and A2
+// Issue 18 #10: the batch handler names A1 in a *BatchError. A1 and A2
 // share their lane key, and LaneBy promises their order: A2 must not be
 // committed before A1's retry. A failed batch runs each message alone, in
 // order.
-func TestRunBatchErrorKeepsKeyOrder(t *testing.T) {
+func TestBatchHandlerErrorKeepsKeyOrder(t *testing.T) {
 	t.Parallel()
 	e, cfg := batchEnv(t)
 	var c calls
-	h := handler.BatchFunc(func(ctx context.Context, msgs []*handler.Message) error {
+	h := handler.Batch(func(ctx context.Context, msgs []*handler.Message) error {
 		for _, m := range msgs {
 			if m.IdempotencyKey == "A1" && c.inc("A1") == 1 {
 				return (&handler.BatchError{}).Add(m, errors.New("A1 fails once"))
@@ -66,7 +66,7 @@ func TestRunBatchErrorKeepsKeyOrder(t *testing.T) {
 		return nil
 	})
 	e.sendAll("A", "A1", "A2", "A3")
-	startBatch(t, cfg, h)
+	start(t, cfg, h)
 	testenv.Eventually(t, 60*time.Second, func() error {
 		if got := e.applied(); got != "A1,A2,A3" {
 			return fmt.Errorf("applied %q, want A1,A2,A3", got)
@@ -83,7 +83,7 @@ func TestRunBatchErrorKeepsKeyOrder(t *testing.T) {
 func TestBatchAbortedTransactionBlamesNoInnocent(t *testing.T) {
 	t.Parallel()
 	e, cfg := batchEnv(t)
-	cfg.Retries = -1
+	cfg.Retry.Attempts = 1
 	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
 		if m.IdempotencyKey == "X" {
 			_, _ = dedupe.Tx(ctx).Exec(ctx, `SELECT 1/0`) // swallowed: the transaction is aborted

@@ -63,8 +63,7 @@ func BenchmarkRetryDueLatency(b *testing.B) {
 		Dedupe: dedupe.NewPostgres(pool), Sarama: k.Config(),
 		Logger:     slog.New(slog.DiscardHandler),
 		Registerer: prometheus.NewRegistry(),
-		Retries:    -1,
-		Retry:      retrytopic.Policy{Delays: []time.Duration{time.Second}},
+		Retry:      consumer.RetryConfig{Attempts: 1, Tiers: retrytopic.Policy{Delays: []time.Duration{time.Second}}},
 	}
 	p := k.Producer(b)
 	b.ResetTimer()

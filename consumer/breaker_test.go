@@ -74,8 +74,8 @@ func newBreakerEnv(t *testing.T, partitions int32) *breakerEnv {
 
 func (b *breakerEnv) config() consumer.Config {
 	cfg := b.env.config()
-	cfg.Retries = 3
-	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{time.Second}}
+	cfg.Retry.Attempts = 4
+	cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{time.Second}}
 	return cfg
 }
 

@@ -16,7 +16,7 @@ func TestRunCancelledWhileStartingReturnsNil(t *testing.T) {
 		e := newEnv(t, 2)
 		cfg := e.config()
 		if ordering {
-			cfg.Ordering, cfg.OrderingDB = consumer.OrderingByKey, e.pool
+			cfg.Ordering = consumer.ByKey(e.pool)
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()

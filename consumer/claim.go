@@ -395,7 +395,7 @@ func (c *claim) lanes(q *queue) {
 }
 
 // laneOf hashes m's lane key (Config.LaneBy; the Kafka key with
-// OrderingByKey) onto n lanes.
+// Ordering ByKey) onto n lanes.
 func (c *claim) laneOf(m *sarama.ConsumerMessage, n int) int {
 	h := fnv.New32a()
 	if c.r.cfg.LaneBy == LaneByKafkaKey || c.r.order != nil {

@@ -100,7 +100,7 @@ func sqlClass(code string) class {
 //     (a *dedupe.StoreError with Op "handler") without an SQLSTATE is an
 //     outage.
 //  7. Other handler errors by their handler kind: permanent, decode, missing
-//     or invalid key, and panics (unless Config.RetryPanics) are permanent;
+//     or invalid key, and panics (unless Config.Retry.Panics) are permanent;
 //     everything else, timeouts included, is retriable.
 func (r *runner) classify(err error) (class, error) {
 	if err == nil {
@@ -143,7 +143,7 @@ func (r *runner) classify(err error) (class, error) {
 	if isStore { // the handler's connection died, no SQLSTATE
 		return classOutage, err
 	}
-	if handler.IsPanic(err) && r.cfg.RetryPanics {
+	if handler.IsPanic(err) && r.cfg.Retry.Panics {
 		return classRetriable, err
 	}
 	if handler.IsRetriable(err) {

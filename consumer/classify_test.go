@@ -67,7 +67,7 @@ func TestClassify(t *testing.T) {
 		{"ctx cancelled", context.Canceled, false, classRetriable, handler.KindRetriable},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r := &runner{cfg: Config{RetryPanics: c.retryPanics}}
+			r := &runner{cfg: Config{Retry: RetryConfig{Panics: c.retryPanics}}}
 			got, err := r.classify(c.err)
 			if got != c.want {
 				t.Fatalf("classify(%v) = %v, want %v", c.err, got, c.want)

@@ -17,6 +17,7 @@ import (
 	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/internal/expiry"
 	"github.com/idemhq/idem/recovery"
 	"github.com/idemhq/idem/retrytopic"
 	"github.com/idemhq/idem/schedule"
@@ -145,87 +146,24 @@ type Config struct {
 	// Kafka: group.instance.id.
 	InstanceID string
 
-	// Transactions makes what the member writes to Kafka exactly once for
-	// read_committed readers (KIP-447): one transactional producer per
-	// member, whose transactions commit the forwards to retry tiers and the
-	// dead-letter topic together with the source offsets of the records
-	// they settle, and the offsets of records whose effect is in the dedupe
-	// store too: with Transactions on, the member never sends a plain offset
-	// commit. Offsets go with the member's generation, so a member the
-	// group has expelled (paused past its session timeout, partitioned
-	// away) cannot commit: its transaction is aborted with everything it
-	// forwarded. A crash anywhere leaves either a forward and its offset, or
-	// neither. A transaction that fails ends the member's session; the next
-	// session reads its partitions again from the committed offsets (effects
-	// are kept once by the dedupe store).
-	//
-	// Its cost: a commit (EndTxn, two round trips to the transaction
-	// coordinator, a marker written to every partition the transaction
-	// touched) every CommitInterval; forwards wait while a commit is in
-	// flight; readers of the tiers and the dead-letter topic must use
-	// read_committed (idem's own consumers do) and see forwards only after
-	// the commit, so up to CommitInterval later. With lanes (Concurrency >
-	// 1, Adaptive) a forward first waits, holding nothing, until every
-	// earlier message of its partition is final, so that its offset commits
-	// in the forward's transaction: the lane of a failing message waits
-	// behind the slowest earlier message of its partition (forwards are
-	// rare; the other lanes go on). A record a destination refuses for good
-	// (too large for the dead-letter topic, invalid in a compacted tier)
-	// costs an aborted transaction, and a re-read of the member's partitions
-	// from the committed offsets, per form it falls back through (the
-	// dead-letter topic whole, a stub, a bare stub): the member remembers
-	// the refusal, so the record ends in the dead-letter topic once. Needs
-	// Kafka ≥ 2.5 (idem asks for protocol 4.1), Ordering OrderingNone and
-	// read_committed. The transactional.id is "idem-<Group>-<InstanceID>"
-	// with an InstanceID (a restarted member fences its predecessor and
-	// aborts its open transaction at once), else "idem-<Group>-<host>-<random>"
-	// (a crashed member's open transaction then holds read_committed readers
-	// of its partitions back until TransactionTimeout). Set
-	// outbox.Relay.ExactlyOnce too for the relay's events. A transaction ends with
-	// a marker in each partition it wrote, after the last record: lag
-	// computed from end offsets (idem_consumer_lag of tiers,
-	// idem_dlq_depth) counts those markers.
-	// Default: false.
-	Transactions bool
+	// Transactions makes what the member writes to Kafka (forwards and
+	// offsets) exactly once for read_committed readers, in Kafka
+	// transactions: see TransactionsConfig.
+	// Default: TransactionsConfig{} (off; Timeout 10s when on).
+	Transactions TransactionsConfig
 
-	// TransactionTimeout is how long the transaction coordinator lets a
-	// transaction stay open before it aborts it (a member that died with a
-	// transaction open). It must exceed CommitInterval.
-	// Default: 10s. Kafka: transaction.timeout.ms.
-	TransactionTimeout time.Duration
+	// Retry says how a message whose handler failed is tried again: in
+	// process (Attempts, Backoff), through retry tiers (Tiers), whether a
+	// panic counts as a retriable failure (Panics), and per error (Rules).
+	// See RetryConfig.
+	// Default: RetryConfig{Attempts: 4, Backoff: {Base: 100ms, Max: 5s}}.
+	Retry RetryConfig
 
-	// Retry says where a message goes when its in-process retries are spent:
-	// through non-blocking retry topics, one per entry of Retry.Delays, then to
-	// the dead-letter topic. Permanent errors, decode errors, missing keys and
-	// panics go to the dead-letter topic at once. idem creates missing tier and
-	// dead-letter topics at start (with at least the source's partitions) and
-	// subscribes to the tiers itself.
-	// Default: retrytopic.Policy{} (no tiers; dead-letter topic "<topic>.<group>.dlq").
-	Retry retrytopic.Policy
-
-	// Rules choose, by the error, how a failed message is retried: each
-	// rule's Match (errors.Is/As, kind, SQLSTATE class, HTTP status) picks
-	// its attempts per delivery, backoff, retry-tier ladder and dead-letter
-	// topic (e.g. fraud declines to "payments.dlq.fraud"). Rules are matched
-	// in order against the error the handler returned; the first match
-	// wins, and an error no rule matches takes the fallback rule Retries,
-	// RetryBase/RetryMax and Retry make. A rule's zero fields take the
-	// fallback's. A rule never makes a permanent error retriable: it only
-	// chooses its dead-letter topic. Validated at start (a rule without a
-	// Match is an error). See package recovery.
-	// Default: nil (every error takes the fallback rule: today's behaviour).
-	Rules []recovery.Rule
-
-	// Breakers is the breaker.Set the handler calls its dependencies
-	// through, when it has flow limits (Set.SetLimits: a rate and calls in
-	// flight per dependency, the budget of the whole group). Run registers
-	// its series (breaker.NewLimitCollector: idem_dependency_*) on
-	// Registerer and, after each rebalance and every 5 s, splits the budget
-	// across the group's members: Set.SetShare(1/members). Until a member
-	// has counted the group it uses the whole budget; during a rebalance
-	// members may briefly use more than their share.
-	// Default: nil (no limits split; the handler may still use a Set).
-	Breakers *breaker.Set
+	// Limits bound what the handler asks of its dependencies: the flow
+	// limits of a breaker.Set split across the group (Breakers), and lanes
+	// that adapt to the dependencies' latency (Adaptive). See LimitsConfig.
+	// Default: LimitsConfig{} (no limits split; a fixed Concurrency).
+	Limits LimitsConfig
 
 	// OnDeadLettered runs after a message was sent to a dead-letter topic
 	// (any kind, any rule), in a transaction of the dedupe store that
@@ -236,19 +174,6 @@ type Config struct {
 	// backoff, the partition waiting, as for a failed forward.
 	// Default: nil.
 	OnDeadLettered func(ctx context.Context, d DeadLettered) error
-
-	// OnExpired runs for a message that expired (Config.Expiry), dropped
-	// or dead-lettered, before either, as OnDeadLettered does: once per
-	// message, in the inbox's transaction (dedupe.Tx(ctx)).
-	// Default: nil.
-	OnExpired func(ctx context.Context, x Expired) error
-
-	// Adaptive makes the handler calls in flight adapt to the latency and
-	// the 429s of the dependencies (see Adaptive): each partition gets
-	// Adaptive.Max lanes (Concurrency is then ignored) and a member-wide
-	// AIMD limit, exported as idem_lanes, decides how many run at once.
-	// Default: nil (a fixed Concurrency).
-	Adaptive *Adaptive
 
 	// Defer enables handler.DeferUntil: a deferred message is stored in
 	// PostgreSQL (idem_deferred, created by Migrate), its offset commits at
@@ -262,19 +187,16 @@ type Config struct {
 	Defer *schedule.Scheduler
 
 	// Expiry is when a message is too old to handle: a maximum age per
-	// topic and the per-message "idem-deadline" header (see Expiry).
-	// Default: Expiry{} (no maximum age; the deadline header is honoured).
+	// topic and the per-message "idem-deadline" header, and what runs for
+	// an expired message (see Expiry).
+	// Default: Expiry{Header: "idem-deadline"} (no maximum age; the deadline header is honoured).
 	Expiry Expiry
 
 	// Ordering keeps per-key order across retry tiers when set to
-	// OrderingByKey (see there); it then needs OrderingDB.
-	// Default: OrderingNone.
+	// ByKey(pool), pool holding the parked keys and messages (usually the
+	// dedupe store's; its tables are created at start). See ByKey.
+	// Default: Ordering{} (none: later messages of a key overtake one in a retry tier).
 	Ordering Ordering
-
-	// OrderingDB holds the parked keys and messages of OrderingByKey, usually
-	// the same pool as the dedupe store. Its tables are created at start.
-	// Default: nil (required with OrderingByKey).
-	OrderingDB dedupe.DB
 
 	// DLQDepthInterval is how often idem_dlq_depth is refreshed for each
 	// source topic's dead-letter topic (its end offsets minus the offsets
@@ -290,32 +212,9 @@ type Config struct {
 	// Default: 15s.
 	LagInterval time.Duration
 
-	// Retries is the number of in-process retries of a message whose handler
-	// returned a retriable error, each in a fresh transaction, on every
-	// delivery: at the source topic and again in each retry tier. After them
-	// the message is forwarded to the next retry tier, or after the last tier
-	// to the dead-letter topic, so an always failing message is handled
-	// (1 + Retries) × (1 + len(Retry.Delays)) times in all (package doc,
-	// "Attempts per message"). A negative value disables in-process retries.
-	// Default: 3.
-	Retries int
-
-	// RetryBase and RetryMax shape the in-process backoff: retry n waits a
-	// uniformly random time in [0, min(RetryMax, RetryBase*2^(n-1))] ("full
-	// jitter"), or at least the delay asked by handler.RetryAfter.
-	// Default: RetryBase 100ms, RetryMax 5s.
-	RetryBase time.Duration
-	// RetryMax caps the in-process backoff (see RetryBase).
-	// Default: 5s.
-	RetryMax time.Duration
-
-	// RetryPanics treats a handler panic like a retriable error instead of
-	// dead-lettering it at once.
-	// Default: false.
-	RetryPanics bool
-
 	// OutageBackoff bounds the wait between tries while the dedupe store or
-	// the broker is unavailable. Such tries are not handler attempts.
+	// the broker is unavailable. Such tries are not handler attempts, so it
+	// is not part of Retry: an outage never spends a message's attempts.
 	// Default: 5s (starting at 100ms, doubling, with jitter).
 	OutageBackoff time.Duration
 
@@ -339,23 +238,23 @@ type Config struct {
 	// also applies it when a group's committed offsets have expired
 	// (offsets.retention.minutes, 7 days by default): with StartOldest the
 	// group then re-reads the whole topic, and records older than the inbox
-	// retention (InboxRetention) are applied twice.
+	// retention (Retention.Keep) are applied twice.
 	// Default: StartOldest. Kafka: auto.offset.reset.
 	StartAt StartPosition
 
 	// Batch groups the new messages of a partition (of a lane, with
 	// Concurrency > 1) into one transaction: one multi-row inbox INSERT finds
 	// the new keys in one round trip, the handler runs for each new message
-	// (or RunBatch's handler once for all of them) in that transaction, and
+	// (or a handler.Batch handler once for all of them) in that transaction, and
 	// one COMMIT records them. A batch takes the messages already fetched, up
 	// to Batch.MaxMessages, waiting at most Batch.MaxWait for more, so it adds
 	// no latency when the partition is idle. If the handler fails, the batch
 	// is rolled back whole (no savepoints) and its messages run again one per
 	// transaction, so only the failing message takes the retry path. Records
-	// from retry tiers, records without a valid key, OrderingByKey, and
+	// from retry tiers, records without a valid key, Ordering ByKey, and
 	// dedupe stores that do not implement dedupe.BatchStore are handled one
 	// per transaction.
-	// Default: BatchConfig{MaxLatency: 50ms} (off: one message per transaction; RunBatch sets MaxMessages to 500).
+	// Default: BatchConfig{MaxLatency: 50ms} (off: one message per transaction; with a handler.Batch handler, MaxMessages 500).
 	Batch BatchConfig
 
 	// Concurrency is the number of lanes per partition: messages are spread
@@ -373,40 +272,15 @@ type Config struct {
 	Concurrency int
 
 	// LaneBy chooses what keeps its order across lanes (Concurrency > 1).
-	// With OrderingByKey the Kafka key is always used.
+	// With Ordering ByKey the Kafka key is always used.
 	// Default: LaneByIdempotencyKey.
 	LaneBy LaneKey
 
-	// InboxRetention tells Run how long a dedupe store that Run does not
-	// sweep itself remembers a key (your own dedupe.Sweeper, a custom store,
-	// or Retention negative). When Run sweeps (see Retention), Retention is
-	// used instead. Either way Run compares the inbox's retention at start
-	// with each source topic's retention.ms and warns, naming both numbers,
-	// when the inbox forgets sooner than Kafka: a record re-read after its key
-	// was swept would be applied twice.
-	// Default: 0 (unknown: no check).
-	InboxRetention time.Duration
-
-	// Retention is how long the inbox keeps a key. When Dedupe is a
-	// PostgreSQL store (dedupe.NewPostgres, dedupe.NewPostgresLease: any
-	// dedupe.Sweepable), Run starts a dedupe.Sweeper on its table that
-	// deletes, every minute, the rows processed more than Retention ago; it
-	// stops with Run. A negative value disables it: the table then grows
-	// until you sweep it yourself. Other stores are not swept.
-	//
-	// The sweeper deletes old rows of every consumer group in the table, so
-	// services sharing one inbox table must agree on Retention (or use
-	// dedupe.WithTable). A message delivered again after its key was swept
-	// runs its handler again, so when Run sweeps, Validate requires
-	// Retention to be at least the retention of the retry-tier and
-	// dead-letter topics (Retry.Retention, 7 days by default): a failed
-	// record can wait in a tier, or in the dead-letter topic until an
-	// operator replays it (the replay window), for that long, and a second
-	// copy of an already handled message (forwarded twice after a crash, or
-	// sent twice by its producer) must still find its key. At least
-	// dedupe.MinRetention (1h).
-	// Default: 336h (14 days).
-	Retention time.Duration
+	// Retention is how long the inbox keeps a key, and whether Run deletes
+	// older keys itself (see RetentionConfig). It is the inbox's retention;
+	// the retry-tier and dead-letter topics' is Retry.Tiers.Retention.
+	// Default: RetentionConfig{} (Run sweeps a PostgreSQL inbox, keeping keys 14 days).
+	Retention RetentionConfig
 
 	// Readiness, when set, is kept up to date by Run for a /readyz endpoint:
 	// see (*Readiness).Check and metrics.NewServeMux.
@@ -455,7 +329,7 @@ type Config struct {
 	// idem console and `idem dlq --database-url` read. Run copies it and
 	// fills its empty Brokers, Sarama, Logger and Registerer from this
 	// Config; empty Topics (with no TopicPattern) become the dead-letter
-	// topic of each of Config.Topics (Retry.DLQ). Pool is required. The
+	// topic of each of Config.Topics (Retry.Tiers.DLQ). Pool is required. The
 	// indexer retries its own start (migration, Kafka) with backoff, so a
 	// database or broker briefly down at start delays indexing only.
 	// Default: nil (no indexer: run idem console or index.Indexer apart).
@@ -464,9 +338,11 @@ type Config struct {
 
 // BatchConfig sizes the batches of Config.Batch.
 type BatchConfig struct {
-	// MaxMessages is the most messages in one transaction; 0 or 1 turns
-	// batching off.
-	// Default: 0 (off); RunBatch: 500.
+	// MaxMessages is the most messages in one transaction; 1 turns
+	// batching off. Left 0, it is 0 (off) for a handler that handles one
+	// message at a time, and 500 for a batch handler (handler.Batch), which
+	// Run recognises: a batch handler batches unless told otherwise.
+	// Default: 0 (off; 500 with a handler.Batch handler).
 	MaxMessages int
 	// MaxWait is how long a batch that is not full waits for more messages
 	// once it has one.
@@ -483,6 +359,167 @@ type BatchConfig struct {
 	// budget (batches close only at MaxMessages or MaxWait).
 	// Default: 50ms.
 	MaxLatency time.Duration
+}
+
+// RetryConfig is Config.Retry: how a message whose handler returned a
+// retriable error is tried again. Permanent errors, decode errors, missing
+// keys and (unless Panics) panics go to the dead-letter topic at once.
+type RetryConfig struct {
+	// Attempts is how many times the handler is called for one delivery of
+	// a message that keeps failing with a retriable error, each call in a
+	// fresh transaction: at the source topic, and again in each retry tier.
+	// After them the message is forwarded to the next tier of Tiers, or after
+	// the last tier to the dead-letter topic, so an always failing message is
+	// handled Attempts × (1 + len(Tiers.Delays)) times in all (package doc,
+	// "Attempts per message"). 1 means no in-process retries; a negative value is an error.
+	// Default: 4 (three in-process retries).
+	Attempts int
+
+	// Backoff shapes the waits between in-process attempts: retry n waits a
+	// uniformly random time in [0, min(Max, Base*2^(n-1))] ("full jitter"),
+	// or at least the delay asked by handler.RetryAfter (one longer than Max
+	// sends the message to its retry tier instead, when there are tiers).
+	// A zero Base or Max takes its default.
+	// Default: {Base: 100ms, Max: 5s}.
+	Backoff recovery.Backoff
+
+	// Panics treats a handler panic like a retriable error instead of
+	// dead-lettering it at once.
+	// Default: false.
+	Panics bool
+
+	// Tiers says where a message goes when its in-process attempts are
+	// spent: through non-blocking retry topics, one per entry of
+	// Tiers.Delays, then to the dead-letter topic (Tiers.DLQ). idem creates
+	// missing tier and dead-letter topics at start (with at least the
+	// source's partitions) and subscribes to the tiers itself.
+	// Tiers.Retention is those topics' retention.ms.
+	// Default: retrytopic.Policy{} (no tiers; dead-letter topic "<topic>.<group>.dlq").
+	Tiers retrytopic.Policy
+
+	// Rules choose, by the error, how a failed message is retried: each
+	// rule's Match (errors.Is/As, kind, SQLSTATE class, HTTP status) picks
+	// its attempts per delivery, backoff, retry-tier ladder and dead-letter
+	// topic (e.g. fraud declines to "payments.dlq.fraud"). Rules are
+	// matched in order against the error the handler returned; the first
+	// match wins, and an error no rule matches takes the fallback rule the
+	// other fields make (Attempts, Backoff, Tiers). A rule's zero fields
+	// take the fallback's. A rule never makes a permanent error retriable:
+	// it only chooses its dead-letter topic. Validated at start (a rule
+	// without a Match is an error). See package recovery.
+	// Default: nil (every error takes the fallback rule).
+	Rules []recovery.Rule
+}
+
+// TransactionsConfig is Config.Transactions. Enabled makes what the member
+// writes to Kafka exactly once for read_committed readers (KIP-447): one
+// transactional producer per member, whose transactions commit the forwards
+// to retry tiers and the dead-letter topic together with the source offsets
+// of the records they settle, and the offsets of records whose effect is in
+// the dedupe store too: with transactions on, the member never sends a plain
+// offset commit. Offsets go with the member's generation, so a member the
+// group has expelled (paused past its session timeout, partitioned away)
+// cannot commit: its transaction is aborted with everything it forwarded. A
+// crash anywhere leaves either a forward and its offset, or neither. A
+// transaction that fails ends the member's session; the next session reads
+// its partitions again from the committed offsets (effects are kept once by
+// the dedupe store).
+//
+// Its cost: a commit (EndTxn, two round trips to the transaction
+// coordinator, a marker written to every partition the transaction touched)
+// every CommitInterval; forwards wait while a commit is in flight; readers
+// of the tiers and the dead-letter topic must use read_committed (idem's own
+// consumers do) and see forwards only after the commit, so up to
+// CommitInterval later. With lanes (Concurrency > 1, Limits.Adaptive) a forward
+// first waits, holding nothing, until every earlier message of its partition
+// is final, so that its offset commits in the forward's transaction: the
+// lane of a failing message waits behind the slowest earlier message of its
+// partition (forwards are rare; the other lanes go on). A record a
+// destination refuses for good (too large for the dead-letter topic, invalid
+// in a compacted tier) costs an aborted transaction, and a re-read of the
+// member's partitions from the committed offsets, per form it falls back
+// through (the dead-letter topic whole, a stub, a bare stub): the member
+// remembers the refusal, so the record ends in the dead-letter topic once.
+// Needs Kafka ≥ 2.5 (idem asks for protocol 4.1), no Ordering (not ByKey)
+// and read_committed. The transactional.id is "idem-<Group>-<InstanceID>"
+// with an InstanceID (a restarted member fences its predecessor and aborts
+// its open transaction at once), else "idem-<Group>-<host>-<random>" (a
+// crashed member's open transaction then holds read_committed readers of its
+// partitions back until Timeout). Set outbox.Relay.ExactlyOnce too for the
+// relay's events. A transaction ends with a marker in each partition it
+// wrote, after the last record: lag computed from end offsets
+// (idem_consumer_lag of tiers, idem_dlq_depth) counts those markers.
+type TransactionsConfig struct {
+	// Enabled turns the transactional mode on.
+	// Default: false.
+	Enabled bool
+
+	// Timeout is how long the transaction coordinator lets a transaction
+	// stay open before it aborts it (a member that died with a transaction
+	// open). It must exceed Config.CommitInterval.
+	// Default: 10s. Kafka: transaction.timeout.ms.
+	Timeout time.Duration
+}
+
+// LimitsConfig is Config.Limits: how the handler's calls to its
+// dependencies are bounded.
+type LimitsConfig struct {
+	// Breakers is the breaker.Set the handler calls its dependencies
+	// through, when it has flow limits (Set.SetLimits: a rate and calls in
+	// flight per dependency, the budget of the whole group). Run registers
+	// its series (breaker.NewLimitCollector: idem_dependency_*) on
+	// Registerer and, after each rebalance and every 5 s, splits the budget
+	// across the group's members: Set.SetShare(1/members). Until a member
+	// has counted the group it uses the whole budget; during a rebalance
+	// members may briefly use more than their share.
+	// Default: nil (no limits split; the handler may still use a Set).
+	Breakers *breaker.Set
+
+	// Adaptive makes the handler calls in flight adapt to the latency and
+	// the 429s of the dependencies (see Adaptive): each partition gets
+	// Adaptive.Max lanes (Config.Concurrency is then ignored) and a
+	// member-wide AIMD limit, exported as idem_lanes, decides how many run
+	// at once.
+	// Default: nil (a fixed Config.Concurrency).
+	Adaptive *Adaptive
+}
+
+// RetentionConfig is Config.Retention: how long the inbox keeps a key and
+// who deletes the older ones. A message delivered again after its key was
+// deleted runs its handler again, so the inbox must remember a key for as
+// long as a copy of its message may arrive.
+//
+// When Dedupe is a PostgreSQL store (dedupe.NewPostgres,
+// dedupe.NewPostgresLease: any dedupe.Sweepable) and NoSweep is false, Run
+// starts a dedupe.Sweeper on its table that deletes, every minute, the rows
+// processed more than Keep ago; it stops with Run. The sweeper deletes old
+// rows of every consumer group in the table, so services sharing one inbox
+// table must agree on Keep (or use dedupe.WithTable). Validate then requires
+// Keep to be at least dedupe.MinRetention (1h) and the retention of the
+// retry-tier and dead-letter topics (Retry.Tiers.Retention, 7 days by
+// default): a failed record can wait that long in a tier, or in the
+// dead-letter topic until an operator replays it, and a second copy of an
+// already handled message (forwarded twice after a crash, or sent twice by
+// its producer) must still find its key.
+//
+// Either way, Run compares Keep at start with each source topic's
+// retention.ms and warns, naming both numbers, when the inbox forgets
+// sooner than Kafka keeps records: a record re-read after its key was
+// deleted (expired group offsets, an offset reset) would be applied twice.
+type RetentionConfig struct {
+	// Keep is how long the inbox keeps a key. With NoSweep, or a store Run
+	// does not sweep (dedupe.NewMemory, a custom store), it only tells Run
+	// how long the store keeps keys, for the check against retention.ms;
+	// left 0 there, it is unknown and nothing is checked. Negative is an
+	// error.
+	// Default: 0 (dedupe.DefaultRetention, 14 days, when Run sweeps; unknown when it does not).
+	Keep time.Duration
+
+	// NoSweep stops Run from sweeping the inbox: you sweep it yourself (a
+	// dedupe.Sweeper or a cron job of your own), and the table grows until
+	// you do.
+	// Default: false (Run sweeps a dedupe.Sweepable store).
+	NoSweep bool
 }
 
 // LaneKey is what Config.LaneBy hashes to pick a message's lane.
@@ -532,28 +569,26 @@ func (s StartPosition) String() string {
 // "Default:" line against it.
 func defaults() Config {
 	return Config{
-		KeyFunc:            HeaderKey("idempotency-key"),
-		MaxKeyLength:       256,
-		MissingKey:         MissingKeyDeadLetter,
-		Batch:              BatchConfig{MaxLatency: 50 * time.Millisecond},
-		Sarama:             sarama.NewConfig(),
-		Logger:             slog.Default(),
-		ShutdownGrace:      10 * time.Second,
-		CommitInterval:     time.Second,
-		TransactionTimeout: 10 * time.Second,
-		OutageBackoff:      5 * time.Second,
-		Retries:            3,
-		DLQDepthInterval:   30 * time.Second,
-		LagInterval:        15 * time.Second,
-		RetryBase:          100 * time.Millisecond,
-		RetryMax:           5 * time.Second,
-		StallWarning:       time.Minute,
-		StartAt:            StartOldest,
-		Concurrency:        1,
-		LaneBy:             LaneByIdempotencyKey,
-		Retention:          dedupe.DefaultRetention,
-		TracerProvider:     otel.GetTracerProvider(),
-		Propagator:         propagation.TraceContext{},
+		KeyFunc:          HeaderKey("idempotency-key"),
+		MaxKeyLength:     256,
+		MissingKey:       MissingKeyDeadLetter,
+		Batch:            BatchConfig{MaxLatency: 50 * time.Millisecond},
+		Sarama:           sarama.NewConfig(),
+		Logger:           slog.Default(),
+		ShutdownGrace:    10 * time.Second,
+		CommitInterval:   time.Second,
+		Transactions:     TransactionsConfig{Timeout: 10 * time.Second},
+		Expiry:           Expiry{Header: expiry.HeaderDeadline},
+		OutageBackoff:    5 * time.Second,
+		Retry:            RetryConfig{Attempts: 4, Backoff: recovery.Backoff{Base: 100 * time.Millisecond, Max: 5 * time.Second}},
+		DLQDepthInterval: 30 * time.Second,
+		LagInterval:      15 * time.Second,
+		StallWarning:     time.Minute,
+		StartAt:          StartOldest,
+		Concurrency:      1,
+		LaneBy:           LaneByIdempotencyKey,
+		TracerProvider:   otel.GetTracerProvider(),
+		Propagator:       propagation.TraceContext{},
 	}
 }
 
@@ -581,8 +616,15 @@ func (c Config) withDefaults() Config {
 	if c.OutageBackoff == 0 {
 		c.OutageBackoff = d.OutageBackoff
 	}
-	if c.TransactionTimeout == 0 {
-		c.TransactionTimeout = d.TransactionTimeout
+	if c.Transactions.Timeout == 0 {
+		c.Transactions.Timeout = d.Transactions.Timeout
+	}
+	if c.Expiry.Header == "" {
+		c.Expiry.Header = d.Expiry.Header
+	}
+	if c.Limits.Adaptive != nil {
+		a := c.Limits.Adaptive.withDefaults() // a copy: the caller's stays as set
+		c.Limits.Adaptive = &a
 	}
 	if c.DLQDepthInterval == 0 {
 		c.DLQDepthInterval = d.DLQDepthInterval
@@ -590,25 +632,20 @@ func (c Config) withDefaults() Config {
 	if c.LagInterval == 0 {
 		c.LagInterval = d.LagInterval
 	}
-	if c.Retries == 0 {
-		c.Retries = d.Retries
-	} else if c.Retries < 0 {
-		c.Retries = 0
+	if c.Retry.Attempts == 0 {
+		c.Retry.Attempts = d.Retry.Attempts
 	}
-	if c.RetryBase == 0 {
-		c.RetryBase = d.RetryBase
+	if c.Retry.Backoff.Base == 0 {
+		c.Retry.Backoff.Base = d.Retry.Backoff.Base
 	}
-	if c.RetryMax == 0 {
-		c.RetryMax = d.RetryMax
+	if c.Retry.Backoff.Max == 0 {
+		c.Retry.Backoff.Max = d.Retry.Backoff.Max
 	}
 	if c.StallWarning == 0 {
 		c.StallWarning = d.StallWarning
 	}
 	if c.Concurrency == 0 {
 		c.Concurrency = d.Concurrency
-	}
-	if c.Retention == 0 {
-		c.Retention = d.Retention
 	}
 	if c.Batch.MaxLatency == 0 {
 		c.Batch.MaxLatency = d.Batch.MaxLatency
@@ -620,6 +657,22 @@ func (c Config) withDefaults() Config {
 		c.Propagator = d.Propagator
 	}
 	return c
+}
+
+// badEach reports each error joined in err (errors.Join) as a problem of
+// field, so that a group's validator that reports every problem at once
+// gives one ConfigError per problem.
+func badEach(bad func(field string, v any, rule string), field string, err error) {
+	if err == nil {
+		return
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range j.Unwrap() {
+			badEach(bad, field, e)
+		}
+		return
+	}
+	bad(field, "", err.Error())
 }
 
 // ErrInvalidConfig is wrapped by every error Validate returns.
@@ -697,25 +750,22 @@ func (c Config) Validate() error {
 		}
 	}
 	c.validateTransactions(bad)
-	if err := c.Retry.Validate(); err != nil {
-		bad("Retry", c.Retry.Delays, err.Error())
+	if c.Retry.Attempts < 1 {
+		bad("Retry.Attempts", c.Retry.Attempts, "must be >= 1 (1: no in-process retries; 0: the default, 4)")
+	}
+	if err := c.Retry.Tiers.Validate(); err != nil {
+		bad("Retry.Tiers", c.Retry.Tiers.Delays, err.Error())
 	}
 	for _, t := range c.Topics {
 		if t == "" {
 			continue
 		}
-		if err := c.Retry.ValidateNames(t, c.Group); err != nil && strings.TrimSpace(c.Group) != "" {
-			bad("Retry", t, err.Error())
+		if err := c.Retry.Tiers.ValidateNames(t, c.Group); err != nil && strings.TrimSpace(c.Group) != "" {
+			bad("Retry.Tiers", t, err.Error())
 		}
 	}
-	switch c.Ordering {
-	case OrderingNone:
-	case OrderingByKey:
-		if c.OrderingDB == nil {
-			bad("OrderingDB", nil, "required with Ordering = OrderingByKey (pass the PostgreSQL pool)")
-		}
-	default:
-		bad("Ordering", c.Ordering, "unknown ordering")
+	if c.Ordering.keyed && c.Ordering.db == nil {
+		bad("Ordering", c.Ordering, "ByKey needs the PostgreSQL pool that holds the parked messages: ByKey(pool), not ByKey(nil)")
 	}
 	if c.StallWarning < 0 {
 		bad("StallWarning", c.StallWarning, "must be > 0")
@@ -735,30 +785,19 @@ func (c Config) Validate() error {
 	if c.Batch.MaxWait < 0 {
 		bad("Batch.MaxWait", c.Batch.MaxWait, "must be >= 0")
 	}
-	if c.InboxRetention < 0 {
-		bad("InboxRetention", c.InboxRetention, "must be >= 0 (0: unknown)")
-	}
 	validateRetention(c, bad)
-	if c.RetryBase < 0 {
-		bad("RetryBase", c.RetryBase, "must be > 0")
+	if c.Retry.Backoff.Base < 0 {
+		bad("Retry.Backoff.Base", c.Retry.Backoff.Base, "must be > 0")
 	}
 	if ix := c.failureIndex(); ix != nil {
-		if err := ix.Validate(); err != nil {
-			bad("FailureIndex", "", err.Error())
-		}
+		badEach(bad, "FailureIndex", ix.Validate())
 	}
-	if err := c.Adaptive.validate(); err != nil {
-		bad("Adaptive", "", err.Error())
-	}
-	if err := c.validateDefer(); err != nil {
-		bad("Defer", "", err.Error())
-	}
-	if err := c.Expiry.policy().Validate(); err != nil {
-		bad("Expiry", "", err.Error())
-	}
-	if c.RetryMax < c.RetryBase {
-		bad("RetryMax", c.RetryMax, fmt.Sprintf("must be >= RetryBase (%s)", c.RetryBase))
-	} else if len(c.Rules) > 0 && c.Retry.Validate() == nil && c.RetryBase >= 0 {
+	badEach(bad, "Limits.Adaptive", c.Limits.Adaptive.validate())
+	badEach(bad, "Defer", c.validateDefer())
+	badEach(bad, "Expiry", c.Expiry.policy().Validate())
+	if c.Retry.Backoff.Max < c.Retry.Backoff.Base {
+		bad("Retry.Backoff.Max", c.Retry.Backoff.Max, fmt.Sprintf("must be >= Retry.Backoff.Base (%s)", c.Retry.Backoff.Base))
+	} else if len(c.Retry.Rules) > 0 && c.Retry.Tiers.Validate() == nil && c.Retry.Backoff.Base >= 0 && c.Retry.Attempts >= 1 {
 		c.validateRules(bad) // only once the fallback's own fields passed: recovery.New checks them again
 	}
 	return errors.Join(errs...)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/recovery"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -29,35 +30,74 @@ import (
 // must document one.
 var requiredFields = []string{"Brokers", "Group", "Topics", "Dedupe"}
 
-// configFieldDocs parses config.go and returns the doc comment of every field
+// groups are the Config fields whose type is a group of options, each field
+// of which documents its own default (checked like Config's): the field name
+// and the group's type name.
+var groups = map[string]string{
+	"Retry":        "RetryConfig",
+	"Batch":        "BatchConfig",
+	"Retention":    "RetentionConfig",
+	"Transactions": "TransactionsConfig",
+	"Limits":       "LimitsConfig",
+	"Expiry":       "Expiry",
+}
+
+// pointerGroups are the Config fields whose type is a pointer to a group
+// (nil: the feature is off), keyed by their path, with the group's type
+// name and a value whose required fields are set: withDefaults must fill
+// the rest with their documented defaults. A field whose doc says
+// "Required." documents no default.
+var pointerGroups = map[string]struct {
+	typ string
+	set Config
+}{
+	"Limits.Adaptive": {"Adaptive", Config{Limits: LimitsConfig{Adaptive: &Adaptive{Max: 8}}}},
+}
+
+// configFieldDocs parses the package and returns the doc comment of every field
 // of Config, in declaration order.
 func configFieldDocs(tb testing.TB) (names []string, docs map[string]string) {
+	return structFieldDocs(tb, "Config")
+}
+
+// structFieldDocs parses the package's non-test files and returns the doc
+// comment of every field of the struct type typeName, in declaration order.
+func structFieldDocs(tb testing.TB, typeName string) (names []string, docs map[string]string) {
 	tb.Helper()
-	fset := token.NewFileSet()
-	f, err := parser.ParseFile(fset, "config.go", nil, parser.ParseComments)
+	paths, err := filepath.Glob("*.go")
 	if err != nil {
 		tb.Fatal(err)
 	}
+	fset := token.NewFileSet()
 	docs = map[string]string{}
-	ast.Inspect(f, func(n ast.Node) bool {
-		ts, ok := n.(*ast.TypeSpec)
-		if !ok || ts.Name.Name != "Config" {
-			return true
+	for _, path := range paths {
+		if strings.HasSuffix(path, "_test.go") {
+			continue
 		}
-		st, ok := ts.Type.(*ast.StructType)
-		if !ok {
-			tb.Fatalf("Config is a %T, want a struct", ts.Type)
+		f, err := parser.ParseFile(fset, path, nil, parser.ParseComments)
+		if err != nil {
+			tb.Fatal(err)
 		}
-		for _, fld := range st.Fields.List {
-			for _, id := range fld.Names {
-				names = append(names, id.Name)
-				docs[id.Name] = fld.Doc.Text()
+		ast.Inspect(f, func(n ast.Node) bool {
+			ts, ok := n.(*ast.TypeSpec)
+			if !ok || ts.Name.Name != typeName {
+				return true
 			}
-		}
-		return false
-	})
+			st, ok := ts.Type.(*ast.StructType)
+			if !ok {
+				tb.Fatalf("%s is a %T, want a struct", typeName, ts.Type)
+			}
+			for _, fld := range st.Fields.List {
+				for _, id := range fld.Names {
+					names = append(names, id.Name)
+					docs[id.Name] = fld.Doc.Text()
+				}
+			}
+			return false
+		})
+	}
 	if len(names) == 0 {
-		tb.Fatal("type Config not found in config.go")
+		tb.Fatalf("type %s not found in package consumer", typeName)
 	}
 	return names, docs
 }
@@ -77,9 +117,35 @@ func defaultLines(doc string) []string {
 // knownDefaults checks the defaults that are not plain scalars, by behaviour
 // where they are functions. The key is the documented text exactly.
 var knownDefaults = map[string]func(v reflect.Value) error{
-	"Expiry{}": func(v reflect.Value) error {
-		if !v.IsZero() {
-			return fmt.Errorf("is %+v, want the zero Expiry", v.Interface())
+	"LimitsConfig{}": func(v reflect.Value) error {
+		if l, ok := v.Interface().(LimitsConfig); !ok || l != (LimitsConfig{}) {
+			return fmt.Errorf("is %+v, want the zero LimitsConfig", v.Interface())
+		}
+		return nil
+	},
+	"TransactionsConfig{}": func(v reflect.Value) error {
+		// Off; its Timeout's default is checked on TransactionsConfig.Timeout.
+		if tc, ok := v.Interface().(TransactionsConfig); !ok || tc.Enabled {
+			return fmt.Errorf("is %+v, want transactions off", v.Interface())
+		}
+		return nil
+	},
+	"RetentionConfig{}": func(v reflect.Value) error {
+		if r, ok := v.Interface().(RetentionConfig); !ok || r != (RetentionConfig{}) {
+			return fmt.Errorf("is %+v, want the zero RetentionConfig", v.Interface())
+		}
+		return nil
+	},
+	"Ordering{}": func(v reflect.Value) error {
+		if o, ok := v.Interface().(Ordering); !ok || o != (Ordering{}) || o.String() != "none" {
+			return fmt.Errorf("is %v, want the zero Ordering (none)", v.Interface())
+		}
+		return nil
+	},
+	`Expiry{Header: "idem-deadline"}`: func(v reflect.Value) error {
+		x, ok := v.Interface().(Expiry)
+		if !ok || x.Header != "idem-deadline" || x.MaxAge != 0 || x.MaxAgeByTopic != nil || x.Drop || x.OnExpired != nil {
+			return fmt.Errorf("is %+v, want Expiry{Header: \"idem-deadline\"}", v.Interface())
 		}
 		return nil
 	},
@@ -108,6 +174,20 @@ var knownDefaults = map[string]func(v reflect.Value) error{
 	"BatchConfig{MaxLatency: 50ms}": func(v reflect.Value) error {
 		if b, ok := v.Interface().(BatchConfig); !ok || b != (BatchConfig{MaxLatency: 50 * time.Millisecond}) {
 			return fmt.Errorf("is %#v, want BatchConfig{MaxLatency: 50ms}", v.Interface())
+		}
+		return nil
+	},
+	"RetryConfig{Attempts: 4, Backoff: {Base: 100ms, Max: 5s}}": func(v reflect.Value) error {
+		r, ok := v.Interface().(RetryConfig)
+		want := RetryConfig{Attempts: 4, Backoff: recovery.Backoff{Base: 100 * time.Millisecond, Max: 5 * time.Second}}
+		if !ok || r.Attempts != want.Attempts || r.Backoff != want.Backoff || r.Panics || !reflect.ValueOf(r.Tiers).IsZero() {
+			return fmt.Errorf("is %+v, want %+v", v.Interface(), want)
+		}
+		return nil
+	},
+	"{Base: 100ms, Max: 5s}": func(v reflect.Value) error {
+		if b, ok := v.Interface().(recovery.Backoff); !ok || b != (recovery.Backoff{Base: 100 * time.Millisecond, Max: 5 * time.Second}) {
+			return fmt.Errorf("is %+v, want {Base: 100ms, Max: 5s}", v.Interface())
 		}
 		return nil
 	},
@@ -269,11 +349,11 @@ func evalConst(e ast.Expr, iota int64) (int64, bool) {
 	return 0, false
 }
 
-// checkValue checks that field of c holds the documented value text.
-func checkValue(c Config, field, text string) error {
-	v := reflect.ValueOf(c).FieldByName(field)
+// checkValue checks that field of the struct c holds the documented value text.
+func checkValue(c reflect.Value, field, text string) error {
+	v := c.FieldByName(field)
 	if !v.IsValid() {
-		return fmt.Errorf("the doc names field %s, which Config does not have", field)
+		return fmt.Errorf("the doc names field %s, which %s does not have", field, c.Type().Name())
 	}
 	if check, ok := knownDefaults[text]; ok {
 		return check(v)
@@ -317,9 +397,17 @@ func checkValue(c Config, field, text string) error {
 			return nil
 		}
 	}
-	if text == `""` && v.Kind() == reflect.String {
-		if got := v.String(); got != "" {
-			return fmt.Errorf("is %q, documented \"\"", got)
+	if v.CanFloat() {
+		if want, err := strconv.ParseFloat(text, 64); err == nil {
+			if got := v.Float(); got != want {
+				return fmt.Errorf("is %v, documented %v", got, want)
+			}
+			return nil
+		}
+	}
+	if want, err := strconv.Unquote(text); err == nil && v.Kind() == reflect.String {
+		if got := v.String(); got != want {
+			return fmt.Errorf("is %q, documented %q", got, want)
 		}
 		return nil
 	}
@@ -338,8 +426,8 @@ func checkValue(c Config, field, text string) error {
 // checkDefaultLine checks one "Default:" line of field against c. The line is
 // either one value ("5s", "nil, metrics are…", "1s. Kafka: …",
 // "retrytopic.Policy{} (no tiers…)") or "Field value" pairs separated by ", "
-// ("RetryBase 100ms, RetryMax 5s").
-func checkDefaultLine(c Config, field, line string) []error {
+// ("ShutdownGrace 10s, CommitInterval 1s").
+func checkDefaultLine(c reflect.Value, field, line string) []error {
 	text, _, _ := strings.Cut(line, "Kafka:")
 	text = strings.TrimSuffix(strings.TrimSpace(text), ".")
 
@@ -348,7 +436,7 @@ func checkDefaultLine(c Config, field, line string) []error {
 	pairs := true
 	for _, p := range parts {
 		name, val, ok := strings.Cut(p, " ")
-		if !ok || strings.Contains(val, " ") || !reflect.ValueOf(c).FieldByName(name).IsValid() {
+		if !ok || strings.Contains(val, " ") || !c.FieldByName(name).IsValid() {
 			pairs = false
 			break
 		}
@@ -375,6 +463,11 @@ func checkDefaultLine(c Config, field, line string) []error {
 		val, _, _ = strings.Cut(val, sep)
 	}
 	val = strings.TrimSuffix(strings.TrimSpace(val), ".")
+	for k := range knownDefaults { // composite literals hold ", " themselves
+		if text == k || strings.HasPrefix(text, k+" (") || strings.HasPrefix(text, k+". ") {
+			val = k
+		}
+	}
 	if err := checkValue(c, field, val); err != nil {
 		return []error{err}
 	}
@@ -407,12 +500,57 @@ func TestDocumentedDefaults(t *testing.T) {
 			t.Errorf("%s has %d \"Default:\" lines, want one: %q", field, len(lines), lines)
 		}
 		for label, c := range configs {
-			for _, err := range checkDefaultLine(c, field, lines[0]) {
+			for _, err := range checkDefaultLine(reflect.ValueOf(c), field, lines[0]) {
 				t.Errorf("%s: documented %q: %s %v", field, lines[0], label, err)
 			}
 		}
 		checked++
 	}
+
+	// The fields of each group (Config.Retry...) document their defaults too.
+	for field, typ := range groups {
+		gnames, gdocs := structFieldDocs(t, typ)
+		for _, gf := range gnames {
+			lines := defaultLines(gdocs[gf])
+			if len(lines) != 1 {
+				t.Errorf("%s.%s has %d \"Default:\" lines, want one: %q", typ, gf, len(lines), lines)
+				continue
+			}
+			for label, c := range configs {
+				g := reflect.ValueOf(c).FieldByName(field)
+				for _, err := range checkDefaultLine(g, gf, lines[0]) {
+					t.Errorf("%s.%s: documented %q: %s %v", typ, gf, lines[0], label, err)
+				}
+			}
+			checked++
+		}
+	}
+	for path, pg := range pointerGroups {
+		gnames, gdocs := structFieldDocs(t, pg.typ)
+		g := reflect.ValueOf(pg.set.withDefaults())
+		for _, name := range strings.Split(path, ".") {
+			g = reflect.Indirect(g.FieldByName(name))
+		}
+		for _, gf := range gnames {
+			lines := defaultLines(gdocs[gf])
+			if len(lines) == 0 && strings.Contains(gdocs[gf], "Required.") {
+				continue
+			}
+			if len(lines) != 1 {
+				t.Errorf("%s.%s has %d \"Default:\" lines, want one (or \"Required.\"): %q", pg.typ, gf, len(lines), lines)
+				continue
+			}
+			for _, err := range checkDefaultLine(g, gf, lines[0]) {
+				t.Errorf("%s.%s: documented %q: %s.withDefaults() %v", pg.typ, gf, lines[0], path, err)
+			}
+			checked++
+		}
+	}
+	a := &Adaptive{Max: 8}
+	if filled := (Config{Limits: LimitsConfig{Adaptive: a}}).withDefaults().Limits.Adaptive; filled == a || *a != (Adaptive{Max: 8}) {
+		t.Errorf("withDefaults changed the caller's Adaptive, or returned it: it must fill a copy")
+	}
+
 	if checked < 10 {
 		t.Errorf("checked only %d documented defaults; is the parser still finding them?", checked)
 	}
@@ -447,22 +585,22 @@ func TestDocumentedDefaults(t *testing.T) {
 }
 
 // TestDocumentedDefaultsKeepExplicitValues: withDefaults only fills zero
-// fields, and a negative Retries means "no in-process retries".
+// fields; Retry.Attempts 1 means "no in-process retries" and stays 1.
 func TestDocumentedDefaultsKeepExplicitValues(t *testing.T) {
 	sc := sarama.NewConfig()
 	logger := slog.New(slog.DiscardHandler)
 	c := Config{
 		MaxKeyLength: 64, MissingKey: MissingKeyUseCoordinates, Sarama: sc, Logger: logger,
 		ShutdownGrace: time.Second, CommitInterval: 2 * time.Second, OutageBackoff: time.Minute,
-		Retries: 7, RetryBase: time.Millisecond, RetryMax: time.Second, RetryPanics: true,
+		Retry: RetryConfig{Attempts: 7, Backoff: recovery.Backoff{Base: time.Millisecond, Max: time.Second}, Panics: true},
 	}.withDefaults()
 	if c.MaxKeyLength != 64 || c.MissingKey != MissingKeyUseCoordinates || c.Sarama != sc || c.Logger != logger ||
 		c.ShutdownGrace != time.Second || c.CommitInterval != 2*time.Second || c.OutageBackoff != time.Minute ||
-		c.Retries != 7 || c.RetryBase != time.Millisecond || c.RetryMax != time.Second || !c.RetryPanics {
+		c.Retry.Attempts != 7 || c.Retry.Backoff.Base != time.Millisecond || c.Retry.Backoff.Max != time.Second || !c.Retry.Panics {
 		t.Fatalf("withDefaults changed explicit values: %+v", c)
 	}
-	if got := (Config{Retries: -1}).withDefaults().Retries; got != 0 {
-		t.Fatalf("Retries -1 became %d, want 0 (in-process retries disabled)", got)
+	if got := (Config{Retry: RetryConfig{Attempts: 1}}).withDefaults().Retry.Attempts; got != 1 {
+		t.Fatalf("Retry.Attempts 1 became %d, want 1 (in-process retries disabled)", got)
 	}
 }
 
@@ -516,14 +654,14 @@ func TestValidate(t *testing.T) {
 		field  string // "" means valid
 	}{
 		// Valid variations.
-		{"negative Retries disables in-process retries", func(c *Config) { c.Retries = -1 }, ""},
-		{"RetryMax equal to RetryBase", func(c *Config) { c.RetryBase, c.RetryMax = time.Second, time.Second }, ""},
+		{"Retry.Attempts 1 disables in-process retries", func(c *Config) { c.Retry.Attempts = 1 }, ""},
+		{"Backoff.Max equal to Backoff.Base", func(c *Config) { c.Retry.Backoff.Base, c.Retry.Backoff.Max = time.Second, time.Second }, ""},
 		{"coordinates as keys", func(c *Config) { c.MissingKey = MissingKeyUseCoordinates }, ""},
 		{"grace just under the rebalance timeout", func(c *Config) { c.ShutdownGrace = 60*time.Second - time.Nanosecond }, ""},
 		{"long grace with a longer rebalance timeout", func(c *Config) {
 			c.Sarama, c.ShutdownGrace = saramaWithRebalanceTimeout(2*time.Minute), 90*time.Second
 		}, ""},
-		{"retry tiers", func(c *Config) { c.Retry.Delays = []time.Duration{time.Second, time.Minute} }, ""},
+		{"retry tiers", func(c *Config) { c.Retry.Tiers.Delays = []time.Duration{time.Second, time.Minute} }, ""},
 		{"several brokers and topics", func(c *Config) {
 			c.Brokers = []string{"a:9092", "b:9092"}
 			c.Topics = []string{"payments", "refunds"}
@@ -544,17 +682,18 @@ func TestValidate(t *testing.T) {
 		{"negative ShutdownGrace", func(c *Config) { c.ShutdownGrace = -time.Second }, "ShutdownGrace"},
 		{"negative CommitInterval", func(c *Config) { c.CommitInterval = -time.Second }, "CommitInterval"},
 		{"negative OutageBackoff", func(c *Config) { c.OutageBackoff = -time.Second }, "OutageBackoff"},
-		{"retry delay of zero", func(c *Config) { c.Retry.Delays = []time.Duration{time.Second, 0} }, "Retry"},
+		{"retry delay of zero", func(c *Config) { c.Retry.Tiers.Delays = []time.Duration{time.Second, 0} }, "Retry.Tiers"},
 		{"tier named like the source topic", func(c *Config) {
-			c.Retry.Delays = []time.Duration{time.Second}
-			c.Retry.TierTopic = func(topic, group string, n int) string { return topic }
-		}, "Retry"},
+			c.Retry.Tiers.Delays = []time.Duration{time.Second}
+			c.Retry.Tiers.TierTopic = func(topic, group string, n int) string { return topic }
+		}, "Retry.Tiers"},
 		{"derived names too long for Kafka", func(c *Config) {
 			c.Topics = []string{strings.Repeat("p", 240)} // a legal topic, but "<topic>.billing.dlq" is not
-		}, "Retry"},
-		{"negative RetryBase", func(c *Config) { c.RetryBase = -time.Millisecond }, "RetryBase"},
-		{"unknown Ordering", func(c *Config) { c.Ordering = Ordering(9) }, "Ordering"},
-		{"OrderingByKey without OrderingDB", func(c *Config) { c.Ordering = OrderingByKey }, "OrderingDB"},
+		}, "Retry.Tiers"},
+		{"negative Backoff.Base", func(c *Config) { c.Retry.Backoff.Base = -time.Millisecond }, "Retry.Backoff.Base"},
+		{"negative Retry.Attempts", func(c *Config) { c.Retry.Attempts = -1 }, "Retry.Attempts"},
+		{"ByKey with a pool", func(c *Config) { c.Ordering = ByKey(someDB{}) }, ""},
+		{"ByKey without a pool", func(c *Config) { c.Ordering = ByKey(nil) }, "Ordering"},
 
 		// Contradictory combinations.
 		{"ShutdownGrace equal to the rebalance timeout", func(c *Config) { c.ShutdownGrace = 60 * time.Second }, "ShutdownGrace"},
@@ -562,10 +701,10 @@ func TestValidate(t *testing.T) {
 		{"default ShutdownGrace over a short rebalance timeout", func(c *Config) {
 			c.Sarama = saramaWithRebalanceTimeout(5 * time.Second)
 		}, "ShutdownGrace"},
-		{"RetryMax below RetryBase", func(c *Config) { c.RetryBase, c.RetryMax = 2*time.Second, time.Second }, "RetryMax"},
-		{"RetryBase above the default RetryMax", func(c *Config) { c.RetryBase = 10 * time.Second }, "RetryMax"},
-		{"RetryMax below the default RetryBase", func(c *Config) { c.RetryMax = 50 * time.Millisecond }, "RetryMax"},
-		{"negative RetryMax", func(c *Config) { c.RetryMax = -time.Second }, "RetryMax"},
+		{"Backoff.Max below Backoff.Base", func(c *Config) { c.Retry.Backoff.Base, c.Retry.Backoff.Max = 2*time.Second, time.Second }, "Retry.Backoff.Max"},
+		{"Backoff.Base above the default Max", func(c *Config) { c.Retry.Backoff.Base = 10 * time.Second }, "Retry.Backoff.Max"},
+		{"Backoff.Max below the default Base", func(c *Config) { c.Retry.Backoff.Max = 50 * time.Millisecond }, "Retry.Backoff.Max"},
+		{"negative Backoff.Max", func(c *Config) { c.Retry.Backoff.Max = -time.Second }, "Retry.Backoff.Max"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -604,14 +743,27 @@ func TestValidate(t *testing.T) {
 }
 
 func TestValidateReportsEveryProblem(t *testing.T) {
-	c := Config{Brokers: []string{"nohost"}, RetryBase: -1, ShutdownGrace: time.Hour}
+	c := Config{Brokers: []string{"nohost"}, Retry: RetryConfig{Attempts: -1, Backoff: recovery.Backoff{Base: -1}}, ShutdownGrace: time.Hour}
 	var fields []string
 	for _, ce := range configErrors(c.Validate()) {
 		fields = append(fields, ce.Field)
 	}
-	for _, want := range []string{"Brokers", "Group", "Topics", "Dedupe", "ShutdownGrace", "RetryBase"} {
+	for _, want := range []string{"Brokers", "Group", "Topics", "Dedupe", "ShutdownGrace", "Retry.Attempts", "Retry.Backoff.Base"} {
 		if !slices.Contains(fields, want) {
 			t.Errorf("Validate() reported %v; missing %s", fields, want)
 		}
+	}
+
+	// A group's own validator reports every problem too, one ConfigError
+	// each: two of Expiry, two of Limits.Adaptive.
+	c = validConfig()
+	c.Expiry = Expiry{MaxAge: -time.Second, Header: "a\x00b"}
+	c.Limits.Adaptive = &Adaptive{Max: 2000, Tolerance: 1}
+	count := map[string]int{}
+	for _, ce := range configErrors(c.Validate()) {
+		count[ce.Field]++
+	}
+	if count["Expiry"] != 2 || count["Limits.Adaptive"] != 2 || len(count) != 2 {
+		t.Errorf("Validate() reported %v; want Expiry 2, Limits.Adaptive 2", count)
 	}
 }

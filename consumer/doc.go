@@ -40,7 +40,9 @@
 //			// Where the idempotency key is; a message without one is dead-lettered.
 //			KeyFunc: consumer.HeaderKey("idempotency-key"),
 //			Dedupe:  dedupe.NewPostgres(pool), // Run also sweeps it (Config.Retention)
-//			Retry:   retrytopic.Policy{Delays: []time.Duration{10 * time.Second, time.Minute, 10 * time.Minute}},
+//			Retry: consumer.RetryConfig{
+//				Tiers: retrytopic.Policy{Delays: []time.Duration{10 * time.Second, time.Minute, 10 * time.Minute}},
+//			},
 //		}, h)
 //		if err != nil {
 //			log.Fatal(err) // only fatal errors: bad config, unknown topic, and so on
@@ -56,8 +58,8 @@
 //     idem never creates source topics) and creates the missing retry-tier and
 //     dead-letter topics, each with at least as many partitions as its source.
 //  3. It opens an idempotent, acks=all producer on a client of its own for
-//     forwarding failed records. With [OrderingByKey] it also prepares its
-//     tables in Config.OrderingDB and first forwards any record a crash left
+//     forwarding failed records. With Config.Ordering [ByKey] it also prepares
+//     its tables in ByKey's pool and first forwards any record a crash left
 //     half-forwarded.
 //  4. It starts the inbox sweeper when Config.Dedupe is a PostgreSQL store
 //     (see Inbox retention below), joins the group, subscribed to the source
@@ -66,10 +68,9 @@
 //     offset (Config.StartAt).
 //  5. Each claimed partition gets one worker goroutine. For each message, in
 //     offset order, the worker: holds a retry-tier record until its due time;
-//     derives the idempotency key (Config.KeyFunc); with OrderingByKey, parks
+//     derives the idempotency key (Config.KeyFunc); with ByKey ordering, parks
 //     it if an earlier message of its Kafka key is in a retry tier; runs the
-//     handler inside
-//     Dedupe.Process — with dedupe.NewPostgres that is BEGIN, INSERT the inbox
+//     handler inside Dedupe.Process — with dedupe.NewPostgres that is BEGIN, INSERT the inbox
 //     row (a conflict means a duplicate: the handler is not called), the
 //     handler, then COMMIT on nil or ROLLBACK on an error; classifies an error
 //     (package handler) and retries in process or forwards the record; and
@@ -107,7 +108,7 @@
 // idempotent with the key (for example an Idempotency-Key header): a crash
 // between the external effect and the record still repeats the call. The
 // inbox dedupes by key, not by content, and only for as long as it keeps
-// the key (Config.Retention). dedupe.NewMemory is for tests: it forgets
+// the key (Config.Retention.Keep). dedupe.NewMemory is for tests: it forgets
 // everything on exit.
 //
 // # Inbox retention
@@ -116,12 +117,12 @@
 // Config.Dedupe is a PostgreSQL store (dedupe.NewPostgres or
 // dedupe.NewPostgresLease): a dedupe.Sweeper runs beside the consumer and
 // deletes, every minute and in batches, the rows processed more than
-// Config.Retention ago (default 14 days). A negative Retention turns it off,
-// for a service that sweeps in a cron job of its own. A key must outlive every
-// copy of its message that may still arrive, so Validate requires Retention
+// Config.Retention.Keep ago (default 14 days). Retention.NoSweep turns it
+// off, for a service that sweeps in a cron job of its own. A key must outlive
+// every copy of its message that may still arrive, so Validate requires Keep
 // to be at least the retention of the retry-tier and dead-letter topics
-// (Retry.Retention, 7 days by default): that is how long a record can wait in
-// a tier, or in the dead-letter topic for an operator to replay it. [Migrate]
+// (Retry.Tiers.Retention, 7 days by default): that is how long a record can
+// wait in a tier, or in the dead-letter topic for an operator to replay it. [Migrate]
 // creates the inbox table with every other table idem keeps.
 //
 // # Ordering
@@ -131,24 +132,23 @@
 // are handled concurrently, so the handler must be safe for concurrent use.
 //
 // In-process retries keep order: the partition waits for its message (the
-// waits follow Config.RetryBase and Config.RetryMax, or a longer
-// handler.RetryAfter) and later messages queue behind it. Retry tiers do not:
-// a record forwarded to a tier leaves the source partition, which moves on,
-// so later messages of the same key can be handled before it (with the
-// default [OrderingNone]). A tier record keeps its partition number and is
-// held until its due time, never handled early; only that tier partition
-// waits. With [OrderingByKey], while a message of a Kafka record key is in a
-// retry tier, later messages of that key are parked in PostgreSQL
-// (Config.OrderingDB) behind it and their offsets committed; when it succeeds
-// or is dead-lettered, the parked messages are handled in their original
-// order. Records with an empty Kafka key are never parked.
+// waits follow Config.Retry.Backoff, or a longer handler.RetryAfter) and
+// later messages queue behind it. Retry tiers do not: a record forwarded to a
+// tier leaves the source partition, which moves on, so later messages of the
+// same key can be handled before it (with the default, zero [Ordering]). A
+// tier record keeps its partition number and is held until its due time,
+// never handled early; only that tier partition waits. With Ordering:
+// ByKey(pool), while a message of a Kafka record key is in a retry tier,
+// later messages of that key are parked in PostgreSQL (in pool) behind it
+// and their offsets committed; when it succeeds or is dead-lettered, the
+// parked messages are handled in their original order. Records with an empty Kafka key are never parked.
 //
 // # Commits
 //
 // An offset is marked only when its message's outcome is final and durable:
 // committed by the handler's transaction, found to be a duplicate, forwarded
 // to a retry tier or the dead-letter topic and acknowledged by all in-sync
-// replicas, or (with OrderingByKey) parked. Marked offsets are committed every
+// replicas, or (with ByKey ordering) parked. Marked offsets are committed every
 // Config.CommitInterval, when a partition is revoked, and at shutdown; never
 // before the outcome is durable. A crash therefore means redelivery from the
 // last committed offset: messages already committed become duplicates that
@@ -221,24 +221,24 @@
 //
 // # Attempts per message
 //
-// Config.Retries applies to every delivery of a message: at the source topic
-// and again in each retry tier. A message whose handler keeps returning a
-// retriable error is therefore handled (1 + Retries) times at the source,
-// forwarded to tier 1, handled (1 + Retries) times there, and so on; after
-// the last tier's attempts it is dead-lettered:
+// Config.Retry.Attempts applies to every delivery of a message: at the source
+// topic and again in each retry tier. A message whose handler keeps returning
+// a retriable error is therefore handled Attempts times at the source,
+// forwarded to tier 1, handled Attempts times there, and so on; after the
+// last tier's attempts it is dead-lettered:
 //
-//	Retries   retry tiers   handler calls before the dead-letter topic
-//	-------   -----------   ------------------------------------------------
-//	-1        none          1
-//	3 (def.)  none          4
-//	3 (def.)  2             12  (4 at the source + 4 in each tier)
-//	r         n             (1 + r) × (1 + n)
+//	Attempts  retry tiers   handler calls before the dead-letter topic
+//	--------  -----------   ------------------------------------------------
+//	1         none          1
+//	4 (def.)  none          4
+//	4 (def.)  2             12  (4 at the source + 4 in each tier)
+//	a         n             a × (1 + n)
 //	any       any           1 for handler.Permanent, handler.Decode and panics
-//	                        (unless RetryPanics); 0 for a missing key
+//	                        (unless Retry.Panics); 0 for a missing key
 //
 // handler.Message.Attempt counts these calls across tiers. Two things end a
 // delivery's in-process retries early: a handler.RetryAfter longer than
-// Config.RetryMax when there are tiers (the message goes to the next tier at
+// Config.Retry.Backoff.Max when there are tiers (the message goes to the next tier at
 // once), and a permanent error on any attempt (the dead-letter topic at
 // once). Outages and open breakers are waited out and never counted; a
 // message interrupted by a revoke or shutdown is redelivered with its count
@@ -248,10 +248,10 @@
 //
 // The dead-letter topic ("<topic>.<group>.dlq" by default, see
 // retrytopic.Policy) receives, at once: handler.Permanent and handler.Decode
-// errors, panics (unless Config.RetryPanics), and messages without a valid
+// errors, panics (unless Config.Retry.Panics), and messages without a valid
 // key. Other errors — ordinary, handler.RetryAfter, handler timeouts, and
-// panics with RetryPanics — go through the attempts above: in-process
-// retries at the source and in each retry tier of Config.Retry (none by
+// panics with Retry.Panics — go through the attempts above: in-process
+// retries at the source and in each retry tier of Config.Retry.Tiers (none by
 // default), and the dead-letter topic after the last tier. A
 // dead-lettered record keeps its key, value and headers byte for byte and its
 // partition number, and carries idem-* headers saying why (error, kind, Go
@@ -268,9 +268,9 @@
 //   - handler failure: the handler's error, a timeout, a COMMIT refused
 //     because of the handler's writes (SQLSTATE 23 deferred constraint, 40
 //     serialization), any other SQLSTATE of the handler's statements. In-process
-//     retries (Retries), then the retry tiers, then the dead-letter topic.
+//     retries (Retry.Attempts), then the retry tiers, then the dead-letter topic.
 //   - permanent: handler.Permanent, handler.Decode, panics (unless
-//     RetryPanics), a missing or invalid key (checked before any database
+//     Retry.Panics), a missing or invalid key (checked before any database
 //     call: valid UTF-8, no NUL, at most MaxKeyLength bytes), SQLSTATE 22
 //     (data) and 54 (program limit). The dead-letter topic at once.
 //   - outage: the dedupe store's own step failing in a way no message causes
@@ -292,11 +292,12 @@
 // # Batches and lanes
 //
 // Config.Batch puts consecutive new messages of a partition in one
-// transaction (dedupe.BatchStore); RunBatch passes them to a
-// handler.BatchHandler at once. A failed batch rolls back whole and its
-// messages run again one per transaction, so only the failing one takes the
-// failure path. Config.Concurrency spreads a partition over lanes by key;
-// the committed offset is always the lowest unfinished one.
+// transaction (dedupe.BatchStore); Run passes them to a batch handler
+// (handler.Batch) at once, and a batch handler batches 500 by default. A
+// failed batch rolls back whole and its messages run again one per
+// transaction, so only the failing one takes the failure path.
+// Config.Concurrency spreads a partition over lanes by key; the committed
+// offset is always the lowest unfinished one.
 //
 // # Testing
 //

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"context"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -18,7 +19,7 @@ import (
 // "idem-deadline" (unix milliseconds, or RFC 3339 with a zone).
 //
 // The consumer checks it before the handler, before parking a message in
-// ordering mode (OrderingByKey), when a parked message's turn comes, and
+// ordering mode (Ordering ByKey), when a parked message's turn comes, and
 // when a retry tier's record comes due. A message past either limit is not
 // handled: it is dead-lettered with idem-error-kind "expired" and the reason
 // in idem-error (or dropped and counted in idem_expired_total with Drop). A
@@ -43,10 +44,17 @@ type Expiry struct {
 	// instead of dead-lettering it with kind "expired".
 	// Default: false.
 	Drop bool
+	// OnExpired runs for a message that expired, dropped or dead-lettered,
+	// before either, as Config.OnDeadLettered does: once per message, in the
+	// inbox's transaction (dedupe.Tx(ctx)).
+	// Default: nil.
+	OnExpired func(ctx context.Context, x Expired) error
 }
 
-// policy is e as the expiry package's Policy (the same fields).
-func (e Expiry) policy() expiry.Policy { return expiry.Policy(e) }
+// policy is e as the expiry package's Policy (its limits).
+func (e Expiry) policy() expiry.Policy {
+	return expiry.Policy{MaxAge: e.MaxAge, MaxAgeByTopic: e.MaxAgeByTopic, Header: e.Header, Drop: e.Drop}
+}
 
 // expiryOf is msg's verdict under Config.Expiry now, by its origin (a tier
 // record is as old as its first delivery).
@@ -65,7 +73,7 @@ func (w *worker) expiryOf(msg *handler.Message) expiry.Result {
 // expired checks msg against Config.Expiry. It returns nil, false when msg
 // may be handled; else the error to dead-letter it with (a
 // *handler.ExpiredError), or drop = true when it is to be dropped. Both are
-// counted here, and Config.OnExpired has run for an expired one; topic is
+// counted here, and Config.Expiry.OnExpired has run for an expired one; topic is
 // the topic msg is read from, for the counters. stop is errStopping when
 // the partition is stopping (the hook was retrying).
 func (w *worker) expired(msg *handler.Message, topic string) (err error, drop bool, stop error) {

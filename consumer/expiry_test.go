@@ -182,8 +182,8 @@ func TestExpiryThroughATier(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
 	cfg := e.config()
-	cfg.Retries = -1
-	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{6 * time.Second}}
+	cfg.Retry.Attempts = 1
+	cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{6 * time.Second}}
 	var c calls
 	eff := effectHandler()
 	start(t, cfg, handler.Func(func(ctx context.Context, m *handler.Message) error {
@@ -225,10 +225,9 @@ func TestExpiryOrdering(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := e.config()
-	cfg.Retries = -1
-	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{6 * time.Second}}
-	cfg.Ordering = consumer.OrderingByKey
-	cfg.OrderingDB = e.pool
+	cfg.Retry.Attempts = 1
+	cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{6 * time.Second}}
+	cfg.Ordering = consumer.ByKey(e.pool)
 	var c calls
 	start(t, cfg, handler.Func(func(ctx context.Context, m *handler.Message) error {
 		if c.inc(m.IdempotencyKey) == 1 && m.IdempotencyKey == "A1" {

@@ -26,7 +26,7 @@ func TestFailureIndexInsideRun(t *testing.T) {
 	e.produce([]string{"poison-1"}, 1)
 
 	store := index.NewStore(e.query)
-	dlqTopic := cfg.Retry.DLQ(e.topic, e.group)
+	dlqTopic := cfg.Retry.Tiers.DLQ(e.topic, e.group)
 	ctx := testenv.Context(t)
 	deadline := time.Now().Add(60 * time.Second)
 	for {

@@ -103,7 +103,7 @@ type outbound struct {
 func (w *worker) failure(src retrytopic.Source, key, value []byte, headers []*sarama.RecordHeader, o origin, msg *handler.Message, cause error) outbound {
 	r := w.r
 	now := time.Now()
-	dec := r.rules.Decide(cause) // Config.Rules: this error's ladder and dead-letter topic
+	dec := r.rules.Decide(cause) // Config.Retry.Rules: this error's ladder and dead-letter topic
 	dlq := dec.Retry.DLQ(o.topic, r.cfg.Group)
 	dest, tier, delay := dlq, 0, time.Duration(0)
 	if w.retriable(cause) {

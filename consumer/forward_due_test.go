@@ -44,9 +44,9 @@ func TestRetryAfterCappedAtTierDelay(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
 	cfg := e.config()
-	cfg.Retries = -1
+	cfg.Retry.Attempts = 1
 	delay := 300 * time.Millisecond
-	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{delay}}
+	cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{delay}}
 	var calls callTimes
 	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
 		if calls.add(m.IdempotencyKey) == 1 {
@@ -82,7 +82,7 @@ func TestTierWaitIsBoundedByItsDelay(t *testing.T) {
 	e := newEnv(t, 1)
 	cfg := e.config()
 	delay := 200 * time.Millisecond
-	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{delay}}
+	cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{delay}}
 	e.k.CreateTopic(t, e.tier(1), 1)
 	now := time.Now()
 	f := retrytopic.Failure{Attempt: 1, Tier: 1, DueAt: now.Add(time.Hour), OriginalTopic: e.topic, Group: e.group,

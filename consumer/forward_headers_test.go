@@ -24,8 +24,8 @@ func TestForwardKeepsOwnHeadersAndNamesTheKey(t *testing.T) {
 	e := newEnv(t, 1)
 	cfg := e.config()
 	cfg.KeyFunc = consumer.JSONField("id")
-	cfg.Retries = -1
-	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{100 * time.Millisecond}}
+	cfg.Retry.Attempts = 1
+	cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{100 * time.Millisecond}}
 	seen := make(chan string, 4)
 	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
 		v, _ := m.Header("idem-outbox-id")

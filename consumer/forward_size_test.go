@@ -187,7 +187,7 @@ func TestTierRefusingRecordSendsItToDLQ(t *testing.T) {
 	e := newEnv(t, 1)
 	e.preCreate(e.tier(1), map[string]string{"cleanup.policy": "compact"})
 	cfg := e.config()
-	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{time.Second}}
+	cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{time.Second}}
 	e.produceLarge(sizeRecord{key: "keyless", value: []byte(`{"n":1}`)}, sizeRecord{key: "after", value: []byte(`{}`)})
 	start(t, cfg, failKeys(map[string]error{"keyless": errors.New("try later")}))
 	e.waitEffect("after", 60*time.Second)

@@ -20,6 +20,7 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/recovery"
 )
 
 // env is one test's broker, database and names.
@@ -73,8 +74,7 @@ func (e *env) config() consumer.Config {
 		Registerer:     e.reg,
 		CommitInterval: 100 * time.Millisecond,
 		ShutdownGrace:  5 * time.Second,
-		RetryBase:      5 * time.Millisecond,
-		RetryMax:       20 * time.Millisecond,
+		Retry:          consumer.RetryConfig{Backoff: recovery.Backoff{Base: 5 * time.Millisecond, Max: 20 * time.Millisecond}},
 	}
 	return e.mode.apply(cfg)
 }
@@ -195,12 +195,6 @@ func start(t *testing.T, cfg consumer.Config, h handler.Handler) *running {
 func startCtx(t *testing.T, ctx context.Context, cfg consumer.Config, h handler.Handler) *running {
 	t.Helper()
 	return startFunc(t, ctx, func(ctx context.Context) error { return consumer.Run(ctx, cfg, h) })
-}
-
-// startBatch runs consumer.RunBatch until stop (or the test's end).
-func startBatch(t *testing.T, cfg consumer.Config, h handler.BatchHandler) *running {
-	t.Helper()
-	return startFunc(t, context.Background(), func(ctx context.Context) error { return consumer.RunBatch(ctx, cfg, h) })
 }
 
 // startFunc runs run in the background until stop (or the test's end), and

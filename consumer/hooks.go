@@ -16,7 +16,7 @@ type DeadLettered struct {
 	// is where it was first consumed.
 	Message *handler.Message
 	// Topic is the dead-letter topic the record went to (a rule's own, see
-	// Config.Rules).
+	// Config.Retry.Rules).
 	Topic string
 	// Kind and Error are the record's idem-error-kind and idem-error.
 	Kind  handler.Kind
@@ -24,7 +24,7 @@ type DeadLettered struct {
 }
 
 // Expired describes a message the consumer did not handle because it
-// expired (Config.Expiry), for Config.OnExpired.
+// expired (Config.Expiry), for Config.Expiry.OnExpired.
 type Expired struct {
 	// Message is the message; its Origin is where it was first consumed.
 	Message *handler.Message
@@ -76,9 +76,9 @@ func (w *worker) deadLettered(out outbound, msg *handler.Message) error {
 	return w.runHook("dead-lettered", msg, func(ctx context.Context) error { return h(ctx, d) })
 }
 
-// expiredHook runs Config.OnExpired for msg (see runHook).
+// expiredHook runs Config.Expiry.OnExpired for msg (see runHook).
 func (w *worker) expiredHook(msg *handler.Message, reason string, dropped bool) error {
-	h := w.r.cfg.OnExpired
+	h := w.r.cfg.Expiry.OnExpired
 	if h == nil {
 		return nil
 	}

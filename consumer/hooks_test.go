@@ -20,7 +20,7 @@ import (
 // TestHooksRunOncePerMessage is the hooks part of issue 21 test 6:
 // OnDeadLettered writes its row in the inbox's transaction once per
 // dead-lettered message (a fraud decline to its rule's DLQ, a permanent
-// error, an expired message), OnExpired once per expired one; when every
+// error, an expired message), Expiry.OnExpired once per expired one; when every
 // message is delivered again (the group's offsets deleted, as a crash
 // before the offset commit leaves them), the records go to the DLQs again
 // (at least once) but no hook row is written twice.
@@ -40,13 +40,13 @@ func TestHooksRunOncePerMessage(t *testing.T) {
 	run := func() *running {
 		cfg := e.config()
 		cfg.Registerer = prometheus.NewRegistry()
-		cfg.Rules = []recovery.Rule{{Name: "fraud", Match: recovery.Is(errFraud), Attempts: 1, Tiers: &recovery.Ladder{}, DLQ: fraudDLQ}}
+		cfg.Retry.Rules = []recovery.Rule{{Name: "fraud", Match: recovery.Is(errFraud), Attempts: 1, Tiers: &recovery.Ladder{}, DLQ: fraudDLQ}}
 		cfg.Expiry = consumer.Expiry{MaxAge: time.Hour}
 		cfg.OnDeadLettered = func(ctx context.Context, d consumer.DeadLettered) error {
 			_, err := dedupe.Tx(ctx).Exec(ctx, `INSERT INTO attention VALUES ($1, $2, $3)`, d.Message.IdempotencyKey, string(d.Kind), d.Topic)
 			return err
 		}
-		cfg.OnExpired = func(ctx context.Context, x consumer.Expired) error {
+		cfg.Expiry.OnExpired = func(ctx context.Context, x consumer.Expired) error {
 			_, err := dedupe.Tx(ctx).Exec(ctx, `INSERT INTO expired_rows VALUES ($1, $2)`, x.Message.IdempotencyKey, x.Dropped)
 			return err
 		}

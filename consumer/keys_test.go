@@ -96,8 +96,8 @@ func TestMessageOriginInRetryTier(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 2)
 	cfg := e.config()
-	cfg.Retries = -1
-	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{100 * time.Millisecond}}
+	cfg.Retry.Attempts = 1
+	cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{100 * time.Millisecond}}
 	type seen struct {
 		topic  string
 		origin handler.Origin

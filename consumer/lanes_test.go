@@ -145,7 +145,7 @@ func TestBatchHandlerPartialFailure(t *testing.T) {
 	var batches, biggest atomic.Int32
 	cfg := e.config()
 	cfg.Batch = consumer.BatchConfig{MaxMessages: 64}
-	h := handler.BatchFunc(func(ctx context.Context, msgs []*handler.Message) error {
+	h := handler.Batch(func(ctx context.Context, msgs []*handler.Message) error {
 		batches.Add(1)
 		if n := int32(len(msgs)); n > biggest.Load() {
 			biggest.Store(n)
@@ -175,7 +175,7 @@ func TestBatchHandlerPartialFailure(t *testing.T) {
 		}
 		return nil
 	})
-	startBatch(t, cfg, h)
+	start(t, cfg, h)
 	recs := e.coreReadRecords(e.topic+"."+e.group+".dlq", 0, 1, 60*time.Second)
 	if k, _ := coreHeader(recs[0], "idempotency-key"); k != keys[10] {
 		t.Errorf("dead-lettered %q, want %q", k, keys[10])
@@ -196,7 +196,7 @@ func TestBatchHandlerPartialFailure(t *testing.T) {
 	t.Logf("%d HandleBatch calls, largest batch %d", batches.Load(), biggest.Load())
 }
 
-// TestBatchHandlerThroughRetryTiers: with RunBatch, a message that keeps
+// TestBatchHandlerThroughRetryTiers: with handler.Batch, a message that keeps
 // failing retriably leaves its batch, spends its in-process retries as a
 // batch of one, goes to retry tier 1 and succeeds there; the rest of its
 // batch commits without it.
@@ -207,8 +207,8 @@ func TestBatchHandlerThroughRetryTiers(t *testing.T) {
 	var fromTier atomic.Int32
 	cfg := e.config()
 	cfg.Batch = consumer.BatchConfig{MaxMessages: 16}
-	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{100 * time.Millisecond}}
-	h := handler.BatchFunc(func(ctx context.Context, msgs []*handler.Message) error {
+	cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{100 * time.Millisecond}}
+	h := handler.Batch(func(ctx context.Context, msgs []*handler.Message) error {
 		var be handler.BatchError
 		for _, m := range msgs {
 			if m.IdempotencyKey == keys[7] {
@@ -228,7 +228,7 @@ func TestBatchHandlerThroughRetryTiers(t *testing.T) {
 		}
 		return nil
 	})
-	startBatch(t, cfg, h)
+	start(t, cfg, h)
 	e.waitCommitted(e.topic, 1, 60*time.Second)
 	testenv.Eventually(t, 60*time.Second, func() error {
 		if n := e.count(`SELECT count(*) FROM effects`); n != 50 {

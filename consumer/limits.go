@@ -15,7 +15,7 @@ import (
 )
 
 // Flow limits per dependency (issue 21): the handler calls its dependencies
-// through Config.Breakers (breaker.Set.Do), whose limits (Set.SetLimits)
+// through Config.Limits.Breakers (breaker.Set.Do), whose limits (Set.SetLimits)
 // are the budget of the whole consumer group. Run exports the Set's limit
 // series and splits the budget across the group's members: after each
 // rebalance, and every 5 s, it asks the group coordinator how many members
@@ -41,23 +41,23 @@ func (w *worker) throttleWait(err error) bool {
 	return sleep(w.stopCtx, d)
 }
 
-// registerLimits registers Config.Breakers' limit collector
+// registerLimits registers Config.Limits.Breakers' limit collector
 // (breaker.NewLimitCollector: idem_dependency_*) on Config.Registerer. The
 // same Set registered already by another Run on one registry is fine.
 func registerLimits(cfg Config) error {
-	if cfg.Breakers == nil || cfg.Registerer == nil {
+	if cfg.Limits.Breakers == nil || cfg.Registerer == nil {
 		return nil
 	}
-	if err := cfg.Registerer.Register(breaker.NewLimitCollector(cfg.Breakers)); err != nil {
+	if err := cfg.Registerer.Register(breaker.NewLimitCollector(cfg.Limits.Breakers)); err != nil {
 		var are prometheus.AlreadyRegisteredError
 		if !errors.As(err, &are) {
-			return fmt.Errorf("consumer: register the limit metrics of Config.Breakers: %w", err)
+			return fmt.Errorf("consumer: register the limit metrics of Config.Limits.Breakers: %w", err)
 		}
 	}
 	return nil
 }
 
-// shares splits Config.Breakers' budget across the group's members: each
+// shares splits Config.Limits.Breakers' budget across the group's members: each
 // session's Setup signals it (rebalanced) and watch, running for Run's
 // lifetime, counts the group's members and sets the Set's share. It also
 // recounts every shareRecount: a member whose partitions a cooperative

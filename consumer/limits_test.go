@@ -71,7 +71,7 @@ func TestRateLimitSplitAcrossMembers(t *testing.T) {
 		eff := effectHandler()
 		cfg := e.config()
 		cfg.Registerer = prometheus.NewRegistry()
-		cfg.Breakers = set
+		cfg.Limits.Breakers = set
 		start(t, cfg, handler.Func(func(ctx context.Context, m *handler.Message) error {
 			if err := set.Do(ctx, "bank", func(context.Context) error { bank.call(); return nil }); err != nil {
 				return err
@@ -161,8 +161,8 @@ func TestRetryAfterPausesWithoutFailing(t *testing.T) {
 		cfg := e.config()
 		regs[i] = prometheus.NewRegistry()
 		cfg.Registerer = regs[i]
-		cfg.Breakers = set
-		cfg.Retry = retrytopic.Policy{Delays: []time.Duration{time.Second}}
+		cfg.Limits.Breakers = set
+		cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{time.Second}}
 		start(t, cfg, handler.Func(func(ctx context.Context, m *handler.Message) error {
 			if err := set.Do(ctx, "bank", func(context.Context) error { return bank(i) }); err != nil {
 				return err
@@ -225,7 +225,7 @@ func TestRetryAfterPausesOnlyItsDependency(t *testing.T) {
 	)
 	eff := effectHandler()
 	cfg := e.config()
-	cfg.Breakers = set
+	cfg.Limits.Breakers = set
 	start(t, cfg, handler.Func(func(ctx context.Context, m *handler.Message) error {
 		if m.Partition == 0 { // the bank's messages
 			err := set.Do(ctx, "bank", func(context.Context) error {

@@ -102,8 +102,8 @@ func TestTraceAcrossRetryTierIntoDLQ(t *testing.T) {
 				cfg.Batch = consumer.BatchConfig{MaxMessages: 10}
 			}
 			cfg.TracerProvider = tr.tp
-			cfg.Retries = 1
-			cfg.Retry = retrytopic.Policy{Delays: []time.Duration{100 * time.Millisecond}}
+			cfg.Retry.Attempts = 2
+			cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{100 * time.Millisecond}}
 			h := handler.Func(func(ctx context.Context, m *handler.Message) error {
 				if !trace.SpanContextFromContext(ctx).IsValid() {
 					return handler.Permanent(errors.New("handler ctx carries no span"))
@@ -202,11 +202,11 @@ func countHeader(m *sarama.ConsumerMessage, k string) int {
 	return n
 }
 
-// RunBatch: a batch handler call has one idem.handle_batch span linked to
+// handler.Batch: a batch handler call has one idem.handle_batch span linked to
 // every new message's producer context; a message that fails for good is
 // attempted alone afterwards, with an idem.handle span that is a child of
 // its producer and ends dead-lettered.
-func TestTraceRunBatch(t *testing.T) {
+func TestTraceBatchHandler(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
 	tr := newTracing(t)
@@ -216,7 +216,7 @@ func TestTraceRunBatch(t *testing.T) {
 	cfg.Batch = consumer.BatchConfig{MaxMessages: 10, MaxWait: 200 * time.Millisecond}
 	keys := []string{"a", "b", "bad", "c"}
 	producers := e.produceTraced(tr, keys, 1)
-	h := handler.BatchFunc(func(ctx context.Context, msgs []*handler.Message) error {
+	h := handler.Batch(func(ctx context.Context, msgs []*handler.Message) error {
 		if !trace.SpanContextFromContext(ctx).IsValid() {
 			return errors.New("batch ctx carries no span")
 		}
@@ -227,7 +227,7 @@ func TestTraceRunBatch(t *testing.T) {
 		}
 		return nil
 	})
-	startBatch(t, cfg, h)
+	start(t, cfg, h)
 	testenv.Eventually(t, 60*time.Second, func() error {
 		if n := e.total(e.dlq(), 1); n != 1 {
 			return fmt.Errorf("DLQ holds %d records", n)
@@ -316,7 +316,7 @@ func TestReadinessAndLifecycle(t *testing.T) {
 	cfg := e.config()
 	cfg.Dedupe = store
 	cfg.Readiness = ready
-	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{time.Second}} // its tier is claimed too
+	cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{time.Second}} // its tier is claimed too
 	cfg.OnAssigned = func(ctx context.Context, tps []consumer.TopicPartition) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -409,7 +409,7 @@ func TestLagInFlightAndEndToEnd(t *testing.T) {
 	e := newEnv(t, 2)
 	cfg := e.config()
 	cfg.LagInterval = 100 * time.Millisecond
-	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{time.Second}} // tier partitions have lag series too
+	cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{time.Second}} // tier partitions have lag series too
 	release := make(chan struct{})
 	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
 		select {

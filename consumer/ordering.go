@@ -10,54 +10,52 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/keyorder"
 )
 
 // Ordering says whether a message in a retry tier may be overtaken by later
-// messages of its Kafka key.
-type Ordering int
+// messages of its Kafka key. The zero Ordering lets later messages of a key
+// flow on while an earlier one waits in a retry tier: the highest throughput,
+// and per-key order is lost for retried messages (as in Spring Kafka's retry
+// topics). ByKey keeps per-key order.
+type Ordering struct {
+	keyed bool      // made by ByKey
+	db    dedupe.DB // ByKey's database
+}
 
-const (
-	// OrderingNone lets later messages of a key flow on while an earlier one
-	// waits in a retry tier: the highest throughput, and per-key order is lost
-	// for retried messages (as in Spring Kafka's retry topics). The default.
-	OrderingNone Ordering = iota
-	// OrderingByKey keeps per-key order (by the Kafka record key): while a
-	// message of key K sits in a retry tier, later messages of K are parked
-	// behind it (idem_messages_total{outcome="parked"}) instead of overtaking
-	// it; when K's message succeeds or is dead-lettered, the parked ones follow
-	// in their original order. Other keys flow on. The parked keys and the
-	// parked messages (payload and headers) are stored in PostgreSQL
-	// (Config.OrderingDB), so they survive restarts and rebalances: the new
-	// owner of a partition first finishes a forward its previous owner left
-	// pending. Keys of any length are indexed by their SHA-256; header names
-	// and values are kept byte for byte. Records with an empty Kafka key are
-	// not ordered.
-	//
-	// Two workers handling one key at once (a redelivery racing its tier
-	// record, one key on two partitions) never loop: a message that fails
-	// while another became the head goes to its tier anyway and is parked
-	// behind that head when it comes back. A step the database refuses for
-	// good (SQLSTATE 22, 23, 54, …) is logged at ERROR and skipped; see
-	// orderError for each outcome.
-	//
-	// Parked messages whose head will never come back (ordering switched off
-	// later, the head's tier removed from Retry.Delays or expired by
-	// retention) have committed offsets: Run warns about them at start, and
-	// `idem ordering list` and `idem ordering release` show and send them on.
-	OrderingByKey
-)
+// ByKey keeps per-key order (by the Kafka record key): while a message of
+// key K sits in a retry tier, later messages of K are parked behind it
+// (idem_messages_total{outcome="parked"}) instead of overtaking it; when K's
+// message succeeds or is dead-lettered, the parked ones follow in their
+// original order. Other keys flow on. The parked keys and the parked
+// messages (payload and headers) are stored in PostgreSQL in db, usually the
+// dedupe store's pool (its tables are created at start), so they survive
+// restarts and rebalances: the new owner of a partition first finishes a
+// forward its previous owner left pending. Keys of any length are indexed by
+// their SHA-256; header names and values are kept byte for byte. Records
+// with an empty Kafka key are not ordered. A nil db is a Validate error.
+//
+// Two workers handling one key at once (a redelivery racing its tier
+// record, one key on two partitions) never loop: a message that fails while
+// another became the head goes to its tier anyway and is parked behind that
+// head when it comes back. A step the database refuses for good (SQLSTATE
+// 22, 23, 54, …) is logged at ERROR and skipped; see orderError for each
+// outcome.
+//
+// Parked messages whose head will never come back (ordering switched off
+// later, the head's tier removed from Retry.Tiers.Delays or expired by
+// retention) have committed offsets: Run warns about them at start, and
+// `idem ordering list` and `idem ordering release` show and send them on.
+func ByKey(db dedupe.DB) Ordering { return Ordering{keyed: true, db: db} }
 
 // String returns "none" or "by-key".
 func (o Ordering) String() string {
-	switch o {
-	case OrderingNone:
-		return "none"
-	case OrderingByKey:
+	if o.keyed {
 		return "by-key"
 	}
-	return fmt.Sprintf("Ordering(%d)", int(o))
+	return "none"
 }
 
 // The ordering store's errors, classified (orderErrorOf). Every step of the
@@ -116,8 +114,8 @@ func orderErrorOf(err error) orderError {
 }
 
 // keyOrder is what Config.Ordering adds to the path of a message with Kafka
-// key key: orderOff (OrderingNone, and records without a Kafka key) adds
-// nothing; byKey (OrderingByKey) keeps per-key order through the ordering
+// key key: orderOff (no ordering, and records without a Kafka key) adds
+// nothing; byKey (ByKey) keeps per-key order through the ordering
 // store. The message path calls the three steps unconditionally. Each
 // returns errStopping when the partition is stopping, and no other error.
 type keyOrder interface {
@@ -139,7 +137,7 @@ func (w *worker) orderOf(cm *sarama.ConsumerMessage) keyOrder {
 	return byKey{w}
 }
 
-// orderOff is OrderingNone: every step is a no-op.
+// orderOff is the zero Ordering: every step is a no-op.
 type orderOff struct{}
 
 func (orderOff) admit(*sarama.ConsumerMessage, *handler.Message, origin) (bool, error) {
@@ -148,7 +146,7 @@ func (orderOff) admit(*sarama.ConsumerMessage, *handler.Message, origin) (bool, 
 func (orderOff) toTier(string, []byte, string, int) error { return nil }
 func (orderOff) settled(string, []byte, string) error     { return nil }
 
-// byKey is OrderingByKey for one worker: the steps of the ordering store
+// byKey is ByKey for one worker: the steps of the ordering store
 // (see the Ordering doc), run by w.
 type byKey struct{ *worker }
 

@@ -179,7 +179,7 @@ func (r *runner) pendingOutbound(rec keyorder.Record) outbound {
 	}
 }
 
-// tierGone reports (and logs) a pending head whose tier Retry.Delays no
+// tierGone reports (and logs) a pending head whose tier Retry.Tiers.Delays no
 // longer has: it is not forwarded (its topic may be gone, and nothing would
 // read it); warnUnread names it and `idem ordering release` sends it on.
 func (r *runner) tierGone(rec keyorder.Record) bool {

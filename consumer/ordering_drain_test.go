@@ -163,7 +163,7 @@ func TestOrderingClaimRecoveryWatchesRevoke(t *testing.T) {
 	cfg.ShutdownGrace = time.Second
 	var assignedA, revokedA, assignedB atomic.Int32
 	a := cfg
-	a.OrderingDB = recoveryDown{e.pool}
+	a.Ordering = consumer.ByKey(recoveryDown{e.pool})
 	a.OnAssigned = func(_ context.Context, ps []consumer.TopicPartition) { assignedA.Add(int32(len(ps))) }
 	a.OnRevoked = func(_ context.Context, ps []consumer.TopicPartition) { revokedA.Add(int32(len(ps))) }
 	start(t, a, handler.Func(apply))
@@ -194,7 +194,7 @@ func TestOrderingClaimRecoveryWatchesRevoke(t *testing.T) {
 func TestOrderingWarnsAboutExpiredHeads(t *testing.T) {
 	t.Parallel()
 	e, cfg := orderedEnv(t, 1, time.Second)
-	cfg.Retry.Retention = time.Hour
+	cfg.Retry.Tiers.Retention = time.Hour
 	e.block([]byte("K"), "H", 1, "P1", "P2")
 	if _, err := e.pool.Exec(testenv.Context(t), `UPDATE idem_ordering_heads SET since = now() - interval '3 hours'`); err != nil {
 		t.Fatal(err)

@@ -37,10 +37,9 @@ func orderedEnv(t *testing.T, partitions int32, delay time.Duration) (*env, cons
 		t.Fatal(err)
 	}
 	cfg := e.config()
-	cfg.Retries = -1
-	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{delay}}
-	cfg.Ordering = consumer.OrderingByKey
-	cfg.OrderingDB = e.pool
+	cfg.Retry.Attempts = 1
+	cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{delay}}
+	cfg.Ordering = consumer.ByKey(e.pool)
 	return e, cfg
 }
 
@@ -368,8 +367,8 @@ func TestOrderingWarnsAboutUnreadParked(t *testing.T) {
 		parked  string
 		reason  string
 	}{
-		{"ordering off", func(c *consumer.Config) { c.Ordering = consumer.OrderingNone }, 1, false, "parked=3", "ordering is off"},
-		{"tier removed", func(c *consumer.Config) {}, 3, true, "parked=2", "retry tier 3, but Retry.Delays has 1 tiers"},
+		{"ordering off", func(c *consumer.Config) { c.Ordering = consumer.Ordering{} }, 1, false, "parked=3", "ordering is off"},
+		{"tier removed", func(c *consumer.Config) {}, 3, true, "parked=2", "retry tier 3, but Retry.Tiers.Delays has 1 tiers"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

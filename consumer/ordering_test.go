@@ -32,10 +32,9 @@ func TestOrderingByKey(t *testing.T) {
 			t.Fatal(err)
 		}
 		cfg := e.config()
-		cfg.Retries = -1
-		cfg.Retry = retrytopic.Policy{Delays: []time.Duration{300 * time.Millisecond, 300 * time.Millisecond}}
-		cfg.Ordering = consumer.OrderingByKey
-		cfg.OrderingDB = e.pool
+		cfg.Retry.Attempts = 1
+		cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{300 * time.Millisecond, 300 * time.Millisecond}}
+		cfg.Ordering = consumer.ByKey(e.pool)
 
 		var mu sync.Mutex
 		failures := map[string]int{}
@@ -143,10 +142,9 @@ func TestOrderingParkedFailureBecomesHead(t *testing.T) {
 			t.Fatal(err)
 		}
 		cfg := e.config()
-		cfg.Retries = -1
-		cfg.Retry = retrytopic.Policy{Delays: []time.Duration{200 * time.Millisecond}}
-		cfg.Ordering = consumer.OrderingByKey
-		cfg.OrderingDB = e.pool
+		cfg.Retry.Attempts = 1
+		cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{200 * time.Millisecond}}
+		cfg.Ordering = consumer.ByKey(e.pool)
 		var mu sync.Mutex
 		failed := map[string]bool{}
 		h := handler.Func(func(ctx context.Context, m *handler.Message) error {
@@ -205,9 +203,8 @@ func TestOrderingRecoversPendingForward(t *testing.T) {
 			t.Fatal(err)
 		}
 		cfg := e.config()
-		cfg.Retry = retrytopic.Policy{Delays: []time.Duration{100 * time.Millisecond}}
-		cfg.Ordering = consumer.OrderingByKey
-		cfg.OrderingDB = e.pool
+		cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{100 * time.Millisecond}}
+		cfg.Ordering = consumer.ByKey(e.pool)
 		// The state a crash left: A2 is K's head with its tier-1 forward pending,
 		// and A3 is parked behind it. Neither is in Kafka any more.
 		now := time.Now()

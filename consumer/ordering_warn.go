@@ -14,12 +14,12 @@ import (
 	"github.com/idemhq/idem/internal/keyorder"
 )
 
-// orderingDB is where the parked rows of this group live: Config.OrderingDB,
+// orderingDB is where the parked rows of this group live: ByKey's pool,
 // else the database of a Dedupe store that exposes one (DB() dedupe.DB);
 // nil when neither is known.
 func orderingDB(cfg Config) dedupe.DB {
-	if cfg.OrderingDB != nil {
-		return cfg.OrderingDB
+	if cfg.Ordering.db != nil {
+		return cfg.Ordering.db
 	}
 	if d, ok := cfg.Dedupe.(interface{ DB() dedupe.DB }); ok {
 		return d.DB()
@@ -29,9 +29,9 @@ func orderingDB(cfg Config) dedupe.DB {
 
 // warnUnread logs at WARN, at start, the parked messages of this group that
 // this Run will not read, with counts, topics and the command that releases
-// them: all of them when ordering is off; with OrderingByKey, those of topics
+// them: all of them when ordering is off; with Ordering ByKey, those of topics
 // not in Config.Topics, those whose head sits in a retry tier beyond
-// len(Retry.Delays) (removed from the policy), and those whose head has
+// len(Retry.Tiers.Delays) (removed from the policy), and those whose head has
 // waited in its tier longer than the tier topic keeps records (retention.ms):
 // its tier record expired, so it never comes back. Their offsets are
 // committed, so without a release they stay stranded. It never fails Run: a
@@ -63,11 +63,11 @@ func (s setup) warnUnread(ctx context.Context, client sarama.Client) {
 		var reason string
 		switch {
 		case !s.order:
-			reason = "ordering is off (Config.Ordering is not OrderingByKey)"
+			reason = "ordering is off (Config.Ordering is not ByKey)"
 		case !slices.Contains(s.cfg.Topics, k.Topic):
 			reason = "the topic is not in Config.Topics"
 		case k.Tier > len(s.policy.Delays):
-			reason = fmt.Sprintf("heads wait in retry tier %d, but Retry.Delays has %d tiers", k.Tier, len(s.policy.Delays))
+			reason = fmt.Sprintf("heads wait in retry tier %d, but Retry.Tiers.Delays has %d tiers", k.Tier, len(s.policy.Delays))
 		case k.Head != "" && !k.Pending && k.Tier > 0 && !k.Since.IsZero():
 			tier := s.policy.Tier(k.Topic, s.cfg.Group, k.Tier)
 			if retention == nil {

@@ -62,7 +62,7 @@ func TestRetryAfterIsHonoured(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
 	cfg := e.config()
-	cfg.Retries = 1
+	cfg.Retry.Attempts = 2
 	var mu sync.Mutex
 	var at []time.Time
 	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
@@ -84,7 +84,7 @@ func TestRetryAfterIsHonoured(t *testing.T) {
 		t.Fatalf("%d attempts, want 2", len(at))
 	}
 	if gap := at[1].Sub(at[0]); gap < 400*time.Millisecond {
-		t.Fatalf("retried after %s, sooner than RetryAfter's 400ms (RetryMax is %s)", gap, cfg.RetryMax)
+		t.Fatalf("retried after %s, sooner than RetryAfter's 400ms (Retry.Backoff.Max is %s)", gap, cfg.Retry.Backoff.Max)
 	}
 }
 

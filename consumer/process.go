@@ -40,7 +40,7 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 			w.mx.attempt(r.m, r.cfg.Group, msg.Topic, err)
 			w.ob.spanStart(msg)
 		} else {
-			slot, ok := r.lanes.acquire(w.stopCtx) // Config.Adaptive (adaptive.go); nil: no limit
+			slot, ok := r.lanes.acquire(w.stopCtx) // Config.Limits.Adaptive (adaptive.go); nil: no limit
 			if !ok {
 				if probe {
 					r.gate.probeAbandoned()
@@ -111,7 +111,7 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 			r.gate.trip(err)
 			w.ob.spanEnd(TraceOutcomeBreakerOpen, err)
 		case c == classRetriable:
-			d, again, rule := w.retryWait(err, retries) // rules.go: Config.Rules' attempts and backoff
+			d, again, rule := w.retryWait(err, retries) // rules.go: Config.Retry.Rules' attempts and backoff
 			if !again {
 				w.ob.spanError(err) // its forward ends the span
 				return err, nil
@@ -171,7 +171,7 @@ func (w *worker) attempt(rec dedupe.Record, msg *handler.Message) (err error, ra
 }
 
 // logPanic logs a handler panic at ERROR with its stack: a panic is a bug to
-// fix, whatever becomes of the message (retried with RetryPanics, else
+// fix, whatever becomes of the message (retried with Retry.Panics, else
 // dead-lettered).
 func (o *observer) logPanic(err error, msg *handler.Message) {
 	var pe *handler.PanicError
@@ -184,7 +184,7 @@ func (o *observer) logPanic(err error, msg *handler.Message) {
 
 func (w *worker) retriable(err error) bool {
 	if handler.IsPanic(err) {
-		return w.r.cfg.RetryPanics
+		return w.r.cfg.Retry.Panics
 	}
 	return handler.IsRetriable(err)
 }

@@ -37,7 +37,7 @@ type Readiness struct {
 func NewReadiness() *Readiness { return &Readiness{claims: map[tp]int{}} }
 
 // Check returns nil once the consumer group is joined and the dedupe store
-// (Config.Dedupe, and Config.OrderingDB with OrderingByKey) of the claimed
+// (Config.Dedupe, and ByKey's pool with Config.Ordering ByKey) of the claimed
 // partitions is reachable; otherwise an error wrapping ErrNotReady that says
 // which: Run not started (or returned), the group not joined yet or between
 // generations, or the store failing, with its error. A service that runs an
@@ -152,10 +152,10 @@ func storePing(cfg Config) func(ctx context.Context) error {
 			return fmt.Errorf("dedupe store: %w", err)
 		}
 	}
-	if cfg.Ordering != OrderingByKey || cfg.OrderingDB == nil {
+	if !cfg.Ordering.keyed || cfg.Ordering.db == nil {
 		return ping
 	}
-	db := cfg.OrderingDB
+	db := cfg.Ordering.db
 	return func(ctx context.Context) error {
 		if err := ping(ctx); err != nil {
 			return err

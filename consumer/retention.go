@@ -7,8 +7,8 @@ import (
 	"github.com/IBM/sarama"
 )
 
-// warnRetention compares the inbox's retention (Config.Retention when Run
-// sweeps, else Config.InboxRetention) with each source topic's
+// warnRetention compares the inbox's retention (Config.Retention.Keep, or
+// its default when Run sweeps) with each source topic's
 // retention.ms and warns when the inbox forgets keys sooner than Kafka keeps
 // records: a group that re-reads old records (its committed offsets expired,
 // or an operator reset them) would apply those records a second time. It only

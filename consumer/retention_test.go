@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/idemhq/idem/consumer"
 )
 
 // TestInboxRetentionShorterThanTopicWarns: an inbox that forgets keys
@@ -20,8 +21,7 @@ func TestInboxRetentionShorterThanTopicWarns(t *testing.T) {
 	}
 	var logs logBuffer
 	cfg := e.config()
-	cfg.InboxRetention = time.Hour
-	cfg.Retention = -1 // swept elsewhere: InboxRetention says for how long
+	cfg.Retention = consumer.RetentionConfig{Keep: time.Hour, NoSweep: true} // swept elsewhere, keeping keys 1h
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	e.produce([]string{"k"}, 1)
 	start(t, cfg, effectHandler())

@@ -71,8 +71,8 @@ func TestFailTwiceThenSucceed(t *testing.T) {
 	forEachMode(t, allModes, func(t *testing.T, mode testMode) {
 		e := newEnv(t, 2).in(mode)
 		cfg := e.config()
-		cfg.Retries = 1 // attempt 1 and its one in-process retry fail; tier 1 succeeds
-		cfg.Retry = retrytopic.Policy{Delays: []time.Duration{200 * time.Millisecond}}
+		cfg.Retry.Attempts = 2 // attempt 1 and its one in-process retry fail; tier 1 succeeds
+		cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{200 * time.Millisecond}}
 		var mu sync.Mutex
 		attempts := map[string][]int{}
 		h := handler.Func(func(ctx context.Context, m *handler.Message) error {
@@ -126,9 +126,9 @@ func TestAlwaysFailingReachesDLQThroughTiers(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 3)
 	cfg := e.config()
-	cfg.Retries = -1
+	cfg.Retry.Attempts = 1
 	delays := []time.Duration{500 * time.Millisecond, time.Second}
-	cfg.Retry = retrytopic.Policy{Delays: delays}
+	cfg.Retry.Tiers = retrytopic.Policy{Delays: delays}
 	type call struct {
 		at      time.Time
 		attempt int
@@ -210,7 +210,7 @@ func TestPermanentAndPoisonGoStraightToDLQ(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
 	cfg := e.config()
-	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{time.Second}}
+	cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{time.Second}}
 	cfg.DLQDepthInterval = 100 * time.Millisecond
 	var calls sync.Map
 	h := handler.Func(func(ctx context.Context, m *handler.Message) error {

@@ -7,15 +7,15 @@ import (
 	"github.com/idemhq/idem/recovery"
 )
 
-// recovery is c's recoverability policy: Config.Rules, matched in order,
-// over the fallback rule Config.Retries, RetryBase/RetryMax and Retry make
+// recovery is c's recoverability policy: Config.Retry.Rules, matched in order,
+// over the fallback rule Config.Retry makes
 // (today's behaviour when Rules is empty). c has its defaults applied.
 func (c Config) recovery() (*recovery.Policy, error) {
 	return recovery.New(recovery.Fallback{
-		Attempts: 1 + max(c.Retries, 0),
-		Backoff:  recovery.Backoff{Base: c.RetryBase, Max: c.RetryMax},
-		Retry:    c.Retry,
-	}, c.Rules...)
+		Attempts: c.Retry.Attempts,
+		Backoff:  c.Retry.Backoff,
+		Retry:    c.Retry.Tiers,
+	}, c.Retry.Rules...)
 }
 
 // dlqTopics is every dead-letter topic of source topic t: the fallback's
@@ -24,16 +24,16 @@ func (c Config) dlqTopics(t string) []string {
 	if p, err := c.recovery(); err == nil {
 		return p.DLQTopics(t, c.Group)
 	}
-	return []string{c.Retry.DLQ(t, c.Group)} // Validate reports the rules
+	return []string{c.Retry.Tiers.DLQ(t, c.Group)} // Validate reports the rules
 }
 
-// validateRules checks Config.Rules (bad reports each problem, naming the
+// validateRules checks Config.Retry.Rules (bad reports each problem, naming the
 // rule): matchers, attempts, backoffs, ladders and topic names. Called only
 // once the fallback's own fields passed (recovery.New checks them again).
 func (c Config) validateRules(bad func(field string, v any, rule string)) {
 	p, err := c.recovery()
 	if err != nil {
-		bad("Rules", len(c.Rules), err.Error())
+		badEach(bad, "Retry.Rules", err)
 		return
 	}
 	for _, t := range c.Topics {
@@ -41,13 +41,13 @@ func (c Config) validateRules(bad func(field string, v any, rule string)) {
 			continue
 		}
 		if err := p.ValidateNames(t, c.Group); err != nil {
-			bad("Rules", t, err.Error())
+			bad("Retry.Rules", t, err.Error())
 		}
 	}
-	if c.Ordering == OrderingByKey {
-		for i, r := range c.Rules {
+	if c.Ordering.keyed {
+		for i, r := range c.Retry.Rules {
 			if r.Tiers != nil && len(r.Tiers.Delays) > 0 {
-				bad("Rules", i, "a rule with a tier ladder of its own (Tiers with Delays) is not supported with OrderingByKey: a parked head is re-sent to Retry's tiers")
+				bad("Retry.Rules", i, "a rule with a tier ladder of its own (Tiers with Delays) is not supported with Ordering ByKey: a parked head is re-sent to Retry.Tiers")
 			}
 		}
 	}
@@ -66,7 +66,7 @@ func (w *worker) retryWait(err error, retries int) (d time.Duration, again bool,
 		return 0, false, dec.Name
 	}
 	if dec.Rule < 0 {
-		d = r.wait.retry(retries + 1) // the fallback: RetryBase, RetryMax
+		d = r.wait.retry(retries + 1) // the fallback: Retry.Backoff
 	} else {
 		d = r.wait.backoff(dec.Backoff, retries+1)
 	}

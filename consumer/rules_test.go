@@ -18,7 +18,7 @@ import (
 // and PostgreSQL: a fraud decline goes straight to a dead-letter topic of its
 // own; a timeout gets 5 attempts a delivery and two tiers of its own ladder;
 // a validation error (HTTP 422) goes to the DLQ at once; any other error
-// keeps the fallback (Retries 1, one tier).
+// keeps the fallback (Retry.Attempts 2, one tier).
 func TestRulesRouteByError(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
@@ -28,9 +28,9 @@ func TestRulesRouteByError(t *testing.T) {
 	t.Cleanup(func() { e.k.DeleteTopics(t, fraudDLQ, slow(1), slow(2)) })
 
 	cfg := e.config()
-	cfg.Retries = 1
-	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{100 * time.Millisecond}}
-	cfg.Rules = []recovery.Rule{
+	cfg.Retry.Attempts = 2
+	cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{100 * time.Millisecond}}
+	cfg.Retry.Rules = []recovery.Rule{
 		{Name: "fraud", Match: recovery.Is(errFraud), Attempts: 1, Tiers: &recovery.Ladder{}, DLQ: fraudDLQ},
 		{Name: "timeout", Match: recovery.Kind(handler.KindTimeout), Attempts: 5,
 			Tiers: &recovery.Ladder{Name: "slow", Delays: []time.Duration{200 * time.Millisecond, 400 * time.Millisecond}}},
@@ -75,7 +75,7 @@ func TestRulesRouteByError(t *testing.T) {
 		"fraud":      1,           // straight to its DLQ
 		"timeout":    5 * 3,       // 5 attempts at the source and in each of its two tiers
 		"validation": 1,           // at once
-		"other":      (1 + 1) * 2, // the fallback: 1 + Retries, at the source and in its one tier
+		"other":      (1 + 1) * 2, // the fallback: Retry.Attempts, at the source and in its one tier
 		"ok":         1,
 	} {
 		if n := c.get(k); n != want {
@@ -99,18 +99,17 @@ func TestRulesRejectedAtStart(t *testing.T) {
 		"ladder no name":    {recovery.Rule{Match: recovery.Kind(handler.KindTimeout), Tiers: &recovery.Ladder{Delays: []time.Duration{time.Second}}}, "no Name"},
 	} {
 		cfg := coreValidConfig()
-		cfg.Rules = []recovery.Rule{tc.rule}
+		cfg.Retry.Rules = []recovery.Rule{tc.rule}
 		err := consumer.Run(context.Background(), cfg, handler.Func(func(context.Context, *handler.Message) error { return nil }))
 		var ce *consumer.ConfigError
-		if !errors.As(err, &ce) || ce.Field != "Rules" || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: Run = %v, want a *ConfigError for Rules saying %q", name, err, tc.want)
+		if !errors.As(err, &ce) || ce.Field != "Retry.Rules" || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: Run = %v, want a *ConfigError for Retry.Rules saying %q", name, err, tc.want)
 		}
 	}
 	cfg := coreValidConfig()
-	cfg.Ordering = consumer.OrderingByKey
-	cfg.OrderingDB = nil
-	cfg.Rules = []recovery.Rule{{Match: recovery.Kind(handler.KindTimeout), Tiers: &recovery.Ladder{Name: "slow", Delays: []time.Duration{time.Second}}}}
-	if !strings.Contains(fmt.Sprint(cfg.Validate()), "not supported with OrderingByKey") {
-		t.Errorf("Validate = %v, want a rule ladder refused with OrderingByKey", cfg.Validate())
+	cfg.Ordering = consumer.ByKey(nil)
+	cfg.Retry.Rules = []recovery.Rule{{Match: recovery.Kind(handler.KindTimeout), Tiers: &recovery.Ladder{Name: "slow", Delays: []time.Duration{time.Second}}}}
+	if !strings.Contains(fmt.Sprint(cfg.Validate()), "not supported with Ordering ByKey") {
+		t.Errorf("Validate = %v, want a rule ladder refused with Ordering ByKey", cfg.Validate())
 	}
 }

@@ -23,7 +23,8 @@ import (
 	"github.com/idemhq/idem/retrytopic"
 )
 
-// ErrNilHandler is returned by Run when h is nil or a nil handler.Func.
+// ErrNilHandler is returned by Run when h is nil (handler.Batch(nil) is) or a
+// nil handler.Func.
 var ErrNilHandler = errors.New("consumer: nil handler")
 
 // ErrUnknownTopic is wrapped by the error Run returns when a configured topic
@@ -50,6 +51,18 @@ var ErrUnknownTopic = errors.New("consumer: unknown topic")
 //
 // After every rebalance Run joins the group again. With the default
 // cooperative-sticky assignor a rebalance only stops the partitions that move.
+//
+// A handler made by handler.Batch (any handler.BatchHandler) runs as a batch
+// handler: the new messages of a batch (Config.Batch; MaxMessages, left 0,
+// is 500 for it) are passed to its HandleBatch at once, in the batch's
+// transaction, so it can write them with one statement. When a batch fails,
+// it is rolled back and its messages run again alone, in order, each as a
+// batch of one in its own transaction, so no message is committed before an
+// earlier one of its lane reached its outcome; a message a
+// *handler.BatchError names counts the failure named as its first attempt (a
+// Permanent one goes to the dead-letter topic without running again). A
+// failing message takes the same path as any other: in-process retries,
+// retry tiers, the dead-letter topic.
 func Run(ctx context.Context, cfg Config, h handler.Handler) error {
 	if h == nil {
 		return ErrNilHandler
@@ -57,6 +70,7 @@ func Run(ctx context.Context, cfg Config, h handler.Handler) error {
 	if f, ok := h.(handler.Func); ok && f == nil {
 		return ErrNilHandler
 	}
+	cfg, bh := forHandler(cfg, h)
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -65,39 +79,23 @@ func Run(ctx context.Context, cfg Config, h handler.Handler) error {
 	if err != nil {
 		return err
 	}
+	r.bh = bh
 	return r.run(ctx)
 }
 
-// RunBatch is Run for a handler.BatchHandler: the new messages of a batch
-// (Config.Batch; MaxMessages defaults to 500 here) are passed to
-// h.HandleBatch at once, in the batch's transaction, so h can write them with
-// one statement. When a batch fails, it is rolled back and its messages run
-// again alone, in order, each as a batch of one in its own transaction, so no
-// message is committed before an earlier one of its lane reached its outcome;
-// a message a *handler.BatchError names counts the failure named as its first
-// attempt (a Permanent one goes to the dead-letter topic without running
-// again). A failing message takes the same path as with Run: in-process
-// retries, retry tiers, the dead-letter topic. Everything else is as Run.
-func RunBatch(ctx context.Context, cfg Config, h handler.BatchHandler) error {
-	if h == nil {
-		return ErrNilHandler
+// batchHandlerMaxMessages is Config.Batch.MaxMessages's default for a batch
+// handler (handler.Batch): see BatchConfig.MaxMessages.
+const batchHandlerMaxMessages = 500
+
+// forHandler returns h as a batch handler (nil if it is not one) and cfg
+// with the defaults that depend on it: Batch.MaxMessages, left 0, is
+// batchHandlerMaxMessages for a batch handler.
+func forHandler(cfg Config, h handler.Handler) (Config, handler.BatchHandler) {
+	bh, _ := h.(handler.BatchHandler)
+	if bh != nil && cfg.Batch.MaxMessages == 0 {
+		cfg.Batch.MaxMessages = batchHandlerMaxMessages
 	}
-	if f, ok := h.(handler.BatchFunc); ok && f == nil {
-		return ErrNilHandler
-	}
-	if cfg.Batch.MaxMessages == 0 {
-		cfg.Batch.MaxMessages = 500
-	}
-	if err := cfg.Validate(); err != nil {
-		return err
-	}
-	cfg = cfg.withDefaults()
-	r, err := newRunner(cfg, handler.Single(h))
-	if err != nil {
-		return err
-	}
-	r.bh = h
-	return r.run(ctx)
+	return cfg, bh
 }
 
 // runner owns everything one Run call starts.
@@ -109,16 +107,16 @@ type runner struct {
 	scfg   *sarama.Config
 	group  sarama.ConsumerGroup
 	policy retrytopic.Policy
-	rules  *recovery.Policy // Config.Rules over the fallback rule; policy is the fallback's Retry
-	shares *shares          // splits Config.Breakers' limits across the group (limits.go); nil without
-	lanes  *lanesGate       // Config.Adaptive's member-wide limit (adaptive.go); nil without
+	rules  *recovery.Policy // Config.Retry.Rules over the fallback rule; policy is the fallback's Retry
+	shares *shares          // splits Config.Limits.Breakers' limits across the group (limits.go); nil without
+	lanes  *lanesGate       // Config.Limits.Adaptive's member-wide limit (adaptive.go); nil without
 	fwd    *retrytopic.Forwarder
 	txn    *txn.Owner // Transactions: every forward and offset commit; nil otherwise
 	// refused remembers forwards refused in an aborted transaction
 	// (Transactions; refusals.go); nil otherwise.
 	refused *refusals
-	order   *keyorder.Store      // nil unless OrderingByKey
-	bh      handler.BatchHandler // RunBatch's handler; nil for Run
+	order   *keyorder.Store      // nil unless Ordering is ByKey
+	bh      handler.BatchHandler // a batch handler (handler.Batch); nil for any other
 	// batchStore is cfg.Dedupe when it takes batches and Batch is on.
 	batchStore dedupe.BatchStore
 	pauses     *pauser
@@ -158,17 +156,17 @@ func newRunner(cfg Config, h handler.Handler) (*runner, error) {
 		m:      m,
 		scfg:   scfg,
 		wait:   newDelays(cfg),
-		policy: cfg.Retry.WithDefaults(),
+		policy: cfg.Retry.Tiers.WithDefaults(),
 	}
 	if err := registerLimits(cfg); err != nil {
 		return nil, err
 	}
-	r.shares = newShares(cfg.Breakers)
-	if r.lanes, err = newLanesGate(cfg.Adaptive, m.Lanes.WithLabelValues(cfg.Group)); err != nil {
+	r.shares = newShares(cfg.Limits.Breakers)
+	if r.lanes, err = newLanesGate(cfg.Limits.Adaptive, m.Lanes.WithLabelValues(cfg.Group)); err != nil {
 		return nil, err
 	}
-	if cfg.Adaptive != nil {
-		r.cfg.Concurrency = cfg.Adaptive.Max // Max lanes a partition; the gate decides how many run
+	if cfg.Limits.Adaptive != nil {
+		r.cfg.Concurrency = cfg.Limits.Adaptive.Max // Max lanes a partition; the gate decides how many run
 	}
 	if r.rules, err = cfg.recovery(); err != nil {
 		return nil, fmt.Errorf("consumer: rules: %w", err)
@@ -197,7 +195,7 @@ func saramaConfig(cfg Config) *sarama.Config {
 	// committer runs every CommitInterval and at revoke/shutdown.
 	c.Consumer.Offsets.AutoCommit.Enable = true
 	c.Consumer.Offsets.AutoCommit.Interval = cfg.CommitInterval
-	if cfg.Transactions {
+	if cfg.Transactions.Enabled {
 		// The transactions are the only offset writer: sarama's committer
 		// never runs (nothing is marked with it either).
 		c.Consumer.Offsets.AutoCommit.Enable = false
@@ -247,7 +245,7 @@ func (r *runner) run(ctx context.Context) (err error) {
 	r.ready.start(r.cfg.Group, storePing(r.cfg))
 	defer r.ready.stop()
 
-	st := setup{cfg: r.cfg, policy: r.policy, rules: r.rules, log: r.log, order: r.cfg.Ordering == OrderingByKey}
+	st := setup{cfg: r.cfg, policy: r.policy, rules: r.rules, log: r.log, order: r.cfg.Ordering.keyed}
 	var client sarama.Client
 	err = st.retry(ctx, nil, "connecting to the cluster", func() (err error) {
 		client, err = sarama.NewClient(r.cfg.Brokers, r.scfg)
@@ -270,7 +268,7 @@ func (r *runner) run(ctx context.Context) (err error) {
 	// group's rebalances and the producer's metadata never interfere. Its
 	// Producer.MaxMessageBytes follows the largest max.message.bytes of the
 	// source, tier and dead-letter topics (plus room for idem's headers).
-	if r.cfg.Transactions {
+	if r.cfg.Transactions.Enabled {
 		tclient, err := r.startTxn(ctx, st, maxBytes)
 		if err != nil {
 			return err
@@ -300,8 +298,8 @@ func (r *runner) run(ctx context.Context) (err error) {
 		defer fwd.Close()
 		r.fwd = fwd
 	}
-	if r.cfg.Ordering == OrderingByKey {
-		r.order = keyorder.New(r.cfg.OrderingDB, r.cfg.Group)
+	if r.cfg.Ordering.keyed {
+		r.order = keyorder.New(r.cfg.Ordering.db, r.cfg.Group)
 		if err := st.retry(ctx, nil, "creating the ordering schema", func() error { return r.order.Migrate(ctx) }); err != nil {
 			return fmt.Errorf("consumer: ordering schema: %w", err)
 		}
@@ -472,7 +470,7 @@ func (g *groupHandler) Setup(s sarama.ConsumerGroupSession) error {
 		}
 		g.stopCommits = stop
 	}
-	g.r.shares.rebalanced() // Config.Breakers: 1/members of the new generation
+	g.r.shares.rebalanced() // Config.Limits.Breakers: 1/members of the new generation
 	g.r.ready.setJoined(true)
 	return nil
 }

@@ -75,9 +75,9 @@ func TestRunRejectsInvalidConfig(t *testing.T) {
 		{"ShutdownGrace above rebalance timeout", func(c *consumer.Config) { c.ShutdownGrace = long }, []string{"ShutdownGrace"}},
 		{"negative CommitInterval", func(c *consumer.Config) { c.CommitInterval = -time.Second }, []string{"CommitInterval"}},
 		{"negative OutageBackoff", func(c *consumer.Config) { c.OutageBackoff = -time.Second }, []string{"OutageBackoff"}},
-		{"non-positive retry delay", func(c *consumer.Config) { c.Retry = retrytopic.Policy{Delays: []time.Duration{time.Second, 0}} }, []string{"Retry"}},
-		{"negative RetryBase", func(c *consumer.Config) { c.RetryBase = -time.Millisecond }, []string{"RetryBase"}},
-		{"RetryMax below RetryBase", func(c *consumer.Config) { c.RetryBase, c.RetryMax = time.Second, time.Millisecond }, []string{"RetryMax"}},
+		{"non-positive retry delay", func(c *consumer.Config) { c.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{time.Second, 0}} }, []string{"Retry.Tiers"}},
+		{"negative Backoff.Base", func(c *consumer.Config) { c.Retry.Backoff.Base = -time.Millisecond }, []string{"Retry.Backoff.Base"}},
+		{"Backoff.Max below Backoff.Base", func(c *consumer.Config) { c.Retry.Backoff.Base, c.Retry.Backoff.Max = time.Second, time.Millisecond }, []string{"Retry.Backoff.Max"}},
 		{"two problems", func(c *consumer.Config) { c.Group, c.Dedupe = "", nil }, []string{"Group", "Dedupe"}},
 	}
 	for _, tc := range cases {

@@ -32,9 +32,9 @@ func TestStartRidesOutOutages(t *testing.T) {
 		{"default", func(*consumer.Config, *env) {}, []string{
 			"connecting to the cluster", "reading the topics' metadata", "reading metadata", "starting the forwarder's producer"}},
 		{"ordering", func(cfg *consumer.Config, e *env) {
-			cfg.Ordering, cfg.OrderingDB = consumer.OrderingByKey, e.pool
+			cfg.Ordering = consumer.ByKey(e.pool)
 		}, []string{"reading the topics' metadata", "starting the forwarder's producer", "creating the ordering schema"}},
-		{"transactions", func(cfg *consumer.Config, _ *env) { cfg.Transactions = true }, []string{
+		{"transactions", func(cfg *consumer.Config, _ *env) { cfg.Transactions.Enabled = true }, []string{
 			"reading the topics' metadata", "starting the transactional producer"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -9,26 +9,32 @@ import (
 	"github.com/idemhq/idem/dedupe"
 )
 
-// validateRetention checks Config.Retention (defaults applied) against the
-// sweeper's minimum and the retention of the retry-tier and dead-letter
-// topics (see Config.Retention), when Run sweeps the store.
+// validateRetention checks Config.Retention (defaults applied): Keep is
+// never negative, and when Run sweeps the store it covers the sweeper's
+// minimum and the retention of the retry-tier and dead-letter topics (see
+// RetentionConfig).
 func validateRetention(c Config, bad func(field string, v any, rule string)) {
-	if _, swept := c.Dedupe.(dedupe.Sweepable); !swept || c.Retention < 0 {
-		return // Run does not sweep: Retention is not used
-	}
-	if c.Retention < dedupe.MinRetention {
-		bad("Retention", c.Retention, fmt.Sprintf("must be at least %s (dedupe.MinRetention), or negative to disable the sweeper", dedupe.MinRetention))
+	if c.Retention.Keep < 0 {
+		bad("Retention.Keep", c.Retention.Keep, "must be >= 0 (0: the default); to stop Run sweeping the inbox, set Retention.NoSweep")
 		return
 	}
-	if tiers := c.Retry.WithDefaults().Retention; c.Retention < tiers {
-		bad("Retention", c.Retention, fmt.Sprintf("must be at least Retry.Retention (%s): a record may wait that long in a retry tier or the dead-letter topic before it is handled or replayed, and a copy of a message handled meanwhile must still find its key (raise Retention, or lower Retry.Retention)", tiers))
+	if _, swept := c.Dedupe.(dedupe.Sweepable); !swept || c.Retention.NoSweep {
+		return // Run does not sweep: Keep is only compared with the topics'
+	}
+	keep := inboxRetention(c)
+	if keep < dedupe.MinRetention {
+		bad("Retention.Keep", keep, fmt.Sprintf("must be at least %s (dedupe.MinRetention), or set Retention.NoSweep and sweep the inbox yourself", dedupe.MinRetention))
+		return
+	}
+	if tiers := c.Retry.Tiers.WithDefaults().Retention; keep < tiers {
+		bad("Retention.Keep", keep, fmt.Sprintf("must be at least Retry.Tiers.Retention (%s): a record may wait that long in a retry tier or the dead-letter topic before it is handled or replayed, and a copy of a message handled meanwhile must still find its key (raise Retention.Keep, or lower Retry.Tiers.Retention)", tiers))
 	}
 }
 
-// sweeper returns the inbox sweeper Run starts, or nil when Run does not
-// sweep (Retention negative, or a store that is not dedupe.Sweepable).
+// inboxSweeper returns the inbox sweeper Run starts, or nil when Run does not
+// sweep (Retention.NoSweep, or a store that is not dedupe.Sweepable).
 func inboxSweeper(cfg Config, log *slog.Logger) *dedupe.Sweeper {
-	if cfg.Retention < 0 {
+	if cfg.Retention.NoSweep {
 		return nil
 	}
 	sw, ok := cfg.Dedupe.(dedupe.Sweepable)
@@ -39,18 +45,22 @@ func inboxSweeper(cfg Config, log *slog.Logger) *dedupe.Sweeper {
 	if s == nil {
 		return nil
 	}
-	s.Retention = cfg.Retention
+	s.Retention = inboxRetention(cfg)
 	s.Logger = log
 	return s
 }
 
 // inboxRetention is how long the inbox keeps keys, as far as Run knows:
-// Retention when Run sweeps, else InboxRetention (0: unknown).
+// Retention.Keep, or dedupe.DefaultRetention when it is 0 and Run sweeps
+// (0: unknown, when it does not).
 func inboxRetention(cfg Config) time.Duration {
-	if inboxSweeper(cfg, nil) != nil {
-		return cfg.Retention
+	if cfg.Retention.Keep != 0 {
+		return cfg.Retention.Keep
 	}
-	return cfg.InboxRetention
+	if _, swept := cfg.Dedupe.(dedupe.Sweepable); swept && !cfg.Retention.NoSweep {
+		return dedupe.DefaultRetention
+	}
+	return 0
 }
 
 // sweep runs the inbox sweeper, if Run has one, until ctx is done. Its

@@ -12,15 +12,15 @@ import (
 )
 
 // TestRunSweepsTheInbox: with a PostgreSQL store Run deletes inbox rows
-// older than Config.Retention on its own, and keeps the recent ones; with a
-// negative Retention it leaves them.
+// older than Config.Retention.Keep on its own, and keeps the recent ones;
+// with Retention.NoSweep it leaves them.
 func TestRunSweepsTheInbox(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
 		name      string
-		retention time.Duration
+		retention consumer.RetentionConfig
 		swept     bool
-	}{{"default 14 days", 0, true}, {"disabled", -1, false}} {
+	}{{"default 14 days", consumer.RetentionConfig{}, true}, {"disabled", consumer.RetentionConfig{NoSweep: true}, false}} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, 1)
@@ -42,7 +42,7 @@ func TestRunSweepsTheInbox(t *testing.T) {
 					return nil
 				})
 			} else if n := e.count(`SELECT count(*) FROM idem_processed WHERE idempotency_key = 'old'`); n != 1 {
-				t.Fatalf("Retention -1 swept the old row")
+				t.Fatalf("Retention.NoSweep swept the old row")
 			}
 			if n := e.count(`SELECT count(*) FROM idem_processed WHERE idempotency_key IN ('recent', 'k1')`); n != 2 {
 				t.Fatalf("%d of the recent rows left, want 2", n)
@@ -51,41 +51,45 @@ func TestRunSweepsTheInbox(t *testing.T) {
 	}
 }
 
-// TestRetentionValidation: Retention must cover the retry-tier and DLQ
-// topics' retention (the replay window) and the sweeper's minimum.
+// TestRetentionValidation: Retention.Keep must cover the retry-tier and DLQ
+// topics' retention (the replay window) and the sweeper's minimum when Run
+// sweeps, and is never negative.
 func TestRetentionValidation(t *testing.T) {
 	base := consumer.Config{Brokers: []string{"k:9092"}, Group: "g", Topics: []string{"t"}, Dedupe: dedupe.NewPostgres(nil)}
 	for _, c := range []struct {
 		name      string
-		retention time.Duration
+		retention consumer.RetentionConfig
 		policy    retrytopic.Policy
 		ok        bool
 	}{
-		{"default", 0, retrytopic.Policy{}, true},
-		{"disabled", -1, retrytopic.Policy{}, true},
-		{"equal to tiers", 7 * 24 * time.Hour, retrytopic.Policy{}, true},
-		{"shorter than the default tier retention", 3 * 24 * time.Hour, retrytopic.Policy{}, false},
-		{"shorter than a long tier retention", 20 * 24 * time.Hour, retrytopic.Policy{Retention: 30 * 24 * time.Hour}, false},
-		{"short tiers", 2 * time.Hour, retrytopic.Policy{Retention: time.Hour, Delays: []time.Duration{time.Minute}}, true},
-		{"below the minimum", 30 * time.Minute, retrytopic.Policy{Retention: time.Minute}, false},
+		{"default", consumer.RetentionConfig{}, retrytopic.Policy{}, true},
+		{"not swept", consumer.RetentionConfig{NoSweep: true}, retrytopic.Policy{}, true},
+		{"not swept, short", consumer.RetentionConfig{Keep: time.Minute, NoSweep: true}, retrytopic.Policy{}, true},
+		{"equal to tiers", consumer.RetentionConfig{Keep: 7 * 24 * time.Hour}, retrytopic.Policy{}, true},
+		{"shorter than the default tier retention", consumer.RetentionConfig{Keep: 3 * 24 * time.Hour}, retrytopic.Policy{}, false},
+		{"shorter than a long tier retention", consumer.RetentionConfig{Keep: 20 * 24 * time.Hour}, retrytopic.Policy{Retention: 30 * 24 * time.Hour}, false},
+		{"default shorter than a long tier retention", consumer.RetentionConfig{}, retrytopic.Policy{Retention: 30 * 24 * time.Hour}, false},
+		{"short tiers", consumer.RetentionConfig{Keep: 2 * time.Hour}, retrytopic.Policy{Retention: time.Hour, Delays: []time.Duration{time.Minute}}, true},
+		{"below the minimum", consumer.RetentionConfig{Keep: 30 * time.Minute}, retrytopic.Policy{Retention: time.Minute}, false},
+		{"negative", consumer.RetentionConfig{Keep: -1, NoSweep: true}, retrytopic.Policy{}, false},
 	} {
 		if c.ok {
-			// A store Run does not sweep ignores Retention.
+			// A store Run does not sweep ignores the sweeper's bounds.
 			mem := base
-			mem.Dedupe, mem.Retention, mem.Retry = dedupe.NewMemory(), 30*time.Minute, c.policy
+			mem.Dedupe, mem.Retention, mem.Retry.Tiers = dedupe.NewMemory(), consumer.RetentionConfig{Keep: 30 * time.Minute}, c.policy
 			if err := mem.Validate(); err != nil {
 				t.Errorf("%s with a memory store: %v", c.name, err)
 			}
 		}
 		cfg := base
-		cfg.Retention, cfg.Retry = c.retention, c.policy
+		cfg.Retention, cfg.Retry.Tiers = c.retention, c.policy
 		err := cfg.Validate()
 		var ce *consumer.ConfigError
 		switch {
 		case c.ok && err != nil:
 			t.Errorf("%s: %v", c.name, err)
-		case !c.ok && (!errors.As(err, &ce) || ce.Field != "Retention" || !errors.Is(err, consumer.ErrInvalidConfig)):
-			t.Errorf("%s: err = %v, want a ConfigError on Retention", c.name, err)
+		case !c.ok && (!errors.As(err, &ce) || ce.Field != "Retention.Keep" || !errors.Is(err, consumer.ErrInvalidConfig)):
+			t.Errorf("%s: err = %v, want a ConfigError on Retention.Keep", c.name, err)
 		}
 	}
 }

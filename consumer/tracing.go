@@ -37,7 +37,7 @@ const TracerName = "github.com/idemhq/idem/consumer"
 // dead-letter record pointing at the last one. A message dead-lettered
 // without an attempt (no key) gets a span too, with outcome dead_lettered.
 //
-// Batches (Config.Batch, RunBatch): the new messages of a batch share one
+// Batches (Config.Batch, handler.Batch): the new messages of a batch share one
 // SpanHandleBatch span around the handler call, linked (not parented) to
 // each message's producer context; duplicates found by the batch's inbox
 // INSERT get no span. A message run alone (not batchable, a retry record,
@@ -46,7 +46,7 @@ const TracerName = "github.com/idemhq/idem/consumer"
 const (
 	// SpanHandle is the span of one attempt of one message.
 	SpanHandle = "idem.handle"
-	// SpanHandleBatch is the span of one batch handler call (RunBatch, or
+	// SpanHandleBatch is the span of one batch handler call (handler.Batch, or
 	// Config.Batch), linked to each message's producer context.
 	SpanHandleBatch = "idem.handle_batch"
 

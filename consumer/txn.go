@@ -23,16 +23,16 @@ import (
 
 // validateTransactions checks what Config.Transactions needs.
 func (c Config) validateTransactions(bad func(field string, v any, rule string)) {
-	if c.TransactionTimeout < 0 {
-		bad("TransactionTimeout", c.TransactionTimeout, "must be > 0")
+	if c.Transactions.Timeout < 0 {
+		bad("Transactions.Timeout", c.Transactions.Timeout, "must be > 0")
 	}
-	if !c.Transactions {
+	if !c.Transactions.Enabled {
 		return
 	}
-	if c.TransactionTimeout <= c.CommitInterval {
-		bad("TransactionTimeout", c.TransactionTimeout, fmt.Sprintf("must exceed CommitInterval (%s): a transaction stays open that long", c.CommitInterval))
+	if c.Transactions.Timeout <= c.CommitInterval {
+		bad("Transactions.Timeout", c.Transactions.Timeout, fmt.Sprintf("must exceed CommitInterval (%s): a transaction stays open that long", c.CommitInterval))
 	}
-	// OrderingByKey stays refused (issue 20): a drain removes a parked
+	// Ordering ByKey stays refused (issue 20): a drain removes a parked
 	// message from PostgreSQL (Done) or clears its promoted head's pending
 	// forward (Forwarded) once the forward is acked, which in a transaction
 	// is before it commits; an aborted transaction would then lose the
@@ -71,8 +71,8 @@ func (c Config) validateTransactions(bad func(field string, v any, rule string))
 	//   - TestOrderingByKey passed with Transactions as is (no abort, no
 	//     crash); TestOrderingParkedFailureBecomesHead counts tier records by
 	//     end offset, which counts commit markers too (4 for 2 records).
-	if c.Ordering != OrderingNone {
-		bad("Ordering", c.Ordering, "must be OrderingNone with Transactions: OrderingByKey settles parked messages in PostgreSQL when their forward is sent, before the Kafka transaction commits")
+	if c.Ordering.keyed {
+		bad("Ordering", c.Ordering, "must not be ByKey with Transactions: ByKey settles parked messages in PostgreSQL when their forward is sent, before the Kafka transaction commits")
 	}
 	if c.ReadUncommitted {
 		bad("ReadUncommitted", c.ReadUncommitted, "must be false with Transactions: idem's own tiers are written in transactions")
@@ -97,7 +97,7 @@ func (c Config) transactionalID() string {
 
 // txnProducerConfig is the config of the transaction owner's own client.
 func txnProducerConfig(base *sarama.Config, cfg Config, maxBytes int) *sarama.Config {
-	c := txn.Config(base, cfg.transactionalID(), cfg.TransactionTimeout)
+	c := txn.Config(base, cfg.transactionalID(), cfg.Transactions.Timeout)
 	c.Producer.MaxMessageBytes = max(c.Producer.MaxMessageBytes, maxBytes)
 	return c
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/metrics"
+	"github.com/idemhq/idem/recovery"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -42,10 +43,10 @@ const (
 // txnConfig is e.config() in transactional mode with one short retry tier
 // and no in-process retries.
 func txnConfig(cfg consumer.Config, instance string) consumer.Config {
-	cfg.Transactions = true
+	cfg.Transactions.Enabled = true
 	cfg.InstanceID = instance
-	cfg.Retries = -1
-	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{200 * time.Millisecond}}
+	cfg.Retry.Attempts = 1
+	cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{200 * time.Millisecond}}
 	cfg.CommitInterval = 200 * time.Millisecond
 	return cfg
 }
@@ -194,7 +195,7 @@ func (e *env) waitTxnSettled(reg prometheus.Gatherer) {
 const (
 	txnEnvFlag  = "IDEM_TXN_HELPER"
 	txnEnvPoint = "IDEM_TXN_POINT" // see TestTxnMemberHelperProcess
-	txnEnvLanes = "IDEM_TXN_LANES" // Config.Concurrency, when set; "adaptive": Config.Adaptive up to 8 lanes
+	txnEnvLanes = "IDEM_TXN_LANES" // Config.Concurrency, when set; "adaptive": Config.Limits.Adaptive up to 8 lanes
 )
 
 // TestTxnMemberHelperProcess is not a test: the transactional tests run the
@@ -248,21 +249,20 @@ func TestTxnMemberHelperProcess(t *testing.T) {
 		Sarama:         scfg,
 		Logger:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		ShutdownGrace:  5 * time.Second,
-		RetryBase:      5 * time.Millisecond,
-		RetryMax:       20 * time.Millisecond,
+		Retry:          consumer.RetryConfig{Backoff: recovery.Backoff{Base: 5 * time.Millisecond, Max: 20 * time.Millisecond}},
 		CommitInterval: 200 * time.Millisecond,
 	}, os.Getenv(memberEnvInstance))
 	cfg = txnLanes(cfg, os.Getenv(txnEnvLanes))
-	cfg.TransactionTimeout = time.Minute // a stalled member's transaction must outlive its membership
+	cfg.Transactions.Timeout = time.Minute // a stalled member's transaction must outlive its membership
 	err := consumer.Run(ctx, cfg, poisonHandler())
 	t.Fatalf("txn member helper: Run returned %v before it was killed", err)
 }
 
 // txnLanes returns cfg with lanes: "" keeps cfg's, "adaptive" is
-// Config.Adaptive up to 8 lanes, a number is Config.Concurrency.
+// Config.Limits.Adaptive up to 8 lanes, a number is Config.Concurrency.
 func txnLanes(cfg consumer.Config, lanes string) consumer.Config {
 	if lanes == "adaptive" {
-		cfg.Adaptive = &consumer.Adaptive{Max: 8}
+		cfg.Limits.Adaptive = &consumer.Adaptive{Max: 8}
 	} else if n, err := strconv.Atoi(lanes); err == nil {
 		cfg.Concurrency = n
 	}
@@ -590,7 +590,7 @@ func TestTxnForwardWaitsForEarlierMessage(t *testing.T) {
 		return inner(ctx, m)
 	})
 	cfg := txnConfig(e.config(), "")
-	cfg.Concurrency, cfg.Adaptive, cfg.Batch = lanes, nil, consumer.BatchConfig{}
+	cfg.Concurrency, cfg.Limits.Adaptive, cfg.Batch = lanes, nil, consumer.BatchConfig{}
 	var logs logBuffer
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	reg := prometheus.NewRegistry()

@@ -47,7 +47,7 @@
 //     you need.
 //   - Panics. A panic is recovered ([Recover] is always installed innermost),
 //     turned into a [*PanicError] of kind "panic" that carries the stack, and
-//     dead-lettered at once unless the consumer's RetryPanics is set.
+//     dead-lettered at once unless the consumer's Config.Retry.Panics is set.
 //   - Attempts. [Message.Attempt] counts deliveries of this message to a
 //     handler, from 1, including in-process retries and earlier retry tiers, so
 //     a handler may log or alert on it (package consumer's "Attempts per
@@ -67,20 +67,21 @@
 //	handler returns                  kind         what happens
 //	-------------------------------  -----------  ------------------------------------------------
 //	nil                              ""           commit; key recorded; offset marked
-//	any other error (incl. ctx       retriable    retried in process (Config.Retries, full-jitter
+//	any other error (incl. ctx       retriable    retried in process (Config.Retry, full-jitter
 //	  errors not caused by revoke)                backoff), then retry tier 1, 2, … (each with
 //	                                              its own in-process retries), then the DLQ
 //	RetryAfter(err, d)               retriable    as above, but each in-process wait is at least
-//	                                              d (a d above Config.RetryMax with tiers goes to
-//	                                              the tier at once); in a retry tier, d is capped
-//	                                              at the tier's delay (due = failure + delay)
+//	                                              d (a d above Retry.Backoff.Max with tiers
+//	                                              goes to the tier at once); in a retry tier, d
+//	                                              is capped at the tier's delay (due = failure +
+//	                                              delay)
 //	the error of Timeout(d)          timeout      retriable, as above; errors.Is(err, ErrTimeout)
 //	HTTPStatus(err, code)            err's kind   as err; the status is there for recoverability
 //	                                              rules (package recovery) and HTTPStatusOf
 //	Permanent(err)                   permanent    dead-letter topic at once, no retries
 //	Decode(err)                      decode       dead-letter topic at once; bytes kept unchanged
 //	a panic (*PanicError)            panic        dead-letter topic at once, or retriable when
-//	                                              the consumer's RetryPanics is set
+//	                                              the consumer's Retry.Panics is set
 //	(no valid key: *MissingKeyError, missing-key  dead-letter topic at once, before the handler
 //	  raised by idem itself)         or           runs (unless keys fall back to coordinates);
 //	                                 invalid-key  invalid-key: not UTF-8, a NUL, or too long

@@ -115,11 +115,11 @@ func TestMessageHeader(t *testing.T) {
 	}
 }
 
-// TestSingleBatchErrorNamingNoneOfItsMessagesFails: a *BatchError that does
-// not name the one message Single passed (it names a copy, another message,
+// TestBatchHandleErrorNamingNoneOfItsMessagesFails: a *BatchError that does
+// not name the one message Handle passed (it names a copy, another message,
 // or nothing) is a failure of that message, never a success: returning nil
 // would commit the message's inbox row with no effect.
-func TestSingleBatchErrorNamingNoneOfItsMessagesFails(t *testing.T) {
+func TestBatchHandleErrorNamingNoneOfItsMessagesFails(t *testing.T) {
 	cause := errors.New("bank down")
 	for name, be := range map[string]func(m *handler.Message) *handler.BatchError{
 		"a copy": func(m *handler.Message) *handler.BatchError { c := *m; return (&handler.BatchError{}).Add(&c, cause) },
@@ -129,10 +129,10 @@ func TestSingleBatchErrorNamingNoneOfItsMessagesFails(t *testing.T) {
 		"nothing": func(*handler.Message) *handler.BatchError { return &handler.BatchError{} },
 	} {
 		t.Run(name, func(t *testing.T) {
-			h := handler.Single(handler.BatchFunc(func(_ context.Context, ms []*handler.Message) error { return be(ms[0]) }))
+			h := handler.Batch(func(_ context.Context, ms []*handler.Message) error { return be(ms[0]) })
 			err := h.Handle(context.Background(), &handler.Message{Topic: "t", Offset: 3})
 			if err == nil {
-				t.Fatal("Single returned nil for a *BatchError that names none of its messages")
+				t.Fatal("Handle returned nil for a *BatchError that names none of its messages")
 			}
 			if _, ok := handler.AsBatchError(err); !ok {
 				t.Errorf("error %v does not wrap the batch's *BatchError", err)
@@ -140,10 +140,16 @@ func TestSingleBatchErrorNamingNoneOfItsMessagesFails(t *testing.T) {
 		})
 	}
 	// The message it names keeps its own error.
-	h := handler.Single(handler.BatchFunc(func(_ context.Context, ms []*handler.Message) error {
+	h := handler.Batch(func(_ context.Context, ms []*handler.Message) error {
 		return (&handler.BatchError{}).Add(ms[0], handler.Permanent(cause))
-	}))
+	})
+	if _, ok := h.(handler.BatchHandler); !ok {
+		t.Fatalf("Batch's Handler %T is not a BatchHandler: Run would not batch it", h)
+	}
+	if handler.Batch(nil) != nil {
+		t.Fatal("Batch(nil) is not nil: Run could not refuse it with ErrNilHandler")
+	}
 	if err := h.Handle(context.Background(), &handler.Message{}); !handler.IsPermanent(err) || !errors.Is(err, cause) {
-		t.Fatalf("Single: %v, want the named message's permanent error", err)
+		t.Fatalf("Handle: %v, want the named message's permanent error", err)
 	}
 }

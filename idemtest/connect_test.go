@@ -87,8 +87,8 @@ func TestTopicIsUniqueAndCleanedUp(t *testing.T) {
 		}
 		k.Produce(t, topic, idemtest.Record{IdempotencyKey: "p-1", Value: []byte("{}")})
 		cfg := k.Config(t, group, topic)
-		cfg.Retries = 1 // then the retry tier, then the DLQ
-		cfg.Retry = retrytopic.Policy{Delays: []time.Duration{10 * time.Millisecond}}
+		cfg.Retry.Attempts = 2 // then the retry tier, then the DLQ
+		cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{10 * time.Millisecond}}
 		c := idemtest.Start(t, cfg, handler.Func(func(ctx context.Context, m *handler.Message) error {
 			return fmt.Errorf("bank down")
 		}))

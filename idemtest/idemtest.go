@@ -10,6 +10,7 @@ import (
 	"time"
 
 	idemschema "github.com/idemhq/idem/internal/schema"
+	"github.com/idemhq/idem/recovery"
 
 	"github.com/IBM/sarama"
 	"github.com/prometheus/client_golang/prometheus"
@@ -162,8 +163,7 @@ func (k *Kafka) Config(tb testing.TB, group string, topics ...string) consumer.C
 		Sarama:           k.SaramaConfig(),
 		Logger:           slog.New(slog.NewTextHandler(tbWriter{tb}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		CommitInterval:   100 * time.Millisecond,
-		RetryBase:        time.Millisecond,
-		RetryMax:         10 * time.Millisecond,
+		Retry:            consumer.RetryConfig{Backoff: recovery.Backoff{Base: time.Millisecond, Max: 10 * time.Millisecond}},
 		ShutdownGrace:    5 * time.Second,
 		DLQDepthInterval: -1,
 	}
@@ -203,20 +203,15 @@ type Consumer struct {
 	err     error
 }
 
-// Start runs consumer.Run(cfg, h) in the background until Stop is called or
-// the test ends, and fails the test if Run returns an error other than at
-// Stop. When cfg.Registerer is nil Start gives it a fresh Prometheus registry,
-// which the Wait methods read; a Registerer of your own must also be a
+// Start runs consumer.Run(cfg, h) in the background (h may be a batch
+// handler, handler.Batch(fn)) until Stop is called or the test ends, and
+// fails the test if Run returns an error other than at Stop. When
+// cfg.Registerer is nil Start gives it a fresh Prometheus registry, which the
+// Wait methods read; a Registerer of your own must also be a
 // prometheus.Gatherer (a *prometheus.Registry is).
 func Start(tb testing.TB, cfg consumer.Config, h handler.Handler) *Consumer {
 	tb.Helper()
 	return start(tb, &cfg, func(ctx context.Context) error { return consumer.Run(ctx, cfg, h) })
-}
-
-// StartBatch is Start for consumer.RunBatch.
-func StartBatch(tb testing.TB, cfg consumer.Config, h handler.BatchHandler) *Consumer {
-	tb.Helper()
-	return start(tb, &cfg, func(ctx context.Context) error { return consumer.RunBatch(ctx, cfg, h) })
 }
 
 func start(tb testing.TB, cfg *consumer.Config, run func(context.Context) error) *Consumer {

@@ -35,8 +35,8 @@ func TestRetryTierAndDLQ(t *testing.T) {
 			Headers: []handler.Header{{Key: "trace", Value: []byte("t-1")}}},
 	)
 	cfg := k.Config(t, "billing", "payments")
-	cfg.Retries = 1
-	cfg.Retry = retrytopic.Policy{Delays: []time.Duration{50 * time.Millisecond}}
+	cfg.Retry.Attempts = 2
+	cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{50 * time.Millisecond}}
 	var origins atomic.Int64
 	c := idemtest.Start(t, cfg, handler.Func(func(ctx context.Context, m *handler.Message) error {
 		if m.Origin().Topic == "payments" {
@@ -114,8 +114,8 @@ func TestWithPostgres(t *testing.T) {
 	}
 }
 
-// TestStartBatch: RunBatch through the kit.
-func TestStartBatch(t *testing.T) {
+// TestStartBatchHandler: a handler.Batch handler through the kit.
+func TestStartBatchHandler(t *testing.T) {
 	t.Parallel()
 	k := idemtest.NewKafka(t)
 	k.CreateTopic(t, "events", 1)
@@ -125,7 +125,7 @@ func TestStartBatch(t *testing.T) {
 	}
 	k.Produce(t, "events", recs...)
 	var seen atomic.Int64
-	c := idemtest.StartBatch(t, k.Config(t, "audit", "events"), handler.BatchFunc(func(ctx context.Context, ms []*handler.Message) error {
+	c := idemtest.Start(t, k.Config(t, "audit", "events"), handler.Batch(func(ctx context.Context, ms []*handler.Message) error {
 		seen.Add(int64(len(ms)))
 		return nil
 	}))
@@ -145,8 +145,8 @@ func TestBatchErrorNamingACopyIsNotLost(t *testing.T) {
 	k.CreateTopic(t, "ledger", 1)
 	k.Produce(t, "ledger", idemtest.Record{IdempotencyKey: "entry-1", Value: []byte("{}")})
 	cfg := k.Config(t, "books", "ledger")
-	cfg.Retries = 1
-	c := idemtest.StartBatch(t, cfg, handler.BatchFunc(func(ctx context.Context, ms []*handler.Message) error {
+	cfg.Retry.Attempts = 2
+	c := idemtest.Start(t, cfg, handler.Batch(func(ctx context.Context, ms []*handler.Message) error {
 		be := &handler.BatchError{}
 		for _, m := range ms {
 			cp := *m // a copy: not one of the messages the batch was given

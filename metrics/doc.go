@@ -27,7 +27,7 @@
 //	idem_stubs_forwarded_total             counter    group,destination         records dead-lettered as stubs without their value (no topic would take them whole)
 //	idem_missing_key_total                 counter    group,topic               messages without a valid idempotency key
 //	idem_deferred_total                    counter    group,topic               messages a handler deferred (handler.DeferUntil), stored for the group's scheduler; topic is the source
-//	idem_lanes                             gauge      group                     handler attempts this member may run at once under consumer.Config.Adaptive (AIMD)
+//	idem_lanes                             gauge      group                     handler attempts this member may run at once under consumer.Config.Limits.Adaptive (AIMD)
 //	idem_expired_total                     counter    group,topic,action        messages past their deadline or topic's maximum age, not handled: dead_lettered (kind expired) or dropped
 //	idem_store_errors_total                counter    group                     dedupe store failures (outages); the message is retried, no attempt counted
 //	idem_retry_delay_seconds               histogram  group,topic               how long after its idem-due-at a retry record reached the handler
@@ -72,7 +72,7 @@
 // idem_dependency_max_in_flight and idem_dependency_in_flight (gauges), and
 // idem_dependency_throttled_seconds_total and idem_dependency_throttled_total
 // (counters by reason), all by dependency. consumer.Run registers it for
-// consumer.Config.Breakers.
+// consumer.Config.Limits.Breakers.
 //
 // # Reading them
 //

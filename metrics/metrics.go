@@ -12,7 +12,7 @@ const (
 	OutcomeDuplicate    = "duplicate"
 	OutcomeRetried      = "retried"
 	OutcomeDeadLettered = "dead_lettered"
-	OutcomeParked       = "parked"   // OrderingByKey: stored behind an earlier message of its key
+	OutcomeParked       = "parked"   // Ordering ByKey: stored behind an earlier message of its key
 	OutcomeDeferred     = "deferred" // handler.DeferUntil: stored for the scheduler; the offset is committed
 	OutcomeExpired      = "expired"  // past its deadline or maximum age and dropped (consumer.Expiry.Drop); an expired message dead-lettered counts as dead_lettered
 )
@@ -99,7 +99,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		Deferred: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_deferred_total",
 			Help: "Messages a handler deferred (handler.DeferUntil), stored in PostgreSQL for the group's scheduler."}, []string{"group", "topic"}),
 		Lanes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_lanes",
-			Help: "Handler attempts this member may run at once under consumer.Config.Adaptive (the AIMD limit)."}, []string{"group"}),
+			Help: "Handler attempts this member may run at once under consumer.Config.Limits.Adaptive (the AIMD limit)."}, []string{"group"}),
 		StoreErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_store_errors_total",
 			Help: "Dedupe store failures; the message is retried without counting an attempt."}, []string{"group"}),
 		RetryDelay: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "idem_retry_delay_seconds",

@@ -10,7 +10,7 @@ import (
 // retry n (n >= 1) waits a uniformly random time in
 // [0, min(Max, Base*2^(n-1))], the "full jitter" of AWS's "Exponential Backoff
 // and Jitter" (seed §4: many failing consumers must not retry in lockstep).
-// It is the consumer's backoff (Config.RetryBase and Config.RetryMax), as a
+// It is the consumer's backoff (Config.Retry.Backoff), as a
 // value a rule can choose. It is not github.com/cenkalti/backoff, whose
 // randomization factor spreads waits around the mean ("equal jitter"), not
 // over the whole window, and which keeps state per sequence.

@@ -43,11 +43,11 @@
 //
 // # The fallback is today's behaviour
 //
-// Fallback holds what the consumer's Config says without rules: Attempts =
-// 1 + Config.Retries handler calls per delivery, Backoff = Config.RetryBase
-// and Config.RetryMax (full jitter), Retry = Config.Retry (its tiers and
-// dead-letter topic). With no rules, every Decision is that, and
-// Decision.Retry.Next routes exactly as Config.Retry.Next does today.
+// Fallback holds what the consumer's Config.Retry says without rules:
+// Attempts = Config.Retry.Attempts handler calls per delivery, Backoff =
+// Config.Retry.Backoff (full jitter), Retry = Config.Retry.Tiers (its tiers
+// and dead-letter topic). With no rules, every Decision is that, and
+// Decision.Retry.Next routes exactly as Config.Retry.Tiers.Next does today.
 //
 // # What a decision does not change
 //
@@ -55,7 +55,7 @@
 // message's fault. An outage (the database, an open breaker, a dependency's
 // Retry-After) is waited out before any rule is asked, spending nothing. A
 // permanent failure (handler.Permanent, Decode, a missing key, a panic unless
-// RetryPanics) is never retried: it goes to its decision's dead-letter topic
+// Config.Retry.Panics) is never retried: it goes to its decision's dead-letter topic
 // at once, so a rule can route a permanent fraud decline to
 // "payments.dlq.fraud". A retriable failure gets the decision's Attempts; to
 // dead-letter one at once, give it Attempts 1 and no tiers (&Ladder{}).

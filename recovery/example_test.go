@@ -13,8 +13,8 @@ import (
 func ExampleNew() {
 	errFraud := errors.New("bank: fraud suspected")
 	policy, err := recovery.New(
-		// Today's behaviour, from the consumer's Config: Retries 3,
-		// RetryBase 100ms, RetryMax 5s, two retry tiers.
+		// Today's behaviour, from the consumer's Config.Retry: Attempts 4,
+		// Backoff {100ms, 5s}, two retry tiers.
 		recovery.Fallback{
 			Attempts: 1 + 3,
 			Backoff:  recovery.Backoff{Base: 100 * time.Millisecond, Max: 5 * time.Second},

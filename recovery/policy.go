@@ -43,12 +43,12 @@ type Rule struct {
 	Backoff Backoff
 
 	// Tiers is the ladder of retry tiers the message climbs once a delivery's
-	// attempts are spent. nil takes the Fallback's (Config.Retry's tiers);
+	// attempts are spent. nil takes the Fallback's (Config.Retry.Tiers);
 	// &Ladder{} (no delays) means none: the dead-letter topic next.
 	Tiers *Ladder
 
 	// DLQ is the dead-letter topic, e.g. "payments.dlq.fraud": a legal Kafka
-	// topic name. "" takes the Fallback's (Config.Retry's dead-letter topic,
+	// topic name. "" takes the Fallback's (Config.Retry.Tiers' dead-letter topic,
 	// "<topic>.<group>.dlq" by default).
 	DLQ string
 }
@@ -76,9 +76,8 @@ func (l *Ladder) topic(topic, group string, n int) string {
 
 // Fallback is what applies when no rule matches: the consumer's behaviour
 // without rules. Its fields are the consumer's Config, defaults applied:
-// Attempts = 1 + Config.Retries, Backoff = {Config.RetryBase,
-// Config.RetryMax}, Retry = Config.Retry. It also gives every rule its zero
-// fields.
+// Attempts = Config.Retry.Attempts, Backoff = Config.Retry.Backoff, Retry =
+// Config.Retry.Tiers. It also gives every rule its zero fields.
 type Fallback struct {
 	// Attempts: handler calls per delivery, >= 1.
 	Attempts int
@@ -142,7 +141,7 @@ func New(fallback Fallback, rules ...Rule) (*Policy, error) {
 	}
 	retry := fallback.Retry.WithDefaults()
 	if fallback.Attempts < 1 {
-		fail("fallback: Attempts = %d, must be >= 1 (1 + Config.Retries)", fallback.Attempts)
+		fail("fallback: Attempts = %d, must be >= 1 (Config.Retry.Attempts)", fallback.Attempts)
 	}
 	if err := fallback.Backoff.check(); err != nil {
 		fail("fallback: %v", err)
@@ -214,7 +213,7 @@ func New(fallback Fallback, rules ...Rule) (*Policy, error) {
 // A decision chooses the budget and the destinations; it does not change
 // whether a failure is retried at all. An outage or an open breaker is
 // waited out before any rule is asked, and a permanent failure (permanent,
-// decode, missing or invalid key, a panic unless Config.RetryPanics) goes to
+// decode, missing or invalid key, a panic unless Config.Retry.Panics) goes to
 // the decision's dead-letter topic at once, whatever its Attempts and Tiers.
 //
 // The Decision is the caller's: changing it (its Retry.Delays) changes

@@ -31,8 +31,8 @@ type declineError struct{ reason string }
 func (e *declineError) Error() string { return "declined: " + e.reason }
 
 // today is the fallback of a consumer with Config's documented defaults
-// (consumer/config.go defaults(): Retries 3, RetryBase 100ms, RetryMax 5s,
-// Retry retrytopic.Policy{}) and two tiers.
+// (consumer/config.go defaults(): Retry.Attempts 4, Retry.Backoff {100ms,
+// 5s}, Retry.Tiers retrytopic.Policy{}) and two tiers.
 func today() recovery.Fallback {
 	return recovery.Fallback{
 		Attempts: 1 + 3,
@@ -153,9 +153,9 @@ func TestDecideOrder(t *testing.T) {
 }
 
 // TestFallbackIsToday: with no rules, every decision is the consumer's
-// behaviour without rules, for every kind of error: 1 + Retries handler calls
+// behaviour without rules, for every kind of error: Retry.Attempts handler calls
 // per delivery, the same full-jitter window, and the same route (tier n+1 of
-// Config.Retry, then its DLQ) as retrytopic.Policy.WithDefaults().Next, which
+// Config.Retry.Tiers, then its DLQ) as retrytopic.Policy.WithDefaults().Next, which
 // the consumer calls today (consumer/forward.go, failure).
 func TestFallbackIsToday(t *testing.T) {
 	for _, cfg := range []retrytopic.Policy{

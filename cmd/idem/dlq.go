@@ -30,7 +30,7 @@ func newDLQCmd(a *app) *cobra.Command {
 
 Name the dead-letter topic with --topic (-t), or with --source and --group:
 the topic and consumer group whose dead-letter topic it is, by idem's default
-name <topic>.<group>.dlq (give --topic when Retry.DLQTopic renames it).
+name <topic>.<group>.dlq (give --topic when Retry.Tiers.DLQTopic renames it).
 
 Two models of what is pending:
 

@@ -24,14 +24,14 @@ import (
 func newOrderingCmd(a *app) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "ordering <command>",
-		Short: "Show and release messages parked by OrderingByKey",
-		Long: `Show and release the messages OrderingByKey parked behind a key's head (the
+		Short: "Show and release messages parked by ByKey ordering",
+		Long: `Show and release the messages ByKey ordering parked behind a key's head (the
 message of that Kafka key waiting in a retry tier).
 
 Parked messages are stored in PostgreSQL (idem_ordering_parked); their Kafka
 offsets are already committed. They are stranded, with nothing left to read
 them, when ordering is switched off, when a tier is removed from
-Retry.Delays, when the head's record expired from its tier by retention, or
+Retry.Tiers.Delays, when the head's record expired from its tier by retention, or
 when the topic is dropped from Config.Topics. Run warns about the first two
 (and the last) at start. list shows them; release sends them on.`,
 		Example: `  idem ordering list --group payments
@@ -90,7 +90,7 @@ func newOrderingListCmd(a *app) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "list",
 		Short: "List blocked keys and their parked messages per group and topic",
-		Long: `List the keys OrderingByKey holds blocked: per consumer group and source topic,
+		Long: `List the keys ByKey ordering holds blocked: per consumer group and source topic,
 each key with its head (the idempotency key it waits for), the head's retry
 tier (0: not recorded), whether the head's forward to its tier is still
 pending, how many messages are parked behind it and how old the oldest is;
@@ -254,14 +254,14 @@ duplicate) and their partition number.
   source   the source topic (--topic). idem-* headers are removed: the group
            handles them as new messages.
   TOPIC    a topic by name, usually the source's first retry tier
-           (<topic>.<group>.retry.1 unless Retry.TierTopic renames it). The
+           (<topic>.<group>.retry.1 unless Retry.Tiers.TierTopic renames it). The
            records carry idem-* headers marking them due now in tier 1 of
            --topic for --group, so the group's consumer handles them at once.
 The destination must exist: idem never creates a topic, and an unknown one is
 an error before anything is read or changed.
 
 Use it when the head will not come back: ordering switched off, the head's
-tier removed from Retry.Delays, or its record expired from the tier. If the
+tier removed from Retry.Tiers.Delays, or its record expired from the tier. If the
 head does come back later it is handled on its own, after the released
 messages. Each key is released in one transaction holding its head: a
 consumer parking or draining that key waits. If a send fails, that key's rows

@@ -596,7 +596,7 @@ func isUndefinedTable(err error) bool {
 	return errors.As(err, &pg) && pg.Code == "42P01"
 }
 
-// ParkedKeys returns up to limit keys OrderingByKey holds blocked, every group
+// ParkedKeys returns up to limit keys ByKey ordering holds blocked, every group
 // and topic (none when the ordering tables do not exist). limit <= 0 means
 // 100.
 func (a *Actions) ParkedKeys(ctx context.Context, limit int) ([]ParkedKey, error) {

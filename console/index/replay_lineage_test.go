@@ -58,7 +58,7 @@ func TestReplayFailsAgainLinksBack(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		err := consumer.Run(rctx, consumer.Config{Brokers: k.Brokers, Sarama: k.Config(), Group: group, Topics: []string{source},
-			Dedupe: inbox, Retry: pol, Retention: -1}, h)
+			Dedupe: inbox, Retry: consumer.RetryConfig{Tiers: pol}, Retention: consumer.RetentionConfig{NoSweep: true}}, h)
 		if err != nil {
 			t.Errorf("consumer.Run: %v", err)
 		}

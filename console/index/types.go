@@ -211,7 +211,7 @@ type Result struct {
 	Errors []string
 }
 
-// ParkedKey is one key OrderingByKey holds blocked.
+// ParkedKey is one key ByKey ordering holds blocked.
 type ParkedKey struct {
 	Group, Topic string
 	// Key is the Kafka key (raw bytes in a string).

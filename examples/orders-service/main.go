@@ -80,10 +80,12 @@ func run(ctx context.Context, brokers, databaseURL, metricsAddr string) error {
 		KeyFunc: consumer.FirstOf(consumer.HeaderKey("idempotency-key"), consumer.JSONField("event_id")),
 		Dedupe:  dedupe.NewPostgres(pool), // the handler's writes commit with the inbox row
 		// Run deletes inbox rows older than this itself (14 days is the default).
-		Retention: 14 * 24 * time.Hour,
-		// 1 + 3 in-process attempts at the source, then 4 in each tier, then the DLQ.
-		Retries:    3,
-		Retry:      retrytopic.Policy{Delays: []time.Duration{30 * time.Second, 10 * time.Minute}},
+		Retention: consumer.RetentionConfig{Keep: 14 * 24 * time.Hour},
+		// 4 attempts at the source (3 in-process retries), then 4 in each tier, then the DLQ.
+		Retry: consumer.RetryConfig{
+			Attempts: 4,
+			Tiers:    retrytopic.Policy{Delays: []time.Duration{30 * time.Second, 10 * time.Minute}},
+		},
 		Sarama:     base,
 		Registerer: reg,
 		Readiness:  ready, // /readyz: group joined and PostgreSQL answering

@@ -102,8 +102,8 @@ func DefaultConfig() Config {
 	return Config{Min: 1, Tolerance: 1.1, Backoff: 0.85, Window: 10, BaselineWindows: 50}
 }
 
-// withDefaults returns c with its zero fields set.
-func (c Config) withDefaults() Config {
+// WithDefaults returns c with its zero fields set.
+func (c Config) WithDefaults() Config {
 	d := DefaultConfig()
 	if c.Min == 0 {
 		c.Min = d.Min
@@ -129,7 +129,7 @@ func (c Config) withDefaults() Config {
 // Validate reports every problem with c (defaults applied), joined, each
 // naming the field, its value and the bound, and wrapping ErrInvalidConfig.
 func (c Config) Validate() error {
-	c = c.withDefaults()
+	c = c.WithDefaults()
 	var errs []error
 	bad := func(field string, v any, rule string) {
 		errs = append(errs, fmt.Errorf("%w: %s = %v, %s", ErrInvalidConfig, field, v, rule))
@@ -198,7 +198,7 @@ func New(cfg Config) (*Limiter, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	return &Limiter{cfg: cfg, limit: cfg.Initial, slowStart: true}, nil
 }
 

@@ -37,6 +37,8 @@ package expiry
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -74,25 +76,26 @@ type Policy struct {
 	Drop bool
 }
 
-// Validate reports the first bad field, wrapping ErrInvalidPolicy: a
-// negative age, an empty topic name, or a header name that is not valid
-// UTF-8 or holds a NUL.
+// Validate reports every bad field at once (errors.Join), each error
+// wrapping ErrInvalidPolicy: a negative age, an empty topic name, or a
+// header name that is not valid UTF-8 or holds a NUL.
 func (p Policy) Validate() error {
+	var errs []error
 	if p.MaxAge < 0 {
-		return fmt.Errorf("%w: MaxAge = %s: must be >= 0 (0: no limit)", ErrInvalidPolicy, p.MaxAge)
+		errs = append(errs, fmt.Errorf("%w: MaxAge = %s: must be >= 0 (0: no limit)", ErrInvalidPolicy, p.MaxAge))
 	}
-	for topic, age := range p.MaxAgeByTopic {
-		switch {
+	for _, topic := range slices.Sorted(maps.Keys(p.MaxAgeByTopic)) {
+		switch age := p.MaxAgeByTopic[topic]; {
 		case topic == "":
-			return fmt.Errorf("%w: MaxAgeByTopic has an empty topic name", ErrInvalidPolicy)
+			errs = append(errs, fmt.Errorf("%w: MaxAgeByTopic has an empty topic name", ErrInvalidPolicy))
 		case age < 0:
-			return fmt.Errorf("%w: MaxAgeByTopic[%q] = %s: must be >= 0 (0: no limit)", ErrInvalidPolicy, topic, age)
+			errs = append(errs, fmt.Errorf("%w: MaxAgeByTopic[%q] = %s: must be >= 0 (0: no limit)", ErrInvalidPolicy, topic, age))
 		}
 	}
 	if !utf8.ValidString(p.Header) || strings.ContainsRune(p.Header, 0) {
-		return fmt.Errorf("%w: Header = %q: must be valid UTF-8 without NUL", ErrInvalidPolicy, p.Header)
+		errs = append(errs, fmt.Errorf("%w: Header = %q: must be valid UTF-8 without NUL", ErrInvalidPolicy, p.Header))
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // HeaderName is the deadline header Check reads: Header, or HeaderDeadline.

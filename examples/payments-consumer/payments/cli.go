@@ -50,12 +50,13 @@ type Hooks struct {
 	Flags func(fs *flag.FlagSet)
 	// Wrap is called once, after the flags are parsed and the database is
 	// migrated, and before the consumer runs. It gets the processing mode
-	// (-mode), the service's pool and handlers, and returns the handlers to
-	// run (a wrapper calls h or bh and may write in the message's
-	// transaction, dedupe.Tx(ctx)) and a func called once the consumer has
-	// stopped, whose error is returned with the consumer's. An error stops
-	// the command before the consumer runs.
-	Wrap func(ctx context.Context, mode string, pool *pgxpool.Pool, h handler.Handler, bh handler.BatchHandler) (handler.Handler, handler.BatchHandler, func() error, error)
+	// (-mode), the service's pool and handler (a batch handler,
+	// handler.Batch, in mode batch-handler), and returns the handler to run
+	// (a wrapper calls h and may write in the message's transaction,
+	// dedupe.Tx(ctx); it wraps a batch handler in a batch handler) and a func
+	// called once the consumer has stopped, whose error is returned with the
+	// consumer's. An error stops the command before the consumer runs.
+	Wrap func(ctx context.Context, mode string, pool *pgxpool.Pool, h handler.Handler) (handler.Handler, func() error, error)
 }
 
 // UsageErrorf returns an error that Main reports as a usage error (exit

@@ -28,6 +28,7 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/recovery"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -337,18 +338,18 @@ func runDemo(ctx context.Context, e env, o demoOptions, stdout, stderr io.Writer
 	runErr := make(chan error, 1)
 	go func() {
 		runErr <- consumer.Run(runCtx, consumer.Config{
-			Brokers:          e.Brokers,
-			Group:            s.Group,
-			Topics:           []string{s.Topic},
-			KeyFunc:          paymentKey,
-			Dedupe:           dedupe.NewPostgres(pool),
-			Sarama:           dcfg,
-			Logger:           log,
-			Registerer:       reg,
-			Retry:            demoRetry,
-			Rules:            paymentRules(),
-			Retries:          1,
-			RetryBase:        20 * time.Millisecond,
+			Brokers:    e.Brokers,
+			Group:      s.Group,
+			Topics:     []string{s.Topic},
+			KeyFunc:    paymentKey,
+			Dedupe:     dedupe.NewPostgres(pool),
+			Sarama:     dcfg,
+			Logger:     log,
+			Registerer: reg,
+			Retry: consumer.RetryConfig{
+				Attempts: 2, Backoff: recovery.Backoff{Base: 20 * time.Millisecond},
+				Tiers: demoRetry, Rules: paymentRules(),
+			},
 			DLQDepthInterval: time.Second,
 			LagInterval:      time.Second,
 			Readiness:        ready,

@@ -22,9 +22,9 @@ import (
 const (
 	modePerMessage   = "per-message"   // one message per transaction (the default)
 	modeBatched      = "batched"       // Config.Batch: many messages per transaction, handlePayment for each
-	modeBatchHandler = "batch-handler" // consumer.RunBatch with handlePayments: one statement per batch
+	modeBatchHandler = "batch-handler" // handler.Batch(handlePayments): one statement per batch
 	modeLanes        = "lanes"         // Config.Concurrency 16: keys of one partition in parallel
-	modeOrdering     = "ordering"      // Config.Ordering OrderingByKey: per-key order across retry tiers
+	modeOrdering     = "ordering"      // Config.Ordering ByKey(pool): per-key order across retry tiers
 )
 
 var modes = []string{modePerMessage, modeBatched, modeBatchHandler, modeLanes, modeOrdering}
@@ -74,10 +74,10 @@ func (o *runOptions) run(ctx context.Context, cfg consumer.Config, rl *outbox.Re
 	if err != nil {
 		return err
 	}
-	cfg.Retry.Delays = delays
+	cfg.Retry.Tiers.Delays = delays
 	cfg.InstanceID = o.instanceID
 	if o.transactions {
-		cfg.Transactions = true
+		cfg.Transactions.Enabled = true
 		if rl != nil {
 			rl.ExactlyOnce = true
 		}
@@ -89,15 +89,17 @@ func (o *runOptions) run(ctx context.Context, cfg consumer.Config, rl *outbox.Re
 	case modeLanes:
 		cfg.Concurrency = 16
 	case modeOrdering:
-		cfg.Ordering, cfg.OrderingDB = consumer.OrderingByKey, pool
+		cfg.Ordering = consumer.ByKey(pool)
 	default:
 		return usagef("-mode %q: want one of %s", o.mode, strings.Join(modes, ", "))
 	}
 	var h handler.Handler = handler.Func(svc.handlePayment)
-	var bh handler.BatchHandler = handler.BatchFunc(svc.handlePayments)
+	if o.mode == modeBatchHandler {
+		h = handler.Batch(svc.handlePayments)
+	}
 	if hooks.Wrap != nil {
 		var done func() error
-		h, bh, done, err = hooks.Wrap(ctx, o.mode, pool, h, bh)
+		h, done, err = hooks.Wrap(ctx, o.mode, pool, h)
 		if err != nil {
 			return err
 		}
@@ -107,13 +109,10 @@ func (o *runOptions) run(ctx context.Context, cfg consumer.Config, rl *outbox.Re
 	}
 	log.Info("mode", "mode", o.mode, "retry_delays", delays)
 	defer startRelay(ctx, rl, log)()
-	if o.mode == modeBatchHandler {
-		return consumer.RunBatch(ctx, cfg, bh)
-	}
 	return consumer.Run(ctx, cfg, h)
 }
 
-// handlePayments is the batch form of handlePayment, for consumer.RunBatch:
+// handlePayments is the batch form of handlePayment, for handler.Batch:
 // the batch's valid payments are inserted with one statement and their
 // orders marked paid with another; then each payment stored is charged at the
 // bank and enqueues its payment.recorded event in the batch's transaction. A

@@ -6,11 +6,11 @@ import (
 	"github.com/idemhq/idem/recovery"
 )
 
-// paymentRules is the service's recoverability policy (Config.Rules): a bank
+// paymentRules is the service's recoverability policy (Config.Retry.Rules): a bank
 // call that timed out gets more in-process attempts than other failures. A
 // timeout says the bank is slow, not that the payment is wrong, and the bank
 // charges once per idempotency key, so trying again soon is safe and usually
-// succeeds; a 5xx or a validation error keeps Config.Retries and the retry
+// succeeds; a 5xx or a validation error keeps Config.Retry's attempts and the retry
 // tiers (the rules' fallback), and a permanent error still goes to the DLQ at
 // once. (Rules may also send a failure to a ladder or a dead-letter topic of
 // its own, e.g. fraud declines to payments.dlq.fraud: see package recovery.)

@@ -12,7 +12,7 @@ import (
 
 // TestPaymentRules: the service's rule gives a bank timeout, as Charge
 // returns it, bankTimeoutAttempts handler calls and leaves a 5xx to the
-// fallback (the demo's Retries 1: 2 calls).
+// fallback (the demo's Retry.Attempts: 2 calls).
 func TestPaymentRules(t *testing.T) {
 	p, err := recovery.New(recovery.Fallback{
 		Attempts: 2,

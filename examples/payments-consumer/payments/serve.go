@@ -112,14 +112,13 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, hooks Hooks
 		Group:   *group,
 		Topics:  []string{*topic},
 		KeyFunc: paymentKey,
-		// Run sweeps inbox keys older than Config.Retention (default 14
+		// Run sweeps inbox keys older than Config.Retention.Keep (default 14
 		// days, longer than the tiers' and the DLQ's retention) itself.
 		Dedupe:     dedupe.NewPostgres(pool),
 		Sarama:     scfg,
 		Logger:     log,
 		Registerer: reg,
-		Retry:      retryPolicy,
-		Rules:      paymentRules(),
+		Retry:      consumer.RetryConfig{Tiers: retryPolicy, Rules: paymentRules()},
 		Readiness:  ready,
 	}, rl, pool, log, svc, hooks)
 	if err != nil {

@@ -239,8 +239,8 @@ func (r *recorder) wrap(h handler.Handler) handler.Handler {
 
 // wrapBatch is wrap for a batch handler: injected failures are reported in a
 // *handler.BatchError without calling h for those messages.
-func (r *recorder) wrapBatch(h handler.BatchHandler) handler.BatchHandler {
-	return handler.BatchFunc(func(ctx context.Context, msgs []*handler.Message) error {
+func (r *recorder) wrapBatch(h handler.BatchHandler) handler.Handler {
+	return handler.Batch(func(ctx context.Context, msgs []*handler.Message) error {
 		start := time.Now()
 		injected := map[*handler.Message]error{}
 		rest := make([]*handler.Message, 0, len(msgs))

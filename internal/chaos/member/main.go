@@ -40,21 +40,25 @@ func (o *hookFlags) register(fs *flag.FlagSet) {
 }
 
 // wrap creates the ledger, opens the history and wraps the service's
-// handlers with the recorder; with no -history it returns them unchanged.
-func (o *hookFlags) wrap(ctx context.Context, mode string, pool *pgxpool.Pool, h handler.Handler, bh handler.BatchHandler) (handler.Handler, handler.BatchHandler, func() error, error) {
+// handler with the recorder (a batch handler in a batch handler); with no
+// -history it returns it unchanged.
+func (o *hookFlags) wrap(ctx context.Context, mode string, pool *pgxpool.Pool, h handler.Handler) (handler.Handler, func() error, error) {
 	if o.history == "" {
 		if o.failHeader != "" {
-			return nil, nil, nil, payments.UsageErrorf("-fail-header needs -history")
+			return nil, nil, payments.UsageErrorf("-fail-header needs -history")
 		}
-		return h, bh, nil, nil
+		return h, nil, nil
 	}
 	if _, err := pool.Exec(ctx, effectsSchema); err != nil {
-		return nil, nil, nil, fmt.Errorf("chaos ledger: %w", err)
+		return nil, nil, fmt.Errorf("chaos ledger: %w", err)
 	}
 	hl, err := openHistory(o.history)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	r := &recorder{member: o.member, mode: mode, failHeader: o.failHeader, log: hl}
-	return r.wrap(h), r.wrapBatch(bh), hl.Close, nil
+	if bh, ok := h.(handler.BatchHandler); ok {
+		return r.wrapBatch(bh), hl.Close, nil
+	}
+	return r.wrap(h), hl.Close, nil
 }

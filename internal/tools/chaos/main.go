@@ -34,7 +34,7 @@ import (
 var allModes = []string{"per-message", "batched", "batch-handler", "lanes", "ordering"}
 
 // txnModes are the modes -transactions runs: Config.Transactions does not
-// take OrderingByKey.
+// take ByKey ordering.
 var txnModes = []string{"per-message", "batched", "batch-handler", "lanes"}
 
 func main() {
