@@ -1,16 +1,12 @@
 package consumer_test
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -28,7 +24,6 @@ import (
 
 // Environment of the crash helper process.
 const (
-	crashEnvFlag    = "IDEM_CRASH_HELPER"
 	crashEnvTopic   = "IDEM_CRASH_TOPIC"
 	crashEnvGroup   = "IDEM_CRASH_GROUP"
 	crashEnvSchema  = "IDEM_CRASH_SCHEMA"
@@ -39,13 +34,13 @@ const (
 )
 
 // TestCrashHelperProcess is not a test: TestCrashAfterCommitBeforeOffsetCommit
-// runs the test binary again with only this function and IDEM_CRASH_HELPER=1,
+// runs the test binary again with only this function (testenv.StartChild),
 // and SIGKILLs it. It runs consumer.Run with a one-hour CommitInterval, so no
 // offset is committed before the kill; its handler writes the effects of the
 // first IDEM_CRASH_LIMIT messages and then blocks (holding its transaction
-// open) until the process dies. Without the variable it returns at once.
+// open) until the process dies. Outside that child it returns at once.
 func TestCrashHelperProcess(t *testing.T) {
-	if os.Getenv(crashEnvFlag) != "1" {
+	if !testenv.InChild("TestCrashHelperProcess") {
 		return
 	}
 	limit, err := strconv.Atoi(os.Getenv(crashEnvLimit))
@@ -110,31 +105,7 @@ func TestCrashAfterCommitBeforeOffsetCommit(t *testing.T) {
 		e := newEnv(t, partitions).in(mode)
 		e.produce(coreKeys("crash", total), partitions)
 
-		var out bytes.Buffer
-		cmd := exec.Command(os.Args[0], "-test.run=^TestCrashHelperProcess$", "-test.count=1")
-		cmd.Env = append(os.Environ(),
-			crashEnvFlag+"=1", crashEnvTopic+"="+e.topic, crashEnvGroup+"="+e.group,
-			crashEnvSchema+"="+e.coreSchema(), crashEnvLimit+"="+strconv.Itoa(limit),
-			crashEnvBrokers+"="+strings.Join(e.k.Brokers, ","), crashEnvDB+"="+testenv.DatabaseURL(t), crashEnvMode+"="+string(mode))
-		cmd.Stdout, cmd.Stderr = &out, &out // read only after Wait
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		waited := make(chan error, 1)
-		go func() { waited <- cmd.Wait() }()
-		var killOnce sync.Once
-		kill := func() error {
-			var err error
-			killOnce.Do(func() {
-				_ = cmd.Process.Kill() // SIGKILL: no deferred code, no revoke, no offset commit
-				err = <-waited
-				if out.Len() > 0 {
-					t.Logf("crash helper output:\n%s", out.String())
-				}
-			})
-			return err
-		}
-		t.Cleanup(func() { _ = kill() })
+		child := e.startHelperProcess("TestCrashHelperProcess", crashEnvLimit+"="+strconv.Itoa(limit), crashEnvMode+"="+string(mode))
 
 		// The helper commits exactly `limit` effects, then blocks. In batch and
 		// lane modes a blocked message also holds back the uncommitted rest of
@@ -145,9 +116,8 @@ func TestCrashAfterCommitBeforeOffsetCommit(t *testing.T) {
 		}
 		testenv.Eventually(t, 90*time.Second, func() error {
 			select {
-			case err := <-waited:
-				waited <- err
-				return nil // reported below
+			case <-child.Done():
+				return nil // reported by Kill
 			default:
 			}
 			if got := e.count(`SELECT count(*) FROM effects`); got < want {
@@ -155,11 +125,9 @@ func TestCrashAfterCommitBeforeOffsetCommit(t *testing.T) {
 			}
 			return nil
 		})
-		err := kill()
-		var ee *exec.ExitError
-		if !errors.As(err, &ee) || ee.ExitCode() != -1 {
-			t.Fatalf("crash helper ended with %v before it was killed", err)
-		}
+		// SIGKILL: no deferred code, no revoke, no offset commit. It fails the
+		// test if the helper ended before it was killed.
+		child.Kill(t)
 
 		// A COMMIT the helper sent just before the kill may still complete on the
 		// server: count the effects only once its sessions have ended.

@@ -1,13 +1,11 @@
 package consumer_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -168,10 +166,6 @@ func TestDeferConfigRejected(t *testing.T) {
 	}
 }
 
-// deferEnvFlag runs TestDeferHelperProcess; the other settings come in the
-// crash helper's variables (crash_test.go).
-const deferEnvFlag = "IDEM_DEFER_HELPER"
-
 // deferHandler defers every message read from its source topic by delay and
 // applies it when it comes back from the deferred topic.
 func deferHandler(source string, delay time.Duration) handler.Func {
@@ -185,12 +179,13 @@ func deferHandler(source string, delay time.Duration) handler.Func {
 }
 
 // TestDeferHelperProcess is not a test: TestDeferLeaderSIGKILLLosesNone runs
-// the test binary again with only this function and IDEM_DEFER_HELPER=1, and
+// the test binary again with only this function (startHelperProcess: its
+// settings come in the crash helper's variables, crash_test.go), and
 // SIGKILLs it. It runs consumer.Run with Config.Defer and deferHandler (10 s),
-// so it stores the messages and leads the group's scheduler. Without the
-// variable it returns at once.
+// so it stores the messages and leads the group's scheduler. Outside that
+// child it returns at once.
 func TestDeferHelperProcess(t *testing.T) {
-	if os.Getenv(deferEnvFlag) != "1" {
+	if !testenv.InChild("TestDeferHelperProcess") {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // the parent kills us long before
@@ -221,7 +216,7 @@ func TestDeferLeaderSIGKILLLosesNone(t *testing.T) {
 	t.Cleanup(func() { e.k.DeleteTopics(t, consumer.DeferredTopic(e.topic, e.group)) })
 	e.produce(coreKeys("d-", 100), partitions)
 
-	kill := e.startHelperProcess("TestDeferHelperProcess", deferEnvFlag)
+	child := e.startHelperProcess("TestDeferHelperProcess")
 
 	// The helper stored all 100 and holds the scheduler's advisory lock.
 	testenv.Eventually(t, 60*time.Second, func() error {
@@ -234,9 +229,7 @@ func TestDeferLeaderSIGKILLLosesNone(t *testing.T) {
 		}
 		return nil
 	})
-	if err := kill(); err == nil {
-		t.Fatal("the defer helper ended before it was killed")
-	}
+	child.Kill(t) // fails the test if the helper ended before it was killed
 	if n := e.count(`SELECT count(*) FROM ` + schedule.Table); n != 100 {
 		t.Fatalf("%d rows left at the kill, want 100 (killed before they were due)", n)
 	}
@@ -260,37 +253,14 @@ func TestDeferLeaderSIGKILLLosesNone(t *testing.T) {
 }
 
 // startHelperProcess runs the test binary again with only the test named
-// run and flag=1, with the crash helper's variables for e, and returns the
-// function that SIGKILLs it and waits for it (once; also at cleanup),
-// logging its output. The error is the process's: an *exec.ExitError after
-// a kill.
-func (e *env) startHelperProcess(run, flag string) (kill func() error) {
-	t := e.t
-	t.Helper()
-	var out bytes.Buffer
-	cmd := exec.Command(os.Args[0], "-test.run=^"+run+"$", "-test.count=1")
-	cmd.Env = append(os.Environ(), flag+"=1", crashEnvTopic+"="+e.topic, crashEnvGroup+"="+e.group,
-		crashEnvSchema+"="+e.coreSchema(), crashEnvBrokers+"="+strings.Join(e.k.Brokers, ","), crashEnvDB+"="+testenv.DatabaseURL(t))
-	cmd.Stdout, cmd.Stderr = &out, &out // read only after Wait
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	waited := make(chan error, 1)
-	go func() { waited <- cmd.Wait() }()
-	var once sync.Once
-	var err error
-	kill = func() error {
-		once.Do(func() {
-			_ = cmd.Process.Kill() // SIGKILL: no deferred code, no revoke, no offset commit
-			err = <-waited
-			if out.Len() > 0 {
-				t.Logf("%s output:\n%s", run, out.String())
-			}
-		})
-		return err
-	}
-	t.Cleanup(func() { _ = kill() })
-	return kill
+// run (testenv.StartChild), with the crash helper's variables for e and
+// env's entries.
+func (e *env) startHelperProcess(run string, env ...string) *testenv.Child {
+	e.t.Helper()
+	return testenv.StartChild(e.t, run, append([]string{
+		crashEnvTopic + "=" + e.topic, crashEnvGroup + "=" + e.group, crashEnvSchema + "=" + e.coreSchema(),
+		crashEnvBrokers + "=" + strings.Join(e.k.Brokers, ","), crashEnvDB + "=" + testenv.DatabaseURL(e.t),
+	}, env...)...)
 }
 
 // helperConfig is the Config of a helper process (TestDeferHelperProcess,

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -100,10 +99,6 @@ func TestHooksRunOncePerMessage(t *testing.T) {
 	check("second delivery")
 }
 
-// hooksEnvFlag runs TestHooksHelperProcess; the other settings come in the
-// crash helper's variables (crash_test.go).
-const hooksEnvFlag = "IDEM_HOOKS_HELPER"
-
 // hooksConfig is the consumer of the hooks crash test: every message whose
 // idempotency key starts with "bad" is permanent, and OnDeadLettered writes
 // an attention row in the inbox's transaction.
@@ -122,12 +117,12 @@ func hooksConfig(cfg consumer.Config) (consumer.Config, handler.Handler) {
 }
 
 // TestHooksHelperProcess is not a test: TestHooksSIGKILLOncePerMessage runs
-// the test binary again with only this function and IDEM_HOOKS_HELPER=1, and
+// the test binary again with only this function (startHelperProcess), and
 // SIGKILLs it. It consumes with hooksConfig and a one-hour CommitInterval,
-// so no offset is committed before the kill. Without the variable it
-// returns at once.
+// so no offset is committed before the kill. Outside that child it returns
+// at once.
 func TestHooksHelperProcess(t *testing.T) {
-	if os.Getenv(hooksEnvFlag) != "1" {
+	if !testenv.InChild("TestHooksHelperProcess") {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // the parent kills us long before
@@ -154,16 +149,14 @@ func TestHooksSIGKILLOncePerMessage(t *testing.T) {
 	}
 	e.produce(coreKeys("bad", n), 1)
 
-	kill := e.startHelperProcess("TestHooksHelperProcess", hooksEnvFlag)
+	child := e.startHelperProcess("TestHooksHelperProcess")
 	testenv.Eventually(t, 60*time.Second, func() error {
 		if got := e.count(`SELECT count(*) FROM attention`); got != n {
 			return fmt.Errorf("%d of %d hook rows", got, n)
 		}
 		return nil
 	})
-	if err := kill(); err == nil {
-		t.Fatal("the hooks helper ended before it was killed")
-	}
+	child.Kill(t) // fails the test if the helper ended before it was killed
 	if c := e.committed(e.topic, 1)[0]; c > 0 {
 		t.Fatalf("offset %d committed before the kill: the crash window was not exercised", c)
 	}

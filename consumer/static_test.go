@@ -5,14 +5,10 @@ package consumer_test
 // partitions back without a rebalance.
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
-	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -30,7 +26,6 @@ import (
 
 // Environment of the member helper process.
 const (
-	memberEnvFlag     = "IDEM_MEMBER_HELPER"
 	memberEnvTopic    = "IDEM_MEMBER_TOPIC"
 	memberEnvGroup    = "IDEM_MEMBER_GROUP"
 	memberEnvSchema   = "IDEM_MEMBER_SCHEMA"
@@ -41,13 +36,13 @@ const (
 )
 
 // TestMemberHelperProcess is not a test: staticKillTest runs the test binary
-// again with only this function and IDEM_MEMBER_HELPER=1, and SIGKILLs it. It
-// runs consumer.Run as one member of the test's group (with the InstanceID
-// of IDEM_MEMBER_INSTANCE, possibly empty) writing effects, and prints
-// "assigned <n>" each time partitions are assigned to it. Without the
-// variable it returns at once.
+// again with only this function (startMember), and SIGKILLs it. It runs
+// consumer.Run as one member of the test's group (with the InstanceID of
+// IDEM_MEMBER_INSTANCE, possibly empty) writing effects, and prints
+// "assigned <n>" each time partitions are assigned to it. Outside that child
+// it returns at once.
 func TestMemberHelperProcess(t *testing.T) {
-	if os.Getenv(memberEnvFlag) != "1" {
+	if !testenv.InChild("TestMemberHelperProcess") {
 		return
 	}
 	ctx, pool, session := memberHelperEnv(t)
@@ -104,78 +99,28 @@ func staticSarama(session time.Duration) *sarama.Config {
 	return c
 }
 
-// memberChild is one run of the member helper process.
-type memberChild struct {
-	cmd      *exec.Cmd
-	assigned chan int // every "assigned <n>" line
-	done     chan error
-	out      *logBuffer
-}
-
-func (e *env) startMember(instance string, session time.Duration) *memberChild {
+// startMember starts the member helper process with its InstanceID and
+// session timeout.
+func (e *env) startMember(instance string, session time.Duration) *testenv.Child {
 	e.t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestMemberHelperProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(),
-		memberEnvFlag+"=1", memberEnvTopic+"="+e.topic, memberEnvGroup+"="+e.group,
-		memberEnvSchema+"="+e.coreSchema(), memberEnvBrokers+"="+strings.Join(e.k.Brokers, ","),
-		memberEnvDB+"="+testenv.DatabaseURL(e.t), memberEnvInstance+"="+instance, memberEnvSession+"="+session.String())
-	out := &logBuffer{}
-	cmd.Stderr = out
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		e.t.Fatal(err)
-	}
-	c := &memberChild{cmd: cmd, assigned: make(chan int, 1000), done: make(chan error, 1), out: out}
-	var read sync.WaitGroup
-	read.Go(func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if n, ok := strings.CutPrefix(sc.Text(), "assigned "); ok {
-				if v, err := strconv.Atoi(n); err == nil {
-					c.assigned <- v
-				}
-			}
-		}
-		_, _ = io.Copy(io.Discard, stdout)
-	})
-	go func() {
-		read.Wait()
-		c.done <- cmd.Wait()
-	}()
-	e.t.Cleanup(c.kill)
-	return c
+	return testenv.StartChild(e.t, "TestMemberHelperProcess", e.memberEnv(instance, session)...)
 }
 
-// kill SIGKILLs the child (no LeaveGroup, no commit) and waits for it.
-func (c *memberChild) kill() {
-	if c.cmd.ProcessState != nil {
-		return
-	}
-	_ = c.cmd.Process.Kill()
-	err := <-c.done
-	c.done <- err
+// memberEnv is the member helper's environment for e (also the
+// transactional member helper's).
+func (e *env) memberEnv(instance string, session time.Duration) []string {
+	return []string{memberEnvTopic + "=" + e.topic, memberEnvGroup + "=" + e.group,
+		memberEnvSchema + "=" + e.coreSchema(), memberEnvBrokers + "=" + strings.Join(e.k.Brokers, ","),
+		memberEnvDB + "=" + testenv.DatabaseURL(e.t), memberEnvInstance + "=" + instance, memberEnvSession + "=" + session.String()}
 }
 
-// waitAssigned waits until the child says it holds want partitions.
-func (c *memberChild) waitAssigned(t *testing.T, want int, timeout time.Duration) {
+// waitAssigned waits until the member helper c says it holds want
+// partitions.
+func waitAssigned(t *testing.T, c *testenv.Child, want int, timeout time.Duration) {
 	t.Helper()
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	for {
-		select {
-		case n := <-c.assigned:
-			if n == want {
-				return
-			}
-		case err := <-c.done:
-			c.done <- err
-			t.Fatalf("member helper ended with %v before it was assigned %d partitions; its log:\n%s", err, want, c.out.String())
-		case <-deadline.C:
-			t.Fatalf("member helper not assigned %d partitions within %s; its log:\n%s", want, timeout, c.out.String())
-		}
+	line := fmt.Sprintf("assigned %d", want)
+	if _, err := c.WaitForWithin(timeout, func(l string) bool { return l == line }); err != nil {
+		t.Fatalf("member helper not assigned %d partitions: %v; its log:\n%s", want, err, c.Output())
 	}
 }
 
@@ -237,7 +182,7 @@ func staticKillTest(t *testing.T, static bool, kills int, session time.Duration)
 	// The group is settled when the child holds its share and the two
 	// others hold the rest.
 	child := e.startMember(instance, session)
-	child.waitAssigned(t, partitions/3, 90*time.Second)
+	waitAssigned(t, child, partitions/3, 90*time.Second)
 	testenv.Eventually(t, 60*time.Second, func() error {
 		a, b := coreClaimed(t, regs["member-a"]), coreClaimed(t, regs["member-b"])
 		if a != partitions/3 || b != partitions/3 {
@@ -247,10 +192,10 @@ func staticKillTest(t *testing.T, static bool, kills int, session time.Duration)
 	})
 	before = gens.current()
 	for i := range kills {
-		child.kill()
+		child.Kill(t) // no LeaveGroup, no commit
 		produce()
 		child = e.startMember(instance, session)
-		child.waitAssigned(t, partitions/3, 90*time.Second)
+		waitAssigned(t, child, partitions/3, 90*time.Second)
 		if i < kills-1 {
 			// The cadence of the kills, not a synchronisation.
 			select {

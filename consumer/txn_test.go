@@ -13,7 +13,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -193,13 +192,12 @@ func (e *env) waitTxnSettled(reg prometheus.Gatherer) {
 
 // Environment of the transactional member helper process.
 const (
-	txnEnvFlag  = "IDEM_TXN_HELPER"
 	txnEnvPoint = "IDEM_TXN_POINT" // see TestTxnMemberHelperProcess
 	txnEnvLanes = "IDEM_TXN_LANES" // Config.Concurrency, when set; "adaptive": Config.Limits.Adaptive up to 8 lanes
 )
 
 // TestTxnMemberHelperProcess is not a test: the transactional tests run the
-// test binary again with only this function and IDEM_TXN_HELPER=1. It runs a
+// test binary again with only this function (startTxnChild). It runs a
 // transactional member (the member helper's environment, see
 // TestMemberHelperProcess; IDEM_TXN_LANES lanes)
 // whose first commit of a transaction holding records, after its offsets
@@ -207,9 +205,9 @@ const (
 // "pending" and waits for a line on stdin (stall), then goes on. With
 // "kill-next" that transaction commits and the process SIGKILLs itself at
 // the next commit: what the first one committed must cover its forwards.
-// Without the variable it returns at once.
+// Outside that child it returns at once.
 func TestTxnMemberHelperProcess(t *testing.T) {
-	if os.Getenv(txnEnvFlag) != "1" {
+	if !testenv.InChild("TestTxnMemberHelperProcess") {
 		return
 	}
 	ctx, pool, session := memberHelperEnv(t)
@@ -269,73 +267,12 @@ func txnLanes(cfg consumer.Config, lanes string) consumer.Config {
 	return cfg
 }
 
-// txnChild is one run of the transactional member helper.
-type txnChild struct {
-	cmd     *exec.Cmd
-	stdin   io.WriteCloser
-	pending chan struct{} // closed when it printed "pending"
-	done    chan error
-	out     *logBuffer
-}
-
 // startTxnChild starts the transactional member helper with its point, its
 // InstanceID and its session timeout; env adds variables (txnEnvLanes).
-func (e *env) startTxnChild(point, instance string, session time.Duration, env ...string) *txnChild {
+func (e *env) startTxnChild(point, instance string, session time.Duration, env ...string) *testenv.Child {
 	e.t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestTxnMemberHelperProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Env = append(cmd.Env, txnEnvFlag+"=1", txnEnvPoint+"="+point,
-		memberEnvTopic+"="+e.topic, memberEnvGroup+"="+e.group,
-		memberEnvSchema+"="+e.coreSchema(), memberEnvBrokers+"="+strings.Join(e.k.Brokers, ","),
-		memberEnvDB+"="+testenv.DatabaseURL(e.t), memberEnvInstance+"="+instance, memberEnvSession+"="+session.String())
-	c := &txnChild{cmd: cmd, pending: make(chan struct{}), done: make(chan error, 1), out: &logBuffer{}}
-	cmd.Stderr = c.out
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if c.stdin, err = cmd.StdinPipe(); err != nil {
-		e.t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		e.t.Fatal(err)
-	}
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if sc.Text() == "pending" {
-				close(c.pending)
-			}
-		}
-		c.done <- cmd.Wait()
-	}()
-	e.t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGCONT)
-		_ = cmd.Process.Kill()
-		err := <-c.done
-		c.done <- err
-	})
-	return c
-}
-
-// wait returns how the child ended, failing the test after timeout.
-func (c *txnChild) wait(t *testing.T, timeout time.Duration) error {
-	t.Helper()
-	select {
-	case err := <-c.done:
-		c.done <- err
-		return err
-	case <-time.After(timeout):
-		t.Fatalf("txn member helper still running after %s; its log:\n%s", timeout, c.out.String())
-		return nil
-	}
-}
-
-// killedBySignal reports whether err is the exit of a process killed by a
-// signal.
-func killedBySignal(err error) bool {
-	var ee *exec.ExitError
-	return errors.As(err, &ee) && ee.ExitCode() == -1
+	env = append(append([]string{txnEnvPoint + "=" + point}, env...), e.memberEnv(instance, session)...)
+	return testenv.StartChild(e.t, "TestTxnMemberHelperProcess", env...)
 }
 
 // (a) A member dies (SIGKILL) after its forwards and offsets are in the
@@ -364,8 +301,8 @@ func TestTxnKillBetweenForwardAndCommit(t *testing.T) {
 			e := newEnv(t, txnPartitions)
 			e.produceTxnKeys()
 			child := e.startTxnChild(tc.point, "txn-member", 10*time.Second, txnEnvLanes+"="+tc.lanes)
-			if err := child.wait(t, 120*time.Second); !killedBySignal(err) {
-				t.Fatalf("txn member helper ended with %v, want killed at a commit; its log:\n%s", err, child.out.String())
+			if err := child.WaitWithin(t, 120*time.Second); !testenv.Killed(err) {
+				t.Fatalf("txn member helper ended with %v, want killed at a commit; its log:\n%s", err, child.Output())
 			}
 			reg := prometheus.NewRegistry()
 			cfg := txnLanes(txnConfig(e.config(), "txn-member"), tc.lanes)
@@ -397,14 +334,10 @@ func TestTxnZombieCannotCommit(t *testing.T) {
 	e.produceTxnKeys()
 	const session = 6 * time.Second // the broker's minimum
 	zombie := e.startTxnChild("stall", "", session)
-	select {
-	case <-zombie.pending:
-	case err := <-zombie.done:
-		t.Fatalf("zombie ended with %v before its commit; its log:\n%s", err, zombie.out.String())
-	case <-time.After(120 * time.Second):
-		t.Fatalf("zombie never reached a commit with records; its log:\n%s", zombie.out.String())
+	if _, err := zombie.WaitForWithin(120*time.Second, func(l string) bool { return l == "pending" }); err != nil {
+		t.Fatalf("zombie never reached a commit with records: %v; its log:\n%s", err, zombie.Output())
 	}
-	if err := zombie.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+	if err := zombie.Cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	// The successor takes every partition (source and tier) once the
@@ -421,20 +354,20 @@ func TestTxnZombieCannotCommit(t *testing.T) {
 		}
 		return nil
 	})
-	if err := zombie.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+	if err := zombie.Cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := io.WriteString(zombie.stdin, "go\n"); err != nil {
+	if _, err := io.WriteString(zombie.Stdin, "go\n"); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 60*time.Second, func() error {
-		if !strings.Contains(zombie.out.String(), "Kafka transaction failed and aborted") {
+		if !strings.Contains(zombie.Stderr(), "Kafka transaction failed and aborted") {
 			return fmt.Errorf("the zombie has not failed its commit yet")
 		}
 		return nil
 	})
-	t.Logf("zombie's log:\n%s", zombie.out.String())
-	_ = zombie.cmd.Process.Kill()
+	t.Logf("zombie's log:\n%s", zombie.Output())
+	_ = zombie.Stop()
 	e.waitTxnSettled(reg)
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
