@@ -141,7 +141,7 @@ func TestBrowserTriage(t *testing.T) {
 	rctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		err := consumer.Run(rctx, consumer.Config{Brokers: e.k.Brokers, Sarama: e.k.Config(), Group: group, Topics: []string{source},
+		err := consumer.Run(rctx, consumer.Config{Brokers: e.k.Brokers, Sarama: e.k.SaramaConfig(), Group: group, Topics: []string{source},
 			Dedupe: store, Retry: consumer.RetryConfig{Tiers: pol}, Retention: consumer.RetentionConfig{NoSweep: true}}, h)
 		if err != nil {
 			t.Errorf("consumer.Run: %v", err)

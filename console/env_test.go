@@ -51,7 +51,7 @@ func newEnv(t *testing.T, mut func(*Config)) *env {
 	if err := index.Migrate(ctx, e.pool); err != nil {
 		t.Fatal(err)
 	}
-	cl, err := sarama.NewClient(e.k.Brokers, index.ProducerConfig(e.k.Config()))
+	cl, err := sarama.NewClient(e.k.Brokers, index.ProducerConfig(e.k.SaramaConfig()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func newEnv(t *testing.T, mut func(*Config)) *env {
 func (e *env) runIndexer(t *testing.T, topics ...string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	ix := &index.Indexer{Brokers: e.k.Brokers, Sarama: e.k.Config(), Pool: e.pool, Topics: topics, Group: testenv.Group(t)}
+	ix := &index.Indexer{Brokers: e.k.Brokers, Sarama: e.k.SaramaConfig(), Pool: e.pool, Topics: topics, Group: testenv.Group(t)}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		if err := ix.Run(ctx); err != nil {
@@ -123,7 +123,7 @@ type dead struct {
 // topic dlqTopic, in idem's wire format, as consumer.Run would.
 func (e *env) seedDLQ(t *testing.T, dlqTopic, origin string, ds ...dead) {
 	t.Helper()
-	cfg := e.k.Config()
+	cfg := e.k.SaramaConfig()
 	cfg.Producer.Partitioner = sarama.NewManualPartitioner
 	cfg.Producer.MaxMessageBytes = 4 << 20
 	p, err := sarama.NewSyncProducer(e.k.Brokers, cfg)

@@ -60,7 +60,7 @@ func BenchmarkRetryDueLatency(b *testing.B) {
 	})
 	cfg := consumer.Config{
 		Brokers: k.Brokers, Group: group, Topics: []string{topic},
-		Dedupe: dedupe.NewPostgres(pool), Sarama: k.Config(),
+		Dedupe: dedupe.NewPostgres(pool), Sarama: k.SaramaConfig(),
 		Logger:     slog.New(slog.DiscardHandler),
 		Registerer: prometheus.NewRegistry(),
 		Retry:      consumer.RetryConfig{Attempts: 1, Tiers: retrytopic.Policy{Delays: []time.Duration{time.Second}}},

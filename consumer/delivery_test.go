@@ -128,7 +128,7 @@ func (e *env) coreAssertOnePerKey(uniq int) {
 // readRecords reads n records of topic/partition from the oldest offset.
 func (e *env) coreReadRecords(topic string, partition int32, n int, timeout time.Duration) []*sarama.ConsumerMessage {
 	e.t.Helper()
-	c, err := sarama.NewConsumer(e.k.Brokers, e.k.Config())
+	c, err := sarama.NewConsumer(e.k.Brokers, e.k.SaramaConfig())
 	if err != nil {
 		e.t.Fatalf("consumer: %v", err)
 	}

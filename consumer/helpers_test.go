@@ -69,7 +69,7 @@ func (e *env) config() consumer.Config {
 		Group:          e.group,
 		Topics:         []string{e.topic},
 		Dedupe:         dedupe.NewPostgres(e.pool),
-		Sarama:         e.k.Config(),
+		Sarama:         e.k.SaramaConfig(),
 		Logger:         slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: level})),
 		Registerer:     e.reg,
 		CommitInterval: 100 * time.Millisecond,
@@ -252,7 +252,7 @@ func (e *env) committed(topic string, partitions int32) map[int32]int64 {
 // endOffsets returns the high-water marks of topic.
 func (e *env) endOffsets(topic string, partitions int32) map[int32]int64 {
 	e.t.Helper()
-	c, err := sarama.NewClient(e.k.Brokers, e.k.Config())
+	c, err := sarama.NewClient(e.k.Brokers, e.k.SaramaConfig())
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -306,7 +306,7 @@ func gatherSum(t *testing.T, g prometheus.Gatherer, name string, want map[string
 // records of up to 8 MiB, closed when the test ends.
 func (e *env) bigProducer() sarama.SyncProducer {
 	e.t.Helper()
-	cfg := e.k.Config()
+	cfg := e.k.SaramaConfig()
 	cfg.Producer.Partitioner = sarama.NewManualPartitioner
 	cfg.Producer.MaxMessageBytes = 8 << 20
 	p, err := sarama.NewSyncProducer(e.k.Brokers, cfg)

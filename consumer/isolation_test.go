@@ -16,7 +16,7 @@ import (
 // wrote and then aborted are not handled (read_committed is the default).
 func TestAbortedTransactionsAreNeverHandled(t *testing.T) {
 	e := newEnv(t, 1)
-	pcfg := e.k.Config()
+	pcfg := e.k.SaramaConfig()
 	pcfg.Producer.Idempotent = true
 	pcfg.Producer.RequiredAcks = sarama.WaitForAll
 	pcfg.Producer.Return.Successes = true

@@ -157,7 +157,7 @@ func (t recoveryDownTx) Query(ctx context.Context, sql string, args ...any) (pgx
 func TestOrderingClaimRecoveryWatchesRevoke(t *testing.T) {
 	t.Parallel()
 	e, cfg := orderedEnv(t, 2, 200*time.Millisecond)
-	sc := e.k.Config()
+	sc := e.k.SaramaConfig()
 	sc.Consumer.Group.Rebalance.Timeout = 10 * time.Second
 	cfg.Sarama = sc
 	cfg.ShutdownGrace = time.Second

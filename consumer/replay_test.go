@@ -47,7 +47,7 @@ func TestReplayIsIdempotent(t *testing.T) {
 		}
 		return nil
 	})
-	c, err := dlq.Open(e.k.Brokers, e.k.Config())
+	c, err := dlq.Open(e.k.Brokers, e.k.SaramaConfig())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,7 @@ import (
 // readAll reads every record of topic (all partitions) up to its end offsets.
 func (e *env) readAll(topic string, partitions int32) []*sarama.ConsumerMessage {
 	e.t.Helper()
-	c, err := sarama.NewConsumer(e.k.Brokers, e.k.Config())
+	c, err := sarama.NewConsumer(e.k.Brokers, e.k.SaramaConfig())
 	if err != nil {
 		e.t.Fatal(err)
 	}

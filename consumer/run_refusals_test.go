@@ -140,7 +140,7 @@ func TestRunUnknownTopic(t *testing.T) {
 	})
 	cfg := consumer.Config{
 		Brokers: k.Brokers, Group: group, Topics: []string{missing},
-		Dedupe: dedupe.NewMemory(), Sarama: k.Config(),
+		Dedupe: dedupe.NewMemory(), Sarama: k.SaramaConfig(),
 		Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil)),
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

@@ -99,7 +99,7 @@ func (e *env) copies(topic string, level sarama.IsolationLevel) map[string]int {
 func (e *env) records(topic string, level sarama.IsolationLevel) []*sarama.ConsumerMessage {
 	e.t.Helper()
 	const sentinel = "idem-test-sentinel"
-	cfg := e.k.Config()
+	cfg := e.k.SaramaConfig()
 	cfg.Consumer.IsolationLevel = level
 	c, err := sarama.NewConsumer(e.k.Brokers, cfg)
 	if err != nil {
@@ -443,7 +443,7 @@ func TestTxnFencedProducerIsRecreated(t *testing.T) {
 		fenced.Do(func() {
 			// InitProducerId with the member's transactional.id bumps the
 			// epoch: the member's producer is fenced from here on.
-			c := e.k.Config()
+			c := e.k.SaramaConfig()
 			c.Version = sarama.V4_1_0_0
 			retrytopic.ConfigureProducer(c)
 			c.Producer.Transaction.ID = "idem-" + e.group + "-" + instance

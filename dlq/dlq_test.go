@@ -66,7 +66,7 @@ func seedRecords(t *testing.T, k *testenv.Kafka, dlqTopic, origin string) []seed
 
 func open(t *testing.T, k *testenv.Kafka) *dlq.Client {
 	t.Helper()
-	c, err := dlq.Open(k.Brokers, k.Config())
+	c, err := dlq.Open(k.Brokers, k.SaramaConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func open(t *testing.T, k *testenv.Kafka) *dlq.Client {
 // readAll reads every record of topic (all partitions) up to the end offsets.
 func readAll(t *testing.T, k *testenv.Kafka, topic string) []*sarama.ConsumerMessage {
 	t.Helper()
-	client, err := sarama.NewClient(k.Brokers, k.Config())
+	client, err := sarama.NewClient(k.Brokers, k.SaramaConfig())
 	if err != nil {
 		t.Fatal(err)
 	}

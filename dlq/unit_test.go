@@ -64,7 +64,7 @@ func TestParseFilter(t *testing.T) {
 
 func TestOpenNeverCreatesTopics(t *testing.T) {
 	k := testenv.NewKafka(t)
-	cfg := k.Config()
+	cfg := k.SaramaConfig()
 	cfg.Metadata.AllowAutoTopicCreation = true
 	c, err := Open(k.Brokers, cfg)
 	if err != nil {

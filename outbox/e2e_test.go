@@ -35,7 +35,7 @@ func (e *env) runConsumer(topic, group string, reg *prometheus.Registry, relay *
 		Group:          group,
 		Topics:         []string{topic},
 		Dedupe:         dedupe.NewPostgres(e.pool),
-		Sarama:         e.k.Config(),
+		Sarama:         e.k.SaramaConfig(),
 		Logger:         testLogger(e.t),
 		Registerer:     reg,
 		CommitInterval: 100 * time.Millisecond,

@@ -45,7 +45,7 @@ func (e *env) relay(pool *pgxpool.Pool) (*outbox.Relay, *prometheus.Registry) {
 	return &outbox.Relay{
 		Pool:          pool,
 		Brokers:       e.k.Brokers,
-		Sarama:        e.k.Config(),
+		Sarama:        e.k.SaramaConfig(),
 		PollInterval:  500 * time.Millisecond,
 		LeaderRetry:   100 * time.Millisecond,
 		RetryBase:     10 * time.Millisecond,
@@ -122,7 +122,7 @@ func (e *env) consume(topic string) *records {
 // consumeAt is consume with the given isolation level.
 func (e *env) consumeAt(topic string, level sarama.IsolationLevel) *records {
 	e.t.Helper()
-	cfg := e.k.Config()
+	cfg := e.k.SaramaConfig()
 	cfg.Consumer.IsolationLevel = level
 	c, err := sarama.NewConsumer(e.k.Brokers, cfg)
 	if err != nil {

@@ -18,7 +18,7 @@ import (
 // consumeOne reads the record at (topic, partition, offset).
 func consumeOne(t *testing.T, k *testenv.Kafka, topic string, partition int32, offset int64) *sarama.ConsumerMessage {
 	t.Helper()
-	c, err := sarama.NewConsumer(k.Brokers, k.Config())
+	c, err := sarama.NewConsumer(k.Brokers, k.SaramaConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +41,7 @@ func consumeOne(t *testing.T, k *testenv.Kafka, topic string, partition int32, o
 
 func newForwarder(t *testing.T, k *testenv.Kafka) (*retrytopic.Forwarder, sarama.Client) {
 	t.Helper()
-	cfg := k.Config()
+	cfg := k.SaramaConfig()
 	retrytopic.ConfigureProducer(cfg)
 	client, err := sarama.NewClient(k.Brokers, cfg)
 	if err != nil {

@@ -138,7 +138,7 @@ func TestForwardRefusalsArePermanent(t *testing.T) {
 	compacted := testenv.Unique("compacted")
 	createTopic(t, k, compacted, 1, map[string]string{"cleanup.policy": "compact"})
 
-	cfg := k.Config()
+	cfg := k.SaramaConfig()
 	retrytopic.ConfigureProducer(cfg)
 	cfg.Producer.MaxMessageBytes = 4 << 20
 	cfg.Producer.Retry.Max = 1

@@ -47,7 +47,7 @@ func (e *env) scheduler() (*schedule.Scheduler, *prometheus.Registry) {
 	return &schedule.Scheduler{
 		Pool:          e.pool,
 		Brokers:       e.k.Brokers,
-		Sarama:        e.k.Config(),
+		Sarama:        e.k.SaramaConfig(),
 		Group:         e.group,
 		LeaderRetry:   100 * time.Millisecond,
 		RetryBase:     10 * time.Millisecond,
@@ -136,7 +136,7 @@ type collector struct {
 
 func (e *env) collect() *collector {
 	e.t.Helper()
-	c, err := sarama.NewConsumer(e.k.Brokers, e.k.Config())
+	c, err := sarama.NewConsumer(e.k.Brokers, e.k.SaramaConfig())
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -38,7 +38,7 @@ func readTopic(t *testing.T, k *testenv.Kafka, topic string) []*sarama.ConsumerM
 // readPartition returns every record of partition p of topic.
 func readPartition(t *testing.T, k *testenv.Kafka, topic string, p int32) []*sarama.ConsumerMessage {
 	t.Helper()
-	client, err := sarama.NewClient(k.Brokers, k.Config())
+	client, err := sarama.NewClient(k.Brokers, k.SaramaConfig())
 	if err != nil {
 		t.Fatal(err)
 	}

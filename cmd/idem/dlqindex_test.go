@@ -21,7 +21,7 @@ func indexTopic(t *testing.T, k *testenv.Kafka, pool *pgxpool.Pool, topic string
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	ix := &index.Indexer{Brokers: k.Brokers, Sarama: k.Config(), Pool: pool, Group: testenv.Group(t), Topics: []string{topic}}
+	ix := &index.Indexer{Brokers: k.Brokers, Sarama: k.SaramaConfig(), Pool: pool, Group: testenv.Group(t), Topics: []string{topic}}
 	go func() { done <- ix.Run(ctx) }()
 	defer func() {
 		cancel()

@@ -36,7 +36,7 @@ func schemaURL(t *testing.T, schema string) string {
 // readN reads n records of topic's partition from the start.
 func readN(t *testing.T, k *testenv.Kafka, topic string, partition int32, n int) []*sarama.ConsumerMessage {
 	t.Helper()
-	c, err := sarama.NewConsumer(k.Brokers, k.Config())
+	c, err := sarama.NewConsumer(k.Brokers, k.SaramaConfig())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,7 @@ import (
 // producerClient returns a client set up for Actions, closed when the test ends.
 func producerClient(t *testing.T, k *testenv.Kafka) sarama.Client {
 	t.Helper()
-	c, err := sarama.NewClient(k.Brokers, ProducerConfig(k.Config()))
+	c, err := sarama.NewClient(k.Brokers, ProducerConfig(k.SaramaConfig()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +29,7 @@ func producerClient(t *testing.T, k *testenv.Kafka) sarama.Client {
 // readAll returns every record of topic's partitions, by partition then offset.
 func readAll(t *testing.T, k *testenv.Kafka, topic string) []*sarama.ConsumerMessage {
 	t.Helper()
-	client, err := sarama.NewClient(k.Brokers, k.Config())
+	client, err := sarama.NewClient(k.Brokers, k.SaramaConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -382,7 +382,7 @@ func TestExpiredRecordsStayIndexed(t *testing.T) {
 	produce(t, k,
 		dead{topic: dlqTopic, origin: origin, key: "small", value: []byte(`{"payment":"small"}`), err: "boom"},
 		dead{topic: dlqTopic, origin: origin, key: "large", value: []byte(`{"payment":"large","pad":"` + string(make([]byte, 0)) + `xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}`), err: "boom"})
-	ix := &Indexer{Brokers: k.Brokers, Sarama: k.Config(), Pool: pool, Group: testenv.Group(t), Topics: []string{dlqTopic}, MaxValueBytes: 40}
+	ix := &Indexer{Brokers: k.Brokers, Sarama: k.SaramaConfig(), Pool: pool, Group: testenv.Group(t), Topics: []string{dlqTopic}, MaxValueBytes: 40}
 	stop := runUntil(t, ix)
 	waitCount(t, pool, 2, `SELECT count(*) FROM idem_dlq_records`)
 	stop()

@@ -54,7 +54,7 @@ func BenchmarkIndexer(b *testing.B) {
 			b.Fatal(err)
 		}
 		start := time.Now()
-		stop := runUntil(b, &Indexer{Brokers: k.Brokers, Sarama: k.Config(), Pool: pool, Group: testenv.Group(b), Topics: []string{topic}, Retention: -1})
+		stop := runUntil(b, &Indexer{Brokers: k.Brokers, Sarama: k.SaramaConfig(), Pool: pool, Group: testenv.Group(b), Topics: []string{topic}, Retention: -1})
 		for {
 			var got int
 			if err := pool.QueryRow(ctx, `SELECT count(*) FROM idem_dlq_records`).Scan(&got); err != nil {

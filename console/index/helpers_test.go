@@ -150,7 +150,7 @@ func contextWithCancel() (context.Context, context.CancelFunc) {
 
 // groupLag sums end offset minus group's committed offset over topics.
 func groupLag(k *testenv.Kafka, group string, topics ...string) (int64, error) {
-	client, err := sarama.NewClient(k.Brokers, k.Config())
+	client, err := sarama.NewClient(k.Brokers, k.SaramaConfig())
 	if err != nil {
 		return 0, err
 	}

@@ -39,7 +39,7 @@ func TestIndexerIndexesEveryRecordOnce(t *testing.T) {
 
 	reg := prometheus.NewRegistry()
 	group := testenv.Group(t)
-	ix := &Indexer{Brokers: k.Brokers, Sarama: k.Config(), Pool: pool, Group: group, TopicPattern: regexp.MustCompile("^" + prefix),
+	ix := &Indexer{Brokers: k.Brokers, Sarama: k.SaramaConfig(), Pool: pool, Group: group, TopicPattern: regexp.MustCompile("^" + prefix),
 		RefreshInterval: 200 * time.Millisecond, MaxValueBytes: 64, Registerer: reg}
 	stop := runUntil(t, ix)
 	waitCount(t, pool, 20, `SELECT count(*) FROM idem_dlq_records`)

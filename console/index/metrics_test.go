@@ -63,7 +63,7 @@ func TestIndexerReadsRetention(t *testing.T) {
 	t.Cleanup(func() { k.DeleteTopics(t, topic) })
 	k.WaitTopic(t, topic, 1)
 	reg := prometheus.NewRegistry()
-	runUntil(t, &Indexer{Brokers: k.Brokers, Sarama: k.Config(), Pool: pool, Group: testenv.Group(t), Topics: []string{topic}, Registerer: reg})
+	runUntil(t, &Indexer{Brokers: k.Brokers, Sarama: k.SaramaConfig(), Pool: pool, Group: testenv.Group(t), Topics: []string{topic}, Registerer: reg})
 	testenv.Eventually(t, 30*time.Second, func() error {
 		mfs, err := reg.Gather()
 		if err != nil {

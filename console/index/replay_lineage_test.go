@@ -57,13 +57,13 @@ func TestReplayFailsAgainLinksBack(t *testing.T) {
 	rctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		err := consumer.Run(rctx, consumer.Config{Brokers: k.Brokers, Sarama: k.Config(), Group: group, Topics: []string{source},
+		err := consumer.Run(rctx, consumer.Config{Brokers: k.Brokers, Sarama: k.SaramaConfig(), Group: group, Topics: []string{source},
 			Dedupe: inbox, Retry: consumer.RetryConfig{Tiers: pol}, Retention: consumer.RetentionConfig{NoSweep: true}}, h)
 		if err != nil {
 			t.Errorf("consumer.Run: %v", err)
 		}
 	})
-	ix := &index.Indexer{Brokers: k.Brokers, Sarama: k.Config(), Pool: pool, Topics: []string{dlqTopic}, Group: testenv.Group(t)}
+	ix := &index.Indexer{Brokers: k.Brokers, Sarama: k.SaramaConfig(), Pool: pool, Topics: []string{dlqTopic}, Group: testenv.Group(t)}
 	wg.Go(func() {
 		if err := ix.Run(rctx); err != nil {
 			t.Errorf("indexer: %v", err)
@@ -110,7 +110,7 @@ func TestReplayFailsAgainLinksBack(t *testing.T) {
 		t.Fatalf("second failure of pay-1: PreviousID %d, want %d", second.PreviousID, first.ID)
 	}
 
-	client, err := sarama.NewClient(k.Brokers, index.ProducerConfig(k.Config()))
+	client, err := sarama.NewClient(k.Brokers, index.ProducerConfig(k.SaramaConfig()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,7 +35,7 @@ func TestIndexerChildProcess(t *testing.T) {
 	hold, _ := strconv.ParseInt(os.Getenv(childHoldAfter), 10, 64)
 	k := testenv.NewKafka(t)
 	var total atomic.Int64
-	ix := &Indexer{Brokers: k.Brokers, Sarama: k.Config(), Pool: testenv.PoolOnSchema(t, os.Getenv(childSchema)),
+	ix := &Indexer{Brokers: k.Brokers, Sarama: k.SaramaConfig(), Pool: testenv.PoolOnSchema(t, os.Getenv(childSchema)),
 		Group: os.Getenv(childGroup), Topics: []string{os.Getenv(childTopic)}, BatchSize: 50}
 	ix.stored = func(n int) {
 		got := total.Add(int64(n))
@@ -100,7 +100,7 @@ func TestIndexerUnderSIGKILL(t *testing.T) {
 	killChild(t, schema, group, dlqTopic, 0, 2*n/3-count(t, pool, `SELECT count(*) FROM idem_dlq_records`))
 	t.Logf("after the second kill: %d rows", count(t, pool, `SELECT count(*) FROM idem_dlq_records`))
 
-	runIndexer(t, &Indexer{Brokers: k.Brokers, Sarama: k.Config(), Pool: pool, Group: group, Topics: []string{dlqTopic}, BatchSize: 50})
+	runIndexer(t, &Indexer{Brokers: k.Brokers, Sarama: k.SaramaConfig(), Pool: pool, Group: group, Topics: []string{dlqTopic}, BatchSize: 50})
 	waitCount(t, pool, n, `SELECT count(*) FROM idem_dlq_records`)
 	testenv.Eventually(t, 60*time.Second, func() error {
 		if lag, err := groupLag(k, group, dlqTopic); err != nil || lag != 0 {

@@ -77,9 +77,11 @@ func NewKafka(tb testing.TB) *Kafka {
 	return kafkaEnv
 }
 
-// Config returns a sarama config for this broker: the right protocol version,
-// acks=all and return of successes (for SyncProducer).
-func (k *Kafka) Config() *sarama.Config {
+// SaramaConfig returns a sarama config for this broker: the right protocol
+// version, acks=all and return of successes (for SyncProducer). It is named
+// like idemtest.Kafka.SaramaConfig, which means the same for users; in both
+// kits Config would be a consumer.Config.
+func (k *Kafka) SaramaConfig() *sarama.Config {
 	c := sarama.NewConfig()
 	c.Version = KafkaVersion
 	c.Producer.Return.Successes = true
@@ -94,7 +96,7 @@ func (k *Kafka) Config() *sarama.Config {
 // Admin returns a cluster admin closed when the test ends.
 func (k *Kafka) Admin(tb testing.TB) sarama.ClusterAdmin {
 	tb.Helper()
-	a, err := sarama.NewClusterAdmin(k.Brokers, k.Config())
+	a, err := sarama.NewClusterAdmin(k.Brokers, k.SaramaConfig())
 	if err != nil {
 		tb.Fatalf("testenv: kafka admin: %v", err)
 	}
@@ -127,7 +129,7 @@ func (k *Kafka) CreateTopic(tb testing.TB, name string, partitions int32) {
 // DeleteTopics deletes topics (and whatever idem created beside them, such as
 // retry tiers, when their names are passed), logging failures.
 func (k *Kafka) DeleteTopics(tb testing.TB, names ...string) {
-	a, err := sarama.NewClusterAdmin(k.Brokers, k.Config())
+	a, err := sarama.NewClusterAdmin(k.Brokers, k.SaramaConfig())
 	if err != nil {
 		tb.Logf("testenv: delete topics: %v", err)
 		return
@@ -147,7 +149,7 @@ func (k *Kafka) DeleteTopics(tb testing.TB, names ...string) {
 // failed tests that consumed a topic right after creating it.
 func (k *Kafka) WaitTopic(tb testing.TB, topic string, partitions int32) {
 	tb.Helper()
-	c, err := sarama.NewClient(k.Brokers, k.Config())
+	c, err := sarama.NewClient(k.Brokers, k.SaramaConfig())
 	if err != nil {
 		tb.Fatalf("testenv: kafka client: %v", err)
 	}
@@ -189,7 +191,7 @@ func Group(tb testing.TB) string {
 // twice. Tests count the records they produce exactly.
 func (k *Kafka) Producer(tb testing.TB) sarama.SyncProducer {
 	tb.Helper()
-	cfg := k.Config()
+	cfg := k.SaramaConfig()
 	cfg.Producer.Partitioner = sarama.NewManualPartitioner
 	cfg.Producer.Idempotent = true // with RequiredAcks = WaitForAll (Config)
 	cfg.Net.MaxOpenRequests = 1    // sarama requires it with Idempotent

@@ -305,7 +305,7 @@ func NewSecureKafka(tb testing.TB) *SecureKafka {
 // ready reports whether the broker answers a SASL_SSL metadata request with
 // itself and a controller.
 func (k *SecureKafka) ready() error {
-	c, err := sarama.NewClient(k.Brokers, k.Config())
+	c, err := sarama.NewClient(k.Brokers, k.SaramaConfig())
 	if err != nil {
 		return err
 	}

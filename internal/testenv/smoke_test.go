@@ -27,7 +27,7 @@ func TestSmokeKafka(t *testing.T) {
 			t.Fatalf("produce: %v", err)
 		}
 	}
-	cfg := k.Config()
+	cfg := k.SaramaConfig()
 	g, err := sarama.NewConsumerGroup(k.Brokers, testenv.Group(t), cfg)
 	if err != nil {
 		t.Fatal(err)

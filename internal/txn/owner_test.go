@@ -16,7 +16,7 @@ import (
 // newOwner makes an owner for group on a client of its own.
 func newOwner(t *testing.T, k *testenv.Kafka, group string) *txn.Owner {
 	t.Helper()
-	client, err := sarama.NewClient(k.Brokers, txn.Config(k.Config(), testenv.Unique("txn-test"), 10*time.Second))
+	client, err := sarama.NewClient(k.Brokers, txn.Config(k.SaramaConfig(), testenv.Unique("txn-test"), 10*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +114,7 @@ func TestOwnerFailsAndResets(t *testing.T) {
 	}
 
 	// A read_committed reader sees only the committed record.
-	cfg := k.Config()
+	cfg := k.SaramaConfig()
 	cfg.Consumer.IsolationLevel = sarama.ReadCommitted
 	c, err := sarama.NewConsumer(k.Brokers, cfg)
 	if err != nil {
