@@ -46,13 +46,13 @@ func newCollectors(reg prometheus.Registerer) (*collectors, error) {
 	table := []string{"table"}
 	m := &collectors{
 		Pending: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_outbox_pending",
-			Help: "collectors rows waiting to be published, delayed ones included (refreshed by the leader)."}, table),
+			Help: "Outbox rows waiting to be published, delayed ones included (refreshed by the leader)."}, table),
 		OldestPending: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_outbox_oldest_pending_seconds",
 			Help: "Seconds the oldest outbox row the relay may publish now has waited, from its insert or its NotBefore when later (rows delayed to a later time, and rows held back behind them on their key, are left out); 0 when none."}, table),
 		Failed: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_outbox_failed",
-			Help: "collectors rows in the failed state, waiting for `idem outbox retry`."}, table),
+			Help: "Outbox rows in the failed state, waiting for `idem outbox retry`."}, table),
 		Published: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_outbox_published_total",
-			Help: "collectors rows published and acknowledged by Kafka."}, table),
+			Help: "Outbox rows published and acknowledged by Kafka."}, table),
 		PublishSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "idem_outbox_publish_seconds",
 			Help:    "Latency from an outbox row's insert (about its commit), or its NotBefore when later, to Kafka's acknowledgement.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}}, table),

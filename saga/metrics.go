@@ -30,11 +30,11 @@ func newCollectors(reg prometheus.Registerer) (*collectors, error) {
 		Transitions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_saga_transitions_total",
 			Help: "Sagas entering a state (running, waiting, compensating, completed, compensated)."}, []string{"type", "state"}),
 		StepDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "idem_saga_step_duration_seconds",
-			Help: "collectors step action latency by result (ok, pending, error, outage).", Buckets: stepBuckets}, []string{"type", "step", "result"}),
+			Help: "Saga step action latency by result (ok, pending, error, outage).", Buckets: stepBuckets}, []string{"type", "step", "result"}),
 		Compensations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_saga_compensations_total",
-			Help: "collectors compensation calls by result (ok, error); errors are retried with backoff."}, []string{"type", "step", "result"}),
+			Help: "Saga compensation calls by result (ok, error); errors are retried with backoff."}, []string{"type", "step", "result"}),
 		CompensationDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "idem_saga_compensation_duration_seconds",
-			Help: "collectors compensation call latency.", Buckets: stepBuckets}, []string{"type", "step"}),
+			Help: "Saga compensation call latency.", Buckets: stepBuckets}, []string{"type", "step"}),
 	}
 	if reg == nil {
 		return m, nil

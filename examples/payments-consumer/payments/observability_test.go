@@ -391,14 +391,19 @@ func checkScrape(samples []sample, qs []query, metricsSource string) []string {
 	return problems
 }
 
-// metricsSource is the text of package metrics, where every metric is named.
+// metricsSource is the text of the files where idem's metrics are named:
+// package metrics (consumer's collectors and the documented table), the
+// failure index, and the metrics.go of each component that keeps its own
+// collectors (outbox, saga, checkpoint, ...).
 func metricsSource(t *testing.T) string {
 	t.Helper()
-	files, err := filepath.Glob("../../../metrics/*.go")
-	index, _ := filepath.Glob("../../../console/index/*.go")
-	files = append(files, index...)
-	if err != nil || len(files) == 0 {
-		t.Fatalf("metrics sources: %v", err)
+	var files []string
+	for _, pattern := range []string{"../../../metrics/*.go", "../../../console/index/*.go", "../../../*/metrics.go"} {
+		fs, err := filepath.Glob(pattern)
+		if err != nil || len(fs) == 0 {
+			t.Fatalf("metrics sources %s: %v (none found)", pattern, err)
+		}
+		files = append(files, fs...)
 	}
 	var b strings.Builder
 	for _, f := range files {
