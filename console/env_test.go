@@ -22,6 +22,7 @@ import (
 	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -140,7 +141,7 @@ func (e *env) seedDLQ(t *testing.T, dlqTopic, origin string, ds ...dead) {
 		}
 		hs := append([]sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(d.key)}}, d.headers...)
 		if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: dlqTopic, Partition: 0, Key: sarama.StringEncoder(d.key),
-			Value: sarama.ByteEncoder(d.value), Headers: retrytopic.Encode(hs, f)}); err != nil {
+			Value: sarama.ByteEncoder(d.value), Headers: wire.Encode(hs, f)}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
-	"github.com/idemhq/idem/retrytopic"
+	"github.com/idemhq/idem/internal/wire"
 )
 
 // sendAll produces one record per idempotency key to partition 0, all with
@@ -94,7 +94,7 @@ func TestBatchAbortedTransactionBlamesNoInnocent(t *testing.T) {
 	e.sendAll("K", "X", "Y")
 	start(t, cfg, h)
 	m := e.onlyDLQRecord(60 * time.Second)
-	if got := header(m, retrytopic.HeaderIdempotencyKey); got != "X" {
+	if got := header(m, wire.HeaderIdempotencyKey); got != "X" {
 		t.Fatalf("dead-lettered %q, want X (Y is innocent)", got)
 	}
 	testenv.Eventually(t, 30*time.Second, func() error {

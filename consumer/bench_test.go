@@ -18,6 +18,7 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -48,7 +49,7 @@ func BenchmarkRetryDueLatency(b *testing.B) {
 		if m.Attempt == 1 {
 			return errors.New("first attempt fails")
 		}
-		due, _ := m.Header(retrytopic.HeaderDueAt)
+		due, _ := m.Header(wire.HeaderDueAt)
 		ms, _ := strconv.ParseInt(string(due), 10, 64)
 		mu.Lock()
 		lat = append(lat, time.Since(time.UnixMilli(ms)))

@@ -6,7 +6,7 @@ import (
 
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/retrytopic"
+	"github.com/idemhq/idem/internal/wire"
 )
 
 // Issue 18 #15: under JSONField a record whose value is not JSON is
@@ -20,7 +20,7 @@ func TestJSONFieldNonJSONIsDecode(t *testing.T) {
 	start(t, cfg, effectHandler())
 	e.waitEffect("y", 60*time.Second)
 	m := e.onlyDLQRecord(30 * time.Second)
-	if got := header(m, retrytopic.HeaderErrorKind); got != string(handler.KindDecode) {
-		t.Fatalf("%s = %q, want decode", retrytopic.HeaderErrorKind, got)
+	if got := header(m, wire.HeaderErrorKind); got != string(handler.KindDecode) {
+		t.Fatalf("%s = %q, want decode", wire.HeaderErrorKind, got)
 	}
 }

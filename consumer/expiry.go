@@ -8,8 +8,8 @@ import (
 
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/expiry"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/metrics"
-	"github.com/idemhq/idem/retrytopic"
 )
 
 // Expiry says when a message is too old to handle (issue 21, "Expiry"): a
@@ -111,7 +111,7 @@ func (w *worker) expiredVerdict(msg *handler.Message, topic string, res expiry.R
 // its key's order: dead-lettered with cause (kind expired or
 // invalid-header), or dropped when cause is nil; then marked. errStopping:
 // the partition is stopping.
-func (w *worker) expire(cm *sarama.ConsumerMessage, src retrytopic.Source, o origin, msg *handler.Message, cause error) error {
+func (w *worker) expire(cm *sarama.ConsumerMessage, src wire.Source, o origin, msg *handler.Message, cause error) error {
 	if cause != nil {
 		if _, err := w.forward(w.failure(src, cm.Key, cm.Value, cm.Headers, o, msg, cause), msg); err != nil {
 			return err

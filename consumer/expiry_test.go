@@ -14,6 +14,7 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/metrics"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -55,7 +56,7 @@ func (e *env) dlqKinds(n int) map[string]string {
 	e.t.Helper()
 	out := map[string]string{}
 	for _, r := range e.coreReadRecords(e.dlq(), 0, n, 60*time.Second) {
-		out[header(r, "idempotency-key")] = header(r, retrytopic.HeaderErrorKind)
+		out[header(r, "idempotency-key")] = header(r, wire.HeaderErrorKind)
 	}
 	return out
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/txn"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/metrics"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -33,7 +34,7 @@ type origin struct {
 // fresh: safe, because the inbox still dedupes by key).
 func (r *runner) originOf(cm *sarama.ConsumerMessage) origin {
 	o := origin{topic: cm.Topic, partition: cm.Partition, offset: cm.Offset}
-	f, ok, err := retrytopic.Decode(cm.Headers)
+	f, ok, err := wire.Decode(cm.Headers)
 	if !ok || err != nil || f.Group != r.cfg.Group || f.OriginalTopic == "" {
 		return o
 	}
@@ -100,7 +101,7 @@ type outbound struct {
 // handler.RetryAfter is capped at that delay, so it never moves the due time:
 // due times in a tier partition stay in write order and no record holds a
 // tier partition longer than the tier's delay (retrytopic.Policy.Delays).
-func (w *worker) failure(src retrytopic.Source, key, value []byte, headers []*sarama.RecordHeader, o origin, msg *handler.Message, cause error) outbound {
+func (w *worker) failure(src wire.Source, key, value []byte, headers []*sarama.RecordHeader, o origin, msg *handler.Message, cause error) outbound {
 	r := w.r
 	now := time.Now()
 	dec := r.rules.Decide(cause) // Config.Retry.Rules: this error's ladder and dead-letter topic
@@ -109,7 +110,7 @@ func (w *worker) failure(src retrytopic.Source, key, value []byte, headers []*sa
 	if w.retriable(cause) {
 		dest, tier, delay = dec.Retry.Next(o.topic, r.cfg.Group, o.tier)
 	}
-	f := retrytopic.NewFailure(cause, src, o.prior, now)
+	f := wire.NewFailure(cause, src, o.prior, now)
 	f.Attempt = msg.Attempt
 	f.IdempotencyKey = msg.IdempotencyKey
 	f.Tier = tier
@@ -120,7 +121,7 @@ func (w *worker) failure(src retrytopic.Source, key, value []byte, headers []*sa
 		f.DueAt = now.Add(delay)
 	}
 	return outbound{
-		rec:  retrytopic.Record{Topic: dest, Partition: src.Partition, Key: key, Value: value, Headers: retrytopic.Encode(headers, f)},
+		rec:  retrytopic.Record{Topic: dest, Partition: src.Partition, Key: key, Value: value, Headers: wire.Encode(headers, f)},
 		tier: tier,
 		kind: string(f.Kind),
 		f:    f,
@@ -150,11 +151,11 @@ func (o outbound) toDLQ(cause error, level int) outbound {
 		rec.Value = nil
 	}
 	if level == dlqBare {
-		own := retrytopic.StripHeaders(o.rec.Headers)
+		own := wire.StripHeaders(o.rec.Headers)
 		f.OmittedHeaders = len(own)
-		rec.Headers = retrytopic.Encode([]sarama.RecordHeader(nil), f)
+		rec.Headers = wire.Encode([]sarama.RecordHeader(nil), f)
 	} else {
-		rec.Headers = retrytopic.Encode(o.rec.Headers, f)
+		rec.Headers = wire.Encode(o.rec.Headers, f)
 	}
 	return outbound{rec: rec, tier: 0, kind: o.kind, f: f, dlq: o.dlq, stub: level >= dlqStub}
 }

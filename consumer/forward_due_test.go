@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -65,7 +66,7 @@ func TestRetryAfterCappedAtTierDelay(t *testing.T) {
 		t.Fatalf("tier 1 ran %s after the failure, want at least its delay %s and far less than RetryAfter's hour", gap, delay)
 	}
 	m := e.readAll(e.tier(1), 1)[0]
-	f, _, err := retrytopic.Decode(m.Headers)
+	f, _, err := wire.Decode(m.Headers)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +88,7 @@ func TestTierWaitIsBoundedByItsDelay(t *testing.T) {
 	now := time.Now()
 	f := retrytopic.Failure{Attempt: 1, Tier: 1, DueAt: now.Add(time.Hour), OriginalTopic: e.topic, Group: e.group,
 		Kind: handler.KindRetriable, Error: "earlier", FirstFailureAt: now, LastFailureAt: now}
-	hs := retrytopic.Encode([]sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte("far")}}, f)
+	hs := wire.Encode([]sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte("far")}}, f)
 	if _, _, err := e.k.Producer(t).SendMessage(&sarama.ProducerMessage{Topic: e.tier(1), Partition: 0,
 		Key: sarama.StringEncoder("far"), Value: sarama.StringEncoder(`{}`), Headers: hs}); err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -57,8 +58,8 @@ func TestForwardKeepsOwnHeadersAndNamesTheKey(t *testing.T) {
 		if got := header(r, "idem-outbox-id"); got != "42" {
 			t.Errorf("%s: idem-outbox-id = %q, want 42", r.Topic, got)
 		}
-		if got := header(r, retrytopic.HeaderIdempotencyKey); got != "order-7" {
-			t.Errorf("%s: %s = %q, want order-7", r.Topic, retrytopic.HeaderIdempotencyKey, got)
+		if got := header(r, wire.HeaderIdempotencyKey); got != "order-7" {
+			t.Errorf("%s: %s = %q, want order-7", r.Topic, wire.HeaderIdempotencyKey, got)
 		}
 	}
 }
@@ -85,10 +86,10 @@ func TestHeadersTooLargeForTheDLQEndInABareStub(t *testing.T) {
 	start(t, cfg, failKeys(map[string]error{"huge": handler.Permanent(errors.New("cannot apply"))}))
 	e.waitEffect("after", 60*time.Second)
 	d := e.onlyDLQRecord(30 * time.Second)
-	if got := header(d, retrytopic.HeaderHeadersOmitted); got != "11" {
-		t.Fatalf("%s = %q, want 11 (its own headers)", retrytopic.HeaderHeadersOmitted, got)
+	if got := header(d, wire.HeaderHeadersOmitted); got != "11" {
+		t.Fatalf("%s = %q, want 11 (its own headers)", wire.HeaderHeadersOmitted, got)
 	}
-	if got := header(d, retrytopic.HeaderIdempotencyKey); got != "huge" || header(d, "h0") != "" {
+	if got := header(d, wire.HeaderIdempotencyKey); got != "huge" || header(d, "h0") != "" {
 		t.Fatalf("bare stub: key %q, h0 %d bytes", got, len(header(d, "h0")))
 	}
 }

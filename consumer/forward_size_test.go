@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -131,7 +132,7 @@ func TestLargeRecordReachesDLQWhole(t *testing.T) {
 	if !bytes.Equal(m.Value, value) {
 		t.Fatalf("DLQ value is %d bytes, want the whole %d", len(m.Value), len(value))
 	}
-	f, _, err := retrytopic.Decode(m.Headers)
+	f, _, err := wire.Decode(m.Headers)
 	if err != nil || f.Stub || f.Kind != handler.KindPermanent || f.OriginalTopic != e.topic || f.OriginalOffset != 0 {
 		t.Fatalf("DLQ headers = %+v, %v", f, err)
 	}
@@ -158,16 +159,16 @@ func TestRecordTooLargeForDLQBecomesStub(t *testing.T) {
 	if string(m.Key) != "k" || header(m, "idempotency-key") != "large" {
 		t.Errorf("stub lost its key or original headers: key %q, idempotency-key %q", m.Key, header(m, "idempotency-key"))
 	}
-	if got := header(m, retrytopic.HeaderPayloadOmitted); got != strconv.Itoa(bigBytes) {
-		t.Errorf("%s = %q, want %d", retrytopic.HeaderPayloadOmitted, got, bigBytes)
+	if got := header(m, wire.HeaderPayloadOmitted); got != strconv.Itoa(bigBytes) {
+		t.Errorf("%s = %q, want %d", wire.HeaderPayloadOmitted, got, bigBytes)
 	}
-	f, _, err := retrytopic.Decode(m.Headers)
+	f, _, err := wire.Decode(m.Headers)
 	if err != nil || !f.Stub || f.OmittedBytes != bigBytes || f.Kind != handler.KindPermanent || f.Error != "cannot apply" ||
 		f.OriginalTopic != e.topic || f.OriginalPartition != 0 || f.OriginalOffset != 0 || f.Group != e.group || f.Tier != 0 {
 		t.Fatalf("stub headers = %+v, %v", f, err)
 	}
 	if !errors.Is(errors.New(f.ForwardError), sarama.ErrMessageSizeTooLarge) && !bytes.Contains([]byte(f.ForwardError), []byte(sarama.ErrMessageSizeTooLarge.Error())) {
-		t.Errorf("%s = %q, want the broker's MESSAGE_TOO_LARGE", retrytopic.HeaderForwardError, f.ForwardError)
+		t.Errorf("%s = %q, want the broker's MESSAGE_TOO_LARGE", wire.HeaderForwardError, f.ForwardError)
 	}
 	if v := metricValue(t, e, "idem_stubs_forwarded_total", map[string]string{"destination": e.dlq()}); v != 1 {
 		t.Errorf("idem_stubs_forwarded_total = %v, want 1", v)
@@ -192,12 +193,12 @@ func TestTierRefusingRecordSendsItToDLQ(t *testing.T) {
 	start(t, cfg, failKeys(map[string]error{"keyless": errors.New("try later")}))
 	e.waitEffect("after", 60*time.Second)
 	m := e.onlyDLQRecord(30 * time.Second)
-	f, _, err := retrytopic.Decode(m.Headers)
+	f, _, err := wire.Decode(m.Headers)
 	if err != nil || f.Stub || f.Kind != handler.KindRetriable || f.Tier != 0 || !f.DueAt.IsZero() || f.OriginalTopic != e.topic {
 		t.Fatalf("DLQ headers = %+v, %v", f, err)
 	}
 	if !bytes.Contains([]byte(f.ForwardError), []byte(sarama.ErrInvalidRecord.Error())) {
-		t.Errorf("%s = %q, want the broker's INVALID_RECORD", retrytopic.HeaderForwardError, f.ForwardError)
+		t.Errorf("%s = %q, want the broker's INVALID_RECORD", wire.HeaderForwardError, f.ForwardError)
 	}
 	if string(m.Value) != `{"n":1}` || m.Key != nil {
 		t.Errorf("DLQ record changed: key %q value %q", m.Key, m.Value)
@@ -273,8 +274,8 @@ func TestDLQRefusingStubWaitsNeverLoses(t *testing.T) {
 	if m == nil {
 		t.Fatal("the DLQ holds only the probe")
 	}
-	if string(m.Value) != `{"n":1}` || header(m, retrytopic.HeaderPayloadOmitted) != "" {
-		t.Fatalf("DLQ record = %q with %s=%q, want the whole record", m.Value, retrytopic.HeaderPayloadOmitted, header(m, retrytopic.HeaderPayloadOmitted))
+	if string(m.Value) != `{"n":1}` || header(m, wire.HeaderPayloadOmitted) != "" {
+		t.Fatalf("DLQ record = %q with %s=%q, want the whole record", m.Value, wire.HeaderPayloadOmitted, header(m, wire.HeaderPayloadOmitted))
 	}
 	e.waitCommitted(e.topic, 1, 30*time.Second)
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/keyorder"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -77,7 +78,7 @@ func (w byKey) drain(topic string, key []byte, head string) error {
 			}
 			continue
 		}
-		src := retrytopic.Source{Topic: next.Topic, Partition: next.Partition, Offset: next.Offset, Timestamp: next.Timestamp, Group: r.cfg.Group}
+		src := wire.Source{Topic: next.Topic, Partition: next.Partition, Offset: next.Offset, Timestamp: next.Timestamp, Group: r.cfg.Group}
 		out := w.failure(src, next.Key, next.Value, headers, origin{topic: next.Topic, partition: next.Partition, offset: next.Offset}, msg, failed)
 		if out.tier == 0 {
 			if _, err := w.forward(out, msg); err != nil {
@@ -162,7 +163,7 @@ func (r *runner) pendingOutbound(rec keyorder.Record) outbound {
 		hs = append(hs, sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})
 	}
 	tier := max(rec.Tier, 1)
-	f, _, _ := retrytopic.Decode(hs)
+	f, _, _ := wire.Decode(hs)
 	f.Tier = tier
 	if f.IdempotencyKey == "" {
 		f.IdempotencyKey = rec.IdempotencyKey

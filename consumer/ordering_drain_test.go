@@ -19,6 +19,7 @@ import (
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -69,7 +70,7 @@ func TestOrderingDrainDeadLetteredPromotion(t *testing.T) {
 	start(t, cfg, h)
 	e.waitSettled("H,P")
 	m := e.onlyDLQRecord(30 * time.Second)
-	if got := header(m, retrytopic.HeaderIdempotencyKey); got != "M" {
+	if got := header(m, wire.HeaderIdempotencyKey); got != "M" {
 		t.Fatalf("DLQ record is %q, want M", got)
 	}
 }
@@ -92,7 +93,7 @@ func TestOrderingPendingHeadRefusedByItsTier(t *testing.T) {
 	now := time.Now()
 	next.Tier = 1
 	next.Headers = nil
-	for _, h := range retrytopic.Encode([]sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte("M")}}, retrytopic.Failure{
+	for _, h := range wire.Encode([]sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte("M")}}, retrytopic.Failure{
 		Attempt: 1, Tier: 1, DueAt: now, OriginalTopic: e.topic, OriginalOffset: 1000, OriginalTimestamp: now, Group: e.group,
 		Error: "M fails", Kind: handler.KindRetriable, FirstFailureAt: now, LastFailureAt: now, IdempotencyKey: "M",
 	}) {
@@ -124,7 +125,7 @@ func TestOrderingPendingHeadRefusedByItsTier(t *testing.T) {
 		t.Fatal("M not in the DLQ")
 	}
 	for _, m := range dl {
-		if got := header(m, retrytopic.HeaderIdempotencyKey); got != "M" || len(m.Value) != 5000 {
+		if got := header(m, wire.HeaderIdempotencyKey); got != "M" || len(m.Value) != 5000 {
 			t.Fatalf("DLQ record %q with %d bytes, want M whole", got, len(m.Value))
 		}
 	}

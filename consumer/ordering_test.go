@@ -17,6 +17,7 @@ import (
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/schema"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -208,7 +209,7 @@ func TestOrderingRecoversPendingForward(t *testing.T) {
 		// The state a crash left: A2 is K's head with its tier-1 forward pending,
 		// and A3 is parked behind it. Neither is in Kafka any more.
 		now := time.Now()
-		hdrs := retrytopic.Encode([]sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte("A2")}}, retrytopic.Failure{
+		hdrs := wire.Encode([]sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte("A2")}}, retrytopic.Failure{
 			Attempt: 1, Tier: 1, DueAt: now, OriginalTopic: e.topic, OriginalPartition: 0, OriginalOffset: 1,
 			OriginalTimestamp: now, Group: e.group, Error: "boom", Kind: handler.KindRetriable, FirstFailureAt: now, LastFailureAt: now,
 		})

@@ -16,8 +16,8 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/metrics"
-	"github.com/idemhq/idem/retrytopic"
 )
 
 // TestPoisonMessages: on one partition, in order: a record without the
@@ -100,26 +100,26 @@ func TestPoisonMessages(t *testing.T) {
 						t.Errorf("header %s = %q (present %v), want %q", h, v, ok, want)
 					}
 				}
-				check(retrytopic.HeaderErrorKind, string(w.kind))
-				check(retrytopic.HeaderOriginalTopic, e.topic)
-				check(retrytopic.HeaderOriginalPartition, "0")
-				check(retrytopic.HeaderOriginalOffset, strconv.FormatInt(w.offset, 10))
-				check(retrytopic.HeaderConsumerGroup, e.group)
+				check(wire.HeaderErrorKind, string(w.kind))
+				check(wire.HeaderOriginalTopic, e.topic)
+				check(wire.HeaderOriginalPartition, "0")
+				check(wire.HeaderOriginalOffset, strconv.FormatInt(w.offset, 10))
+				check(wire.HeaderConsumerGroup, e.group)
 				if _, ok := coreHeader(r, "trace"); !ok {
 					t.Errorf("original header %q was not kept", "trace")
 				}
-				stack, hasStack := coreHeader(r, retrytopic.HeaderStack)
+				stack, hasStack := coreHeader(r, wire.HeaderStack)
 				if w.kind == handler.KindPanic {
 					if !hasStack || stack == "" {
-						t.Errorf("panic record has no %s", retrytopic.HeaderStack)
-					} else if len(stack) > retrytopic.MaxStackBytes {
-						t.Errorf("%s is %d bytes, above the %d cap", retrytopic.HeaderStack, len(stack), retrytopic.MaxStackBytes)
+						t.Errorf("panic record has no %s", wire.HeaderStack)
+					} else if len(stack) > wire.MaxStackBytes {
+						t.Errorf("%s is %d bytes, above the %d cap", wire.HeaderStack, len(stack), wire.MaxStackBytes)
 					}
-					if msg, _ := coreHeader(r, retrytopic.HeaderError); !strings.Contains(msg, "boom: poison payload") {
-						t.Errorf("%s = %q, want the panic value", retrytopic.HeaderError, msg)
+					if msg, _ := coreHeader(r, wire.HeaderError); !strings.Contains(msg, "boom: poison payload") {
+						t.Errorf("%s = %q, want the panic value", wire.HeaderError, msg)
 					}
 				} else if hasStack {
-					t.Errorf("%s present on a %s record", retrytopic.HeaderStack, w.kind)
+					t.Errorf("%s present on a %s record", wire.HeaderStack, w.kind)
 				}
 			})
 		}

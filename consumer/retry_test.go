@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -155,7 +156,7 @@ func TestAlwaysFailingReachesDLQThroughTiers(t *testing.T) {
 	e.waitCommitted(e.topic, 3, 30*time.Second)
 	for _, m := range e.readAll(e.dlq(), 3) {
 		k := string(m.Key)
-		f, ok, err := retrytopic.Decode(m.Headers)
+		f, ok, err := wire.Decode(m.Headers)
 		if !ok || err != nil {
 			t.Fatalf("DLQ record %s: headers ok=%v err=%v", k, ok, err)
 		}
@@ -239,10 +240,10 @@ func TestPermanentAndPoisonGoStraightToDLQ(t *testing.T) {
 	})
 	e.waitCommitted(e.topic, 1, 30*time.Second)
 	got := e.readAll(e.dlq(), 1)
-	if k := header(got[0], retrytopic.HeaderErrorKind); k != "permanent" {
+	if k := header(got[0], wire.HeaderErrorKind); k != "permanent" {
 		t.Errorf("first kind %q, want permanent", k)
 	}
-	if k := header(got[1], retrytopic.HeaderErrorKind); k != "decode" {
+	if k := header(got[1], wire.HeaderErrorKind); k != "decode" {
 		t.Errorf("poison kind %q, want decode", k)
 	}
 	if string(got[1].Value) != string(poison) {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/recovery"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -63,8 +64,8 @@ func TestRulesRouteByError(t *testing.T) {
 		}
 	}
 	fraud := e.coreReadRecords(fraudDLQ, 0, 1, 30*time.Second)
-	if string(fraud[0].Key) != "fraud" || header(fraud[0], retrytopic.HeaderOriginalTopic) != e.topic {
-		t.Errorf("fraud DLQ record: key %q, original topic %q", fraud[0].Key, header(fraud[0], retrytopic.HeaderOriginalTopic))
+	if string(fraud[0].Key) != "fraud" || header(fraud[0], wire.HeaderOriginalTopic) != e.topic {
+		t.Errorf("fraud DLQ record: key %q, original topic %q", fraud[0].Key, header(fraud[0], wire.HeaderOriginalTopic))
 	}
 	for topic, want := range map[string]int64{e.dlq(): 3, fraudDLQ: 1, e.tier(1): 1, slow(1): 1, slow(2): 1} {
 		if n := e.total(topic, 1); n != want {

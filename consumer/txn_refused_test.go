@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -45,7 +46,7 @@ func TestTxnRefusedRecordEndsAsStub(t *testing.T) {
 					t.Errorf("DLQ record: %d value bytes, headers %+v; want a stub omitting %d bytes", len(m.Value), f, bigBytes)
 				}
 				if !strings.Contains(f.ForwardError, sarama.ErrMessageSizeTooLarge.Error()) {
-					t.Errorf("%s = %q, want the broker's MESSAGE_TOO_LARGE", retrytopic.HeaderForwardError, f.ForwardError)
+					t.Errorf("%s = %q, want the broker's MESSAGE_TOO_LARGE", wire.HeaderForwardError, f.ForwardError)
 				}
 			},
 		},
@@ -61,7 +62,7 @@ func TestTxnRefusedRecordEndsAsStub(t *testing.T) {
 					t.Errorf("DLQ record %q, headers %+v; want the whole record", m.Value, f)
 				}
 				if !strings.Contains(f.ForwardError, sarama.ErrInvalidRecord.Error()) {
-					t.Errorf("%s = %q, want the broker's INVALID_RECORD", retrytopic.HeaderForwardError, f.ForwardError)
+					t.Errorf("%s = %q, want the broker's INVALID_RECORD", wire.HeaderForwardError, f.ForwardError)
 				}
 				if recs := e.records(e.tier(1), sarama.ReadCommitted); len(recs) != 0 {
 					t.Errorf("tier 1 has %d records for a read_committed reader, want 0", len(recs))
@@ -94,7 +95,7 @@ func TestTxnRefusedRecordEndsAsStub(t *testing.T) {
 			if len(dl) != 1 {
 				t.Fatalf("the DLQ has %d records for a read_committed reader, want 1", len(dl))
 			}
-			f, _, err := retrytopic.Decode(dl[0].Headers)
+			f, _, err := wire.Decode(dl[0].Headers)
 			if err != nil || f.OriginalTopic != e.topic || f.OriginalOffset != 0 || header(dl[0], "idempotency-key") != "refused" {
 				t.Fatalf("DLQ headers = %+v, %v", f, err)
 			}
@@ -155,7 +156,7 @@ func TestTxnDLQRefusingEveryFormWaits(t *testing.T) {
 			got = append(got, m)
 		}
 	}
-	if len(got) != 1 || string(got[0].Value) != `{"n":1}` || header(got[0], retrytopic.HeaderPayloadOmitted) != "" {
+	if len(got) != 1 || string(got[0].Value) != `{"n":1}` || header(got[0], wire.HeaderPayloadOmitted) != "" {
 		for _, m := range e.records(e.dlq(), sarama.ReadUncommitted) {
 			t.Logf("uncommitted: offset %d key %q value %q headers %d", m.Offset, m.Key, m.Value, len(m.Headers))
 		}

@@ -10,8 +10,8 @@ import (
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/metrics"
-	"github.com/idemhq/idem/retrytopic"
 )
 
 // worker takes the messages of one lane (or of the whole claim) to their
@@ -115,7 +115,7 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 	}
 	w.ob.traceMessage(msg, origin.tier)
 	defer w.ob.spanEnd(TraceOutcomeAbandoned, nil) // any span still open: cut short
-	src := retrytopic.Source{Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset, Timestamp: cm.Timestamp, Group: r.cfg.Group}
+	src := wire.Source{Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset, Timestamp: cm.Timestamp, Group: r.cfg.Group}
 
 	key, keyErr := w.key(msg, origin)
 	if keyErr != nil {

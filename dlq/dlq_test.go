@@ -14,6 +14,7 @@ import (
 	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -50,7 +51,7 @@ func seedRecords(t *testing.T, k *testenv.Kafka, dlqTopic, origin string) []seed
 			OriginalTimestamp: base, Group: "billing", Error: r.err, Kind: r.kind, ErrorType: r.errType,
 			FirstFailureAt: base, LastFailureAt: r.last,
 		}
-		msg := &sarama.ProducerMessage{Topic: dlqTopic, Partition: int32(i % 2), Headers: retrytopic.Encode(orig, f)}
+		msg := &sarama.ProducerMessage{Topic: dlqTopic, Partition: int32(i % 2), Headers: wire.Encode(orig, f)}
 		if r.key != nil {
 			msg.Key = sarama.ByteEncoder(r.key)
 		}
@@ -250,7 +251,7 @@ func TestReplayToOrigin(t *testing.T) {
 	byIdem := map[string]*sarama.ConsumerMessage{}
 	for _, m := range got {
 		for _, h := range m.Headers {
-			if retrytopic.IsIdemHeader(h.Key) {
+			if wire.IsIdemHeader(h.Key) {
 				t.Errorf("replayed record carries %s", h.Key)
 			}
 			if string(h.Key) == "idempotency-key" {
@@ -396,7 +397,7 @@ func TestReplayToNamedTopic(t *testing.T) {
 			if !bytes.Equal(m.Key, recs[2].key) || !bytes.Equal(m.Value, recs[2].value) || m.Partition != recs[2].origPart {
 				t.Errorf("replayed record %q=%q on partition %d, want %q=%q on %d", m.Key, m.Value, m.Partition, recs[2].key, recs[2].value, recs[2].origPart)
 			}
-			f, ok, err := retrytopic.Decode(m.Headers)
+			f, ok, err := wire.Decode(m.Headers)
 			if err != nil || !ok || f.Tier != tt.wantTier || !f.DueAt.Equal(now) || f.OriginalTopic != origin ||
 				f.OriginalOffset != 102 || f.Attempt != 3 || f.Group != "billing" {
 				t.Fatalf("headers = %+v, %v, %v; want tier %d due now", f, ok, err, tt.wantTier)
@@ -448,7 +449,7 @@ func TestReplayUnknownDestination(t *testing.T) {
 		for i, o := range []string{origin, missing, origin} {
 			f := retrytopic.Failure{OriginalTopic: o, OriginalOffset: int64(i), Group: "billing", Kind: handler.KindPermanent, Error: "boom"}
 			msg := &sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(fmt.Sprint("k", i)), Value: sarama.StringEncoder("v"),
-				Headers: retrytopic.Encode([]sarama.RecordHeader(nil), f)}
+				Headers: wire.Encode([]sarama.RecordHeader(nil), f)}
 			if _, _, err := p.SendMessage(msg); err != nil {
 				t.Fatal(err)
 			}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"github.com/idemhq/idem/retrytopic"
+	"github.com/idemhq/idem/internal/wire"
 )
 
 // Fuzz headers are given as one byte string: entries separated by 0x1E, each
@@ -87,7 +87,7 @@ func FuzzRecord(f *testing.F) {
 			if !sameBytes(r.Headers[i].Key, h.Key) || !sameBytes(r.Headers[i].Value, h.Value) {
 				t.Fatalf("header %d = %q: %q, want %q: %q", i, r.Headers[i].Key, r.Headers[i].Value, h.Key, h.Value)
 			}
-			if retrytopic.IsIdemHeader(h.Key) {
+			if wire.IsIdemHeader(h.Key) {
 				hasIdem = true
 			} else {
 				original = append(original, h)

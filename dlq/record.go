@@ -7,6 +7,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -17,7 +18,7 @@ const idempotencyKeyHeader = "idempotency-key"
 // derivedKeyHeader is the header in which the consumer writes, on every
 // record it forwards, the idempotency key it derived (from a header, the
 // Kafka key or a JSON field of the body). Show, Filter and IdempotencyKey
-// read it first. (retrytopic.HeaderIdempotencyKey names it too.)
+// read it first. (internal/wire.HeaderIdempotencyKey names it too.)
 const derivedKeyHeader = "idem-idempotency-key"
 
 // Record is one dead-lettered record: the record as it was forwarded (key and
@@ -36,7 +37,7 @@ type Record struct {
 	Headers []sarama.RecordHeader
 	// Failure is what the idem-* headers say; HasFailure reports whether the
 	// record had any. DecodeErr is non-nil when some idem-* header did not
-	// parse (see retrytopic.Decode); the other fields are still filled.
+	// parse; the other fields are still filled.
 	Failure    retrytopic.Failure
 	HasFailure bool
 	DecodeErr  error
@@ -57,13 +58,13 @@ func newRecord(m *sarama.ConsumerMessage) *Record {
 			r.Headers = append(r.Headers, *h)
 		}
 	}
-	r.Failure, r.HasFailure, r.DecodeErr = retrytopic.Decode(r.Headers)
+	r.Failure, r.HasFailure, r.DecodeErr = wire.Decode(r.Headers)
 	return r
 }
 
 // OriginalHeaders returns the headers that are not idem's, in order: the
 // headers the record had on its original topic. Replay sends these.
-func (r *Record) OriginalHeaders() []sarama.RecordHeader { return retrytopic.StripHeaders(r.Headers) }
+func (r *Record) OriginalHeaders() []sarama.RecordHeader { return wire.StripHeaders(r.Headers) }
 
 // IdempotencyKey returns the idempotency key idem derived for the record: the
 // value of the last idem-idempotency-key header (derivedKeyHeader), else of

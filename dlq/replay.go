@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -406,7 +407,7 @@ func replayRecord(r *Record, opts ReplayOptions) (retrytopic.Record, error) {
 		if f.Tier == 0 {
 			f.Tier = tierOf(rec.Topic, f.OriginalTopic, f.Group)
 		}
-		rec.Headers = retrytopic.Encode(r.Headers, f)
+		rec.Headers = wire.Encode(r.Headers, f)
 	}
 	rec.Headers = WithReplayOf(rec.Headers, r.Topic, Position{Partition: r.Partition, Offset: r.Offset})
 	return rec, nil

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -83,7 +84,7 @@ func TestReplayRecord(t *testing.T) {
 	now := time.UnixMilli(1_800_000_000_000)
 	f := retrytopic.Failure{Attempt: 4, OriginalTopic: "pay", OriginalPartition: 2, OriginalOffset: 9, Group: "billing", Kind: handler.KindPermanent, Error: "boom"}
 	orig := []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte("k-1")}}
-	failed := &Record{Topic: "pay.billing.dlq", Partition: 1, Offset: 5, Key: []byte("k"), Value: []byte("v"), Headers: retrytopic.Encode(orig, f), Failure: f, HasFailure: true}
+	failed := &Record{Topic: "pay.billing.dlq", Partition: 1, Offset: 5, Key: []byte("k"), Value: []byte("v"), Headers: wire.Encode(orig, f), Failure: f, HasFailure: true}
 	foreign := &Record{Topic: "pay.billing.dlq", Partition: 1, Offset: 6, Key: []byte("k"), Headers: orig}
 	tests := []struct {
 		name      string
@@ -116,7 +117,7 @@ func TestReplayRecord(t *testing.T) {
 			if want := fmt.Sprintf("pay.billing.dlq/1/%d", tt.r.Offset); string(last.Key) != ReplayOfHeader || string(last.Value) != want {
 				t.Fatalf("last header %s=%s, want %s=%s", last.Key, last.Value, ReplayOfHeader, want)
 			}
-			got, ok, err := retrytopic.Decode(rec.Headers)
+			got, ok, err := wire.Decode(rec.Headers)
 			if tt.wantTier < 0 {
 				if ok || len(rec.Headers) != 2 {
 					t.Fatalf("headers %d (idem: %v), want the original one and %s", len(rec.Headers), ok, ReplayOfHeader)

@@ -19,6 +19,7 @@ import (
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -318,7 +319,7 @@ type DeadLetter struct {
 	// Key and Value are the original record's bytes, unchanged.
 	Key, Value []byte
 	// Headers are the original record's headers without the wire
-	// contract's idem-* headers (retrytopic.IsIdemHeader): other names, such
+	// contract's idem-* headers (DESIGN.md lists them): other names, such
 	// as outbox.Relay's idem-outbox-id, are kept.
 	Headers []handler.Header
 	// Failure is what the idem-* headers say: error, kind, attempts, and the
@@ -395,8 +396,8 @@ func (k *Kafka) ReadDLQ(tb testing.TB, dlqTopic string, n int) []DeadLetter {
 
 func deadLetter(m *sarama.ConsumerMessage) DeadLetter {
 	d := DeadLetter{Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value}
-	d.Failure, _, _ = retrytopic.Decode(m.Headers)
-	for _, h := range retrytopic.StripHeaders(m.Headers) { // keeps idem-outbox-id: only the wire contract's headers go
+	d.Failure, _, _ = wire.Decode(m.Headers)
+	for _, h := range wire.StripHeaders(m.Headers) { // keeps idem-outbox-id: only the wire contract's headers go
 		d.Headers = append(d.Headers, handler.Header{Key: string(h.Key), Value: h.Value})
 	}
 	return d

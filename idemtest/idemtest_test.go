@@ -14,6 +14,7 @@ import (
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -210,7 +211,7 @@ func TestDeadLetterKeepsOutboxID(t *testing.T) {
 		if h.Key == "idem-outbox-id" {
 			id = string(h.Value)
 		}
-		if retrytopic.IsIdemHeader([]byte(h.Key)) {
+		if wire.IsIdemHeader([]byte(h.Key)) {
 			t.Errorf("wire-contract header %s kept in DeadLetter.Headers", h.Key)
 		}
 	}

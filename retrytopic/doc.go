@@ -1,30 +1,29 @@
 // Package retrytopic moves failed records through retry tiers to a dead-letter
 // topic without ever losing one or handling one early.
 //
-// A record that still fails after the in-process retries is forwarded
-// (Forwarder.Forward, acknowledged with acks=all by an idempotent producer) to
-// retry tier 1 "<topic>.<group>.retry.1", then tier 2, …, and finally to the
+// A record that still fails after the in-process retries is forwarded by the
+// consumer (acknowledged with acks=all by an idempotent producer) to retry
+// tier 1 "<topic>.<group>.retry.1", then tier 2, …, and finally to the
 // dead-letter topic "<topic>.<group>.dlq" (Policy names them; Policy.Next says
 // which comes next). Only after the forward is acknowledged does the consumer
-// mark the source offset; a failed forward returns a *ForwardError and the
-// record is retried, never dropped.
+// mark the source offset; a failed forward is retried, never dropped.
 //
 // Forwarded records keep their key, value (raw bytes, never re-encoded) and
-// headers, and carry the wire contract's idem-* headers (see the Header*
-// constants), written by Encode and read by Decode. Every forward replaces the
-// idem-* headers; the original-* coordinates and the first failure time are
-// carried over from the record's own headers (NewFailure), so a record deep in
-// the tiers still says where it came from. idem-idempotency-key carries the
-// idempotency key the consumer derived (from a header, a JSON field, …), so
-// an operator or a tool sees the key of the inbox row without deriving it
-// again. Only the names of the wire contract are idem's (IsIdemHeader): any
-// other header, even one named idem-… (outbox.Relay's idem-outbox-id), is the
-// record's own, kept by every forward and by StripHeaders (a DLQ replay).
+// headers, and carry the wire contract's idem-* headers (DESIGN.md lists
+// them), which say what a Failure says. Every forward replaces the idem-*
+// headers; the original-* coordinates and the first failure time are carried
+// over from the record's own headers, so a record deep in the tiers still
+// says where it came from. idem-idempotency-key carries the idempotency key
+// the consumer derived (from a header, a JSON field, …), so an operator or a
+// tool sees the key of the inbox row without deriving it again. Only the
+// names of the wire contract are idem's: any other header, even one named
+// idem-… (outbox.Relay's idem-outbox-id), is the record's own, kept by every
+// forward and by a DLQ replay. Package dlq reads a dead-lettered record's
+// Failure (dlq.FromMessage) and its own headers (dlq.Record.OriginalHeaders).
 //
-// A tier consumer reads a record, then calls WaitDue(ctx, failure.DueAt, nil)
-// before handling it: records are never handled early (Encode rounds
-// idem-due-at UP to the millisecond), and a revoked partition stops waiting at
-// once.
+// A tier consumer handles a record only once its due time has passed:
+// records are never handled early (idem-due-at is rounded UP to the
+// millisecond), and a revoked partition stops waiting at once.
 //
 // # Due times are bounded
 //
@@ -61,12 +60,4 @@
 // idem-payload-omitted giving the value's size and idem-forward-error the
 // reason (Failure.Stub, Failure.OmittedBytes, Failure.ForwardError). Only a
 // dead-letter topic refusing even the stub makes the partition wait.
-//
-//	prior, _, _ := retrytopic.Decode(msg.Headers)
-//	f := retrytopic.NewFailure(err, retrytopic.Source{Topic: msg.Topic, Partition: msg.Partition,
-//		Offset: msg.Offset, Timestamp: msg.Timestamp, Group: "billing"}, prior, time.Now())
-//	dest, tier, delay := pol.Next(f.OriginalTopic, "billing", prior.Tier)
-//	f.Tier, f.DueAt = tier, time.Now().Add(delay)
-//	err = fwd.Forward(ctx, retrytopic.Record{Topic: dest, Partition: msg.Partition,
-//		Key: msg.Key, Value: msg.Value, Headers: retrytopic.Encode(msg.Headers, f)})
 package retrytopic

@@ -58,7 +58,7 @@ type Record struct {
 	// Key and Value are sent byte for byte; nil stays nil (a tombstone stays a
 	// tombstone) and an empty slice stays empty.
 	Key, Value []byte
-	// Headers are sent as they are, in order (use Encode to build them).
+	// Headers are sent as they are, in order (internal/wire.Encode builds them).
 	Headers []sarama.RecordHeader
 	// Timestamp of the new record. Default: zero, the producer's clock at send.
 	Timestamp time.Time

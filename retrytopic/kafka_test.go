@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -65,14 +66,14 @@ func TestForwardKeepsBytesAndPartition(t *testing.T) {
 
 	orig := []*sarama.RecordHeader{
 		{Key: []byte("idempotency-key"), Value: []byte("pay-42")},
-		{Key: []byte(retrytopic.HeaderAttempt), Value: []byte("1")}, // from an earlier tier: replaced
+		{Key: []byte(wire.HeaderAttempt), Value: []byte("1")}, // from an earlier tier: replaced
 		{Key: []byte("bin"), Value: []byte{0, 1, 0xfe}},
 	}
-	prior, _, _ := retrytopic.Decode(orig)
-	f := retrytopic.NewFailure(handler.Permanent(errors.New("card declined")),
-		retrytopic.Source{Topic: "payments", Partition: 3, Offset: 9, Timestamp: time.UnixMilli(1_700_000_000_000), Group: "billing"},
+	prior, _, _ := wire.Decode(orig)
+	f := wire.NewFailure(handler.Permanent(errors.New("card declined")),
+		wire.Source{Topic: "payments", Partition: 3, Offset: 9, Timestamp: time.UnixMilli(1_700_000_000_000), Group: "billing"},
 		prior, time.Now())
-	hs := retrytopic.Encode(orig, f)
+	hs := wire.Encode(orig, f)
 
 	value := []byte{0x00, 0xff, '{', '"', 0x80} // not UTF-8, not JSON: must arrive unchanged
 	tests := []struct {
@@ -119,18 +120,18 @@ func TestForwardKeepsBytesAndPartition(t *testing.T) {
 					t.Errorf("header %d = %q=%q, want %q=%q", i, h.Key, h.Value, hs[i].Key, hs[i].Value)
 				}
 			}
-			got, ok, err := retrytopic.Decode(m.Headers)
+			got, ok, err := wire.Decode(m.Headers)
 			if err != nil || !ok || got.OriginalTopic != "payments" || got.Kind != handler.KindPermanent || got.Error != "card declined" {
 				t.Errorf("decoded %+v ok=%v err=%v", got, ok, err)
 			}
 			n := 0
 			for _, h := range m.Headers {
-				if string(h.Key) == retrytopic.HeaderAttempt {
+				if string(h.Key) == wire.HeaderAttempt {
 					n++
 				}
 			}
 			if n != 1 {
-				t.Errorf("%s appears %d times", retrytopic.HeaderAttempt, n)
+				t.Errorf("%s appears %d times", wire.HeaderAttempt, n)
 			}
 		})
 	}

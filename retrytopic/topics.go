@@ -106,8 +106,8 @@ func ensure(ctx context.Context, admin sarama.ClusterAdmin, topics []string, par
 // HeaderHeadroom is the room, in bytes, that EnsureTopicsFor adds to the
 // source topic's max.message.bytes for the tier and dead-letter topics it
 // creates, and that a forward producer needs above the largest limit: idem's
-// headers (idem-error and idem-forward-error up to MaxErrorBytes each,
-// idem-stack up to MaxStackBytes, the rest a few hundred bytes) and the
+// headers (idem-error and idem-forward-error up to 8 KiB each,
+// idem-stack up to 8 KiB, the rest a few hundred bytes) and the
 // record's framing fit in it.
 const HeaderHeadroom = 64 << 10
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/pgmigrate"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -84,8 +85,8 @@ type Record struct {
 	// Headers are published as given, in order. To be handled as the same
 	// message, they must let the consumer derive the same idempotency key
 	// (the idempotency-key header, by default) and carry the origin
-	// (retrytopic's idem-original-* headers): retrytopic.Encode of the
-	// record's headers with the origin gives both.
+	// (the wire contract's idem-original-* headers): RecordOf builds
+	// both from a handler.Message.
 	Headers []sarama.RecordHeader
 	// Timestamp is the published record's timestamp. Default: zero, the
 	// producer's clock at publication.
@@ -101,8 +102,8 @@ type Record struct {
 // m, to be published to topic: m's partition number (its origin's), key and
 // value (shared with m, not copied: call Defer before the handler's message
 // is released), and headers that keep m's own (its idempotency-key among
-// them) and carry where it was first consumed: retrytopic.Encode with the
-// origin, the attempt count, the group and the idempotency key, which drops
+// them) and carry where it was first consumed: the wire contract's
+// idem-* headers with the origin, the attempt count, the group and the idempotency key, which drops
 // the idem-* headers of an earlier forward (a retry tier's due time, error
 // and tier). The copy is therefore read as the same message, from the same
 // origin, with no failure attached.
@@ -111,7 +112,7 @@ func RecordOf(group, topic string, m *handler.Message) Record {
 	return Record{
 		Group: group, Topic: topic, Partition: o.Partition,
 		Key: m.Key, Value: m.Value,
-		Headers: retrytopic.Encode(m.Headers, retrytopic.Failure{
+		Headers: wire.Encode(m.Headers, retrytopic.Failure{
 			Attempt: m.Attempt, Group: group, IdempotencyKey: m.IdempotencyKey,
 			OriginalTopic: o.Topic, OriginalPartition: o.Partition, OriginalOffset: o.Offset, OriginalTimestamp: o.Timestamp,
 		}),

@@ -12,6 +12,7 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 	"github.com/idemhq/idem/schedule"
 )
@@ -156,7 +157,7 @@ func TestListShowsPendingInDueOrder(t *testing.T) {
 // origin, and drops the tier's due time, tier and error.
 func TestRecordOfKeepsTheMessageAndItsOrigin(t *testing.T) {
 	first := time.UnixMilli(1_700_000_000_000)
-	tierHeaders := retrytopic.Encode([]handler.Header{
+	tierHeaders := wire.Encode([]handler.Header{
 		{Key: "idempotency-key", Value: []byte("pay-1")}, {Key: "trace-id", Value: []byte("abc")},
 	}, retrytopic.Failure{Attempt: 4, Tier: 2, DueAt: first.Add(time.Hour), OriginalTopic: "payments", OriginalPartition: 2,
 		OriginalOffset: 41, OriginalTimestamp: first, Group: "billing", Error: "bank down", Kind: handler.KindRetriable})
@@ -171,7 +172,7 @@ func TestRecordOfKeepsTheMessageAndItsOrigin(t *testing.T) {
 		string(rec.Value) != "{}" || rec.IdempotencyKey != "pay-1" || rec.Origin != m.Original {
 		t.Fatalf("RecordOf = %+v", rec)
 	}
-	f, ok, err := retrytopic.Decode(rec.Headers)
+	f, ok, err := wire.Decode(rec.Headers)
 	if !ok || err != nil {
 		t.Fatalf("Decode: %v %v", ok, err)
 	}
@@ -182,7 +183,7 @@ func TestRecordOfKeepsTheMessageAndItsOrigin(t *testing.T) {
 		f.IdempotencyKey != want.IdempotencyKey || f.Tier != 0 || !f.DueAt.IsZero() || f.Error != "" || f.Kind != "" {
 		t.Fatalf("decoded %+v, want %+v", f, want)
 	}
-	own := retrytopic.StripHeaders(rec.Headers)
+	own := wire.StripHeaders(rec.Headers)
 	if len(own) != 2 || string(own[0].Key) != "idempotency-key" || string(own[0].Value) != "pay-1" || string(own[1].Key) != "trace-id" {
 		t.Fatalf("own headers %v", own)
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/internal/testenv"
-	"github.com/idemhq/idem/retrytopic"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/schedule"
 )
 
@@ -57,7 +57,7 @@ func TestDeferredPublishedOnceAfterTheirTime(t *testing.T) {
 			header(m, "idempotency-key") != r.IdempotencyKey || header(m, "idem-original-offset") != fmt.Sprint(i) {
 			t.Fatalf("record %s changed: partition %d value %q headers %v", r.Key, m.Partition, m.Value, m.Headers)
 		}
-		if f, _, err := retrytopic.Decode(m.Headers); err != nil || f.OriginalTopic != "payments" || f.OriginalPartition != int32(i%3) ||
+		if f, _, err := wire.Decode(m.Headers); err != nil || f.OriginalTopic != "payments" || f.OriginalPartition != int32(i%3) ||
 			f.OriginalOffset != int64(i) || f.OriginalTimestamp.UnixMilli() != 1_700_000_000_000 || f.IdempotencyKey != r.IdempotencyKey {
 			t.Fatalf("record %s: origin headers decode to %+v (%v)", r.Key, f, err)
 		}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -52,7 +53,7 @@ func seed(t *testing.T, k *testenv.Kafka, topic, origin string, n int) {
 		if i%2 == 1 {
 			f.Kind, f.ErrorType, f.Error = handler.KindDecode, "*json.SyntaxError", fmt.Sprintf("decode: invalid character at offset %d", i)
 		}
-		hs := retrytopic.Encode([]sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(fmt.Sprint("key-", i))}}, f)
+		hs := wire.Encode([]sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(fmt.Sprint("key-", i))}}, f)
 		_, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: topic, Partition: 0, Key: sarama.StringEncoder(fmt.Sprint("k", i)),
 			Value: sarama.StringEncoder(fmt.Sprintf(`{"order":%d}`, i)), Headers: hs})
 		if err != nil {
@@ -218,8 +219,8 @@ func TestCLIReplayTo(t *testing.T) {
 			t.Fatalf("show %s offset %d: code %d\n%s", tier, off, code, out)
 		}
 		f := shown.Failure
-		if shown.Key != fmt.Sprint("k", off) || f[retrytopic.HeaderTier] != "3" || f[retrytopic.HeaderOriginalTopic] != origin ||
-			f[retrytopic.HeaderDueAt] == "" || f[retrytopic.HeaderErrorKind] == "" {
+		if shown.Key != fmt.Sprint("k", off) || f[wire.HeaderTier] != "3" || f[wire.HeaderOriginalTopic] != origin ||
+			f[wire.HeaderDueAt] == "" || f[wire.HeaderErrorKind] == "" {
 			t.Errorf("record %d in %s: %+v", off, tier, shown)
 		}
 	}
@@ -283,11 +284,11 @@ func TestCLIShowListUnsafeBytes(t *testing.T) {
 	for _, v := range values {
 		f := retrytopic.Failure{OriginalTopic: "orig", Group: "billing", Kind: "permanent\x1b", ErrorType: "*x\x1b[0m",
 			Error: "replaced below", Stack: []byte("goroutine 1\n\tmain.go:1 \x1b[2J\n")}
-		hs := retrytopic.Encode([]sarama.RecordHeader{
+		hs := wire.Encode([]sarama.RecordHeader{
 			{Key: []byte("idempotency-key"), Value: []byte("idem\x00\xff")},
 			{Key: []byte("h\x1b]0;evil\x07"), Value: []byte("\x00\x9b")},
 		}, f)
-		hs = append(hs, sarama.RecordHeader{Key: []byte(retrytopic.HeaderError), Value: []byte(badError)}) // last one wins
+		hs = append(hs, sarama.RecordHeader{Key: []byte(wire.HeaderError), Value: []byte(badError)}) // last one wins
 		if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(key), Value: sarama.StringEncoder(v), Headers: hs}); err != nil {
 			t.Fatal(err)
 		}
@@ -329,7 +330,7 @@ func TestCLIShowListUnsafeBytes(t *testing.T) {
 		}
 		if shown.Key["hex"] != hex.EncodeToString([]byte(key)) || len(shown.Headers) != 2 || shown.Headers[1].Key != "h\x1b]0;evil\x07" ||
 			fmt.Sprint(shown.Headers[0].Value) != fmt.Sprint(map[string]any{"hex": hex.EncodeToString([]byte("idem\x00\xff"))}) ||
-			fmt.Sprint(shown.Failure[retrytopic.HeaderError]) != fmt.Sprint(map[string]any{"hex": hex.EncodeToString([]byte(badError))}) {
+			fmt.Sprint(shown.Failure[wire.HeaderError]) != fmt.Sprint(map[string]any{"hex": hex.EncodeToString([]byte(badError))}) {
 			t.Errorf("show --json record %d does not keep the bytes: %+v", off, shown)
 		}
 		var back any

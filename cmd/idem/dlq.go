@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/idemhq/idem/dlq"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -407,7 +408,7 @@ func showJSON(w io.Writer, r *dlq.Record) error {
 	// from the record itself so nothing is re-encoded.
 	failure := map[string]any{}
 	for _, h := range r.Headers {
-		if retrytopic.IsIdemHeader(h.Key) {
+		if wire.IsIdemHeader(h.Key) {
 			failure[string(h.Key)] = jsonBytes(h.Value)
 		}
 	}

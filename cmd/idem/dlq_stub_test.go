@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -23,7 +24,7 @@ func seedStub(t *testing.T, k *testenv.Kafka, topic, origin, key string) {
 		Attempt: 1, OriginalTopic: origin, Group: "billing", Kind: handler.KindPermanent, ErrorType: "*sarama.KError",
 		Error: "kafka server: Message was too large", FirstFailureAt: now, LastFailureAt: now, Stub: true, OmittedBytes: 2 << 20,
 	}
-	hs := retrytopic.Encode([]sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(key)}}, f)
+	hs := wire.Encode([]sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(key)}}, f)
 	if _, _, err := k.Producer(t).SendMessage(&sarama.ProducerMessage{Topic: topic, Partition: 0, Key: sarama.StringEncoder(key), Headers: hs}); err != nil {
 		t.Fatal(err)
 	}

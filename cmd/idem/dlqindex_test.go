@@ -13,6 +13,7 @@ import (
 	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -153,7 +154,7 @@ func TestCLIDerivedKey(t *testing.T) {
 	topic, origin := k.Topic(t, 1), k.Topic(t, 1)
 	seed(t, k, topic, origin, 2)
 	f := retrytopic.Failure{Attempt: 1, OriginalTopic: origin, Group: "billing", Kind: handler.KindPermanent, Error: "bad amount"}
-	hs := retrytopic.Encode([]sarama.RecordHeader(nil), f)
+	hs := wire.Encode([]sarama.RecordHeader(nil), f)
 	hs = append(hs, sarama.RecordHeader{Key: []byte("idem-idempotency-key"), Value: []byte("pay-77")})
 	if _, _, err := k.Producer(t).SendMessage(&sarama.ProducerMessage{Topic: topic, Partition: 0, Key: sarama.StringEncoder("customer-9"),
 		Value: sarama.StringEncoder(`{"payment_id":"pay-77"}`), Headers: hs}); err != nil {

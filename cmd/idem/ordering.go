@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/keyorder"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -379,10 +380,10 @@ func releaseRecord(r keyorder.Record, dest string, o releaseOpts) retrytopic.Rec
 	for _, h := range r.Headers {
 		orig = append(orig, sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})
 	}
-	hs := retrytopic.StripHeaders(orig)
+	hs := wire.StripHeaders(orig)
 	if dest != o.topic {
 		now := time.Now()
-		prior, _, _ := retrytopic.Decode(orig) // a promoted head carries its failure
+		prior, _, _ := wire.Decode(orig) // a promoted head carries its failure
 		f := retrytopic.Failure{
 			Attempt: max(prior.Attempt, 1), Tier: 1, DueAt: now,
 			OriginalTopic: r.Topic, OriginalPartition: r.Partition, OriginalOffset: r.Offset, OriginalTimestamp: r.Timestamp,
@@ -392,7 +393,7 @@ func releaseRecord(r keyorder.Record, dest string, o releaseOpts) retrytopic.Rec
 		if !prior.FirstFailureAt.IsZero() {
 			f.FirstFailureAt = prior.FirstFailureAt
 		}
-		hs = retrytopic.Encode(hs, f)
+		hs = wire.Encode(hs, f)
 	}
 	return retrytopic.Record{Topic: dest, Partition: r.Partition, Key: r.Key, Value: r.Value, Headers: hs}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -101,7 +102,7 @@ func blockKey(t *testing.T, pool *pgxpool.Pool, group, topic string, key []byte,
 	}
 	now := time.Now()
 	next.Headers = nil
-	for _, h := range retrytopic.Encode(hs, retrytopic.Failure{Attempt: 1, Tier: 1, DueAt: now, OriginalTopic: topic, OriginalPartition: 1,
+	for _, h := range wire.Encode(hs, retrytopic.Failure{Attempt: 1, Tier: 1, DueAt: now, OriginalTopic: topic, OriginalPartition: 1,
 		OriginalOffset: next.Offset, Group: group, Kind: handler.KindRetriable, Error: "boom", FirstFailureAt: now, LastFailureAt: now}) {
 		next.Headers = append(next.Headers, keyorder.Header{Key: string(h.Key), Value: h.Value})
 	}
@@ -190,7 +191,7 @@ func TestOrderingCLI(t *testing.T) {
 			t.Fatalf("released record %s lost its key, value or binary header: %+v", ik, m.Headers)
 		}
 		for _, h := range m.Headers {
-			if retrytopic.IsIdemHeader(h.Key) {
+			if wire.IsIdemHeader(h.Key) {
 				t.Fatalf("released to source with header %s", h.Key)
 			}
 		}
@@ -209,7 +210,7 @@ func TestOrderingCLI(t *testing.T) {
 		t.Fatalf("release --all: code %d\n%s", code, out)
 	}
 	for _, m := range readN(t, k, tier, 1, 2) {
-		f, ok, err := retrytopic.Decode(m.Headers)
+		f, ok, err := wire.Decode(m.Headers)
 		if !ok || err != nil || f.Tier != 1 || f.Group != group || f.OriginalTopic != topic || f.OriginalPartition != 1 || f.DueAt.After(time.Now()) {
 			t.Fatalf("record in the tier: %+v %v %v", f, ok, err)
 		}

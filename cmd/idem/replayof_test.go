@@ -10,12 +10,13 @@ import (
 	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
 // TestCLIReplayOf: idem dlq replay (the offset model) sends each record with
 // idem-replay-of naming its dead letter; when the replay fails again, the
-// consumer's forward (retrytopic.Encode) keeps the header, and idem dlq show
+// consumer's forward (wire.Encode) keeps the header, and idem dlq show
 // of the new dead letter says which one it was replayed from.
 func TestCLIReplayOf(t *testing.T) {
 	k := testenv.NewKafka(t)
@@ -35,7 +36,7 @@ func TestCLIReplayOf(t *testing.T) {
 	// The consumer fails it again and dead-letters it as Run does.
 	f := retrytopic.Failure{Attempt: 1, OriginalTopic: origin, Group: "billing", Kind: handler.KindPermanent, Error: "still failing",
 		LastFailureAt: time.Now()}
-	hs := retrytopic.Encode(replayed[0].Headers, f)
+	hs := wire.Encode(replayed[0].Headers, f)
 	if _, _, err := k.Producer(t).SendMessage(&sarama.ProducerMessage{Topic: topic, Partition: 0, Key: sarama.ByteEncoder(replayed[0].Key),
 		Value: sarama.ByteEncoder(replayed[0].Value), Headers: hs}); err != nil {
 		t.Fatal(err)

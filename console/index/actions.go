@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/internal/keyorder"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/outbox"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -441,7 +442,7 @@ func (a *Actions) EditAndRetry(ctx context.Context, actor string, id int64, valu
 	// idem-replaces says this is an edit; idem-replay-of, the link every
 	// replay carries and the indexer follows, names the same dead letter.
 	at := dlq.Position{Partition: r.Partition, Offset: r.Offset}
-	hs := dlq.WithReplayOf(retrytopic.StripHeaders(orig), r.Topic, at)
+	hs := dlq.WithReplayOf(wire.StripHeaders(orig), r.Topic, at)
 	hs = slices.DeleteFunc(hs, func(h sarama.RecordHeader) bool { return string(h.Key) == HeaderReplaces })
 	hs = append(hs, sarama.RecordHeader{Key: []byte(HeaderReplaces), Value: []byte(dlq.ReplayOf(r.Topic, at))})
 	pub, err := newPublisher(a.client)
@@ -665,7 +666,7 @@ func (a *Actions) ReleaseKey(ctx context.Context, actor, group, topic, key, reas
 			hs = append(hs, sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})
 		}
 		_, _, err := pub.send(ctx, retrytopic.Record{Topic: topic, Partition: r.Partition, Key: r.Key, Value: r.Value,
-			Headers: retrytopic.StripHeaders(hs)})
+			Headers: wire.StripHeaders(hs)})
 		return err
 	})
 	res.Done = n

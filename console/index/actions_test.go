@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -161,7 +162,7 @@ func TestReplaySubsetLeavesTheRestUnresolved(t *testing.T) {
 			t.Errorf("idempotency-key %q, want %q", v, want.IdempotencyKey)
 		}
 		for _, h := range m.Headers {
-			if retrytopic.IsIdemHeader(h.Key) {
+			if wire.IsIdemHeader(h.Key) {
 				t.Errorf("replayed record carries %s", h.Key)
 			}
 		}
@@ -221,7 +222,7 @@ func TestReplayToTierKeepsHistory(t *testing.T) {
 	if len(got) != 1 {
 		t.Fatalf("tier has %d records", len(got))
 	}
-	f, _, _ := retrytopic.Decode(got[0].Headers)
+	f, _, _ := wire.Decode(got[0].Headers)
 	if f.Tier != 2 || f.OriginalTopic != origin || f.DueAt.IsZero() || f.Attempt != 3 {
 		t.Errorf("tier record failure: %+v", f)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -39,7 +40,7 @@ func BenchmarkIndexer(b *testing.B) {
 			f := retrytopic.Failure{Attempt: 3, OriginalTopic: "payments", OriginalPartition: int32(i % 3), OriginalOffset: int64(i),
 				Group: "billing", Kind: "permanent", ErrorType: "*errors.errorString", Error: fmt.Sprintf("ledger refused payment pay-%d: limit exceeded", i),
 				FirstFailureAt: now, LastFailureAt: now}
-			hs := retrytopic.Encode([]sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(fmt.Sprint("pay-", i))}}, f)
+			hs := wire.Encode([]sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(fmt.Sprint("pay-", i))}}, f)
 			msgs = append(msgs, &sarama.ProducerMessage{Topic: topic, Partition: int32(i % 3), Key: sarama.StringEncoder(fmt.Sprint("acct-", i%1000)),
 				Value:   sarama.StringEncoder(fmt.Sprintf(`{"payment_id":"pay-%d","account":"acct-%d","amount":%d,"currency":"EUR","note":"%s"}`, i, i%1000, i, strings.Repeat("x", 150))),
 				Headers: hs})

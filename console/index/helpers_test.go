@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -62,7 +63,7 @@ func (d dead) headers() []sarama.RecordHeader {
 		f.ForwardError = "kafka server: Message was too large"
 	}
 	orig := []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(d.key)}, {Key: []byte("trace"), Value: []byte("t-1")}}
-	hs := retrytopic.Encode(orig, f)
+	hs := wire.Encode(orig, f)
 	if d.derived != "" {
 		hs = append(hs, sarama.RecordHeader{Key: []byte("idem-idempotency-key"), Value: []byte(d.derived)})
 	}

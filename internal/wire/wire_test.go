@@ -1,4 +1,4 @@
-package retrytopic
+package wire
 
 import (
 	"bytes"
@@ -13,12 +13,13 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/retrytopic"
 )
 
 func ms(n int64) time.Time { return time.UnixMilli(n) }
 
-func sampleFailure() Failure {
-	return Failure{
+func sampleFailure() retrytopic.Failure {
+	return retrytopic.Failure{
 		Attempt: 4, Tier: 2, DueAt: ms(1_700_000_010_000),
 		OriginalTopic: "payments", OriginalPartition: 3, OriginalOffset: 12345,
 		OriginalTimestamp: ms(1_700_000_000_000), Group: "billing",
@@ -29,9 +30,9 @@ func sampleFailure() Failure {
 	}
 }
 
-func equalFailure(t *testing.T, got, want Failure) {
+func equalFailure(t *testing.T, got, want retrytopic.Failure) {
 	t.Helper()
-	norm := func(f Failure) Failure {
+	norm := func(f retrytopic.Failure) retrytopic.Failure {
 		for _, p := range []*time.Time{&f.DueAt, &f.OriginalTimestamp, &f.FirstFailureAt, &f.LastFailureAt} {
 			if p.IsZero() {
 				*p = time.Time{}
@@ -143,7 +144,7 @@ func valueOf(hs []sarama.RecordHeader, k string) []byte {
 
 func TestDecodeNoIdemHeaders(t *testing.T) {
 	f, ok, err := Decode([]sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte("x")}})
-	if ok || err != nil || !reflect.DeepEqual(f, Failure{}) {
+	if ok || err != nil || !reflect.DeepEqual(f, retrytopic.Failure{}) {
 		t.Fatalf("Decode = %+v %v %v, want zero, false, nil", f, ok, err)
 	}
 }
@@ -164,7 +165,7 @@ func TestDecodeBadValue(t *testing.T) {
 }
 
 func TestEncodeCapsStack(t *testing.T) {
-	f := Failure{Stack: bytes.Repeat([]byte("é"), MaxStackBytes), Error: strings.Repeat("x", MaxErrorBytes+10) + "\xff"}
+	f := retrytopic.Failure{Stack: bytes.Repeat([]byte("é"), MaxStackBytes), Error: strings.Repeat("x", MaxErrorBytes+10) + "\xff"}
 	hs := Encode([]sarama.RecordHeader(nil), f)
 	st := valueOf(hs, HeaderStack)
 	if len(st) > MaxStackBytes || len(st) < MaxStackBytes-4 || !utf8.Valid(st) {
@@ -184,7 +185,7 @@ func TestNewFailure(t *testing.T) {
 	src := Source{Topic: "payments.billing.retry.1", Partition: 2, Offset: 77, Timestamp: ms(1_700_000_090_000), Group: "billing"}
 
 	t.Run("fresh record takes the source coordinates", func(t *testing.T) {
-		f := NewFailure(handler.Permanent(fmt.Errorf("wrap: %w", myErr{})), src, Failure{}, now)
+		f := NewFailure(handler.Permanent(fmt.Errorf("wrap: %w", myErr{})), src, retrytopic.Failure{}, now)
 		if f.OriginalTopic != src.Topic || f.OriginalOffset != 77 || f.OriginalPartition != 2 || !f.OriginalTimestamp.Equal(src.Timestamp) {
 			t.Errorf("original coordinates = %+v", f)
 		}
@@ -209,8 +210,8 @@ func TestNewFailure(t *testing.T) {
 		}
 	})
 	t.Run("retry-after keeps the underlying type", func(t *testing.T) {
-		f := NewFailure(handler.RetryAfter(myErr{}, time.Second), src, Failure{}, now)
-		if f.ErrorType != "retrytopic.myErr" || f.Kind != handler.KindRetriable {
+		f := NewFailure(handler.RetryAfter(myErr{}, time.Second), src, retrytopic.Failure{}, now)
+		if f.ErrorType != "wire.myErr" || f.Kind != handler.KindRetriable {
 			t.Errorf("ErrorType = %q kind %q", f.ErrorType, f.Kind)
 		}
 	})
@@ -224,7 +225,7 @@ func FuzzCodec(f *testing.F) {
 	f.Add(int32(0), int32(0), int64(0), "", int32(0), int64(0), int64(0), "", "", "", "", []byte(nil), int64(0), int64(-1), "idem-x", []byte("\xff"))
 	f.Fuzz(func(t *testing.T, attempt, tier int32, due int64, otopic string, opart int32, ooff int64, ots int64,
 		group, msg, kind, typ string, stack []byte, first, last int64, hk string, hv []byte) {
-		in := Failure{
+		in := retrytopic.Failure{
 			Attempt: int(attempt), Tier: int(tier), DueAt: ms(due),
 			OriginalTopic: otopic, OriginalPartition: opart, OriginalOffset: ooff, OriginalTimestamp: ms(ots),
 			Group: group, Error: msg, Kind: handler.Kind(kind), ErrorType: typ, Stack: stack,

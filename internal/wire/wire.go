@@ -1,4 +1,11 @@
-package retrytopic
+// Package wire is idem's wire contract in Go: the idem-* headers a record
+// forwarded to a retry tier or to the dead-letter topic carries, and the codec
+// between them and a retrytopic.Failure (Encode, Decode, NewFailure,
+// StripHeaders). The header names are fixed by DESIGN.md's wire contract;
+// only idem's own packages write and read them. Users read a dead-lettered
+// record's failure through dlq.Record (dlq.FromMessage) and its own headers
+// through dlq.Record.OriginalHeaders.
+package wire
 
 import (
 	"errors"
@@ -12,6 +19,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/retrytopic"
 )
 
 // The wire contract: the headers idem adds to a record it forwards to a retry
@@ -61,59 +69,6 @@ const MaxStackBytes = 8 << 10
 // MaxErrorBytes caps idem-error; a longer message is cut at a UTF-8 boundary.
 const MaxErrorBytes = 8 << 10
 
-// Failure is what the idem-* headers of a forwarded record say. Zero times and
-// empty strings are not written; Decode gives them back as zero values.
-type Failure struct {
-	// Attempt counts the deliveries of the message to a handler so far,
-	// including in-process retries and earlier tiers (handler.Message.Attempt).
-	Attempt int
-	// Tier is the retry tier (1…) the record was sent to, 0 for the
-	// dead-letter topic.
-	Tier int
-	// DueAt is when the record may be handled again; zero for the DLQ.
-	DueAt time.Time
-	// OriginalTopic, OriginalPartition, OriginalOffset and OriginalTimestamp
-	// locate the record where it was first consumed. They survive every
-	// forward unchanged.
-	OriginalTopic     string
-	OriginalPartition int32
-	OriginalOffset    int64
-	OriginalTimestamp time.Time
-	// Group is the consumer group that failed to handle the record.
-	Group string
-	// Error is the error message, Kind its class, ErrorType the Go type of
-	// handler.Cause(err) (e.g. "*net.OpError"), Stack the panic stack if any.
-	Error     string
-	Kind      handler.Kind
-	ErrorType string
-	Stack     []byte
-	// FirstFailureAt is when the record first failed (survives forwards);
-	// LastFailureAt when it failed this time.
-	FirstFailureAt time.Time
-	LastFailureAt  time.Time
-	// Stub says the record is a dead-letter stub: the destination refused the
-	// whole record for good (too large, not authorised, invalid), so it was
-	// dead-lettered with its key and headers but a nil value. OmittedBytes is
-	// the size of the value left out. Both are written as
-	// idem-payload-omitted, present only on stubs.
-	Stub         bool
-	OmittedBytes int
-	// OmittedHeaders counts the record's own headers left out of a
-	// last-resort stub: the dead-letter topic refused even the stub with
-	// them (their size alone is over its limit), so only idem's headers are
-	// kept. Written as idem-headers-omitted, present only then.
-	OmittedHeaders int
-	// ForwardError is the producer error that made the record go somewhere
-	// else than planned (a dead-letter topic instead of a tier, or a stub
-	// instead of the whole record); empty otherwise.
-	ForwardError string
-	// IdempotencyKey is the key the consumer derived for the record (from a
-	// header, a JSON field, …: Config.KeyFunc), the one its inbox row holds,
-	// so tools need not derive it again; empty when the record had none (a
-	// missing or invalid key). NewFailure leaves it empty for the caller.
-	IdempotencyKey string
-}
-
 // Source locates the record that failed, as the consumer read it: for a record
 // read from a retry tier these are the tier's coordinates.
 type Source struct {
@@ -137,8 +92,8 @@ type Source struct {
 // Stack (of a *handler.PanicError in err's chain) describe err. Attempt is
 // prior.Attempt+1; the consumer overwrites it with the message's delivery
 // count. Tier and DueAt are left zero for the caller to set.
-func NewFailure(err error, src Source, prior Failure, now time.Time) Failure {
-	f := Failure{
+func NewFailure(err error, src Source, prior retrytopic.Failure, now time.Time) retrytopic.Failure {
+	f := retrytopic.Failure{
 		Attempt:           prior.Attempt + 1,
 		OriginalTopic:     src.Topic,
 		OriginalPartition: src.Partition,
@@ -224,7 +179,7 @@ func StripHeaders[H AnyHeader](hs []H) []sarama.RecordHeader {
 // at MaxErrorBytes and MaxStackBytes. DueAt is rounded up to the next
 // millisecond (dueMilli), so the decoded due time is never early; the other
 // times are truncated to the millisecond.
-func Encode[H AnyHeader](orig []H, f Failure) []sarama.RecordHeader {
+func Encode[H AnyHeader](orig []H, f retrytopic.Failure) []sarama.RecordHeader {
 	out := StripHeaders(orig)
 	add := func(k, v string) {
 		out = append(out, sarama.RecordHeader{Key: []byte(k), Value: []byte(v)})
@@ -307,7 +262,7 @@ type invalidHeaderError struct {
 
 // Error describes the failure in one line.
 func (e *invalidHeaderError) Error() string {
-	return fmt.Sprintf("retrytopic: header %s=%q: %v", e.Header, e.Value, e.Err)
+	return fmt.Sprintf("wire: header %s=%q: %v", e.Header, e.Value, e.Err)
 }
 
 // Unwrap returns the parse error.
@@ -320,7 +275,7 @@ func (e *invalidHeaderError) Unwrap() error { return e.Err }
 // A value that does not parse leaves its field zero and is reported as an
 // *invalidHeaderError (several are joined with errors.Join); the other fields are
 // still filled, so callers may use the Failure with care.
-func Decode[H AnyHeader](hs []H) (f Failure, ok bool, err error) {
+func Decode[H AnyHeader](hs []H) (f retrytopic.Failure, ok bool, err error) {
 	var errs []error
 	num := func(k, v string, bits int) int64 {
 		n, e := strconv.ParseInt(strings.TrimSpace(v), 10, bits)

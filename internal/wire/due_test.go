@@ -1,14 +1,13 @@
-package retrytopic
+package wire
 
 import (
-	"context"
-	"errors"
-	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
+
+	"github.com/idemhq/idem/retrytopic"
 )
 
 // An idem-due-at written by Encode and read by Decode is never before the
@@ -28,7 +27,7 @@ func TestDueAtNeverEarly(t *testing.T) {
 		dues = append(dues, time.Unix(0, rng.Int64N(4_000_000_000_000_000_000)))
 	}
 	for _, due := range dues {
-		hs := Encode([]sarama.RecordHeader(nil), Failure{Tier: 1, DueAt: due})
+		hs := Encode([]sarama.RecordHeader(nil), retrytopic.Failure{Tier: 1, DueAt: due})
 		f, _, err := Decode(hs)
 		if err != nil {
 			t.Fatal(err)
@@ -41,49 +40,6 @@ func TestDueAtNeverEarly(t *testing.T) {
 		}
 		if dueMilli(f.DueAt) != f.DueAt.UnixMilli() {
 			t.Fatalf("dueMilli is not stable on a whole millisecond: %s", f.DueAt)
-		}
-	}
-}
-
-func TestIsPermanentForwardError(t *testing.T) {
-	tooBig := sarama.ConfigurationError("Attempt to produce message larger than configured Producer.MaxMessageBytes: 2097152 > 1048576")
-	tests := []struct {
-		err  error
-		want bool
-	}{
-		{nil, false},
-		{sarama.ErrMessageSizeTooLarge, true},
-		{sarama.ErrMessageSetSizeTooLarge, true},
-		{sarama.ErrInvalidRecord, true},
-		{sarama.ErrTopicAuthorizationFailed, true},
-		{sarama.ErrClusterAuthorizationFailed, true},
-		{sarama.ErrPolicyViolation, true},
-		{sarama.ErrInvalidTimestamp, true},
-		{tooBig, true},
-		{&ForwardError{Topic: "t", Partition: 0, Err: sarama.ErrMessageSizeTooLarge}, true},
-		{&ForwardError{Topic: "t", Partition: 0, Err: fmt.Errorf("%w: record is 5 bytes", sarama.ErrMessageSizeTooLarge)}, true},
-		{&ForwardError{Topic: "t", Partition: 0, Err: tooBig}, true},
-		{sarama.ProducerError{Err: sarama.ErrTopicAuthorizationFailed}, true},
-		{&sarama.ProducerError{Err: sarama.ErrInvalidRecord}, true},
-		{errors.Join(errors.New("x"), sarama.ErrInvalidRecord), true},
-		// Outages: wait and retry.
-		{sarama.ErrUnknownTopicOrPartition, false},
-		{&ForwardError{Topic: "t", Partition: -1, Err: fmt.Errorf("partitions: %w", sarama.ErrUnknownTopicOrPartition)}, false},
-		{sarama.ErrLeaderNotAvailable, false},
-		{sarama.ErrNotLeaderForPartition, false},
-		{sarama.ErrRequestTimedOut, false},
-		{sarama.ErrNotEnoughReplicas, false},
-		{sarama.ErrNotEnoughReplicasAfterAppend, false},
-		{sarama.ErrOutOfBrokers, false},
-		{sarama.ErrInvalidMessage, false},
-		{sarama.ErrOutOfOrderSequenceNumber, false},
-		{sarama.ConfigurationError("Producing headers requires Kafka at least v0.11"), false},
-		{&ForwardError{Topic: "t", Partition: -1, Err: context.Canceled}, false},
-		{errors.New("dial tcp: connection refused"), false},
-	}
-	for _, tt := range tests {
-		if got := IsPermanentForwardError(tt.err); got != tt.want {
-			t.Errorf("IsPermanentForwardError(%v) = %v, want %v", tt.err, got, tt.want)
 		}
 	}
 }
