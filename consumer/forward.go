@@ -10,6 +10,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/txn"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/metrics"
@@ -75,7 +76,7 @@ func (w *worker) waitDue(cm *sarama.ConsumerMessage, o origin) error {
 			due = bound
 		}
 	}
-	if err := retrytopic.WaitDue(w.stopCtx, due, nil); err != nil {
+	if err := forward.WaitDue(w.stopCtx, due, nil); err != nil {
 		return errStopping
 	}
 	w.r.m.RetryDelay.WithLabelValues(w.r.cfg.Group, cm.Topic).Observe(time.Since(o.prior.DueAt).Seconds())
@@ -84,7 +85,7 @@ func (w *worker) waitDue(cm *sarama.ConsumerMessage, o origin) error {
 
 // outbound is a failed message on its way to a retry tier or the DLQ.
 type outbound struct {
-	rec  retrytopic.Record
+	rec  forward.Record
 	tier int // 0: the dead-letter topic
 	kind string
 	f    retrytopic.Failure // what rec's idem-* headers say
@@ -121,7 +122,7 @@ func (w *worker) failure(src wire.Source, key, value []byte, headers []*sarama.R
 		f.DueAt = now.Add(delay)
 	}
 	return outbound{
-		rec:  retrytopic.Record{Topic: dest, Partition: src.Partition, Key: key, Value: value, Headers: wire.Encode(headers, f)},
+		rec:  forward.Record{Topic: dest, Partition: src.Partition, Key: key, Value: value, Headers: wire.Encode(headers, f)},
 		tier: tier,
 		kind: string(f.Kind),
 		f:    f,

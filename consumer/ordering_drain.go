@@ -9,9 +9,9 @@ import (
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/wire"
-	"github.com/idemhq/idem/retrytopic"
 )
 
 // drain runs the messages parked behind head (now processed or
@@ -169,7 +169,7 @@ func (r *runner) pendingOutbound(rec keyorder.Record) outbound {
 		f.IdempotencyKey = rec.IdempotencyKey
 	}
 	return outbound{
-		rec: retrytopic.Record{
+		rec: forward.Record{
 			Topic: r.policy.Tier(rec.Topic, r.cfg.Group, tier), Partition: rec.Partition,
 			Key: rec.Key, Value: rec.Value, Headers: hs,
 		},

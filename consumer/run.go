@@ -16,6 +16,7 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/txn"
 	"github.com/idemhq/idem/metrics"
@@ -110,7 +111,7 @@ type runner struct {
 	rules  *recovery.Policy // Config.Retry.Rules over the fallback rule; policy is the fallback's Retry
 	shares *shares          // splits Config.Limits.Breakers' limits across the group (limits.go); nil without
 	lanes  *lanesGate       // Config.Limits.Adaptive's member-wide limit (adaptive.go); nil without
-	fwd    *retrytopic.Forwarder
+	fwd    *forward.Forwarder
 	txn    *txn.Owner // Transactions: every forward and offset commit; nil otherwise
 	// refused remembers forwards refused in an aborted transaction
 	// (Transactions; refusals.go); nil otherwise.
@@ -279,14 +280,14 @@ func (r *runner) run(ctx context.Context) (err error) {
 		pcfg := *r.scfg
 		pcfg.Producer.MaxMessageBytes = max(pcfg.Producer.MaxMessageBytes, maxBytes)
 		var pclient sarama.Client
-		var fwd *retrytopic.Forwarder
+		var fwd *forward.Forwarder
 		err := st.retry(ctx, nil, "starting the forwarder's producer", func() (err error) {
 			if pclient == nil {
 				if pclient, err = sarama.NewClient(r.cfg.Brokers, &pcfg); err != nil {
 					return err
 				}
 			}
-			fwd, err = retrytopic.NewForwarderFromClient(pclient)
+			fwd, err = forward.NewForwarderFromClient(pclient)
 			return err
 		})
 		if pclient != nil {

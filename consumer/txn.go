@@ -13,6 +13,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/txn"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -230,7 +231,7 @@ func (w *worker) endHold() {
 
 // send is one try of a forward: in the open transaction with Transactions,
 // else acked on its own.
-func (r *runner) send(ctx context.Context, rec retrytopic.Record) error {
+func (r *runner) send(ctx context.Context, rec forward.Record) error {
 	if r.txn != nil {
 		return r.txn.Forward(ctx, rec)
 	}

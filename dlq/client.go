@@ -11,6 +11,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -37,7 +38,7 @@ type Client struct {
 	owned  bool
 
 	mu  sync.Mutex
-	fwd *retrytopic.Forwarder
+	fwd *forward.Forwarder
 }
 
 // Open connects to brokers. cfg may be nil (sarama defaults with Version
@@ -95,11 +96,11 @@ func (c *Client) Close() error {
 	return errors.Join(errs...)
 }
 
-func (c *Client) forwarder() (*retrytopic.Forwarder, error) {
+func (c *Client) forwarder() (*forward.Forwarder, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.fwd == nil {
-		f, err := retrytopic.NewForwarderFromClient(c.client)
+		f, err := forward.NewForwarderFromClient(c.client)
 		if err != nil {
 			return nil, err
 		}

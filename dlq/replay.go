@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -335,7 +336,7 @@ func (c *Client) send(ctx context.Context, opts ReplayOptions, spans []span, pen
 					return err
 				}
 				if interval > 0 {
-					if err := retrytopic.WaitDue(ctx, next, nil); err != nil {
+					if err := forward.WaitDue(ctx, next, nil); err != nil {
 						return err
 					}
 					next = maxTime(next, time.Now()).Add(interval)
@@ -377,9 +378,9 @@ func maxTime(a, b time.Time) time.Time {
 // ReplayRecord returns the record Replay would send for r to to (ToSource or
 // a topic name; tier as ReplayOptions.Tier, now the idem-due-at), without
 // sending it. A stub is an error: it is never replayed.
-func (r *Record) ReplayRecord(to Destination, tier int, now time.Time) (retrytopic.Record, error) {
+func (r *Record) ReplayRecord(to Destination, tier int, now time.Time) (forward.Record, error) {
 	if r.IsStub() {
-		return retrytopic.Record{}, fmt.Errorf("dlq: %s/%d offset %d is a stub (value omitted): it is never replayed", r.Topic, r.Partition, r.Offset)
+		return forward.Record{}, fmt.Errorf("dlq: %s/%d offset %d is a stub (value omitted): it is never replayed", r.Topic, r.Partition, r.Offset)
 	}
 	if to == "" {
 		to = ToSource
@@ -388,9 +389,9 @@ func (r *Record) ReplayRecord(to Destination, tier int, now time.Time) (retrytop
 }
 
 // replayRecord builds the record Replay sends for r, as opts.To says.
-func replayRecord(r *Record, opts ReplayOptions) (retrytopic.Record, error) {
+func replayRecord(r *Record, opts ReplayOptions) (forward.Record, error) {
 	f := r.Failure
-	rec := retrytopic.Record{Partition: f.OriginalPartition, Key: r.Key, Value: r.Value}
+	rec := forward.Record{Partition: f.OriginalPartition, Key: r.Key, Value: r.Value}
 	switch {
 	case opts.To == ToSource || (r.HasFailure && string(opts.To) == f.OriginalTopic):
 		if f.OriginalTopic == "" {

@@ -42,8 +42,9 @@
 // max.message.bytes plus HeaderHeadroom (and its segment.bytes), so every
 // record the source holds fits with idem's headers. Existing topics are never
 // altered; a smaller one is reported as a *LimitWarning. Sizes tells how large
-// the forward producer's Producer.MaxMessageBytes must be. ConfigureProducer
-// turns topic auto-creation off: idem never creates a topic by producing to it.
+// the forward producer's Producer.MaxMessageBytes must be. idem's forward
+// producer has topic auto-creation off: idem never creates a topic by
+// producing to it.
 //
 //	pol := retrytopic.Policy{Delays: []time.Duration{time.Second, time.Minute}}
 //	sizes, err := retrytopic.EnsureTopicsFor(ctx, admin, "payments", "billing", pol)

@@ -11,6 +11,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
@@ -40,7 +41,7 @@ func consumeOne(t *testing.T, k *testenv.Kafka, topic string, partition int32, o
 	return nil
 }
 
-func newForwarder(t *testing.T, k *testenv.Kafka) (*retrytopic.Forwarder, sarama.Client) {
+func newForwarder(t *testing.T, k *testenv.Kafka) (*forward.Forwarder, sarama.Client) {
 	t.Helper()
 	cfg := k.SaramaConfig()
 	retrytopic.ConfigureProducer(cfg)
@@ -49,7 +50,7 @@ func newForwarder(t *testing.T, k *testenv.Kafka) (*retrytopic.Forwarder, sarama
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = client.Close() })
-	f, err := retrytopic.NewForwarderFromClient(client)
+	f, err := forward.NewForwarderFromClient(client)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +102,7 @@ func TestForwardKeepsBytesAndPartition(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			err = fwd.Forward(ctx, retrytopic.Record{Topic: tt.topic, Partition: tt.part, Key: tt.key, Value: tt.value, Headers: hs})
+			err = fwd.Forward(ctx, forward.Record{Topic: tt.topic, Partition: tt.part, Key: tt.key, Value: tt.value, Headers: hs})
 			if err != nil {
 				t.Fatalf("Forward: %v", err)
 			}
@@ -142,8 +143,8 @@ func TestForwardErrorIsTyped(t *testing.T) {
 	fwd, _ := newForwarder(t, k)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	err := fwd.Forward(ctx, retrytopic.Record{Topic: "whatever", Value: []byte("x")})
-	var fe *retrytopic.ForwardError
+	err := fwd.Forward(ctx, forward.Record{Topic: "whatever", Value: []byte("x")})
+	var fe *forward.ForwardError
 	if !errors.As(err, &fe) || fe.Topic != "whatever" || !errors.Is(err, context.Canceled) {
 		t.Fatalf("Forward(cancelled) = %v, want *ForwardError wrapping context.Canceled", err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -148,7 +149,7 @@ func TestForwardRefusalsArePermanent(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = client.Close() })
-	fwd, err := retrytopic.NewForwarderFromClient(client)
+	fwd, err := forward.NewForwarderFromClient(client)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,14 +157,14 @@ func TestForwardRefusalsArePermanent(t *testing.T) {
 
 	tests := []struct {
 		name      string
-		rec       retrytopic.Record
+		rec       forward.Record
 		want      error
 		permanent bool
 	}{
-		{"broker: MESSAGE_TOO_LARGE", retrytopic.Record{Topic: small, Key: []byte("k"), Value: make([]byte, 2<<20)}, sarama.ErrMessageSizeTooLarge, true},
-		{"client: above Producer.MaxMessageBytes", retrytopic.Record{Topic: small, Key: []byte("k"), Value: make([]byte, 5<<20)}, sarama.ErrMessageSizeTooLarge, true},
-		{"broker: INVALID_RECORD (no key on a compacted topic)", retrytopic.Record{Topic: compacted, Value: []byte("v")}, sarama.ErrInvalidRecord, true},
-		{"outage: unknown topic, never auto-created", retrytopic.Record{Topic: testenv.Unique("nowhere"), Value: []byte("v")}, sarama.ErrUnknownTopicOrPartition, false},
+		{"broker: MESSAGE_TOO_LARGE", forward.Record{Topic: small, Key: []byte("k"), Value: make([]byte, 2<<20)}, sarama.ErrMessageSizeTooLarge, true},
+		{"client: above Producer.MaxMessageBytes", forward.Record{Topic: small, Key: []byte("k"), Value: make([]byte, 5<<20)}, sarama.ErrMessageSizeTooLarge, true},
+		{"broker: INVALID_RECORD (no key on a compacted topic)", forward.Record{Topic: compacted, Value: []byte("v")}, sarama.ErrInvalidRecord, true},
+		{"outage: unknown topic, never auto-created", forward.Record{Topic: testenv.Unique("nowhere"), Value: []byte("v")}, sarama.ErrUnknownTopicOrPartition, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -177,10 +178,10 @@ func TestForwardRefusalsArePermanent(t *testing.T) {
 		})
 	}
 	// After the refusals the producer still works on the same partitions.
-	if err := fwd.Forward(ctx, retrytopic.Record{Topic: small, Key: []byte("k"), Value: []byte("fine")}); err != nil {
+	if err := fwd.Forward(ctx, forward.Record{Topic: small, Key: []byte("k"), Value: []byte("fine")}); err != nil {
 		t.Fatalf("Forward after refusals: %v", err)
 	}
-	if err := fwd.Forward(ctx, retrytopic.Record{Topic: compacted, Key: []byte("k"), Value: []byte("fine")}); err != nil {
+	if err := fwd.Forward(ctx, forward.Record{Topic: compacted, Key: []byte("k"), Value: []byte("fine")}); err != nil {
 		t.Fatalf("Forward after refusals: %v", err)
 	}
 	ts, err := k.Admin(t).ListTopics()

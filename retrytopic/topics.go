@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/idemhq/idem/internal/forward"
 )
 
 // PartitionMismatchError is returned by EnsureTopics when a tier or
@@ -343,7 +344,7 @@ func describeCreated(ctx context.Context, admin sarama.ClusterAdmin, topic strin
 		if exists && n > 0 {
 			return n, nil
 		}
-		if err := WaitDue(ctx, time.Now().Add(wait), nil); err != nil {
+		if err := forward.WaitDue(ctx, time.Now().Add(wait), nil); err != nil {
 			return 0, fmt.Errorf("topic exists but its metadata did not appear: %w", err)
 		}
 		wait = min(2*wait, 500*time.Millisecond)

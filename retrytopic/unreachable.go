@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/idemhq/idem/internal/forward"
 )
 
 // UnreachableFor bounds how long EnsureTopics and EnsureTopicsFor retry an
@@ -68,7 +69,7 @@ func persist(ctx context.Context, call func() error) error {
 		if now.Add(wait).After(deadline) {
 			return err
 		}
-		if werr := WaitDue(ctx, now.Add(wait), nil); werr != nil {
+		if werr := forward.WaitDue(ctx, now.Add(wait), nil); werr != nil {
 			return fmt.Errorf("%w (%w while retrying)", err, werr)
 		}
 		wait = min(2*wait, 2*time.Second)

@@ -78,7 +78,7 @@ type Record struct {
 	// Partition is the partition the message was read from. It is used
 	// again in Topic when Topic has that many partitions; otherwise the
 	// partition is chosen by hashing Key (sarama's hash partitioner), as
-	// retrytopic.Record does.
+	// idem's forwards to retry tiers do.
 	Partition int32
 	// Key and Value are published byte for byte; nil stays nil.
 	Key, Value []byte

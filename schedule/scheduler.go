@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/pglead"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -255,7 +256,7 @@ type runner struct {
 	leader prometheus.Gauge
 	log    *slog.Logger
 	client sarama.Client
-	fwd    *retrytopic.Forwarder
+	fwd    *forward.Forwarder
 	// connected is set once a session got its connection: the next failure
 	// starts the backoff over.
 	connected bool
@@ -268,7 +269,7 @@ func (r *runner) start(ctx context.Context) bool {
 		err := Migrate(ctx, r.cfg.Pool)
 		if err == nil {
 			if r.client, err = sarama.NewClient(r.cfg.Brokers, r.cfg.Sarama); err == nil {
-				if r.fwd, err = retrytopic.NewForwarderFromClient(r.client); err == nil {
+				if r.fwd, err = forward.NewForwarderFromClient(r.client); err == nil {
 					return true
 				}
 				_ = r.client.Close()
@@ -385,7 +386,7 @@ func (r *runner) idleWait(ctx context.Context, conn *pgx.Conn) (time.Duration, e
 // due is one row to publish.
 type due struct {
 	id       int64
-	rec      retrytopic.Record
+	rec      forward.Record
 	attempts int
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
@@ -352,7 +353,7 @@ func releaseRun(ctx context.Context, a *app, o releaseOpts) error {
 			n, len(keys), o.group, o.topic, dest)
 		return nil
 	}
-	fwd, err := retrytopic.NewForwarderFromClient(client)
+	fwd, err := forward.NewForwarderFromClient(client)
 	if err != nil {
 		return err
 	}
@@ -375,7 +376,7 @@ func releaseRun(ctx context.Context, a *app, o releaseOpts) error {
 // releaseRecord is the record release sends for r: key, value, partition and
 // original headers as they were; to the source without idem-* headers, to
 // another topic (a retry tier) with headers that make it due now in tier 1.
-func releaseRecord(r keyorder.Record, dest string, o releaseOpts) retrytopic.Record {
+func releaseRecord(r keyorder.Record, dest string, o releaseOpts) forward.Record {
 	orig := make([]sarama.RecordHeader, 0, len(r.Headers))
 	for _, h := range r.Headers {
 		orig = append(orig, sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})
@@ -395,5 +396,5 @@ func releaseRecord(r keyorder.Record, dest string, o releaseOpts) retrytopic.Rec
 		}
 		hs = wire.Encode(hs, f)
 	}
-	return retrytopic.Record{Topic: dest, Partition: r.Partition, Key: r.Key, Value: r.Value, Headers: hs}
+	return forward.Record{Topic: dest, Partition: r.Partition, Key: r.Key, Value: r.Value, Headers: hs}
 }

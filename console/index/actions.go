@@ -16,10 +16,10 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemhq/idem/dlq"
+	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/outbox"
-	"github.com/idemhq/idem/retrytopic"
 )
 
 // HeaderReplaces is the header EditAndRetry adds to the record it publishes:
@@ -450,7 +450,7 @@ func (a *Actions) EditAndRetry(ctx context.Context, actor string, id int64, valu
 		return fail(err)
 	}
 	defer pub.close()
-	part, off, err := pub.send(ctx, retrytopic.Record{Topic: r.OriginTopic, Partition: r.OriginPartition, Key: r.Key, Value: value, Headers: hs})
+	part, off, err := pub.send(ctx, forward.Record{Topic: r.OriginTopic, Partition: r.OriginPartition, Key: r.Key, Value: value, Headers: hs})
 	if err != nil {
 		return fail(fmt.Errorf("index: edit and retry record %d: %w", id, err))
 	}
@@ -565,7 +565,7 @@ func newPublisher(client sarama.Client) (*publisher, error) {
 
 func (p *publisher) close() { _ = p.producer.Close() }
 
-func (p *publisher) send(ctx context.Context, rec retrytopic.Record) (int32, int64, error) {
+func (p *publisher) send(ctx context.Context, rec forward.Record) (int32, int64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, 0, err
 	}
@@ -665,7 +665,7 @@ func (a *Actions) ReleaseKey(ctx context.Context, actor, group, topic, key, reas
 		for _, h := range r.Headers {
 			hs = append(hs, sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})
 		}
-		_, _, err := pub.send(ctx, retrytopic.Record{Topic: topic, Partition: r.Partition, Key: r.Key, Value: r.Value,
+		_, _, err := pub.send(ctx, forward.Record{Topic: topic, Partition: r.Partition, Key: r.Key, Value: r.Value,
 			Headers: wire.StripHeaders(hs)})
 		return err
 	})

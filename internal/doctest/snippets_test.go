@@ -56,7 +56,6 @@ var (
 	admin sarama.ClusterAdmin
 	cfg   *sarama.Config
 	msg   *sarama.ConsumerMessage
-	fwd   *retrytopic.Forwarder
 )
 
 // Payment is a message body of the examples.
@@ -79,7 +78,7 @@ type Bank interface {
 
 // givenImports are always imported: givens uses them.
 var givenImports = []string{"context", "testing", "github.com/IBM/sarama", "github.com/jackc/pgx/v5", "github.com/jackc/pgx/v5/pgxpool",
-	"github.com/prometheus/client_golang/prometheus", "github.com/idemhq/idem/handler", "github.com/idemhq/idem/retrytopic",
+	"github.com/prometheus/client_golang/prometheus", "github.com/idemhq/idem/handler",
 	"github.com/idemhq/idem/saga"}
 
 // imports are the packages a fragment may use by their name; only those it

@@ -29,6 +29,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -76,7 +77,7 @@ type Owner struct {
 
 	mu      sync.Mutex
 	prod    sarama.SyncProducer // nil after a fatal error, until Reset
-	fwd     *retrytopic.Forwarder
+	fwd     *forward.Forwarder
 	open    bool                       // BeginTxn done
 	records int                        // records sent in the open transaction
 	offsets map[string]map[int32]int64 // next offset to commit, by topic and partition
@@ -121,7 +122,7 @@ func (o *Owner) newProducer() error {
 	if err != nil {
 		return fmt.Errorf("txn: transactional producer %q: %w", o.client.Config().Producer.Transaction.ID, err)
 	}
-	o.prod, o.fwd = p, retrytopic.NewForwarder(p, o.client)
+	o.prod, o.fwd = p, forward.NewForwarder(p, o.client)
 	return nil
 }
 
@@ -155,7 +156,7 @@ func (o *Owner) Hold() (release func(), err error) {
 // an unknown topic) returns that error and leaves the transaction intact; a
 // failed send fails the transaction: the error then wraps ErrBroken, and is a
 // *RefusedError when the broker refused the record for good.
-func (o *Owner) Forward(ctx context.Context, rec retrytopic.Record) error {
+func (o *Owner) Forward(ctx context.Context, rec forward.Record) error {
 	o.mu.Lock()
 	if o.broken != nil {
 		defer o.mu.Unlock()

@@ -8,9 +8,9 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/internal/txn"
-	"github.com/idemhq/idem/retrytopic"
 )
 
 // newOwner makes an owner for group on a client of its own.
@@ -60,7 +60,7 @@ func TestOwnerFailsAndResets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := o.Forward(testenv.Context(t), retrytopic.Record{Topic: topic, Partition: 0, Key: []byte("aborted")}); err != nil {
+	if err := o.Forward(testenv.Context(t), forward.Record{Topic: topic, Partition: 0, Key: []byte("aborted")}); err != nil {
 		t.Fatal(err)
 	}
 	o.Mark(topic, 0, 7)
@@ -99,7 +99,7 @@ func TestOwnerFailsAndResets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := o.Forward(testenv.Context(t), retrytopic.Record{Topic: topic, Partition: 0, Key: []byte("committed")}); err != nil {
+	if err := o.Forward(testenv.Context(t), forward.Record{Topic: topic, Partition: 0, Key: []byte("committed")}); err != nil {
 		t.Fatal(err)
 	}
 	o.Mark(topic, 0, 3)
@@ -159,10 +159,10 @@ func TestOwnerRefusedRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := o.Forward(testenv.Context(t), retrytopic.Record{Topic: topic, Partition: 0, Key: []byte("aborted")}); err != nil {
+	if err := o.Forward(testenv.Context(t), forward.Record{Topic: topic, Partition: 0, Key: []byte("aborted")}); err != nil {
 		t.Fatal(err)
 	}
-	err = o.Forward(testenv.Context(t), retrytopic.Record{Topic: compacted, Partition: 0, Value: []byte("keyless")})
+	err = o.Forward(testenv.Context(t), forward.Record{Topic: compacted, Partition: 0, Value: []byte("keyless")})
 	release()
 	var refused *txn.RefusedError
 	if !errors.As(err, &refused) || refused.Topic != compacted || !errors.Is(err, sarama.ErrInvalidRecord) || !errors.Is(err, txn.ErrBroken) {
@@ -180,7 +180,7 @@ func TestOwnerRefusedRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := o.Forward(testenv.Context(t), retrytopic.Record{Topic: compacted, Partition: 0, Key: []byte("k"), Value: []byte("keyed")}); err != nil {
+	if err := o.Forward(testenv.Context(t), forward.Record{Topic: compacted, Partition: 0, Key: []byte("k"), Value: []byte("keyed")}); err != nil {
 		t.Fatalf("Forward after Reset = %v", err)
 	}
 	o.Mark(topic, 0, 1)
