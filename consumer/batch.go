@@ -12,8 +12,8 @@ import (
 	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/expiry"
-	"github.com/idemhq/idem/metrics"
 )
 
 // work takes messages from src to their outcomes, one at a time or in
@@ -255,24 +255,24 @@ type partMetrics struct {
 }
 
 // attempt counts a failed handler attempt by its result.
-func (partMetrics) attempt(m *metrics.Metrics, group, topic string, herr error) {
-	result := metrics.ResultError
+func (partMetrics) attempt(m *coremetrics.Metrics, group, topic string, herr error) {
+	result := coremetrics.ResultError
 	switch {
 	case handler.IsPanic(herr):
-		result = metrics.ResultPanic
+		result = coremetrics.ResultPanic
 	case breaker.IsThrottled(herr): // before IsOpen, which holds for a throttle too
-		result = metrics.ResultThrottled
+		result = coremetrics.ResultThrottled
 	case breaker.IsOpen(herr):
-		result = metrics.ResultBreakerOpen
+		result = coremetrics.ResultBreakerOpen
 	}
 	m.Attempts.WithLabelValues(group, topic, result).Inc()
 }
 
-func newPartMetrics(m *metrics.Metrics, group, topic string) partMetrics {
+func newPartMetrics(m *coremetrics.Metrics, group, topic string) partMetrics {
 	return partMetrics{
-		processed: m.Messages.WithLabelValues(group, topic, metrics.OutcomeProcessed),
-		duplicate: m.Messages.WithLabelValues(group, topic, metrics.OutcomeDuplicate),
-		attemptOK: m.Attempts.WithLabelValues(group, topic, metrics.ResultOK),
+		processed: m.Messages.WithLabelValues(group, topic, coremetrics.OutcomeProcessed),
+		duplicate: m.Messages.WithLabelValues(group, topic, coremetrics.OutcomeDuplicate),
+		attemptOK: m.Attempts.WithLabelValues(group, topic, coremetrics.ResultOK),
 		commits:   m.Commits.WithLabelValues(group),
 		duration:  m.HandlerDuration.WithLabelValues(group, topic),
 	}

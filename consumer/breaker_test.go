@@ -16,8 +16,8 @@ import (
 	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/testenv"
-	"github.com/idemhq/idem/metrics"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -297,10 +297,10 @@ func TestThrottleCountedAndLoggedAsThrottle(t *testing.T) {
 	}))
 	e.produce([]string{"k1"}, 1)
 	e.waitEffect("k1", 60*time.Second)
-	if v := metricValue(t, e, "idem_handler_attempts_total", map[string]string{"result": metrics.ResultThrottled}); v != 1 {
+	if v := metricValue(t, e, "idem_handler_attempts_total", map[string]string{"result": coremetrics.ResultThrottled}); v != 1 {
 		t.Errorf("throttled attempts = %v, want 1", v)
 	}
-	if v := metricValue(t, e, "idem_handler_attempts_total", map[string]string{"result": metrics.ResultBreakerOpen}); v != 0 {
+	if v := metricValue(t, e, "idem_handler_attempts_total", map[string]string{"result": coremetrics.ResultBreakerOpen}); v != 0 {
 		t.Errorf("breaker_open attempts = %v, want 0", v)
 	}
 	if out := logs.String(); !strings.Contains(out, "dependency throttled") || !strings.Contains(out, "breaker=bank-api") || !strings.Contains(out, "reason=rate") {

@@ -7,7 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/breaker"
-	"github.com/idemhq/idem/metrics"
+	"github.com/idemhq/idem/internal/coremetrics"
 )
 
 // BreakerMetrics returns a hook for breaker.Settings.OnStateChange that
@@ -25,7 +25,7 @@ import (
 // The consumer itself needs no breaker configuration: any handler error that
 // satisfies breaker.IsOpen pauses consumption.
 func BreakerMetrics(reg prometheus.Registerer) (func(name string, from, to breaker.State), error) {
-	m, err := metrics.New(reg)
+	m, err := coremetrics.New(reg)
 	if err != nil {
 		return nil, err
 	}

@@ -18,8 +18,8 @@ import (
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/testenv"
-	"github.com/idemhq/idem/metrics"
 )
 
 // Environment of the crash helper process.
@@ -160,10 +160,10 @@ func TestCrashAfterCommitBeforeOffsetCommit(t *testing.T) {
 		start(t, cfg, effectHandler())
 		e.waitCommitted(e.topic, partitions, 120*time.Second)
 		e.coreAssertOnePerKey(total)
-		if dup := coreOutcome(t, reg, metrics.OutcomeDuplicate); dup < redelivered {
+		if dup := coreOutcome(t, reg, coremetrics.OutcomeDuplicate); dup < redelivered {
 			t.Errorf("idem_messages_total{outcome=duplicate} = %d after the restart, want >= %d (redelivered messages whose effects were committed)", dup, redelivered)
 		}
-		if got := coreOutcome(t, reg, metrics.OutcomeProcessed); got != total-atKill {
+		if got := coreOutcome(t, reg, coremetrics.OutcomeProcessed); got != total-atKill {
 			t.Errorf("idem_messages_total{outcome=processed} = %d after the restart, want %d", got, total-atKill)
 		}
 	})

@@ -11,7 +11,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/metrics"
+	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/retrytopic"
 	"github.com/idemhq/idem/schedule"
 )
@@ -170,7 +170,7 @@ func (w *worker) deferMsg(msg *handler.Message, until time.Time) error {
 		switch {
 		case err == nil:
 			r.m.Deferred.WithLabelValues(r.cfg.Group, msg.Origin().Topic).Inc()
-			r.m.Messages.WithLabelValues(r.cfg.Group, msg.Topic, metrics.OutcomeDeferred).Inc()
+			r.m.Messages.WithLabelValues(r.cfg.Group, msg.Topic, coremetrics.OutcomeDeferred).Inc()
 			w.ob.spanEnd(TraceOutcomeDeferred, nil)
 			if w.debug {
 				w.log.Debug("idem: message deferred", "offset", msg.Offset, "key", msg.IdempotencyKey, "until", until)

@@ -17,9 +17,9 @@ import (
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/schema"
 	"github.com/idemhq/idem/internal/testenv"
-	"github.com/idemhq/idem/metrics"
 	"github.com/idemhq/idem/schedule"
 )
 
@@ -118,7 +118,7 @@ func TestDeferUntil(t *testing.T) {
 	if got := gatherSum(t, e.reg, "idem_deferred_total", nil); got != 100 {
 		t.Errorf("idem_deferred_total = %v, want 100", got)
 	}
-	if got := coreOutcome(t, e.reg, metrics.OutcomeDeferred); got != 100 {
+	if got := coreOutcome(t, e.reg, coremetrics.OutcomeDeferred); got != 100 {
 		t.Errorf("idem_messages_total{outcome=deferred} = %d, want 100", got)
 	}
 	if got := gatherSum(t, e.reg, "idem_retries_total", nil); got != 0 {

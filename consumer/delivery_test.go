@@ -15,8 +15,8 @@ import (
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/testenv"
-	"github.com/idemhq/idem/metrics"
 )
 
 // messagesOutcome is idem_messages_total{outcome} summed over topics.
@@ -254,11 +254,11 @@ func TestFailThenSucceedRecordsKeyOnlyOnSuccess(t *testing.T) {
 			labels map[string]string
 			want   float64
 		}{
-			{"idem_handler_attempts_total", map[string]string{"result": metrics.ResultError}, 1},
-			{"idem_handler_attempts_total", map[string]string{"result": metrics.ResultOK}, 1},
+			{"idem_handler_attempts_total", map[string]string{"result": coremetrics.ResultError}, 1},
+			{"idem_handler_attempts_total", map[string]string{"result": coremetrics.ResultOK}, 1},
 			{"idem_retries_total", nil, 1},
-			{"idem_messages_total", map[string]string{"outcome": metrics.OutcomeProcessed}, 1},
-			{"idem_messages_total", map[string]string{"outcome": metrics.OutcomeDeadLettered}, 0},
+			{"idem_messages_total", map[string]string{"outcome": coremetrics.OutcomeProcessed}, 1},
+			{"idem_messages_total", map[string]string{"outcome": coremetrics.OutcomeDeadLettered}, 0},
 		} {
 			if got := gatherSum(t, e.reg, c.name, c.labels); got != c.want {
 				t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)

@@ -7,9 +7,9 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/expiry"
 	"github.com/idemhq/idem/internal/wire"
-	"github.com/idemhq/idem/metrics"
 )
 
 // Expiry says when a message is too old to handle (issue 21, "Expiry"): a
@@ -94,13 +94,13 @@ func (w *worker) expiredVerdict(msg *handler.Message, topic string, res expiry.R
 		return nil, false
 	case expiry.Expired:
 		if w.r.cfg.Expiry.Drop {
-			w.r.m.Expired.WithLabelValues(w.r.cfg.Group, topic, metrics.ExpiredDropped).Inc()
-			w.r.m.Messages.WithLabelValues(w.r.cfg.Group, topic, metrics.OutcomeExpired).Inc()
+			w.r.m.Expired.WithLabelValues(w.r.cfg.Group, topic, coremetrics.ExpiredDropped).Inc()
+			w.r.m.Messages.WithLabelValues(w.r.cfg.Group, topic, coremetrics.OutcomeExpired).Inc()
 			w.ob.spanEnd(TraceOutcomeExpired, nil)
 			w.log.Info("idem: expired message dropped", "topic", topic, "offset", msg.Offset, "key", msg.IdempotencyKey, "reason", res.Reason)
 			return nil, true
 		}
-		w.r.m.Expired.WithLabelValues(w.r.cfg.Group, topic, metrics.ExpiredDeadLettered).Inc()
+		w.r.m.Expired.WithLabelValues(w.r.cfg.Group, topic, coremetrics.ExpiredDeadLettered).Inc()
 		return &handler.ExpiredError{Reason: res.Reason}, false
 	default: // expiry.InvalidHeader: the producer's bug; never dropped
 		return &handler.ExpiredError{Reason: res.Reason, InvalidHeader: true}, false

@@ -13,9 +13,9 @@ import (
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/internal/wire"
-	"github.com/idemhq/idem/metrics"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -125,7 +125,7 @@ func TestExpiryDeadLettersWithoutHandling(t *testing.T) {
 			t.Errorf("%s applied %d times, want 1", k, n)
 		}
 	}
-	if got := gatherSum(t, e.reg, "idem_expired_total", map[string]string{"action": metrics.ExpiredDeadLettered}); got != 4 {
+	if got := gatherSum(t, e.reg, "idem_expired_total", map[string]string{"action": coremetrics.ExpiredDeadLettered}); got != 4 {
 		t.Errorf("idem_expired_total{action=dead_lettered} = %v, want 4", got)
 	}
 	if got := gatherSum(t, e.reg, "idem_forwarded_total", map[string]string{"kind": "expired"}); got != 4 {
@@ -168,10 +168,10 @@ func TestExpiryDropCounts(t *testing.T) {
 	if n := e.count(`SELECT count(*) FROM effects WHERE key = 'live'`); n != 1 {
 		t.Errorf("live applied %d times, want 1", n)
 	}
-	if got := gatherSum(t, e.reg, "idem_expired_total", map[string]string{"action": metrics.ExpiredDropped}); got != 2 {
+	if got := gatherSum(t, e.reg, "idem_expired_total", map[string]string{"action": coremetrics.ExpiredDropped}); got != 2 {
 		t.Errorf("idem_expired_total{action=dropped} = %v, want 2", got)
 	}
-	if got := coreOutcome(t, e.reg, metrics.OutcomeExpired); got != 2 {
+	if got := coreOutcome(t, e.reg, coremetrics.OutcomeExpired); got != 2 {
 		t.Errorf("idem_messages_total{outcome=expired} = %d, want 2", got)
 	}
 }
@@ -268,7 +268,7 @@ func TestExpiryOrdering(t *testing.T) {
 			t.Errorf("handler called %d times for %s, want 0", n, k)
 		}
 	}
-	if n := coreOutcome(t, e.reg, metrics.OutcomeParked); n != 3 {
+	if n := coreOutcome(t, e.reg, coremetrics.OutcomeParked); n != 3 {
 		t.Errorf("idem_messages_total{outcome=parked} = %d, want 3 (A3, A4, A5; not the expired A2)", n)
 	}
 }

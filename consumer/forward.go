@@ -10,10 +10,10 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/txn"
 	"github.com/idemhq/idem/internal/wire"
-	"github.com/idemhq/idem/metrics"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -284,9 +284,9 @@ func (o *observer) forwarded(out outbound, msg *handler.Message) {
 	r := o.r
 	dest := out.rec.Topic
 	r.m.Forwarded.WithLabelValues(r.cfg.Group, dest, out.kind).Inc()
-	outcome, span := metrics.OutcomeRetried, TraceOutcomeRetried
+	outcome, span := coremetrics.OutcomeRetried, TraceOutcomeRetried
 	if out.tier == 0 {
-		outcome, span = metrics.OutcomeDeadLettered, TraceOutcomeDeadLettered
+		outcome, span = coremetrics.OutcomeDeadLettered, TraceOutcomeDeadLettered
 	}
 	o.spanEnd(span, nil)
 	r.m.Messages.WithLabelValues(r.cfg.Group, msg.Topic, outcome).Inc()

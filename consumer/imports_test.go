@@ -34,7 +34,8 @@ func TestImports(t *testing.T) {
 	}
 	may := []string{
 		"breaker", "console/index", "dedupe", "dlq", "handler", "metrics", "recovery", "retrytopic", "schedule",
-		"internal/adaptive", "internal/expiry", "internal/keyorder", "internal/forward", "internal/txn", "internal/wire",
+		"internal/adaptive", "internal/coremetrics", "internal/expiry", "internal/forward", "internal/keyorder",
+		"internal/txn", "internal/wire",
 	}
 	for _, imp := range p.Imports {
 		rel, ok := strings.CutPrefix(imp, mod+"/")

@@ -15,9 +15,9 @@ import (
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/internal/wire"
-	"github.com/idemhq/idem/metrics"
 )
 
 // TestPoisonMessages: on one partition, in order: a record without the
@@ -143,7 +143,7 @@ func TestPoisonMessages(t *testing.T) {
 		if got := gatherSum(t, e.reg, "idem_missing_key_total", nil); got != 2 {
 			t.Errorf("idem_missing_key_total = %v, want 2", got)
 		}
-		if got := gatherSum(t, e.reg, "idem_messages_total", map[string]string{"outcome": metrics.OutcomeDeadLettered}); got != 3 {
+		if got := gatherSum(t, e.reg, "idem_messages_total", map[string]string{"outcome": coremetrics.OutcomeDeadLettered}); got != 3 {
 			t.Errorf("idem_messages_total{outcome=dead_lettered} = %v, want 3", got)
 		}
 	})

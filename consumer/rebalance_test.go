@@ -7,8 +7,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/testenv"
-	"github.com/idemhq/idem/metrics"
 )
 
 // Three members of one group consume a stream; one leaves and another
@@ -81,8 +81,8 @@ func TestMembersLeaveAndJoinMidStream(t *testing.T) {
 
 		processed := 0
 		for _, m := range []*member{a, b, c, d} {
-			n := coreOutcome(t, m.reg, metrics.OutcomeProcessed)
-			t.Logf("member %s processed %d, duplicates %d", m.name, n, coreOutcome(t, m.reg, metrics.OutcomeDuplicate))
+			n := coreOutcome(t, m.reg, coremetrics.OutcomeProcessed)
+			t.Logf("member %s processed %d, duplicates %d", m.name, n, coreOutcome(t, m.reg, coremetrics.OutcomeDuplicate))
 			if n == 0 {
 				t.Errorf("member %s processed nothing: it took no part in the stream", m.name)
 			}

@@ -16,10 +16,10 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/txn"
-	"github.com/idemhq/idem/metrics"
 	"github.com/idemhq/idem/recovery"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -104,7 +104,7 @@ type runner struct {
 	cfg    Config
 	h      handler.Handler
 	log    *slog.Logger
-	m      *metrics.Metrics
+	m      *coremetrics.Metrics
 	scfg   *sarama.Config
 	group  sarama.ConsumerGroup
 	policy retrytopic.Policy
@@ -142,7 +142,7 @@ type runner struct {
 }
 
 func newRunner(cfg Config, h handler.Handler) (*runner, error) {
-	m, err := metrics.New(cfg.Registerer)
+	m, err := coremetrics.New(cfg.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("consumer: register metrics: %w", err)
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/metrics"
+	"github.com/idemhq/idem/internal/coremetrics"
 )
 
 // Run is cancelled when about half the stream has effects. The offsets
@@ -73,7 +73,7 @@ func TestGracefulShutdownMidStreamThenRestart(t *testing.T) {
 		start(t, cfg2, coreGatedHandler(gate))
 		e.waitCommitted(e.topic, partitions, 90*time.Second)
 		e.coreAssertOnePerKey(total)
-		if got := coreOutcome(t, reg2, metrics.OutcomeProcessed); got != total-done {
+		if got := coreOutcome(t, reg2, coremetrics.OutcomeProcessed); got != total-done {
 			t.Errorf("after restart processed = %d, want %d", got, total-done)
 		}
 		// With lanes the finished messages above the committed offset come back
@@ -82,7 +82,7 @@ func TestGracefulShutdownMidStreamThenRestart(t *testing.T) {
 		if lanes {
 			wantDup = done - int(sum)
 		}
-		if got := coreOutcome(t, reg2, metrics.OutcomeDuplicate); got != wantDup {
+		if got := coreOutcome(t, reg2, coremetrics.OutcomeDuplicate); got != wantDup {
 			t.Errorf("after restart duplicates = %d, want %d (finished messages above the committed offsets)", got, wantDup)
 		}
 	})

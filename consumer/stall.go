@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemhq/idem/metrics"
+	"github.com/idemhq/idem/internal/coremetrics"
 )
 
 // claimSet is the registry of the partitions this member has claimed now.
@@ -16,7 +16,7 @@ import (
 // starts and deregisters when it ends.
 type claimSet struct {
 	group string
-	m     *metrics.Metrics
+	m     *coremetrics.Metrics
 	log   *slog.Logger
 	parts sync.Map // tp → *claim
 	// kick asks watchLag for a sample now: a partition was claimed, so its
@@ -24,7 +24,7 @@ type claimSet struct {
 	kick chan struct{}
 }
 
-func newClaimSet(group string, m *metrics.Metrics, log *slog.Logger) *claimSet {
+func newClaimSet(group string, m *coremetrics.Metrics, log *slog.Logger) *claimSet {
 	return &claimSet{group: group, m: m, log: log, kick: make(chan struct{}, 1)}
 }
 

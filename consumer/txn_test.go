@@ -27,8 +27,8 @@ import (
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/testenv"
-	"github.com/idemhq/idem/metrics"
 	"github.com/idemhq/idem/recovery"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -181,7 +181,7 @@ func (e *env) assertExactlyOnceForwards() (uncommitted int) {
 func (e *env) waitTxnSettled(reg prometheus.Gatherer) {
 	e.t.Helper()
 	testenv.Eventually(e.t, 120*time.Second, func() error {
-		dl := coreOutcome(e.t, reg, metrics.OutcomeDeadLettered)
+		dl := coreOutcome(e.t, reg, coremetrics.OutcomeDeadLettered)
 		eff := e.count(`SELECT count(*) FROM effects`)
 		if dl < txnPoison || eff < txnGood {
 			return fmt.Errorf("dead-lettered %d of %d, effects %d of %d", dl, txnPoison, eff, txnGood)
@@ -419,7 +419,7 @@ func txnAbortReprocesses(t *testing.T, batch int) {
 	if uncommitted := e.assertExactlyOnceForwards(); uncommitted <= 2*txnPoison {
 		t.Errorf("read_uncommitted readers see %d records in the tier and the DLQ, want more than %d (the aborted forwards)", uncommitted, 2*txnPoison)
 	}
-	if n := coreOutcome(t, reg, metrics.OutcomeDeadLettered); n < txnPoison {
+	if n := coreOutcome(t, reg, coremetrics.OutcomeDeadLettered); n < txnPoison {
 		t.Errorf("dead-lettered %d, want >= %d", n, txnPoison)
 	}
 }
@@ -543,7 +543,7 @@ func TestTxnForwardWaitsForEarlierMessage(t *testing.T) {
 	}
 	releaseOnce.Do(func() { close(release) })
 	testenv.Eventually(t, 60*time.Second, func() error {
-		if dl, eff := coreOutcome(t, reg, metrics.OutcomeDeadLettered), e.count(`SELECT count(*) FROM effects`); dl < 1 || eff < 2 {
+		if dl, eff := coreOutcome(t, reg, coremetrics.OutcomeDeadLettered), e.count(`SELECT count(*) FROM effects`); dl < 1 || eff < 2 {
 			return fmt.Errorf("dead-lettered %d of 1, effects %d of 2", dl, eff)
 		}
 		return nil

@@ -10,8 +10,8 @@ import (
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/wire"
-	"github.com/idemhq/idem/metrics"
 )
 
 // worker takes the messages of one lane (or of the whole claim) to their
@@ -138,7 +138,7 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 			return err
 		}
 		if parked {
-			r.m.Messages.WithLabelValues(r.cfg.Group, cm.Topic, metrics.OutcomeParked).Inc()
+			r.m.Messages.WithLabelValues(r.cfg.Group, cm.Topic, coremetrics.OutcomeParked).Inc()
 			w.mark(cm)
 			return nil
 		}

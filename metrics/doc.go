@@ -1,10 +1,11 @@
 // Package metrics lists every Prometheus metric idem exports, in one table,
 // so dashboards and alerts have one list to read (a test checks the table
-// against the collectors). It declares the consumer's collectors; the outbox
-// relay, the saga orchestrator and the checkpoint runner keep theirs in their
-// own packages. Collectors are registered on a caller-given
-// prometheus.Registerer (consumer.Config.Registerer, the outbox relay's
-// Registerer); nothing is registered globally. NewServeMux and Serve
+// against the collectors). The consumer's collectors are consumer.Run's own
+// (declared in idem's internal/coremetrics); the outbox relay, the saga
+// orchestrator and the checkpoint runner keep theirs in their own packages.
+// Collectors are registered on a caller-given prometheus.Registerer
+// (consumer.Config.Registerer, the outbox relay's Registerer); nothing is
+// registered globally. NewServeMux and Serve
 // expose a registry with /healthz and /readyz on one address.
 //
 // Labels are bounded: group, topic, partition, destination (a tier or DLQ
@@ -13,8 +14,8 @@
 //
 // # Metrics
 //
-// Every metric idem registers (TestDocTable checks this table against the
-// package's collectors: same names, types and labels, both ways). Label
+// Every metric idem registers (TestDocTable checks this table against every
+// component's collectors: same names, types and labels, both ways). Label
 // lists are comma-separated; "-" means none.
 //
 //	name                                   type       labels                    meaning

@@ -15,7 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/idemhq/idem/metrics"
+	"github.com/idemhq/idem/internal/coremetrics"
 )
 
 // docRow is one metric as documented, declared or registered.
@@ -64,9 +64,11 @@ func docTable(t *testing.T) map[string]docRow {
 
 var newCollector = regexp.MustCompile(`^New(Counter|Gauge|Histogram|Summary)(Vec)?$`)
 
-// elsewhere are the files of the components that keep their own collectors
-// (documented in doc.go's table too, registered by those packages).
-var elsewhere = []string{"../outbox/metrics.go", "../saga/metrics.go", "../checkpoint/metrics.go"}
+// elsewhere are the files that declare the collectors: the consumer's
+// (internal/coremetrics, registered by coremetrics.New) and those of the
+// components that keep their own (registered by those packages), all
+// documented in doc.go's table.
+var elsewhere = []string{"../internal/coremetrics/coremetrics.go", "../outbox/metrics.go", "../saga/metrics.go", "../checkpoint/metrics.go"}
 
 // declared finds every collector the package's source, and the files
 // elsewhere, construct:
@@ -235,12 +237,12 @@ func observeAll(t *testing.T, v reflect.Value) {
 
 var variableLabels = regexp.MustCompile(`variableLabels: \{([^}]*)\}`)
 
-// registered returns what metrics.New registers,
+// registered returns what coremetrics.New registers,
 // as gathered from the registry once every vector has one series.
 func registered(t *testing.T) map[string]docRow {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	m, err := metrics.New(reg)
+	m, err := coremetrics.New(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,8 +264,8 @@ func registered(t *testing.T) map[string]docRow {
 }
 
 // TestDocTable checks doc.go's table against the registry (every collector
-// metrics.New registers, gathered) and against every collector the
-// package's source and the files elsewhere declare (metrics.New, and the
+// coremetrics.New registers, gathered) and against every collector the
+// package's source and the files elsewhere declare (coremetrics.New's, and the
 // outbox relay's, saga orchestrator's and checkpoint runner's): the same
 // names, types and labels, both ways.
 func TestDocTable(t *testing.T) {
@@ -299,7 +301,7 @@ func TestDocTable(t *testing.T) {
 	}
 	for name := range decl {
 		if _, ok := reg[name]; !ok && !ownedElsewhere(name) {
-			t.Errorf("declared %s is not registered by metrics.New", name)
+			t.Errorf("declared %s is not registered by coremetrics.New", name)
 		}
 	}
 }
@@ -332,14 +334,14 @@ func TestAttemptResultsDocumented(t *testing.T) {
 		t.Fatal("doc.go: no idem_handler_attempts_total row")
 	}
 	reg := prometheus.NewRegistry()
-	m, err := metrics.New(reg)
+	m, err := coremetrics.New(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	help := make(chan *prometheus.Desc, 1)
 	m.Attempts.Describe(help)
 	desc := (<-help).String()
-	for _, r := range []string{metrics.ResultOK, metrics.ResultError, metrics.ResultPanic, metrics.ResultBreakerOpen, metrics.ResultThrottled} {
+	for _, r := range []string{coremetrics.ResultOK, coremetrics.ResultError, coremetrics.ResultPanic, coremetrics.ResultBreakerOpen, coremetrics.ResultThrottled} {
 		if !strings.Contains(row, r) {
 			t.Errorf("doc.go's idem_handler_attempts_total row does not name result %q: %s", r, row)
 		}

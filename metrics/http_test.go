@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -32,7 +33,7 @@ func get(t *testing.T, url string) (int, string) {
 // following ready: 200 when it returns nil, 503 with its text otherwise.
 func TestServeMux(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	m, err := New(reg)
+	m, err := coremetrics.New(reg)
 	if err != nil {
 		t.Fatal(err)
 	}

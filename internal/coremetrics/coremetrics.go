@@ -1,4 +1,8 @@
-package metrics
+// Package coremetrics declares the consumer's Prometheus collectors (and the
+// breaker and DLQ-depth ones consumer.Run registers): only package consumer
+// uses them. Package metrics documents every metric idem exports in one table,
+// and its TestDocTable checks this package's collectors against it.
+package coremetrics
 
 import (
 	"github.com/prometheus/client_golang/prometheus"

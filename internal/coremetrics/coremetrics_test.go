@@ -1,4 +1,4 @@
-package metrics_test
+package coremetrics_test
 
 import (
 	"strings"
@@ -7,24 +7,24 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/idemhq/idem/metrics"
+	"github.com/idemhq/idem/internal/coremetrics"
 )
 
 // Two consumers in one process may share a registry: the second New reuses the
 // first one's collectors instead of failing.
 func TestNewSharesARegistry(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	a, err := metrics.New(reg)
+	a, err := coremetrics.New(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := metrics.New(reg)
+	b, err := coremetrics.New(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.Messages.WithLabelValues("g", "t", metrics.OutcomeProcessed).Inc()
-	b.Messages.WithLabelValues("g", "t", metrics.OutcomeProcessed).Inc()
-	if got := testutil.ToFloat64(a.Messages.WithLabelValues("g", "t", metrics.OutcomeProcessed)); got != 2 {
+	a.Messages.WithLabelValues("g", "t", coremetrics.OutcomeProcessed).Inc()
+	b.Messages.WithLabelValues("g", "t", coremetrics.OutcomeProcessed).Inc()
+	if got := testutil.ToFloat64(a.Messages.WithLabelValues("g", "t", coremetrics.OutcomeProcessed)); got != 2 {
 		t.Fatalf("shared counter = %v, want 2", got)
 	}
 }
@@ -32,7 +32,7 @@ func TestNewSharesARegistry(t *testing.T) {
 // Every collector New makes is registered, and named idem_*.
 func TestEveryMetricIsDocumented(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	m, err := metrics.New(reg)
+	m, err := coremetrics.New(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func TestEveryMetricIsDocumented(t *testing.T) {
 
 // A nil Registerer keeps the metrics usable without exporting them.
 func TestNilRegisterer(t *testing.T) {
-	m, err := metrics.New(nil)
+	m, err := coremetrics.New(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
