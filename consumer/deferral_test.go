@@ -110,8 +110,8 @@ func TestDeferUntil(t *testing.T) {
 	}
 	mu.Unlock()
 	testenv.Eventually(t, 30*time.Second, func() error {
-		if n := e.count(`SELECT count(*) FROM ` + schedule.Table); n != 0 {
-			return fmt.Errorf("%d rows left in %s", n, schedule.Table)
+		if n := e.count(`SELECT count(*) FROM ` + "idem_deferred"); n != 0 {
+			return fmt.Errorf("%d rows left in %s", n, "idem_deferred")
 		}
 		return nil
 	})
@@ -220,7 +220,7 @@ func TestDeferLeaderSIGKILLLosesNone(t *testing.T) {
 
 	// The helper stored all 100 and holds the scheduler's advisory lock.
 	testenv.Eventually(t, 60*time.Second, func() error {
-		if n := e.count(`SELECT count(*) FROM ` + schedule.Table); n != 100 {
+		if n := e.count(`SELECT count(*) FROM ` + "idem_deferred"); n != 100 {
 			return fmt.Errorf("%d of 100 deferred", n)
 		}
 		if n := e.count(`SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
@@ -230,7 +230,7 @@ func TestDeferLeaderSIGKILLLosesNone(t *testing.T) {
 		return nil
 	})
 	child.Kill(t) // fails the test if the helper ended before it was killed
-	if n := e.count(`SELECT count(*) FROM ` + schedule.Table); n != 100 {
+	if n := e.count(`SELECT count(*) FROM ` + "idem_deferred"); n != 100 {
 		t.Fatalf("%d rows left at the kill, want 100 (killed before they were due)", n)
 	}
 	if n := e.count(`SELECT count(*) FROM effects`); n != 0 {
@@ -244,7 +244,7 @@ func TestDeferLeaderSIGKILLLosesNone(t *testing.T) {
 		if n := e.count(`SELECT count(*) FROM effects`); n < 100 {
 			return fmt.Errorf("%d of 100 deferred messages applied", n)
 		}
-		if n := e.count(`SELECT count(*) FROM ` + schedule.Table); n != 0 {
+		if n := e.count(`SELECT count(*) FROM ` + "idem_deferred"); n != 0 {
 			return fmt.Errorf("%d rows left", n)
 		}
 		return nil

@@ -18,10 +18,10 @@ import (
 	"github.com/idemhq/idem/retrytopic"
 )
 
-// Table is the table deferred records wait in, resolved through the
+// table is the table deferred records wait in, resolved through the
 // connection's search_path (use a schema per service, or per test, to keep
 // several apart).
-const Table = "idem_deferred"
+const table = "idem_deferred"
 
 // component is the pgmigrate component of the table.
 const component = "schedule"
@@ -161,7 +161,7 @@ func Defer(ctx context.Context, tx pgx.Tx, rec Record, at time.Time) error {
 	if !rec.Timestamp.IsZero() {
 		ts = &rec.Timestamp
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO `+Table+` (consumer_group, topic, partition, key, value, header_keys, header_values,
+	_, err := tx.Exec(ctx, `INSERT INTO `+table+` (consumer_group, topic, partition, key, value, header_keys, header_values,
 		record_timestamp, idempotency_key, origin_topic, origin_partition, origin_offset, deferred_until, due_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, coalesce($13, now()), coalesce($13, now()))`,
 		rec.Group, rec.Topic, rec.Partition, rec.Key, rec.Value, keys, vals, ts,
@@ -238,7 +238,7 @@ func List(ctx context.Context, db Querier, f Filter) ([]Pending, error) {
 	}
 	rows, err := db.Query(ctx, `SELECT id, consumer_group, topic, partition, key, idempotency_key, origin_topic,
 		origin_partition, origin_offset, deferred_until, due_at, created_at, attempts, coalesce(last_error, '')
-		FROM `+Table+` WHERE ($1 = '' OR consumer_group = $1) ORDER BY due_at, id LIMIT $2`, f.Group, f.Limit)
+		FROM `+table+` WHERE ($1 = '' OR consumer_group = $1) ORDER BY due_at, id LIMIT $2`, f.Group, f.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("schedule: list: %w", err)
 	}

@@ -315,8 +315,8 @@ func (r *runner) session(ctx context.Context) error {
 	}
 	defer release() // ends the session: releases the lock
 	var oid uint32
-	if err := r.row(ctx, conn, "SELECT $1::regclass::oid", Table).Scan(&oid); err != nil {
-		return fmt.Errorf("schedule: find table %s: %w", Table, err)
+	if err := r.row(ctx, conn, "SELECT $1::regclass::oid", table).Scan(&oid); err != nil {
+		return fmt.Errorf("schedule: find table %s: %w", table, err)
 	}
 	r.connected = true
 	got, err := pglead.Lock(ctx, conn, lockKey(oid, r.cfg.Group), r.cfg.LeaderRetry, r.cfg.QueryTimeout, func() {
@@ -375,7 +375,7 @@ func ctxOr(ctx context.Context, err error) error {
 // idleWait is how long until the group's next row is due, at most MaxWait.
 func (r *runner) idleWait(ctx context.Context, conn *pgx.Conn) (time.Duration, error) {
 	var next *float64
-	err := r.row(ctx, conn, `SELECT extract(epoch FROM min(due_at) - now())::float8 FROM `+Table+
+	err := r.row(ctx, conn, `SELECT extract(epoch FROM min(due_at) - now())::float8 FROM `+table+
 		` WHERE consumer_group = $1`, r.cfg.Group).Scan(&next)
 	if err != nil {
 		return 0, fmt.Errorf("schedule: next due time: %w", err)
@@ -396,7 +396,7 @@ func (r *runner) round(ctx context.Context, conn *pgx.Conn) (int, error) {
 	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	defer cancel()
 	rows, err := conn.Query(qctx, `SELECT id, topic, partition, key, value, header_keys, header_values, record_timestamp, attempts
-		FROM `+Table+` WHERE consumer_group = $1 AND due_at <= now() ORDER BY due_at, id LIMIT $2`, r.cfg.Group, r.cfg.BatchSize)
+		FROM `+table+` WHERE consumer_group = $1 AND due_at <= now() ORDER BY due_at, id LIMIT $2`, r.cfg.Group, r.cfg.BatchSize)
 	if err != nil {
 		return 0, fmt.Errorf("schedule: read due rows: %w", err)
 	}
@@ -439,14 +439,14 @@ func (r *runner) round(ctx context.Context, conn *pgx.Conn) (int, error) {
 		r.m.PublishFailures.WithLabelValues(r.cfg.Group).Inc()
 		r.log.Warn("idem: publishing a due deferred record failed; will retry", "id", d.id, "topic", d.rec.Topic,
 			"attempts", d.attempts+1, "err", errs[i], "in", wait)
-		b.Queue(`UPDATE `+Table+` SET attempts = attempts + 1, last_error = $2, due_at = now() + make_interval(secs => $3)
+		b.Queue(`UPDATE `+table+` SET attempts = attempts + 1, last_error = $2, due_at = now() + make_interval(secs => $3)
 			WHERE id = $1`, d.id, errs[i].Error(), wait.Seconds())
 	}
 	if r.cfg.afterAck != nil {
 		r.cfg.afterAck(acked)
 	}
 	if len(acked) > 0 {
-		b.Queue(`DELETE FROM `+Table+` WHERE id = ANY($1)`, acked)
+		b.Queue(`DELETE FROM `+table+` WHERE id = ANY($1)`, acked)
 	}
 	// Kafka has the acked records: record it even if ctx was cancelled
 	// meanwhile, or a clean shutdown would publish them again.
@@ -471,7 +471,7 @@ func (r *runner) retryWait(attempts int) time.Duration {
 // stats refreshes idem_schedule_pending.
 func (r *runner) stats(ctx context.Context, conn *pgx.Conn) error {
 	var n int64
-	if err := r.row(ctx, conn, `SELECT count(*) FROM `+Table+` WHERE consumer_group = $1`, r.cfg.Group).Scan(&n); err != nil {
+	if err := r.row(ctx, conn, `SELECT count(*) FROM `+table+` WHERE consumer_group = $1`, r.cfg.Group).Scan(&n); err != nil {
 		return fmt.Errorf("schedule: stats: %w", err)
 	}
 	r.m.Pending.WithLabelValues(r.cfg.Group).Set(float64(n))
