@@ -392,13 +392,13 @@ func checkScrape(samples []sample, qs []query, metricsSource string) []string {
 }
 
 // metricsSource is the text of the files where idem's metrics are named:
-// package metrics (consumer's collectors and the documented table), the
-// failure index, and the metrics.go of each component that keeps its own
-// collectors (outbox, saga, checkpoint, ...).
+// package metrics (the documented table), the consumer's collectors
+// (internal/coremetrics), the failure index, and the metrics.go of each
+// component that keeps its own collectors (outbox, saga, checkpoint, ...).
 func metricsSource(t *testing.T) string {
 	t.Helper()
 	var files []string
-	for _, pattern := range []string{"../../../metrics/*.go", "../../../console/index/*.go", "../../../*/metrics.go"} {
+	for _, pattern := range []string{"../../../metrics/*.go", "../../../internal/coremetrics/*.go", "../../../console/index/*.go", "../../../*/metrics.go"} {
 		fs, err := filepath.Glob(pattern)
 		if err != nil || len(fs) == 0 {
 			t.Fatalf("metrics sources %s: %v (none found)", pattern, err)
