@@ -375,12 +375,18 @@ func maxTime(a, b time.Time) time.Time {
 	return b
 }
 
+// Outgoing is a record as Replay sends it, with the fields Topic (the
+// destination), Partition (kept when Topic has that many partitions, else
+// the key's hash picks one), Key and Value (byte for byte; nil stays nil) and
+// Headers ([]sarama.RecordHeader, in order).
+type Outgoing = forward.Record
+
 // ReplayRecord returns the record Replay would send for r to to (ToSource or
 // a topic name; tier as ReplayOptions.Tier, now the idem-due-at), without
 // sending it. A stub is an error: it is never replayed.
-func (r *Record) ReplayRecord(to Destination, tier int, now time.Time) (forward.Record, error) {
+func (r *Record) ReplayRecord(to Destination, tier int, now time.Time) (Outgoing, error) {
 	if r.IsStub() {
-		return forward.Record{}, fmt.Errorf("dlq: %s/%d offset %d is a stub (value omitted): it is never replayed", r.Topic, r.Partition, r.Offset)
+		return Outgoing{}, fmt.Errorf("dlq: %s/%d offset %d is a stub (value omitted): it is never replayed", r.Topic, r.Partition, r.Offset)
 	}
 	if to == "" {
 		to = ToSource
