@@ -80,7 +80,7 @@ func (s setup) retry(ctx context.Context, client sarama.Client, what string, ste
 		if now.After(deadline) {
 			return err
 		}
-		s.log.Warn("idem: "+what+" failed; retrying while the cluster moves its leaders", "err", err, "in", wait)
+		s.log.Warn("idem: "+what+" failed; retrying (a broker or the database restarting, or the cluster moving its leaders)", "err", err, "in", wait)
 		if !sleep(ctx, wait) {
 			return err
 		}
