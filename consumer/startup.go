@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -44,16 +43,16 @@ const startRetryFor = 30 * time.Second
 // a metadata refresh; anything else (authorization, a partition mismatch, bad
 // config) is returned at once.
 //
-// PostgreSQL that cannot be reached, or that is starting, shutting down or
-// recovering (SQLSTATE class 08, and 57P01–57P03) counts too: the ordering
-// schema is migrated at start, and a database restart then is an outage like
-// a broker's.
+// PostgreSQL that cannot be reached, or that answers with an outage SQLSTATE
+// (sqlClass, the handler's list: connection 08, 57P01–57P03 starting or
+// shutting down, ...) counts too: the ordering schema is migrated at start,
+// and a database restart then is an outage like a broker's.
 func transientClusterErr(err error) bool {
 	var ce *pgconn.ConnectError
 	var pe *pgconn.PgError
 	switch {
 	case errors.As(err, &pe): // also inside a ConnectError: a refused login is final
-		return strings.HasPrefix(pe.Code, "08") || pe.Code == "57P01" || pe.Code == "57P02" || pe.Code == "57P03"
+		return sqlClass(pe.Code) == classOutage // the handler's SQLSTATE outages, one list
 	case retrytopic.IsUnreachable(err), errors.As(err, &ce):
 		return true
 	}
