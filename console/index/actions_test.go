@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -128,19 +129,37 @@ func seedIndexed(t *testing.T, pool *pgxpool.Pool, dlqTopic, origin string, n in
 	return recs
 }
 
+// replayEnv is n records of a new origin topic and a stub, indexed
+// (seedIndexed), with a Store and Actions on them.
+type replayEnv struct {
+	k        *testenv.Kafka
+	pool     *pgxpool.Pool
+	dlqTopic string
+	origin   string
+	recs     []Record
+	s        *Store
+	a        *Actions
+}
+
+func newReplayEnv(t *testing.T, n int) replayEnv {
+	t.Helper()
+	r := replayEnv{k: testenv.NewKafka(t)}
+	r.pool, _ = newPool(t)
+	r.dlqTopic, r.origin = r.k.Topic(t, 1), r.k.Topic(t, 1)
+	r.recs = seedIndexed(t, r.pool, r.dlqTopic, r.origin, n)
+	r.s = NewStore(r.pool)
+	r.a = NewActions(r.s, producerClient(t, r.k))
+	return r
+}
+
 // TestReplaySubsetLeavesTheRestUnresolved replays two records and a stub:
 // exactly the two are published (byte for byte, idempotency key kept, no
 // idem-* header), marked replayed by the actor; the stub and every other
 // record stay unresolved; a second replay publishes nothing.
 func TestReplaySubsetLeavesTheRestUnresolved(t *testing.T) {
-	k := testenv.NewKafka(t)
-	pool, _ := newPool(t)
-	ctx := testenv.Context(t)
-	dlqTopic, origin := k.Topic(t, 1), k.Topic(t, 1)
-	recs := seedIndexed(t, pool, dlqTopic, origin, 5)
+	r := newReplayEnv(t, 5)
+	k, pool, ctx, dlqTopic, origin, recs, s, a := r.k, r.pool, testenv.Context(t), r.dlqTopic, r.origin, r.recs, r.s, r.a
 	stub := recs[5]
-	s := NewStore(pool)
-	a := NewActions(s, producerClient(t, k))
 
 	res, err := a.Replay(ctx, "alice", Selection{IDs: []int64{recs[1].ID, recs[3].ID, stub.ID}}, "", 0, "ledger fixed")
 	if err != nil {
@@ -412,5 +431,33 @@ func TestExpiredRecordsStayIndexed(t *testing.T) {
 	}
 	if st := statuses(t, pool); st[large.ID] != Unresolved || st[small.ID] != Replayed {
 		t.Errorf("statuses: %v", st)
+	}
+}
+
+// TestReplayAtARate: a replay with a rate paces its sends (4 records at 5/s
+// take at least the 3 intervals between them), sends each selected record
+// once, and names the rate in its audit row.
+func TestReplayAtARate(t *testing.T) {
+	r := newReplayEnv(t, 4)
+	k, ctx, origin, recs, s, a := r.k, testenv.Context(t), r.origin, r.recs, r.s, r.a
+
+	ids := []int64{recs[0].ID, recs[1].ID, recs[2].ID, recs[3].ID}
+	start := time.Now()
+	res, err := a.Replay(ctx, "alice", Selection{IDs: ids}, "", 5, "paced")
+	elapsed := time.Since(start)
+	if err != nil || res.Done != 4 {
+		t.Fatalf("Replay at 5/s = %+v, %v", res, err)
+	}
+	if min := 3 * time.Second / 5; elapsed < min {
+		t.Errorf("4 records at 5/s took %v, less than the %v between them", elapsed, min)
+	}
+	if got := readAll(t, k, origin); len(got) != 4 {
+		t.Errorf("origin got %d records, want 4", len(got))
+	}
+	if e := lastAudit(t, s); e.Action != "replay" || !strings.Contains(e.Detail, "rate 5/s") || len(e.RecordIDs) != 4 {
+		t.Errorf("audit row %+v, want a replay of 4 naming rate 5/s", e)
+	}
+	if _, err := a.Replay(ctx, "alice", Selection{IDs: ids}, "", -1, "bad"); !errors.As(err, new(*ValidationError)) {
+		t.Errorf("Replay at -1/s: %v, want a ValidationError", err)
 	}
 }
