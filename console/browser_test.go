@@ -45,7 +45,10 @@ func browser(t testing.TB) context.Context {
 	}
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(path), chromedp.NoSandbox, chromedp.DisableGPU,
-		chromedp.WindowSize(1360, 900), chromedp.Flag("lang", "en-US"))
+		chromedp.WindowSize(1360, 900), chromedp.Flag("lang", "en-US"),
+		// Chromium's first start on a machine (its font cache, its profile)
+		// can take more than chromedp's 20 s under load: it once did here.
+		chromedp.WSURLReadTimeout(90*time.Second))
 	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancelC := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
 	tctx, cancelT := context.WithTimeout(ctx, 3*time.Minute)
