@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/idemhq/idem/console/index"
 )
 
@@ -78,6 +80,14 @@ type Config struct {
 	// Logger receives request errors.
 	// Default: slog.Default().
 	Logger *slog.Logger
+	// Registerer, when set, gets the failure index's gauges, read from
+	// Store at each scrape: idem_dlq_unresolved and
+	// idem_dlq_oldest_unresolved_seconds by group and topic (see
+	// index.Store.Collector). An index.Indexer given the same Registerer
+	// shares them and adds idem_dlq_retention_seconds, so a service that
+	// runs both gives both the same one and registers nothing else.
+	// Default: nil (no metrics).
+	Registerer prometheus.Registerer
 	// Now is the clock (tests). Default: time.Now.
 	Now func() time.Time
 }

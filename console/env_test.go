@@ -18,6 +18,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/handler"
@@ -41,6 +42,7 @@ type env struct {
 	store  *index.Store
 	client sarama.Client
 	srv    *httptest.Server
+	reg    prometheus.Registerer // Config.Registerer, given to runIndexer's indexer too
 }
 
 // newEnv starts a console whose Config is the test default changed by mut.
@@ -73,23 +75,28 @@ func newEnv(t *testing.T, mut func(*Config)) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	e.reg = cfg.Registerer
 	e.srv = httptest.NewServer(h)
 	t.Cleanup(e.srv.Close)
 	return e
 }
 
-// runIndexer indexes topics until the test ends.
-func (e *env) runIndexer(t *testing.T, topics ...string) {
+// runIndexer indexes topics until the test ends, or until the function it
+// returns is called, which stops it and waits. Its gauges go on the
+// console's Registerer, as idem console does.
+func (e *env) runIndexer(t *testing.T, topics ...string) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	ix := &index.Indexer{Brokers: e.k.Brokers, Sarama: e.k.SaramaConfig(), Pool: e.pool, Topics: topics, Group: testenv.Group(t)}
+	ix := &index.Indexer{Brokers: e.k.Brokers, Sarama: e.k.SaramaConfig(), Pool: e.pool, Topics: topics, Group: testenv.Group(t), Registerer: e.reg}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		if err := ix.Run(ctx); err != nil {
 			t.Errorf("indexer: %v", err)
 		}
 	})
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	stop = sync.OnceFunc(func() { cancel(); wg.Wait() })
+	t.Cleanup(stop)
+	return stop
 }
 
 // waitIndexed waits until the index holds n records matching f and returns

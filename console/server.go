@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/dlq"
+	"github.com/idemhq/idem/internal/promreg"
 )
 
 // maxBody bounds a request body: an edited payload of up to 1 MiB, escaped.
@@ -81,6 +82,11 @@ func New(cfg Config) (http.Handler, error) {
 	}
 	for _, rt := range s.routes() {
 		s.mux.Handle(rt.method+" "+rt.path, s.wrap(rt))
+	}
+	if cfg.Registerer != nil {
+		if promreg.Register(cfg.Registerer, cfg.Store.Collector(), &err); err != nil {
+			return nil, fmt.Errorf("console: register collectors: %w", err)
+		}
 	}
 	return s, nil
 }

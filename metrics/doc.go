@@ -60,9 +60,10 @@
 //	idem_checkpoint_chunk_duration_seconds histogram  job                       one chunk: read, process, commit with the checkpoint
 //	idem_checkpoint_lock_wait_seconds      histogram  job                       waits for the job's advisory lock (another runner's chunk)
 //
-// The failure index (package console/index) exports three more gauges where
-// an indexer runs (idem console, or consumer.Run with the index switch),
-// documented with index.NewCollector: idem_dlq_unresolved and
+// The failure index (package console/index) exports three more gauges
+// through index.Indexer.Registerer (idem console, or consumer.Run with the
+// index switch) or console.Config.Registerer, documented with
+// index.Store.Collector: idem_dlq_unresolved and
 // idem_dlq_oldest_unresolved_seconds by group and topic, and
 // idem_dlq_retention_seconds by topic. The alert IdemDLQUnresolvedAging
 // compares the last two.

@@ -149,9 +149,12 @@ func (a *app) runConsole(ctx context.Context, o consoleOptions) error {
 	defer client.Close()
 	store := index.NewStore(pool)
 	logger := slog.New(slog.NewTextHandler(a.errOut, nil))
+	// The console and the indexer register their gauges on reg through
+	// their Registerer fields and share them: nothing else registers.
+	reg := prometheus.NewRegistry()
 	h, err := console.New(console.Config{
 		Store: store, Actions: index.NewActions(store, client),
-		Tokens: tokens, InsecureNoAuth: o.insecure, Mask: o.mask, Logger: logger,
+		Tokens: tokens, InsecureNoAuth: o.insecure, Mask: o.mask, Logger: logger, Registerer: reg,
 	})
 	if err != nil {
 		return err
@@ -169,7 +172,6 @@ func (a *app) runConsole(ctx context.Context, o consoleOptions) error {
 
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	reg := prometheus.NewRegistry()
 	var wg sync.WaitGroup
 	errs := make([]error, 3)
 	if !o.noIndexer {
@@ -181,8 +183,6 @@ func (a *app) runConsole(ctx context.Context, o consoleOptions) error {
 				cancel()
 			}
 		})
-	} else {
-		reg.MustRegister(index.NewCollector(store))
 	}
 	if o.metricsAddr != "" {
 		wg.Go(func() {

@@ -38,6 +38,8 @@
 //	a := index.NewActions(s, client)
 //	res, err := a.Replay(ctx, "alice", index.Selection{IDs: []int64{page.Records[0].ID}}, "", 0, "fixed the bug")
 //
-// NewCollector exports idem_dlq_unresolved and
-// idem_dlq_oldest_unresolved_seconds per group and topic, read from the index.
+// Indexer.Registerer (and console.Config.Registerer, for a console that runs
+// no indexer) exports idem_dlq_unresolved and
+// idem_dlq_oldest_unresolved_seconds per group and topic, read from the
+// index, and idem_dlq_retention_seconds (see Store.Collector).
 package index

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/dlq"
+	"github.com/idemhq/idem/internal/promreg"
 )
 
 // DefaultGroup is the consumer group the Indexer reads with by default.
@@ -76,9 +77,13 @@ type Indexer struct {
 	BatchSize int
 	// Logger receives the indexer's logs. Default: slog.Default().
 	Logger *slog.Logger
-	// Registerer, when set, gets the index's collectors (see NewCollector):
+	// Registerer, when set, gets the index's gauges (see Store.Collector):
 	// idem_dlq_unresolved, idem_dlq_oldest_unresolved_seconds and
-	// idem_dlq_retention_seconds. Run unregisters them when it returns.
+	// idem_dlq_retention_seconds. It is the one registration a service
+	// makes for them: a console (console.Config.Registerer) or another
+	// Indexer given the same Registerer shares the same collector. Run
+	// unregisters it when it returns, unless another registered it first.
+	// Default: nil (no metrics).
 	Registerer prometheus.Registerer
 
 	// stored, when set (tests), is called after each batch's transaction
@@ -139,8 +144,8 @@ func (ix *Indexer) Validate() error {
 }
 
 // Run indexes until ctx is done, then returns nil. It returns an error only
-// for a configuration Validate rejects, or when Registerer already holds the
-// index's collectors. Everything else is retried with
+// for a configuration Validate rejects, or when Registerer holds other
+// collectors of the same metric names. Everything else is retried with
 // backoff (1 s to 1 min) and logged: Migrate and the connection to Kafka at
 // start (so a database or broker briefly down at start delays indexing but
 // never ends it), and storing a batch.
@@ -152,12 +157,11 @@ func (ix *Indexer) Run(ctx context.Context) error {
 	backoff := time.Second
 	for {
 		err := c.run(ctx)
-		var reg prometheus.AlreadyRegisteredError
 		switch {
 		case err == nil || ctx.Err() != nil:
 			return nil
-		case errors.As(err, &reg):
-			return err // a second indexer on one Registerer: retrying cannot help
+		case errors.Is(err, errRegister):
+			return err // a conflicting collector on the Registerer: retrying cannot help
 		}
 		c.Logger.Warn("index: indexer cannot start; retrying", "group", c.Group, "in", backoff, "err", err)
 		if !sleep(ctx, backoff) {
@@ -166,6 +170,10 @@ func (ix *Indexer) Run(ctx context.Context) error {
 		backoff = min(2*backoff, time.Minute)
 	}
 }
+
+// errRegister wraps the error of a Registerer that refuses the index's
+// collector: Run returns it, as retrying cannot help.
+var errRegister = errors.New("index: register collectors")
 
 // run is one life of the indexer: migrate, connect, consume until ctx is
 // done. It returns an error when it cannot start.
@@ -202,10 +210,15 @@ func (c *Indexer) run(ctx context.Context) error {
 	store := &Store{db: c.Pool}
 	col := newCollector(store)
 	if c.Registerer != nil {
-		if err := c.Registerer.Register(col); err != nil {
-			return fmt.Errorf("index: register collectors: %w", err)
+		var err error
+		shared := promreg.Register(c.Registerer, col, &err)
+		if err != nil {
+			return fmt.Errorf("%w: %w", errRegister, err)
 		}
-		defer c.Registerer.Unregister(col)
+		if shared == col {
+			defer c.Registerer.Unregister(col)
+		}
+		col = shared
 	}
 
 	ctx, cancel := context.WithCancel(ctx)

@@ -9,27 +9,30 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// NewCollector returns a collector that reads, at every scrape, the
-// unresolved records of s per group and DLQ topic:
+// Collector returns the collector of the index's gauges, read from s at
+// every scrape:
 //
 //	idem_dlq_unresolved{group,topic}                 gauge  unresolved records in the index
 //	idem_dlq_oldest_unresolved_seconds{group,topic}  gauge  age of the oldest unresolved record (since its last failure, when it was dead-lettered)
 //
-// and the retention of each DLQ topic the Indexer reads (retention.ms), so an
-// alert can compare the two:
+// and, where an Indexer runs, the retention of each DLQ topic it reads
+// (retention.ms), so an alert can compare the two:
 //
 //	idem_dlq_retention_seconds{topic}                gauge  the DLQ topic's retention.ms in seconds; absent when unlimited or not read yet
 //
 // A group and topic with no unresolved record has no series. A scrape that
 // cannot read the index (within 5 s) reports nothing for it and logs why.
-// Register it on a prometheus.Registerer (Indexer.Registerer does).
-func NewCollector(s *Store) prometheus.Collector { return newCollector(s) }
+//
+// Services do not register it themselves: Indexer.Registerer and
+// console.Config.Registerer do, and share one collector when given the same
+// Registerer.
+func (s *Store) Collector() prometheus.Collector { return newCollector(s) }
 
-// newCollector is NewCollector with the type the indexer sets the topics'
-// retention on.
+// newCollector is Store.Collector with the type the indexer sets the
+// topics' retention on.
 func newCollector(s *Store) *collector { return &collector{store: s, now: time.Now} }
 
-// collector is the collector NewCollector returns. It is safe for
+// collector is the collector Store.Collector returns. It is safe for
 // concurrent use.
 type collector struct {
 	store *Store
