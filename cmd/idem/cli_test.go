@@ -77,13 +77,26 @@ func TestCLIEndToEnd(t *testing.T) {
 	var listed struct {
 		Depth  int64 `json:"depth"`
 		Groups []struct {
-			Fingerprint string `json:"fingerprint"`
-			Count       int64  `json:"count"`
-			Kind        string `json:"kind"`
+			Fingerprint     string `json:"fingerprint"`
+			Count           int64  `json:"count"`
+			Kind            string `json:"kind"`
+			SamplePartition int32  `json:"sample_partition"`
+			SampleOffset    int64  `json:"sample_offset"`
 		} `json:"groups"`
 	}
 	if code != 0 || json.Unmarshal([]byte(out), &listed) != nil || listed.Depth != 4 || len(listed.Groups) != 2 || listed.Groups[0].Count != 2 {
 		t.Fatalf("list --json: code %d %+v\n%s", code, listed, out)
+	}
+	// list shows each group's sample as PARTITION/OFFSET, which show takes.
+	_, table, _ := idem(t, k, "", "dlq", "list", "--topic", topic)
+	for _, g := range listed.Groups {
+		if at := fmt.Sprintf("%d/%d", g.SamplePartition, g.SampleOffset); !strings.Contains(table, "SAMPLE AT") || !strings.Contains(table, " "+at+" ") {
+			t.Errorf("list does not show the %s group's sample at %s:\n%s", g.Kind, at, table)
+		}
+		code, out, _ := idem(t, k, "", "dlq", "show", "--topic", topic, "--partition", fmt.Sprint(g.SamplePartition), "--offset", fmt.Sprint(g.SampleOffset))
+		if code != 0 || !strings.Contains(out, g.Kind) {
+			t.Errorf("show at the %s group's sample %d/%d: code %d\n%s", g.Kind, g.SamplePartition, g.SampleOffset, code, out)
+		}
 	}
 
 	code, out, _ = idem(t, k, "", "dlq", "show", "--topic", topic, "--partition", "0", "--offset", "1")
