@@ -31,7 +31,7 @@ func (s *server) overview(r *http.Request) ([]topicView, error) {
 	if err != nil {
 		return nil, err
 	}
-	now := s.cfg.Now()
+	now := s.cfg.now()
 	out := make([]topicView, 0, len(ts))
 	for _, t := range ts {
 		v := topicView{Group: t.Group, Topic: t.Topic, Unresolved: t.Unresolved, OldestUnresolved: t.OldestUnresolved,
@@ -161,7 +161,7 @@ func (s *server) audited(r *http.Request, id identity, rid int64) error {
 		return fmt.Errorf("record %d: %w", rid, err)
 	}
 	return s.cfg.Store.WriteAudit(r.Context(), index.AuditEntry{
-		At: s.cfg.Now(), Actor: id.Name, Action: "reveal", RecordIDs: []int64{rid},
+		At: s.cfg.now(), Actor: id.Name, Action: "reveal", RecordIDs: []int64{rid},
 		Detail: "unmasked payload shown (" + r.Method + " " + r.URL.Path + ")", Result: "ok",
 	})
 }

@@ -341,7 +341,7 @@ func TestBrowserTriage(t *testing.T) {
 		}
 	}
 	m4 := sent["p-4"]
-	if m4 == nil || string(m4.Value) != edited || header(m4, index.HeaderReplaces) != fmt.Sprintf("%s/%d/%d", dlqTopic, byKey["p-4"].Partition, byKey["p-4"].Offset) ||
+	if m4 == nil || string(m4.Value) != edited || header(m4, "idem-replaces") != fmt.Sprintf("%s/%d/%d", dlqTopic, byKey["p-4"].Partition, byKey["p-4"].Offset) ||
 		header(m4, "idempotency-key") != "p-4" {
 		t.Errorf("edited p-4 as sent: %+v", m4)
 	}

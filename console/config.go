@@ -88,8 +88,8 @@ type Config struct {
 	// runs both gives both the same one and registers nothing else.
 	// Default: nil (no metrics).
 	Registerer prometheus.Registerer
-	// Now is the clock (tests). Default: time.Now.
-	Now func() time.Time
+	// now is the clock (tests). Default: time.Now.
+	now func() time.Time
 }
 
 // defaults returns c with every zero field set to its default.
@@ -103,8 +103,8 @@ func (c Config) defaults() Config {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	if c.Now == nil {
-		c.Now = time.Now
+	if c.now == nil {
+		c.now = time.Now
 	}
 	return c
 }

@@ -73,7 +73,7 @@ func New(cfg Config) (http.Handler, error) {
 		cfg:  cfg,
 		mask: m,
 		auth: &auth{tokens: cfg.Tokens, insecure: cfg.InsecureNoAuth, key: key, ttl: cfg.SessionTTL,
-			secure: cfg.SecureCookies, path: path, now: cfg.Now},
+			secure: cfg.SecureCookies, path: path, now: cfg.now},
 		mux: http.NewServeMux(),
 		log: cfg.Logger,
 	}

@@ -22,11 +22,11 @@ import (
 	"github.com/idemhq/idem/outbox"
 )
 
-// HeaderReplaces is the header EditAndRetry adds to the record it publishes:
+// headerReplaces is the header EditAndRetry adds to the record it publishes:
 // the DLQ record it replaces, as "<topic>/<partition>/<offset>". The record
 // also carries dlq.ReplayOfHeader with the same value, the link the indexer
 // follows; idem-replaces alone says the value was edited.
-const HeaderReplaces = "idem-replaces"
+const headerReplaces = "idem-replaces"
 
 // Actions change the index and publish to Kafka on an operator's behalf. Every
 // action writes one AuditEntry (who, what, which records, why, the result),
@@ -443,8 +443,8 @@ func (a *Actions) EditAndRetry(ctx context.Context, actor string, id int64, valu
 	// replay carries and the indexer follows, names the same dead letter.
 	at := dlq.Position{Partition: r.Partition, Offset: r.Offset}
 	hs := dlq.WithReplayOf(wire.StripHeaders(orig), r.Topic, at)
-	hs = slices.DeleteFunc(hs, func(h sarama.RecordHeader) bool { return string(h.Key) == HeaderReplaces })
-	hs = append(hs, sarama.RecordHeader{Key: []byte(HeaderReplaces), Value: []byte(dlq.ReplayOf(r.Topic, at))})
+	hs = slices.DeleteFunc(hs, func(h sarama.RecordHeader) bool { return string(h.Key) == headerReplaces })
+	hs = append(hs, sarama.RecordHeader{Key: []byte(headerReplaces), Value: []byte(dlq.ReplayOf(r.Topic, at))})
 	pub, err := newPublisher(a.client)
 	if err != nil {
 		return fail(err)

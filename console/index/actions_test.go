@@ -366,7 +366,7 @@ func TestEditAndRetry(t *testing.T) {
 		t.Fatalf("origin has %d records, want 2", len(got))
 	}
 	for i, m := range got {
-		rep, _ := header(m, HeaderReplaces)
+		rep, _ := header(m, headerReplaces)
 		key, _ := header(m, "idempotency-key")
 		if string(m.Value) != edits[i] || string(m.Key) != "pay-0" || key != "pay-0" || rep != fmt.Sprintf("%s/0/%d", dlqTopic, r.Offset) {
 			t.Errorf("published %q key %q idempotency-key %q idem-replaces %q", m.Value, m.Key, key, rep)

@@ -3,7 +3,7 @@
 // made to it and an audit of every action taken.
 //
 // An Indexer tails the dead-letter topics with a consumer group of its own
-// (DefaultGroup) and stores every record once, keyed by its topic, partition
+// ("idem-console-indexer" by default) and stores every record once, keyed by its topic, partition
 // and offset. The row keeps what an operator needs after the record has left
 // Kafka: the origin coordinates, group, fingerprint (as `idem dlq list`
 // computes it), kind, Kafka key, idempotency key, attempts, failure times,

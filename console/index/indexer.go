@@ -22,12 +22,12 @@ import (
 	"github.com/idemhq/idem/internal/promreg"
 )
 
-// DefaultGroup is the consumer group the Indexer reads with by default.
-const DefaultGroup = "idem-console-indexer"
+// defaultGroup is the consumer group the Indexer reads with by default.
+const defaultGroup = "idem-console-indexer"
 
-// DefaultTopicPattern matches idem's default dead-letter topic names
+// defaultTopicPattern matches idem's default dead-letter topic names
 // (<topic>.<group>.dlq).
-var DefaultTopicPattern = regexp.MustCompile(`\.dlq$`)
+var defaultTopicPattern = regexp.MustCompile(`\.dlq$`)
 
 // Indexer tails dead-letter topics with a consumer group of its own and stores
 // each record in the index, once: it inserts by (topic, partition, offset)
@@ -53,14 +53,14 @@ type Indexer struct {
 	// RefreshInterval.
 	Topics []string
 	// TopicPattern selects topics when Topics is empty.
-	// Default: DefaultTopicPattern (names ending in ".dlq").
+	// Default: `\.dlq$` (names ending in ".dlq").
 	TopicPattern *regexp.Regexp
 	// RefreshInterval is how often topics matching TopicPattern are looked up,
 	// and the DLQ topics' retention read for idem_dlq_retention_seconds.
 	// Default: 30s.
 	RefreshInterval time.Duration
 	// Group is the consumer group the indexer reads with. Kafka: group.id.
-	// Default: DefaultGroup ("idem-console-indexer").
+	// Default: "idem-console-indexer".
 	Group string
 	// MaxValueBytes caps the copy of a record's value kept in the index; a
 	// longer value is cut and flagged ValueTruncated (replay then reads the
@@ -93,7 +93,7 @@ type Indexer struct {
 
 // Default values of the Indexer's fields.
 const (
-	DefaultRefreshInterval = 30 * time.Second
+	defaultRefreshInterval = 30 * time.Second
 	defaultMaxValueBytes   = 1 << 20
 	defaultRetention       = 30 * 24 * time.Hour
 	defaultBatchSize       = 500
@@ -103,13 +103,13 @@ const (
 func (ix *Indexer) withDefaults() *Indexer {
 	c := *ix
 	if c.TopicPattern == nil {
-		c.TopicPattern = DefaultTopicPattern
+		c.TopicPattern = defaultTopicPattern
 	}
 	if c.RefreshInterval <= 0 {
-		c.RefreshInterval = DefaultRefreshInterval
+		c.RefreshInterval = defaultRefreshInterval
 	}
 	if c.Group == "" {
-		c.Group = DefaultGroup
+		c.Group = defaultGroup
 	}
 	if c.MaxValueBytes <= 0 {
 		c.MaxValueBytes = defaultMaxValueBytes
@@ -349,7 +349,7 @@ func (ix *Indexer) sweep(ctx context.Context, s *Store) {
 		return
 	}
 	for {
-		n, err := s.Sweep(ctx, ix.Retention)
+		n, err := s.sweep(ctx, ix.Retention)
 		switch {
 		case err != nil && ctx.Err() == nil:
 			ix.Logger.Warn("index: sweep", "err", err)

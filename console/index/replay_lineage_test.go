@@ -138,9 +138,9 @@ func TestReplayFailsAgainLinksBack(t *testing.T) {
 	}
 	edited := byOffset(4)[3]
 	want := dlq.ReplayOf(dlqTopic, dlq.Position{Partition: 0, Offset: 1})
-	if header(edited, dlq.ReplayOfHeader) != want || header(edited, index.HeaderReplaces) != want {
+	if header(edited, dlq.ReplayOfHeader) != want || header(edited, "idem-replaces") != want {
 		t.Errorf("the edit's dead letter has %s = %q and %s = %q, want %q for both", dlq.ReplayOfHeader, header(edited, dlq.ReplayOfHeader),
-			index.HeaderReplaces, header(edited, index.HeaderReplaces), want)
+			"idem-replaces", header(edited, "idem-replaces"), want)
 	}
 	if edited.PreviousID != second.ID || string(edited.Value) != `{"id":"pay-1","amount":11}` {
 		t.Errorf("the edit's dead letter: PreviousID %d value %s, want %d and the edited value", edited.PreviousID, edited.Value, second.ID)

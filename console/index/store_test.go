@@ -179,7 +179,7 @@ func TestSweepAndAudit(t *testing.T) {
 	if _, err := pool.Exec(ctx, `UPDATE idem_dlq_records SET status_at = now() - interval '40 days' WHERE id = $1`, recs[0].ID); err != nil {
 		t.Fatal(err)
 	}
-	n, err := s.Sweep(ctx, 30*24*time.Hour)
+	n, err := s.sweep(ctx, 30*24*time.Hour)
 	if err != nil || n != 1 {
 		t.Fatalf("Sweep = %d, %v; want the one resolved 40 days ago", n, err)
 	}
@@ -281,7 +281,7 @@ func TestGroupCountsFollowChanges(t *testing.T) {
 	if _, err := pool.Exec(ctx, `UPDATE idem_dlq_records SET status_at = now() - interval '90 days' WHERE status <> 'unresolved'`); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := s.Sweep(ctx, 30*24*time.Hour); err != nil || n != 12 {
+	if n, err := s.sweep(ctx, 30*24*time.Hour); err != nil || n != 12 {
 		t.Fatalf("Sweep = %d, %v", n, err)
 	}
 	compare("after the sweep")
