@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"regexp"
@@ -63,13 +65,22 @@ func (s *syncBuffer) String() string {
 }
 
 // TestConsoleServes starts idem console with a token from the environment
-// and calls its API: the address it prints answers, tokens are checked, and
-// it stops cleanly when its context ends.
+// and calls its API: the address it prints answers, tokens are checked,
+// --metrics-addr serves the index's gauges (registered once, through the
+// console's and the indexer's Registerer), and it stops cleanly when its
+// context ends.
 func TestConsoleServes(t *testing.T) {
 	k := testenv.NewKafka(t)
 	url := testenv.DatabaseURL(t)
 	_, schema := testenv.PostgresSchema(t)
-	dlqTopic := k.Topic(t, 1)
+	dlqTopic, origin := k.Topic(t, 1), k.Topic(t, 1)
+	seed(t, k, dlqTopic, origin, 2)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := ln.Addr().String()
+	ln.Close()
 	secret := "0123456789abcdef0123"
 	var out, errOut syncBuffer
 	a := &app{getenv: func(name string) string {
@@ -82,7 +93,7 @@ func TestConsoleServes(t *testing.T) {
 		return os.Getenv(name)
 	}, out: &out, errOut: &errOut}
 	a.args = []string{"console", "--listen", "127.0.0.1:0", "--database-url", url + "&search_path=" + schema,
-		"--topics", dlqTopic, "--indexer-group", testenv.Group(t), "--mask", "card.number"}
+		"--topics", dlqTopic, "--indexer-group", testenv.Group(t), "--mask", "card.number", "--metrics-addr", metricsAddr, "--topic-refresh", "1s"}
 	root := newRootCmd(a)
 	root.SetArgs(a.args)
 	root.SetOut(&out)
@@ -139,6 +150,20 @@ func TestConsoleServes(t *testing.T) {
 	if code, _ := call("login", ""); code != 200 {
 		t.Errorf("login page: %d", code)
 	}
+	unresolved := `idem_dlq_unresolved{group="billing",topic="` + dlqTopic + `"} 2`
+	retention := `idem_dlq_retention_seconds{topic="` + dlqTopic + `"}`
+	testenv.Eventually(t, 60*time.Second, func() error {
+		resp, err := http.Get("http://" + metricsAddr + "/metrics")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if !strings.Contains(string(b), unresolved) || !strings.Contains(string(b), retention) {
+			return fmt.Errorf("/metrics lacks %s or %s", unresolved, retention)
+		}
+		return nil
+	})
 	cancel()
 	select {
 	case err := <-done:
