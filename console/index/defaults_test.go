@@ -2,14 +2,13 @@ package index
 
 import (
 	"fmt"
-	"go/ast"
-	"go/parser"
-	"go/token"
 	"reflect"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemhq/idem/console/internal/docdefaults"
 )
 
 // TestDocumentedDefaults checks every "Default:" line of the Indexer's
@@ -17,7 +16,7 @@ import (
 // Sarama default is applied by Run, and checked by its text), so the docs
 // cannot drift from the code.
 func TestDocumentedDefaults(t *testing.T) {
-	docs := documentedDefaults(t)
+	docs := docdefaults.Of(t, "indexer.go", "Indexer")
 	got := reflect.ValueOf((&Indexer{}).withDefaults()).Elem()
 	render := func(v reflect.Value) string {
 		switch x := v.Interface().(type) {
@@ -55,31 +54,4 @@ func TestDocumentedDefaults(t *testing.T) {
 	if len(docs) < 9 {
 		t.Fatalf("found %d documented defaults, want 9: is the parser still finding them?", len(docs))
 	}
-}
-
-// documentedDefaults returns the text after "Default: " of each field of
-// the Indexer whose doc has one.
-func documentedDefaults(t *testing.T) map[string]string {
-	t.Helper()
-	f, err := parser.ParseFile(token.NewFileSet(), "indexer.go", nil, parser.ParseComments)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]string{}
-	ast.Inspect(f, func(n ast.Node) bool {
-		ts, ok := n.(*ast.TypeSpec)
-		if !ok || ts.Name.Name != "Indexer" {
-			return true
-		}
-		for _, field := range ts.Type.(*ast.StructType).Fields.List {
-			if field.Doc == nil || !ast.IsExported(field.Names[0].Name) {
-				continue
-			}
-			if _, text, ok := strings.Cut(field.Doc.Text(), "Default: "); ok {
-				out[field.Names[0].Name] = strings.TrimSpace(strings.SplitN(text, "\n", 2)[0])
-			}
-		}
-		return false
-	})
-	return out
 }
