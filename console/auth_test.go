@@ -3,6 +3,8 @@ package console
 import (
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -111,5 +113,26 @@ func TestInsecureNoAuth(t *testing.T) {
 	}
 	if rec := do("POST", "/api/actions/resolve", "127.0.0.1:8088", "text/plain", `{"ids":[1]}`); rec.Code != http.StatusUnsupportedMediaType {
 		t.Errorf("API POST as text/plain: %d, want 415", rec.Code)
+	}
+}
+
+// TestLoadTokens reads a tokens file as docs/console.md shows one, and
+// names the file when it cannot.
+func TestLoadTokens(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tokens")
+	file := "# role     name     secret\nadmin      alice    6f1c0e0c5d0a4b8e9d2f7a11\noperator   oncall   b7e4a1d09c3f44e2a8b1c2d3\nviewer     grafana  0d9e8c7b6a5f4e3d2c1b0a99\n"
+	if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ts, err := LoadTokens(path)
+	if err != nil || len(ts) != 3 || ts[0] != (Token{Name: "alice", Role: Admin, Secret: "6f1c0e0c5d0a4b8e9d2f7a11"}) ||
+		ts[1].Role != Operator || ts[2].Role != Viewer || ts[2].Name != "grafana" {
+		t.Fatalf("LoadTokens = %+v, %v", ts, err)
+	}
+	if err := os.WriteFile(path, []byte("root alice 6f1c0e0c5d0a4b8e9d2f7a11\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadTokens(path); err == nil || !strings.Contains(err.Error(), path) {
+		t.Errorf("LoadTokens with an unknown role: %v, want an error naming %s", err, path)
 	}
 }
