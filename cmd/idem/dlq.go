@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -512,6 +513,10 @@ a subset leaves the others unresolved, and every replay is audited.
 				if strings.TrimSpace(to) == "" {
 					return errors.New("--to is empty: give source or a topic name")
 				}
+				if rate < 0 || rate != math.Trunc(rate) || rate > math.MaxInt32 {
+					// Truncating 0.5 to 0 would mean no cap at all.
+					return fmt.Errorf("--rate %v: with a database, give whole records a second (1 or more; 0 for no cap)", rate)
+				}
 				s, err := selection(sel, filter, status, ids)
 				if err != nil {
 					return err
@@ -559,7 +564,7 @@ a subset leaves the others unresolved, and every replay is audited.
 	c.Flags().StringVar(&to, "to", string(dlq.ToSource), "destination: source (each record's idem-original-topic) or an existing topic name, e.g. a retry tier")
 	c.Flags().IntVar(&tier, "tier", 0, "idem-tier written with a named --to topic (default: n of <topic>.<group>.retry.<n>, else 1)")
 	c.Flags().StringVar(&filter, "filter", "", "kind=…,error~=…,key=…,fingerprint=… (all must match)")
-	c.Flags().Float64Var(&rate, "rate", 0, "max records per second (0 = unlimited)")
+	c.Flags().Float64Var(&rate, "rate", 0, "max records per second (0 = unlimited; with a database, a whole number)")
 	c.Flags().BoolVar(&dryRun, "dry-run", false, "count what would be replayed and dropped; send and commit nothing")
 	c.Flags().Int64SliceVar(&ids, "id", nil, "with a database: record id in the failure index (repeatable)")
 	c.Flags().StringVar(&reason, "reason", "", "with a database: why, kept in the record and the audit log")

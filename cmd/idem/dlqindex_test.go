@@ -169,3 +169,37 @@ func TestCLIDerivedKey(t *testing.T) {
 		t.Fatalf("replay --filter key= (derived): code %d\n%s", code, out)
 	}
 }
+
+// TestCLIIndexReplayRate: with a database, replay paces at whole records a
+// second (the index's Actions take an integer rate), so a fraction such as
+// --rate 0.5 is refused, not truncated to 0, which means no cap at all; and
+// nothing is sent or changed.
+func TestCLIIndexReplayRate(t *testing.T) {
+	k := testenv.NewKafka(t)
+	pool, schema := testenv.PostgresSchema(t)
+	db := schemaURL(t, schema)
+	topic, origin := k.Topic(t, 1), k.Topic(t, 1)
+	seed(t, k, topic, origin, 2)
+	if err := index.Migrate(testenv.Context(t), pool); err != nil {
+		t.Fatal(err)
+	}
+	indexTopic(t, k, pool, topic, 2)
+	for _, rate := range []string{"0.5", "2.5"} {
+		code, _, errOut := idem(t, k, "", "dlq", "replay", "-t", topic, "--rate", rate, "--database-url", db)
+		if code != 1 || !strings.Contains(errOut, "--rate "+rate) {
+			t.Errorf("replay --rate %s with a database: code %d, want 1 naming --rate\n%s", rate, code, errOut)
+		}
+	}
+	var unresolved int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM idem_dlq_records WHERE status = 'unresolved'`).Scan(&unresolved); err != nil || unresolved != 2 {
+		t.Errorf("%d records unresolved (%v), want 2", unresolved, err)
+	}
+	client, err := sarama.NewClient(k.Brokers, k.SaramaConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	if end, err := client.GetOffset(origin, 0, sarama.OffsetNewest); err != nil || end != 0 {
+		t.Errorf("the origin topic holds %d records (%v), want none", end, err)
+	}
+}
