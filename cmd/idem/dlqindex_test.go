@@ -39,15 +39,21 @@ func indexTopic(t *testing.T, k *testenv.Kafka, pool *pgxpool.Pool, topic string
 	})
 }
 
+// dlqAndSchema returns a broker, a schema of the test's own (its pool and
+// the --database-url that reaches it), an empty DLQ topic and its origin.
+func dlqAndSchema(t *testing.T) (k *testenv.Kafka, pool *pgxpool.Pool, db, topic, origin string) {
+	t.Helper()
+	k = testenv.NewKafka(t)
+	pool, schema := testenv.PostgresSchema(t)
+	return k, pool, schemaURL(t, schema), k.Topic(t, 1), k.Topic(t, 1)
+}
+
 // TestCLIIndexModel: with --database-url, the dlq commands work on the
 // failure index: replaying 4 of 20 leaves the other 16 unresolved; a replay
 // matching nothing exits 1; --dry-run and replay skip and report the stub;
 // list and show mark it; archive needs a reason; every action is audited.
 func TestCLIIndexModel(t *testing.T) {
-	k := testenv.NewKafka(t)
-	pool, schema := testenv.PostgresSchema(t)
-	db := schemaURL(t, schema)
-	topic, origin := k.Topic(t, 1), k.Topic(t, 1)
+	k, pool, db, topic, origin := dlqAndSchema(t)
 	seed(t, k, topic, origin, 20)
 	seedStub(t, k, topic, origin, "big-1")
 	// A database without the index is an error that names the way out; the
@@ -175,10 +181,7 @@ func TestCLIDerivedKey(t *testing.T) {
 // --rate 0.5 is refused, not truncated to 0, which means no cap at all; and
 // nothing is sent or changed.
 func TestCLIIndexReplayRate(t *testing.T) {
-	k := testenv.NewKafka(t)
-	pool, schema := testenv.PostgresSchema(t)
-	db := schemaURL(t, schema)
-	topic, origin := k.Topic(t, 1), k.Topic(t, 1)
+	k, pool, db, topic, origin := dlqAndSchema(t)
 	seed(t, k, topic, origin, 2)
 	if err := index.Migrate(testenv.Context(t), pool); err != nil {
 		t.Fatal(err)
