@@ -85,10 +85,15 @@ type Record struct {
 }
 
 // Produce writes recs to topic, in order, and fails the test when the
-// broker does not acknowledge them all.
+// broker does not acknowledge them all. The producer is idempotent, so each
+// record is written once even when a send is retried (a connection that
+// broke after the request went out), and a test can count what it produced.
 func (k *Kafka) Produce(tb testing.TB, topic string, recs ...Record) {
 	tb.Helper()
-	p, err := sarama.NewSyncProducer(k.Brokers, k.SaramaConfig())
+	cfg := k.SaramaConfig()
+	cfg.Producer.Idempotent = true // with RequiredAcks = WaitForAll (SaramaConfig)
+	cfg.Net.MaxOpenRequests = 1    // sarama requires it with Idempotent
+	p, err := sarama.NewSyncProducer(k.Brokers, cfg)
 	if err != nil {
 		tb.Fatalf("idemtest: producer: %v", err)
 	}
