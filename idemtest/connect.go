@@ -20,7 +20,7 @@ import (
 // started, and against a real broker in CI.
 func Connect(tb testing.TB) *Kafka {
 	tb.Helper()
-	brokers, _ := testkit.Connect(tb)
+	brokers, _ := testkit.Connect(tb, false)
 	return &Kafka{Brokers: brokers}
 }
 

@@ -41,10 +41,10 @@ var (
 // NewKafka returns the test broker (see the package doc for the choice) and
 // logs which broker runs. With KAFKA_BROKERS set or no Docker engine, the
 // choice is testkit.Connect's, as idemtest.Connect's: that real broker, else
-// an in-process cluster of this test's own (a failure with
-// IDEM_REQUIRE_REAL_KAFKA=1). Without
-// KAFKA_BROKERS and with Docker, one testcontainers broker serves the whole
-// test binary.
+// an in-process cluster (a failure with IDEM_REQUIRE_REAL_KAFKA=1), one for
+// the whole test binary, so that calls from one test, its subtests and its
+// helpers meet on one cluster. Without KAFKA_BROKERS and with Docker, one
+// testcontainers broker serves the whole test binary.
 func NewKafka(tb testing.TB) *Kafka {
 	tb.Helper()
 	SkipIfShort(tb)
@@ -64,7 +64,7 @@ func NewKafka(tb testing.TB) *Kafka {
 		}
 		k = &Kafka{Brokers: containerBrokers, Kind: "testcontainers"}
 	} else {
-		brokers, real := testkit.Connect(tb)
+		brokers, real := testkit.Connect(tb, true)
 		k = &Kafka{Brokers: brokers, Kind: "env"}
 		if !real {
 			k.Kind = "kfake"

@@ -10,8 +10,8 @@
 //  1. KAFKA_BROKERS (comma-separated), as set by `make services` or by the user;
 //  2. testcontainers-go's kafka module, when KAFKA_BROKERS is not set and a
 //     Docker engine answers;
-//  3. an in-process franz-go kfake cluster per test, for quick local
-//     iteration only.
+//  3. an in-process franz-go kfake cluster, one per test binary, for quick
+//     local iteration only.
 //
 // 1 and 3 are idemtest.Connect's choice, made in one place
 // (testkit.Connect). testenv does not import idemtest: idemtest imports

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -131,10 +132,13 @@ func (c Cluster) Group(tb testing.TB, prefix string) string {
 
 // Connect returns the Kafka a test runs against, chosen by the environment,
 // and whether it is a real broker: KAFKA_BROKERS (comma-separated host:port)
-// when set; else a failure when IDEM_REQUIRE_REAL_KAFKA=1; else a new
-// in-process cluster (InProcess). It is the one place that makes this
-// choice, for idemtest.Connect and internal/testenv alike.
-func Connect(tb testing.TB) (brokers []string, real bool) {
+// when set; else a failure when IDEM_REQUIRE_REAL_KAFKA=1; else an
+// in-process cluster: with shared, the one SharedInProcess gives every test
+// of the binary (internal/testenv's, whose tests may call it more than once
+// for one cluster), else a new one for tb (InProcess, idemtest's). It is the
+// one place that makes this choice, for idemtest.Connect and
+// internal/testenv alike.
+func Connect(tb testing.TB, shared bool) (brokers []string, real bool) {
 	tb.Helper()
 	for _, b := range strings.Split(os.Getenv("KAFKA_BROKERS"), ",") {
 		if b = strings.TrimSpace(b); b != "" {
@@ -146,6 +150,9 @@ func Connect(tb testing.TB) (brokers []string, real bool) {
 	}
 	if os.Getenv("IDEM_REQUIRE_REAL_KAFKA") == "1" {
 		tb.Fatalf("idemtest: IDEM_REQUIRE_REAL_KAFKA=1 but KAFKA_BROKERS is not set: start a broker (make services) and export KAFKA_BROKERS (set -a; . .state/services.env; set +a)")
+	}
+	if shared {
+		return SharedInProcess(tb), false
 	}
 	return InProcess(tb), false
 }
@@ -160,4 +167,28 @@ func InProcess(tb testing.TB) []string {
 	}
 	tb.Cleanup(c.Close)
 	return c.ListenAddrs()
+}
+
+var (
+	sharedOnce    sync.Once
+	sharedBrokers []string
+	sharedErr     error
+)
+
+// SharedInProcess returns the addresses of one in-process cluster started on
+// first use and kept until the process exits.
+func SharedInProcess(tb testing.TB) []string {
+	tb.Helper()
+	sharedOnce.Do(func() {
+		c, err := kfake.NewCluster(kfake.NumBrokers(1))
+		if err != nil {
+			sharedErr = fmt.Errorf("idemtest: start in-process kafka: %w", err)
+			return
+		}
+		sharedBrokers = c.ListenAddrs()
+	})
+	if sharedErr != nil {
+		tb.Fatal(sharedErr)
+	}
+	return sharedBrokers
 }
