@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemhq/idem/checkpoint"
 	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/testenv"
 )
 
@@ -30,17 +31,20 @@ var (
 	_ checkpoint.DB = (*pgxpool.Pool)(nil)
 )
 
-// setup migrates a fresh schema and fills items with ids 1..n. effects has
+// setup gives the test a schema of its own with idem's tables (the
+// checkpoint table among them), runs checkpoint.Migrate on it twice (it is
+// idempotent; idem.Migrate's test covers an empty schema), and fills items
+// with ids 1..n. effects has
 // item_id as its primary key, so processing a row twice fails the chunk.
 func setup(t *testing.T, n int) (*pgxpool.Pool, string) {
 	t.Helper()
-	pool, schema := testenv.PostgresSchema(t)
-	ctx := testenv.Context(t)
-	if err := checkpoint.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
-	if err := checkpoint.Migrate(ctx, pool); err != nil { // idempotent
-		t.Fatal(err)
+	db := idemtest.ConnectPostgres(t)
+	pool, schema := db.Pool, db.Schema
+	ctx := t.Context()
+	for range 2 {
+		if err := checkpoint.Migrate(ctx, pool); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if _, err := pool.Exec(ctx, `CREATE TABLE items (id bigint PRIMARY KEY, amount int NOT NULL);
 		CREATE TABLE effects (item_id bigint PRIMARY KEY, amount int NOT NULL, runner text NOT NULL DEFAULT '')`); err != nil {
@@ -110,7 +114,7 @@ func TestRunResumesAfterAFailedChunk(t *testing.T) {
 	t.Parallel()
 	const n, chunk = 1000, 64
 	pool, _ := setup(t, n)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	reg := prometheus.NewRegistry()
 	failAt := int64(700) // the chunk holding item 700 fails once
 	var failed atomic.Bool
@@ -222,7 +226,7 @@ func TestReadWithoutProgressIsAnError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.Run(testenv.Context(t), pool); !errors.Is(err, checkpoint.ErrNoProgress) {
+	if _, err := r.Run(t.Context(), pool); !errors.Is(err, checkpoint.ErrNoProgress) {
 		t.Fatalf("Run: %v, want ErrNoProgress", err)
 	}
 }
@@ -234,7 +238,7 @@ func TestTwoRunnersNeverTakeTheSameChunk(t *testing.T) {
 	t.Parallel()
 	const n = 3000
 	pool, schema := setup(t, n)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	var inside, overlaps atomic.Int32
 	chunks := map[string]int{}
 	var mu sync.Mutex
@@ -336,7 +340,7 @@ func killChildAt(t *testing.T, schema string, killAt int64) {
 func TestKilledAtRandomRowResumes(t *testing.T) {
 	t.Parallel()
 	pool, schema := setup(t, childRows)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	first := 1 + rand.Int64N(childRows/2)
 	second := first + 1 + rand.Int64N(childRows-first-1)
 	t.Logf("killing at rows %d and %d", first, second)
@@ -378,7 +382,7 @@ func TestKilledAtRandomRowResumes(t *testing.T) {
 func TestLateCommitNotSkipped(t *testing.T) {
 	t.Parallel()
 	pool, _ := setup(t, 0)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	if _, err := pool.Exec(ctx, `CREATE TABLE events (id bigserial PRIMARY KEY, amount int NOT NULL,
 		xact xid8 NOT NULL DEFAULT pg_current_xact_id());
 		CREATE INDEX ON events (xact, id)`); err != nil {
@@ -423,7 +427,7 @@ func TestLateCommitNotSkipped(t *testing.T) {
 	// then a Run returns with id 3 still to read (it waits, it never skips;
 	// CI saw "2 effects for 3 events" so). A skipped id 1 would never be
 	// read, and this fails.
-	testenv.Eventually(t, 30*time.Second, func() error {
+	idemtest.Eventually(t, 30*time.Second, func() error {
 		if _, err := r.Run(ctx, pool); err != nil {
 			t.Fatal(err)
 		}

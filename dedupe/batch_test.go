@@ -11,18 +11,18 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemhq/idem/dedupe"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/idemtest"
 )
 
 func TestProcessBatch(t *testing.T) {
-	pool := testenv.Postgres(t)
-	if err := dedupe.Migrate(testenv.Context(t), pool); err != nil {
+	pool := idemtest.ConnectPostgres(t).Pool
+	if err := dedupe.Migrate(t.Context(), pool); err != nil {
 		t.Fatal(err)
 	}
 	for name, s := range map[string]dedupe.BatchStore{"postgres": dedupe.NewPostgres(pool), "memory": dedupe.NewMemory()} {
 		t.Run(name, func(t *testing.T) {
-			ctx := testenv.Context(t)
-			g := testenv.Unique("g")
+			ctx := t.Context()
+			g := t.Name()
 			r := func(key string, off int64) dedupe.Record {
 				return dedupe.Record{Group: g, Key: key, Topic: "t", Partition: 0, Offset: off}
 			}
@@ -69,10 +69,10 @@ func TestProcessBatch(t *testing.T) {
 // a common lock order each would hold a key the other needs.
 func TestProcessBatchOverlappingInOppositeOrders(t *testing.T) {
 	t.Parallel()
-	ctx := testenv.Context(t)
-	table := testenv.Unique("inbox_overlap")
+	ctx := t.Context()
+	table := "inbox_overlap" // in the test's own schema
 	s, pool := newPostgres(t, dedupe.WithTable(table))
-	g := testenv.Unique("g")
+	g := t.Name()
 	recs := func(keys ...string) []dedupe.Record {
 		out := make([]dedupe.Record, len(keys))
 		for i, k := range keys {
@@ -96,7 +96,7 @@ func TestProcessBatchOverlappingInOppositeOrders(t *testing.T) {
 			errs <- err
 		}()
 	}
-	testenv.Eventually(t, 30*time.Second, func() error {
+	idemtest.Eventually(t, 30*time.Second, func() error {
 		var waiting int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE cardinality(pg_blocking_pids(pid)) > 0 AND strpos(query, $1) > 0`, table).Scan(&waiting); err != nil {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/dedupe/dedupetest"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/idemtest"
 )
 
 var (
@@ -19,9 +19,9 @@ var (
 
 func newPostgres(tb testing.TB, opts ...dedupe.PostgresOption) (*dedupe.Postgres, *pgxpool.Pool) {
 	tb.Helper()
-	pool := testenv.Postgres(tb)
+	pool := idemtest.ConnectPostgres(tb).Pool
 	s := dedupe.NewPostgres(pool, opts...)
-	if err := s.Migrate(testenv.Context(tb)); err != nil {
+	if err := s.Migrate(tb.Context()); err != nil {
 		tb.Fatal(err)
 	}
 	return s, pool
@@ -29,9 +29,9 @@ func newPostgres(tb testing.TB, opts ...dedupe.PostgresOption) (*dedupe.Postgres
 
 func newLease(tb testing.TB, lease time.Duration, opts ...dedupe.PostgresOption) (*dedupe.PostgresLease, *pgxpool.Pool) {
 	tb.Helper()
-	pool := testenv.Postgres(tb)
+	pool := idemtest.ConnectPostgres(tb).Pool
 	s := dedupe.NewPostgresLease(pool, lease, opts...)
-	if err := s.Migrate(testenv.Context(tb)); err != nil {
+	if err := s.Migrate(tb.Context()); err != nil {
 		tb.Fatal(err)
 	}
 	return s, pool

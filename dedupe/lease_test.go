@@ -10,12 +10,11 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemhq/idem/dedupe"
-	"github.com/idemhq/idem/internal/testenv"
 )
 
 func TestLeaseStates(t *testing.T) {
 	s, db := newLease(t, time.Minute)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	insert := func(key, status, leaseUntil, owner string) {
 		t.Helper()
 		if _, err := db.Exec(ctx, `INSERT INTO idem_processed (consumer_group, idempotency_key, status, lease_until, lease_owner)
@@ -58,7 +57,7 @@ func TestLeaseStates(t *testing.T) {
 
 func TestLeaseCrashedClaimExpires(t *testing.T) {
 	s, db := newLease(t, 300*time.Millisecond)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	// A member claims and "crashes": its claim stays behind.
 	if _, err := db.Exec(ctx, `INSERT INTO idem_processed (consumer_group, idempotency_key, status, lease_until, lease_owner)
 		VALUES ('payments', 'k', 'in_progress', now() + interval '300 milliseconds', 'crashed')`); err != nil {
@@ -78,7 +77,7 @@ func TestLeaseCrashedClaimExpires(t *testing.T) {
 func TestLeaseFnRunsWithoutTxUntilLeaseEnd(t *testing.T) {
 	const lease = 2 * time.Minute
 	s, db := newLease(t, lease)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	before := time.Now()
 	_, err := s.Process(ctx, rec("k"), func(ctx context.Context) error {
 		if dedupe.HasTx(ctx) {
@@ -102,7 +101,7 @@ func TestLeaseFnRunsWithoutTxUntilLeaseEnd(t *testing.T) {
 
 func TestLeaseFailureReleasesClaim(t *testing.T) {
 	s, db := newLease(t, time.Hour)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	boom := errors.New("http 503")
 	if _, err := s.Process(ctx, rec("k"), func(context.Context) error { return boom }); err != boom {
 		t.Fatalf("err = %v, want fn's error unchanged", err)
@@ -119,7 +118,7 @@ func TestLeaseFailureReleasesClaim(t *testing.T) {
 
 func TestLeaseLostAfterTakeover(t *testing.T) {
 	s, db := newLease(t, time.Hour)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	_, err := s.Process(ctx, rec("k"), func(ctx context.Context) error {
 		// Another member took the key over (as after an expired lease).
 		_, err := db.Exec(ctx, "UPDATE idem_processed SET lease_owner = 'thief' WHERE idempotency_key = 'k'")
@@ -135,7 +134,7 @@ func TestLeaseLostAfterTakeover(t *testing.T) {
 
 func TestLeaseCancelledCtxStillMarksDone(t *testing.T) {
 	s, db := newLease(t, time.Minute)
-	ctx, cancel := context.WithCancel(testenv.Context(t))
+	ctx, cancel := context.WithCancel(t.Context())
 	out, err := s.Process(ctx, rec("k"), func(context.Context) error { cancel(); return nil })
 	if err != nil || out != dedupe.Processed {
 		t.Fatalf("Process = (%v, %v), want Processed", out, err)
@@ -181,7 +180,7 @@ func (d *lostReplyDB) QueryRow(ctx context.Context, sql string, args ...any) pgx
 
 func TestLeaseLostClaimReplyIsReclaimedByItsOwnMessage(t *testing.T) {
 	_, pool := newLease(t, time.Hour)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	s := dedupe.NewPostgresLease(&lostReplyDB{DB: pool}, time.Hour)
 
 	r := rec("lost-reply")

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/testenv"
 )
 
@@ -38,14 +39,14 @@ func waitFor(tb testing.TB, what string, cond func() bool) {
 		}
 		select {
 		case <-time.After(10 * time.Millisecond):
-		case <-testenv.Context(tb).Done():
+		case <-tb.Context().Done():
 		}
 	}
 }
 
 func TestPostgresEffectCommitsWithInbox(t *testing.T) {
 	s, db := newPostgres(t)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	if _, err := db.Exec(ctx, "CREATE TABLE payments (id text, amount int)"); err != nil {
 		t.Fatal(err)
 	}
@@ -95,9 +96,9 @@ func TestPostgresEffectCommitsWithInbox(t *testing.T) {
 func TestPostgresRaceExactlyOneEffect(t *testing.T) {
 	for _, firstFails := range []bool{false, true} {
 		t.Run(fmt.Sprintf("firstFails=%v", firstFails), func(t *testing.T) {
-			table := testenv.Unique("inbox_race")
+			table := "inbox_race" // the test's schema is its own
 			s, db := newPostgres(t, dedupe.WithTable(table))
-			ctx := testenv.Context(t)
+			ctx := t.Context()
 			if _, err := db.Exec(ctx, "CREATE TABLE effects (key text)"); err != nil {
 				t.Fatal(err)
 			}
@@ -144,8 +145,9 @@ func TestPostgresRaceExactlyOneEffect(t *testing.T) {
 }
 
 func TestPostgresManyMembersOneEffect(t *testing.T) {
-	pool, schema := testenv.PostgresSchema(t)
-	ctx := testenv.Context(t)
+	db := idemtest.ConnectPostgres(t)
+	pool, schema := db.Pool, db.Schema
+	ctx := t.Context()
 	if err := dedupe.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
@@ -181,10 +183,10 @@ func TestPostgresManyMembersOneEffect(t *testing.T) {
 }
 
 func TestPostgresCustomTableIsQuoted(t *testing.T) {
-	db := testenv.Postgres(t)
-	ctx := testenv.Context(t)
-	schema := testenv.Unique(`Odd "Sch ema`)
-	schema = `Odd "Sch ema` + schema[len(schema)-13:] // keep the odd characters
+	pg := idemtest.ConnectPostgres(t)
+	db := pg.Pool
+	ctx := t.Context()
+	schema := `Odd "Sch ema_` + pg.Schema[len(pg.Schema)-12:] // the odd characters, and a suffix unique to the test
 	if _, err := db.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
@@ -229,9 +231,11 @@ func TestPostgresBadTableIsAnErrorNotAPanic(t *testing.T) {
 	}
 }
 
+// TestPostgresMigrateTwiceAndConcurrently needs an empty schema (testenv's,
+// not idemtest's, which is migrated already): four members migrate it at once.
 func TestPostgresMigrateTwiceAndConcurrently(t *testing.T) {
 	db, schema := testenv.PostgresSchema(t)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	var wg sync.WaitGroup
 	errs := make(chan error, 4)
 	start := make(chan struct{})
@@ -259,7 +263,7 @@ func TestPostgresMigrateTwiceAndConcurrently(t *testing.T) {
 
 func TestPostgresSwallowedSQLErrorIsHandlerError(t *testing.T) {
 	s, db := newPostgres(t)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	out, err := s.Process(ctx, rec("k"), func(ctx context.Context) error {
 		_, _ = dedupe.Tx(ctx).Exec(ctx, "SELECT * FROM no_such_table") // error swallowed
 		return nil
@@ -281,7 +285,7 @@ func TestPostgresSwallowedSQLErrorIsHandlerError(t *testing.T) {
 
 func TestPostgresHandlerClosingTxIsHandlerError(t *testing.T) {
 	s, _ := newPostgres(t)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	_, err := s.Process(ctx, rec("k"), func(ctx context.Context) error {
 		return dedupe.Tx(ctx).Rollback(ctx)
 	})
@@ -294,7 +298,7 @@ func TestPostgresHandlerClosingTxIsHandlerError(t *testing.T) {
 // fn runs: COMMIT fails for a reason that is not the handler's.
 func TestPostgresCommitFailureIsStoreError(t *testing.T) {
 	s, db := newPostgres(t)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	_, err := s.Process(ctx, rec("k"), func(ctx context.Context) error {
 		var pid int32
 		if err := dedupe.Tx(ctx).QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
@@ -340,7 +344,7 @@ func TestPostgresBeginFailureIsStoreError(t *testing.T) {
 func TestPostgresCancelledCtxDuringFn(t *testing.T) {
 	s, db := newPostgres(t)
 	t.Run("fn succeeds: work is still committed", func(t *testing.T) {
-		ctx, cancel := context.WithCancel(testenv.Context(t))
+		ctx, cancel := context.WithCancel(t.Context())
 		out, err := s.Process(ctx, rec("ok"), func(ctx context.Context) error {
 			cancel()
 			return nil
@@ -353,7 +357,7 @@ func TestPostgresCancelledCtxDuringFn(t *testing.T) {
 		}
 	})
 	t.Run("fn fails: rolled back cleanly", func(t *testing.T) {
-		ctx, cancel := context.WithCancel(testenv.Context(t))
+		ctx, cancel := context.WithCancel(t.Context())
 		_, err := s.Process(ctx, rec("bad"), func(ctx context.Context) error {
 			cancel()
 			return ctx.Err()
@@ -362,7 +366,7 @@ func TestPostgresCancelledCtxDuringFn(t *testing.T) {
 			t.Fatalf("err = %v, want fn's context.Canceled", err)
 		}
 		// Had the transaction been left open, its row lock would block this retry.
-		rctx, rcancel := context.WithTimeout(testenv.Context(t), 10*time.Second)
+		rctx, rcancel := context.WithTimeout(t.Context(), 10*time.Second)
 		defer rcancel()
 		out, err := s.Process(rctx, rec("bad"), func(context.Context) error { return nil })
 		if err != nil || out != dedupe.Processed {

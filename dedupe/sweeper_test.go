@@ -15,12 +15,11 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemhq/idem/dedupe"
-	"github.com/idemhq/idem/internal/testenv"
 )
 
 func TestSweeperDeletesOnlyOldRowsInBatches(t *testing.T) {
 	_, db := newPostgres(t, dedupe.WithTable("Inbox Custom"))
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	rows := []struct {
 		key, age, status, leaseUntil string
 		kept                         bool
@@ -66,7 +65,7 @@ func TestSweeperDeletesOnlyOldRowsInBatches(t *testing.T) {
 
 func TestSweeperRun(t *testing.T) {
 	_, db := newPostgres(t)
-	ctx, cancel := context.WithCancel(testenv.Context(t))
+	ctx, cancel := context.WithCancel(t.Context())
 	sw := &dedupe.Sweeper{DB: db, Interval: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)}
 	done := make(chan error, 1)
 	go func() { done <- sw.Run(ctx) }()

@@ -10,11 +10,11 @@ import (
 	"time"
 
 	idemschema "github.com/idemhq/idem/internal/schema"
+	"github.com/idemhq/idem/internal/testkit"
 	"github.com/idemhq/idem/recovery"
 
 	"github.com/IBM/sarama"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
@@ -37,20 +37,13 @@ const DefaultTimeout = 30 * time.Second
 type Kafka struct {
 	// Brokers are the bootstrap addresses of the cluster ("127.0.0.1:port").
 	Brokers []string
-
-	cluster *kfake.Cluster
 }
 
 // NewKafka starts a cluster for tb and shuts it down when tb ends. Each call
 // starts a cluster of its own, so parallel tests never share state.
 func NewKafka(tb testing.TB) *Kafka {
 	tb.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		tb.Fatalf("idemtest: start in-process kafka: %v", err)
-	}
-	tb.Cleanup(c.Close)
-	return &Kafka{Brokers: c.ListenAddrs(), cluster: c}
+	return &Kafka{Brokers: testkit.InProcess(tb)}
 }
 
 // SaramaConfig returns a sarama config suited to the cluster: protocol
@@ -66,42 +59,14 @@ func (k *Kafka) SaramaConfig() *sarama.Config {
 }
 
 // CreateTopic creates a topic with the given number of partitions and waits
-// until its metadata is visible. The name is used as given: on a broker
-// shared between tests and runs (Connect with KAFKA_BROKERS) use Topic,
-// whose names are unique and cleaned up.
+// until every partition's leader answers (a produce or fetch right after
+// creation is otherwise refused for a moment with NOT_LEADER_OR_FOLLOWER).
+// The name is used as given, and an existing topic of that name fails the
+// test: on a broker shared between tests and runs (Connect with
+// KAFKA_BROKERS) use Topic, whose names are unique and cleaned up.
 func (k *Kafka) CreateTopic(tb testing.TB, name string, partitions int32) {
 	tb.Helper()
-	admin, err := sarama.NewClusterAdmin(k.Brokers, k.SaramaConfig())
-	if err != nil {
-		tb.Fatalf("idemtest: admin: %v", err)
-	}
-	defer admin.Close()
-	if err := admin.CreateTopic(name, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1}, false); err != nil {
-		tb.Fatalf("idemtest: create topic %s: %v", name, err)
-	}
-	k.waitPartitions(tb, name, partitions)
-}
-
-func (k *Kafka) waitPartitions(tb testing.TB, topic string, partitions int32) {
-	tb.Helper()
-	client, err := sarama.NewClient(k.Brokers, k.SaramaConfig())
-	if err != nil {
-		tb.Fatalf("idemtest: client: %v", err)
-	}
-	defer client.Close()
-	Eventually(tb, DefaultTimeout, func() error {
-		if err := client.RefreshMetadata(topic); err != nil {
-			return err
-		}
-		ps, err := client.Partitions(topic)
-		if err != nil {
-			return err
-		}
-		if int32(len(ps)) < partitions {
-			return fmt.Errorf("topic %s has %d of %d partitions", topic, len(ps), partitions)
-		}
-		return nil
-	})
+	k.kit().CreateTopic(tb, name, partitions, false)
 }
 
 // Record is a record to produce.
@@ -120,10 +85,15 @@ type Record struct {
 }
 
 // Produce writes recs to topic, in order, and fails the test when the
-// broker does not acknowledge them all.
+// broker does not acknowledge them all. The producer is idempotent, so each
+// record is written once even when a send is retried (a connection that
+// broke after the request went out), and a test can count what it produced.
 func (k *Kafka) Produce(tb testing.TB, topic string, recs ...Record) {
 	tb.Helper()
-	p, err := sarama.NewSyncProducer(k.Brokers, k.SaramaConfig())
+	cfg := k.SaramaConfig()
+	cfg.Producer.Idempotent = true // with RequiredAcks = WaitForAll (SaramaConfig)
+	cfg.Net.MaxOpenRequests = 1    // sarama requires it with Idempotent
+	p, err := sarama.NewSyncProducer(k.Brokers, cfg)
 	if err != nil {
 		tb.Fatalf("idemtest: producer: %v", err)
 	}
@@ -408,17 +378,5 @@ func deadLetter(m *sarama.ConsumerMessage) DeadLetter {
 // it to wait for an effect instead of sleeping.
 func Eventually(tb testing.TB, timeout time.Duration, f func() error) {
 	tb.Helper()
-	deadline := time.Now().Add(timeout)
-	wait := 5 * time.Millisecond
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("idemtest: gave up after %s: %v", timeout, err)
-		}
-		time.Sleep(wait)
-		wait = min(2*wait, 200*time.Millisecond)
-	}
+	testkit.Eventually(tb, timeout, f)
 }

@@ -2,15 +2,12 @@ package idemtest
 
 import (
 	"context"
-	"fmt"
-	"net/url"
 	"os"
-	"strings"
 	"testing"
 
 	idemschema "github.com/idemhq/idem/internal/schema"
+	"github.com/idemhq/idem/internal/testkit"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -51,72 +48,11 @@ func ConnectPostgres(tb testing.TB) *Postgres {
 	if base == "" {
 		tb.Fatalf("idemtest: DATABASE_URL is not set: start PostgreSQL (make services) and export DATABASE_URL (set -a; . .state/services.env; set +a)")
 	}
-	// The schema is made and dropped on a connection of its own, from the
-	// pool's parsed settings (pgx.Connect would send pool_max_conns to the
-	// server as a parameter).
-	baseCfg, err := pgxpool.ParseConfig(base)
-	if err != nil {
-		tb.Fatalf("idemtest: DATABASE_URL: %v", err)
-	}
+	pool, schema, connURL := testkit.Schema(tb, base, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), DefaultTimeout)
 	defer cancel()
-	schema := unique(tb.Name())
-	quoted := pgx.Identifier{schema}.Sanitize()
-	admin, err := pgx.ConnectConfig(ctx, baseCfg.ConnConfig.Copy())
-	if err != nil {
-		tb.Fatalf("idemtest: connect to DATABASE_URL: %v", err)
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+quoted); err != nil {
-		tb.Fatalf("idemtest: create schema %s: %v", schema, err)
-	}
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), DefaultTimeout)
-		defer cancel()
-		c, err := pgx.ConnectConfig(ctx, baseCfg.ConnConfig.Copy())
-		if err != nil {
-			tb.Errorf("idemtest: drop schema %s: %v", schema, err)
-			return
-		}
-		defer c.Close(ctx)
-		if _, err := c.Exec(ctx, "DROP SCHEMA "+quoted+" CASCADE"); err != nil {
-			tb.Errorf("idemtest: drop schema %s: %v", schema, err)
-		}
-	})
-	connURL, err := withSearchPath(base, schema)
-	if err != nil {
-		tb.Fatalf("idemtest: DATABASE_URL: %v", err)
-	}
-	cfg, err := pgxpool.ParseConfig(connURL)
-	if err != nil {
-		tb.Fatalf("idemtest: DATABASE_URL: %v", err)
-	}
-	if !strings.Contains(connURL, "pool_max_conns") {
-		cfg.MaxConns = 16
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		tb.Fatalf("idemtest: pool on schema %s: %v", schema, err)
-	}
-	tb.Cleanup(pool.Close) // before the schema is dropped: cleanups run last-in first-out
 	if err := idemschema.Migrate(ctx, pool, nil, nil); err != nil {
 		tb.Fatalf("idemtest: migrate schema %s: %v", schema, err)
 	}
 	return &Postgres{Pool: pool, Schema: schema, URL: connURL}
-}
-
-// withSearchPath returns the connection string conn (a URL or keyword/value
-// pairs) with search_path set to schema.
-func withSearchPath(conn, schema string) (string, error) {
-	if strings.HasPrefix(conn, "postgres://") || strings.HasPrefix(conn, "postgresql://") {
-		u, err := url.Parse(conn)
-		if err != nil {
-			return "", err
-		}
-		q := u.Query()
-		q.Set("search_path", schema)
-		u.RawQuery = q.Encode()
-		return u.String(), nil
-	}
-	return fmt.Sprintf("%s search_path=%s", conn, schema), nil
 }

@@ -9,7 +9,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/outbox"
 )
 
@@ -38,7 +38,7 @@ func BenchmarkRelayBacklog(b *testing.B) {
 			for range b.N {
 				b.StopTimer()
 				e := newEnv(b, 3)
-				if _, err := e.pool.Exec(testenv.Context(b), `INSERT INTO idem_outbox (topic, key, value)
+				if _, err := e.pool.Exec(b.Context(), `INSERT INTO idem_outbox (topic, key, value)
 					SELECT $1, convert_to('k' || (i % 10000), 'UTF8'), convert_to(repeat('x', 100), 'UTF8')
 					FROM generate_series(1, $2) i`, e.topic, rows); err != nil {
 					b.Fatal(err)
@@ -49,7 +49,7 @@ func BenchmarkRelayBacklog(b *testing.B) {
 				b.StartTimer()
 				stop := start(b, r)
 				// The relay's own counter, read in process every 5 ms: polling
-				// the table (testenv.Eventually's waits grow to 320 ms) loaded
+				// the table (idemtest.Eventually's waits grow to 200 ms) loaded
 				// the database and added up to a sixth to a 2 s drain.
 				deadline := time.Now().Add(10 * time.Minute)
 				for metric(b, reg, "idem_outbox_published_total", "idem_outbox") < rows {
@@ -91,7 +91,7 @@ func BenchmarkRelayLatency(b *testing.B) {
 				start(b, r)
 				b.StartTimer()
 				sent := offer(b, e, 1000, 10*time.Second)
-				testenv.Eventually(b, time.Minute, func() error {
+				idemtest.Eventually(b, time.Minute, func() error {
 					if n := len(recs.snapshot()); n < len(sent) {
 						return errPending(len(sent) - n)
 					}
@@ -110,7 +110,7 @@ func BenchmarkRelayLatency(b *testing.B) {
 // offer commits rate rows a second for d, 1/100 s at a time, each with a
 // unique key, and returns the time just before each row's COMMIT by key.
 func offer(b *testing.B, e *env, rate int, d time.Duration) map[string]time.Time {
-	ctx := testenv.Context(b)
+	ctx := b.Context()
 	sent := map[string]time.Time{}
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()

@@ -10,12 +10,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/outbox"
 )
@@ -24,10 +24,9 @@ import (
 // relay (nil: none) next to it in this process, as a service runs it.
 func (e *env) runConsumer(topic, group string, reg *prometheus.Registry, relay *outbox.Relay, h handler.Func, mutate ...func(*consumer.Config)) {
 	e.t.Helper()
-	if err := dedupe.Migrate(testenv.Context(e.t), e.pool); err != nil {
+	if err := dedupe.Migrate(e.t.Context(), e.pool); err != nil {
 		e.t.Fatal(err)
 	}
-	e.t.Cleanup(func() { e.k.DeleteTopics(e.t, topic+"."+group+".dlq") })
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	cfg := consumer.Config{
@@ -74,8 +73,8 @@ func messages(t *testing.T, reg *prometheus.Registry, group, outcome, topic stri
 func TestRolledBackHandlerPublishesNothing(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
-	in := e.k.Topic(t, 1)
-	group := testenv.Group(t)
+	in := e.k.Topic(t, "in", 1) // deleted with its DLQ when the test ends
+	group := e.k.Group(t, "g")
 	out := e.consume(e.topic)
 	reg := prometheus.NewRegistry()
 	relay, _ := e.relay(e.pool)
@@ -89,15 +88,11 @@ func TestRolledBackHandlerPublishesNothing(t *testing.T) {
 		}
 		return nil
 	})
-	p := e.k.Producer(t)
 	for _, v := range []string{"fail-1", "ok-1", "fail-2", "ok-2"} {
-		if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: in, Key: sarama.StringEncoder(v), Value: sarama.StringEncoder(v),
-			Headers: []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(v)}}}); err != nil {
-			t.Fatal(err)
-		}
+		e.k.Produce(t, in, idemtest.Record{IdempotencyKey: v, Key: []byte(v), Value: []byte(v)})
 	}
 	out.waitKeys(t, "ok-1", "ok-2")
-	testenv.Eventually(t, 30*time.Second, func() error {
+	idemtest.Eventually(t, 30*time.Second, func() error {
 		if n := messages(t, reg, group, "dead_lettered", in); n != 2 {
 			return fmt.Errorf("%v dead-lettered, want 2", n)
 		}
@@ -170,7 +165,7 @@ func TestCrashAfterAckBeforeDelete(t *testing.T) {
 	// The next relay (here, in this process) publishes it again.
 	r, _ := e.relay(e.pool)
 	start(t, r)
-	testenv.Eventually(t, 30*time.Second, func() error {
+	idemtest.Eventually(t, 30*time.Second, func() error {
 		if n := len(recs.values("order-1")); n != 2 {
 			return fmt.Errorf("%d copies on Kafka, want 2", n)
 		}
@@ -188,16 +183,16 @@ func TestCrashAfterAckBeforeDelete(t *testing.T) {
 	}
 
 	// Downstream, an idem consumer applies the event once.
-	if _, err := e.pool.Exec(testenv.Context(t), "CREATE TABLE effects (event_id text NOT NULL)"); err != nil {
+	if _, err := e.pool.Exec(t.Context(), "CREATE TABLE effects (event_id text NOT NULL)"); err != nil {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	group := testenv.Group(t)
+	group := e.k.Group(t, "g")
 	e.runConsumer(e.topic, group, reg, nil, func(ctx context.Context, m *handler.Message) error {
 		_, err := dedupe.Tx(ctx).Exec(ctx, "INSERT INTO effects VALUES ($1)", m.IdempotencyKey)
 		return err
 	})
-	testenv.Eventually(t, 60*time.Second, func() error {
+	idemtest.Eventually(t, 60*time.Second, func() error {
 		p, d := messages(t, reg, group, "processed", e.topic), messages(t, reg, group, "duplicate", e.topic)
 		if p != 1 || d != 1 {
 			return fmt.Errorf("processed %v, duplicate %v; want 1 and 1", p, d)
@@ -205,7 +200,7 @@ func TestCrashAfterAckBeforeDelete(t *testing.T) {
 		return nil
 	})
 	var n int
-	if err := e.pool.QueryRow(testenv.Context(t), "SELECT count(*) FROM effects WHERE event_id = $1", id).Scan(&n); err != nil {
+	if err := e.pool.QueryRow(t.Context(), "SELECT count(*) FROM effects WHERE event_id = $1", id).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	if n != 1 {
@@ -240,7 +235,7 @@ func TestStandbyTakesOver(t *testing.T) {
 		}
 	})
 	t.Cleanup(wg.Wait)
-	testenv.Eventually(t, 30*time.Second, func() error {
+	idemtest.Eventually(t, 30*time.Second, func() error {
 		if got := len(recs.snapshot()); got < 100 {
 			return fmt.Errorf("%d records published", got)
 		}
@@ -252,7 +247,7 @@ func TestStandbyTakesOver(t *testing.T) {
 	if l := metric(t, regB, "idem_outbox_leader", "idem_outbox"); l != 0 {
 		t.Fatalf("both relays lead")
 	}
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	var pid int32
 	if err := e.pool.QueryRow(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
 		AND classid::bigint = $1 AND objid = 'idem_outbox'::regclass::oid AND objsubid = 1`, 0x69646f78).Scan(&pid); err != nil {
@@ -267,7 +262,7 @@ func TestStandbyTakesOver(t *testing.T) {
 	// half of LeaderRetry) may win it back, which is just as correct. The test
 	// asserts that some other session leads within seconds and that no
 	// event is lost or reordered.
-	testenv.Eventually(t, 30*time.Second, func() error {
+	idemtest.Eventually(t, 30*time.Second, func() error {
 		var now int32
 		if err := e.pool.QueryRow(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
 			AND classid::bigint = $1 AND objid = 'idem_outbox'::regclass::oid AND objsubid = 1`, 0x69646f78).Scan(&now); err != nil {
@@ -294,7 +289,7 @@ func TestStandbyTakesOver(t *testing.T) {
 	publishedAt := metric(t, lead, "idem_outbox_published_total", "idem_outbox")
 	pendingAt := e.count("true")
 	wg.Wait()
-	testenv.Eventually(t, 60*time.Second, func() error {
+	idemtest.Eventually(t, 60*time.Second, func() error {
 		for _, k := range keys {
 			v := recs.values(k)
 			if len(v) == 0 || v[len(v)-1] != strconv.Itoa(n) {
@@ -330,30 +325,26 @@ func TestStandbyTakesOver(t *testing.T) {
 func TestEnqueueInBatchMode(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
-	in := e.k.Topic(t, 2)
+	in := e.k.Topic(t, "in", 2)
 	out := e.consume(e.topic)
 	reg := prometheus.NewRegistry()
 	relay, _ := e.relay(e.pool)
-	group := testenv.Group(t)
+	group := e.k.Group(t, "g")
 	e.runConsumer(in, group, reg, relay, func(ctx context.Context, m *handler.Message) error {
 		return outbox.Enqueue(ctx, dedupe.Tx(ctx), outbox.Message{Topic: e.topic, Key: m.Key, Value: m.Value})
 	}, func(c *consumer.Config) {
 		c.Batch = consumer.BatchConfig{MaxMessages: 50, MaxWait: 50 * time.Millisecond}
 	})
-	p := e.k.Producer(t)
 	var keys []string
-	var msgs []*sarama.ProducerMessage
+	var recs []idemtest.Record
 	for i := range 200 {
 		k := "m" + strconv.Itoa(i)
 		keys = append(keys, k)
-		msgs = append(msgs, &sarama.ProducerMessage{Topic: in, Partition: int32(i % 2), Key: sarama.StringEncoder(k), Value: sarama.StringEncoder(k),
-			Headers: []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(k)}}})
+		recs = append(recs, idemtest.Record{Partition: int32(i % 2), IdempotencyKey: k, Key: []byte(k), Value: []byte(k)})
 	}
-	if err := p.SendMessages(msgs); err != nil {
-		t.Fatal(err)
-	}
+	e.k.Produce(t, in, recs...)
 	out.waitKeys(t, keys...)
-	testenv.Eventually(t, 30*time.Second, func() error {
+	idemtest.Eventually(t, 30*time.Second, func() error {
 		if n := e.count("true"); n != 0 {
 			return fmt.Errorf("%d rows left", n)
 		}
@@ -377,7 +368,7 @@ func TestSeriesExistOnAStandby(t *testing.T) {
 	start(t, a)
 	waitMetric(t, regA, 1, "idem_outbox_leader", "idem_outbox")
 	start(t, b)
-	testenv.Eventually(t, 30*time.Second, func() error {
+	idemtest.Eventually(t, 30*time.Second, func() error {
 		var missing []string
 		for _, name := range []string{"idem_outbox_published_total", "idem_outbox_publish_seconds", "idem_outbox_leader"} {
 			if _, found := testenv.MetricFound(t, regB, name, map[string]string{"table": "idem_outbox"}); !found {

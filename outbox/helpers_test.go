@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/outbox"
 )
@@ -22,20 +23,33 @@ import (
 // env is one test's broker, database schema (with the outbox table) and topic.
 type env struct {
 	t      testing.TB
-	k      *testenv.Kafka
+	k      *idemtest.Kafka
 	pool   *pgxpool.Pool
 	schema string
+	url    string // DATABASE_URL on schema; empty in a child
 	topic  string
 }
 
 func newEnv(t testing.TB, partitions int32) *env {
 	t.Helper()
-	k := testenv.NewKafka(t)
-	pool, schema := testenv.PostgresSchema(t)
-	if err := outbox.Migrate(testenv.Context(t), pool); err != nil {
+	k := idemtest.Connect(t)
+	db := idemtest.ConnectPostgres(t)
+	if err := outbox.Migrate(t.Context(), db.Pool); err != nil { // idempotent: idem_outbox is there already
 		t.Fatal(err)
 	}
-	return &env{t: t, k: k, pool: pool, schema: schema, topic: k.Topic(t, partitions)}
+	return &env{t: t, k: k, pool: db.Pool, schema: db.Schema, url: db.URL, topic: k.Topic(t, "t", partitions)}
+}
+
+// admin returns a cluster admin on the test's broker, closed when the test
+// ends.
+func (e *env) admin() sarama.ClusterAdmin {
+	e.t.Helper()
+	a, err := sarama.NewClusterAdmin(e.k.Brokers, e.k.SaramaConfig())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { _ = a.Close() })
+	return a
 }
 
 // relay returns a relay on the test's table tuned for quick tests, with a
@@ -79,7 +93,7 @@ func start(t testing.TB, r *outbox.Relay) (stop func()) {
 // enqueue commits msgs in one transaction.
 func (e *env) enqueue(msgs ...outbox.Message) {
 	e.t.Helper()
-	ctx := testenv.Context(e.t)
+	ctx := e.t.Context()
 	tx, err := e.pool.Begin(ctx)
 	if err != nil {
 		e.t.Fatal(err)
@@ -101,7 +115,7 @@ func (e *env) msg(key, value string) outbox.Message {
 func (e *env) count(where string, args ...any) int {
 	e.t.Helper()
 	var n int
-	if err := e.pool.QueryRow(testenv.Context(e.t), "SELECT count(*) FROM idem_outbox WHERE "+where, args...).Scan(&n); err != nil {
+	if err := e.pool.QueryRow(e.t.Context(), "SELECT count(*) FROM idem_outbox WHERE "+where, args...).Scan(&n); err != nil {
 		e.t.Fatal(err)
 	}
 	return n
@@ -137,7 +151,7 @@ func (e *env) consumeAt(topic string, level sarama.IsolationLevel) *records {
 	var pcs []sarama.PartitionConsumer
 	for _, p := range parts {
 		var pc sarama.PartitionConsumer
-		testenv.Eventually(e.t, 30*time.Second, func() (err error) {
+		idemtest.Eventually(e.t, 30*time.Second, func() (err error) {
 			pc, err = c.ConsumePartition(topic, p, sarama.OffsetOldest)
 			return err
 		})
@@ -181,7 +195,7 @@ func (r *records) values(key string) []string {
 // waitKeys waits until every key has at least one record.
 func (r *records) waitKeys(t *testing.T, keys ...string) {
 	t.Helper()
-	testenv.Eventually(t, 60*time.Second, func() error {
+	idemtest.Eventually(t, 60*time.Second, func() error {
 		for _, k := range keys {
 			if len(r.values(k)) == 0 {
 				return fmt.Errorf("no record with key %q yet (%d records)", k, len(r.snapshot()))
@@ -215,7 +229,7 @@ func metric(t testing.TB, reg *prometheus.Registry, name string, values ...strin
 // waitMetric waits until metric name (labels in label-name order) is want.
 func waitMetric(t *testing.T, reg *prometheus.Registry, want float64, name string, labels ...string) {
 	t.Helper()
-	testenv.Eventually(t, 30*time.Second, func() error {
+	idemtest.Eventually(t, 30*time.Second, func() error {
 		if got := metric(t, reg, name, labels...); got != want {
 			return fmt.Errorf("%s%v = %v, want %v", name, labels, got, want)
 		}
@@ -243,7 +257,7 @@ func (w testWriter) Write(p []byte) (int, error) {
 func (e *env) startChild(test, schemaEnv string, env ...string) *testenv.Child {
 	e.t.Helper()
 	return testenv.StartChild(e.t, test, append([]string{schemaEnv + "=" + e.schema,
-		"KAFKA_BROKERS=" + strings.Join(e.k.Brokers, ","), "DATABASE_URL=" + testenv.DatabaseURL(e.t)}, env...)...)
+		"KAFKA_BROKERS=" + strings.Join(e.k.Brokers, ",")}, env...)...)
 }
 
 // childEnvOf returns, in a child process started by startChild, the env on
@@ -253,5 +267,5 @@ func childEnvOf(t *testing.T, schemaEnv string) *env {
 	if schema == "" {
 		return nil
 	}
-	return &env{t: t, k: testenv.NewKafka(t), pool: testenv.PoolOnSchema(t, schema), schema: schema}
+	return &env{t: t, k: idemtest.Connect(t), pool: testenv.PoolOnSchema(t, schema), schema: schema}
 }

@@ -9,7 +9,7 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/outbox"
 )
 
@@ -17,7 +17,7 @@ import (
 func (e *env) dbNow() time.Time {
 	e.t.Helper()
 	var now time.Time
-	if err := e.pool.QueryRow(testenv.Context(e.t), "SELECT clock_timestamp()").Scan(&now); err != nil {
+	if err := e.pool.QueryRow(e.t.Context(), "SELECT clock_timestamp()").Scan(&now); err != nil {
 		e.t.Fatal(err)
 	}
 	return now
@@ -78,7 +78,7 @@ func TestNotBefore(t *testing.T) {
 			}
 
 			recs.waitKeys(t, "D", "K")
-			testenv.Eventually(t, 60*time.Second, func() error {
+			idemtest.Eventually(t, 60*time.Second, func() error {
 				if d, k := recs.values("D"), recs.values("K"); len(d) < 2 || len(k) < 2 {
 					return fmt.Errorf("D: %v, K: %v", d, k)
 				}
@@ -109,7 +109,7 @@ func TestNotBefore(t *testing.T) {
 func TestNotBeforeInThePast(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	later := e.dbNow().Add(time.Hour)
 	e.enqueue(e.delayed("L", "later", later))
 	rows, err := outbox.List(ctx, e.pool, outbox.ListOptions{})
@@ -156,7 +156,7 @@ func TestNotBeforeHeldRowDoesNotSpin(t *testing.T) {
 	recs := e.consume(e.topic)
 	now := e.dbNow()
 	e.enqueue(e.delayed("K", "k1", now.Add(3*time.Second)), e.delayed("K", "k2", now.Add(time.Second)))
-	testenv.Eventually(t, 60*time.Second, func() error {
+	idemtest.Eventually(t, 60*time.Second, func() error {
 		if v := recs.values("K"); len(v) < 2 {
 			return fmt.Errorf("K: %v", v)
 		}
@@ -190,7 +190,7 @@ func TestNotBeforeOldestPendingLeavesOutWaitingRows(t *testing.T) {
 	e.enqueue(e.delayed("K", "a", later), e.msg("K", "b"), e.delayed("N", "c", later))
 	gauge := func(name string, want float64) {
 		t.Helper()
-		testenv.Eventually(t, 30*time.Second, func() error {
+		idemtest.Eventually(t, 30*time.Second, func() error {
 			if v := metric(t, reg, name, "idem_outbox"); v != want {
 				return fmt.Errorf("%s = %v, want %v", name, v, want)
 			}
@@ -198,7 +198,7 @@ func TestNotBeforeOldestPendingLeavesOutWaitingRows(t *testing.T) {
 		})
 	}
 	gauge("idem_outbox_pending", 3)
-	if _, err := e.pool.Exec(testenv.Context(t), `INSERT INTO idem_outbox (topic, key, value, state, attempts, rejections)
+	if _, err := e.pool.Exec(t.Context(), `INSERT INTO idem_outbox (topic, key, value, state, attempts, rejections)
 		VALUES ($1, 'F', 'f', 'failed', 10, 10)`, e.topic); err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"testing"
 
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/outbox"
 )
 
@@ -21,8 +21,8 @@ import (
 func TestFetchReadsOnlyItsWindow(t *testing.T) {
 	t.Parallel()
 	const batch = 500
-	pool, _ := testenv.PostgresSchema(t)
-	ctx := testenv.Context(t)
+	pool := idemtest.ConnectPostgres(t).Pool
+	ctx := t.Context()
 	if err := outbox.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/outbox"
 )
 
@@ -33,7 +33,7 @@ func TestRelayPublishesInOrderWithHeaders(t *testing.T) {
 		}
 		e.enqueue(m)
 	}
-	testenv.Eventually(t, 30*time.Second, func() error {
+	idemtest.Eventually(t, 30*time.Second, func() error {
 		if n := len(recs.snapshot()); n < 20 {
 			return fmt.Errorf("%d of 20 records", n)
 		}
@@ -60,7 +60,7 @@ func TestRelayPublishesInOrderWithHeaders(t *testing.T) {
 			t.Fatalf("record %s: idempotency-key %q, want %q", m.Value, got, want)
 		}
 	}
-	testenv.Eventually(t, 10*time.Second, func() error {
+	idemtest.Eventually(t, 10*time.Second, func() error {
 		if n := e.count("true"); n != 0 {
 			return fmt.Errorf("%d rows left in the outbox", n)
 		}
@@ -89,7 +89,7 @@ func TestKeepPublishedMarksAndSweeps(t *testing.T) {
 	start(t, r)
 	e.enqueue(e.msg("a", "1"), e.msg("b", "2"))
 	recs.waitKeys(t, "a", "b")
-	testenv.Eventually(t, 10*time.Second, func() error {
+	idemtest.Eventually(t, 10*time.Second, func() error {
 		if n := e.count("state = 'published' AND published_at IS NOT NULL"); n != 2 {
 			return fmt.Errorf("%d published rows, want 2", n)
 		}
@@ -97,7 +97,7 @@ func TestKeepPublishedMarksAndSweeps(t *testing.T) {
 	})
 	// Age one row past the retention: the sweep deletes it, not the recent
 	// one, and never an unpublished row however old.
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	if _, err := e.pool.Exec(ctx, `INSERT INTO idem_outbox (topic, key, value, state, attempts, last_error, created_at, published_at)
 		VALUES ('t', 'f', 'failed long ago', 'failed', 10, 'x', now() - interval '1 day', now() - interval '1 day')`); err != nil {
 		t.Fatal(err)
@@ -105,7 +105,7 @@ func TestKeepPublishedMarksAndSweeps(t *testing.T) {
 	if _, err := e.pool.Exec(ctx, "UPDATE idem_outbox SET published_at = now() - interval '2 hours' WHERE key = 'a'"); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 10*time.Second, func() error {
+	idemtest.Eventually(t, 10*time.Second, func() error {
 		if n := e.count("key = 'a'"); n != 0 {
 			return fmt.Errorf("row a not swept yet")
 		}
@@ -129,7 +129,7 @@ func TestLateCommitNotSkipped(t *testing.T) {
 	recs := e.consume(e.topic)
 	r, _ := e.relay(e.pool)
 	start(t, r)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 
 	long, err := e.pool.Begin(ctx)
 	if err != nil {
@@ -207,7 +207,7 @@ func TestLateCommitNotSkipped(t *testing.T) {
 		}
 	}
 	recs.waitKeys(t, all...)
-	testenv.Eventually(t, 10*time.Second, func() error {
+	idemtest.Eventually(t, 10*time.Second, func() error {
 		if n := e.count("true"); n != 0 {
 			return fmt.Errorf("%d rows left", n)
 		}
@@ -229,8 +229,7 @@ func TestBadInputFailsWithoutBlockingOthers(t *testing.T) {
 	r, reg := e.relay(e.pool)
 	r.MaxAttempts = 3
 	start(t, r)
-	missing := testenv.Unique("t_missing")
-	t.Cleanup(func() { e.k.DeleteTopics(t, missing) })
+	missing := e.topic + ".missing" // created below, and deleted with the test's topic
 
 	big := e.msg("big", "")
 	big.Value = make([]byte, 2<<20)
@@ -242,7 +241,7 @@ func TestBadInputFailsWithoutBlockingOthers(t *testing.T) {
 		e.enqueue(e.msg(ok[i], "fine"))
 	}
 	recs.waitKeys(t, ok...)
-	testenv.Eventually(t, 60*time.Second, func() error {
+	idemtest.Eventually(t, 60*time.Second, func() error {
 		if n := e.count("key = 'late' AND state <> 'pending'"); n != 0 {
 			t.Fatalf("%d rows of a missing topic left the pending state: an outage counted as bad input", n)
 		}
@@ -271,13 +270,13 @@ func TestBadInputFailsWithoutBlockingOthers(t *testing.T) {
 	if got := metric(t, reg, "idem_outbox_publish_failures_total", "unknown_topic", "idem_outbox"); got < 1 {
 		t.Fatalf("idem_outbox_publish_failures_total{reason=unknown_topic} = %v, want >= 1", got)
 	}
-	testenv.Eventually(t, 10*time.Second, func() error {
+	idemtest.Eventually(t, 10*time.Second, func() error {
 		if f := metric(t, reg, "idem_outbox_failed", "idem_outbox"); f != 1 {
 			return fmt.Errorf("idem_outbox_failed = %v", f)
 		}
 		return nil
 	})
-	failed, err := outbox.List(testenv.Context(t), e.pool, outbox.ListOptions{State: outbox.StateFailed})
+	failed, err := outbox.List(t.Context(), e.pool, outbox.ListOptions{State: outbox.StateFailed})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,18 +287,18 @@ func TestBadInputFailsWithoutBlockingOthers(t *testing.T) {
 	// The topic appears: the waiting rows go out in order, with no Retry.
 	e.k.CreateTopic(t, missing, 1)
 	late := e.consume(missing)
-	testenv.Eventually(t, 60*time.Second, func() error {
+	idemtest.Eventually(t, 60*time.Second, func() error {
 		if v := late.values("late"); len(v) != 2 || v[0] != "1" || v[1] != "2" {
 			return fmt.Errorf("records of late: %v, want [1 2]", v)
 		}
 		return nil
 	})
 	// Retry makes the oversized row pending again, its counts reset.
-	done, err := outbox.Retry(testenv.Context(t), e.pool, "", failed[0].ID, 999999)
+	done, err := outbox.Retry(t.Context(), e.pool, "", failed[0].ID, 999999)
 	if err != nil || len(done) != 1 || done[0] != failed[0].ID {
 		t.Fatalf("Retry = %v, %v; want [%d]", done, err, failed[0].ID)
 	}
-	testenv.Eventually(t, 60*time.Second, func() error {
+	idemtest.Eventually(t, 60*time.Second, func() error {
 		if n := e.count("key = 'big' AND state = 'failed' AND rejections = 3"); n != 1 {
 			return errors.New("the retried oversized row has not failed again")
 		}
@@ -317,13 +316,12 @@ func TestFailedRowHoldsBackItsKey(t *testing.T) {
 	r.MaxAttempts = 1000
 	r.RetryBase, r.RetryMax = 200*time.Millisecond, 200*time.Millisecond
 	start(t, r)
-	missing := testenv.Unique("t_missing")
-	t.Cleanup(func() { e.k.DeleteTopics(t, missing) })
+	missing := e.topic + ".missing" // created below, and deleted with the test's topic
 
 	e.enqueue(outbox.Message{Topic: missing, Key: []byte("K"), Value: []byte("first")}, e.msg("K", "second"), e.msg("O", "other"))
 	recs := e.consume(e.topic)
 	recs.waitKeys(t, "O")
-	testenv.Eventually(t, 30*time.Second, func() error {
+	idemtest.Eventually(t, 30*time.Second, func() error {
 		if n := e.count("key = 'K' AND attempts >= 2"); n != 1 {
 			return errors.New("K's head has not failed twice yet")
 		}
@@ -338,7 +336,7 @@ func TestFailedRowHoldsBackItsKey(t *testing.T) {
 	if n := e.count("key = 'K' AND value = 'second' AND attempts = 0 AND state = 'pending'"); n != 1 {
 		t.Fatalf("K's second row: %d pending untried rows, want 1", n)
 	}
-	testenv.Eventually(t, 10*time.Second, func() error {
+	idemtest.Eventually(t, 10*time.Second, func() error {
 		if p := metric(t, reg, "idem_outbox_pending", "idem_outbox"); p != 2 {
 			return fmt.Errorf("idem_outbox_pending = %v, want 2", p)
 		}
@@ -367,7 +365,7 @@ func TestFailedRowHoldsBackItsKey(t *testing.T) {
 func TestEnqueueRejectsBadMessages(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	tx, err := e.pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -397,7 +395,7 @@ func TestEnqueueRejectsBadMessages(t *testing.T) {
 // TestRelayValidate: bad fields are named.
 func TestRelayValidate(t *testing.T) {
 	t.Parallel()
-	pool := testenv.Postgres(t)
+	pool := idemtest.ConnectPostgres(t).Pool
 	for _, c := range []struct {
 		r    outbox.Relay
 		want string
@@ -424,7 +422,7 @@ func TestNotifyWakesRelay(t *testing.T) {
 	recs := e.consume(e.topic)
 	// A failed row from before the relay started (its INSERT's NOTIFY had no listener).
 	var id int64
-	if err := e.pool.QueryRow(testenv.Context(t), `INSERT INTO idem_outbox (topic, key, value, state, attempts, last_error)
+	if err := e.pool.QueryRow(t.Context(), `INSERT INTO idem_outbox (topic, key, value, state, attempts, last_error)
 		VALUES ($1, 'b', 'retried', 'failed', 10, 'test') RETURNING id`, e.topic).Scan(&id); err != nil {
 		t.Fatal(err)
 	}
@@ -434,7 +432,7 @@ func TestNotifyWakesRelay(t *testing.T) {
 	waitMetric(t, reg, 1, "idem_outbox_leader", "idem_outbox")
 	e.enqueue(e.msg("a", "committed"))
 	recs.waitKeys(t, "a")
-	if done, err := outbox.Retry(testenv.Context(t), e.pool, "", id); err != nil || len(done) != 1 {
+	if done, err := outbox.Retry(t.Context(), e.pool, "", id); err != nil || len(done) != 1 {
 		t.Fatalf("Retry = %v, %v", done, err)
 	}
 	recs.waitKeys(t, "b")

@@ -13,7 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/outbox"
 )
 
@@ -94,7 +94,7 @@ type run struct {
 // at once if the relay's Run has returned meanwhile.
 func waitRefused(t *testing.T, p *proxy, n int64, what string, rn *run) {
 	t.Helper()
-	testenv.Eventually(t, 60*time.Second, func() error {
+	idemtest.Eventually(t, 60*time.Second, func() error {
 		select {
 		case <-rn.done:
 			t.Fatalf("relay.Run returned while %s was unreachable: %v", what, rn.err)
@@ -116,7 +116,7 @@ func TestRelayStartsOnceDatabaseAndBrokersAnswer(t *testing.T) {
 	e := newEnv(t, 1)
 	recs := e.consume(e.topic)
 
-	cfg, err := pgxpool.ParseConfig(testenv.DatabaseURL(t))
+	cfg, err := pgxpool.ParseConfig(e.url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +161,7 @@ func TestRelayStartsOnceDatabaseAndBrokersAnswer(t *testing.T) {
 	kafka.up.Store(true)
 	e.enqueue(e.msg("k", "2"))
 	recs.waitKeys(t, "k")
-	testenv.Eventually(t, 30*time.Second, func() error {
+	idemtest.Eventually(t, 30*time.Second, func() error {
 		if got := recs.values("k"); len(got) != 2 || got[0] != "1" || got[1] != "2" {
 			return fmt.Errorf("records of k: %v, want [1 2]", got)
 		}

@@ -17,7 +17,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/outbox"
 )
 
@@ -53,19 +53,15 @@ const sentinelKey = "idem-test-sentinel"
 // records before the sentinels.
 func (e *env) settled(recs *records, topic string) []*sarama.ConsumerMessage {
 	e.t.Helper()
-	p := e.k.Producer(e.t)
-	parts, err := e.k.Admin(e.t).DescribeTopics([]string{topic})
+	parts, err := e.admin().DescribeTopics([]string{topic})
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	n := len(parts[0].Partitions)
 	for i := range n {
-		if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: topic, Partition: int32(i),
-			Key: sarama.StringEncoder(sentinelKey), Value: sarama.StringEncoder(strconv.Itoa(i))}); err != nil {
-			e.t.Fatal(err)
-		}
+		e.k.Produce(e.t, topic, idemtest.Record{Partition: int32(i), Key: []byte(sentinelKey), Value: []byte(strconv.Itoa(i))})
 	}
-	testenv.Eventually(e.t, 60*time.Second, func() error {
+	idemtest.Eventually(e.t, 60*time.Second, func() error {
 		if got := len(recs.values(sentinelKey)); got < n {
 			return fmt.Errorf("%d of %d sentinels read", got, n)
 		}
@@ -114,16 +110,16 @@ func exactlyOnce(t *testing.T, msgs []*sarama.ConsumerMessage, want int) {
 // transaction open or being completed (none left hanging).
 func (e *env) noOpenTransaction() {
 	e.t.Helper()
-	ctx := testenv.Context(e.t)
+	ctx := e.t.Context()
 	id, err := outbox.DefaultTransactionalID(ctx, e.pool, "")
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	admin, ok := e.k.Admin(e.t).(sarama.TransactionClusterAdmin)
+	admin, ok := e.admin().(sarama.TransactionClusterAdmin)
 	if !ok {
 		e.t.Fatal("sarama's cluster admin has no DescribeTransactions")
 	}
-	testenv.Eventually(e.t, 30*time.Second, func() error {
+	idemtest.Eventually(e.t, 30*time.Second, func() error {
 		states, err := admin.DescribeTransactions([]string{id})
 		if err != nil {
 			return err
@@ -165,7 +161,7 @@ func (e *env) waitEmpty(timeout time.Duration) {
 // waitCount waits until want rows of the outbox table match where.
 func (e *env) waitCount(timeout time.Duration, want int, where string) {
 	e.t.Helper()
-	testenv.Eventually(e.t, timeout, func() error {
+	idemtest.Eventually(e.t, timeout, func() error {
 		if n := e.count(where); n != want {
 			return fmt.Errorf("%d rows WHERE %s, want %d", n, where, want)
 		}
@@ -379,7 +375,7 @@ func TestExactlyOnceFencesAZombie(t *testing.T) {
 
 	b, _ := e.txnRelay()
 	start(t, b)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	var pid int32
 	if err := e.pool.QueryRow(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
 		AND classid::bigint = $1 AND objid = 'idem_outbox'::regclass::oid AND objsubid = 1`, 0x69646f78).Scan(&pid); err != nil {
@@ -426,11 +422,10 @@ func TestExactlyOnceAbortsAndRetries(t *testing.T) {
 	e := newEnv(t, 3)
 	committed := e.consumeAt(e.topic, sarama.ReadCommitted)
 	uncommitted := e.consume(e.topic)
-	missing := testenv.Unique("t_missing")
-	t.Cleanup(func() { e.k.DeleteTopics(t, missing) })
+	missing := e.topic + ".missing" // created below, and deleted with the test's topic
 	e.enqueueKeyed(0, 50, 10)
 	maxBytes := "4096"
-	if err := e.k.Admin(t).AlterConfig(sarama.TopicResource, e.topic, map[string]*string{"max.message.bytes": &maxBytes}, false); err != nil {
+	if err := e.admin().AlterConfig(sarama.TopicResource, e.topic, map[string]*string{"max.message.bytes": &maxBytes}, false); err != nil {
 		t.Fatal(err)
 	}
 	e.enqueue(outbox.Message{Topic: e.topic, Key: []byte("big"), Value: make([]byte, 2<<20)},
@@ -449,7 +444,7 @@ func TestExactlyOnceAbortsAndRetries(t *testing.T) {
 		return nil
 	})
 	start(t, r)
-	testenv.Eventually(t, 60*time.Second, func() error {
+	idemtest.Eventually(t, 60*time.Second, func() error {
 		if n := e.count("topic = $1 AND state = 'pending'", e.topic); n != 0 {
 			return fmt.Errorf("%d rows of %s pending", n, e.topic)
 		}
@@ -468,7 +463,7 @@ func TestExactlyOnceAbortsAndRetries(t *testing.T) {
 		t.Fatal("no unknown_topic failure counted")
 	}
 	e.k.CreateTopic(t, missing, 1)
-	testenv.Eventually(t, 2*time.Minute, func() error {
+	idemtest.Eventually(t, 2*time.Minute, func() error {
 		if n := e.count("state = 'pending'"); n != 0 {
 			return fmt.Errorf("%d rows pending", n)
 		}

@@ -11,14 +11,14 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/forward"
-	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
 // consumeOne reads the record at (topic, partition, offset).
-func consumeOne(t *testing.T, k *testenv.Kafka, topic string, partition int32, offset int64) *sarama.ConsumerMessage {
+func consumeOne(t *testing.T, k *idemtest.Kafka, topic string, partition int32, offset int64) *sarama.ConsumerMessage {
 	t.Helper()
 	c, err := sarama.NewConsumer(k.Brokers, k.SaramaConfig())
 	if err != nil {
@@ -41,7 +41,33 @@ func consumeOne(t *testing.T, k *testenv.Kafka, topic string, partition int32, o
 	return nil
 }
 
-func newForwarder(t *testing.T, k *testenv.Kafka) (*forward.Forwarder, sarama.Client) {
+// newAdmin returns a cluster admin on k, closed when the test ends.
+func newAdmin(t *testing.T, k *idemtest.Kafka) sarama.ClusterAdmin {
+	t.Helper()
+	a, err := sarama.NewClusterAdmin(k.Brokers, k.SaramaConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Close() })
+	return a
+}
+
+// waitPartitions waits until the broker describes topic with n partitions.
+func waitPartitions(t *testing.T, admin sarama.ClusterAdmin, topic string, n int) {
+	t.Helper()
+	idemtest.Eventually(t, 30*time.Second, func() error {
+		ds, err := admin.DescribeTopics([]string{topic})
+		if err != nil {
+			return err
+		}
+		if len(ds) != 1 || !errors.Is(ds[0].Err, sarama.ErrNoError) || len(ds[0].Partitions) != n {
+			return fmt.Errorf("topic %s: %+v, want %d partitions", topic, ds, n)
+		}
+		return nil
+	})
+}
+
+func newForwarder(t *testing.T, k *idemtest.Kafka) (*forward.Forwarder, sarama.Client) {
 	t.Helper()
 	cfg := k.SaramaConfig()
 	retrytopic.ConfigureProducer(cfg)
@@ -59,10 +85,10 @@ func newForwarder(t *testing.T, k *testenv.Kafka) (*forward.Forwarder, sarama.Cl
 }
 
 func TestForwardKeepsBytesAndPartition(t *testing.T) {
-	k := testenv.NewKafka(t)
-	ctx := testenv.Context(t)
-	dest := k.Topic(t, 4)
-	small := k.Topic(t, 2)
+	k := idemtest.Connect(t)
+	ctx := t.Context()
+	dest := k.Topic(t, "dest", 4)
+	small := k.Topic(t, "small", 2)
 	fwd, client := newForwarder(t, k)
 
 	orig := []*sarama.RecordHeader{
@@ -139,7 +165,7 @@ func TestForwardKeepsBytesAndPartition(t *testing.T) {
 }
 
 func TestForwardErrorIsTyped(t *testing.T) {
-	k := testenv.NewKafka(t)
+	k := idemtest.Connect(t)
 	fwd, _ := newForwarder(t, k)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -151,14 +177,13 @@ func TestForwardErrorIsTyped(t *testing.T) {
 }
 
 func TestEnsureTopics(t *testing.T) {
-	k := testenv.NewKafka(t)
-	ctx := testenv.Context(t)
-	admin := k.Admin(t)
-	src := testenv.Unique("src")
-	group := testenv.Group(t)
+	k := idemtest.Connect(t)
+	ctx := t.Context()
+	admin := newAdmin(t, k)
+	src := k.Topic(t, "src", 3) // its tiers and DLQ are deleted with it when the test ends
+	group := k.Group(t, "g")
 	pol := retrytopic.Policy{Delays: []time.Duration{time.Second, time.Minute}, Retention: 2 * time.Hour}
 	topics := pol.Topics(src, group)
-	t.Cleanup(func() { k.DeleteTopics(t, topics...) })
 
 	// Concurrent callers: all succeed.
 	errs := make(chan error, 3)
@@ -171,7 +196,7 @@ func TestEnsureTopics(t *testing.T) {
 		}
 	}
 	for _, name := range topics {
-		k.WaitTopic(t, name, 3)
+		waitPartitions(t, admin, name, 3)
 		//lint:ignore SA1019 DescribeConfig is the call sarama's mock-free admin offers for one resource; fine in a test
 		entries, err := admin.DescribeConfig(sarama.ConfigResource{Type: sarama.TopicResource, Name: name, ConfigNames: []string{"retention.ms"}})
 		if err != nil {

@@ -3,30 +3,54 @@ package retrytopic_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
 
+	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/forward"
-	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/retrytopic"
 )
 
-// createTopic creates name with the given topic configs and deletes it when
-// the test ends.
-func createTopic(t *testing.T, k *testenv.Kafka, name string, partitions int32, configs map[string]string) {
+// topicWith creates a topic as k.Topic does (a unique name from prefix,
+// deleted with its tiers and DLQ when the test ends), sets configs on it,
+// and waits until the broker describes them.
+func topicWith(t *testing.T, k *idemtest.Kafka, prefix string, partitions int32, configs map[string]string) string {
 	t.Helper()
+	name := k.Topic(t, prefix, partitions)
+	setConfigs(t, k, name, configs)
+	return name
+}
+
+// namedTopicWith creates the topic name (its deletion is left to the source
+// topic's, whose tier or DLQ it is), sets configs and waits for them.
+func namedTopicWith(t *testing.T, k *idemtest.Kafka, name string, partitions int32, configs map[string]string) {
+	t.Helper()
+	k.CreateTopic(t, name, partitions)
+	setConfigs(t, k, name, configs)
+}
+
+func setConfigs(t *testing.T, k *idemtest.Kafka, topic string, configs map[string]string) {
+	t.Helper()
+	admin := newAdmin(t, k)
 	entries := map[string]*string{}
 	for key, v := range configs {
 		entries[key] = &v
 	}
-	if err := k.Admin(t).CreateTopic(name, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1, ConfigEntries: entries}, false); err != nil {
-		t.Fatalf("create %s: %v", name, err)
+	if err := admin.AlterConfig(sarama.TopicResource, topic, entries, false); err != nil {
+		t.Fatalf("configure %s: %v", topic, err)
 	}
-	t.Cleanup(func() { k.DeleteTopics(t, name) })
-	k.WaitTopic(t, name, partitions)
+	idemtest.Eventually(t, 30*time.Second, func() error {
+		for key, v := range configs {
+			if got := describeConfig(t, admin, topic, key); got != v {
+				return fmt.Errorf("%s %s = %s, want %s", topic, key, got, v)
+			}
+		}
+		return nil
+	})
 }
 
 // describeConfig returns one config of topic.
@@ -52,17 +76,15 @@ func describeConfig(t *testing.T, admin sarama.ClusterAdmin, topic, name string)
 // limited to 1 MiB and a tier keeping records shorter than twice its delay
 // are warnings naming both numbers, not errors.
 func TestEnsureTopicsForCopiesSizeLimits(t *testing.T) {
-	k := testenv.NewKafka(t)
-	ctx := testenv.Context(t)
-	admin := k.Admin(t)
+	k := idemtest.Connect(t)
+	ctx := t.Context()
+	admin := newAdmin(t, k)
 	const fourMiB, oneMiB = 4 << 20, 1 << 20
-	group := testenv.Group(t)
+	group := k.Group(t, "g")
 
 	t.Run("created like the source", func(t *testing.T) {
-		src := testenv.Unique("src")
-		createTopic(t, k, src, 2, map[string]string{"max.message.bytes": strconv.Itoa(fourMiB), "segment.bytes": strconv.Itoa(2 * fourMiB)})
+		src := topicWith(t, k, "src", 2, map[string]string{"max.message.bytes": strconv.Itoa(fourMiB), "segment.bytes": strconv.Itoa(2 * fourMiB)})
 		pol := retrytopic.Policy{Delays: []time.Duration{time.Second}}
-		t.Cleanup(func() { k.DeleteTopics(t, pol.Topics(src, group)...) })
 		sz, err := retrytopic.EnsureTopicsFor(ctx, admin, src, group, pol)
 		if err != nil {
 			t.Fatal(err)
@@ -75,7 +97,7 @@ func TestEnsureTopicsForCopiesSizeLimits(t *testing.T) {
 			t.Errorf("ProducerMaxMessageBytes = %d", got)
 		}
 		for _, name := range pol.Topics(src, group) {
-			k.WaitTopic(t, name, 2)
+			waitPartitions(t, admin, name, 2)
 			if v := describeConfig(t, admin, name, "max.message.bytes"); v != strconv.FormatInt(want, 10) {
 				t.Errorf("%s max.message.bytes = %s, want %d", name, v, want)
 			}
@@ -91,12 +113,11 @@ func TestEnsureTopicsForCopiesSizeLimits(t *testing.T) {
 	})
 
 	t.Run("existing smaller topics are warnings", func(t *testing.T) {
-		src := testenv.Unique("src")
-		createTopic(t, k, src, 1, map[string]string{"max.message.bytes": strconv.Itoa(fourMiB)})
+		src := topicWith(t, k, "src", 1, map[string]string{"max.message.bytes": strconv.Itoa(fourMiB)})
 		pol := retrytopic.Policy{Delays: []time.Duration{time.Hour}}
 		dlq, tier := pol.DLQ(src, group), pol.Tier(src, group, 1)
-		createTopic(t, k, dlq, 1, map[string]string{"max.message.bytes": strconv.Itoa(oneMiB)})
-		createTopic(t, k, tier, 1, map[string]string{"retention.ms": strconv.FormatInt(time.Hour.Milliseconds(), 10), "max.message.bytes": strconv.Itoa(2 * fourMiB)})
+		namedTopicWith(t, k, dlq, 1, map[string]string{"max.message.bytes": strconv.Itoa(oneMiB)})
+		namedTopicWith(t, k, tier, 1, map[string]string{"retention.ms": strconv.FormatInt(time.Hour.Milliseconds(), 10), "max.message.bytes": strconv.Itoa(2 * fourMiB)})
 		sz, err := retrytopic.EnsureTopicsFor(ctx, admin, src, group, pol)
 		if err != nil {
 			t.Fatal(err)
@@ -122,7 +143,7 @@ func TestEnsureTopicsForCopiesSizeLimits(t *testing.T) {
 	})
 
 	t.Run("unknown source", func(t *testing.T) {
-		_, err := retrytopic.EnsureTopicsFor(ctx, admin, testenv.Unique("missing"), group, retrytopic.Policy{})
+		_, err := retrytopic.EnsureTopicsFor(ctx, admin, "missing_"+group, group, retrytopic.Policy{})
 		if !errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
 			t.Fatalf("EnsureTopicsFor(missing) = %v, want ErrUnknownTopicOrPartition", err)
 		}
@@ -132,12 +153,10 @@ func TestEnsureTopicsForCopiesSizeLimits(t *testing.T) {
 // The broker's and the client's refusals of a record are classified as
 // permanent; a deleted topic is not.
 func TestForwardRefusalsArePermanent(t *testing.T) {
-	k := testenv.NewKafka(t)
-	ctx := testenv.Context(t)
-	small := testenv.Unique("small")
-	createTopic(t, k, small, 1, map[string]string{"max.message.bytes": strconv.Itoa(1 << 20)})
-	compacted := testenv.Unique("compacted")
-	createTopic(t, k, compacted, 1, map[string]string{"cleanup.policy": "compact"})
+	k := idemtest.Connect(t)
+	ctx := t.Context()
+	small := topicWith(t, k, "small", 1, map[string]string{"max.message.bytes": strconv.Itoa(1 << 20)})
+	compacted := topicWith(t, k, "compacted", 1, map[string]string{"cleanup.policy": "compact"})
 
 	cfg := k.SaramaConfig()
 	retrytopic.ConfigureProducer(cfg)
@@ -164,7 +183,7 @@ func TestForwardRefusalsArePermanent(t *testing.T) {
 		{"broker: MESSAGE_TOO_LARGE", forward.Record{Topic: small, Key: []byte("k"), Value: make([]byte, 2<<20)}, sarama.ErrMessageSizeTooLarge, true},
 		{"client: above Producer.MaxMessageBytes", forward.Record{Topic: small, Key: []byte("k"), Value: make([]byte, 5<<20)}, sarama.ErrMessageSizeTooLarge, true},
 		{"broker: INVALID_RECORD (no key on a compacted topic)", forward.Record{Topic: compacted, Value: []byte("v")}, sarama.ErrInvalidRecord, true},
-		{"outage: unknown topic, never auto-created", forward.Record{Topic: testenv.Unique("nowhere"), Value: []byte("v")}, sarama.ErrUnknownTopicOrPartition, false},
+		{"outage: unknown topic, never auto-created", forward.Record{Topic: "nowhere_" + small, Value: []byte("v")}, sarama.ErrUnknownTopicOrPartition, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -184,7 +203,7 @@ func TestForwardRefusalsArePermanent(t *testing.T) {
 	if err := fwd.Forward(ctx, forward.Record{Topic: compacted, Key: []byte("k"), Value: []byte("fine")}); err != nil {
 		t.Fatalf("Forward after refusals: %v", err)
 	}
-	ts, err := k.Admin(t).ListTopics()
+	ts, err := newAdmin(t, k).ListTopics()
 	if err != nil {
 		t.Fatal(err)
 	}

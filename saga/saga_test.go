@@ -20,6 +20,7 @@ import (
 	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/saga"
 )
@@ -47,9 +48,9 @@ type world struct {
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
-	pool, _ := testenv.PostgresSchema(t)
-	ctx := testenv.Context(t)
-	for range 2 { // idempotent
+	pool := idemtest.ConnectPostgres(t).Pool // idem's tables, the saga tables among them
+	ctx := t.Context()
+	for range 2 { // idempotent on a migrated schema
 		if err := saga.Migrate(ctx, pool); err != nil {
 			t.Fatal(err)
 		}
@@ -170,7 +171,7 @@ var errCrash = errors.New("simulated crash")
 func TestCrashAtEveryBoundaryResumes(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	for _, sc := range []struct {
 		name  string
 		fail  bool
@@ -243,7 +244,7 @@ func TestCrashAtEveryBoundaryResumes(t *testing.T) {
 func TestCompensationsRunInReverseOrderAndAreRetried(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	reg := prometheus.NewRegistry()
 	o := w.orchestrator(reg)
 	id := "o-1"
@@ -296,7 +297,7 @@ func TestCompensationsRunInReverseOrderAndAreRetried(t *testing.T) {
 	if st, err := o.Execute(ctx, id); !errors.Is(err, saga.ErrCompensationFailing) || st != saga.Compensating {
 		t.Fatalf("Execute with a failing compensation: %s, %v", st, err)
 	}
-	testenv.Eventually(t, 30*time.Second, func() error {
+	idemtest.Eventually(t, 30*time.Second, func() error {
 		if _, err := o.RunDue(ctx); err != nil {
 			return err
 		}
@@ -311,7 +312,7 @@ func TestCompensationsRunInReverseOrderAndAreRetried(t *testing.T) {
 func TestStepRetriesThenSucceeds(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	o := w.orchestrator(nil)
 	w.failAction["r-1/charge"] = 2 // StepAttempts is 3
 	if _, err := o.Start(ctx, w.pool, "order", "r-1", nil); err != nil {
@@ -339,7 +340,7 @@ func TestStepRetriesThenSucceeds(t *testing.T) {
 func TestPendingStepCompletedOrFailedByAReply(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	def := w.def()
 	def.Steps[2].Action = func(ctx context.Context, c saga.Call) ([]byte, error) {
 		if _, err := c.Tx.Exec(ctx, `INSERT INTO commands (key, payload) VALUES ($1, $2)`, c.Key, c.Input); err != nil {
@@ -400,7 +401,7 @@ func TestPendingStepCompletedOrFailedByAReply(t *testing.T) {
 func TestDeadline(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	blocked := w.def()
 	blocked.Type, blocked.Timeout = "blocked", 300*time.Millisecond
 	blocked.Steps[1].Action = func(ctx context.Context, c saga.Call) ([]byte, error) {
@@ -424,7 +425,7 @@ func TestDeadline(t *testing.T) {
 	if st, err := o.Execute(ctx, "w"); err != nil || st != saga.Waiting {
 		t.Fatalf("waiting: %s, %v", st, err)
 	}
-	testenv.Eventually(t, 30*time.Second, func() error {
+	idemtest.Eventually(t, 30*time.Second, func() error {
 		if _, err := o.RunDue(ctx); err != nil {
 			return err
 		}
@@ -442,7 +443,7 @@ func TestDeadline(t *testing.T) {
 func TestOpenBreakerIsAnOutage(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	b, err := breaker.New("bank", breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -473,7 +474,7 @@ func TestOpenBreakerIsAnOutage(t *testing.T) {
 	mu.Lock()
 	down = false
 	mu.Unlock()
-	testenv.Eventually(t, 30*time.Second, func() error {
+	idemtest.Eventually(t, 30*time.Second, func() error {
 		if _, err := o.RunDue(ctx); err != nil && !breaker.IsOpen(err) {
 			return err
 		}
@@ -563,7 +564,7 @@ func TestSagaChildProcess(t *testing.T) {
 func TestSIGKILLMidStepResumes(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	var schema string
 	if err := w.pool.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
 		t.Fatal(err)
@@ -582,7 +583,7 @@ func TestSIGKILLMidStepResumes(t *testing.T) {
 	// as it would to any replica while another drives the saga.
 	var st saga.State
 	var err2 error
-	testenv.Eventually(t, 30*time.Second, func() error {
+	idemtest.Eventually(t, 30*time.Second, func() error {
 		st, err2 = w.orchestrator(nil).Execute(ctx, "k")
 		if errors.Is(err2, saga.ErrBusy) {
 			return err2
@@ -604,7 +605,7 @@ func TestSIGKILLMidStepResumes(t *testing.T) {
 func TestConcurrentOrchestrators(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	const n = 30
 	starter := w.orchestrator(nil)
 	for i := range n {
@@ -645,7 +646,7 @@ func TestConcurrentOrchestrators(t *testing.T) {
 func TestRunDueSkipsTypesItHasNoDefinitionFor(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	if _, err := w.pool.Exec(ctx, `INSERT INTO idem_saga (id, type, state, next_at)
 		SELECT 'inv-' || i, 'invoice', 'running', now() - interval '1 hour' FROM generate_series(1, 150) i`); err != nil {
 		t.Fatal(err)
@@ -673,7 +674,7 @@ func TestRunDueSkipsTypesItHasNoDefinitionFor(t *testing.T) {
 func TestCompensationBackoffGrows(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	const base, ceiling = 10 * time.Millisecond, 700 * time.Millisecond
 	o, err := saga.New(saga.Config{DB: w.pool, Logger: slog.New(slog.DiscardHandler), CompensationAttempts: 1,
 		BackoffBase: base, BackoffMax: base, CompensationBackoffMax: ceiling}, w.def())

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/schedule"
 )
@@ -23,7 +24,7 @@ import (
 // and group.
 type env struct {
 	t      testing.TB
-	k      *testenv.Kafka
+	k      *idemtest.Kafka
 	pool   *pgxpool.Pool
 	schema string
 	topic  string
@@ -32,12 +33,12 @@ type env struct {
 
 func newEnv(t testing.TB, partitions int32) *env {
 	t.Helper()
-	k := testenv.NewKafka(t)
-	pool, schema := testenv.PostgresSchema(t)
-	if err := schedule.Migrate(testenv.Context(t), pool); err != nil {
+	k := idemtest.Connect(t)
+	db := idemtest.ConnectPostgres(t)
+	if err := schedule.Migrate(t.Context(), db.Pool); err != nil { // idempotent: idem_deferred is there already
 		t.Fatal(err)
 	}
-	return &env{t: t, k: k, pool: pool, schema: schema, topic: k.Topic(t, partitions), group: testenv.Group(t)}
+	return &env{t: t, k: k, pool: db.Pool, schema: db.Schema, topic: k.Topic(t, "t", partitions), group: k.Group(t, "g")}
 }
 
 // scheduler returns a scheduler of the test's group tuned for quick tests,
@@ -86,7 +87,7 @@ func (e *env) record(i int) schedule.Record {
 // deferAll inserts recs due at in one committed transaction.
 func (e *env) deferAll(at time.Time, recs ...schedule.Record) {
 	e.t.Helper()
-	ctx := testenv.Context(e.t)
+	ctx := e.t.Context()
 	tx, err := e.pool.Begin(ctx)
 	if err != nil {
 		e.t.Fatal(err)
@@ -106,7 +107,7 @@ func (e *env) deferAll(at time.Time, recs ...schedule.Record) {
 func (e *env) dbNow() time.Time {
 	e.t.Helper()
 	var now time.Time
-	if err := e.pool.QueryRow(testenv.Context(e.t), "SELECT clock_timestamp()").Scan(&now); err != nil {
+	if err := e.pool.QueryRow(e.t.Context(), "SELECT clock_timestamp()").Scan(&now); err != nil {
 		e.t.Fatal(err)
 	}
 	return now
@@ -115,7 +116,7 @@ func (e *env) dbNow() time.Time {
 func (e *env) pending() int {
 	e.t.Helper()
 	var n int
-	if err := e.pool.QueryRow(testenv.Context(e.t), "SELECT count(*) FROM idem_deferred").Scan(&n); err != nil {
+	if err := e.pool.QueryRow(e.t.Context(), "SELECT count(*) FROM idem_deferred").Scan(&n); err != nil {
 		e.t.Fatal(err)
 	}
 	return n
@@ -191,7 +192,7 @@ func (c *collector) byKey() map[string][]arrival {
 // waitKeys waits until n distinct keys were read.
 func (c *collector) waitKeys(t testing.TB, n int) {
 	t.Helper()
-	testenv.Eventually(t, 90*time.Second, func() error {
+	idemtest.Eventually(t, 90*time.Second, func() error {
 		if got := len(c.byKey()); got != n {
 			return fmt.Errorf("%d of %d keys read", got, n)
 		}
@@ -228,7 +229,7 @@ func (w testWriter) Write(p []byte) (int, error) {
 func (e *env) startChild(test string) *testenv.Child {
 	e.t.Helper()
 	return testenv.StartChild(e.t, test, childEnv+"="+strings.Join([]string{e.schema, e.group, e.topic}, ","),
-		"KAFKA_BROKERS="+strings.Join(e.k.Brokers, ","), "DATABASE_URL="+testenv.DatabaseURL(e.t))
+		"KAFKA_BROKERS="+strings.Join(e.k.Brokers, ","))
 }
 
 // childEnvOf returns, in a child started by startChild, its env; nil in a
@@ -239,5 +240,5 @@ func childEnvOf(t *testing.T) *env {
 		return nil
 	}
 	p := strings.Split(v, ",")
-	return &env{t: t, k: testenv.NewKafka(t), pool: testenv.PoolOnSchema(t, p[0]), schema: p[0], group: p[1], topic: p[2]}
+	return &env{t: t, k: idemtest.Connect(t), pool: testenv.PoolOnSchema(t, p[0]), schema: p[0], group: p[1], topic: p[2]}
 }

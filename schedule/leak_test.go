@@ -5,8 +5,6 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
-
-	"github.com/idemhq/idem/internal/testenv"
 )
 
 // TestSchedulerLeavesNoGoroutines: every goroutine Scheduler.Run starts
@@ -17,7 +15,7 @@ func TestSchedulerLeavesNoGoroutines(t *testing.T) {
 	col := e.collect()
 	before := goleak.IgnoreCurrent()
 	s, _ := e.scheduler()
-	ctx, cancel := context.WithCancel(testenv.Context(t))
+	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
 	e.deferAll(e.dbNow(), e.record(1))

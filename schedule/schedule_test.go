@@ -11,7 +11,6 @@ import (
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 	"github.com/idemhq/idem/schedule"
@@ -25,7 +24,7 @@ var _ schedule.Beginner = dedupe.DB(nil)
 func TestDeferRefusesBadInput(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	tests := []struct {
 		name   string
 		mutate func(r *schedule.Record, at *time.Time)
@@ -133,7 +132,7 @@ func TestListShowsPendingInDueOrder(t *testing.T) {
 	other.group = "another-group"
 	e.deferAll(now.Add(time.Minute), other.record(3))
 
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	ps, err := schedule.List(ctx, e.pool, schedule.Filter{Group: e.group})
 	if err != nil {
 		t.Fatal(err)

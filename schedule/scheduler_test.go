@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/schedule"
@@ -34,7 +35,7 @@ func TestDeferredPublishedOnceAfterTheirTime(t *testing.T) {
 	waitMetric(t, reg, "idem_schedule_pending", 100, e.group)
 
 	col.waitKeys(t, 100)
-	testenv.Eventually(t, 30*time.Second, func() error {
+	idemtest.Eventually(t, 30*time.Second, func() error {
 		if n := e.pending(); n != 0 {
 			return fmt.Errorf("%d rows left", n)
 		}
@@ -74,7 +75,7 @@ func TestDeferredPublishedOnceAfterTheirTime(t *testing.T) {
 func TestRolledBackDeferIsNeverPublished(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	tx, err := e.pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +151,7 @@ func TestLeaderSIGKILLLosesNone(t *testing.T) {
 	c.Kill(t)
 
 	col.waitKeys(t, 100)
-	testenv.Eventually(t, 30*time.Second, func() error {
+	idemtest.Eventually(t, 30*time.Second, func() error {
 		if n := e.pending(); n != 0 {
 			return fmt.Errorf("%d rows left", n)
 		}
@@ -187,7 +188,7 @@ func TestOneLeaderPerGroup(t *testing.T) {
 	b, regB := e.scheduler()
 	run(t, a)
 	run(t, b)
-	testenv.Eventually(t, 30*time.Second, func() error {
+	idemtest.Eventually(t, 30*time.Second, func() error {
 		la, lb := metric(t, regA, "idem_schedule_leader", e.group), metric(t, regB, "idem_schedule_leader", e.group)
 		if la+lb != 1 {
 			return fmt.Errorf("leaders: %v + %v, want exactly one", la, lb)
@@ -195,7 +196,7 @@ func TestOneLeaderPerGroup(t *testing.T) {
 		return nil
 	})
 	other := *e
-	other.group = testenv.Group(t)
+	other.group = e.k.Group(t, "g_other")
 	c, regC := other.scheduler()
 	run(t, c)
 	waitMetric(t, regC, "idem_schedule_leader", 1, other.group)
@@ -209,7 +210,7 @@ func metric(t testing.TB, reg *prometheus.Registry, name, group string) float64 
 
 func waitMetric(t testing.TB, reg *prometheus.Registry, name string, want float64, group string) {
 	t.Helper()
-	testenv.Eventually(t, 60*time.Second, func() error {
+	idemtest.Eventually(t, 60*time.Second, func() error {
 		if got := metric(t, reg, name, group); got != want {
 			return fmt.Errorf("%s{group=%s} = %v, want %v", name, group, got, want)
 		}
@@ -223,12 +224,12 @@ func waitMetric(t testing.TB, reg *prometheus.Registry, name string, want float6
 func TestMissingTopicIsWaitedOut(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
-	e.topic = testenv.Unique("t_not_yet")
+	e.topic += ".not_yet" // created below, and deleted with the test's topic
 	s, reg := e.scheduler()
 	run(t, s)
 	e.deferAll(time.Time{}, e.record(7))
-	testenv.Eventually(t, 60*time.Second, func() error {
-		ps, err := schedule.List(testenv.Context(t), e.pool, schedule.Filter{Group: e.group})
+	idemtest.Eventually(t, 60*time.Second, func() error {
+		ps, err := schedule.List(t.Context(), e.pool, schedule.Filter{Group: e.group})
 		if err != nil {
 			return err
 		}
@@ -244,7 +245,7 @@ func TestMissingTopicIsWaitedOut(t *testing.T) {
 	col := e.collect()
 	col.waitKeys(t, 1)
 	waitMetric(t, reg, "idem_schedule_published_total", 1, e.group)
-	testenv.Eventually(t, 30*time.Second, func() error {
+	idemtest.Eventually(t, 30*time.Second, func() error {
 		if n := e.pending(); n != 0 {
 			return fmt.Errorf("%d rows left", n)
 		}

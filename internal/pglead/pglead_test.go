@@ -5,16 +5,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/pglead"
-	"github.com/idemhq/idem/internal/testenv"
 )
 
 // TestOneHolderThenTakeover: of two sessions one holds the lock; the other
 // stands by (told once) and takes the lock when the holder's connection
 // closes.
 func TestOneHolderThenTakeover(t *testing.T) {
-	pool := testenv.Postgres(t)
-	ctx := testenv.Context(t)
+	pool := idemtest.ConnectPostgres(t).Pool
+	ctx := t.Context()
 	key := int64(time.Now().UnixNano())
 	a, closeA, err := pglead.Conn(ctx, pool)
 	if err != nil {
@@ -68,14 +68,14 @@ func TestBackoffBounds(t *testing.T) {
 // TestWaitWakesOnNotify: Wait returns at a NOTIFY long before its timeout,
 // and nil at its timeout.
 func TestWaitWakesOnNotify(t *testing.T) {
-	pool := testenv.Postgres(t)
-	ctx := testenv.Context(t)
+	db := idemtest.ConnectPostgres(t)
+	pool, ctx := db.Pool, t.Context()
 	conn, release, err := pglead.Conn(ctx, pool)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(release)
-	ch := testenv.Unique("pglead")
+	ch := db.Schema // unique to the test
 	if _, err := conn.Exec(ctx, "LISTEN "+ch); err != nil {
 		t.Fatal(err)
 	}

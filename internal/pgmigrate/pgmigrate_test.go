@@ -21,6 +21,10 @@ var (
 	_ pgmigrate.DB = pgx.Tx(nil)
 )
 
+// The tests take their schema from testenv.Postgres, not
+// idemtest.ConnectPostgres: they need it empty (no idem_schema_migrations),
+// and idemtest's comes with idem's tables.
+
 // nonIdempotent fails if it is run twice: CREATE TABLE without IF NOT EXISTS.
 var nonIdempotent = []pgmigrate.Migration{
 	{Version: 1, Name: "create_a", SQL: "CREATE TABLE a (id int PRIMARY KEY)"},
@@ -36,7 +40,7 @@ type appliedRow struct {
 
 func applied(tb testing.TB, db *pgxpool.Pool) []appliedRow {
 	tb.Helper()
-	rows, err := db.Query(testenv.Context(tb),
+	rows, err := db.Query(tb.Context(),
 		"SELECT component, version, name, applied_at FROM idem_schema_migrations ORDER BY component, version")
 	if err != nil {
 		tb.Fatal(err)
@@ -50,7 +54,7 @@ func applied(tb testing.TB, db *pgxpool.Pool) []appliedRow {
 
 func TestApplyRecordsInOrder(t *testing.T) {
 	db := testenv.Postgres(t)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	// Given out of order: Apply must sort (b's INSERT needs a).
 	ms := []pgmigrate.Migration{nonIdempotent[1], nonIdempotent[0]}
 	if err := pgmigrate.Apply(ctx, db, "comp", ms); err != nil {
@@ -64,7 +68,7 @@ func TestApplyRecordsInOrder(t *testing.T) {
 
 func TestApplyTwiceIsNoOp(t *testing.T) {
 	db := testenv.Postgres(t)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	if err := pgmigrate.Apply(ctx, db, "comp", nonIdempotent); err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +93,7 @@ func TestApplyTwiceIsNoOp(t *testing.T) {
 
 func TestApplyIncremental(t *testing.T) {
 	db := testenv.Postgres(t)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	if err := pgmigrate.Apply(ctx, db, "comp", nonIdempotent[:1]); err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +107,7 @@ func TestApplyIncremental(t *testing.T) {
 
 func TestApplyConcurrentPools(t *testing.T) {
 	db, schema := testenv.PostgresSchema(t)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	pools := []*pgxpool.Pool{db, testenv.PoolOnSchema(t, schema), testenv.PoolOnSchema(t, schema)}
 	var wg sync.WaitGroup
 	errs := make([]error, len(pools))
@@ -128,7 +132,7 @@ func TestApplyConcurrentPools(t *testing.T) {
 
 func TestApplyFailureRollsBackEverything(t *testing.T) {
 	db := testenv.Postgres(t)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	ms := []pgmigrate.Migration{
 		nonIdempotent[0],
 		{Version: 2, Name: "broken", SQL: "CREATE TABLE oops ("},
@@ -148,7 +152,7 @@ func TestApplyFailureRollsBackEverything(t *testing.T) {
 
 func TestApplyComponentsAreIndependent(t *testing.T) {
 	db := testenv.Postgres(t)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	if err := pgmigrate.Apply(ctx, db, "one", []pgmigrate.Migration{{Version: 1, Name: "x", SQL: "CREATE TABLE x (id int)"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +166,7 @@ func TestApplyComponentsAreIndependent(t *testing.T) {
 
 func TestApplyWithConn(t *testing.T) {
 	_, schema := testenv.PostgresSchema(t)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	cfg, err := pgx.ParseConfig(testenv.DatabaseURL(t))
 	if err != nil {
 		t.Fatal(err)

@@ -7,14 +7,14 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
 	tckafka "github.com/testcontainers/testcontainers-go/modules/kafka"
-	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/idemhq/idem/internal/testkit"
 )
 
 // KafkaVersion is the protocol version tests give sarama. Kafka 4 rejects the
@@ -33,48 +33,51 @@ type Kafka struct {
 }
 
 var (
-	kafkaOnce sync.Once
-	kafkaEnv  *Kafka
-	kafkaErr  error
+	containerOnce    sync.Once
+	containerBrokers []string
+	containerErr     error
 )
 
-// NewKafka returns the process-wide test broker, starting it on first use, and
-// logs which broker runs.
+// NewKafka returns the test broker (see the package doc for the choice) and
+// logs which broker runs. With KAFKA_BROKERS set or no Docker engine, the
+// choice is testkit.Connect's, as idemtest.Connect's: that real broker, else
+// an in-process cluster (a failure with IDEM_REQUIRE_REAL_KAFKA=1), one for
+// the whole test binary, so that calls from one test, its subtests and its
+// helpers meet on one cluster. Without KAFKA_BROKERS and with Docker, one
+// testcontainers broker serves the whole test binary.
 func NewKafka(tb testing.TB) *Kafka {
 	tb.Helper()
 	SkipIfShort(tb)
-	kafkaOnce.Do(func() {
-		if b := os.Getenv("KAFKA_BROKERS"); b != "" {
-			kafkaEnv = &Kafka{Brokers: strings.Split(b, ","), Kind: "env"}
-			return
-		}
-		if dockerHealthy() {
+	var k *Kafka
+	if os.Getenv("KAFKA_BROKERS") == "" && dockerHealthy() {
+		containerOnce.Do(func() {
 			ctx := context.Background()
 			c, err := tckafka.Run(ctx, "confluentinc/confluent-local:7.5.0", tckafka.WithClusterID("idem-test"))
 			if err != nil {
-				kafkaErr = fmt.Errorf("testenv: start kafka container: %w", err)
+				containerErr = fmt.Errorf("testenv: start kafka container: %w", err)
 				return
 			}
-			brokers, err := c.Brokers(ctx)
-			kafkaEnv, kafkaErr = &Kafka{Brokers: brokers, Kind: "testcontainers"}, err
-			return
+			containerBrokers, containerErr = c.Brokers(ctx)
+		})
+		if containerErr != nil {
+			tb.Fatal(containerErr)
 		}
-		if os.Getenv("IDEM_REQUIRE_REAL_KAFKA") == "1" {
-			kafkaErr = errors.New("testenv: IDEM_REQUIRE_REAL_KAFKA=1 but KAFKA_BROKERS is not set and no Docker engine answers; run `make services`")
-			return
+		k = &Kafka{Brokers: containerBrokers, Kind: "testcontainers"}
+	} else {
+		brokers, real := testkit.Connect(tb, true)
+		k = &Kafka{Brokers: brokers, Kind: "env"}
+		if !real {
+			k.Kind = "kfake"
 		}
-		c, err := kfake.NewCluster(kfake.NumBrokers(1))
-		if err != nil {
-			kafkaErr = fmt.Errorf("testenv: start kfake: %w", err)
-			return
-		}
-		kafkaEnv = &Kafka{Brokers: c.ListenAddrs(), Kind: "kfake"}
-	})
-	if kafkaErr != nil {
-		tb.Fatal(kafkaErr)
 	}
-	tb.Logf("testenv: kafka broker: %s %v", kafkaEnv.Kind, kafkaEnv.Brokers)
-	return kafkaEnv
+	tb.Logf("testenv: kafka broker: %s %v", k.Kind, k.Brokers)
+	return k
+}
+
+// kit is the broker as the harness under idemtest sees it, with this
+// broker's client settings (security included).
+func (k *Kafka) kit() testkit.Cluster {
+	return testkit.Cluster{Brokers: k.Brokers, Config: k.SaramaConfig}
 }
 
 // SaramaConfig returns a sarama config for this broker: the right protocol
@@ -105,25 +108,21 @@ func (k *Kafka) Admin(tb testing.TB) sarama.ClusterAdmin {
 }
 
 // Topic creates a topic with a unique name and the given number of partitions,
-// and deletes it when the test ends.
+// as idemtest.Kafka.Topic does: deleted when the test ends, with the retry
+// tiers and the dead-letter topic named after it.
 func (k *Kafka) Topic(tb testing.TB, partitions int32) string {
 	tb.Helper()
-	name := Unique("t_" + tb.Name())
-	k.CreateTopic(tb, name, partitions)
-	return name
+	return k.kit().Topic(tb, "t_"+tb.Name(), partitions)
 }
 
-// CreateTopic creates name with the given partitions (replication factor 1),
-// waits until its metadata is visible, and deletes it when the test ends.
+// CreateTopic creates name with the given partitions (replication factor 1;
+// an existing topic is kept), waits until each partition's leader answers,
+// and deletes it, with the topics named after it and a dot, when the test
+// ends.
 func (k *Kafka) CreateTopic(tb testing.TB, name string, partitions int32) {
 	tb.Helper()
-	a := k.Admin(tb)
-	err := a.CreateTopic(name, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1}, false)
-	if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
-		tb.Fatalf("testenv: create topic %s: %v", name, err)
-	}
-	tb.Cleanup(func() { k.DeleteTopics(tb, name) })
-	k.WaitTopic(tb, name, partitions)
+	k.kit().CreateTopic(tb, name, partitions, true)
+	tb.Cleanup(func() { k.kit().DeleteTopicTree(tb, name) })
 }
 
 // DeleteTopics deletes topics (and whatever idem created beside them, such as
@@ -143,38 +142,10 @@ func (k *Kafka) DeleteTopics(tb testing.TB, names ...string) {
 }
 
 // WaitTopic polls until topic shows partitions partitions with leaders, and
-// each leader answers for its partition. Metadata names a leader before that
-// broker has made the partition's log, and meanwhile a fetch or a produce is
-// refused with NOT_LEADER_OR_FOLLOWER ("Your metadata is out of date"), which
-// failed tests that consumed a topic right after creating it.
+// each leader answers for its partition (testkit.Cluster.WaitTopic says why).
 func (k *Kafka) WaitTopic(tb testing.TB, topic string, partitions int32) {
 	tb.Helper()
-	c, err := sarama.NewClient(k.Brokers, k.SaramaConfig())
-	if err != nil {
-		tb.Fatalf("testenv: kafka client: %v", err)
-	}
-	defer c.Close()
-	Eventually(tb, 30*time.Second, func() error {
-		if err := c.RefreshMetadata(topic); err != nil {
-			return err
-		}
-		ps, err := c.Partitions(topic)
-		if err != nil {
-			return err
-		}
-		if int32(len(ps)) < partitions {
-			return fmt.Errorf("topic %s has %d of %d partitions", topic, len(ps), partitions)
-		}
-		for _, p := range ps {
-			if _, err := c.Leader(topic, p); err != nil {
-				return err
-			}
-			if _, err := c.GetOffset(topic, p, sarama.OffsetNewest); err != nil {
-				return fmt.Errorf("topic %s partition %d: %w", topic, p, err)
-			}
-		}
-		return nil
-	})
+	k.kit().WaitTopic(tb, topic, partitions)
 }
 
 // Group returns a unique consumer group name.
@@ -207,21 +178,7 @@ func (k *Kafka) Producer(tb testing.TB) sarama.SyncProducer {
 // with f's last error. It is the way tests wait: never time.Sleep.
 func Eventually(tb testing.TB, timeout time.Duration, f func() error) {
 	tb.Helper()
-	deadline := time.Now().Add(timeout)
-	interval := 10 * time.Millisecond
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("testenv: condition not met within %s: %v", timeout, err)
-		}
-		time.Sleep(interval) // polling interval, not synchronisation
-		if interval < 200*time.Millisecond {
-			interval *= 2
-		}
-	}
+	testkit.Eventually(tb, timeout, f)
 }
 
 // FreePortRange returns base such that the n ports base … base+n-1 were all

@@ -8,10 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/testcontainers/testcontainers-go"
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
+
+	"github.com/idemhq/idem/internal/testkit"
 )
 
 var (
@@ -53,44 +54,20 @@ func DatabaseURL(tb testing.TB) string {
 
 // Postgres returns a pool whose connections use a fresh schema, unique to this
 // test, as their search_path; the schema is dropped and the pool closed when the
-// test ends. Tables created without a schema qualifier land in it.
+// test ends. Tables created without a schema qualifier land in it. Unlike
+// idemtest.ConnectPostgres (which also creates idem's tables) the schema is
+// empty: tests of migrations and of the CLI's migrate start from nothing.
 func Postgres(tb testing.TB) *pgxpool.Pool {
 	tb.Helper()
 	pool, _ := PostgresSchema(tb)
 	return pool
 }
 
-// PostgresSchema is Postgres that also returns the schema's name.
+// PostgresSchema is Postgres that also returns the schema's name. The pool
+// holds at most 16 connections.
 func PostgresSchema(tb testing.TB) (*pgxpool.Pool, string) {
 	tb.Helper()
-	url := DatabaseURL(tb)
-	schema := Unique("t_" + tb.Name())
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-
-	admin, err := pgx.Connect(ctx, url)
-	if err != nil {
-		tb.Fatalf("testenv: connect to %s: %v (run `make services`?)", redact(url), err)
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
-		tb.Fatalf("testenv: create schema: %v", err)
-	}
-	pool := newPool(tb, schema, 16)
-	tb.Cleanup(func() {
-		pool.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		c, err := pgx.Connect(ctx, url)
-		if err != nil {
-			tb.Logf("testenv: drop schema %s: %v", schema, err)
-			return
-		}
-		defer c.Close(ctx)
-		if _, err := c.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-			tb.Logf("testenv: drop schema %s: %v", schema, err)
-		}
-	})
+	pool, schema, _ := testkit.Schema(tb, DatabaseURL(tb), 16)
 	return pool, schema
 }
 
@@ -99,32 +76,11 @@ func PostgresSchema(tb testing.TB) (*pgxpool.Pool, string) {
 // closed when the test ends.
 func PoolOnSchema(tb testing.TB, schema string) *pgxpool.Pool {
 	tb.Helper()
-	pool := newPool(tb, schema, 4)
-	tb.Cleanup(pool.Close)
-	return pool
-}
-
-func newPool(tb testing.TB, schema string, maxConns int32) *pgxpool.Pool {
-	tb.Helper()
-	cfg, err := pgxpool.ParseConfig(DatabaseURL(tb))
+	conn, err := testkit.WithSearchPath(DatabaseURL(tb), schema)
 	if err != nil {
-		tb.Fatalf("testenv: parse DATABASE_URL: %v", err)
+		tb.Fatalf("testenv: DATABASE_URL: %v", err)
 	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
-	cfg.MaxConns = maxConns
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		tb.Fatalf("testenv: pool: %v", err)
-	}
-	return pool
-}
-
-func redact(url string) string {
-	cfg, err := pgx.ParseConfig(url)
-	if err != nil {
-		return "DATABASE_URL"
-	}
-	return fmt.Sprintf("postgres://%s@%s:%d/%s", cfg.User, cfg.Host, cfg.Port, cfg.Database)
+	return testkit.Pool(tb, conn, 4)
 }
 
 var (
