@@ -403,13 +403,20 @@ func TestDeadline(t *testing.T) {
 	w := newWorld(t)
 	ctx := t.Context()
 	blocked := w.def()
-	blocked.Type, blocked.Timeout = "blocked", 300*time.Millisecond
+	// The blocked step waits for the deadline itself; 2 s leave room for
+	// Start and the first step on a loaded machine (300 ms did not: the
+	// deadline passed before the steps ran, and the saga compensated early).
+	blocked.Type, blocked.Timeout = "blocked", 2*time.Second
 	blocked.Steps[1].Action = func(ctx context.Context, c saga.Call) ([]byte, error) {
 		<-ctx.Done() // the saga's deadline
 		return nil, ctx.Err()
 	}
 	waiting := w.def()
-	waiting.Type, waiting.Timeout = "waiting", 300*time.Millisecond
+	// The waiting saga must reach Waiting before its deadline, however slow
+	// the machine: its deadline is an hour away, and the test moves it into
+	// the past once the saga waits (under load a 300 ms deadline passed
+	// before the pending step: "waiting: compensated").
+	waiting.Type, waiting.Timeout = "waiting", time.Hour
 	waiting.Steps[2].Action = func(context.Context, saga.Call) ([]byte, error) { return nil, saga.ErrPending }
 	o := w.orchestrator(nil, blocked, waiting)
 	if _, err := o.Start(ctx, w.pool, "blocked", "b", nil); err != nil {
@@ -424,6 +431,9 @@ func TestDeadline(t *testing.T) {
 	}
 	if st, err := o.Execute(ctx, "w"); err != nil || st != saga.Waiting {
 		t.Fatalf("waiting: %s, %v", st, err)
+	}
+	if _, err := w.pool.Exec(ctx, `UPDATE idem_saga SET deadline = now() - interval '1 second' WHERE id = 'w'`); err != nil {
+		t.Fatal(err)
 	}
 	idemtest.Eventually(t, 30*time.Second, func() error {
 		if _, err := o.RunDue(ctx); err != nil {
