@@ -62,7 +62,7 @@ type Breaker struct {
 }
 
 // New returns a closed Breaker for the dependency called name. Zero fields of
-// s take the values of DefaultSettings. It returns an error matching
+// s take their documented defaults (Settings' "Default:" lines). It returns an error matching
 // ErrInvalidSettings if s.Validate fails. The breaker announces itself to
 // s.OnStateChange (name, Closed, Closed) in New, before New returns, so that a
 // state gauge has its series from the breaker's creation on, not from its
@@ -72,7 +72,7 @@ func New(name string, s Settings) (*Breaker, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
-	b := newBreaker(name, s.withDefaults(DefaultSettings()))
+	b := newBreaker(name, s.withDefaults(defaultSettings()))
 	b.deliver() // the announcement
 	return b, nil
 }
@@ -104,7 +104,7 @@ func (b *Breaker) State() State {
 
 // Do runs fn(ctx) if the breaker lets the call through, and returns its error
 // unchanged. Otherwise fn is not run and Do returns an *OpenError
-// (errors.Is(err, ErrOpen)).
+// (IsOpen holds).
 //
 // The exact semantics:
 //   - If ctx is already done, Do returns ctx.Err() without running fn or
@@ -195,7 +195,7 @@ func (b *Breaker) classify(ctx context.Context, err error) outcome {
 // Do), and for how long.
 func (b *Breaker) throttleAnswer(err error) (time.Duration, bool) {
 	var ra *handler.RetryAfterError
-	if err == nil || errors.Is(err, ErrOpen) || handler.IsPermanent(err) || !errors.As(err, &ra) {
+	if err == nil || errors.Is(err, errOpen) || handler.IsPermanent(err) || !errors.As(err, &ra) {
 		return 0, false
 	}
 	if ra.After <= 0 {
