@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/internal/pgmigrate"
 )
 
@@ -20,15 +20,6 @@ const defaultChunkSize = 500
 
 // rollbackTimeout bounds a rollback run after the caller's ctx is done.
 const rollbackTimeout = 5 * time.Second
-
-// DB is what the package needs from a database handle: *pgxpool.Pool and
-// *pgx.Conn satisfy it, and so does dedupe.DB (the same methods), so
-// idem.Migrate can pass its handle on.
-type DB interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
 
 // Errors.
 var (
@@ -47,7 +38,7 @@ var migrationFS embed.FS
 // Migrate creates or upgrades the idem_checkpoint table (pgmigrate component
 // "checkpoint"). It is idempotent and safe to call from several processes at
 // once.
-func Migrate(ctx context.Context, db DB) error {
+func Migrate(ctx context.Context, db dedupe.DB) error {
 	ms, err := pgmigrate.Load(migrationFS, "migrations", nil)
 	if err != nil {
 		return fmt.Errorf("checkpoint: load migrations: %w", err)
@@ -144,7 +135,7 @@ type Stats struct {
 // chunk is rolled back and the checkpoint stays after the last committed
 // chunk, so calling Run again resumes there. The error wraps the cause and
 // names the job and cursor.
-func (r *Runner[R]) Run(ctx context.Context, db DB) (Stats, error) {
+func (r *Runner[R]) Run(ctx context.Context, db dedupe.DB) (Stats, error) {
 	var st Stats
 	for {
 		if err := ctx.Err(); err != nil {
@@ -164,7 +155,7 @@ func (r *Runner[R]) Run(ctx context.Context, db DB) (Stats, error) {
 }
 
 // chunk runs one chunk transaction; done reports that no rows were left.
-func (r *Runner[R]) chunk(ctx context.Context, db DB) (n int, done bool, err error) {
+func (r *Runner[R]) chunk(ctx context.Context, db dedupe.DB) (n int, done bool, err error) {
 	start := time.Now()
 	tx, err := db.Begin(ctx)
 	if err != nil {

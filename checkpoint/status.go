@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemhq/idem/dedupe"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -34,7 +35,7 @@ func scanState(row pgx.Row) (State, error) {
 }
 
 // Get returns job's checkpoint, or ErrNotFound.
-func Get(ctx context.Context, db DB, job string) (State, error) {
+func Get(ctx context.Context, db dedupe.DB, job string) (State, error) {
 	s, err := scanState(db.QueryRow(ctx, selectState+" WHERE job = $1", job))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return State{}, fmt.Errorf("%w: %q", ErrNotFound, job)
@@ -46,7 +47,7 @@ func Get(ctx context.Context, db DB, job string) (State, error) {
 }
 
 // List returns every job's checkpoint, ordered by job name.
-func List(ctx context.Context, db DB) ([]State, error) {
+func List(ctx context.Context, db dedupe.DB) ([]State, error) {
 	tx, err := db.Begin(ctx) // a read-only use of a transaction: DB has no Query
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: list: %w", err)
@@ -68,7 +69,7 @@ func List(ctx context.Context, db DB) ([]State, error) {
 // advisory lock, so it waits for a chunk in progress and never lands in the
 // middle of one. It returns ErrNotFound for a job with no checkpoint row.
 // Rows already processed are not undone: resetting re-runs Process on them.
-func Reset(ctx context.Context, db DB, job, cursor string) (err error) {
+func Reset(ctx context.Context, db dedupe.DB, job, cursor string) (err error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("checkpoint: reset %s: begin: %w", job, err)

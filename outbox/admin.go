@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemhq/idem/dedupe"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -47,7 +48,7 @@ type ListOptions struct {
 
 // List returns outbox rows in id order (values are not read; ValueSize gives
 // their length). `idem outbox list` prints it.
-func List(ctx context.Context, db DB, opt ListOptions) ([]Row, error) {
+func List(ctx context.Context, db dedupe.DB, opt ListOptions) ([]Row, error) {
 	t, err := parseTable(opt.Table)
 	if err != nil {
 		return nil, err
@@ -98,7 +99,7 @@ func List(ctx context.Context, db DB, opt ListOptions) ([]Row, error) {
 // again, with their attempts and rejections reset, and wakes the relay. It returns the ids
 // it changed; ids that are not failed (unknown, pending, published) are left
 // alone and not returned. The last error is kept until the next publish.
-func Retry(ctx context.Context, db DB, table string, ids ...int64) ([]int64, error) {
+func Retry(ctx context.Context, db dedupe.DB, table string, ids ...int64) ([]int64, error) {
 	t, err := parseTable(table)
 	if err != nil {
 		return nil, err

@@ -3,6 +3,8 @@ package outbox
 import (
 	"context"
 	"time"
+
+	"github.com/idemhq/idem/dedupe"
 )
 
 // SetAfterAck installs a hook the relay calls after a round's acks and before
@@ -23,7 +25,7 @@ func SetBeforeCommit(r *Relay, f func(round int64) error) { r.beforeCommit = f }
 
 // DefaultTransactionalID is the transactional id an exactly-once relay of
 // table derives when Relay.TransactionalID is empty.
-func DefaultTransactionalID(ctx context.Context, db DB, table string) (string, error) {
+func DefaultTransactionalID(ctx context.Context, db dedupe.DB, table string) (string, error) {
 	t, err := parseTable(table)
 	if err != nil {
 		return "", err

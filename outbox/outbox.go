@@ -11,8 +11,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/internal/pgmigrate"
 )
 
@@ -40,14 +40,6 @@ var ErrInvalidConfig = errors.New("outbox: invalid configuration")
 
 //go:embed migrations/*.sql
 var migrationFS embed.FS
-
-// DB is what Migrate, List and Retry need from a database handle;
-// *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
-type DB interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
 
 // Header is one Kafka record header. Values are bytes, stored and published
 // as given.
@@ -173,7 +165,7 @@ func nonNil(b []byte) []byte {
 // "outbox:<table>" in idem_schema_migrations), idempotent and safe when
 // several processes start at once. idem.Migrate and `idem migrate` call
 // it for the default table; Relay.Run calls it for its own.
-func Migrate(ctx context.Context, db DB, tables ...string) error {
+func Migrate(ctx context.Context, db dedupe.DB, tables ...string) error {
 	if len(tables) == 0 {
 		tables = []string{DefaultTable}
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/internal/pgmigrate"
 )
 
@@ -63,15 +64,6 @@ var (
 	ErrInvalidConfig = errors.New("saga: invalid configuration")
 )
 
-// DB is what Migrate and the orchestrator need from a database handle:
-// *pgxpool.Pool and *pgx.Conn satisfy it, and so does dedupe.DB (the same
-// methods), so idem.Migrate can pass its handle on.
-type DB interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // Querier runs statements: *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
 type Querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
@@ -85,7 +77,7 @@ var migrationFS embed.FS
 // Migrate creates or upgrades the idem_saga and idem_saga_step tables
 // (pgmigrate component "saga"). It is idempotent and safe to call from
 // several processes at once.
-func Migrate(ctx context.Context, db DB) error {
+func Migrate(ctx context.Context, db dedupe.DB) error {
 	ms, err := pgmigrate.Load(migrationFS, "migrations", nil)
 	if err != nil {
 		return fmt.Errorf("saga: load migrations: %w", err)
@@ -158,7 +150,7 @@ type Definition struct {
 // is its default.
 type Config struct {
 	// DB holds the saga tables (see Migrate). Required.
-	DB DB
+	DB dedupe.DB
 	// StepAttempts is how many times one Execute calls a failing action
 	// before the step fails. Default: 3.
 	StepAttempts int

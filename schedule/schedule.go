@@ -12,6 +12,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/pgmigrate"
 	"github.com/idemhq/idem/internal/wire"
@@ -38,12 +39,6 @@ var ErrInvalidConfig = errors.New("schedule: invalid configuration")
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
-// Beginner is what Migrate needs from a database handle: *pgxpool.Pool,
-// *pgx.Conn, pgx.Tx and dedupe.DB satisfy it.
-type Beginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
 // Querier is what List needs from a database handle: *pgxpool.Pool,
 // *pgx.Conn and pgx.Tx satisfy it.
 type Querier interface {
@@ -54,7 +49,7 @@ type Querier interface {
 // trigger that wakes the schedulers at commit (pgmigrate component
 // "schedule"). It is idempotent and safe to call from several processes at
 // once; Scheduler.Run calls it too.
-func Migrate(ctx context.Context, db Beginner) error {
+func Migrate(ctx context.Context, db dedupe.DB) error {
 	ms, err := pgmigrate.Load(migrationFS, "migrations", nil)
 	if err != nil {
 		return fmt.Errorf("schedule: load migrations: %w", err)
