@@ -489,8 +489,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	// a series for every relay, not only once this one has led and published.
 	m.Published.WithLabelValues(t.name)
 	m.PublishSeconds.WithLabelValues(t.name)
-	c.Health.set(ErrNotStarted)
-	defer c.Health.set(ErrStopped)
+	c.Health.set(errNotStarted)
+	defer c.Health.set(errStopped)
 	if !s.start(ctx) {
 		return nil
 	}
@@ -549,11 +549,11 @@ func (s *session) backoff(n int) time.Duration {
 
 // Errors Health.Err returns while the relay is not running.
 var (
-	// ErrNotStarted: Run has not yet migrated the table and made its
+	// errNotStarted: Run has not yet migrated the table and made its
 	// producer (the last failure, if any, is returned instead).
-	ErrNotStarted = errors.New("outbox: relay not started")
-	// ErrStopped: Run has returned.
-	ErrStopped = errors.New("outbox: relay stopped")
+	errNotStarted = errors.New("outbox: relay not started")
+	// errStopped: Run has returned.
+	errStopped = errors.New("outbox: relay stopped")
 )
 
 // Health is a running relay's state, for a readiness probe: set
@@ -566,8 +566,8 @@ type Health struct {
 
 // Err returns nil while the relay runs with its table migrated and its
 // producer made, connected to the database (leading or standing by), and
-// otherwise why not: ErrNotStarted, ErrStopped, or the last start-up or
-// connection error (a relay retries those by itself).
+// otherwise why not: that it has not started yet or has stopped, or the last
+// start-up or connection error (a relay retries those by itself).
 func (h *Health) Err() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
