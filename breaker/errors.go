@@ -66,7 +66,7 @@ type ThrottleReason string
 const (
 	// ReasonRetryAfter: the dependency answered with a Retry-After (an HTTP
 	// 429, or a 503 with Retry-After), returned from inside Do as a
-	// *handler.RetryAfterError, and every call to it is paused until then.
+	// handler.RetryAfter error, and every call to it is paused until then.
 	ReasonRetryAfter ThrottleReason = "retry-after"
 	// ReasonRate: no token of the dependency's rate (Limits.Rate) would be
 	// free within Limits.MaxWait.

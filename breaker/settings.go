@@ -136,7 +136,7 @@ func defaultSettings() Settings {
 //   - an *OpenError or a *ThrottleError (IsOpen) from another breaker or
 //     Set: that dependency was not even called, or it asked for a pause.
 //
-// A dependency's request to wait (a *handler.RetryAfterError returned by fn)
+// A dependency's request to wait (a handler.RetryAfter error returned by fn)
 // is excluded by Do before IsFailure is consulted; see Breaker.Do.
 //
 // Context errors from the caller's own ctx are excluded by Do before IsFailure

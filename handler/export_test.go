@@ -1,0 +1,4 @@
+package handler
+
+// RetryAfterError is the error RetryAfter returns, for the external tests.
+type RetryAfterError = retryAfterError
