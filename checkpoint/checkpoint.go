@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/pgmigrate"
 )
 
@@ -23,7 +24,7 @@ const rollbackTimeout = 5 * time.Second
 
 // Errors.
 var (
-	// ErrInvalidJob is wrapped by NewRunner's errors; the message names the field.
+	// ErrInvalidJob is matched by every problem NewRunner reports; each names the field.
 	ErrInvalidJob = errors.New("checkpoint: invalid job")
 	// ErrNotFound is returned by Get and Reset for a job with no checkpoint row.
 	ErrNotFound = errors.New("checkpoint: no such job")
@@ -93,17 +94,25 @@ type Runner[R any] struct {
 	m    *collectors
 }
 
-// NewRunner validates job, fills its defaults and registers its metrics.
+// NewRunner validates job, fills its defaults and registers its metrics. It
+// reports every bad field of job at once (errors.Join), each naming the
+// field, its value and the rule, every one matching ErrInvalidJob.
 func NewRunner[R any](job Job[R]) (*Runner[R], error) {
-	switch {
-	case job.Name == "":
-		return nil, fmt.Errorf("%w: Name is empty", ErrInvalidJob)
-	case job.ChunkSize < 0:
-		return nil, fmt.Errorf("%w: ChunkSize is %d, want >= 0 (0: %d)", ErrInvalidJob, job.ChunkSize, defaultChunkSize)
-	case job.Read == nil:
-		return nil, fmt.Errorf("%w: Read is nil", ErrInvalidJob)
-	case job.Process == nil:
-		return nil, fmt.Errorf("%w: Process is nil", ErrInvalidJob)
+	l := configerr.New(ErrInvalidJob, "Job.")
+	if job.Name == "" {
+		l.Bad("Name", job.Name, "required")
+	}
+	if job.ChunkSize < 0 {
+		l.Bad("ChunkSize", job.ChunkSize, fmt.Sprintf("must be >= 0 (0: %d)", defaultChunkSize))
+	}
+	if job.Read == nil {
+		l.Bad("Read", nil, "required")
+	}
+	if job.Process == nil {
+		l.Bad("Process", nil, "required")
+	}
+	if err := l.Err(); err != nil {
+		return nil, err
 	}
 	if job.ChunkSize == 0 {
 		job.ChunkSize = defaultChunkSize

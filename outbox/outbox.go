@@ -34,8 +34,8 @@ const (
 // refuses (empty topic, empty header name); nothing is inserted then.
 var ErrInvalidMessage = errors.New("outbox: invalid message")
 
-// ErrInvalidConfig is wrapped by errors about a bad table name or Relay
-// field; the message names the field, the value and the rule.
+// ErrInvalidConfig is matched by errors about a bad table name and by every
+// problem Relay.Validate reports; each names the field, the value and the rule.
 var ErrInvalidConfig = errors.New("outbox: invalid configuration")
 
 //go:embed migrations/*.sql

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/pglead"
 )
 
@@ -358,47 +359,45 @@ type Relay struct {
 	beforeCommit func(round int64) error
 }
 
-// Validate reports the first bad field, wrapping ErrInvalidConfig.
+// Validate reports every bad field at once (errors.Join), each naming the
+// field, its value and the rule, every one matching ErrInvalidConfig. Zero
+// fields count as their defaults. Run calls it.
 func (r *Relay) Validate() error {
-	bad := func(field string, v any, rule string) error {
-		return fmt.Errorf("%w: Relay.%s = %v: %s", ErrInvalidConfig, field, v, rule)
-	}
-	switch {
-	case r == nil:
+	if r == nil {
 		return fmt.Errorf("%w: nil Relay", ErrInvalidConfig)
-	case r.Pool == nil:
-		return bad("Pool", nil, "required")
-	case len(r.Brokers) == 0:
-		return bad("Brokers", r.Brokers, "at least one host:port required")
-	case r.BatchSize < 0:
-		return bad("BatchSize", r.BatchSize, "must be >= 0")
-	case r.MaxAttempts < 0:
-		return bad("MaxAttempts", r.MaxAttempts, "must be >= 0")
-	case r.RetryMax > 0 && r.RetryBase > r.RetryMax:
-		return bad("RetryBase", r.RetryBase, fmt.Sprintf("must not exceed RetryMax (%s)", r.RetryMax))
 	}
-	for name, d := range map[string]time.Duration{"PollInterval": r.PollInterval, "LeaderRetry": r.LeaderRetry,
-		"RetryBase": r.RetryBase, "RetryMax": r.RetryMax, "KeepPublished": r.KeepPublished,
-		"SweepInterval": r.SweepInterval, "StatsInterval": r.StatsInterval, "QueryTimeout": r.QueryTimeout} {
-		if d < 0 {
-			return bad(name, d, "must be >= 0 (0: the default)")
-		}
+	c := r.withDefaults()
+	l := configerr.New(ErrInvalidConfig, "Relay.")
+	if c.Pool == nil {
+		l.Bad("Pool", nil, "required")
 	}
-	if _, err := parseTable(r.Table); err != nil {
-		return err
+	if len(c.Brokers) == 0 {
+		l.Bad("Brokers", c.Brokers, "at least one host:port required")
 	}
-	if err := ProducerConfig(r.Sarama).Validate(); err != nil {
-		return fmt.Errorf("%w: Relay.Sarama: %w", ErrInvalidConfig, err)
+	if c.BatchSize < 0 {
+		l.Bad("BatchSize", c.BatchSize, "must be >= 0 (0: the default)")
 	}
-	if r.ExactlyOnce {
+	if c.MaxAttempts < 0 {
+		l.Bad("MaxAttempts", c.MaxAttempts, "must be >= 0 (0: the default)")
+	}
+	l.NonNegative(map[string]time.Duration{"PollInterval": c.PollInterval, "LeaderRetry": c.LeaderRetry,
+		"RetryBase": c.RetryBase, "RetryMax": c.RetryMax, "KeepPublished": c.KeepPublished,
+		"SweepInterval": c.SweepInterval, "StatsInterval": c.StatsInterval, "QueryTimeout": c.QueryTimeout})
+	if c.RetryBase > c.RetryMax {
+		l.Bad("RetryBase", c.RetryBase, fmt.Sprintf("must not exceed RetryMax (%s)", c.RetryMax))
+	}
+	if _, err := parseTable(c.Table); err != nil {
+		l.Add(fmt.Errorf("Relay.Table: %w", err))
+	}
+	l.Check("Sarama", ProducerConfig(r.Sarama).Validate())
+	if c.ExactlyOnce {
 		if v := ProducerConfig(r.Sarama).Version; !v.IsAtLeast(sarama.V2_5_0_0) {
-			return bad("Sarama.Version", v, "ExactlyOnce needs Kafka 2.5 or later")
-		}
-		if err := txnConfig(r.Sarama, "idem-outbox-validate").Validate(); err != nil {
-			return fmt.Errorf("%w: Relay.Sarama with ExactlyOnce: %w", ErrInvalidConfig, err)
+			l.Bad("Sarama.Version", v, "ExactlyOnce needs Kafka 2.5 or later")
+		} else {
+			l.Check("Sarama (ExactlyOnce)", txnConfig(r.Sarama, "idem-outbox-validate").Validate())
 		}
 	}
-	return nil
+	return l.Err()
 }
 
 // withDefaults returns a copy with every zero field set to its default.

@@ -32,8 +32,8 @@ const component = "schedule"
 // time too far away); nothing is inserted then.
 var ErrInvalidRecord = errors.New("schedule: invalid record")
 
-// ErrInvalidConfig is wrapped by the error Scheduler.Validate (and so Run)
-// returns; the message names the field, the value and the rule.
+// ErrInvalidConfig is matched by every problem Scheduler.Validate (and so
+// Run) reports; each names the field, the value and the rule.
 var ErrInvalidConfig = errors.New("schedule: invalid configuration")
 
 //go:embed migrations/*.sql
