@@ -86,6 +86,15 @@ type Job[R any] struct {
 	Registerer prometheus.Registerer
 }
 
+// withDefaults returns job with every zero field set to its default: the one
+// place Job's defaults live.
+func (job Job[R]) withDefaults() Job[R] {
+	if job.ChunkSize == 0 {
+		job.ChunkSize = defaultChunkSize
+	}
+	return job
+}
+
 // Runner runs a Job. It is safe for concurrent use: several Runs (in one
 // process or many) of one job take turns chunk by chunk.
 type Runner[R any] struct {
@@ -114,9 +123,7 @@ func NewRunner[R any](job Job[R]) (*Runner[R], error) {
 	if err := l.Err(); err != nil {
 		return nil, err
 	}
-	if job.ChunkSize == 0 {
-		job.ChunkSize = defaultChunkSize
-	}
+	job = job.withDefaults()
 	m, err := newCollectors(job.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: metrics: %w", err)
