@@ -5,13 +5,13 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/internal/checkpointrow"
 	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/pgmigrate"
 )
@@ -26,8 +26,6 @@ const rollbackTimeout = 5 * time.Second
 var (
 	// ErrInvalidJob is matched by every problem NewRunner reports; each names the field.
 	ErrInvalidJob = errors.New("checkpoint: invalid job")
-	// ErrNotFound is returned by Get and Reset for a job with no checkpoint row.
-	ErrNotFound = errors.New("checkpoint: no such job")
 	// ErrNoProgress is wrapped by Run's error when Read returns rows but the
 	// same cursor it was given, which would process one chunk for ever.
 	ErrNoProgress = errors.New("checkpoint: Read returned rows without advancing the cursor")
@@ -128,15 +126,7 @@ func NewRunner[R any](job Job[R]) (*Runner[R], error) {
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: metrics: %w", err)
 	}
-	return &Runner[R]{job: job, lock: lockKey(job.Name), m: m}, nil
-}
-
-// lockKey is the pg_advisory_xact_lock key of job: the FNV-1a 64-bit hash of
-// "idem-checkpoint:" + job. Run and Reset hold it for each transaction.
-func lockKey(job string) int64 {
-	h := fnv.New64a()
-	h.Write([]byte("idem-checkpoint:" + job))
-	return int64(h.Sum64())
+	return &Runner[R]{job: job, lock: checkpointrow.LockKey(job.Name), m: m}, nil
 }
 
 // Stats counts what one Run did.

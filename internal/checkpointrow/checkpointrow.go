@@ -1,14 +1,33 @@
-package checkpoint
+// Package checkpointrow is the idem_checkpoint table's rows, one per batch
+// job of package checkpoint: the row (State), reading it (Get, List),
+// moving it (Reset) and the job's advisory lock (LockKey), which the runner
+// and Reset share. `idem checkpoint status` and `idem checkpoint reset` use
+// it; a service runs its jobs with package checkpoint.
+package checkpointrow
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"time"
 
-	"github.com/idemhq/idem/dedupe"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemhq/idem/dedupe"
 )
+
+// ErrNotFound is returned by Get and Reset for a job with no checkpoint row.
+var ErrNotFound = errors.New("checkpoint: no such job")
+
+// LockKey is the pg_advisory_xact_lock key of job: the FNV-1a 64-bit hash of
+// "idem-checkpoint:" + job. checkpoint.Runner.Run and Reset hold it for each
+// transaction.
+func LockKey(job string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("idem-checkpoint:" + job))
+	return int64(h.Sum64())
+}
 
 // State is a job's checkpoint row.
 type State struct {
@@ -79,7 +98,7 @@ func Reset(ctx context.Context, db dedupe.DB, job, cursor string) (err error) {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", lockKey(job)); err != nil {
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", LockKey(job)); err != nil {
 		return fmt.Errorf("checkpoint: reset %s: advisory lock: %w", job, err)
 	}
 	tag, err := tx.Exec(ctx, `UPDATE idem_checkpoint SET cursor = $2, rows_done = 0, chunks_done = 0,
