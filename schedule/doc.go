@@ -38,7 +38,7 @@
 // topic, partition, key, value, header_keys, header_values,
 // record_timestamp, idempotency_key, origin_topic, origin_partition,
 // origin_offset, deferred_until (the time asked for), due_at (the next try),
-// created_at, attempts, last_error. List reads it for `idem schedule list`.
+// created_at, attempts, last_error; `idem schedule list` shows it.
 //
 // # Defaults
 //
