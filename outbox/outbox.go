@@ -6,18 +6,18 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/internal/outboxtable"
 	"github.com/idemhq/idem/internal/pgmigrate"
 )
 
-// DefaultTable is the outbox table used when no table is named.
-const DefaultTable = "idem_outbox"
+// DefaultTable is the outbox table used when no table is named: idem_outbox.
+const DefaultTable = outboxtable.Default
 
 // Header names the relay sets on every published record.
 const (
@@ -36,7 +36,7 @@ var ErrInvalidMessage = errors.New("outbox: invalid message")
 
 // ErrInvalidConfig is matched by errors about a bad table name and by every
 // problem Relay.Validate reports; each names the field, the value and the rule.
-var ErrInvalidConfig = errors.New("outbox: invalid configuration")
+var ErrInvalidConfig = outboxtable.ErrInvalidConfig
 
 //go:embed migrations/*.sql
 var migrationFS embed.FS
@@ -197,26 +197,11 @@ func parseTable(name string) (table, error) {
 	if name == "" {
 		name = DefaultTable
 	}
-	schema, rel, qualified := strings.Cut(name, ".")
-	if !qualified {
-		schema, rel = "", name
+	n, err := outboxtable.Parse(name)
+	if err != nil {
+		return table{}, err
 	}
-	if rel == "" || (qualified && schema == "") {
-		return table{}, fmt.Errorf("%w: table name %q: want \"table\" or \"schema.table\" with non-empty parts", ErrInvalidConfig, name)
-	}
-	for _, p := range []string{schema, rel} {
-		if len(p) > 63 || strings.ContainsRune(p, 0) || !utf8.ValidString(p) {
-			return table{}, fmt.Errorf("%w: table name %q: each part must be valid UTF-8, without NUL, at most 63 bytes", ErrInvalidConfig, name)
-		}
-	}
-	return table{name: name, schema: schema, rel: rel, quoted: qualify(schema, rel)}, nil
-}
-
-func qualify(schema, rel string) string {
-	if schema == "" {
-		return pgx.Identifier{rel}.Sanitize()
-	}
-	return pgx.Identifier{schema, rel}.Sanitize()
+	return table{name: name, schema: n.Schema, rel: n.Rel, quoted: n.Quoted}, nil
 }
 
 // derived names an object after the table, within PostgreSQL's 63 bytes,
@@ -236,7 +221,7 @@ func (t table) derived(suffix string) string {
 }
 
 // rounds is the quoted name of the table of Relay.ExactlyOnce's rounds.
-func (t table) rounds() string { return qualify(t.schema, t.derived("_rounds")) }
+func (t table) rounds() string { return outboxtable.Qualify(t.schema, t.derived("_rounds")) }
 
 func (t table) templateData() map[string]string {
 	return map[string]string{
@@ -246,7 +231,7 @@ func (t table) templateData() map[string]string {
 		"PublishedIndex": pgx.Identifier{t.derived("_published_idx")}.Sanitize(),
 		"ReadyIndex":     pgx.Identifier{t.derived("_ready_idx")}.Sanitize(),
 		"HeldIndex":      pgx.Identifier{t.derived("_held_idx")}.Sanitize(),
-		"NotifyFunc":     qualify(t.schema, t.derived("_notify")),
+		"NotifyFunc":     outboxtable.Qualify(t.schema, t.derived("_notify")),
 		"Trigger":        pgx.Identifier{t.derived("_notify_trg")}.Sanitize(),
 		"Rounds":         t.rounds(),
 	}

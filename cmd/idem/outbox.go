@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
+	"github.com/idemhq/idem/internal/outboxadmin"
 	"github.com/idemhq/idem/metrics"
 	"github.com/idemhq/idem/outbox"
 )
@@ -119,10 +120,10 @@ database's clock; "-" for none).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if failed {
-				if state != "" && state != outbox.StateFailed {
+				if state != "" && state != outboxadmin.StateFailed {
 					return errors.New("--failed and --state " + state + " contradict each other")
 				}
-				state = outbox.StateFailed
+				state = outboxadmin.StateFailed
 			}
 			ctx := cmd.Context()
 			pool, err := openPool(ctx, url)
@@ -130,7 +131,7 @@ database's clock; "-" for none).`,
 				return err
 			}
 			defer pool.Close()
-			rows, err := outbox.List(ctx, pool, outbox.ListOptions{Table: table, State: state, Limit: limit})
+			rows, err := outboxadmin.List(ctx, pool, outboxadmin.ListOptions{Table: table, State: state, Limit: limit})
 			if err != nil {
 				return err
 			}
@@ -159,7 +160,7 @@ database's clock; "-" for none).`,
 	return c
 }
 
-func outboxJSON(a *app, rows []outbox.Row) error {
+func outboxJSON(a *app, rows []outboxadmin.Row) error {
 	type row struct {
 		ID          int64     `json:"id"`
 		EventID     string    `json:"event_id"`
@@ -212,7 +213,7 @@ are left alone and reported.`,
 				return err
 			}
 			defer pool.Close()
-			done, err := outbox.Retry(ctx, pool, table, ids...)
+			done, err := outboxadmin.Retry(ctx, pool, table, ids...)
 			if err != nil {
 				return err
 			}
