@@ -18,9 +18,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem"
-	"github.com/idemhq/idem/checkpoint"
 	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/internal/checkpointrow"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/outbox"
@@ -112,7 +112,7 @@ func TestMigrateCreatesEveryTable(t *testing.T) {
 		func() error { return keyorder.New(union, "").Migrate(ctx) },
 		func() error { return outbox.Migrate(ctx, union) },
 		func() error { return saga.Migrate(ctx, union) },
-		func() error { return checkpoint.Migrate(ctx, union) },
+		func() error { return checkpointrow.Migrate(ctx, union) },
 		func() error { return index.Migrate(ctx, union) },
 		func() error { return schedule.Migrate(ctx, union) },
 	} {

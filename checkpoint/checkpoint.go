@@ -2,7 +2,6 @@ package checkpoint
 
 import (
 	"context"
-	"embed"
 	"errors"
 	"fmt"
 	"time"
@@ -13,7 +12,6 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/internal/checkpointrow"
 	"github.com/idemhq/idem/internal/configerr"
-	"github.com/idemhq/idem/internal/pgmigrate"
 )
 
 // defaultChunkSize is Job.ChunkSize when zero.
@@ -30,23 +28,6 @@ var (
 	// same cursor it was given, which would process one chunk for ever.
 	ErrNoProgress = errors.New("checkpoint: Read returned rows without advancing the cursor")
 )
-
-//go:embed migrations/*.sql
-var migrationFS embed.FS
-
-// Migrate creates or upgrades the idem_checkpoint table (pgmigrate component
-// "checkpoint"). It is idempotent and safe to call from several processes at
-// once.
-func Migrate(ctx context.Context, db dedupe.DB) error {
-	ms, err := pgmigrate.Load(migrationFS, "migrations", nil)
-	if err != nil {
-		return fmt.Errorf("checkpoint: load migrations: %w", err)
-	}
-	if err := pgmigrate.Apply(ctx, db, "checkpoint", ms); err != nil {
-		return fmt.Errorf("checkpoint: migrate: %w", err)
-	}
-	return nil
-}
 
 // Job describes a batch job over rows of type R.
 type Job[R any] struct {

@@ -27,3 +27,6 @@ var (
 	Reset       = checkpointrow.Reset
 	ErrNotFound = checkpointrow.ErrNotFound
 )
+
+// Migrate is checkpointrow.Migrate (idem.Migrate runs it), for the external tests.
+var Migrate = checkpointrow.Migrate

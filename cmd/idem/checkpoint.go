@@ -48,7 +48,7 @@ func checkpointDB(c *cobra.Command) func(*cobra.Command) (*pgxpool.Pool, error) 
 func checkpointHint(err error) error {
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && pe.Code == "42P01" {
-		return fmt.Errorf("%w (create it with checkpoint.Migrate, which batch jobs call at start)", err)
+		return fmt.Errorf("%w (create it with `idem migrate` or idem.Migrate)", err)
 	}
 	return err
 }

@@ -27,10 +27,10 @@ func TestCheckpointCLI(t *testing.T) {
 		t.Logf("idem %s -> %d\n%s%s", strings.Join(args, " "), code, out.String(), errOut.String())
 		return code, out.String(), errOut.String()
 	}
-	if code, _, errOut := cli("", "checkpoint", "status"); code != 1 || !strings.Contains(errOut, "checkpoint.Migrate") {
+	if code, _, errOut := cli("", "checkpoint", "status"); code != 1 || !strings.Contains(errOut, "idem migrate") {
 		t.Fatalf("status without the table: %d %q; want the fix named", code, errOut)
 	}
-	if err := checkpoint.Migrate(ctx, pool); err != nil {
+	if err := checkpointrow.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
 	if code, out, _ := cli("", "checkpoint", "status"); code != 0 || !strings.Contains(out, "no checkpoints") {

@@ -1,12 +1,15 @@
-// Package checkpointrow is the idem_checkpoint table's rows, one per batch
-// job of package checkpoint: the row (State), reading it (Get, List),
-// moving it (Reset) and the job's advisory lock (LockKey), which the runner
-// and Reset share. `idem checkpoint status` and `idem checkpoint reset` use
-// it; a service runs its jobs with package checkpoint.
+// Package checkpointrow is the idem_checkpoint table, one row per batch job
+// of package checkpoint: its migrations (Migrate, which idem.Migrate runs),
+// the row (State), reading it (Get, List), moving it (Reset) and the job's
+// advisory lock (LockKey), which the runner and Reset share.
+// `idem checkpoint status` and `idem checkpoint reset` use it; a service
+// creates the table with idem.Migrate and runs its jobs with package
+// checkpoint.
 package checkpointrow
 
 import (
 	"context"
+	"embed"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -15,7 +18,25 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/internal/pgmigrate"
 )
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// Migrate creates or upgrades the idem_checkpoint table (pgmigrate component
+// "checkpoint"); idem.Migrate runs it. It is idempotent and safe to call
+// from several processes at once.
+func Migrate(ctx context.Context, db dedupe.DB) error {
+	ms, err := pgmigrate.Load(migrationFS, "migrations", nil)
+	if err != nil {
+		return fmt.Errorf("checkpoint: load migrations: %w", err)
+	}
+	if err := pgmigrate.Apply(ctx, db, "checkpoint", ms); err != nil {
+		return fmt.Errorf("checkpoint: migrate: %w", err)
+	}
+	return nil
+}
 
 // ErrNotFound is returned by Get and Reset for a job with no checkpoint row.
 var ErrNotFound = errors.New("checkpoint: no such job")
