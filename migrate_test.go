@@ -22,10 +22,10 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/internal/checkpointrow"
 	"github.com/idemhq/idem/internal/keyorder"
+	"github.com/idemhq/idem/internal/scheduletable"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/outbox"
 	"github.com/idemhq/idem/saga"
-	"github.com/idemhq/idem/schedule"
 )
 
 // catalog describes what a schema holds: each table with its columns, each
@@ -114,7 +114,7 @@ func TestMigrateCreatesEveryTable(t *testing.T) {
 		func() error { return saga.Migrate(ctx, union) },
 		func() error { return checkpointrow.Migrate(ctx, union) },
 		func() error { return index.Migrate(ctx, union) },
-		func() error { return schedule.Migrate(ctx, union) },
+		func() error { return scheduletable.Migrate(ctx, union) },
 	} {
 		if err := step(); err != nil {
 			t.Fatal(err)

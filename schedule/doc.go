@@ -33,7 +33,7 @@
 //
 // # Table
 //
-// idem_deferred (in the connection's search_path) is created by Migrate
+// idem_deferred (in the connection's search_path) is created by idem.Migrate
 // (pgmigrate component "schedule") or Scheduler.Run: id, consumer_group,
 // topic, partition, key, value, header_keys, header_values,
 // record_timestamp, idempotency_key, origin_topic, origin_partition,

@@ -2,7 +2,7 @@ package schedule
 
 import (
 	"github.com/idemhq/idem/dedupe"
-	"github.com/idemhq/idem/internal/schedulelist"
+	"github.com/idemhq/idem/internal/scheduletable"
 )
 
 // SetAfterAck sets the test hook that runs after a round's acks and before
@@ -12,12 +12,15 @@ func SetAfterAck(s *Scheduler, f func(ids []int64)) { s.afterAck = f }
 // Beginner is dedupe.DB, the handle type Migrate takes, for the external tests.
 type Beginner = dedupe.DB
 
-// Listing the deferred records lives in internal/schedulelist (the CLI's);
+// Listing the deferred records lives in internal/scheduletable (the CLI's);
 // the external tests reach it under its old names.
 type (
-	Filter  = schedulelist.Filter
-	Pending = schedulelist.Pending
+	Filter  = scheduletable.Filter
+	Pending = scheduletable.Pending
 )
 
-// List is schedulelist.List.
-var List = schedulelist.List
+// List is scheduletable.List.
+var List = scheduletable.List
+
+// Migrate is scheduletable.Migrate (idem.Migrate runs it), for the external tests.
+var Migrate = scheduletable.Migrate

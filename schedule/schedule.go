@@ -2,7 +2,6 @@ package schedule
 
 import (
 	"context"
-	"embed"
 	"errors"
 	"fmt"
 	"strings"
@@ -12,20 +11,14 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/pgmigrate"
+	"github.com/idemhq/idem/internal/scheduletable"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
-// table is the table deferred records wait in, resolved through the
-// connection's search_path (use a schema per service, or per test, to keep
-// several apart).
-const table = "idem_deferred"
-
-// component is the pgmigrate component of the table.
-const component = "schedule"
+// table is the table deferred records wait in (scheduletable.Table).
+const table = scheduletable.Table
 
 // ErrInvalidRecord is wrapped by the error Defer returns for a record it
 // refuses (no transaction, no group, no topic, an empty header name, a due
@@ -35,24 +28,6 @@ var ErrInvalidRecord = errors.New("schedule: invalid record")
 // ErrInvalidConfig is matched by every problem Scheduler.Validate (and so
 // Run) reports; each names the field, the value and the rule.
 var ErrInvalidConfig = errors.New("schedule: invalid configuration")
-
-//go:embed migrations/*.sql
-var migrationFS embed.FS
-
-// Migrate creates or upgrades the idem_deferred table, its index and the
-// trigger that wakes the schedulers at commit (pgmigrate component
-// "schedule"). It is idempotent and safe to call from several processes at
-// once; Scheduler.Run calls it too.
-func Migrate(ctx context.Context, db dedupe.DB) error {
-	ms, err := pgmigrate.Load(migrationFS, "migrations", nil)
-	if err != nil {
-		return fmt.Errorf("schedule: load migrations: %w", err)
-	}
-	if err := pgmigrate.Apply(ctx, db, component, ms); err != nil {
-		return fmt.Errorf("schedule: migrate: %w", err)
-	}
-	return nil
-}
 
 // Record is one message to publish again later: what a consumer stores when
 // its handler returns handler.DeferUntil.

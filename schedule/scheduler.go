@@ -17,6 +17,7 @@ import (
 	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/pglead"
+	"github.com/idemhq/idem/internal/scheduletable"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -263,7 +264,7 @@ type runner struct {
 // until both succeed (true) or ctx ends (false).
 func (r *runner) start(ctx context.Context) bool {
 	for n := 1; ; n++ {
-		err := Migrate(ctx, r.cfg.Pool)
+		err := scheduletable.Migrate(ctx, r.cfg.Pool)
 		if err == nil {
 			if r.client, err = sarama.NewClient(r.cfg.Brokers, r.cfg.Sarama); err == nil {
 				if r.fwd, err = forward.NewForwarderFromClient(r.client); err == nil {

@@ -12,9 +12,9 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/internal/checkpointrow"
 	"github.com/idemhq/idem/internal/keyorder"
+	"github.com/idemhq/idem/internal/scheduletable"
 	"github.com/idemhq/idem/outbox"
 	"github.com/idemhq/idem/saga"
-	"github.com/idemhq/idem/schedule"
 )
 
 // Migrate creates or upgrades every table idem keeps: the inbox (inbox
@@ -34,7 +34,7 @@ func Migrate(ctx context.Context, db dedupe.DB, inbox []dedupe.PostgresOption, o
 		{"saga tables", func(ctx context.Context) error { return saga.Migrate(ctx, db) }},
 		{"checkpoint table", func(ctx context.Context) error { return checkpointrow.Migrate(ctx, db) }},
 		{"failure index", func(ctx context.Context) error { return index.Migrate(ctx, db) }},
-		{"deferred messages", func(ctx context.Context) error { return schedule.Migrate(ctx, db) }},
+		{"deferred messages", func(ctx context.Context) error { return scheduletable.Migrate(ctx, db) }},
 		// A package that keeps tables of its own adds its step here, one
 		// line; the root's TestMigrateCreatesEveryTable fails until it does.
 	}

@@ -1,21 +1,48 @@
-// Package schedulelist reads the deferred records that package schedule
-// keeps in idem_deferred, for `idem schedule list`. A service defers with
-// handler.DeferUntil and runs the scheduler through consumer.Run; it has no
-// need to list them.
-package schedulelist
+// Package scheduletable is the idem_deferred table, where package schedule
+// keeps the records handlers deferred: its migrations (Migrate, which
+// idem.Migrate and Scheduler.Run call) and the listing `idem schedule list`
+// shows (List). A service defers with handler.DeferUntil, runs the scheduler
+// through consumer.Run, and has no need to list the records.
+package scheduletable
 
 import (
 	"context"
+	"embed"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/pgmigrate"
 )
 
-// table is package schedule's table.
-const table = "idem_deferred"
+// Table is the table deferred records wait in, resolved through the
+// connection's search_path (use a schema per service, or per test, to keep
+// several apart).
+const Table = "idem_deferred"
+
+// component is the pgmigrate component of the table.
+const component = "schedule"
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// Migrate creates or upgrades the idem_deferred table, its index and the
+// trigger that wakes the schedulers at commit (pgmigrate component
+// "schedule"). It is idempotent and safe to call from several processes at
+// once; idem.Migrate and schedule.Scheduler.Run call it.
+func Migrate(ctx context.Context, db dedupe.DB) error {
+	ms, err := pgmigrate.Load(migrationFS, "migrations", nil)
+	if err != nil {
+		return fmt.Errorf("schedule: load migrations: %w", err)
+	}
+	if err := pgmigrate.Apply(ctx, db, component, ms); err != nil {
+		return fmt.Errorf("schedule: migrate: %w", err)
+	}
+	return nil
+}
 
 // Querier is what List needs from a database handle: *pgxpool.Pool,
 // *pgx.Conn and pgx.Tx satisfy it.
@@ -59,7 +86,7 @@ func List(ctx context.Context, db Querier, f Filter) ([]Pending, error) {
 	}
 	rows, err := db.Query(ctx, `SELECT id, consumer_group, topic, partition, key, idempotency_key, origin_topic,
 		origin_partition, origin_offset, deferred_until, due_at, created_at, attempts, coalesce(last_error, '')
-		FROM `+table+` WHERE ($1 = '' OR consumer_group = $1) ORDER BY due_at, id LIMIT $2`, f.Group, f.Limit)
+		FROM `+Table+` WHERE ($1 = '' OR consumer_group = $1) ORDER BY due_at, id LIMIT $2`, f.Group, f.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("schedule: list: %w", err)
 	}
