@@ -12,12 +12,12 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemhq/idem/dedupe"
-	"github.com/idemhq/idem/internal/outboxtable"
+	"github.com/idemhq/idem/internal/outboxconf"
 	"github.com/idemhq/idem/internal/pgmigrate"
 )
 
-// DefaultTable is the outbox table used when no table is named: idem_outbox.
-const DefaultTable = outboxtable.Default
+// defaultTable is the outbox table used when no table is named: idem_outbox.
+const defaultTable = outboxconf.Table
 
 // Header names the relay sets on every published record.
 const (
@@ -36,7 +36,7 @@ var ErrInvalidMessage = errors.New("outbox: invalid message")
 
 // ErrInvalidConfig is matched by errors about a bad table name and by every
 // problem Relay.Validate reports; each names the field, the value and the rule.
-var ErrInvalidConfig = outboxtable.ErrInvalidConfig
+var ErrInvalidConfig = outboxconf.ErrInvalidConfig
 
 //go:embed migrations/*.sql
 var migrationFS embed.FS
@@ -95,7 +95,7 @@ type Message struct {
 // that the relay publishes as header idem-outbox-id and, unless the message
 // sets one, as idempotency-key. Use EnqueueTable for another table.
 func Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
-	return EnqueueTable(ctx, tx, DefaultTable, msgs...)
+	return EnqueueTable(ctx, tx, defaultTable, msgs...)
 }
 
 // EnqueueTable is Enqueue into table (optionally "schema.table", as for
@@ -167,7 +167,7 @@ func nonNil(b []byte) []byte {
 // it for the default table; Relay.Run calls it for its own.
 func Migrate(ctx context.Context, db dedupe.DB, tables ...string) error {
 	if len(tables) == 0 {
-		tables = []string{DefaultTable}
+		tables = []string{defaultTable}
 	}
 	for _, name := range tables {
 		t, err := parseTable(name)
@@ -195,9 +195,9 @@ type table struct {
 
 func parseTable(name string) (table, error) {
 	if name == "" {
-		name = DefaultTable
+		name = defaultTable
 	}
-	n, err := outboxtable.Parse(name)
+	n, err := outboxconf.Parse(name)
 	if err != nil {
 		return table{}, err
 	}
@@ -221,7 +221,7 @@ func (t table) derived(suffix string) string {
 }
 
 // rounds is the quoted name of the table of Relay.ExactlyOnce's rounds.
-func (t table) rounds() string { return outboxtable.Qualify(t.schema, t.derived("_rounds")) }
+func (t table) rounds() string { return outboxconf.Qualify(t.schema, t.derived("_rounds")) }
 
 func (t table) templateData() map[string]string {
 	return map[string]string{
@@ -231,7 +231,7 @@ func (t table) templateData() map[string]string {
 		"PublishedIndex": pgx.Identifier{t.derived("_published_idx")}.Sanitize(),
 		"ReadyIndex":     pgx.Identifier{t.derived("_ready_idx")}.Sanitize(),
 		"HeldIndex":      pgx.Identifier{t.derived("_held_idx")}.Sanitize(),
-		"NotifyFunc":     outboxtable.Qualify(t.schema, t.derived("_notify")),
+		"NotifyFunc":     outboxconf.Qualify(t.schema, t.derived("_notify")),
 		"Trigger":        pgx.Identifier{t.derived("_notify_trg")}.Sanitize(),
 		"Rounds":         t.rounds(),
 	}

@@ -17,15 +17,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/internal/configerr"
+	"github.com/idemhq/idem/internal/outboxconf"
 	"github.com/idemhq/idem/internal/pglead"
 )
 
 // Defaults of the Relay fields, applied when a field is zero.
 const (
-	DefaultBatchSize     = 500
-	DefaultPollInterval  = time.Second
-	DefaultLeaderRetry   = time.Second
-	DefaultMaxAttempts   = 10
+	defaultBatchSize     = outboxconf.BatchSize
+	defaultPollInterval  = outboxconf.PollInterval
+	defaultLeaderRetry   = outboxconf.LeaderRetry
+	defaultMaxAttempts   = outboxconf.MaxAttempts
 	defaultRetryBase     = 100 * time.Millisecond
 	defaultRetryMax      = 30 * time.Second
 	defaultSweepInterval = time.Minute
@@ -403,11 +404,11 @@ func (r *Relay) Validate() error {
 // withDefaults returns a copy with every zero field set to its default.
 func (r *Relay) withDefaults() Relay {
 	c := *r
-	setDefault(&c.Table, DefaultTable)
-	setDefault(&c.BatchSize, DefaultBatchSize)
-	setDefault(&c.PollInterval, DefaultPollInterval)
-	setDefault(&c.LeaderRetry, DefaultLeaderRetry)
-	setDefault(&c.MaxAttempts, DefaultMaxAttempts)
+	setDefault(&c.Table, defaultTable)
+	setDefault(&c.BatchSize, defaultBatchSize)
+	setDefault(&c.PollInterval, defaultPollInterval)
+	setDefault(&c.LeaderRetry, defaultLeaderRetry)
+	setDefault(&c.MaxAttempts, defaultMaxAttempts)
 	setDefault(&c.RetryBase, defaultRetryBase)
 	setDefault(&c.RetryMax, defaultRetryMax)
 	setDefault(&c.SweepInterval, defaultSweepInterval)

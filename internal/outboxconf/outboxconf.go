@@ -1,19 +1,30 @@
-// Package outboxtable parses and quotes the name of an outbox table, "table"
-// or "schema.table", for package outbox and the CLI's internal/outboxadmin,
-// so both read a name the same way.
-package outboxtable
+// Package outboxconf is what package outbox shares with the CLI and
+// internal/outboxadmin about an outbox's configuration: the defaults of
+// Relay's fields that `idem outbox relay` shows as its flags' defaults, the
+// table name ("table" or "schema.table") and how it is parsed and quoted, and
+// the ErrInvalidConfig sentinel. Package outbox documents each default on its
+// field ("Default:" lines, checked by its TestDocumentedDefaults).
+package outboxconf
 
 import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 )
 
-// Default is the outbox table used when no table is named (outbox.DefaultTable).
-const Default = "idem_outbox"
+// Defaults of outbox.Relay's fields, applied by the relay when a field is
+// zero, and the flag defaults of `idem outbox relay`.
+const (
+	Table        = "idem_outbox" // Relay.Table, and the table of outbox.Enqueue
+	BatchSize    = 500           // Relay.BatchSize
+	PollInterval = time.Second   // Relay.PollInterval
+	LeaderRetry  = time.Second   // Relay.LeaderRetry
+	MaxAttempts  = 10            // Relay.MaxAttempts
+)
 
 // ErrInvalidConfig is outbox.ErrInvalidConfig. It is declared here so that
 // internal/outboxadmin, which package outbox's own tests import, wraps the
@@ -27,12 +38,12 @@ type Name struct {
 	Quoted string // the SQL identifier, quoted ("schema"."table")
 }
 
-// Parse parses name, "table" or "schema.table" ("" for Default), each part
+// Parse parses name, "table" or "schema.table" ("" for Table), each part
 // non-empty, valid UTF-8 without NUL and at most 63 bytes (PostgreSQL's
 // identifier length). Its errors wrap ErrInvalidConfig.
 func Parse(name string) (Name, error) {
 	if name == "" {
-		name = Default
+		name = Table
 	}
 	schema, rel, qualified := strings.Cut(name, ".")
 	if !qualified {
