@@ -18,14 +18,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem"
-	"github.com/idemhq/idem/checkpoint"
 	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/internal/checkpointrow"
 	"github.com/idemhq/idem/internal/keyorder"
+	"github.com/idemhq/idem/internal/scheduletable"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/outbox"
 	"github.com/idemhq/idem/saga"
-	"github.com/idemhq/idem/schedule"
 )
 
 // catalog describes what a schema holds: each table with its columns, each
@@ -112,9 +112,9 @@ func TestMigrateCreatesEveryTable(t *testing.T) {
 		func() error { return keyorder.New(union, "").Migrate(ctx) },
 		func() error { return outbox.Migrate(ctx, union) },
 		func() error { return saga.Migrate(ctx, union) },
-		func() error { return checkpoint.Migrate(ctx, union) },
+		func() error { return checkpointrow.Migrate(ctx, union) },
 		func() error { return index.Migrate(ctx, union) },
-		func() error { return schedule.Migrate(ctx, union) },
+		func() error { return scheduletable.Migrate(ctx, union) },
 	} {
 		if err := step(); err != nil {
 			t.Fatal(err)

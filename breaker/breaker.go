@@ -62,7 +62,7 @@ type Breaker struct {
 }
 
 // New returns a closed Breaker for the dependency called name. Zero fields of
-// s take the values of DefaultSettings. It returns an error matching
+// s take their documented defaults (Settings' "Default:" lines). It returns an error matching
 // ErrInvalidSettings if s.Validate fails. The breaker announces itself to
 // s.OnStateChange (name, Closed, Closed) in New, before New returns, so that a
 // state gauge has its series from the breaker's creation on, not from its
@@ -72,7 +72,7 @@ func New(name string, s Settings) (*Breaker, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
-	b := newBreaker(name, s.withDefaults(DefaultSettings()))
+	b := newBreaker(name, s.withDefaults(defaultSettings()))
 	b.deliver() // the announcement
 	return b, nil
 }
@@ -104,7 +104,7 @@ func (b *Breaker) State() State {
 
 // Do runs fn(ctx) if the breaker lets the call through, and returns its error
 // unchanged. Otherwise fn is not run and Do returns an *OpenError
-// (errors.Is(err, ErrOpen)).
+// (IsOpen holds).
 //
 // The exact semantics:
 //   - If ctx is already done, Do returns ctx.Err() without running fn or
@@ -127,7 +127,7 @@ func (b *Breaker) State() State {
 //   - If fn panics, the call counts as a failure and the panic continues.
 //
 // A dependency may also ask to be left alone for a while: fn returns an error
-// wrapping a *handler.RetryAfterError (handler.RetryAfter(err, d)) for its
+// made by handler.RetryAfter(err, d) (handler.RetryAfterOf finds it) for its
 // HTTP 429, or 503 with Retry-After. Then:
 //   - the call is not counted (the dependency answered; it is not down), and a
 //     probe that gets such an answer frees its slot;
@@ -194,14 +194,17 @@ func (b *Breaker) classify(ctx context.Context, err error) outcome {
 // throttleAnswer reports whether err is a dependency's request to wait (see
 // Do), and for how long.
 func (b *Breaker) throttleAnswer(err error) (time.Duration, bool) {
-	var ra *handler.RetryAfterError
-	if err == nil || errors.Is(err, ErrOpen) || handler.IsPermanent(err) || !errors.As(err, &ra) {
+	if err == nil || errors.Is(err, errOpen) || handler.IsPermanent(err) {
 		return 0, false
 	}
-	if ra.After <= 0 {
+	after, ok := handler.RetryAfterOf(err)
+	if !ok {
+		return 0, false
+	}
+	if after <= 0 {
 		return min(b.s.OpenTimeout, halfOpenRetryAfter), true
 	}
-	return ra.After, true
+	return after, true
 }
 
 func (b *Breaker) isThrottleAnswer(err error) bool {

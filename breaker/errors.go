@@ -6,16 +6,16 @@ import (
 	"time"
 )
 
-// ErrOpen is matched (errors.Is) by the *OpenError that Breaker.Do and Set.Do
+// errOpen is matched (errors.Is) by the *OpenError that Breaker.Do and Set.Do
 // return when they reject a call without running it.
-var ErrOpen = errors.New("breaker: open")
+var errOpen = errors.New("breaker: open")
 
-// ErrInUse is returned (wrapped) by Set.Configure when the named breaker has
+// errInUse is returned (wrapped) by Set.Configure when the named breaker has
 // already been created by Get or Do.
-var ErrInUse = errors.New("breaker: already in use")
+var errInUse = errors.New("breaker: already in use")
 
 // OpenError is returned by Breaker.Do and Set.Do when the breaker rejects the
-// call; the call's function was not run. errors.Is(err, ErrOpen) holds.
+// call; the call's function was not run. IsOpen holds for it.
 //
 // A consumer treats it as "dependency down", not as a failed message: it rolls
 // back, spends no retry budget and pauses for RetryAfter before trying again.
@@ -50,14 +50,14 @@ func (e *OpenError) Error() string {
 	return fmt.Sprintf("breaker %q is %s: retry after %s", e.Name, e.State, e.RetryAfter)
 }
 
-// Is reports whether target is ErrOpen.
-func (e *OpenError) Is(target error) bool { return target == ErrOpen }
+// Is reports whether target is errOpen.
+func (e *OpenError) Is(target error) bool { return target == errOpen }
 
-// ErrThrottled is matched (errors.Is) by the *ThrottleError that Breaker.Do
+// errThrottled is matched (errors.Is) by the *ThrottleError that Breaker.Do
 // and Set.Do return when a dependency is throttled: it asked callers to wait
 // (Retry-After), or this consumer's share of its rate or of its calls in flight
-// is used up. A *ThrottleError matches ErrOpen too, so IsOpen holds for it.
-var ErrThrottled = errors.New("breaker: throttled")
+// is used up. A *ThrottleError matches errOpen too, so IsOpen holds for it.
+var errThrottled = errors.New("breaker: throttled")
 
 // ThrottleReason says why a call was throttled.
 type ThrottleReason string
@@ -66,7 +66,7 @@ type ThrottleReason string
 const (
 	// ReasonRetryAfter: the dependency answered with a Retry-After (an HTTP
 	// 429, or a 503 with Retry-After), returned from inside Do as a
-	// *handler.RetryAfterError, and every call to it is paused until then.
+	// handler.RetryAfter error, and every call to it is paused until then.
 	ReasonRetryAfter ThrottleReason = "retry-after"
 	// ReasonRate: no token of the dependency's rate (Limits.Rate) would be
 	// free within Limits.MaxWait.
@@ -80,7 +80,7 @@ const (
 // dependency must wait longer than the caller should block: the dependency
 // asked for a pause (ReasonRetryAfter), or a limit of Set.SetLimits would make
 // the call wait longer than Limits.MaxWait (ReasonRate, ReasonInFlight).
-// errors.Is(err, ErrThrottled) and errors.Is(err, ErrOpen) hold, so IsOpen,
+// IsThrottled and IsOpen hold for it, so IsOpen,
 // Rejected and RetryAfter treat it like an open breaker: a consumer rolls
 // back, spends no retry budget, sends nothing to a retry or dead-letter topic,
 // and pauses for RetryAfter. It is never counted as a failure by any breaker.
@@ -117,8 +117,8 @@ func (e *ThrottleError) Error() string {
 	}
 }
 
-// Is reports whether target is ErrThrottled or ErrOpen.
-func (e *ThrottleError) Is(target error) bool { return target == ErrThrottled || target == ErrOpen }
+// Is reports whether target is errThrottled or errOpen.
+func (e *ThrottleError) Is(target error) bool { return target == errThrottled || target == errOpen }
 
 // pause is implemented by *OpenError and *ThrottleError: the errors that ask
 // the caller to pause.
@@ -133,18 +133,18 @@ func (e *OpenError) rejected() bool              { return e.Cause == nil }
 func (e *ThrottleError) pauseFor() time.Duration { return e.RetryAfter }
 func (e *ThrottleError) rejected() bool          { return e.Cause == nil }
 
-// IsOpen reports whether err is or wraps an *OpenError, a *ThrottleError, or
-// ErrOpen: the dependency cannot be called now, because its breaker is open
+// IsOpen reports whether err is or wraps an *OpenError or a *ThrottleError:
+// the dependency cannot be called now, because its breaker is open
 // (it rejected the call, Rejected, or this call's failure opened it,
 // OpenError.Cause) or because it is throttled (it asked for a pause, or a limit
 // would make the call wait too long). Either way the caller should pause for
 // RetryAfter rather than retry.
-func IsOpen(err error) bool { return errors.Is(err, ErrOpen) }
+func IsOpen(err error) bool { return errors.Is(err, errOpen) }
 
-// IsThrottled reports whether err is or wraps a *ThrottleError (ErrThrottled):
+// IsThrottled reports whether err is or wraps a *ThrottleError:
 // the subset of IsOpen where the dependency is up but asked callers to wait, or
 // a limit is used up, rather than a breaker being open.
-func IsThrottled(err error) bool { return errors.Is(err, ErrThrottled) }
+func IsThrottled(err error) bool { return errors.Is(err, errThrottled) }
 
 // Rejected reports whether err is or wraps an *OpenError or *ThrottleError
 // without a Cause: the call was refused (open or busy half-open breaker, a

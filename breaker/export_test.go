@@ -7,3 +7,12 @@ import "time"
 func SetAfter(s *Set, after func(d time.Duration) (<-chan time.Time, func() bool)) {
 	s.after = after
 }
+
+// Names the package keeps unexported, for the external tests.
+var (
+	DefaultSettings = defaultSettings
+	DefaultLimits   = defaultLimits
+	ErrOpen         = errOpen
+	ErrThrottled    = errThrottled
+	ErrInUse        = errInUse
+)

@@ -52,10 +52,10 @@ type Limits struct {
 	MaxWait time.Duration
 }
 
-// DefaultLimits returns the defaults that zero fields of Limits take. It is
+// defaultLimits returns the defaults that zero fields of Limits take. It is
 // the one place they are defined. (Rate and MaxInFlight are 0 here: the
 // defaults themselves set no limit.)
-func DefaultLimits() Limits {
+func defaultLimits() Limits {
 	return Limits{
 		Rate:        0,
 		Burst:       1,
@@ -94,9 +94,9 @@ func (l Limits) Validate() error {
 }
 
 // withDefaults returns l with every zero field that has a default taken from
-// DefaultLimits. Burst keeps 0 when there is no Rate.
+// defaultLimits. Burst keeps 0 when there is no Rate.
 func (l Limits) withDefaults() Limits {
-	d := DefaultLimits()
+	d := defaultLimits()
 	if l.Burst == 0 && l.Rate > 0 {
 		l.Burst = d.Burst
 	}

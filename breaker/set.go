@@ -10,7 +10,7 @@ import (
 // Set holds named breakers, one per dependency ("bank-api", "ledger-db"…),
 // each created on first use, and the flow limits of each dependency
 // (SetLimits, SetShare). It is safe for concurrent use. The zero Set is ready
-// to use, with the zero Settings (DefaultSettings), no limits and a share of 1.
+// to use, with the zero Settings (every field its default), no limits and a share of 1.
 type Set struct {
 	base  Settings  // as given to NewSet, before defaults
 	after afterFunc // nil: real timers; tests set a fake
@@ -23,7 +23,7 @@ type Set struct {
 }
 
 // NewSet returns an empty Set whose breakers use s. Zero fields of s take the
-// values of DefaultSettings. It returns an error matching ErrInvalidSettings
+// documented defaults. It returns an error matching ErrInvalidSettings
 // if s.Validate fails.
 func NewSet(s Settings) (*Set, error) {
 	if err := s.Validate(); err != nil {
@@ -35,11 +35,11 @@ func NewSet(s Settings) (*Set, error) {
 // Configure sets the Settings of the breaker called name, which must not have
 // been created yet (by Get or Do). Zero fields of st take the Set's
 // Settings (as given to NewSet), and the zero fields of those take
-// DefaultSettings; so an override need only name what differs, and it keeps
+// their documented defaults; so an override need only name what differs, and it keeps
 // the Set's OnStateChange unless it sets its own. A later Configure of the
 // same name replaces an earlier one.
 //
-// It returns an error wrapping ErrInUse if the breaker exists, or matching
+// It returns an error if the breaker exists, or matching
 // ErrInvalidSettings if the merged Settings do not Validate.
 func (s *Set) Configure(name string, st Settings) error {
 	merged := st.withDefaults(s.base)
@@ -49,7 +49,7 @@ func (s *Set) Configure(name string, st Settings) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.breakers[name]; ok {
-		return fmt.Errorf("breaker: Configure(%q): %w; configure it before its first use", name, ErrInUse)
+		return fmt.Errorf("breaker: Configure(%q): %w; configure it before its first use", name, errInUse)
 	}
 	if s.overrides == nil {
 		s.overrides = make(map[string]Settings)
@@ -57,7 +57,7 @@ func (s *Set) Configure(name string, st Settings) error {
 	s.overrides[name] = merged
 	if f, ok := s.flows[name]; ok { // SetLimits came first: use this clock
 		f.mu.Lock()
-		f.now = merged.withDefaults(DefaultSettings()).Now
+		f.now = merged.withDefaults(defaultSettings()).Now
 		f.mu.Unlock()
 	}
 	return nil
@@ -93,7 +93,7 @@ func (s *Set) settings(name string) Settings {
 	if !ok {
 		st = s.base
 	}
-	return st.withDefaults(DefaultSettings())
+	return st.withDefaults(defaultSettings())
 }
 
 // flow returns the flow control of name, creating it. mu must be held.
@@ -172,7 +172,7 @@ func (s *Set) do(ctx context.Context, b *Breaker, f *flow, fn func(ctx context.C
 // after its first use; it replaces earlier limits at once (calls already
 // waiting keep the token times they reserved). l is the budget of the whole
 // consumer group: this member enforces l scaled by its share (SetShare).
-// Zero fields of l take DefaultLimits. It returns an error matching
+// Zero fields of l take their documented defaults. It returns an error matching
 // ErrInvalidSettings, listing every problem, if l.Validate fails.
 func (s *Set) SetLimits(name string, l Limits) error {
 	if err := l.Validate(); err != nil {

@@ -40,8 +40,8 @@ func (s State) String() string {
 
 // Settings configures a Breaker, or every Breaker of a Set.
 //
-// The zero value is useful: every zero field takes its default. The defaults
-// are held by DefaultSettings.
+// The zero value is useful: every zero field takes the default its
+// "Default:" line names.
 type Settings struct {
 	// ConsecutiveFailures trips the breaker (closed → open) when this many
 	// calls in a row failed. Only a counted success breaks the streak; calls
@@ -113,9 +113,9 @@ type Settings struct {
 	Now func() time.Time
 }
 
-// DefaultSettings returns the defaults that zero fields of Settings take.
+// defaultSettings returns the defaults that zero fields of Settings take.
 // It is the one place defaults are defined.
-func DefaultSettings() Settings {
+func defaultSettings() Settings {
 	return Settings{
 		ConsecutiveFailures: 5,
 		FailureRatio:        0,
@@ -133,17 +133,17 @@ func DefaultSettings() Settings {
 // failure of the dependency except
 //   - errors marked handler.Permanent or handler.Decode: bad input is not the
 //     dependency failing;
-//   - an *OpenError or a *ThrottleError (ErrOpen) from another breaker or
+//   - an *OpenError or a *ThrottleError (IsOpen) from another breaker or
 //     Set: that dependency was not even called, or it asked for a pause.
 //
-// A dependency's request to wait (a *handler.RetryAfterError returned by fn)
+// A dependency's request to wait (a handler.RetryAfter error returned by fn)
 // is excluded by Do before IsFailure is consulted; see Breaker.Do.
 //
 // Context errors from the caller's own ctx are excluded by Do before IsFailure
 // is consulted; a context.DeadlineExceeded from a deadline of the dependency's
 // client (while the caller's ctx is still live) is a failure.
 func IsFailure(err error) bool {
-	return err != nil && !handler.IsPermanent(err) && !errors.Is(err, ErrOpen)
+	return err != nil && !handler.IsPermanent(err) && !errors.Is(err, errOpen)
 }
 
 // ErrInvalidSettings is matched (errors.Is) by every error Validate, New,

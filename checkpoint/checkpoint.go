@@ -2,17 +2,16 @@ package checkpoint
 
 import (
 	"context"
-	"embed"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/idemhq/idem/internal/pgmigrate"
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/internal/checkpointrow"
+	"github.com/idemhq/idem/internal/configerr"
 )
 
 // defaultChunkSize is Job.ChunkSize when zero.
@@ -21,42 +20,14 @@ const defaultChunkSize = 500
 // rollbackTimeout bounds a rollback run after the caller's ctx is done.
 const rollbackTimeout = 5 * time.Second
 
-// DB is what the package needs from a database handle: *pgxpool.Pool and
-// *pgx.Conn satisfy it, and so does dedupe.DB (the same methods), so
-// idem.Migrate can pass its handle on.
-type DB interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // Errors.
 var (
-	// ErrInvalidJob is wrapped by NewRunner's errors; the message names the field.
+	// ErrInvalidJob is matched by every problem NewRunner reports; each names the field.
 	ErrInvalidJob = errors.New("checkpoint: invalid job")
-	// ErrNotFound is returned by Get and Reset for a job with no checkpoint row.
-	ErrNotFound = errors.New("checkpoint: no such job")
 	// ErrNoProgress is wrapped by Run's error when Read returns rows but the
 	// same cursor it was given, which would process one chunk for ever.
 	ErrNoProgress = errors.New("checkpoint: Read returned rows without advancing the cursor")
 )
-
-//go:embed migrations/*.sql
-var migrationFS embed.FS
-
-// Migrate creates or upgrades the idem_checkpoint table (pgmigrate component
-// "checkpoint"). It is idempotent and safe to call from several processes at
-// once.
-func Migrate(ctx context.Context, db DB) error {
-	ms, err := pgmigrate.Load(migrationFS, "migrations", nil)
-	if err != nil {
-		return fmt.Errorf("checkpoint: load migrations: %w", err)
-	}
-	if err := pgmigrate.Apply(ctx, db, "checkpoint", ms); err != nil {
-		return fmt.Errorf("checkpoint: migrate: %w", err)
-	}
-	return nil
-}
 
 // Job describes a batch job over rows of type R.
 type Job[R any] struct {
@@ -94,6 +65,15 @@ type Job[R any] struct {
 	Registerer prometheus.Registerer
 }
 
+// withDefaults returns job with every zero field set to its default: the one
+// place Job's defaults live.
+func (job Job[R]) withDefaults() Job[R] {
+	if job.ChunkSize == 0 {
+		job.ChunkSize = defaultChunkSize
+	}
+	return job
+}
+
 // Runner runs a Job. It is safe for concurrent use: several Runs (in one
 // process or many) of one job take turns chunk by chunk.
 type Runner[R any] struct {
@@ -102,34 +82,32 @@ type Runner[R any] struct {
 	m    *collectors
 }
 
-// NewRunner validates job, fills its defaults and registers its metrics.
+// NewRunner validates job, fills its defaults and registers its metrics. It
+// reports every bad field of job at once (errors.Join), each naming the
+// field, its value and the rule, every one matching ErrInvalidJob.
 func NewRunner[R any](job Job[R]) (*Runner[R], error) {
-	switch {
-	case job.Name == "":
-		return nil, fmt.Errorf("%w: Name is empty", ErrInvalidJob)
-	case job.ChunkSize < 0:
-		return nil, fmt.Errorf("%w: ChunkSize is %d, want >= 0 (0: %d)", ErrInvalidJob, job.ChunkSize, defaultChunkSize)
-	case job.Read == nil:
-		return nil, fmt.Errorf("%w: Read is nil", ErrInvalidJob)
-	case job.Process == nil:
-		return nil, fmt.Errorf("%w: Process is nil", ErrInvalidJob)
+	l := configerr.New(ErrInvalidJob, "Job.")
+	if job.Name == "" {
+		l.Bad("Name", job.Name, "required")
 	}
-	if job.ChunkSize == 0 {
-		job.ChunkSize = defaultChunkSize
+	if job.ChunkSize < 0 {
+		l.Bad("ChunkSize", job.ChunkSize, fmt.Sprintf("must be >= 0 (0: %d)", defaultChunkSize))
 	}
+	if job.Read == nil {
+		l.Bad("Read", nil, "required")
+	}
+	if job.Process == nil {
+		l.Bad("Process", nil, "required")
+	}
+	if err := l.Err(); err != nil {
+		return nil, err
+	}
+	job = job.withDefaults()
 	m, err := newCollectors(job.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: metrics: %w", err)
 	}
-	return &Runner[R]{job: job, lock: lockKey(job.Name), m: m}, nil
-}
-
-// lockKey is the pg_advisory_xact_lock key of job: the FNV-1a 64-bit hash of
-// "idem-checkpoint:" + job. Run and Reset hold it for each transaction.
-func lockKey(job string) int64 {
-	h := fnv.New64a()
-	h.Write([]byte("idem-checkpoint:" + job))
-	return int64(h.Sum64())
+	return &Runner[R]{job: job, lock: checkpointrow.LockKey(job.Name), m: m}, nil
 }
 
 // Stats counts what one Run did.
@@ -144,7 +122,7 @@ type Stats struct {
 // chunk is rolled back and the checkpoint stays after the last committed
 // chunk, so calling Run again resumes there. The error wraps the cause and
 // names the job and cursor.
-func (r *Runner[R]) Run(ctx context.Context, db DB) (Stats, error) {
+func (r *Runner[R]) Run(ctx context.Context, db dedupe.DB) (Stats, error) {
 	var st Stats
 	for {
 		if err := ctx.Err(); err != nil {
@@ -164,7 +142,7 @@ func (r *Runner[R]) Run(ctx context.Context, db DB) (Stats, error) {
 }
 
 // chunk runs one chunk transaction; done reports that no rows were left.
-func (r *Runner[R]) chunk(ctx context.Context, db DB) (n int, done bool, err error) {
+func (r *Runner[R]) chunk(ctx context.Context, db dedupe.DB) (n int, done bool, err error) {
 	start := time.Now()
 	tx, err := db.Begin(ctx)
 	if err != nil {

@@ -31,6 +31,7 @@
 // they take turns chunk by chunk and never read the same chunk. A runner that
 // dies releases the lock with its connection.
 //
-// The table is idem_checkpoint, created by [Migrate]; `idem checkpoint status`
-// shows it and `idem checkpoint reset` moves a job's checkpoint.
+// The table is idem_checkpoint, created by idem.Migrate (or `idem migrate`)
+// with every other table of idem; `idem checkpoint status` shows it and
+// `idem checkpoint reset` moves a job's checkpoint.
 package checkpoint

@@ -16,7 +16,7 @@ import (
 func Example() {
 	ctx := context.Background()
 	pool, _ := pgxpool.New(ctx, "postgres://…")
-	_ = checkpoint.Migrate(ctx, pool)
+	// idem.Migrate(ctx, pool) has created idem_checkpoint with idem's other tables.
 	r, _ := checkpoint.NewRunner(checkpoint.Job[int64]{
 		Name: "archive-orders",
 		Read: func(ctx context.Context, tx pgx.Tx, after string, limit int) ([]int64, string, error) {

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/idemhq/idem/internal/configerr"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -60,9 +61,10 @@ type LiveTable[R any] struct {
 // Read is a Job.Read: up to limit rows after the cursor after, in (xact,
 // id) order, of transactions that have all ended (see LiveTable).
 func (l LiveTable[R]) Read(ctx context.Context, tx pgx.Tx, after string, limit int) ([]R, string, error) {
-	if l.Table == "" || l.Columns == "" || l.Dest == nil {
-		return nil, "", fmt.Errorf("%w: LiveTable needs Table, Columns and Dest", ErrInvalidJob)
+	if err := l.validate(); err != nil {
+		return nil, "", err
 	}
+	l = l.withDefaults()
 	xact, id := "0", int64(0)
 	if after != "" {
 		x, i, ok := strings.Cut(after, "/")
@@ -72,7 +74,7 @@ func (l LiveTable[R]) Read(ctx context.Context, tx pgx.Tx, after string, limit i
 		}
 		xact, id = x, n
 	}
-	idCol, xactCol := pgx.Identifier{or(l.ID, "id")}.Sanitize(), pgx.Identifier{or(l.Xact, "xact")}.Sanitize()
+	idCol, xactCol := pgx.Identifier{l.ID}.Sanitize(), pgx.Identifier{l.Xact}.Sanitize()
 	where := ""
 	if l.Where != "" {
 		where = " AND (" + l.Where + ")"
@@ -104,9 +106,30 @@ func (l LiveTable[R]) Read(ctx context.Context, tx pgx.Tx, after string, limit i
 	return out, last, nil
 }
 
-func or(s, def string) string {
-	if s == "" {
-		return def
+// withDefaults returns l with every zero field set to its default: the one
+// place LiveTable's defaults live.
+func (l LiveTable[R]) withDefaults() LiveTable[R] {
+	if l.ID == "" {
+		l.ID = "id"
 	}
-	return s
+	if l.Xact == "" {
+		l.Xact = "xact"
+	}
+	return l
+}
+
+// validate reports every missing required field of l at once, each matching
+// ErrInvalidJob.
+func (l LiveTable[R]) validate() error {
+	e := configerr.New(ErrInvalidJob, "LiveTable.")
+	if l.Table == "" {
+		e.Bad("Table", l.Table, "required")
+	}
+	if l.Columns == "" {
+		e.Bad("Columns", l.Columns, "required")
+	}
+	if l.Dest == nil {
+		e.Bad("Dest", nil, "required")
+	}
+	return e.Err()
 }

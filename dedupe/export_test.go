@@ -5,3 +5,6 @@ func SweeperWithDefaults(s Sweeper) Sweeper { return s.withDefaults() }
 
 // DefaultLeaseForTest is the lease NewPostgresLease takes when given 0.
 const DefaultLeaseForTest = defaultLease
+
+// DefaultTable is the inbox table used when WithTable is not given.
+const DefaultTable = defaultTable

@@ -53,7 +53,7 @@ type Sweeper struct {
 // the one place the Sweeper's defaults live.
 func (s Sweeper) withDefaults() Sweeper {
 	if s.Table == "" {
-		s.Table = DefaultTable
+		s.Table = defaultTable
 	}
 	if s.Retention == 0 {
 		s.Retention = DefaultRetention

@@ -17,8 +17,8 @@ import (
 
 // Defaults shared by the PostgreSQL stores and the Sweeper.
 const (
-	// DefaultTable is the inbox table used when WithTable is not given.
-	DefaultTable = "idem_processed"
+	// defaultTable is the inbox table used when WithTable is not given.
+	defaultTable = "idem_processed"
 	// defaultLease is the claim duration NewPostgresLease uses when lease is 0.
 	defaultLease = 5 * time.Minute
 	// DefaultRetention is Sweeper.Retention when zero.
@@ -63,7 +63,7 @@ func WithTable(name string) PostgresOption {
 }
 
 func newPGConfig(opts []PostgresOption) pgConfig {
-	c := pgConfig{table: DefaultTable}
+	c := pgConfig{table: defaultTable}
 	for _, o := range opts {
 		o(&c)
 	}

@@ -19,17 +19,17 @@ const MaxDefer = 90 * 24 * time.Hour
 // message naming the time asked for and the limit.
 var ErrDeferTooFar = errors.New("handler: defer beyond MaxDefer")
 
-// DeferError asks the consumer to store the message and deliver it again at
+// deferError asks the consumer to store the message and deliver it again at
 // Until, without holding its partition meanwhile. DeferUntil and Defer make
-// it; find it in an error chain with DeferredUntil or errors.As.
-type DeferError struct {
+// it; find it in an error chain with DeferredUntil.
+type deferError struct {
 	// Until is when the message is to be delivered again, as the handler
 	// asked. Zero or a time already past means as soon as possible.
 	Until time.Time
 }
 
 // Error describes the request in one line.
-func (e *DeferError) Error() string {
+func (e *deferError) Error() string {
 	if e.Until.IsZero() {
 		return "handler: deferred (deliver again as soon as possible)"
 	}
@@ -74,19 +74,19 @@ func DeferUntil(t time.Time) error {
 func Defer(d time.Duration) error {
 	now := time.Now()
 	if d <= 0 {
-		return &DeferError{Until: now}
+		return &deferError{Until: now}
 	}
 	if d > MaxDefer {
 		return tooFar(fmt.Sprintf("%s from now", d))
 	}
-	return &DeferError{Until: now.Add(d)}
+	return &deferError{Until: now.Add(d)}
 }
 
 func deferUntil(t, now time.Time) error {
 	if !t.IsZero() && t.Sub(now) > MaxDefer {
 		return tooFar(t.UTC().Format(time.RFC3339))
 	}
-	return &DeferError{Until: t}
+	return &deferError{Until: t}
 }
 
 func tooFar(what string) error {
@@ -97,7 +97,7 @@ func tooFar(what string) error {
 // message to be deferred (DeferUntil, Defer), and until when (zero: as soon
 // as possible). The consumer checks it before classifying err as a failure.
 func DeferredUntil(err error) (time.Time, bool) {
-	var d *DeferError
+	var d *deferError
 	if errors.As(err, &d) {
 		return d.Until, true
 	}

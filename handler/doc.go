@@ -96,7 +96,8 @@
 // (dedupe.StoreError; the same message is tried again with backoff).
 //
 // A handler may also ask for the message later rather than fail it:
-// [DeferUntil] (or [Defer]) returns a [*DeferError], which is not a failure.
+// [DeferUntil] (or [Defer]) returns an error that [DeferredUntil]
+// recognises, which is not a failure.
 // The consumer stores the message in PostgreSQL, commits its offset at once
 // and its group's scheduler (package schedule) publishes it again when the
 // time comes, with the same idempotency key and origin; no retry is spent

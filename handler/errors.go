@@ -74,19 +74,19 @@ func IsDecode(err error) bool {
 	return errors.As(err, &d)
 }
 
-// RetryAfterError asks for the message to be retried no sooner than After.
-type RetryAfterError struct {
+// retryAfterError asks for the message to be retried no sooner than After.
+type retryAfterError struct {
 	Err   error         // the failure
 	After time.Duration // the least delay before the next attempt
 }
 
 // Error describes the failure in one line.
-func (e *RetryAfterError) Error() string {
+func (e *retryAfterError) Error() string {
 	return fmt.Sprintf("%v (retry after %s)", e.Err, e.After)
 }
 
 // Unwrap returns the wrapped error.
-func (e *RetryAfterError) Unwrap() error { return e.Err }
+func (e *retryAfterError) Unwrap() error { return e.Err }
 
 // RetryAfter marks err as retriable no sooner than d from now; the in-process
 // retry waits at least d (instead of its own backoff). RetryAfter(nil, d)
@@ -102,35 +102,35 @@ func RetryAfter(err error, d time.Duration) error {
 	if err == nil {
 		return nil
 	}
-	return &RetryAfterError{Err: err, After: d}
+	return &retryAfterError{Err: err, After: d}
 }
 
 // RetryAfterOf returns the delay asked for by RetryAfter anywhere in err's chain.
 func RetryAfterOf(err error) (time.Duration, bool) {
-	var r *RetryAfterError
+	var r *retryAfterError
 	if errors.As(err, &r) {
 		return r.After, true
 	}
 	return 0, false
 }
 
-// StatusError is a dependency's HTTP answer as an error: the status code it
+// statusError is a dependency's HTTP answer as an error: the status code it
 // returned and the failure. It changes nothing in how the consumer treats the
 // error (its kind is that of Err: retriable unless marked otherwise); it lets
 // a recoverability rule match the status (package recovery, HTTPStatus).
-type StatusError struct {
+type statusError struct {
 	Code int   // the HTTP status code, e.g. 422
 	Err  error // the failure
 }
 
 // Error describes the failure in one line.
-func (e *StatusError) Error() string { return fmt.Sprintf("%v (HTTP %d)", e.Err, e.Code) }
+func (e *statusError) Error() string { return fmt.Sprintf("%v (HTTP %d)", e.Err, e.Code) }
 
 // Unwrap returns the wrapped error.
-func (e *StatusError) Unwrap() error { return e.Err }
+func (e *statusError) Unwrap() error { return e.Err }
 
 // HTTPStatus returns the status code, so that HTTPStatusOf finds it.
-func (e *StatusError) HTTPStatus() int { return e.Code }
+func (e *statusError) HTTPStatus() int { return e.Code }
 
 // HTTPStatus marks err as a dependency's HTTP answer with status code. The
 // result keeps err's message, kind and chain. HTTPStatus(nil, code) returns
@@ -139,12 +139,12 @@ func HTTPStatus(err error, code int) error {
 	if err == nil {
 		return nil
 	}
-	return &StatusError{Code: code, Err: err}
+	return &statusError{Code: code, Err: err}
 }
 
 // HTTPStatusOf returns the HTTP status code carried by the first error in
-// err's chain that has a method HTTPStatus() int: a *StatusError (from
-// HTTPStatus), or an HTTP client's own error type that has such a method.
+// err's chain that has a method HTTPStatus() int: an error made by
+// HTTPStatus, or an HTTP client's own error type that has such a method.
 func HTTPStatusOf(err error) (int, bool) {
 	var s interface{ HTTPStatus() int }
 	if errors.As(err, &s) {
@@ -263,9 +263,9 @@ func Cause(err error) error {
 			err = e.err
 		case *decodeError:
 			err = e.err
-		case *RetryAfterError:
+		case *retryAfterError:
 			err = e.Err
-		case *StatusError:
+		case *statusError:
 			err = e.Err
 		case *timeoutError:
 			err = e.err

@@ -2,11 +2,14 @@
 // so dashboards and alerts have one list to read (a test checks the table
 // against the collectors). The consumer's collectors are consumer.Run's own
 // (declared in idem's internal/coremetrics); the outbox relay, the saga
-// orchestrator and the checkpoint runner keep theirs in their own packages.
-// Collectors are registered on a caller-given prometheus.Registerer
-// (consumer.Config.Registerer, the outbox relay's Registerer); nothing is
-// registered globally. NewServeMux and Serve
-// expose a registry with /healthz and /readyz on one address.
+// orchestrator, the checkpoint runner and the deferred-message scheduler
+// keep theirs in their own packages. Each component registers all its
+// collectors on the one prometheus.Registerer its configuration names
+// (consumer.Config.Registerer, outbox.Relay.Registerer,
+// saga.Config.Registerer, checkpoint.Job.Registerer,
+// schedule.Scheduler.Registerer); nothing is registered globally.
+// NewServeMux and Serve expose a registry with /healthz and /readyz on one
+// address.
 //
 // Labels are bounded: group, topic, partition, destination (a tier or DLQ
 // topic), table, breaker name, saga type and step, batch job and the fixed sets of outcome, result, kind and
@@ -59,6 +62,10 @@
 //	idem_checkpoint_chunks_total           counter    job,result                batch chunks: committed, failed (rolled back; the checkpoint did not move)
 //	idem_checkpoint_chunk_duration_seconds histogram  job                       one chunk: read, process, commit with the checkpoint
 //	idem_checkpoint_lock_wait_seconds      histogram  job                       waits for the job's advisory lock (another runner's chunk)
+//	idem_schedule_pending                  gauge      group                     deferred records waiting to be published, due or not (refreshed by the group's scheduler leader)
+//	idem_schedule_published_total          counter    group                     deferred records published when due and acknowledged by Kafka
+//	idem_schedule_publish_failures_total   counter    group                     failed publishes of due deferred records (each retried with backoff)
+//	idem_schedule_leader                   gauge      group                     1 while this process's scheduler holds the group's lock, else 0
 //
 // The failure index (package console/index) exports three more gauges
 // through index.Indexer.Registerer (idem console, or consumer.Run with the

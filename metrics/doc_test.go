@@ -68,7 +68,7 @@ var newCollector = regexp.MustCompile(`^New(Counter|Gauge|Histogram|Summary)(Vec
 // (internal/coremetrics, registered by coremetrics.New) and those of the
 // components that keep their own (registered by those packages), all
 // documented in doc.go's table.
-var elsewhere = []string{"../internal/coremetrics/coremetrics.go", "../outbox/metrics.go", "../saga/metrics.go", "../checkpoint/metrics.go"}
+var elsewhere = []string{"../internal/coremetrics/coremetrics.go", "../outbox/metrics.go", "../saga/metrics.go", "../checkpoint/metrics.go", "../schedule/metrics.go"}
 
 // declared finds every collector the package's source, and the files
 // elsewhere, construct:
@@ -266,7 +266,7 @@ func registered(t *testing.T) map[string]docRow {
 // TestDocTable checks doc.go's table against the registry (every collector
 // coremetrics.New registers, gathered) and against every collector the
 // package's source and the files elsewhere declare (coremetrics.New's, and the
-// outbox relay's, saga orchestrator's and checkpoint runner's): the same
+// outbox relay's, saga orchestrator's, checkpoint runner's and scheduler's): the same
 // names, types and labels, both ways.
 func TestDocTable(t *testing.T) {
 	doc := docTable(t)
@@ -309,7 +309,7 @@ func TestDocTable(t *testing.T) {
 // ownedElsewhere reports whether metric belongs to a component that
 // registers its own collectors (the files elsewhere).
 func ownedElsewhere(metric string) bool {
-	for _, p := range []string{"idem_outbox_", "idem_saga_", "idem_checkpoint_"} {
+	for _, p := range []string{"idem_outbox_", "idem_saga_", "idem_checkpoint_", "idem_schedule_"} {
 		if strings.HasPrefix(metric, p) {
 			return true
 		}

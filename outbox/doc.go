@@ -76,8 +76,8 @@
 // unseen); examples/payments-consumer does. Run as many as you like: an advisory
 // lock lets one publish per table and the others take over within seconds.
 // See Relay for leadership, ordering, the late-commit argument, bad input and
-// the failed state; List and Retry are what `idem outbox list` and
-// `idem outbox retry` use.
+// the failed state; `idem outbox list` and `idem outbox retry` show the rows
+// and make failed ones pending again.
 //
 // # Table
 //

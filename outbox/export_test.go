@@ -3,6 +3,9 @@ package outbox
 import (
 	"context"
 	"time"
+
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/internal/outboxadmin"
 )
 
 // SetAfterAck installs a hook the relay calls after a round's acks and before
@@ -23,7 +26,7 @@ func SetBeforeCommit(r *Relay, f func(round int64) error) { r.beforeCommit = f }
 
 // DefaultTransactionalID is the transactional id an exactly-once relay of
 // table derives when Relay.TransactionalID is empty.
-func DefaultTransactionalID(ctx context.Context, db DB, table string) (string, error) {
+func DefaultTransactionalID(ctx context.Context, db dedupe.DB, table string) (string, error) {
 	t, err := parseTable(table)
 	if err != nil {
 		return "", err
@@ -55,3 +58,22 @@ func Reason(err error) string { return failureReason(err) }
 
 // Rejected is rejected, for the external tests.
 func Rejected(err error) bool { return rejected(err) }
+
+// Reading and retrying rows live in internal/outboxadmin (the CLI's and the
+// console's); the external tests reach them under their old names.
+type (
+	Row         = outboxadmin.Row
+	ListOptions = outboxadmin.ListOptions
+)
+
+var (
+	List  = outboxadmin.List
+	Retry = outboxadmin.Retry
+)
+
+// Row states, as outboxadmin names them.
+const (
+	StatePending   = outboxadmin.StatePending
+	StatePublished = outboxadmin.StatePublished
+	StateFailed    = outboxadmin.StateFailed
+)

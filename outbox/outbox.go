@@ -6,18 +6,18 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/internal/outboxconf"
 	"github.com/idemhq/idem/internal/pgmigrate"
 )
 
-// DefaultTable is the outbox table used when no table is named.
-const DefaultTable = "idem_outbox"
+// defaultTable is the outbox table used when no table is named: idem_outbox.
+const defaultTable = outboxconf.Table
 
 // Header names the relay sets on every published record.
 const (
@@ -34,20 +34,12 @@ const (
 // refuses (empty topic, empty header name); nothing is inserted then.
 var ErrInvalidMessage = errors.New("outbox: invalid message")
 
-// ErrInvalidConfig is wrapped by errors about a bad table name or Relay
-// field; the message names the field, the value and the rule.
-var ErrInvalidConfig = errors.New("outbox: invalid configuration")
+// ErrInvalidConfig is matched by errors about a bad table name and by every
+// problem Relay.Validate reports; each names the field, the value and the rule.
+var ErrInvalidConfig = outboxconf.ErrInvalidConfig
 
 //go:embed migrations/*.sql
 var migrationFS embed.FS
-
-// DB is what Migrate, List and Retry need from a database handle;
-// *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
-type DB interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
 
 // Header is one Kafka record header. Values are bytes, stored and published
 // as given.
@@ -103,7 +95,7 @@ type Message struct {
 // that the relay publishes as header idem-outbox-id and, unless the message
 // sets one, as idempotency-key. Use EnqueueTable for another table.
 func Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
-	return EnqueueTable(ctx, tx, DefaultTable, msgs...)
+	return EnqueueTable(ctx, tx, defaultTable, msgs...)
 }
 
 // EnqueueTable is Enqueue into table (optionally "schema.table", as for
@@ -173,9 +165,9 @@ func nonNil(b []byte) []byte {
 // "outbox:<table>" in idem_schema_migrations), idempotent and safe when
 // several processes start at once. idem.Migrate and `idem migrate` call
 // it for the default table; Relay.Run calls it for its own.
-func Migrate(ctx context.Context, db DB, tables ...string) error {
+func Migrate(ctx context.Context, db dedupe.DB, tables ...string) error {
 	if len(tables) == 0 {
-		tables = []string{DefaultTable}
+		tables = []string{defaultTable}
 	}
 	for _, name := range tables {
 		t, err := parseTable(name)
@@ -203,28 +195,13 @@ type table struct {
 
 func parseTable(name string) (table, error) {
 	if name == "" {
-		name = DefaultTable
+		name = defaultTable
 	}
-	schema, rel, qualified := strings.Cut(name, ".")
-	if !qualified {
-		schema, rel = "", name
+	n, err := outboxconf.Parse(name)
+	if err != nil {
+		return table{}, err
 	}
-	if rel == "" || (qualified && schema == "") {
-		return table{}, fmt.Errorf("%w: table name %q: want \"table\" or \"schema.table\" with non-empty parts", ErrInvalidConfig, name)
-	}
-	for _, p := range []string{schema, rel} {
-		if len(p) > 63 || strings.ContainsRune(p, 0) || !utf8.ValidString(p) {
-			return table{}, fmt.Errorf("%w: table name %q: each part must be valid UTF-8, without NUL, at most 63 bytes", ErrInvalidConfig, name)
-		}
-	}
-	return table{name: name, schema: schema, rel: rel, quoted: qualify(schema, rel)}, nil
-}
-
-func qualify(schema, rel string) string {
-	if schema == "" {
-		return pgx.Identifier{rel}.Sanitize()
-	}
-	return pgx.Identifier{schema, rel}.Sanitize()
+	return table{name: name, schema: n.Schema, rel: n.Rel, quoted: n.Quoted}, nil
 }
 
 // derived names an object after the table, within PostgreSQL's 63 bytes,
@@ -244,7 +221,7 @@ func (t table) derived(suffix string) string {
 }
 
 // rounds is the quoted name of the table of Relay.ExactlyOnce's rounds.
-func (t table) rounds() string { return qualify(t.schema, t.derived("_rounds")) }
+func (t table) rounds() string { return outboxconf.Qualify(t.schema, t.derived("_rounds")) }
 
 func (t table) templateData() map[string]string {
 	return map[string]string{
@@ -254,7 +231,7 @@ func (t table) templateData() map[string]string {
 		"PublishedIndex": pgx.Identifier{t.derived("_published_idx")}.Sanitize(),
 		"ReadyIndex":     pgx.Identifier{t.derived("_ready_idx")}.Sanitize(),
 		"HeldIndex":      pgx.Identifier{t.derived("_held_idx")}.Sanitize(),
-		"NotifyFunc":     qualify(t.schema, t.derived("_notify")),
+		"NotifyFunc":     outboxconf.Qualify(t.schema, t.derived("_notify")),
 		"Trigger":        pgx.Identifier{t.derived("_notify_trg")}.Sanitize(),
 		"Rounds":         t.rounds(),
 	}

@@ -16,15 +16,17 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemhq/idem/internal/configerr"
+	"github.com/idemhq/idem/internal/outboxconf"
 	"github.com/idemhq/idem/internal/pglead"
 )
 
 // Defaults of the Relay fields, applied when a field is zero.
 const (
-	DefaultBatchSize     = 500
-	DefaultPollInterval  = time.Second
-	DefaultLeaderRetry   = time.Second
-	DefaultMaxAttempts   = 10
+	defaultBatchSize     = outboxconf.BatchSize
+	defaultPollInterval  = outboxconf.PollInterval
+	defaultLeaderRetry   = outboxconf.LeaderRetry
+	defaultMaxAttempts   = outboxconf.MaxAttempts
 	defaultRetryBase     = 100 * time.Millisecond
 	defaultRetryMax      = 30 * time.Second
 	defaultSweepInterval = time.Minute
@@ -358,57 +360,55 @@ type Relay struct {
 	beforeCommit func(round int64) error
 }
 
-// Validate reports the first bad field, wrapping ErrInvalidConfig.
+// Validate reports every bad field at once (errors.Join), each naming the
+// field, its value and the rule, every one matching ErrInvalidConfig. Zero
+// fields count as their defaults. Run calls it.
 func (r *Relay) Validate() error {
-	bad := func(field string, v any, rule string) error {
-		return fmt.Errorf("%w: Relay.%s = %v: %s", ErrInvalidConfig, field, v, rule)
-	}
-	switch {
-	case r == nil:
+	if r == nil {
 		return fmt.Errorf("%w: nil Relay", ErrInvalidConfig)
-	case r.Pool == nil:
-		return bad("Pool", nil, "required")
-	case len(r.Brokers) == 0:
-		return bad("Brokers", r.Brokers, "at least one host:port required")
-	case r.BatchSize < 0:
-		return bad("BatchSize", r.BatchSize, "must be >= 0")
-	case r.MaxAttempts < 0:
-		return bad("MaxAttempts", r.MaxAttempts, "must be >= 0")
-	case r.RetryMax > 0 && r.RetryBase > r.RetryMax:
-		return bad("RetryBase", r.RetryBase, fmt.Sprintf("must not exceed RetryMax (%s)", r.RetryMax))
 	}
-	for name, d := range map[string]time.Duration{"PollInterval": r.PollInterval, "LeaderRetry": r.LeaderRetry,
-		"RetryBase": r.RetryBase, "RetryMax": r.RetryMax, "KeepPublished": r.KeepPublished,
-		"SweepInterval": r.SweepInterval, "StatsInterval": r.StatsInterval, "QueryTimeout": r.QueryTimeout} {
-		if d < 0 {
-			return bad(name, d, "must be >= 0 (0: the default)")
-		}
+	c := r.withDefaults()
+	l := configerr.New(ErrInvalidConfig, "Relay.")
+	if c.Pool == nil {
+		l.Bad("Pool", nil, "required")
 	}
-	if _, err := parseTable(r.Table); err != nil {
-		return err
+	if len(c.Brokers) == 0 {
+		l.Bad("Brokers", c.Brokers, "at least one host:port required")
 	}
-	if err := ProducerConfig(r.Sarama).Validate(); err != nil {
-		return fmt.Errorf("%w: Relay.Sarama: %w", ErrInvalidConfig, err)
+	if c.BatchSize < 0 {
+		l.Bad("BatchSize", c.BatchSize, "must be >= 0 (0: the default)")
 	}
-	if r.ExactlyOnce {
+	if c.MaxAttempts < 0 {
+		l.Bad("MaxAttempts", c.MaxAttempts, "must be >= 0 (0: the default)")
+	}
+	l.NonNegative(map[string]time.Duration{"PollInterval": c.PollInterval, "LeaderRetry": c.LeaderRetry,
+		"RetryBase": c.RetryBase, "RetryMax": c.RetryMax, "KeepPublished": c.KeepPublished,
+		"SweepInterval": c.SweepInterval, "StatsInterval": c.StatsInterval, "QueryTimeout": c.QueryTimeout})
+	if c.RetryBase > c.RetryMax {
+		l.Bad("RetryBase", c.RetryBase, fmt.Sprintf("must not exceed RetryMax (%s)", c.RetryMax))
+	}
+	if _, err := parseTable(c.Table); err != nil {
+		l.Add(fmt.Errorf("Relay.Table: %w", err))
+	}
+	l.Check("Sarama", ProducerConfig(r.Sarama).Validate())
+	if c.ExactlyOnce {
 		if v := ProducerConfig(r.Sarama).Version; !v.IsAtLeast(sarama.V2_5_0_0) {
-			return bad("Sarama.Version", v, "ExactlyOnce needs Kafka 2.5 or later")
-		}
-		if err := txnConfig(r.Sarama, "idem-outbox-validate").Validate(); err != nil {
-			return fmt.Errorf("%w: Relay.Sarama with ExactlyOnce: %w", ErrInvalidConfig, err)
+			l.Bad("Sarama.Version", v, "ExactlyOnce needs Kafka 2.5 or later")
+		} else {
+			l.Check("Sarama (ExactlyOnce)", txnConfig(r.Sarama, "idem-outbox-validate").Validate())
 		}
 	}
-	return nil
+	return l.Err()
 }
 
 // withDefaults returns a copy with every zero field set to its default.
 func (r *Relay) withDefaults() Relay {
 	c := *r
-	setDefault(&c.Table, DefaultTable)
-	setDefault(&c.BatchSize, DefaultBatchSize)
-	setDefault(&c.PollInterval, DefaultPollInterval)
-	setDefault(&c.LeaderRetry, DefaultLeaderRetry)
-	setDefault(&c.MaxAttempts, DefaultMaxAttempts)
+	setDefault(&c.Table, defaultTable)
+	setDefault(&c.BatchSize, defaultBatchSize)
+	setDefault(&c.PollInterval, defaultPollInterval)
+	setDefault(&c.LeaderRetry, defaultLeaderRetry)
+	setDefault(&c.MaxAttempts, defaultMaxAttempts)
 	setDefault(&c.RetryBase, defaultRetryBase)
 	setDefault(&c.RetryMax, defaultRetryMax)
 	setDefault(&c.SweepInterval, defaultSweepInterval)
@@ -489,8 +489,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	// a series for every relay, not only once this one has led and published.
 	m.Published.WithLabelValues(t.name)
 	m.PublishSeconds.WithLabelValues(t.name)
-	c.Health.set(ErrNotStarted)
-	defer c.Health.set(ErrStopped)
+	c.Health.set(errNotStarted)
+	defer c.Health.set(errStopped)
 	if !s.start(ctx) {
 		return nil
 	}
@@ -549,11 +549,11 @@ func (s *session) backoff(n int) time.Duration {
 
 // Errors Health.Err returns while the relay is not running.
 var (
-	// ErrNotStarted: Run has not yet migrated the table and made its
+	// errNotStarted: Run has not yet migrated the table and made its
 	// producer (the last failure, if any, is returned instead).
-	ErrNotStarted = errors.New("outbox: relay not started")
-	// ErrStopped: Run has returned.
-	ErrStopped = errors.New("outbox: relay stopped")
+	errNotStarted = errors.New("outbox: relay not started")
+	// errStopped: Run has returned.
+	errStopped = errors.New("outbox: relay stopped")
 )
 
 // Health is a running relay's state, for a readiness probe: set
@@ -566,8 +566,8 @@ type Health struct {
 
 // Err returns nil while the relay runs with its table migrated and its
 // producer made, connected to the database (leading or standing by), and
-// otherwise why not: ErrNotStarted, ErrStopped, or the last start-up or
-// connection error (a relay retries those by itself).
+// otherwise why not: that it has not started yet or has stopped, or the last
+// start-up or connection error (a relay retries those by itself).
 func (h *Health) Err() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/internal/pglead"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -72,7 +73,7 @@ func (s *session) closeKafka() {
 // that of the database cluster's system identifier, the database's name and
 // the table's oid: the same for every relay of the table, different for
 // every other table, whichever database it lives in.
-func defaultTransactionalID(ctx context.Context, db DB, t table) (string, error) {
+func defaultTransactionalID(ctx context.Context, db dedupe.DB, t table) (string, error) {
 	var sysID int64
 	var dbName string
 	var oid uint32

@@ -330,7 +330,9 @@ func (p *Policy) ValidateNames(topic, group string) error {
 }
 
 // retryProblem returns the text of a retrytopic.Policy validation error
-// without its "retrytopic: invalid policy: " prefix.
+// without its "retrytopic: invalid policy: " prefixes, its problems on one
+// line separated by "; ".
 func retryProblem(err error) string {
-	return strings.TrimPrefix(err.Error(), retrytopic.ErrInvalidPolicy.Error()+": ")
+	text := strings.ReplaceAll(err.Error(), retrytopic.ErrInvalidPolicy.Error()+": ", "")
+	return strings.ReplaceAll(text, "\n", "; ")
 }

@@ -110,45 +110,47 @@ var ErrInvalidPolicy = errors.New("retrytopic: invalid policy")
 // tiers' retention (Retention, default DefaultRetention; no bound when it is
 // negative), the replication factor is -1, 0 or positive, and the naming
 // functions give non-empty, legal, distinct names for a sample topic and
-// group. Use ValidateNames to check the names a real topic and group give.
+// group. It reports every problem at once (errors.Join). Use ValidateNames
+// to check the names a real topic and group give.
 func (p Policy) Validate() error {
 	retention := p.WithDefaults().Retention
+	var errs []error
 	for i, d := range p.Delays {
 		if d <= 0 {
-			return fmt.Errorf("%w: Delays[%d] = %s, must be > 0", ErrInvalidPolicy, i, d)
-		}
-		if retention > 0 && d > retention/2 {
-			return fmt.Errorf("%w: Delays[%d] = %s (tier %d) is more than half its retention %s: a record could expire in the tier before it is due; shorten the delay or raise Retention to at least %s",
-				ErrInvalidPolicy, i, d, i+1, retention, 2*d)
+			errs = append(errs, fmt.Errorf("%w: Delays[%d] = %s, must be > 0", ErrInvalidPolicy, i, d))
+		} else if retention > 0 && d > retention/2 {
+			errs = append(errs, fmt.Errorf("%w: Delays[%d] = %s (tier %d) is more than half its retention %s: a record could expire in the tier before it is due; shorten the delay or raise Retention to at least %s",
+				ErrInvalidPolicy, i, d, i+1, retention, 2*d))
 		}
 	}
 	if p.ReplicationFactor < -1 {
-		return fmt.Errorf("%w: ReplicationFactor = %d, must be -1 (broker default) or > 0", ErrInvalidPolicy, p.ReplicationFactor)
+		errs = append(errs, fmt.Errorf("%w: ReplicationFactor = %d, must be -1 (broker default) or > 0", ErrInvalidPolicy, p.ReplicationFactor))
 	}
-	return p.ValidateNames("topic", "group")
+	return errors.Join(append(errs, p.ValidateNames("topic", "group"))...)
 }
 
 // ValidateNames checks that, for topic and group, every tier name and the
 // dead-letter name are non-empty, legal Kafka topic names, distinct from each
-// other and from topic itself.
+// other and from topic itself. It reports every problem at once.
 func (p Policy) ValidateNames(topic, group string) error {
 	seen := map[string]string{topic: "the source topic"}
-	check := func(what, name string) error {
+	var errs []error
+	check := func(what, name string) {
 		if err := validTopicName(name); err != nil {
-			return fmt.Errorf("%w: %s for topic %q group %q: %v", ErrInvalidPolicy, what, topic, group, err)
+			errs = append(errs, fmt.Errorf("%w: %s for topic %q group %q: %v", ErrInvalidPolicy, what, topic, group, err))
+			return
 		}
 		if prev, dup := seen[name]; dup {
-			return fmt.Errorf("%w: %s for topic %q group %q is %q, the same as %s", ErrInvalidPolicy, what, topic, group, name, prev)
+			errs = append(errs, fmt.Errorf("%w: %s for topic %q group %q is %q, the same as %s", ErrInvalidPolicy, what, topic, group, name, prev))
+			return
 		}
 		seen[name] = what
-		return nil
 	}
 	for n := 1; n <= len(p.Delays); n++ {
-		if err := check(fmt.Sprintf("TierTopic(n=%d)", n), p.Tier(topic, group, n)); err != nil {
-			return err
-		}
+		check(fmt.Sprintf("TierTopic(n=%d)", n), p.Tier(topic, group, n))
 	}
-	return check("DLQTopic", p.DLQ(topic, group))
+	check("DLQTopic", p.DLQ(topic, group))
+	return errors.Join(errs...)
 }
 
 // validTopicName applies Kafka's topic name rules: 1…249 characters of

@@ -39,7 +39,7 @@ func (e *PartitionMismatchError) Error() string {
 // and is checked like one. ctx is checked between topics; each admin call is
 // bounded by the admin's Admin.Timeout. An admin call that no broker answered
 // (IsUnreachable: a node killed and not yet fenced, for one) is retried for
-// up to UnreachableFor or until ctx ends; a topic's description then comes
+// up to 30 seconds or until ctx ends; a topic's description then comes
 // from another node. Creating a missing topic needs the controller the
 // admin knows; while that node is down the creation is retried the same way.
 // Topics created here may take a moment to show in the metadata of other

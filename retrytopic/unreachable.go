@@ -13,13 +13,13 @@ import (
 	"github.com/idemhq/idem/internal/forward"
 )
 
-// UnreachableFor bounds how long EnsureTopics and EnsureTopicsFor retry an
+// unreachableFor bounds how long EnsureTopics and EnsureTopicsFor retry an
 // admin request that no broker answered (IsUnreachable), when ctx allows
 // that long. In a multi-node cluster a killed node stays in the metadata
 // until the controller fences it (about 9 s with Kafka's defaults); the
 // retries wait that out. A cluster that stays unreachable longer is
 // reported as an error.
-const UnreachableFor = 30 * time.Second
+const unreachableFor = 30 * time.Second
 
 // IsUnreachable reports whether err from a Kafka admin request means "this
 // broker did not answer" rather than "the cluster refused the request": a
@@ -51,7 +51,7 @@ func IsUnreachable(err error) bool {
 }
 
 // persist runs call until it returns nil or an error that is not
-// IsUnreachable, ctx ends, or UnreachableFor has passed since its first
+// IsUnreachable, ctx ends, or unreachableFor has passed since its first
 // failure. It waits 100 ms between tries, doubling up to 2 s. The error
 // returned is call's last.
 func persist(ctx context.Context, call func() error) error {
@@ -64,7 +64,7 @@ func persist(ctx context.Context, call func() error) error {
 		}
 		now := time.Now()
 		if deadline.IsZero() {
-			deadline = now.Add(UnreachableFor)
+			deadline = now.Add(unreachableFor)
 		}
 		if now.Add(wait).After(deadline) {
 			return err

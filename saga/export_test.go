@@ -1,5 +1,7 @@
 package saga
 
+import "github.com/idemhq/idem/dedupe"
+
 // SetBoundary installs the crash hook: f is called at every step boundary
 // ("reserve:action:before", "reserve:action:after",
 // "reserve:action:committed", "charge:compensate:before", …,
@@ -15,3 +17,6 @@ const DefaultCompensationAttemptsForTest = defaultCompensationAttempts
 
 // Metrics returns o's collectors.
 func Metrics(o *Orchestrator) *collectors { return o.m }
+
+// DB is dedupe.DB, the handle type the package takes, for the external tests.
+type DB = dedupe.DB

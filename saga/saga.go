@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/pgmigrate"
 )
 
@@ -59,18 +61,9 @@ var (
 	// compensation still fails after Config.CompensationAttempts attempts.
 	// The saga stays Compensating; RunDue tries again after a backoff.
 	ErrCompensationFailing = errors.New("saga: compensation failing")
-	// ErrInvalidConfig is wrapped by New's errors; the message names the field.
+	// ErrInvalidConfig is matched by every problem New reports; each names the field.
 	ErrInvalidConfig = errors.New("saga: invalid configuration")
 )
-
-// DB is what Migrate and the orchestrator need from a database handle:
-// *pgxpool.Pool and *pgx.Conn satisfy it, and so does dedupe.DB (the same
-// methods), so idem.Migrate can pass its handle on.
-type DB interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
 
 // Querier runs statements: *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
 type Querier interface {
@@ -85,7 +78,7 @@ var migrationFS embed.FS
 // Migrate creates or upgrades the idem_saga and idem_saga_step tables
 // (pgmigrate component "saga"). It is idempotent and safe to call from
 // several processes at once.
-func Migrate(ctx context.Context, db DB) error {
+func Migrate(ctx context.Context, db dedupe.DB) error {
 	ms, err := pgmigrate.Load(migrationFS, "migrations", nil)
 	if err != nil {
 		return fmt.Errorf("saga: load migrations: %w", err)
@@ -158,7 +151,7 @@ type Definition struct {
 // is its default.
 type Config struct {
 	// DB holds the saga tables (see Migrate). Required.
-	DB DB
+	DB dedupe.DB
 	// StepAttempts is how many times one Execute calls a failing action
 	// before the step fails. Default: 3.
 	StepAttempts int
@@ -227,39 +220,66 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// validate reports every problem of c (defaults applied) and of defs at
+// once (errors.Join), each naming the field, its value and the rule, every
+// one matching ErrInvalidConfig.
 func (c Config) validate(defs []Definition) error {
-	switch {
-	case c.DB == nil:
-		return fmt.Errorf("%w: DB is nil", ErrInvalidConfig)
-	case c.StepAttempts < 0, c.CompensationAttempts < 0:
-		return fmt.Errorf("%w: StepAttempts %d, CompensationAttempts %d: want >= 0", ErrInvalidConfig, c.StepAttempts, c.CompensationAttempts)
-	case c.BackoffBase < 0 || c.BackoffMax < c.BackoffBase:
-		return fmt.Errorf("%w: BackoffBase %v, BackoffMax %v: want 0 <= base <= max", ErrInvalidConfig, c.BackoffBase, c.BackoffMax)
-	case c.CompensationBackoffMax < 0:
-		return fmt.Errorf("%w: CompensationBackoffMax %v: want >= 0 (0: %v)", ErrInvalidConfig, c.CompensationBackoffMax, defaultCompensationBackoffMax)
-	case c.PollInterval < 0:
-		return fmt.Errorf("%w: PollInterval %v: want >= 0", ErrInvalidConfig, c.PollInterval)
-	case len(defs) == 0:
-		return fmt.Errorf("%w: no Definition given", ErrInvalidConfig)
+	c = c.withDefaults()
+	l := configerr.New(ErrInvalidConfig, "")
+	if c.DB == nil {
+		l.Bad("Config.DB", nil, "required")
+	}
+	if c.StepAttempts < 0 {
+		l.Bad("Config.StepAttempts", c.StepAttempts, "must be >= 0 (0: the default)")
+	}
+	if c.CompensationAttempts < 0 {
+		l.Bad("Config.CompensationAttempts", c.CompensationAttempts, "must be >= 0 (0: the default)")
+	}
+	if c.BackoffBase < 0 {
+		l.Bad("Config.BackoffBase", c.BackoffBase, "must be >= 0 (0: the default)")
+	}
+	if c.BackoffMax < c.BackoffBase {
+		l.Bad("Config.BackoffMax", c.BackoffMax, fmt.Sprintf("must not be less than BackoffBase (%v)", c.BackoffBase))
+	}
+	if c.CompensationBackoffMax < 0 {
+		l.Bad("Config.CompensationBackoffMax", c.CompensationBackoffMax, "must be >= 0 (0: the default)")
+	}
+	if c.PollInterval < 0 {
+		l.Bad("Config.PollInterval", c.PollInterval, "must be >= 0 (0: the default)")
+	}
+	if len(defs) == 0 {
+		l.Bad("Definitions", 0, "no Definition given; at least one required")
 	}
 	types := map[string]bool{}
-	for _, d := range defs {
-		if d.Type == "" || types[d.Type] {
-			return fmt.Errorf("%w: Definition.Type %q is empty or given twice", ErrInvalidConfig, d.Type)
+	for i, d := range defs {
+		field := fmt.Sprintf("Definition[%s]", d.Type)
+		switch {
+		case d.Type == "":
+			field = fmt.Sprintf("Definition[%d]", i)
+			l.Bad(field+".Type", d.Type, "required")
+		case types[d.Type]:
+			l.Bad(field+".Type", d.Type, "given twice; each Definition needs its own Type")
 		}
 		types[d.Type] = true
-		if len(d.Steps) == 0 || d.Timeout < 0 {
-			return fmt.Errorf("%w: saga %s: %d Steps, Timeout %v: want at least one step and Timeout >= 0", ErrInvalidConfig, d.Type, len(d.Steps), d.Timeout)
+		if len(d.Steps) == 0 {
+			l.Bad(field+".Steps", 0, "at least one step required")
+		}
+		if d.Timeout < 0 {
+			l.Bad(field+".Timeout", d.Timeout, "must be >= 0 (0: no deadline)")
 		}
 		names := map[string]bool{}
-		for i, s := range d.Steps {
-			if s.Name == "" || names[s.Name] || s.Action == nil {
-				return fmt.Errorf("%w: saga %s: Steps[%d] (%q): Name must be non-empty and unique, Action non-nil", ErrInvalidConfig, d.Type, i, s.Name)
+		for j, s := range d.Steps {
+			step := fmt.Sprintf("%s.Steps[%d]", field, j)
+			if s.Name == "" || names[s.Name] {
+				l.Bad(step+".Name", s.Name, "required and unique within the Definition")
+			}
+			if s.Action == nil {
+				l.Bad(step+".Action", nil, "required")
 			}
 			names[s.Name] = true
 		}
 	}
-	return nil
+	return l.Err()
 }
 
 // Orchestrator drives sagas of the Definitions it was given. It keeps no

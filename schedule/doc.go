@@ -33,12 +33,12 @@
 //
 // # Table
 //
-// idem_deferred (in the connection's search_path) is created by Migrate
+// idem_deferred (in the connection's search_path) is created by idem.Migrate
 // (pgmigrate component "schedule") or Scheduler.Run: id, consumer_group,
 // topic, partition, key, value, header_keys, header_values,
 // record_timestamp, idempotency_key, origin_topic, origin_partition,
 // origin_offset, deferred_until (the time asked for), due_at (the next try),
-// created_at, attempts, last_error. List reads it for `idem schedule list`.
+// created_at, attempts, last_error; `idem schedule list` shows it.
 //
 // # Defaults
 //

@@ -2,7 +2,6 @@ package schedule
 
 import (
 	"context"
-	"embed"
 	"errors"
 	"fmt"
 	"strings"
@@ -13,57 +12,22 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/pgmigrate"
+	"github.com/idemhq/idem/internal/scheduletable"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
-// table is the table deferred records wait in, resolved through the
-// connection's search_path (use a schema per service, or per test, to keep
-// several apart).
-const table = "idem_deferred"
-
-// component is the pgmigrate component of the table.
-const component = "schedule"
+// table is the table deferred records wait in (scheduletable.Table).
+const table = scheduletable.Table
 
 // ErrInvalidRecord is wrapped by the error Defer returns for a record it
 // refuses (no transaction, no group, no topic, an empty header name, a due
 // time too far away); nothing is inserted then.
 var ErrInvalidRecord = errors.New("schedule: invalid record")
 
-// ErrInvalidConfig is wrapped by the error Scheduler.Validate (and so Run)
-// returns; the message names the field, the value and the rule.
+// ErrInvalidConfig is matched by every problem Scheduler.Validate (and so
+// Run) reports; each names the field, the value and the rule.
 var ErrInvalidConfig = errors.New("schedule: invalid configuration")
-
-//go:embed migrations/*.sql
-var migrationFS embed.FS
-
-// Beginner is what Migrate needs from a database handle: *pgxpool.Pool,
-// *pgx.Conn, pgx.Tx and dedupe.DB satisfy it.
-type Beginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
-// Querier is what List needs from a database handle: *pgxpool.Pool,
-// *pgx.Conn and pgx.Tx satisfy it.
-type Querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
-// Migrate creates or upgrades the idem_deferred table, its index and the
-// trigger that wakes the schedulers at commit (pgmigrate component
-// "schedule"). It is idempotent and safe to call from several processes at
-// once; Scheduler.Run calls it too.
-func Migrate(ctx context.Context, db Beginner) error {
-	ms, err := pgmigrate.Load(migrationFS, "migrations", nil)
-	if err != nil {
-		return fmt.Errorf("schedule: load migrations: %w", err)
-	}
-	if err := pgmigrate.Apply(ctx, db, component, ms); err != nil {
-		return fmt.Errorf("schedule: migrate: %w", err)
-	}
-	return nil
-}
 
 // Record is one message to publish again later: what a consumer stores when
 // its handler returns handler.DeferUntil.
@@ -201,55 +165,3 @@ func (rec Record) validate(at, now time.Time) error {
 
 // isText reports whether s can be stored in a PostgreSQL text column.
 func isText(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
-
-// Pending is one deferred record as List returns it.
-type Pending struct {
-	ID             int64
-	Group          string
-	Topic          string
-	Partition      int32
-	Key            []byte
-	IdempotencyKey string
-	Origin         handler.Origin // Timestamp is not stored: zero
-	// DeferredUntil is the time the handler asked for; DueAt the next time
-	// the scheduler tries to publish it (later than DeferredUntil after a
-	// failed publish).
-	DeferredUntil time.Time
-	DueAt         time.Time
-	CreatedAt     time.Time
-	// Attempts counts failed publishes; LastError is the latest one's.
-	Attempts  int
-	LastError string
-}
-
-// Filter selects what List returns.
-type Filter struct {
-	// Group, when set, keeps only that consumer group's records.
-	Group string
-	// Limit caps the rows returned, in due order. Default: 100.
-	Limit int
-}
-
-// List returns pending deferred records in the order they come due (due_at,
-// then id); what `idem schedule list` shows.
-func List(ctx context.Context, db Querier, f Filter) ([]Pending, error) {
-	if f.Limit <= 0 {
-		f.Limit = 100
-	}
-	rows, err := db.Query(ctx, `SELECT id, consumer_group, topic, partition, key, idempotency_key, origin_topic,
-		origin_partition, origin_offset, deferred_until, due_at, created_at, attempts, coalesce(last_error, '')
-		FROM `+table+` WHERE ($1 = '' OR consumer_group = $1) ORDER BY due_at, id LIMIT $2`, f.Group, f.Limit)
-	if err != nil {
-		return nil, fmt.Errorf("schedule: list: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Pending, error) {
-		var p Pending
-		err := r.Scan(&p.ID, &p.Group, &p.Topic, &p.Partition, &p.Key, &p.IdempotencyKey, &p.Origin.Topic,
-			&p.Origin.Partition, &p.Origin.Offset, &p.DeferredUntil, &p.DueAt, &p.CreatedAt, &p.Attempts, &p.LastError)
-		return p, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("schedule: list: %w", err)
-	}
-	return out, nil
-}

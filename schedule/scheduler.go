@@ -14,8 +14,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/pglead"
+	"github.com/idemhq/idem/internal/scheduletable"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -145,38 +147,34 @@ type Scheduler struct {
 	afterAck func(ids []int64)
 }
 
-// Validate reports the first bad field, wrapping ErrInvalidConfig.
+// Validate reports every bad field at once (errors.Join), each naming the
+// field, its value and the rule, every one matching ErrInvalidConfig. Zero
+// fields count as their defaults. Run calls it.
 func (s *Scheduler) Validate() error {
-	bad := func(field string, v any, rule string) error {
-		return fmt.Errorf("%w: Scheduler.%s = %v: %s", ErrInvalidConfig, field, v, rule)
-	}
-	switch {
-	case s == nil:
+	if s == nil {
 		return fmt.Errorf("%w: nil Scheduler", ErrInvalidConfig)
-	case s.Pool == nil:
-		return bad("Pool", nil, "required")
-	case len(s.Brokers) == 0:
-		return bad("Brokers", s.Brokers, "at least one host:port required")
-	case s.Group == "":
-		return bad("Group", `""`, "required (the consumer group whose deferred records it publishes)")
-	case s.BatchSize < 0:
-		return bad("BatchSize", s.BatchSize, "must be >= 0 (0: the default)")
-	case s.RetryMax > 0 && s.RetryBase > s.RetryMax:
-		return bad("RetryBase", s.RetryBase, fmt.Sprintf("must not exceed RetryMax (%s)", s.RetryMax))
 	}
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{{"MaxWait", s.MaxWait}, {"LeaderRetry", s.LeaderRetry}, {"RetryBase", s.RetryBase},
-		{"RetryMax", s.RetryMax}, {"StatsInterval", s.StatsInterval}, {"QueryTimeout", s.QueryTimeout}} {
-		if d.v < 0 {
-			return bad(d.name, d.v, "must be >= 0 (0: the default)")
-		}
+	c := s.withDefaults()
+	l := configerr.New(ErrInvalidConfig, "Scheduler.")
+	if c.Pool == nil {
+		l.Bad("Pool", nil, "required")
 	}
-	if err := producerConfig(s.Sarama).Validate(); err != nil {
-		return fmt.Errorf("%w: Scheduler.Sarama: %w", ErrInvalidConfig, err)
+	if len(c.Brokers) == 0 {
+		l.Bad("Brokers", c.Brokers, "at least one host:port required")
 	}
-	return nil
+	if c.Group == "" {
+		l.Bad("Group", c.Group, "required (the consumer group whose deferred records it publishes)")
+	}
+	if c.BatchSize < 0 {
+		l.Bad("BatchSize", c.BatchSize, "must be >= 0 (0: the default)")
+	}
+	l.NonNegative(map[string]time.Duration{"MaxWait": c.MaxWait, "LeaderRetry": c.LeaderRetry, "RetryBase": c.RetryBase,
+		"RetryMax": c.RetryMax, "StatsInterval": c.StatsInterval, "QueryTimeout": c.QueryTimeout})
+	if c.RetryBase > c.RetryMax {
+		l.Bad("RetryBase", c.RetryBase, fmt.Sprintf("must not exceed RetryMax (%s)", c.RetryMax))
+	}
+	l.Check("Sarama", producerConfig(s.Sarama).Validate())
+	return l.Err()
 }
 
 // withDefaults returns a copy with every zero field set to its default.
@@ -266,7 +264,7 @@ type runner struct {
 // until both succeed (true) or ctx ends (false).
 func (r *runner) start(ctx context.Context) bool {
 	for n := 1; ; n++ {
-		err := Migrate(ctx, r.cfg.Pool)
+		err := scheduletable.Migrate(ctx, r.cfg.Pool)
 		if err == nil {
 			if r.client, err = sarama.NewClient(r.cfg.Brokers, r.cfg.Sarama); err == nil {
 				if r.fwd, err = forward.NewForwarderFromClient(r.client); err == nil {

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
-	"github.com/idemhq/idem/checkpoint"
+	"github.com/idemhq/idem/internal/checkpointrow"
 )
 
 // newCheckpointCmd builds `idem checkpoint status|reset`. It is
@@ -48,7 +48,7 @@ func checkpointDB(c *cobra.Command) func(*cobra.Command) (*pgxpool.Pool, error) 
 func checkpointHint(err error) error {
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && pe.Code == "42P01" {
-		return fmt.Errorf("%w (create it with checkpoint.Migrate, which batch jobs call at start)", err)
+		return fmt.Errorf("%w (create it with `idem migrate` or idem.Migrate)", err)
 	}
 	return err
 }
@@ -72,14 +72,14 @@ committed and whether its last run reached the end. Reads only.`,
 			return err
 		}
 		defer pool.Close()
-		var states []checkpoint.State
+		var states []checkpointrow.State
 		if len(args) == 1 {
-			s, err := checkpoint.Get(cmd.Context(), pool, args[0])
+			s, err := checkpointrow.Get(cmd.Context(), pool, args[0])
 			if err != nil {
 				return checkpointHint(err)
 			}
-			states = []checkpoint.State{s}
-		} else if states, err = checkpoint.List(cmd.Context(), pool); err != nil {
+			states = []checkpointrow.State{s}
+		} else if states, err = checkpointrow.List(cmd.Context(), pool); err != nil {
 			return checkpointHint(err)
 		}
 		out := cmd.OutOrStdout()
@@ -87,7 +87,7 @@ committed and whether its last run reached the end. Reads only.`,
 			enc := json.NewEncoder(out)
 			enc.SetIndent("", "  ")
 			if states == nil {
-				states = []checkpoint.State{}
+				states = []checkpointrow.State{}
 			}
 			return enc.Encode(states)
 		}
@@ -133,7 +133,7 @@ confirmation unless --yes.`,
 			return err
 		}
 		defer pool.Close()
-		s, err := checkpoint.Get(cmd.Context(), pool, job)
+		s, err := checkpointrow.Get(cmd.Context(), pool, job)
 		if err != nil {
 			return checkpointHint(err)
 		}
@@ -146,7 +146,7 @@ confirmation unless --yes.`,
 				return errors.New("reset not confirmed; nothing changed")
 			}
 		}
-		if err := checkpoint.Reset(cmd.Context(), pool, job, to); err != nil {
+		if err := checkpointrow.Reset(cmd.Context(), pool, job, to); err != nil {
 			return err
 		}
 		fmt.Fprintf(out, "job %s: cursor %q -> %q\n", job, s.Cursor, to)

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemhq/idem/checkpoint"
+	"github.com/idemhq/idem/internal/checkpointrow"
 	"github.com/idemhq/idem/internal/testenv"
 )
 
@@ -26,10 +27,10 @@ func TestCheckpointCLI(t *testing.T) {
 		t.Logf("idem %s -> %d\n%s%s", strings.Join(args, " "), code, out.String(), errOut.String())
 		return code, out.String(), errOut.String()
 	}
-	if code, _, errOut := cli("", "checkpoint", "status"); code != 1 || !strings.Contains(errOut, "checkpoint.Migrate") {
+	if code, _, errOut := cli("", "checkpoint", "status"); code != 1 || !strings.Contains(errOut, "idem migrate") {
 		t.Fatalf("status without the table: %d %q; want the fix named", code, errOut)
 	}
-	if err := checkpoint.Migrate(ctx, pool); err != nil {
+	if err := checkpointrow.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
 	if code, out, _ := cli("", "checkpoint", "status"); code != 0 || !strings.Contains(out, "no checkpoints") {
@@ -60,7 +61,7 @@ func TestCheckpointCLI(t *testing.T) {
 		t.Fatalf("status: %d %q", code, out)
 	}
 	code, out, _ = cli("", "checkpoint", "status", "nightly", "--json")
-	var states []checkpoint.State
+	var states []checkpointrow.State
 	if err := json.Unmarshal([]byte(out), &states); code != 0 || err != nil || len(states) != 1 || states[0].Cursor != "25" || states[0].Chunks != 3 || states[0].FinishedAt.IsZero() {
 		t.Fatalf("status --json: %d %v %+v", code, err, states)
 	}
@@ -68,7 +69,7 @@ func TestCheckpointCLI(t *testing.T) {
 	if code, _, errOut := cli("n\n", "checkpoint", "reset", "nightly"); code != 1 || !strings.Contains(errOut, "not confirmed") {
 		t.Fatalf("unconfirmed reset: %d %q", code, errOut)
 	}
-	if s, _ := checkpoint.Get(ctx, pool, "nightly"); s.Cursor != "25" {
+	if s, _ := checkpointrow.Get(ctx, pool, "nightly"); s.Cursor != "25" {
 		t.Fatalf("unconfirmed reset moved the cursor to %q", s.Cursor)
 	}
 	if code, out, _ := cli("y\n", "checkpoint", "reset", "nightly", "--to", "20"); code != 0 || !strings.Contains(out, `"25" -> "20"`) {

@@ -10,7 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/idemhq/idem/schedule"
+	"github.com/idemhq/idem/internal/scheduletable"
 )
 
 // newScheduleCmd builds `idem schedule list`.
@@ -53,7 +53,7 @@ Reads only.`,
 				return err
 			}
 			defer pool.Close()
-			ps, err := schedule.List(ctx, pool, schedule.Filter{Group: group, Limit: limit})
+			ps, err := scheduletable.List(ctx, pool, scheduletable.Filter{Group: group, Limit: limit})
 			if err != nil {
 				return err
 			}
@@ -71,7 +71,7 @@ Reads only.`,
 	return c
 }
 
-func scheduleText(a *app, ps []schedule.Pending, limit int) {
+func scheduleText(a *app, ps []scheduletable.Pending, limit int) {
 	if len(ps) == 0 {
 		fmt.Fprintln(a.out, "no deferred messages")
 		return
@@ -89,7 +89,7 @@ func scheduleText(a *app, ps []schedule.Pending, limit int) {
 	}
 }
 
-func origin(p schedule.Pending) string {
+func origin(p scheduletable.Pending) string {
 	if p.Origin.Topic == "" {
 		return "-"
 	}
@@ -104,7 +104,7 @@ func dueIn(t time.Time) string {
 	return "due"
 }
 
-func scheduleJSON(a *app, ps []schedule.Pending) error {
+func scheduleJSON(a *app, ps []scheduletable.Pending) error {
 	type row struct {
 		ID              int64     `json:"id"`
 		Group           string    `json:"group"`

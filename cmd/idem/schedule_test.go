@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/scheduletable"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/schedule"
 )
@@ -18,7 +19,7 @@ func TestScheduleList(t *testing.T) {
 	k := testenv.NewKafka(t)
 	pool, schema := testenv.PostgresSchema(t)
 	ctx := testenv.Context(t)
-	if err := schedule.Migrate(ctx, pool); err != nil {
+	if err := scheduletable.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
 	db := schemaURL(t, schema)

@@ -18,8 +18,8 @@ import (
 	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/keyorder"
+	"github.com/idemhq/idem/internal/outboxadmin"
 	"github.com/idemhq/idem/internal/wire"
-	"github.com/idemhq/idem/outbox"
 )
 
 // headerReplaces is the header EditAndRetry adds to the record it publishes:
@@ -680,7 +680,7 @@ func (a *Actions) ReleaseKey(ctx context.Context, actor, group, topic, key, reas
 // state, lowest id first (none when the table does not exist). limit <= 0
 // means 100.
 func (a *Actions) FailedOutbox(ctx context.Context, limit int) ([]OutboxRow, error) {
-	rows, err := outbox.List(ctx, a.store.db, outbox.ListOptions{State: outbox.StateFailed, Limit: limit})
+	rows, err := outboxadmin.List(ctx, a.store.db, outboxadmin.ListOptions{State: outboxadmin.StateFailed, Limit: limit})
 	if isUndefinedTable(err) {
 		return nil, nil
 	}
@@ -694,7 +694,7 @@ func (a *Actions) FailedOutbox(ctx context.Context, limit int) ([]OutboxRow, err
 	return out, nil
 }
 
-// RetryOutbox makes the failed outbox rows ids pending again (outbox.Retry):
+// RetryOutbox makes the failed outbox rows ids pending again:
 // the relay publishes them again. Rows that are not failed are skipped.
 func (a *Actions) RetryOutbox(ctx context.Context, actor string, ids []int64, reason string) (Result, error) {
 	res := Result{Matched: len(ids)}
@@ -704,7 +704,7 @@ func (a *Actions) RetryOutbox(ctx context.Context, actor string, ids []int64, re
 	if len(ids) == 0 {
 		return Result{}, invalid("ids", "empty: give the outbox rows to retry")
 	}
-	done, err := outbox.Retry(ctx, a.store.db, "", ids...)
+	done, err := outboxadmin.Retry(ctx, a.store.db, "", ids...)
 	res.Done = len(done)
 	res.Skipped = res.Matched - res.Done
 	return res, a.audit(ctx, actor, "retry-outbox", ids, "outbox rows", reason, res, err, "retried")

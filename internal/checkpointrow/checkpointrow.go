@@ -1,13 +1,54 @@
-package checkpoint
+// Package checkpointrow is the idem_checkpoint table, one row per batch job
+// of package checkpoint: its migrations (Migrate, which idem.Migrate runs),
+// the row (State), reading it (Get, List), moving it (Reset) and the job's
+// advisory lock (LockKey), which the runner and Reset share.
+// `idem checkpoint status` and `idem checkpoint reset` use it; a service
+// creates the table with idem.Migrate and runs its jobs with package
+// checkpoint.
+package checkpointrow
 
 import (
 	"context"
+	"embed"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/internal/pgmigrate"
 )
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// Migrate creates or upgrades the idem_checkpoint table (pgmigrate component
+// "checkpoint"); idem.Migrate runs it. It is idempotent and safe to call
+// from several processes at once.
+func Migrate(ctx context.Context, db dedupe.DB) error {
+	ms, err := pgmigrate.Load(migrationFS, "migrations", nil)
+	if err != nil {
+		return fmt.Errorf("checkpoint: load migrations: %w", err)
+	}
+	if err := pgmigrate.Apply(ctx, db, "checkpoint", ms); err != nil {
+		return fmt.Errorf("checkpoint: migrate: %w", err)
+	}
+	return nil
+}
+
+// ErrNotFound is returned by Get and Reset for a job with no checkpoint row.
+var ErrNotFound = errors.New("checkpoint: no such job")
+
+// LockKey is the pg_advisory_xact_lock key of job: the FNV-1a 64-bit hash of
+// "idem-checkpoint:" + job. checkpoint.Runner.Run and Reset hold it for each
+// transaction.
+func LockKey(job string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("idem-checkpoint:" + job))
+	return int64(h.Sum64())
+}
 
 // State is a job's checkpoint row.
 type State struct {
@@ -34,7 +75,7 @@ func scanState(row pgx.Row) (State, error) {
 }
 
 // Get returns job's checkpoint, or ErrNotFound.
-func Get(ctx context.Context, db DB, job string) (State, error) {
+func Get(ctx context.Context, db dedupe.DB, job string) (State, error) {
 	s, err := scanState(db.QueryRow(ctx, selectState+" WHERE job = $1", job))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return State{}, fmt.Errorf("%w: %q", ErrNotFound, job)
@@ -46,7 +87,7 @@ func Get(ctx context.Context, db DB, job string) (State, error) {
 }
 
 // List returns every job's checkpoint, ordered by job name.
-func List(ctx context.Context, db DB) ([]State, error) {
+func List(ctx context.Context, db dedupe.DB) ([]State, error) {
 	tx, err := db.Begin(ctx) // a read-only use of a transaction: DB has no Query
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: list: %w", err)
@@ -68,7 +109,7 @@ func List(ctx context.Context, db DB) ([]State, error) {
 // advisory lock, so it waits for a chunk in progress and never lands in the
 // middle of one. It returns ErrNotFound for a job with no checkpoint row.
 // Rows already processed are not undone: resetting re-runs Process on them.
-func Reset(ctx context.Context, db DB, job, cursor string) (err error) {
+func Reset(ctx context.Context, db dedupe.DB, job, cursor string) (err error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("checkpoint: reset %s: begin: %w", job, err)
@@ -78,7 +119,7 @@ func Reset(ctx context.Context, db DB, job, cursor string) (err error) {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", lockKey(job)); err != nil {
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", LockKey(job)); err != nil {
 		return fmt.Errorf("checkpoint: reset %s: advisory lock: %w", job, err)
 	}
 	tag, err := tx.Exec(ctx, `UPDATE idem_checkpoint SET cursor = $2, rows_done = 0, chunks_done = 0,

@@ -1,10 +1,16 @@
-package outbox
+// Package outboxadmin reads and retries the rows of an outbox table for
+// `idem outbox list`, `idem outbox retry` and the failure console's outbox
+// page. A service enqueues with outbox.Enqueue and runs an outbox.Relay; it
+// has no need to list rows.
+package outboxadmin
 
 import (
 	"context"
 	"fmt"
 	"time"
 
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/internal/outboxconf"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -47,15 +53,15 @@ type ListOptions struct {
 
 // List returns outbox rows in id order (values are not read; ValueSize gives
 // their length). `idem outbox list` prints it.
-func List(ctx context.Context, db DB, opt ListOptions) ([]Row, error) {
-	t, err := parseTable(opt.Table)
+func List(ctx context.Context, db dedupe.DB, opt ListOptions) ([]Row, error) {
+	t, err := outboxconf.Parse(opt.Table)
 	if err != nil {
 		return nil, err
 	}
 	switch opt.State {
 	case "", StatePending, StatePublished, StateFailed:
 	default:
-		return nil, fmt.Errorf("%w: ListOptions.State = %q: want pending, published, failed or empty", ErrInvalidConfig, opt.State)
+		return nil, fmt.Errorf("%w: ListOptions.State = %q: want pending, published, failed or empty", outboxconf.ErrInvalidConfig, opt.State)
 	}
 	if opt.Limit <= 0 {
 		opt.Limit = 100
@@ -64,13 +70,13 @@ func List(ctx context.Context, db DB, opt ListOptions) ([]Row, error) {
 		Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	})
 	if !ok {
-		return nil, fmt.Errorf("%w: List needs a DB with Query (a *pgxpool.Pool, *pgx.Conn or pgx.Tx)", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: List needs a DB with Query (a *pgxpool.Pool, *pgx.Conn or pgx.Tx)", outboxconf.ErrInvalidConfig)
 	}
 	rows, err := q.Query(ctx, `SELECT id, event_id::text, topic, key, coalesce(length(value), 0), created_at, state,
 		attempts, rejections, coalesce(last_error, ''), retry_at, published_at, not_before
-		FROM `+t.quoted+` WHERE ($1 = '' OR state = $1) ORDER BY id LIMIT $2`, opt.State, opt.Limit)
+		FROM `+t.Quoted+` WHERE ($1 = '' OR state = $1) ORDER BY id LIMIT $2`, opt.State, opt.Limit)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: list %s: %w", t.quoted, err)
+		return nil, fmt.Errorf("outbox: list %s: %w", t.Quoted, err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Row, error) {
 		var x Row
@@ -89,7 +95,7 @@ func List(ctx context.Context, db DB, opt ListOptions) ([]Row, error) {
 		return x, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("outbox: list %s: %w", t.quoted, err)
+		return nil, fmt.Errorf("outbox: list %s: %w", t.Quoted, err)
 	}
 	return out, nil
 }
@@ -98,8 +104,8 @@ func List(ctx context.Context, db DB, opt ListOptions) ([]Row, error) {
 // again, with their attempts and rejections reset, and wakes the relay. It returns the ids
 // it changed; ids that are not failed (unknown, pending, published) are left
 // alone and not returned. The last error is kept until the next publish.
-func Retry(ctx context.Context, db DB, table string, ids ...int64) ([]int64, error) {
-	t, err := parseTable(table)
+func Retry(ctx context.Context, db dedupe.DB, table string, ids ...int64) ([]int64, error) {
+	t, err := outboxconf.Parse(table)
 	if err != nil {
 		return nil, err
 	}
@@ -111,7 +117,7 @@ func Retry(ctx context.Context, db DB, table string, ids ...int64) ([]int64, err
 		return nil, fmt.Errorf("outbox: retry: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	rows, err := tx.Query(ctx, `UPDATE `+t.quoted+` SET state = 'pending', attempts = 0, rejections = 0, retry_at = NULL
+	rows, err := tx.Query(ctx, `UPDATE `+t.Quoted+` SET state = 'pending', attempts = 0, rejections = 0, retry_at = NULL
 		WHERE id = ANY($1) AND state = 'failed' RETURNING id`, ids)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: retry: %w", err)
@@ -121,7 +127,7 @@ func Retry(ctx context.Context, db DB, table string, ids ...int64) ([]int64, err
 		return nil, fmt.Errorf("outbox: retry: %w", err)
 	}
 	if len(done) > 0 {
-		if _, err := tx.Exec(ctx, "SELECT pg_notify('idem_outbox_' || $1::regclass::oid::text, '')", t.quoted); err != nil {
+		if _, err := tx.Exec(ctx, "SELECT pg_notify('idem_outbox_' || $1::regclass::oid::text, '')", t.Quoted); err != nil {
 			return nil, fmt.Errorf("outbox: retry: notify relay: %w", err)
 		}
 	}
