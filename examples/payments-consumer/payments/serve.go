@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
@@ -69,18 +70,28 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, hooks Hooks
 	}
 	log := newLogger(stderr, level)
 
-	pool, err := openDB(ctx, e.DatabaseURL)
+	// Each start-up step rides out a broker or database that is restarting
+	// or not up yet (retryStart, up to a minute), as consumer.Run does for
+	// its own steps; a bad URL, a refused login or bad SQL fails at once.
+	var pool *pgxpool.Pool
+	err = retryStart(ctx, log, "connecting to PostgreSQL", func(ctx context.Context) (err error) {
+		pool, err = openDB(ctx, e.DatabaseURL)
+		return err
+	})
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := migrate(ctx, pool); err != nil {
+	if err := retryStart(ctx, log, "migrating", func(ctx context.Context) error { return migrate(ctx, pool) }); err != nil {
 		return err
 	}
 
 	scfg := saramaConfig("payments-consumer")
 	for _, t := range []string{*topic, *eventsTopic} {
-		if err := createTopic(ctx, e.Brokers, scfg, t, int32(*partitions), log); err != nil {
+		err := retryStart(ctx, log, "creating topic "+t, func(ctx context.Context) error {
+			return createTopic(ctx, e.Brokers, scfg, t, int32(*partitions), log)
+		})
+		if err != nil {
 			return err
 		}
 	}
