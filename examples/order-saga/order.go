@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
@@ -34,15 +35,10 @@ CREATE TABLE IF NOT EXISTS charges      (key text PRIMARY KEY, order_id text NOT
 CREATE TABLE IF NOT EXISTS refunds      (key text PRIMARY KEY, charge_key text NOT NULL UNIQUE);
 CREATE TABLE IF NOT EXISTS shipments    (key text PRIMARY KEY, order_id text NOT NULL UNIQUE, address text NOT NULL);`
 
-// migrate creates idem's tables (inbox, saga, outbox) and the example's.
+// migrate creates idem's tables (idem.Migrate: the inbox, the saga and
+// outbox tables, and every other table idem keeps) and the example's.
 func migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	if err := dedupe.Migrate(ctx, pool); err != nil {
-		return err
-	}
-	if err := saga.Migrate(ctx, pool); err != nil {
-		return err
-	}
-	if err := outbox.Migrate(ctx, pool); err != nil {
+	if err := idem.Migrate(ctx, pool); err != nil {
 		return err
 	}
 	_, err := pool.Exec(ctx, schema)
