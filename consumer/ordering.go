@@ -212,7 +212,7 @@ func (w byKey) park(cm *sarama.ConsumerMessage, msg *handler.Message, o origin) 
 	}
 	var st keyorder.State
 	refused, err := w.orderTry("park", func(ctx context.Context) (err error) {
-		st, err = w.r.order.Park(ctx, rec)
+		st, err = w.r.order.ParkCopy(ctx, rec, keyorder.Copy{Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset, FromTier: o.tier > 0}, w.r.txn != nil)
 		return err
 	})
 	if err != nil {

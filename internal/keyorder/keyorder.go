@@ -232,25 +232,54 @@ func (s *Store) lockHead(ctx context.Context, tx pgx.Tx, topic string, key []byt
 // redelivery). It is one statement (one round trip): the common case, a key
 // that is not blocked, costs a primary-key lookup.
 func (s *Store) Park(ctx context.Context, r Record) (State, error) {
+	return s.ParkCopy(ctx, r, Copy{FromTier: true}, false)
+}
+
+// Copy is the record that carries a message to Park: where it was read, and
+// whether that is a retry tier (else the source topic).
+type Copy struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	FromTier  bool
+}
+
+// ParkCopy is Park for the message r read as c. With track (Kafka
+// transactions) a row it parks records c until Resolve sees c's offset
+// committed, and a row drained meanwhile is kept until then (drained, not
+// drainable). A message with a row, parked, marked by a drain or drained, is
+// Blocked (skipped as parked): c is a redelivery, of a record whose offset was
+// not committed with the transaction that parked it, and the row's drain
+// stands (or, reverted, runs again). Only the head's own copy from a tier
+// other than the one that parked it (its promoted forward, back) is Head.
+func (s *Store) ParkCopy(ctx context.Context, r Record, c Copy, track bool) (State, error) {
 	w := toParkedRow(r)
-	var head string
+	var head *string
+	var has, same bool
 	err := s.db.QueryRow(ctx, `
 		WITH h AS (
 			SELECT head_key FROM idem_ordering_heads WHERE `+byKey+` FOR UPDATE
+		), p AS (
+			SELECT park_topic, park_partition, park_offset FROM idem_ordering_parked WHERE `+byKey+` AND idempotency_key=$4
 		), ins AS (
 			INSERT INTO idem_ordering_parked (consumer_group, topic, msg_key, idempotency_key,
-				"partition", "offset", record_time, value, header_keys, header_values)
-			SELECT $1,$2,$3,$4,$5,$6,$7,$8,$9,$10 FROM h WHERE h.head_key <> $4
+				"partition", "offset", record_time, value, header_keys, header_values, park_topic, park_partition, park_offset)
+			SELECT $1,$2,$3,$4,$5,$6,$7,$8,$9,$10, CASE WHEN $14 THEN $11 END, CASE WHEN $14 THEN $12::int END, CASE WHEN $14 THEN $13::bigint END
+			FROM h WHERE h.head_key <> $4
 			ON CONFLICT DO NOTHING
 		)
-		SELECT head_key FROM h`,
-		s.group, r.Topic, r.Key, w.ikey, w.partition, w.offset, w.ts, w.value, w.headerKeys, w.headerValues).Scan(&head)
+		SELECT (SELECT head_key FROM h), EXISTS (SELECT 1 FROM p),
+			EXISTS (SELECT 1 FROM p WHERE park_topic=$11 AND park_partition=$12 AND park_offset=$13)`,
+		s.group, r.Topic, r.Key, w.ikey, w.partition, w.offset, w.ts, w.value, w.headerKeys, w.headerValues,
+		c.Topic, c.Partition, c.Offset, track).Scan(&head, &has, &same)
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return Free, nil
 	case err != nil:
 		return Free, fmt.Errorf("keyorder: park: %w", err)
-	case head == r.IdempotencyKey:
+	case has && (head == nil || *head != r.IdempotencyKey || !c.FromTier || same):
+		return Blocked, nil
+	case head == nil:
+		return Free, nil
+	case *head == r.IdempotencyKey:
 		return Head, nil
 	}
 	return Blocked, nil
@@ -300,7 +329,7 @@ func (s *Store) Next(ctx context.Context, topic string, key []byte, ikey string)
 			return err
 		}
 		var w parkedRow
-		err = tx.QueryRow(ctx, `SELECT `+parkedCols+` FROM idem_ordering_parked WHERE `+byKey+` AND mark_topic IS NULL ORDER BY seq LIMIT 1`,
+		err = tx.QueryRow(ctx, `SELECT `+parkedCols+` FROM idem_ordering_parked WHERE `+byKey+` AND mark_topic IS NULL AND NOT drained ORDER BY seq LIMIT 1`,
 			s.group, topic, key).Scan(w.dest()...)
 		if errors.Is(err, pgx.ErrNoRows) {
 			_, err = tx.Exec(ctx, `DELETE FROM idem_ordering_heads WHERE `+byKey, s.group, topic, key)
@@ -450,7 +479,7 @@ func (s *Store) pending(ctx context.Context, q string, args ...any) ([]Record, e
 func (s *Store) Parked(ctx context.Context) (int, error) {
 	var n int
 	err := s.tx(ctx, func(tx pgx.Tx) error {
-		return tx.QueryRow(ctx, `SELECT count(*) FROM idem_ordering_parked WHERE consumer_group=$1`, s.group).Scan(&n)
+		return tx.QueryRow(ctx, `SELECT count(*) FROM idem_ordering_parked WHERE consumer_group=$1 AND NOT drained`, s.group).Scan(&n)
 	})
 	return n, err
 }

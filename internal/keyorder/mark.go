@@ -56,7 +56,9 @@ const (
 // claim starts from).
 //
 // A mark below its partition's committed offset was committed: its parked
-// rows are removed and its heads' pending forwards cleared. With claim, a
+// rows are drained and its heads' pending forwards cleared. A parked row's
+// record (ParkCopy's track) below it is committed; a drained row whose record
+// is committed (or untracked) is removed. With claim, a
 // mark at or above it was not (the transaction aborted, or its member died
 // before the commit), and the message at the mark is read again from there:
 // its marked heads get back the head they had before the drain, and its
@@ -76,7 +78,11 @@ func (s *Store) Resolve(ctx context.Context, committed []Committed, claim bool) 
 	}
 	args := []any{s.group, ts, ps, os}
 	stmts := []string{
-		`DELETE FROM idem_ordering_parked x USING ` + committedRows + ` WHERE` + marksOf + ` AND x.mark_offset < c.o`,
+		`UPDATE idem_ordering_parked x SET drained=true, mark_topic=NULL, mark_partition=NULL, mark_offset=NULL, mark_head=NULL
+			FROM ` + committedRows + ` WHERE` + marksOf + ` AND x.mark_offset < c.o`,
+		`UPDATE idem_ordering_parked x SET park_topic=NULL, park_partition=NULL, park_offset=NULL
+			FROM ` + committedRows + ` WHERE x.consumer_group=$1 AND x.park_topic=c.t AND x.park_partition=c.p AND x.park_offset < c.o`,
+
 		`UPDATE idem_ordering_heads x SET pending=NULL, mark_topic=NULL, mark_partition=NULL, mark_offset=NULL, revert_head=NULL
 			FROM ` + committedRows + ` WHERE` + marksOf + ` AND x.mark_offset < c.o`,
 	}
@@ -100,7 +106,8 @@ func (s *Store) Resolve(ctx context.Context, committed []Committed, claim bool) 
 				return err
 			}
 		}
-		return nil
+		_, err := tx.Exec(ctx, `DELETE FROM idem_ordering_parked WHERE consumer_group=$1 AND drained AND park_topic IS NULL`, s.group)
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("keyorder: resolve: %w", err)

@@ -59,6 +59,18 @@ func TestResolveCommitted(t *testing.T) {
 		t.Fatal(err)
 	}
 	markedDrain(t, ctx, s)
+	// Copies of the marked messages read again before the commit settles
+	// them: redeliveries, parked (skipped); only m3's copy from its tier is
+	// the head.
+	for _, c := range []struct {
+		ikey     string
+		fromTier bool
+		want     keyorder.State
+	}{{"m2", false, keyorder.Blocked}, {"m2", true, keyorder.Blocked}, {"m3", false, keyorder.Blocked}, {"m3", true, keyorder.Head}} {
+		if st, err := s.ParkCopy(ctx, rec(c.ikey, 9), keyorder.Copy{Topic: "src", Offset: 9, FromTier: c.fromTier}, true); err != nil || st != c.want {
+			t.Fatalf("ParkCopy(%s, fromTier %v) = %v, %v; want %v", c.ikey, c.fromTier, st, err, c.want)
+		}
+	}
 	if err := s.Resolve(ctx, []keyorder.Committed{{Topic: "src", Partition: 0, Offset: 7}}, false); err != nil {
 		t.Fatal(err)
 	}
@@ -114,6 +126,9 @@ func TestResolveRevertsAtClaim(t *testing.T) {
 			}
 			markedDrain(t, ctx, s)
 			tc.after(s)
+			if st, err := s.ParkCopy(ctx, rec("m2", 2), keyorder.Copy{Topic: "t", Offset: 2}, true); err != nil || st != keyorder.Blocked {
+				t.Fatalf("a redelivery of dead-lettered m2 before the claim's revert: %v, %v; want Blocked", st, err)
+			}
 			if err := s.Resolve(ctx, []keyorder.Committed{{Topic: "src", Partition: 0, Offset: 7}}, true); err != nil {
 				t.Fatal(err)
 			}
@@ -133,5 +148,50 @@ func TestResolveRevertsAtClaim(t *testing.T) {
 				t.Fatalf("pending after the revert: %+v, %v", p, err)
 			}
 		})
+	}
+}
+
+// With track, a parked row remembers the record that parked it until that
+// record's offset is committed: drained before then, it stays (not drainable)
+// and a redelivery of that record is skipped, not handled again.
+func TestDrainedRowWaitsForItsParkingCommit(t *testing.T) {
+	t.Parallel()
+	ctx := testenv.Context(t)
+	s := keyorder.New(testenv.Postgres(t), "g")
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Block(ctx, "t", []byte("K"), "m1"); err != nil {
+		t.Fatal(err)
+	}
+	copyOf := keyorder.Copy{Topic: "t", Partition: 0, Offset: 2}
+	if st, err := s.ParkCopy(ctx, rec("m2", 2), copyOf, true); err != nil || st != keyorder.Blocked {
+		t.Fatalf("ParkCopy = %v, %v", st, err)
+	}
+	r, ok, err := s.Next(ctx, "t", []byte("K"), "m1")
+	if err != nil || !ok {
+		t.Fatalf("Next = %v, %v", ok, err)
+	}
+	m := &keyorder.Mark{Topic: "t.retry", Partition: 0, Offset: 5, Head: "m1"}
+	if err := s.DoneAt(ctx, r.Seq, m); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := s.Next(ctx, "t", []byte("K"), "m1"); ok || err != nil { // unblocks K
+		t.Fatalf("Next after the drain = %v, %v", ok, err)
+	}
+	if err := s.Resolve(ctx, []keyorder.Committed{{Topic: "t.retry", Partition: 0, Offset: 6}}, false); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := s.ParkCopy(ctx, rec("m2", 2), copyOf, true); err != nil || st != keyorder.Blocked {
+		t.Fatalf("a redelivery of the parking record of drained m2 = %v, %v; want Blocked (skipped)", st, err)
+	}
+	if n, _ := s.Parked(ctx); n != 0 {
+		t.Fatalf("Parked counts %d drained rows", n)
+	}
+	if err := s.Resolve(ctx, []keyorder.Committed{{Topic: "t", Partition: 0, Offset: 3}}, false); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := s.ParkCopy(ctx, rec("m2", 2), keyorder.Copy{Topic: "t", Partition: 0, Offset: 9}, true); err != nil || st != keyorder.Free {
+		t.Fatalf("m2 once its parking is committed = %v, %v; want Free (the row is gone)", st, err)
 	}
 }
