@@ -238,6 +238,7 @@ func (r *runner) sourceOf(topic string) (string, bool) {
 // is at least once.
 func (w byKey) claimOrdering() error {
 	r := w.r
+	defer w.endHold() // Transactions: a forward here is tied to no message, whose mark would end its hold
 	if err := w.resolveClaim(); err != nil {
 		return err
 	}
