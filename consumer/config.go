@@ -446,8 +446,8 @@ type RetryConfig struct {
 // the drain's steps in the ordering store are applied once that offset is
 // committed, or reverted when it is not, so the head's redelivery drains
 // again: each parked message once per hop, in key order (the argument is in
-// txn.go). A head left pending by a run without Transactions is forwarded
-// and committed at once at claim (at least once). The transactional.id is "idem-<Group>-<InstanceID>"
+// txn.go, with its limits: a head left pending by a run without
+// Transactions, a member frozen mid-drain past its session timeout). The transactional.id is "idem-<Group>-<InstanceID>"
 // with an InstanceID (a restarted member fences its predecessor and aborts
 // its open transaction at once), else "idem-<Group>-<host>-<random>" (a
 // crashed member's open transaction then holds read_committed readers of its

@@ -234,8 +234,8 @@ func (r *runner) sourceOf(topic string) (string, bool) {
 // others reverted, so the redelivery of their head drains again. A pending
 // head left by a run without Transactions (none is left unmarked with them)
 // is forwarded and committed here, and the key's parked messages drained
-// behind it when it was dead-lettered are committed with it: this recovery
-// is at least once.
+// behind it when it was dead-lettered are committed with it (see txn.go for
+// what a crash in that window does).
 func (w byKey) claimOrdering() error {
 	r := w.r
 	defer w.endHold() // Transactions: a forward here is tied to no message, whose mark would end its hold

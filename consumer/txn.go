@@ -231,9 +231,20 @@ func sendStops(err error) bool {
 //     processed, expired or deferred has its effect in PostgreSQL: its row
 //     is removed at once, as without Transactions (a redelivery of it is a
 //     duplicate).
+//   - Redeliveries. A record that parked a message, or drained it, can be
+//     read again when its offset was not committed (a crash, an abort, or a
+//     claim of its partition running before the claim that reverts a drain
+//     of another partition). So in this mode a parked row records the copy
+//     that parked it (keyorder.Copy) until that copy's offset is committed,
+//     a drained row stays (drained, not drainable) until then, and
+//     keyorder.ParkCopy skips as parked any copy of a message the store
+//     holds in any state, but for the head's own return from its tier: a
+//     message is never handled from a redelivered copy once the ordering
+//     store has it.
 //   - Applied after each commit. The owner's AfterCommit runs
 //     keyorder.Resolve with the offsets just committed: marks below them are
-//     applied (marked rows removed, pending forwards cleared).
+//     applied (marked rows drained, pending forwards cleared); drained rows
+//     whose parking copy is committed are removed.
 //   - Applied or reverted at claim. claimOrdering runs keyorder.Resolve for
 //     the claimed partition with the offset the claim starts from, before the
 //     partition's first message: marks below it are applied (the commit
@@ -255,14 +266,19 @@ func sendStops(err error) bool {
 // the claim reverts the marks: each parked message gets exactly one copy,
 // from the drain that runs again. After the commit and before AfterCommit:
 // the claim applies the marks. A zombie cannot commit (fenced by the group
-// generation), so its marks are reverted too. The promise is thus, for a
+// generation): the marks it wrote before its successor's claim are reverted
+// there. The promise is thus, for a
 // read_committed reader: each parked message reaches its tier or the DLQ
-// exactly once per hop, in key order, and no key stays blocked. Two limits:
-// a pending head left by a run without Transactions is forwarded and then
-// committed at once by claimOrdering (at least once: a crash between the
-// two forwards it again), and a reverted drain whose head X is not read
-// again (its partition reset past it) leaves the key blocked for `idem
-// ordering release`.
+// exactly once per hop, in key order, and no key stays blocked. Limits: a
+// pending head left by a run without Transactions (none is left with them)
+// is recovered by claimOrdering as without them, its forward and the drain
+// behind it then committed at once: a crash in that window can forward it
+// twice, or lose the dead-letter copies of that drain; a member frozen
+// mid-drain past its session timeout (a zombie) cannot commit, but can
+// still write its drain's marks after its successor's claim, which then
+// takes them for its own; a reverted drain whose head X is not read again
+// (its partition reset past it) leaves the key blocked for `idem ordering
+// release`.
 
 // txnMark is the mark of a drain's steps with Transactions (see above): the
 // claim's partition, the offset at of the message head whose settling runs
