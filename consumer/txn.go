@@ -318,15 +318,14 @@ func (r *runner) resolveCommitted(committed map[string]map[int32]int64) {
 			cs = append(cs, keyorder.Committed{Topic: topic, Partition: p, Offset: next})
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.baseCtx), resolveTimeout)
+	// Bounded well inside the transaction timeout: the commit loop waits
+	// for it, and the next transaction may be open meanwhile.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.baseCtx), r.cfg.Transactions.Timeout/4)
 	defer cancel()
 	if err := r.order.Resolve(ctx, cs, false); err != nil {
 		r.log.Warn("idem: ordering: could not settle the steps of a committed transaction; the next commit or claim does", "err", err)
 	}
 }
-
-// resolveTimeout bounds resolveCommitted's round trip.
-const resolveTimeout = 10 * time.Second
 
 // commitNow ends w's hold and commits the open transaction at once
 // (Transactions): for forwards tied to no message of the claim, whose hold
