@@ -440,8 +440,14 @@ type RetryConfig struct {
 // member's partitions from the committed offsets, per form it falls back
 // through (the dead-letter topic whole, a stub, a bare stub): the member
 // remembers the refusal, so the record ends in the dead-letter topic once.
-// Needs Kafka ≥ 2.5 (idem asks for protocol 4.1), no Ordering (not ByKey)
-// and read_committed. The transactional.id is "idem-<Group>-<InstanceID>"
+// Needs Kafka ≥ 2.5 (idem asks for protocol 4.1) and read_committed. With
+// Ordering ByKey, a drain's forwards (the parked messages that follow a head:
+// dead-lettered, or promoted to its tier) commit with the head's offset, and
+// the drain's steps in the ordering store are applied once that offset is
+// committed, or reverted when it is not, so the head's redelivery drains
+// again: each parked message once per hop, in key order (the argument is in
+// txn.go, with its limits: a head left pending by a run without
+// Transactions, a member frozen mid-drain past its session timeout). The transactional.id is "idem-<Group>-<InstanceID>"
 // with an InstanceID (a restarted member fences its predecessor and aborts
 // its open transaction at once), else "idem-<Group>-<host>-<random>" (a
 // crashed member's open transaction then holds read_committed readers of its

@@ -186,9 +186,15 @@ func (o outbound) toDLQ(cause error, level int) outbound {
 // next session, starts at the form after the refused one. The only error is
 // errStopping (nothing marked): the partition is stopping.
 func (w *worker) forward(out outbound, msg *handler.Message) (sent outbound, err error) {
+	return w.forwardAt(out, msg, msg.Offset)
+}
+
+// forwardAt is forward for a record whose offset mark is that of the claim's
+// message at at (a drain's parked message forwards with its head's mark).
+func (w *worker) forwardAt(out outbound, msg *handler.Message, at int64) (sent outbound, err error) {
 	r := w.r
 	out.rec.Headers = w.ob.injectTrace(out.rec.Headers, msg)
-	if !w.awaitEarlier(msg.Offset) { // Transactions with lanes: the forward and its mark in one transaction
+	if !w.awaitEarlier(at) { // Transactions with lanes: the forward and its mark in one transaction
 		return outbound{}, errStopping
 	}
 	from, cause := formOut, error(nil)

@@ -87,14 +87,16 @@ func (e *env) in(mode testMode) *env {
 
 // testMode is one of the pipeline's modes: "" (per message: one lane, one
 // transaction per message), "batch" (batched transactions), "lanes" (16
-// lanes per partition) and "lanes-batch" (4 lanes, each batching).
+// lanes per partition) and "lanes-batch" (4 lanes, each batching); "txn"
+// and "txn-lanes" are "" and "lanes" with Config.Transactions.
 type testMode string
 
 // allModes are the modes the core tests run in; orderingModes the ones the
-// ordering tests run in (Ordering takes no Batch).
+// ordering tests run in (Ordering takes no Batch), with and without
+// Transactions.
 var (
 	allModes      = []testMode{"", "batch", "lanes", "lanes-batch"}
-	orderingModes = []testMode{"", "lanes"}
+	orderingModes = []testMode{"", "lanes", "txn", "txn-lanes"}
 )
 
 // name is the mode's subtest name.
@@ -129,6 +131,11 @@ func (m testMode) apply(cfg consumer.Config) consumer.Config {
 	case "lanes-batch":
 		cfg.Concurrency = 4
 		cfg.Batch = consumer.BatchConfig{MaxMessages: 16}
+	case "txn":
+		cfg.Transactions.Enabled = true
+	case "txn-lanes":
+		cfg.Transactions.Enabled = true
+		cfg.Concurrency = 16
 	default:
 		panic("unknown test mode " + string(m))
 	}

@@ -80,7 +80,7 @@ func (l *lifecycle) claimEnded(s sarama.ConsumerGroupSession, t tp) {
 	if l.r.txn != nil {
 		// The partition's offsets, and the forwards of the open transaction,
 		// commit before it can move to another member.
-		l.r.commitTxn(s)
+		_ = l.r.commitTxn(s)
 	}
 	if l.r.cfg.OnRevoked == nil {
 		return

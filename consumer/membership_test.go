@@ -36,7 +36,7 @@ func TestValidateMembershipAndTransactions(t *testing.T) {
 		{"transaction timeout not above the commit interval", func(c *Config) {
 			c.Transactions.Enabled, c.CommitInterval, c.Transactions.Timeout = true, 5*time.Second, 5*time.Second
 		}, "Transactions.Timeout"},
-		{"transactions with ordering", func(c *Config) { c.Transactions.Enabled, c.Ordering = true, ByKey(someDB{}) }, "Ordering"},
+		{"transactions with ordering", func(c *Config) { c.Transactions.Enabled, c.Ordering = true, ByKey(someDB{}) }, ""},
 		{"transactions read uncommitted", func(c *Config) { c.Transactions.Enabled, c.ReadUncommitted = true, true }, "ReadUncommitted"},
 		{"transactions on an old protocol", func(c *Config) {
 			c.Transactions.Enabled = true

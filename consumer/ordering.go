@@ -124,9 +124,10 @@ type keyOrder interface {
 	admit(cm *sarama.ConsumerMessage, msg *handler.Message, o origin) (parked bool, err error)
 	// toTier makes ikey its key's head before it is forwarded to tier.
 	toTier(topic string, key []byte, ikey string, tier int) error
-	// settled runs once ikey reached its outcome here (processed, duplicate,
-	// dead-lettered): the messages parked behind it follow.
-	settled(topic string, key []byte, ikey string) error
+	// settled runs once ikey, the claim's message at offset at, reached its
+	// outcome here (processed, duplicate, dead-lettered): the messages parked
+	// behind it follow.
+	settled(topic string, key []byte, ikey string, at int64) error
 }
 
 // orderOf returns the keyOrder of cm.
@@ -143,8 +144,8 @@ type orderOff struct{}
 func (orderOff) admit(*sarama.ConsumerMessage, *handler.Message, origin) (bool, error) {
 	return false, nil
 }
-func (orderOff) toTier(string, []byte, string, int) error { return nil }
-func (orderOff) settled(string, []byte, string) error     { return nil }
+func (orderOff) toTier(string, []byte, string, int) error    { return nil }
+func (orderOff) settled(string, []byte, string, int64) error { return nil }
 
 // byKey is ByKey for one worker: the steps of the ordering store
 // (see the Ordering doc), run by w.
@@ -158,8 +159,8 @@ func (w byKey) toTier(topic string, key []byte, ikey string, tier int) error {
 	return w.orderStep(func(ctx context.Context) error { return w.r.order.BlockTier(ctx, topic, key, ikey, tier) })
 }
 
-func (w byKey) settled(topic string, key []byte, ikey string) error {
-	return w.drain(topic, key, ikey)
+func (w byKey) settled(topic string, key []byte, ikey string, at int64) error {
+	return w.drain(topic, key, ikey, at)
 }
 
 // orderTry runs a step of the ordering store, retrying it through outages
@@ -211,7 +212,7 @@ func (w byKey) park(cm *sarama.ConsumerMessage, msg *handler.Message, o origin) 
 	}
 	var st keyorder.State
 	refused, err := w.orderTry("park", func(ctx context.Context) (err error) {
-		st, err = w.r.order.Park(ctx, rec)
+		st, err = w.r.order.ParkCopy(ctx, rec, keyorder.Copy{Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset, FromTier: o.tier > 0}, w.r.txn != nil)
 		return err
 	})
 	if err != nil {

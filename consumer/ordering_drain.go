@@ -22,9 +22,16 @@ import (
 // returns errStopping when the partition is stopping: the head is then not
 // marked, and its redelivery drains again. Once the partition is stopping it starts
 // no further parked message, even within the shutdown grace.
-func (w byKey) drain(topic string, key []byte, head string) error {
+//
+// at is the claim's offset of the message head whose settling runs the drain
+// (-1: none, the claim's recovery). With Transactions every forward of the
+// drain commits with at's offset, and the steps that hang on a forward (a
+// parked message dead-lettered, a promotion) are marked with it (txnMark)
+// rather than applied: Resolve applies them once at's offset is committed.
+func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 	r := w.r
 	hooks := w.hooks()
+	mark := w.txnMark(at, head)
 	for {
 		var next keyorder.Record
 		var more bool
@@ -62,10 +69,11 @@ func (w byKey) drain(topic string, key []byte, head string) error {
 				return err
 			}
 		}
-		// done removes next from the parked messages; stuck: the store
-		// refused, and the key stays blocked (logged).
-		done := func() (stuck bool, err error) {
-			refused, err := w.orderTry("done", func(ctx context.Context) error { return r.order.Done(ctx, next.Seq) })
+		// done removes next from the parked messages (marks it with m when
+		// its outcome is a forward: Transactions); stuck: the store refused,
+		// and the key stays blocked (logged).
+		done := func(m *keyorder.Mark) (stuck bool, err error) {
+			refused, err := w.orderTry("done", func(ctx context.Context) error { return r.order.DoneAt(ctx, next.Seq, m) })
 			if err == nil && refused != nil {
 				w.stuck(topic, key, head)
 				return true, nil
@@ -73,7 +81,7 @@ func (w byKey) drain(topic string, key []byte, head string) error {
 			return false, err
 		}
 		if failed == nil {
-			if stuck, err := done(); stuck || err != nil {
+			if stuck, err := done(nil); stuck || err != nil {
 				return err
 			}
 			continue
@@ -81,10 +89,10 @@ func (w byKey) drain(topic string, key []byte, head string) error {
 		src := wire.Source{Topic: next.Topic, Partition: next.Partition, Offset: next.Offset, Timestamp: next.Timestamp, Group: r.cfg.Group}
 		out := w.failure(src, next.Key, next.Value, headers, origin{topic: next.Topic, partition: next.Partition, offset: next.Offset}, msg, failed)
 		if out.tier == 0 {
-			if _, err := w.forward(out, msg); err != nil {
+			if _, err := w.forwardAt(out, msg, at); err != nil {
 				return err
 			}
-			if stuck, err := done(); stuck || err != nil {
+			if stuck, err := done(mark); stuck || err != nil {
 				return err
 			}
 			continue
@@ -97,7 +105,7 @@ func (w byKey) drain(topic string, key []byte, head string) error {
 		for _, h := range out.rec.Headers {
 			pending.Headers = append(pending.Headers, keyorder.Header{Key: string(h.Key), Value: h.Value})
 		}
-		refused, err = w.orderTry("promote", func(ctx context.Context) error { return r.order.Promote(ctx, head, pending) })
+		refused, err = w.orderTry("promote", func(ctx context.Context) error { return r.order.PromoteAt(ctx, head, pending, mark) })
 		switch {
 		case err != nil:
 			return err
@@ -113,7 +121,7 @@ func (w byKey) drain(topic string, key []byte, head string) error {
 			hooks.promoted(w.stopCtx, w.hctx, pending)
 		}
 		head = next.IdempotencyKey
-		again, err := w.forwardHead(out, msg, next.Topic, next.Key, head)
+		again, err := w.forwardHead(out, msg, next.Topic, next.Key, head, at)
 		if !again || err != nil {
 			return err
 		}
@@ -125,11 +133,16 @@ func (w byKey) drain(topic string, key []byte, head string) error {
 // the head was dead-lettered instead (its tier refused it for good): it will
 // not come back from a tier, so the caller drains the messages parked behind
 // it now. errStopping: the partition is stopping; the forward stays
-// pending and the next owner of the partition does it (claimOrdering).
-func (w byKey) forwardHead(out outbound, msg *handler.Message, topic string, key []byte, ikey string) (again bool, err error) {
-	sent, err := w.forward(out, msg)
+// pending and the next owner of the partition does it (claimOrdering). at
+// is as for drain; with Transactions and at -1 (the claim's recovery) the
+// forward is committed here, before its pending mark is cleared.
+func (w byKey) forwardHead(out outbound, msg *handler.Message, topic string, key []byte, ikey string, at int64) (again bool, err error) {
+	sent, err := w.forwardAt(out, msg, at)
 	if err != nil {
 		return false, err
+	}
+	if at < 0 && !w.commitNow() {
+		return false, errStopping
 	}
 	if _, err = w.orderTry("forwarded", func(ctx context.Context) error {
 		return w.r.order.Forwarded(ctx, topic, key, ikey)
@@ -215,8 +228,20 @@ func (r *runner) sourceOf(topic string) (string, bool) {
 // (forward) and the messages parked behind it are drained. The partition's
 // reader runs already, so a revoke stops this at once. errStopping means
 // the partition is stopping.
+//
+// With Transactions it first settles the marks of the partition's drains by
+// its committed offset (resolveClaim): committed ones are applied, the
+// others reverted, so the redelivery of their head drains again. A pending
+// head left by a run without Transactions (none is left unmarked with them)
+// is forwarded and committed here, and the key's parked messages drained
+// behind it when it was dead-lettered are committed with it (see txn.go for
+// what a crash in that window does).
 func (w byKey) claimOrdering() error {
 	r := w.r
+	defer w.endHold() // Transactions: a forward here is tied to no message, whose mark would end its hold
+	if err := w.resolveClaim(); err != nil {
+		return err
+	}
 	src, ok := r.sourceOf(w.tp.topic)
 	if !ok {
 		return nil
@@ -237,14 +262,17 @@ func (w byKey) claimOrdering() error {
 			continue
 		}
 		msg := &handler.Message{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, IdempotencyKey: rec.IdempotencyKey}
-		again, err := w.forwardHead(r.pendingOutbound(rec), msg, rec.Topic, rec.Key, rec.IdempotencyKey)
+		again, err := w.forwardHead(r.pendingOutbound(rec), msg, rec.Topic, rec.Key, rec.IdempotencyKey, -1)
 		if err != nil {
 			return err
 		}
 		w.log.Info("idem: forwarded a head whose forward a previous owner left pending", "key", rec.IdempotencyKey, "source", src)
 		if again {
-			if err := w.drain(rec.Topic, rec.Key, rec.IdempotencyKey); err != nil {
+			if err := w.drain(rec.Topic, rec.Key, rec.IdempotencyKey, -1); err != nil {
 				return err
+			}
+			if !w.commitNow() {
+				return errStopping
 			}
 		}
 	}

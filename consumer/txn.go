@@ -14,6 +14,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/idemhq/idem/internal/forward"
+	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/txn"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -32,48 +33,6 @@ func (c Config) validateTransactions(bad func(field string, v any, rule string))
 	}
 	if c.Transactions.Timeout <= c.CommitInterval {
 		bad("Transactions.Timeout", c.Transactions.Timeout, fmt.Sprintf("must exceed CommitInterval (%s): a transaction stays open that long", c.CommitInterval))
-	}
-	// Ordering ByKey stays refused (issue 20): a drain removes a parked
-	// message from PostgreSQL (Done) or clears its promoted head's pending
-	// forward (Forwarded) once the forward is acked, which in a transaction
-	// is before it commits; an aborted transaction would then lose the
-	// message (the DLQ copy aborted, the row gone) or block its key for ever
-	// (the tier copy aborted, the head's forward marked done). Lifting it
-	// takes, on the rows, a mark of the transaction that sent them, Done,
-	// Forwarded and Next's unblocking run only once it is committed, and
-	// claimOrdering settling or reverting marked rows by the group's
-	// committed offsets; with a SIGKILL test at each step.
-	//
-	// What a try with the refusal lifted showed (helper txnorder):
-	//   - a drain's forwards all commit with the offset of the head message
-	//     whose settling ran the drain (X on partition tp): the first forward
-	//     takes the hold and the head's mark ends it. So (tp, X) can be the
-	//     mark, with no offset metadata: committed iff tp's committed offset
-	//     is > X. A settle after each commit (tokens of tp below the offset
-	//     just committed) and the same settle at claim (below the claim's
-	//     committed offset; above it: revert the rows to parked, the head
-	//     row to X, so X's redelivery drains them again) is one code path.
-	//   - claimOrdering's forward of a pending head is tied to no message:
-	//     its hold is never released when no message follows on the
-	//     partition, and Commit then waits for ever
-	//     (TestOrderingRecoversPendingForward hangs in Owner.Commit, at
-	//     gate.Lock). It needs a mark of its own: the claimed partition's
-	//     committed offset recommitted with a monotonic token in its
-	//     metadata, which every later commit of the partition carries on (a
-	//     later commit overwrites the metadata).
-	//   - with lanes, forward's awaitEarlier gets the parked message's
-	//     source offset, not the head's: the drain waits on its own head
-	//     for ever (TestOrderingParkedFailureBecomesHead/lanes
-	//     stalls at 1 applied: "forward waits" on the tier, offset=1,
-	//     first_unfinished=0, the head itself). Pass the head's offset.
-	//   - Next's unblock while marked rows still wait for the commit races
-	//     a new message of the key on another partition (the source vs the
-	//     tier); a revert must then not block the key behind the old head.
-	//   - TestOrderingByKey passed with Transactions as is (no abort, no
-	//     crash); TestOrderingParkedFailureBecomesHead counts tier records by
-	//     end offset, which counts commit markers too (4 for 2 records).
-	if c.Ordering.keyed {
-		bad("Ordering", c.Ordering, "must not be ByKey with Transactions: ByKey settles parked messages in PostgreSQL when their forward is sent, before the Kafka transaction commits")
 	}
 	if c.ReadUncommitted {
 		bad("ReadUncommitted", c.ReadUncommitted, "must be false with Transactions: idem's own tiers are written in transactions")
@@ -129,6 +88,7 @@ func (r *runner) startTxn(ctx context.Context, st setup, maxBytes int) (sarama.C
 	if h := hooksOf(r.baseCtx); h != nil {
 		owner.BeforeCommit = h.beforeCommit
 	}
+	owner.AfterCommit = r.resolveCommitted
 	r.txn, r.refused = owner, newRefusals()
 	r.log.Info("idem: transactional mode", "transactional_id", pcfg.Producer.Transaction.ID, "commit_interval", r.cfg.CommitInterval)
 	return client, nil
@@ -136,9 +96,9 @@ func (r *runner) startTxn(ctx context.Context, st setup, maxBytes int) (sarama.C
 
 // commitTxn commits the open transaction with the offsets marked so far,
 // fenced by s's generation. A failure is logged by the owner and ends the
-// session (claims watch txn.Failed).
-func (r *runner) commitTxn(s sarama.ConsumerGroupSession) {
-	_ = r.txn.Commit(sarama.NewConsumerGroupMetadataFromSession(s, r.cfg.Group, nil))
+// session (claims watch txn.Failed); it wraps txn.ErrBroken.
+func (r *runner) commitTxn(s sarama.ConsumerGroupSession) error {
+	return r.txn.Commit(sarama.NewConsumerGroupMetadataFromSession(s, r.cfg.Group, nil))
 }
 
 // startCommits readies the owner for session s and commits its transaction
@@ -156,7 +116,7 @@ func (r *runner) startCommits(s sarama.ConsumerGroupSession) (stop func(), err e
 		for {
 			select {
 			case <-t.C:
-				r.commitTxn(s)
+				_ = r.commitTxn(s)
 			case <-s.Context().Done():
 				return
 			case <-done:
@@ -244,4 +204,136 @@ func (r *runner) send(ctx context.Context, rec forward.Record) error {
 // topic.
 func sendStops(err error) bool {
 	return !retrytopic.IsPermanentForwardError(err) || errors.Is(err, txn.ErrBroken)
+}
+
+// Ordering ByKey with Transactions. The ordering store (internal/keyorder)
+// is in PostgreSQL and a drain's forwards are in a Kafka transaction, which
+// commits up to CommitInterval after them, or aborts. A drain step that hangs
+// on a forward is therefore not applied when the forward is acked, as it is
+// without Transactions, but marked (keyorder.Mark), and applied or reverted
+// once the transaction's outcome is known:
+//
+//   - The mark. A drain runs while the claim's message X (offset at on the
+//     partition tp, the key's head, processed or dead-lettered) is settled,
+//     before X's offset is marked. Every forward of the drain takes the
+//     transaction hold (forwardAt waits first, with lanes, until X is the
+//     partition's first unfinished message), and X's mark ends it, so the
+//     forwards commit in exactly the transaction that commits tp's offset
+//     past X. So (tp, X) is the mark: the forwards are committed iff the
+//     group's committed offset of tp is > X. Nothing more is written to
+//     Kafka, and the committed offset is read back with RequireStable (the
+//     claim's start), so an open transaction is never taken for an ended one.
+//   - What is marked. A parked message dead-lettered by the drain (DoneAt:
+//     the row stays, marked, and Next skips it) and a parked message promoted
+//     to head (PromoteAt: the head row keeps the head it had before the
+//     drain, revert_head; the parked row stays, marked; Forwarded leaves a
+//     marked head's pending forward alone). A parked message the drain
+//     processed, expired or deferred has its effect in PostgreSQL: its row
+//     is removed at once, as without Transactions (a redelivery of it is a
+//     duplicate).
+//   - Redeliveries. A record that parked a message, or drained it, can be
+//     read again when its offset was not committed (a crash, an abort, or a
+//     claim of its partition running before the claim that reverts a drain
+//     of another partition). So in this mode a parked row records the copy
+//     that parked it (keyorder.Copy) until that copy's offset is committed,
+//     a drained row stays (drained, not drainable) until then, and
+//     keyorder.ParkCopy skips as parked any copy of a message the store
+//     holds in any state, but for the head's own return from its tier: a
+//     message is never handled from a redelivered copy once the ordering
+//     store has it.
+//   - Applied after each commit. The owner's AfterCommit runs
+//     keyorder.Resolve with the offsets just committed: marks below them are
+//     applied (marked rows drained, pending forwards cleared); drained rows
+//     whose parking copy is committed are removed.
+//   - Applied or reverted at claim. claimOrdering runs keyorder.Resolve for
+//     the claimed partition with the offset the claim starts from, before the
+//     partition's first message: marks below it are applied (the commit
+//     happened, and the member died or failed before its AfterCommit), marks
+//     at or above it are reverted: the marked head gets its head before the
+//     drain back, and marked parked rows are parked again behind X (the key
+//     blocked by X again if Next unblocked it meanwhile, but not in place of
+//     a head another message of the key became since: the rows then wait
+//     behind that one). X is then read again from tp, settles again, and its
+//     drain runs the reverted rows again, in their order. This is the one
+//     recovery path: a failed transaction ends the session (Failed), and a
+//     SIGKILL hands tp to a new claim, so every mark meets a claim of its
+//     partition before its head is read again.
+//
+// SIGKILL at any point. Before the mark is written: nothing of the drain is
+// in Kafka or marked; X is read again and drains again. Between the mark and
+// the commit: the transaction aborts (on the coordinator's timeout or at the
+// next member's fencing InitProducerId), tp's committed offset is ≤ X, and
+// the claim reverts the marks: each parked message gets exactly one copy,
+// from the drain that runs again. After the commit and before AfterCommit:
+// the claim applies the marks. A zombie cannot commit (fenced by the group
+// generation): the marks it wrote before its successor's claim are reverted
+// there. The promise is thus, for a
+// read_committed reader: each parked message reaches its tier or the DLQ
+// exactly once per hop, in key order, and no key stays blocked. Limits: a
+// pending head left by a run without Transactions (none is left with them)
+// is recovered by claimOrdering as without them, its forward and the drain
+// behind it then committed at once: a crash in that window can forward it
+// twice, or lose the dead-letter copies of that drain; a member frozen
+// mid-drain past its session timeout (a zombie) cannot commit, but can
+// still write its drain's marks after its successor's claim, which then
+// takes them for its own; a reverted drain whose head X is not read again
+// (its partition reset past it) leaves the key blocked for `idem ordering
+// release`.
+
+// txnMark is the mark of a drain's steps with Transactions (see above): the
+// claim's partition, the offset at of the message head whose settling runs
+// the drain, and head. nil without Transactions and for at < 0 (claim
+// recovery), whose steps apply at once.
+func (w byKey) txnMark(at int64, head string) *keyorder.Mark {
+	if w.r.txn == nil || at < 0 {
+		return nil
+	}
+	return &keyorder.Mark{Topic: w.tp.topic, Partition: w.tp.partition, Offset: at, Head: head}
+}
+
+// resolveClaim settles the ordering marks of the claimed partition by the
+// offset the claim starts from, its committed offset (Transactions only; see
+// above). errStopping: the partition is stopping.
+func (w byKey) resolveClaim() error {
+	r := w.r
+	if r.txn == nil {
+		return nil
+	}
+	c := []keyorder.Committed{{Topic: w.tp.topic, Partition: w.tp.partition, Offset: max(w.kc.InitialOffset(), 0)}}
+	_, err := w.orderTry("resolve", func(ctx context.Context) error { return r.order.Resolve(ctx, c, true) })
+	return err
+}
+
+// resolveCommitted applies the ordering marks below the offsets a
+// transaction just committed (the owner's AfterCommit). A failure is logged:
+// Next skips marked rows meanwhile, and the next commit or claim of their
+// partition applies them.
+func (r *runner) resolveCommitted(committed map[string]map[int32]int64) {
+	if r.order == nil {
+		return
+	}
+	var cs []keyorder.Committed
+	for topic, ps := range committed {
+		for p, next := range ps {
+			cs = append(cs, keyorder.Committed{Topic: topic, Partition: p, Offset: next})
+		}
+	}
+	// Bounded well inside the transaction timeout: the commit loop waits
+	// for it, and the next transaction may be open meanwhile.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.baseCtx), r.cfg.Transactions.Timeout/4)
+	defer cancel()
+	if err := r.order.Resolve(ctx, cs, false); err != nil {
+		r.log.Warn("idem: ordering: could not settle the steps of a committed transaction; the next commit or claim does", "err", err)
+	}
+}
+
+// commitNow ends w's hold and commits the open transaction at once
+// (Transactions): for forwards tied to no message of the claim, whose hold
+// no offset mark would end. false: the transaction failed.
+func (w *worker) commitNow() bool {
+	if w.r.txn == nil {
+		return true
+	}
+	w.endHold()
+	return w.r.commitTxn(w.sess) == nil
 }

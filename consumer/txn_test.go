@@ -205,6 +205,8 @@ const (
 // "pending" and waits for a line on stdin (stall), then goes on. With
 // "kill-next" that transaction commits and the process SIGKILLs itself at
 // the next commit: what the first one committed must cover its forwards.
+// With "kill-drain" it SIGKILLs itself at the first commit of a transaction
+// holding a drain's forwards (IDEM_TXN_ORDERING: Ordering ByKey).
 // Outside that child it returns at once.
 func TestTxnMemberHelperProcess(t *testing.T) {
 	if !testenv.InChild("TestTxnMemberHelperProcess") {
@@ -213,6 +215,7 @@ func TestTxnMemberHelperProcess(t *testing.T) {
 	ctx, pool, session := memberHelperEnv(t)
 	var once sync.Once
 	var committed atomic.Bool // kill-next: a transaction with records committed
+	point := os.Getenv(txnEnvPoint)
 	kill := func() {
 		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {} // the signal is on its way
@@ -224,8 +227,15 @@ func TestTxnMemberHelperProcess(t *testing.T) {
 		if records == 0 {
 			return nil
 		}
+		if point == "kill-drain" { // a drain's steps are marked: this transaction holds its forwards
+			var marked int
+			if err := pool.QueryRow(ctx, markedRowsQuery()).Scan(&marked); err == nil && marked > 0 {
+				kill()
+			}
+			return nil
+		}
 		once.Do(func() {
-			switch os.Getenv(txnEnvPoint) {
+			switch point {
 			case "kill":
 				kill()
 			case "kill-next":
@@ -252,7 +262,11 @@ func TestTxnMemberHelperProcess(t *testing.T) {
 	}, os.Getenv(memberEnvInstance))
 	cfg = txnLanes(cfg, os.Getenv(txnEnvLanes))
 	cfg.Transactions.Timeout = time.Minute // a stalled member's transaction must outlive its membership
-	err := consumer.Run(ctx, cfg, poisonHandler())
+	h := poisonHandler()
+	if os.Getenv(txnEnvOrdering) != "" {
+		cfg.Ordering, h = consumer.ByKey(pool), orderedTxnHandler()
+	}
+	err := consumer.Run(ctx, cfg, h)
 	t.Fatalf("txn member helper: Run returned %v before it was killed", err)
 }
 

@@ -176,7 +176,7 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 		}
 	}
 	// Processed, duplicate or dead-lettered: the key's parked messages follow.
-	if err := ord.settled(origin.topic, cm.Key, key); err != nil {
+	if err := ord.settled(origin.topic, cm.Key, key, cm.Offset); err != nil {
 		return err
 	}
 	w.mark(cm)

@@ -42,7 +42,7 @@ func List(ctx context.Context, db DB, group, topic string) ([]BlockedKey, error)
 				SELECT consumer_group, topic, key_digest, (array_agg(msg_key))[1] AS msg_key,
 					count(*) AS n, min(parked_at) AS oldest
 				FROM idem_ordering_parked
-				WHERE ($1 = '' OR consumer_group = $1) AND ($2 = '' OR topic = $2)
+				WHERE ($1 = '' OR consumer_group = $1) AND ($2 = '' OR topic = $2) AND NOT drained
 				GROUP BY consumer_group, topic, key_digest
 			), h AS (
 				SELECT consumer_group, topic, key_digest, msg_key, head_key, tier, since, pending IS NOT NULL AS pending
@@ -106,7 +106,7 @@ func (s *Store) Release(ctx context.Context, topic string, key []byte, send func
 			}
 			recs = append(recs, r)
 		}
-		rows, err := tx.Query(ctx, `SELECT `+parkedCols+` FROM idem_ordering_parked WHERE `+byKey+` ORDER BY seq FOR UPDATE`,
+		rows, err := tx.Query(ctx, `SELECT `+parkedCols+` FROM idem_ordering_parked WHERE `+byKey+` AND NOT drained ORDER BY seq FOR UPDATE`,
 			s.group, topic, key)
 		if err != nil {
 			return err

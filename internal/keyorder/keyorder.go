@@ -15,6 +15,13 @@
 // record is written to heads.pending in the same transaction as the promotion
 // and cleared after the forward is acked; Pending lists what a crash left
 // unforwarded, and forwarding it again is safe (the inbox absorbs duplicates).
+//
+// With Kafka transactions (consumer.Config.Transactions) a drain's forwards
+// commit later than its PostgreSQL steps, and may abort. The steps that hang
+// on a forward (a parked message dead-lettered, a promotion to head) are
+// then not applied at once but marked (Mark) with the source offset whose
+// commit carries the forwards; Resolve applies them once that offset is
+// committed, or reverts them when it is not. See Mark.
 package keyorder
 
 import (
@@ -225,25 +232,54 @@ func (s *Store) lockHead(ctx context.Context, tx pgx.Tx, topic string, key []byt
 // redelivery). It is one statement (one round trip): the common case, a key
 // that is not blocked, costs a primary-key lookup.
 func (s *Store) Park(ctx context.Context, r Record) (State, error) {
+	return s.ParkCopy(ctx, r, Copy{FromTier: true}, false)
+}
+
+// Copy is the record that carries a message to Park: where it was read, and
+// whether that is a retry tier (else the source topic).
+type Copy struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	FromTier  bool
+}
+
+// ParkCopy is Park for the message r read as c. With track (Kafka
+// transactions) a row it parks records c until Resolve sees c's offset
+// committed, and a row drained meanwhile is kept until then (drained, not
+// drainable). A message with a row, parked, marked by a drain or drained, is
+// Blocked (skipped as parked): c is a redelivery, of a record whose offset was
+// not committed with the transaction that parked it, and the row's drain
+// stands (or, reverted, runs again). Only the head's own copy from a tier
+// other than the one that parked it (its promoted forward, back) is Head.
+func (s *Store) ParkCopy(ctx context.Context, r Record, c Copy, track bool) (State, error) {
 	w := toParkedRow(r)
-	var head string
+	var head *string
+	var has, same bool
 	err := s.db.QueryRow(ctx, `
 		WITH h AS (
 			SELECT head_key FROM idem_ordering_heads WHERE `+byKey+` FOR UPDATE
+		), p AS (
+			SELECT park_topic, park_partition, park_offset FROM idem_ordering_parked WHERE `+byKey+` AND idempotency_key=$4
 		), ins AS (
 			INSERT INTO idem_ordering_parked (consumer_group, topic, msg_key, idempotency_key,
-				"partition", "offset", record_time, value, header_keys, header_values)
-			SELECT $1,$2,$3,$4,$5,$6,$7,$8,$9,$10 FROM h WHERE h.head_key <> $4
+				"partition", "offset", record_time, value, header_keys, header_values, park_topic, park_partition, park_offset)
+			SELECT $1,$2,$3,$4,$5,$6,$7,$8,$9,$10, CASE WHEN $14 THEN $11 END, CASE WHEN $14 THEN $12::int END, CASE WHEN $14 THEN $13::bigint END
+			FROM h WHERE h.head_key <> $4
 			ON CONFLICT DO NOTHING
 		)
-		SELECT head_key FROM h`,
-		s.group, r.Topic, r.Key, w.ikey, w.partition, w.offset, w.ts, w.value, w.headerKeys, w.headerValues).Scan(&head)
+		SELECT (SELECT head_key FROM h), EXISTS (SELECT 1 FROM p),
+			EXISTS (SELECT 1 FROM p WHERE park_topic=$11 AND park_partition=$12 AND park_offset=$13)`,
+		s.group, r.Topic, r.Key, w.ikey, w.partition, w.offset, w.ts, w.value, w.headerKeys, w.headerValues,
+		c.Topic, c.Partition, c.Offset, track).Scan(&head, &has, &same)
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return Free, nil
 	case err != nil:
 		return Free, fmt.Errorf("keyorder: park: %w", err)
-	case head == r.IdempotencyKey:
+	case has && (head == nil || *head != r.IdempotencyKey || !c.FromTier || same):
+		return Blocked, nil
+	case head == nil:
+		return Free, nil
+	case *head == r.IdempotencyKey:
 		return Head, nil
 	}
 	return Blocked, nil
@@ -283,7 +319,8 @@ func (s *Store) BlockTier(ctx context.Context, topic string, key []byte, ikey st
 var ErrOtherHead = errors.New("keyorder: another message is the head")
 
 // Next returns the oldest message parked behind head ikey, or, when none is
-// left, unblocks K and returns ok=false. It also returns ok=false (changing
+// left, unblocks K and returns ok=false. Rows marked done in a Kafka
+// transaction (DoneAt, PromoteAt) are not returned. It also returns ok=false (changing
 // nothing) when ikey is not K's head.
 func (s *Store) Next(ctx context.Context, topic string, key []byte, ikey string) (r Record, ok bool, err error) {
 	err = s.tx(ctx, func(tx pgx.Tx) error {
@@ -292,7 +329,7 @@ func (s *Store) Next(ctx context.Context, topic string, key []byte, ikey string)
 			return err
 		}
 		var w parkedRow
-		err = tx.QueryRow(ctx, `SELECT `+parkedCols+` FROM idem_ordering_parked WHERE `+byKey+` ORDER BY seq LIMIT 1`,
+		err = tx.QueryRow(ctx, `SELECT `+parkedCols+` FROM idem_ordering_parked WHERE `+byKey+` AND mark_topic IS NULL AND NOT drained ORDER BY seq LIMIT 1`,
 			s.group, topic, key).Scan(w.dest()...)
 		if errors.Is(err, pgx.ErrNoRows) {
 			_, err = tx.Exec(ctx, `DELETE FROM idem_ordering_heads WHERE `+byKey, s.group, topic, key)
@@ -314,10 +351,15 @@ func (s *Store) Next(ctx context.Context, topic string, key []byte, ikey string)
 // Done removes a parked message that reached a final outcome (processed,
 // duplicate or dead-lettered) while draining. Removing one that is gone is a
 // no-op.
-func (s *Store) Done(ctx context.Context, seq int64) error {
+func (s *Store) Done(ctx context.Context, seq int64) error { return s.DoneAt(ctx, seq, nil) }
+
+// DoneAt is Done for a parked message whose outcome rides in the Kafka
+// transaction m names (its dead-letter copy): the row is marked with m, not
+// removed; Next skips it and Resolve removes it once m is committed, or
+// parks it again when m is not. A nil m is Done.
+func (s *Store) DoneAt(ctx context.Context, seq int64, m *Mark) error {
 	err := s.tx(ctx, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `DELETE FROM idem_ordering_parked WHERE seq=$1`, seq)
-		return err
+		return removeParked(ctx, tx, seq, m)
 	})
 	if err != nil {
 		return fmt.Errorf("keyorder: done: %w", err)
@@ -330,6 +372,16 @@ func (s *Store) Done(ctx context.Context, seq int64) error {
 // transaction. It fails with ErrOtherHead, changing nothing, when oldHead is
 // no longer K's head (another worker promoted or released it first).
 func (s *Store) Promote(ctx context.Context, oldHead string, r Record) error {
+	return s.PromoteAt(ctx, oldHead, r, nil)
+}
+
+// PromoteAt is Promote for a promotion whose forward rides in the Kafka
+// transaction m names: the head row and r's parked row are marked with m
+// (the head row keeps the head it had before m's first promotion), so that
+// Resolve can revert the promotion when m is not committed; the pending
+// forward is cleared by Resolve once m is committed (Forwarded leaves a
+// marked head alone). A nil m is Promote.
+func (s *Store) PromoteAt(ctx context.Context, oldHead string, r Record, m *Mark) error {
 	pending, err := encodePending(r)
 	if err != nil {
 		return fmt.Errorf("keyorder: promote: %w", err)
@@ -342,12 +394,21 @@ func (s *Store) Promote(ctx context.Context, oldHead string, r Record) error {
 		if head != oldHead {
 			return fmt.Errorf("%w: %q", ErrOtherHead, head)
 		}
-		if _, err := tx.Exec(ctx, `UPDATE idem_ordering_heads SET head_key=$4, pending=$5, tier=$6, since=now()
-			WHERE `+byKey, s.group, r.Topic, r.Key, r.IdempotencyKey, pending, r.Tier); err != nil {
+		var mt *string
+		var mp *int32
+		var mo *int64
+		if m != nil {
+			mt, mp, mo = &m.Topic, &m.Partition, &m.Offset
+		}
+		if _, err := tx.Exec(ctx, `UPDATE idem_ordering_heads SET head_key=$4, pending=$5, tier=$6, since=now(),
+				revert_head = CASE WHEN $7::text IS NULL THEN NULL
+					WHEN mark_topic = $7 AND mark_partition = $8 AND mark_offset = $9 THEN revert_head
+					ELSE head_key END,
+				mark_topic=$7, mark_partition=$8, mark_offset=$9
+			WHERE `+byKey, s.group, r.Topic, r.Key, r.IdempotencyKey, pending, r.Tier, mt, mp, mo); err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, `DELETE FROM idem_ordering_parked WHERE seq=$1`, r.Seq)
-		return err
+		return removeParked(ctx, tx, r.Seq, m)
 	})
 	if err != nil {
 		return fmt.Errorf("keyorder: promote: %w", err)
@@ -355,10 +416,12 @@ func (s *Store) Promote(ctx context.Context, oldHead string, r Record) error {
 	return nil
 }
 
-// Forwarded clears K's pending forward once it is acked.
+// Forwarded clears K's pending forward once it is acked. A head promoted in
+// a Kafka transaction (PromoteAt) is left alone: Resolve clears it once the
+// transaction is committed.
 func (s *Store) Forwarded(ctx context.Context, topic string, key []byte, ikey string) error {
 	err := s.tx(ctx, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `UPDATE idem_ordering_heads SET pending=NULL WHERE `+byKey+` AND head_key=$4`,
+		_, err := tx.Exec(ctx, `UPDATE idem_ordering_heads SET pending=NULL WHERE `+byKey+` AND head_key=$4 AND mark_topic IS NULL`,
 			s.group, topic, key, ikey)
 		return err
 	})
@@ -377,10 +440,12 @@ func (s *Store) Pending(ctx context.Context, topics []string) ([]Record, error) 
 
 // PendingOf returns the heads of topic whose forward a crash or a revoke
 // interrupted and that came from partition: what the new owner of that
-// partition (of topic or of one of its tiers) must forward.
+// partition (of topic or of one of its tiers) must forward. Heads promoted
+// in a Kafka transaction (PromoteAt) are not listed: Resolve settles them.
 func (s *Store) PendingOf(ctx context.Context, topic string, partition int32) ([]Record, error) {
 	return s.pending(ctx, `SELECT pending FROM idem_ordering_heads
-		WHERE consumer_group=$1 AND topic=$2 AND pending IS NOT NULL AND (pending->>'partition')::int = $3`,
+		WHERE consumer_group=$1 AND topic=$2 AND pending IS NOT NULL AND (pending->>'partition')::int = $3
+			AND mark_topic IS NULL`,
 		s.group, topic, partition)
 }
 
@@ -414,7 +479,7 @@ func (s *Store) pending(ctx context.Context, q string, args ...any) ([]Record, e
 func (s *Store) Parked(ctx context.Context) (int, error) {
 	var n int
 	err := s.tx(ctx, func(tx pgx.Tx) error {
-		return tx.QueryRow(ctx, `SELECT count(*) FROM idem_ordering_parked WHERE consumer_group=$1`, s.group).Scan(&n)
+		return tx.QueryRow(ctx, `SELECT count(*) FROM idem_ordering_parked WHERE consumer_group=$1 AND NOT drained`, s.group).Scan(&n)
 	})
 	return n, err
 }

@@ -71,6 +71,12 @@ type Owner struct {
 	// abort).
 	BeforeCommit func(records int) error
 
+	// AfterCommit, when set, runs after each transaction that committed
+	// offsets, with those offsets (the next offset to read, by topic and
+	// partition), once forwards may join the next transaction again. It runs
+	// in the goroutine that called Commit, before Commit returns.
+	AfterCommit func(committed map[string]map[int32]int64)
+
 	// gate: Hold shares it from a forward to its mark; Commit and Abort take
 	// it exclusively, so no record is sent while a transaction ends.
 	gate sync.RWMutex
@@ -210,22 +216,33 @@ func (o *Owner) Mark(topic string, partition int32, next int64) {
 // member id). A transaction with offsets only is begun here. Nothing to
 // commit returns nil. On failure the transaction is aborted (or the producer
 // dropped when it is fatal), Failed is closed and the error wraps ErrBroken.
+// AfterCommit, if set, runs before it returns.
 func (o *Owner) Commit(gm *sarama.ConsumerGroupMetadata) error {
+	committed, err := o.commitGated(gm)
+	if err == nil && len(committed) > 0 && o.AfterCommit != nil {
+		o.AfterCommit(committed)
+	}
+	return err
+}
+
+// commitGated is Commit without AfterCommit; it returns the offsets it
+// committed.
+func (o *Owner) commitGated(gm *sarama.ConsumerGroupMetadata) (map[string]map[int32]int64, error) {
 	o.gate.Lock() // no forward runs until the transaction has ended
 	defer o.gate.Unlock()
 	o.mu.Lock()
 	if o.broken != nil {
 		defer o.mu.Unlock()
-		return o.broken
+		return nil, o.broken
 	}
 	if !o.open && len(o.offsets) == 0 {
 		o.mu.Unlock()
-		return nil
+		return nil, nil
 	}
 	if !o.open {
 		if err := o.prod.BeginTxn(); err != nil {
 			defer o.mu.Unlock()
-			return o.failLocked(fmt.Errorf("txn: begin: %w", err))
+			return nil, o.failLocked(fmt.Errorf("txn: begin: %w", err))
 		}
 		o.open = true
 	}
@@ -244,11 +261,14 @@ func (o *Owner) Commit(gm *sarama.ConsumerGroupMetadata) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if err != nil {
-		return o.failLocked(err)
+		return nil, o.failLocked(err)
 	}
 	o.open, o.records = false, 0
+	committed := make(map[string]map[int32]int64, len(snap))
 	for topic, ps := range snap {
+		committed[topic] = make(map[int32]int64, len(ps))
 		for _, po := range ps {
+			committed[topic][po.Partition] = po.Offset
 			if o.offsets[topic][po.Partition] == po.Offset { // not marked further meanwhile
 				delete(o.offsets[topic], po.Partition)
 			}
@@ -257,7 +277,7 @@ func (o *Owner) Commit(gm *sarama.ConsumerGroupMetadata) error {
 			delete(o.offsets, topic)
 		}
 	}
-	return nil
+	return committed, nil
 }
 
 // commit adds offs to the open transaction, fenced by gm, and commits it.

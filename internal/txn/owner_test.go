@@ -51,6 +51,8 @@ func TestOwnerFailsAndResets(t *testing.T) {
 	k := testenv.NewKafka(t)
 	topic, group := k.Topic(t, 1), testenv.Group(t)
 	o := newOwner(t, k, group)
+	var after []map[string]map[int32]int64 // AfterCommit's calls: only commits that committed offsets
+	o.AfterCommit = func(c map[string]map[int32]int64) { after = append(after, c) }
 
 	if err := o.Commit(sarama.NewConsumerGroupMetadata(group)); err != nil {
 		t.Fatalf("Commit with nothing to commit = %v, want nil", err)
@@ -111,6 +113,9 @@ func TestOwnerFailsAndResets(t *testing.T) {
 	}
 	if got := committedOffset(t, k, group, topic); got != 3 {
 		t.Fatalf("committed offset %d, want 3", got)
+	}
+	if len(after) != 1 || len(after[0]) != 1 || after[0][topic][0] != 3 {
+		t.Fatalf("AfterCommit ran with %v, want once with %s/0 at 3 (not for the failed or empty commits)", after, topic)
 	}
 
 	// A read_committed reader sees only the committed record.

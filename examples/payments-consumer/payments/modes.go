@@ -45,7 +45,7 @@ func addRunFlags(fs *flag.FlagSet) *runOptions {
 	o := &runOptions{}
 	fs.StringVar(&o.mode, "mode", modePerMessage, "processing mode: "+strings.Join(modes, "|"))
 	fs.StringVar(&o.retryDelays, "retry-delays", "1s,10s,1m", "delays of the retry tiers, comma-separated (empty: no tiers, failures go to the DLQ)")
-	fs.BoolVar(&o.transactions, "transactions", false, "transactional mode: forwards and offsets commit in Kafka transactions (Config.Transactions; not with -mode ordering), the outbox relay publishes exactly once (Relay.ExactlyOnce)")
+	fs.BoolVar(&o.transactions, "transactions", false, "transactional mode: forwards and offsets commit in Kafka transactions (Config.Transactions), the outbox relay publishes exactly once (Relay.ExactlyOnce)")
 	fs.StringVar(&o.instanceID, "instance-id", "", "static membership (Config.InstanceID): a stable id of this member, unique in the group; a member restarted with it within the session timeout gets its partitions back without a rebalance")
 	return o
 }

@@ -33,9 +33,9 @@ import (
 
 var allModes = []string{"per-message", "batched", "batch-handler", "lanes", "ordering"}
 
-// txnModes are the modes -transactions runs: Config.Transactions does not
-// take ByKey ordering.
-var txnModes = []string{"per-message", "batched", "batch-handler", "lanes"}
+// txnModes are the modes -transactions runs: every mode, ByKey ordering
+// included (issue 20).
+var txnModes = []string{"per-message", "batched", "batch-handler", "lanes", "ordering"}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
