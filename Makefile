@@ -67,9 +67,9 @@ CHAOS_PORTS = -kafka-port 19092 -controller-port 19093 -pg-port 15432 -brokers $
 chaos: ## fault injection, every mode: 50,000 payments each while members are SIGKILLed, PostgreSQL and the broker restart, the broker freezes, the group resizes; then the history checker (CHAOSARGS='-h' lists the flags; CHAOS_BROKERS=3: on three nodes, with leader, coordinator and rolling-restart faults)
 	@$(GO) build -o bin/idem-chaos ./internal/tools/chaos && ./bin/idem-chaos $(CHAOS_PORTS) $(CHAOSARGS)
 
-chaos-ci: ## the short chaos run `make test` ends with: 2,000 payments per mode, every fault kind and every mode, then the per-message and lanes modes with Config.Transactions (read_committed: one copy per hop), ~9 min
+chaos-ci: ## the short chaos run `make test` ends with: 2,000 payments per mode, every fault kind and every mode, then the per-message, lanes and ordering modes with Config.Transactions (read_committed: one copy per hop), ~11 min
 	@$(GO) build -o bin/idem-chaos ./internal/tools/chaos && ./bin/idem-chaos -ci $(CHAOS_PORTS) $(CHAOSARGS) && \
-	  ./bin/idem-chaos -ci -transactions -modes per-message,lanes $(CHAOS_PORTS) $(CHAOSARGS)
+	  ./bin/idem-chaos -ci -transactions -modes per-message,lanes,ordering $(CHAOS_PORTS) $(CHAOSARGS)
 
 fuzz: ## a short run of every fuzz target (FUZZTIME executions each, default 20000x)
 	@set -e; for t in $(FUZZ_TARGETS); do \
