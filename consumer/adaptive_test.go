@@ -66,10 +66,16 @@ func (e *env) throughput() float64 {
 // decides, and that is checked.
 func TestAdaptiveSettlesNearTheKnee(t *testing.T) {
 	testenv.SkipIfShort(t)
-	const knee, total = 8, 1200
+	// The controller observes a whole attempt: the dependency's call and the
+	// dedupe transaction. On a loaded machine the transaction's share varies
+	// by tens of milliseconds; against an 80 ms dependency that was more than
+	// the 10 % tolerance, and the limit backed off below the knee for the
+	// machine's sake, not the dependency's (a full -race run beside other
+	// work: mean 2.98). A 320 ms dependency keeps the dependency the signal.
+	const knee, total = 8, 640
 	run := func(name string, set func(*consumer.Config), sample func(*env)) float64 {
 		e := newEnv(t, 1)
-		dep := &saturating{n: knee, base: 80 * time.Millisecond}
+		dep := &saturating{n: knee, base: 320 * time.Millisecond}
 		cfg := e.config()
 		cfg.Batch = consumer.BatchConfig{}
 		set(&cfg)
