@@ -171,7 +171,7 @@ func (w *worker) deferMsg(msg *handler.Message, until time.Time) error {
 		case err == nil:
 			r.m.Deferred.WithLabelValues(r.cfg.Group, msg.Origin().Topic).Inc()
 			r.m.Messages.WithLabelValues(r.cfg.Group, msg.Topic, coremetrics.OutcomeDeferred).Inc()
-			w.ob.spanEnd(TraceOutcomeDeferred, nil)
+			w.ob.spanEnd(traceOutcomeDeferred, nil)
 			if w.debug {
 				w.log.Debug("idem: message deferred", "offset", msg.Offset, "key", msg.IdempotencyKey, "until", until)
 			}

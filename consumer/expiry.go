@@ -96,7 +96,7 @@ func (w *worker) expiredVerdict(msg *handler.Message, topic string, res expiry.R
 		if w.r.cfg.Expiry.Drop {
 			w.r.m.Expired.WithLabelValues(w.r.cfg.Group, topic, coremetrics.ExpiredDropped).Inc()
 			w.r.m.Messages.WithLabelValues(w.r.cfg.Group, topic, coremetrics.OutcomeExpired).Inc()
-			w.ob.spanEnd(TraceOutcomeExpired, nil)
+			w.ob.spanEnd(traceOutcomeExpired, nil)
 			w.log.Info("idem: expired message dropped", "topic", topic, "offset", msg.Offset, "key", msg.IdempotencyKey, "reason", res.Reason)
 			return nil, true
 		}

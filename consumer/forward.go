@@ -290,9 +290,9 @@ func (o *observer) forwarded(out outbound, msg *handler.Message) {
 	r := o.r
 	dest := out.rec.Topic
 	r.m.Forwarded.WithLabelValues(r.cfg.Group, dest, out.kind).Inc()
-	outcome, span := coremetrics.OutcomeRetried, TraceOutcomeRetried
+	outcome, span := coremetrics.OutcomeRetried, traceOutcomeRetried
 	if out.tier == 0 {
-		outcome, span = coremetrics.OutcomeDeadLettered, TraceOutcomeDeadLettered
+		outcome, span = coremetrics.OutcomeDeadLettered, traceOutcomeDeadLettered
 	}
 	o.spanEnd(span, nil)
 	r.m.Messages.WithLabelValues(r.cfg.Group, msg.Topic, outcome).Inc()

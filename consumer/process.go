@@ -54,7 +54,7 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 		if err != nil && w.hctx.Err() != nil {
 			// Cancelled past the grace period: rolled back, left for redelivery.
 			r.m.Abandoned.WithLabelValues(r.cfg.Group).Inc()
-			w.ob.spanEnd(TraceOutcomeAbandoned, err)
+			w.ob.spanEnd(traceOutcomeAbandoned, err)
 			if probe {
 				r.gate.probeAbandoned() // cut short by revoke or shutdown: proves nothing
 			}
@@ -74,7 +74,7 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 			if c == classBreaker {
 				r.gate.trip(err)
 				r.gate.probeDone(true)
-				w.ob.spanEnd(TraceOutcomeBreakerOpen, err)
+				w.ob.spanEnd(traceOutcomeBreakerOpen, err)
 				continue
 			}
 			r.gate.probeDone(false)
@@ -88,13 +88,13 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 		case c == classDeferred: // not a failure: no retry spent; handleAfter stores it
 			return err, nil
 		case c == classFatal:
-			w.ob.spanEnd(TraceOutcomeAbandoned, err)
+			w.ob.spanEnd(traceOutcomeAbandoned, err)
 			r.fatal(err)
 			return nil, errStopping
 		case c == classOutage:
 			outages++
 			r.m.StoreErrors.WithLabelValues(r.cfg.Group).Inc()
-			w.ob.spanEnd(TraceOutcomeOutage, err)
+			w.ob.spanEnd(traceOutcomeOutage, err)
 			w.log.Warn("idem: database unavailable; retrying the same message", "offset", msg.Offset, "err", err, "try", outages)
 			if !sleep(w.stopCtx, r.wait.outage(outages)) {
 				return nil, errStopping
@@ -102,14 +102,14 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 		case c == classBreaker && breaker.IsThrottled(err):
 			// A limit or a Retry-After of one dependency: only this message
 			// waits for it (limits.go); nothing counts as a failure.
-			w.ob.spanEnd(TraceOutcomeBreakerOpen, err)
+			w.ob.spanEnd(traceOutcomeBreakerOpen, err)
 			if !w.throttleWait(err) {
 				return nil, errStopping
 			}
 		case c == classBreaker:
 			// The dependency is down: pause instead of spending retries.
 			r.gate.trip(err)
-			w.ob.spanEnd(TraceOutcomeBreakerOpen, err)
+			w.ob.spanEnd(traceOutcomeBreakerOpen, err)
 		case c == classRetriable:
 			d, again, rule := w.retryWait(err, retries) // rules.go: Config.Retry.Rules' attempts and backoff
 			if !again {
@@ -117,7 +117,7 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 				return err, nil
 			}
 			retries++
-			w.ob.spanEnd(TraceOutcomeRetry, err)
+			w.ob.spanEnd(traceOutcomeRetry, err)
 			msg.Attempt++
 			r.m.Retries.WithLabelValues(r.cfg.Group, msg.Topic).Inc()
 			if w.debug {
@@ -150,7 +150,7 @@ func (w *worker) attempt(rec dedupe.Record, msg *handler.Message) (err error, ra
 	switch {
 	case err == nil && out == dedupe.Duplicate:
 		mx.duplicate.Inc()
-		w.ob.spanEnd(TraceOutcomeDuplicate, nil)
+		w.ob.spanEnd(traceOutcomeDuplicate, nil)
 		if w.debug {
 			w.log.Debug("idem: duplicate skipped", "offset", msg.Offset, "key", rec.Key)
 		}
@@ -159,7 +159,7 @@ func (w *worker) attempt(rec dedupe.Record, msg *handler.Message) (err error, ra
 		mx.duration.Observe(time.Since(start).Seconds())
 		mx.attemptOK.Inc()
 		mx.processed.Inc()
-		w.ob.spanEnd(TraceOutcomeProcessed, nil)
+		w.ob.spanEnd(traceOutcomeProcessed, nil)
 		return nil, ran
 	}
 	if herr != nil { // the handler ran and failed (err is herr, or wraps it)

@@ -181,7 +181,7 @@ func newRunner(cfg Config, h handler.Handler) (*runner, error) {
 	}
 	r.claims = newClaimSet(cfg.Group, m, r.log)
 	r.life = newLifecycle(r)
-	r.tracer = cfg.TracerProvider.Tracer(TracerName)
+	r.tracer = cfg.TracerProvider.Tracer(tracerName)
 	return r, nil
 }
 

@@ -11,10 +11,11 @@ import (
 	"github.com/idemhq/idem/handler"
 )
 
-// TracerName is the instrumentation scope of the spans idem starts.
-const TracerName = "github.com/idemhq/idem/consumer"
+// tracerName is the instrumentation scope of the spans idem starts
+// (documented on SpanHandle).
+const tracerName = "github.com/idemhq/idem/consumer"
 
-// Span names and the values of the idem.outcome attribute.
+// Span names, and the tracing idem does.
 //
 // Tracing goes through the OpenTelemetry API only (Config.TracerProvider,
 // Config.Propagator); idem never imports an SDK. For each message attempt
@@ -25,10 +26,25 @@ const TracerName = "github.com/idemhq/idem/consumer"
 // messaging.destination.name (the topic read, a retry tier's for a retry),
 // messaging.kafka.destination.partition, messaging.kafka.offset,
 // messaging.consumer.group.name, idem.attempt (1-based, counted across
-// tiers), idem.tier (0 for a source topic) and idem.outcome (the
-// TraceOutcome* values). A failed attempt records its error and status
-// Error. The handler's ctx carries the span, so the handler's own spans
-// (database, HTTP) are its children.
+// tiers), idem.tier (0 for a source topic) and idem.outcome (below). A
+// failed attempt records its error and status Error. The tracer's
+// instrumentation scope is "github.com/idemhq/idem/consumer". The
+// handler's ctx carries the span, so the handler's own spans (database,
+// HTTP) are its children.
+//
+// The values of idem.outcome:
+//
+//   - "processed": the handler succeeded; effects committed.
+//   - "duplicate": the key was already done; handler not called.
+//   - "retry": failed; an in-process retry follows.
+//   - "retried": failed; forwarded to a retry tier.
+//   - "dead_lettered": failed (or no key); forwarded to the dead-letter topic.
+//   - "outage": the dedupe store was unreachable; tried again, no attempt counted.
+//   - "breaker_open": a breaker was open; the partition waits.
+//   - "abandoned": cut short by revoke or shutdown; left for redelivery.
+//   - "failed": a batch failed; its messages run again one by one.
+//   - "deferred": the handler deferred it (handler.DeferUntil); stored for the scheduler.
+//   - "expired": past its deadline or maximum age, and dropped (Expiry.Drop); handler not called.
 //
 // A record forwarded to a retry tier or the dead-letter topic gets the
 // context of the attempt that forwarded it in its traceparent/tracestate
@@ -49,18 +65,21 @@ const (
 	// SpanHandleBatch is the span of one batch handler call (handler.Batch, or
 	// Config.Batch), linked to each message's producer context.
 	SpanHandleBatch = "idem.handle_batch"
+)
 
-	TraceOutcomeProcessed    = "processed"     // the handler succeeded; effects committed
-	TraceOutcomeDuplicate    = "duplicate"     // the key was already done; handler not called
-	TraceOutcomeRetry        = "retry"         // failed; an in-process retry follows
-	TraceOutcomeRetried      = "retried"       // failed; forwarded to a retry tier
-	TraceOutcomeDeadLettered = "dead_lettered" // failed (or no key); forwarded to the dead-letter topic
-	TraceOutcomeOutage       = "outage"        // the dedupe store was unreachable; tried again, no attempt counted
-	TraceOutcomeBreakerOpen  = "breaker_open"  // a breaker was open; the partition waits
-	TraceOutcomeAbandoned    = "abandoned"     // cut short by revoke or shutdown; left for redelivery
-	TraceOutcomeFailed       = "failed"        // a batch failed; its messages run again one by one
-	TraceOutcomeDeferred     = "deferred"      // the handler deferred it (handler.DeferUntil): stored for the scheduler
-	TraceOutcomeExpired      = "expired"       // past its deadline or maximum age, and dropped (Expiry.Drop); handler not called
+// The values of the idem.outcome attribute, listed on SpanHandle.
+const (
+	traceOutcomeProcessed    = "processed"     // the handler succeeded; effects committed
+	traceOutcomeDuplicate    = "duplicate"     // the key was already done; handler not called
+	traceOutcomeRetry        = "retry"         // failed; an in-process retry follows
+	traceOutcomeRetried      = "retried"       // failed; forwarded to a retry tier
+	traceOutcomeDeadLettered = "dead_lettered" // failed (or no key); forwarded to the dead-letter topic
+	traceOutcomeOutage       = "outage"        // the dedupe store was unreachable; tried again, no attempt counted
+	traceOutcomeBreakerOpen  = "breaker_open"  // a breaker was open; the partition waits
+	traceOutcomeAbandoned    = "abandoned"     // cut short by revoke or shutdown; left for redelivery
+	traceOutcomeFailed       = "failed"        // a batch failed; its messages run again one by one
+	traceOutcomeDeferred     = "deferred"      // the handler deferred it (handler.DeferUntil): stored for the scheduler
+	traceOutcomeExpired      = "expired"       // past its deadline or maximum age, and dropped (Expiry.Drop); handler not called
 )
 
 // Attribute keys of idem's spans (OpenTelemetry messaging conventions, plus
@@ -133,7 +152,7 @@ type spanState struct {
 // traceMessage records that msg, read from retry tier tier (0: a source
 // topic), is the message the worker's next spans belong to.
 func (o *observer) traceMessage(msg *handler.Message, tier int) {
-	o.spanEnd(TraceOutcomeAbandoned, nil)
+	o.spanEnd(traceOutcomeAbandoned, nil)
 	o.tspan = spanState{msg: msg, tier: tier}
 }
 
@@ -162,7 +181,7 @@ func (o *observer) spanStart(msg *handler.Message) context.Context {
 	if o.tspan.msg == msg {
 		tier = o.tspan.tier
 	}
-	o.spanEnd(TraceOutcomeAbandoned, nil)
+	o.spanEnd(traceOutcomeAbandoned, nil)
 	r := o.r
 	parent := r.cfg.Propagator.Extract(o.hctx, msgCarrier{msg})
 	if r.noRecord.Load() && !trace.SpanContextFromContext(parent).IsValid() {
@@ -263,11 +282,11 @@ func (o *observer) batchSpan(ctx context.Context, items []*batchItem, idx []int)
 func batchSpanEnd(span trace.Span, err error) {
 	if span.IsRecording() {
 		if err != nil {
-			span.SetAttributes(attrOutcome.String(TraceOutcomeFailed))
+			span.SetAttributes(attrOutcome.String(traceOutcomeFailed))
 			span.RecordError(err)
 			span.SetStatus(codes.Error, err.Error())
 		} else {
-			span.SetAttributes(attrOutcome.String(TraceOutcomeProcessed))
+			span.SetAttributes(attrOutcome.String(traceOutcomeProcessed))
 		}
 	}
 	span.End()

@@ -56,14 +56,14 @@ func BenchmarkAttemptSpanNoSDK(b *testing.B) {
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			r := &runner{cfg: Config{Propagator: propagation.TraceContext{}}}
-			r.tracer = otel.GetTracerProvider().Tracer(TracerName)
+			r.tracer = otel.GetTracerProvider().Tracer(tracerName)
 			p := &observer{r: r, hctx: context.Background()}
 			msg := &handler.Message{Topic: "t", Headers: tc.headers}
 			b.ReportAllocs()
 			for b.Loop() {
 				p.traceMessage(msg, 0)
 				_ = p.spanStart(msg)
-				p.spanEnd(TraceOutcomeProcessed, nil)
+				p.spanEnd(traceOutcomeProcessed, nil)
 			}
 		})
 	}
@@ -98,14 +98,14 @@ func TestSpanSkippedWithoutSDKUntilOneIsInstalled(t *testing.T) {
 	var none trace.TracerProvider = noop.NewTracerProvider()
 	sp.cur.Store(&none)
 	r := &runner{cfg: Config{Propagator: propagation.TraceContext{}}}
-	r.tracer = sp.Tracer(TracerName)
+	r.tracer = sp.Tracer(tracerName)
 	p := &observer{r: r, hctx: context.Background()}
 	msg := &handler.Message{Topic: "t", Headers: []handler.Header{{Key: "idempotency-key", Value: []byte("k")}}}
 	run := func(n int) {
 		for range n {
 			p.traceMessage(msg, 0)
 			_ = p.spanStart(msg)
-			p.spanEnd(TraceOutcomeProcessed, nil)
+			p.spanEnd(traceOutcomeProcessed, nil)
 		}
 	}
 	run(10)

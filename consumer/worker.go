@@ -114,7 +114,7 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 		return err
 	}
 	w.ob.traceMessage(msg, origin.tier)
-	defer w.ob.spanEnd(TraceOutcomeAbandoned, nil) // any span still open: cut short
+	defer w.ob.spanEnd(traceOutcomeAbandoned, nil) // any span still open: cut short
 	src := wire.Source{Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset, Timestamp: cm.Timestamp, Group: r.cfg.Group}
 
 	key, keyErr := w.key(msg, origin)
