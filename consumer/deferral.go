@@ -12,12 +12,13 @@ import (
 
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/coremetrics"
+	"github.com/idemhq/idem/internal/scheduletable"
 	"github.com/idemhq/idem/retrytopic"
 	"github.com/idemhq/idem/schedule"
 )
 
 // Deferring a message (handler.DeferUntil, issue 21 "Long delays"): the
-// message is stored in PostgreSQL (schedule.Defer, table idem_deferred) in a
+// message is stored in PostgreSQL (scheduletable.Defer, table idem_deferred) in a
 // transaction of its own, its offset is marked at once, and the group's
 // scheduler (Config.Defer, one leader per group) publishes a copy to the
 // source's deferred topic "<source>.<group>.deferred" when it is due. This
@@ -109,7 +110,7 @@ func (s setup) deferredPolicy() retrytopic.Policy {
 }
 
 // deferredOrigin decodes a record of one of this group's deferred topics:
-// its origin (idem-original-*, written by schedule.RecordOf) with no tier
+// its origin (idem-original-*, written by scheduletable.RecordOf) with no tier
 // and no due time; ok is false for a record that is not such a copy.
 func (r *runner) deferredOrigin(cm *sarama.ConsumerMessage, f retrytopic.Failure) (origin, bool) {
 	if r.cfg.Defer == nil || f.Tier != 0 || cm.Topic != DeferredTopic(f.OriginalTopic, r.cfg.Group) {
@@ -122,10 +123,11 @@ func (r *runner) deferredOrigin(cm *sarama.ConsumerMessage, f retrytopic.Failure
 // errDeferNeedsConfig dead-letters a deferral when Config.Defer is not set.
 var errDeferNeedsConfig = errors.New("consumer: the handler deferred the message (handler.DeferUntil), which needs Config.Defer")
 
-// deferred handles a handler's *handler.DeferError: it stores the message
+// deferred handles a handler's deferral (handler.DeferUntil, read back with
+// handler.DeferredUntil): it stores the message
 // for its scheduler (deferMsg) and returns nil, so the caller settles and
 // marks it as processed; or it returns the error to dead-letter it with
-// (Config.Defer not set, a record schedule.Defer refuses). stop is
+// (Config.Defer not set, a record scheduletable.Defer refuses). stop is
 // errStopping when the partition is stopping. failed that is not a deferral
 // is returned as it is.
 func (w *worker) deferred(msg *handler.Message, failed error) (dlq, stop error) {
@@ -137,7 +139,7 @@ func (w *worker) deferred(msg *handler.Message, failed error) (dlq, stop error) 
 		return handler.Permanent(fmt.Errorf("%w: %w", errDeferNeedsConfig, failed)), nil
 	}
 	if err := w.deferMsg(msg, until); err != nil {
-		if errors.Is(err, schedule.ErrInvalidRecord) {
+		if errors.Is(err, scheduletable.ErrInvalidRecord) {
 			return handler.Permanent(err), nil
 		}
 		return nil, err
@@ -149,11 +151,11 @@ func (w *worker) deferred(msg *handler.Message, failed error) (dlq, stop error) 
 // deferred topic at until, in a transaction of its own (the handler's was
 // rolled back: the inbox recorded nothing). An outage is retried with
 // backoff, the partition waiting as for a failed forward. It returns
-// errStopping when the partition is stopping, or schedule.Defer's
+// errStopping when the partition is stopping, or scheduletable.Defer's
 // ErrInvalidRecord error.
 func (w *worker) deferMsg(msg *handler.Message, until time.Time) error {
 	r := w.r
-	rec := schedule.RecordOf(r.cfg.Group, DeferredTopic(msg.Origin().Topic, r.cfg.Group), msg)
+	rec := scheduletable.RecordOf(r.cfg.Group, DeferredTopic(msg.Origin().Topic, r.cfg.Group), msg)
 	pool := r.cfg.Defer.Pool
 	for n := 1; ; n++ {
 		err := func() error {
@@ -162,7 +164,7 @@ func (w *worker) deferMsg(msg *handler.Message, until time.Time) error {
 				return err
 			}
 			defer func() { _ = tx.Rollback(context.WithoutCancel(w.hctx)) }()
-			if err := schedule.Defer(w.hctx, tx, rec, until); err != nil {
+			if err := scheduletable.Defer(w.hctx, tx, rec, until); err != nil {
 				return err
 			}
 			return tx.Commit(w.hctx)
@@ -176,7 +178,7 @@ func (w *worker) deferMsg(msg *handler.Message, until time.Time) error {
 				w.log.Debug("idem: message deferred", "offset", msg.Offset, "key", msg.IdempotencyKey, "until", until)
 			}
 			return nil
-		case errors.Is(err, schedule.ErrInvalidRecord):
+		case errors.Is(err, scheduletable.ErrInvalidRecord):
 			return err
 		}
 		w.stall.failed(err)

@@ -2,18 +2,15 @@
 // and publishes them again when they come due, so a wait of hours or days
 // holds neither a partition nor a retry tier.
 //
-// A consumer whose handler returns handler.DeferUntil(t) rolls the handler's
-// transaction back (the inbox records nothing for the key) and, in the
-// transaction that settles the message, inserts the record with Defer:
-//
-//	until, _ := handler.DeferredUntil(h.Handle(ctx, m))
-//	err := schedule.Defer(ctx, tx, schedule.RecordOf("payments", "payments.payments.deferred", m), until)
-//
-// RecordOf keeps the message's key, value and headers, its idempotency-key
-// among them, and adds retrytopic's idem-original-* headers naming where it
-// was first consumed. The consumer then commits the message's offset at
-// once: the partition flows on. The
-// group's Scheduler (one leader per group, elected by a PostgreSQL advisory
+// A consumer (consumer.Run, with Config.Defer set to a Scheduler) whose
+// handler returns handler.DeferUntil(t) rolls the handler's transaction back
+// (the inbox records nothing for the key) and, in the transaction that
+// settles the message, inserts a record of it into idem_deferred: the
+// message's key, value and headers, its idempotency-key among them, plus
+// retrytopic's idem-original-* headers naming where it was first consumed,
+// to be published to the source's deferred topic
+// ("<source>.<group>.deferred"). The consumer then commits the message's
+// offset at once: the partition flows on. The group's Scheduler (one leader per group, elected by a PostgreSQL advisory
 // lock) publishes the record when t comes by the database's clock, waking by
 // a timer for the next due row and by a NOTIFY at each insert, and deletes
 // the row once Kafka acknowledged it. The copy is consumed like any record:

@@ -24,3 +24,13 @@ var List = scheduletable.List
 
 // Migrate is scheduletable.Migrate (idem.Migrate runs it), for the external tests.
 var Migrate = scheduletable.Migrate
+
+// Deferring a record lives in internal/scheduletable (the consumer's); the
+// external tests reach it under its old names.
+type Record = scheduletable.Record
+
+var (
+	RecordOf         = scheduletable.RecordOf
+	Defer            = scheduletable.Defer
+	ErrInvalidRecord = scheduletable.ErrInvalidRecord
+)

@@ -1,7 +1,8 @@
 // Package scheduletable is the idem_deferred table, where package schedule
 // keeps the records handlers deferred: its migrations (Migrate, which
-// idem.Migrate and Scheduler.Run call) and the listing `idem schedule list`
-// shows (List). A service defers with handler.DeferUntil, runs the scheduler
+// idem.Migrate and Scheduler.Run call), the insert the consumer makes when a
+// handler defers a message (Defer, of a RecordOf), and the listing `idem
+// schedule list` shows (List). A service defers with handler.DeferUntil, runs the scheduler
 // through consumer.Run, and has no need to list the records.
 package scheduletable
 

@@ -1,0 +1,159 @@
+package scheduletable
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/wire"
+	"github.com/idemhq/idem/retrytopic"
+)
+
+// ErrInvalidRecord is wrapped by the error Defer returns for a record it
+// refuses (no transaction, no group, no topic, an empty header name, a due
+// time too far away); nothing is inserted then.
+var ErrInvalidRecord = errors.New("schedule: invalid record")
+
+// Record is one message to publish again later: what a consumer stores when
+// its handler returns handler.DeferUntil.
+type Record struct {
+	// Group is the consumer group whose schedule.Scheduler publishes the record (one
+	// leader per group). Required.
+	Group string
+	// Topic is where the record is published when due. Required. The
+	// scheduler never creates topics: a missing topic is an outage, waited
+	// out (see schedule.Scheduler, "Failures").
+	Topic string
+	// Partition is the partition the message was read from. It is used
+	// again in Topic when Topic has that many partitions; otherwise the
+	// partition is chosen by hashing Key (sarama's hash partitioner), as
+	// idem's forwards to retry tiers do.
+	Partition int32
+	// Key and Value are published byte for byte; nil stays nil.
+	Key, Value []byte
+	// Headers are published as given, in order. To be handled as the same
+	// message, they must let the consumer derive the same idempotency key
+	// (the idempotency-key header, by default) and carry the origin
+	// (the wire contract's idem-original-* headers): RecordOf builds
+	// both from a handler.Message.
+	Headers []sarama.RecordHeader
+	// Timestamp is the published record's timestamp. Default: zero, the
+	// producer's clock at publication.
+	Timestamp time.Time
+	// IdempotencyKey and Origin describe the message for operators (`idem
+	// schedule list`); they are stored in columns of their own and not
+	// published (the headers carry what the consumer reads).
+	IdempotencyKey string
+	Origin         handler.Origin
+}
+
+// RecordOf is the Record a consumer of group stores when its handler defers
+// m, to be published to topic: m's partition number (its origin's), key and
+// value (shared with m, not copied: call Defer before the handler's message
+// is released), and headers that keep m's own (its idempotency-key among
+// them) and carry where it was first consumed: the wire contract's
+// idem-* headers with the origin, the attempt count, the group and the idempotency key, which drops
+// the idem-* headers of an earlier forward (a retry tier's due time, error
+// and tier). The copy is therefore read as the same message, from the same
+// origin, with no failure attached.
+func RecordOf(group, topic string, m *handler.Message) Record {
+	o := m.Origin()
+	return Record{
+		Group: group, Topic: topic, Partition: o.Partition,
+		Key: m.Key, Value: m.Value,
+		Headers: wire.Encode(m.Headers, retrytopic.Failure{
+			Attempt: m.Attempt, Group: group, IdempotencyKey: m.IdempotencyKey,
+			OriginalTopic: o.Topic, OriginalPartition: o.Partition, OriginalOffset: o.Offset, OriginalTimestamp: o.Timestamp,
+		}),
+		IdempotencyKey: m.IdempotencyKey,
+		Origin:         o,
+	}
+}
+
+// maxAhead bounds how far Defer accepts a due time: handler.MaxDefer, plus a
+// day for a handler that ran long or a clock that differs.
+const maxAhead = handler.MaxDefer + 24*time.Hour
+
+// Defer inserts rec into idem_deferred in the caller's transaction tx, to be
+// published by rec.Group's schedule.Scheduler at at (compared with the database's
+// now(), so every scheduler agrees; a zero or past at means as soon as
+// possible). The row exists only if tx commits: a consumer inserts it in
+// the transaction that records the message's outcome, so the message is
+// either stored for later and settled, or neither.
+//
+// at is absolute: with time.Now().Add(d) a skew between the application's
+// clock and the database's shifts it. Defer refuses (ErrInvalidRecord) a nil
+// tx, an empty Group or Topic, a header with an empty name, text that
+// PostgreSQL cannot store (Group, Topic, IdempotencyKey, Origin.Topic or a
+// header name that is not UTF-8 or holds a NUL), and an at more than
+// handler.MaxDefer plus a day ahead of this process's clock.
+func Defer(ctx context.Context, tx pgx.Tx, rec Record, at time.Time) error {
+	if err := rec.validate(at, time.Now()); err != nil {
+		return err
+	}
+	if tx == nil {
+		return fmt.Errorf("%w: nil transaction (pass the transaction that settles the message)", ErrInvalidRecord)
+	}
+	keys := make([]string, len(rec.Headers))
+	vals := make([][]byte, len(rec.Headers))
+	for i, h := range rec.Headers {
+		keys[i] = string(h.Key)
+		vals[i] = h.Value
+		if vals[i] == nil {
+			vals[i] = []byte{}
+		}
+	}
+	var until, ts *time.Time
+	if !at.IsZero() {
+		until = &at
+	}
+	if !rec.Timestamp.IsZero() {
+		ts = &rec.Timestamp
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO `+Table+` (consumer_group, topic, partition, key, value, header_keys, header_values,
+		record_timestamp, idempotency_key, origin_topic, origin_partition, origin_offset, deferred_until, due_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, coalesce($13, now()), coalesce($13, now()))`,
+		rec.Group, rec.Topic, rec.Partition, rec.Key, rec.Value, keys, vals, ts,
+		rec.IdempotencyKey, rec.Origin.Topic, rec.Origin.Partition, rec.Origin.Offset, until)
+	if err != nil {
+		return fmt.Errorf("schedule: defer a record of group %s to %s: %w", rec.Group, rec.Topic, err)
+	}
+	return nil
+}
+
+func (rec Record) validate(at, now time.Time) error {
+	switch {
+	case rec.Group == "":
+		return fmt.Errorf("%w: no Group (the consumer group whose scheduler publishes it)", ErrInvalidRecord)
+	case rec.Topic == "":
+		return fmt.Errorf("%w: group %s: no Topic to publish to", ErrInvalidRecord, rec.Group)
+	case !at.IsZero() && at.Sub(now) > maxAhead:
+		return fmt.Errorf("%w: group %s, topic %s: due at %s, more than %s ahead (handler.MaxDefer plus a day)",
+			ErrInvalidRecord, rec.Group, rec.Topic, at.UTC().Format(time.RFC3339), maxAhead)
+	}
+	for _, f := range []struct{ name, v string }{{"Group", rec.Group}, {"Topic", rec.Topic},
+		{"IdempotencyKey", rec.IdempotencyKey}, {"Origin.Topic", rec.Origin.Topic}} {
+		if !isText(f.v) {
+			return fmt.Errorf("%w: %s %q is not valid UTF-8 without NUL (PostgreSQL text)", ErrInvalidRecord, f.name, f.v)
+		}
+	}
+	for i, h := range rec.Headers {
+		switch {
+		case len(h.Key) == 0:
+			return fmt.Errorf("%w: group %s, topic %s: header %d has an empty name", ErrInvalidRecord, rec.Group, rec.Topic, i)
+		case !isText(string(h.Key)):
+			return fmt.Errorf("%w: group %s, topic %s: header %d name %q is not valid UTF-8 without NUL", ErrInvalidRecord, rec.Group, rec.Topic, i, h.Key)
+		}
+	}
+	return nil
+}
+
+// isText reports whether s can be stored in a PostgreSQL text column.
+func isText(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
