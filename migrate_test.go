@@ -108,7 +108,7 @@ func TestMigrateCreatesEveryTable(t *testing.T) {
 
 	union, unionSchema := testenv.PostgresSchema(t)
 	for _, step := range []func() error{
-		func() error { return dedupe.Migrate(ctx, union) },
+		func() error { return dedupe.NewPostgres(union).Migrate(ctx) },
 		func() error { return keyorder.New(union, "").Migrate(ctx) },
 		func() error { return outbox.Migrate(ctx, union) },
 		func() error { return saga.Migrate(ctx, union) },

@@ -164,7 +164,7 @@ func openPool(ctx context.Context, conns int) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
-	if err := dedupe.Migrate(ctx, pool); err != nil {
+	if err := dedupe.NewPostgres(pool).Migrate(ctx); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("migrate inbox: %w", err)
 	}

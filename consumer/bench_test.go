@@ -33,7 +33,7 @@ func BenchmarkRetryDueLatency(b *testing.B) {
 	k := testenv.NewKafka(b)
 	pool := testenv.Postgres(b)
 	ctx := testenv.Context(b)
-	if err := dedupe.Migrate(ctx, pool); err != nil {
+	if err := dedupe.NewPostgres(pool).Migrate(ctx); err != nil {
 		b.Fatal(err)
 	}
 	topic := k.Topic(b, 6)

@@ -41,7 +41,7 @@ func newEnv(t *testing.T, partitions int32) *env {
 	pool, schema := testenv.PostgresSchema(t)
 	e := &env{t: t, k: k, pool: pool, query: testenv.PoolOnSchema(t, schema), topic: k.Topic(t, partitions), group: testenv.Group(t), reg: prometheus.NewRegistry()}
 	ctx := testenv.Context(t)
-	if err := dedupe.Migrate(ctx, e.pool); err != nil {
+	if err := dedupe.NewPostgres(e.pool).Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	// A business table WITHOUT a unique constraint: only the inbox prevents doubles.

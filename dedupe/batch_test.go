@@ -16,7 +16,7 @@ import (
 
 func TestProcessBatch(t *testing.T) {
 	pool := idemtest.ConnectPostgres(t).Pool
-	if err := dedupe.Migrate(t.Context(), pool); err != nil {
+	if err := dedupe.NewPostgres(pool).Migrate(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	for name, s := range map[string]dedupe.BatchStore{"postgres": dedupe.NewPostgres(pool), "memory": dedupe.NewMemory()} {

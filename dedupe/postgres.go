@@ -42,8 +42,8 @@ type Postgres struct {
 var _ Store = (*Postgres)(nil)
 
 // NewPostgres returns the transactional inbox store over db (normally a
-// *pgxpool.Pool). Call Migrate (or the package-level Migrate) once at start-up
-// to create the table. A bad option (such as an empty table name) is reported
+// *pgxpool.Pool). Call Migrate (or idem.Migrate, which creates every
+// idem table) once at start-up to create the table. A bad option (such as an empty table name) is reported
 // by Migrate and by every Process call, never by a panic.
 func NewPostgres(db DB, opts ...PostgresOption) *Postgres {
 	c := newPGConfig(opts)

@@ -148,7 +148,7 @@ func TestPostgresManyMembersOneEffect(t *testing.T) {
 	db := idemtest.ConnectPostgres(t)
 	pool, schema := db.Pool, db.Schema
 	ctx := t.Context()
-	if err := dedupe.Migrate(ctx, pool); err != nil {
+	if err := dedupe.NewPostgres(pool).Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, "CREATE TABLE effects (key text)"); err != nil {
@@ -253,7 +253,7 @@ func TestPostgresMigrateTwiceAndConcurrently(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := dedupe.Migrate(ctx, db); err != nil {
+	if err := dedupe.NewPostgres(db).Migrate(ctx); err != nil {
 		t.Fatalf("migrate again: %v", err)
 	}
 	if n := count(t, db, "SELECT count(*) FROM idem_schema_migrations WHERE component = 'dedupe:idem_processed'"); n != 1 {

@@ -43,8 +43,7 @@ var ErrInvalidConfig = errors.New("dedupe: invalid configuration")
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
-// PostgresOption configures Postgres, PostgresLease and the package-level
-// Migrate.
+// PostgresOption configures Postgres and PostgresLease (and their Migrate).
 type PostgresOption func(*pgConfig)
 
 type pgConfig struct {
@@ -127,23 +126,6 @@ func (t table) migrate(ctx context.Context, db pgmigrate.DB) error {
 		return fmt.Errorf("dedupe: migrate %s: %w", t.quoted, err)
 	}
 	return nil
-}
-
-// Migrate creates or upgrades the inbox table selected by opts (default
-// "idem_processed") and its processed_at index, and nothing else. It is
-// idempotent and safe to call from several processes at once (see
-// Postgres.Migrate). The schema of a qualified table name must already exist.
-//
-// Services should call idem.Migrate (or run `idem migrate`), the one entry
-// point that creates every table idem needs, the inbox included; this
-// function remains for code that uses package dedupe without the consumer.
-func Migrate(ctx context.Context, db DB, opts ...PostgresOption) error {
-	c := newPGConfig(opts)
-	t, err := parseTable(c.table)
-	if err != nil {
-		return err
-	}
-	return t.migrate(ctx, db)
 }
 
 // rollback rolls tx back with a context that is not cancelled, so a message

@@ -24,7 +24,7 @@ import (
 // relay (nil: none) next to it in this process, as a service runs it.
 func (e *env) runConsumer(topic, group string, reg *prometheus.Registry, relay *outbox.Relay, h handler.Func, mutate ...func(*consumer.Config)) {
 	e.t.Helper()
-	if err := dedupe.Migrate(e.t.Context(), e.pool); err != nil {
+	if err := dedupe.NewPostgres(e.pool).Migrate(e.t.Context()); err != nil {
 		e.t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -28,7 +28,7 @@ func Migrate(ctx context.Context, db dedupe.DB, inbox []dedupe.PostgresOption, o
 		what string
 		run  func(context.Context) error
 	}{
-		{"inbox", func(ctx context.Context) error { return dedupe.Migrate(ctx, db, inbox...) }},
+		{"inbox", func(ctx context.Context) error { return dedupe.NewPostgres(db, inbox...).Migrate(ctx) }},
 		{"ordering tables", keyorder.New(db, "").Migrate},
 		{"outbox", func(ctx context.Context) error { return outbox.Migrate(ctx, db, outboxTables...) }},
 		{"saga tables", func(ctx context.Context) error { return saga.Migrate(ctx, db) }},
