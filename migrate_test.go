@@ -18,14 +18,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem"
-	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/internal/checkpointrow"
+	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/keyorder"
+	"github.com/idemhq/idem/internal/sagatable"
 	"github.com/idemhq/idem/internal/scheduletable"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/outbox"
-	"github.com/idemhq/idem/saga"
 )
 
 // catalog describes what a schema holds: each table with its columns, each
@@ -111,9 +111,9 @@ func TestMigrateCreatesEveryTable(t *testing.T) {
 		func() error { return dedupe.NewPostgres(union).Migrate(ctx) },
 		func() error { return keyorder.New(union, "").Migrate(ctx) },
 		func() error { return outbox.Migrate(ctx, union) },
-		func() error { return saga.Migrate(ctx, union) },
+		func() error { return sagatable.Migrate(ctx, union) },
 		func() error { return checkpointrow.Migrate(ctx, union) },
-		func() error { return index.Migrate(ctx, union) },
+		func() error { return indextable.Migrate(ctx, union) },
 		func() error { return scheduletable.Migrate(ctx, union) },
 	} {
 		if err := step(); err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/console/index"
+	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/testenv"
 )
 
@@ -136,7 +137,7 @@ func loadRecords(tb testing.TB) (*pgxpool.Pool, int) {
 	rows := benchRows()
 	pool := testenv.Postgres(tb)
 	ctx := tb.Context()
-	if err := index.Migrate(ctx, pool); err != nil {
+	if err := indextable.Migrate(ctx, pool); err != nil {
 		tb.Fatal(err)
 	}
 	start := time.Now()

@@ -22,6 +22,7 @@ import (
 
 	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
@@ -51,7 +52,7 @@ func newEnv(t *testing.T, mut func(*Config)) *env {
 	testenv.SkipIfShort(t)
 	ctx := testenv.Context(t)
 	e := &env{k: testenv.NewKafka(t), pool: testenv.Postgres(t)}
-	if err := index.Migrate(ctx, e.pool); err != nil {
+	if err := indextable.Migrate(ctx, e.pool); err != nil {
 		t.Fatal(err)
 	}
 	cl, err := sarama.NewClient(e.k.Brokers, index.ProducerConfig(e.k.SaramaConfig()))

@@ -2,9 +2,9 @@
 // action and a compensation; when a step fails, the steps done before it are
 // compensated in reverse order.
 //
-// State lives in PostgreSQL (idem_saga, idem_saga_step; see Migrate), so a
-// crashed orchestrator loses nothing: any orchestrator resumes the saga where
-// the last committed step left it.
+// State lives in PostgreSQL (idem_saga, idem_saga_step; created by
+// idem.Migrate), so a crashed orchestrator loses nothing: any orchestrator
+// resumes the saga where the last committed step left it.
 //
 //	o, _ := saga.New(saga.Config{DB: pool}, saga.Definition{
 //		Type: "order", Timeout: 10 * time.Minute,

@@ -16,7 +16,7 @@ import (
 func Example() {
 	ctx := context.Background()
 	pool, _ := pgxpool.New(ctx, "postgres://…")
-	_ = saga.Migrate(ctx, pool)
+	// idem.Migrate(ctx, pool) (or `idem migrate`) has created the saga tables.
 	orch, _ := saga.New(saga.Config{DB: pool}, saga.Definition{
 		Type:    "transfer",
 		Timeout: time.Hour,

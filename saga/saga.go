@@ -2,7 +2,6 @@ package saga
 
 import (
 	"context"
-	"embed"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/internal/configerr"
-	"github.com/idemhq/idem/internal/pgmigrate"
 )
 
 // State is a saga's state, stored in idem_saga.state.
@@ -70,23 +68,6 @@ type Querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-//go:embed migrations/*.sql
-var migrationFS embed.FS
-
-// Migrate creates or upgrades the idem_saga and idem_saga_step tables
-// (pgmigrate component "saga"). It is idempotent and safe to call from
-// several processes at once.
-func Migrate(ctx context.Context, db dedupe.DB) error {
-	ms, err := pgmigrate.Load(migrationFS, "migrations", nil)
-	if err != nil {
-		return fmt.Errorf("saga: load migrations: %w", err)
-	}
-	if err := pgmigrate.Apply(ctx, db, "saga", ms); err != nil {
-		return fmt.Errorf("saga: migrate: %w", err)
-	}
-	return nil
 }
 
 // Call is what a step's action or compensation gets.
@@ -150,7 +131,7 @@ type Definition struct {
 // Config configures an Orchestrator. The zero value of every field but DB
 // is its default.
 type Config struct {
-	// DB holds the saga tables (see Migrate). Required.
+	// DB holds the saga tables (created by idem.Migrate). Required.
 	DB dedupe.DB
 	// StepAttempts is how many times one Execute calls a failing action
 	// before the step fails. Default: 3.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemhq/idem/console"
 	"github.com/idemhq/idem/console/index"
+	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/metrics"
 )
 
@@ -133,7 +134,7 @@ func (a *app) runConsole(ctx context.Context, o consoleOptions) error {
 		return err
 	}
 	defer pool.Close()
-	if err := index.Migrate(ctx, pool); err != nil {
+	if err := indextable.Migrate(ctx, pool); err != nil {
 		return fmt.Errorf("migrate the index: %w", err)
 	}
 	scfg, brokers, err := a.saramaConfig()

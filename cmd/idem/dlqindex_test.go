@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
@@ -62,7 +63,7 @@ func TestCLIIndexModel(t *testing.T) {
 	if code != 1 || !strings.Contains(errOut, "no failure index") || !strings.Contains(errOut, `--database-url ""`) {
 		t.Fatalf("list on a database without the index: code %d\n%s", code, errOut)
 	}
-	if err := index.Migrate(testenv.Context(t), pool); err != nil {
+	if err := indextable.Migrate(testenv.Context(t), pool); err != nil {
 		t.Fatal(err)
 	}
 	indexTopic(t, k, pool, topic, 21)
@@ -183,7 +184,7 @@ func TestCLIDerivedKey(t *testing.T) {
 func TestCLIIndexReplayRate(t *testing.T) {
 	k, pool, db, topic, origin := dlqAndSchema(t)
 	seed(t, k, topic, origin, 2)
-	if err := index.Migrate(testenv.Context(t), pool); err != nil {
+	if err := indextable.Migrate(testenv.Context(t), pool); err != nil {
 		t.Fatal(err)
 	}
 	indexTopic(t, k, pool, topic, 2)

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemhq/idem/dlq"
+	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
@@ -28,7 +29,7 @@ func BenchmarkIndexer(b *testing.B) {
 	k := testenv.NewKafka(b)
 	pool, _ := testenv.PostgresSchema(b)
 	ctx := testenv.Context(b)
-	if err := Migrate(ctx, pool); err != nil {
+	if err := indextable.Migrate(ctx, pool); err != nil {
 		b.Fatal(err)
 	}
 	topic := k.Topic(b, 3)
@@ -131,7 +132,7 @@ func loadRows(b *testing.B, ctx context.Context, db interface {
 func BenchmarkStoreList(b *testing.B) {
 	pool, _ := testenv.PostgresSchema(b)
 	ctx := testenv.Context(b)
-	if err := Migrate(ctx, pool); err != nil {
+	if err := indextable.Migrate(ctx, pool); err != nil {
 		b.Fatal(err)
 	}
 	start := time.Now()

@@ -20,7 +20,7 @@
 // and edit-and-retry writes it), else the latest with the same idempotency
 // key, origin topic and group.
 //
-//	if err := index.Migrate(ctx, pool); err != nil { // idem.Migrate does it too
+//	if err := idem.Migrate(ctx, pool); err != nil { // every idem table, the index's among them
 //		log.Fatal(err)
 //	}
 //	ix := &index.Indexer{Brokers: brokers, Pool: pool, Registerer: reg}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
@@ -20,7 +21,7 @@ import (
 func newPool(t *testing.T) (*pgxpool.Pool, string) {
 	t.Helper()
 	pool, schema := testenv.PostgresSchema(t)
-	if err := Migrate(testenv.Context(t), pool); err != nil {
+	if err := indextable.Migrate(testenv.Context(t), pool); err != nil {
 		t.Fatal(err)
 	}
 	return pool, schema

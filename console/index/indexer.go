@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/dlq"
+	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/promreg"
 )
 
@@ -45,7 +46,7 @@ type Indexer struct {
 	// commits only offsets marked after their records were stored.
 	// Default: sarama.NewConfig() with Version V4_0_0_0.
 	Sarama *sarama.Config
-	// Pool is the database holding the index. Run runs Migrate on it first.
+	// Pool is the database holding the index. Run creates or upgrades the index's tables on it first (as idem.Migrate does).
 	// Required.
 	Pool *pgxpool.Pool
 	// Topics are the dead-letter topics to index. When empty, every topic
@@ -146,7 +147,7 @@ func (ix *Indexer) Validate() error {
 // Run indexes until ctx is done, then returns nil. It returns an error only
 // for a configuration Validate rejects, or when Registerer holds other
 // collectors of the same metric names. Everything else is retried with
-// backoff (1 s to 1 min) and logged: Migrate and the connection to Kafka at
+// backoff (1 s to 1 min) and logged: migrating its tables and the connection to Kafka at
 // start (so a database or broker briefly down at start delays indexing but
 // never ends it), and storing a batch.
 func (ix *Indexer) Run(ctx context.Context) error {
@@ -178,7 +179,7 @@ var errRegister = errors.New("index: register collectors")
 // run is one life of the indexer: migrate, connect, consume until ctx is
 // done. It returns an error when it cannot start.
 func (c *Indexer) run(ctx context.Context) error {
-	if err := Migrate(ctx, c.Pool); err != nil {
+	if err := indextable.Migrate(ctx, c.Pool); err != nil {
 		return err
 	}
 	var cfg *sarama.Config

@@ -15,6 +15,7 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -31,7 +32,7 @@ func TestReplayFailsAgainLinksBack(t *testing.T) {
 	k := testenv.NewKafka(t)
 	pool, _ := testenv.PostgresSchema(t)
 	ctx := testenv.Context(t)
-	if err := index.Migrate(ctx, pool); err != nil {
+	if err := indextable.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
 	inbox := dedupe.NewPostgres(pool)

@@ -32,7 +32,7 @@ type Store struct {
 }
 
 // NewStore returns a Store on pool (whose search_path must reach the tables
-// Migrate created).
+// idem.Migrate created).
 func NewStore(pool *pgxpool.Pool) *Store { return &Store{db: pool} }
 
 // maxLimit caps List's and Audit's page size.

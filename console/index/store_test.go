@@ -9,13 +9,14 @@ import (
 
 	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/testenv"
 )
 
 func TestMigrateIsIdempotent(t *testing.T) {
 	pool, _ := newPool(t)
 	for range 2 {
-		if err := Migrate(testenv.Context(t), pool); err != nil {
+		if err := indextable.Migrate(testenv.Context(t), pool); err != nil {
 			t.Fatal(err)
 		}
 	}

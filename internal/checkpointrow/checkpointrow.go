@@ -28,11 +28,7 @@ var migrationFS embed.FS
 // "checkpoint"); idem.Migrate runs it. It is idempotent and safe to call
 // from several processes at once.
 func Migrate(ctx context.Context, db dedupe.DB) error {
-	ms, err := pgmigrate.Load(migrationFS, "migrations", nil)
-	if err != nil {
-		return fmt.Errorf("checkpoint: load migrations: %w", err)
-	}
-	if err := pgmigrate.Apply(ctx, db, "checkpoint", ms); err != nil {
+	if err := pgmigrate.LoadApply(ctx, db, "checkpoint", migrationFS, nil); err != nil {
 		return fmt.Errorf("checkpoint: migrate: %w", err)
 	}
 	return nil

@@ -209,3 +209,14 @@ func Load(fsys fs.FS, dir string, data any) ([]Migration, error) {
 func QuoteIdentifier(parts ...string) string {
 	return pgx.Identifier(parts).Sanitize()
 }
+
+// LoadApply loads the migrations in fsys's "migrations" directory (Load,
+// with data) and applies them as component (Apply): the whole migration of
+// a component whose SQL is embedded next to it.
+func LoadApply(ctx context.Context, db DB, component string, fsys fs.FS, data any) error {
+	ms, err := Load(fsys, "migrations", data)
+	if err != nil {
+		return fmt.Errorf("load migrations: %w", err)
+	}
+	return Apply(ctx, db, component, ms)
+}

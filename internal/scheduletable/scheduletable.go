@@ -35,11 +35,7 @@ var migrationFS embed.FS
 // "schedule"). It is idempotent and safe to call from several processes at
 // once; idem.Migrate and schedule.Scheduler.Run call it.
 func Migrate(ctx context.Context, db dedupe.DB) error {
-	ms, err := pgmigrate.Load(migrationFS, "migrations", nil)
-	if err != nil {
-		return fmt.Errorf("schedule: load migrations: %w", err)
-	}
-	if err := pgmigrate.Apply(ctx, db, component, ms); err != nil {
+	if err := pgmigrate.LoadApply(ctx, db, component, migrationFS, nil); err != nil {
 		return fmt.Errorf("schedule: migrate: %w", err)
 	}
 	return nil

@@ -8,13 +8,13 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/internal/checkpointrow"
+	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/keyorder"
+	"github.com/idemhq/idem/internal/sagatable"
 	"github.com/idemhq/idem/internal/scheduletable"
 	"github.com/idemhq/idem/outbox"
-	"github.com/idemhq/idem/saga"
 )
 
 // Migrate creates or upgrades every table idem keeps: the inbox (inbox
@@ -31,9 +31,9 @@ func Migrate(ctx context.Context, db dedupe.DB, inbox []dedupe.PostgresOption, o
 		{"inbox", func(ctx context.Context) error { return dedupe.NewPostgres(db, inbox...).Migrate(ctx) }},
 		{"ordering tables", keyorder.New(db, "").Migrate},
 		{"outbox", func(ctx context.Context) error { return outbox.Migrate(ctx, db, outboxTables...) }},
-		{"saga tables", func(ctx context.Context) error { return saga.Migrate(ctx, db) }},
+		{"saga tables", func(ctx context.Context) error { return sagatable.Migrate(ctx, db) }},
 		{"checkpoint table", func(ctx context.Context) error { return checkpointrow.Migrate(ctx, db) }},
-		{"failure index", func(ctx context.Context) error { return index.Migrate(ctx, db) }},
+		{"failure index", func(ctx context.Context) error { return indextable.Migrate(ctx, db) }},
 		{"deferred messages", func(ctx context.Context) error { return scheduletable.Migrate(ctx, db) }},
 		// A package that keeps tables of its own adds its step here, one
 		// line; the root's TestMigrateCreatesEveryTable fails until it does.
