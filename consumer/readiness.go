@@ -12,9 +12,9 @@ import (
 	"github.com/idemhq/idem/dedupe"
 )
 
-// ReadinessTimeout bounds one store ping of (*Readiness).Check when the
+// readinessTimeout bounds one store ping of (*Readiness).Check when the
 // caller's ctx has no earlier deadline.
-const ReadinessTimeout = 2 * time.Second
+const readinessTimeout = 2 * time.Second
 
 // ErrNotReady is wrapped by every error (*Readiness).Check returns.
 var ErrNotReady = errors.New("consumer: not ready")
@@ -45,7 +45,7 @@ func NewReadiness() *Readiness { return &Readiness{claims: map[tp]int{}} }
 // function it gives its /readyz (package outbox, section Relay).
 //
 // The store is pinged on every call that finds partitions claimed, bounded
-// by ReadinessTimeout: a store with a method Ping(context.Context) error is
+// by 2s (when ctx has no earlier deadline): a store with a method Ping(context.Context) error is
 // asked through it; dedupe.Memory is always reachable; any other store runs
 // Process for the reserved key "idem:readiness-probe" with a function that
 // fails at once, so the store's transaction is opened and rolled back and
@@ -68,7 +68,7 @@ func (r *Readiness) Check(ctx context.Context) error {
 	case len(claimed) == 0 || ping == nil:
 		return nil
 	}
-	pctx, cancel := context.WithTimeout(ctx, ReadinessTimeout)
+	pctx, cancel := context.WithTimeout(ctx, readinessTimeout)
 	defer cancel()
 	if err := ping(pctx); err != nil {
 		const show = 8
