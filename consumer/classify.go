@@ -14,7 +14,7 @@ import (
 // class is what an attempt's error means for the message. Every error an
 // attempt can end with (the handler's, the dedupe store's, PostgreSQL's) is
 // classified here and nowhere else; forward errors are classified by
-// retrytopic.IsPermanentForwardError. The table in doc.go and README's "What
+// internal/forward.IsPermanentForwardError. The table in doc.go and README's "What
 // can go wrong" follow this function.
 type class int
 

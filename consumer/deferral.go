@@ -100,7 +100,7 @@ func (c Config) deferredTopics() []string {
 }
 
 // deferredPolicy is the retrytopic policy whose one "tier" is source's
-// deferred topic: EnsureTopicsFor creates it like a tier (the source's
+// deferred topic: forward.EnsureTopicsFor creates it like a tier (the source's
 // partitions and record size), and its dead-letter topic is the fallback's.
 func (s setup) deferredPolicy() retrytopic.Policy {
 	p := s.policy

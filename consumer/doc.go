@@ -281,11 +281,15 @@
 //     connection on 5 tries in a row while the store works is a handler
 //     failure instead, so no input can hold a partition for ever.
 //
-// Forward errors are classified by retrytopic.IsPermanentForwardError: a
-// permanent refusal (a record too large, an invalid record, an authorization
-// error) sends the record to the dead-letter topic whole, or as a stub
-// without its value if the dead-letter topic refuses it too; other forward
-// errors are outages. idem_partition_stalled_seconds shows how long each
+// Forward errors are classified in one place. A permanent refusal sends the
+// record to the dead-letter topic whole, or as a stub without its value if
+// the dead-letter topic refuses it too: MESSAGE_TOO_LARGE (10, and sarama's
+// own check against Producer.MaxMessageBytes), RECORD_LIST_TOO_LARGE (18),
+// INVALID_RECORD (87), INVALID_TIMESTAMP (32), INVALID_TOPIC_EXCEPTION (17),
+// TOPIC_, CLUSTER_ and TRANSACTIONAL_ID_AUTHORIZATION_FAILED (29, 31, 53),
+// UNSUPPORTED_FOR_MESSAGE_FORMAT (43), POLICY_VIOLATION (44) and
+// UNSUPPORTED_COMPRESSION_TYPE (76). Every other forward error (an unknown
+// topic, no leader, too few replicas, a network error) is an outage. idem_partition_stalled_seconds shows how long each
 // partition has been failing on one message, and a WARN names the cause
 // every minute once it passes StallWarning.
 //

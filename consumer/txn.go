@@ -16,7 +16,6 @@ import (
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/txn"
-	"github.com/idemhq/idem/retrytopic"
 )
 
 // This file is the transactional mode (Config.Transactions): the runner's
@@ -203,7 +202,7 @@ func (r *runner) send(ctx context.Context, rec forward.Record) error {
 // stops), rather than a refusal that sends the record on to the dead-letter
 // topic.
 func sendStops(err error) bool {
-	return !retrytopic.IsPermanentForwardError(err) || errors.Is(err, txn.ErrBroken)
+	return !forward.IsPermanentForwardError(err) || errors.Is(err, txn.ErrBroken)
 }
 
 // Ordering ByKey with Transactions. The ordering store (internal/keyorder)

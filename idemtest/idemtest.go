@@ -298,8 +298,8 @@ type DeadLetter struct {
 }
 
 // DLQTopic returns the default dead-letter topic of topic for group,
-// "<topic>.<group>.dlq" (retrytopic.DefaultDLQTopic).
-func DLQTopic(topic, group string) string { return retrytopic.DefaultDLQTopic(topic, group) }
+// "<topic>.<group>.dlq" (retrytopic.Policy{}.DLQ).
+func DLQTopic(topic, group string) string { return retrytopic.Policy{}.DLQ(topic, group) }
 
 // ReadDLQ waits until the dead-letter topic dlqTopic holds at least n
 // records (failing the test after DefaultTimeout) and returns all of them,

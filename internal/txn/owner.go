@@ -38,7 +38,7 @@ import (
 var ErrBroken = errors.New("txn: transaction aborted; the session must restart from the committed offsets")
 
 // RefusedError is the error of a Forward whose record the broker refused for
-// good (retrytopic.IsPermanentForwardError: too large for the destination,
+// good (forward.IsPermanentForwardError: too large for the destination,
 // invalid there, not authorised): the refused produce left the transaction
 // abortable, so it was aborted. It wraps ErrBroken and the refusal; the
 // caller can send the record on in another form in a later transaction.
@@ -188,7 +188,7 @@ func (o *Owner) Forward(ctx context.Context, rec forward.Record) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	broken := o.failLocked(fmt.Errorf("txn: send to %s: %w", rec.Topic, err))
-	if retrytopic.IsPermanentForwardError(err) {
+	if forward.IsPermanentForwardError(err) {
 		return &RefusedError{Topic: rec.Topic, Err: err, broken: broken}
 	}
 	return broken
