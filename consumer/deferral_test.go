@@ -137,7 +137,7 @@ func TestDeferUntilWithoutConfig(t *testing.T) {
 	var c calls
 	start(t, e.config(), handler.Func(func(ctx context.Context, m *handler.Message) error {
 		c.inc(m.IdempotencyKey)
-		return handler.Defer(time.Hour)
+		return handler.DeferUntil(time.Now().Add(time.Hour))
 	}))
 	e.produce([]string{"a"}, 1)
 	e.waitCommitted(e.topic, 1, 60*time.Second)
@@ -172,7 +172,7 @@ func deferHandler(source string, delay time.Duration) handler.Func {
 	eff := effectHandler()
 	return func(ctx context.Context, m *handler.Message) error {
 		if m.Topic == source {
-			return handler.Defer(delay)
+			return handler.DeferUntil(time.Now().Add(delay))
 		}
 		return eff(ctx, m)
 	}

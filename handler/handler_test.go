@@ -134,7 +134,7 @@ func TestBatchHandleErrorNamingNoneOfItsMessagesFails(t *testing.T) {
 			if err == nil {
 				t.Fatal("Handle returned nil for a *BatchError that names none of its messages")
 			}
-			if _, ok := handler.AsBatchError(err); !ok {
+			if !errors.As(err, new(*handler.BatchError)) {
 				t.Errorf("error %v does not wrap the batch's *BatchError", err)
 			}
 		})
