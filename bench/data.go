@@ -11,7 +11,7 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"github.com/idemhq/idem/consumer"
+	"github.com/idemhq/idem/internal/kafkaversion"
 )
 
 // keyCount is the number of distinct Kafka keys: k0…k4999.
@@ -27,7 +27,7 @@ func brokers() []string {
 
 func adminConfig() *sarama.Config {
 	c := sarama.NewConfig()
-	c.Version = consumer.DefaultKafkaVersion
+	c.Version = kafkaversion.Default
 	c.ClientID = "idem-bench"
 	return c
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/kafkaversion"
 )
 
 // Scenario is one consumer measured by the harness. Adding one is a call to
@@ -184,7 +185,7 @@ func (e *Env) wrap(store dedupe.Store) dedupe.Store {
 // version idem assumes, and the oldest offset for a new group.
 func (e *Env) Sarama() *sarama.Config {
 	c := sarama.NewConfig()
-	c.Version = consumer.DefaultKafkaVersion
+	c.Version = kafkaversion.Default
 	c.ClientID = "idem-bench"
 	c.Consumer.Offsets.Initial = sarama.OffsetOldest
 	c.Consumer.Return.Errors = true

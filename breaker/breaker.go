@@ -24,10 +24,10 @@ const (
 
 type transition struct{ from, to State }
 
-// Breaker is the circuit breaker of one dependency. It is safe for concurrent
-// use. Create one with New, or let a Set create one per name; the zero
-// Breaker is not usable.
-type Breaker struct {
+// circuit is the circuit breaker of one dependency, as a Set keeps one per
+// name: the state machine Set.Do documents. It is safe for concurrent use;
+// the zero circuit is not usable.
+type circuit struct {
 	name string
 	s    Settings // defaults applied
 
@@ -61,26 +61,10 @@ type Breaker struct {
 	delivering bool
 }
 
-// New returns a closed Breaker for the dependency called name. Zero fields of
-// s take their documented defaults (Settings' "Default:" lines). It returns an error matching
-// ErrInvalidSettings if s.Validate fails. The breaker announces itself to
-// s.OnStateChange (name, Closed, Closed) in New, before New returns, so that a
-// state gauge has its series from the breaker's creation on, not from its
-// first call; the hook must therefore not use New's result on that call
-// (from == to).
-func New(name string, s Settings) (*Breaker, error) {
-	if err := s.Validate(); err != nil {
-		return nil, err
-	}
-	b := newBreaker(name, s.withDefaults(defaultSettings()))
-	b.deliver() // the announcement
-	return b, nil
-}
-
 // newBreaker returns a closed breaker whose announcement (Closed → Closed)
 // is queued for OnStateChange; the caller delivers it.
-func newBreaker(name string, s Settings) *Breaker {
-	b := &Breaker{name: name, s: s}
+func newBreaker(name string, s Settings) *circuit {
+	b := &circuit{name: name, s: s}
 	b.windowEnd = s.Now().Add(s.Window)
 	if s.OnStateChange != nil {
 		b.pending = append(b.pending, transition{Closed, Closed})
@@ -88,12 +72,9 @@ func newBreaker(name string, s Settings) *Breaker {
 	return b
 }
 
-// Name returns the breaker's name.
-func (b *Breaker) Name() string { return b.name }
-
 // State returns the current state. Reading it may notice that the cool-down
 // is over and move the breaker from open to half-open.
-func (b *Breaker) State() State {
+func (b *circuit) State() State {
 	b.mu.Lock()
 	b.advance(b.s.Now())
 	st := b.state
@@ -102,49 +83,12 @@ func (b *Breaker) State() State {
 	return st
 }
 
-// Do runs fn(ctx) if the breaker lets the call through, and returns its error
-// unchanged. Otherwise fn is not run and Do returns an *OpenError
-// (IsOpen holds).
-//
-// The exact semantics:
-//   - If ctx is already done, Do returns ctx.Err() without running fn or
-//     taking a probe slot; nothing is counted.
-//   - Closed: fn runs. Its outcome is counted: nil is a success; a context
-//     error while ctx is done is not counted; otherwise Settings.IsFailure
-//     decides between failure and not counted. The breaker opens when
-//     ConsecutiveFailures failures come in a row, or when FailureRatio is met
-//     within the Window (see Settings).
-//   - Open: rejected with State Open and RetryAfter = time left of the
-//     cool-down (OpenTimeout from the moment it opened, by Settings.Now).
-//   - Half-open (the cool-down has passed): the first HalfOpenProbes calls are
-//     let through as probes; the others are rejected with State HalfOpen and
-//     RetryAfter = min(OpenTimeout, 1s). One probe failure opens the breaker
-//     again for a full, fresh cool-down. When HalfOpenProbes probes have
-//     succeeded the breaker closes with cleared counts. A probe that is not
-//     counted (permanent error, caller's ctx done) frees its slot.
-//   - An outcome that arrives after the state changed (e.g. a slow call
-//     admitted while closed that fails after the breaker opened) is ignored.
-//   - If fn panics, the call counts as a failure and the panic continues.
-//
-// A dependency may also ask to be left alone for a while: fn returns an error
-// made by handler.RetryAfter(err, d) (handler.RetryAfterOf finds it) for its
-// HTTP 429, or 503 with Retry-After. Then:
-//   - the call is not counted (the dependency answered; it is not down), and a
-//     probe that gets such an answer frees its slot;
-//   - every call is paused for d (min(OpenTimeout, 1s) if d <= 0) from now; a
-//     pause already running that ends later is kept;
-//   - Do returns a *ThrottleError (ReasonRetryAfter) whose Cause is fn's error
-//     and whose RetryAfter is the time left of the pause, so a consumer pauses
-//     instead of spending a retry;
-//   - while the pause lasts Do does not run fn and returns a *ThrottleError
-//     (ReasonRetryAfter, no Cause) with RetryAfter = the time left. An open
-//     breaker's *OpenError takes precedence.
-//
-// Only errors fn returns count as such an answer: a handler's own
-// handler.RetryAfter, returned outside any Do, pauses nothing. An error that
-// is already IsOpen (from a breaker or pause nested inside fn) or permanent
-// is not one either.
-func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) error {
+// Do runs fn(ctx) if the breaker lets the call through and returns its
+// error, or returns an *OpenError or *ThrottleError without running fn: the
+// breaker's part of Set.Do, whose doc gives the exact semantics. If ctx is
+// already done, Do returns ctx.Err() without running fn or taking a probe
+// slot; nothing is counted.
+func (b *circuit) Do(ctx context.Context, fn func(ctx context.Context) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -176,7 +120,7 @@ func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) er
 	return err
 }
 
-func (b *Breaker) classify(ctx context.Context, err error) outcome {
+func (b *circuit) classify(ctx context.Context, err error) outcome {
 	switch {
 	case err == nil:
 		return success
@@ -193,7 +137,7 @@ func (b *Breaker) classify(ctx context.Context, err error) outcome {
 
 // throttleAnswer reports whether err is a dependency's request to wait (see
 // Do), and for how long.
-func (b *Breaker) throttleAnswer(err error) (time.Duration, bool) {
+func (b *circuit) throttleAnswer(err error) (time.Duration, bool) {
 	if err == nil || errors.Is(err, errOpen) || handler.IsPermanent(err) {
 		return 0, false
 	}
@@ -207,14 +151,14 @@ func (b *Breaker) throttleAnswer(err error) (time.Duration, bool) {
 	return after, true
 }
 
-func (b *Breaker) isThrottleAnswer(err error) bool {
+func (b *circuit) isThrottleAnswer(err error) bool {
 	_, ok := b.throttleAnswer(err)
 	return ok
 }
 
 // startPause pauses every call for d from now, unless a running pause ends
 // later, and returns the time left of the pause.
-func (b *Breaker) startPause(d time.Duration) time.Duration {
+func (b *circuit) startPause(d time.Duration) time.Duration {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := b.s.Now()
@@ -231,7 +175,7 @@ func (b *Breaker) startPause(d time.Duration) time.Duration {
 
 // paused returns the time left of the current Retry-After pause (0 if none)
 // and the total time paused so far, the current pause up to now included.
-func (b *Breaker) paused() (left, total time.Duration) {
+func (b *circuit) paused() (left, total time.Duration) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := b.s.Now()
@@ -246,7 +190,7 @@ func (b *Breaker) paused() (left, total time.Duration) {
 // allow admits a call or returns an *OpenError or a *ThrottleError. When take
 // is false it only checks: a half-open breaker's probe slot is not taken and
 // the generation returned is meaningless.
-func (b *Breaker) allow(take bool) (uint64, error) {
+func (b *circuit) allow(take bool) (uint64, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := b.s.Now()
@@ -271,7 +215,7 @@ func (b *Breaker) allow(take bool) (uint64, error) {
 
 // record counts the outcome of a call admitted in generation gen and reports
 // whether it opened the breaker.
-func (b *Breaker) record(gen uint64, o outcome) (opened bool) {
+func (b *circuit) record(gen uint64, o outcome) (opened bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := b.s.Now()
@@ -311,7 +255,7 @@ func (b *Breaker) record(gen uint64, o outcome) (opened bool) {
 }
 
 // tripped reports whether the closed-state counts call for opening.
-func (b *Breaker) tripped() bool {
+func (b *circuit) tripped() bool {
 	if b.consecutive >= b.s.ConsecutiveFailures {
 		return true
 	}
@@ -324,7 +268,7 @@ func (b *Breaker) tripped() bool {
 
 // advance applies the transitions due by time: the end of a closed window and
 // the end of the cool-down. mu must be held.
-func (b *Breaker) advance(now time.Time) {
+func (b *circuit) advance(now time.Time) {
 	switch b.state {
 	case Closed:
 		if !now.Before(b.windowEnd) {
@@ -340,7 +284,7 @@ func (b *Breaker) advance(now time.Time) {
 
 // setState moves to state to, clearing the counts of the new state, and
 // queues the OnStateChange call. mu must be held.
-func (b *Breaker) setState(to State, now time.Time) {
+func (b *circuit) setState(to State, now time.Time) {
 	from := b.state
 	if from == to {
 		return
@@ -363,7 +307,7 @@ func (b *Breaker) setState(to State, now time.Time) {
 
 // deliver calls OnStateChange for the queued transitions, in order, unless
 // another goroutine is already delivering (it will pick them up).
-func (b *Breaker) deliver() {
+func (b *circuit) deliver() {
 	b.mu.Lock()
 	if b.delivering || len(b.pending) == 0 {
 		b.mu.Unlock()
@@ -384,7 +328,7 @@ func (b *Breaker) deliver() {
 // notify calls OnStateChange for each transition of batch. If a call panics,
 // the rest of batch is dropped and the panic continues; later transitions are
 // still delivered.
-func (b *Breaker) notify(batch []transition) {
+func (b *circuit) notify(batch []transition) {
 	done := false
 	defer func() {
 		if !done {

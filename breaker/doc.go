@@ -25,13 +25,13 @@
 // HalfOpen: the next Settings.HalfOpenProbes calls go through as probes, any
 // others get an *OpenError with a short RetryAfter. If the probes succeed
 // the breaker closes with fresh counts; if one fails it opens again for a
-// full cool-down. Breaker.Do documents every detail.
+// full cool-down. Set.Do documents every detail.
 //
 // # What counts as a failure
 //
 // nil is a success. A context error returned while the caller's ctx is done
 // is not counted (the caller gave up; think partition revoked). Any other
-// error is judged by Settings.IsFailure, whose default, IsFailure, counts
+// error is judged by Settings.IsFailure, whose default counts
 // everything except handler.Permanent/handler.Decode errors (bad input is not
 // the dependency failing) and an *OpenError or *ThrottleError of another
 // breaker. A dependency's request to wait (handler.RetryAfter returned by fn)

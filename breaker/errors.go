@@ -6,15 +6,15 @@ import (
 	"time"
 )
 
-// errOpen is matched (errors.Is) by the *OpenError that Breaker.Do and Set.Do
-// return when they reject a call without running it.
+// errOpen is matched (errors.Is) by the *OpenError that Set.Do returns when
+// it rejects a call without running it.
 var errOpen = errors.New("breaker: open")
 
 // errInUse is returned (wrapped) by Set.Configure when the named breaker has
-// already been created by Get or Do.
+// already been created by Do.
 var errInUse = errors.New("breaker: already in use")
 
-// OpenError is returned by Breaker.Do and Set.Do when the breaker rejects the
+// OpenError is returned by Set.Do when the breaker rejects the
 // call; the call's function was not run. IsOpen holds for it.
 //
 // A consumer treats it as "dependency down", not as a failed message: it rolls
@@ -53,8 +53,8 @@ func (e *OpenError) Error() string {
 // Is reports whether target is errOpen.
 func (e *OpenError) Is(target error) bool { return target == errOpen }
 
-// errThrottled is matched (errors.Is) by the *ThrottleError that Breaker.Do
-// and Set.Do return when a dependency is throttled: it asked callers to wait
+// errThrottled is matched (errors.Is) by the *ThrottleError that Set.Do
+// returns when a dependency is throttled: it asked callers to wait
 // (Retry-After), or this consumer's share of its rate or of its calls in flight
 // is used up. A *ThrottleError matches errOpen too, so IsOpen holds for it.
 var errThrottled = errors.New("breaker: throttled")
@@ -76,7 +76,7 @@ const (
 	ReasonInFlight ThrottleReason = "in-flight"
 )
 
-// ThrottleError is returned by Breaker.Do and Set.Do when a call to a
+// ThrottleError is returned by Set.Do when a call to a
 // dependency must wait longer than the caller should block: the dependency
 // asked for a pause (ReasonRetryAfter), or a limit of Set.SetLimits would make
 // the call wait longer than Limits.MaxWait (ReasonRate, ReasonInFlight).

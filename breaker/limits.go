@@ -1,9 +1,10 @@
 package breaker
 
 import (
-	"errors"
 	"math"
 	"time"
+
+	"github.com/idemhq/idem/internal/configerr"
 )
 
 // Limits are the flow limits of one dependency of a Set (Set.SetLimits): a
@@ -64,33 +65,30 @@ func defaultLimits() Limits {
 	}
 }
 
-// Validate reports every problem with l as *SettingsError values (Struct
-// "Limits") joined by errors.Join, or nil. Each matches ErrInvalidSettings.
+// Validate reports every problem with l at once (errors.Join), each
+// matching ErrInvalidSettings and naming the field ("Limits.Rate"), or nil.
 func (l Limits) Validate() error {
-	var errs []error
-	bad := func(field string, v any, rule string) {
-		errs = append(errs, &SettingsError{Struct: "Limits", Field: field, Value: v, Rule: rule})
-	}
+	errs := configerr.New(ErrInvalidSettings, "Limits.")
 	rateOK := !math.IsNaN(l.Rate) && !math.IsInf(l.Rate, 0) && l.Rate >= 0
 	if !rateOK {
-		bad("Rate", l.Rate, "must be a finite number of calls per second >= 0 (0: no rate limit)")
+		errs.Bad("Rate", l.Rate, "must be a finite number of calls per second >= 0 (0: no rate limit)")
 	}
 	if l.Burst < 0 {
-		bad("Burst", l.Burst, "must be >= 0 (0 means the default, 1)")
+		errs.Bad("Burst", l.Burst, "must be >= 0 (0 means the default, 1)")
 	}
 	if l.Burst > 0 && l.Rate == 0 {
-		bad("Burst", l.Burst, "needs a Rate: a burst without a rate limits nothing")
+		errs.Bad("Burst", l.Burst, "needs a Rate: a burst without a rate limits nothing")
 	}
 	if l.MaxInFlight < 0 {
-		bad("MaxInFlight", l.MaxInFlight, "must be >= 0 (0: no cap)")
+		errs.Bad("MaxInFlight", l.MaxInFlight, "must be >= 0 (0: no cap)")
 	}
 	if l.MaxWait < 0 {
-		bad("MaxWait", l.MaxWait, "must be >= 0 (0 means the default)")
+		errs.Bad("MaxWait", l.MaxWait, "must be >= 0 (0 means the default)")
 	}
 	if l.Rate == 0 && l.MaxInFlight == 0 {
-		bad("Rate", l.Rate, "and MaxInFlight are both 0: a limit of 0 calls would stop the dependency; set at least one of them (a dependency without limits needs no SetLimits)")
+		errs.Bad("Rate", l.Rate, "and MaxInFlight are both 0: a limit of 0 calls would stop the dependency; set at least one of them (a dependency without limits needs no SetLimits)")
 	}
-	return errors.Join(errs...)
+	return errs.Err()
 }
 
 // withDefaults returns l with every zero field that has a default taken from

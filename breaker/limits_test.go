@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/breaker"
+	"github.com/idemhq/idem/internal/configerr"
 )
 
 // newLimitedSet returns a Set on clock c, whose waits end when c advances,
@@ -378,11 +379,15 @@ func TestLimitsValidate(t *testing.T) {
 			}
 			var got []string
 			for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
-				var se *breaker.SettingsError
-				if !errors.As(e, &se) || se.Struct != "Limits" {
-					t.Fatalf("%v is not a *SettingsError of Limits", e)
+				var se *configerr.Error
+				field, ok := "", errors.As(e, &se)
+				if ok {
+					field, ok = strings.CutPrefix(se.Field, "Limits.")
 				}
-				got = append(got, se.Field)
+				if !ok {
+					t.Fatalf("%v does not name a field of Limits", e)
+				}
+				got = append(got, field)
 			}
 			if strings.Join(got, ",") != strings.Join(tt.fields, ",") {
 				t.Fatalf("Validate() reported %q, want every problem: %q\n%v", got, tt.fields, err)
@@ -396,7 +401,7 @@ func TestLimitsValidate(t *testing.T) {
 		})
 	}
 	msg := breaker.Limits{Rate: -1, MaxWait: -time.Second}.Validate().Error()
-	for _, want := range []string{"breaker: Limits.Rate = -1, must be", "breaker: Limits.MaxWait = -1s, must be >= 0"} {
+	for _, want := range []string{"breaker: invalid settings: Limits.Rate = -1: must be", "breaker: invalid settings: Limits.MaxWait = -1s: must be >= 0"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("Validate() = %q, want it to contain %q", msg, want)
 		}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"sync"
+
+	"github.com/idemhq/idem/internal/configerr"
 )
 
 // Set holds named breakers, one per dependency ("bank-api", "ledger-db"…),
@@ -17,7 +19,7 @@ type Set struct {
 
 	mu        sync.Mutex
 	overrides map[string]Settings // per-name Settings, merged with base, before defaults
-	breakers  map[string]*Breaker
+	breakers  map[string]*circuit
 	flows     map[string]*flow
 	share     float64 // this member's share of every limit; 0 means 1
 }
@@ -33,7 +35,7 @@ func NewSet(s Settings) (*Set, error) {
 }
 
 // Configure sets the Settings of the breaker called name, which must not have
-// been created yet (by Get or Do). Zero fields of st take the Set's
+// been created yet (by Do). Zero fields of st take the Set's
 // Settings (as given to NewSet), and the zero fields of those take
 // their documented defaults; so an override need only name what differs, and it keeps
 // the Set's OnStateChange unless it sets its own. A later Configure of the
@@ -63,25 +65,14 @@ func (s *Set) Configure(name string, st Settings) error {
 	return nil
 }
 
-// Get returns the breaker called name, creating it (closed) on first use.
-// Its Do honours the breaker and Retry-After pauses, but not the Set's
-// Limits: call through Set.Do for those.
-func (s *Set) Get(name string) *Breaker {
-	s.mu.Lock()
-	b := s.breaker(name)
-	s.mu.Unlock()
-	b.deliver() // the announcement of a new breaker
-	return b
-}
-
 // breaker returns the breaker called name, creating it. mu must be held.
-func (s *Set) breaker(name string) *Breaker {
+func (s *Set) breaker(name string) *circuit {
 	if b, ok := s.breakers[name]; ok {
 		return b
 	}
 	b := newBreaker(name, s.settings(name))
 	if s.breakers == nil {
-		s.breakers = make(map[string]*Breaker)
+		s.breakers = make(map[string]*circuit)
 	}
 	s.breakers[name] = b
 	return b
@@ -110,8 +101,10 @@ func (s *Set) flow(name string) *flow {
 }
 
 // Do calls fn for the dependency called name, through its limits (if
-// SetLimits gave it any) and its breaker (Breaker.Do gives the exact
-// semantics of the breaker and of a Retry-After answer). In order:
+// SetLimits gave it any) and its breaker, and returns fn's error unchanged
+// unless the breaker, a pause or the limits refuse the call (fn is then not
+// run, and Do returns an *OpenError or a *ThrottleError: IsOpen holds). In
+// order:
 //  1. If ctx is done, Do returns ctx.Err(). If the breaker is open, or the
 //     dependency is paused by a Retry-After answer, or a half-open breaker
 //     has no probe slot free, Do returns its *OpenError or *ThrottleError at
@@ -124,6 +117,43 @@ func (s *Set) flow(name string) *flow {
 //     (ReasonInFlight) with RetryAfter = MaxWait. If ctx ends while waiting,
 //     Do returns ctx.Err() and gives the token back.
 //  3. fn runs through the breaker, holding its slot until it returns.
+//
+// The breaker of name, created closed on its first use:
+//   - Closed: fn runs. Its outcome is counted: nil is a success; a context
+//     error while ctx is done is not counted; otherwise Settings.IsFailure
+//     decides between failure and not counted. The breaker opens when
+//     ConsecutiveFailures failures come in a row, or when FailureRatio is met
+//     within the Window (see Settings).
+//   - Open: rejected with State Open and RetryAfter = time left of the
+//     cool-down (OpenTimeout from the moment it opened, by Settings.Now).
+//   - Half-open (the cool-down has passed): the first HalfOpenProbes calls are
+//     let through as probes; the others are rejected with State HalfOpen and
+//     RetryAfter = min(OpenTimeout, 1s). One probe failure opens the breaker
+//     again for a full, fresh cool-down. When HalfOpenProbes probes have
+//     succeeded the breaker closes with cleared counts. A probe that is not
+//     counted (permanent error, caller's ctx done) frees its slot.
+//   - An outcome that arrives after the state changed (e.g. a slow call
+//     admitted while closed that fails after the breaker opened) is ignored.
+//   - If fn panics, the call counts as a failure and the panic continues.
+//
+// A dependency may also ask to be left alone for a while: fn returns an error
+// made by handler.RetryAfter(err, d) (handler.RetryAfterOf finds it) for its
+// HTTP 429, or 503 with Retry-After. Then:
+//   - the call is not counted (the dependency answered; it is not down), and a
+//     probe that gets such an answer frees its slot;
+//   - every call is paused for d (min(OpenTimeout, 1s) if d <= 0) from now; a
+//     pause already running that ends later is kept;
+//   - Do returns a *ThrottleError (ReasonRetryAfter) whose Cause is fn's error
+//     and whose RetryAfter is the time left of the pause, so a consumer pauses
+//     instead of spending a retry;
+//   - while the pause lasts Do does not run fn and returns a *ThrottleError
+//     (ReasonRetryAfter, no Cause) with RetryAfter = the time left. An open
+//     breaker's *OpenError takes precedence.
+//
+// Only errors fn returns count as such an answer: a handler's own
+// handler.RetryAfter, returned outside any Do, pauses nothing. An error that
+// is already IsOpen (from a breaker or pause nested inside fn) or permanent
+// is not one either.
 //
 // Waiting is not an attempt: nothing of steps 1 and 2 is counted by the
 // breaker and fn has not run. The *OpenError and *ThrottleError of those
@@ -148,7 +178,7 @@ func (s *Set) Do(ctx context.Context, name string, fn func(ctx context.Context) 
 	return err
 }
 
-func (s *Set) do(ctx context.Context, b *Breaker, f *flow, fn func(ctx context.Context) error) error {
+func (s *Set) do(ctx context.Context, b *circuit, f *flow, fn func(ctx context.Context) error) error {
 	// Refuse at once what the breaker would refuse after the wait: a token
 	// taken for a call that cannot run is lost to those that can.
 	_, err := b.allow(false)
@@ -205,7 +235,9 @@ func (s *Set) SetLimits(name string, l Limits) error {
 // an error matching ErrInvalidSettings.
 func (s *Set) SetShare(fraction float64) error {
 	if math.IsNaN(fraction) || fraction <= 0 || fraction > 1 {
-		return fmt.Errorf("breaker: SetShare: %w", &SettingsError{Struct: "Set", Field: "SetShare", Value: fraction, Rule: "must be in (0,1]: 1/members of the group"})
+		l := configerr.New(ErrInvalidSettings, "")
+		l.Bad("SetShare(fraction)", fraction, "must be in (0,1]: 1/members of the group")
+		return l.Err()
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -237,7 +269,7 @@ func (s *Set) LimitStates() map[string]LimitState {
 	s.mu.Lock()
 	type pair struct {
 		f *flow
-		b *Breaker
+		b *circuit
 	}
 	ps := make([]pair, 0, len(s.flows))
 	for name, f := range s.flows {
@@ -256,11 +288,11 @@ func (s *Set) LimitStates() map[string]LimitState {
 }
 
 // States returns the current state of every breaker created so far, by name.
-// Like Breaker.State, it may move breakers whose cool-down is over to
-// half-open.
+// Reading a state may notice that a cool-down is over and move that breaker
+// from open to half-open.
 func (s *Set) States() map[string]State {
 	s.mu.Lock()
-	bs := make([]*Breaker, 0, len(s.breakers))
+	bs := make([]*circuit, 0, len(s.breakers))
 	for _, b := range s.breakers {
 		bs = append(bs, b)
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/breaker"
+	"github.com/idemhq/idem/internal/configerr"
 )
 
 func newSet(tb testing.TB, c *fakeClock, s breaker.Settings) *breaker.Set {
@@ -80,9 +81,9 @@ func TestSetConfigure(t *testing.T) {
 		t.Fatalf("Configure after use = %v, want ErrInUse naming the breaker", err)
 	}
 	err = set.Configure("new", breaker.Settings{FailureRatio: 2})
-	var se *breaker.SettingsError
-	if !errors.Is(err, breaker.ErrInvalidSettings) || !errors.As(err, &se) || se.Field != "FailureRatio" {
-		t.Fatalf("Configure(bad) = %v, want *SettingsError for FailureRatio", err)
+	var se *configerr.Error
+	if !errors.Is(err, breaker.ErrInvalidSettings) || !errors.As(err, &se) || se.Field != "Settings.FailureRatio" {
+		t.Fatalf("Configure(bad) = %v, want an error naming Settings.FailureRatio", err)
 	}
 }
 

@@ -7,12 +7,13 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/configerr"
 )
 
-// State is the state of a Breaker.
+// State is the state of a breaker.
 type State int
 
-// The states of a Breaker. The values and their String forms are those of
+// The states of a breaker. The values and their String forms are those of
 // gobreaker.State.
 const (
 	// Closed: calls go through; failures are counted.
@@ -38,7 +39,7 @@ func (s State) String() string {
 	}
 }
 
-// Settings configures a Breaker, or every Breaker of a Set.
+// Settings configures the breakers of a Set.
 //
 // The zero value is useful: every zero field takes the default its
 // "Default:" line names.
@@ -89,7 +90,12 @@ type Settings struct {
 	// nil (nil is a success), nor for a call whose own ctx was done when it
 	// returned a context error (such a call is never counted: the caller gave
 	// up, the dependency did not fail). It must be safe for concurrent use.
-	// Default: IsFailure
+	// Default: every non-nil error is a failure except errors marked
+	// handler.Permanent or handler.Decode (bad input is not the dependency
+	// failing) and an *OpenError or *ThrottleError of another breaker or Set
+	// (IsOpen: that dependency was not even called, or asked for a pause). A
+	// dependency's request to wait (a handler.RetryAfter error returned by
+	// fn) is never counted, whatever IsFailure says (see Set.Do).
 	IsFailure func(err error) bool
 
 	// OnStateChange, if set, is called after every state change with the
@@ -99,8 +105,8 @@ type Settings struct {
 	// a later Do. Open → half-open is noticed lazily, by the first Do, State
 	// or Set.States after the cool-down. Use it to export metrics and logs.
 	// A new breaker is announced once, before any transition, with
-	// from == to == Closed, when it is created: by New, before it returns, or
-	// by a Set when the name is first used (Set.Do, Set.Get); so a gauge of the
+	// from == to == Closed, when it is created: when a Set's Do first uses
+	// its name; so a gauge of the
 	// state has a series for every breaker even if it never changes state or
 	// is never called. A hook that counts or logs transitions skips calls with
 	// from == to.
@@ -123,73 +129,38 @@ func defaultSettings() Settings {
 		Window:              60 * time.Second,
 		OpenTimeout:         30 * time.Second,
 		HalfOpenProbes:      1,
-		IsFailure:           IsFailure,
+		IsFailure:           isFailure,
 		OnStateChange:       nil,
 		Now:                 time.Now,
 	}
 }
 
-// IsFailure is the default Settings.IsFailure: every non-nil error is a
-// failure of the dependency except
-//   - errors marked handler.Permanent or handler.Decode: bad input is not the
-//     dependency failing;
-//   - an *OpenError or a *ThrottleError (IsOpen) from another breaker or
-//     Set: that dependency was not even called, or it asked for a pause.
-//
-// A dependency's request to wait (a handler.RetryAfter error returned by fn)
-// is excluded by Do before IsFailure is consulted; see Breaker.Do.
-//
-// Context errors from the caller's own ctx are excluded by Do before IsFailure
-// is consulted; a context.DeadlineExceeded from a deadline of the dependency's
-// client (while the caller's ctx is still live) is a failure.
-func IsFailure(err error) bool {
+// isFailure is the default Settings.IsFailure, as its "Default:" line
+// states. Context errors from the caller's own ctx and a dependency's
+// request to wait are excluded by Do before IsFailure is consulted; a
+// context.DeadlineExceeded from a deadline of the dependency's client (while
+// the caller's ctx is still live) is a failure.
+func isFailure(err error) bool {
 	return err != nil && !handler.IsPermanent(err) && !errors.Is(err, errOpen)
 }
 
-// ErrInvalidSettings is matched (errors.Is) by every error Validate, New,
+// ErrInvalidSettings is matched (errors.Is) by every error Settings.Validate,
 // NewSet, Set.Configure, Limits.Validate, Set.SetLimits and Set.SetShare
-// return for bad Settings, Limits or share.
+// return for bad Settings, Limits or share. Each problem names the field,
+// its value and the rule it breaks, e.g. "breaker: invalid settings:
+// Settings.FailureRatio = 1.5: must be in [0,1]".
 var ErrInvalidSettings = errors.New("breaker: invalid settings")
 
-// SettingsError describes one bad field of Settings or Limits.
-// Settings.Validate and Limits.Validate return one per problem, joined with
-// errors.Join; use errors.As to get the first.
-type SettingsError struct {
-	Struct string // "Limits" for a field of Limits; "" for Settings
-	Field  string // e.g. "FailureRatio"
-	Value  any    // the offending value
-	Rule   string // e.g. "must be in [0,1]"
-}
-
-// Error describes the failure in one line.
-func (e *SettingsError) Error() string {
-	st := e.Struct
-	if st == "" {
-		st = "Settings"
-	}
-	return fmt.Sprintf("breaker: %s.%s = %v, %s", st, e.Field, e.Value, e.Rule)
-}
-
-// Is reports whether target is ErrInvalidSettings.
-func (e *SettingsError) Is(target error) bool { return target == ErrInvalidSettings }
-
-// Validate reports every problem with s as *SettingsError values joined by
-// errors.Join, or nil. Zero fields are valid (they take their defaults).
+// Validate reports every problem with s at once (errors.Join), each matching
+// ErrInvalidSettings, or nil. Zero fields are valid (they take their
+// defaults).
 func (s Settings) Validate() error {
-	var errs []error
-	bad := func(field string, v any, rule string) {
-		errs = append(errs, &SettingsError{Field: field, Value: v, Rule: rule})
-	}
+	l := configerr.New(ErrInvalidSettings, "Settings.")
 	if math.IsNaN(s.FailureRatio) || s.FailureRatio < 0 || s.FailureRatio > 1 {
-		bad("FailureRatio", s.FailureRatio, "must be in [0,1]")
+		l.Bad("FailureRatio", s.FailureRatio, "must be in [0,1]")
 	}
-	if s.Window < 0 {
-		bad("Window", s.Window, "must be >= 0 (0 means the default)")
-	}
-	if s.OpenTimeout < 0 {
-		bad("OpenTimeout", s.OpenTimeout, "must be >= 0 (0 means the default)")
-	}
-	return errors.Join(errs...)
+	l.NonNegative(map[string]time.Duration{"Window": s.Window, "OpenTimeout": s.OpenTimeout})
+	return l.Err()
 }
 
 // withDefaults returns s with every zero field taken from d.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/breaker"
+	"github.com/idemhq/idem/internal/configerr"
 )
 
 func TestValidate(t *testing.T) {
@@ -47,9 +48,9 @@ func TestValidate(t *testing.T) {
 			if !errors.Is(err, breaker.ErrInvalidSettings) {
 				t.Fatalf("Validate() = %v, want ErrInvalidSettings", err)
 			}
-			var se *breaker.SettingsError
-			if !errors.As(err, &se) || se.Field != tt.field {
-				t.Fatalf("Validate() = %v, want *SettingsError for %s", err, tt.field)
+			var se *configerr.Error
+			if !errors.As(err, &se) || se.Field != "Settings."+tt.field {
+				t.Fatalf("Validate() = %v, want an error naming Settings.%s", err, tt.field)
 			}
 			if _, err := breaker.New("x", s); !errors.Is(err, breaker.ErrInvalidSettings) {
 				t.Fatalf("New = %v, want ErrInvalidSettings", err)
@@ -65,8 +66,8 @@ func TestValidateMessageAndJoin(t *testing.T) {
 	err := breaker.Settings{FailureRatio: 1.5, OpenTimeout: -time.Second}.Validate()
 	msg := err.Error()
 	for _, want := range []string{
-		"breaker: Settings.FailureRatio = 1.5, must be in [0,1]",
-		"breaker: Settings.OpenTimeout = -1s, must be >= 0",
+		"breaker: invalid settings: Settings.FailureRatio = 1.5: must be in [0,1]",
+		"breaker: invalid settings: Settings.OpenTimeout = -1s: must be >= 0",
 	} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("Validate() = %q, want it to contain %q", msg, want)
@@ -107,7 +108,9 @@ func checkDefaults(t *testing.T, file, typ string, defaults any) {
 		}
 		return false
 	})
-	funcs := map[string]any{"IsFailure": breaker.IsFailure, "time.Now": time.Now}
+	// The first word of each function's "Default:" line: IsFailure's states
+	// the rule of the unexported isFailure.
+	funcs := map[string]any{"every": breaker.IsFailure, "time.Now": time.Now}
 	if len(documented) == 0 {
 		t.Fatalf("no documented defaults found for %s in %s", typ, file)
 	}

@@ -193,7 +193,8 @@ func (w batch) handleBatch(items []*batchItem) error {
 		w.ob.logPanic(err, items[0].msg)
 	}
 	firsts := make([]error, len(items))
-	if be, _ := handler.AsBatchError(err); be != nil {
+	var be *handler.BatchError
+	if errors.As(err, &be) {
 		for _, f := range be.Failed {
 			for i, it := range items {
 				if it.msg == f.Message {
@@ -258,7 +259,7 @@ type partMetrics struct {
 func (partMetrics) attempt(m *coremetrics.Metrics, group, topic string, herr error) {
 	result := coremetrics.ResultError
 	switch {
-	case handler.IsPanic(herr):
+	case isPanic(herr):
 		result = coremetrics.ResultPanic
 	case breaker.IsThrottled(herr): // before IsOpen, which holds for a throttle too
 		result = coremetrics.ResultThrottled

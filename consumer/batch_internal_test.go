@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -60,7 +61,7 @@ func TestBatchHandlerDefaults(t *testing.T) {
 			t.Errorf("%s: MaxMessages %d, batch handler %v; want %d, %v", tt.name, cfg.Batch.MaxMessages, bh != nil, tt.want, tt.batch)
 		}
 	}
-	if err := Run(context.Background(), Config{}, handler.Batch(nil)); !errors.Is(err, ErrNilHandler) {
-		t.Errorf("Run(handler.Batch(nil)) = %v, want ErrNilHandler", err)
+	if err := Run(context.Background(), Config{}, handler.Batch(nil)); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "handler") {
+		t.Errorf("Run(handler.Batch(nil)) = %v, want ErrInvalidConfig naming the handler", err)
 	}
 }

@@ -39,7 +39,7 @@ func BenchmarkRetryDueLatency(b *testing.B) {
 	topic := k.Topic(b, 6)
 	group := testenv.Unique("g_bench")
 	b.Cleanup(func() {
-		k.DeleteTopics(b, retrytopic.DefaultTierTopic(topic, group, 1), retrytopic.DefaultDLQTopic(topic, group))
+		k.DeleteTopics(b, retrytopic.Policy{}.Tier(topic, group, 1), retrytopic.Policy{}.DLQ(topic, group))
 	})
 	var mu sync.Mutex
 	lat := make([]time.Duration, 0, b.N)

@@ -88,7 +88,7 @@ func (b *breakerEnv) handler() handler.Func {
 				break
 			}
 		}
-		if b.set.Get("bank-api").State() == breaker.HalfOpen {
+		if b.set.States()["bank-api"] == breaker.HalfOpen {
 			b.halfOpen.Add(1)
 		}
 		if err := b.set.Do(ctx, "bank-api", b.dep.call); err != nil {

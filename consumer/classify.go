@@ -11,10 +11,16 @@ import (
 	"github.com/idemhq/idem/handler"
 )
 
+// isPanic reports whether err is or wraps a recovered handler panic.
+func isPanic(err error) bool {
+	var p *handler.PanicError
+	return errors.As(err, &p)
+}
+
 // class is what an attempt's error means for the message. Every error an
 // attempt can end with (the handler's, the dedupe store's, PostgreSQL's) is
 // classified here and nowhere else; forward errors are classified by
-// retrytopic.IsPermanentForwardError. The table in doc.go and README's "What
+// internal/forward.IsPermanentForwardError. The table in doc.go and README's "What
 // can go wrong" follow this function.
 type class int
 
@@ -143,7 +149,7 @@ func (r *runner) classify(err error) (class, error) {
 	if isStore { // the handler's connection died, no SQLSTATE
 		return classOutage, err
 	}
-	if handler.IsPanic(err) && r.cfg.Retry.Panics {
+	if isPanic(err) && r.cfg.Retry.Panics {
 		return classRetriable, err
 	}
 	if handler.IsRetriable(err) {

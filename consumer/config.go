@@ -17,17 +17,12 @@ import (
 	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/expiry"
 	"github.com/idemhq/idem/recovery"
 	"github.com/idemhq/idem/retrytopic"
 	"github.com/idemhq/idem/schedule"
 )
-
-// DefaultKafkaVersion is the protocol version idem gives sarama when the base
-// config leaves sarama's default (2.8). Kafka 4 removed the old protocol
-// versions (KIP-896); 4.0 is the oldest version a 4.x broker accepts and the
-// cooperative-sticky assignor needs at least 2.4.
-var DefaultKafkaVersion = sarama.V4_0_0_0
 
 // MissingKeyPolicy says what happens to a message without a valid idempotency
 // key (no key, an empty one, one longer than MaxKeyLength, or a KeyFunc error).
@@ -102,9 +97,10 @@ type Config struct {
 	// set strategies yourself), Consumer.Group.InstanceId from InstanceID,
 	// an idempotent acks=all producer for forwards (transactional, on a
 	// client of its own, with Transactions), and Version when left at
-	// sarama's default: DefaultKafkaVersion (4.0),
-	// whose requests a Kafka 3.x cluster may refuse, so for one set Version to
-	// the brokers' (e.g. sarama.V3_7_0_0).
+	// sarama's default (2.8): 4.0 (sarama.V4_0_0_0), the oldest version a
+	// Kafka 4 broker accepts (KIP-896), whose requests a Kafka 3.x cluster
+	// may refuse, so for one set Version to the brokers' (e.g.
+	// sarama.V3_7_0_0).
 	// Default: sarama.NewConfig().
 	Sarama *sarama.Config
 
@@ -178,8 +174,9 @@ type Config struct {
 	// Defer enables handler.DeferUntil: a deferred message is stored in
 	// PostgreSQL (idem_deferred, created by Migrate), its offset commits at
 	// once, and this scheduler, run inside Run (one leader per group across
-	// members), publishes it to "<topic>.<group>.deferred" (DeferredTopic)
-	// when due, where this group reads it as the same message. Pool is
+	// members), publishes it to "<topic>.<group>.deferred" when due, where
+	// this group reads it as the same message. Run creates that topic like a
+	// retry tier (the source's partitions and record size). Pool is
 	// required; Brokers, Sarama, Group, Logger and Registerer are taken from
 	// this Config when unset (Group must be this Config's).
 	// Default: nil (a handler that defers gets its message dead-lettered:
@@ -310,7 +307,8 @@ type Config struct {
 
 	// TracerProvider makes the OpenTelemetry tracer of the spans idem starts:
 	// one "idem.handle" span per message attempt, a child of the context in
-	// the record's traceparent/tracestate headers (see SpanHandle).
+	// the record's traceparent/tracestate headers (the package doc's Tracing
+	// section lists the spans and their attributes).
 	// Default: otel.GetTracerProvider() (a no-op until the program installs
 	// an SDK provider with otel.SetTracerProvider).
 	TracerProvider trace.TracerProvider
@@ -665,146 +663,134 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// badEach reports each error joined in err (errors.Join) as a problem of
+// badEach records each error joined in err (errors.Join) as a problem of
 // field, so that a group's validator that reports every problem at once
-// gives one ConfigError per problem.
-func badEach(bad func(field string, v any, rule string), field string, err error) {
+// gives one error per problem.
+func badEach(l *configerr.List, field string, err error) {
 	if err == nil {
 		return
 	}
 	if j, ok := err.(interface{ Unwrap() []error }); ok {
 		for _, e := range j.Unwrap() {
-			badEach(bad, field, e)
+			badEach(l, field, e)
 		}
 		return
 	}
-	bad(field, "", err.Error())
+	l.Check(field, err)
 }
 
-// ErrInvalidConfig is wrapped by every error Validate returns.
+// ErrInvalidConfig is matched (errors.Is) by every error Validate returns,
+// and by Run's error for a nil handler. Each problem names the field, its
+// value and the rule it breaks, e.g. "consumer: invalid config:
+// Config.Concurrency = 0: must be between 1 and 1024"; Validate joins them
+// all (errors.Join).
 var ErrInvalidConfig = errors.New("consumer: invalid config")
 
-// ConfigError names the field, the value and the rule it breaks.
-type ConfigError struct {
-	Field string // the Config field, e.g. "ShutdownGrace"
-	Value any    // its value
-	Rule  string // the rule it breaks, with the bound
-}
-
-// Error describes the failure in one line.
-func (e *ConfigError) Error() string {
-	return fmt.Sprintf("consumer: Config.%s = %v: %s", e.Field, e.Value, e.Rule)
-}
-
-// Is makes errors.Is(err, ErrInvalidConfig) hold.
-func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
-
-// Validate reports every problem of c (with defaults applied) as *ConfigError
-// values joined with errors.Join; nil if c can run.
+// Validate reports every problem of c (with defaults applied) at once, each
+// matching ErrInvalidConfig; nil if c can run.
 func (c Config) Validate() error {
 	c = c.withDefaults()
-	var errs []error
-	bad := func(field string, v any, rule string) { errs = append(errs, &ConfigError{field, v, rule}) }
+	errs := configerr.New(ErrInvalidConfig, "Config.")
 	if len(c.Brokers) == 0 {
-		bad("Brokers", c.Brokers, "at least one broker address is required")
+		errs.Bad("Brokers", c.Brokers, "at least one broker address is required")
 	}
 	for _, b := range c.Brokers {
 		if strings.TrimSpace(b) == "" || !strings.Contains(b, ":") {
-			bad("Brokers", b, `each broker must be "host:port"`)
+			errs.Bad("Brokers", b, `each broker must be "host:port"`)
 		}
 	}
 	if strings.TrimSpace(c.Group) == "" {
-		bad("Group", c.Group, "a consumer group id is required")
+		errs.Bad("Group", c.Group, "a consumer group id is required")
 	}
 	if len(c.Topics) == 0 {
-		bad("Topics", c.Topics, "at least one topic is required")
+		errs.Bad("Topics", c.Topics, "at least one topic is required")
 	}
 	seen := map[string]bool{}
 	for _, t := range c.Topics {
 		if t == "" {
-			bad("Topics", c.Topics, "topic names must not be empty")
+			errs.Bad("Topics", c.Topics, "topic names must not be empty")
 		}
 		if seen[t] {
-			bad("Topics", t, "listed twice")
+			errs.Bad("Topics", t, "listed twice")
 		}
 		seen[t] = true
 	}
 	if c.Dedupe == nil {
-		bad("Dedupe", nil, "a dedupe store is required (dedupe.NewPostgres(pool), or dedupe.NewMemory() for tests)")
+		errs.Bad("Dedupe", nil, "a dedupe store is required (dedupe.NewPostgres(pool), or dedupe.NewMemory() for tests)")
 	}
 	if c.MaxKeyLength < 0 {
-		bad("MaxKeyLength", c.MaxKeyLength, "must be > 0")
+		errs.Bad("MaxKeyLength", c.MaxKeyLength, "must be > 0")
 	}
 	if c.MissingKey != MissingKeyDeadLetter && c.MissingKey != MissingKeyUseCoordinates {
-		bad("MissingKey", c.MissingKey, "unknown policy")
+		errs.Bad("MissingKey", c.MissingKey, "unknown policy")
 	}
 	if c.ShutdownGrace < 0 {
-		bad("ShutdownGrace", c.ShutdownGrace, "must be > 0")
+		errs.Bad("ShutdownGrace", c.ShutdownGrace, "must be > 0")
 	}
 	if rt := c.Sarama.Consumer.Group.Rebalance.Timeout; c.ShutdownGrace >= rt {
-		bad("ShutdownGrace", c.ShutdownGrace, fmt.Sprintf("must be shorter than Sarama.Consumer.Group.Rebalance.Timeout (%s)", rt))
+		errs.Bad("ShutdownGrace", c.ShutdownGrace, fmt.Sprintf("must be shorter than Sarama.Consumer.Group.Rebalance.Timeout (%s)", rt))
 	}
 	if c.CommitInterval < 0 {
-		bad("CommitInterval", c.CommitInterval, "must be > 0")
+		errs.Bad("CommitInterval", c.CommitInterval, "must be > 0")
 	}
 	if c.OutageBackoff < 0 {
-		bad("OutageBackoff", c.OutageBackoff, "must be > 0")
+		errs.Bad("OutageBackoff", c.OutageBackoff, "must be > 0")
 	}
 	if c.InstanceID != "" {
 		if err := validInstanceID(c.InstanceID); err != nil {
-			bad("InstanceID", c.InstanceID, err.Error())
+			errs.Bad("InstanceID", c.InstanceID, err.Error())
 		}
 	}
-	c.validateTransactions(bad)
+	c.validateTransactions(errs)
 	if c.Retry.Attempts < 1 {
-		bad("Retry.Attempts", c.Retry.Attempts, "must be >= 1 (1: no in-process retries; 0: the default, 4)")
+		errs.Bad("Retry.Attempts", c.Retry.Attempts, "must be >= 1 (1: no in-process retries; 0: the default, 4)")
 	}
 	if err := c.Retry.Tiers.Validate(); err != nil {
-		bad("Retry.Tiers", c.Retry.Tiers.Delays, err.Error())
+		errs.Bad("Retry.Tiers", c.Retry.Tiers.Delays, err.Error())
 	}
 	for _, t := range c.Topics {
 		if t == "" {
 			continue
 		}
 		if err := c.Retry.Tiers.ValidateNames(t, c.Group); err != nil && strings.TrimSpace(c.Group) != "" {
-			bad("Retry.Tiers", t, err.Error())
+			errs.Bad("Retry.Tiers", t, err.Error())
 		}
 	}
 	if c.Ordering.keyed && c.Ordering.db == nil {
-		bad("Ordering", c.Ordering, "ByKey needs the PostgreSQL pool that holds the parked messages: ByKey(pool), not ByKey(nil)")
+		errs.Bad("Ordering", c.Ordering, "ByKey needs the PostgreSQL pool that holds the parked messages: ByKey(pool), not ByKey(nil)")
 	}
 	if c.StallWarning < 0 {
-		bad("StallWarning", c.StallWarning, "must be > 0")
+		errs.Bad("StallWarning", c.StallWarning, "must be > 0")
 	}
 	if c.StartAt != StartOldest && c.StartAt != StartNewest {
-		bad("StartAt", c.StartAt, "unknown start position")
+		errs.Bad("StartAt", c.StartAt, "unknown start position")
 	}
 	if c.Concurrency < 1 || c.Concurrency > 1024 {
-		bad("Concurrency", c.Concurrency, "must be between 1 and 1024")
+		errs.Bad("Concurrency", c.Concurrency, "must be between 1 and 1024")
 	}
 	if c.LaneBy != LaneByIdempotencyKey && c.LaneBy != LaneByKafkaKey {
-		bad("LaneBy", c.LaneBy, "unknown lane key")
+		errs.Bad("LaneBy", c.LaneBy, "unknown lane key")
 	}
 	if c.Batch.MaxMessages < 0 || c.Batch.MaxMessages > 10000 {
-		bad("Batch.MaxMessages", c.Batch.MaxMessages, "must be between 0 and 10000")
+		errs.Bad("Batch.MaxMessages", c.Batch.MaxMessages, "must be between 0 and 10000")
 	}
 	if c.Batch.MaxWait < 0 {
-		bad("Batch.MaxWait", c.Batch.MaxWait, "must be >= 0")
+		errs.Bad("Batch.MaxWait", c.Batch.MaxWait, "must be >= 0")
 	}
-	validateRetention(c, bad)
+	validateRetention(c, errs)
 	if c.Retry.Backoff.Base < 0 {
-		bad("Retry.Backoff.Base", c.Retry.Backoff.Base, "must be > 0")
+		errs.Bad("Retry.Backoff.Base", c.Retry.Backoff.Base, "must be > 0")
 	}
 	if ix := c.failureIndex(); ix != nil {
-		badEach(bad, "FailureIndex", ix.Validate())
+		badEach(errs, "FailureIndex", ix.Validate())
 	}
-	badEach(bad, "Limits.Adaptive", c.Limits.Adaptive.validate())
-	badEach(bad, "Defer", c.validateDefer())
-	badEach(bad, "Expiry", c.Expiry.policy().Validate())
+	badEach(errs, "Limits.Adaptive", c.Limits.Adaptive.validate())
+	badEach(errs, "Defer", c.validateDefer())
+	badEach(errs, "Expiry", c.Expiry.policy().Validate())
 	if c.Retry.Backoff.Max < c.Retry.Backoff.Base {
-		bad("Retry.Backoff.Max", c.Retry.Backoff.Max, fmt.Sprintf("must be >= Retry.Backoff.Base (%s)", c.Retry.Backoff.Base))
+		errs.Bad("Retry.Backoff.Max", c.Retry.Backoff.Max, fmt.Sprintf("must be >= Retry.Backoff.Base (%s)", c.Retry.Backoff.Base))
 	} else if len(c.Retry.Rules) > 0 && c.Retry.Tiers.Validate() == nil && c.Retry.Backoff.Base >= 0 && c.Retry.Attempts >= 1 {
-		c.validateRules(bad) // only once the fallback's own fields passed: recovery.New checks them again
+		c.validateRules(errs) // only once the fallback's own fields passed: recovery.New checks them again
 	}
-	return errors.Join(errs...)
+	return errs.Err()
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/recovery"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -604,16 +605,22 @@ func TestDocumentedDefaultsKeepExplicitValues(t *testing.T) {
 	}
 }
 
-// configErrors returns every *ConfigError in err's tree.
-func configErrors(err error) []*ConfigError {
-	var out []*ConfigError
+// configErrors returns every problem of the Config in err's tree (each a
+// *configerr.Error matching ErrInvalidConfig; not the nested errors a
+// group's own validator reported), as copies whose Field is without
+// "Config.".
+func configErrors(err error) []*configerr.Error {
+	var out []*configerr.Error
 	var walk func(error)
 	walk = func(err error) {
 		if err == nil {
 			return
 		}
-		if ce, ok := err.(*ConfigError); ok {
-			out = append(out, ce)
+		if ce, ok := err.(*configerr.Error); ok && ce.Sentinel == ErrInvalidConfig {
+			c := *ce
+			c.Field = strings.TrimPrefix(c.Field, "Config.")
+			out = append(out, &c)
+			return
 		}
 		switch u := err.(type) {
 		case interface{ Unwrap() []error }:
@@ -720,19 +727,19 @@ func TestValidate(t *testing.T) {
 			if !errors.Is(err, ErrInvalidConfig) {
 				t.Fatalf("Validate() = %v; want an error wrapping ErrInvalidConfig", err)
 			}
-			var ce *ConfigError
-			if !errors.As(err, &ce) {
-				t.Fatalf("Validate() = %v; want a *ConfigError", err)
+			ces := configErrors(err)
+			if len(ces) == 0 {
+				t.Fatalf("Validate() = %v; want a *configerr.Error", err)
 			}
-			if ce.Field != tt.field {
-				t.Fatalf("first ConfigError is for %s, want %s:\n%v", ce.Field, tt.field, err)
+			if ces[0].Field != tt.field {
+				t.Fatalf("first problem is of %s, want %s:\n%v", ces[0].Field, tt.field, err)
 			}
-			for _, ce := range configErrors(err) {
+			for _, ce := range ces {
 				if ce.Field != tt.field {
 					t.Errorf("Validate() also reports %s; want only %s:\n%v", ce.Field, tt.field, err)
 				}
-				if ce.Rule == "" {
-					t.Errorf("ConfigError for %s has no rule", ce.Field)
+				if ce.Rule == "" && ce.Err == nil {
+					t.Errorf("the problem of %s has no rule", ce.Field)
 				}
 			}
 			if !strings.Contains(err.Error(), "Config."+tt.field) {
@@ -754,7 +761,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 		}
 	}
 
-	// A group's own validator reports every problem too, one ConfigError
+	// A group's own validator reports every problem too, one error
 	// each: two of Expiry, two of Limits.Adaptive.
 	c = validConfig()
 	c.Expiry = Expiry{MaxAge: -time.Second, Header: "a\x00b"}

@@ -27,11 +27,12 @@ import (
 // as the same message, deduplicated by the inbox. See
 // docs/deferral-and-expiry.md.
 
-// DeferredTopic is the topic Config.Defer's scheduler publishes the deferred
-// messages of source, as consumed by group, to: "<source>.<group>.deferred".
-// Run creates it (with the source's partitions, like a retry tier) and
-// subscribes to it when Config.Defer is set.
-func DeferredTopic(source, group string) string { return source + "." + group + ".deferred" }
+// deferredTopic is the topic Config.Defer's scheduler publishes the deferred
+// messages of source, as consumed by group, to: "<source>.<group>.deferred"
+// (Config.Defer's doc names it). Run creates it (with the source's
+// partitions, like a retry tier) and subscribes to it when Config.Defer is
+// set.
+func deferredTopic(source, group string) string { return source + "." + group + ".deferred" }
 
 // scheduler is Config.Defer as Run runs it: Brokers, Sarama, Group, Logger
 // and Registerer filled from c where unset; nil without Defer.
@@ -94,18 +95,18 @@ func (c Config) deferredTopics() []string {
 	}
 	out := make([]string, 0, len(c.Topics))
 	for _, t := range c.Topics {
-		out = append(out, DeferredTopic(t, c.Group))
+		out = append(out, deferredTopic(t, c.Group))
 	}
 	return out
 }
 
 // deferredPolicy is the retrytopic policy whose one "tier" is source's
-// deferred topic: EnsureTopicsFor creates it like a tier (the source's
+// deferred topic: forward.EnsureTopicsFor creates it like a tier (the source's
 // partitions and record size), and its dead-letter topic is the fallback's.
 func (s setup) deferredPolicy() retrytopic.Policy {
 	p := s.policy
 	p.Delays = []time.Duration{time.Second}
-	p.TierTopic = func(topic, group string, _ int) string { return DeferredTopic(topic, group) }
+	p.TierTopic = func(topic, group string, _ int) string { return deferredTopic(topic, group) }
 	return p
 }
 
@@ -113,7 +114,7 @@ func (s setup) deferredPolicy() retrytopic.Policy {
 // its origin (idem-original-*, written by scheduletable.RecordOf) with no tier
 // and no due time; ok is false for a record that is not such a copy.
 func (r *runner) deferredOrigin(cm *sarama.ConsumerMessage, f retrytopic.Failure) (origin, bool) {
-	if r.cfg.Defer == nil || f.Tier != 0 || cm.Topic != DeferredTopic(f.OriginalTopic, r.cfg.Group) {
+	if r.cfg.Defer == nil || f.Tier != 0 || cm.Topic != deferredTopic(f.OriginalTopic, r.cfg.Group) {
 		return origin{}, false
 	}
 	return origin{topic: f.OriginalTopic, partition: f.OriginalPartition, offset: f.OriginalOffset,
@@ -155,7 +156,7 @@ func (w *worker) deferred(msg *handler.Message, failed error) (dlq, stop error) 
 // ErrInvalidRecord error.
 func (w *worker) deferMsg(msg *handler.Message, until time.Time) error {
 	r := w.r
-	rec := scheduletable.RecordOf(r.cfg.Group, DeferredTopic(msg.Origin().Topic, r.cfg.Group), msg)
+	rec := scheduletable.RecordOf(r.cfg.Group, deferredTopic(msg.Origin().Topic, r.cfg.Group), msg)
 	pool := r.cfg.Defer.Pool
 	for n := 1; ; n++ {
 		err := func() error {

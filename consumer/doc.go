@@ -281,11 +281,15 @@
 //     connection on 5 tries in a row while the store works is a handler
 //     failure instead, so no input can hold a partition for ever.
 //
-// Forward errors are classified by retrytopic.IsPermanentForwardError: a
-// permanent refusal (a record too large, an invalid record, an authorization
-// error) sends the record to the dead-letter topic whole, or as a stub
-// without its value if the dead-letter topic refuses it too; other forward
-// errors are outages. idem_partition_stalled_seconds shows how long each
+// Forward errors are classified in one place. A permanent refusal sends the
+// record to the dead-letter topic whole, or as a stub without its value if
+// the dead-letter topic refuses it too: MESSAGE_TOO_LARGE (10, and sarama's
+// own check against Producer.MaxMessageBytes), RECORD_LIST_TOO_LARGE (18),
+// INVALID_RECORD (87), INVALID_TIMESTAMP (32), INVALID_TOPIC_EXCEPTION (17),
+// TOPIC_, CLUSTER_ and TRANSACTIONAL_ID_AUTHORIZATION_FAILED (29, 31, 53),
+// UNSUPPORTED_FOR_MESSAGE_FORMAT (43), POLICY_VIOLATION (44) and
+// UNSUPPORTED_COMPRESSION_TYPE (76). Every other forward error (an unknown
+// topic, no leader, too few replicas, a network error) is an outage. idem_partition_stalled_seconds shows how long each
 // partition has been failing on one message, and a WARN names the cause
 // every minute once it passes StallWarning.
 //
@@ -298,6 +302,51 @@
 // transaction, so only the failing one takes the failure path.
 // Config.Concurrency spreads a partition over lanes by key; the committed
 // offset is always the lowest unfinished one.
+//
+// # Tracing
+//
+// Tracing goes through the OpenTelemetry API only (Config.TracerProvider,
+// Config.Propagator); idem never imports an SDK. For each message attempt
+// Run starts one span named "idem.handle", kind consumer, whose parent is
+// the context the propagator extracts from the record's headers (W3C
+// traceparent and tracestate by default), so it is a child of the
+// producer's span. Its attributes: messaging.system "kafka",
+// messaging.operation.type "process", messaging.destination.name (the topic
+// read, a retry tier's for a retry), messaging.kafka.destination.partition,
+// messaging.kafka.offset, messaging.consumer.group.name, idem.attempt
+// (1-based, counted across tiers), idem.tier (0 for a source topic) and
+// idem.outcome (below). A failed attempt records its error and status Error.
+// The tracer's instrumentation scope is "github.com/idemhq/idem/consumer".
+// The handler's ctx carries the span, so the handler's own spans (database,
+// HTTP) are its children.
+//
+// The values of idem.outcome:
+//
+//   - "processed": the handler succeeded; effects committed.
+//   - "duplicate": the key was already done; handler not called.
+//   - "retry": failed; an in-process retry follows.
+//   - "retried": failed; forwarded to a retry tier.
+//   - "dead_lettered": failed (or no key); forwarded to the dead-letter topic.
+//   - "outage": the dedupe store was unreachable; tried again, no attempt counted.
+//   - "breaker_open": a breaker was open; the partition waits.
+//   - "abandoned": cut short by revoke or shutdown; left for redelivery.
+//   - "failed": a batch failed; its messages run again one by one.
+//   - "deferred": the handler deferred it (handler.DeferUntil); stored for the scheduler.
+//   - "expired": past its deadline or maximum age, and dropped (Expiry.Drop); handler not called.
+//
+// A record forwarded to a retry tier or the dead-letter topic gets the
+// context of the attempt that forwarded it in its traceparent/tracestate
+// headers (replacing the producer's), so one trace shows the original
+// attempt, each tier's attempts as children of the attempt before, and the
+// dead-letter record pointing at the last one. A message dead-lettered
+// without an attempt (no key) gets a span too, with outcome dead_lettered.
+//
+// Batches (Config.Batch, handler.Batch): the new messages of a batch share
+// one "idem.handle_batch" span around the handler call, linked (not
+// parented) to each message's producer context; duplicates found by the
+// batch's inbox INSERT get no span. A message run alone (not batchable, a
+// retry record, or after its batch failed) gets "idem.handle" spans as
+// above. Lanes (Concurrency > 1) trace like a single worker.
 //
 // # Testing
 //

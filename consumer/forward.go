@@ -167,7 +167,7 @@ func (o outbound) toDLQ(cause error, level int) outbound {
 // (sent.stub: as a stub). Every caller (a failed message, a drained one, a
 // pending head recovered) decides what follows from sent, never from out.
 //
-// Failures are classified by retrytopic.IsPermanentForwardError:
+// Failures are classified by forward.IsPermanentForwardError:
 //   - an outage (unknown topic, no leader, network): the partition waits and
 //     retries the same forward with backoff, logging each try;
 //   - a permanent refusal (too large, not authorised, invalid record): the
@@ -230,7 +230,7 @@ func (w *worker) forwardAt(out outbound, msg *handler.Message, at int64) (sent o
 		w.endHold() // nothing of this forward is in the transaction: let it commit meanwhile
 		from, cause = formOut, nil
 		switch {
-		case !retrytopic.IsPermanentForwardError(err):
+		case !forward.IsPermanentForwardError(err):
 			w.log.Error("idem: forward failed; offset not marked, retrying", "offset", msg.Offset, "to", sent.rec.Topic, "err", err, "try", n)
 		case loud:
 			loudAt = time.Now()
@@ -312,7 +312,7 @@ func (o *observer) forwarded(out outbound, msg *handler.Message) {
 
 // setupRetryTopics creates the missing tier and dead-letter topics of every
 // source topic, with at least the source's partitions and room for its
-// largest records (retrytopic.EnsureTopicsFor), logs a WARN for each existing
+// largest records (forward.EnsureTopicsFor), logs a WARN for each existing
 // one that is smaller than its source or keeps records shorter than twice its
 // delay, and returns the Producer.MaxMessageBytes the forward producer needs.
 func (s setup) retryTopics(ctx context.Context, client sarama.Client) (int, error) {
@@ -323,15 +323,15 @@ func (s setup) retryTopics(ctx context.Context, client sarama.Client) (int, erro
 	// Closing the admin would close the shared client; it holds no other resource.
 	limit := 0
 	for _, t := range s.cfg.Topics {
-		var sz retrytopic.Sizes
+		var sz forward.Sizes
 		err := s.retry(ctx, client, "creating the retry topics of "+t, func() (err error) {
-			sz = retrytopic.Sizes{}
+			sz = forward.Sizes{}
 			ps := s.rules.Retries(t, s.cfg.Group) // the fallback's first, then each rule's
 			if s.cfg.Defer != nil {
 				ps = append(ps, s.deferredPolicy()) // the deferred topic, created like a tier
 			}
 			for _, p := range ps {
-				psz, err := retrytopic.EnsureTopicsFor(ctx, admin, t, s.cfg.Group, p)
+				psz, err := forward.EnsureTopicsFor(ctx, admin, t, s.cfg.Group, p)
 				if err != nil {
 					return err
 				}

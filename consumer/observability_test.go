@@ -121,7 +121,7 @@ func TestTraceAcrossRetryTierIntoDLQ(t *testing.T) {
 			prod := producers["k1"]
 			var spans []tracetest.SpanStub
 			testenv.Eventually(t, 10*time.Second, func() error {
-				spans = tr.spansNamed(consumer.SpanHandle)
+				spans = tr.spansNamed("idem.handle")
 				if len(spans) != 4 {
 					return fmt.Errorf("%d idem.handle spans, want 4 (tier 0: 2 attempts, tier 1: 2 attempts)", len(spans))
 				}
@@ -235,7 +235,7 @@ func TestTraceBatchHandler(t *testing.T) {
 		return nil
 	})
 	e.waitCommitted(e.topic, 1, 30*time.Second)
-	batches := tr.spansNamed(consumer.SpanHandleBatch)
+	batches := tr.spansNamed("idem.handle_batch")
 	if len(batches) == 0 {
 		t.Fatal("no idem.handle_batch span")
 	}
@@ -251,7 +251,7 @@ func TestTraceBatchHandler(t *testing.T) {
 		}
 	}
 	var bad []tracetest.SpanStub
-	for _, s := range tr.spansNamed(consumer.SpanHandle) {
+	for _, s := range tr.spansNamed("idem.handle") {
 		if s.Parent.SpanID() == producers["bad"].SpanID() {
 			bad = append(bad, s)
 		}

@@ -183,7 +183,7 @@ func (o *observer) logPanic(err error, msg *handler.Message) {
 }
 
 func (w *worker) retriable(err error) bool {
-	if handler.IsPanic(err) {
+	if isPanic(err) {
 		return w.r.cfg.Retry.Panics
 	}
 	return handler.IsRetriable(err)

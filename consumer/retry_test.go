@@ -55,7 +55,7 @@ func (e *env) total(topic string, partitions int32) int64 {
 }
 
 func (e *env) dlq() string       { return e.topic + "." + e.group + ".dlq" }
-func (e *env) tier(n int) string { return retrytopic.DefaultTierTopic(e.topic, e.group, n) }
+func (e *env) tier(n int) string { return retrytopic.Policy{}.Tier(e.topic, e.group, n) }
 func header(m *sarama.ConsumerMessage, k string) string {
 	for _, h := range m.Headers {
 		if string(h.Key) == k {

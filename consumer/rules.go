@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/recovery"
 )
 
@@ -27,13 +28,13 @@ func (c Config) dlqTopics(t string) []string {
 	return []string{c.Retry.Tiers.DLQ(t, c.Group)} // Validate reports the rules
 }
 
-// validateRules checks Config.Retry.Rules (bad reports each problem, naming the
-// rule): matchers, attempts, backoffs, ladders and topic names. Called only
+// validateRules checks Config.Retry.Rules (errs records each problem, naming
+// the rule): matchers, attempts, backoffs, ladders and topic names. Called only
 // once the fallback's own fields passed (recovery.New checks them again).
-func (c Config) validateRules(bad func(field string, v any, rule string)) {
+func (c Config) validateRules(errs *configerr.List) {
 	p, err := c.recovery()
 	if err != nil {
-		badEach(bad, "Retry.Rules", err)
+		badEach(errs, "Retry.Rules", err)
 		return
 	}
 	for _, t := range c.Topics {
@@ -41,13 +42,13 @@ func (c Config) validateRules(bad func(field string, v any, rule string)) {
 			continue
 		}
 		if err := p.ValidateNames(t, c.Group); err != nil {
-			bad("Retry.Rules", t, err.Error())
+			errs.Bad("Retry.Rules", t, err.Error())
 		}
 	}
 	if c.Ordering.keyed {
 		for i, r := range c.Retry.Rules {
 			if r.Tiers != nil && len(r.Tiers.Delays) > 0 {
-				bad("Retry.Rules", i, "a rule with a tier ladder of its own (Tiers with Delays) is not supported with Ordering ByKey: a parked head is re-sent to Retry.Tiers")
+				errs.Bad("Retry.Rules", i, "a rule with a tier ladder of its own (Tiers with Delays) is not supported with Ordering ByKey: a parked head is re-sent to Retry.Tiers")
 			}
 		}
 	}

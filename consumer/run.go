@@ -16,21 +16,26 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/forward"
+	"github.com/idemhq/idem/internal/kafkaversion"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/txn"
 	"github.com/idemhq/idem/recovery"
 	"github.com/idemhq/idem/retrytopic"
 )
 
-// ErrNilHandler is returned by Run when h is nil (handler.Batch(nil) is) or a
-// nil handler.Func.
-var ErrNilHandler = errors.New("consumer: nil handler")
-
 // ErrUnknownTopic is wrapped by the error Run returns when a configured topic
 // does not exist on the cluster (idem never auto-creates source topics).
 var ErrUnknownTopic = errors.New("consumer: unknown topic")
+
+// nilHandler is Run's error for a nil handler: it matches ErrInvalidConfig.
+func nilHandler() error {
+	errs := configerr.New(ErrInvalidConfig, "")
+	errs.Bad("handler", nil, "Run needs one (handler.Batch(nil) and a nil handler.Func are nil)")
+	return errs.Err()
+}
 
 // Run consumes cfg.Topics as group cfg.Group and passes every message through
 // the dedupe store and h, until ctx is cancelled or a fatal error occurs.
@@ -39,7 +44,8 @@ var ErrUnknownTopic = errors.New("consumer: unknown topic")
 // finish within cfg.ShutdownGrace (then cancels them: their transactions roll
 // back and they are redelivered later), commits the offsets of every finished
 // message, and returns nil once every goroutine it started has ended. Any other
-// return is a fatal error: an invalid Config (ErrInvalidConfig), a nil handler,
+// return is a fatal error: an invalid Config or a nil handler (both match
+// ErrInvalidConfig; handler.Batch(nil) and a nil handler.Func are nil),
 // a missing topic (ErrUnknownTopic), a cluster that cannot be reached at start
 // (a broker that refuses connections or times out is retried for up to 30 s
 // first, so a service started during a broker restart or a leader move waits it
@@ -65,11 +71,8 @@ var ErrUnknownTopic = errors.New("consumer: unknown topic")
 // failing message takes the same path as any other: in-process retries,
 // retry tiers, the dead-letter topic.
 func Run(ctx context.Context, cfg Config, h handler.Handler) error {
-	if h == nil {
-		return ErrNilHandler
-	}
-	if f, ok := h.(handler.Func); ok && f == nil {
-		return ErrNilHandler
+	if f, ok := h.(handler.Func); h == nil || ok && f == nil {
+		return nilHandler()
 	}
 	cfg, bh := forHandler(cfg, h)
 	if err := cfg.Validate(); err != nil {
@@ -190,7 +193,7 @@ func newRunner(cfg Config, h handler.Handler) (*runner, error) {
 func saramaConfig(cfg Config) *sarama.Config {
 	c := *cfg.Sarama // shallow copy: idem only sets scalar fields and replaces slices
 	if c.Version == sarama.DefaultVersion {
-		c.Version = DefaultKafkaVersion
+		c.Version = kafkaversion.Default
 	}
 	// Offsets: only what idem marks after a durable outcome is committed; the
 	// committer runs every CommitInterval and at revoke/shutdown.

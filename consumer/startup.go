@@ -9,6 +9,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/recovery"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -53,7 +54,7 @@ func transientClusterErr(err error) bool {
 	switch {
 	case errors.As(err, &pe): // also inside a ConnectError: a refused login is final
 		return sqlClass(pe.Code) == classOutage // the handler's SQLSTATE outages, one list
-	case retrytopic.IsUnreachable(err), errors.As(err, &ce):
+	case forward.IsUnreachable(err), errors.As(err, &ce):
 		return true
 	}
 	return false

@@ -7,15 +7,16 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/internal/configerr"
 )
 
 // validateRetention checks Config.Retention (defaults applied): Keep is
 // never negative, and when Run sweeps the store it covers the sweeper's
 // minimum and the retention of the retry-tier and dead-letter topics (see
 // RetentionConfig).
-func validateRetention(c Config, bad func(field string, v any, rule string)) {
+func validateRetention(c Config, errs *configerr.List) {
 	if c.Retention.Keep < 0 {
-		bad("Retention.Keep", c.Retention.Keep, "must be >= 0 (0: the default); to stop Run sweeping the inbox, set Retention.NoSweep")
+		errs.Bad("Retention.Keep", c.Retention.Keep, "must be >= 0 (0: the default); to stop Run sweeping the inbox, set Retention.NoSweep")
 		return
 	}
 	if _, swept := c.Dedupe.(dedupe.Sweepable); !swept || c.Retention.NoSweep {
@@ -23,11 +24,11 @@ func validateRetention(c Config, bad func(field string, v any, rule string)) {
 	}
 	keep := inboxRetention(c)
 	if keep < dedupe.MinRetention {
-		bad("Retention.Keep", keep, fmt.Sprintf("must be at least %s (dedupe.MinRetention), or set Retention.NoSweep and sweep the inbox yourself", dedupe.MinRetention))
+		errs.Bad("Retention.Keep", keep, fmt.Sprintf("must be at least %s (dedupe.MinRetention), or set Retention.NoSweep and sweep the inbox yourself", dedupe.MinRetention))
 		return
 	}
 	if tiers := c.Retry.Tiers.WithDefaults().Retention; keep < tiers {
-		bad("Retention.Keep", keep, fmt.Sprintf("must be at least Retry.Tiers.Retention (%s): a record may wait that long in a retry tier or the dead-letter topic before it is handled or replayed, and a copy of a message handled meanwhile must still find its key (raise Retention.Keep, or lower Retry.Tiers.Retention)", tiers))
+		errs.Bad("Retention.Keep", keep, fmt.Sprintf("must be at least Retry.Tiers.Retention (%s): a record may wait that long in a retry tier or the dead-letter topic before it is handled or replayed, and a copy of a message handled meanwhile must still find its key (raise Retention.Keep, or lower Retry.Tiers.Retention)", tiers))
 	}
 }
 

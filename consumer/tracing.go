@@ -12,62 +12,20 @@ import (
 )
 
 // tracerName is the instrumentation scope of the spans idem starts
-// (documented on SpanHandle).
+// (the package doc's Tracing section names it).
 const tracerName = "github.com/idemhq/idem/consumer"
 
-// Span names, and the tracing idem does.
-//
-// Tracing goes through the OpenTelemetry API only (Config.TracerProvider,
-// Config.Propagator); idem never imports an SDK. For each message attempt
-// Run starts one SpanHandle span, kind consumer, whose parent is the context
-// the propagator extracts from the record's headers (W3C traceparent and
-// tracestate by default), so it is a child of the producer's span. Its
-// attributes: messaging.system "kafka", messaging.operation.type "process",
-// messaging.destination.name (the topic read, a retry tier's for a retry),
-// messaging.kafka.destination.partition, messaging.kafka.offset,
-// messaging.consumer.group.name, idem.attempt (1-based, counted across
-// tiers), idem.tier (0 for a source topic) and idem.outcome (below). A
-// failed attempt records its error and status Error. The tracer's
-// instrumentation scope is "github.com/idemhq/idem/consumer". The
-// handler's ctx carries the span, so the handler's own spans (database,
-// HTTP) are its children.
-//
-// The values of idem.outcome:
-//
-//   - "processed": the handler succeeded; effects committed.
-//   - "duplicate": the key was already done; handler not called.
-//   - "retry": failed; an in-process retry follows.
-//   - "retried": failed; forwarded to a retry tier.
-//   - "dead_lettered": failed (or no key); forwarded to the dead-letter topic.
-//   - "outage": the dedupe store was unreachable; tried again, no attempt counted.
-//   - "breaker_open": a breaker was open; the partition waits.
-//   - "abandoned": cut short by revoke or shutdown; left for redelivery.
-//   - "failed": a batch failed; its messages run again one by one.
-//   - "deferred": the handler deferred it (handler.DeferUntil); stored for the scheduler.
-//   - "expired": past its deadline or maximum age, and dropped (Expiry.Drop); handler not called.
-//
-// A record forwarded to a retry tier or the dead-letter topic gets the
-// context of the attempt that forwarded it in its traceparent/tracestate
-// headers (replacing the producer's), so one trace shows the original
-// attempt, each tier's attempts as children of the attempt before, and the
-// dead-letter record pointing at the last one. A message dead-lettered
-// without an attempt (no key) gets a span too, with outcome dead_lettered.
-//
-// Batches (Config.Batch, handler.Batch): the new messages of a batch share one
-// SpanHandleBatch span around the handler call, linked (not parented) to
-// each message's producer context; duplicates found by the batch's inbox
-// INSERT get no span. A message run alone (not batchable, a retry record,
-// or after its batch failed) gets SpanHandle spans as above. Lanes
-// (Concurrency > 1) trace like a single worker.
+// The span names, as the package doc's Tracing section lists them.
 const (
-	// SpanHandle is the span of one attempt of one message.
-	SpanHandle = "idem.handle"
-	// SpanHandleBatch is the span of one batch handler call (handler.Batch, or
+	// spanHandle is the span of one attempt of one message.
+	spanHandle = "idem.handle"
+	// spanHandleBatch is the span of one batch handler call (handler.Batch, or
 	// Config.Batch), linked to each message's producer context.
-	SpanHandleBatch = "idem.handle_batch"
+	spanHandleBatch = "idem.handle_batch"
 )
 
-// The values of the idem.outcome attribute, listed on SpanHandle.
+// The values of the idem.outcome attribute, listed in the package doc's
+// Tracing section.
 const (
 	traceOutcomeProcessed    = "processed"     // the handler succeeded; effects committed
 	traceOutcomeDuplicate    = "duplicate"     // the key was already done; handler not called
@@ -191,7 +149,7 @@ func (o *observer) spanStart(msg *handler.Message) context.Context {
 		}
 		o.unprobed = 0
 	}
-	ctx, span := r.tracer.Start(parent, SpanHandle, consumerKind)
+	ctx, span := r.tracer.Start(parent, spanHandle, consumerKind)
 	r.noRecord.Store(!span.IsRecording() && !span.SpanContext().IsValid())
 	if span.IsRecording() {
 		span.SetAttributes(
@@ -262,7 +220,7 @@ func (o *observer) batchSpan(ctx context.Context, items []*batchItem, idx []int)
 				attribute.Int64("messaging.kafka.offset", it.cm.Offset)}})
 		}
 	}
-	ctx, span := r.tracer.Start(ctx, SpanHandleBatch, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithLinks(links...))
+	ctx, span := r.tracer.Start(ctx, spanHandleBatch, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithLinks(links...))
 	if span.IsRecording() {
 		span.SetAttributes(
 			attribute.String("messaging.system", "kafka"),

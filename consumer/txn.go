@@ -13,10 +13,10 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/txn"
-	"github.com/idemhq/idem/retrytopic"
 )
 
 // This file is the transactional mode (Config.Transactions): the runner's
@@ -24,21 +24,21 @@ import (
 // one producer of its forwards.
 
 // validateTransactions checks what Config.Transactions needs.
-func (c Config) validateTransactions(bad func(field string, v any, rule string)) {
+func (c Config) validateTransactions(errs *configerr.List) {
 	if c.Transactions.Timeout < 0 {
-		bad("Transactions.Timeout", c.Transactions.Timeout, "must be > 0")
+		errs.Bad("Transactions.Timeout", c.Transactions.Timeout, "must be > 0")
 	}
 	if !c.Transactions.Enabled {
 		return
 	}
 	if c.Transactions.Timeout <= c.CommitInterval {
-		bad("Transactions.Timeout", c.Transactions.Timeout, fmt.Sprintf("must exceed CommitInterval (%s): a transaction stays open that long", c.CommitInterval))
+		errs.Bad("Transactions.Timeout", c.Transactions.Timeout, fmt.Sprintf("must exceed CommitInterval (%s): a transaction stays open that long", c.CommitInterval))
 	}
 	if c.ReadUncommitted {
-		bad("ReadUncommitted", c.ReadUncommitted, "must be false with Transactions: idem's own tiers are written in transactions")
+		errs.Bad("ReadUncommitted", c.ReadUncommitted, "must be false with Transactions: idem's own tiers are written in transactions")
 	}
 	if c.Sarama != nil && c.Sarama.Version != sarama.DefaultVersion && !c.Sarama.Version.IsAtLeast(sarama.V2_5_0_0) {
-		bad("Sarama", c.Sarama.Version, "Version must be at least 2.5 with Transactions (TxnOffsetCommit with the generation, KIP-447)")
+		errs.Bad("Sarama", c.Sarama.Version, "Version must be at least 2.5 with Transactions (TxnOffsetCommit with the generation, KIP-447)")
 	}
 }
 
@@ -203,7 +203,7 @@ func (r *runner) send(ctx context.Context, rec forward.Record) error {
 // stops), rather than a refusal that sends the record on to the dead-letter
 // topic.
 func sendStops(err error) bool {
-	return !retrytopic.IsPermanentForwardError(err) || errors.Is(err, txn.ErrBroken)
+	return !forward.IsPermanentForwardError(err) || errors.Is(err, txn.ErrBroken)
 }
 
 // Ordering ByKey with Transactions. The ordering store (internal/keyorder)

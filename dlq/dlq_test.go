@@ -370,7 +370,7 @@ func TestReplayToNamedTopic(t *testing.T) {
 			return name
 		}, 2, 2},
 		{"default tier name", func(t *testing.T, origin string) string {
-			name := retrytopic.DefaultTierTopic(origin, "billing", 2)
+			name := retrytopic.Policy{}.Tier(origin, "billing", 2)
 			k.CreateTopic(t, name, 2)
 			return name
 		}, 0, 2},
@@ -408,7 +408,7 @@ func TestReplayToNamedTopic(t *testing.T) {
 			if got := readAll(t, k, origin); len(got) != 0 {
 				t.Errorf("origin got %d records", len(got))
 			}
-			assertNoTopic(t, k, retrytopic.DefaultTierTopic(origin, "billing", 1))
+			assertNoTopic(t, k, retrytopic.Policy{}.Tier(origin, "billing", 1))
 		})
 	}
 }

@@ -154,7 +154,7 @@ type ReplayOptions struct {
 	// idem-tier does not match the topic treats it as a fresh record of that
 	// topic. Ignored for ToSource.
 	// Default: 0, meaning n when the topic is named as
-	// retrytopic.DefaultTierTopic(original-topic, group, n) for the record's
+	// retrytopic.Policy{}.Tier(original-topic, group, n) for the record's
 	// idem-original-topic and idem-consumer-group, else 1.
 	Tier int
 	// Filter selects the records to send. Default: all.
@@ -420,11 +420,11 @@ func replayRecord(r *Record, opts ReplayOptions) (forward.Record, error) {
 	return rec, nil
 }
 
-// tierOf returns n when topic is retrytopic.DefaultTierTopic(orig, group, n),
+// tierOf returns n when topic is retrytopic.Policy{}.Tier(orig, group, n),
 // else 1.
 func tierOf(topic, orig, group string) int {
 	i := strings.LastIndexByte(topic, '.')
-	if n, err := strconv.Atoi(topic[i+1:]); err == nil && n >= 1 && retrytopic.DefaultTierTopic(orig, group, n) == topic {
+	if n, err := strconv.Atoi(topic[i+1:]); err == nil && n >= 1 && (retrytopic.Policy{}).Tier(orig, group, n) == topic {
 		return n
 	}
 	return 1

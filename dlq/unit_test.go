@@ -98,8 +98,8 @@ func TestReplayRecord(t *testing.T) {
 		{"source", failed, ToSource, 0, "pay", 2, -1},
 		{"named original topic is source", failed, "pay", 5, "pay", 2, -1},
 		{"plain topic", failed, "elsewhere", 0, "elsewhere", 2, 1},
-		{"default tier name", failed, Destination(retrytopic.DefaultTierTopic("pay", "billing", 3)), 0, "pay.billing.retry.3", 2, 3},
-		{"default name of another group", failed, Destination(retrytopic.DefaultTierTopic("pay", "other", 3)), 0, "pay.other.retry.3", 2, 1},
+		{"default tier name", failed, Destination(retrytopic.Policy{}.Tier("pay", "billing", 3)), 0, "pay.billing.retry.3", 2, 3},
+		{"default name of another group", failed, Destination(retrytopic.Policy{}.Tier("pay", "other", 3)), 0, "pay.other.retry.3", 2, 1},
 		{"explicit tier", failed, "custom-two", 2, "custom-two", 2, 2},
 		{"record without idem headers", foreign, "elsewhere", 0, "elsewhere", 1, -1},
 	}

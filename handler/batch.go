@@ -63,7 +63,8 @@ func (b batch) HandleBatch(ctx context.Context, msgs []*Message) error { return 
 // Handle calls b with m alone; see Batch.
 func (b batch) Handle(ctx context.Context, m *Message) error {
 	err := b(ctx, []*Message{m})
-	if be, ok := AsBatchError(err); ok {
+	var be *BatchError
+	if errors.As(err, &be) {
 		for _, f := range be.Failed {
 			if f.Message == m {
 				return f.Err
@@ -119,11 +120,4 @@ func (e *BatchError) Unwrap() []error {
 		errs[i] = f.Err
 	}
 	return errs
-}
-
-// AsBatchError returns err's *BatchError when it is, or wraps, one.
-func AsBatchError(err error) (*BatchError, bool) {
-	var be *BatchError
-	ok := errors.As(err, &be)
-	return be, ok
 }

@@ -13,14 +13,14 @@ import (
 // unseen for ever.
 const MaxDefer = 90 * 24 * time.Hour
 
-// ErrDeferTooFar is wrapped by the error DeferUntil and Defer return for a
+// ErrDeferTooFar is wrapped by the error DeferUntil returns for a
 // time more than MaxDefer away. That error is Permanent: returned from a
 // handler, the message is dead-lettered at once (kind permanent) with a
 // message naming the time asked for and the limit.
 var ErrDeferTooFar = errors.New("handler: defer beyond MaxDefer")
 
 // deferError asks the consumer to store the message and deliver it again at
-// Until, without holding its partition meanwhile. DeferUntil and Defer make
+// Until, without holding its partition meanwhile. DeferUntil makes
 // it; find it in an error chain with DeferredUntil.
 type deferError struct {
 	// Until is when the message is to be delivered again, as the handler
@@ -64,22 +64,11 @@ func (e *deferError) Error() string {
 //
 // The wait is not exact: the copy goes out within a scheduler round of t
 // (milliseconds) when a scheduler runs, and is consumed behind whatever its
-// partition holds then. The time is absolute; see schedule.Store.Defer for
-// clock skew.
+// partition holds then. The time is absolute and the scheduler reads the
+// database's clock: a skew between the application's clock and the
+// database's shifts a DeferUntil(time.Now().Add(d)) by as much.
 func DeferUntil(t time.Time) error {
 	return deferUntil(t, time.Now())
-}
-
-// Defer is DeferUntil(time.Now().Add(d)); d <= 0 means as soon as possible.
-func Defer(d time.Duration) error {
-	now := time.Now()
-	if d <= 0 {
-		return &deferError{Until: now}
-	}
-	if d > MaxDefer {
-		return tooFar(fmt.Sprintf("%s from now", d))
-	}
-	return &deferError{Until: now.Add(d)}
 }
 
 func deferUntil(t, now time.Time) error {
@@ -94,7 +83,7 @@ func tooFar(what string) error {
 }
 
 // DeferredUntil reports whether err (or an error it wraps) asks for the
-// message to be deferred (DeferUntil, Defer), and until when (zero: as soon
+// message to be deferred (DeferUntil), and until when (zero: as soon
 // as possible). The consumer checks it before classifying err as a failure.
 func DeferredUntil(err error) (time.Time, bool) {
 	var d *deferError

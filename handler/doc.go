@@ -77,7 +77,7 @@
 //	                                              delay)
 //	the error of Timeout(d)          timeout      retriable, as above; errors.Is(err, ErrTimeout)
 //	HTTPStatus(err, code)            err's kind   as err; the status is there for recoverability
-//	                                              rules (package recovery) and HTTPStatusOf
+//	                                              rules (package recovery)
 //	Permanent(err)                   permanent    dead-letter topic at once, no retries
 //	Decode(err)                      decode       dead-letter topic at once; bytes kept unchanged
 //	a panic (*PanicError)            panic        dead-letter topic at once, or retriable when
@@ -96,8 +96,8 @@
 // (dedupe.StoreError; the same message is tried again with backoff).
 //
 // A handler may also ask for the message later rather than fail it:
-// [DeferUntil] (or [Defer]) returns an error that [DeferredUntil]
-// recognises, which is not a failure.
+// [DeferUntil] returns an error that [DeferredUntil] recognises, which is not
+// a failure.
 // The consumer stores the message in PostgreSQL, commits its offset at once
 // and its group's scheduler (package schedule) publishes it again when the
 // time comes, with the same idempotency key and origin; no retry is spent
@@ -108,9 +108,10 @@
 // permanent, timeout wins; [IsRetriable] is true for kinds retriable and
 // timeout. The markers wrap with Unwrap, so errors.Is and errors.As still find
 // the original error, and they may be wrapped again with fmt.Errorf("…: %w").
-// [Cause] strips idem's own wrappers to name the underlying error's type in the
-// idem-error-type header. Permanent(nil), Decode(nil), RetryAfter(nil, d) and
-// HTTPStatus(nil, code) return nil, so `return handler.Permanent(err)` is safe when err is nil.
+// The idem-error-type header names the type of the error under idem's own
+// markers (handler.Permanent(&net.OpError{…}) is reported as *net.OpError).
+// Permanent(nil), Decode(nil), RetryAfter(nil, d) and HTTPStatus(nil, code)
+// return nil, so `return handler.Permanent(err)` is safe when err is nil.
 //
 // # Middleware
 //

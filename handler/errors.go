@@ -33,6 +33,10 @@ func (e *permanentError) Error() string { return e.err.Error() }
 // Unwrap returns the wrapped error.
 func (e *permanentError) Unwrap() error { return e.err }
 
+// IdemMarked returns the wrapped error: the mark is handler's own, and the
+// idem-error-type header names what it wraps (internal/errwrap.Cause).
+func (e *permanentError) IdemMarked() error { return e.err }
+
 // Permanent marks err as not worth retrying: the message goes to the dead-letter
 // topic at once (kind "permanent"). Permanent(nil) returns nil.
 func Permanent(err error) error {
@@ -57,6 +61,9 @@ func (e *decodeError) Error() string { return "decode: " + e.err.Error() }
 
 // Unwrap returns the wrapped error.
 func (e *decodeError) Unwrap() error { return e.err }
+
+// IdemMarked returns the wrapped error (see permanentError.IdemMarked).
+func (e *decodeError) IdemMarked() error { return e.err }
 
 // Decode marks err as a failure to decode the payload. It is permanent and is
 // dead-lettered with kind "decode"; the record's bytes are kept unchanged.
@@ -87,6 +94,9 @@ func (e *retryAfterError) Error() string {
 
 // Unwrap returns the wrapped error.
 func (e *retryAfterError) Unwrap() error { return e.Err }
+
+// IdemMarked returns the wrapped error (see permanentError.IdemMarked).
+func (e *retryAfterError) IdemMarked() error { return e.Err }
 
 // RetryAfter marks err as retriable no sooner than d from now; the in-process
 // retry waits at least d (instead of its own backoff). RetryAfter(nil, d)
@@ -129,7 +139,11 @@ func (e *statusError) Error() string { return fmt.Sprintf("%v (HTTP %d)", e.Err,
 // Unwrap returns the wrapped error.
 func (e *statusError) Unwrap() error { return e.Err }
 
-// HTTPStatus returns the status code, so that HTTPStatusOf finds it.
+// IdemMarked returns the wrapped error (see permanentError.IdemMarked).
+func (e *statusError) IdemMarked() error { return e.Err }
+
+// HTTPStatus returns the status code, so that recovery's HTTPStatus rules
+// find it.
 func (e *statusError) HTTPStatus() int { return e.Code }
 
 // HTTPStatus marks err as a dependency's HTTP answer with status code. The
@@ -140,17 +154,6 @@ func HTTPStatus(err error, code int) error {
 		return nil
 	}
 	return &statusError{Code: code, Err: err}
-}
-
-// HTTPStatusOf returns the HTTP status code carried by the first error in
-// err's chain that has a method HTTPStatus() int: an error made by
-// HTTPStatus, or an HTTP client's own error type that has such a method.
-func HTTPStatusOf(err error) (int, bool) {
-	var s interface{ HTTPStatus() int }
-	if errors.As(err, &s) {
-		return s.HTTPStatus(), true
-	}
-	return 0, false
 }
 
 // PanicError is the error a recovered handler panic becomes.
@@ -168,12 +171,6 @@ func (e *PanicError) Unwrap() error {
 		return err
 	}
 	return nil
-}
-
-// IsPanic reports whether err is or wraps a *PanicError.
-func IsPanic(err error) bool {
-	var p *PanicError
-	return errors.As(err, &p)
 }
 
 // ErrTimeout is wrapped by the error Timeout returns when the handler ran out of
@@ -233,7 +230,7 @@ func ErrorKind(err error) Kind {
 			return KindInvalidKey
 		}
 		return KindMissingKey
-	case IsPanic(err):
+	case errors.As(err, new(*PanicError)):
 		return KindPanic
 	case IsDecode(err):
 		return KindDecode
@@ -254,27 +251,6 @@ func IsRetriable(err error) bool {
 	return k == KindRetriable || k == KindTimeout
 }
 
-// Cause returns the innermost error of err's Unwrap chain that is not one of
-// handler's own wrappers, for error-type reporting (idem-error-type).
-func Cause(err error) error {
-	for {
-		switch e := err.(type) {
-		case *permanentError:
-			err = e.err
-		case *decodeError:
-			err = e.err
-		case *retryAfterError:
-			err = e.Err
-		case *statusError:
-			err = e.Err
-		case *timeoutError:
-			err = e.err
-		default:
-			return err
-		}
-	}
-}
-
 // timeoutError is what Timeout returns when the deadline passed.
 type timeoutError struct {
 	d   time.Duration
@@ -288,3 +264,6 @@ func (e *timeoutError) Error() string {
 
 // Unwrap returns the wrapped error.
 func (e *timeoutError) Unwrap() []error { return []error{ErrTimeout, e.err} }
+
+// IdemMarked returns the handler's own error (see permanentError.IdemMarked).
+func (e *timeoutError) IdemMarked() error { return e.err }

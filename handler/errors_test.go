@@ -9,7 +9,11 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/errwrap"
 )
+
+// isPanic reports whether err is or wraps a *handler.PanicError.
+func isPanic(err error) bool { return errors.As(err, new(*handler.PanicError)) }
 
 func TestNilInputsReturnNil(t *testing.T) {
 	if err := handler.Permanent(nil); err != nil {
@@ -24,13 +28,13 @@ func TestNilInputsReturnNil(t *testing.T) {
 	if k := handler.ErrorKind(nil); k != "" {
 		t.Errorf(`ErrorKind(nil) = %q, want ""`, k)
 	}
-	if handler.IsRetriable(nil) || handler.IsPermanent(nil) || handler.IsDecode(nil) || handler.IsPanic(nil) {
+	if handler.IsRetriable(nil) || handler.IsPermanent(nil) || handler.IsDecode(nil) || isPanic(nil) {
 		t.Errorf("a nil error must be neither retriable, permanent, decode nor panic")
 	}
 	if d, ok := handler.RetryAfterOf(nil); ok || d != 0 {
 		t.Errorf("RetryAfterOf(nil) = %v, %v; want 0, false", d, ok)
 	}
-	if err := handler.Cause(nil); err != nil {
+	if err := errwrap.Cause(nil); err != nil {
 		t.Errorf("Cause(nil) = %v, want nil", err)
 	}
 }
@@ -94,7 +98,7 @@ func TestClassification(t *testing.T) {
 			if got := handler.IsDecode(tt.err); got != tt.decode {
 				t.Errorf("IsDecode = %v, want %v", got, tt.decode)
 			}
-			if got := handler.IsPanic(tt.err); got != tt.panicked {
+			if got := isPanic(tt.err); got != tt.panicked {
 				t.Errorf("IsPanic = %v, want %v", got, tt.panicked)
 			}
 			wantRetriable := tt.kind == handler.KindRetriable || tt.kind == handler.KindTimeout
@@ -163,6 +167,9 @@ func TestRetryAfterOf(t *testing.T) {
 	}
 }
 
+// TestCause: handler's own marks give way to the error they mark
+// (internal/errwrap.Cause, the idem-error-type header); a user's wrapper and
+// a panic do not.
 func TestCause(t *testing.T) {
 	base := io.ErrUnexpectedEOF
 	userWrap := fmt.Errorf("charge: %w", base)
@@ -189,7 +196,7 @@ func TestCause(t *testing.T) {
 			if want == nil {
 				want = tt.err
 			}
-			if got := handler.Cause(tt.err); got != want {
+			if got := errwrap.Cause(tt.err); got != want {
 				t.Fatalf("Cause = %T %v, want %T %v", got, got, want, want)
 			}
 		})
@@ -206,18 +213,18 @@ func TestHTTPStatus(t *testing.T) {
 	if err := handler.HTTPStatus(nil, 500); err != nil {
 		t.Fatalf("HTTPStatus(nil, 500) = %v, want nil", err)
 	}
-	if code, ok := handler.HTTPStatusOf(nil); ok || code != 0 {
+	if code, ok := errwrap.HTTPStatusOf(nil); ok || code != 0 {
 		t.Fatalf("HTTPStatusOf(nil) = %d, %v; want 0, false", code, ok)
 	}
 	base := errors.New("bank: declined")
 	err := fmt.Errorf("charge: %w", handler.Permanent(handler.HTTPStatus(base, 422)))
-	if code, ok := handler.HTTPStatusOf(err); !ok || code != 422 {
+	if code, ok := errwrap.HTTPStatusOf(err); !ok || code != 422 {
 		t.Fatalf("HTTPStatusOf = %d, %v; want 422, true", code, ok)
 	}
 	if !errors.Is(err, base) || !handler.IsPermanent(err) || handler.ErrorKind(err) != handler.KindPermanent {
 		t.Fatalf("the status hides the chain: Is %v, IsPermanent %v, kind %s", errors.Is(err, base), handler.IsPermanent(err), handler.ErrorKind(err))
 	}
-	if got := handler.Cause(handler.Permanent(handler.HTTPStatus(base, 422))); got != base {
+	if got := errwrap.Cause(handler.Permanent(handler.HTTPStatus(base, 422))); got != base {
 		t.Fatalf("Cause = %v, want the bank's error", got)
 	}
 	if got := handler.HTTPStatus(base, 503).Error(); got != "bank: declined (HTTP 503)" {
@@ -227,10 +234,10 @@ func TestHTTPStatus(t *testing.T) {
 		t.Fatal("a status alone must not change the kind")
 	}
 	// A client's own type is found through its method.
-	if code, ok := handler.HTTPStatusOf(fmt.Errorf("x: %w", apiError{409})); !ok || code != 409 {
+	if code, ok := errwrap.HTTPStatusOf(fmt.Errorf("x: %w", apiError{409})); !ok || code != 409 {
 		t.Fatalf("HTTPStatusOf(apiError) = %d, %v; want 409, true", code, ok)
 	}
-	if _, ok := handler.HTTPStatusOf(base); ok {
+	if _, ok := errwrap.HTTPStatusOf(base); ok {
 		t.Fatal("HTTPStatusOf of a plain error reports a status")
 	}
 }

@@ -134,7 +134,7 @@ func TestBatchHandleErrorNamingNoneOfItsMessagesFails(t *testing.T) {
 			if err == nil {
 				t.Fatal("Handle returned nil for a *BatchError that names none of its messages")
 			}
-			if _, ok := handler.AsBatchError(err); !ok {
+			if !errors.As(err, new(*handler.BatchError)) {
 				t.Errorf("error %v does not wrap the batch's *BatchError", err)
 			}
 		})
@@ -147,7 +147,7 @@ func TestBatchHandleErrorNamingNoneOfItsMessagesFails(t *testing.T) {
 		t.Fatalf("Batch's Handler %T is not a BatchHandler: Run would not batch it", h)
 	}
 	if handler.Batch(nil) != nil {
-		t.Fatal("Batch(nil) is not nil: Run could not refuse it with ErrNilHandler")
+		t.Fatal("Batch(nil) is not nil: Run could not refuse it as a nil handler")
 	}
 	if err := h.Handle(context.Background(), &handler.Message{}); !handler.IsPermanent(err) || !errors.Is(err, cause) {
 		t.Fatalf("Handle: %v, want the named message's permanent error", err)

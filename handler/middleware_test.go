@@ -79,9 +79,9 @@ func TestRecover(t *testing.T) {
 			if tt.name != "runtime error" && !strings.Contains(string(pe.Stack), "panicky") {
 				t.Fatalf("Stack does not show the panicking function:\n%s", pe.Stack)
 			}
-			if !handler.IsPanic(err) || handler.ErrorKind(err) != handler.KindPanic || handler.IsRetriable(err) {
-				t.Fatalf("IsPanic=%v ErrorKind=%q IsRetriable=%v; want true, panic, false",
-					handler.IsPanic(err), handler.ErrorKind(err), handler.IsRetriable(err))
+			if !isPanic(err) || handler.ErrorKind(err) != handler.KindPanic || handler.IsRetriable(err) {
+				t.Fatalf("a *PanicError=%v ErrorKind=%q IsRetriable=%v; want true, panic, false",
+					isPanic(err), handler.ErrorKind(err), handler.IsRetriable(err))
 			}
 		})
 	}
@@ -92,7 +92,7 @@ func TestRecoverPanicNil(t *testing.T) {
 	// still recovered as a failure and never mistaken for success.
 	err := handler.Chain(panicky(nil), handler.Recover()).Handle(context.Background(), &handler.Message{})
 	var pn *runtime.PanicNilError
-	if !handler.IsPanic(err) || !errors.As(err, &pn) {
+	if !isPanic(err) || !errors.As(err, &pn) {
 		t.Fatalf("err = %v, want a *PanicError wrapping *runtime.PanicNilError", err)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/kafkaversion"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -47,11 +48,11 @@ func NewKafka(tb testing.TB) *Kafka {
 }
 
 // SaramaConfig returns a sarama config suited to the cluster: protocol
-// version consumer.DefaultKafkaVersion, a synchronous producer's successes
+// version idem gives sarama (4.0), a synchronous producer's successes
 // returned, acks from all replicas.
 func (k *Kafka) SaramaConfig() *sarama.Config {
 	c := sarama.NewConfig()
-	c.Version = consumer.DefaultKafkaVersion
+	c.Version = kafkaversion.Default
 	c.Producer.Return.Successes = true
 	c.Producer.RequiredAcks = sarama.WaitForAll
 	c.Producer.Partitioner = sarama.NewManualPartitioner
@@ -298,8 +299,8 @@ type DeadLetter struct {
 }
 
 // DLQTopic returns the default dead-letter topic of topic for group,
-// "<topic>.<group>.dlq" (retrytopic.DefaultDLQTopic).
-func DLQTopic(topic, group string) string { return retrytopic.DefaultDLQTopic(topic, group) }
+// "<topic>.<group>.dlq" (retrytopic.Policy{}.DLQ).
+func DLQTopic(topic, group string) string { return retrytopic.Policy{}.DLQ(topic, group) }
 
 // ReadDLQ waits until the dead-letter topic dlqTopic holds at least n
 // records (failing the test after DefaultTimeout) and returns all of them,

@@ -31,7 +31,7 @@
 //	As[T]()                  errors.As finds an error of type T (a pointer or an interface type)
 //	Kind(kinds...)           handler.ErrorKind(err): retriable, permanent, panic, decode, timeout, …
 //	SQLState(codes...)       a *pgconn.PgError whose SQLSTATE starts with a class ("23") or is a code ("40001")
-//	HTTPStatus(codes...)     handler.HTTPStatusOf(err): handler.HTTPStatus(err, 422), or a type with HTTPStatus() int
+//	HTTPStatus(codes...)     the first HTTPStatus() int in the chain: handler.HTTPStatus(err, 422), or a client's error type
 //	HTTPStatusRange(lo, hi)  the same, for a range such as 400…499
 //	Func(name, fn)           any test of your own
 //	AnyOf(matchers...)       any of them

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/errwrap"
 )
 
 // Matcher says whether a rule applies to an error. Build one with Is, As,
@@ -143,9 +144,9 @@ func SQLState(codes ...string) Matcher {
 	}}
 }
 
-// HTTPStatus matches errors carrying one of the HTTP status codes (found by
-// handler.HTTPStatusOf: a handler.HTTPStatus(err, code), or an error type with
-// an HTTPStatus() int method). Each code must be in 100…599; codes must not
+// HTTPStatus matches errors carrying one of the HTTP status codes: the code
+// of the first error in the chain with an HTTPStatus() int method, such as a
+// handler.HTTPStatus(err, code) or an HTTP client's own error type. Each code must be in 100…599; codes must not
 // be empty.
 func HTTPStatus(codes ...int) Matcher {
 	desc := fmt.Sprintf("HTTPStatus%v", codes)
@@ -159,7 +160,7 @@ func HTTPStatus(codes ...int) Matcher {
 	}
 	codes = slices.Clone(codes)
 	return Matcher{desc: desc, match: func(err error) bool {
-		code, ok := handler.HTTPStatusOf(err)
+		code, ok := errwrap.HTTPStatusOf(err)
 		return ok && slices.Contains(codes, code)
 	}}
 }
@@ -173,7 +174,7 @@ func HTTPStatusRange(lo, hi int) Matcher {
 		return bad(desc, "want 100 <= lo <= hi <= 599")
 	}
 	return Matcher{desc: desc, match: func(err error) bool {
-		code, ok := handler.HTTPStatusOf(err)
+		code, ok := errwrap.HTTPStatusOf(err)
 		return ok && code >= lo && code <= hi
 	}}
 }

@@ -240,7 +240,7 @@ func (d Decision) clone() Decision {
 
 // Retries returns every distinct retrytopic.Policy a decision may carry, the
 // fallback's first: what the consumer creates topics for
-// (retrytopic.EnsureTopicsFor) and reads tiers of.
+// (internal/forward.EnsureTopicsFor) and reads tiers of.
 func (p *Policy) Retries(topic, group string) []retrytopic.Policy {
 	out := []retrytopic.Policy{p.fallback.Retry}
 	seen := map[string]bool{signature(p.fallback.Retry, topic, group): true}

@@ -36,29 +36,27 @@
 //
 // # Topics and size limits
 //
-// EnsureTopicsFor creates the tiers and the dead-letter topic of a source
-// topic with as many partitions as the source (so a record keeps its
-// partition number and per-key order holds) and with the source's
-// max.message.bytes plus HeaderHeadroom (and its segment.bytes), so every
-// record the source holds fits with idem's headers. Existing topics are never
-// altered; a smaller one is reported as a *LimitWarning. Sizes tells how large
-// the forward producer's Producer.MaxMessageBytes must be. idem's forward
-// producer has topic auto-creation off: idem never creates a topic by
-// producing to it.
-//
-//	pol := retrytopic.Policy{Delays: []time.Duration{time.Second, time.Minute}}
-//	sizes, err := retrytopic.EnsureTopicsFor(ctx, admin, "payments", "billing", pol)
-//	cfg.Producer.MaxMessageBytes = sizes.ProducerMaxMessageBytes()
+// At start the consumer creates the missing tiers and dead-letter topic of
+// each source topic with as many partitions as the source (so a record keeps
+// its partition number and per-key order holds), Policy.Retention and
+// Policy.ReplicationFactor, and the source's max.message.bytes plus 64 KiB
+// for idem's headers (and its segment.bytes), so every record the source
+// holds fits. Existing topics are never altered: one with fewer partitions
+// than the source stops the start with an error naming it; a smaller limit,
+// or a tier retention below twice its delay, is logged as a warning. idem's
+// forward producer is set up by ConfigureProducer, with topic auto-creation
+// off: idem never creates a topic by producing to it.
 //
 // # Records no topic will take
 //
-// IsPermanentForwardError is the one classification of producer errors: a
-// refusal no retry can change (MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE,
-// INVALID_RECORD, authorisation failures, …) or an outage (unknown topic, no
-// leader, network) to wait out. The consumer sends a record whose tier refuses
-// it for good to the dead-letter topic instead, and a record the dead-letter
-// topic refuses for good as a stub: key and headers kept, value nil,
-// idem-payload-omitted giving the value's size and idem-forward-error the
-// reason (Failure.Stub, Failure.OmittedBytes, Failure.ForwardError). Only a
-// dead-letter topic refusing even the stub makes the partition wait.
+// A refusal no retry can change (MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE,
+// INVALID_RECORD, authorisation failures, …) is told apart from an outage
+// (unknown topic, no leader, network) to wait out. The consumer sends a
+// record whose tier refuses it for good to the dead-letter topic instead, and
+// a record the dead-letter topic refuses for good as a stub: key and headers
+// kept, value nil, idem-payload-omitted giving the value's size and
+// idem-forward-error the reason (Failure.Stub, Failure.OmittedBytes,
+// Failure.ForwardError). Only a dead-letter topic refusing even the stub
+// makes the partition wait. The consumer package's doc lists which producer
+// errors are refusals.
 package retrytopic

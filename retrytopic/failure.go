@@ -28,7 +28,8 @@ type Failure struct {
 	// Group is the consumer group that failed to handle the record.
 	Group string
 	// Error is the error message, Kind its class, ErrorType the Go type of
-	// handler.Cause(err) (e.g. "*net.OpError"), Stack the panic stack if any.
+	// the error under handler's own markers (handler.Permanent(&net.OpError{…})
+	// gives "*net.OpError"), Stack the panic stack if any.
 	Error     string
 	Kind      handler.Kind
 	ErrorType string

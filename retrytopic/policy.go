@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// defaultRetention is the retention.ms EnsureTopics gives the tier and
+// defaultRetention is the retention.ms the consumer gives the tier and
 // dead-letter topics it creates when Policy.Retention is zero.
 const defaultRetention = 7 * 24 * time.Hour
 
@@ -15,15 +15,15 @@ const defaultRetention = 7 * 24 * time.Hour
 // It is what a zero Policy.ReplicationFactor means.
 const defaultReplicationFactor int16 = -1
 
-// DefaultTierTopic names retry tier n (n = 1…) of topic as consumed by group:
+// defaultTierTopic names retry tier n (n = 1…) of topic as consumed by group:
 // "<topic>.<group>.retry.<n>", e.g. "payments.billing.retry.1".
-func DefaultTierTopic(topic, group string, n int) string {
+func defaultTierTopic(topic, group string, n int) string {
 	return topic + "." + group + ".retry." + strconv.Itoa(n)
 }
 
-// DefaultDLQTopic names the dead-letter topic of topic as consumed by group:
+// defaultDLQTopic names the dead-letter topic of topic as consumed by group:
 // "<topic>.<group>.dlq", e.g. "payments.billing.dlq".
-func DefaultDLQTopic(topic, group string) string {
+func defaultDLQTopic(topic, group string) string {
 	return topic + "." + group + ".dlq"
 }
 
@@ -60,23 +60,25 @@ type Policy struct {
 	// TierTopic names retry tier n (1-based) for topic and group. It must give
 	// non-empty, legal, distinct names for every n in 1…len(Delays).
 	//
-	// Default: DefaultTierTopic, "<topic>.<group>.retry.<n>".
+	// Default: "<topic>.<group>.retry.<n>", e.g. "payments.billing.retry.1"
+	// (Policy{}.Tier gives the default name).
 	TierTopic func(topic, group string, n int) string
 
 	// DLQTopic names the dead-letter topic for topic and group.
 	//
-	// Default: DefaultDLQTopic, "<topic>.<group>.dlq".
+	// Default: "<topic>.<group>.dlq", e.g. "payments.billing.dlq" (Policy{}.DLQ
+	// gives the default name).
 	DLQTopic func(topic, group string) string
 
 	// Retention is the retention of the tier and dead-letter topics that
-	// EnsureTopics creates. A negative value keeps records forever
+	// the consumer creates. A negative value keeps records forever
 	// (retention.ms=-1). Existing topics are not altered.
 	//
 	// Default: 7 days.
 	// Kafka: topic config retention.ms.
 	Retention time.Duration
 
-	// ReplicationFactor of the topics EnsureTopics creates; -1 (or 0) asks for
+	// ReplicationFactor of the topics the consumer creates; -1 (or 0) asks for
 	// the broker's default.
 	//
 	// Default: -1 (the broker's default.replication.factor).
@@ -88,10 +90,10 @@ type Policy struct {
 // default. It is the one place the defaults live.
 func (p Policy) WithDefaults() Policy {
 	if p.TierTopic == nil {
-		p.TierTopic = DefaultTierTopic
+		p.TierTopic = defaultTierTopic
 	}
 	if p.DLQTopic == nil {
-		p.DLQTopic = DefaultDLQTopic
+		p.DLQTopic = defaultDLQTopic
 	}
 	if p.Retention == 0 {
 		p.Retention = defaultRetention
@@ -107,7 +109,7 @@ func (p Policy) WithDefaults() Policy {
 var ErrInvalidPolicy = errors.New("retrytopic: invalid policy")
 
 // Validate checks p on its own: every delay is > 0 and at most half the
-// tiers' retention (Retention, default DefaultRetention; no bound when it is
+// tiers' retention (Retention, default 7 days; no bound when it is
 // negative), the replication factor is -1, 0 or positive, and the naming
 // functions give non-empty, legal, distinct names for a sample topic and
 // group. It reports every problem at once (errors.Join). Use ValidateNames
@@ -175,7 +177,7 @@ func validTopicName(name string) error {
 // Tier returns the name of retry tier n (1-based) of topic for group.
 func (p Policy) Tier(topic, group string, n int) string {
 	if p.TierTopic == nil {
-		return DefaultTierTopic(topic, group, n)
+		return defaultTierTopic(topic, group, n)
 	}
 	return p.TierTopic(topic, group, n)
 }
@@ -183,7 +185,7 @@ func (p Policy) Tier(topic, group string, n int) string {
 // DLQ returns the name of the dead-letter topic of topic for group.
 func (p Policy) DLQ(topic, group string) string {
 	if p.DLQTopic == nil {
-		return DefaultDLQTopic(topic, group)
+		return defaultDLQTopic(topic, group)
 	}
 	return p.DLQTopic(topic, group)
 }
@@ -202,7 +204,7 @@ func (p Policy) Tiers(topic, group string) []string {
 }
 
 // Topics returns every topic the policy forwards to for topic and group: the
-// tiers in order, then the dead-letter topic. It is what EnsureTopics needs.
+// tiers in order, then the dead-letter topic: the topics the consumer creates.
 func (p Policy) Topics(topic, group string) []string {
 	return append(p.Tiers(topic, group), p.DLQ(topic, group))
 }

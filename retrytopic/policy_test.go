@@ -54,7 +54,7 @@ func TestPolicyValidate(t *testing.T) {
 		{"infinite retention: no bound", func(p *Policy) { p.Retention = -1; p.Delays[0] = 365 * 24 * time.Hour }, ""},
 		{"empty tier name", func(p *Policy) { p.TierTopic = func(string, string, int) string { return "" } }, "empty"},
 		{"same tier names", func(p *Policy) { p.TierTopic = func(t, g string, n int) string { return t + ".retry" } }, "same as"},
-		{"dlq equals tier", func(p *Policy) { p.DLQTopic = func(t, g string) string { return DefaultTierTopic(t, g, 1) } }, "same as"},
+		{"dlq equals tier", func(p *Policy) { p.DLQTopic = func(t, g string) string { return defaultTierTopic(t, g, 1) } }, "same as"},
 		{"dlq equals source", func(p *Policy) { p.DLQTopic = func(t, g string) string { return t } }, "source topic"},
 		{"illegal char", func(p *Policy) { p.DLQTopic = func(t, g string) string { return t + "/dlq" } }, "[a-zA-Z0-9._-]"},
 	}

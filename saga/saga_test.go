@@ -455,7 +455,7 @@ func TestOpenBreakerIsAnOutage(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	ctx := t.Context()
-	b, err := breaker.New("bank", breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: 200 * time.Millisecond})
+	b, err := breaker.NewSet(breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -464,7 +464,7 @@ func TestOpenBreakerIsAnOutage(t *testing.T) {
 	def := w.def()
 	charge := def.Steps[1].Action
 	def.Steps[1].Action = func(ctx context.Context, c saga.Call) (res []byte, err error) {
-		err = b.Do(ctx, func(ctx context.Context) error {
+		err = b.Do(ctx, "bank", func(ctx context.Context) error {
 			mu.Lock()
 			defer mu.Unlock()
 			if down {

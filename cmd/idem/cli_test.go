@@ -245,7 +245,7 @@ func TestCLIReplayTo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := topics[retrytopic.DefaultTierTopic(origin, "billing", 1)]; ok {
+	if _, ok := topics[retrytopic.Policy{}.Tier(origin, "billing", 1)]; ok {
 		t.Errorf("the default first tier of %s was created", origin)
 	}
 	if _, ok := topics[missing]; ok {

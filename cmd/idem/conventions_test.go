@@ -173,7 +173,7 @@ func TestDLQDepthAndSourceGroup(t *testing.T) {
 	t.Parallel()
 	k := testenv.NewKafka(t)
 	source, group := testenv.Unique("orders"), testenv.Unique("billing")
-	dlqTopic := retrytopic.DefaultDLQTopic(source, group)
+	dlqTopic := retrytopic.Policy{}.DLQ(source, group)
 	k.CreateTopic(t, dlqTopic, 3)
 	k.CreateTopic(t, source, 3)
 	seed(t, k, dlqTopic, source, 3) // partition 0

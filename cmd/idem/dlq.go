@@ -89,7 +89,7 @@ func (t dlqTopic) name() (string, error) {
 	case t.topic != "":
 		return t.topic, nil
 	case t.source != "" && t.group != "":
-		return retrytopic.DefaultDLQTopic(t.source, t.group), nil
+		return retrytopic.Policy{}.DLQ(t.source, t.group), nil
 	case t.source != "" || t.group != "":
 		return "", errors.New("--source and --group go together: give both (or --topic)")
 	default:

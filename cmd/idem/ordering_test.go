@@ -121,7 +121,7 @@ func TestOrderingCLI(t *testing.T) {
 		t.Fatal(err)
 	}
 	topic, group := k.Topic(t, 2), testenv.Group(t)
-	tier := retrytopic.DefaultTierTopic(topic, group, 1)
+	tier := retrytopic.Policy{}.Tier(topic, group, 1)
 	k.CreateTopic(t, tier, 2)
 	t.Cleanup(func() { k.DeleteTopics(t, tier) })
 	blockKey(t, pool, group, topic, []byte("K"), "H", []string{"K0", "K1", "K2"}, true)

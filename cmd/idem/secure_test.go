@@ -43,7 +43,7 @@ func TestSecureCluster(t *testing.T) {
 	k := testenv.NewSecureKafka(t)
 	source := k.Topic(t, 2)
 	group := testenv.Group(t)
-	dlqTopic := retrytopic.DefaultDLQTopic(source, group)
+	dlqTopic := retrytopic.Policy{}.DLQ(source, group)
 	t.Cleanup(func() { k.DeleteTopics(t, dlqTopic) })
 
 	// Three records to handle, two the handler rejects for good.

@@ -230,7 +230,7 @@ func TestReplayToTierKeepsHistory(t *testing.T) {
 	pool, _ := newPool(t)
 	ctx := testenv.Context(t)
 	dlqTopic, origin := k.Topic(t, 1), k.Topic(t, 1)
-	tier := retrytopic.DefaultTierTopic(origin, "billing", 2)
+	tier := retrytopic.Policy{}.Tier(origin, "billing", 2)
 	k.CreateTopic(t, tier, 1)
 	recs := seedIndexed(t, pool, dlqTopic, origin, 1)
 	a := NewActions(NewStore(pool), producerClient(t, k))

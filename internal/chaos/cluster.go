@@ -13,6 +13,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -43,7 +44,7 @@ func retryPolicy() retrytopic.Policy {
 // leaves existing topics alone (it only checks their partition count,
 // max.message.bytes and retention), so the members find them made; the
 // tiers and DLQ get what EnsureTopicsFor would give them: the source's
-// max.message.bytes plus retrytopic.HeaderHeadroom, and the policy's
+// max.message.bytes plus forward.HeaderHeadroom, and the policy's
 // retention.
 func createClusterTopics(brokers []string, source, events, group string) error {
 	isr := map[string]*string{"min.insync.replicas": new(clusterMinISR)}
@@ -71,7 +72,7 @@ func createClusterTopics(brokers []string, source, events, group string) error {
 	p := retryPolicy()
 	cfg := map[string]*string{
 		"min.insync.replicas": new(clusterMinISR),
-		"max.message.bytes":   new(strconv.FormatInt(srcMax+retrytopic.HeaderHeadroom, 10)),
+		"max.message.bytes":   new(strconv.FormatInt(srcMax+forward.HeaderHeadroom, 10)),
 		"retention.ms":        new(strconv.FormatInt(p.Retention.Milliseconds(), 10)),
 	}
 	for _, t := range p.Topics(source, group) {

@@ -12,15 +12,15 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/testenv"
-	"github.com/idemhq/idem/retrytopic"
 )
 
 // The cluster faults' locators on a real three-node cluster: a partition's
 // leader, the group and transaction coordinators each name a node, the
 // harness's topics have three replicas and min.insync.replicas=2, and after
 // the leader's SIGKILL the locator names another node; StartKafka brings the
-// killed node back. retrytopic.EnsureTopicsFor, called right after the kill
+// killed node back. forward.EnsureTopicsFor, called right after the kill
 // on an admin whose controller is the killed node, succeeds (it asks another
 // node instead of failing with "connection refused").
 func TestClusterLocatorsFollowAFailover(t *testing.T) {
@@ -104,12 +104,12 @@ func TestClusterLocatorsFollowAFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	ectx, ecancel := context.WithTimeout(ctx, 45*time.Second)
-	_, err = retrytopic.EnsureTopicsFor(ectx, a, source, group, retryPolicy())
+	_, err = forward.EnsureTopicsFor(ectx, a, source, group, retryPolicy())
 	ecancel()
 	if err != nil {
-		t.Fatalf("retrytopic.EnsureTopicsFor right after the SIGKILL of node %d, its admin's controller: %v (after %s)", leader, err, time.Since(t0).Round(100*time.Millisecond))
+		t.Fatalf("forward.EnsureTopicsFor right after the SIGKILL of node %d, its admin's controller: %v (after %s)", leader, err, time.Since(t0).Round(100*time.Millisecond))
 	}
-	t.Logf("retrytopic.EnsureTopicsFor right after the SIGKILL of node %d, its admin's controller, succeeded in %s", leader, time.Since(t0).Round(100*time.Millisecond))
+	t.Logf("forward.EnsureTopicsFor right after the SIGKILL of node %d, its admin's controller, succeeded in %s", leader, time.Since(t0).Round(100*time.Millisecond))
 	next, err := find(ctx, brokers, l, leader, time.Minute)
 	if err != nil || next == leader || !slices.Contains(nodes, next) {
 		t.Fatalf("after node %d's kill the leader is node %d, %v", leader, next, err)

@@ -13,16 +13,22 @@ import (
 	"time"
 )
 
-// Error is one bad field.
+// Error is one bad field: its value breaks Rule (List.Bad), or another check
+// of it failed with Err (List.Check).
 type Error struct {
 	Sentinel error  // the package's ErrInvalid… sentinel; errors.Is matches it
 	Field    string // e.g. "Relay.BatchSize"
-	Value    any    // the offending value
-	Rule     string // e.g. "must be >= 0"
+	Value    any    // the offending value; unset with Err
+	Rule     string // e.g. "must be >= 0"; empty with Err
+	Err      error  // the verdict of another check on Field (List.Check), or nil
 }
 
-// Error reads "<sentinel>: <Field> = <Value>: <Rule>".
+// Error reads "<sentinel>: <Field> = <Value>: <Rule>", or
+// "<sentinel>: <Field>: <Err>" for another check's verdict.
 func (e *Error) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("%v: %s: %v", e.Sentinel, e.Field, e.Err)
+	}
 	v := e.Value
 	if s, ok := v.(string); ok {
 		v = fmt.Sprintf("%q", s)
@@ -32,6 +38,10 @@ func (e *Error) Error() string {
 
 // Is reports whether target is the package's sentinel.
 func (e *Error) Is(target error) bool { return target == e.Sentinel }
+
+// Unwrap returns Err, so errors.Is and errors.As see the other check's
+// verdict too.
+func (e *Error) Unwrap() error { return e.Err }
 
 // List collects the problems of one configuration. The zero List is not
 // usable: make one with New.
@@ -53,11 +63,11 @@ func (l *List) Bad(field string, v any, rule string) {
 }
 
 // Check records err, the verdict of another check on field (a sarama
-// config's Validate, a nested value's), if it is not nil; the recorded error
-// wraps both the sentinel and err.
+// config's Validate, a nested value's), if it is not nil, as an *Error whose
+// Err is err: it matches both the sentinel and err.
 func (l *List) Check(field string, err error) {
 	if err != nil {
-		l.errs = append(l.errs, fmt.Errorf("%w: %s: %w", l.sentinel, l.prefix+field, err))
+		l.errs = append(l.errs, &Error{Sentinel: l.sentinel, Field: l.prefix + field, Err: err})
 	}
 }
 

@@ -1,9 +1,16 @@
 // Package forward sends records to retry tiers, dead-letter topics and, on
 // replay, original topics (Forwarder), durably and never duplicated by
-// producer retries (with a producer set up by retrytopic.ConfigureProducer), and waits for a tier record's due
-// time (WaitDue). Only idem's own packages use it: the consumer, dlq's
-// replay, the scheduler, transactions and the CLI. Producer errors are
-// classified by retrytopic.IsPermanentForwardError.
+// producer retries (with a producer set up by retrytopic.ConfigureProducer),
+// and waits for a tier record's due time (WaitDue). Producer errors are
+// classified by IsPermanentForwardError.
+//
+// It also creates the tier and dead-letter topics a retrytopic.Policy names
+// (EnsureTopics, EnsureTopicsFor), sized for the source topic's records plus
+// idem's headers (HeaderHeadroom, Sizes, LimitWarning), and retries an admin
+// request no broker answered (IsUnreachable).
+//
+// Only idem's own packages use it: the consumer, dlq's replay, the
+// scheduler, transactions, the chaos harness and the CLI.
 package forward
 
 import (
@@ -111,7 +118,7 @@ func (f *Forwarder) Close() error {
 //
 // A record larger than the client's Producer.MaxMessageBytes is refused
 // before it is sent, with a *ForwardError wrapping
-// sarama.ErrMessageSizeTooLarge. retrytopic.IsPermanentForwardError tells a
+// sarama.ErrMessageSizeTooLarge. IsPermanentForwardError tells a
 // refusal that no retry can change (too large, not authorised, invalid) from
 // an outage.
 func (f *Forwarder) Forward(ctx context.Context, rec Record) error {

@@ -16,7 +16,11 @@
 //   - after a failed transaction nothing more is taken (Hold fails, Mark is
 //     dropped) until Reset: sarama cannot rewind a claim, so the member ends
 //     its session (Failed) and the next one reads the committed offsets again;
-//     a producer in a fatal state (fenced) is closed and made anew by Reset.
+//     a producer in a fatal state (fenced) is closed and made anew by Reset;
+//   - a transaction is aborted only by one holding the owner exclusively
+//     (Commit, Reset, Close): a forward that fails leaves it open, in error,
+//     because other forwards may still be sending on the same producer, and
+//     sarama's abort races their sends; the next session's Reset aborts it.
 package txn
 
 import (
@@ -33,14 +37,16 @@ import (
 	"github.com/idemhq/idem/retrytopic"
 )
 
-// ErrBroken is wrapped by every error of an owner whose transaction failed
-// and was aborted: nothing can join it until Reset.
+// ErrBroken is wrapped by every error of an owner whose transaction failed:
+// nothing can join it until Reset, which aborts it if a failed forward left
+// it open.
 var ErrBroken = errors.New("txn: transaction aborted; the session must restart from the committed offsets")
 
 // RefusedError is the error of a Forward whose record the broker refused for
-// good (retrytopic.IsPermanentForwardError: too large for the destination,
+// good (forward.IsPermanentForwardError: too large for the destination,
 // invalid there, not authorised): the refused produce left the transaction
-// abortable, so it was aborted. It wraps ErrBroken and the refusal; the
+// abortable, so it is aborted (by Reset or Close, once no forward is in
+// flight). It wraps ErrBroken and the refusal; the
 // caller can send the record on in another form in a later transaction.
 // Only the Forward whose own record was refused returns it.
 type RefusedError struct {
@@ -171,7 +177,7 @@ func (o *Owner) Forward(ctx context.Context, rec forward.Record) error {
 	if !o.open {
 		if err := o.prod.BeginTxn(); err != nil {
 			defer o.mu.Unlock()
-			return o.failLocked(fmt.Errorf("txn: begin: %w", err))
+			return o.failLocked(fmt.Errorf("txn: begin: %w", err), false)
 		}
 		o.open = true
 	}
@@ -187,8 +193,8 @@ func (o *Owner) Forward(ctx context.Context, rec forward.Record) error {
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	broken := o.failLocked(fmt.Errorf("txn: send to %s: %w", rec.Topic, err))
-	if retrytopic.IsPermanentForwardError(err) {
+	broken := o.failLocked(fmt.Errorf("txn: send to %s: %w", rec.Topic, err), false)
+	if forward.IsPermanentForwardError(err) {
 		return &RefusedError{Topic: rec.Topic, Err: err, broken: broken}
 	}
 	return broken
@@ -242,7 +248,7 @@ func (o *Owner) commitGated(gm *sarama.ConsumerGroupMetadata) (map[string]map[in
 	if !o.open {
 		if err := o.prod.BeginTxn(); err != nil {
 			defer o.mu.Unlock()
-			return nil, o.failLocked(fmt.Errorf("txn: begin: %w", err))
+			return nil, o.failLocked(fmt.Errorf("txn: begin: %w", err), true)
 		}
 		o.open = true
 	}
@@ -261,7 +267,7 @@ func (o *Owner) commitGated(gm *sarama.ConsumerGroupMetadata) (map[string]map[in
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if err != nil {
-		return nil, o.failLocked(err)
+		return nil, o.failLocked(err, true)
 	}
 	o.open, o.records = false, 0
 	committed := make(map[string]map[int32]int64, len(snap))
@@ -299,23 +305,38 @@ func (o *Owner) commit(prod sarama.SyncProducer, offs map[string][]*sarama.Parti
 	return nil
 }
 
-// failLocked ends the failed transaction: abort when the producer can, drop
-// the producer when it cannot (fatal: fenced, or an abort that failed), and
-// mark the owner broken until Reset. It returns err wrapping ErrBroken.
-func (o *Owner) failLocked(err error) error {
+// failLocked marks the owner broken until Reset (Hold fails, marks are
+// dropped, Failed is closed) and returns err wrapping ErrBroken. A producer
+// in a fatal state (fenced) is dropped at once. The failed transaction is
+// aborted here only when gated, that is when the caller holds the gate
+// exclusively (Commit): a Forward holds it shared, and other lanes' forwards
+// may still be sending on the same producer, whose abort would race their
+// sends inside sarama (transitionTo writes lastError under statusLock,
+// publishTxnPartitions reads it without). Otherwise the transaction stays
+// open, in error, until Reset (the next session's Setup) or Close aborts it,
+// both holding the gate exclusively.
+func (o *Owner) failLocked(err error, gated bool) error {
 	if o.broken != nil { // failed meanwhile, by another forward
 		return o.broken
 	}
 	st := o.prod.TxnStatus()
-	if st&sarama.ProducerTxnFlagFatalError != 0 || (o.open && o.prod.AbortTxn() != nil) {
+	switch {
+	case st&sarama.ProducerTxnFlagFatalError != 0, gated && o.open && o.prod.AbortTxn() != nil:
 		_ = o.prod.Close()
 		o.prod, o.fwd = nil, nil
+		o.open = false
+	case gated:
+		o.open = false // aborted
 	}
-	o.open, o.records = false, 0
+	o.records = 0
 	clear(o.offsets)
 	o.broken = fmt.Errorf("%w: %w", ErrBroken, err)
 	close(o.failed)
-	o.log.Warn("idem: Kafka transaction failed and aborted; the session restarts from the committed offsets", "status", st.String(), "err", err)
+	msg := "idem: Kafka transaction failed and aborted; the session restarts from the committed offsets"
+	if o.open {
+		msg += " (the abort runs before the session restarts)"
+	}
+	o.log.Warn(msg, "status", st.String(), "err", err)
 	return o.broken
 }
 

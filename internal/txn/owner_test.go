@@ -3,6 +3,7 @@ package txn_test
 import (
 	"errors"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,6 +28,21 @@ func newOwner(t *testing.T, k *testenv.Kafka, group string) *txn.Owner {
 	}
 	t.Cleanup(func() { _ = o.Close() })
 	return o
+}
+
+// compactedTopic creates a compacted topic of one partition, which refuses
+// a keyless record for good (INVALID_RECORD), deleted when the test ends.
+func compactedTopic(t *testing.T, k *testenv.Kafka) string {
+	t.Helper()
+	compacted := testenv.Unique("t_compacted")
+	policy := "compact"
+	if err := k.Admin(t).CreateTopic(compacted, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1,
+		ConfigEntries: map[string]*string{"cleanup.policy": &policy}}, false); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { k.DeleteTopics(t, compacted) })
+	k.WaitTopic(t, compacted, 1)
+	return compacted
 }
 
 // committedOffset is group's committed offset of topic/0 (-1: none).
@@ -150,14 +166,7 @@ func TestOwnerRefusedRecord(t *testing.T) {
 	t.Parallel()
 	k := testenv.NewKafka(t)
 	topic, group := k.Topic(t, 1), testenv.Group(t)
-	compacted := testenv.Unique("t_compacted")
-	policy := "compact"
-	if err := k.Admin(t).CreateTopic(compacted, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1,
-		ConfigEntries: map[string]*string{"cleanup.policy": &policy}}, false); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { k.DeleteTopics(t, compacted) })
-	k.WaitTopic(t, compacted, 1)
+	compacted := compactedTopic(t, k)
 	o := newOwner(t, k, group)
 
 	release, err := o.Hold()
@@ -195,5 +204,66 @@ func TestOwnerRefusedRecord(t *testing.T) {
 	}
 	if got := committedOffset(t, k, group, topic); got != 1 {
 		t.Fatalf("committed offset %d, want 1", got)
+	}
+}
+
+// TestOwnerAbortsOnlyWhenNoForwardHolds: a forward the broker refuses while
+// another forward still holds the owner (another lane, between its send and
+// its mark) breaks the owner at once (Failed closed, Hold refused, marks
+// dropped) but does not abort the transaction: sarama's abort would race the
+// other forward's sends on the same producer. The transaction stays in its
+// abortable error until Reset, which waits for the holds to end, aborts it,
+// and leaves the producer ready for the next session.
+func TestOwnerAbortsOnlyWhenNoForwardHolds(t *testing.T) {
+	t.Parallel()
+	k := testenv.NewKafka(t)
+	topic, group := k.Topic(t, 1), testenv.Group(t)
+	compacted := compactedTopic(t, k)
+	o := newOwner(t, k, group)
+
+	hold, err := o.Hold() // the other lane: sent, not yet marked
+	if err != nil {
+		t.Fatal(err)
+	}
+	releaseOther := sync.OnceFunc(hold)
+	t.Cleanup(releaseOther) // before o.Close, which waits for every hold
+	if err := o.Forward(testenv.Context(t), forward.Record{Topic: topic, Partition: 0, Key: []byte("other lane")}); err != nil {
+		t.Fatal(err)
+	}
+	release, err := o.Hold()
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = o.Forward(testenv.Context(t), forward.Record{Topic: compacted, Partition: 0, Value: []byte("keyless")})
+	release()
+	var refused *txn.RefusedError
+	if !errors.As(err, &refused) || !errors.Is(err, txn.ErrBroken) {
+		t.Fatalf("Forward of a keyless record to a compacted topic = %v, want a *RefusedError wrapping ErrBroken", err)
+	}
+	select {
+	case <-o.Failed():
+	default:
+		t.Fatal("Failed is not closed after a refused record")
+	}
+	if _, err := o.Hold(); !errors.Is(err, txn.ErrBroken) {
+		t.Fatalf("Hold after the refusal = %v, want ErrBroken", err)
+	}
+	if st := o.TxnStatus(); st&sarama.ProducerTxnFlagAbortableError == 0 {
+		t.Fatalf("transaction status %s while another forward holds the owner, want it still in its abortable error (not aborted)", st)
+	}
+	o.Mark(topic, 0, 1) // the other lane's mark: dropped
+	releaseOther()
+
+	if err := o.Reset(); err != nil {
+		t.Fatal(err)
+	}
+	if st := o.TxnStatus(); st != sarama.ProducerTxnFlagReady {
+		t.Fatalf("transaction status %s after Reset, want ready (aborted)", st)
+	}
+	if err := o.Commit(sarama.NewConsumerGroupMetadata(group)); err != nil {
+		t.Fatalf("Commit after Reset with nothing marked = %v, want nil (the failed session's marks are dropped)", err)
+	}
+	if got := committedOffset(t, k, group, topic); got != -1 {
+		t.Fatalf("committed offset %d after the refused transaction, want none", got)
 	}
 }

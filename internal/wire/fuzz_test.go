@@ -34,7 +34,7 @@ func fuzzHeaders(raw []byte, grow uint16) []sarama.RecordHeader {
 //
 // The seed corpus is testdata/fuzz/FuzzDecode (duplicate headers, NULs,
 // invalid UTF-8, huge and out-of-range numbers, a stub); `go test` runs it
-// as an ordinary test, `go test -fuzz FuzzDecode ./retrytopic` explores.
+// as an ordinary test, `go test -fuzz FuzzDecode ./internal/wire` explores.
 func FuzzDecode(f *testing.F) {
 	f.Add([]byte("idempotency-key=k-1\nidem-attempt=3\nidem-tier=1\nidem-due-at=1700000000001"), uint16(0))
 	f.Fuzz(func(t *testing.T, raw []byte, grow uint16) {

@@ -19,6 +19,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/errwrap"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -45,7 +46,7 @@ const (
 	HeaderConsumerGroup     = "idem-consumer-group"     // consumer group that failed to handle it
 	HeaderError             = "idem-error"              // last error message (capped at MaxErrorBytes)
 	HeaderErrorKind         = "idem-error-kind"         // handler.Kind: retriable|permanent|panic|missing-key|invalid-key|decode|timeout|expired|invalid-header
-	HeaderErrorType         = "idem-error-type"         // Go type of handler.Cause(err), as fmt %T prints it
+	HeaderErrorType         = "idem-error-type"         // Go type of errwrap.Cause(err), as fmt %T prints it
 	HeaderStack             = "idem-stack"              // panic stack (capped at MaxStackBytes)
 	HeaderFirstFailureAt    = "idem-first-failure-at"   // unix ms of the first failure
 	HeaderLastFailureAt     = "idem-last-failure-at"    // unix ms of the latest failure
@@ -88,7 +89,7 @@ type Source struct {
 // moving through the tiers always points at where it was first consumed;
 // otherwise they are taken from src and now.
 //
-// Error, Kind (handler.ErrorKind), ErrorType (%T of handler.Cause(err)) and
+// Error, Kind (handler.ErrorKind), ErrorType (%T of errwrap.Cause(err)) and
 // Stack (of a *handler.PanicError in err's chain) describe err. Attempt is
 // prior.Attempt+1; the consumer overwrites it with the message's delivery
 // count. Tier and DueAt are left zero for the caller to set.
@@ -115,7 +116,7 @@ func NewFailure(err error, src Source, prior retrytopic.Failure, now time.Time) 
 	if err != nil {
 		f.Error = err.Error()
 		f.Kind = handler.ErrorKind(err)
-		f.ErrorType = fmt.Sprintf("%T", handler.Cause(err))
+		f.ErrorType = fmt.Sprintf("%T", errwrap.Cause(err))
 		var p *handler.PanicError
 		if errors.As(err, &p) {
 			f.Stack = p.Stack

@@ -256,7 +256,8 @@ func (r *recorder) wrapBatch(h handler.BatchHandler) handler.Handler {
 			err = h.HandleBatch(ctx, rest)
 		}
 		failed := map[*handler.Message]error{}
-		if be, ok := handler.AsBatchError(err); ok {
+		var be *handler.BatchError
+		if errors.As(err, &be) {
 			for _, f := range be.Failed {
 				failed[f.Message] = f.Err
 			}

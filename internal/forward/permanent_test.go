@@ -1,4 +1,4 @@
-package retrytopic
+package forward
 
 import (
 	"context"
@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/IBM/sarama"
-	"github.com/idemhq/idem/internal/forward"
 )
 
 func TestIsPermanentForwardError(t *testing.T) {
@@ -25,15 +24,15 @@ func TestIsPermanentForwardError(t *testing.T) {
 		{sarama.ErrPolicyViolation, true},
 		{sarama.ErrInvalidTimestamp, true},
 		{tooBig, true},
-		{&forward.ForwardError{Topic: "t", Partition: 0, Err: sarama.ErrMessageSizeTooLarge}, true},
-		{&forward.ForwardError{Topic: "t", Partition: 0, Err: fmt.Errorf("%w: record is 5 bytes", sarama.ErrMessageSizeTooLarge)}, true},
-		{&forward.ForwardError{Topic: "t", Partition: 0, Err: tooBig}, true},
+		{&ForwardError{Topic: "t", Partition: 0, Err: sarama.ErrMessageSizeTooLarge}, true},
+		{&ForwardError{Topic: "t", Partition: 0, Err: fmt.Errorf("%w: record is 5 bytes", sarama.ErrMessageSizeTooLarge)}, true},
+		{&ForwardError{Topic: "t", Partition: 0, Err: tooBig}, true},
 		{sarama.ProducerError{Err: sarama.ErrTopicAuthorizationFailed}, true},
 		{&sarama.ProducerError{Err: sarama.ErrInvalidRecord}, true},
 		{errors.Join(errors.New("x"), sarama.ErrInvalidRecord), true},
 		// Outages: wait and retry.
 		{sarama.ErrUnknownTopicOrPartition, false},
-		{&forward.ForwardError{Topic: "t", Partition: -1, Err: fmt.Errorf("partitions: %w", sarama.ErrUnknownTopicOrPartition)}, false},
+		{&ForwardError{Topic: "t", Partition: -1, Err: fmt.Errorf("partitions: %w", sarama.ErrUnknownTopicOrPartition)}, false},
 		{sarama.ErrLeaderNotAvailable, false},
 		{sarama.ErrNotLeaderForPartition, false},
 		{sarama.ErrRequestTimedOut, false},
@@ -43,7 +42,7 @@ func TestIsPermanentForwardError(t *testing.T) {
 		{sarama.ErrInvalidMessage, false},
 		{sarama.ErrOutOfOrderSequenceNumber, false},
 		{sarama.ConfigurationError("Producing headers requires Kafka at least v0.11"), false},
-		{&forward.ForwardError{Topic: "t", Partition: -1, Err: context.Canceled}, false},
+		{&ForwardError{Topic: "t", Partition: -1, Err: context.Canceled}, false},
 		{errors.New("dial tcp: connection refused"), false},
 	}
 	for _, tt := range tests {

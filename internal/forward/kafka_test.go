@@ -1,4 +1,4 @@
-package retrytopic_test
+package forward_test
 
 import (
 	"bytes"
@@ -188,7 +188,7 @@ func TestEnsureTopics(t *testing.T) {
 	// Concurrent callers: all succeed.
 	errs := make(chan error, 3)
 	for range 3 {
-		go func() { errs <- retrytopic.EnsureTopics(ctx, admin, topics, 3, pol) }()
+		go func() { errs <- forward.EnsureTopics(ctx, admin, topics, 3, pol) }()
 	}
 	for range 3 {
 		if err := <-errs; err != nil {
@@ -207,12 +207,12 @@ func TestEnsureTopics(t *testing.T) {
 		}
 	}
 	// Idempotent.
-	if err := retrytopic.EnsureTopics(ctx, admin, topics, 3, pol); err != nil {
+	if err := forward.EnsureTopics(ctx, admin, topics, 3, pol); err != nil {
 		t.Fatalf("second EnsureTopics: %v", err)
 	}
 	// Fewer than the source: a clear, typed error.
-	err := retrytopic.EnsureTopics(ctx, admin, topics, 5, pol)
-	var pm *retrytopic.PartitionMismatchError
+	err := forward.EnsureTopics(ctx, admin, topics, 5, pol)
+	var pm *forward.PartitionMismatchError
 	if !errors.As(err, &pm) || pm.Found != 3 || pm.Wanted != 5 {
 		t.Fatalf("EnsureTopics(5) = %v, want *PartitionMismatchError found 3 wanted 5", err)
 	}

@@ -1,4 +1,4 @@
-package retrytopic
+package forward
 
 import (
 	"context"
@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/idemhq/idem/internal/forward"
 )
 
 // unreachableFor bounds how long EnsureTopics and EnsureTopicsFor retry an
@@ -69,7 +68,7 @@ func persist(ctx context.Context, call func() error) error {
 		if now.Add(wait).After(deadline) {
 			return err
 		}
-		if werr := forward.WaitDue(ctx, now.Add(wait), nil); werr != nil {
+		if werr := WaitDue(ctx, now.Add(wait), nil); werr != nil {
 			return fmt.Errorf("%w (%w while retrying)", err, werr)
 		}
 		wait = min(2*wait, 2*time.Second)

@@ -1,4 +1,4 @@
-package retrytopic_test
+package forward_test
 
 import (
 	"bytes"
@@ -85,15 +85,15 @@ func TestEnsureTopicsForCopiesSizeLimits(t *testing.T) {
 	t.Run("created like the source", func(t *testing.T) {
 		src := topicWith(t, k, "src", 2, map[string]string{"max.message.bytes": strconv.Itoa(fourMiB), "segment.bytes": strconv.Itoa(2 * fourMiB)})
 		pol := retrytopic.Policy{Delays: []time.Duration{time.Second}}
-		sz, err := retrytopic.EnsureTopicsFor(ctx, admin, src, group, pol)
+		sz, err := forward.EnsureTopicsFor(ctx, admin, src, group, pol)
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := int64(fourMiB + retrytopic.HeaderHeadroom)
+		want := int64(fourMiB + forward.HeaderHeadroom)
 		if sz.SourceMaxMessageBytes != fourMiB || sz.MaxMessageBytes != want || len(sz.Warnings) != 0 {
 			t.Fatalf("Sizes = %+v, want source %d, max %d, no warnings", sz, fourMiB, want)
 		}
-		if got := sz.ProducerMaxMessageBytes(); got != int(want)+retrytopic.HeaderHeadroom {
+		if got := sz.ProducerMaxMessageBytes(); got != int(want)+forward.HeaderHeadroom {
 			t.Errorf("ProducerMaxMessageBytes = %d", got)
 		}
 		for _, name := range pol.Topics(src, group) {
@@ -106,7 +106,7 @@ func TestEnsureTopicsForCopiesSizeLimits(t *testing.T) {
 			}
 		}
 		// Idempotent: a second call finds them and reports the same limit.
-		again, err := retrytopic.EnsureTopicsFor(ctx, admin, src, group, pol)
+		again, err := forward.EnsureTopicsFor(ctx, admin, src, group, pol)
 		if err != nil || again.MaxMessageBytes != want || len(again.Warnings) != 0 {
 			t.Fatalf("second EnsureTopicsFor = %+v, %v", again, err)
 		}
@@ -118,14 +118,14 @@ func TestEnsureTopicsForCopiesSizeLimits(t *testing.T) {
 		dlq, tier := pol.DLQ(src, group), pol.Tier(src, group, 1)
 		namedTopicWith(t, k, dlq, 1, map[string]string{"max.message.bytes": strconv.Itoa(oneMiB)})
 		namedTopicWith(t, k, tier, 1, map[string]string{"retention.ms": strconv.FormatInt(time.Hour.Milliseconds(), 10), "max.message.bytes": strconv.Itoa(2 * fourMiB)})
-		sz, err := retrytopic.EnsureTopicsFor(ctx, admin, src, group, pol)
+		sz, err := forward.EnsureTopicsFor(ctx, admin, src, group, pol)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if sz.MaxMessageBytes != 2*fourMiB {
 			t.Errorf("MaxMessageBytes = %d, want the tier's %d (the largest)", sz.MaxMessageBytes, 2*fourMiB)
 		}
-		got := map[string]*retrytopic.LimitWarning{}
+		got := map[string]*forward.LimitWarning{}
 		for _, w := range sz.Warnings {
 			got[w.Topic+" "+w.Config] = w
 			t.Logf("warning: %v", w)
@@ -143,7 +143,7 @@ func TestEnsureTopicsForCopiesSizeLimits(t *testing.T) {
 	})
 
 	t.Run("unknown source", func(t *testing.T) {
-		_, err := retrytopic.EnsureTopicsFor(ctx, admin, "missing_"+group, group, retrytopic.Policy{})
+		_, err := forward.EnsureTopicsFor(ctx, admin, "missing_"+group, group, retrytopic.Policy{})
 		if !errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
 			t.Fatalf("EnsureTopicsFor(missing) = %v, want ErrUnknownTopicOrPartition", err)
 		}
@@ -191,7 +191,7 @@ func TestForwardRefusalsArePermanent(t *testing.T) {
 			if !errors.Is(err, tt.want) {
 				t.Fatalf("Forward = %v, want %v", err, tt.want)
 			}
-			if got := retrytopic.IsPermanentForwardError(err); got != tt.permanent {
+			if got := forward.IsPermanentForwardError(err); got != tt.permanent {
 				t.Fatalf("IsPermanentForwardError(%v) = %v, want %v", err, got, tt.permanent)
 			}
 		})

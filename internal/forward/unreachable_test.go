@@ -1,4 +1,4 @@
-package retrytopic
+package forward
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package retrytopic
+package forward
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/idemhq/idem/internal/forward"
+	"github.com/idemhq/idem/retrytopic"
 )
 
 // PartitionMismatchError is returned by EnsureTopics when a tier or
@@ -44,14 +44,14 @@ func (e *PartitionMismatchError) Error() string {
 // admin knows; while that node is down the creation is retried the same way.
 // Topics created here may take a moment to show in the metadata of other
 // clients.
-func EnsureTopics(ctx context.Context, admin sarama.ClusterAdmin, topics []string, partitions int32, policy Policy) error {
+func EnsureTopics(ctx context.Context, admin sarama.ClusterAdmin, topics []string, partitions int32, policy retrytopic.Policy) error {
 	_, err := ensure(ctx, admin, topics, partitions, policy, nil)
 	return err
 }
 
 // ensure is EnsureTopics with extra config entries for the topics it creates.
 // It returns the names it created itself.
-func ensure(ctx context.Context, admin sarama.ClusterAdmin, topics []string, partitions int32, policy Policy, extra map[string]string) (map[string]bool, error) {
+func ensure(ctx context.Context, admin sarama.ClusterAdmin, topics []string, partitions int32, policy retrytopic.Policy, extra map[string]string) (map[string]bool, error) {
 	if partitions < 1 {
 		return nil, fmt.Errorf("retrytopic: EnsureTopics: partitions = %d, must be >= 1", partitions)
 	}
@@ -172,7 +172,7 @@ func (w *LimitWarning) Error() string {
 //
 // The returned Sizes say how large a forward producer's
 // Producer.MaxMessageBytes must be (Sizes.ProducerMaxMessageBytes).
-func EnsureTopicsFor(ctx context.Context, admin sarama.ClusterAdmin, source, group string, policy Policy) (Sizes, error) {
+func EnsureTopicsFor(ctx context.Context, admin sarama.ClusterAdmin, source, group string, policy retrytopic.Policy) (Sizes, error) {
 	var sz Sizes
 	partitions, exists, err := describe(ctx, admin, source)
 	switch {
@@ -344,7 +344,7 @@ func describeCreated(ctx context.Context, admin sarama.ClusterAdmin, topic strin
 		if exists && n > 0 {
 			return n, nil
 		}
-		if err := forward.WaitDue(ctx, time.Now().Add(wait), nil); err != nil {
+		if err := WaitDue(ctx, time.Now().Add(wait), nil); err != nil {
 			return 0, fmt.Errorf("topic exists but its metadata did not appear: %w", err)
 		}
 		wait = min(2*wait, 500*time.Millisecond)
