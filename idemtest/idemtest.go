@@ -145,8 +145,8 @@ func (k *Kafka) Config(tb testing.TB, group string, topics ...string) consumer.C
 // db is usually a *pgxpool.Pool on a test database; handlers then write
 // through dedupe.Tx(ctx) exactly as in production. Without it, the kit's
 // memory store runs handlers with no transaction: every call on
-// dedupe.Tx(ctx) fails with dedupe.ErrNoTx (permanent, so the message is
-// dead-lettered with that reason).
+// dedupe.Tx(ctx) fails with a permanent error that names the store to
+// configure (so the message is dead-lettered with that reason).
 func WithPostgres(tb testing.TB, cfg consumer.Config, db dedupe.DB) consumer.Config {
 	tb.Helper()
 	if err := idemschema.Migrate(context.Background(), db, nil, nil); err != nil {

@@ -176,8 +176,8 @@ func TestForgottenWithPostgresIsAClearError(t *testing.T) {
 	k.Produce(t, "refunds", idemtest.Record{IdempotencyKey: "r-1", Value: []byte("{}")})
 	c := idemtest.Start(t, k.Config(t, "payouts", "refunds"), handler.Func(func(ctx context.Context, m *handler.Message) error {
 		_, err := dedupe.Tx(ctx).Exec(ctx, `INSERT INTO refunds (id) VALUES ($1)`, m.IdempotencyKey)
-		if err != nil && !errors.Is(err, dedupe.ErrNoTx) {
-			t.Errorf("error %v does not wrap dedupe.ErrNoTx", err)
+		if err != nil && (dedupe.HasTx(ctx) || !handler.IsPermanent(err)) {
+			t.Errorf("error %v: want the permanent error of a ctx without a transaction", err)
 		}
 		return err
 	}))
