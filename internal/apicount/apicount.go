@@ -80,46 +80,40 @@ func Count(root string) ([]Package, Counts, error) {
 			*n++
 			p.Names = append(p.Names, name)
 		}
+		for _, id := range topLevel(f) {
+			if id.IsExported() {
+				add(&p.Top, id.Name)
+			}
+		}
 		for _, decl := range f.Decls {
 			switch decl := decl.(type) {
 			case *ast.FuncDecl:
-				if !decl.Name.IsExported() {
+				if decl.Recv == nil || !decl.Name.IsExported() {
 					continue
 				}
-				if decl.Recv == nil {
-					add(&p.Top, decl.Name.Name)
-				} else if recv := recvType(decl.Recv.List[0].Type); ast.IsExported(recv) {
+				if recv := recvType(decl.Recv.List[0].Type); ast.IsExported(recv) {
 					add(&p.Methods, recv+"."+decl.Name.Name)
 				}
 			case *ast.GenDecl:
 				for _, spec := range decl.Specs {
-					switch spec := spec.(type) {
-					case *ast.ValueSpec:
-						for _, n := range spec.Names {
+					spec, ok := spec.(*ast.TypeSpec)
+					if !ok || !spec.Name.IsExported() {
+						continue
+					}
+					var list *ast.FieldList
+					switch t := spec.Type.(type) {
+					case *ast.StructType:
+						list = t.Fields
+					case *ast.InterfaceType:
+						list = t.Methods
+					}
+					if list == nil {
+						continue
+					}
+					for _, fld := range list.List {
+						for _, n := range fld.Names {
 							if n.IsExported() {
-								add(&p.Top, n.Name)
-							}
-						}
-					case *ast.TypeSpec:
-						if !spec.Name.IsExported() {
-							continue
-						}
-						add(&p.Top, spec.Name.Name)
-						var list *ast.FieldList
-						switch t := spec.Type.(type) {
-						case *ast.StructType:
-							list = t.Fields
-						case *ast.InterfaceType:
-							list = t.Methods
-						}
-						if list == nil {
-							continue
-						}
-						for _, fld := range list.List {
-							for _, n := range fld.Names {
-								if n.IsExported() {
-									add(&p.Fields, spec.Name.Name+"."+n.Name)
-								}
+								add(&p.Fields, spec.Name.Name+"."+n.Name)
 							}
 						}
 					}
@@ -142,6 +136,30 @@ func Count(root string) ([]Package, Counts, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Dir < out[j].Dir })
 	return out, sum, nil
+}
+
+// topLevel returns the names f declares at top level, exported or not:
+// functions (not methods), variables, constants and types.
+func topLevel(f *ast.File) []*ast.Ident {
+	var out []*ast.Ident
+	for _, decl := range f.Decls {
+		switch decl := decl.(type) {
+		case *ast.FuncDecl:
+			if decl.Recv == nil {
+				out = append(out, decl.Name)
+			}
+		case *ast.GenDecl:
+			for _, spec := range decl.Specs {
+				switch spec := spec.(type) {
+				case *ast.ValueSpec:
+					out = append(out, spec.Names...)
+				case *ast.TypeSpec:
+					out = append(out, spec.Name)
+				}
+			}
+		}
+	}
+	return out
 }
 
 // recvType is the name of a method's receiver type, pointer and type
@@ -253,27 +271,9 @@ func Refs(root string) ([]Ref, error) {
 			continue
 		}
 		public[dir] = true
-		for _, decl := range fl.f.Decls {
-			switch decl := decl.(type) {
-			case *ast.FuncDecl:
-				if decl.Recv == nil && decl.Name.IsExported() {
-					decls[declared{dir, decl.Name.Name}] = map[string]bool{}
-				}
-			case *ast.GenDecl:
-				for _, spec := range decl.Specs {
-					switch spec := spec.(type) {
-					case *ast.ValueSpec:
-						for _, n := range spec.Names {
-							if n.IsExported() {
-								decls[declared{dir, n.Name}] = map[string]bool{}
-							}
-						}
-					case *ast.TypeSpec:
-						if spec.Name.IsExported() {
-							decls[declared{dir, spec.Name.Name}] = map[string]bool{}
-						}
-					}
-				}
+		for _, id := range topLevel(fl.f) {
+			if id.IsExported() {
+				decls[declared{dir, id.Name}] = map[string]bool{}
 			}
 		}
 	}
@@ -317,24 +317,8 @@ func Refs(root string) ([]Ref, error) {
 		// Declared names of this file, so that a declaration is not its
 		// own reference.
 		self := map[*ast.Ident]bool{}
-		for _, decl := range fl.f.Decls {
-			switch decl := decl.(type) {
-			case *ast.FuncDecl:
-				if decl.Recv == nil {
-					self[decl.Name] = true
-				}
-			case *ast.GenDecl:
-				for _, spec := range decl.Specs {
-					switch spec := spec.(type) {
-					case *ast.ValueSpec:
-						for _, n := range spec.Names {
-							self[n] = true
-						}
-					case *ast.TypeSpec:
-						self[spec.Name] = true
-					}
-				}
-			}
+		for _, id := range topLevel(fl.f) {
+			self[id] = true
 		}
 		ast.Inspect(fl.f, func(n ast.Node) bool {
 			switch n := n.(type) {
