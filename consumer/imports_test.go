@@ -34,7 +34,7 @@ func TestImports(t *testing.T) {
 	}
 	may := []string{
 		"breaker", "console/index", "dedupe", "dlq", "handler", "metrics", "recovery", "retrytopic", "schedule",
-		"internal/adaptive", "internal/coremetrics", "internal/expiry", "internal/forward", "internal/keyorder", "internal/scheduletable",
+		"internal/adaptive", "internal/coremetrics", "internal/expiry", "internal/forward", "internal/inboxconf", "internal/keyorder", "internal/scheduletable",
 		"internal/txn", "internal/wire",
 	}
 	for _, imp := range p.Imports {
