@@ -22,10 +22,10 @@ import (
 	"github.com/idemhq/idem/internal/checkpointrow"
 	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/keyorder"
+	"github.com/idemhq/idem/internal/outboxtable"
 	"github.com/idemhq/idem/internal/sagatable"
 	"github.com/idemhq/idem/internal/scheduletable"
 	"github.com/idemhq/idem/internal/testenv"
-	"github.com/idemhq/idem/outbox"
 )
 
 // catalog describes what a schema holds: each table with its columns, each
@@ -110,7 +110,7 @@ func TestMigrateCreatesEveryTable(t *testing.T) {
 	for _, step := range []func() error{
 		func() error { return dedupe.NewPostgres(union).Migrate(ctx) },
 		func() error { return keyorder.New(union, "").Migrate(ctx) },
-		func() error { return outbox.Migrate(ctx, union) },
+		func() error { return outboxtable.Migrate(ctx, union) },
 		func() error { return sagatable.Migrate(ctx, union) },
 		func() error { return checkpointrow.Migrate(ctx, union) },
 		func() error { return indextable.Migrate(ctx, union) },

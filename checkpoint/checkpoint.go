@@ -24,9 +24,10 @@ const rollbackTimeout = 5 * time.Second
 var (
 	// ErrInvalidJob is matched by every problem NewRunner reports; each names the field.
 	ErrInvalidJob = errors.New("checkpoint: invalid job")
-	// ErrNoProgress is wrapped by Run's error when Read returns rows but the
-	// same cursor it was given, which would process one chunk for ever.
-	ErrNoProgress = errors.New("checkpoint: Read returned rows without advancing the cursor")
+	// errNoProgress is wrapped by Run's error when Read returns rows but the
+	// same cursor it was given, which would process one chunk for ever: a
+	// bug in Read, which the error names.
+	errNoProgress = errors.New("checkpoint: Read returned rows without advancing the cursor")
 )
 
 // Job describes a batch job over rows of type R.
@@ -47,8 +48,9 @@ type Job[R any] struct {
 	// Cursors are text so that any key fits (strconv.FormatInt of an id, an
 	// RFC 3339 timestamp plus an id, …); the runner stores them and never
 	// compares them. Read runs in the chunk's transaction. It must return
-	// rows in the same order each time and a last cursor that moves forward;
-	// no rows means the job is done. It must also never return a row whose
+	// rows in the same order each time and a last cursor that moves forward
+	// (Run fails, naming the cursor, when rows come with the cursor it was
+	// given); no rows means the job is done. It must also never return a row whose
 	// cursor is past a row that may still appear: "WHERE id > cursor" meets
 	// that only for a table nothing inserts into while the job runs (ids
 	// are drawn at INSERT, and a transaction holding a lower id may commit
@@ -180,7 +182,7 @@ func (r *Runner[R]) chunk(ctx context.Context, db dedupe.DB) (n int, done bool, 
 		return 0, true, nil
 	}
 	if last == cursor {
-		return 0, false, fmt.Errorf("checkpoint: job %s: %w (cursor %q, %d rows)", r.job.Name, ErrNoProgress, cursor, len(rows))
+		return 0, false, fmt.Errorf("checkpoint: job %s: %w (cursor %q, %d rows)", r.job.Name, errNoProgress, cursor, len(rows))
 	}
 	if err := r.job.Process(ctx, tx, rows); err != nil {
 		return 0, false, fmt.Errorf("checkpoint: job %s: process %d rows after %q: %w", r.job.Name, len(rows), cursor, err)

@@ -28,5 +28,9 @@ var (
 	ErrNotFound = checkpointrow.ErrNotFound
 )
 
+// ErrNoProgress is wrapped by Run's error when Read does not advance the
+// cursor.
+var ErrNoProgress = errNoProgress
+
 // Migrate is checkpointrow.Migrate (idem.Migrate runs it), for the external tests.
 var Migrate = checkpointrow.Migrate

@@ -12,8 +12,8 @@ import (
 
 	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/internal/keyorder"
+	"github.com/idemhq/idem/internal/outboxtable"
 	"github.com/idemhq/idem/internal/testenv"
-	"github.com/idemhq/idem/outbox"
 )
 
 // TestParkedKeysAndOutboxPages: the parked-keys and failed-outbox pages
@@ -45,7 +45,7 @@ func TestParkedKeysAndOutboxPages(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A failed outbox row.
-	if err := outbox.Migrate(ctx, e.pool); err != nil {
+	if err := outboxtable.Migrate(ctx, e.pool); err != nil {
 		t.Fatal(err)
 	}
 	var rowID int64

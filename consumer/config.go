@@ -494,12 +494,12 @@ type LimitsConfig struct {
 // long as a copy of its message may arrive.
 //
 // When Dedupe is a PostgreSQL store (dedupe.NewPostgres,
-// dedupe.NewPostgresLease: any dedupe.Sweepable) and NoSweep is false, Run
+// dedupe.NewPostgresLease: any store with a Sweeper method) and NoSweep is false, Run
 // starts a dedupe.Sweeper on its table that deletes, every minute, the rows
 // processed more than Keep ago; it stops with Run. The sweeper deletes old
 // rows of every consumer group in the table, so services sharing one inbox
 // table must agree on Keep (or use dedupe.WithTable). Validate then requires
-// Keep to be at least dedupe.MinRetention (1h) and the retention of the
+// Keep to be at least 1h (the sweeper's minimum) and the retention of the
 // retry-tier and dead-letter topics (Retry.Tiers.Retention, 7 days by
 // default): a failed record can wait that long in a tier, or in the
 // dead-letter topic until an operator replays it, and a second copy of an
@@ -516,13 +516,13 @@ type RetentionConfig struct {
 	// how long the store keeps keys, for the check against retention.ms;
 	// left 0 there, it is unknown and nothing is checked. Negative is an
 	// error.
-	// Default: 0 (dedupe.DefaultRetention, 14 days, when Run sweeps; unknown when it does not).
+	// Default: 0 (14 days, the sweeper's default, when Run sweeps; unknown when it does not).
 	Keep time.Duration
 
 	// NoSweep stops Run from sweeping the inbox: you sweep it yourself (a
 	// dedupe.Sweeper or a cron job of your own), and the table grows until
 	// you do.
-	// Default: false (Run sweeps a dedupe.Sweepable store).
+	// Default: false (Run sweeps a store with a Sweeper method).
 	NoSweep bool
 }
 

@@ -8,7 +8,12 @@ import (
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/internal/configerr"
+	"github.com/idemhq/idem/internal/inboxconf"
 )
+
+// sweepable is a store Run sweeps: one with a Sweeper method
+// (dedupe.Postgres, dedupe.PostgresLease).
+type sweepable interface{ Sweeper() *dedupe.Sweeper }
 
 // validateRetention checks Config.Retention (defaults applied): Keep is
 // never negative, and when Run sweeps the store it covers the sweeper's
@@ -19,12 +24,12 @@ func validateRetention(c Config, errs *configerr.List) {
 		errs.Bad("Retention.Keep", c.Retention.Keep, "must be >= 0 (0: the default); to stop Run sweeping the inbox, set Retention.NoSweep")
 		return
 	}
-	if _, swept := c.Dedupe.(dedupe.Sweepable); !swept || c.Retention.NoSweep {
+	if _, swept := c.Dedupe.(sweepable); !swept || c.Retention.NoSweep {
 		return // Run does not sweep: Keep is only compared with the topics'
 	}
 	keep := inboxRetention(c)
-	if keep < dedupe.MinRetention {
-		errs.Bad("Retention.Keep", keep, fmt.Sprintf("must be at least %s (dedupe.MinRetention), or set Retention.NoSweep and sweep the inbox yourself", dedupe.MinRetention))
+	if keep < inboxconf.MinRetention {
+		errs.Bad("Retention.Keep", keep, fmt.Sprintf("must be at least %s (the sweeper's minimum), or set Retention.NoSweep and sweep the inbox yourself", inboxconf.MinRetention))
 		return
 	}
 	if tiers := c.Retry.Tiers.WithDefaults().Retention; keep < tiers {
@@ -33,12 +38,12 @@ func validateRetention(c Config, errs *configerr.List) {
 }
 
 // inboxSweeper returns the inbox sweeper Run starts, or nil when Run does not
-// sweep (Retention.NoSweep, or a store that is not dedupe.Sweepable).
+// sweep (Retention.NoSweep, or a store that is not sweepable).
 func inboxSweeper(cfg Config, log *slog.Logger) *dedupe.Sweeper {
 	if cfg.Retention.NoSweep {
 		return nil
 	}
-	sw, ok := cfg.Dedupe.(dedupe.Sweepable)
+	sw, ok := cfg.Dedupe.(sweepable)
 	if !ok {
 		return nil
 	}
@@ -52,14 +57,14 @@ func inboxSweeper(cfg Config, log *slog.Logger) *dedupe.Sweeper {
 }
 
 // inboxRetention is how long the inbox keeps keys, as far as Run knows:
-// Retention.Keep, or dedupe.DefaultRetention when it is 0 and Run sweeps
+// Retention.Keep, or inboxconf.DefaultRetention when it is 0 and Run sweeps
 // (0: unknown, when it does not).
 func inboxRetention(cfg Config) time.Duration {
 	if cfg.Retention.Keep != 0 {
 		return cfg.Retention.Keep
 	}
-	if _, swept := cfg.Dedupe.(dedupe.Sweepable); swept && !cfg.Retention.NoSweep {
-		return dedupe.DefaultRetention
+	if _, swept := cfg.Dedupe.(sweepable); swept && !cfg.Retention.NoSweep {
+		return inboxconf.DefaultRetention
 	}
 	return 0
 }

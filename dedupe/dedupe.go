@@ -99,11 +99,11 @@ type txKey struct{}
 //
 // Tx never returns nil. When ctx carries no transaction (the store is Memory
 // or PostgresLease, say in a test that forgot idemtest.WithPostgres, or ctx
-// is not the handler's), it returns a pgx.Tx whose every method fails with an
-// error wrapping ErrNoTx, marked handler.Permanent, that names the store to
-// configure; the handler returns it and the message is dead-lettered with
-// that reason instead of a nil-pointer panic. Code that serves both kinds
-// of store asks HasTx first.
+// is not the handler's), it returns a pgx.Tx whose every method fails with
+// an error marked handler.Permanent that names the store to configure; the
+// handler returns it and the message is dead-lettered with that reason
+// instead of a nil-pointer panic. Code that serves both kinds of store asks
+// HasTx first.
 func Tx(ctx context.Context) pgx.Tx {
 	if tx, ok := ctx.Value(txKey{}).(pgx.Tx); ok && tx != nil {
 		return tx
@@ -112,7 +112,7 @@ func Tx(ctx context.Context) pgx.Tx {
 }
 
 // HasTx reports whether ctx carries a store's transaction, that is whether
-// Tx(ctx) is a real transaction rather than one that fails with ErrNoTx.
+// Tx(ctx) is a real transaction rather than one whose every method fails.
 func HasTx(ctx context.Context) bool {
 	tx, ok := ctx.Value(txKey{}).(pgx.Tx)
 	return ok && tx != nil
@@ -128,7 +128,8 @@ func WithTx(ctx context.Context, tx pgx.Tx) context.Context {
 // a lost connection, a live claim held by another member — as opposed to an
 // error returned by the handler. It is retriable: the message was not recorded
 // (or its outcome is unknown), and redelivering it is safe because the store
-// turns a second successful run into a Duplicate.
+// turns a second successful run into a Duplicate. Test for it with
+// errors.AsType[*dedupe.StoreError](err) (or errors.As).
 type StoreError struct {
 	// Op names the failed step: "begin", "insert", "commit", "claim", "complete", "config"…
 	Op string
@@ -144,12 +145,6 @@ func (e *StoreError) Error() string {
 // Unwrap returns e.Err.
 func (e *StoreError) Unwrap() error { return e.Err }
 
-// IsStoreError reports whether err is, or wraps, a *StoreError.
-func IsStoreError(err error) bool {
-	var se *StoreError
-	return errors.As(err, &se)
-}
-
 var (
 	// ErrInProgress is returned (wrapped in a *StoreError) by
 	// PostgresLease.Process when another member holds a live claim on the
@@ -158,27 +153,23 @@ var (
 	// lease.
 	ErrInProgress = errors.New("dedupe: key is being processed by another member")
 
-	// ErrLeaseLost is returned (wrapped in a *StoreError) by
-	// PostgresLease.Process when fn succeeded but its claim had meanwhile
-	// expired and been taken over by another member, so this member could not
-	// mark the key done. The effect may happen twice; retrying the message is
-	// safe and will normally see Duplicate.
-	ErrLeaseLost = errors.New("dedupe: lease expired and was taken over before the key was marked done")
-
-	// ErrTxAborted is returned by Postgres.Process when fn returned nil but
-	// the transaction could not commit because of fn: a statement inside it
-	// failed and fn swallowed the error (PostgreSQL then turns COMMIT into
-	// ROLLBACK; the error also wraps pgx.ErrTxCommitRollback, and nothing was
-	// recorded), or fn itself committed or rolled back the store's
-	// transaction (the error wraps pgx.ErrTxClosed; the key is recorded only
-	// if fn committed, and a retry is safe either way). It is the handler's
-	// fault, not an outage, so it is not a *StoreError.
-	ErrTxAborted = errors.New("dedupe: handler returned nil but its transaction did not commit")
-
 	// ErrInvalidRecord is wrapped by the error Process returns, without
 	// calling fn, when rec.Group or rec.Key is empty. It is not a
 	// *StoreError: retrying cannot fix it.
 	ErrInvalidRecord = errors.New("dedupe: invalid record")
+
+	// errLeaseLost is wrapped (in a *StoreError) by PostgresLease.Process
+	// when fn succeeded but its claim had meanwhile expired and been taken
+	// over by another member, so this member could not mark the key done.
+	// The effect may happen twice; retrying the message is safe and will
+	// normally see Duplicate. Like every *StoreError, it means "retry".
+	errLeaseLost = errors.New("dedupe: lease expired and was taken over before the key was marked done")
+
+	// errTxAborted is wrapped by the error Postgres.Process returns when fn
+	// returned nil but the transaction could not commit because of fn; the
+	// error also wraps pgx.ErrTxCommitRollback or pgx.ErrTxClosed, which
+	// say which (see Postgres.Process).
+	errTxAborted = errors.New("dedupe: handler returned nil but its transaction did not commit")
 )
 
 func checkRecord(rec Record) error {

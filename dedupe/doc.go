@@ -27,8 +27,9 @@
 //		_, err := tx.Exec(ctx, `INSERT INTO payments (id, amount) VALUES ($1, $2)`, "pay-42", 1999)
 //		return err
 //	})
+//	var storeErr *dedupe.StoreError
 //	switch {
-//	case dedupe.IsStoreError(err): // the database failed: retry later; nothing is lost
+//	case errors.As(err, &storeErr): // the database failed: retry later; nothing is lost
 //	case err != nil: // the handler failed: classify (retry tier, DLQ)
 //	case out == dedupe.Duplicate: // already done earlier: just mark the offset
 //	default: // Processed: effects and key committed together
@@ -47,7 +48,7 @@
 //     message at the same moment: the second waits for the first and then
 //     sees a Duplicate.
 //   - A handler's own error comes back unchanged. A failure of the store
-//     itself comes back as a *StoreError (IsStoreError), which is always safe
+//     itself comes back as a *StoreError (errors.As), which is always safe
 //     to retry: the message was not recorded, or its outcome is unknown and a
 //     retry will see a Duplicate if it was.
 //   - Keys are kept for the Sweeper's retention (default 14 days).

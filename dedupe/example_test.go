@@ -49,22 +49,29 @@ func TestOutcomeString(t *testing.T) {
 	}
 }
 
+// isStoreError reports whether err is, or wraps, a *dedupe.StoreError, as
+// a caller tests for one.
+func isStoreError(err error) bool {
+	_, ok := errors.AsType[*dedupe.StoreError](err)
+	return ok
+}
+
 func TestStoreError(t *testing.T) {
 	cause := errors.New("connection reset")
 	err := fmt.Errorf("partition 3: %w", &dedupe.StoreError{Op: "commit", Err: cause})
-	if !dedupe.IsStoreError(err) || !errors.Is(err, cause) {
-		t.Fatalf("IsStoreError/Is failed for %v", err)
+	if !isStoreError(err) || !errors.Is(err, cause) {
+		t.Fatalf("AsType/Is failed for %v", err)
 	}
 	if got := err.Error(); got != "partition 3: dedupe: commit: connection reset" {
 		t.Fatalf("message = %q", got)
 	}
-	if dedupe.IsStoreError(cause) || dedupe.IsStoreError(nil) {
-		t.Fatal("IsStoreError true for a plain error")
+	if isStoreError(cause) || isStoreError(nil) {
+		t.Fatal("AsType true for a plain error")
 	}
 }
 
 // TestTxContext: without a transaction in ctx, Tx is not nil but fails
-// every call with a permanent error wrapping ErrNoTx that names the store to
+// every call with the same permanent error that names the store to
 // configure, and HasTx says there is none.
 func TestTxContext(t *testing.T) {
 	ctx := context.Background()
@@ -83,7 +90,7 @@ func TestTxContext(t *testing.T) {
 		_, batchErr := tx.SendBatch(c, &pgx.Batch{}).Exec()
 		for _, err := range []error{execErr, queryErr, scanErr, batchErr, tx.Commit(c)} {
 			if !errors.Is(err, dedupe.ErrNoTx) || !handler.IsPermanent(err) || !strings.Contains(err.Error(), "dedupe.NewPostgres") {
-				t.Errorf("%s: error %v: want a permanent ErrNoTx naming dedupe.NewPostgres", name, err)
+				t.Errorf("%s: error %v: want the permanent no-transaction error naming dedupe.NewPostgres", name, err)
 			}
 		}
 	}

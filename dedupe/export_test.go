@@ -8,3 +8,10 @@ const DefaultLeaseForTest = defaultLease
 
 // DefaultTable is the inbox table used when WithTable is not given.
 const DefaultTable = defaultTable
+
+// The unexported errors, for the external tests.
+var (
+	ErrNoTx      = errNoTx
+	ErrLeaseLost = errLeaseLost
+	ErrTxAborted = errTxAborted
+)

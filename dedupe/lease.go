@@ -43,7 +43,7 @@ import (
 // loses the database, after the effect happened but before the key is marked
 // done, the claim expires and another delivery runs fn again. The same holds
 // if fn overruns its lease while ignoring its ctx (the member that finishes
-// late then gets ErrLeaseLost). The external side must therefore itself be
+// late then gets a *StoreError saying its lease expired and was taken over). The external side must therefore itself be
 // idempotent with the key: pass rec.Key to it, for example as an
 // Idempotency-Key HTTP header. Choose lease longer than fn's worst-case run
 // time; a crashed claim blocks its key (ErrInProgress) until the lease ends.
@@ -103,7 +103,8 @@ func (p *PostgresLease) Migrate(ctx context.Context) error {
 // Process implements Store; see the PostgresLease type for the protocol.
 // Errors: a live claim by another member is a *StoreError wrapping
 // ErrInProgress; a claim lost to another member after fn succeeded is a
-// *StoreError wrapping ErrLeaseLost; fn's own error is returned unchanged.
+// *StoreError with Op "complete" saying the lease expired and was taken
+// over (the effect may then happen twice); fn's own error is returned unchanged.
 func (p *PostgresLease) Process(ctx context.Context, rec Record, fn func(ctx context.Context) error) (Outcome, error) {
 	if p.err != nil {
 		return 0, &StoreError{Op: "config", Err: p.err}
@@ -202,7 +203,7 @@ func (p *PostgresLease) complete(ctx context.Context, rec Record, token string) 
 		return 0, &StoreError{Op: "complete", Err: err}
 	}
 	if tag.RowsAffected() == 0 {
-		return 0, &StoreError{Op: "complete", Err: fmt.Errorf("%w (group %q, key %q, lease %v)", ErrLeaseLost, rec.Group, rec.Key, p.lease)}
+		return 0, &StoreError{Op: "complete", Err: fmt.Errorf("%w (group %q, key %q, lease %v)", errLeaseLost, rec.Group, rec.Key, p.lease)}
 	}
 	return Processed, nil
 }

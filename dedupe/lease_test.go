@@ -40,7 +40,7 @@ func TestLeaseStates(t *testing.T) {
 	t.Run("live claim is in progress", func(t *testing.T) {
 		called := false
 		out, err := s.Process(ctx, rec("live"), func(context.Context) error { called = true; return nil })
-		if out != 0 || called || !errors.Is(err, dedupe.ErrInProgress) || !dedupe.IsStoreError(err) {
+		if out != 0 || called || !errors.Is(err, dedupe.ErrInProgress) || !isStoreError(err) {
 			t.Fatalf("Process = (%v, %v), called %v; want StoreError wrapping ErrInProgress", out, err, called)
 		}
 		if n := count(t, db, "SELECT count(*) FROM idem_processed WHERE idempotency_key = 'live' AND lease_owner = 'other-member'"); n != 1 {
@@ -124,7 +124,7 @@ func TestLeaseLostAfterTakeover(t *testing.T) {
 		_, err := db.Exec(ctx, "UPDATE idem_processed SET lease_owner = 'thief' WHERE idempotency_key = 'k'")
 		return err
 	})
-	if !errors.Is(err, dedupe.ErrLeaseLost) || !dedupe.IsStoreError(err) {
+	if !errors.Is(err, dedupe.ErrLeaseLost) || !isStoreError(err) {
 		t.Fatalf("err = %v, want StoreError wrapping ErrLeaseLost", err)
 	}
 	if n := count(t, db, "SELECT count(*) FROM idem_processed WHERE lease_owner = 'thief' AND status = 'in_progress'"); n != 1 {
@@ -146,7 +146,7 @@ func TestLeaseCancelledCtxStillMarksDone(t *testing.T) {
 
 func TestLeaseNegativeIsConfigError(t *testing.T) {
 	s := dedupe.NewPostgresLease(nil, -time.Second)
-	if _, err := s.Process(context.Background(), rec("k"), nil); !errors.Is(err, dedupe.ErrInvalidConfig) || !dedupe.IsStoreError(err) {
+	if _, err := s.Process(context.Background(), rec("k"), nil); !errors.Is(err, dedupe.ErrInvalidConfig) || !isStoreError(err) {
 		t.Fatalf("err = %v, want StoreError wrapping ErrInvalidConfig", err)
 	}
 	if err := s.Migrate(context.Background()); !errors.Is(err, dedupe.ErrInvalidConfig) {
@@ -184,7 +184,7 @@ func TestLeaseLostClaimReplyIsReclaimedByItsOwnMessage(t *testing.T) {
 	s := dedupe.NewPostgresLease(&lostReplyDB{DB: pool}, time.Hour)
 
 	r := rec("lost-reply")
-	if _, err := s.Process(ctx, r, func(context.Context) error { t.Fatal("fn ran without a claim"); return nil }); !dedupe.IsStoreError(err) {
+	if _, err := s.Process(ctx, r, func(context.Context) error { t.Fatal("fn ran without a claim"); return nil }); !isStoreError(err) {
 		t.Fatalf("first attempt: got %v, want a *StoreError (the claim's reply was lost)", err)
 	}
 	// Another message with the same key (a different offset) is held off by

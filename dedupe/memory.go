@@ -9,13 +9,13 @@ import (
 )
 
 // Memory is a process-local Store that remembers a bounded window of keys:
-// the last MaxKeys recorded (WithMaxKeys, default 1,000,000) and only those
-// recorded within MaxAge (WithMaxAge, default 1 hour). A key that has left
-// the window is forgotten, and a later delivery of it runs fn again, as if
-// it had never been recorded. Memory is single-process: it forgets
-// everything when the process exits and is not shared between processes, so
-// it gives no protection against redelivery to another member or after a
-// restart. It is meant for tests and demos; a single process may also use
+// the last 1,000,000 recorded (its count bound, MaxKeys), and only those
+// recorded within the last hour (its age bound, MaxAge). A key that has
+// left the window is forgotten, and a later delivery of it runs fn again,
+// as if it had never been recorded. Memory is single-process: it forgets
+// everything when the process exits and is not shared between processes,
+// so it gives no protection against redelivery to another member or after
+// a restart. It is meant for tests and demos; a single process may also use
 // it as a best-effort filter of duplicates that arrive within the window,
 // but only Postgres makes an effect happen once.
 //
@@ -27,16 +27,15 @@ import (
 // call gives up with a *StoreError when its ctx is done.
 //
 // The window is first in, first out by the time a key was recorded: a
-// Duplicate does not refresh it. Keys are spread over up to 64 shards, each
-// with its own lock (no global lock) and its own share of MaxKeys, so the
-// count bound is approximate: a key is forgotten once its shard holds
-// MaxKeys/shards newer keys, that is after about MaxKeys newer keys in all
-// (exactly MaxKeys when MaxKeys is below 2,048, which uses one shard). Keys
-// older than MaxAge are never reported as duplicates; their memory is
+// Duplicate does not refresh it. Keys are spread over 64 shards, each with
+// its own lock (no global lock) and its own share of MaxKeys, so the count
+// bound is approximate: a key is forgotten once its shard holds
+// MaxKeys/64 newer keys, that is after about MaxKeys newer keys in all.
+// Keys older than MaxAge are never reported as duplicates; their memory is
 // reclaimed when their shard next records a key. A key costs 45 to 70 bytes
 // (a 128-bit hash of group and key, not their text, in a hash table and in
-// a first-in-first-out list), so the default window holds at most about
-// 70 MB; recording a new key costs no allocation once the window is full.
+// a first-in-first-out list), so the window holds at most about 70 MB;
+// recording a new key costs no allocation once the window is full.
 //
 // Memory is safe for concurrent use; the zero value is not usable, use
 // NewMemory.
@@ -50,38 +49,24 @@ type Memory struct {
 	epoch    time.Time        // clock() at NewMemory; stamps are ns since it
 }
 
-// MemoryOption configures NewMemory.
-type MemoryOption func(*memConfig)
-
+// memConfig is Memory's window. The tests build other windows through
+// export_test.go; a service has no need to.
 type memConfig struct {
+	// maxKeys bounds the store by count: it remembers about the maxKeys
+	// keys recorded last and forgets older ones (see Memory on how shards
+	// make the bound approximate); ≤ 0: no count bound.
 	maxKeys int
-	maxAge  time.Duration
-	clock   func() time.Time // nil: the monotonic clock
+	// maxAge bounds it by age: a key recorded more than maxAge ago is
+	// forgotten, and a later delivery of it runs fn again; ≤ 0: no age
+	// bound.
+	maxAge time.Duration
+	clock  func() time.Time // nil: the monotonic clock
 }
 
-// memDefaults holds every default of Memory, as documented on WithMaxKeys
-// and WithMaxAge.
+// memDefaults is Memory's window, as documented on Memory and NewMemory
+// (checked by TestMemoryDocumentedDefaults).
 func memDefaults() memConfig {
 	return memConfig{maxKeys: 1_000_000, maxAge: time.Hour}
-}
-
-// WithMaxKeys bounds Memory by count: it remembers about the n keys recorded
-// last and forgets older ones (see Memory on how shards make the bound
-// approximate). n ≤ 0 removes the count bound, leaving MaxAge alone to
-// bound the store; with both removed Memory keeps every key for its life.
-//
-// Default: 1,000,000.
-func WithMaxKeys(n int) MemoryOption {
-	return func(c *memConfig) { c.maxKeys = max(n, 0) }
-}
-
-// WithMaxAge bounds Memory by age: a key recorded more than d ago is
-// forgotten, and a later delivery of it runs fn again. d ≤ 0 removes the
-// age bound, leaving MaxKeys alone to bound the store.
-//
-// Default: 1 hour.
-func WithMaxAge(d time.Duration) MemoryOption {
-	return func(c *memConfig) { c.maxAge = max(d, 0) }
 }
 
 // memShards is the most shards a Memory has; memMinPerShard the fewest keys
@@ -252,15 +237,12 @@ func (r *memRing) pop() memKey {
 
 var _ Store = (*Memory)(nil)
 
-// NewMemory returns an empty in-memory Store bounded by the options'
-// window (default: the last 1,000,000 keys, recorded within the last hour).
-func NewMemory(opts ...MemoryOption) *Memory {
-	c := memDefaults()
-	for _, o := range opts {
-		o(&c)
-	}
-	return newMemory(c)
-}
+// NewMemory returns an empty in-memory Store that remembers the keys
+// recorded last, within the window Memory describes.
+//
+// MaxKeys: 1,000,000.
+// MaxAge: 1 hour.
+func NewMemory() *Memory { return newMemory(memDefaults()) }
 
 func newMemory(c memConfig) *Memory {
 	n := memShards
@@ -272,7 +254,7 @@ func newMemory(c memConfig) *Memory {
 		seeds:  [4]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed(), maphash.MakeSeed(), maphash.MakeSeed()},
 		shards: make([]memShard, n),
 		mask:   uint64(n - 1),
-		maxAge: int64(c.maxAge),
+		maxAge: int64(max(c.maxAge, 0)),
 		clock:  c.clock,
 	}
 	if c.maxKeys > 0 {

@@ -5,8 +5,21 @@ import (
 	"time"
 )
 
-// NewMemoryWithClock is NewMemory reading time from clock, for tests of the
-// age bound.
+// A MemoryOption changes the window of a Memory the tests build; NewMemory
+// has the one window Memory documents.
+type MemoryOption func(*memConfig)
+
+// WithMaxKeys sets the count bound (≤ 0: none).
+func WithMaxKeys(n int) MemoryOption { return func(c *memConfig) { c.maxKeys = n } }
+
+// WithMaxAge sets the age bound (≤ 0: none).
+func WithMaxAge(d time.Duration) MemoryOption { return func(c *memConfig) { c.maxAge = d } }
+
+// NewMemoryWindow is NewMemory with another window.
+func NewMemoryWindow(opts ...MemoryOption) *Memory { return NewMemoryWithClock(nil, opts...) }
+
+// NewMemoryWithClock is NewMemoryWindow reading time from clock, for tests
+// of the age bound.
 func NewMemoryWithClock(clock func() time.Time, opts ...MemoryOption) *Memory {
 	c := memDefaults()
 	for _, o := range opts {

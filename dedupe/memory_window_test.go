@@ -50,15 +50,15 @@ func TestMemoryWindowConformance(t *testing.T) {
 		"negative-is-off": {dedupe.WithMaxKeys(-1), dedupe.WithMaxAge(-time.Second)},
 	} {
 		t.Run(name, func(t *testing.T) {
-			dedupetest.Run(t, func(t *testing.T) dedupe.Store { return dedupe.NewMemory(opts...) })
+			dedupetest.Run(t, func(t *testing.T) dedupe.Store { return dedupe.NewMemoryWindow(opts...) })
 		})
 	}
 }
 
-// A window of the last 100,000 keys, none kept longer than 10 minutes: a
-// redelivery within the window is a Duplicate.
+// A redelivery within the window (the last 1,000,000 keys, the last hour)
+// is a Duplicate.
 func ExampleNewMemory() {
-	store := dedupe.NewMemory(dedupe.WithMaxKeys(100_000), dedupe.WithMaxAge(10*time.Minute))
+	store := dedupe.NewMemory()
 	rec := dedupe.Record{Group: "payments", Key: "pay-42"}
 	for range 2 {
 		out, err := store.Process(context.Background(), rec, func(context.Context) error {
@@ -97,7 +97,7 @@ func checkWindow(t *testing.T, m *dedupe.Memory, want int) {
 // forgets exactly the oldest key when one more is recorded; a Duplicate
 // does not refresh a key (first in, first out).
 func TestMemoryEvictsByCount(t *testing.T) {
-	m := dedupe.NewMemory(dedupe.WithMaxKeys(100), dedupe.WithMaxAge(0))
+	m := dedupe.NewMemoryWindow(dedupe.WithMaxKeys(100), dedupe.WithMaxAge(0))
 	if m.Shards() != 1 {
 		t.Fatalf("%d shards for 100 keys, want 1", m.Shards())
 	}
@@ -136,7 +136,7 @@ func TestMemoryEvictsByCount(t *testing.T) {
 // varies a little around MaxKeys (per-shard counts are binomial).
 func TestMemoryEvictsByCountSharded(t *testing.T) {
 	const maxKeys, total = 64 * 1024, 200_000
-	m := dedupe.NewMemory(dedupe.WithMaxKeys(maxKeys), dedupe.WithMaxAge(0))
+	m := dedupe.NewMemoryWindow(dedupe.WithMaxKeys(maxKeys), dedupe.WithMaxAge(0))
 	if m.Shards() != 64 {
 		t.Fatalf("%d shards, want 64", m.Shards())
 	}
@@ -202,7 +202,7 @@ func TestMemoryEvictsByAge(t *testing.T) {
 // window: a batch larger than the window leaves only MaxKeys of them, and
 // the evicted ones run again in the next batch.
 func TestMemoryBatchWindow(t *testing.T) {
-	m := dedupe.NewMemory(dedupe.WithMaxKeys(4), dedupe.WithMaxAge(0))
+	m := dedupe.NewMemoryWindow(dedupe.WithMaxKeys(4), dedupe.WithMaxAge(0))
 	var recs []dedupe.Record
 	for i := range 6 {
 		recs = append(recs, dedupe.Record{Group: "g", Key: fmt.Sprint("k", i)})
@@ -267,8 +267,8 @@ func TestMemoryWindowConcurrent(t *testing.T) {
 	checkWindow(t, m, -1)
 }
 
-// TestMemoryDocumentedDefaults: the "Default:" lines of WithMaxKeys and
-// WithMaxAge state memDefaults' values.
+// TestMemoryDocumentedDefaults: NewMemory's doc, and Memory's, state
+// memDefaults' window.
 func TestMemoryDocumentedDefaults(t *testing.T) {
 	maxKeys, maxAge := dedupe.MemoryDefaults()
 	f, err := parser.ParseFile(token.NewFileSet(), "memory.go", nil, parser.ParseComments)
@@ -277,19 +277,28 @@ func TestMemoryDocumentedDefaults(t *testing.T) {
 	}
 	docs := map[string]string{}
 	for _, d := range f.Decls {
-		if fd, ok := d.(*ast.FuncDecl); ok && fd.Doc != nil {
-			docs[fd.Name.Name] = fd.Doc.Text()
+		switch d := d.(type) {
+		case *ast.FuncDecl:
+			if d.Doc != nil {
+				docs[d.Name.Name] = d.Doc.Text()
+			}
+		case *ast.GenDecl:
+			if ts, ok := d.Specs[0].(*ast.TypeSpec); ok && d.Doc != nil {
+				docs[ts.Name.Name] = d.Doc.Text()
+			}
 		}
 	}
 	if maxAge%time.Hour != 0 {
 		t.Fatalf("default MaxAge %v: teach this test to spell it", maxAge)
 	}
-	for fn, want := range map[string]string{
-		"WithMaxKeys": "Default: " + commas(maxKeys) + ".",
-		"WithMaxAge":  "Default: " + plural(int(maxAge/time.Hour), "hour") + ".",
-	} {
-		if !strings.Contains(docs[fn], want) {
-			t.Errorf("%s's doc lacks %q:\n%s", fn, want, docs[fn])
+	for _, want := range []string{"MaxKeys: " + commas(maxKeys) + ".", "MaxAge: " + plural(int(maxAge/time.Hour), "hour") + "."} {
+		if !strings.Contains(docs["NewMemory"], want) {
+			t.Errorf("NewMemory's doc lacks %q:\n%s", want, docs["NewMemory"])
+		}
+	}
+	for _, want := range []string{"the last " + commas(maxKeys) + " recorded", "the last " + strings.TrimPrefix(plural(int(maxAge/time.Hour), "hour"), "1 ")} {
+		if !strings.Contains(strings.Join(strings.Fields(docs["Memory"]), " "), want) {
+			t.Errorf("Memory's doc lacks %q:\n%s", want, docs["Memory"])
 		}
 	}
 }

@@ -3,7 +3,6 @@ package dedupe
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -11,18 +10,16 @@ import (
 	"github.com/idemhq/idem/handler"
 )
 
-// ErrNoTx is wrapped by the error every method of the transaction Tx
-// returns when ctx carries none: the store that runs the handler has no
-// database transaction (Memory, PostgresLease), or ctx is not the one the
-// store passed. The error is marked handler.Permanent, since retrying cannot
-// give the message a transaction: it is dead-lettered at once, with a
-// message that names the store to configure.
-var ErrNoTx = errors.New("dedupe: no inbox transaction in ctx")
-
-// errNoTx is what noTx's methods return.
-var errNoTx = handler.Permanent(fmt.Errorf("%w: the consumer's Dedupe store runs handlers without a database transaction "+
-	"(dedupe.NewMemory, dedupe.NewPostgresLease); configure dedupe.NewPostgres "+
-	"(in tests, idemtest.WithPostgres) to write through dedupe.Tx(ctx)", ErrNoTx))
+// errNoTx is what every method of the transaction Tx returns when ctx
+// carries none: the store that runs the handler has no database
+// transaction (Memory, PostgresLease), or ctx is not the one the store
+// passed. It is marked handler.Permanent, since retrying cannot give the
+// message a transaction: the message is dead-lettered at once, with an
+// error that names the store to configure. Code that serves both kinds of
+// store asks HasTx first.
+var errNoTx = handler.Permanent(errors.New("dedupe: no inbox transaction in ctx: the consumer's Dedupe store runs handlers without a database transaction " +
+	"(dedupe.NewMemory, dedupe.NewPostgresLease); configure dedupe.NewPostgres " +
+	"(in tests, idemtest.WithPostgres) to write through dedupe.Tx(ctx)"))
 
 // noTx is the pgx.Tx that Tx returns when ctx carries no transaction: every
 // method fails with errNoTx, so a handler written for the transactional

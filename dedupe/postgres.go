@@ -71,12 +71,17 @@ func (p *Postgres) DB() DB { return p.db }
 //
 // Once fn has returned nil, COMMIT is attempted even if ctx has been
 // cancelled meanwhile (with a 15 s limit), so finished work is not thrown
-// away; ROLLBACK likewise runs on a context that is not cancelled. If COMMIT
-// fails because fn swallowed an SQL error (the transaction was aborted), the
-// error wraps ErrTxAborted and pgx.ErrTxCommitRollback and is not a
-// *StoreError. Any other COMMIT failure is a *StoreError with Op "commit": the
-// outcome is unknown, and redelivery is safe because a committed inbox row
-// turns it into a Duplicate.
+// away; ROLLBACK likewise runs on a context that is not cancelled.
+//
+// If COMMIT fails because of fn, the error is fn's fault, not an outage, so
+// it is not a *StoreError: it wraps pgx.ErrTxCommitRollback when a statement
+// inside the transaction failed and fn swallowed the error (PostgreSQL then
+// turned COMMIT into ROLLBACK, and nothing was recorded), and
+// pgx.ErrTxClosed when fn itself committed or rolled back the store's
+// transaction (the key is recorded only if fn committed; a retry is safe
+// either way). Any other COMMIT failure is a *StoreError with Op "commit":
+// the outcome is unknown, and redelivery is safe because a committed inbox
+// row turns it into a Duplicate.
 func (p *Postgres) Process(ctx context.Context, rec Record, fn func(ctx context.Context) error) (out Outcome, err error) {
 	if p.err != nil {
 		return 0, &StoreError{Op: "config", Err: p.err}
@@ -136,10 +141,10 @@ func commit(ctx context.Context, tx pgx.Tx, group, what string) error {
 		return nil
 	case errors.Is(err, pgx.ErrTxCommitRollback):
 		return fmt.Errorf("%w: a statement inside it failed and the handler ignored the error, so PostgreSQL rolled it back (group %q, key %q): %w",
-			ErrTxAborted, group, what, err)
+			errTxAborted, group, what, err)
 	case errors.Is(err, pgx.ErrTxClosed):
 		return fmt.Errorf("%w: the handler committed or rolled back the store's transaction itself (group %q, key %q): %w",
-			ErrTxAborted, group, what, err)
+			errTxAborted, group, what, err)
 	default:
 		return &StoreError{Op: "commit", Err: err}
 	}

@@ -225,7 +225,7 @@ func TestPostgresBadTableIsAnErrorNotAPanic(t *testing.T) {
 			t.Errorf("Migrate with table %q: err = %v, want ErrInvalidConfig", name, err)
 		}
 		_, err := s.Process(context.Background(), rec("k"), func(context.Context) error { return nil })
-		if !errors.Is(err, dedupe.ErrInvalidConfig) || !dedupe.IsStoreError(err) {
+		if !errors.Is(err, dedupe.ErrInvalidConfig) || !isStoreError(err) {
 			t.Errorf("Process with table %q: err = %v, want StoreError wrapping ErrInvalidConfig", name, err)
 		}
 	}
@@ -271,7 +271,7 @@ func TestPostgresSwallowedSQLErrorIsHandlerError(t *testing.T) {
 	if out != 0 || !errors.Is(err, pgx.ErrTxCommitRollback) || !errors.Is(err, dedupe.ErrTxAborted) {
 		t.Fatalf("Process = (%v, %v), want ErrTxAborted wrapping pgx.ErrTxCommitRollback", out, err)
 	}
-	if dedupe.IsStoreError(err) {
+	if isStoreError(err) {
 		t.Fatalf("handler fault classified as store error: %v", err)
 	}
 	if n := count(t, db, "SELECT count(*) FROM idem_processed"); n != 0 {
@@ -289,7 +289,7 @@ func TestPostgresHandlerClosingTxIsHandlerError(t *testing.T) {
 	_, err := s.Process(ctx, rec("k"), func(ctx context.Context) error {
 		return dedupe.Tx(ctx).Rollback(ctx)
 	})
-	if !errors.Is(err, dedupe.ErrTxAborted) || !errors.Is(err, pgx.ErrTxClosed) || dedupe.IsStoreError(err) {
+	if !errors.Is(err, dedupe.ErrTxAborted) || !errors.Is(err, pgx.ErrTxClosed) || isStoreError(err) {
 		t.Fatalf("err = %v, want ErrTxAborted wrapping pgx.ErrTxClosed", err)
 	}
 }
@@ -362,7 +362,7 @@ func TestPostgresCancelledCtxDuringFn(t *testing.T) {
 			cancel()
 			return ctx.Err()
 		})
-		if !errors.Is(err, context.Canceled) || dedupe.IsStoreError(err) {
+		if !errors.Is(err, context.Canceled) || isStoreError(err) {
 			t.Fatalf("err = %v, want fn's context.Canceled", err)
 		}
 		// Had the transaction been left open, its row lock would block this retry.

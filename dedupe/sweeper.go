@@ -6,10 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
-)
 
-// MinRetention is the smallest Sweeper.Retention Validate accepts.
-const MinRetention = time.Hour
+	"github.com/idemhq/idem/internal/inboxconf"
+)
 
 // Sweeper deletes old inbox rows so the table does not grow forever.
 //
@@ -35,7 +34,7 @@ type Sweeper struct {
 	// Default: "idem_processed".
 	Table string
 	// Retention is how long a recorded key is kept; see the retention rule
-	// on Sweeper. Must be at least MinRetention (1h).
+	// on Sweeper. Must be at least 1h.
 	// Default: 336h (14 days).
 	Retention time.Duration
 	// BatchSize is the most rows one DELETE removes; between 1 and 1,000,000.
@@ -56,7 +55,7 @@ func (s Sweeper) withDefaults() Sweeper {
 		s.Table = defaultTable
 	}
 	if s.Retention == 0 {
-		s.Retention = DefaultRetention
+		s.Retention = inboxconf.DefaultRetention
 	}
 	if s.BatchSize == 0 {
 		s.BatchSize = defaultBatchSize
@@ -82,9 +81,9 @@ func (s *Sweeper) Validate() error {
 	if _, err := parseTable(c.Table); err != nil {
 		errs = append(errs, fmt.Errorf("Sweeper.Table: %w", err))
 	}
-	if c.Retention < MinRetention {
+	if c.Retention < inboxconf.MinRetention {
 		errs = append(errs, fmt.Errorf("%w: Sweeper.Retention is %v, want at least %v and longer than the longest retry/DLQ-replay window (0 selects %v)",
-			ErrInvalidConfig, c.Retention, MinRetention, DefaultRetention))
+			ErrInvalidConfig, c.Retention, inboxconf.MinRetention, inboxconf.DefaultRetention))
 	}
 	if c.BatchSize < 1 || c.BatchSize > 1_000_000 {
 		errs = append(errs, fmt.Errorf("%w: Sweeper.BatchSize is %d, want 1..1000000 (0 selects %d)", ErrInvalidConfig, c.BatchSize, defaultBatchSize))
@@ -158,22 +157,20 @@ func (s *Sweeper) Run(ctx context.Context) error {
 	}
 }
 
-// Sweepable is implemented by the stores whose keys live in a PostgreSQL
-// table a Sweeper can clean: Postgres and PostgresLease. consumer.Run uses it
-// to start the sweeper itself (consumer.Config.Retention).
-type Sweepable interface {
-	// Sweeper returns a Sweeper over the store's database and table, with
-	// every other field at its default; nil when the store's configuration
-	// is invalid (Migrate and Process report that error).
-	Sweeper() *Sweeper
-}
-
+// The stores whose keys live in a PostgreSQL table a Sweeper can clean,
+// Postgres and PostgresLease, have a Sweeper method; consumer.Run starts
+// the sweeper of a store that has one (consumer.Config.Retention).
 var (
-	_ Sweepable = (*Postgres)(nil)
-	_ Sweepable = (*PostgresLease)(nil)
+	_ interface{ Sweeper() *Sweeper } = (*Postgres)(nil)
+	_ interface{ Sweeper() *Sweeper } = (*PostgresLease)(nil)
 )
 
-// Sweeper returns a Sweeper over the store's table; see Sweepable.
+// Sweeper returns a Sweeper over the store's database and table, with every
+// other field at its default (set Retention to the retention you need
+// before running it); nil when the store's configuration is invalid
+// (Migrate and Process report that error). consumer.Run runs it unless
+// consumer.Config.Retention.NoSweep; a service using the store without
+// consumer.Run runs it itself.
 func (p *Postgres) Sweeper() *Sweeper {
 	if p.err != nil {
 		return nil
@@ -181,7 +178,8 @@ func (p *Postgres) Sweeper() *Sweeper {
 	return &Sweeper{DB: p.db, Table: p.table.name}
 }
 
-// Sweeper returns a Sweeper over the store's table; see Sweepable.
+// Sweeper returns a Sweeper over the store's database and table, as
+// Postgres.Sweeper does.
 func (p *PostgresLease) Sweeper() *Sweeper {
 	if p.err != nil {
 		return nil

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/internal/inboxconf"
 )
 
 func TestSweeperDeletesOnlyOldRowsInBatches(t *testing.T) {
@@ -165,7 +166,7 @@ func TestDocumentedDefaults(t *testing.T) {
 	if d.Logger != slog.Default() {
 		t.Error("Logger default is not slog.Default()")
 	}
-	if dedupe.DefaultTable != d.Table || dedupe.DefaultRetention != d.Retention {
+	if dedupe.DefaultTable != d.Table || inboxconf.DefaultRetention != d.Retention {
 		t.Error("exported Default* constants disagree with the applied defaults")
 	}
 	if dedupe.DefaultLeaseForTest != 5*time.Minute {
@@ -176,7 +177,7 @@ func TestDocumentedDefaults(t *testing.T) {
 // TestStoresAreSweepable: the PostgreSQL stores hand consumer.Run a Sweeper
 // over their own table; a store with a bad table name gives none.
 func TestStoresAreSweepable(t *testing.T) {
-	for _, s := range []dedupe.Sweepable{
+	for _, s := range []interface{ Sweeper() *dedupe.Sweeper }{
 		dedupe.NewPostgres(nil, dedupe.WithTable("billing.inbox")),
 		dedupe.NewPostgresLease(nil, 0, dedupe.WithTable("billing.inbox")),
 	} {

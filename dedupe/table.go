@@ -21,8 +21,6 @@ const (
 	defaultTable = "idem_processed"
 	// defaultLease is the claim duration NewPostgresLease uses when lease is 0.
 	defaultLease = 5 * time.Minute
-	// DefaultRetention is Sweeper.Retention when zero.
-	DefaultRetention = 14 * 24 * time.Hour
 	// defaultBatchSize is Sweeper.BatchSize when zero.
 	defaultBatchSize = 1000
 	// defaultSweepInterval is Sweeper.Interval when zero.

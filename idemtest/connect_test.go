@@ -93,14 +93,14 @@ func TestTopicIsUniqueAndCleanedUp(t *testing.T) {
 			return fmt.Errorf("bank down")
 		}))
 		c.WaitOutcome(t, "dead_lettered", 1)
-		if dl := k.ReadDLQ(t, idemtest.DLQTopic(topic, group), 1); len(dl) != 1 {
+		if dl := k.ReadDLQ(t, retrytopic.Policy{}.DLQ(topic, group), 1); len(dl) != 1 {
 			t.Fatalf("%d dead letters, want 1", len(dl))
 		}
 		if !hasTopic(t, k, topic+"."+group+".retry.1") {
 			t.Fatalf("no retry tier %s.%s.retry.1 while the test runs", topic, group)
 		}
 	})
-	idemtest.Eventually(t, idemtest.DefaultTimeout, func() error {
+	idemtest.Eventually(t, 30*time.Second, func() error {
 		admin, err := sarama.NewClusterAdmin(k.Brokers, k.SaramaConfig())
 		if err != nil {
 			return err

@@ -30,7 +30,7 @@
 //		if n := shipped.Load(); n != 1 {
 //			t.Fatalf("shipped %d times, want 1", n)
 //		}
-//		dl := k.ReadDLQ(t, idemtest.DLQTopic("orders", "shipping"), 1)
+//		dl := k.ReadDLQ(t, retrytopic.Policy{}.DLQ("orders", "shipping"), 1)
 //		if dl[0].Failure.Kind != handler.KindDecode {
 //			t.Fatalf("dead-lettered as %s", dl[0].Failure.Kind)
 //		}
@@ -66,8 +66,8 @@
 // cleanup with tb.Cleanup: the cluster is shut down, the consumer stopped
 // (its error reported), topics and schemas removed when the test ends. Each
 // [NewKafka] is a cluster of its own and [Connect]'s names and schemas are
-// unique, so tests may run in parallel. Waits poll with a deadline
-// ([DefaultTimeout]); nothing sleeps for a fixed time.
+// unique, so tests may run in parallel. Waits poll with a deadline (30 s,
+// or Eventually's timeout); nothing sleeps for a fixed time.
 //
 // The in-process cluster implements the Kafka protocol but is not Kafka:
 // use it to test your handlers and wiring, and a real broker for load,

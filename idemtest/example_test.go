@@ -9,6 +9,7 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/idemtest"
+	"github.com/idemhq/idem/retrytopic"
 )
 
 // testOrders is a service's handler test, end to end on the in-process
@@ -36,7 +37,7 @@ func testOrders(t *testing.T) {
 	if n := shipped.Load(); n != 1 {
 		t.Fatalf("shipped %d times, want 1", n)
 	}
-	dl := k.ReadDLQ(t, idemtest.DLQTopic("orders", "shipping"), 1)
+	dl := k.ReadDLQ(t, retrytopic.Policy{}.DLQ("orders", "shipping"), 1)
 	if dl[0].Failure.Kind != handler.KindDecode {
 		t.Fatalf("dead-lettered as %s", dl[0].Failure.Kind)
 	}

@@ -24,9 +24,9 @@ import (
 	"github.com/idemhq/idem/retrytopic"
 )
 
-// DefaultTimeout is how long the Wait and Read helpers wait before they fail
-// the test.
-const DefaultTimeout = 30 * time.Second
+// defaultTimeout is how long the Wait and Read helpers, and ConnectPostgres's
+// migration, wait before they fail the test: 30 s.
+const defaultTimeout = 30 * time.Second
 
 // Kafka is the cluster a test runs on. From NewKafka (and from Connect
 // without KAFKA_BROKERS) it is an in-process cluster of one broker
@@ -146,8 +146,8 @@ func (k *Kafka) Config(tb testing.TB, group string, topics ...string) consumer.C
 // db is usually a *pgxpool.Pool on a test database; handlers then write
 // through dedupe.Tx(ctx) exactly as in production. Without it, the kit's
 // memory store runs handlers with no transaction: every call on
-// dedupe.Tx(ctx) fails with dedupe.ErrNoTx (permanent, so the message is
-// dead-lettered with that reason).
+// dedupe.Tx(ctx) fails with a permanent error that names the store to
+// configure (so the message is dead-lettered with that reason).
 func WithPostgres(tb testing.TB, cfg consumer.Config, db dedupe.DB) consumer.Config {
 	tb.Helper()
 	if err := idemschema.Migrate(context.Background(), db, nil, nil); err != nil {
@@ -252,10 +252,10 @@ func (c *Consumer) Outcomes(tb testing.TB) map[string]int {
 
 // WaitHandled waits until the group has taken at least n records to a final
 // outcome (see Outcomes: every outcome counts, and a record read back from a
-// retry tier counts again), and fails the test after DefaultTimeout.
+// retry tier counts again), and fails the test after 30 s.
 func (c *Consumer) WaitHandled(tb testing.TB, n int) {
 	tb.Helper()
-	Eventually(tb, DefaultTimeout, func() error {
+	Eventually(tb, defaultTimeout, func() error {
 		total := 0
 		outs := c.Outcomes(tb)
 		for _, v := range outs {
@@ -270,10 +270,10 @@ func (c *Consumer) WaitHandled(tb testing.TB, n int) {
 
 // WaitOutcome waits until at least n records have reached outcome (a label
 // value of idem_messages_total, such as "processed" or "dead_lettered"), and
-// fails the test after DefaultTimeout.
+// fails the test after 30 s.
 func (c *Consumer) WaitOutcome(tb testing.TB, outcome string, n int) {
 	tb.Helper()
-	Eventually(tb, DefaultTimeout, func() error {
+	Eventually(tb, defaultTimeout, func() error {
 		if got := c.Outcomes(tb)[outcome]; got < n {
 			return fmt.Errorf("%d of %d records %s", got, n, outcome)
 		}
@@ -298,13 +298,10 @@ type DeadLetter struct {
 	Failure retrytopic.Failure
 }
 
-// DLQTopic returns the default dead-letter topic of topic for group,
-// "<topic>.<group>.dlq" (retrytopic.Policy{}.DLQ).
-func DLQTopic(topic, group string) string { return retrytopic.Policy{}.DLQ(topic, group) }
-
 // ReadDLQ waits until the dead-letter topic dlqTopic holds at least n
-// records (failing the test after DefaultTimeout) and returns all of them,
-// partition by partition in offset order.
+// records (failing the test after 30 s) and returns all of them, partition
+// by partition in offset order. The default dead-letter topic of topic for
+// group is retrytopic.Policy{}.DLQ(topic, group), "<topic>.<group>.dlq".
 func (k *Kafka) ReadDLQ(tb testing.TB, dlqTopic string, n int) []DeadLetter {
 	tb.Helper()
 	client, err := sarama.NewClient(k.Brokers, k.SaramaConfig())
@@ -313,7 +310,7 @@ func (k *Kafka) ReadDLQ(tb testing.TB, dlqTopic string, n int) []DeadLetter {
 	}
 	defer client.Close()
 	ends := map[int32]int64{}
-	Eventually(tb, DefaultTimeout, func() error {
+	Eventually(tb, defaultTimeout, func() error {
 		if err := client.RefreshMetadata(dlqTopic); err != nil {
 			return err
 		}
@@ -349,7 +346,7 @@ func (k *Kafka) ReadDLQ(tb testing.TB, dlqTopic string, n int) []DeadLetter {
 		if err != nil {
 			tb.Fatalf("idemtest: read %s/%d: %v", dlqTopic, p, err)
 		}
-		timeout := time.NewTimer(DefaultTimeout)
+		timeout := time.NewTimer(defaultTimeout)
 		for done := false; !done; {
 			select {
 			case m := <-pc.Messages():

@@ -53,7 +53,7 @@ func TestRetryTierAndDLQ(t *testing.T) {
 	}))
 	c.WaitOutcome(t, "processed", 1)
 	c.WaitOutcome(t, "dead_lettered", 1)
-	dl := k.ReadDLQ(t, idemtest.DLQTopic("payments", "billing"), 1)
+	dl := k.ReadDLQ(t, retrytopic.Policy{}.DLQ("payments", "billing"), 1)
 	if len(dl) != 1 {
 		t.Fatalf("%d dead letters, want 1", len(dl))
 	}
@@ -159,7 +159,7 @@ func TestBatchErrorNamingACopyIsNotLost(t *testing.T) {
 	if outs := c.Outcomes(t); outs["processed"] != 0 {
 		t.Fatalf("outcomes %v: the failed message was recorded as processed", outs)
 	}
-	dl := k.ReadDLQ(t, idemtest.DLQTopic("ledger", "books"), 1)
+	dl := k.ReadDLQ(t, retrytopic.Policy{}.DLQ("ledger", "books"), 1)
 	if len(dl) != 1 || !strings.Contains(dl[0].Failure.Error, "ledger locked") {
 		t.Fatalf("dead letters %+v, want entry-1 failing with the batch's error", dl)
 	}
@@ -176,13 +176,13 @@ func TestForgottenWithPostgresIsAClearError(t *testing.T) {
 	k.Produce(t, "refunds", idemtest.Record{IdempotencyKey: "r-1", Value: []byte("{}")})
 	c := idemtest.Start(t, k.Config(t, "payouts", "refunds"), handler.Func(func(ctx context.Context, m *handler.Message) error {
 		_, err := dedupe.Tx(ctx).Exec(ctx, `INSERT INTO refunds (id) VALUES ($1)`, m.IdempotencyKey)
-		if err != nil && !errors.Is(err, dedupe.ErrNoTx) {
-			t.Errorf("error %v does not wrap dedupe.ErrNoTx", err)
+		if err != nil && (dedupe.HasTx(ctx) || !handler.IsPermanent(err)) {
+			t.Errorf("error %v: want the permanent error of a ctx without a transaction", err)
 		}
 		return err
 	}))
 	c.WaitOutcome(t, "dead_lettered", 1)
-	dl := k.ReadDLQ(t, idemtest.DLQTopic("refunds", "payouts"), 1)
+	dl := k.ReadDLQ(t, retrytopic.Policy{}.DLQ("refunds", "payouts"), 1)
 	if len(dl) != 1 {
 		t.Fatalf("%d dead letters, want 1", len(dl))
 	}
@@ -205,7 +205,7 @@ func TestDeadLetterKeepsOutboxID(t *testing.T) {
 		return handler.Permanent(errors.New("unknown event"))
 	}))
 	c.WaitOutcome(t, "dead_lettered", 1)
-	dl := k.ReadDLQ(t, idemtest.DLQTopic("events", "audit"), 1)
+	dl := k.ReadDLQ(t, retrytopic.Policy{}.DLQ("events", "audit"), 1)
 	var id string
 	for _, h := range dl[0].Headers {
 		if h.Key == "idem-outbox-id" {

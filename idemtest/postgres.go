@@ -49,7 +49,7 @@ func ConnectPostgres(tb testing.TB) *Postgres {
 		tb.Fatalf("idemtest: DATABASE_URL is not set: start PostgreSQL (make services) and export DATABASE_URL (set -a; . .state/services.env; set +a)")
 	}
 	pool, schema, connURL := testkit.Schema(tb, base, 0)
-	ctx, cancel := context.WithTimeout(context.Background(), DefaultTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTimeout)
 	defer cancel()
 	if err := idemschema.Migrate(ctx, pool, nil, nil); err != nil {
 		tb.Fatalf("idemtest: migrate schema %s: %v", schema, err)

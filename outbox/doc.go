@@ -81,7 +81,7 @@
 //
 // # Table
 //
-// idem_outbox (or Relay.Table) is created by Migrate, idem.Migrate,
+// idem_outbox (or Relay.Table) is created by idem.Migrate,
 // `idem migrate` or Relay.Run: id (bigint identity, the order), event_id
 // (uuid, published as idem-outbox-id), topic, key, value, header_keys,
 // header_values, created_at, not_before, state (pending, published, failed), attempts,

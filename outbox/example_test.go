@@ -19,9 +19,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	if err := outbox.Migrate(ctx, pool); err != nil {
-		log.Fatal(err)
-	}
+	// idem.Migrate(ctx, pool), at start, created idem_outbox with every idem table.
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `UPDATE orders SET status = 'paid' WHERE id = $1`, "order-1"); err != nil {
 			return err

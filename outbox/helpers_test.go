@@ -33,10 +33,7 @@ type env struct {
 func newEnv(t testing.TB, partitions int32) *env {
 	t.Helper()
 	k := idemtest.Connect(t)
-	db := idemtest.ConnectPostgres(t)
-	if err := outbox.Migrate(t.Context(), db.Pool); err != nil { // idempotent: idem_outbox is there already
-		t.Fatal(err)
-	}
+	db := idemtest.ConnectPostgres(t) // with idem_outbox
 	return &env{t: t, k: k, pool: db.Pool, schema: db.Schema, url: db.URL, topic: k.Topic(t, "t", partitions)}
 }
 

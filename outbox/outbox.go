@@ -2,33 +2,24 @@ package outbox
 
 import (
 	"context"
-	"embed"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/internal/outboxconf"
-	"github.com/idemhq/idem/internal/pgmigrate"
+	"github.com/idemhq/idem/internal/outboxtable"
 )
 
 // defaultTable is the outbox table used when no table is named: idem_outbox.
 const defaultTable = outboxconf.Table
 
-// Header names the relay sets on every published record.
-const (
-	// HeaderID carries the row's event id (a UUID, stable across
-	// re-publishes of the row), so a consumer can recognise a copy.
-	HeaderID = "idem-outbox-id"
-	// HeaderIdempotencyKey is idem's default consumer key header. The relay
-	// sets it to the event id unless the message already has one, so idem
-	// consumers downstream drop relay duplicates with no extra code.
-	HeaderIdempotencyKey = "idempotency-key"
-)
+// HeaderIdempotencyKey is idem's default consumer key header. The relay
+// sets it to the row's event id (also published as header idem-outbox-id)
+// unless the message already has one, so idem consumers downstream drop
+// relay duplicates with no extra code.
+const HeaderIdempotencyKey = "idempotency-key"
 
 // ErrInvalidMessage is wrapped by the error Enqueue returns for a message it
 // refuses (empty topic, empty header name); nothing is inserted then.
@@ -37,9 +28,6 @@ var ErrInvalidMessage = errors.New("outbox: invalid message")
 // ErrInvalidConfig is matched by errors about a bad table name and by every
 // problem Relay.Validate reports; each names the field, the value and the rule.
 var ErrInvalidConfig = outboxconf.ErrInvalidConfig
-
-//go:embed migrations/*.sql
-var migrationFS embed.FS
 
 // Header is one Kafka record header. Values are bytes, stored and published
 // as given.
@@ -159,38 +147,11 @@ func nonNil(b []byte) []byte {
 	return b
 }
 
-// Migrate creates or upgrades the outbox table (default idem_outbox; tables
-// may name another, as for Relay.Table), its indexes and the trigger that
-// notifies the relay at commit. It is versioned (internal component
-// "outbox:<table>" in idem_schema_migrations), idempotent and safe when
-// several processes start at once. idem.Migrate and `idem migrate` call
-// it for the default table; Relay.Run calls it for its own.
-func Migrate(ctx context.Context, db dedupe.DB, tables ...string) error {
-	if len(tables) == 0 {
-		tables = []string{defaultTable}
-	}
-	for _, name := range tables {
-		t, err := parseTable(name)
-		if err != nil {
-			return err
-		}
-		ms, err := pgmigrate.Load(migrationFS, "migrations", t.templateData())
-		if err != nil {
-			return fmt.Errorf("outbox: load migrations: %w", err)
-		}
-		if err := pgmigrate.Apply(ctx, db, "outbox:"+t.name, ms); err != nil {
-			return fmt.Errorf("outbox: migrate %s: %w", t.quoted, err)
-		}
-	}
-	return nil
-}
-
 // table is a parsed, quoted outbox table name.
 type table struct {
 	name   string // as configured
-	schema string // "" when unqualified
-	rel    string
 	quoted string
+	rounds string // the quoted table of Relay.ExactlyOnce's rounds
 }
 
 func parseTable(name string) (table, error) {
@@ -201,38 +162,5 @@ func parseTable(name string) (table, error) {
 	if err != nil {
 		return table{}, err
 	}
-	return table{name: name, schema: n.Schema, rel: n.Rel, quoted: n.Quoted}, nil
-}
-
-// derived names an object after the table, within PostgreSQL's 63 bytes,
-// with a hash of the table name when shortened so two long names differ.
-func (t table) derived(suffix string) string {
-	if len(t.rel)+len(suffix) <= 63 {
-		return t.rel + suffix
-	}
-	h := fnv.New32a()
-	h.Write([]byte(t.rel))
-	tail := fmt.Sprintf("_%08x%s", h.Sum32(), suffix)
-	cut := 63 - len(tail)
-	for cut > 0 && !utf8.RuneStart(t.rel[cut]) {
-		cut--
-	}
-	return t.rel[:cut] + tail
-}
-
-// rounds is the quoted name of the table of Relay.ExactlyOnce's rounds.
-func (t table) rounds() string { return outboxconf.Qualify(t.schema, t.derived("_rounds")) }
-
-func (t table) templateData() map[string]string {
-	return map[string]string{
-		"Table":          t.quoted,
-		"PendingIndex":   pgx.Identifier{t.derived("_pending_idx")}.Sanitize(),
-		"RetryIndex":     pgx.Identifier{t.derived("_retry_idx")}.Sanitize(),
-		"PublishedIndex": pgx.Identifier{t.derived("_published_idx")}.Sanitize(),
-		"ReadyIndex":     pgx.Identifier{t.derived("_ready_idx")}.Sanitize(),
-		"HeldIndex":      pgx.Identifier{t.derived("_held_idx")}.Sanitize(),
-		"NotifyFunc":     outboxconf.Qualify(t.schema, t.derived("_notify")),
-		"Trigger":        pgx.Identifier{t.derived("_notify_trg")}.Sanitize(),
-		"Rounds":         t.rounds(),
-	}
+	return table{name: name, quoted: n.Quoted, rounds: outboxtable.Rounds(n)}, nil
 }

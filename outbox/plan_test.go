@@ -21,11 +21,8 @@ import (
 func TestFetchReadsOnlyItsWindow(t *testing.T) {
 	t.Parallel()
 	const batch = 500
-	pool := idemtest.ConnectPostgres(t).Pool
+	pool := idemtest.ConnectPostgres(t).Pool // with idem_outbox
 	ctx := t.Context()
-	if err := outbox.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
 	// No autovacuum: the test chooses when the table has statistics.
 	for _, q := range []string{
 		`ALTER TABLE idem_outbox SET (autovacuum_enabled = off)`,

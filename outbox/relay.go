@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/outboxconf"
+	"github.com/idemhq/idem/internal/outboxtable"
 	"github.com/idemhq/idem/internal/pglead"
 )
 
@@ -33,10 +34,6 @@ const (
 	defaultStatsInterval = 5 * time.Second
 	defaultQueryTimeout  = 30 * time.Second
 )
-
-// defaultKafkaVersion is the protocol version the relay speaks when
-// Relay.Sarama leaves it at sarama's default.
-var defaultKafkaVersion = sarama.V4_0_0_0
 
 // Relay publishes the rows of one outbox table to Kafka. It is a plain
 // configuration struct: Run does the work and keeps all state in its own
@@ -390,9 +387,9 @@ func (r *Relay) Validate() error {
 	if _, err := parseTable(c.Table); err != nil {
 		l.Add(fmt.Errorf("Relay.Table: %w", err))
 	}
-	l.Check("Sarama", ProducerConfig(r.Sarama).Validate())
+	l.Check("Sarama", outboxconf.ProducerConfig(r.Sarama).Validate())
 	if c.ExactlyOnce {
-		if v := ProducerConfig(r.Sarama).Version; !v.IsAtLeast(sarama.V2_5_0_0) {
+		if v := outboxconf.ProducerConfig(r.Sarama).Version; !v.IsAtLeast(sarama.V2_5_0_0) {
 			l.Bad("Sarama.Version", v, "ExactlyOnce needs Kafka 2.5 or later")
 		} else {
 			l.Check("Sarama (ExactlyOnce)", txnConfig(r.Sarama, "idem-outbox-validate").Validate())
@@ -430,34 +427,12 @@ func setDefault[T comparable](p *T, v T) {
 	}
 }
 
-// ProducerConfig returns the sarama config the relay publishes with: a copy
-// of base with an idempotent acks=all producer, one in-flight request per
-// connection, no topic auto-creation and the hash partitioner.
-func ProducerConfig(base *sarama.Config) *sarama.Config {
-	if base == nil {
-		base = sarama.NewConfig()
-	}
-	c := *base
-	if c.Version == sarama.DefaultVersion {
-		c.Version = defaultKafkaVersion
-	}
-	c.Metadata.AllowAutoTopicCreation = false
-	c.Producer.Idempotent = true
-	c.Producer.RequiredAcks = sarama.WaitForAll
-	c.Net.MaxOpenRequests = 1
-	c.Producer.Return.Successes = true
-	c.Producer.Return.Errors = true
-	c.Producer.Partitioner = sarama.NewHashPartitioner
-	c.Producer.Retry.Max = max(c.Producer.Retry.Max, 3)
-	return &c
-}
-
 // Run relays until ctx is cancelled, then returns nil once its connection,
 // producer and every goroutine it started are gone. It returns an error only
 // for an invalid configuration (Validate) or metrics it cannot register.
 //
 // Nothing else stops it: not at start, not later. It first creates or
-// upgrades the table (Migrate) and makes its producer; while either fails
+// upgrades its table (as idem.Migrate does) and makes its producer; while either fails
 // (the database or the brokers are down, a migration lock is held, the
 // credentials are being rotated) it logs the failure at WARN and tries again
 // after a backoff with jitter: a random wait in [c/2, c], c =
@@ -516,7 +491,7 @@ func (r *Relay) Run(ctx context.Context) error {
 func (s *session) start(ctx context.Context) bool {
 	c := s.cfg
 	for n := 1; ; n++ {
-		err := Migrate(ctx, c.Pool, c.Table)
+		err := outboxtable.Migrate(ctx, c.Pool, c.Table)
 		if err == nil {
 			err = s.connectKafka(ctx)
 			if err == nil {
@@ -858,13 +833,13 @@ func (r row) message(meta int) *sarama.ProducerMessage {
 	hasKey := false
 	m.Headers = make([]sarama.RecordHeader, 0, len(r.hkeys)+2)
 	for i, k := range r.hkeys {
-		if k == HeaderID {
+		if k == outboxconf.HeaderID {
 			continue // the relay's own, set below
 		}
 		hasKey = hasKey || k == HeaderIdempotencyKey
 		m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(k), Value: r.hvals[i]})
 	}
-	m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(HeaderID), Value: []byte(r.eventID)})
+	m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(outboxconf.HeaderID), Value: []byte(r.eventID)})
 	if !hasKey {
 		m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(HeaderIdempotencyKey), Value: []byte(r.eventID)})
 	}

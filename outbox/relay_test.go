@@ -13,6 +13,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/idemhq/idem/idemtest"
+	"github.com/idemhq/idem/internal/outboxconf"
 	"github.com/idemhq/idem/outbox"
 )
 
@@ -48,7 +49,7 @@ func TestRelayPublishesInOrderWithHeaders(t *testing.T) {
 		}
 	}
 	for _, m := range recs.snapshot() {
-		id := header(m, outbox.HeaderID)
+		id := header(m, outboxconf.HeaderID)
 		if id == "" || header(m, "event-type") != "test" {
 			t.Fatalf("record %s: headers %v", m.Value, m.Headers)
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/internal/outboxconf"
 	"github.com/idemhq/idem/internal/pglead"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -36,7 +37,7 @@ type txnState struct {
 func (s *session) connectKafka(ctx context.Context) error {
 	c := s.cfg
 	if !c.ExactlyOnce {
-		p, err := sarama.NewAsyncProducer(c.Brokers, ProducerConfig(c.Sarama))
+		p, err := sarama.NewAsyncProducer(c.Brokers, outboxconf.ProducerConfig(c.Sarama))
 		if err != nil {
 			return fmt.Errorf("outbox: producer for %v: %w", c.Brokers, err)
 		}
@@ -87,9 +88,9 @@ func defaultTransactionalID(ctx context.Context, db dedupe.DB, t table) (string,
 	return fmt.Sprintf("idem-outbox-%s-%016x", t.name, h.Sum64()), nil
 }
 
-// txnConfig is ProducerConfig(base) with the transactional id set.
+// txnConfig is outboxconf.ProducerConfig(base) with the transactional id set.
 func txnConfig(base *sarama.Config, id string) *sarama.Config {
-	c := ProducerConfig(base)
+	c := outboxconf.ProducerConfig(base)
 	c.Producer.Transaction.ID = id
 	return c
 }
@@ -246,7 +247,7 @@ func (s *session) txnRound(ctx context.Context, conn *pgx.Conn) (more bool, err 
 	// The round's record commits before anything is published: a crash
 	// after the commit finds the round's rows by the number the mark holds.
 	var round int64
-	if err := s.query(ctx, conn, `INSERT INTO `+s.t.rounds()+` (ids) VALUES ($1) RETURNING round`, ids).Scan(&round); err != nil {
+	if err := s.query(ctx, conn, `INSERT INTO `+s.t.rounds+` (ids) VALUES ($1) RETURNING round`, ids).Scan(&round); err != nil {
 		return false, fmt.Errorf("outbox: record round: %w", err)
 	}
 	if err := s.prod.BeginTxn(); err != nil {
@@ -395,14 +396,14 @@ func (s *session) commitRound(topic string, round int64, ids []int64) error {
 // and their rows, still pending, go out in later rounds. A round of -1 (no
 // mark) only forgets.
 func (s *session) settleRound(ctx context.Context, conn *pgx.Conn, round int64) (int64, error) {
-	rows := `(SELECT unnest(ids) FROM ` + s.t.rounds() + ` WHERE round = $1)`
+	rows := `(SELECT unnest(ids) FROM ` + s.t.rounds + ` WHERE round = $1)`
 	q := "DELETE FROM " + s.t.quoted + " WHERE id IN " + rows + " AND state = 'pending'"
 	if s.cfg.KeepPublished > 0 {
 		q = "UPDATE " + s.t.quoted + " SET state = 'published', published_at = now(), retry_at = NULL WHERE id IN " + rows + " AND state = 'pending'"
 	}
 	b := &pgx.Batch{}
 	settled := b.Queue(q, round)
-	b.Queue("DELETE FROM " + s.t.rounds())
+	b.Queue("DELETE FROM " + s.t.rounds)
 	var n int64
 	settled.Exec(func(tag pgconn.CommandTag) error {
 		n = tag.RowsAffected()

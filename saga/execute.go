@@ -329,7 +329,7 @@ func (o *Orchestrator) compensationFailed(ctx context.Context, tx pgx.Tx, s row,
 		return s.state, false, fmt.Errorf("saga: %s/%s: compensate: %w (and delaying it: %v)", s.id, name, cerr, err)
 	}
 	if *fails >= o.cfg.CompensationAttempts || delay > o.cfg.BackoffMax {
-		return s.state, false, fmt.Errorf("saga: %s/%s: %w after %d attempts (next in %v): %w", s.id, name, ErrCompensationFailing, total, delay, cerr)
+		return s.state, false, fmt.Errorf("saga: %s/%s: %w after %d attempts (next in %v): %w", s.id, name, errCompensationFailing, total, delay, cerr)
 	}
 	if err := wait(ctx, delay); err != nil {
 		return s.state, false, fmt.Errorf("saga: %s/%s: %w", s.id, name, err)

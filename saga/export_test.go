@@ -18,5 +18,9 @@ const DefaultCompensationAttemptsForTest = defaultCompensationAttempts
 // Metrics returns o's collectors.
 func Metrics(o *Orchestrator) *collectors { return o.m }
 
+// ErrCompensationFailing is wrapped by Execute's error when a compensation
+// still fails after Config.CompensationAttempts attempts.
+var ErrCompensationFailing = errCompensationFailing
+
 // DB is dedupe.DB, the handle type the package takes, for the external tests.
 type DB = dedupe.DB

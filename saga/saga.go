@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/dedupe"
@@ -55,20 +54,15 @@ var (
 	// pending (never started, failed, compensated, or the saga gave up
 	// waiting). A step already done makes Complete a no-op instead.
 	ErrNotPending = errors.New("saga: step is not pending")
-	// ErrCompensationFailing is wrapped by Execute's error when a
-	// compensation still fails after Config.CompensationAttempts attempts.
-	// The saga stays Compensating; RunDue tries again after a backoff.
-	ErrCompensationFailing = errors.New("saga: compensation failing")
 	// ErrInvalidConfig is matched by every problem New reports; each names the field.
 	ErrInvalidConfig = errors.New("saga: invalid configuration")
-)
 
-// Querier runs statements: *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+	// errCompensationFailing is wrapped by Execute's error when a
+	// compensation still fails after Config.CompensationAttempts attempts,
+	// with the compensation's own error. The saga stays Compensating (the
+	// State Execute returns says so); RunDue tries again after a backoff.
+	errCompensationFailing = errors.New("saga: compensation failing")
+)
 
 // Call is what a step's action or compensation gets.
 type Call struct {
@@ -137,8 +131,8 @@ type Config struct {
 	// before the step fails. Default: 3.
 	StepAttempts int
 	// CompensationAttempts is how many times one Execute calls a failing
-	// compensation before it returns ErrCompensationFailing (the saga stays
-	// Compensating and RunDue tries again later). Default: 5.
+	// compensation before it returns an error with the saga still
+	// Compensating (RunDue tries again later). Default: 5.
 	CompensationAttempts int
 	// BackoffBase and BackoffMax bound the full-jitter exponential backoff
 	// between attempts: attempt n waits a random duration in
@@ -153,8 +147,9 @@ type Config struct {
 	// exponential backoff with jitter, so a compensation that keeps failing
 	// is tried less and less often, at least once per CompensationBackoffMax.
 	// Execute waits for the next call itself only while that wait is at
-	// most BackoffMax; past it, it returns ErrCompensationFailing and RunDue
-	// calls the compensation again once next_at has passed.
+	// most BackoffMax; past it, it returns an error with the saga still
+	// Compensating, and RunDue calls the compensation again once next_at
+	// has passed.
 	// Default: 5m.
 	CompensationBackoffMax time.Duration
 	// PollInterval is how often Run looks for due sagas. Default: 1s.
@@ -296,16 +291,17 @@ func New(cfg Config, defs ...Definition) (*Orchestrator, error) {
 }
 
 // Start records a new saga of type typ with the given id and input, Running
-// and due at once; call Execute (or let Run find it) to drive it. q may be
-// the transaction of the handler that decided to start it, so the saga
-// starts if and only if that handler's effects commit.
+// and due at once; call Execute (or let Run find it) to drive it. db may be
+// the transaction of the handler that decided to start it (dedupe.Tx(ctx)),
+// so the saga starts if and only if that handler's effects commit; a
+// *pgxpool.Pool starts it on its own.
 //
 // The id is the saga's idempotency key: starting an id that exists is a
 // no-op that returns created = false (a redelivered message starts its saga
 // once). Starting it with another type is an error. The saga's entry into
 // Running is counted (idem_saga_transitions_total) when the INSERT succeeds,
-// even if q's transaction rolls back later.
-func (o *Orchestrator) Start(ctx context.Context, q Querier, typ, id string, input []byte) (created bool, err error) {
+// even if db's transaction rolls back later.
+func (o *Orchestrator) Start(ctx context.Context, db dedupe.DB, typ, id string, input []byte) (created bool, err error) {
 	def, ok := o.defs[typ]
 	if !ok {
 		return false, fmt.Errorf("saga: start %s: unknown type %q", id, typ)
@@ -314,7 +310,7 @@ func (o *Orchestrator) Start(ctx context.Context, q Querier, typ, id string, inp
 	if def.Timeout > 0 {
 		deadline = &def.Timeout
 	}
-	tag, err := q.Exec(ctx, `INSERT INTO idem_saga (id, type, state, input, deadline)
+	tag, err := db.Exec(ctx, `INSERT INTO idem_saga (id, type, state, input, deadline)
 		VALUES ($1, $2, 'running', $3, now() + $4::interval) ON CONFLICT (id) DO NOTHING`, id, typ, input, deadline)
 	if err != nil {
 		return false, fmt.Errorf("saga: start %s: %w", id, err)
@@ -324,7 +320,7 @@ func (o *Orchestrator) Start(ctx context.Context, q Querier, typ, id string, inp
 		return true, nil
 	}
 	var have string
-	if err := q.QueryRow(ctx, `SELECT type FROM idem_saga WHERE id = $1`, id).Scan(&have); err != nil {
+	if err := db.QueryRow(ctx, `SELECT type FROM idem_saga WHERE id = $1`, id).Scan(&have); err != nil {
 		return false, fmt.Errorf("saga: start %s: %w", id, err)
 	}
 	if have != typ {

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemhq/idem/dedupe"
 )
 
 // Status is a saga's row and its steps' rows, as Get returns them.
@@ -41,12 +43,18 @@ type StepStatus struct {
 	CompAttempts int `json:"compensation_attempts,omitempty"`
 }
 
-// Get returns saga id's status, or ErrNotFound. q may be a pool or a
-// transaction.
-func Get(ctx context.Context, q Querier, id string) (Status, error) {
+// Get returns saga id's status, or ErrNotFound. db may be a pool or a
+// transaction; the saga's row and its steps are read in one transaction of
+// their own (a savepoint in db's).
+func Get(ctx context.Context, db dedupe.DB, id string) (Status, error) {
+	q, err := db.Begin(ctx)
+	if err != nil {
+		return Status{}, fmt.Errorf("saga: get %s: %w", id, err)
+	}
+	defer func() { _ = q.Rollback(context.WithoutCancel(ctx)) }() // it only read
 	s := Status{ID: id}
 	var deadline *time.Time
-	err := q.QueryRow(ctx, `SELECT type, state, step, error, deadline, created_at, updated_at FROM idem_saga WHERE id = $1`, id).
+	err = q.QueryRow(ctx, `SELECT type, state, step, error, deadline, created_at, updated_at FROM idem_saga WHERE id = $1`, id).
 		Scan(&s.Type, &s.State, &s.Step, &s.Error, &deadline, &s.CreatedAt, &s.UpdatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Status{}, fmt.Errorf("%w: %q", ErrNotFound, id)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemhq/idem/internal/outboxtable"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/outbox"
 )
@@ -22,7 +23,7 @@ func outboxEnv(t *testing.T) (*testenv.Kafka, *pgxpool.Pool, string) {
 	t.Helper()
 	k := testenv.NewKafka(t)
 	pool, schema := testenv.PostgresSchema(t)
-	if err := outbox.Migrate(testenv.Context(t), pool); err != nil {
+	if err := outboxtable.Migrate(testenv.Context(t), pool); err != nil {
 		t.Fatal(err)
 	}
 	return k, pool, schemaURL(t, schema)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/retrytopic"
 )
 
 // TestService runs the service end to end on an in-process Kafka
@@ -61,7 +62,7 @@ func TestService(t *testing.T) {
 		idemtest.Record{Value: []byte(`{"event_id":"e-1","order_id":"o-1","amount_cents":1999}`)}, // redelivered
 		idemtest.Record{Partition: 1, Value: []byte(`{"event_id":"e-2","order_id":"o-2","amount_cents":500}`)},
 	)
-	dl := k.ReadDLQ(t, idemtest.DLQTopic("orders", "orders-service"), 1)
+	dl := k.ReadDLQ(t, retrytopic.Policy{}.DLQ("orders", "orders-service"), 1)
 	if dl[0].Failure.Kind != "permanent" || dl[0].Failure.Error != `order "o-2" is not pending` {
 		t.Errorf("dead letter: %+v", dl[0].Failure)
 	}

@@ -1,9 +1,11 @@
 // Package outboxconf is what package outbox shares with the CLI and
 // internal/outboxadmin about an outbox's configuration: the defaults of
 // Relay's fields that `idem outbox relay` shows as its flags' defaults, the
-// table name ("table" or "schema.table") and how it is parsed and quoted, and
-// the ErrInvalidConfig sentinel. Package outbox documents each default on its
-// field ("Default:" lines, checked by its TestDocumentedDefaults).
+// table name ("table" or "schema.table") and how it is parsed and quoted,
+// the ErrInvalidConfig sentinel, the relay's producer settings
+// (ProducerConfig) and the header that carries a row's event id (HeaderID).
+// Package outbox documents each default on its field ("Default:" lines,
+// checked by its TestDocumentedDefaults).
 package outboxconf
 
 import (
@@ -13,6 +15,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -66,4 +69,38 @@ func Qualify(schema, rel string) string {
 		return pgx.Identifier{rel}.Sanitize()
 	}
 	return pgx.Identifier{schema, rel}.Sanitize()
+}
+
+// HeaderID is the header the relay sets on every record it publishes to the
+// row's event id (a UUID, stable across re-publishes of the row), so a
+// consumer can recognise a copy; the relay also sets idempotency-key to it
+// unless the message has one.
+const HeaderID = "idem-outbox-id"
+
+// kafkaVersion is the protocol version the relay speaks when Relay.Sarama
+// leaves it at sarama's default.
+var kafkaVersion = sarama.V4_0_0_0
+
+// ProducerConfig returns the sarama config the relay publishes with: a copy
+// of base (nil: sarama.NewConfig()) with an idempotent acks=all producer,
+// one in-flight request per connection, no topic auto-creation and the hash
+// partitioner. The benchmark's raw producer uses it too, to compare like
+// with like.
+func ProducerConfig(base *sarama.Config) *sarama.Config {
+	if base == nil {
+		base = sarama.NewConfig()
+	}
+	c := *base
+	if c.Version == sarama.DefaultVersion {
+		c.Version = kafkaVersion
+	}
+	c.Metadata.AllowAutoTopicCreation = false
+	c.Producer.Idempotent = true
+	c.Producer.RequiredAcks = sarama.WaitForAll
+	c.Net.MaxOpenRequests = 1
+	c.Producer.Return.Successes = true
+	c.Producer.Return.Errors = true
+	c.Producer.Partitioner = sarama.NewHashPartitioner
+	c.Producer.Retry.Max = max(c.Producer.Retry.Max, 3)
+	return &c
 }

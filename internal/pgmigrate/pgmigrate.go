@@ -4,10 +4,16 @@
 // ordered list of [Migration]s. [Apply] runs, in one transaction, every
 // migration of that component whose version is not yet recorded in the
 // idem_schema_migrations table, in ascending version order, and records each
-// one. The transaction first takes pg_advisory_xact_lock([LockKey]), so
-// several processes starting at once apply each migration exactly once: the
-// others wait for the lock, then find nothing left to do. Apply is therefore
-// idempotent and safe to call at every start-up.
+// one with the SHA-256 of its SQL. The transaction first takes
+// pg_advisory_xact_lock([LockKey]), so several processes starting at once
+// apply each migration exactly once: the others wait for the lock, then find
+// nothing left to do. Apply is therefore idempotent and safe to call at every
+// start-up.
+//
+// An applied migration is never edited: Apply refuses one whose SQL no
+// longer matches the checksum recorded when it ran ([ErrChanged]), rather
+// than skip it and leave the database with a schema the code no longer
+// describes. A change goes into a new migration.
 //
 // Migrations are usually embedded SQL files named NNNN_name.sql and loaded with
 // [Load], which can substitute pre-quoted identifiers through text/template so
@@ -16,6 +22,8 @@ package pgmigrate
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -37,7 +45,9 @@ const LockKey int64 = 0x6964656d6d696772
 // TableName is the table, resolved through the connection's search_path, in
 // which Apply records applied migrations. Its columns are
 // (component text, version int, name text, applied_at timestamptz default
-// now(), primary key (component, version)).
+// now(), checksum text, primary key (component, version)); checksum is the
+// hex SHA-256 of the migration's SQL (Checksum), NULL in rows recorded
+// before idem kept checksums, until Apply next sees them.
 const TableName = "idem_schema_migrations"
 
 // DB is what Apply needs from a database handle. *pgxpool.Pool, *pgx.Conn and
@@ -64,21 +74,49 @@ type Migration struct {
 // component, non-positive or duplicate versions, badly named files).
 var ErrInvalid = errors.New("pgmigrate: invalid migrations")
 
+// ErrChanged is wrapped by the error Apply returns when a migration it is
+// given was applied earlier with other SQL: its checksum differs from the
+// one recorded then. The error names the component and every changed
+// migration, and Apply applies nothing, not even the component's new
+// versions.
+var ErrChanged = errors.New("pgmigrate: an applied migration was changed")
+
 const createTable = `CREATE TABLE IF NOT EXISTS ` + TableName + ` (
 	component  text        NOT NULL,
 	version    int         NOT NULL,
 	name       text        NOT NULL,
 	applied_at timestamptz NOT NULL DEFAULT now(),
+	checksum   text,
 	PRIMARY KEY (component, version)
 )`
 
+// hasChecksum reports whether the table has its checksum column; a table
+// made before idem kept checksums has not, and Apply adds it.
+const hasChecksum = `SELECT EXISTS (SELECT 1 FROM pg_attribute
+	WHERE attrelid = '` + TableName + `'::regclass AND attname = 'checksum' AND NOT attisdropped)`
+
+const addChecksum = `ALTER TABLE ` + TableName + ` ADD COLUMN IF NOT EXISTS checksum text`
+
+// Checksum is the hex SHA-256 of m's SQL, as Apply records it.
+func Checksum(m Migration) string {
+	sum := sha256.Sum256([]byte(m.SQL))
+	return hex.EncodeToString(sum[:])
+}
+
 // Apply brings component up to date: in one transaction holding
 // pg_advisory_xact_lock(LockKey) it creates the idem_schema_migrations table if
-// needed, then runs every migration whose version is not yet recorded for
-// component, in ascending version order, recording each. If any migration
-// fails the whole transaction rolls back, nothing is recorded, and the error
-// names the failing version. Calling Apply again, or from several processes at
-// once, is safe: already-applied versions are skipped.
+// needed (and adds its checksum column to one made before checksums), then
+// checks the migrations already recorded for component, then runs every
+// migration whose version is not yet recorded, in ascending version order,
+// recording each with its Checksum.
+//
+// A recorded migration whose checksum differs from its SQL's makes Apply
+// fail with an error wrapping ErrChanged, before it runs anything; a
+// recorded migration without a checksum (applied before idem kept them)
+// takes its current one. If any migration fails the whole transaction rolls
+// back, nothing is recorded, and the error names the failing version.
+// Calling Apply again, or from several processes at once, is safe:
+// already-applied versions are skipped.
 func Apply(ctx context.Context, db DB, component string, migrations []Migration) (err error) {
 	if err := validate(component, migrations); err != nil {
 		return err
@@ -101,24 +139,70 @@ func Apply(ctx context.Context, db DB, component string, migrations []Migration)
 	if _, err := tx.Exec(ctx, createTable); err != nil {
 		return fmt.Errorf("pgmigrate: create %s: %w", TableName, err)
 	}
-	rows, err := tx.Query(ctx, "SELECT version FROM "+TableName+" WHERE component = $1", component)
+	var ok bool
+	if err := tx.QueryRow(ctx, hasChecksum).Scan(&ok); err != nil {
+		return fmt.Errorf("pgmigrate: %s: read the columns of %s: %w", component, TableName, err)
+	}
+	if !ok {
+		if _, err := tx.Exec(ctx, addChecksum); err != nil {
+			return fmt.Errorf("pgmigrate: %s: add the checksum column to %s: %w", component, TableName, err)
+		}
+	}
+	rows, err := tx.Query(ctx, "SELECT version, checksum FROM "+TableName+" WHERE component = $1", component)
 	if err != nil {
 		return fmt.Errorf("pgmigrate: %s: read applied versions: %w", component, err)
 	}
-	applied, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	type recorded struct {
+		Version  int32
+		Checksum *string
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[recorded])
 	if err != nil {
 		return fmt.Errorf("pgmigrate: %s: read applied versions: %w", component, err)
+	}
+	applied := make(map[int]*string, len(got))
+	for _, r := range got {
+		applied[int(r.Version)] = r.Checksum
+	}
+	// Check every recorded migration before running any.
+	var changed, adopt []Migration
+	for _, m := range sorted {
+		sum, ok := applied[m.Version]
+		switch {
+		case !ok:
+		case sum == nil:
+			adopt = append(adopt, m)
+		case *sum != Checksum(m):
+			changed = append(changed, m)
+		}
+	}
+	if len(changed) > 0 {
+		names := make([]string, len(changed))
+		for i, m := range changed {
+			names[i] = fmt.Sprintf("%04d_%s (recorded sha256 %.12s…, now %.12s…)", m.Version, m.Name, *applied[m.Version], Checksum(m))
+		}
+		return fmt.Errorf("%w: component %s: migration %s applied earlier with other SQL, so the schema may not be what it now says; nothing was applied. "+
+			"Put a change in a new migration, never in an applied one. If the schema does match the new SQL, "+
+			"clear the recorded checksum (UPDATE %s SET checksum = NULL WHERE component = '%s' AND version = %d) and the next Apply takes the new one",
+			ErrChanged, component, strings.Join(names, ", "), TableName, strings.ReplaceAll(component, "'", "''"), changed[0].Version)
+	}
+	for _, m := range adopt {
+		if _, err := tx.Exec(ctx,
+			"UPDATE "+TableName+" SET checksum = $3 WHERE component = $1 AND version = $2 AND checksum IS NULL",
+			component, m.Version, Checksum(m)); err != nil {
+			return fmt.Errorf("pgmigrate: %s: record the checksum of migration %04d_%s: %w", component, m.Version, m.Name, err)
+		}
 	}
 	for _, m := range sorted {
-		if slices.Contains(applied, int32(m.Version)) {
+		if _, ok := applied[m.Version]; ok {
 			continue
 		}
 		if _, err := tx.Exec(ctx, m.SQL); err != nil {
 			return fmt.Errorf("pgmigrate: %s: migration %04d_%s: %w", component, m.Version, m.Name, err)
 		}
 		if _, err := tx.Exec(ctx,
-			"INSERT INTO "+TableName+" (component, version, name) VALUES ($1, $2, $3)",
-			component, m.Version, m.Name); err != nil {
+			"INSERT INTO "+TableName+" (component, version, name, checksum) VALUES ($1, $2, $3, $4)",
+			component, m.Version, m.Name, Checksum(m)); err != nil {
 			return fmt.Errorf("pgmigrate: %s: record migration %04d_%s: %w", component, m.Version, m.Name, err)
 		}
 	}

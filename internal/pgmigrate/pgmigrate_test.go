@@ -3,6 +3,8 @@ package pgmigrate_test
 import (
 	"context"
 	"errors"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"testing/fstest"
@@ -147,6 +149,93 @@ func TestApplyFailureRollsBackEverything(t *testing.T) {
 		if err := db.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", table).Scan(&exists); err != nil || exists {
 			t.Fatalf("table %s exists=%v (err %v) after rolled back Apply", table, exists, err)
 		}
+	}
+}
+
+// TestApplyRefusesAChangedMigration: a migration whose SQL changed after it
+// was applied makes Apply fail with ErrChanged, naming the component and
+// the migration, and apply nothing, not even a new version given with it.
+func TestApplyRefusesAChangedMigration(t *testing.T) {
+	db := testenv.Postgres(t)
+	ctx := t.Context()
+	if err := pgmigrate.Apply(ctx, db, "comp", nonIdempotent[:1]); err != nil {
+		t.Fatal(err)
+	}
+	before := applied(t, db)
+	edited := []pgmigrate.Migration{
+		{Version: 1, Name: "create_a", SQL: "CREATE TABLE a (id int PRIMARY KEY, note text)"},
+		nonIdempotent[1],
+	}
+	err := pgmigrate.Apply(ctx, db, "comp", edited)
+	if !errors.Is(err, pgmigrate.ErrChanged) {
+		t.Fatalf("Apply of an edited migration: %v, want ErrChanged", err)
+	}
+	for _, want := range []string{"comp", "0001_create_a", pgmigrate.Checksum(nonIdempotent[0])[:12], pgmigrate.Checksum(edited[0])[:12]} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %q", err, want)
+		}
+	}
+	if after := applied(t, db); len(after) != len(before) {
+		t.Fatalf("applied %+v after the refusal, want %+v", after, before)
+	}
+	var exists bool
+	if err := db.QueryRow(ctx, "SELECT to_regclass('b') IS NOT NULL").Scan(&exists); err != nil || exists {
+		t.Fatalf("table b exists=%v (err %v): the new version ran beside a changed one", exists, err)
+	}
+	// The migration as it was applied still passes, and so does the new one.
+	if err := pgmigrate.Apply(ctx, db, "comp", nonIdempotent); err != nil {
+		t.Fatalf("Apply of the original migrations: %v", err)
+	}
+	// Another component's version 1 is not concerned.
+	if err := pgmigrate.Apply(ctx, db, "other", []pgmigrate.Migration{{Version: 1, Name: "create_c", SQL: "CREATE TABLE c (id int)"}}); err != nil {
+		t.Fatalf("Apply of another component: %v", err)
+	}
+}
+
+// TestApplyAdoptsRowsWithoutChecksum: on a table made before checksums
+// (no checksum column), Apply adds the column, gives the recorded
+// migrations their current checksum, applies the new ones, and from then on
+// refuses an edit.
+func TestApplyAdoptsRowsWithoutChecksum(t *testing.T) {
+	db := testenv.Postgres(t)
+	ctx := t.Context()
+	// The table and row as an idem without checksums left them.
+	if _, err := db.Exec(ctx, `CREATE TABLE idem_schema_migrations (
+		component  text        NOT NULL,
+		version    int         NOT NULL,
+		name       text        NOT NULL,
+		applied_at timestamptz NOT NULL DEFAULT now(),
+		PRIMARY KEY (component, version));
+		CREATE TABLE a (id int PRIMARY KEY);
+		INSERT INTO idem_schema_migrations (component, version, name) VALUES ('comp', 1, 'create_a')`); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgmigrate.Apply(ctx, db, "comp", nonIdempotent); err != nil {
+		t.Fatalf("Apply on a table without checksums: %v", err)
+	}
+	rows, err := db.Query(ctx, "SELECT version, checksum FROM idem_schema_migrations WHERE component = 'comp' ORDER BY version")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type row struct {
+		Version  int32
+		Checksum string
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []row{{1, pgmigrate.Checksum(nonIdempotent[0])}, {2, pgmigrate.Checksum(nonIdempotent[1])}}
+	if !slices.Equal(got, want) {
+		t.Fatalf("recorded %+v, want %+v", got, want)
+	}
+	var n int
+	if err := db.QueryRow(ctx, "SELECT count(*) FROM a").Scan(&n); err != nil || n != 1 {
+		t.Fatalf("a has %d rows (err %v): version 2 did not run once", n, err)
+	}
+	edited := []pgmigrate.Migration{{Version: 1, Name: "create_a", SQL: "CREATE TABLE a (id bigint PRIMARY KEY)"}}
+	if err := pgmigrate.Apply(ctx, db, "comp", edited); !errors.Is(err, pgmigrate.ErrChanged) {
+		t.Fatalf("Apply of an edited migration after adoption: %v, want ErrChanged", err)
 	}
 }
 

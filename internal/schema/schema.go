@@ -12,9 +12,9 @@ import (
 	"github.com/idemhq/idem/internal/checkpointrow"
 	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/keyorder"
+	"github.com/idemhq/idem/internal/outboxtable"
 	"github.com/idemhq/idem/internal/sagatable"
 	"github.com/idemhq/idem/internal/scheduletable"
-	"github.com/idemhq/idem/outbox"
 )
 
 // Migrate creates or upgrades every table idem keeps: the inbox (inbox
@@ -30,7 +30,7 @@ func Migrate(ctx context.Context, db dedupe.DB, inbox []dedupe.PostgresOption, o
 	}{
 		{"inbox", func(ctx context.Context) error { return dedupe.NewPostgres(db, inbox...).Migrate(ctx) }},
 		{"ordering tables", keyorder.New(db, "").Migrate},
-		{"outbox", func(ctx context.Context) error { return outbox.Migrate(ctx, db, outboxTables...) }},
+		{"outbox", func(ctx context.Context) error { return outboxtable.Migrate(ctx, db, outboxTables...) }},
 		{"saga tables", func(ctx context.Context) error { return sagatable.Migrate(ctx, db) }},
 		{"checkpoint table", func(ctx context.Context) error { return checkpointrow.Migrate(ctx, db) }},
 		{"failure index", func(ctx context.Context) error { return indextable.Migrate(ctx, db) }},
