@@ -196,7 +196,7 @@ func TestListAndShow(t *testing.T) {
 	}
 }
 
-func TestReplayToOrigin(t *testing.T) {
+func TestReplayToSource(t *testing.T) {
 	k := testenv.NewKafka(t)
 	ctx := testenv.Context(t)
 	topic, origin := k.Topic(t, 2), k.Topic(t, 2)
@@ -224,7 +224,7 @@ func TestReplayToOrigin(t *testing.T) {
 		t.Fatalf("dry run sent %d records", len(got))
 	}
 
-	res, err = c.Replay(ctx, dlq.ReplayOptions{Topic: topic, To: dlq.ToOrigin, Rate: 1000})
+	res, err = c.Replay(ctx, dlq.ReplayOptions{Topic: topic, To: dlq.ToSource, Rate: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,7 +244,7 @@ func TestReplayToOrigin(t *testing.T) {
 	for _, m := range readAll(t, k, topic) {
 		for _, h := range m.Headers {
 			if string(h.Key) == "idempotency-key" {
-				dead[string(h.Value)] = dlq.ReplayOf(topic, dlq.Position{Partition: m.Partition, Offset: m.Offset})
+				dead[string(h.Value)] = wire.ReplayOf(topic, m.Partition, m.Offset)
 			}
 		}
 	}
@@ -270,9 +270,9 @@ func TestReplayToOrigin(t *testing.T) {
 		if m.Partition != r.origPart {
 			t.Errorf("%s: partition %d, want original %d", r.idemKey, m.Partition, r.origPart)
 		}
-		if len(m.Headers) != 3 || string(m.Headers[1].Key) != "trace-id" || string(m.Headers[2].Key) != dlq.ReplayOfHeader ||
+		if len(m.Headers) != 3 || string(m.Headers[1].Key) != "trace-id" || string(m.Headers[2].Key) != wire.HeaderReplayOf ||
 			string(m.Headers[2].Value) != dead[r.idemKey] {
-			t.Errorf("%s: headers %v, want the 2 originals and %s=%s", r.idemKey, m.Headers, dlq.ReplayOfHeader, dead[r.idemKey])
+			t.Errorf("%s: headers %v, want the 2 originals and %s=%s", r.idemKey, m.Headers, wire.HeaderReplayOf, dead[r.idemKey])
 		}
 	}
 

@@ -78,7 +78,7 @@ func indexFilter(t dlqTopic, filter, status string) (index.Filter, error) {
 	if df.Error != nil {
 		// The index matches error text by substring, not by regexp.
 		if strings.ContainsAny(df.Error.String(), `\.+*?()|[]{}^$`) {
-			return f, fmt.Errorf("%w: error~=%q: with a database, error~= matches a plain substring (case-insensitive), not a regexp", dlq.ErrBadFilter, df.Error.String())
+			return f, fmt.Errorf("dlq: bad filter: error~=%q: with a database, error~= matches a plain substring (case-insensitive), not a regexp", df.Error.String())
 		}
 		f.ErrorContains = df.Error.String()
 	}

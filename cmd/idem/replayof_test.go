@@ -7,7 +7,6 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/internal/wire"
@@ -29,9 +28,9 @@ func TestCLIReplayOf(t *testing.T) {
 	if len(replayed) != 1 {
 		t.Fatalf("origin has %d records, want 1", len(replayed))
 	}
-	want := dlq.ReplayOf(topic, dlq.Position{Partition: 0, Offset: 0})
-	if v, _ := hdr(replayed[0], dlq.ReplayOfHeader); v != want {
-		t.Fatalf("replayed record: %s = %q, want %q", dlq.ReplayOfHeader, v, want)
+	want := wire.ReplayOf(topic, 0, 0)
+	if v, _ := hdr(replayed[0], wire.HeaderReplayOf); v != want {
+		t.Fatalf("replayed record: %s = %q, want %q", wire.HeaderReplayOf, v, want)
 	}
 	// The consumer fails it again and dead-letters it as Run does.
 	f := retrytopic.Failure{Attempt: 1, OriginalTopic: origin, Group: "billing", Kind: handler.KindPermanent, Error: "still failing",

@@ -12,7 +12,6 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/internal/wire"
@@ -110,7 +109,7 @@ func loadRows(b *testing.B, ctx context.Context, db interface {
 			status = "archived"
 		}
 		row := []any{fmt.Sprintf("svc%d.group%d.dlq", t, g), int32(i % 3), int64(i / 3), fmt.Sprintf("svc%d", t), int32(i % 3), int64(i),
-			fmt.Sprintf("group%d", g), dlq.Fingerprint("permanent", "*errors.errorString", fmt.Sprintf("step %d of svc%d", fp, t)), kind,
+			fmt.Sprintf("group%d", g), fingerprint("permanent", "*errors.errorString", fmt.Sprintf("step %d of svc%d", fp, t)), kind,
 			[]byte(fmt.Sprint("acct-", i%10000)), fmt.Sprint("ord-", i), 3, last.Add(-time.Minute), last, msg, "*errors.errorString",
 			value, len(value), encodeHeaders([]Header{{Key: []byte("idempotency-key"), Value: fmt.Appendf(nil, "ord-%d", i)}, {Key: []byte("idem-error"), Value: []byte(msg)}}),
 			status, last}
@@ -142,7 +141,7 @@ func BenchmarkStoreList(b *testing.B) {
 	}
 	b.Logf("loaded %d rows with COPY in %v", benchRows, time.Since(start).Round(time.Second))
 	s := NewStore(pool)
-	fp := dlq.Fingerprint("permanent", "*errors.errorString", "step 7 of svc7")
+	fp := fingerprint("permanent", "*errors.errorString", "step 7 of svc7")
 	week := time.Now().Add(-7 * 24 * time.Hour)
 	cases := []struct {
 		name  string

@@ -10,6 +10,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/testenv"
@@ -187,3 +188,9 @@ func groupLag(k *testenv.Kafka, group string, topics ...string) (int64, error) {
 }
 
 var errNotYet = errors.New("not yet")
+
+// fingerprint is dlq.Record.Fingerprint of a record failing with kind,
+// errorType and msg.
+func fingerprint(kind handler.Kind, errorType, msg string) string {
+	return (&dlq.Record{Failure: retrytopic.Failure{Kind: kind, ErrorType: errorType, Error: msg}}).Fingerprint()
+}

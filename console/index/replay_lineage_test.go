@@ -13,10 +13,10 @@ import (
 	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
-	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -122,8 +122,8 @@ func TestReplayFailsAgainLinksBack(t *testing.T) {
 		t.Fatalf("Replay = %+v, %v", res, err)
 	}
 	again := byOffset(3)[2]
-	if want := dlq.ReplayOf(dlqTopic, dlq.Position{Partition: 0, Offset: 0}); header(again, dlq.ReplayOfHeader) != want {
-		t.Errorf("the replay's dead letter has %s = %q, want %q", dlq.ReplayOfHeader, header(again, dlq.ReplayOfHeader), want)
+	if want := wire.ReplayOf(dlqTopic, 0, 0); header(again, wire.HeaderReplayOf) != want {
+		t.Errorf("the replay's dead letter has %s = %q, want %q", wire.HeaderReplayOf, header(again, wire.HeaderReplayOf), want)
 	}
 	if again.PreviousID != first.ID {
 		t.Errorf("the replay's dead letter: PreviousID %d, want the replayed record %d (not %d, the latest of its key)",
@@ -138,9 +138,9 @@ func TestReplayFailsAgainLinksBack(t *testing.T) {
 		t.Fatalf("EditAndRetry = %+v, %v", res, err)
 	}
 	edited := byOffset(4)[3]
-	want := dlq.ReplayOf(dlqTopic, dlq.Position{Partition: 0, Offset: 1})
-	if header(edited, dlq.ReplayOfHeader) != want || header(edited, "idem-replaces") != want {
-		t.Errorf("the edit's dead letter has %s = %q and %s = %q, want %q for both", dlq.ReplayOfHeader, header(edited, dlq.ReplayOfHeader),
+	want := wire.ReplayOf(dlqTopic, 0, 1)
+	if header(edited, wire.HeaderReplayOf) != want || header(edited, "idem-replaces") != want {
+		t.Errorf("the edit's dead letter has %s = %q and %s = %q, want %q for both", wire.HeaderReplayOf, header(edited, wire.HeaderReplayOf),
 			"idem-replaces", header(edited, "idem-replaces"), want)
 	}
 	if edited.PreviousID != second.ID || string(edited.Value) != `{"id":"pay-1","amount":11}` {

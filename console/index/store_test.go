@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/testenv"
@@ -110,7 +109,7 @@ func TestStoreListGroupsFilters(t *testing.T) {
 		}
 	}
 	r := mustList(t, s, Filter{Key: "derived-key"})[0]
-	if r.IdempotencyKey != "derived-key" || string(r.Key) != "kafka-key" || r.Fingerprint != dlq.Fingerprint("permanent", "*errors.errorString", "boom") ||
+	if r.IdempotencyKey != "derived-key" || string(r.Key) != "kafka-key" || r.Fingerprint != fingerprint("permanent", "*errors.errorString", "boom") ||
 		r.OriginTopic != "orders" || r.Group != "billing" || r.Attempts != 3 || r.Status != Unresolved || len(r.Headers) < 3 ||
 		string(r.Headers[0].Key) != "idempotency-key" {
 		t.Errorf("record: %+v", r)
