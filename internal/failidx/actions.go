@@ -1,4 +1,4 @@
-package index
+package failidx
 
 import (
 	"bytes"
@@ -19,6 +19,7 @@ import (
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/outboxadmin"
+	"github.com/idemhq/idem/internal/pglead"
 	"github.com/idemhq/idem/internal/replayrec"
 	"github.com/idemhq/idem/internal/wire"
 )
@@ -347,7 +348,7 @@ func (a *Actions) Replay(ctx context.Context, actor string, sel Selection, to st
 				continue
 			}
 			if interval > 0 {
-				if !sleep(ctx, time.Until(next)) && ctx.Err() != nil {
+				if !pglead.Sleep(ctx, time.Until(next)) && ctx.Err() != nil {
 					return fail(ids, ctx.Err())
 				}
 				next = maxTime(next, time.Now()).Add(interval)
