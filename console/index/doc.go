@@ -31,7 +31,15 @@
 //	if err != nil {
 //		log.Fatal(err)
 //	}
+//	tokens, err := console.LoadTokens("/etc/idem/console-tokens")
+//	if err != nil {
+//		log.Fatal(err)
+//	}
 //	h, err := console.New(console.Config{Pool: pool, Client: client, Tokens: tokens, Registerer: reg})
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	http.Handle("/", h)
 //
 // A service may also run the indexer inside consumer.Run
 // (consumer.Config.FailureIndex).
