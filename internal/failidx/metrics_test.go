@@ -48,4 +48,3 @@ func TestCollector(t *testing.T) {
 		}
 	}
 }
-

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/failidx/failidxtest"
+	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/testenv"
 )
 
