@@ -54,7 +54,7 @@
 //   - dlq: list, show, replay and purge dead-letter records (the CLI's
 //     library).
 //   - console and console/index: the failure console's web UI and API, and
-//     the failure index it reads.
+//     the indexer that fills the failure index it reads.
 //   - metrics: every Prometheus metric idem exports, and Serve for
 //     /metrics, /healthz and /readyz.
 //   - kafkaauth: TLS and SASL (PLAIN, SCRAM) for sarama.

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemhq/idem/console/index"
+	"github.com/idemhq/idem/internal/failidx"
 )
 
 // The JSON API's handlers. Each is registered in routes() and described in
@@ -27,7 +27,7 @@ type topicView struct {
 }
 
 func (s *server) overview(r *http.Request) ([]topicView, error) {
-	ts, err := s.cfg.Store.Overview(r.Context())
+	ts, err := s.store.Overview(r.Context())
 	if err != nil {
 		return nil, err
 	}
@@ -65,12 +65,12 @@ type groupView struct {
 	LastSeen    time.Time `json:"last_seen"`
 }
 
-func (s *server) groups(r *http.Request) ([]groupView, index.Filter, error) {
+func (s *server) groups(r *http.Request) ([]groupView, failidx.Filter, error) {
 	f, err := parseFilter(r.URL.Query())
 	if err != nil {
 		return nil, f, err
 	}
-	gs, err := s.cfg.Store.Groups(r.Context(), f)
+	gs, err := s.store.Groups(r.Context(), f)
 	if err != nil {
 		return nil, f, err
 	}
@@ -93,7 +93,7 @@ func (s *server) apiGroups(w http.ResponseWriter, r *http.Request, id identity) 
 }
 
 // list reads one page of records by the request's filter, cursor and limit.
-func (s *server) list(r *http.Request) ([]recordView, string, index.Filter, error) {
+func (s *server) list(r *http.Request) ([]recordView, string, failidx.Filter, error) {
 	q := r.URL.Query()
 	f, err := parseFilter(q)
 	if err != nil {
@@ -103,7 +103,7 @@ func (s *server) list(r *http.Request) ([]recordView, string, index.Filter, erro
 	if err != nil {
 		return nil, "", f, err
 	}
-	page, err := s.cfg.Store.List(r.Context(), f, q.Get("cursor"), limit)
+	page, err := s.store.List(r.Context(), f, q.Get("cursor"), limit)
 	if err != nil {
 		return nil, "", f, err
 	}
@@ -133,18 +133,18 @@ func pathID(r *http.Request) (int64, error) {
 
 // record reads the record of the path's id; with reveal it checks the
 // operator role and audits the reveal first.
-func (s *server) record(r *http.Request, id identity, reveal bool) (index.Record, error) {
+func (s *server) record(r *http.Request, id identity, reveal bool) (failidx.Record, error) {
 	rid, err := pathID(r)
 	if err != nil {
-		return index.Record{}, err
+		return failidx.Record{}, err
 	}
 	if reveal {
 		if err := s.audited(r, id, rid); err != nil {
-			return index.Record{}, err
+			return failidx.Record{}, err
 		}
 	}
-	rec, err := s.cfg.Store.Get(r.Context(), rid)
-	if errors.Is(err, index.ErrNotFound) {
+	rec, err := s.store.Get(r.Context(), rid)
+	if errors.Is(err, failidx.ErrNotFound) {
 		return rec, fmt.Errorf("record %d: %w", rid, err)
 	}
 	return rec, err
@@ -157,10 +157,10 @@ func (s *server) audited(r *http.Request, id identity, rid int64) error {
 	if id.Role < Operator {
 		return &inputError{code: http.StatusForbidden, field: "reveal", msg: fmt.Sprintf("forbidden: showing unmasked payloads needs the operator role; %s is %s", id.Name, id.Role)}
 	}
-	if _, err := s.cfg.Store.Get(r.Context(), rid); err != nil {
+	if _, err := s.store.Get(r.Context(), rid); err != nil {
 		return fmt.Errorf("record %d: %w", rid, err)
 	}
-	return s.cfg.Store.WriteAudit(r.Context(), index.AuditEntry{
+	return s.store.WriteAudit(r.Context(), failidx.AuditEntry{
 		At: s.cfg.now(), Actor: id.Name, Action: "reveal", RecordIDs: []int64{rid},
 		Detail: "unmasked payload shown (" + r.Method + " " + r.URL.Path + ")", Result: "ok",
 	})
@@ -260,53 +260,53 @@ func decodeJSON(r *http.Request, v any) error {
 
 // selection checks an action's choice of records: ids or a filter, not
 // both and not neither; a filter needs the admin role.
-func selection(id identity, ids []int64, fb *filterBody) (index.Selection, error) {
+func selection(id identity, ids []int64, fb *filterBody) (failidx.Selection, error) {
 	switch {
 	case len(ids) > 0 && fb != nil:
-		return index.Selection{}, badInput("ids", "give ids or filter, not both")
+		return failidx.Selection{}, badInput("ids", "give ids or filter, not both")
 	case len(ids) == 0 && fb == nil:
-		return index.Selection{}, badInput("ids", "no records selected: give ids, or a filter (admin)")
+		return failidx.Selection{}, badInput("ids", "no records selected: give ids, or a filter (admin)")
 	case len(ids) > 0:
 		for _, x := range ids {
 			if x <= 0 {
-				return index.Selection{}, badInput("ids", "record id %d: ids are positive integers", x)
+				return failidx.Selection{}, badInput("ids", "record id %d: ids are positive integers", x)
 			}
 		}
-		return index.Selection{IDs: ids}, nil
+		return failidx.Selection{IDs: ids}, nil
 	}
 	if id.Role < Admin {
-		return index.Selection{}, &inputError{code: http.StatusForbidden, field: "filter",
+		return failidx.Selection{}, &inputError{code: http.StatusForbidden, field: "filter",
 			msg: fmt.Sprintf("forbidden: acting on a whole group or filter needs the admin role; %s is %s", id.Name, id.Role)}
 	}
 	f, err := parseFilter(fb.values())
 	if err != nil {
-		return index.Selection{}, err
+		return failidx.Selection{}, err
 	}
 	if f.Fingerprint == "" && f.Group == "" && f.Topic == "" && f.Kind == "" && f.Key == "" && f.ErrorContains == "" {
-		return index.Selection{}, badInput("filter", "the filter selects every record: name at least a fingerprint, group, topic, kind, key or error")
+		return failidx.Selection{}, badInput("filter", "the filter selects every record: name at least a fingerprint, group, topic, kind, key or error")
 	}
-	return index.Selection{Filter: &f}, nil
+	return failidx.Selection{Filter: &f}, nil
 }
 
 // act runs one record action for the API or the UI.
-func (s *server) act(r *http.Request, id identity, action string, sel index.Selection, to string, rate int, reason string) (index.Result, error) {
+func (s *server) act(r *http.Request, id identity, action string, sel failidx.Selection, to string, rate int, reason string) (failidx.Result, error) {
 	reason = strings.TrimSpace(reason)
 	if rate < 0 {
-		return index.Result{}, badInput("rate", "rate %d: want 0 (no cap) or more records a second", rate)
+		return failidx.Result{}, badInput("rate", "rate %d: want 0 (no cap) or more records a second", rate)
 	}
 	ctx := r.Context()
 	switch action {
 	case "replay":
-		return s.cfg.Actions.Replay(ctx, id.Name, sel, strings.TrimSpace(to), rate, reason)
+		return s.acts.Replay(ctx, id.Name, sel, strings.TrimSpace(to), rate, reason)
 	case "resolve":
-		return s.cfg.Actions.Resolve(ctx, id.Name, sel, reason)
+		return s.acts.Resolve(ctx, id.Name, sel, reason)
 	case "archive":
 		if reason == "" {
-			return index.Result{}, badInput("reason", "archive needs a reason")
+			return failidx.Result{}, badInput("reason", "archive needs a reason")
 		}
-		return s.cfg.Actions.Archive(ctx, id.Name, sel, reason)
+		return s.acts.Archive(ctx, id.Name, sel, reason)
 	}
-	return index.Result{}, &inputError{code: http.StatusNotFound, field: "action", msg: fmt.Sprintf("unknown action %q: want replay, resolve or archive", action)}
+	return failidx.Result{}, &inputError{code: http.StatusNotFound, field: "action", msg: fmt.Sprintf("unknown action %q: want replay, resolve or archive", action)}
 }
 
 type resultView struct {
@@ -317,7 +317,7 @@ type resultView struct {
 	Errors       []string `json:"errors"`
 }
 
-func viewResult(res index.Result) resultView {
+func viewResult(res failidx.Result) resultView {
 	v := resultView{Matched: res.Matched, Done: res.Done, Skipped: res.Skipped, SkippedStubs: res.SkippedStubs, Errors: res.Errors}
 	if v.SkippedStubs == nil {
 		v.SkippedStubs = []int64{}
@@ -356,23 +356,23 @@ type editRequest struct {
 }
 
 // editRetry validates and runs an edit and retry.
-func (s *server) editRetry(r *http.Request, id identity, rid int64, value *string, reason string) (index.Result, error) {
+func (s *server) editRetry(r *http.Request, id identity, rid int64, value *string, reason string) (failidx.Result, error) {
 	if value == nil {
-		return index.Result{}, badInput("value", "value is missing: give the new payload")
+		return failidx.Result{}, badInput("value", "value is missing: give the new payload")
 	}
-	rec, err := s.cfg.Store.Get(r.Context(), rid)
+	rec, err := s.store.Get(r.Context(), rid)
 	if err != nil {
-		return index.Result{}, fmt.Errorf("record %d: %w", rid, err)
+		return failidx.Result{}, fmt.Errorf("record %d: %w", rid, err)
 	}
 	v := []byte(*value)
 	if json.Valid(rec.Value) || rec.Stub {
 		if !json.Valid(v) {
 			var x any
 			err := json.Unmarshal(v, &x)
-			return index.Result{}, badInput("value", "value is not valid JSON (the original is): %v", err)
+			return failidx.Result{}, badInput("value", "value is not valid JSON (the original is): %v", err)
 		}
 	}
-	return s.cfg.Actions.EditAndRetry(r.Context(), id.Name, rid, v, strings.TrimSpace(reason))
+	return s.acts.EditAndRetry(r.Context(), id.Name, rid, v, strings.TrimSpace(reason))
 }
 
 func (s *server) apiEditRetry(w http.ResponseWriter, r *http.Request, id identity) {
@@ -408,7 +408,7 @@ func (s *server) parked(r *http.Request) ([]parkedView, error) {
 	if err != nil {
 		return nil, err
 	}
-	ks, err := s.cfg.Actions.ParkedKeys(r.Context(), limit)
+	ks, err := s.acts.ParkedKeys(r.Context(), limit)
 	if err != nil {
 		return nil, err
 	}
@@ -435,18 +435,18 @@ type releaseRequest struct {
 	Reason string `json:"reason"`
 }
 
-func (s *server) release(r *http.Request, id identity, req releaseRequest) (index.Result, error) {
+func (s *server) release(r *http.Request, id identity, req releaseRequest) (failidx.Result, error) {
 	switch {
 	case strings.TrimSpace(req.Group) == "":
-		return index.Result{}, badInput("group", "group is missing")
+		return failidx.Result{}, badInput("group", "group is missing")
 	case strings.TrimSpace(req.Topic) == "":
-		return index.Result{}, badInput("topic", "topic is missing")
+		return failidx.Result{}, badInput("topic", "topic is missing")
 	case req.Key == "":
-		return index.Result{}, badInput("key", "key is missing")
+		return failidx.Result{}, badInput("key", "key is missing")
 	case strings.TrimSpace(req.Reason) == "":
-		return index.Result{}, badInput("reason", "releasing a parked key needs a reason")
+		return failidx.Result{}, badInput("reason", "releasing a parked key needs a reason")
 	}
-	return s.cfg.Actions.ReleaseKey(r.Context(), id.Name, req.Group, req.Topic, req.Key, strings.TrimSpace(req.Reason))
+	return s.acts.ReleaseKey(r.Context(), id.Name, req.Group, req.Topic, req.Key, strings.TrimSpace(req.Reason))
 }
 
 func (s *server) apiRelease(w http.ResponseWriter, r *http.Request, id identity) {
@@ -477,7 +477,7 @@ func (s *server) outbox(r *http.Request) ([]outboxView, error) {
 	if err != nil {
 		return nil, err
 	}
-	rows, err := s.cfg.Actions.FailedOutbox(r.Context(), limit)
+	rows, err := s.acts.FailedOutbox(r.Context(), limit)
 	if err != nil {
 		return nil, err
 	}
@@ -503,11 +503,11 @@ type outboxRetryRequest struct {
 	Reason string  `json:"reason"`
 }
 
-func (s *server) retryOutbox(r *http.Request, id identity, req outboxRetryRequest) (index.Result, error) {
+func (s *server) retryOutbox(r *http.Request, id identity, req outboxRetryRequest) (failidx.Result, error) {
 	if len(req.IDs) == 0 {
-		return index.Result{}, badInput("ids", "no outbox rows selected")
+		return failidx.Result{}, badInput("ids", "no outbox rows selected")
 	}
-	return s.cfg.Actions.RetryOutbox(r.Context(), id.Name, req.IDs, strings.TrimSpace(req.Reason))
+	return s.acts.RetryOutbox(r.Context(), id.Name, req.IDs, strings.TrimSpace(req.Reason))
 }
 
 func (s *server) apiOutboxRetry(w http.ResponseWriter, r *http.Request, id identity) {
@@ -541,7 +541,7 @@ func (s *server) audit(r *http.Request) ([]auditView, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	es, next, err := s.cfg.Store.Audit(r.Context(), q.Get("cursor"), limit)
+	es, next, err := s.store.Audit(r.Context(), q.Get("cursor"), limit)
 	if err != nil {
 		return nil, "", err
 	}

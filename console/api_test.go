@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/failidx"
 )
 
 // TestAPIReads reads the JSON API the way a script would: the overview per
@@ -22,7 +22,7 @@ import (
 // failed outbox rows.
 func TestAPIReads(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.Mask = []string{"card.number"} })
-	dlqTopic, origin := e.k.Topic(t, 1), e.k.Topic(t, 1)
+	dlqTopic, origin := e.k.Topic(t, "dlq", 1), e.k.Topic(t, "origin", 1)
 	var ds []dead
 	for i := 1; i <= 3; i++ {
 		ds = append(ds, dead{key: fmt.Sprint("pay-", i), value: fmt.Appendf(nil, `{"id":"pay-%d","card":{"number":"4111111111111111"}}`, i),
@@ -33,7 +33,7 @@ func TestAPIReads(t *testing.T) {
 	}
 	e.seedDLQ(t, dlqTopic, origin, ds...)
 	e.runIndexer(t, dlqTopic)
-	e.waitIndexed(t, index.Filter{Topic: dlqTopic}, 5)
+	e.waitIndexed(t, failidx.Filter{Topic: dlqTopic}, 5)
 
 	get := func(path string, v any) {
 		t.Helper()

@@ -8,7 +8,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/idemhq/idem/console/index"
+	"github.com/idemhq/idem/internal/failidx"
 )
 
 func TestParseTokens(t *testing.T) {
@@ -39,12 +43,31 @@ func TestParseTokens(t *testing.T) {
 	}
 }
 
+// configOnly is a Kafka client of which Validate reads only the config.
+type configOnly struct {
+	sarama.Client
+	cfg *sarama.Config
+}
+
+func (c configOnly) Config() *sarama.Config { return c.cfg }
+
 func TestConfigValidate(t *testing.T) {
-	s := offlineServer(t)
-	ok := s.cfg
+	ok := Config{Pool: &pgxpool.Pool{}, Client: configOnly{cfg: index.ProducerConfig(nil)},
+		Tokens: []Token{{Name: "v", Role: Viewer, Secret: "viewer-secret-0123456789"}}}
+	if err := ok.Validate(); err != nil {
+		t.Fatalf("a valid Config: %v", err)
+	}
 	for name, mut := range map[string]func(*Config){
-		"no store":      func(c *Config) { c.Store = nil },
-		"no actions":    func(c *Config) { c.Actions = nil },
+		"no pool":   func(c *Config) { c.Pool = nil },
+		"no client": func(c *Config) { c.Client = nil },
+		"a client that does not wait for acks": func(c *Config) {
+			c.Client = configOnly{cfg: sarama.NewConfig()} // Producer.Return.Successes false
+		},
+		"a client that may create topics": func(c *Config) {
+			cfg := index.ProducerConfig(nil)
+			cfg.Metadata.AllowAutoTopicCreation = true
+			c.Client = configOnly{cfg: cfg}
+		},
 		"no tokens":     func(c *Config) { c.Tokens = nil },
 		"short key":     func(c *Config) { c.SessionKey = []byte("short") },
 		"bad mask":      func(c *Config) { c.Mask = []string{"a..b"} },
@@ -52,9 +75,15 @@ func TestConfigValidate(t *testing.T) {
 	} {
 		c := ok
 		mut(&c)
-		if err := c.Validate(); err == nil {
+		err := c.Validate()
+		if err == nil {
 			t.Errorf("%s: Validate() = nil", name)
+			continue
 		}
+		if _, nerr := New(c); nerr == nil {
+			t.Errorf("%s: New accepted it", name)
+		}
+		t.Logf("%s: %v", name, err)
 	}
 	c := ok
 	c.Tokens, c.InsecureNoAuth = nil, true
@@ -84,8 +113,8 @@ func TestBackStaysLocal(t *testing.T) {
 // SameSite=Strict cookie) and requests for a host that is not loopback
 // (DNS rebinding).
 func TestInsecureNoAuth(t *testing.T) {
-	st := index.NewStore(nil)
-	h, err := New(Config{Store: st, Actions: index.NewActions(st, nil), InsecureNoAuth: true})
+	st := failidx.NewStore(nil)
+	h, err := newServer(Config{InsecureNoAuth: true}, st, failidx.NewActions(st, nil))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,9 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemhq/idem/console/index"
-	"github.com/idemhq/idem/internal/indextable"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/idemtest"
+	"github.com/idemhq/idem/internal/failidx"
 )
 
 // BenchmarkRecordList measures the record-list API over an index of
@@ -26,10 +25,10 @@ import (
 // RecordList -benchtime 1x ./console/
 func BenchmarkRecordList(b *testing.B) {
 	pool, rows := loadRecords(b)
-	st := index.NewStore(pool)
+	st := failidx.NewStore(pool)
 	// InsecureNoAuth lets the UI pages be fetched without a login; the API
-	// calls still send the viewer's token.
-	h, err := New(Config{Store: st, Actions: index.NewActions(st, nil), Tokens: []Token{{Name: "bench", Role: Viewer, Secret: viewerSecret}}, InsecureNoAuth: true})
+	// calls still send the viewer's token. Nothing is replayed: no Kafka.
+	h, err := newServer(Config{Tokens: []Token{{Name: "bench", Role: Viewer, Secret: viewerSecret}}, InsecureNoAuth: true}, st, failidx.NewActions(st, nil))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -135,11 +134,8 @@ func benchRows() int {
 func loadRecords(tb testing.TB) (*pgxpool.Pool, int) {
 	tb.Helper()
 	rows := benchRows()
-	pool := testenv.Postgres(tb)
+	pool := idemtest.ConnectPostgres(tb).Pool
 	ctx := tb.Context()
-	if err := indextable.Migrate(ctx, pool); err != nil {
-		tb.Fatal(err)
-	}
 	start := time.Now()
 	if _, err := pool.Exec(ctx, `
 		INSERT INTO idem_dlq_records (dlq_topic, dlq_partition, dlq_offset, origin_topic, origin_partition, origin_offset,

@@ -11,7 +11,7 @@ import (
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
-	"github.com/idemhq/idem/console/index"
+	"github.com/idemhq/idem/internal/failidx"
 )
 
 // BenchmarkBrowser1M loads IDEM_BENCH_ROWS records (default 1,000,000, as
@@ -38,9 +38,9 @@ func BenchmarkBrowser1M(b *testing.B) {
 		FROM generate_series(1, 2000) AS i`); err != nil {
 		b.Fatal(err)
 	}
-	st := index.NewStore(pool)
-	h, err := New(Config{Store: st, Actions: index.NewActions(st, nil), Mask: []string{"card"},
-		Tokens: []Token{{Name: "olga", Role: Operator, Secret: operatorSecret}}})
+	st := failidx.NewStore(pool) // nothing is replayed: no Kafka
+	h, err := newServer(Config{Mask: []string{"card"},
+		Tokens: []Token{{Name: "olga", Role: Operator, Secret: operatorSecret}}}, st, failidx.NewActions(st, nil))
 	if err != nil {
 		b.Fatal(err)
 	}

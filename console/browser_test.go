@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,11 +16,10 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/chromedp/chromedp"
 
-	"github.com/idemhq/idem/console/index"
-	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/idemtest"
+	"github.com/idemhq/idem/internal/failidx"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -93,13 +91,10 @@ type payment struct {
 // Kafka (exactly the records the console sent).
 func TestBrowserTriage(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.Mask = []string{"card"} })
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	// Names that read well in the screenshots, unique all the same.
-	source, group := testenv.Unique("payments"), testenv.Unique("billing")
-	e.k.CreateTopic(t, source, 1)
-	pol := retrytopic.Policy{}
-	dlqTopic := pol.DLQ(source, group)
-	t.Cleanup(func() { e.k.DeleteTopics(t, dlqTopic) })
+	source, group := e.k.Topic(t, "payments", 1), e.k.Group(t, "billing")
+	dlqTopic := retrytopic.Policy{}.DLQ(source, group) // deleted with source
 	if _, err := e.pool.Exec(ctx, `CREATE TABLE payments_applied (payment text NOT NULL, amount numeric NOT NULL, at timestamptz NOT NULL DEFAULT now())`); err != nil {
 		t.Fatal(err)
 	}
@@ -124,36 +119,19 @@ func TestBrowserTriage(t *testing.T) {
 		_, err := dedupe.Tx(ctx).Exec(ctx, `INSERT INTO payments_applied (payment, amount) VALUES ($1, $2)`, p.ID, amount)
 		return err
 	})
-	store := dedupe.NewPostgres(e.pool)
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
 	var values [8][]byte
-	prod := e.k.Producer(t)
 	for i := range values {
 		p := payment{ID: fmt.Sprintf("p-%d", i), Amount: 10 * (i + 1)}
 		if i == 4 || i == 5 {
 			p.Amount = "1O" // a letter O: bad input
 		}
 		values[i], _ = json.Marshal(map[string]any{"id": p.ID, "amount": p.Amount, "card": map[string]string{"number": "4111111111111111"}})
-		if _, _, err := prod.SendMessage(&sarama.ProducerMessage{Topic: source, Partition: 0, Key: sarama.StringEncoder(p.ID),
-			Value: sarama.ByteEncoder(values[i]), Headers: []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(p.ID)}}}); err != nil {
-			t.Fatal(err)
-		}
+		e.k.Produce(t, source, idemtest.Record{IdempotencyKey: p.ID, Key: []byte(p.ID), Value: values[i]})
 	}
-	rctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		err := consumer.Run(rctx, consumer.Config{Brokers: e.k.Brokers, Sarama: e.k.SaramaConfig(), Group: group, Topics: []string{source},
-			Dedupe: store, Retry: consumer.RetryConfig{Tiers: pol}, Retention: consumer.RetentionConfig{NoSweep: true}}, h)
-		if err != nil {
-			t.Errorf("consumer.Run: %v", err)
-		}
-	})
-	t.Cleanup(func() { stop(); wg.Wait() })
+	idemtest.Start(t, idemtest.WithPostgres(t, e.k.Config(t, group, source), e.pool), h)
 	e.runIndexer(t, dlqTopic)
-	recs := e.waitIndexed(t, index.Filter{Topic: dlqTopic}, 6)
-	byKey := map[string]index.Record{}
+	recs := e.waitIndexed(t, failidx.Filter{Topic: dlqTopic}, 6)
+	byKey := map[string]failidx.Record{}
 	for _, r := range recs {
 		byKey[r.IdempotencyKey] = r
 	}
@@ -174,7 +152,7 @@ func TestBrowserTriage(t *testing.T) {
 		}
 		return m
 	}
-	testenv.Eventually(t, 30*time.Second, func() error {
+	idemtest.Eventually(t, 30*time.Second, func() error {
 		if m := applied(); len(m) != 2 {
 			return fmt.Errorf("applied %v, want p-6 and p-7", m)
 		}
@@ -289,7 +267,7 @@ func TestBrowserTriage(t *testing.T) {
 
 	// PostgreSQL: each effect once; p-2 archived, p-3 and p-5 untouched.
 	want := map[string]int{"p-0": 1, "p-1": 1, "p-4": 1, "p-6": 1, "p-7": 1}
-	testenv.Eventually(t, 60*time.Second, func() error {
+	idemtest.Eventually(t, 60*time.Second, func() error {
 		if m := applied(); fmt.Sprint(m) != fmt.Sprint(want) {
 			return fmt.Errorf("applied %v, want %v", m, want)
 		}
@@ -299,7 +277,7 @@ func TestBrowserTriage(t *testing.T) {
 	if err := e.pool.QueryRow(ctx, `SELECT amount FROM payments_applied WHERE payment = 'p-4'`).Scan(&amount); err != nil || amount != 10 {
 		t.Errorf("p-4 applied with amount %v (%v), want the edited 10", amount, err)
 	}
-	for key, st := range map[string]index.Status{"p-0": index.Replayed, "p-1": index.Replayed, "p-2": index.Archived, "p-3": index.Unresolved, "p-5": index.Unresolved} {
+	for key, st := range map[string]failidx.Status{"p-0": failidx.Replayed, "p-1": failidx.Replayed, "p-2": failidx.Archived, "p-3": failidx.Unresolved, "p-5": failidx.Unresolved} {
 		r, err := e.store.Get(ctx, byKey[key].ID)
 		if err != nil || r.Status != st {
 			t.Errorf("%s: status %s (%v), want %s", key, r.Status, err, st)

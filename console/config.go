@@ -6,9 +6,9 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/idemhq/idem/console/index"
 )
 
 // Defaults of Config.
@@ -25,16 +25,23 @@ const (
 	defaultSessionTTL = 12 * time.Hour
 )
 
-// Config configures the console's handler. Store and Actions are required;
+// Config configures the console's handler. Pool and Client are required;
 // every other field has a usable zero value.
 type Config struct {
-	// Store reads the failure index (records, groups, overview, audit).
+	// Pool is the database holding the failure index: the tables
+	// idem.Migrate creates and an index.Indexer fills. The console reads
+	// records, groups, the overview and the audit log from it, and records
+	// every action (with an audit row) in it. Its search_path must reach
+	// idem's tables. The caller keeps owning it.
 	// Required.
-	Store *index.Store
-	// Actions changes it (replay, resolve, archive, edit and retry, parked
-	// keys, outbox rows); every action it runs writes an audit row.
+	Pool *pgxpool.Pool
+	// Client is the Kafka client through which replays, edit-and-retry and
+	// key releases publish. Build it with index.ProducerConfig (idempotent,
+	// acks=all, successes returned, no topic auto-creation): New refuses a
+	// client whose config cannot publish that way. The caller keeps owning
+	// it (nothing here closes it).
 	// Required.
-	Actions *index.Actions
+	Client sarama.Client
 
 	// Tokens are the accepted bearer tokens and the role of each. A UI user
 	// logs in with one of them and gets a session cookie. Load them with
@@ -81,11 +88,11 @@ type Config struct {
 	// Default: slog.Default().
 	Logger *slog.Logger
 	// Registerer, when set, gets the failure index's gauges, read from
-	// Store at each scrape: idem_dlq_unresolved and
-	// idem_dlq_oldest_unresolved_seconds by group and topic (see
-	// index.Store.Collector). An index.Indexer given the same Registerer
-	// shares them and adds idem_dlq_retention_seconds, so a service that
-	// runs both gives both the same one and registers nothing else.
+	// Pool at each scrape: idem_dlq_unresolved and
+	// idem_dlq_oldest_unresolved_seconds by group and topic. An
+	// index.Indexer given the same Registerer shares them and adds
+	// idem_dlq_retention_seconds, so a service that runs both gives both the
+	// same one and registers nothing else.
 	// Default: nil (no metrics).
 	Registerer prometheus.Registerer
 	// now is the clock (tests). Default: time.Now.
@@ -112,10 +119,36 @@ func (c Config) defaults() Config {
 // Validate reports the first field of c that cannot work.
 func (c Config) Validate() error {
 	switch {
-	case c.Store == nil:
-		return errors.New("console: Config.Store is nil")
-	case c.Actions == nil:
-		return errors.New("console: Config.Actions is nil")
+	case c.Pool == nil:
+		return errors.New("console: Config.Pool is nil: give the pool of the database that holds the failure index")
+	case c.Client == nil:
+		return errors.New("console: Config.Client is nil: give a Kafka client built with index.ProducerConfig")
+	}
+	if err := publishing(c.Client.Config()); err != nil {
+		return fmt.Errorf("console: Config.Client: %w; build it with index.ProducerConfig", err)
+	}
+	return c.validateOptions()
+}
+
+// publishing reports why a client with config cfg cannot publish the
+// console's replays as index.ProducerConfig sets it up (nil: it can).
+func publishing(cfg *sarama.Config) error {
+	switch {
+	case cfg == nil:
+		return errors.New("the client has no config")
+	case !cfg.Producer.Return.Successes:
+		return errors.New("Producer.Return.Successes is false (a replay must wait for each record's acknowledgement)")
+	case cfg.Producer.RequiredAcks != sarama.WaitForAll:
+		return fmt.Errorf("Producer.RequiredAcks is %d, not WaitForAll (acks=all)", cfg.Producer.RequiredAcks)
+	case cfg.Metadata.AllowAutoTopicCreation:
+		return errors.New("Metadata.AllowAutoTopicCreation is true (a replay must never create a topic)")
+	}
+	return nil
+}
+
+// validateOptions is Validate without Pool and Client.
+func (c Config) validateOptions() error {
+	switch {
 	case len(c.Tokens) == 0 && !c.InsecureNoAuth:
 		return errors.New("console: no tokens: give Config.Tokens (a tokens file or IDEM_CONSOLE_TOKENS), or set InsecureNoAuth on a loopback listener")
 	case c.SessionKey != nil && len(c.SessionKey) < 32:

@@ -22,7 +22,8 @@ import (
 
 	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/indextable"
+	"github.com/idemhq/idem/idemtest"
+	"github.com/idemhq/idem/internal/failidx"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
@@ -35,12 +36,13 @@ const (
 	viewerSecret   = "viewer-secret-0123456789"
 )
 
-// env is a console on a real PostgreSQL schema and a real Kafka broker,
+// env is a console on a PostgreSQL schema of its own with idem's tables
+// (idemtest.ConnectPostgres) and the test's Kafka (idemtest.Connect),
 // served by an httptest server, with the index's indexer running.
 type env struct {
-	k      *testenv.Kafka
+	k      *idemtest.Kafka
 	pool   *pgxpool.Pool
-	store  *index.Store
+	store  *failidx.Store // reads what the console shows
 	client sarama.Client
 	srv    *httptest.Server
 	reg    prometheus.Registerer // Config.Registerer, given to runIndexer's indexer too
@@ -49,20 +51,18 @@ type env struct {
 // newEnv starts a console whose Config is the test default changed by mut.
 func newEnv(t *testing.T, mut func(*Config)) *env {
 	t.Helper()
-	testenv.SkipIfShort(t)
-	ctx := testenv.Context(t)
-	e := &env{k: testenv.NewKafka(t), pool: testenv.Postgres(t)}
-	if err := indextable.Migrate(ctx, e.pool); err != nil {
-		t.Fatal(err)
+	if testing.Short() {
+		t.Skip("integration test: skipped with -short")
 	}
+	e := &env{k: idemtest.Connect(t), pool: idemtest.ConnectPostgres(t).Pool}
 	cl, err := sarama.NewClient(e.k.Brokers, index.ProducerConfig(e.k.SaramaConfig()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cl.Close() })
-	e.client, e.store = cl, index.NewStore(e.pool)
+	e.client, e.store = cl, failidx.NewStore(e.pool)
 	cfg := Config{
-		Store: e.store, Actions: index.NewActions(e.store, cl),
+		Pool: e.pool, Client: cl,
 		Tokens: []Token{
 			{Name: "alice", Role: Admin, Secret: adminSecret},
 			{Name: "olga", Role: Operator, Secret: operatorSecret},
@@ -88,7 +88,7 @@ func newEnv(t *testing.T, mut func(*Config)) *env {
 func (e *env) runIndexer(t *testing.T, topics ...string) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	ix := &index.Indexer{Brokers: e.k.Brokers, Sarama: e.k.SaramaConfig(), Pool: e.pool, Topics: topics, Group: testenv.Group(t), Registerer: e.reg}
+	ix := &index.Indexer{Brokers: e.k.Brokers, Sarama: e.k.SaramaConfig(), Pool: e.pool, Topics: topics, Group: e.k.Group(t, "indexer"), Registerer: e.reg}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		if err := ix.Run(ctx); err != nil {
@@ -102,10 +102,10 @@ func (e *env) runIndexer(t *testing.T, topics ...string) (stop func()) {
 
 // waitIndexed waits until the index holds n records matching f and returns
 // them, newest failure first.
-func (e *env) waitIndexed(t *testing.T, f index.Filter, n int) []index.Record {
+func (e *env) waitIndexed(t *testing.T, f failidx.Filter, n int) []failidx.Record {
 	t.Helper()
-	var recs []index.Record
-	testenv.Eventually(t, 60*time.Second, func() error {
+	var recs []failidx.Record
+	idemtest.Eventually(t, 60*time.Second, func() error {
 		page, err := e.store.List(context.Background(), f, "", 500)
 		if err != nil {
 			return err
@@ -156,16 +156,19 @@ func (e *env) seedDLQ(t *testing.T, dlqTopic, origin string, ds ...dead) {
 }
 
 // bigTopic creates a one-partition topic that takes records of up to 4 MiB.
+// idemtest creates topics with the broker's default configs only, so this
+// one is made with internal/testenv (on the same broker).
 func (e *env) bigTopic(t *testing.T) string {
 	t.Helper()
+	k := testenv.NewKafka(t)
 	name := testenv.Unique("t_big_" + t.Name())
 	max := "4194304"
-	if err := e.k.Admin(t).CreateTopic(name, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1,
+	if err := k.Admin(t).CreateTopic(name, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1,
 		ConfigEntries: map[string]*string{"max.message.bytes": &max}}, false); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { e.k.DeleteTopics(t, name) })
-	e.k.WaitTopic(t, name, 1)
+	t.Cleanup(func() { k.DeleteTopics(t, name) })
+	k.WaitTopic(t, name, 1)
 	return name
 }
 
@@ -284,7 +287,7 @@ func (e *env) post(t *testing.T, c *http.Client, path string, form url.Values) (
 }
 
 // audit returns the audit log, newest first.
-func (e *env) audit(t *testing.T) []index.AuditEntry {
+func (e *env) audit(t *testing.T) []failidx.AuditEntry {
 	t.Helper()
 	es, _, err := e.store.Audit(context.Background(), "", 500)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/testenv"
 )
 
@@ -20,13 +21,13 @@ import (
 func TestRegistererSharesTheIndexGauges(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	e := newEnv(t, func(c *Config) { c.Registerer = reg })
-	dlqTopic, origin := e.k.Topic(t, 1), e.k.Topic(t, 1)
+	dlqTopic, origin := e.k.Topic(t, "dlq", 1), e.k.Topic(t, "origin", 1)
 	e.seedDLQ(t, dlqTopic, origin,
 		dead{key: "m-1", value: []byte(`{}`), kind: handler.KindPermanent, err: "bad"},
 		dead{key: "m-2", value: []byte(`{}`), kind: handler.KindPermanent, err: "bad"})
 	stop := e.runIndexer(t, dlqTopic)
 	labels := map[string]string{"group": "billing", "topic": dlqTopic}
-	testenv.Eventually(t, 60*time.Second, func() error {
+	idemtest.Eventually(t, 60*time.Second, func() error {
 		n, ok := testenv.MetricFound(t, reg, "idem_dlq_unresolved", labels)
 		if !ok || n != 2 {
 			return fmt.Errorf("idem_dlq_unresolved = %v (found %v), want 2", n, ok)

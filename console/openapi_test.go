@@ -9,20 +9,19 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/idemhq/idem/console/index"
+	"github.com/idemhq/idem/internal/failidx"
 )
 
 // offlineServer is a server whose store is never reached: every request in
 // the tests that use it stops at routing or authentication.
 func offlineServer(t *testing.T) *server {
 	t.Helper()
-	st := index.NewStore(nil)
-	h, err := New(Config{Store: st, Actions: index.NewActions(st, nil),
-		Tokens: []Token{{Name: "v", Role: Viewer, Secret: "viewer-secret-0123456789"}}})
+	st := failidx.NewStore(nil)
+	s, err := newServer(Config{Tokens: []Token{{Name: "v", Role: Viewer, Secret: "viewer-secret-0123456789"}}}, st, failidx.NewActions(st, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return h.(*server)
+	return s
 }
 
 // documented returns "METHOD /path" for every operation of openapi.yaml.

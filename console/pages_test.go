@@ -10,10 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemhq/idem/console/index"
+	"github.com/idemhq/idem/internal/failidx"
 	"github.com/idemhq/idem/internal/keyorder"
-	"github.com/idemhq/idem/internal/outboxtable"
-	"github.com/idemhq/idem/internal/testenv"
 )
 
 // TestParkedKeysAndOutboxPages: the parked-keys and failed-outbox pages
@@ -21,10 +19,10 @@ import (
 // back to the source topic) and retry a row, each audited.
 func TestParkedKeysAndOutboxPages(t *testing.T) {
 	e := newEnv(t, nil)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	op := e.login(t, operatorSecret)
 
-	// Empty first: the tables need not even exist.
+	// Empty first.
 	for _, p := range []string{"/parked-keys", "/outbox"} {
 		if code, page := e.get(t, op, p); code != http.StatusOK || !bytes.Contains(page, []byte("No ")) {
 			t.Errorf("%s with nothing: %d", p, code)
@@ -32,11 +30,8 @@ func TestParkedKeysAndOutboxPages(t *testing.T) {
 	}
 
 	// A key blocked behind head h-1 with one record parked behind it.
-	source, group := e.k.Topic(t, 1), testenv.Group(t)
+	source, group := e.k.Topic(t, "payments", 1), e.k.Group(t, "billing")
 	ko := keyorder.New(e.pool, group)
-	if err := ko.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
 	if err := ko.BlockTier(ctx, source, []byte("acct-<7>"), "h-1", 1); err != nil {
 		t.Fatal(err)
 	}
@@ -45,9 +40,6 @@ func TestParkedKeysAndOutboxPages(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A failed outbox row.
-	if err := outboxtable.Migrate(ctx, e.pool); err != nil {
-		t.Fatal(err)
-	}
 	var rowID int64
 	if err := e.pool.QueryRow(ctx, `INSERT INTO idem_outbox (topic, key, value, state, attempts, last_error)
 		VALUES ('no-such-topic', 'order-9', '{}', 'failed', 5, 'unknown topic <b>no-such-topic</b>') RETURNING id`).Scan(&rowID); err != nil {
@@ -102,7 +94,7 @@ func TestGroupActions(t *testing.T) {
 	e := newEnv(t, nil)
 	ids, dlqTopic, _ := seedTwo(t, e)
 	e.seedDLQ(t, dlqTopic, "other", dead{key: "pay-3", value: []byte(`{}`), kind: "decode", err: "decode: unexpected end of JSON input"})
-	all := e.waitIndexed(t, index.Filter{Topic: dlqTopic}, 3)
+	all := e.waitIndexed(t, failidx.Filter{Topic: dlqTopic}, 3)
 	r1, err := e.store.Get(t.Context(), ids[0])
 	if err != nil {
 		t.Fatal(err)
@@ -122,11 +114,11 @@ func TestGroupActions(t *testing.T) {
 	if code != http.StatusOK {
 		t.Fatalf("resolve group: %d\n%s", code, page)
 	}
-	want := map[int64]index.Status{}
+	want := map[int64]failidx.Status{}
 	for _, r := range all {
-		want[r.ID] = index.Unresolved
+		want[r.ID] = failidx.Unresolved
 	}
-	want[ids[0]], want[ids[1]] = index.Resolved, index.Resolved
+	want[ids[0]], want[ids[1]] = failidx.Resolved, failidx.Resolved
 	for id, st := range want {
 		if got := statuses(t, e, id); got != string(st) {
 			t.Errorf("record %d: %s, want %s", id, got, st)

@@ -15,21 +15,21 @@ import (
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 
-	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/failidx"
 )
 
 // seedTwo indexes two dead letters of one origin topic and returns their ids
 // (pay-1's first), the DLQ topic and the origin topic.
 func seedTwo(t *testing.T, e *env) ([]int64, string, string) {
 	t.Helper()
-	dlqTopic, origin := e.k.Topic(t, 1), e.k.Topic(t, 1)
+	dlqTopic, origin := e.k.Topic(t, "dlq", 1), e.k.Topic(t, "origin", 1)
 	e.seedDLQ(t, dlqTopic, origin,
 		dead{key: "pay-1", value: []byte(`{"id":"pay-1","card":{"number":"4111111111111111"},"amount":10}`), kind: handler.KindPermanent, err: "card declined"},
 		dead{key: "pay-2", value: []byte(`{"id":"pay-2","card":{"number":"5500000000000004"},"amount":20}`), kind: handler.KindPermanent, err: "card declined"},
 	)
 	e.runIndexer(t, dlqTopic)
-	recs := e.waitIndexed(t, index.Filter{Topic: dlqTopic}, 2)
+	recs := e.waitIndexed(t, failidx.Filter{Topic: dlqTopic}, 2)
 	if recs[0].IdempotencyKey == "pay-2" {
 		recs[0], recs[1] = recs[1], recs[0]
 	}
@@ -270,7 +270,7 @@ func TestBadInput(t *testing.T) {
 // download of the exact bytes, and the API's JSON stays valid.
 func TestHostileRendering(t *testing.T) {
 	e := newEnv(t, nil)
-	dlqTopic, origin := e.bigTopic(t), e.k.Topic(t, 1)
+	dlqTopic, origin := e.bigTopic(t), e.k.Topic(t, "origin", 1)
 	huge := bytes.Repeat([]byte("<b>x</b>"), 1<<17-8) // 1 MiB less 64 bytes: the index keeps up to 1 MiB
 	value := append([]byte(`<script>alert("v")</script>`+"\xff\xfe\x00"), huge...)
 	e.seedDLQ(t, dlqTopic, origin, dead{
@@ -282,7 +282,7 @@ func TestHostileRendering(t *testing.T) {
 		},
 	})
 	e.runIndexer(t, dlqTopic)
-	rec := e.waitIndexed(t, index.Filter{Topic: dlqTopic}, 1)[0]
+	rec := e.waitIndexed(t, failidx.Filter{Topic: dlqTopic}, 1)[0]
 	if len(rec.Value) != len(value) {
 		t.Fatalf("the index kept %d of %d bytes", len(rec.Value), len(value))
 	}

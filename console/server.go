@@ -13,8 +13,8 @@ import (
 	"net/url"
 	"strings"
 
-	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/dlq"
+	"github.com/idemhq/idem/internal/failidx"
 	"github.com/idemhq/idem/internal/promreg"
 )
 
@@ -24,6 +24,8 @@ const maxBody = 8 << 20
 // server is the console's handler.
 type server struct {
 	cfg   Config
+	store *failidx.Store   // reads the index
+	acts  *failidx.Actions // changes it and publishes; every action is audited
 	auth  *auth
 	mask  *masker
 	pages map[string]*template.Template
@@ -43,14 +45,33 @@ type route struct {
 
 // New returns the console's handler: the JSON API under /api/ (described by
 // /api/openapi.yaml) and the web UI everywhere else, both relative to
-// cfg.BasePath. Mount it on a service's own mux, e.g.
+// cfg.BasePath, on the failure index in cfg.Pool, publishing through
+// cfg.Client. Mount it on a service's own mux, e.g.
 //
-//	h, err := console.New(console.Config{Store: st, Actions: acts, Tokens: toks, BasePath: "/console"})
+//	client, err := sarama.NewClient(brokers, index.ProducerConfig(nil))
+//	…
+//	h, err := console.New(console.Config{Pool: pool, Client: client, Tokens: toks, BasePath: "/console"})
 //	mux.Handle("/console/", http.StripPrefix("/console", h))
 //
 // New returns an error when cfg does not validate (see Config.Validate).
+// It creates no table: run idem.Migrate (or an index.Indexer) first.
 func New(cfg Config) (http.Handler, error) {
 	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	store := failidx.NewStore(cfg.Pool)
+	s, err := newServer(cfg, store, failidx.NewActions(store, cfg.Client))
+	if err != nil {
+		return nil, err // not a nil *server in a non-nil http.Handler
+	}
+	return s, nil
+}
+
+// newServer is New on the index store and actions given: the tests give
+// ones without a database or a Kafka client. cfg.Pool and cfg.Client are
+// not used; every other field must validate.
+func newServer(cfg Config, store *failidx.Store, acts *failidx.Actions) (*server, error) {
+	if err := cfg.validateOptions(); err != nil {
 		return nil, err
 	}
 	cfg = cfg.defaults()
@@ -70,8 +91,10 @@ func New(cfg Config) (http.Handler, error) {
 		path = "/"
 	}
 	s := &server{
-		cfg:  cfg,
-		mask: m,
+		cfg:   cfg,
+		store: store,
+		acts:  acts,
+		mask:  m,
 		auth: &auth{tokens: cfg.Tokens, insecure: cfg.InsecureNoAuth, key: key, ttl: cfg.SessionTTL,
 			secure: cfg.SecureCookies, path: path, now: cfg.now},
 		mux: http.NewServeMux(),
@@ -84,7 +107,7 @@ func New(cfg Config) (http.Handler, error) {
 		s.mux.Handle(rt.method+" "+rt.path, s.wrap(rt))
 	}
 	if cfg.Registerer != nil {
-		if promreg.Register(cfg.Registerer, cfg.Store.Collector(), &err); err != nil {
+		if promreg.Register(cfg.Registerer, failidx.NewCollector(store), &err); err != nil {
 			return nil, fmt.Errorf("console: register collectors: %w", err)
 		}
 	}
@@ -201,13 +224,13 @@ func writeJSON200(w http.ResponseWriter, code int, v any) {
 // errorStatus maps an error of the index to an HTTP status and a message
 // the caller can act on; field names the input at fault, when known.
 func errorStatus(err error) (code int, msg, field string) {
-	var ve *index.ValidationError
+	var ve *failidx.ValidationError
 	switch {
 	case errors.As(err, &ve):
 		return http.StatusBadRequest, ve.Error(), ve.Field
 	case errors.Is(err, dlq.ErrUnknownTopic):
 		return http.StatusBadRequest, err.Error(), "to"
-	case errors.Is(err, index.ErrNotFound):
+	case errors.Is(err, failidx.ErrNotFound):
 		return http.StatusNotFound, err.Error(), ""
 	}
 	var ie *inputError

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemhq/idem/console/index"
+	"github.com/idemhq/idem/internal/failidx"
 )
 
 //go:embed templates
@@ -54,7 +54,7 @@ func parsePages(base string) (map[string]*template.Template, error) {
 			return q.Encode()
 		},
 		"statuses": func() []string { return []string{"unresolved", "replayed", "resolved", "archived"} },
-		"statusIs": func(f index.Filter, s string) bool {
+		"statusIs": func(f failidx.Filter, s string) bool {
 			for _, st := range f.Status {
 				if string(st) == s {
 					return true
@@ -206,7 +206,7 @@ func (s *server) uiEdit(w http.ResponseWriter, r *http.Request, id identity) {
 	s.renderEdit(w, r, id, http.StatusOK, rec, string(rec.Value), "", "")
 }
 
-func (s *server) renderEdit(w http.ResponseWriter, r *http.Request, id identity, code int, rec index.Record, value, reason, problem string) {
+func (s *server) renderEdit(w http.ResponseWriter, r *http.Request, id identity, code int, rec failidx.Record, value, reason, problem string) {
 	value = strings.ToValidUTF8(value, "\uFFFD")
 	if json.Valid([]byte(value)) {
 		if pretty, err := indentJSON([]byte(value)); err == nil {
@@ -230,7 +230,7 @@ func (s *server) uiEditRetry(w http.ResponseWriter, r *http.Request, id identity
 	if err != nil {
 		code, msg, field := errorStatus(err)
 		if code == http.StatusBadRequest && field != "" {
-			rec, gerr := s.cfg.Store.Get(r.Context(), rid)
+			rec, gerr := s.store.Get(r.Context(), rid)
 			if gerr == nil {
 				s.renderEdit(w, r, id, code, rec, value, reason, msg)
 				return
@@ -242,7 +242,7 @@ func (s *server) uiEditRetry(w http.ResponseWriter, r *http.Request, id identity
 	s.renderResult(w, r, id, "Edit and retry", res, fmt.Sprintf("%s/records/%d", s.cfg.BasePath, rid))
 }
 
-func (s *server) renderResult(w http.ResponseWriter, r *http.Request, id identity, what string, res index.Result, back string) {
+func (s *server) renderResult(w http.ResponseWriter, r *http.Request, id identity, what string, res failidx.Result, back string) {
 	s.render(w, r, id, http.StatusOK, "result", what, "", map[string]any{"What": what, "Result": viewResult(res), "Back": back})
 }
 

@@ -13,7 +13,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/idemhq/idem/console/index"
+	"github.com/idemhq/idem/internal/failidx"
 )
 
 // listErrorBytes caps the error text of each record in a list.
@@ -22,8 +22,8 @@ const listErrorBytes = 1024
 // parseFilter reads a Filter from query or form values: group, topic, kind,
 // fingerprint, key, error (substring), status (comma-separated or repeated),
 // since and until (RFC 3339, or the browser's 2006-01-02T15:04 in UTC).
-func parseFilter(v url.Values) (index.Filter, error) {
-	f := index.Filter{
+func parseFilter(v url.Values) (failidx.Filter, error) {
+	f := failidx.Filter{
 		Group:         strings.TrimSpace(v.Get("group")),
 		Topic:         strings.TrimSpace(v.Get("topic")),
 		Kind:          strings.TrimSpace(v.Get("kind")),
@@ -36,9 +36,9 @@ func parseFilter(v url.Values) (index.Filter, error) {
 			if st = strings.TrimSpace(st); st == "" || st == "any" {
 				continue
 			}
-			switch index.Status(st) {
-			case index.Unresolved, index.Replayed, index.Resolved, index.Archived:
-				f.Status = append(f.Status, index.Status(st))
+			switch failidx.Status(st) {
+			case failidx.Unresolved, failidx.Replayed, failidx.Resolved, failidx.Archived:
+				f.Status = append(f.Status, failidx.Status(st))
 			default:
 				return f, badInput("status", "status %q: want unresolved, replayed, resolved or archived", st)
 			}
@@ -71,7 +71,7 @@ func parseTime(s string) (time.Time, error) {
 }
 
 // filterValues is the inverse of parseFilter, for links.
-func filterValues(f index.Filter) url.Values {
+func filterValues(f failidx.Filter) url.Values {
 	v := url.Values{}
 	set := func(k, s string) {
 		if s != "" {
@@ -112,36 +112,36 @@ func parseLimit(s string) (int, error) {
 
 // recordView is a record as the API returns it and the UI shows it.
 type recordView struct {
-	ID              int64         `json:"id"`
-	Topic           string        `json:"topic"`
-	Partition       int32         `json:"partition"`
-	Offset          int64         `json:"offset"`
-	OriginTopic     string        `json:"origin_topic"`
-	OriginPartition int32         `json:"origin_partition"`
-	OriginOffset    int64         `json:"origin_offset"`
-	Group           string        `json:"group"`
-	Fingerprint     string        `json:"fingerprint"`
-	Kind            string        `json:"kind"`
-	Key             string        `json:"key"`
-	IdempotencyKey  string        `json:"idempotency_key"`
-	Attempts        int           `json:"attempts"`
-	FirstFailureAt  time.Time     `json:"first_failure_at,omitzero"`
-	LastFailureAt   time.Time     `json:"last_failure_at,omitzero"`
-	IndexedAt       time.Time     `json:"indexed_at,omitzero"`
-	Error           string        `json:"error"`
-	ErrorType       string        `json:"error_type,omitempty"`
-	Stack           string        `json:"stack,omitempty"`
-	Status          index.Status  `json:"status"`
-	StatusActor     string        `json:"status_actor,omitempty"`
-	StatusReason    string        `json:"status_reason,omitempty"`
-	StatusAt        time.Time     `json:"status_at,omitzero"`
-	PreviousID      int64         `json:"previous_id,omitempty"`
-	Stub            bool          `json:"stub"`
-	ValueSize       int           `json:"value_size"`
-	Value           *payloadView  `json:"value,omitempty"`
-	Headers         []headerView  `json:"headers,omitempty"`
-	Versions        []versionView `json:"versions,omitempty"`
-	ErrorCut        bool          `json:"-"`
+	ID              int64          `json:"id"`
+	Topic           string         `json:"topic"`
+	Partition       int32          `json:"partition"`
+	Offset          int64          `json:"offset"`
+	OriginTopic     string         `json:"origin_topic"`
+	OriginPartition int32          `json:"origin_partition"`
+	OriginOffset    int64          `json:"origin_offset"`
+	Group           string         `json:"group"`
+	Fingerprint     string         `json:"fingerprint"`
+	Kind            string         `json:"kind"`
+	Key             string         `json:"key"`
+	IdempotencyKey  string         `json:"idempotency_key"`
+	Attempts        int            `json:"attempts"`
+	FirstFailureAt  time.Time      `json:"first_failure_at,omitzero"`
+	LastFailureAt   time.Time      `json:"last_failure_at,omitzero"`
+	IndexedAt       time.Time      `json:"indexed_at,omitzero"`
+	Error           string         `json:"error"`
+	ErrorType       string         `json:"error_type,omitempty"`
+	Stack           string         `json:"stack,omitempty"`
+	Status          failidx.Status `json:"status"`
+	StatusActor     string         `json:"status_actor,omitempty"`
+	StatusReason    string         `json:"status_reason,omitempty"`
+	StatusAt        time.Time      `json:"status_at,omitzero"`
+	PreviousID      int64          `json:"previous_id,omitempty"`
+	Stub            bool           `json:"stub"`
+	ValueSize       int            `json:"value_size"`
+	Value           *payloadView   `json:"value,omitempty"`
+	Headers         []headerView   `json:"headers,omitempty"`
+	Versions        []versionView  `json:"versions,omitempty"`
+	ErrorCut        bool           `json:"-"`
 }
 
 // payloadView is a value: masked unless revealed, as text when it is
@@ -182,7 +182,7 @@ type versionView struct {
 }
 
 // listView is a record of a list: no payload, headers or stack.
-func (s *server) listView(r index.Record) recordView {
+func (s *server) listView(r failidx.Record) recordView {
 	v := baseView(r)
 	v.Stack = ""
 	if len(v.Error) > listErrorBytes {
@@ -191,7 +191,7 @@ func (s *server) listView(r index.Record) recordView {
 	return v
 }
 
-func baseView(r index.Record) recordView {
+func baseView(r failidx.Record) recordView {
 	return recordView{
 		ID: r.ID, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
 		OriginTopic: r.OriginTopic, OriginPartition: r.OriginPartition, OriginOffset: r.OriginOffset,
@@ -206,7 +206,7 @@ func baseView(r index.Record) recordView {
 
 // detailView is a record with its payload (masked unless reveal), headers
 // and versions.
-func (s *server) detailView(r index.Record, reveal bool) recordView {
+func (s *server) detailView(r failidx.Record, reveal bool) recordView {
 	v := baseView(r)
 	v.Value = s.payload(r.Value, r.ValueSize, r.ValueTruncated, reveal)
 	for _, h := range r.Headers {

@@ -8,12 +8,13 @@ import (
 
 	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/failidx"
 	"github.com/idemhq/idem/internal/testenv"
 )
 
 // TestFailureIndexInsideRun: with Config.FailureIndex set (only Pool and a
 // Group of the test's own), Run indexes its dead-letter topic: a record the
-// handler refuses for good shows up in index.Store.List, under the
+// handler refuses for good shows up in the failure index, under the
 // consumer's DLQ topic and group.
 func TestFailureIndexInsideRun(t *testing.T) {
 	t.Parallel()
@@ -25,12 +26,12 @@ func TestFailureIndexInsideRun(t *testing.T) {
 	}))
 	e.produce([]string{"poison-1"}, 1)
 
-	store := index.NewStore(e.query)
+	store := failidx.NewStore(e.query)
 	dlqTopic := cfg.Retry.Tiers.DLQ(e.topic, e.group)
 	ctx := testenv.Context(t)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		page, err := store.List(ctx, index.Filter{Topic: dlqTopic}, "", 10)
+		page, err := store.List(ctx, failidx.Filter{Topic: dlqTopic}, "", 10)
 		if err == nil && len(page.Records) == 1 {
 			r := page.Records[0]
 			if r.IdempotencyKey != "poison-1" || r.Group != e.group || r.OriginTopic != e.topic {

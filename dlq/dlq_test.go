@@ -13,7 +13,7 @@ import (
 
 	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -30,7 +30,7 @@ type seeded struct {
 
 // seedRecords writes dead-letter records for origin (as the consumer would)
 // into dlqTopic, record i to partition i%2.
-func seedRecords(t *testing.T, k *testenv.Kafka, dlqTopic, origin string) []seeded {
+func seedRecords(t *testing.T, k *idemtest.Kafka, dlqTopic, origin string) []seeded {
 	t.Helper()
 	base := time.UnixMilli(1_700_000_000_000)
 	recs := []seeded{
@@ -40,7 +40,7 @@ func seedRecords(t *testing.T, k *testenv.Kafka, dlqTopic, origin string) []seed
 		{nil, []byte("plain"), "idem-4", 1, handler.KindDecode, "*json.SyntaxError", "decode: invalid character 'y' at offset 3", base.Add(4 * time.Minute)},
 		{[]byte("k5"), nil, "idem-5", 1, handler.KindRetriable, "*net.OpError", "dial tcp 10.0.0.9:5432: connect: connection refused", base.Add(5 * time.Minute)},
 	}
-	p := k.Producer(t)
+	out := make([]idemtest.Record, 0, len(recs))
 	for i, r := range recs {
 		orig := []sarama.RecordHeader{
 			{Key: []byte("idempotency-key"), Value: []byte(r.idemKey)},
@@ -51,21 +51,33 @@ func seedRecords(t *testing.T, k *testenv.Kafka, dlqTopic, origin string) []seed
 			OriginalTimestamp: base, Group: "billing", Error: r.err, Kind: r.kind, ErrorType: r.errType,
 			FirstFailureAt: base, LastFailureAt: r.last,
 		}
-		msg := &sarama.ProducerMessage{Topic: dlqTopic, Partition: int32(i % 2), Headers: wire.Encode(orig, f)}
-		if r.key != nil {
-			msg.Key = sarama.ByteEncoder(r.key)
-		}
-		if r.value != nil {
-			msg.Value = sarama.ByteEncoder(r.value)
-		}
-		if _, _, err := p.SendMessage(msg); err != nil {
-			t.Fatal(err)
-		}
+		out = append(out, idemtest.Record{Partition: int32(i % 2), Key: r.key, Value: r.value, Headers: headers(wire.Encode(orig, f))})
 	}
+	k.Produce(t, dlqTopic, out...)
 	return recs
 }
 
-func open(t *testing.T, k *testenv.Kafka) *dlq.Client {
+// headers converts sarama's headers to the kit's.
+func headers(hs []sarama.RecordHeader) []handler.Header {
+	out := make([]handler.Header, len(hs))
+	for i, h := range hs {
+		out[i] = handler.Header{Key: string(h.Key), Value: h.Value}
+	}
+	return out
+}
+
+// admin returns a cluster admin on k, closed when the test ends.
+func admin(t *testing.T, k *idemtest.Kafka) sarama.ClusterAdmin {
+	t.Helper()
+	a, err := sarama.NewClusterAdmin(k.Brokers, k.SaramaConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Close() })
+	return a
+}
+
+func open(t *testing.T, k *idemtest.Kafka) *dlq.Client {
 	t.Helper()
 	c, err := dlq.Open(k.Brokers, k.SaramaConfig())
 	if err != nil {
@@ -76,7 +88,7 @@ func open(t *testing.T, k *testenv.Kafka) *dlq.Client {
 }
 
 // readAll reads every record of topic (all partitions) up to the end offsets.
-func readAll(t *testing.T, k *testenv.Kafka, topic string) []*sarama.ConsumerMessage {
+func readAll(t *testing.T, k *idemtest.Kafka, topic string) []*sarama.ConsumerMessage {
 	t.Helper()
 	client, err := sarama.NewClient(k.Brokers, k.SaramaConfig())
 	if err != nil {
@@ -124,7 +136,7 @@ func readAll(t *testing.T, k *testenv.Kafka, topic string) []*sarama.ConsumerMes
 
 func depth(t *testing.T, c *dlq.Client, topic string) int64 {
 	t.Helper()
-	n, err := c.Depth(testenv.Context(t), topic)
+	n, err := c.Depth(t.Context(), topic)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,9 +144,9 @@ func depth(t *testing.T, c *dlq.Client, topic string) int64 {
 }
 
 func TestListAndShow(t *testing.T) {
-	k := testenv.NewKafka(t)
-	ctx := testenv.Context(t)
-	topic, origin := k.Topic(t, 2), k.Topic(t, 2)
+	k := idemtest.Connect(t)
+	ctx := t.Context()
+	topic, origin := k.Topic(t, "dlq", 2), k.Topic(t, "origin", 2)
 	recs := seedRecords(t, k, topic, origin)
 	c := open(t, k)
 
@@ -191,15 +203,15 @@ func TestListAndShow(t *testing.T) {
 			t.Errorf("Show(%+v) = %v, want ErrNotFound", at, err)
 		}
 	}
-	if _, err := c.List(ctx, testenv.Unique("missing")); !errors.Is(err, dlq.ErrUnknownTopic) {
+	if _, err := c.List(ctx, topic+".missing"); !errors.Is(err, dlq.ErrUnknownTopic) {
 		t.Errorf("List(missing topic) = %v, want ErrUnknownTopic", err)
 	}
 }
 
-func TestReplayToOrigin(t *testing.T) {
-	k := testenv.NewKafka(t)
-	ctx := testenv.Context(t)
-	topic, origin := k.Topic(t, 2), k.Topic(t, 2)
+func TestReplayToSource(t *testing.T) {
+	k := idemtest.Connect(t)
+	ctx := t.Context()
+	topic, origin := k.Topic(t, "dlq", 2), k.Topic(t, "origin", 2)
 	recs := seedRecords(t, k, topic, origin)
 	c := open(t, k)
 
@@ -224,7 +236,7 @@ func TestReplayToOrigin(t *testing.T) {
 		t.Fatalf("dry run sent %d records", len(got))
 	}
 
-	res, err = c.Replay(ctx, dlq.ReplayOptions{Topic: topic, To: dlq.ToOrigin, Rate: 1000})
+	res, err = c.Replay(ctx, dlq.ReplayOptions{Topic: topic, To: dlq.ToSource, Rate: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,7 +256,7 @@ func TestReplayToOrigin(t *testing.T) {
 	for _, m := range readAll(t, k, topic) {
 		for _, h := range m.Headers {
 			if string(h.Key) == "idempotency-key" {
-				dead[string(h.Value)] = dlq.ReplayOf(topic, dlq.Position{Partition: m.Partition, Offset: m.Offset})
+				dead[string(h.Value)] = wire.ReplayOf(topic, m.Partition, m.Offset)
 			}
 		}
 	}
@@ -270,9 +282,9 @@ func TestReplayToOrigin(t *testing.T) {
 		if m.Partition != r.origPart {
 			t.Errorf("%s: partition %d, want original %d", r.idemKey, m.Partition, r.origPart)
 		}
-		if len(m.Headers) != 3 || string(m.Headers[1].Key) != "trace-id" || string(m.Headers[2].Key) != dlq.ReplayOfHeader ||
+		if len(m.Headers) != 3 || string(m.Headers[1].Key) != "trace-id" || string(m.Headers[2].Key) != wire.HeaderReplayOf ||
 			string(m.Headers[2].Value) != dead[r.idemKey] {
-			t.Errorf("%s: headers %v, want the 2 originals and %s=%s", r.idemKey, m.Headers, dlq.ReplayOfHeader, dead[r.idemKey])
+			t.Errorf("%s: headers %v, want the 2 originals and %s=%s", r.idemKey, m.Headers, wire.HeaderReplayOf, dead[r.idemKey])
 		}
 	}
 
@@ -287,9 +299,9 @@ func TestReplayToOrigin(t *testing.T) {
 }
 
 func TestReplayFilterAndPurge(t *testing.T) {
-	k := testenv.NewKafka(t)
-	ctx := testenv.Context(t)
-	topic, origin := k.Topic(t, 2), k.Topic(t, 2)
+	k := idemtest.Connect(t)
+	ctx := t.Context()
+	topic, origin := k.Topic(t, "dlq", 2), k.Topic(t, "origin", 2)
 	seedRecords(t, k, topic, origin)
 	c := open(t, k)
 
@@ -356,16 +368,17 @@ func TestReplayFilterAndPurge(t *testing.T) {
 // 2. The record lands where asked, with its history and the right idem-tier,
 // and no default tier topic is ever created.
 func TestReplayToNamedTopic(t *testing.T) {
-	k := testenv.NewKafka(t)
+	k := idemtest.Connect(t)
 	tests := []struct {
 		name     string
 		dest     func(t *testing.T, origin string) string
 		tier     int
 		wantTier int
 	}{
-		{"no tiers: a plain topic", func(t *testing.T, _ string) string { return k.Topic(t, 2) }, 0, 1},
-		{"custom tier name", func(t *testing.T, _ string) string {
-			name := testenv.Unique("custom_second_tier")
+		{"no tiers: a plain topic", func(t *testing.T, _ string) string { return k.Topic(t, "plain", 2) }, 0, 1},
+		// The tier topics are named under origin: deleted with it.
+		{"custom tier name", func(t *testing.T, origin string) string {
+			name := origin + ".custom_second_tier"
 			k.CreateTopic(t, name, 2)
 			return name
 		}, 2, 2},
@@ -377,8 +390,8 @@ func TestReplayToNamedTopic(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ctx := testenv.Context(t)
-			topic, origin := k.Topic(t, 2), k.Topic(t, 2)
+			ctx := t.Context()
+			topic, origin := k.Topic(t, "dlq", 2), k.Topic(t, "origin", 2)
 			dest := tt.dest(t, origin)
 			recs := seedRecords(t, k, topic, origin)
 			c := open(t, k)
@@ -418,14 +431,14 @@ func TestReplayToNamedTopic(t *testing.T) {
 // does not exist stops the replay there, and the admin group is not
 // committed past it (List still shows it).
 func TestReplayUnknownDestination(t *testing.T) {
-	k := testenv.NewKafka(t)
-	ctx := testenv.Context(t)
+	k := idemtest.Connect(t)
+	ctx := t.Context()
 	c := open(t, k)
 
 	t.Run("named", func(t *testing.T) {
-		topic, origin := k.Topic(t, 2), k.Topic(t, 2)
+		topic, origin := k.Topic(t, "dlq", 2), k.Topic(t, "origin", 2)
 		seedRecords(t, k, topic, origin)
-		missing := testenv.Unique("missing_tier")
+		missing := origin + ".missing_tier" // deleted with origin, were it created
 		for _, dry := range []bool{true, false} {
 			res, err := c.Replay(ctx, dlq.ReplayOptions{Topic: topic, To: dlq.Destination(missing), DryRun: dry,
 				Progress: func(done, total int64) {
@@ -443,16 +456,11 @@ func TestReplayUnknownDestination(t *testing.T) {
 	})
 
 	t.Run("source", func(t *testing.T) {
-		topic, origin := k.Topic(t, 1), k.Topic(t, 1)
-		missing := testenv.Unique("deleted_origin")
-		p := k.Producer(t)
+		topic, origin := k.Topic(t, "dlq", 1), k.Topic(t, "origin", 1)
+		missing := origin + ".deleted_origin" // deleted with origin, were it created
 		for i, o := range []string{origin, missing, origin} {
 			f := retrytopic.Failure{OriginalTopic: o, OriginalOffset: int64(i), Group: "billing", Kind: handler.KindPermanent, Error: "boom"}
-			msg := &sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(fmt.Sprint("k", i)), Value: sarama.StringEncoder("v"),
-				Headers: wire.Encode([]sarama.RecordHeader(nil), f)}
-			if _, _, err := p.SendMessage(msg); err != nil {
-				t.Fatal(err)
-			}
+			k.Produce(t, topic, idemtest.Record{Key: fmt.Appendf(nil, "k%d", i), Value: []byte("v"), Headers: headers(wire.Encode([]sarama.RecordHeader(nil), f))})
 		}
 		res, err := c.Replay(ctx, dlq.ReplayOptions{Topic: topic, DryRun: true})
 		if !errors.Is(err, dlq.ErrUnknownTopic) || res.Replayed != 1 {
@@ -477,9 +485,9 @@ func TestReplayUnknownDestination(t *testing.T) {
 }
 
 // assertNoTopic fails the test when topic exists.
-func assertNoTopic(t *testing.T, k *testenv.Kafka, topic string) {
+func assertNoTopic(t *testing.T, k *idemtest.Kafka, topic string) {
 	t.Helper()
-	topics, err := k.Admin(t).ListTopics()
+	topics, err := admin(t, k).ListTopics()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -490,13 +498,13 @@ func assertNoTopic(t *testing.T, k *testenv.Kafka, topic string) {
 
 // assertCommitted checks the admin group's committed offsets of topic (-1:
 // none).
-func assertCommitted(t *testing.T, k *testenv.Kafka, topic string, want map[int32]int64) {
+func assertCommitted(t *testing.T, k *idemtest.Kafka, topic string, want map[int32]int64) {
 	t.Helper()
 	parts := make([]int32, 0, len(want))
 	for p := range want {
 		parts = append(parts, p)
 	}
-	resp, err := k.Admin(t).ListConsumerGroupOffsets(dlq.AdminGroup(topic), map[string][]int32{topic: parts})
+	resp, err := admin(t, k).ListConsumerGroupOffsets(dlq.AdminGroup(topic), map[string][]int32{topic: parts})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -509,15 +517,10 @@ func assertCommitted(t *testing.T, k *testenv.Kafka, topic string, want map[int3
 }
 
 func TestReplayNoOrigin(t *testing.T) {
-	k := testenv.NewKafka(t)
-	ctx := testenv.Context(t)
-	topic := k.Topic(t, 1)
-	p := k.Producer(t)
-	for _, v := range []string{"a", "b"} {
-		if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: topic, Value: sarama.StringEncoder(v)}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	k := idemtest.Connect(t)
+	ctx := t.Context()
+	topic := k.Topic(t, "dlq", 1)
+	k.Produce(t, topic, idemtest.Record{Value: []byte("a")}, idemtest.Record{Value: []byte("b")})
 	c := open(t, k)
 	_, err := c.Replay(ctx, dlq.ReplayOptions{Topic: topic})
 	if !errors.Is(err, dlq.ErrNoOrigin) {

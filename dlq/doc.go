@@ -33,7 +33,7 @@
 // Replay keeps the idempotency-key header, so replaying a record that had in
 // fact been handled is harmless: the consumer's inbox drops it as a duplicate.
 // Each replayed record also names the dead letter it came from in
-// idem-replay-of (ReplayOfHeader), which survives the consumer's forwards: if
+// idem-replay-of, a header that survives the consumer's forwards: if
 // it fails again, its new dead letter says which one it repeats
 // (Record.ReplayedFrom).
 //

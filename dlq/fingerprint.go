@@ -32,10 +32,10 @@ func normalize(msg string) string {
 	return msg
 }
 
-// Fingerprint identifies a kind of failure: the first 12 hex digits of the
-// SHA-256 of kind, error type and Normalize(message). Records with the same
+// fingerprint identifies a kind of failure: the first 12 hex digits of the
+// SHA-256 of kind, error type and normalize(message). Records with the same
 // fingerprint failed the same way; List groups by it and Filter selects by it.
-func Fingerprint(kind handler.Kind, errorType, message string) string {
+func fingerprint(kind handler.Kind, errorType, message string) string {
 	h := sha256.New()
 	h.Write([]byte(kind))
 	h.Write([]byte{0})

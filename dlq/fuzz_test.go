@@ -119,7 +119,7 @@ func FuzzRecord(f *testing.F) {
 		if _, err := hex.DecodeString(fp); err != nil || len(fp) != 12 {
 			t.Fatalf("Fingerprint = %q, want 12 hex digits", fp)
 		}
-		if fp != Fingerprint(r.Failure.Kind, r.Failure.ErrorType, r.Failure.Error) || fp != r.Fingerprint() {
+		if fp != fingerprint(r.Failure.Kind, r.Failure.ErrorType, r.Failure.Error) || fp != r.Fingerprint() {
 			t.Fatal("Fingerprint is not a function of kind, type and message")
 		}
 		if r.LastFailureAt().IsZero() && !r.Failure.LastFailureAt.IsZero() {

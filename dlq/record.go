@@ -107,9 +107,14 @@ func (r *Record) HasKey(k string) bool {
 // Replay never sends a stub.
 func (r *Record) IsStub() bool { return r.Failure.Stub }
 
-// Fingerprint groups records failing the same way: see Fingerprint.
+// Fingerprint identifies the way r failed: the first 12 hex digits of the
+// SHA-256 of its idem-error-kind, idem-error-type and idem-error, with the
+// parts of the message that vary between occurrences of one failure (quoted
+// strings, UUIDs, hex ids, numbers) collapsed first. Records with the same
+// fingerprint failed the same way: List groups by it, Filter selects by it
+// and the failure console groups its index by it.
 func (r *Record) Fingerprint() string {
-	return Fingerprint(r.Failure.Kind, r.Failure.ErrorType, r.Failure.Error)
+	return fingerprint(r.Failure.Kind, r.Failure.ErrorType, r.Failure.Error)
 }
 
 // LastFailureAt is idem-last-failure-at, or the record timestamp when that

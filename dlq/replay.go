@@ -5,18 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/forward"
-	"github.com/idemhq/idem/internal/wire"
-	"github.com/idemhq/idem/retrytopic"
+	"github.com/idemhq/idem/internal/replayrec"
 )
 
-// ErrBadFilter is wrapped by the errors ParseFilter returns.
-var ErrBadFilter = errors.New("dlq: bad filter")
+// errBadFilter is wrapped by the errors ParseFilter returns.
+var errBadFilter = errors.New("dlq: bad filter")
 
 // Filter selects records for Replay. A zero Filter matches every record; each
 // set field must match (AND).
@@ -36,8 +34,8 @@ type Filter struct {
 // ParseFilter parses the CLI form "kind=permanent,error~=timeout,key=pay-42,
 // fingerprint=3fa2". Terms are separated by commas; a comma followed by
 // something other than a known term name belongs to the previous value (so
-// regexps may contain commas). An empty string is the zero Filter. Errors wrap
-// ErrBadFilter.
+// regexps may contain commas). An empty string is the zero Filter. An error
+// names the term at fault and what the terms may be.
 func ParseFilter(s string) (Filter, error) {
 	var f Filter
 	s = strings.TrimSpace(s)
@@ -70,14 +68,14 @@ func ParseFilter(s string) (Filter, error) {
 			switch k {
 			case handler.KindRetriable, handler.KindPermanent, handler.KindPanic, handler.KindMissingKey, handler.KindInvalidKey, handler.KindDecode, handler.KindTimeout:
 			default:
-				return Filter{}, fmt.Errorf("%w: kind %q: want one of retriable, permanent, panic, missing-key, invalid-key, decode, timeout", ErrBadFilter, k)
+				return Filter{}, fmt.Errorf("%w: kind %q: want one of retriable, permanent, panic, missing-key, invalid-key, decode, timeout", errBadFilter, k)
 			}
 			f.Kind = k
 		case strings.HasPrefix(t, "error~="):
 			expr := strings.TrimPrefix(t, "error~=")
 			re, err := regexp.Compile(expr)
 			if err != nil {
-				return Filter{}, fmt.Errorf("%w: error~=%q: %v", ErrBadFilter, expr, err)
+				return Filter{}, fmt.Errorf("%w: error~=%q: %v", errBadFilter, expr, err)
 			}
 			f.Error = re
 		case strings.HasPrefix(t, "key="):
@@ -85,7 +83,7 @@ func ParseFilter(s string) (Filter, error) {
 		case strings.HasPrefix(t, "fingerprint="):
 			f.Fingerprint = strings.TrimPrefix(t, "fingerprint=")
 		default:
-			return Filter{}, fmt.Errorf("%w: term %q: want kind=…, error~=…, key=… or fingerprint=…", ErrBadFilter, t)
+			return Filter{}, fmt.Errorf("%w: term %q: want kind=…, error~=…, key=… or fingerprint=…", errBadFilter, t)
 		}
 	}
 	return f, nil
@@ -117,8 +115,8 @@ type Destination string
 // when that exists, with only its original headers (none of the wire
 // contract's idem-* headers), so the consumer sees it as a fresh record.
 //
-// Whatever the destination, a replayed record also carries ReplayOfHeader
-// (idem-replay-of), naming the dead-letter record it came from.
+// Whatever the destination, a replayed record also carries idem-replay-of,
+// naming the dead-letter record it came from (Record.ReplayedFrom reads it).
 //
 // Any other Destination is a topic name, typically a retry tier named
 // explicitly (idem never guesses tier names: a policy may have no tiers or
@@ -130,12 +128,7 @@ type Destination string
 // says. A record that has no idem-* headers is sent with its headers as they
 // are (plus idem-replay-of), and a named topic equal to the record's idem-original-topic is treated
 // as ToSource. A topic that is really called "source" cannot be named.
-const ToSource Destination = "source"
-
-// ToOrigin is the former name of ToSource.
-//
-// Deprecated: use ToSource.
-const ToOrigin = ToSource
+const ToSource Destination = replayrec.ToSource
 
 // ReplayOptions configure Replay.
 type ReplayOptions struct {
@@ -153,8 +146,8 @@ type ReplayOptions struct {
 	// consumer group's retry policy. A consumer that reads a record whose
 	// idem-tier does not match the topic treats it as a fresh record of that
 	// topic. Ignored for ToSource.
-	// Default: 0, meaning n when the topic is named as
-	// retrytopic.Policy{}.Tier(original-topic, group, n) for the record's
+	// Default: 0, meaning n when the topic has the default name of tier n,
+	// retrytopic.Policy{}.Tier(original-topic, group, n), for the record's
 	// idem-original-topic and idem-consumer-group, else 1.
 	Tier int
 	// Filter selects the records to send. Default: all.
@@ -199,7 +192,7 @@ type ReplayResult struct {
 // ErrNoOrigin is wrapped by Replay's error when, replaying to ToSource, a
 // record lacks the idem-original-topic header it needs to be routed. Replay
 // stops before sending anything.
-var ErrNoOrigin = errors.New("dlq: record has no idem-original-topic header")
+var ErrNoOrigin = replayrec.ErrNoOrigin
 
 // ErrUnmatched is wrapped by Replay's error when the pending range holds
 // records the replay would not send (filtered out, or stubs) and
@@ -375,57 +368,10 @@ func maxTime(a, b time.Time) time.Time {
 	return b
 }
 
-// Outgoing is a record as Replay sends it, with the fields Topic (the
-// destination), Partition (kept when Topic has that many partitions, else
-// the key's hash picks one), Key and Value (byte for byte; nil stays nil) and
-// Headers ([]sarama.RecordHeader, in order).
-type Outgoing = forward.Record
-
-// ReplayRecord returns the record Replay would send for r to to (ToSource or
-// a topic name; tier as ReplayOptions.Tier, now the idem-due-at), without
-// sending it. A stub is an error: it is never replayed.
-func (r *Record) ReplayRecord(to Destination, tier int, now time.Time) (Outgoing, error) {
-	if r.IsStub() {
-		return Outgoing{}, fmt.Errorf("dlq: %s/%d offset %d is a stub (value omitted): it is never replayed", r.Topic, r.Partition, r.Offset)
-	}
-	if to == "" {
-		to = ToSource
-	}
-	return replayRecord(r, ReplayOptions{To: to, Tier: tier, Now: func() time.Time { return now }})
-}
-
-// replayRecord builds the record Replay sends for r, as opts.To says.
+// replayRecord builds the record Replay sends for r, as opts.To and
+// opts.Tier say (see replayrec.Build, which the failure console's replay
+// calls too).
 func replayRecord(r *Record, opts ReplayOptions) (forward.Record, error) {
-	f := r.Failure
-	rec := forward.Record{Partition: f.OriginalPartition, Key: r.Key, Value: r.Value}
-	switch {
-	case opts.To == ToSource || (r.HasFailure && string(opts.To) == f.OriginalTopic):
-		if f.OriginalTopic == "" {
-			return rec, fmt.Errorf("%w (offset %d)", ErrNoOrigin, r.Offset)
-		}
-		rec.Topic = f.OriginalTopic
-		rec.Headers = r.OriginalHeaders()
-	case !r.HasFailure:
-		rec.Topic, rec.Partition = string(opts.To), r.Partition
-		rec.Headers = r.Headers
-	default:
-		rec.Topic = string(opts.To)
-		f.Tier, f.DueAt = opts.Tier, opts.Now()
-		if f.Tier == 0 {
-			f.Tier = tierOf(rec.Topic, f.OriginalTopic, f.Group)
-		}
-		rec.Headers = wire.Encode(r.Headers, f)
-	}
-	rec.Headers = WithReplayOf(rec.Headers, r.Topic, Position{Partition: r.Partition, Offset: r.Offset})
-	return rec, nil
-}
-
-// tierOf returns n when topic is retrytopic.Policy{}.Tier(orig, group, n),
-// else 1.
-func tierOf(topic, orig, group string) int {
-	i := strings.LastIndexByte(topic, '.')
-	if n, err := strconv.Atoi(topic[i+1:]); err == nil && n >= 1 && (retrytopic.Policy{}).Tier(orig, group, n) == topic {
-		return n
-	}
-	return 1
+	return replayrec.Build(replayrec.DeadLetter{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key,
+		Value: r.Value, Headers: r.Headers, Failure: r.Failure, HasFailure: r.HasFailure}, string(opts.To), opts.Tier, opts.Now())
 }

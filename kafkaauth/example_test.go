@@ -35,7 +35,7 @@ func Example() {
 	kcfg.Version = sarama.V3_9_0_0 // the brokers' version (3.x clusters must set it)
 	if err := kafkaauth.Apply(kcfg, kafkaauth.Options{
 		CAFile:    "/etc/kafka/ca.pem", // implies TLS; leave empty for the system roots with TLS: true
-		Mechanism: kafkaauth.SCRAMSHA512,
+		Mechanism: "SCRAM-SHA-512",
 		User:      "orders",
 		Password:  os.Getenv("KAFKA_PASSWORD"),
 	}); err != nil {
@@ -54,8 +54,8 @@ func Example() {
 
 // The same settings written with sarama alone, here TLS with a client
 // certificate and SASL/PLAIN (PLAIN sends the password as it is: only over
-// TLS). For SCRAM, sarama also needs Net.SASL.SCRAMClientGeneratorFunc:
-// kafkaauth.SCRAMClientGenerator gives one.
+// TLS). For SCRAM, sarama also needs Net.SASL.SCRAMClientGeneratorFunc, a
+// SCRAM client it does not ship: use Apply, which sets one.
 func Example_saramaOnly() {
 	ca, err := os.ReadFile("/etc/kafka/ca.pem")
 	if err != nil {

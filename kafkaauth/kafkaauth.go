@@ -26,17 +26,6 @@ import (
 	"github.com/xdg-go/scram"
 )
 
-// The SASL mechanisms Apply supports, spelled as Kafka spells them.
-const (
-	// Plain is SASL/PLAIN: user and password sent as they are, so use it
-	// only over TLS.
-	Plain = string(sarama.SASLTypePlaintext)
-	// SCRAMSHA256 is SASL/SCRAM with SHA-256 (RFC 7677).
-	SCRAMSHA256 = string(sarama.SASLTypeSCRAMSHA256)
-	// SCRAMSHA512 is SASL/SCRAM with SHA-512.
-	SCRAMSHA512 = string(sarama.SASLTypeSCRAMSHA512)
-)
-
 // Options are the settings of a secured connection. The zero value is a
 // plaintext connection without authentication (Apply changes nothing).
 type Options struct {
@@ -54,8 +43,13 @@ type Options struct {
 	// InsecureSkipVerify accepts any broker certificate and host name. It
 	// leaves the connection open to interception: for tests only.
 	InsecureSkipVerify bool
-	// Mechanism is the SASL mechanism: "" (no SASL), Plain, SCRAMSHA256 or
-	// SCRAMSHA512 (case-insensitive).
+	// Mechanism is the SASL mechanism, as Kafka spells it
+	// (sasl.mechanism), case-insensitive:
+	//   - "PLAIN": user and password sent as they are, so only over TLS;
+	//   - "SCRAM-SHA-256": SASL/SCRAM with SHA-256 (RFC 7677);
+	//   - "SCRAM-SHA-512": SASL/SCRAM with SHA-512.
+	// Any other value is an error naming these three (Validate, Apply).
+	// Default: "" (no SASL).
 	Mechanism string
 	// User and Password are the SASL credentials; both are required when
 	// Mechanism is set.
@@ -74,10 +68,11 @@ func (o Options) mechanism() (sarama.SASLMechanism, error) {
 	switch m := strings.ToUpper(strings.TrimSpace(o.Mechanism)); m {
 	case "":
 		return "", nil
-	case Plain, SCRAMSHA256, SCRAMSHA512:
+	case sarama.SASLTypePlaintext, sarama.SASLTypeSCRAMSHA256, sarama.SASLTypeSCRAMSHA512:
 		return sarama.SASLMechanism(m), nil
 	default:
-		return "", fmt.Errorf("kafkaauth: SASL mechanism %q: want %s, %s or %s", o.Mechanism, Plain, SCRAMSHA256, SCRAMSHA512)
+		return "", fmt.Errorf("kafkaauth: SASL mechanism %q: want %s, %s or %s", o.Mechanism,
+			sarama.SASLTypePlaintext, sarama.SASLTypeSCRAMSHA256, sarama.SASLTypeSCRAMSHA512)
 	}
 }
 
@@ -159,7 +154,7 @@ func Apply(cfg *sarama.Config, o Options) error {
 	cfg.Net.SASL.User = o.User
 	cfg.Net.SASL.Password = o.Password
 	if m != sarama.SASLTypePlaintext {
-		gen, err := SCRAMClientGenerator(m)
+		gen, err := scramClientGenerator(m)
 		if err != nil {
 			return err
 		}
@@ -168,10 +163,10 @@ func Apply(cfg *sarama.Config, o Options) error {
 	return nil
 }
 
-// SCRAMClientGenerator returns, for sarama.Config.Net.SASL.SCRAMClientGeneratorFunc,
+// scramClientGenerator returns, for sarama.Config.Net.SASL.SCRAMClientGeneratorFunc,
 // a function making a new sarama.SCRAMClient for mechanism (SCRAM-SHA-256 or
 // SCRAM-SHA-512).
-func SCRAMClientGenerator(mechanism sarama.SASLMechanism) (func() sarama.SCRAMClient, error) {
+func scramClientGenerator(mechanism sarama.SASLMechanism) (func() sarama.SCRAMClient, error) {
 	var h scram.HashGeneratorFcn
 	switch mechanism {
 	case sarama.SASLTypeSCRAMSHA256:
@@ -185,7 +180,7 @@ func SCRAMClientGenerator(mechanism sarama.SASLMechanism) (func() sarama.SCRAMCl
 }
 
 // scramClient implements sarama.SCRAMClient with github.com/xdg-go/scram.
-// One value serves one authentication; make it with SCRAMClientGenerator.
+// One value serves one authentication; make it with scramClientGenerator.
 type scramClient struct {
 	// Hash is the hash of the mechanism: sha256.New or sha512.New.
 	Hash scram.HashGeneratorFcn

@@ -49,14 +49,14 @@ func TestApplySASL(t *testing.T) {
 	}
 }
 
-// TestSCRAMClientConversation runs the client's first step: it must produce
-// a client-first message naming the user.
+// TestSCRAMClientConversation runs the first step of the SCRAM client Apply
+// sets: it must produce a client-first message naming the user.
 func TestSCRAMClientConversation(t *testing.T) {
-	gen, err := kafkaauth.SCRAMClientGenerator(sarama.SASLTypeSCRAMSHA512)
-	if err != nil {
+	cfg := sarama.NewConfig()
+	if err := kafkaauth.Apply(cfg, kafkaauth.Options{TLS: true, Mechanism: "SCRAM-SHA-512", User: "alice", Password: "secret"}); err != nil {
 		t.Fatal(err)
 	}
-	c := gen()
+	c := cfg.Net.SASL.SCRAMClientGeneratorFunc()
 	if c.Done() {
 		t.Fatal("done before Begin")
 	}
@@ -67,8 +67,8 @@ func TestSCRAMClientConversation(t *testing.T) {
 	if err != nil || !strings.HasPrefix(first, "n,,n=alice,r=") {
 		t.Fatalf("client-first %q, %v", first, err)
 	}
-	if _, err := kafkaauth.SCRAMClientGenerator(sarama.SASLTypePlaintext); err == nil {
-		t.Fatal("PLAIN accepted as a SCRAM mechanism")
+	if again := cfg.Net.SASL.SCRAMClientGeneratorFunc(); again == c || again.Done() {
+		t.Fatal("the generator does not make a new client per authentication")
 	}
 }
 
@@ -83,7 +83,8 @@ func TestOptionsErrors(t *testing.T) {
 		o    kafkaauth.Options
 		want string
 	}{
-		{"unknown mechanism", kafkaauth.Options{Mechanism: "GSSAPI", User: "u", Password: "p"}, "SCRAM-SHA-512"},
+		{"unknown mechanism", kafkaauth.Options{Mechanism: "GSSAPI", User: "u", Password: "p"}, `SASL mechanism "GSSAPI": want PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512`},
+		{"the constant's Go name", kafkaauth.Options{Mechanism: "SCRAMSHA512", User: "u", Password: "p"}, "want PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"},
 		{"no user", kafkaauth.Options{Mechanism: "PLAIN", Password: "p"}, "needs a user"},
 		{"no password", kafkaauth.Options{Mechanism: "PLAIN", User: "u"}, "needs a password"},
 		{"credentials without mechanism", kafkaauth.Options{User: "u"}, "no SASL mechanism"},

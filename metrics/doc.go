@@ -69,8 +69,8 @@
 //
 // The failure index (package console/index) exports three more gauges
 // through index.Indexer.Registerer (idem console, or consumer.Run with the
-// index switch) or console.Config.Registerer, documented with
-// index.Store.Collector: idem_dlq_unresolved and
+// index switch) or console.Config.Registerer, documented with those
+// fields: idem_dlq_unresolved and
 // idem_dlq_oldest_unresolved_seconds by group and topic, and
 // idem_dlq_retention_seconds by topic. The alert IdemDLQUnresolvedAging
 // compares the last two.

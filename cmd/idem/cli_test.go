@@ -15,13 +15,13 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
 // idem runs the CLI in process and returns its exit code, stdout and stderr.
-func idem(t *testing.T, k *testenv.Kafka, stdin string, args ...string) (int, string, string) {
+func idem(t *testing.T, k *idemtest.Kafka, stdin string, args ...string) (int, string, string) {
 	t.Helper()
 	var out, errOut bytes.Buffer
 	getenv := func(name string) string {
@@ -38,11 +38,31 @@ func idem(t *testing.T, k *testenv.Kafka, stdin string, args ...string) (int, st
 	return code, out.String(), errOut.String()
 }
 
+// kitHeaders converts sarama's headers to idemtest's.
+func kitHeaders(hs []sarama.RecordHeader) []handler.Header {
+	out := make([]handler.Header, len(hs))
+	for i, h := range hs {
+		out[i] = handler.Header{Key: string(h.Key), Value: h.Value}
+	}
+	return out
+}
+
+// admin returns a cluster admin on k, closed when the test ends.
+func admin(t *testing.T, k *idemtest.Kafka) sarama.ClusterAdmin {
+	t.Helper()
+	a, err := sarama.NewClusterAdmin(k.Brokers, k.SaramaConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Close() })
+	return a
+}
+
 // seed writes n dead-letter records for origin into topic: even ones fail
 // with a timeout, odd ones with a decode error.
-func seed(t *testing.T, k *testenv.Kafka, topic, origin string, n int) {
+func seed(t *testing.T, k *idemtest.Kafka, topic, origin string, n int) {
 	t.Helper()
-	p := k.Producer(t)
+	recs := make([]idemtest.Record, 0, n)
 	base := time.UnixMilli(1_700_000_000_000)
 	for i := range n {
 		f := retrytopic.Failure{
@@ -54,17 +74,14 @@ func seed(t *testing.T, k *testenv.Kafka, topic, origin string, n int) {
 			f.Kind, f.ErrorType, f.Error = handler.KindDecode, "*json.SyntaxError", fmt.Sprintf("decode: invalid character at offset %d", i)
 		}
 		hs := wire.Encode([]sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(fmt.Sprint("key-", i))}}, f)
-		_, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: topic, Partition: 0, Key: sarama.StringEncoder(fmt.Sprint("k", i)),
-			Value: sarama.StringEncoder(fmt.Sprintf(`{"order":%d}`, i)), Headers: hs})
-		if err != nil {
-			t.Fatal(err)
-		}
+		recs = append(recs, idemtest.Record{Key: fmt.Appendf(nil, "k%d", i), Value: fmt.Appendf(nil, `{"order":%d}`, i), Headers: kitHeaders(hs)})
 	}
+	k.Produce(t, topic, recs...)
 }
 
 func TestCLIEndToEnd(t *testing.T) {
-	k := testenv.NewKafka(t)
-	topic, origin := k.Topic(t, 1), k.Topic(t, 1)
+	k := idemtest.Connect(t)
+	topic, origin := k.Topic(t, "dlq", 1), k.Topic(t, "origin", 1)
 	seed(t, k, topic, origin, 4)
 
 	code, out, _ := idem(t, k, "", "dlq", "list", "--topic", topic)
@@ -162,8 +179,8 @@ func TestCLIEndToEnd(t *testing.T) {
 }
 
 func TestCLIBadInput(t *testing.T) {
-	k := testenv.NewKafka(t)
-	topic := k.Topic(t, 1)
+	k := idemtest.Connect(t)
+	topic := k.Topic(t, "dlq", 1)
 	tests := []struct {
 		name string
 		args []string
@@ -172,7 +189,7 @@ func TestCLIBadInput(t *testing.T) {
 		{"no topic", []string{"dlq", "list"}, "give --topic, or --source and --group"},
 		{"bad filter", []string{"dlq", "replay", "--topic", topic, "--filter", "kind=oops"}, "bad filter"},
 		{"bad regexp", []string{"dlq", "replay", "--topic", topic, "--filter", "error~=("}, "bad filter"},
-		{"unknown destination", []string{"dlq", "replay", "--topic", topic, "--to", testenv.Unique("nowhere")}, "unknown topic"},
+		{"unknown destination", []string{"dlq", "replay", "--topic", topic, "--to", topic + ".nowhere"}, "unknown topic"},
 		{"retry is not a destination", []string{"dlq", "replay", "--topic", topic, "--to", "retry"}, "name the retry tier"},
 		{"empty destination", []string{"dlq", "replay", "--topic", topic, "--to", ""}, "--to is empty"},
 		{"tier with source", []string{"dlq", "replay", "--topic", topic, "--tier", "2"}, "--tier"},
@@ -180,7 +197,7 @@ func TestCLIBadInput(t *testing.T) {
 		{"show needs a position", []string{"dlq", "show", "--topic", topic}, "--offset"},
 		{"show offset and key", []string{"dlq", "show", "--topic", topic, "--offset", "1", "--key", "k"}, "not both"},
 		{"show missing record", []string{"dlq", "show", "--topic", topic, "--offset", "5"}, "not found"},
-		{"unknown topic", []string{"dlq", "list", "--topic", testenv.Unique("nope")}, "unknown topic"},
+		{"unknown topic", []string{"dlq", "list", "--topic", topic + ".nope"}, "unknown topic"},
 		{"unknown flag", []string{"dlq", "list", "--topic", topic, "--colour"}, "unknown flag"},
 		{"unreachable broker", []string{"dlq", "list", "--topic", topic, "--brokers", "127.0.0.1:1"}, "127.0.0.1:1"},
 		{"bad kafka version", []string{"dlq", "list", "--topic", topic, "--kafka-version", "x"}, "--kafka-version"},
@@ -202,13 +219,13 @@ func TestCLIBadInput(t *testing.T) {
 // explicitly (a custom tier name), never to a guessed default tier; an unknown
 // --to topic is an error that leaves every record pending.
 func TestCLIReplayTo(t *testing.T) {
-	k := testenv.NewKafka(t)
-	topic, origin := k.Topic(t, 1), k.Topic(t, 1)
-	tier := testenv.Unique("custom_tier")
+	k := idemtest.Connect(t)
+	topic, origin := k.Topic(t, "dlq", 1), k.Topic(t, "origin", 1)
+	tier := origin + ".custom_tier" // deleted with origin
 	k.CreateTopic(t, tier, 1)
 	seed(t, k, topic, origin, 2)
 
-	missing := testenv.Unique("no_such_tier")
+	missing := origin + ".no_such_tier"
 	code, _, errOut := idem(t, k, "", "dlq", "replay", "--topic", topic, "--to", missing)
 	if code != 1 || !strings.Contains(errOut, "unknown topic") || !strings.Contains(errOut, missing) {
 		t.Fatalf("replay --to missing: code %d\n%s", code, errOut)
@@ -241,7 +258,7 @@ func TestCLIReplayTo(t *testing.T) {
 	if code != 1 || !strings.Contains(errOut, "not found") {
 		t.Errorf("origin got a record: code %d %s", code, errOut)
 	}
-	topics, err := k.Admin(t).ListTopics()
+	topics, err := admin(t, k).ListTopics()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,9 +301,8 @@ func terminalSafe(t *testing.T, what, out string) {
 // NULs, escape sequences, invalid UTF-8 and bidi characters are printed
 // escaped by show and list (text and JSON), and JSON keeps the bytes.
 func TestCLIShowListUnsafeBytes(t *testing.T) {
-	k := testenv.NewKafka(t)
-	topic := k.Topic(t, 1)
-	p := k.Producer(t)
+	k := idemtest.Connect(t)
+	topic := k.Topic(t, "dlq", 1)
 	key := "k\x00\xff\x1b[31m"
 	badError := "boom \x1b[2J\xff\x00"
 	values := []string{
@@ -302,9 +318,7 @@ func TestCLIShowListUnsafeBytes(t *testing.T) {
 			{Key: []byte("h\x1b]0;evil\x07"), Value: []byte("\x00\x9b")},
 		}, f)
 		hs = append(hs, sarama.RecordHeader{Key: []byte(wire.HeaderError), Value: []byte(badError)}) // last one wins
-		if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(key), Value: sarama.StringEncoder(v), Headers: hs}); err != nil {
-			t.Fatal(err)
-		}
+		k.Produce(t, topic, idemtest.Record{Key: []byte(key), Value: []byte(v), Headers: kitHeaders(hs)})
 	}
 
 	code, out, _ := idem(t, k, "", "dlq", "show", "--topic", topic, "--offset", "0")

@@ -148,13 +148,12 @@ func (a *app) runConsole(ctx context.Context, o consoleOptions) error {
 		return fmt.Errorf("kafka: %w", err)
 	}
 	defer client.Close()
-	store := index.NewStore(pool)
 	logger := slog.New(slog.NewTextHandler(a.errOut, nil))
 	// The console and the indexer register their gauges on reg through
 	// their Registerer fields and share them: nothing else registers.
 	reg := prometheus.NewRegistry()
 	h, err := console.New(console.Config{
-		Store: store, Actions: index.NewActions(store, client),
+		Pool: pool, Client: client,
 		Tokens: tokens, InsecureNoAuth: o.insecure, Mask: o.mask, Logger: logger, Registerer: reg,
 	})
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/testenv"
 )
 
@@ -70,10 +71,12 @@ func (s *syncBuffer) String() string {
 // console's and the indexer's Registerer), and it stops cleanly when its
 // context ends.
 func TestConsoleServes(t *testing.T) {
-	k := testenv.NewKafka(t)
+	k := idemtest.Connect(t)
+	// An empty schema (internal/testenv; idemtest.ConnectPostgres would
+	// create idem's tables): idem console creates the index's tables itself.
 	url := testenv.DatabaseURL(t)
 	_, schema := testenv.PostgresSchema(t)
-	dlqTopic, origin := k.Topic(t, 1), k.Topic(t, 1)
+	dlqTopic, origin := k.Topic(t, "dlq", 1), k.Topic(t, "origin", 1)
 	seed(t, k, dlqTopic, origin, 2)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -93,7 +96,7 @@ func TestConsoleServes(t *testing.T) {
 		return os.Getenv(name)
 	}, out: &out, errOut: &errOut}
 	a.args = []string{"console", "--listen", "127.0.0.1:0", "--database-url", url + "&search_path=" + schema,
-		"--topics", dlqTopic, "--indexer-group", testenv.Group(t), "--mask", "card.number", "--metrics-addr", metricsAddr, "--topic-refresh", "1s"}
+		"--topics", dlqTopic, "--indexer-group", k.Group(t, "indexer"), "--mask", "card.number", "--metrics-addr", metricsAddr, "--topic-refresh", "1s"}
 	root := newRootCmd(a)
 	root.SetArgs(a.args)
 	root.SetOut(&out)
@@ -112,7 +115,7 @@ func TestConsoleServes(t *testing.T) {
 
 	addrRE := regexp.MustCompile(`idem console: (http://127\.0\.0\.1:\d+/)`)
 	var base string
-	testenv.Eventually(t, 30*time.Second, func() error {
+	idemtest.Eventually(t, 30*time.Second, func() error {
 		select {
 		case err := <-done:
 			t.Fatalf("idem console ended: %v\n%s", err, errOut.String())
@@ -152,7 +155,7 @@ func TestConsoleServes(t *testing.T) {
 	}
 	unresolved := `idem_dlq_unresolved{group="billing",topic="` + dlqTopic + `"} 2`
 	retention := `idem_dlq_retention_seconds{topic="` + dlqTopic + `"}`
-	testenv.Eventually(t, 60*time.Second, func() error {
+	idemtest.Eventually(t, 60*time.Second, func() error {
 		resp, err := http.Get("http://" + metricsAddr + "/metrics")
 		if err != nil {
 			return err

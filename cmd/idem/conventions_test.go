@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -171,11 +171,10 @@ func TestConnectionSettings(t *testing.T) {
 // for every dlq command.
 func TestDLQDepthAndSourceGroup(t *testing.T) {
 	t.Parallel()
-	k := testenv.NewKafka(t)
-	source, group := testenv.Unique("orders"), testenv.Unique("billing")
-	dlqTopic := retrytopic.Policy{}.DLQ(source, group)
+	k := idemtest.Connect(t)
+	source, group := k.Topic(t, "orders", 3), k.Group(t, "billing")
+	dlqTopic := retrytopic.Policy{}.DLQ(source, group) // deleted with source
 	k.CreateTopic(t, dlqTopic, 3)
-	k.CreateTopic(t, source, 3)
 	seed(t, k, dlqTopic, source, 3) // partition 0
 	byName := []string{"--source", source, "--group", group}
 

@@ -4,16 +4,11 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync"
 	"testing"
-	"time"
-
-	"github.com/IBM/sarama"
 
 	"github.com/idemhq/idem/consumer"
-	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -22,43 +17,16 @@ import (
 // record whose Kafka key and headers say something else; idem dlq show
 // --key and replay --filter key= find it by the key the consumer derived.
 func TestCLIFindsTheKeyTheConsumerDerived(t *testing.T) {
-	k := testenv.NewKafka(t)
-	source, group := k.Topic(t, 1), testenv.Group(t)
-	pol := retrytopic.Policy{}
-	dlqTopic := pol.DLQ(source, group)
-	t.Cleanup(func() { k.DeleteTopics(t, dlqTopic) })
-	if _, _, err := k.Producer(t).SendMessage(&sarama.ProducerMessage{Topic: source, Partition: 0, Key: sarama.StringEncoder("customer-9"),
-		Value: sarama.StringEncoder(`{"payment_id":"pay-9","amount":10}`)}); err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		err := consumer.Run(ctx, consumer.Config{Brokers: k.Brokers, Sarama: k.SaramaConfig(), Group: group, Topics: []string{source},
-			Dedupe: dedupe.NewMemory(), KeyFunc: consumer.JSONField("payment_id"), Retry: consumer.RetryConfig{Tiers: pol}},
-			handler.Func(func(context.Context, *handler.Message) error {
-				return handler.Permanent(errors.New("ledger refused the payment"))
-			}))
-		if err != nil {
-			t.Errorf("consumer.Run: %v", err)
-		}
-	})
-	t.Cleanup(func() { stop(); wg.Wait() })
-
-	client, err := sarama.NewClient(k.Brokers, k.SaramaConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = client.Close() })
-	testenv.Eventually(t, 60*time.Second, func() error {
-		if err := client.RefreshMetadata(dlqTopic); err != nil {
-			return err
-		}
-		if end, err := client.GetOffset(dlqTopic, 0, sarama.OffsetNewest); err != nil || end < 1 {
-			return errors.Join(err, errors.New("not dead-lettered yet"))
-		}
-		return nil
-	})
+	k := idemtest.Connect(t)
+	source, group := k.Topic(t, "payments", 1), k.Group(t, "billing")
+	dlqTopic := retrytopic.Policy{}.DLQ(source, group) // deleted with source
+	k.Produce(t, source, idemtest.Record{Key: []byte("customer-9"), Value: []byte(`{"payment_id":"pay-9","amount":10}`)})
+	cfg := k.Config(t, group, source)
+	cfg.KeyFunc = consumer.JSONField("payment_id")
+	c := idemtest.Start(t, cfg, handler.Func(func(context.Context, *handler.Message) error {
+		return handler.Permanent(errors.New("ledger refused the payment"))
+	}))
+	c.WaitOutcome(t, "dead_lettered", 1) // counted once the DLQ acknowledged it
 
 	code, out, _ := idem(t, k, "", "dlq", "show", "-t", dlqTopic, "--key", "pay-9")
 	if code != 0 || !strings.Contains(out, `"payment_id": "pay-9"`) || !strings.Contains(out, "ledger refused the payment") {

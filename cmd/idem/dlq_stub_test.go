@@ -9,7 +9,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -17,7 +17,7 @@ import (
 // seedStub writes a dead-letter stub for origin into topic: the record as the
 // consumer writes it when no topic would take the value (nil value,
 // idem-payload-omitted).
-func seedStub(t *testing.T, k *testenv.Kafka, topic, origin, key string) {
+func seedStub(t *testing.T, k *idemtest.Kafka, topic, origin, key string) {
 	t.Helper()
 	now := time.Now()
 	f := retrytopic.Failure{
@@ -25,19 +25,17 @@ func seedStub(t *testing.T, k *testenv.Kafka, topic, origin, key string) {
 		Error: "kafka server: Message was too large", FirstFailureAt: now, LastFailureAt: now, Stub: true, OmittedBytes: 2 << 20,
 	}
 	hs := wire.Encode([]sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(key)}}, f)
-	if _, _, err := k.Producer(t).SendMessage(&sarama.ProducerMessage{Topic: topic, Partition: 0, Key: sarama.StringEncoder(key), Headers: hs}); err != nil {
-		t.Fatal(err)
-	}
+	k.Produce(t, topic, idemtest.Record{Key: []byte(key), Headers: kitHeaders(hs)})
 }
 
 // readTopic returns every record of partition 0 of topic.
-func readTopic(t *testing.T, k *testenv.Kafka, topic string) []*sarama.ConsumerMessage {
+func readTopic(t *testing.T, k *idemtest.Kafka, topic string) []*sarama.ConsumerMessage {
 	t.Helper()
 	return readPartition(t, k, topic, 0)
 }
 
 // readPartition returns every record of partition p of topic.
-func readPartition(t *testing.T, k *testenv.Kafka, topic string, p int32) []*sarama.ConsumerMessage {
+func readPartition(t *testing.T, k *idemtest.Kafka, topic string, p int32) []*sarama.ConsumerMessage {
 	t.Helper()
 	client, err := sarama.NewClient(k.Brokers, k.SaramaConfig())
 	if err != nil {
@@ -80,8 +78,8 @@ func readPartition(t *testing.T, k *testenv.Kafka, topic string, p int32) []*sar
 // report it; replay refuses while it is pending, and with
 // --drop-unmatched-from-pending sends the others and skips it.
 func TestCLIStubNeverReplayed(t *testing.T) {
-	k := testenv.NewKafka(t)
-	topic, origin := k.Topic(t, 1), k.Topic(t, 1)
+	k := idemtest.Connect(t)
+	topic, origin := k.Topic(t, "dlq", 1), k.Topic(t, "origin", 1)
 	seed(t, k, topic, origin, 2)
 	seedStub(t, k, topic, origin, "big-1")
 

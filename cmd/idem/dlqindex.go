@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/dlq"
+	"github.com/idemhq/idem/internal/failidx"
 )
 
 // dlqDBFlags adds --database-url to the dlq command: with it (or
@@ -41,7 +42,7 @@ func (a *app) actorName() string {
 
 // openIndex opens the failure index. It creates nothing: a database without
 // the index's tables is an error that says how to get the offset model.
-func (a *app) openIndex(ctx context.Context) (*index.Store, func(), error) {
+func (a *app) openIndex(ctx context.Context) (*failidx.Store, func(), error) {
 	pool, err := openPool(ctx, a.dlqDB)
 	if err != nil {
 		return nil, nil, err
@@ -56,13 +57,13 @@ func (a *app) openIndex(ctx context.Context) (*index.Store, func(), error) {
 		return nil, nil, errors.New("this database has no failure index (idem_dlq_records): run `idem migrate` and an indexer (idem console), " +
 			`or give --database-url "" (or unset DATABASE_URL) to work on the DLQ topic's offsets`)
 	}
-	return index.NewStore(pool), pool.Close, nil
+	return failidx.NewStore(pool), pool.Close, nil
 }
 
 // indexFilter builds the index filter of a command: the topic flags (all
 // optional here), --filter terms and --status.
-func indexFilter(t dlqTopic, filter, status string) (index.Filter, error) {
-	var f index.Filter
+func indexFilter(t dlqTopic, filter, status string) (failidx.Filter, error) {
+	var f failidx.Filter
 	if t.topic != "" || t.source != "" || t.group != "" {
 		topic, err := t.name()
 		if err != nil {
@@ -78,7 +79,7 @@ func indexFilter(t dlqTopic, filter, status string) (index.Filter, error) {
 	if df.Error != nil {
 		// The index matches error text by substring, not by regexp.
 		if strings.ContainsAny(df.Error.String(), `\.+*?()|[]{}^$`) {
-			return f, fmt.Errorf("%w: error~=%q: with a database, error~= matches a plain substring (case-insensitive), not a regexp", dlq.ErrBadFilter, df.Error.String())
+			return f, fmt.Errorf("dlq: bad filter: error~=%q: with a database, error~= matches a plain substring (case-insensitive), not a regexp", df.Error.String())
 		}
 		f.ErrorContains = df.Error.String()
 	}
@@ -86,16 +87,16 @@ func indexFilter(t dlqTopic, filter, status string) (index.Filter, error) {
 		if s = strings.TrimSpace(s); s == "" || s == "any" {
 			continue
 		}
-		if !index.Status(s).Valid() {
+		if !failidx.Status(s).Valid() {
 			return f, fmt.Errorf("--status %q: want unresolved, replayed, resolved, archived or any", s)
 		}
-		f.Status = append(f.Status, index.Status(s))
+		f.Status = append(f.Status, failidx.Status(s))
 	}
 	return f, nil
 }
 
 // stubMark marks stubs in a table column.
-func stubMark(r index.Record) string {
+func stubMark(r failidx.Record) string {
 	if r.Stub {
 		return "stub"
 	}
@@ -137,10 +138,10 @@ func indexList(ctx context.Context, a *app, t dlqTopic, filter, status string, l
 			LastFailureAt  string `json:"last_failure_at"`
 		}
 		out := struct {
-			Source  string               `json:"source"`
-			Groups  []index.FailureGroup `json:"groups"`
-			Records []rec                `json:"records"`
-			More    bool                 `json:"more"`
+			Source  string                 `json:"source"`
+			Groups  []failidx.FailureGroup `json:"groups"`
+			Records []rec                  `json:"records"`
+			More    bool                   `json:"more"`
 		}{Source: "index", Groups: groups, Records: []rec{}, More: page.Next != ""}
 		for _, r := range page.Records {
 			out.Records = append(out.Records, rec{r.ID, r.Topic, r.Partition, r.Offset, string(r.Status), r.Kind, r.IdempotencyKey, r.Stub, r.Error, fmtTime(r.LastFailureAt)})
@@ -178,7 +179,7 @@ func indexList(ctx context.Context, a *app, t dlqTopic, filter, status string, l
 
 // asDLQRecord renders an index record as the dlq package's record, for the
 // shared show output.
-func asDLQRecord(r index.Record) *dlq.Record {
+func asDLQRecord(r failidx.Record) *dlq.Record {
 	m := &sarama.ConsumerMessage{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, Value: r.Value, Timestamp: r.LastFailureAt}
 	for _, h := range r.Headers {
 		m.Headers = append(m.Headers, &sarama.RecordHeader{Key: h.Key, Value: h.Value})
@@ -193,13 +194,13 @@ func indexShow(ctx context.Context, a *app, t dlqTopic, id int64, byOffset bool,
 	}
 	defer closeDB()
 	if id == 0 {
-		f := index.Filter{Key: key}
+		f := failidx.Filter{Key: key}
 		if byOffset {
 			topic, err := t.name()
 			if err != nil {
 				return err
 			}
-			f = index.Filter{Topic: topic, HasOffset: true, Partition: partition, Offset: offset}
+			f = failidx.Filter{Topic: topic, HasOffset: true, Partition: partition, Offset: offset}
 		} else if t.topic != "" || t.source != "" {
 			if f.Topic, err = t.name(); err != nil {
 				return err
@@ -210,7 +211,7 @@ func indexShow(ctx context.Context, a *app, t dlqTopic, id int64, byOffset bool,
 			return err
 		}
 		if len(page.Records) == 0 {
-			return fmt.Errorf("%w: no record in the failure index matches", index.ErrNotFound)
+			return fmt.Errorf("%w: no record in the failure index matches", failidx.ErrNotFound)
 		}
 		id = page.Records[0].ID
 	}
@@ -243,7 +244,7 @@ func indexShow(ctx context.Context, a *app, t dlqTopic, id int64, byOffset bool,
 	return nil
 }
 
-func indexShowJSON(w io.Writer, r index.Record) error {
+func indexShowJSON(w io.Writer, r failidx.Record) error {
 	var buf strings.Builder
 	if err := showJSON(&buf, asDLQRecord(r)); err != nil {
 		return err
@@ -258,25 +259,25 @@ func indexShowJSON(w io.Writer, r index.Record) error {
 // selection builds an action's selection: --id, or the topic and filter
 // flags (at least one of them, so that no action selects the whole index by
 // accident).
-func selection(t dlqTopic, filter, status string, ids []int64) (index.Selection, error) {
+func selection(t dlqTopic, filter, status string, ids []int64) (failidx.Selection, error) {
 	if len(ids) > 0 {
 		if filter != "" || t.topic != "" || t.source != "" {
-			return index.Selection{}, errors.New("give either --id or --topic/--filter, not both")
+			return failidx.Selection{}, errors.New("give either --id or --topic/--filter, not both")
 		}
-		return index.Selection{IDs: ids}, nil
+		return failidx.Selection{IDs: ids}, nil
 	}
 	f, err := indexFilter(t, filter, status)
 	if err != nil {
-		return index.Selection{}, err
+		return failidx.Selection{}, err
 	}
 	if f.Topic == "" && filter == "" {
-		return index.Selection{}, errors.New("select records with --id, or --topic (or --source and --group) and/or --filter")
+		return failidx.Selection{}, errors.New("select records with --id, or --topic (or --source and --group) and/or --filter")
 	}
-	return index.Selection{Filter: &f}, nil
+	return failidx.Selection{Filter: &f}, nil
 }
 
 // indexReplay replays from the failure index.
-func indexReplay(ctx context.Context, a *app, sel index.Selection, to string, tier int, rate float64, reason string, dryRun bool) error {
+func indexReplay(ctx context.Context, a *app, sel failidx.Selection, to string, tier int, rate float64, reason string, dryRun bool) error {
 	if tier != 0 {
 		return errors.New("--tier: with a database, the tier is taken from the --to topic's name (<topic>.<group>.retry.<n>, else 1)")
 	}
@@ -300,7 +301,7 @@ func indexReplay(ctx context.Context, a *app, sel index.Selection, to string, ti
 		return fmt.Errorf("connect to %v: %w", brokers, err)
 	}
 	defer client.Close()
-	res, err := index.NewActions(s, client).Replay(ctx, a.actorName(), sel, to, int(rate), reason)
+	res, err := failidx.NewActions(s, client).Replay(ctx, a.actorName(), sel, to, int(rate), reason)
 	if err != nil {
 		if errors.Is(err, dlq.ErrUnknownTopic) && (to == "retry" || to == "origin") {
 			return fmt.Errorf("%w (--to takes source or a topic name: name the retry tier, e.g. <topic>.<group>.retry.1)", err)
@@ -320,7 +321,7 @@ func indexReplay(ctx context.Context, a *app, sel index.Selection, to string, ti
 }
 
 // reportSkipped prints what an index action left alone.
-func reportSkipped(w io.Writer, res index.Result) {
+func reportSkipped(w io.Writer, res failidx.Result) {
 	if n := res.Skipped - len(res.SkippedStubs); n > 0 {
 		fmt.Fprintf(w, "%d skipped (not in a status the action applies to)\n", n)
 	}
@@ -346,8 +347,8 @@ func idList(ids []int64) string {
 }
 
 // indexDryRun counts what a replay would do, reading the selection.
-func indexDryRun(ctx context.Context, a *app, s *index.Store, sel index.Selection, to string) error {
-	var recs []index.Record
+func indexDryRun(ctx context.Context, a *app, s *failidx.Store, sel failidx.Selection, to string) error {
+	var recs []failidx.Record
 	if sel.Filter != nil {
 		cursor := ""
 		for {
@@ -375,7 +376,7 @@ func indexDryRun(ctx context.Context, a *app, s *index.Store, sel index.Selectio
 		switch {
 		case r.Stub:
 			stubs = append(stubs, r.ID)
-		case r.Status != index.Unresolved:
+		case r.Status != failidx.Unresolved:
 			other++
 		default:
 			send++
@@ -433,8 +434,8 @@ the index's audit log under --actor (default $USER).`,
 				return err
 			}
 			defer closeDB()
-			act := index.NewActions(store, nil)
-			var res index.Result
+			act := failidx.NewActions(store, nil)
+			var res failidx.Result
 			if name == "resolve" {
 				res, err = act.Resolve(cmd.Context(), a.actorName(), s, reason)
 			} else {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/internal/wire"
@@ -19,11 +21,11 @@ import (
 )
 
 // indexTopic runs an indexer on topic until n records are in the index.
-func indexTopic(t *testing.T, k *testenv.Kafka, pool *pgxpool.Pool, topic string, n int64) {
+func indexTopic(t *testing.T, k *idemtest.Kafka, pool *pgxpool.Pool, topic string, n int64) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	ix := &index.Indexer{Brokers: k.Brokers, Sarama: k.SaramaConfig(), Pool: pool, Group: testenv.Group(t), Topics: []string{topic}}
+	ix := &index.Indexer{Brokers: k.Brokers, Sarama: k.SaramaConfig(), Pool: pool, Group: k.Group(t, "indexer"), Topics: []string{topic}}
 	go func() { done <- ix.Run(ctx) }()
 	defer func() {
 		cancel()
@@ -31,7 +33,7 @@ func indexTopic(t *testing.T, k *testenv.Kafka, pool *pgxpool.Pool, topic string
 			t.Errorf("indexer: %v", err)
 		}
 	}()
-	testenv.Eventually(t, 60*time.Second, func() error {
+	idemtest.Eventually(t, 60*time.Second, func() error {
 		var got int64
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM idem_dlq_records`).Scan(&got); err != nil || got != n {
 			return fmt.Errorf("%d indexed, %v", got, err)
@@ -40,13 +42,29 @@ func indexTopic(t *testing.T, k *testenv.Kafka, pool *pgxpool.Pool, topic string
 	})
 }
 
-// dlqAndSchema returns a broker, a schema of the test's own (its pool and
-// the --database-url that reaches it), an empty DLQ topic and its origin.
-func dlqAndSchema(t *testing.T) (k *testenv.Kafka, pool *pgxpool.Pool, db, topic, origin string) {
+// schemaURL is the test database's URL with schema as its search_path, so the
+// CLI sees the tables the test made.
+func schemaURL(t *testing.T, schema string) string {
 	t.Helper()
-	k = testenv.NewKafka(t)
+	u, err := url.Parse(testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// dlqAndEmptySchema returns a broker, an empty schema of the test's own (its
+// pool and the --database-url that reaches it; internal/testenv, as
+// idemtest.ConnectPostgres would create idem's tables), an empty DLQ topic
+// and its origin.
+func dlqAndEmptySchema(t *testing.T) (k *idemtest.Kafka, pool *pgxpool.Pool, db, topic, origin string) {
+	t.Helper()
+	k = idemtest.Connect(t)
 	pool, schema := testenv.PostgresSchema(t)
-	return k, pool, schemaURL(t, schema), k.Topic(t, 1), k.Topic(t, 1)
+	return k, pool, schemaURL(t, schema), k.Topic(t, "dlq", 1), k.Topic(t, "origin", 1)
 }
 
 // TestCLIIndexModel: with --database-url, the dlq commands work on the
@@ -54,7 +72,7 @@ func dlqAndSchema(t *testing.T) (k *testenv.Kafka, pool *pgxpool.Pool, db, topic
 // matching nothing exits 1; --dry-run and replay skip and report the stub;
 // list and show mark it; archive needs a reason; every action is audited.
 func TestCLIIndexModel(t *testing.T) {
-	k, pool, db, topic, origin := dlqAndSchema(t)
+	k, pool, db, topic, origin := dlqAndEmptySchema(t)
 	seed(t, k, topic, origin, 20)
 	seedStub(t, k, topic, origin, "big-1")
 	// A database without the index is an error that names the way out; the
@@ -157,16 +175,13 @@ func TestCLIIndexModel(t *testing.T) {
 // the idempotency key the consumer derived (header idem-idempotency-key),
 // for a record whose key came from its body.
 func TestCLIDerivedKey(t *testing.T) {
-	k := testenv.NewKafka(t)
-	topic, origin := k.Topic(t, 1), k.Topic(t, 1)
+	k := idemtest.Connect(t)
+	topic, origin := k.Topic(t, "dlq", 1), k.Topic(t, "origin", 1)
 	seed(t, k, topic, origin, 2)
 	f := retrytopic.Failure{Attempt: 1, OriginalTopic: origin, Group: "billing", Kind: handler.KindPermanent, Error: "bad amount"}
 	hs := wire.Encode([]sarama.RecordHeader(nil), f)
 	hs = append(hs, sarama.RecordHeader{Key: []byte("idem-idempotency-key"), Value: []byte("pay-77")})
-	if _, _, err := k.Producer(t).SendMessage(&sarama.ProducerMessage{Topic: topic, Partition: 0, Key: sarama.StringEncoder("customer-9"),
-		Value: sarama.StringEncoder(`{"payment_id":"pay-77"}`), Headers: hs}); err != nil {
-		t.Fatal(err)
-	}
+	k.Produce(t, topic, idemtest.Record{Key: []byte("customer-9"), Value: []byte(`{"payment_id":"pay-77"}`), Headers: kitHeaders(hs)})
 	code, out, _ := idem(t, k, "", "dlq", "show", "-t", topic, "--key", "pay-77")
 	if code != 0 || !strings.Contains(out, `"payment_id": "pay-77"`) {
 		t.Fatalf("show --key (derived): code %d\n%s", code, out)
@@ -182,11 +197,10 @@ func TestCLIDerivedKey(t *testing.T) {
 // --rate 0.5 is refused, not truncated to 0, which means no cap at all; and
 // nothing is sent or changed.
 func TestCLIIndexReplayRate(t *testing.T) {
-	k, pool, db, topic, origin := dlqAndSchema(t)
+	k := idemtest.Connect(t)
+	pg := idemtest.ConnectPostgres(t) // idem's tables, the index's among them
+	pool, db, topic, origin := pg.Pool, pg.URL, k.Topic(t, "dlq", 1), k.Topic(t, "origin", 1)
 	seed(t, k, topic, origin, 2)
-	if err := indextable.Migrate(testenv.Context(t), pool); err != nil {
-		t.Fatal(err)
-	}
 	indexTopic(t, k, pool, topic, 2)
 	for _, rate := range []string{"0.5", "2.5"} {
 		code, _, errOut := idem(t, k, "", "dlq", "replay", "-t", topic, "--rate", rate, "--database-url", db)

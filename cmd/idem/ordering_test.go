@@ -2,40 +2,23 @@ package main
 
 import (
 	"encoding/json"
-	"net/url"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	idemroot "github.com/idemhq/idem"
-
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/keyorder"
-	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
-// schemaURL is the test database's URL with schema as its search_path, so the
-// CLI sees the tables the test made.
-func schemaURL(t *testing.T, schema string) string {
-	t.Helper()
-	u, err := url.Parse(testenv.DatabaseURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	return u.String()
-}
-
 // readN reads n records of topic's partition from the start.
-func readN(t *testing.T, k *testenv.Kafka, topic string, partition int32, n int) []*sarama.ConsumerMessage {
+func readN(t *testing.T, k *idemtest.Kafka, topic string, partition int32, n int) []*sarama.ConsumerMessage {
 	t.Helper()
 	c, err := sarama.NewConsumer(k.Brokers, k.SaramaConfig())
 	if err != nil {
@@ -75,7 +58,7 @@ func hdr(m *sarama.ConsumerMessage, k string) (string, bool) {
 // forward left pending, as a revoke between Promote and the send leaves it.
 func blockKey(t *testing.T, pool *pgxpool.Pool, group, topic string, key []byte, head string, parked []string, promote bool) {
 	t.Helper()
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	s := keyorder.New(pool, group)
 	if err := s.BlockTier(ctx, topic, key, head, 1); err != nil {
 		t.Fatal(err)
@@ -113,17 +96,12 @@ func blockKey(t *testing.T, pool *pgxpool.Pool, group, topic string, key []byte,
 
 func TestOrderingCLI(t *testing.T) {
 	t.Parallel()
-	k := testenv.NewKafka(t)
-	pool, schema := testenv.PostgresSchema(t)
-	db := schemaURL(t, schema)
-	ctx := testenv.Context(t)
-	if err := idemroot.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
-	topic, group := k.Topic(t, 2), testenv.Group(t)
-	tier := retrytopic.Policy{}.Tier(topic, group, 1)
+	k := idemtest.Connect(t)
+	pg := idemtest.ConnectPostgres(t) // idem's tables, as idem.Migrate creates them
+	pool, db, ctx := pg.Pool, pg.URL, t.Context()
+	topic, group := k.Topic(t, "orders", 2), k.Group(t, "billing")
+	tier := retrytopic.Policy{}.Tier(topic, group, 1) // deleted with topic
 	k.CreateTopic(t, tier, 2)
-	t.Cleanup(func() { k.DeleteTopics(t, tier) })
 	blockKey(t, pool, group, topic, []byte("K"), "H", []string{"K0", "K1", "K2"}, true)
 	blockKey(t, pool, group, topic, []byte("L"), "G", []string{"L1"}, false)
 	blockKey(t, pool, group, topic, []byte{0, 1}, "B", []string{"B1"}, false)
@@ -162,7 +140,7 @@ func TestOrderingCLI(t *testing.T) {
 	}
 
 	// An unknown destination is refused before anything changes, and is not created.
-	nowhere := testenv.Unique("nowhere")
+	nowhere := topic + ".nowhere" // deleted with topic, were it created
 	code, _, errOut := idem(t, k, "", "ordering", "release", "--database-url", db, "--group", group, "--topic", topic, "--key", "K", "--to", nowhere)
 	if code != 1 || !strings.Contains(errOut, "unknown topic") {
 		t.Fatalf("release --to unknown: code %d %s", code, errOut)
@@ -170,8 +148,7 @@ func TestOrderingCLI(t *testing.T) {
 	if n := parked(); n != 4 {
 		t.Fatalf("%d parked after a refused release, want 4", n)
 	}
-	admin := k.Admin(t)
-	if topics, err := admin.ListTopics(); err != nil {
+	if topics, err := admin(t, k).ListTopics(); err != nil {
 		t.Fatal(err)
 	} else if _, ok := topics[nowhere]; ok {
 		t.Fatalf("release created topic %s", nowhere)
@@ -231,10 +208,9 @@ func TestOrderingCLI(t *testing.T) {
 
 func TestOrderingCLIBadInput(t *testing.T) {
 	t.Parallel()
-	k := testenv.NewKafka(t)
-	_, schema := testenv.PostgresSchema(t)
-	db := schemaURL(t, schema)
-	topic := k.Topic(t, 1)
+	k := idemtest.Connect(t)
+	db := idemtest.ConnectPostgres(t).URL
+	topic := k.Topic(t, "orders", 1)
 	base := []string{"ordering", "release", "--database-url", db, "--group", "g", "--topic", topic}
 	tests := []struct {
 		name string

@@ -12,21 +12,16 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemhq/idem/internal/outboxtable"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/outbox"
 )
 
-// outboxEnv is a broker and a schema holding the outbox table, with the
-// database URL of that schema for --database-url.
-func outboxEnv(t *testing.T) (*testenv.Kafka, *pgxpool.Pool, string) {
+// outboxEnv is a broker and a schema holding idem's tables (the outbox
+// among them), with the database URL of that schema for --database-url.
+func outboxEnv(t *testing.T) (*idemtest.Kafka, *pgxpool.Pool, string) {
 	t.Helper()
-	k := testenv.NewKafka(t)
-	pool, schema := testenv.PostgresSchema(t)
-	if err := outboxtable.Migrate(testenv.Context(t), pool); err != nil {
-		t.Fatal(err)
-	}
-	return k, pool, schemaURL(t, schema)
+	db := idemtest.ConnectPostgres(t)
+	return idemtest.Connect(t), db.Pool, db.URL
 }
 
 // TestOutboxCLI: list --failed shows a failed row with its error, retry
@@ -34,10 +29,9 @@ func outboxEnv(t *testing.T) (*testenv.Kafka, *pgxpool.Pool, string) {
 // its context ends.
 func TestOutboxCLI(t *testing.T) {
 	k, pool, url := outboxEnv(t)
-	ctx := testenv.Context(t)
-	topic := k.Topic(t, 1)
-	missing := testenv.Unique("t_missing")
-	t.Cleanup(func() { k.DeleteTopics(t, missing) })
+	ctx := t.Context()
+	topic := k.Topic(t, "orders", 1)
+	missing := k.Topic(t, "spare", 1) + ".missing" // created below; deleted with its parent
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -94,7 +88,7 @@ func TestOutboxCLI(t *testing.T) {
 	if m := readN(t, k, topic, 0, 1); string(m[0].Value) != "pending" {
 		t.Fatalf("pending row published as %q", m[0].Value)
 	}
-	testenv.Eventually(t, 10*time.Second, func() error {
+	idemtest.Eventually(t, 10*time.Second, func() error {
 		var n int
 		if err := pool.QueryRow(ctx, "SELECT count(*) FROM idem_outbox").Scan(&n); err != nil || n != 0 {
 			return fmt.Errorf("%d rows left (%v)", n, err)
@@ -112,7 +106,7 @@ func TestOutboxCLI(t *testing.T) {
 // was delayed to and its next try; --json carries both too.
 func TestOutboxListShowsRejectionsAndNotBefore(t *testing.T) {
 	k, pool, url := outboxEnv(t)
-	ctx := testenv.Context(t)
+	ctx := t.Context()
 	var now time.Time
 	if err := pool.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
 		t.Fatal(err)

@@ -5,11 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/IBM/sarama"
-
-	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -19,8 +16,8 @@ import (
 // consumer's forward (wire.Encode) keeps the header, and idem dlq show
 // of the new dead letter says which one it was replayed from.
 func TestCLIReplayOf(t *testing.T) {
-	k := testenv.NewKafka(t)
-	topic, origin := k.Topic(t, 1), k.Topic(t, 1)
+	k := idemtest.Connect(t)
+	topic, origin := k.Topic(t, "dlq", 1), k.Topic(t, "origin", 1)
 	seed(t, k, topic, origin, 1)
 	if code, _, _ := idem(t, k, "", "dlq", "replay", "--topic", topic); code != 0 {
 		t.Fatalf("replay: code %d", code)
@@ -29,18 +26,15 @@ func TestCLIReplayOf(t *testing.T) {
 	if len(replayed) != 1 {
 		t.Fatalf("origin has %d records, want 1", len(replayed))
 	}
-	want := dlq.ReplayOf(topic, dlq.Position{Partition: 0, Offset: 0})
-	if v, _ := hdr(replayed[0], dlq.ReplayOfHeader); v != want {
-		t.Fatalf("replayed record: %s = %q, want %q", dlq.ReplayOfHeader, v, want)
+	want := wire.ReplayOf(topic, 0, 0)
+	if v, _ := hdr(replayed[0], wire.HeaderReplayOf); v != want {
+		t.Fatalf("replayed record: %s = %q, want %q", wire.HeaderReplayOf, v, want)
 	}
 	// The consumer fails it again and dead-letters it as Run does.
 	f := retrytopic.Failure{Attempt: 1, OriginalTopic: origin, Group: "billing", Kind: handler.KindPermanent, Error: "still failing",
 		LastFailureAt: time.Now()}
 	hs := wire.Encode(replayed[0].Headers, f)
-	if _, _, err := k.Producer(t).SendMessage(&sarama.ProducerMessage{Topic: topic, Partition: 0, Key: sarama.ByteEncoder(replayed[0].Key),
-		Value: sarama.ByteEncoder(replayed[0].Value), Headers: hs}); err != nil {
-		t.Fatal(err)
-	}
+	k.Produce(t, topic, idemtest.Record{Key: replayed[0].Key, Value: replayed[0].Value, Headers: kitHeaders(hs)})
 	code, out, _ := idem(t, k, "", "dlq", "show", "--topic", topic, "--partition", "0", "--offset", "1")
 	if code != 0 || !strings.Contains(out, "replay-of           "+topic+" partition 0 offset 0") {
 		t.Fatalf("show: code %d\n%s", code, out)

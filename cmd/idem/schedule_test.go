@@ -7,21 +7,17 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/scheduletable"
-	"github.com/idemhq/idem/internal/testenv"
 )
 
 // TestScheduleList: idem schedule list shows a group's deferred messages in
 // due order, as a table and as JSON, and says when there are none.
 func TestScheduleList(t *testing.T) {
 	t.Parallel()
-	k := testenv.NewKafka(t)
-	pool, schema := testenv.PostgresSchema(t)
-	ctx := testenv.Context(t)
-	if err := scheduletable.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
-	db := schemaURL(t, schema)
+	k := idemtest.Connect(t)
+	pg := idemtest.ConnectPostgres(t) // idem's tables, idem_deferred among them
+	pool, db, ctx := pg.Pool, pg.URL, t.Context()
 	code, out, _ := idem(t, k, "", "schedule", "list", "--database-url", db)
 	if code != 0 || out != "no deferred messages\n" {
 		t.Fatalf("empty list: code %d %q", code, out)

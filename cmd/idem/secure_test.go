@@ -67,7 +67,7 @@ func TestSecureCluster(t *testing.T) {
 	}
 	cfg := sarama.NewConfig()
 	cfg.Version = testenv.KafkaVersion
-	if err := kafkaauth.Apply(cfg, k.Auth(kafkaauth.SCRAMSHA256)); err != nil {
+	if err := kafkaauth.Apply(cfg, k.Auth("SCRAM-SHA-256")); err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex

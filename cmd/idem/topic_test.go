@@ -7,15 +7,16 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/idemtest"
 )
 
 // TestTopicCreateAndProduce walks a newcomer's path: create a topic, produce
 // three lines with keys and headers, and read them back from Kafka.
 func TestTopicCreateAndProduce(t *testing.T) {
-	k := testenv.NewKafka(t)
-	topic := testenv.Unique("t_create_produce")
-	t.Cleanup(func() { k.DeleteTopics(t, topic) })
+	k := idemtest.Connect(t)
+	// The CLI creates the topic: its name hangs under a test topic, which
+	// takes it along when it is deleted.
+	topic := k.Topic(t, "t", 1) + ".create_produce"
 
 	code, out, _ := idem(t, k, "", "topic", "create", topic, "--partitions", "2", "--replication-factor", "1",
 		"--config", "retention.ms=3600000")
@@ -23,7 +24,7 @@ func TestTopicCreateAndProduce(t *testing.T) {
 		t.Fatalf("create: code %d\n%s", code, out)
 	}
 	//lint:ignore SA1019 DescribeConfig is the call sarama's admin offers for one resource; fine in a test
-	entries, err := k.Admin(t).DescribeConfig(sarama.ConfigResource{Type: sarama.TopicResource, Name: topic, ConfigNames: []string{"retention.ms"}})
+	entries, err := admin(t, k).DescribeConfig(sarama.ConfigResource{Type: sarama.TopicResource, Name: topic, ConfigNames: []string{"retention.ms"}})
 	if err != nil || len(entries) != 1 || entries[0].Value != "3600000" {
 		t.Errorf("retention.ms: %+v, %v; want 3600000", entries, err)
 	}
@@ -75,10 +76,9 @@ func TestTopicCreateAndProduce(t *testing.T) {
 // TestTopicProduceBadInput: bad flag values and input fail with one clear
 // line, and nothing is created or produced.
 func TestTopicProduceBadInput(t *testing.T) {
-	k := testenv.NewKafka(t)
-	topic := k.Topic(t, 1)
-	missing := testenv.Unique("t_missing")
-	t.Cleanup(func() { k.DeleteTopics(t, missing) }) // in case a case wrongly creates it
+	k := idemtest.Connect(t)
+	topic := k.Topic(t, "t", 1)
+	missing := topic + ".missing" // deleted with topic, in case a case wrongly creates it
 	tests := []struct {
 		name  string
 		stdin string
@@ -113,8 +113,7 @@ func TestTopicProduceBadInput(t *testing.T) {
 	// A record the broker refuses (over the topic's max.message.bytes): the
 	// summary says what was produced (line 1, unless the broker refused the
 	// batch holding both), and the command fails naming the first bad line.
-	small := testenv.Unique("t_small")
-	t.Cleanup(func() { k.DeleteTopics(t, small) })
+	small := topic + ".small" // deleted with topic
 	if code, _, _ := idem(t, k, "", "topic", "create", small, "-p", "1", "--config", "max.message.bytes=200"); code != 0 {
 		t.Fatalf("create %s: code %d", small, code)
 	}
@@ -126,7 +125,7 @@ func TestTopicProduceBadInput(t *testing.T) {
 	if got := readPartition(t, k, topic, 0); len(got) != 0 {
 		t.Errorf("%d records were produced by failed commands", len(got))
 	}
-	topics, err := k.Admin(t).ListTopics()
+	topics, err := admin(t, k).ListTopics()
 	if err != nil {
 		t.Fatal(err)
 	}

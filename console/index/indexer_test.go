@@ -13,6 +13,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemhq/idem/internal/failidx"
+	"github.com/idemhq/idem/internal/failidx/failidxtest"
 	"github.com/idemhq/idem/internal/testenv"
 )
 
@@ -23,54 +25,54 @@ import (
 // after a restart, or a new group from the start) add nothing.
 func TestIndexerIndexesEveryRecordOnce(t *testing.T) {
 	k := testenv.NewKafka(t)
-	pool, _ := newPool(t)
+	pool, _ := failidxtest.NewPool(t)
 	prefix := testenv.Unique("ix")
 	first, second := prefix+".billing.dlq", prefix+"_2.billing.dlq"
 	k.CreateTopic(t, first, 3)
 	origin := k.Topic(t, 3)
 	var ds []dead
 	for i := range 18 {
-		ds = append(ds, dead{topic: first, partition: int32(i % 3), origin: origin, key: fmt.Sprint("k-", i),
-			value: []byte(fmt.Sprintf(`{"n":%d}`, i)), err: fmt.Sprintf("boom %d", i)})
+		ds = append(ds, dead{Topic: first, Partition: int32(i % 3), Origin: origin, Key: fmt.Sprint("k-", i),
+			Value: []byte(fmt.Sprintf(`{"n":%d}`, i)), Err: fmt.Sprintf("boom %d", i)})
 	}
-	ds = append(ds, dead{topic: first, partition: 0, origin: origin, key: "big", value: bytes.Repeat([]byte("x"), 1000), err: "too big"},
-		dead{topic: first, partition: 1, origin: origin, key: "stub-1", stub: true, err: "too large"})
-	produce(t, k, ds...)
+	ds = append(ds, dead{Topic: first, Partition: 0, Origin: origin, Key: "big", Value: bytes.Repeat([]byte("x"), 1000), Err: "too big"},
+		dead{Topic: first, Partition: 1, Origin: origin, Key: "stub-1", Stub: true, Err: "too large"})
+	failidxtest.Produce(t, k, ds...)
 
 	reg := prometheus.NewRegistry()
 	group := testenv.Group(t)
 	ix := &Indexer{Brokers: k.Brokers, Sarama: k.SaramaConfig(), Pool: pool, Group: group, TopicPattern: regexp.MustCompile("^" + prefix),
 		RefreshInterval: 200 * time.Millisecond, MaxValueBytes: 64, Registerer: reg}
 	stop := runUntil(t, ix)
-	waitCount(t, pool, 20, `SELECT count(*) FROM idem_dlq_records`)
+	failidxtest.WaitCount(t, pool, 20, `SELECT count(*) FROM idem_dlq_records`)
 
-	s := NewStore(pool)
-	big := mustList(t, s, Filter{Key: "big"})[0]
+	s := failidx.NewStore(pool)
+	big := mustList(t, s, failidx.Filter{Key: "big"})[0]
 	if !big.ValueTruncated || len(big.Value) != 64 || big.ValueSize != 1000 || big.Stub {
 		t.Errorf("big value: truncated %v, %d of %d bytes", big.ValueTruncated, len(big.Value), big.ValueSize)
 	}
 	// Replay reads a truncated value back from Kafka while Kafka has it.
-	res, err := NewActions(s, producerClient(t, k)).Replay(testenv.Context(t), "alice", Selection{IDs: []int64{big.ID}}, "", 0, "")
+	res, err := failidx.NewActions(s, producerClient(t, k)).Replay(testenv.Context(t), "alice", failidx.Selection{IDs: []int64{big.ID}}, "", 0, "")
 	if err != nil || res.Done != 1 {
 		t.Fatalf("Replay of the truncated record = %+v, %v", res, err)
 	}
-	if got := readAll(t, k, origin); len(got) != 1 || len(got[0].Value) != 1000 {
+	if got := failidxtest.ReadAll(t, k, origin); len(got) != 1 || len(got[0].Value) != 1000 {
 		t.Fatalf("origin got %d records (want 1 of 1000 bytes)", len(got))
 	}
-	stub := mustList(t, s, Filter{Key: "stub-1"})[0]
+	stub := mustList(t, s, failidx.Filter{Key: "stub-1"})[0]
 	if !stub.Stub || stub.Value != nil || stub.ValueSize != 3<<20 {
 		t.Errorf("stub: %+v", stub)
 	}
-	if n := gauge(t, reg, "idem_dlq_unresolved", "billing", first); n != 19 {
+	if n := failidxtest.Gauge(t, reg, "idem_dlq_unresolved", "billing", first); n != 19 {
 		t.Errorf("idem_dlq_unresolved = %v, want 19 (20, one replayed)", n)
 	}
 
 	// A topic created later is found; a failure repeating k-1 links to it.
 	k.CreateTopic(t, second, 1)
-	produce(t, k, dead{topic: second, origin: origin, key: "k-1", value: []byte(`{"n":1}`), err: "boom again"})
-	waitCount(t, pool, 21, `SELECT count(*) FROM idem_dlq_records`)
-	firstK1 := mustList(t, s, Filter{Key: "k-1", Topic: first})[0]
-	again := mustList(t, s, Filter{Key: "k-1", Topic: second})[0]
+	failidxtest.Produce(t, k, dead{Topic: second, Origin: origin, Key: "k-1", Value: []byte(`{"n":1}`), Err: "boom again"})
+	failidxtest.WaitCount(t, pool, 21, `SELECT count(*) FROM idem_dlq_records`)
+	firstK1 := mustList(t, s, failidx.Filter{Key: "k-1", Topic: first})[0]
+	again := mustList(t, s, failidx.Filter{Key: "k-1", Topic: second})[0]
 	if again.PreviousID != firstK1.ID || firstK1.PreviousID != 0 {
 		t.Errorf("lineage: repeat's PreviousID = %d, want %d", again.PreviousID, firstK1.ID)
 	}
@@ -78,9 +80,9 @@ func TestIndexerIndexesEveryRecordOnce(t *testing.T) {
 
 	// Restarted with the same group, and a new group reading from the start:
 	// nothing is indexed twice.
-	produce(t, k, dead{topic: first, partition: 2, origin: origin, key: "late", value: []byte("{}"), err: "late"})
+	failidxtest.Produce(t, k, dead{Topic: first, Partition: 2, Origin: origin, Key: "late", Value: []byte("{}"), Err: "late"})
 	stop = runUntil(t, ix)
-	waitCount(t, pool, 22, `SELECT count(*) FROM idem_dlq_records`)
+	failidxtest.WaitCount(t, pool, 22, `SELECT count(*) FROM idem_dlq_records`)
 	stop()
 	ix2 := *ix
 	ix2.Group = testenv.Group(t)
@@ -94,20 +96,9 @@ func TestIndexerIndexesEveryRecordOnce(t *testing.T) {
 		return nil
 	})
 	stop()
-	if n := count(t, pool, `SELECT count(*) FROM idem_dlq_records`); n != 22 {
+	if n := failidxtest.Count(t, pool, `SELECT count(*) FROM idem_dlq_records`); n != 22 {
 		t.Fatalf("%d rows after re-reading, want 22", n)
 	}
-}
-
-// gauge returns the value of gauge name{group,topic} gathered from reg; the
-// test fails when there is no such series.
-func gauge(t *testing.T, reg *prometheus.Registry, name, group, topic string) float64 {
-	t.Helper()
-	v, ok := testenv.MetricFound(t, reg, name, map[string]string{"group": group, "topic": topic})
-	if !ok {
-		t.Fatalf("no %s{group=%q,topic=%q}", name, group, topic)
-	}
-	return v
 }
 
 // runUntil runs ix and returns a function that stops it and waits.
@@ -159,7 +150,7 @@ func (l *logCounter) count() int {
 // does not give up (as the outbox relay once did, issue 18 defect 4): it
 // logs and retries until its context ends, then returns nil.
 func TestIndexerRetriesItsStart(t *testing.T) {
-	pool, _ := newPool(t)
+	pool, _ := failidxtest.NewPool(t)
 	logs := &logCounter{want: "cannot start; retrying"}
 	ix := &Indexer{Brokers: []string{"127.0.0.1:1"}, Pool: pool, Topics: []string{"x.g.dlq"}, Logger: slog.New(logs)}
 	ctx, cancel := context.WithCancel(context.Background())

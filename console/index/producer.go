@@ -3,21 +3,13 @@ package index
 import (
 	"github.com/IBM/sarama"
 
-	"github.com/idemhq/idem/retrytopic"
+	"github.com/idemhq/idem/internal/failidx"
 )
 
-// ProducerConfig returns a copy of base (sarama defaults when nil) set up for
-// the client NewActions takes: retrytopic.ConfigureProducer (idempotent,
-// acks=all) and Metadata.AllowAutoTopicCreation = false.
-func ProducerConfig(base *sarama.Config) *sarama.Config {
-	var c sarama.Config
-	if base == nil {
-		c = *sarama.NewConfig()
-		c.Version = sarama.V4_0_0_0
-	} else {
-		c = *base
-	}
-	retrytopic.ConfigureProducer(&c)
-	c.Metadata.AllowAutoTopicCreation = false
-	return &c
-}
+// ProducerConfig returns a copy of base (sarama defaults with Version
+// V4_0_0_0 when nil) set up for the Kafka client console.Config.Client
+// takes, through which the console replays records: idempotent, acks=all,
+// successes returned (retrytopic.ConfigureProducer), and
+// Metadata.AllowAutoTopicCreation = false, so a replay never creates a
+// topic.
+func ProducerConfig(base *sarama.Config) *sarama.Config { return failidx.ProducerConfig(base) }

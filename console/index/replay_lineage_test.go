@@ -11,60 +11,39 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/idemhq/idem/console/index"
-	"github.com/idemhq/idem/consumer"
-	"github.com/idemhq/idem/dedupe"
-	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/indextable"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/idemtest"
+	"github.com/idemhq/idem/internal/failidx"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
 // TestReplayFailsAgainLinksBack runs a consumer.Run whose handler always
-// refuses key pay-1, and the indexer. pay-1 is sent twice (two dead letters
-// of one key); the first is replayed through Actions.Replay and fails again:
+// refuses key pay-1, and the indexer, on idemtest's broker and database.
+// pay-1 is sent twice (two dead letters of one key); the first is replayed
+// through the console's replay (failidx.Actions.Replay) and fails again:
 // its new dead letter carries idem-replay-of naming the first, and its index
 // row's PreviousID is the first's id, not the latest of the same key (the
 // second). The second is then edited and retried; that fails too, and its
 // dead letter keeps idem-replaces and idem-replay-of, and links back to the
 // second.
 func TestReplayFailsAgainLinksBack(t *testing.T) {
-	k := testenv.NewKafka(t)
-	pool, _ := testenv.PostgresSchema(t)
-	ctx := testenv.Context(t)
-	if err := indextable.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
-	inbox := dedupe.NewPostgres(pool)
-	if err := inbox.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	source, group := k.Topic(t, 1), testenv.Group(t)
-	pol := retrytopic.Policy{}
-	dlqTopic := pol.DLQ(source, group)
-	t.Cleanup(func() { k.DeleteTopics(t, dlqTopic) })
+	k := idemtest.Connect(t)
+	db := idemtest.ConnectPostgres(t) // idem's tables, the index's among them
+	ctx := t.Context()
+	source, group := k.Topic(t, "payments", 1), k.Group(t, "billing")
+	dlqTopic := retrytopic.Policy{}.DLQ(source, group) // deleted with source
 
-	h := handler.Func(func(context.Context, *handler.Message) error {
-		return handler.Permanent(errors.New("ledger rejected payment: account frozen"))
-	})
-	prod := k.Producer(t)
 	for range 2 {
-		if _, _, err := prod.SendMessage(&sarama.ProducerMessage{Topic: source, Partition: 0, Key: sarama.StringEncoder("pay-1"),
-			Value:   sarama.StringEncoder(`{"id":"pay-1","amount":10}`),
-			Headers: []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte("pay-1")}}}); err != nil {
-			t.Fatal(err)
-		}
+		k.Produce(t, source, idemtest.Record{IdempotencyKey: "pay-1", Key: []byte("pay-1"), Value: []byte(`{"id":"pay-1","amount":10}`)})
 	}
+	cfg := idemtest.WithPostgres(t, k.Config(t, group, source), db.Pool)
+	idemtest.Start(t, cfg, handler.Func(func(context.Context, *handler.Message) error {
+		return handler.Permanent(errors.New("ledger rejected payment: account frozen"))
+	}))
+	ix := &index.Indexer{Brokers: k.Brokers, Sarama: k.SaramaConfig(), Pool: db.Pool, Topics: []string{dlqTopic}, Group: k.Group(t, "indexer")}
 	rctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Go(func() {
-		err := consumer.Run(rctx, consumer.Config{Brokers: k.Brokers, Sarama: k.SaramaConfig(), Group: group, Topics: []string{source},
-			Dedupe: inbox, Retry: consumer.RetryConfig{Tiers: pol}, Retention: consumer.RetentionConfig{NoSweep: true}}, h)
-		if err != nil {
-			t.Errorf("consumer.Run: %v", err)
-		}
-	})
-	ix := &index.Indexer{Brokers: k.Brokers, Sarama: k.SaramaConfig(), Pool: pool, Topics: []string{dlqTopic}, Group: testenv.Group(t)}
 	wg.Go(func() {
 		if err := ix.Run(rctx); err != nil {
 			t.Errorf("indexer: %v", err)
@@ -72,21 +51,21 @@ func TestReplayFailsAgainLinksBack(t *testing.T) {
 	})
 	t.Cleanup(func() { stop(); wg.Wait() })
 
-	store := index.NewStore(pool)
+	store := failidx.NewStore(db.Pool)
 	// byOffset waits for n records of the DLQ topic in the index and returns
 	// them by DLQ offset, with their headers.
-	byOffset := func(n int) map[int64]index.Record {
+	byOffset := func(n int) map[int64]failidx.Record {
 		t.Helper()
-		var out map[int64]index.Record
-		testenv.Eventually(t, 60*time.Second, func() error {
-			page, err := store.List(ctx, index.Filter{Topic: dlqTopic}, "", 50)
+		var out map[int64]failidx.Record
+		idemtest.Eventually(t, 60*time.Second, func() error {
+			page, err := store.List(ctx, failidx.Filter{Topic: dlqTopic}, "", 50)
 			if err != nil {
 				return err
 			}
 			if len(page.Records) != n {
 				return fmt.Errorf("%d records indexed, want %d", len(page.Records), n)
 			}
-			out = map[int64]index.Record{}
+			out = map[int64]failidx.Record{}
 			for _, r := range page.Records {
 				if out[r.Offset], err = store.Get(ctx, r.ID); err != nil {
 					return err
@@ -96,7 +75,7 @@ func TestReplayFailsAgainLinksBack(t *testing.T) {
 		})
 		return out
 	}
-	header := func(r index.Record, key string) string {
+	header := func(r failidx.Record, key string) string {
 		v := ""
 		for _, h := range r.Headers {
 			if string(h.Key) == key {
@@ -116,14 +95,14 @@ func TestReplayFailsAgainLinksBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = client.Close() })
-	acts := index.NewActions(store, client)
-	res, err := acts.Replay(ctx, "tester", index.Selection{IDs: []int64{first.ID}}, "", 0, "ledger fixed")
+	acts := failidx.NewActions(store, client)
+	res, err := acts.Replay(ctx, "tester", failidx.Selection{IDs: []int64{first.ID}}, "", 0, "ledger fixed")
 	if err != nil || res.Done != 1 {
 		t.Fatalf("Replay = %+v, %v", res, err)
 	}
 	again := byOffset(3)[2]
-	if want := dlq.ReplayOf(dlqTopic, dlq.Position{Partition: 0, Offset: 0}); header(again, dlq.ReplayOfHeader) != want {
-		t.Errorf("the replay's dead letter has %s = %q, want %q", dlq.ReplayOfHeader, header(again, dlq.ReplayOfHeader), want)
+	if want := wire.ReplayOf(dlqTopic, 0, 0); header(again, wire.HeaderReplayOf) != want {
+		t.Errorf("the replay's dead letter has %s = %q, want %q", wire.HeaderReplayOf, header(again, wire.HeaderReplayOf), want)
 	}
 	if again.PreviousID != first.ID {
 		t.Errorf("the replay's dead letter: PreviousID %d, want the replayed record %d (not %d, the latest of its key)",
@@ -138,9 +117,9 @@ func TestReplayFailsAgainLinksBack(t *testing.T) {
 		t.Fatalf("EditAndRetry = %+v, %v", res, err)
 	}
 	edited := byOffset(4)[3]
-	want := dlq.ReplayOf(dlqTopic, dlq.Position{Partition: 0, Offset: 1})
-	if header(edited, dlq.ReplayOfHeader) != want || header(edited, "idem-replaces") != want {
-		t.Errorf("the edit's dead letter has %s = %q and %s = %q, want %q for both", dlq.ReplayOfHeader, header(edited, dlq.ReplayOfHeader),
+	want := wire.ReplayOf(dlqTopic, 0, 1)
+	if header(edited, wire.HeaderReplayOf) != want || header(edited, "idem-replaces") != want {
+		t.Errorf("the edit's dead letter has %s = %q and %s = %q, want %q for both", wire.HeaderReplayOf, header(edited, wire.HeaderReplayOf),
 			"idem-replaces", header(edited, "idem-replaces"), want)
 	}
 	if edited.PreviousID != second.ID || string(edited.Value) != `{"id":"pay-1","amount":11}` {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemhq/idem/internal/failidx/failidxtest"
 	"github.com/idemhq/idem/internal/testenv"
 )
 
@@ -79,7 +80,7 @@ func killChild(t *testing.T, schema, group, topic string, hold, after int64) {
 func TestIndexerUnderSIGKILL(t *testing.T) {
 	const n, originals = 3000, 2000
 	k := testenv.NewKafka(t)
-	pool, schema := newPool(t)
+	pool, schema := failidxtest.NewPool(t)
 	dlqTopic, origin := k.Topic(t, 3), k.Topic(t, 3)
 	group := testenv.Group(t)
 	var ds []dead
@@ -88,40 +89,40 @@ func TestIndexerUnderSIGKILL(t *testing.T) {
 		if i >= originals {
 			key = i - originals // a later failure of the same message
 		}
-		ds = append(ds, dead{topic: dlqTopic, partition: int32(key % 3), origin: origin, key: fmt.Sprint("k-", key),
-			value: []byte(fmt.Sprintf(`{"n":%d}`, i)), err: fmt.Sprintf("boom %d", i)})
+		ds = append(ds, dead{Topic: dlqTopic, Partition: int32(key % 3), Origin: origin, Key: fmt.Sprint("k-", key),
+			Value: []byte(fmt.Sprintf(`{"n":%d}`, i)), Err: fmt.Sprintf("boom %d", i)})
 	}
-	produce(t, k, ds...)
+	failidxtest.Produce(t, k, ds...)
 
 	killChild(t, schema, group, dlqTopic, n/3, 0)
-	if got := count(t, pool, `SELECT count(*) FROM idem_dlq_records`); got < n/3 {
+	if got := failidxtest.Count(t, pool, `SELECT count(*) FROM idem_dlq_records`); got < n/3 {
 		t.Fatalf("after the first kill: %d rows, want >= %d", got, n/3)
 	}
-	killChild(t, schema, group, dlqTopic, 0, 2*n/3-count(t, pool, `SELECT count(*) FROM idem_dlq_records`))
-	t.Logf("after the second kill: %d rows", count(t, pool, `SELECT count(*) FROM idem_dlq_records`))
+	killChild(t, schema, group, dlqTopic, 0, 2*n/3-failidxtest.Count(t, pool, `SELECT count(*) FROM idem_dlq_records`))
+	t.Logf("after the second kill: %d rows", failidxtest.Count(t, pool, `SELECT count(*) FROM idem_dlq_records`))
 
 	runIndexer(t, &Indexer{Brokers: k.Brokers, Sarama: k.SaramaConfig(), Pool: pool, Group: group, Topics: []string{dlqTopic}, BatchSize: 50})
-	waitCount(t, pool, n, `SELECT count(*) FROM idem_dlq_records`)
+	failidxtest.WaitCount(t, pool, n, `SELECT count(*) FROM idem_dlq_records`)
 	testenv.Eventually(t, 60*time.Second, func() error {
 		if lag, err := groupLag(k, group, dlqTopic); err != nil || lag != 0 {
 			return fmt.Errorf("lag %d, %v", lag, err)
 		}
 		return nil
 	})
-	if got := count(t, pool, `SELECT count(*) FROM idem_dlq_records`); got != n {
+	if got := failidxtest.Count(t, pool, `SELECT count(*) FROM idem_dlq_records`); got != n {
 		t.Fatalf("%d rows, want %d", got, n)
 	}
 	// Every offset of every partition once.
-	if got := count(t, pool, `SELECT count(*) FROM (SELECT dlq_partition FROM idem_dlq_records
+	if got := failidxtest.Count(t, pool, `SELECT count(*) FROM (SELECT dlq_partition FROM idem_dlq_records
 		GROUP BY dlq_partition HAVING max(dlq_offset) - min(dlq_offset) + 1 = count(*) AND min(dlq_offset) = 0) p`); got != 3 {
 		t.Fatalf("%d of 3 partitions hold every offset from 0 exactly once", got)
 	}
 	// Each repeat links to its original, each original to nothing.
-	if got := count(t, pool, `SELECT count(*) FROM idem_dlq_records r JOIN idem_dlq_records p ON r.previous_id = p.id
+	if got := failidxtest.Count(t, pool, `SELECT count(*) FROM idem_dlq_records r JOIN idem_dlq_records p ON r.previous_id = p.id
 		WHERE p.idempotency_key = r.idempotency_key AND p.previous_id IS NULL AND p.dlq_offset < r.dlq_offset`); got != n-originals {
 		t.Fatalf("%d repeats link to their original, want %d", got, n-originals)
 	}
-	if got := count(t, pool, `SELECT count(*) FROM idem_dlq_records WHERE previous_id IS NULL`); got != originals {
+	if got := failidxtest.Count(t, pool, `SELECT count(*) FROM idem_dlq_records WHERE previous_id IS NULL`); got != originals {
 		t.Fatalf("%d records without a previous one, want %d", got, originals)
 	}
 }

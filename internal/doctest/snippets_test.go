@@ -98,6 +98,7 @@ var imports = map[string]string{
 	"schedule":   "github.com/idemhq/idem/schedule",
 	"checkpoint": "github.com/idemhq/idem/checkpoint",
 	"index":      "github.com/idemhq/idem/console/index",
+	"console":    "github.com/idemhq/idem/console",
 	"recovery":   "github.com/idemhq/idem/recovery",
 	"idem":       "github.com/idemhq/idem",
 }

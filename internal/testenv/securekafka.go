@@ -51,8 +51,8 @@ type SecureKafka struct {
 	Dir string
 }
 
-// Auth returns the client settings for mechanism (kafkaauth.Plain,
-// SCRAMSHA256 or SCRAMSHA512), with the CA and client certificate.
+// Auth returns the client settings for mechanism ("PLAIN",
+// "SCRAM-SHA-256" or "SCRAM-SHA-512"), with the CA and client certificate.
 func (k *SecureKafka) Auth(mechanism string) kafkaauth.Options {
 	return kafkaauth.Options{CAFile: k.CAFile, CertFile: k.CertFile, KeyFile: k.KeyFile,
 		Mechanism: mechanism, User: k.User, Password: k.Password}
@@ -284,7 +284,7 @@ func NewSecureKafka(tb testing.TB) *SecureKafka {
 	})
 
 	base := sarama.NewConfig()
-	if err := kafkaauth.Apply(base, k.Auth(kafkaauth.SCRAMSHA512)); err != nil {
+	if err := kafkaauth.Apply(base, k.Auth("SCRAM-SHA-512")); err != nil {
 		tb.Fatal(err)
 	}
 	k.Kafka = &Kafka{Brokers: []string{addr}, Kind: "secure", configure: func(c *sarama.Config) {

@@ -36,8 +36,8 @@ const (
 
 // mayBeAbsent are the series a healthy demo run need not produce: counters of
 // failures that did not happen, and the failure index's gauges (the demo runs
-// no indexer). Each must still be a metric package metrics or console/index
-// defines (checked by name in their source).
+// no indexer). Each must still be a metric package metrics or the failure
+// index (internal/failidx) defines (checked by name in their source).
 var mayBeAbsent = map[string]string{
 	"idem_outbox_publish_failures_total": "no outbox publish failed",
 	"idem_dlq_unresolved":                "the demo runs no failure indexer",
@@ -398,7 +398,7 @@ func checkScrape(samples []sample, qs []query, metricsSource string) []string {
 func metricsSource(t *testing.T) string {
 	t.Helper()
 	var files []string
-	for _, pattern := range []string{"../../../metrics/*.go", "../../../internal/coremetrics/*.go", "../../../console/index/*.go", "../../../*/metrics.go"} {
+	for _, pattern := range []string{"../../../metrics/*.go", "../../../internal/coremetrics/*.go", "../../../internal/failidx/*.go", "../../../*/metrics.go"} {
 		fs, err := filepath.Glob(pattern)
 		if err != nil || len(fs) == 0 {
 			t.Fatalf("metrics sources %s: %v (none found)", pattern, err)

@@ -1,4 +1,4 @@
-package index
+package failidx
 
 import (
 	"context"
@@ -405,11 +405,11 @@ func writeAudit(ctx context.Context, db querier, e AuditEntry) error {
 	return nil
 }
 
-// sweep deletes resolved, replayed and archived records whose status changed
+// Sweep deletes resolved, replayed and archived records whose status changed
 // more than olderThan ago (with their versions), in batches of 10,000, and
 // returns how many it deleted. Unresolved records are never swept. Audit rows
-// are kept. Indexer.Run calls it every hour with Indexer.Retention.
-func (s *Store) sweep(ctx context.Context, olderThan time.Duration) (int64, error) {
+// are kept. index.Indexer.Run calls it every hour with Indexer.Retention.
+func (s *Store) Sweep(ctx context.Context, olderThan time.Duration) (int64, error) {
 	if olderThan < 0 {
 		return 0, invalid("olderThan", "%v: must be >= 0", olderThan)
 	}

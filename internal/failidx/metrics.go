@@ -1,4 +1,4 @@
-package index
+package failidx
 
 import (
 	"context"
@@ -9,13 +9,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Collector returns the collector of the index's gauges, read from s at
+// Collector is the collector of the index's gauges, read from its Store at
 // every scrape:
 //
 //	idem_dlq_unresolved{group,topic}                 gauge  unresolved records in the index
 //	idem_dlq_oldest_unresolved_seconds{group,topic}  gauge  age of the oldest unresolved record (since its last failure, when it was dead-lettered)
 //
-// and, where an Indexer runs, the retention of each DLQ topic it reads
+// and, where an index.Indexer runs, the retention of each DLQ topic it reads
 // (retention.ms), so an alert can compare the two:
 //
 //	idem_dlq_retention_seconds{topic}                gauge  the DLQ topic's retention.ms in seconds; absent when unlimited or not read yet
@@ -23,24 +23,19 @@ import (
 // A group and topic with no unresolved record has no series. A scrape that
 // cannot read the index (within 5 s) reports nothing for it and logs why.
 //
-// Services do not register it themselves: Indexer.Registerer and
-// console.Config.Registerer do, and share one collector when given the same
-// Registerer.
-func (s *Store) Collector() prometheus.Collector { return newCollector(s) }
-
-// newCollector is Store.Collector with the type the indexer sets the
-// topics' retention on.
-func newCollector(s *Store) *collector { return &collector{store: s, now: time.Now} }
-
-// collector is the collector Store.Collector returns. It is safe for
-// concurrent use.
-type collector struct {
+// Services do not register it themselves: index.Indexer.Registerer and
+// console.Config.Registerer do (through internal/promreg), and share one
+// collector when given the same Registerer. It is safe for concurrent use.
+type Collector struct {
 	store *Store
 	now   func() time.Time
 
 	mu        sync.Mutex
 	retention map[string]time.Duration
 }
+
+// NewCollector returns the Collector of the index s reads.
+func NewCollector(s *Store) *Collector { return &Collector{store: s, now: time.Now} }
 
 var (
 	descUnresolved = prometheus.NewDesc("idem_dlq_unresolved", "Unresolved dead-letter records in the failure index.", []string{"group", "topic"}, nil)
@@ -49,14 +44,14 @@ var (
 )
 
 // Describe sends the descriptors of the collector's metrics.
-func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descUnresolved
 	ch <- descOldest
 	ch <- descRetention
 }
 
 // Collect reads the index and sends the current values.
-func (c *collector) Collect(ch chan<- prometheus.Metric) {
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	rows, err := c.store.db.Query(ctx, `SELECT g.consumer_group, g.dlq_topic, g.unresolved,
@@ -94,9 +89,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// setRetention replaces the retention of the topics in r (the others keep
-// theirs).
-func (c *collector) setRetention(r map[string]time.Duration) {
+// SetRetention replaces the retention of the topics in r (the others keep
+// theirs): what idem_dlq_retention_seconds reports. The indexer sets it.
+func (c *Collector) SetRetention(r map[string]time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.retention == nil {

@@ -1,4 +1,4 @@
-package index
+package failidx
 
 import (
 	"errors"
@@ -7,21 +7,21 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/failidx/failidxtest"
 	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/testenv"
 )
 
 func TestMigrateIsIdempotent(t *testing.T) {
-	pool, _ := newPool(t)
+	pool, _ := failidxtest.NewPool(t)
 	for range 2 {
 		if err := indextable.Migrate(testenv.Context(t), pool); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for _, table := range []string{"idem_dlq_records", "idem_dlq_versions", "idem_dlq_audit"} {
-		if n := count(t, pool, `SELECT count(*) FROM pg_tables WHERE tablename = $1 AND schemaname = current_schema()`, table); n != 1 {
+		if n := failidxtest.Count(t, pool, `SELECT count(*) FROM pg_tables WHERE tablename = $1 AND schemaname = current_schema()`, table); n != 1 {
 			t.Errorf("table %s: %d", table, n)
 		}
 	}
@@ -30,27 +30,27 @@ func TestMigrateIsIdempotent(t *testing.T) {
 // TestStoreListGroupsFilters indexes records directly and reads them back
 // through every filter, the cursor paging and the groups.
 func TestStoreListGroupsFilters(t *testing.T) {
-	pool, _ := newPool(t)
+	pool, _ := failidxtest.NewPool(t)
 	ctx := testenv.Context(t)
 	s := NewStore(pool)
 	base := time.Now().Add(-2 * time.Hour).Truncate(time.Millisecond)
 	var ds []dead
 	for i := range 30 {
-		d := dead{topic: "orders.billing.dlq", origin: "orders", key: fmt.Sprint("order-", i), value: []byte(fmt.Sprintf(`{"id":"order-%d"}`, i)),
-			kind: handler.KindTimeout, err: fmt.Sprintf("call ledger for order %d: deadline exceeded", i), lastFailed: base.Add(time.Duration(i) * time.Minute)}
+		d := dead{Topic: "orders.billing.dlq", Origin: "orders", Key: fmt.Sprint("order-", i), Value: []byte(fmt.Sprintf(`{"id":"order-%d"}`, i)),
+			Kind: handler.KindTimeout, Err: fmt.Sprintf("call ledger for order %d: deadline exceeded", i), LastFailed: base.Add(time.Duration(i) * time.Minute)}
 		if i%3 == 0 {
-			d.kind, d.err = handler.KindDecode, fmt.Sprintf("decode: invalid character at offset %d", i)
+			d.Kind, d.Err = handler.KindDecode, fmt.Sprintf("decode: invalid character at offset %d", i)
 		}
 		if i >= 25 {
-			d.topic, d.origin, d.group = "payments.ledger.dlq", "payments", "ledger"
+			d.Topic, d.Origin, d.Group = "payments.ledger.dlq", "payments", "ledger"
 		}
 		ds = append(ds, d)
 	}
-	ds = append(ds, dead{topic: "orders.billing.dlq", origin: "orders", key: "kafka-key", derived: "derived-key", value: []byte("x"),
-		err: "boom", lastFailed: time.Now().Add(-10 * time.Minute)})
+	ds = append(ds, dead{Topic: "orders.billing.dlq", Origin: "orders", Key: "kafka-key", Derived: "derived-key", Value: []byte("x"),
+		Err: "boom", LastFailed: time.Now().Add(-10 * time.Minute)})
 	index(t, pool, 0, ds...)
 	index(t, pool, 0, ds...) // again: nothing new
-	if n := count(t, pool, `SELECT count(*) FROM idem_dlq_records`); n != 31 {
+	if n := failidxtest.Count(t, pool, `SELECT count(*) FROM idem_dlq_records`); n != 31 {
 		t.Fatalf("%d rows, want 31", n)
 	}
 
@@ -110,7 +110,7 @@ func TestStoreListGroupsFilters(t *testing.T) {
 		}
 	}
 	r := mustList(t, s, Filter{Key: "derived-key"})[0]
-	if r.IdempotencyKey != "derived-key" || string(r.Key) != "kafka-key" || r.Fingerprint != dlq.Fingerprint("permanent", "*errors.errorString", "boom") ||
+	if r.IdempotencyKey != "derived-key" || string(r.Key) != "kafka-key" || r.Fingerprint != fingerprint("permanent", "*errors.errorString", "boom") ||
 		r.OriginTopic != "orders" || r.Group != "billing" || r.Attempts != 3 || r.Status != Unresolved || len(r.Headers) < 3 ||
 		string(r.Headers[0].Key) != "idempotency-key" {
 		t.Errorf("record: %+v", r)
@@ -163,12 +163,12 @@ func mustList(t *testing.T, s *Store, f Filter) []Record {
 }
 
 func TestSweepAndAudit(t *testing.T) {
-	pool, _ := newPool(t)
+	pool, _ := failidxtest.NewPool(t)
 	ctx := testenv.Context(t)
 	s := NewStore(pool)
-	index(t, pool, 0, dead{topic: "a.g.dlq", origin: "a", key: "k1", value: []byte("1"), err: "e"},
-		dead{topic: "a.g.dlq", origin: "a", key: "k2", value: []byte("2"), err: "e"},
-		dead{topic: "a.g.dlq", origin: "a", key: "k3", value: []byte("3"), err: "e"})
+	index(t, pool, 0, dead{Topic: "a.g.dlq", Origin: "a", Key: "k1", Value: []byte("1"), Err: "e"},
+		dead{Topic: "a.g.dlq", Origin: "a", Key: "k2", Value: []byte("2"), Err: "e"},
+		dead{Topic: "a.g.dlq", Origin: "a", Key: "k3", Value: []byte("3"), Err: "e"})
 	recs := mustList(t, s, Filter{})
 	a := NewActions(s, nil)
 	if _, err := a.Resolve(ctx, "alice", Selection{IDs: []int64{recs[0].ID}}, "fixed"); err != nil {
@@ -180,7 +180,7 @@ func TestSweepAndAudit(t *testing.T) {
 	if _, err := pool.Exec(ctx, `UPDATE idem_dlq_records SET status_at = now() - interval '40 days' WHERE id = $1`, recs[0].ID); err != nil {
 		t.Fatal(err)
 	}
-	n, err := s.sweep(ctx, 30*24*time.Hour)
+	n, err := s.Sweep(ctx, 30*24*time.Hour)
 	if err != nil || n != 1 {
 		t.Fatalf("Sweep = %d, %v; want the one resolved 40 days ago", n, err)
 	}
@@ -216,15 +216,15 @@ func TestSweepAndAudit(t *testing.T) {
 // TestGroupCountsFollowChanges: the per-group counts the triggers keep agree
 // with counting the records, after inserts, status changes and a sweep.
 func TestGroupCountsFollowChanges(t *testing.T) {
-	pool, _ := newPool(t)
+	pool, _ := failidxtest.NewPool(t)
 	ctx := testenv.Context(t)
 	s := NewStore(pool)
 	var ds []dead
 	for i := range 40 {
-		d := dead{topic: fmt.Sprintf("t%d.g.dlq", i%2), origin: "o", key: fmt.Sprint("k", i), value: []byte("{}"),
-			kind: handler.KindTimeout, err: fmt.Sprintf("timeout %d", i%3), lastFailed: time.Now().Add(-time.Duration(i) * time.Minute)}
+		d := dead{Topic: fmt.Sprintf("t%d.g.dlq", i%2), Origin: "o", Key: fmt.Sprint("k", i), Value: []byte("{}"),
+			Kind: handler.KindTimeout, Err: fmt.Sprintf("timeout %d", i%3), LastFailed: time.Now().Add(-time.Duration(i) * time.Minute)}
 		if i%4 == 0 {
-			d.kind, d.err = handler.KindDecode, "decode"
+			d.Kind, d.Err = handler.KindDecode, "decode"
 		}
 		ds = append(ds, d)
 	}
@@ -274,7 +274,7 @@ func TestGroupCountsFollowChanges(t *testing.T) {
 		for _, o := range ov {
 			unresolved += o.Unresolved
 		}
-		if want := count(t, pool, `SELECT count(*) FROM idem_dlq_records WHERE status = 'unresolved'`); int64(unresolved) != want {
+		if want := failidxtest.Count(t, pool, `SELECT count(*) FROM idem_dlq_records WHERE status = 'unresolved'`); int64(unresolved) != want {
 			t.Errorf("%s: overview counts %d unresolved, want %d", when, unresolved, want)
 		}
 	}
@@ -282,7 +282,7 @@ func TestGroupCountsFollowChanges(t *testing.T) {
 	if _, err := pool.Exec(ctx, `UPDATE idem_dlq_records SET status_at = now() - interval '90 days' WHERE status <> 'unresolved'`); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := s.sweep(ctx, 30*24*time.Hour); err != nil || n != 12 {
+	if n, err := s.Sweep(ctx, 30*24*time.Hour); err != nil || n != 12 {
 		t.Fatalf("Sweep = %d, %v", n, err)
 	}
 	compare("after the sweep")

@@ -1,4 +1,4 @@
-package index
+package failidx
 
 import (
 	"errors"
@@ -51,7 +51,7 @@ type Record struct {
 	OriginOffset    int64
 	// Group is the consumer group that failed (idem-consumer-group);
 	// Fingerprint groups records failing the same way, as `idem dlq list`
-	// computes it (dlq.Fingerprint); Kind is idem-error-kind.
+	// computes it (dlq.Record.Fingerprint); Kind is idem-error-kind.
 	Group, Fingerprint, Kind string
 	// Key is the Kafka key (nil for none).
 	Key []byte
@@ -86,7 +86,7 @@ type Record struct {
 	StatusActor, StatusReason string
 	StatusAt                  time.Time
 	// PreviousID is the earlier failure this one repeats (0: none): the
-	// record its idem-replay-of header names (dlq.ReplayOfHeader, written by
+	// record its idem-replay-of header names (dlq.Record.ReplayedFrom; written by
 	// every replay and edit-and-retry and kept by the consumer's forwards)
 	// when the index holds it; else the latest record indexed before it with
 	// the same idempotency key, origin topic and group. A replayed record

@@ -1,4 +1,4 @@
-package index
+package failidx
 
 import (
 	"encoding/binary"

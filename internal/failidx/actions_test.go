@@ -1,4 +1,4 @@
-package index
+package failidx
 
 import (
 	"errors"
@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/dlq"
+	"github.com/idemhq/idem/internal/failidx/failidxtest"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
@@ -20,67 +21,7 @@ import (
 // producerClient returns a client set up for Actions, closed when the test ends.
 func producerClient(t *testing.T, k *testenv.Kafka) sarama.Client {
 	t.Helper()
-	c, err := sarama.NewClient(k.Brokers, ProducerConfig(k.SaramaConfig()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
-// readAll returns every record of topic's partitions, by partition then offset.
-func readAll(t *testing.T, k *testenv.Kafka, topic string) []*sarama.ConsumerMessage {
-	t.Helper()
-	client, err := sarama.NewClient(k.Brokers, k.SaramaConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	parts, err := client.Partitions(topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := sarama.NewConsumerFromClient(client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	var out []*sarama.ConsumerMessage
-	for _, p := range parts {
-		oldest, err1 := client.GetOffset(topic, p, sarama.OffsetOldest)
-		end, err2 := client.GetOffset(topic, p, sarama.OffsetNewest)
-		if err := errors.Join(err1, err2); err != nil {
-			t.Fatal(err)
-		}
-		if oldest >= end {
-			continue
-		}
-		pc, err := c.ConsumePartition(topic, p, oldest)
-		if err != nil {
-			t.Fatal(err)
-		}
-		timeout := time.After(30 * time.Second)
-		for next := oldest; next < end; {
-			select {
-			case m := <-pc.Messages():
-				out = append(out, m)
-				next = m.Offset + 1
-			case <-timeout:
-				t.Fatalf("read %s/%d: stuck at %d of %d", topic, p, next, end)
-			}
-		}
-		_ = pc.Close()
-	}
-	return out
-}
-
-func header(m *sarama.ConsumerMessage, key string) (string, bool) {
-	for _, h := range m.Headers {
-		if string(h.Key) == key {
-			return string(h.Value), true
-		}
-	}
-	return "", false
+	return failidxtest.Client(t, k, ProducerConfig(k.SaramaConfig()))
 }
 
 // statuses returns each record's status by id.
@@ -119,10 +60,10 @@ func seedIndexed(t *testing.T, pool *pgxpool.Pool, dlqTopic, origin string, n in
 	t.Helper()
 	var ds []dead
 	for i := range n {
-		ds = append(ds, dead{topic: dlqTopic, origin: origin, key: fmt.Sprint("pay-", i), value: []byte(fmt.Sprintf(`{"payment":"pay-%d","amount":%d}`, i, 10*i)),
-			err: fmt.Sprintf("ledger refused pay-%d", i), lastFailed: time.Now().Add(time.Duration(i-n) * time.Minute)})
+		ds = append(ds, dead{Topic: dlqTopic, Origin: origin, Key: fmt.Sprint("pay-", i), Value: []byte(fmt.Sprintf(`{"payment":"pay-%d","amount":%d}`, i, 10*i)),
+			Err: fmt.Sprintf("ledger refused pay-%d", i), LastFailed: time.Now().Add(time.Duration(i-n) * time.Minute)})
 	}
-	ds = append(ds, dead{topic: dlqTopic, origin: origin, key: "stub-1", stub: true, err: "too large"})
+	ds = append(ds, dead{Topic: dlqTopic, Origin: origin, Key: "stub-1", Stub: true, Err: "too large"})
 	index(t, pool, 0, ds...)
 	recs := mustList(t, NewStore(pool), Filter{Topic: dlqTopic})
 	slices.Reverse(recs)
@@ -144,7 +85,7 @@ type replayEnv struct {
 func newReplayEnv(t *testing.T, n int) replayEnv {
 	t.Helper()
 	r := replayEnv{k: testenv.NewKafka(t)}
-	r.pool, _ = newPool(t)
+	r.pool, _ = failidxtest.NewPool(t)
 	r.dlqTopic, r.origin = r.k.Topic(t, 1), r.k.Topic(t, 1)
 	r.recs = seedIndexed(t, r.pool, r.dlqTopic, r.origin, n)
 	r.s = NewStore(r.pool)
@@ -168,7 +109,7 @@ func TestReplaySubsetLeavesTheRestUnresolved(t *testing.T) {
 	if res.Matched != 3 || res.Done != 2 || !slices.Equal(res.SkippedStubs, []int64{stub.ID}) {
 		t.Fatalf("Replay = %+v", res)
 	}
-	got := readAll(t, k, origin)
+	got := failidxtest.ReadAll(t, k, origin)
 	if len(got) != 2 {
 		t.Fatalf("origin got %d records, want 2", len(got))
 	}
@@ -177,7 +118,7 @@ func TestReplaySubsetLeavesTheRestUnresolved(t *testing.T) {
 		if string(m.Value) != string(want.Value) || string(m.Key) != string(want.Key) {
 			t.Errorf("published %q %q, want %q %q", m.Key, m.Value, want.Key, want.Value)
 		}
-		if v, _ := header(m, "idempotency-key"); v != want.IdempotencyKey {
+		if v, _ := failidxtest.Header(m, "idempotency-key"); v != want.IdempotencyKey {
 			t.Errorf("idempotency-key %q, want %q", v, want.IdempotencyKey)
 		}
 		for _, h := range m.Headers {
@@ -215,7 +156,7 @@ func TestReplaySubsetLeavesTheRestUnresolved(t *testing.T) {
 	if err != nil || res.Done != 3 || len(res.SkippedStubs) != 1 {
 		t.Fatalf("Replay by filter = %+v, %v", res, err)
 	}
-	if got := readAll(t, k, origin); len(got) != 5 {
+	if got := failidxtest.ReadAll(t, k, origin); len(got) != 5 {
 		t.Fatalf("origin has %d records, want 5", len(got))
 	}
 	if st := statuses(t, pool); st[stub.ID] != Unresolved {
@@ -227,7 +168,7 @@ func TestReplaySubsetLeavesTheRestUnresolved(t *testing.T) {
 // keeps its idem-* history, due now.
 func TestReplayToTierKeepsHistory(t *testing.T) {
 	k := testenv.NewKafka(t)
-	pool, _ := newPool(t)
+	pool, _ := failidxtest.NewPool(t)
 	ctx := testenv.Context(t)
 	dlqTopic, origin := k.Topic(t, 1), k.Topic(t, 1)
 	tier := retrytopic.Policy{}.Tier(origin, "billing", 2)
@@ -237,7 +178,7 @@ func TestReplayToTierKeepsHistory(t *testing.T) {
 	if res, err := a.Replay(ctx, "alice", Selection{IDs: []int64{recs[0].ID}}, tier, 0, ""); err != nil || res.Done != 1 {
 		t.Fatalf("Replay = %+v, %v", res, err)
 	}
-	got := readAll(t, k, tier)
+	got := failidxtest.ReadAll(t, k, tier)
 	if len(got) != 1 {
 		t.Fatalf("tier has %d records", len(got))
 	}
@@ -254,12 +195,12 @@ func TestReplayToTierKeepsHistory(t *testing.T) {
 // refusal is audited.
 func TestActionsBadInput(t *testing.T) {
 	k := testenv.NewKafka(t)
-	pool, _ := newPool(t)
+	pool, _ := failidxtest.NewPool(t)
 	ctx := testenv.Context(t)
 	dlqTopic, origin := k.Topic(t, 1), k.Topic(t, 1)
 	recs := seedIndexed(t, pool, dlqTopic, origin, 2)
 	gone := testenv.Unique("deleted_origin")
-	index(t, pool, 100, dead{topic: dlqTopic, origin: gone, key: "orphan", value: []byte(`{}`), err: "x"})
+	index(t, pool, 100, dead{Topic: dlqTopic, Origin: gone, Key: "orphan", Value: []byte(`{}`), Err: "x"})
 	orphan := mustList(t, NewStore(pool), Filter{Key: "orphan"})[0]
 	s := NewStore(pool)
 	a := NewActions(s, producerClient(t, k))
@@ -330,16 +271,16 @@ func TestActionsBadInput(t *testing.T) {
 			}
 		}
 	}
-	if got := readAll(t, k, origin); len(got) != 0 {
+	if got := failidxtest.ReadAll(t, k, origin); len(got) != 0 {
 		t.Errorf("%d records published", len(got))
 	}
 	if after := statuses(t, pool); fmt.Sprint(after) != fmt.Sprint(before) {
 		t.Errorf("statuses changed: %v -> %v", before, after)
 	}
-	if n := count(t, pool, `SELECT count(*) FROM idem_dlq_versions`); n != 0 {
+	if n := failidxtest.Count(t, pool, `SELECT count(*) FROM idem_dlq_versions`); n != 0 {
 		t.Errorf("%d versions stored", n)
 	}
-	if n := count(t, pool, `SELECT count(*) FROM idem_dlq_audit`); n != int64(audits) {
+	if n := failidxtest.Count(t, pool, `SELECT count(*) FROM idem_dlq_audit`); n != int64(audits) {
 		t.Errorf("%d audit rows, want %d", n, audits)
 	}
 }
@@ -348,7 +289,7 @@ func TestActionsBadInput(t *testing.T) {
 // idem-replaces, keeps the original and stores each edit as a version.
 func TestEditAndRetry(t *testing.T) {
 	k := testenv.NewKafka(t)
-	pool, _ := newPool(t)
+	pool, _ := failidxtest.NewPool(t)
 	ctx := testenv.Context(t)
 	dlqTopic, origin := k.Topic(t, 1), k.Topic(t, 1)
 	recs := seedIndexed(t, pool, dlqTopic, origin, 1)
@@ -361,13 +302,13 @@ func TestEditAndRetry(t *testing.T) {
 			t.Fatalf("EditAndRetry = %+v, %v", res, err)
 		}
 	}
-	got := readAll(t, k, origin)
+	got := failidxtest.ReadAll(t, k, origin)
 	if len(got) != 2 {
 		t.Fatalf("origin has %d records, want 2", len(got))
 	}
 	for i, m := range got {
-		rep, _ := header(m, headerReplaces)
-		key, _ := header(m, "idempotency-key")
+		rep, _ := failidxtest.Header(m, headerReplaces)
+		key, _ := failidxtest.Header(m, "idempotency-key")
 		if string(m.Value) != edits[i] || string(m.Key) != "pay-0" || key != "pay-0" || rep != fmt.Sprintf("%s/0/%d", dlqTopic, r.Offset) {
 			t.Errorf("published %q key %q idempotency-key %q idem-replaces %q", m.Value, m.Key, key, rep)
 		}
@@ -389,51 +330,6 @@ func TestEditAndRetry(t *testing.T) {
 	}
 }
 
-// TestExpiredRecordsStayIndexed deletes the records from the DLQ topic (as
-// retention would) after the indexer stored them: Get still returns the
-// payload, and replay publishes it from the index. A value the index holds
-// truncated cannot be replayed once Kafka lost it: it stays unresolved and
-// the result says why.
-func TestExpiredRecordsStayIndexed(t *testing.T) {
-	k := testenv.NewKafka(t)
-	pool, _ := newPool(t)
-	ctx := testenv.Context(t)
-	dlqTopic, origin := k.Topic(t, 1), k.Topic(t, 1)
-	produce(t, k,
-		dead{topic: dlqTopic, origin: origin, key: "small", value: []byte(`{"payment":"small"}`), err: "boom"},
-		dead{topic: dlqTopic, origin: origin, key: "large", value: []byte(`{"payment":"large","pad":"` + string(make([]byte, 0)) + `xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}`), err: "boom"})
-	ix := &Indexer{Brokers: k.Brokers, Sarama: k.SaramaConfig(), Pool: pool, Group: testenv.Group(t), Topics: []string{dlqTopic}, MaxValueBytes: 40}
-	stop := runUntil(t, ix)
-	waitCount(t, pool, 2, `SELECT count(*) FROM idem_dlq_records`)
-	stop()
-
-	if err := k.Admin(t).DeleteRecords(dlqTopic, map[int32]int64{0: 2}); err != nil {
-		t.Fatal(err)
-	}
-	if got := readAll(t, k, dlqTopic); len(got) != 0 {
-		t.Fatalf("the DLQ topic still holds %d records", len(got))
-	}
-	s := NewStore(pool)
-	small := mustList(t, s, Filter{Key: "small"})[0]
-	r, err := s.Get(ctx, small.ID)
-	if err != nil || string(r.Value) != `{"payment":"small"}` || r.Status != Unresolved {
-		t.Fatalf("Get after the records expired: %q %s, %v", r.Value, r.Status, err)
-	}
-	large := mustList(t, s, Filter{Key: "large"})[0]
-	a := NewActions(s, producerClient(t, k))
-	res, err := a.Replay(ctx, "alice", Selection{IDs: []int64{small.ID, large.ID}}, "", 0, "after expiry")
-	if err != nil || res.Done != 1 || len(res.Errors) != 1 {
-		t.Fatalf("Replay = %+v, %v; want the small one replayed and an error for the truncated one", res, err)
-	}
-	got := readAll(t, k, origin)
-	if len(got) != 1 || string(got[0].Value) != `{"payment":"small"}` {
-		t.Fatalf("origin got %d records", len(got))
-	}
-	if st := statuses(t, pool); st[large.ID] != Unresolved || st[small.ID] != Replayed {
-		t.Errorf("statuses: %v", st)
-	}
-}
-
 // TestReplayAtARate: a replay with a rate paces its sends (4 records at 5/s
 // take at least the 3 intervals between them), sends each selected record
 // once, and names the rate in its audit row.
@@ -451,7 +347,7 @@ func TestReplayAtARate(t *testing.T) {
 	if min := 3 * time.Second / 5; elapsed < min {
 		t.Errorf("4 records at 5/s took %v, less than the %v between them", elapsed, min)
 	}
-	if got := readAll(t, k, origin); len(got) != 4 {
+	if got := failidxtest.ReadAll(t, k, origin); len(got) != 4 {
 		t.Errorf("origin got %d records, want 4", len(got))
 	}
 	if e := lastAudit(t, s); e.Action != "replay" || !strings.Contains(e.Detail, "rate 5/s") || len(e.RecordIDs) != 4 {
@@ -459,5 +355,21 @@ func TestReplayAtARate(t *testing.T) {
 	}
 	if _, err := a.Replay(ctx, "alice", Selection{IDs: ids}, "", -1, "bad"); !errors.As(err, new(*ValidationError)) {
 		t.Errorf("Replay at -1/s: %v, want a ValidationError", err)
+	}
+}
+
+// TestWithoutOrderingOrOutboxTables: on a database that holds the index's
+// tables but neither the ordering tables nor the outbox (a console that
+// serves dead letters only), the parked keys and failed outbox rows are
+// empty, not an error.
+func TestWithoutOrderingOrOutboxTables(t *testing.T) {
+	pool, _ := failidxtest.NewPool(t)
+	ctx := testenv.Context(t)
+	a := NewActions(NewStore(pool), nil)
+	if ks, err := a.ParkedKeys(ctx, 0); err != nil || len(ks) != 0 {
+		t.Errorf("ParkedKeys = %v, %v; want none", ks, err)
+	}
+	if rows, err := a.FailedOutbox(ctx, 0); err != nil || len(rows) != 0 {
+		t.Errorf("FailedOutbox = %v, %v; want none", rows, err)
 	}
 }

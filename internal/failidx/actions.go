@@ -1,4 +1,4 @@
-package index
+package failidx
 
 import (
 	"bytes"
@@ -19,12 +19,14 @@ import (
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/outboxadmin"
+	"github.com/idemhq/idem/internal/pglead"
+	"github.com/idemhq/idem/internal/replayrec"
 	"github.com/idemhq/idem/internal/wire"
 )
 
 // headerReplaces is the header EditAndRetry adds to the record it publishes:
 // the DLQ record it replaces, as "<topic>/<partition>/<offset>". The record
-// also carries dlq.ReplayOfHeader with the same value, the link the indexer
+// also carries idem-replay-of (wire.HeaderReplayOf) with the same value, the link the indexer
 // follows; idem-replaces alone says the value was edited.
 const headerReplaces = "idem-replaces"
 
@@ -335,18 +337,18 @@ func (a *Actions) Replay(ctx context.Context, actor string, sel Selection, to st
 			return fail(ids, fmt.Errorf("index: replay: %w", err))
 		}
 		for _, r := range recs {
-			dr, err := a.kafkaRecord(ctx, r)
+			dl, err := a.deadLetter(ctx, r)
 			if err != nil {
 				res.Errors = append(res.Errors, err.Error())
 				continue
 			}
-			out, err := dr.ReplayRecord(dlq.Destination(orOrigin(to)), 0, time.Now())
+			out, err := replayrec.Build(dl, to, 0, time.Now())
 			if err != nil {
 				res.Errors = append(res.Errors, fmt.Sprintf("record %d: %v", r.ID, err))
 				continue
 			}
 			if interval > 0 {
-				if !sleep(ctx, time.Until(next)) && ctx.Err() != nil {
+				if !pglead.Sleep(ctx, time.Until(next)) && ctx.Err() != nil {
 					return fail(ids, ctx.Err())
 				}
 				next = maxTime(next, time.Now()).Add(interval)
@@ -378,29 +380,32 @@ func maxTime(a, b time.Time) time.Time {
 	return b
 }
 
-// kafkaRecord rebuilds r as the dlq package sees a dead-letter record; a
-// truncated value is read back from the DLQ topic.
-func (a *Actions) kafkaRecord(ctx context.Context, r Record) (*dlq.Record, error) {
+// deadLetter rebuilds r as a replay reads a dead letter (what
+// replayrec.Build takes); a truncated value is read back from the DLQ topic.
+func (a *Actions) deadLetter(ctx context.Context, r Record) (replayrec.DeadLetter, error) {
 	if r.ValueTruncated {
 		got, err := dlq.New(a.client).Show(ctx, r.Topic, dlq.Position{Partition: r.Partition, Offset: r.Offset})
 		if err != nil {
-			return nil, fmt.Errorf("record %d: the index holds its value truncated (%d of %d bytes) and it cannot be read from %s/%d offset %d: %w",
+			return replayrec.DeadLetter{}, fmt.Errorf("record %d: the index holds its value truncated (%d of %d bytes) and it cannot be read from %s/%d offset %d: %w",
 				r.ID, len(r.Value), r.ValueSize, r.Topic, r.Partition, r.Offset, err)
 		}
-		return got, nil
+		return replayrec.DeadLetter{Topic: got.Topic, Partition: got.Partition, Offset: got.Offset, Key: got.Key, Value: got.Value,
+			Headers: got.Headers, Failure: got.Failure, HasFailure: got.HasFailure}, nil
 	}
-	m := &sarama.ConsumerMessage{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, Value: r.Value}
-	for _, h := range r.Headers {
-		m.Headers = append(m.Headers, &sarama.RecordHeader{Key: h.Key, Value: h.Value})
+	hs := make([]sarama.RecordHeader, len(r.Headers))
+	for i, h := range r.Headers {
+		hs[i] = sarama.RecordHeader{Key: h.Key, Value: h.Value}
 	}
-	return dlq.FromMessage(m), nil
+	f, ok, _ := wire.Decode(hs) // as dlq.FromMessage: a header that does not parse leaves its field zero
+	return replayrec.DeadLetter{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, Value: r.Value,
+		Headers: hs, Failure: f, HasFailure: ok}, nil
 }
 
 // EditAndRetry publishes value in place of record id's value to the record's
 // origin topic, with its Kafka key and original headers (so under the same
 // idempotency key) and two headers naming the DLQ record as
 // "<topic>/<partition>/<offset>": idem-replaces (this record is an edit of
-// it) and idem-replay-of (dlq.ReplayOfHeader, as every replay carries, so a
+// it) and idem-replay-of (wire.HeaderReplayOf, as every replay carries, so a
 // failure of the edited record is linked to it as a replay's is). value must be valid JSON when the original was JSON, and
 // must keep every JSON string field that held the idempotency key; otherwise,
 // or when value is empty, the error is a *ValidationError and nothing is
@@ -441,10 +446,9 @@ func (a *Actions) EditAndRetry(ctx context.Context, actor string, id int64, valu
 	}
 	// idem-replaces says this is an edit; idem-replay-of, the link every
 	// replay carries and the indexer follows, names the same dead letter.
-	at := dlq.Position{Partition: r.Partition, Offset: r.Offset}
-	hs := dlq.WithReplayOf(wire.StripHeaders(orig), r.Topic, at)
+	hs := wire.WithReplayOf(wire.StripHeaders(orig), r.Topic, r.Partition, r.Offset)
 	hs = slices.DeleteFunc(hs, func(h sarama.RecordHeader) bool { return string(h.Key) == headerReplaces })
-	hs = append(hs, sarama.RecordHeader{Key: []byte(headerReplaces), Value: []byte(dlq.ReplayOf(r.Topic, at))})
+	hs = append(hs, sarama.RecordHeader{Key: []byte(headerReplaces), Value: []byte(wire.ReplayOf(r.Topic, r.Partition, r.Offset))})
 	pub, err := newPublisher(a.client)
 	if err != nil {
 		return fail(err)

@@ -1,7 +1,9 @@
-package index
+package failidx
 
 import (
 	"testing"
+
+	"github.com/idemhq/idem/internal/failidx/failidxtest"
 )
 
 // TestLineageFollowsReplayOf: a dead letter whose idem-replay-of names an
@@ -11,10 +13,10 @@ import (
 // not hold, the link falls back to the latest record of the same key,
 // origin and group.
 func TestLineageFollowsReplayOf(t *testing.T) {
-	pool, _ := newPool(t)
+	pool, _ := failidxtest.NewPool(t)
 	const topic = "pay.billing.dlq"
 	d := func(key, replayOf string) dead {
-		return dead{topic: topic, origin: "pay", key: key, value: []byte(`{}`), err: "ledger rejected", replayOf: replayOf}
+		return dead{Topic: topic, Origin: "pay", Key: key, Value: []byte(`{}`), Err: "ledger rejected", ReplayOf: replayOf}
 	}
 	// Offsets 0 and 1: two failures of k1; offset 2 is the replay of the
 	// first that failed again.
@@ -28,10 +30,10 @@ func TestLineageFollowsReplayOf(t *testing.T) {
 	index(t, pool, 21, d("k2", "not a position"))
 
 	id := func(off int64) int64 {
-		return count(t, pool, `SELECT id FROM idem_dlq_records WHERE dlq_topic = $1 AND dlq_offset = $2`, topic, off)
+		return failidxtest.Count(t, pool, `SELECT id FROM idem_dlq_records WHERE dlq_topic = $1 AND dlq_offset = $2`, topic, off)
 	}
 	prev := func(off int64) int64 {
-		return count(t, pool, `SELECT coalesce(previous_id, 0) FROM idem_dlq_records WHERE dlq_topic = $1 AND dlq_offset = $2`, topic, off)
+		return failidxtest.Count(t, pool, `SELECT coalesce(previous_id, 0) FROM idem_dlq_records WHERE dlq_topic = $1 AND dlq_offset = $2`, topic, off)
 	}
 	for _, c := range []struct {
 		name      string

@@ -1,0 +1,105 @@
+// Package replayrec builds the record a replay sends for a dead letter. It is
+// the one code path for every replay idem makes: dlq.Client.Replay (and so
+// `idem dlq replay`) and the failure console's replay (internal/failidx, and
+// so `idem dlq replay --database-url` and the console's UI and API).
+//
+// It does not import package dlq, which imports it: a caller passes the
+// dead letter's fields as a DeadLetter.
+package replayrec
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/idemhq/idem/internal/forward"
+	"github.com/idemhq/idem/internal/wire"
+	"github.com/idemhq/idem/retrytopic"
+)
+
+// ToSource is the destination that sends each record back to its
+// idem-original-topic as a fresh record (dlq.ToSource is this value).
+const ToSource = "source"
+
+// ErrNoOrigin is wrapped by Build's error when, replaying to ToSource, the
+// record lacks the idem-original-topic header it needs to be routed.
+// dlq.ErrNoOrigin is this error.
+var ErrNoOrigin = errors.New("dlq: record has no idem-original-topic header")
+
+// DeadLetter is a dead-letter record as a replay reads it: where it is, its
+// bytes, and its decoded idem-* headers (as dlq.Record holds them).
+type DeadLetter struct {
+	// Topic, Partition and Offset locate it in its dead-letter topic.
+	Topic     string
+	Partition int32
+	Offset    int64
+	// Key and Value are the raw bytes, sent as they are.
+	Key, Value []byte
+	// Headers are all its headers, in order.
+	Headers []sarama.RecordHeader
+	// Failure is what the idem-* headers say; HasFailure whether it had any.
+	Failure    retrytopic.Failure
+	HasFailure bool
+}
+
+// Build returns the record a replay sends for d to to, without sending it:
+//
+//   - to ToSource (or "", or a topic equal to d's idem-original-topic): to
+//     the original topic and partition, with only the original headers (none
+//     of the wire contract's), so the consumer sees a fresh record; without
+//     an idem-original-topic, an error wrapping ErrNoOrigin;
+//   - to another topic, for a record with idem-* headers: the headers kept,
+//     with idem-due-at set to now and idem-tier to tier, or when tier is 0 to
+//     n when to is the default name of tier n of the record's original topic
+//     and group (else 1), so a consumer reading that topic as a tier handles
+//     it at once;
+//   - to another topic, for a record without idem-* headers: its headers as
+//     they are, to its own partition number.
+//
+// Whatever the destination, the record also carries wire.HeaderReplayOf
+// naming d. A stub (its value was left out) is an error: it is never
+// replayed.
+func Build(d DeadLetter, to string, tier int, now time.Time) (forward.Record, error) {
+	f := d.Failure
+	if f.Stub {
+		return forward.Record{}, fmt.Errorf("dlq: %s/%d offset %d is a stub (value omitted): it is never replayed", d.Topic, d.Partition, d.Offset)
+	}
+	if to == "" {
+		to = ToSource
+	}
+	rec := forward.Record{Partition: f.OriginalPartition, Key: d.Key, Value: d.Value}
+	switch {
+	case to == ToSource || (d.HasFailure && to == f.OriginalTopic):
+		if f.OriginalTopic == "" {
+			return rec, fmt.Errorf("%w (offset %d)", ErrNoOrigin, d.Offset)
+		}
+		rec.Topic = f.OriginalTopic
+		rec.Headers = wire.StripHeaders(d.Headers)
+	case !d.HasFailure:
+		rec.Topic, rec.Partition = to, d.Partition
+		rec.Headers = d.Headers
+	default:
+		rec.Topic = to
+		f.Tier, f.DueAt = tier, now
+		if f.Tier == 0 {
+			f.Tier = tierOf(rec.Topic, f.OriginalTopic, f.Group)
+		}
+		rec.Headers = wire.Encode(d.Headers, f)
+	}
+	rec.Headers = wire.WithReplayOf(rec.Headers, d.Topic, d.Partition, d.Offset)
+	return rec, nil
+}
+
+// tierOf returns n when topic is the default name of tier n of orig for
+// group ("<orig>.<group>.retry.<n>"), else 1.
+func tierOf(topic, orig, group string) int {
+	i := strings.LastIndexByte(topic, '.')
+	if n, err := strconv.Atoi(topic[i+1:]); err == nil && n >= 1 && (retrytopic.Policy{}).Tier(orig, group, n) == topic {
+		return n
+	}
+	return 1
+}
