@@ -16,6 +16,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/IBM/sarama"
+
+	"github.com/idemhq/idem/internal/kafkaversion"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -77,10 +79,6 @@ func Qualify(schema, rel string) string {
 // unless the message has one.
 const HeaderID = "idem-outbox-id"
 
-// kafkaVersion is the protocol version the relay speaks when Relay.Sarama
-// leaves it at sarama's default.
-var kafkaVersion = sarama.V4_0_0_0
-
 // ProducerConfig returns the sarama config the relay publishes with: a copy
 // of base (nil: sarama.NewConfig()) with an idempotent acks=all producer,
 // one in-flight request per connection, no topic auto-creation and the hash
@@ -92,7 +90,7 @@ func ProducerConfig(base *sarama.Config) *sarama.Config {
 	}
 	c := *base
 	if c.Version == sarama.DefaultVersion {
-		c.Version = kafkaVersion
+		c.Version = kafkaversion.Default
 	}
 	c.Metadata.AllowAutoTopicCreation = false
 	c.Producer.Idempotent = true
