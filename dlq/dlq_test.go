@@ -14,6 +14,7 @@ import (
 	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/idemtest"
+	"github.com/idemhq/idem/internal/testkit"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -69,12 +70,7 @@ func headers(hs []sarama.RecordHeader) []handler.Header {
 // admin returns a cluster admin on k, closed when the test ends.
 func admin(t *testing.T, k *idemtest.Kafka) sarama.ClusterAdmin {
 	t.Helper()
-	a, err := sarama.NewClusterAdmin(k.Brokers, k.SaramaConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = a.Close() })
-	return a
+	return testkit.Admin(t, k.Brokers, k.SaramaConfig())
 }
 
 func open(t *testing.T, k *idemtest.Kafka) *dlq.Client {

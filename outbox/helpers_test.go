@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testkit"
 	"github.com/idemhq/idem/outbox"
 )
 
@@ -41,12 +42,7 @@ func newEnv(t testing.TB, partitions int32) *env {
 // ends.
 func (e *env) admin() sarama.ClusterAdmin {
 	e.t.Helper()
-	a, err := sarama.NewClusterAdmin(e.k.Brokers, e.k.SaramaConfig())
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(func() { _ = a.Close() })
-	return a
+	return testkit.Admin(e.t, e.k.Brokers, e.k.SaramaConfig())
 }
 
 // relay returns a relay on the test's table tuned for quick tests, with a

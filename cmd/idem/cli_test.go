@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/idemtest"
+	"github.com/idemhq/idem/internal/testkit"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -50,12 +51,7 @@ func kitHeaders(hs []sarama.RecordHeader) []handler.Header {
 // admin returns a cluster admin on k, closed when the test ends.
 func admin(t *testing.T, k *idemtest.Kafka) sarama.ClusterAdmin {
 	t.Helper()
-	a, err := sarama.NewClusterAdmin(k.Brokers, k.SaramaConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = a.Close() })
-	return a
+	return testkit.Admin(t, k.Brokers, k.SaramaConfig())
 }
 
 // seed writes n dead-letter records for origin into topic: even ones fail

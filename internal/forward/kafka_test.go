@@ -13,6 +13,7 @@ import (
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/forward"
+	"github.com/idemhq/idem/internal/testkit"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -44,12 +45,7 @@ func consumeOne(t *testing.T, k *idemtest.Kafka, topic string, partition int32, 
 // newAdmin returns a cluster admin on k, closed when the test ends.
 func newAdmin(t *testing.T, k *idemtest.Kafka) sarama.ClusterAdmin {
 	t.Helper()
-	a, err := sarama.NewClusterAdmin(k.Brokers, k.SaramaConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = a.Close() })
-	return a
+	return testkit.Admin(t, k.Brokers, k.SaramaConfig())
 }
 
 // waitPartitions waits until the broker describes topic with n partitions.

@@ -101,12 +101,7 @@ func (k *Kafka) SaramaConfig() *sarama.Config {
 // Admin returns a cluster admin closed when the test ends.
 func (k *Kafka) Admin(tb testing.TB) sarama.ClusterAdmin {
 	tb.Helper()
-	a, err := sarama.NewClusterAdmin(k.Brokers, k.SaramaConfig())
-	if err != nil {
-		tb.Fatalf("testenv: kafka admin: %v", err)
-	}
-	tb.Cleanup(func() { _ = a.Close() })
-	return a
+	return testkit.Admin(tb, k.Brokers, k.SaramaConfig())
 }
 
 // Topic creates a topic with a unique name and the given number of partitions,

@@ -21,6 +21,18 @@ type Cluster struct {
 	Config func() *sarama.Config
 }
 
+// Admin returns a cluster admin on brokers with cfg, closed when the test
+// ends.
+func Admin(tb testing.TB, brokers []string, cfg *sarama.Config) sarama.ClusterAdmin {
+	tb.Helper()
+	a, err := sarama.NewClusterAdmin(brokers, cfg)
+	if err != nil {
+		tb.Fatalf("kafka admin: %v", err)
+	}
+	tb.Cleanup(func() { _ = a.Close() })
+	return a
+}
+
 // Topic creates a topic named Unique(prefix) with partitions partitions,
 // waits until it serves, and returns the name. When the test ends the topic
 // is deleted, with every topic named after it and a dot (the retry tiers
