@@ -50,7 +50,7 @@ const (
 // process dies, PostgreSQL ends its session and releases the lock; a standby
 // takes over within LeaderRetry (plus the time PostgreSQL needs to notice a
 // dead peer: immediate for a crashed process, tcp_keepalives_* for a host
-// that vanished).
+// that vanished). The election is the one schedule.Scheduler runs too.
 //
 // # Publishing
 //
@@ -466,53 +466,28 @@ func (r *Relay) Run(ctx context.Context) error {
 	m.PublishSeconds.WithLabelValues(t.name)
 	c.Health.set(errNotStarted)
 	defer c.Health.set(errStopped)
-	if !s.start(ctx) {
-		return nil
-	}
 	defer s.closeKafka()
-	for failures := 1; ctx.Err() == nil; failures++ {
-		err := s.run(ctx)
-		if ctx.Err() != nil {
-			break
-		}
-		if s.led {
-			failures, s.led = 1, false
-		}
-		c.Health.set(err)
-		wait := s.backoff(failures)
-		s.log.Warn("idem: outbox relay session ended (database connection lost or refused); reconnecting", "err", err, "in", wait)
-		pglead.Sleep(ctx, wait)
+	e := &pglead.Election{
+		Pool: c.Pool, Name: "outbox relay", Table: t.quoted, Log: s.log,
+		Key:     func(oid uint32) int64 { return lockNamespace<<32 | int64(oid) },
+		Channel: channel,
+		Retry:   c.LeaderRetry, RetryMax: c.RetryMax, Timeout: c.QueryTimeout,
+		Start:  s.start,
+		Lead:   s.lead,
+		Leader: s.leader,
+		Health: c.Health.set,
 	}
+	e.Run(ctx)
 	return nil
 }
 
-// start migrates the table and makes the producer, retrying both with
-// backoff until they succeed (true) or ctx ends (false).
-func (s *session) start(ctx context.Context) bool {
-	c := s.cfg
-	for n := 1; ; n++ {
-		err := outboxtable.Migrate(ctx, c.Pool, c.Table)
-		if err == nil {
-			err = s.connectKafka(ctx)
-			if err == nil {
-				c.Health.set(nil)
-				if n > 1 {
-					s.log.Info("idem: outbox relay started", "attempts", n)
-				}
-				return true
-			}
-		}
-		if ctx.Err() != nil {
-			return false
-		}
-		c.Health.set(err)
-		wait := s.backoff(n)
-		s.log.Warn("idem: outbox relay cannot start yet (database or brokers unreachable?); retrying",
-			"err", err, "attempt", n, "in", wait)
-		if !pglead.Sleep(ctx, wait) {
-			return false
-		}
+// start migrates the table and makes the producer, once; the election
+// retries it with backoff until it succeeds.
+func (s *session) start(ctx context.Context) error {
+	if err := outboxtable.Migrate(ctx, s.cfg.Pool, s.cfg.Table); err != nil {
+		return err
 	}
+	return s.connectKafka(ctx)
 }
 
 // backoff is the wait after the n-th failure in a row of the relay's
@@ -568,41 +543,6 @@ type session struct {
 	log    *slog.Logger
 	txn    *txnState // ExactlyOnce only
 	rand   *rand.Rand
-	// led is set once a session held its connection long enough to stand
-	// by or lead: the next failure starts the backoff over.
-	led bool
-}
-
-// run takes a dedicated connection, waits to become leader, and leads until
-// the connection fails or ctx ends.
-func (s *session) run(ctx context.Context) error {
-	conn, closeConn, err := pglead.Conn(ctx, s.cfg.Pool)
-	if err != nil {
-		return fmt.Errorf("outbox: %w", err)
-	}
-	defer closeConn() // ends the session: releases the lock
-	var oid uint32
-	if err := s.query(ctx, conn, "SELECT $1::regclass::oid", s.t.quoted).Scan(&oid); err != nil {
-		return fmt.Errorf("outbox: find table %s: %w", s.t.quoted, err)
-	}
-	s.led = true
-	s.cfg.Health.set(nil)
-	got, err := pglead.Lock(ctx, conn, lockNamespace<<32|int64(oid), s.cfg.LeaderRetry, s.cfg.QueryTimeout, func() {
-		s.log.Info("idem: outbox relay standing by: another relay holds the table's lock")
-	})
-	if err != nil || !got {
-		if err != nil {
-			err = fmt.Errorf("outbox: %w", err)
-		}
-		return err
-	}
-	s.leader.Set(1)
-	defer s.leader.Set(0)
-	s.log.Info("idem: outbox relay is the leader", "table", s.t.quoted)
-	if _, err := s.exec(ctx, conn, "LISTEN "+pgx.Identifier{channel(oid)}.Sanitize()); err != nil {
-		return fmt.Errorf("outbox: listen: %w", err)
-	}
-	return s.lead(ctx, conn)
 }
 
 // lockNamespace is the high half of the advisory lock key ("idox"); the low
