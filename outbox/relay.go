@@ -15,6 +15,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/outboxconf"
@@ -319,6 +322,25 @@ type Relay struct {
 	// Default: nil.
 	Health *Health
 
+	// TracerProvider makes the tracer of the relay's spans: one
+	// "idem.outbox.publish" span (kind producer) per row published, a child
+	// of the trace context Enqueue stored with the row (the handler's span)
+	// and linked to it, ended at Kafka's ack or error. The record carries
+	// the span's own context (traceparent, tracestate), so the consumer of
+	// the event continues the trace. Attributes: messaging.system,
+	// messaging.operation.type "send", messaging.destination.name,
+	// messaging.message.id (the event id), idem.outbox.table, idem.outbox.id,
+	// idem.correlation_id (when the row has one), and at the ack
+	// messaging.destination.partition.id and messaging.kafka.offset.
+	// Default: otel.GetTracerProvider() (a no-op until the program installs
+	// an SDK; the records then still carry the enqueue's trace context).
+	TracerProvider trace.TracerProvider
+
+	// Propagator reads the trace context from a row's stored headers and
+	// writes the publish span's into the record.
+	// Default: propagation.TraceContext{} (W3C, as consumer.Config's).
+	Propagator propagation.TextMapPropagator
+
 	// ExactlyOnce publishes each round in a Kafka transaction that also
 	// commits the relay's progress mark, so that after a crash at any point
 	// each row reaches read_committed readers exactly once (see "Exactly
@@ -417,6 +439,12 @@ func (r *Relay) withDefaults() Relay {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
+	}
+	if c.Propagator == nil {
+		c.Propagator = propagation.TraceContext{}
+	}
 	return c
 }
 
@@ -451,11 +479,12 @@ func (r *Relay) Run(ctx context.Context) error {
 		return fmt.Errorf("outbox: register metrics: %w", err)
 	}
 	s := &session{
-		cfg:  c,
-		t:    t,
-		m:    m,
-		log:  c.Logger.With("outbox", t.name),
-		rand: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+		cfg:    c,
+		t:      t,
+		m:      m,
+		log:    c.Logger.With("outbox", t.name),
+		rand:   rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+		tracer: c.TracerProvider.Tracer(tracerName),
 	}
 	s.leader = m.Leader.WithLabelValues(t.name)
 	s.leader.Set(0)
@@ -543,6 +572,7 @@ type session struct {
 	log    *slog.Logger
 	txn    *txnState // ExactlyOnce only
 	rand   *rand.Rand
+	tracer trace.Tracer
 }
 
 // lockNamespace is the high half of the advisory lock key ("idox"); the low
@@ -740,21 +770,34 @@ func (s *session) fetch(ctx context.Context, conn *pgx.Conn) (heads []row, more 
 	return heads, more, nil
 }
 
-// publish sends heads and waits for every ack or error; errs[i] is heads[i]'s.
+// publish sends heads, each in its publish span, and waits for every ack or
+// error; errs[i] is heads[i]'s.
 func (s *session) publish(heads []row) []error {
 	errs := make([]error, len(heads))
+	msgs := make([]*sarama.ProducerMessage, len(heads))
+	spans := make([]trace.Span, len(heads))
+	for i := range heads {
+		h := heads[i] // a copy: the span's context goes into the record, not the row
+		h.hkeys, h.hvals = slices.Clone(h.hkeys), slices.Clone(h.hvals)
+		spans[i] = s.publishSpan(&h)
+		msgs[i] = h.message(i)
+	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		for i, h := range heads {
-			s.prod.Input() <- h.message(i)
+		for _, m := range msgs {
+			s.prod.Input() <- m
 		}
 	})
 	for range heads {
 		select {
 		case m := <-s.prod.Successes():
-			errs[m.Metadata.(int)] = nil
+			i := m.Metadata.(int)
+			errs[i] = nil
+			endPublishSpan(spans[i], m.Partition, m.Offset, nil)
 		case e := <-s.prod.Errors():
-			errs[e.Msg.Metadata.(int)] = e.Err
+			i := e.Msg.Metadata.(int)
+			errs[i] = e.Err
+			endPublishSpan(spans[i], e.Msg.Partition, -1, e.Err)
 		}
 	}
 	wg.Wait()
