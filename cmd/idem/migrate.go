@@ -25,7 +25,7 @@ idem dlq --database-url read (idem_dlq_records, idem_dlq_groups,
 idem_dlq_versions, idem_dlq_audit). Safe to run again and from several
 processes at once. Talks only to PostgreSQL: --database-url, or DATABASE_URL.
 
---partitioned-inbox (day, the default, or week) makes the inbox range-
+--partitioned-inbox (week, the default, or day) makes the inbox range-
 partitioned by time, or converts an existing plain inbox to it without
 moving a row: the plain table becomes the oldest partition, and the sweeper
 then drops partitions instead of deleting rows (docs/partitioned-inbox.md).
@@ -70,8 +70,8 @@ Configure the services' stores with dedupe.WithPartitions to match.`,
 	}
 	dbFlag(cmd, &url)
 	cmd.Flags().StringVar(&table, "table", "", "inbox table name, optionally schema-qualified (default idem_processed)")
-	cmd.Flags().StringVar(&partitions, "partitioned-inbox", "", "partition the inbox by time, a partition a day or a week (day, week; alone: day); converts a plain inbox in place")
-	cmd.Flags().Lookup("partitioned-inbox").NoOptDefVal = "day"
+	cmd.Flags().StringVar(&partitions, "partitioned-inbox", "", "partition the inbox by time, a partition a week or a day (week, day; alone: week); converts a plain inbox in place")
+	cmd.Flags().Lookup("partitioned-inbox").NoOptDefVal = "week"
 	cmd.Flags().StringArrayVar(&outboxTables, "outbox-table", nil, "outbox table name, optionally schema-qualified; repeat for several (default idem_outbox)")
 	return cmd
 }
