@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/internal/schema"
@@ -25,6 +26,15 @@ func InboxTable(name string) MigrateOption {
 	return func(c *migrateConfig) { c.inbox = append(c.inbox, dedupe.WithTable(name)) }
 }
 
+// PartitionedInbox makes Migrate create the inbox range-partitioned by
+// time, one partition per every (24h: a day, 168h: a week), or convert an
+// existing plain inbox, moving no row: the plain table becomes the oldest
+// partition. See dedupe.WithPartitions, whose store then drops whole
+// partitions instead of deleting rows, and docs/partitioned-inbox.md.
+func PartitionedInbox(every time.Duration) MigrateOption {
+	return func(c *migrateConfig) { c.inbox = append(c.inbox, dedupe.WithPartitions(every)) }
+}
+
 // OutboxTable makes Migrate create the outbox as name instead of the
 // default idem_outbox, as outbox.Relay.Table names it; give it once per
 // outbox table when a database holds several.
@@ -37,7 +47,8 @@ func OutboxTable(name string) MigrateOption {
 // shell. The tables, by the package that uses them:
 //
 //   - dedupe (the inbox of dedupe.Postgres and dedupe.PostgresLease):
-//     idem_processed, or InboxTable's name, with the index the sweeper uses;
+//     idem_processed, or InboxTable's name, with the index the sweeper uses
+//     (partitioned by time with PartitionedInbox);
 //   - consumer's ordering by key: idem_ordering_heads, idem_ordering_parked;
 //   - outbox: idem_outbox, or each OutboxTable's name, with its NOTIFY
 //     trigger;

@@ -2,10 +2,13 @@ package dedupe
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // BatchStore is a Store that records several messages in one unit of work:
@@ -85,9 +88,20 @@ func (p *Postgres) ProcessBatch(ctx context.Context, recs []Record, fn func(ctx 
 		keys[j], topics[j], parts[j], offs[j] = recs[i].Key, recs[i].Topic, recs[i].Partition, recs[i].Offset
 	}
 
-	tx, err := p.db.Begin(ctx)
-	if err != nil {
-		return nil, &StoreError{Op: "begin", Err: err}
+	var tx pgx.Tx
+	var inserted map[string]struct{}
+	for retried := false; ; retried = true {
+		if tx, err = p.db.Begin(ctx); err != nil {
+			return nil, &StoreError{Op: "begin", Err: err}
+		}
+		inserted, err = p.insertBatch(ctx, tx, recs[0].Group, keys, topics, parts, offs)
+		if err == nil {
+			break
+		}
+		rollback(ctx, tx)
+		if retried || !p.heal(ctx, err) {
+			return nil, &StoreError{Op: "insert", Err: err}
+		}
 	}
 	done := false
 	defer func() {
@@ -95,27 +109,6 @@ func (p *Postgres) ProcessBatch(ctx context.Context, recs []Record, fn func(ctx 
 			rollback(ctx, tx)
 		}
 	}()
-	rows, err := tx.Query(ctx, `INSERT INTO `+p.table.quoted+
-		` (consumer_group, idempotency_key, topic, "partition", "offset")`+
-		` SELECT $1, k, t, p, o FROM unnest($2::text[], $3::text[], $4::int[], $5::bigint[]) WITH ORDINALITY AS u(k, t, p, o, n)`+
-		` ORDER BY n`+
-		` ON CONFLICT (consumer_group, idempotency_key) DO NOTHING RETURNING idempotency_key`,
-		recs[0].Group, keys, topics, parts, offs)
-	if err != nil {
-		return nil, &StoreError{Op: "insert", Err: err}
-	}
-	inserted := make(map[string]struct{}, len(firsts))
-	for rows.Next() {
-		var k string
-		if err := rows.Scan(&k); err != nil {
-			rows.Close()
-			return nil, &StoreError{Op: "insert", Err: err}
-		}
-		inserted[k] = struct{}{}
-	}
-	if err := rows.Err(); err != nil {
-		return nil, &StoreError{Op: "insert", Err: err}
-	}
 	fresh := make([]int, 0, len(inserted))
 	for _, i := range firsts {
 		if _, ok := inserted[recs[i].Key]; ok {
@@ -139,6 +132,47 @@ func (p *Postgres) ProcessBatch(ctx context.Context, recs []Record, fn func(ctx 
 		return nil, err
 	}
 	return outs, nil
+}
+
+// insertBatch inserts the keys (in key order, one statement) and returns
+// those that were new: with ON CONFLICT on the plain table, or after their
+// advisory locks on the key-lock path (see Postgres).
+func (p *Postgres) insertBatch(ctx context.Context, tx pgx.Tx, group string, keys, topics []string, parts []int32, offs []int64) (map[string]struct{}, error) {
+	const rows = ` SELECT $1, k, t, p, o%s FROM unnest($2::text[], $3::text[], $4::int[], $5::bigint[]) WITH ORDINALITY AS u(k, t, p, o, n)`
+	var q string
+	args := []any{group, keys, topics, parts, offs}
+	b := &pgx.Batch{}
+	if !p.locked.Load() {
+		q = `INSERT INTO ` + p.table.quoted + ` (consumer_group, idempotency_key, topic, "partition", "offset")` +
+			fmt.Sprintf(rows, "") + ` ORDER BY n` +
+			` ON CONFLICT (consumer_group, idempotency_key) DO NOTHING RETURNING idempotency_key`
+	} else {
+		locks := make([]int64, len(keys))
+		for i, k := range keys {
+			locks[i] = keyLock(group, k)
+		}
+		queueKeyLocks(b, locks...)
+		q = `INSERT INTO ` + p.table.quoted + ` (consumer_group, idempotency_key, topic, "partition", "offset", processed_at)` +
+			fmt.Sprintf(rows, ", coalesce($6, now())") +
+			` WHERE NOT EXISTS (SELECT 1 FROM ` + p.table.quoted + ` x WHERE x.consumer_group = $1 AND x.idempotency_key = u.k)` +
+			` ORDER BY n ON CONFLICT DO NOTHING RETURNING idempotency_key`
+		args = append(args, testTime(p.at))
+	}
+	inserted := make(map[string]struct{}, len(keys))
+	b.Queue(q, args...).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			var k string
+			if err := rows.Scan(&k); err != nil {
+				return err
+			}
+			inserted[k] = struct{}{}
+		}
+		return rows.Err()
+	})
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, err
+	}
+	return inserted, nil
 }
 
 // ProcessBatch implements BatchStore: the keys are taken in sorted order (so

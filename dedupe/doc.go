@@ -74,6 +74,21 @@
 //	    primary key (consumer_group, idempotency_key))
 //	plus an index on processed_at for the Sweeper.
 //
+// # A partitioned inbox
+//
+// At billions of rows, deleting old keys one by one costs more than the
+// inbox itself: WAL, dead tuples, vacuum. WithPartitions (and
+// idem.PartitionedInbox, `idem migrate --partitioned-inbox`) range-partitions
+// the table by processed_at, a partition a day or a week; the Sweeper then
+// drops whole partitions past the retention and makes the next ones ahead
+// of time. A plain table is converted in place: it becomes the oldest
+// partition, and no row moves. No index spans the partitions, so a key's
+// check takes the key's advisory lock first, then looks the key up in every
+// partition (one probe of each partition's primary key) and inserts it only
+// if none has it: a key is a duplicate for as long as any partition holds
+// it, at any boundary and under any concurrency. docs/partitioned-inbox.md
+// has the argument, the migration and the measured costs.
+//
 // # Custom stores
 //
 // Any type implementing Store can be used; run package dedupetest's

@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // PostgresLease is a Store for handlers whose side effects are outside
@@ -64,6 +66,10 @@ type PostgresLease struct {
 	// inflight holds the tokens of the Process calls running now: two
 	// concurrent calls for one message still exclude each other.
 	inflight sync.Map
+	// locked and at are as on Postgres: the key-lock path (partitioned
+	// table), and the tests' clock.
+	locked atomic.Bool
+	at     func() time.Time
 }
 
 var _ Store = (*PostgresLease)(nil)
@@ -77,8 +83,7 @@ var _ Store = (*PostgresLease)(nil)
 // Default: 5 minutes (when lease is 0). A negative lease, like a bad option,
 // is reported by Migrate and every Process call.
 func NewPostgresLease(db DB, lease time.Duration, opts ...PostgresOption) *PostgresLease {
-	c := newPGConfig(opts)
-	t, err := parseTable(c.table)
+	t, err := parseConfig(newPGConfig(opts))
 	if lease == 0 {
 		lease = defaultLease
 	}
@@ -89,10 +94,13 @@ func NewPostgresLease(db DB, lease time.Duration, opts ...PostgresOption) *Postg
 	if err == nil {
 		err = terr
 	}
-	return &PostgresLease{db: db, table: t, lease: lease, err: err, owner: owner}
+	p := &PostgresLease{db: db, table: t, lease: lease, err: err, owner: owner}
+	p.locked.Store(t.every > 0)
+	return p
 }
 
-// Migrate creates or upgrades the table, exactly as Postgres.Migrate does.
+// Migrate creates or upgrades the table (partitioned with WithPartitions),
+// exactly as Postgres.Migrate does.
 func (p *PostgresLease) Migrate(ctx context.Context) error {
 	if p.err != nil {
 		return p.err
@@ -147,7 +155,94 @@ func (p *PostgresLease) Process(ctx context.Context, rec Record, fn func(ctx con
 	return p.complete(ctx, rec, token)
 }
 
-func (p *PostgresLease) claim(ctx context.Context, rec Record, token string) (Outcome, error) {
+func (p *PostgresLease) claim(ctx context.Context, rec Record, token string) (out Outcome, err error) {
+	for retried := false; ; retried = true {
+		if p.locked.Load() {
+			out, err = p.claimLocked(ctx, rec, token)
+		} else {
+			out, err = p.claimPlain(ctx, rec, token)
+		}
+		se, ok := errors.AsType[*StoreError](err)
+		if retried || !ok || se.Op != "claim" || !healInsert(ctx, p.db, p.table, &p.locked, se.Err) {
+			return out, err
+		}
+	}
+}
+
+// claimLocked is claim on the key-lock path (see Postgres): in one
+// transaction, the key's advisory lock, then one statement that reads the
+// key's row in whichever partition holds it and inserts a claim when there
+// is none, or takes over an expired one or this message's own.
+func (p *PostgresLease) claimLocked(ctx context.Context, rec Record, token string) (Outcome, error) {
+	tx, err := p.db.Begin(ctx)
+	if err != nil {
+		return 0, &StoreError{Op: "claim", Err: err}
+	}
+	defer rollback(ctx, tx)
+	b := &pgx.Batch{}
+	queueKeyLocks(b, keyLock(rec.Group, rec.Key))
+	var claimed bool
+	var status *string
+	var until *time.Time
+	b.Queue(`WITH cur AS (SELECT status, lease_until, lease_owner FROM `+p.table.quoted+`
+		  WHERE consumer_group = $1 AND idempotency_key = $2),
+		ins AS (INSERT INTO `+p.table.quoted+`
+		    (consumer_group, idempotency_key, topic, "partition", "offset", status, lease_until, lease_owner, processed_at)
+		  SELECT $1, $2, $3, $4, $5, 'in_progress', now() + $6::bigint * interval '1 microsecond', $7, coalesce($8, now())
+		  WHERE NOT EXISTS (SELECT 1 FROM cur) RETURNING 1),
+		upd AS (UPDATE `+p.table.quoted+` SET topic = $3, "partition" = $4, "offset" = $5,
+		    processed_at = coalesce($8, now()), lease_until = now() + $6::bigint * interval '1 microsecond', lease_owner = $7
+		  WHERE consumer_group = $1 AND idempotency_key = $2 AND status = 'in_progress' AND (lease_until < now() OR lease_owner = $7)
+		  RETURNING 1)
+		SELECT EXISTS (SELECT 1 FROM ins) OR EXISTS (SELECT 1 FROM upd), (SELECT status FROM cur LIMIT 1), (SELECT lease_until FROM cur LIMIT 1)`,
+		rec.Group, rec.Key, rec.Topic, rec.Partition, rec.Offset, p.lease.Microseconds(), token, testTime(p.at)).
+		QueryRow(func(r pgx.Row) error { return r.Scan(&claimed, &status, &until) })
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return 0, &StoreError{Op: "claim", Err: err}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, &StoreError{Op: "claim", Err: err}
+	}
+	switch {
+	case claimed:
+		return Processed, nil
+	case status != nil && *status == "done":
+		return Duplicate, nil
+	}
+	var u time.Time
+	if until != nil {
+		u = *until
+	}
+	return 0, &StoreError{Op: "claim", Err: fmt.Errorf("%w (group %q, key %q, lease until %s)",
+		ErrInProgress, rec.Group, rec.Key, u.Format(time.RFC3339Nano))}
+}
+
+// lockedExec runs sql (args) on the key-lock path: in a transaction of its
+// own, after the key's advisory lock, so that it never races a claim that
+// moves the row to another partition.
+func (p *PostgresLease) lockedExec(ctx context.Context, rec Record, sql string, args ...any) (pgconn.CommandTag, error) {
+	if !p.locked.Load() {
+		return p.db.Exec(ctx, sql, args...)
+	}
+	tx, err := p.db.Begin(ctx)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	defer rollback(ctx, tx)
+	b := &pgx.Batch{}
+	queueKeyLocks(b, keyLock(rec.Group, rec.Key))
+	var tag pgconn.CommandTag
+	b.Queue(sql, args...).Exec(func(t pgconn.CommandTag) error {
+		tag = t
+		return nil
+	})
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return tag, err
+	}
+	return tag, tx.Commit(ctx)
+}
+
+func (p *PostgresLease) claimPlain(ctx context.Context, rec Record, token string) (Outcome, error) {
 	claimSQL := `INSERT INTO ` + p.table.quoted + ` AS p` +
 		` (consumer_group, idempotency_key, topic, "partition", "offset", status, lease_until, lease_owner)` +
 		` VALUES ($1, $2, $3, $4, $5, 'in_progress', now() + $6::bigint * interval '1 microsecond', $7)` +
@@ -195,10 +290,10 @@ func (p *PostgresLease) claim(ctx context.Context, rec Record, token string) (Ou
 func (p *PostgresLease) complete(ctx context.Context, rec Record, token string) (Outcome, error) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
-	tag, err := p.db.Exec(cctx, `UPDATE `+p.table.quoted+
-		` SET status = 'done', processed_at = now(), lease_until = NULL, lease_owner = NULL`+
+	tag, err := p.lockedExec(cctx, rec, `UPDATE `+p.table.quoted+
+		` SET status = 'done', processed_at = coalesce($4, now()), lease_until = NULL, lease_owner = NULL`+
 		` WHERE consumer_group = $1 AND idempotency_key = $2 AND lease_owner = $3 AND status = 'in_progress'`,
-		rec.Group, rec.Key, token)
+		rec.Group, rec.Key, token, testTime(p.at))
 	if err != nil {
 		return 0, &StoreError{Op: "complete", Err: err}
 	}
@@ -211,7 +306,7 @@ func (p *PostgresLease) complete(ctx context.Context, rec Record, token string) 
 func (p *PostgresLease) release(ctx context.Context, rec Record, token string) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
 	defer cancel()
-	_, err := p.db.Exec(rctx, `DELETE FROM `+p.table.quoted+
+	_, err := p.lockedExec(rctx, rec, `DELETE FROM `+p.table.quoted+
 		` WHERE consumer_group = $1 AND idempotency_key = $2 AND lease_owner = $3 AND status = 'in_progress'`,
 		rec.Group, rec.Key, token)
 	return err

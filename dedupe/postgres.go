@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemhq/idem/handler"
 )
@@ -27,6 +30,14 @@ import (
 // the second sees the row and returns Duplicate; if it rolled back, the second
 // proceeds. Exactly one set of effects is committed.
 //
+// On a partitioned inbox (WithPartitions) no unique index spans the
+// partitions, so the INSERT is preceded by the key's transaction-level
+// advisory lock, and inserts the row only if no partition has the key
+// (SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SELECT
+// pg_advisory_xact_lock(…); INSERT … WHERE NOT EXISTS (…), in one round
+// trip). The second member then waits on the lock instead of the index,
+// with the same outcome, whichever partitions the two rows would go to.
+//
 // Only effects written through Tx(ctx) are covered; effects outside
 // PostgreSQL (HTTP calls, emails) may repeat — use PostgresLease or make them
 // idempotent themselves. Each in-flight message holds one pooled connection
@@ -37,6 +48,12 @@ type Postgres struct {
 	db    DB
 	table table
 	err   error // configuration error, reported by Migrate and Process
+	// locked: record keys on the key-lock path (the table is partitioned,
+	// or WithPartitions was given) rather than with ON CONFLICT.
+	locked atomic.Bool
+	// at, when set (tests only), is the processed_at of the rows the store
+	// inserts, instead of the transaction's now().
+	at func() time.Time
 }
 
 var _ Store = (*Postgres)(nil)
@@ -46,15 +63,18 @@ var _ Store = (*Postgres)(nil)
 // idem table) once at start-up to create the table. A bad option (such as an empty table name) is reported
 // by Migrate and by every Process call, never by a panic.
 func NewPostgres(db DB, opts ...PostgresOption) *Postgres {
-	c := newPGConfig(opts)
-	t, err := parseTable(c.table)
-	return &Postgres{db: db, table: t, err: err}
+	t, err := parseConfig(newPGConfig(opts))
+	p := &Postgres{db: db, table: t, err: err}
+	p.locked.Store(t.every > 0)
+	return p
 }
 
 // Migrate creates or upgrades the store's table through the idem schema
 // migrator (component "dedupe:<table>"). It is idempotent and safe to call
 // concurrently from several processes. It creates the inbox table only:
-// idem.Migrate creates it and every other table idem needs.
+// idem.Migrate creates it and every other table idem needs. With
+// WithPartitions it then converts a plain table to the partitioned layout
+// (see WithPartitions) and makes the partitions ahead.
 func (p *Postgres) Migrate(ctx context.Context) error {
 	if p.err != nil {
 		return p.err
@@ -92,9 +112,23 @@ func (p *Postgres) Process(ctx context.Context, rec Record, fn func(ctx context.
 	if err := ctx.Err(); err != nil {
 		return 0, &StoreError{Op: "begin", Err: err}
 	}
-	tx, err := p.db.Begin(ctx)
-	if err != nil {
-		return 0, &StoreError{Op: "begin", Err: err}
+	var tx pgx.Tx
+	for retried := false; ; retried = true {
+		if tx, err = p.db.Begin(ctx); err != nil {
+			return 0, &StoreError{Op: "begin", Err: err}
+		}
+		fresh, err := p.insert(ctx, tx, rec)
+		if err == nil && !fresh {
+			rollback(ctx, tx)
+			return Duplicate, nil
+		}
+		if err == nil {
+			break
+		}
+		rollback(ctx, tx)
+		if retried || !p.heal(ctx, err) {
+			return 0, &StoreError{Op: "insert", Err: err}
+		}
 	}
 	done := false
 	defer func() {
@@ -102,17 +136,6 @@ func (p *Postgres) Process(ctx context.Context, rec Record, fn func(ctx context.
 			rollback(ctx, tx)
 		}
 	}()
-
-	tag, err := tx.Exec(ctx, `INSERT INTO `+p.table.quoted+
-		` (consumer_group, idempotency_key, topic, "partition", "offset") VALUES ($1, $2, $3, $4, $5)`+
-		` ON CONFLICT (consumer_group, idempotency_key) DO NOTHING`,
-		rec.Group, rec.Key, rec.Topic, rec.Partition, rec.Offset)
-	if err != nil {
-		return 0, &StoreError{Op: "insert", Err: err}
-	}
-	if tag.RowsAffected() == 0 {
-		return Duplicate, nil // deferred rollback
-	}
 
 	if err := fn(WithTx(ctx, tx)); err != nil {
 		if tx.Conn().IsClosed() && !handler.IsPermanent(err) && !handler.IsDecode(err) {
@@ -128,6 +151,61 @@ func (p *Postgres) Process(ctx context.Context, rec Record, fn func(ctx context.
 		return 0, err
 	}
 	return Processed, nil
+}
+
+// insert records rec's key in tx, and reports whether it is new: with ON
+// CONFLICT on the plain table, or on the key-lock path (see Postgres).
+func (p *Postgres) insert(ctx context.Context, tx pgx.Tx, rec Record) (bool, error) {
+	if !p.locked.Load() {
+		tag, err := tx.Exec(ctx, `INSERT INTO `+p.table.quoted+
+			` (consumer_group, idempotency_key, topic, "partition", "offset") VALUES ($1, $2, $3, $4, $5)`+
+			` ON CONFLICT (consumer_group, idempotency_key) DO NOTHING`,
+			rec.Group, rec.Key, rec.Topic, rec.Partition, rec.Offset)
+		return tag.RowsAffected() == 1, err
+	}
+	b := &pgx.Batch{}
+	queueKeyLocks(b, keyLock(rec.Group, rec.Key))
+	var fresh bool
+	b.Queue(`INSERT INTO `+p.table.quoted+
+		` (consumer_group, idempotency_key, topic, "partition", "offset", processed_at)`+
+		` SELECT $1, $2, $3, $4, $5, coalesce($6, now())`+
+		` WHERE NOT EXISTS (SELECT 1 FROM `+p.table.quoted+` WHERE consumer_group = $1 AND idempotency_key = $2)`+
+		` ON CONFLICT DO NOTHING`,
+		rec.Group, rec.Key, rec.Topic, rec.Partition, rec.Offset, testTime(p.at)).Exec(func(tag pgconn.CommandTag) error {
+		fresh = tag.RowsAffected() == 1
+		return nil
+	})
+	return fresh, tx.SendBatch(ctx, b).Close()
+}
+
+// heal reports whether an INSERT that failed with err may be tried again at
+// once, after what err calls for: the table turned out partitioned (the
+// store takes the key-lock path from now on), or it has no partition for
+// now yet (the store makes it). The caller has rolled back, and has not
+// called fn.
+func (p *Postgres) heal(ctx context.Context, err error) bool {
+	return healInsert(ctx, p.db, p.table, &p.locked, err)
+}
+
+func healInsert(ctx context.Context, db DB, t table, locked *atomic.Bool, err error) bool {
+	switch {
+	case isNoArbiter(err) && !locked.Load():
+		locked.Store(true)
+		return true
+	case isNoPartition(err):
+		_, merr := t.ensurePartitions(ctx, db)
+		return merr == nil
+	}
+	return false
+}
+
+// testTime is the processed_at the tests' clock gives (nil: now()).
+func testTime(at func() time.Time) *time.Time {
+	if at == nil {
+		return nil
+	}
+	t := at()
+	return &t
 }
 
 // commit commits tx once fn has returned nil, even if ctx has been cancelled

@@ -12,6 +12,13 @@ import (
 
 // Sweeper deletes old inbox rows so the table does not grow forever.
 //
+// On a partitioned inbox (WithPartitions) it deletes no row: each sweep
+// drops the partitions that end more than Retention ago (DETACH PARTITION
+// … CONCURRENTLY, then DROP TABLE), so a key is kept at least Retention and
+// at most Retention plus one partition's width, and it makes the
+// partitions of the next two intervals ahead of time. BatchSize is unused
+// there. It finds the table's layout itself at each sweep.
+//
 // The retention rule: Retention must exceed the longest time after which the
 // same message can be delivered again — the total of the retry-topic delays,
 // the time a message may sit in the dead-letter topic before an operator
@@ -46,6 +53,10 @@ type Sweeper struct {
 	// Logger receives a line per sweep that deleted rows, and sweep errors.
 	// Default: slog.Default().
 	Logger *slog.Logger
+
+	// every is the store's WithPartitions, the width of the partitions a
+	// sweep makes ahead; 0: that of the newest partition.
+	every time.Duration
 }
 
 // withDefaults returns s with every zero field replaced by its default. It is
@@ -98,12 +109,25 @@ func (s *Sweeper) Validate() error {
 // rows per statement, until none is left, and returns how many it deleted.
 // The horizon is fixed once, at the start of the call. On error it returns
 // the rows deleted so far and the error.
+//
+// On a partitioned table it drops the partitions past the horizon and makes
+// the partitions ahead instead, and returns the rows of the dropped
+// partitions as PostgreSQL's statistics estimate them (pg_class.reltuples:
+// counting them would read them).
 func (s *Sweeper) SweepOnce(ctx context.Context) (deleted int64, err error) {
 	if err := s.Validate(); err != nil {
 		return 0, err
 	}
 	c := s.withDefaults()
 	t, _ := parseTable(c.Table)
+	t.every = s.every
+	rel, err := t.lookup(ctx, c.DB)
+	if err != nil {
+		return 0, fmt.Errorf("dedupe: sweep %s: %w", t.quoted, err)
+	}
+	if rel.kind == "p" {
+		return t.sweepPartitions(ctx, c)
+	}
 
 	var horizon time.Time
 	if err := c.DB.QueryRow(ctx, "SELECT now() - $1::bigint * interval '1 microsecond'", c.Retention.Microseconds()).Scan(&horizon); err != nil {
@@ -124,6 +148,26 @@ func (s *Sweeper) SweepOnce(ctx context.Context) (deleted int64, err error) {
 			return deleted, nil
 		}
 	}
+}
+
+// sweepPartitions is SweepOnce on a partitioned table.
+func (t table) sweepPartitions(ctx context.Context, c Sweeper) (int64, error) {
+	made, err := t.ensurePartitions(ctx, c.DB)
+	if len(made) > 0 {
+		c.Logger.InfoContext(ctx, "dedupe: made inbox partitions ahead", "table", c.Table, "partitions", made)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("dedupe: sweep %s: %w", t.quoted, err)
+	}
+	dropped, rows, err := t.dropExpired(ctx, c.DB, c.Retention)
+	if len(dropped) > 0 {
+		c.Logger.InfoContext(ctx, "dedupe: dropped inbox partitions past the retention",
+			"table", c.Table, "partitions", dropped, "rows_estimated", rows, "retention", c.Retention)
+	}
+	if err != nil {
+		return rows, fmt.Errorf("dedupe: sweep %s: %w", t.quoted, err)
+	}
+	return rows, nil
 }
 
 // Run sweeps at once and then every Interval until ctx is done, and returns
@@ -175,7 +219,7 @@ func (p *Postgres) Sweeper() *Sweeper {
 	if p.err != nil {
 		return nil
 	}
-	return &Sweeper{DB: p.db, Table: p.table.name}
+	return &Sweeper{DB: p.db, Table: p.table.name, every: p.table.every}
 }
 
 // Sweeper returns a Sweeper over the store's database and table, as
@@ -184,5 +228,5 @@ func (p *PostgresLease) Sweeper() *Sweeper {
 	if p.err != nil {
 		return nil
 	}
-	return &Sweeper{DB: p.db, Table: p.table.name}
+	return &Sweeper{DB: p.db, Table: p.table.name, every: p.table.every}
 }

@@ -46,6 +46,7 @@ type PostgresOption func(*pgConfig)
 
 type pgConfig struct {
 	table string
+	every time.Duration
 }
 
 // WithTable sets the inbox table. The name may be qualified as
@@ -59,6 +60,29 @@ func WithTable(name string) PostgresOption {
 	return func(c *pgConfig) { c.table = name }
 }
 
+// WithPartitions makes the inbox table range-partitioned by processed_at,
+// one partition per every: 24h (a partition a day, from midnight UTC) or
+// 168h (a week, from Monday midnight UTC); any other value is an error
+// that Migrate and Process report. Migrate then creates the table
+// partitioned, or converts a plain one without moving a row (the plain
+// table becomes the oldest partition), and makes the partitions of the
+// next two intervals; the Sweeper (run by consumer.Run) keeps making them
+// ahead and drops every partition older than its Retention instead of
+// deleting rows. It needs PostgreSQL 14 or later.
+//
+// A key stays a duplicate for as long as any partition holds it: the
+// store takes a transaction-level advisory lock on the key, then inserts
+// it only if no partition has it, in one round trip (each partition's
+// primary key is one index probe). Its transactions therefore run at READ
+// COMMITTED. A store without this option finds a partitioned table by
+// itself and switches to that path, so members can be migrated one by one;
+// docs/partitioned-inbox.md has the design, the migration and the sizing.
+//
+// Default: 0 (one plain table, swept by DELETE).
+func WithPartitions(every time.Duration) PostgresOption {
+	return func(c *pgConfig) { c.every = every }
+}
+
 func newPGConfig(opts []PostgresOption) pgConfig {
 	c := pgConfig{table: defaultTable}
 	for _, o := range opts {
@@ -67,11 +91,14 @@ func newPGConfig(opts []PostgresOption) pgConfig {
 	return c
 }
 
-// table is a parsed, quoted inbox table name.
+// table is a parsed, quoted inbox table name, and its layout.
 type table struct {
-	name   string // as configured, used in the migration component name
-	quoted string // "schema"."table" or "table"
-	index  string // quoted, unqualified name of the processed_at index
+	name   string        // as configured, used in the migration component name
+	quoted string        // "schema"."table" or "table"
+	schema string        // the schema as configured, unquoted; "": the search_path's
+	rel    string        // the table's own name, unquoted
+	index  string        // quoted, unqualified name of the processed_at index
+	every  time.Duration // WithPartitions; 0: plain
 }
 
 func parseTable(name string) (table, error) {
@@ -94,28 +121,50 @@ func parseTable(name string) (table, error) {
 	if qualified {
 		ident = pgx.Identifier{schema, rel}
 	}
-	return table{name: name, quoted: ident.Sanitize(), index: pgx.Identifier{indexName(rel)}.Sanitize()}, nil
+	return table{name: name, quoted: ident.Sanitize(), schema: schema, rel: rel, index: pgx.Identifier{derivedName(rel, "_processed_at_idx", 63)}.Sanitize()}, nil
 }
 
-// indexName derives the processed_at index name from the table name, keeping
-// it within 63 bytes without cutting a UTF-8 sequence, with a hash suffix when
-// shortened so that two long names do not collide.
-func indexName(rel string) string {
-	const suffix = "_processed_at_idx"
-	if len(rel)+len(suffix) <= 63 {
+// parseConfig parses c's table and checks its options.
+func parseConfig(c pgConfig) (table, error) {
+	t, err := parseTable(c.table)
+	if err == nil {
+		err = validPartitions(c.every)
+	}
+	t.every = c.every
+	return t, err
+}
+
+// derivedName derives the name of an object of table rel (an index, a
+// partition) as rel + suffix, kept within limit bytes without cutting a
+// UTF-8 sequence, with a hash of rel in it when shortened so that two long
+// names do not collide.
+func derivedName(rel, suffix string, limit int) string {
+	if len(rel)+len(suffix) <= limit {
 		return rel + suffix
 	}
 	h := fnv.New32a()
 	h.Write([]byte(rel))
 	tail := fmt.Sprintf("_%08x%s", h.Sum32(), suffix)
-	cut := 63 - len(tail)
+	cut := limit - len(tail)
 	for cut > 0 && !utf8.RuneStart(rel[cut]) {
 		cut--
 	}
 	return rel[:cut] + tail
 }
 
-func (t table) migrate(ctx context.Context, db pgmigrate.DB) error {
+// migrate creates or upgrades the table; with WithPartitions it then
+// converts it to the partitioned layout, or makes its partitions ahead.
+func (t table) migrate(ctx context.Context, db DB) error {
+	if err := t.migratePlain(ctx, db); err != nil {
+		return err
+	}
+	if t.every > 0 {
+		return t.partition(ctx, db, time.Time{})
+	}
+	return nil
+}
+
+func (t table) migratePlain(ctx context.Context, db pgmigrate.DB) error {
 	ms, err := pgmigrate.Load(migrationFS, "migrations", struct{ Table, ProcessedAtIndex string }{t.quoted, t.index})
 	if err != nil {
 		return fmt.Errorf("dedupe: load migrations: %w", err)

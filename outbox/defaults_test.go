@@ -9,6 +9,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // TestDocumentedDefaults checks every "Default:" line of Relay's field docs
@@ -67,6 +71,14 @@ func checkDefault(t *testing.T, field, val string, v reflect.Value) {
 	case val == "slog.Default()" || val == "sarama.NewConfig()":
 		if v.IsNil() {
 			t.Errorf("%s: documented %s, is nil", field, val)
+		}
+	case val == "otel.GetTracerProvider()":
+		if tp, ok := v.Interface().(trace.TracerProvider); !ok || tp != otel.GetTracerProvider() {
+			t.Errorf("%s: documented %s, is %v", field, val, v.Interface())
+		}
+	case val == "propagation.TraceContext{}":
+		if _, ok := v.Interface().(propagation.TraceContext); !ok {
+			t.Errorf("%s: documented %s, is %v", field, val, v.Interface())
 		}
 	case v.Type() == reflect.TypeFor[time.Duration]():
 		want, err := time.ParseDuration(val)

@@ -66,6 +66,17 @@
 // it neither polls nor publishes late. Relay's doc, "Delayed rows", has the
 // details.
 //
+// # Traces and correlation
+//
+// Enqueue stores the trace context of its ctx (inside an idem handler, the
+// message's idem.handle span) and its correlation id (WithCorrelationID, or
+// the Correlate middleware) as headers of each event. The relay publishes
+// the event in an "idem.outbox.publish" span, a child of that context and
+// linked to it, and the record carries the span's context, so the handler,
+// the publish and the next consumer are one trace (Relay.TracerProvider,
+// Relay.Propagator). docs/outbox.md also shows OpenTelemetry metrics
+// through the Prometheus bridge.
+//
 // # Relay
 //
 // Relay runs as a library type (Relay.Run: in the consumer's process, next

@@ -82,6 +82,15 @@ type Message struct {
 // Each row gets an increasing id (its order) and a random event id (UUID)
 // that the relay publishes as header idem-outbox-id and, unless the message
 // sets one, as idempotency-key. Use EnqueueTable for another table.
+//
+// Enqueue also stores what ctx says about where the event comes from, as
+// headers of each message that does not set them itself: the trace context
+// of ctx's span (W3C traceparent and tracestate, and what else the global
+// OpenTelemetry propagator writes; inside an idem handler, the span of the
+// message's attempt), and the correlation id (header idem-correlation-id,
+// see WithCorrelationID and Correlate). The relay publishes the record in a
+// span that continues that trace, so the handler, the publish and the next
+// consumer of the event are one trace.
 func Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 	return EnqueueTable(ctx, tx, defaultTable, msgs...)
 }
@@ -104,13 +113,14 @@ func EnqueueTable(ctx context.Context, tx pgx.Tx, table string, msgs ...Message)
 	q := "INSERT INTO " + t.quoted + ` (topic, key, value, header_keys, header_values, not_before, retry_at)
 		VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $6::timestamptz > now() THEN $6::timestamptz END)`
 	b := &pgx.Batch{}
+	fromCtx := contextHeaders(ctx)
 	for i, m := range msgs {
 		if m.Topic == "" {
 			return fmt.Errorf("%w: message %d has no Topic", ErrInvalidMessage, i)
 		}
-		keys := make([]string, 0, len(m.Headers))
-		vals := make([][]byte, 0, len(m.Headers))
-		for _, h := range m.Headers {
+		keys := make([]string, 0, len(m.Headers)+len(fromCtx))
+		vals := make([][]byte, 0, len(m.Headers)+len(fromCtx))
+		for _, h := range withContextHeaders(m, fromCtx) {
 			if h.Key == "" {
 				return fmt.Errorf("%w: message %d (topic %s) has a header with an empty name", ErrInvalidMessage, i, m.Topic)
 			}

@@ -15,6 +15,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/outboxconf"
@@ -50,7 +53,7 @@ const (
 // process dies, PostgreSQL ends its session and releases the lock; a standby
 // takes over within LeaderRetry (plus the time PostgreSQL needs to notice a
 // dead peer: immediate for a crashed process, tcp_keepalives_* for a host
-// that vanished).
+// that vanished). The election is the one schedule.Scheduler runs too.
 //
 // # Publishing
 //
@@ -319,6 +322,25 @@ type Relay struct {
 	// Default: nil.
 	Health *Health
 
+	// TracerProvider makes the tracer of the relay's spans: one
+	// "idem.outbox.publish" span (kind producer) per row published, a child
+	// of the trace context Enqueue stored with the row (the handler's span)
+	// and linked to it, ended at Kafka's ack or error. The record carries
+	// the span's own context (traceparent, tracestate), so the consumer of
+	// the event continues the trace. Attributes: messaging.system,
+	// messaging.operation.type "send", messaging.destination.name,
+	// messaging.message.id (the event id), idem.outbox.table, idem.outbox.id,
+	// idem.correlation_id (when the row has one), and at the ack
+	// messaging.destination.partition.id and messaging.kafka.offset.
+	// Default: otel.GetTracerProvider() (a no-op until the program installs
+	// an SDK; the records then still carry the enqueue's trace context).
+	TracerProvider trace.TracerProvider
+
+	// Propagator reads the trace context from a row's stored headers and
+	// writes the publish span's into the record.
+	// Default: propagation.TraceContext{} (W3C, as consumer.Config's).
+	Propagator propagation.TextMapPropagator
+
 	// ExactlyOnce publishes each round in a Kafka transaction that also
 	// commits the relay's progress mark, so that after a crash at any point
 	// each row reaches read_committed readers exactly once (see "Exactly
@@ -417,6 +439,12 @@ func (r *Relay) withDefaults() Relay {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
+	}
+	if c.Propagator == nil {
+		c.Propagator = propagation.TraceContext{}
+	}
 	return c
 }
 
@@ -451,11 +479,12 @@ func (r *Relay) Run(ctx context.Context) error {
 		return fmt.Errorf("outbox: register metrics: %w", err)
 	}
 	s := &session{
-		cfg:  c,
-		t:    t,
-		m:    m,
-		log:  c.Logger.With("outbox", t.name),
-		rand: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+		cfg:    c,
+		t:      t,
+		m:      m,
+		log:    c.Logger.With("outbox", t.name),
+		rand:   rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+		tracer: c.TracerProvider.Tracer(tracerName),
 	}
 	s.leader = m.Leader.WithLabelValues(t.name)
 	s.leader.Set(0)
@@ -466,53 +495,28 @@ func (r *Relay) Run(ctx context.Context) error {
 	m.PublishSeconds.WithLabelValues(t.name)
 	c.Health.set(errNotStarted)
 	defer c.Health.set(errStopped)
-	if !s.start(ctx) {
-		return nil
-	}
 	defer s.closeKafka()
-	for failures := 1; ctx.Err() == nil; failures++ {
-		err := s.run(ctx)
-		if ctx.Err() != nil {
-			break
-		}
-		if s.led {
-			failures, s.led = 1, false
-		}
-		c.Health.set(err)
-		wait := s.backoff(failures)
-		s.log.Warn("idem: outbox relay session ended (database connection lost or refused); reconnecting", "err", err, "in", wait)
-		pglead.Sleep(ctx, wait)
+	e := &pglead.Election{
+		Pool: c.Pool, Name: "outbox relay", Table: t.quoted, Log: s.log,
+		Key:     func(oid uint32) int64 { return lockNamespace<<32 | int64(oid) },
+		Channel: channel,
+		Retry:   c.LeaderRetry, RetryMax: c.RetryMax, Timeout: c.QueryTimeout,
+		Start:  s.start,
+		Lead:   s.lead,
+		Leader: s.leader,
+		Health: c.Health.set,
 	}
+	e.Run(ctx)
 	return nil
 }
 
-// start migrates the table and makes the producer, retrying both with
-// backoff until they succeed (true) or ctx ends (false).
-func (s *session) start(ctx context.Context) bool {
-	c := s.cfg
-	for n := 1; ; n++ {
-		err := outboxtable.Migrate(ctx, c.Pool, c.Table)
-		if err == nil {
-			err = s.connectKafka(ctx)
-			if err == nil {
-				c.Health.set(nil)
-				if n > 1 {
-					s.log.Info("idem: outbox relay started", "attempts", n)
-				}
-				return true
-			}
-		}
-		if ctx.Err() != nil {
-			return false
-		}
-		c.Health.set(err)
-		wait := s.backoff(n)
-		s.log.Warn("idem: outbox relay cannot start yet (database or brokers unreachable?); retrying",
-			"err", err, "attempt", n, "in", wait)
-		if !pglead.Sleep(ctx, wait) {
-			return false
-		}
+// start migrates the table and makes the producer, once; the election
+// retries it with backoff until it succeeds.
+func (s *session) start(ctx context.Context) error {
+	if err := outboxtable.Migrate(ctx, s.cfg.Pool, s.cfg.Table); err != nil {
+		return err
 	}
+	return s.connectKafka(ctx)
 }
 
 // backoff is the wait after the n-th failure in a row of the relay's
@@ -568,41 +572,7 @@ type session struct {
 	log    *slog.Logger
 	txn    *txnState // ExactlyOnce only
 	rand   *rand.Rand
-	// led is set once a session held its connection long enough to stand
-	// by or lead: the next failure starts the backoff over.
-	led bool
-}
-
-// run takes a dedicated connection, waits to become leader, and leads until
-// the connection fails or ctx ends.
-func (s *session) run(ctx context.Context) error {
-	conn, closeConn, err := pglead.Conn(ctx, s.cfg.Pool)
-	if err != nil {
-		return fmt.Errorf("outbox: %w", err)
-	}
-	defer closeConn() // ends the session: releases the lock
-	var oid uint32
-	if err := s.query(ctx, conn, "SELECT $1::regclass::oid", s.t.quoted).Scan(&oid); err != nil {
-		return fmt.Errorf("outbox: find table %s: %w", s.t.quoted, err)
-	}
-	s.led = true
-	s.cfg.Health.set(nil)
-	got, err := pglead.Lock(ctx, conn, lockNamespace<<32|int64(oid), s.cfg.LeaderRetry, s.cfg.QueryTimeout, func() {
-		s.log.Info("idem: outbox relay standing by: another relay holds the table's lock")
-	})
-	if err != nil || !got {
-		if err != nil {
-			err = fmt.Errorf("outbox: %w", err)
-		}
-		return err
-	}
-	s.leader.Set(1)
-	defer s.leader.Set(0)
-	s.log.Info("idem: outbox relay is the leader", "table", s.t.quoted)
-	if _, err := s.exec(ctx, conn, "LISTEN "+pgx.Identifier{channel(oid)}.Sanitize()); err != nil {
-		return fmt.Errorf("outbox: listen: %w", err)
-	}
-	return s.lead(ctx, conn)
+	tracer trace.Tracer
 }
 
 // lockNamespace is the high half of the advisory lock key ("idox"); the low
@@ -800,21 +770,34 @@ func (s *session) fetch(ctx context.Context, conn *pgx.Conn) (heads []row, more 
 	return heads, more, nil
 }
 
-// publish sends heads and waits for every ack or error; errs[i] is heads[i]'s.
+// publish sends heads, each in its publish span, and waits for every ack or
+// error; errs[i] is heads[i]'s.
 func (s *session) publish(heads []row) []error {
 	errs := make([]error, len(heads))
+	msgs := make([]*sarama.ProducerMessage, len(heads))
+	spans := make([]trace.Span, len(heads))
+	for i := range heads {
+		h := heads[i] // a copy: the span's context goes into the record, not the row
+		h.hkeys, h.hvals = slices.Clone(h.hkeys), slices.Clone(h.hvals)
+		spans[i] = s.publishSpan(&h)
+		msgs[i] = h.message(i)
+	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		for i, h := range heads {
-			s.prod.Input() <- h.message(i)
+		for _, m := range msgs {
+			s.prod.Input() <- m
 		}
 	})
 	for range heads {
 		select {
 		case m := <-s.prod.Successes():
-			errs[m.Metadata.(int)] = nil
+			i := m.Metadata.(int)
+			errs[i] = nil
+			endPublishSpan(spans[i], m.Partition, m.Offset, nil)
 		case e := <-s.prod.Errors():
-			errs[e.Msg.Metadata.(int)] = e.Err
+			i := e.Msg.Metadata.(int)
+			errs[i] = e.Err
+			endPublishSpan(spans[i], e.Msg.Partition, -1, e.Err)
 		}
 	}
 	wg.Wait()

@@ -50,6 +50,13 @@
 // its own transaction; the saga is then due and Run drives it on. The
 // package knows nothing of Kafka or the outbox.
 //
+// # Correlation
+//
+// A saga keeps the correlation id of the ctx Start was called with
+// (outbox.WithCorrelationID, outbox.Correlate), or its own id when that ctx
+// has none. Every action and compensation gets it in Call.CorrelationID and
+// in its ctx, so a command it enqueues through the outbox carries it.
+//
 // # Deadline
 //
 // Definition.Timeout bounds a saga from Start: actions get a ctx with the

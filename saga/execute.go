@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/correlation"
 )
 
 // rollbackTimeout bounds a rollback run after the caller's ctx is done.
@@ -18,6 +19,7 @@ const rollbackTimeout = 5 * time.Second
 // row is the part of idem_saga a transition reads, under the row's lock.
 type row struct {
 	id, typ  string
+	corr     string // correlation_id
 	state    State
 	step     int
 	input    []byte
@@ -73,8 +75,8 @@ func (o *Orchestrator) transition(ctx context.Context, id string, fails func(int
 		cancel()
 	}()
 	s := row{id: id}
-	err = tx.QueryRow(ctx, `SELECT type, state, step, input, deadline, coalesce(deadline <= now(), false)
-		FROM idem_saga WHERE id = $1 FOR UPDATE SKIP LOCKED`, id).Scan(&s.typ, &s.state, &s.step, &s.input, &s.deadline, &s.expired)
+	err = tx.QueryRow(ctx, `SELECT type, state, step, input, deadline, coalesce(deadline <= now(), false), correlation_id
+		FROM idem_saga WHERE id = $1 FOR UPDATE SKIP LOCKED`, id).Scan(&s.typ, &s.state, &s.step, &s.input, &s.deadline, &s.expired, &s.corr)
 	if errors.Is(err, pgx.ErrNoRows) {
 		var one int
 		if err := o.cfg.DB.QueryRow(ctx, `SELECT 1 FROM idem_saga WHERE id = $1`, id).Scan(&one); errors.Is(err, pgx.ErrNoRows) {
@@ -163,7 +165,8 @@ func (o *Orchestrator) call(ctx context.Context, tx pgx.Tx, s row, name, suffix 
 	if err != nil {
 		return Call{}, nil, fmt.Errorf("saga: %s: savepoint: %w", s.id, err)
 	}
-	return Call{SagaID: s.id, Step: name, Key: s.id + "/" + name + suffix, Input: s.input, Results: res, Tx: sp}, sp, nil
+	return Call{SagaID: s.id, Step: name, Key: s.id + "/" + name + suffix, Input: s.input, Results: res,
+		CorrelationID: s.corr, Tx: sp}, sp, nil
 }
 
 // act runs the action of step s.step and records its outcome.
@@ -176,9 +179,9 @@ func (o *Orchestrator) act(ctx context.Context, tx pgx.Tx, s row, def *Definitio
 	if err != nil {
 		return s.state, false, err
 	}
-	actx, cancel := ctx, context.CancelFunc(func() {})
+	actx, cancel := correlation.With(ctx, s.corr), context.CancelFunc(func() {})
 	if s.deadline != nil {
-		actx, cancel = context.WithDeadline(ctx, *s.deadline)
+		actx, cancel = context.WithDeadline(actx, *s.deadline)
 	}
 	start := time.Now()
 	result, aerr := step.Action(actx, c)
@@ -277,7 +280,7 @@ func (o *Orchestrator) compensate(ctx context.Context, tx pgx.Tx, s row, def *De
 			return s.state, false, err
 		}
 		start := time.Now()
-		cerr := step.Compensate(ctx, c)
+		cerr := step.Compensate(correlation.With(ctx, s.corr), c)
 		o.m.CompensationDuration.WithLabelValues(s.typ, step.Name).Observe(time.Since(start).Seconds())
 		if cerr != nil {
 			_ = sp.Rollback(ctx)

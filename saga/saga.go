@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/internal/configerr"
+	"github.com/idemhq/idem/internal/correlation"
 )
 
 // State is a saga's state, stored in idem_saga.state.
@@ -81,6 +82,11 @@ type Call struct {
 	// Results holds the results of the steps done so far, by step name. A
 	// compensation finds its own step's result there.
 	Results map[string][]byte
+	// CorrelationID is the saga's correlation id: that of the ctx Start was
+	// called with (outbox.WithCorrelationID, outbox.Correlate), or the
+	// saga's id when it had none. The action's and the compensation's ctx
+	// carry it too, so an outbox.Enqueue there puts it on the command.
+	CorrelationID string
 	// Tx is the transaction that records this step's outcome. Writes made
 	// through it (local effects, outbox.Enqueue of a command) commit if and
 	// only if the outcome is recorded, so they happen exactly once. Do not
@@ -296,6 +302,9 @@ func New(cfg Config, defs ...Definition) (*Orchestrator, error) {
 // so the saga starts if and only if that handler's effects commit; a
 // *pgxpool.Pool starts it on its own.
 //
+// The saga keeps ctx's correlation id (outbox.WithCorrelationID), or its
+// own id when ctx has none, for every step and compensation (Call).
+//
 // The id is the saga's idempotency key: starting an id that exists is a
 // no-op that returns created = false (a redelivered message starts its saga
 // once). Starting it with another type is an error. The saga's entry into
@@ -310,8 +319,12 @@ func (o *Orchestrator) Start(ctx context.Context, db dedupe.DB, typ, id string, 
 	if def.Timeout > 0 {
 		deadline = &def.Timeout
 	}
-	tag, err := db.Exec(ctx, `INSERT INTO idem_saga (id, type, state, input, deadline)
-		VALUES ($1, $2, 'running', $3, now() + $4::interval) ON CONFLICT (id) DO NOTHING`, id, typ, input, deadline)
+	corr := correlation.From(ctx)
+	if corr == "" {
+		corr = id
+	}
+	tag, err := db.Exec(ctx, `INSERT INTO idem_saga (id, type, state, input, deadline, correlation_id)
+		VALUES ($1, $2, 'running', $3, now() + $4::interval, $5) ON CONFLICT (id) DO NOTHING`, id, typ, input, deadline, corr)
 	if err != nil {
 		return false, fmt.Errorf("saga: start %s: %w", id, err)
 	}

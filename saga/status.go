@@ -21,11 +21,14 @@ type Status struct {
 	Step int `json:"step"`
 	// Error is why the saga compensates ("<step>: <error>", "deadline
 	// exceeded"); empty otherwise.
-	Error     string       `json:"error,omitempty"`
-	Deadline  time.Time    `json:"deadline,omitzero"`
-	CreatedAt time.Time    `json:"created_at"`
-	UpdatedAt time.Time    `json:"updated_at"`
-	Steps     []StepStatus `json:"steps"`
+	Error string `json:"error,omitempty"`
+	// CorrelationID is the correlation id every step and compensation
+	// carries (see Call.CorrelationID).
+	CorrelationID string       `json:"correlation_id"`
+	Deadline      time.Time    `json:"deadline,omitzero"`
+	CreatedAt     time.Time    `json:"created_at"`
+	UpdatedAt     time.Time    `json:"updated_at"`
+	Steps         []StepStatus `json:"steps"`
 }
 
 // StepStatus is one recorded step.
@@ -54,8 +57,8 @@ func Get(ctx context.Context, db dedupe.DB, id string) (Status, error) {
 	defer func() { _ = q.Rollback(context.WithoutCancel(ctx)) }() // it only read
 	s := Status{ID: id}
 	var deadline *time.Time
-	err = q.QueryRow(ctx, `SELECT type, state, step, error, deadline, created_at, updated_at FROM idem_saga WHERE id = $1`, id).
-		Scan(&s.Type, &s.State, &s.Step, &s.Error, &deadline, &s.CreatedAt, &s.UpdatedAt)
+	err = q.QueryRow(ctx, `SELECT type, state, step, error, deadline, created_at, updated_at, correlation_id FROM idem_saga WHERE id = $1`, id).
+		Scan(&s.Type, &s.State, &s.Step, &s.Error, &deadline, &s.CreatedAt, &s.UpdatedAt, &s.CorrelationID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Status{}, fmt.Errorf("%w: %q", ErrNotFound, id)
 	}

@@ -228,21 +228,17 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	r := &runner{cfg: c, m: m, log: c.Logger.With("group", c.Group)}
 	r.leader = m.Leader.WithLabelValues(c.Group)
 	r.leader.Set(0)
-	if !r.start(ctx) {
-		return nil
+	e := &pglead.Election{
+		Pool: c.Pool, Name: "scheduler", Table: table, Log: r.log,
+		Key:     func(oid uint32) int64 { return lockKey(oid, c.Group) },
+		Channel: func(oid uint32) string { return fmt.Sprintf("idem_deferred_%d", oid) },
+		Retry:   c.LeaderRetry, RetryMax: c.RetryMax, Timeout: c.QueryTimeout,
+		Start:  r.start,
+		Lead:   r.lead,
+		Leader: r.leader,
 	}
-	defer r.close()
-	for failures := 1; ctx.Err() == nil; failures++ {
-		err := r.session(ctx)
-		if ctx.Err() != nil {
-			break
-		}
-		if r.connected {
-			failures, r.connected = 1, false
-		}
-		wait := r.backoff(failures)
-		r.log.Warn("idem: scheduler session ended (database connection lost?); reconnecting", "err", err, "in", wait)
-		pglead.Sleep(ctx, wait)
+	if e.Run(ctx) {
+		r.close()
 	}
 	return nil
 }
@@ -255,43 +251,30 @@ type runner struct {
 	log    *slog.Logger
 	client sarama.Client
 	fwd    *forward.Forwarder
-	// connected is set once a session got its connection: the next failure
-	// starts the backoff over.
-	connected bool
 }
 
-// start migrates the table and connects to Kafka, retrying with backoff
-// until both succeed (true) or ctx ends (false).
-func (r *runner) start(ctx context.Context) bool {
-	for n := 1; ; n++ {
-		err := scheduletable.Migrate(ctx, r.cfg.Pool)
-		if err == nil {
-			if r.client, err = sarama.NewClient(r.cfg.Brokers, r.cfg.Sarama); err == nil {
-				if r.fwd, err = forward.NewForwarderFromClient(r.client); err == nil {
-					return true
-				}
-				_ = r.client.Close()
-			}
-		}
-		if ctx.Err() != nil {
-			return false
-		}
-		wait := r.backoff(n)
-		r.log.Warn("idem: scheduler cannot start yet (database or brokers unreachable?); retrying", "err", err, "attempt", n, "in", wait)
-		if !pglead.Sleep(ctx, wait) {
-			return false
-		}
+// start migrates the table and connects to Kafka, once; the election
+// retries it with backoff until it succeeds.
+func (r *runner) start(ctx context.Context) error {
+	if err := scheduletable.Migrate(ctx, r.cfg.Pool); err != nil {
+		return err
 	}
+	client, err := sarama.NewClient(r.cfg.Brokers, r.cfg.Sarama)
+	if err != nil {
+		return err
+	}
+	fwd, err := forward.NewForwarderFromClient(client)
+	if err != nil {
+		_ = client.Close()
+		return err
+	}
+	r.client, r.fwd = client, fwd
+	return nil
 }
 
 func (r *runner) close() {
 	_ = r.fwd.Close()
 	_ = r.client.Close()
-}
-
-// backoff is the wait after the n-th failure in a row to start or reconnect.
-func (r *runner) backoff(n int) time.Duration {
-	return pglead.Backoff(n, r.cfg.LeaderRetry, r.cfg.RetryMax)
 }
 
 // lockKey is the advisory lock key of group's leader for the table whose oid
@@ -302,34 +285,6 @@ func lockKey(table uint32, group string) int64 {
 	h := fnv.New64a()
 	fmt.Fprintf(h, "idem-schedule:%d:%s", table, group)
 	return int64(h.Sum64())
-}
-
-// session takes a dedicated connection, waits to lead the group, and leads
-// until the connection fails (error) or ctx ends (nil).
-func (r *runner) session(ctx context.Context) error {
-	conn, release, err := pglead.Conn(ctx, r.cfg.Pool)
-	if err != nil {
-		return fmt.Errorf("schedule: %w", err)
-	}
-	defer release() // ends the session: releases the lock
-	var oid uint32
-	if err := r.row(ctx, conn, "SELECT $1::regclass::oid", table).Scan(&oid); err != nil {
-		return fmt.Errorf("schedule: find table %s: %w", table, err)
-	}
-	r.connected = true
-	got, err := pglead.Lock(ctx, conn, lockKey(oid, r.cfg.Group), r.cfg.LeaderRetry, r.cfg.QueryTimeout, func() {
-		r.log.Info("idem: scheduler standing by: another scheduler leads the group")
-	})
-	if !got || err != nil {
-		return ctxOr(ctx, err)
-	}
-	r.leader.Set(1)
-	defer r.leader.Set(0)
-	r.log.Info("idem: scheduler is the group's leader")
-	if _, err := r.exec(ctx, conn, "LISTEN "+pgx.Identifier{fmt.Sprintf("idem_deferred_%d", oid)}.Sanitize()); err != nil {
-		return fmt.Errorf("schedule: listen: %w", err)
-	}
-	return r.lead(ctx, conn)
 }
 
 // lead publishes due rows until the connection fails or ctx ends.
@@ -478,10 +433,4 @@ func (r *runner) stats(ctx context.Context, conn *pgx.Conn) error {
 
 func (r *runner) row(ctx context.Context, conn *pgx.Conn, sql string, args ...any) pgx.Row {
 	return pglead.QueryRow(ctx, conn, r.cfg.QueryTimeout, sql, args...)
-}
-
-func (r *runner) exec(ctx context.Context, conn *pgx.Conn, sql string, args ...any) (any, error) {
-	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
-	defer cancel()
-	return conn.Exec(qctx, sql, args...)
 }

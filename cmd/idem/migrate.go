@@ -12,7 +12,7 @@ import (
 
 // newMigrateCmd builds `idem migrate`: create or upgrade idem's tables.
 func newMigrateCmd(a *app) *cobra.Command {
-	var url, table string
+	var url, table, partitions string
 	var outboxTables []string
 	cmd := &cobra.Command{
 		Use:   "migrate",
@@ -23,9 +23,16 @@ the inbox (idem_processed, or --table), the ordering tables, the outbox
 the deferred messages and the failure index that idem console and
 idem dlq --database-url read (idem_dlq_records, idem_dlq_groups,
 idem_dlq_versions, idem_dlq_audit). Safe to run again and from several
-processes at once. Talks only to PostgreSQL: --database-url, or DATABASE_URL.`,
+processes at once. Talks only to PostgreSQL: --database-url, or DATABASE_URL.
+
+--partitioned-inbox (week, the default, or day) makes the inbox range-
+partitioned by time, or converts an existing plain inbox to it without
+moving a row: the plain table becomes the oldest partition, and the sweeper
+then drops partitions instead of deleting rows (docs/partitioned-inbox.md).
+Configure the services' stores with dedupe.WithPartitions to match.`,
 		Example: `  idem migrate --database-url postgres://idem:secret@db:5432/idem
-  DATABASE_URL=postgres://idem@db/idem idem migrate --table billing.idem_processed --outbox-table billing.events`,
+  DATABASE_URL=postgres://idem@db/idem idem migrate --table billing.idem_processed --outbox-table billing.events
+  idem migrate --database-url postgres://idem@db/idem --partitioned-inbox=week`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if url == "" {
@@ -41,6 +48,15 @@ processes at once. Talks only to PostgreSQL: --database-url, or DATABASE_URL.`,
 			if table != "" {
 				opts = append(opts, idemroot.InboxTable(table))
 			}
+			switch partitions {
+			case "":
+			case "day":
+				opts = append(opts, idemroot.PartitionedInbox(24*time.Hour))
+			case "week":
+				opts = append(opts, idemroot.PartitionedInbox(7*24*time.Hour))
+			default:
+				return fmt.Errorf("--partitioned-inbox %q: want day or week", partitions)
+			}
 			for _, t := range outboxTables {
 				opts = append(opts, idemroot.OutboxTable(t))
 			}
@@ -54,6 +70,8 @@ processes at once. Talks only to PostgreSQL: --database-url, or DATABASE_URL.`,
 	}
 	dbFlag(cmd, &url)
 	cmd.Flags().StringVar(&table, "table", "", "inbox table name, optionally schema-qualified (default idem_processed)")
+	cmd.Flags().StringVar(&partitions, "partitioned-inbox", "", "partition the inbox by time, a partition a week or a day (week, day; alone: week); converts a plain inbox in place")
+	cmd.Flags().Lookup("partitioned-inbox").NoOptDefVal = "week"
 	cmd.Flags().StringArrayVar(&outboxTables, "outbox-table", nil, "outbox table name, optionally schema-qualified; repeat for several (default idem_outbox)")
 	return cmd
 }

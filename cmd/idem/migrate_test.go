@@ -84,3 +84,48 @@ func TestMigrateIsIdemMigrate(t *testing.T) {
 		t.Fatalf("idem migrate applied %v; idem.Migrate %v", got, want)
 	}
 }
+
+// TestMigratePartitionedInbox: `idem migrate --partitioned-inbox` converts
+// the plain inbox of an earlier `idem migrate`, rows and all, into a
+// partitioned one; a second run is a no-op, and a width other than day or
+// week is refused.
+func TestMigratePartitionedInbox(t *testing.T) {
+	t.Parallel()
+	ctx := testenv.Context(t)
+	url := testenv.DatabaseURL(t)
+	db, schema := testenv.PostgresSchema(t)
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	url += sep + "search_path=" + schema
+	migrate := func(args ...string) (int, string) {
+		var out, errOut strings.Builder
+		code := run(append([]string{"migrate", "--database-url", url}, args...), strings.NewReader(""), &out, &errOut)
+		return code, errOut.String()
+	}
+	if code, errOut := migrate(); code != 0 {
+		t.Fatalf("plain: exit %d: %s", code, errOut)
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO idem_processed (consumer_group, idempotency_key) SELECT 'g', 'k' || i FROM generate_series(1, 100) i`); err != nil {
+		t.Fatal(err)
+	}
+	if code, errOut := migrate("--partitioned-inbox=month"); code != 1 || !strings.Contains(errOut, "day or week") {
+		t.Fatalf("--partitioned-inbox=month: exit %d, %q", code, errOut)
+	}
+	for i := range 2 {
+		if code, errOut := migrate("--partitioned-inbox"); code != 0 {
+			t.Fatalf("run %d: exit %d: %s", i, code, errOut)
+		}
+	}
+	var kind string
+	var rows, parts int
+	if err := db.QueryRow(ctx, `SELECT relkind::text, (SELECT count(*) FROM idem_processed),
+		(SELECT count(*) FROM pg_inherits WHERE inhparent = 'idem_processed'::regclass)
+		FROM pg_class WHERE oid = 'idem_processed'::regclass`).Scan(&kind, &rows, &parts); err != nil {
+		t.Fatal(err)
+	}
+	if kind != "p" || rows != 100 || parts < 2 {
+		t.Fatalf("after --partitioned-inbox: relkind %q, %d rows, %d partitions; want p, 100, at least 2 (the plain table and one ahead)", kind, rows, parts)
+	}
+}

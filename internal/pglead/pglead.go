@@ -7,18 +7,135 @@
 // retry interval.
 //
 // schedule.Scheduler (one leader per consumer group) and outbox.Relay (one
-// leader per table) use it: one election, one way to wait and back off.
+// leader per table) run it through Election: one election, one way to
+// start, stand by, lead, wait and back off.
 package pglead
 
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
+
+// Election is one background publisher's part in the election of the
+// leader of one lock: start once, then sessions until ctx ends. Each
+// session takes a dedicated connection (Conn), finds the table's oid,
+// tries the lock every Retry (standing by meanwhile), LISTENs on the
+// table's channel once it holds the lock, and runs Lead on that
+// connection until it fails. A failed start or session is retried after
+// Backoff(n, Retry, RetryMax), n counting the failures in a row (a session
+// that got its connection starts the count over).
+type Election struct {
+	// Pool gives the session's connection, taken out of it for good.
+	Pool *pgxpool.Pool
+	// Name is what the logs call the publisher ("outbox relay").
+	Name string
+	// Table is the quoted table whose oid Key and Channel are made from.
+	Table string
+	// Key is the advisory lock key of the table whose oid is given.
+	Key func(oid uint32) int64
+	// Channel is the NOTIFY channel the leader LISTENs on ("": none).
+	Channel func(oid uint32) string
+	// Retry is how often a standby tries the lock, and the first backoff;
+	// RetryMax caps the backoff; Timeout bounds each statement.
+	Retry, RetryMax, Timeout time.Duration
+	// Log receives the election's lines.
+	Log *slog.Logger
+	// Start runs before the first session, retried with backoff until it
+	// returns nil (migrate the table, connect to Kafka).
+	Start func(ctx context.Context) error
+	// Lead runs while this session holds the lock, on its connection,
+	// until that fails (an error) or ctx ends (nil).
+	Lead func(ctx context.Context, conn *pgx.Conn) error
+	// Leader, when set, is set to 1 while this session holds the lock and
+	// to 0 when it lets it go (a leader gauge).
+	Leader interface{ Set(float64) }
+	// Health, when set, is told nil once started and while connected, and
+	// each start or session failure.
+	Health func(error)
+}
+
+// Run starts, then runs sessions until ctx ends. It reports whether Start
+// succeeded (false: ctx ended first).
+func (e *Election) Run(ctx context.Context) bool {
+	health := e.Health
+	if health == nil {
+		health = func(error) {}
+	}
+	for n := 1; ; n++ {
+		err := e.Start(ctx)
+		if err == nil {
+			health(nil)
+			if n > 1 {
+				e.Log.Info("idem: "+e.Name+" started", "attempts", n)
+			}
+			break
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		health(err)
+		wait := Backoff(n, e.Retry, e.RetryMax)
+		e.Log.Warn("idem: "+e.Name+" cannot start yet (database or brokers unreachable?); retrying", "err", err, "attempt", n, "in", wait)
+		if !Sleep(ctx, wait) {
+			return false
+		}
+	}
+	for failures := 1; ctx.Err() == nil; failures++ {
+		connected, err := e.session(ctx, health)
+		if ctx.Err() != nil {
+			break
+		}
+		if connected {
+			failures = 1
+		}
+		health(err)
+		wait := Backoff(failures, e.Retry, e.RetryMax)
+		e.Log.Warn("idem: "+e.Name+" session ended (database connection lost or refused); reconnecting", "err", err, "in", wait)
+		Sleep(ctx, wait)
+	}
+	return true
+}
+
+// session is one connection's try at leading: it reports whether it got as
+// far as standing by, and why it ended (nil when ctx ended).
+func (e *Election) session(ctx context.Context, health func(error)) (connected bool, err error) {
+	conn, release, err := Conn(ctx, e.Pool)
+	if err != nil {
+		return false, err
+	}
+	defer release() // ends the session: releases the lock
+	var oid uint32
+	if err := QueryRow(ctx, conn, e.Timeout, "SELECT $1::regclass::oid", e.Table).Scan(&oid); err != nil {
+		return false, fmt.Errorf("find table %s: %w", e.Table, err)
+	}
+	health(nil)
+	got, err := Lock(ctx, conn, e.Key(oid), e.Retry, e.Timeout, func() {
+		e.Log.Info("idem: "+e.Name+" standing by: another holds the lock", "table", e.Table)
+	})
+	if err != nil || !got {
+		return true, err
+	}
+	if e.Leader != nil {
+		e.Leader.Set(1)
+		defer e.Leader.Set(0)
+	}
+	e.Log.Info("idem: "+e.Name+" is the leader", "table", e.Table)
+	if e.Channel != nil {
+		qctx, cancel := context.WithTimeout(ctx, e.Timeout)
+		_, err := conn.Exec(qctx, "LISTEN "+pgx.Identifier{e.Channel(oid)}.Sanitize())
+		cancel()
+		if err != nil {
+			return true, fmt.Errorf("listen: %w", err)
+		}
+	}
+	return true, e.Lead(ctx, conn)
+}
 
 // Conn takes a connection out of pool for good (Hijack: it is never
 // returned to the pool) and returns it with a function that closes it,

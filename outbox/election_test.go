@@ -1,0 +1,63 @@
+package outbox_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemhq/idem/idemtest"
+)
+
+// TestRelaysElectOneLeaderAndFailOver: two relays on one table elect one
+// leader (internal/pglead's election, the scheduler's too), which alone
+// publishes; when it stops, the standby leads within a few LeaderRetry and
+// publishes what comes next.
+func TestRelaysElectOneLeaderAndFailOver(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	recs := e.consume(e.topic)
+	a, regA := e.relay(e.pool)
+	b, regB := e.relay(e.pool)
+	stopA := start(t, a)
+	waitMetric(t, regA, 1, "idem_outbox_leader", "idem_outbox")
+	start(t, b)
+	e.enqueue(e.msg("k", "1"), e.msg("k", "2"))
+	recs.waitKeys(t, "k")
+	idemtest.Eventually(t, 30*time.Second, func() error {
+		if v := recs.values("k"); len(v) < 2 {
+			return fmt.Errorf("published %v", v)
+		}
+		return nil
+	})
+	standingBy(t, regB)
+
+	stopA()
+	stopped := time.Now()
+	waitMetric(t, regB, 1, "idem_outbox_leader", "idem_outbox")
+	t.Logf("the standby led %s after the leader stopped", time.Since(stopped).Round(time.Millisecond))
+	if l := metric(t, regA, "idem_outbox_leader", "idem_outbox"); l != 0 {
+		t.Fatal("the stopped relay still says it leads")
+	}
+	e.enqueue(e.msg("k", "3"))
+	idemtest.Eventually(t, 30*time.Second, func() error {
+		if v := recs.values("k"); len(v) < 3 || v[len(v)-1] != "3" {
+			return fmt.Errorf("published %v", v)
+		}
+		return nil
+	})
+	waitMetric(t, regB, 1, "idem_outbox_published_total", "idem_outbox") // the new leader published it
+}
+
+// standingBy fails the test unless the relay of reg stands by: it neither
+// leads nor has published anything.
+func standingBy(t *testing.T, reg *prometheus.Registry) {
+	t.Helper()
+	if p := metric(t, reg, "idem_outbox_published_total", "idem_outbox"); p != 0 {
+		t.Fatalf("the standby published %v rows while the other relay led", p)
+	}
+	if l := metric(t, reg, "idem_outbox_leader", "idem_outbox"); l != 0 {
+		t.Fatal("both relays lead")
+	}
+}
