@@ -22,7 +22,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	kcfg := sarama.NewConfig()
-	kcfg.Version = sarama.V3_9_0_0 // MSK runs Kafka 3.x: its version
+	kcfg.Version = sarama.V3_9_0_0 // the cluster's Kafka version
 	if err := kafkaauth.Apply(kcfg, kafkaauth.Options{TLS: true, Mechanism: "OAUTHBEARER", TokenProvider: p}); err != nil {
 		log.Fatal(err)
 	}
