@@ -113,7 +113,9 @@ func TestOAuthBearerBroker(t *testing.T) {
 	// running producer fails. This is what the refresh below prevents.
 	t.Run("fixed token expires under a running producer", func(t *testing.T) {
 		c := iss.Claims("")
-		c.Expiry = time.Now().Add(6 * time.Second)
+		// A whole second: the exp claim is in seconds, so the broker
+		// sees exactly this expiry.
+		c.Expiry = time.Now().Add(6 * time.Second).Truncate(time.Second)
 		cfg := oauthConfig(t, kafkaauth.Options{Token: iss.Mint(c)})
 		cfg.Producer.Return.Successes = true
 		cfg.Producer.Retry.Max = 0
