@@ -10,7 +10,7 @@ WITH_ENV = set -a; [ -f $(ENVFILE) ] && . ./$(ENVFILE); set +a;
 GO      ?= go
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: help services services-down run test fuzz bench bench-quick bench-inbox lint fmt compose-check rules-test chaos chaos-ci
+.PHONY: help services services-down run test fuzz bench bench-quick bench-inbox lint fmt compose-check rules-test chart-test chaos chaos-ci
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -50,9 +50,11 @@ test: services ## go vet + staticcheck + all tests with -race against real Kafka
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 	@$(MAKE) --no-print-directory rules-test
+	@$(MAKE) --no-print-directory chart-test
 	@$(WITH_ENV) IDEM_REQUIRE_REAL_KAFKA=1 $(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) ./...
 	@$(MAKE) --no-print-directory fuzz
 	cd bench && $(GO) vet ./... && $(GO) test -count=1 ./...
+	cd kafkaauth/awsmsk && $(GO) vet ./... && $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./... && $(GO) test -race -count=1 ./...
 	cd deploy/dashshot && $(GO) vet ./...
 	@$(MAKE) --no-print-directory chaos-ci
 
@@ -104,6 +106,9 @@ fmt: ## gofmt the tree
 rules-test: ## check the Prometheus config and alert rules, and run their unit tests (promtool, Debian package prometheus)
 	promtool check config deploy/prometheus/prometheus.yml
 	cd deploy/prometheus && promtool test rules alerts_test.yml
+
+chart-test: ## lint, render and validate the Helm chart deploy/helm/idem-service for every value set (helm from the Go module proxy, objects decoded strictly into their Go API types; no cluster; docs/kubernetes.md)
+	cd deploy/helm/chartcheck && $(GO) vet ./... && $(GO) test -count=1 -timeout 30m ./...
 
 compose-check: ## validate docker-compose.yml (no engine needed)
 	docker-compose -f docker-compose.yml config -q

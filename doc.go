@@ -57,7 +57,8 @@
 //     the indexer that fills the failure index it reads.
 //   - metrics: every Prometheus metric idem exports, and Serve for
 //     /metrics, /healthz and /readyz.
-//   - kafkaauth: TLS and SASL (PLAIN, SCRAM) for sarama.
+//   - kafkaauth: TLS and SASL (PLAIN, SCRAM, OAUTHBEARER) for sarama; MSK
+//     IAM in the module kafkaauth/awsmsk.
 //   - idemtest: the test kit: the real pipeline inside go test, on an
 //     in-process Kafka or a real broker, with a PostgreSQL schema per test.
 //   - idem (this package): Migrate, every table at once.

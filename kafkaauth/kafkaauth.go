@@ -1,6 +1,6 @@
 // Package kafkaauth configures a sarama client for a secured Kafka cluster:
 // TLS (server verification against a CA file, client certificates) and SASL
-// (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512). It has one job — fill in
+// (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER). It has one job — fill in
 // sarama.Config.Net from a few plain settings — so that a service's
 // consumer.Config.Sarama and the idem CLI reach a cluster the same way.
 //
@@ -10,6 +10,16 @@
 // sarama needs a SCRAM implementation it does not ship; this package has one,
 // built on github.com/xdg-go/scram as sarama's own examples are. Apply sets
 // it for the SCRAM mechanisms.
+//
+// For OAUTHBEARER (KIP-255) sarama asks a sarama.AccessTokenProvider for a
+// token at every connection and re-authentication. Options takes one of
+// four sources: an OAuth client-credentials grant (Options.OAuth, fetched
+// and refreshed by a TokenProvider before the token expires), any provider
+// (Options.TokenProvider, e.g. AWS MSK IAM from the separate module
+// github.com/idemhq/idem/kafkaauth/awsmsk, so this one does not pull in the
+// AWS SDK), a fixed token (Options.Token) or a token file read at every
+// authentication (Options.TokenFile). docs/secured-clusters.md shows MSK,
+// Confluent Cloud and a generic OIDC provider.
 package kafkaauth
 
 import (
@@ -47,13 +57,39 @@ type Options struct {
 	// (sasl.mechanism), case-insensitive:
 	//   - "PLAIN": user and password sent as they are, so only over TLS;
 	//   - "SCRAM-SHA-256": SASL/SCRAM with SHA-256 (RFC 7677);
-	//   - "SCRAM-SHA-512": SASL/SCRAM with SHA-512.
-	// Any other value is an error naming these three (Validate, Apply).
+	//   - "SCRAM-SHA-512": SASL/SCRAM with SHA-512;
+	//   - "OAUTHBEARER": SASL/OAUTHBEARER (KIP-255) with a token from
+	//     exactly one of TokenProvider, OAuth, Token and TokenFile.
+	// Any other value is an error naming these four (Validate, Apply).
 	// Default: "" (no SASL).
 	Mechanism string
-	// User and Password are the SASL credentials; both are required when
-	// Mechanism is set.
+	// User and Password are the SASL credentials of PLAIN and SCRAM; both
+	// are required for those mechanisms, and refused for OAUTHBEARER.
 	User, Password string
+
+	// TokenProvider supplies the OAUTHBEARER tokens: any
+	// sarama.AccessTokenProvider, such as a *TokenProvider or the MSK IAM
+	// provider of github.com/idemhq/idem/kafkaauth/awsmsk. Default: nil.
+	TokenProvider sarama.AccessTokenProvider
+	// OAuth is an OAuth 2.0 client-credentials grant; Apply makes a
+	// TokenProvider of it that refreshes the token before it expires.
+	// Default: the zero OAuth (not used).
+	OAuth OAuth
+	// Token is one OAUTHBEARER token (a JWT), sent as it is at every
+	// authentication and never refreshed: for tests and short jobs.
+	// Default: "".
+	Token string
+	// TokenFile is a file holding one OAUTHBEARER token, read again at
+	// every connection and re-authentication, so a process that rewrites it
+	// (an agent, a Kubernetes projected service-account token) keeps the
+	// client authenticated. Default: "".
+	TokenFile string
+	// Extensions are SASL extensions sent with every OAUTHBEARER token
+	// (KIP-342), e.g. Confluent Cloud's logicalCluster and identityPoolId.
+	// Keys are a letter then letters, digits, '.', '_' or '-'; "auth" is
+	// reserved. Kafka: sasl.oauthbearer.extensions (Java client:
+	// extension_NAME in the JAAS config). Default: none.
+	Extensions map[string]string
 }
 
 // TLSEnabled reports whether o asks for TLS: TLS is set or any TLS file or
@@ -68,26 +104,37 @@ func (o Options) mechanism() (sarama.SASLMechanism, error) {
 	switch m := strings.ToUpper(strings.TrimSpace(o.Mechanism)); m {
 	case "":
 		return "", nil
-	case sarama.SASLTypePlaintext, sarama.SASLTypeSCRAMSHA256, sarama.SASLTypeSCRAMSHA512:
+	case sarama.SASLTypePlaintext, sarama.SASLTypeSCRAMSHA256, sarama.SASLTypeSCRAMSHA512, sarama.SASLTypeOAuth:
 		return sarama.SASLMechanism(m), nil
 	default:
-		return "", fmt.Errorf("kafkaauth: SASL mechanism %q: want %s, %s or %s", o.Mechanism,
-			sarama.SASLTypePlaintext, sarama.SASLTypeSCRAMSHA256, sarama.SASLTypeSCRAMSHA512)
+		return "", fmt.Errorf("kafkaauth: SASL mechanism %q: want %s, %s, %s or %s", o.Mechanism,
+			sarama.SASLTypePlaintext, sarama.SASLTypeSCRAMSHA256, sarama.SASLTypeSCRAMSHA512, sarama.SASLTypeOAuth)
 	}
 }
 
 // Validate reports settings that cannot work: an unknown mechanism, a
 // mechanism without user or password, credentials without a mechanism, or a
-// client certificate without its key (or the reverse). It reads no file.
+// client certificate without its key (or the reverse); for OAUTHBEARER, no
+// token source or more than one, a user or password, an OAuth grant
+// without its endpoint, id or secret, or a malformed extension; token
+// settings without OAUTHBEARER. It reads no file.
 func (o Options) Validate() error {
 	m, err := o.mechanism()
 	if err != nil {
 		return err
 	}
+	if m == sarama.SASLTypeOAuth {
+		if err := o.validateOAuthBearer(); err != nil {
+			return err
+		}
+	} else if o.hasToken() {
+		return fmt.Errorf("kafkaauth: a token source or SASL extensions are set but the SASL mechanism is %q, not %s", o.Mechanism, sarama.SASLTypeOAuth)
+	}
+	userPassword := m != "" && m != sarama.SASLTypeOAuth
 	switch {
-	case m != "" && o.User == "":
+	case userPassword && o.User == "":
 		return fmt.Errorf("kafkaauth: SASL %s needs a user", m)
-	case m != "" && o.Password == "":
+	case userPassword && o.Password == "":
 		return fmt.Errorf("kafkaauth: SASL %s needs a password", m)
 	case m == "" && (o.User != "" || o.Password != ""):
 		return errors.New("kafkaauth: a SASL user or password is set but no SASL mechanism")
@@ -131,7 +178,9 @@ func (o Options) TLSConfig() (*tls.Config, error) {
 
 // Apply sets cfg.Net.TLS and cfg.Net.SASL as o describes, after Validate.
 // With the zero Options it changes nothing. For SASL it sets handshake on
-// (Kafka requires it) and, for SCRAM, a sarama.SCRAMClient generator.
+// (Kafka requires it); for SCRAM, a sarama.SCRAMClient generator; for
+// OAUTHBEARER, Net.SASL.TokenProvider (from OAuth: a TokenProvider whose
+// fetches are bounded by 30 s each).
 func Apply(cfg *sarama.Config, o Options) error {
 	if err := o.Validate(); err != nil {
 		return err
@@ -151,6 +200,10 @@ func Apply(cfg *sarama.Config, o Options) error {
 	cfg.Net.SASL.Enable = true
 	cfg.Net.SASL.Handshake = true
 	cfg.Net.SASL.Mechanism = m
+	if m == sarama.SASLTypeOAuth {
+		cfg.Net.SASL.TokenProvider = o.tokenProvider()
+		return nil
+	}
 	cfg.Net.SASL.User = o.User
 	cfg.Net.SASL.Password = o.Password
 	if m != sarama.SASLTypePlaintext {

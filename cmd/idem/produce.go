@@ -57,6 +57,7 @@ create).`,
 			return a.produce(cmd.Context(), args[0], o)
 		},
 	}
+	a.kafkaFlags(c)
 	f := c.Flags()
 	f.StringVarP(&o.key, "key", "k", "", "key of every record")
 	f.StringVar(&o.keySep, "key-sep", "", "take each record's key from its line, up to the first SEP (the value is the rest)")

@@ -108,7 +108,8 @@ topic and idem produce writes records to it from stdin.
 Commands that talk to Kafka take --brokers (-b) and, for a secured cluster,
 --tls* and --sasl-* flags; each flag can also be set by the environment
 variable named in its help (KAFKA_BROKERS, IDEM_TLS, IDEM_SASL_USER, …). The
-SASL password is read only from IDEM_SASL_PASSWORD. Flags go after the command
+SASL password is read only from IDEM_SASL_PASSWORD, an OAUTHBEARER client
+secret only from IDEM_SASL_OAUTH_CLIENT_SECRET. Flags go after the command
 name (idem dlq list --tls …). Errors print one line on stderr and exit 1.`,
 		Example: `  idem dlq list -b kafka-1:9092 --source payments --group billing
   idem dlq depth --topic payments.billing.dlq --json
@@ -271,10 +272,11 @@ func (a *app) kafkaFlags(c *cobra.Command) {
 	envFlag(f, "tls-key", "IDEM_TLS_KEY")
 	f.BoolVar(&a.auth.InsecureSkipVerify, "tls-insecure-skip-verify", false, "accept any broker certificate (implies --tls; INSECURE, for tests only)")
 	envFlag(f, "tls-insecure-skip-verify", "IDEM_TLS_INSECURE_SKIP_VERIFY")
-	f.StringVar(&a.auth.Mechanism, "sasl-mechanism", "", "SASL mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; the password is read from "+passwordEnv)
+	f.StringVar(&a.auth.Mechanism, "sasl-mechanism", "", "SASL mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (the password is read from "+passwordEnv+"), or OAUTHBEARER (--sasl-oauth-*)")
 	envFlag(f, "sasl-mechanism", "IDEM_SASL_MECHANISM")
 	f.StringVar(&a.auth.User, "sasl-user", "", "SASL user name")
 	envFlag(f, "sasl-user", "IDEM_SASL_USER")
+	a.oauthFlags(f)
 }
 
 // saramaConfig returns the client config the Kafka flags ask for.
@@ -302,11 +304,15 @@ func (a *app) saramaConfig() (*sarama.Config, []string, error) {
 	// or a deleted original topic), whatever the broker allows.
 	cfg.Metadata.AllowAutoTopicCreation = false
 	auth := a.auth
-	if auth.Mechanism != "" {
-		auth.Password = a.env(passwordEnv)
-	}
-	if auth.Mechanism != "" && auth.Password == "" {
-		return nil, nil, fmt.Errorf("--sasl-mechanism %s needs a password: set %s", auth.Mechanism, passwordEnv)
+	switch {
+	case isOAuthBearer(auth.Mechanism):
+		if err := a.oauthSecrets(&auth); err != nil {
+			return nil, nil, err
+		}
+	case auth.Mechanism != "":
+		if auth.Password = a.env(passwordEnv); auth.Password == "" {
+			return nil, nil, fmt.Errorf("--sasl-mechanism %s needs a password: set %s", auth.Mechanism, passwordEnv)
+		}
 	}
 	if err := kafkaauth.Apply(cfg, auth); err != nil {
 		return nil, nil, fmt.Errorf("%w (see the --tls and --sasl flags)", err)

@@ -204,16 +204,9 @@ func NewSecureKafka(tb testing.TB) *SecureKafka {
 	jaas := func(module, extra string) string {
 		return "org.apache.kafka.common.security." + module + " required" + extra + ";"
 	}
-	props := map[string]string{
-		"process.roles":                  "broker,controller",
-		"node.id":                        "1",
-		"controller.quorum.voters":       fmt.Sprintf("1@127.0.0.1:%d", ctrl),
-		"listeners":                      fmt.Sprintf("PLAINTEXT://127.0.0.1:%d,SASL_SSL://%s,CONTROLLER://127.0.0.1:%d", plain, addr, ctrl),
-		"advertised.listeners":           fmt.Sprintf("PLAINTEXT://127.0.0.1:%d,SASL_SSL://%s", plain, addr),
-		"controller.listener.names":      "CONTROLLER",
-		"listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT",
-		"inter.broker.listener.name":     "PLAINTEXT",
-		"sasl.enabled.mechanisms":        "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
+	props := oneNodeProps(dir, plain, ctrl, "SASL_SSL", addr)
+	for key, v := range map[string]string{
+		"sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
 		"listener.name.sasl_ssl.plain.sasl.jaas.config": jaas("plain.PlainLoginModule",
 			fmt.Sprintf(" user_%s=%q", k.User, k.Password)),
 		"listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config": jaas("scram.ScramLoginModule", ""),
@@ -226,62 +219,11 @@ func NewSecureKafka(tb testing.TB) *SecureKafka {
 		"ssl.truststore.location":                               truststore,
 		"ssl.truststore.type":                                   "PKCS12",
 		"ssl.truststore.password":                               storePass,
-		"log.dirs":                                              filepath.Join(dir, "data"),
-		"num.partitions":                                        "1",
-		"offsets.topic.replication.factor":                      "1",
-		"offsets.topic.num.partitions":                          "1",
-		"transaction.state.log.replication.factor":              "1",
-		"transaction.state.log.min.isr":                         "1",
-		"group.initial.rebalance.delay.ms":                      "0",
-		"auto.create.topics.enable":                             "false",
-	}
-	var conf bytes.Buffer
-	for key, v := range props {
-		fmt.Fprintf(&conf, "%s=%s\n", key, strings.ReplaceAll(v, `\`, `\\`))
-	}
-	serverProps, log4j := filepath.Join(dir, "server.properties"), filepath.Join(dir, "log4j2.properties")
-	if err := os.WriteFile(serverProps, conf.Bytes(), 0o600); err != nil {
-		tb.Fatal(err)
-	}
-	logConf := "status = warn\nappender.file.type = File\nappender.file.name = file\nappender.file.fileName = " +
-		filepath.Join(dir, "server.log") + "\nappender.file.layout.type = PatternLayout\nappender.file.layout.pattern = [%d] %p %m (%c)%n\n" +
-		"rootLogger.level = INFO\nrootLogger.appenderRef.file.ref = file\n"
-	if err := os.WriteFile(log4j, []byte(logConf), 0o600); err != nil {
-		tb.Fatal(err)
-	}
-
-	cp := filepath.Join(libs, "*")
-	logProp := "-Dlog4j2.configurationFile=" + log4j
-	clusterID := randomToken(16) // a Kafka Uuid: 16 bytes in URL-safe base64
-	for strings.HasPrefix(clusterID, "-") {
-		clusterID = randomToken(16) // kafka-storage would read it as an option
+	} {
+		props[key] = v
 	}
 	scram := fmt.Sprintf("[name=%s,password=%s]", k.User, k.Password)
-	runTool(tb, dir, "java", logProp, "-cp", cp, "kafka.tools.StorageTool", "format", "-t", clusterID, "-c", serverProps,
-		"--add-scram", "SCRAM-SHA-256="+scram, "--add-scram", "SCRAM-SHA-512="+scram)
-
-	out, err := os.Create(filepath.Join(dir, "kafka.out"))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	cmd := exec.Command("java", "-Xms256m", "-Xmx512m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true",
-		logProp, "-Dkafka.logs.dir="+dir, "-cp", cp, "kafka.Kafka", serverProps)
-	cmd.Stdout, cmd.Stderr = out, out
-	dieWithParent(cmd)
-	if err := cmd.Start(); err != nil {
-		out.Close()
-		tb.Fatalf("testenv: start secure kafka: %v", err)
-	}
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		out.Close()
-		close(exited)
-	}()
-	tb.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
+	exited := startBroker(tb, dir, libs, props, nil, "--add-scram", "SCRAM-SHA-256="+scram, "--add-scram", "SCRAM-SHA-512="+scram)
 
 	base := sarama.NewConfig()
 	if err := kafkaauth.Apply(base, k.Auth("SCRAM-SHA-512")); err != nil {
@@ -291,21 +233,17 @@ func NewSecureKafka(tb testing.TB) *SecureKafka {
 		c.Net.TLS, c.Net.SASL = base.Net.TLS, base.Net.SASL
 	}}
 	Eventually(tb, 3*time.Minute, func() error {
-		select {
-		case <-exited:
-			tb.Fatalf("testenv: secure kafka exited at start: %s", tail(filepath.Join(dir, "kafka.out"), filepath.Join(dir, "server.log")))
-		default:
-		}
-		return k.ready()
+		brokerAlive(tb, dir, exited)
+		return brokerReady(k.Brokers, k.SaramaConfig())
 	})
 	tb.Logf("testenv: secure kafka (SASL_SSL) on %s, files in %s", addr, dir)
 	return k
 }
 
-// ready reports whether the broker answers a SASL_SSL metadata request with
-// itself and a controller.
-func (k *SecureKafka) ready() error {
-	c, err := sarama.NewClient(k.Brokers, k.SaramaConfig())
+// brokerReady reports whether brokers answer a metadata request made with
+// cfg with a broker and a controller.
+func brokerReady(brokers []string, cfg *sarama.Config) error {
+	c, err := sarama.NewClient(brokers, cfg)
 	if err != nil {
 		return err
 	}
@@ -333,4 +271,97 @@ func tail(files ...string) string {
 		lines = lines[len(lines)-5:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// startBroker writes props as dir/server.properties, formats the storage
+// (with formatArgs, e.g. --add-scram) and starts a one-node Kafka from the
+// jars in libs, with the extra JVM system properties jvm; the broker is
+// killed when the test ends. The returned channel is closed when it exits.
+func startBroker(tb testing.TB, dir, libs string, props map[string]string, jvm []string, formatArgs ...string) <-chan struct{} {
+	tb.Helper()
+	var conf bytes.Buffer
+	for key, v := range props {
+		fmt.Fprintf(&conf, "%s=%s\n", key, strings.ReplaceAll(v, `\`, `\\`))
+	}
+	serverProps, log4j := filepath.Join(dir, "server.properties"), filepath.Join(dir, "log4j2.properties")
+	if err := os.WriteFile(serverProps, conf.Bytes(), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	logConf := "status = warn\nappender.file.type = File\nappender.file.name = file\nappender.file.fileName = " +
+		filepath.Join(dir, "server.log") + "\nappender.file.layout.type = PatternLayout\nappender.file.layout.pattern = [%d] %p %m (%c)%n\n" +
+		"rootLogger.level = INFO\nrootLogger.appenderRef.file.ref = file\n"
+	if err := os.WriteFile(log4j, []byte(logConf), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+
+	cp := filepath.Join(libs, "*")
+	logProp := "-Dlog4j2.configurationFile=" + log4j
+	clusterID := randomToken(16) // a Kafka Uuid: 16 bytes in URL-safe base64
+	for strings.HasPrefix(clusterID, "-") {
+		clusterID = randomToken(16) // kafka-storage would read it as an option
+	}
+	format := append(append([]string{logProp}, jvm...), "-cp", cp, "kafka.tools.StorageTool", "format", "-t", clusterID, "-c", serverProps)
+	runTool(tb, dir, "java", append(format, formatArgs...)...)
+
+	out, err := os.Create(filepath.Join(dir, "kafka.out"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	args := append([]string{"-Xms256m", "-Xmx512m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true",
+		logProp, "-Dkafka.logs.dir=" + dir}, jvm...)
+	cmd := exec.Command("java", append(args, "-cp", cp, "kafka.Kafka", serverProps)...)
+	cmd.Stdout, cmd.Stderr = out, out
+	dieWithParent(cmd)
+	if err := cmd.Start(); err != nil {
+		out.Close()
+		tb.Fatalf("testenv: start kafka: %v", err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		out.Close()
+		close(exited)
+	}()
+	tb.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	return exited
+}
+
+// brokerAlive fails the test with the broker's last errors when the broker
+// startBroker started in dir has exited.
+func brokerAlive(tb testing.TB, dir string, exited <-chan struct{}) {
+	tb.Helper()
+	select {
+	case <-exited:
+		tb.Fatalf("testenv: kafka in %s exited at start: %s", dir, tail(filepath.Join(dir, "kafka.out"), filepath.Join(dir, "server.log")))
+	default:
+	}
+}
+
+// oneNodeProps returns the server.properties of a combined broker and
+// controller keeping its data in dir, with a PLAINTEXT listener on port
+// plain (also between broker and controller), a client listener of protocol
+// (SASL_SSL, SASL_PLAINTEXT) on addr and the controller on port ctrl; the
+// caller adds the client listener's security settings.
+func oneNodeProps(dir string, plain, ctrl int, protocol, addr string) map[string]string {
+	return map[string]string{
+		"process.roles":                            "broker,controller",
+		"node.id":                                  "1",
+		"controller.quorum.voters":                 fmt.Sprintf("1@127.0.0.1:%d", ctrl),
+		"listeners":                                fmt.Sprintf("PLAINTEXT://127.0.0.1:%d,%s://%s,CONTROLLER://127.0.0.1:%d", plain, protocol, addr, ctrl),
+		"advertised.listeners":                     fmt.Sprintf("PLAINTEXT://127.0.0.1:%d,%s://%s", plain, protocol, addr),
+		"controller.listener.names":                "CONTROLLER",
+		"listener.security.protocol.map":           fmt.Sprintf("PLAINTEXT:PLAINTEXT,%s:%s,CONTROLLER:PLAINTEXT", protocol, protocol),
+		"inter.broker.listener.name":               "PLAINTEXT",
+		"log.dirs":                                 filepath.Join(dir, "data"),
+		"num.partitions":                           "1",
+		"offsets.topic.replication.factor":         "1",
+		"offsets.topic.num.partitions":             "1",
+		"transaction.state.log.replication.factor": "1",
+		"transaction.state.log.min.isr":            "1",
+		"group.initial.rebalance.delay.ms":         "0",
+		"auto.create.topics.enable":                "false",
+	}
 }
