@@ -258,7 +258,7 @@ func (r *Registry) call(ctx context.Context, op string, fn func(ctx context.Cont
 	}
 	var re *sr.ResponseError
 	if errors.As(err, &re) && re.StatusCode == http.StatusNotFound {
-		return fmt.Errorf("%s: %w: %w", op, errNotFound, err)
+		return fmt.Errorf("%w: %w", errNotFound, err)
 	}
 	return fmt.Errorf("serde: %s: %w", op, err)
 }
@@ -383,7 +383,7 @@ func (r *Registry) byReference(ctx context.Context, rf sr.SchemaReference) (sr.S
 		return err
 	})
 	if errors.Is(err, errNotFound) {
-		return ss, handler.Decode(&DecodeError{Subject: rf.Subject, Err: err})
+		return ss, handler.Decode(&DecodeError{Subject: rf.Subject, Err: fmt.Errorf("reference %q (version %d): %w", rf.Name, rf.Version, err)})
 	}
 	if err != nil {
 		return ss, err
