@@ -175,7 +175,9 @@ func TestRegistryDownMidStream(t *testing.T) {
 		return out
 	}
 	before := records("v1", func(i int) ([]byte, error) { return v1.Encode(ctx, OrderV1{ID: fmt.Sprintf("v1-%d", i)}) })
-	after := records("v2", func(i int) ([]byte, error) { return v2.Encode(ctx, OrderV2{ID: fmt.Sprintf("v2-%d", i), Currency: "USD"}) })
+	after := records("v2", func(i int) ([]byte, error) {
+		return v2.Encode(ctx, OrderV2{ID: fmt.Sprintf("v2-%d", i), Currency: "USD"})
+	})
 
 	front := newFlaky(t, target)
 	reg, err := serde.NewRegistry(serde.RegistryConfig{URL: front.srv.URL, Timeout: 2 * time.Second, OutagePause: time.Second})
