@@ -83,10 +83,12 @@ func (c *Codec[T]) Decode(ctx context.Context, m *handler.Message) (T, error) {
 		return v, err
 	}
 	if s.Type != c.format {
-		return v, decodeErr(id, fmt.Errorf("the record's schema is %s, this codec reads %s", s.Type, c.format))
+		err = fmt.Errorf("the record's schema is %s, this codec reads %s", s.Type, c.format)
+	} else {
+		err = c.decode(s, body, &v)
 	}
-	if err := c.decode(s, body, &v); err != nil {
-		return v, decodeErr(id, err)
+	if err != nil {
+		return v, handler.Decode(&DecodeError{SchemaID: id, Subject: c.reg.subjectOf(ctx, id), Err: err})
 	}
 	return v, nil
 }

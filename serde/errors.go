@@ -41,7 +41,9 @@ func (e *UnavailableError) Unwrap() error { return e.Err }
 // a JSON document its JSON Schema rejects. Codecs return it wrapped in
 // handler.Decode, so consumer.Run dead-letters the record at once (kind
 // "decode") with its bytes unchanged. SchemaID and Subject say which schema,
-// when known, for the dead letter's headers.
+// when known, for the dead letter's headers: the id the record names, and a
+// subject the registry lists for that id (asked once per id, only when a
+// record fails to decode; "" when the registry does not say).
 type DecodeError struct {
 	SchemaID int    // the id the record names; 0 when the header is unreadable
 	Subject  string // the subject, when the schema was looked up by one
@@ -65,3 +67,9 @@ func (e *DecodeError) Error() string {
 
 // Unwrap returns Err.
 func (e *DecodeError) Unwrap() error { return e.Err }
+
+// SchemaRef returns SchemaID and Subject: a consumer that writes them into a
+// dead letter's headers finds them with
+// errors.As(err, new(interface{ SchemaRef() (int, string) })), without
+// importing serde.
+func (e *DecodeError) SchemaRef() (id int, subject string) { return e.SchemaID, e.Subject }

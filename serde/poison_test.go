@@ -102,6 +102,16 @@ func TestPoisonRecords(t *testing.T) {
 			if de.SchemaID != int(tt.id) || !strings.Contains(err.Error(), tt.says) {
 				t.Fatalf("got %v (schema id %d); want schema id %d and %q", err, de.SchemaID, tt.id, tt.says)
 			}
+			// A schema the registry has: the error names a subject of it, for
+			// the dead letter's headers, through an interface the consumer can
+			// look for without importing serde.
+			var ref interface{ SchemaRef() (int, string) }
+			if !errors.As(err, &ref) {
+				t.Fatal("no SchemaRef in the error's chain")
+			}
+			if id, subj := ref.SchemaRef(); id != int(tt.id) || (tt.id != 0 && tt.id != unknown) != strings.HasPrefix(subj, "testpoisonrecords-") {
+				t.Fatalf("SchemaRef() = %d, %q; want %d and a subject of the test's iff the registry has the id", id, subj, tt.id)
+			}
 			if !bytes.Equal(tt.value, kept) {
 				t.Fatal("decoding changed the record's bytes")
 			}

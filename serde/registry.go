@@ -173,6 +173,7 @@ type Registry struct {
 	inflight map[int]*fetch
 	latest   map[string]latestEntry
 	byRef    map[sr.SchemaReference]sr.SubjectSchema
+	subjects map[int]string // id → a subject it is registered under ("": none known)
 }
 
 // fetch is a request for one id several callers wait for.
@@ -235,6 +236,7 @@ func NewRegistry(cfg RegistryConfig) (*Registry, error) {
 		inflight: map[int]*fetch{},
 		latest:   map[string]latestEntry{},
 		byRef:    map[sr.SchemaReference]sr.SubjectSchema{},
+		subjects: map[int]string{},
 	}, nil
 }
 
@@ -392,6 +394,34 @@ func (r *Registry) byReference(ctx context.Context, rf sr.SchemaReference) (sr.S
 	r.byRef[key] = ss
 	r.mu.Unlock()
 	return ss, nil
+}
+
+// subjectOf returns a subject schema id is registered under, for a decode
+// error's headers: asked once per id (GET /schemas/ids/{id}/versions), ""
+// when the registry does not say or cannot answer now.
+func (r *Registry) subjectOf(ctx context.Context, id int) string {
+	r.mu.Lock()
+	subject, ok := r.subjects[id]
+	r.mu.Unlock()
+	if ok {
+		return subject
+	}
+	var versions []sr.SubjectVersion
+	err := r.call(ctx, fmt.Sprintf("subjects of schema id %d", id), func(ctx context.Context) error {
+		var err error
+		versions, err = r.cl.SchemaVersionsByID(ctx, id)
+		return err
+	})
+	if err != nil && !errors.Is(err, errNotFound) {
+		return "" // asked again at the next failure
+	}
+	if len(versions) > 0 {
+		subject = versions[0].Subject
+	}
+	r.mu.Lock()
+	r.subjects[id] = subject
+	r.mu.Unlock()
+	return subject
 }
 
 // Latest returns the latest version of subject's schema, kept for
