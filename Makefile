@@ -15,10 +15,10 @@ STATICCHECK_VERSION ?= v0.8.2
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-services: ## start Kafka + PostgreSQL (idempotent), or reuse the ones another checkout started on their ports; prints KAFKA_BROKERS and DATABASE_URL; KAFKA_NODES=3 starts a three-node Kafka cluster (docs/guarantees-cluster.md)
+services: ## start Kafka + PostgreSQL + a schema registry (Apicurio, 127.0.0.1:8081) (idempotent), or reuse the ones another checkout started on their ports; prints KAFKA_BROKERS, DATABASE_URL and SCHEMA_REGISTRY_URL; KAFKA_NODES=3 starts a three-node Kafka cluster (docs/guarantees-cluster.md)
 	@bash scripts/services.sh up
 
-services-down: ## stop what `make services` started in this checkout, one broker or three (services it reused keep running; CLEAN=1 also deletes .state)
+services-down: ## stop what `make services` started in this checkout, one broker or three, and the registry (services it reused keep running; CLEAN=1 also deletes .state)
 	@bash scripts/services.sh down
 
 # The failure console `make run` starts beside the demo (loopback only, no login).

@@ -35,8 +35,12 @@
 //   - consumer: run a consumer group (Run, Config), key extractors,
 //     batching, lanes, ordering by key, readiness.
 //   - handler: the Handler contract, Message, and the error classes
-//     (Permanent, Decode, RetryAfter, DeferUntil); imports only the standard
-//     library.
+//     (Permanent, Decode, RetryAfter, DeferUntil), typed handlers (Typed,
+//     TypedBatch); imports only the standard library.
+//   - serde: Avro, Protobuf and JSON Schema in Confluent's wire format,
+//     with a schema registry client, for typed handlers.
+//   - step: durable steps: a call outside the database recorded once per
+//     message and step, with a derived idempotency key for the provider.
 //   - dedupe: the inbox stores (Postgres, PostgresLease, Memory), Tx for the
 //     handler's transaction; dedupe/dedupetest is the conformance suite of a
 //     store of your own.

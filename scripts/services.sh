@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# services.sh up|down|env|jars — local Kafka (KRaft, one node) and PostgreSQL for idem's
-# development and tests, without Docker when no engine runs.
+# services.sh up|down|env|jars|registry-dist — local Kafka (KRaft, one node), PostgreSQL and a schema
+# registry for idem's development and tests, without Docker when no engine runs.
 #
-#   up    start what is missing and print KAFKA_BROKERS=… and DATABASE_URL=…; idempotent.
+#   up    start what is missing and print KAFKA_BROKERS=…, DATABASE_URL=… and
+#         SCHEMA_REGISTRY_URL=…; idempotent.
 #         Values already set in the environment win: then that service is not started.
 #         With a healthy Docker engine: `docker compose up -d --wait kafka postgres`.
 #         Otherwise: Apache Kafka from Maven Central jars run with java, and the
@@ -11,6 +12,7 @@
 #   jars  fetch Kafka's jars into .state/kafka/libs (what `up` does before it starts a
 #         broker) and start nothing: for the tests of this script in a checkout that
 #         reuses another one's broker.
+#   registry-dist  likewise for the schema registry's distribution (.state/registry/dist).
 #   down  stop what `up` started (also after a crash); CLEAN=1 also deletes the state.
 #         Services this checkout reused (below) are left running, and `down` says so.
 #
@@ -21,11 +23,22 @@
 #               with a broker and a controller (one broker only, not KAFKA_NODES=3);
 #   PostgreSQL  a server on 127.0.0.1:PGPORT (unset: 5432, then 5433 when not root)
 #               that accepts user idem, password idem, database idem.
+#   Registry    a server on 127.0.0.1:REGISTRY_PORT whose Confluent-compatible API
+#               answers GET /apis/ccompat/v7/subjects.
 # Anything else on those ports is an error naming the port and its process.
+#
+# Schema registry: Apicurio Registry (REGISTRY_VERSION, 3.0.9: the newest built for
+# Java 17) from its Maven Central distribution (io.apicurio:apicurio-registry-app, the
+# -all.tar.gz), run with java and in-memory storage on 127.0.0.1:REGISTRY_PORT (8081),
+# heap REGISTRY_HEAP (256m); its Confluent-compatible API is SCHEMA_REGISTRY_URL,
+# http://127.0.0.1:8081/apis/ccompat/v7. It is started first and waited for last, so
+# its start-up (5 s idle) overlaps Kafka's. Schemas live in memory: a restart forgets
+# them (tests register their own). Always from the jars, also when Docker runs the others.
+# SCHEMA_REGISTRY_URL set in the environment: no registry is started.
 #
 # Knobs: KAFKA_PORT (9092), KAFKA_CONTROLLER_PORT (9093), PGPORT (5432 as root via
 # pg_ctlcluster, 5433 for the initdb cluster), IDEM_STATE (.state), KAFKA_HEAP (512m),
-# KAFKA_NODES (1).
+# KAFKA_NODES (1), REGISTRY_PORT (8081), REGISTRY_HEAP (256m), REGISTRY_VERSION (3.0.9).
 #
 # KAFKA_NODES=3 starts a three-node cluster instead of the one broker (always from the
 # jars, never Docker): node n (1…3) is a combined broker+controller with node.id n,
@@ -45,6 +58,9 @@ cport=${KAFKA_CONTROLLER_PORT:-9093}
 kdir=$state/kafka
 nodes=${KAFKA_NODES:-1}
 kdir3=$state/kafka3
+rport=${REGISTRY_PORT:-8081}
+rdir=$state/registry
+rversion=${REGISTRY_VERSION:-3.0.9}
 
 die() { echo "services: $*" >&2; exit 1; }
 note() { echo "services: $*" >&2; }
@@ -57,6 +73,14 @@ port_owner() {
   echo "${o:-another process}"
 }
 alive() { [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null; }
+# stop PID WHAT: SIGTERM, up to 20 s, then SIGKILL; says "WHAT stopped" if it ran.
+stop() {
+  alive "$1" || return 0
+  kill "$1" 2>/dev/null || true
+  for _ in $(seq 1 100); do alive "$1" || break; sleep 0.2; done
+  alive "$1" && kill -9 "$1" 2>/dev/null || true
+  note "$2 stopped"
+}
 
 docker_up() {
   command -v docker >/dev/null 2>&1 || return 1
@@ -190,13 +214,7 @@ kafka_reusable() {
 }
 
 kafka_down() {
-  local pid; pid=$(kafka_pid)
-  if alive "$pid"; then
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 1 100); do alive "$pid" || break; sleep 0.2; done
-    alive "$pid" && kill -9 "$pid" 2>/dev/null || true
-    note "Kafka stopped"
-  fi
+  stop "$(kafka_pid)" Kafka
   rm -f "$kdir/kafka.pid"
   # A broker left behind by a crash of this script (pid file lost) is found by its config path.
   pkill -f "kafka.Kafka $kdir/server.properties" 2>/dev/null || true
@@ -393,14 +411,104 @@ pg_down() {
   note "PostgreSQL stopped"
 }
 
+# ------------------------------------------------------ schema registry ----
+registry_pid() { [ -f "$rdir/registry.pid" ] && cat "$rdir/registry.pid" || true; }
+registry_url() { echo "http://127.0.0.1:$1/apis/ccompat/v7"; }
+
+# registry_answers PORT: a Confluent-compatible registry answers on PORT (its
+# subject list is a JSON array). Plain bash, so no curl is needed.
+registry_answers() {
+  local reply
+  reply=$(timeout 5 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+    printf "GET /apis/ccompat/v7/subjects HTTP/1.0\r\nHost: 127.0.0.1\r\nAccept: application/json\r\n\r\n" >&3
+    cat <&3' _ "$1" 2>/dev/null) || return 1
+  [[ $reply == "HTTP/1."?" 200"* ]] && [[ $reply == *$'\r\n\r\n['* ]]
+}
+
+# registry_dist fetches and unpacks Apicurio Registry's distribution into
+# $rdir/dist once per REGISTRY_VERSION. maven-dependency-plugin 2.8's get with
+# -Ddest copies the archive without reading its parent POM (not on Maven Central).
+registry_dist() {
+  if [ -f "$rdir/dist/.stamp" ] && [ "$(cat "$rdir/dist/.stamp")" = "$rversion" ]; then return; fi
+  command -v mvn >/dev/null 2>&1 || die "mvn not found: install Maven (apt-get install maven) so the schema registry can be fetched"
+  note "fetching Apicurio Registry $rversion from Maven Central (first run only)…"
+  rm -rf "$rdir/dist"; mkdir -p "$rdir/dist"
+  if ! mvn -q -B org.apache.maven.plugins:maven-dependency-plugin:2.8:get -Dtransitive=false \
+      -Dartifact="io.apicurio:apicurio-registry-app:$rversion:tar.gz:all" -Ddest="$rdir/app.tar.gz" >"$rdir/mvn.log" 2>&1; then
+    die "mvn could not fetch Apicurio Registry $rversion (see $rdir/mvn.log: $(grep -m1 ERROR "$rdir/mvn.log" || tail -n1 "$rdir/mvn.log"))"
+  fi
+  tar xzf "$rdir/app.tar.gz" -C "$rdir/dist" || die "could not unpack $rdir/app.tar.gz"
+  rm -f "$rdir/app.tar.gz"
+  echo "$rversion" >"$rdir/dist/.stamp"
+}
+
+# registry_start starts this checkout's registry unless it runs; registry_wait
+# (called once Kafka and PostgreSQL are up) waits until it answers.
+registry_start() {
+  mkdir -p "$rdir"
+  local pid; pid=$(registry_pid)
+  alive "$pid" && return
+  [ -f "$rdir/registry.pid" ] && { note "removing stale pid file (registry $pid is not running)"; rm -f "$rdir/registry.pid"; }
+  if port_busy "$rport"; then die "port $rport is already in use by $(port_owner "$rport"), which does not answer as a schema registry; stop it or set REGISTRY_PORT to a free port"; fi
+  command -v java >/dev/null 2>&1 || die "java not found: install Java 17 (apt-get install openjdk-17-jre-headless)"
+  registry_dist
+  local jar; jar=$(ls "$rdir"/dist/*-runner.jar 2>/dev/null | head -n1)
+  [ -n "$jar" ] || die "no runner jar in $rdir/dist; run 'make services-down CLEAN=1' and try again"
+  note "starting Apicurio Registry $rversion on 127.0.0.1:$rport (log: $rdir/registry.log)"
+  # Serial GC, C1 only and a small heap: it starts in about 5 s and stays near 250 MB.
+  setsid nohup java -Xms64m -Xmx"${REGISTRY_HEAP:-256m}" -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Djava.awt.headless=true \
+    -Dquarkus.http.host=127.0.0.1 -Dquarkus.http.port="$rport" -Dquarkus.http.access-log.enabled=false \
+    -Dapicurio.rest.deletion.artifact.enabled=true -Dapicurio.rest.deletion.artifact-version.enabled=true \
+    -jar "$jar" >"$rdir/registry.log" 2>&1 </dev/null &
+  echo $! >"$rdir/registry.pid"
+}
+
+registry_wait() {
+  local pid; pid=$(registry_pid)
+  for _ in $(seq 1 600); do
+    registry_answers "$rport" && return
+    alive "$pid" || break
+    sleep 0.2
+  done
+  local why; why=$(grep -m1 -E 'ERROR|Exception' "$rdir/registry.log" 2>/dev/null || true)
+  alive "$pid" && kill "$pid" 2>/dev/null || true
+  rm -f "$rdir/registry.pid"
+  die "the schema registry did not become ready${why:+: $why} (log: $rdir/registry.log)"
+}
+
+# registry_reusable: no registry of this checkout runs, and one answers on REGISTRY_PORT.
+registry_reusable() {
+  alive "$(registry_pid)" && return 1
+  port_busy "$rport" || return 1
+  local own; own=$(pgrep -f -- "-Dquarkus.http.port=$rport .*$rdir/dist/" 2>/dev/null | head -n1 || true)
+  if [ -n "$own" ]; then
+    note "this checkout's registry runs without its pid file (pid $own): keeping it"
+    mkdir -p "$rdir"; echo "$own" >"$rdir/registry.pid"; return 1
+  fi
+  registry_answers "$rport"
+}
+
+registry_down() {
+  stop "$(registry_pid)" "schema registry"
+  rm -f "$rdir/registry.pid"
+}
+
 # ------------------------------------------------------------------ main ----
 cmd=${1:-up}
 mkdir -p "$state"
 case "$cmd" in
 up)
   case "$nodes" in 1|3) ;; *) die "KAFKA_NODES=$nodes: want 1 (one broker) or 3 (a three-node cluster)" ;; esac
-  kafka_set=${KAFKA_BROKERS:-}; db_set=${DATABASE_URL:-}
-  rm -f "$state/kafka.reused" "$state/pg.reused"
+  kafka_set=${KAFKA_BROKERS:-}; db_set=${DATABASE_URL:-}; reg_set=${SCHEMA_REGISTRY_URL:-}
+  rm -f "$state/kafka.reused" "$state/pg.reused" "$state/registry.reused"
+  # The registry starts first and is waited for last: its start-up overlaps the others'.
+  if [ -z "$reg_set" ] && registry_reusable; then
+    SCHEMA_REGISTRY_URL=$(registry_url "$rport"); reg_set=$SCHEMA_REGISTRY_URL
+    echo "$SCHEMA_REGISTRY_URL" >"$state/registry.reused"
+    note "reusing the schema registry already at $SCHEMA_REGISTRY_URL (served by $(port_owner "$rport")): not started by this checkout, so 'make services-down' here leaves it running"
+  elif [ -z "$reg_set" ]; then
+    registry_start
+  fi
   # Services another checkout started (or the machine runs) are reused, not started again.
   if [ "$nodes" = 1 ] && [ -z "$kafka_set" ] && [ ! -f "$state/docker.started" ] && kafka_reusable; then
     KAFKA_BROKERS=127.0.0.1:$kport; kafka_set=$KAFKA_BROKERS
@@ -428,7 +536,8 @@ up)
       [ -z "$db_set" ] && pg_up
     fi
   fi
-  printf 'KAFKA_BROKERS=%s\nDATABASE_URL=%s\n' "$KAFKA_BROKERS" "$DATABASE_URL" | tee "$envfile"
+  if [ -z "$reg_set" ]; then registry_wait; SCHEMA_REGISTRY_URL=$(registry_url "$rport"); fi
+  printf 'KAFKA_BROKERS=%s\nDATABASE_URL=%s\nSCHEMA_REGISTRY_URL=%s\n' "$KAFKA_BROKERS" "$DATABASE_URL" "$SCHEMA_REGISTRY_URL" | tee "$envfile"
   ;;
 down)
   if [ -f "$state/kafka.reused" ]; then
@@ -439,17 +548,23 @@ down)
     note "PostgreSQL at $(sed 's|.*@||; s|/.*||' "$state/pg.reused") was not started by this checkout: left running (stop it from the checkout that started it)"
     rm -f "$state/pg.reused"
   fi
+  if [ -f "$state/registry.reused" ]; then
+    note "the schema registry at $(cat "$state/registry.reused") was not started by this checkout: left running (stop it from the checkout that started it)"
+    rm -f "$state/registry.reused"
+  fi
   if [ -f "$state/docker.started" ]; then
     (cd "$root" && docker compose down) >&2 || true
     rm -f "$state/docker.started"
   fi
   kafka_down
   kafka3_down
+  registry_down
   pg_down
   rm -f "$envfile"
-  if [ "${CLEAN:-}" = 1 ]; then rm -rf "$kdir" "$kdir3" "$state/pg"; note "state deleted"; fi
+  if [ "${CLEAN:-}" = 1 ]; then rm -rf "$kdir" "$kdir3" "$state/pg" "$rdir"; note "state deleted"; fi
   ;;
 env) cat "$envfile" 2>/dev/null || die "no $envfile: run 'make services'" ;;
 jars) kafka_libs ;;
-*) die "usage: services.sh up|down|env|jars" ;;
+registry-dist) registry_dist ;;
+*) die "usage: services.sh up|down|env|jars|registry-dist" ;;
 esac

@@ -20,6 +20,7 @@
 //	idem migrate      [--database-url URL] [--table schema.table]
 //	idem topic create NAME --partitions N [--replication-factor R] [--config k=v]... [--if-not-exists]
 //	idem produce TOPIC [--key K | --key-sep SEP [--key-header H]] [--header k=v]... [--partition P]   (one record per stdin line)
+//	             [--schema-subject S | --schema-id N] [--schema-message M] [--registry-url URL]   (each line JSON, encoded with a registry schema)
 //
 // Commands that talk to Kafka (dlq, ordering release, outbox relay, topic,
 // produce) take -b/--brokers (env KAFKA_BROKERS, default 127.0.0.1:9092),

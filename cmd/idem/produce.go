@@ -26,6 +26,7 @@ type produceOpts struct {
 	key, keySep, keyHeader string
 	headers                []string
 	partition              int32
+	schema                 schemaOpts // produce_schema.go
 }
 
 func newProduceCmd(a *app) *cobra.Command {
@@ -44,6 +45,12 @@ idempotency-key header by default, so --key-sep with --key-header
 idempotency-key gives each record its own. --partition sends every record to
 one partition; by default the key is hashed (no key: any partition).
 
+With --schema-subject (its latest version) or --schema-id, each value is a
+JSON document written in Confluent's wire format with that schema of the
+registry (--registry-url, or SCHEMA_REGISTRY_URL): Avro from its JSON
+encoding or plain JSON, Protobuf from proto3's JSON mapping (--schema-message
+picks the message), JSON Schema validated.
+
 Every line is read and checked before anything is sent, and sends wait for
 acks=all (idempotent producer). It prints how many records it produced and
 where (partition, first and last offset), and exits 1 when any record failed
@@ -51,7 +58,8 @@ where (partition, first and last offset), and exits 1 when any record failed
 create).`,
 		Example: `  printf 'pay-1:{"amount":10}\npay-2:{"amount":20}\n' | idem produce payments --key-sep : --key-header idempotency-key
   echo '{"order":42}' | idem produce payments --key order-42 --header idempotency-key=order-42 --header source=cli
-  seq 1 100 | idem produce numbers --partition 0`,
+  seq 1 100 | idem produce numbers --partition 0
+  echo 'o-1:{"id":"o-1","cents":1250}' | idem produce orders --key-sep : --key-header idempotency-key --schema-subject orders-value`,
 		Args: oneArg("give one topic: idem produce TOPIC < lines"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.produce(cmd.Context(), args[0], o)
@@ -64,6 +72,7 @@ create).`,
 	f.StringArrayVarP(&o.headers, "header", "H", nil, "header key=value on every record (repeatable)")
 	f.StringVar(&o.keyHeader, "key-header", "", "also write each record's key into this header (e.g. idempotency-key)")
 	f.Int32VarP(&o.partition, "partition", "p", -1, "partition to send every record to; -1: by the key's hash")
+	addSchemaFlags(f, &o.schema)
 	return c
 }
 
@@ -134,6 +143,9 @@ func (a *app) produce(ctx context.Context, topic string, o produceOpts) error {
 	}
 	if len(lines) == 0 {
 		return errors.New("no records on stdin (one record per line; empty lines are skipped): nothing produced")
+	}
+	if lines, err = a.encodeLines(ctx, o.schema, lines); err != nil {
+		return err
 	}
 	cfg, brokers, err := a.saramaConfig()
 	if err != nil {

@@ -100,6 +100,8 @@ var imports = map[string]string{
 	"index":      "github.com/idemhq/idem/console/index",
 	"console":    "github.com/idemhq/idem/console",
 	"recovery":   "github.com/idemhq/idem/recovery",
+	"serde":      "github.com/idemhq/idem/serde",
+	"step":       "github.com/idemhq/idem/step",
 	"idem":       "github.com/idemhq/idem",
 }
 

@@ -43,7 +43,7 @@ func TestServicesReuseAnotherCheckouts(t *testing.T) {
 	second := t.TempDir()
 	runSecond := scriptRunner(t, second, append(ports, "DATABASE_URL=", "PGPORT="+pgURL.Port())...)
 	out := runSecond("up")
-	wantEnv := "KAFKA_BROKERS=127.0.0.1:" + itoa(kport) + "\nDATABASE_URL=postgres://idem:idem@127.0.0.1:" + pgURL.Port() + "/idem?sslmode=disable\n"
+	wantEnv := "KAFKA_BROKERS=127.0.0.1:" + itoa(kport) + "\nDATABASE_URL=postgres://idem:idem@127.0.0.1:" + pgURL.Port() + "/idem?sslmode=disable\nSCHEMA_REGISTRY_URL=http://unused\n"
 	if !strings.Contains(out, "reusing the Kafka broker already at 127.0.0.1:"+itoa(kport)) ||
 		!strings.Contains(out, "reusing the PostgreSQL already at 127.0.0.1:"+pgURL.Port()) || strings.Contains(out, "starting Kafka") {
 		t.Fatalf("second checkout's up did not say it reuses both services:\n%s", out)

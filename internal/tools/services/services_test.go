@@ -74,7 +74,7 @@ func services(t *testing.T, env ...string) (string, error) {
 	l2.Close()
 	cmd := exec.CommandContext(ctx, "bash", filepath.Join(repoRoot(t), "scripts", "services.sh"), "up")
 	cmd.Env = append(os.Environ(),
-		"IDEM_STATE="+t.TempDir(), "DATABASE_URL=postgres://unused", "IDEM_NO_DOCKER=1",
+		"IDEM_STATE="+t.TempDir(), "DATABASE_URL=postgres://unused", "SCHEMA_REGISTRY_URL=http://unused", "IDEM_NO_DOCKER=1",
 		"KAFKA_PORT="+itoa(kport), "KAFKA_CONTROLLER_PORT="+itoa(cport))
 	cmd.Env = append(cmd.Env, env...)
 	cmd.Env = append(cmd.Env, "KAFKA_BROKERS=")
@@ -88,8 +88,9 @@ func services(t *testing.T, env ...string) (string, error) {
 func itoa(n int) string { return strconv.Itoa(n) }
 
 // scriptRunner returns a function that runs `services.sh ARG` for Kafka only
-// (PostgreSQL is left alone) with state folder state and env, and fails the
-// test if it fails.
+// (PostgreSQL and the schema registry are left alone, unless env sets
+// DATABASE_URL= or SCHEMA_REGISTRY_URL=) with state folder state and env, and
+// fails the test if it fails.
 func scriptRunner(t *testing.T, state string, env ...string) func(arg string) string {
 	script := filepath.Join(repoRoot(t), "scripts", "services.sh")
 	return func(arg string) string {
@@ -97,7 +98,7 @@ func scriptRunner(t *testing.T, state string, env ...string) func(arg string) st
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Second)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, "bash", script, arg)
-		cmd.Env = append(os.Environ(), "IDEM_STATE="+state, "DATABASE_URL=postgres://unused", "IDEM_NO_DOCKER=1", "KAFKA_BROKERS=")
+		cmd.Env = append(os.Environ(), "IDEM_STATE="+state, "DATABASE_URL=postgres://unused", "SCHEMA_REGISTRY_URL=http://unused", "IDEM_NO_DOCKER=1", "KAFKA_BROKERS=")
 		cmd.Env = append(cmd.Env, env...)
 		out, err := cmd.CombinedOutput()
 		if err != nil {
@@ -113,23 +114,28 @@ var jarsMu sync.Mutex
 // `make services` fetched; when they are not there (a checkout whose
 // `make services` reused another checkout's broker), it fetches them first
 // with `services.sh jars`.
-func sharedJars(t *testing.T) string {
+func sharedJars(t *testing.T) string { return sharedState(t, "kafka/libs", "jars") }
+
+// sharedState returns the folder dir of the repository's .state holding what
+// `make services` fetched (a .stamp file in it says it is complete), fetching
+// it first with `services.sh arg` when it is not there.
+func sharedState(t *testing.T, dir, arg string) string {
 	t.Helper()
 	jarsMu.Lock()
 	defer jarsMu.Unlock()
 	state := filepath.Join(repoRoot(t), ".state")
-	libs := filepath.Join(state, "kafka", "libs")
-	if _, err := os.Stat(filepath.Join(libs, ".stamp")); err == nil {
-		return libs
+	path := filepath.Join(state, filepath.FromSlash(dir))
+	if _, err := os.Stat(filepath.Join(path, ".stamp")); err == nil {
+		return path
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "bash", filepath.Join(repoRoot(t), "scripts", "services.sh"), "jars")
+	cmd := exec.CommandContext(ctx, "bash", filepath.Join(repoRoot(t), "scripts", "services.sh"), arg)
 	cmd.Env = append(os.Environ(), "IDEM_STATE="+state)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("no Kafka jars under %s, and services.sh jars failed: %v\n%s", libs, err, out)
+		t.Fatalf("nothing under %s, and services.sh %s failed: %v\n%s", path, arg, err, out)
 	}
-	return libs
+	return path
 }
 
 // stateWithJars is a fresh state folder (IDEM_STATE) whose kafka/libs links

@@ -1,0 +1,243 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/sr/srfake"
+
+	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/idemtest"
+	"github.com/idemhq/idem/serde"
+)
+
+// The typed-handler benchmarks (issue 30): a handler that gets an Avro
+// record decoded (handler.Typed over serde.Avro) beside one that gets the
+// raw bytes, per call and through consumer.Run on the real broker.
+//
+//	cd bench && go test -run '^$' -bench 'Handler' -benchmem
+//	cd bench && go test -run '^$' -bench 'ConsumerTypedVsRaw' -benchtime 4x
+//
+// They need SCHEMA_REGISTRY_URL (make services) for the consumer runs; the
+// per-call ones fall back to an in-process fake registry (the schema is
+// fetched once, before the timer starts).
+
+type benchOrder struct {
+	ID        string   `avro:"id" json:"id"`
+	Customer  string   `avro:"customer" json:"customer"`
+	Cents     int64    `avro:"cents" json:"cents"`
+	Currency  string   `avro:"currency" json:"currency"`
+	Items     []string `avro:"items" json:"items"`
+	CreatedAt int64    `avro:"created_at" json:"created_at"`
+	Note      *string  `avro:"note" json:"note"`
+}
+
+const benchOrderSchema = `{"type":"record","name":"Order","namespace":"idem.bench","fields":[
+	{"name":"id","type":"string"},{"name":"customer","type":"string"},{"name":"cents","type":"long"},
+	{"name":"currency","type":"string"},{"name":"items","type":{"type":"array","items":"string"}},
+	{"name":"created_at","type":"long"},{"name":"note","type":["null","string"],"default":null}]}`
+
+func sampleOrder(i int) benchOrder {
+	note := "leave at the door"
+	return benchOrder{ID: fmt.Sprintf("order-%08d", i), Customer: "customer-0042-with-a-longer-name", Cents: 125_000 + int64(i),
+		Currency: "EUR", Items: []string{"sku-00001-blue-shirt", "sku-00002-red-scarf", "sku-00003-green-hat"},
+		CreatedAt: 1_780_000_000_000 + int64(i), Note: &note}
+}
+
+// benchCodec returns an Avro codec on the registry of the environment (or a
+// fake one) and the encoding of sampleOrder(0).
+func benchCodec(b *testing.B) (*serde.Codec[benchOrder], func(i int) []byte) {
+	b.Helper()
+	url := os.Getenv("SCHEMA_REGISTRY_URL")
+	if url == "" {
+		fake := srfake.New()
+		b.Cleanup(fake.Close)
+		url = fake.URL()
+	}
+	reg, err := serde.NewRegistry(serde.RegistryConfig{URL: url})
+	if err != nil {
+		b.Fatal(err)
+	}
+	c, err := serde.Avro[benchOrder](reg, serde.Options{Subject: fmt.Sprintf("idem-bench-orders-%d-value", time.Now().UnixNano()), Schema: benchOrderSchema})
+	if err != nil {
+		b.Fatal(err)
+	}
+	enc := func(i int) []byte {
+		v, err := c.Encode(context.Background(), sampleOrder(i))
+		if err != nil {
+			b.Fatal(err)
+		}
+		return v
+	}
+	return c, enc
+}
+
+var sink atomic.Int64
+
+// loopHandle times h.Handle(m), with its allocations.
+func loopHandle(b *testing.B, h handler.Handler, m *handler.Message) {
+	ctx := context.Background()
+	b.SetBytes(int64(len(m.Value)))
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = h.Handle(ctx, m)
+	}
+}
+
+// BenchmarkHandlerRaw: a handler that gets the bytes and looks at them.
+func BenchmarkHandlerRaw(b *testing.B) {
+	_, enc := benchCodec(b)
+	m := &handler.Message{Value: enc(0)}
+	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
+		sink.Add(int64(len(m.Value)))
+		return nil
+	})
+	loopHandle(b, h, m)
+}
+
+// BenchmarkHandlerTypedAvro: the same handler given the decoded record.
+func BenchmarkHandlerTypedAvro(b *testing.B) {
+	c, enc := benchCodec(b)
+	m := &handler.Message{Value: enc(0)}
+	h := handler.Typed(c.Decode, func(ctx context.Context, o benchOrder, m *handler.Message) error {
+		sink.Add(o.Cents)
+		return nil
+	})
+	ctx := context.Background()
+	if err := h.Handle(ctx, m); err != nil { // fetches the schema
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(m.Value)))
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = h.Handle(ctx, m)
+	}
+}
+
+// BenchmarkHandlerRawJSON: what a raw handler does today with the same
+// record as JSON: json.Unmarshal into the struct.
+func BenchmarkHandlerRawJSON(b *testing.B) {
+	v, err := json.Marshal(sampleOrder(0))
+	if err != nil {
+		b.Fatal(err)
+	}
+	m := &handler.Message{Value: v}
+	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
+		var o benchOrder
+		if err := json.Unmarshal(m.Value, &o); err != nil {
+			return err
+		}
+		sink.Add(o.Cents)
+		return nil
+	})
+	loopHandle(b, h, m)
+}
+
+// consumerRecords is how many records each consumer run handles.
+const consumerRecords = 20000
+
+var typedTopic struct {
+	once  sync.Once
+	k     *idemtest.Kafka
+	topic string
+	codec *serde.Codec[benchOrder]
+}
+
+// consumeTyped runs consumer.Run (memory store, one partition) over the
+// consumerRecords Avro records of the shared topic with a fresh group, the
+// typed or the raw handler, and returns how long the records took from the
+// first handled to the last (the group's join left out), and the CPU time
+// the process spent meanwhile (user and system, every goroutine): on a
+// machine shared with other work, wall time says more about the others
+// than about idem, CPU time much less.
+func consumeTyped(b *testing.B, typed bool, run int) (wall, cpu time.Duration) {
+	k, topic := typedTopic.k, typedTopic.topic
+	var n, first, last, cpuFirst atomic.Int64
+	done := func() {
+		now := time.Now().UnixNano()
+		if first.CompareAndSwap(0, now) {
+			cpuFirst.Store(int64(cpuTime()))
+		}
+		last.Store(now)
+		n.Add(1)
+	}
+	var h handler.Handler = handler.Func(func(ctx context.Context, m *handler.Message) error {
+		sink.Add(int64(len(m.Value)))
+		done()
+		return nil
+	})
+	if typed {
+		h = handler.Typed(typedTopic.codec.Decode, func(ctx context.Context, o benchOrder, m *handler.Message) error {
+			sink.Add(o.Cents)
+			done()
+			return nil
+		})
+	}
+	cfg := k.Config(b, fmt.Sprintf("idem-bench-typed-%v-%d-%d", typed, run, time.Now().UnixNano()), topic)
+	cfg.Sarama.Consumer.Offsets.Initial = -2 // oldest
+	c := idemtest.Start(b, cfg, h)
+	idemtest.Eventually(b, 5*time.Minute, func() error {
+		if got := n.Load(); got < consumerRecords {
+			return fmt.Errorf("%d of %d records", got, consumerRecords)
+		}
+		return nil
+	})
+	cpu = cpuTime() - time.Duration(cpuFirst.Load())
+	_ = c.Stop()
+	return time.Duration(last.Load() - first.Load()), cpu
+}
+
+// cpuTime is the CPU time this process has used (user and system).
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkConsumerTypedVsRaw consumes the same consumerRecords Avro
+// records through consumer.Run with the raw-bytes handler and with the typed
+// Avro handler, alternating (so a busy machine slows both alike), and
+// reports both throughputs and their ratio (issue 30's goal: typed/raw >=
+// 0.8). Run it with -benchtime Nx for N pairs of runs.
+func BenchmarkConsumerTypedVsRaw(b *testing.B) {
+	if os.Getenv("KAFKA_BROKERS") == "" || os.Getenv("SCHEMA_REGISTRY_URL") == "" {
+		b.Skip("needs KAFKA_BROKERS and SCHEMA_REGISTRY_URL (make services)")
+	}
+	typedTopic.once.Do(func() {
+		k := idemtest.Connect(b)
+		codec, enc := benchCodec(b)
+		topic := fmt.Sprintf("idem-bench-typed-%d", time.Now().UnixNano())
+		k.CreateTopic(b, topic, 1)
+		recs := make([]idemtest.Record, consumerRecords)
+		for i := range recs {
+			recs[i] = idemtest.Record{IdempotencyKey: fmt.Sprintf("k-%d", i), Value: enc(i)}
+		}
+		k.Produce(b, topic, recs...)
+		typedTopic.k, typedTopic.topic, typedTopic.codec = k, topic, codec
+	})
+	var raw, typed, rawCPU, typedCPU time.Duration
+	for i := 0; i < b.N; i++ {
+		w, c := consumeTyped(b, false, i)
+		raw, rawCPU = raw+w, rawCPU+c
+		w, c = consumeTyped(b, true, i)
+		typed, typedCPU = typed+w, typedCPU+c
+	}
+	records := float64(consumerRecords * b.N)
+	rawRate, typedRate := records/raw.Seconds(), records/typed.Seconds()
+	b.ReportMetric(rawRate, "raw-records/s")
+	b.ReportMetric(typedRate, "typed-records/s")
+	b.ReportMetric(typedRate/rawRate, "typed/raw")
+	// CPU per record: the throughput ratio of a machine with nothing else to do.
+	b.ReportMetric(float64(rawCPU.Microseconds())/records, "raw-cpu-µs/record")
+	b.ReportMetric(float64(typedCPU.Microseconds())/records, "typed-cpu-µs/record")
+	b.ReportMetric(float64(rawCPU)/float64(typedCPU), "cpu-typed/raw")
+}

@@ -1,0 +1,293 @@
+// Command typed-orders is idem with typed messages: two topics whose
+// records are in a schema registry's wire format — orders in Avro,
+// shipments in Protobuf — each decoded for its handler, the idempotency key
+// of an order read from its Avro value, and the card charged through a
+// durable step with a derived idempotency key. See README.md.
+//
+//	make services
+//	set -a; . .state/services.env; set +a
+//	go run ./examples/typed-orders -n 30
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/consumer"
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/examples/typed-orders/shippingpb"
+	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/serde"
+	"github.com/idemhq/idem/step"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "typed-orders:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	N       int
+	Timeout time.Duration
+	Verbose bool
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("typed-orders", flag.ContinueOnError)
+	var o options
+	fs.IntVar(&o.N, "n", 30, "orders to place")
+	fs.DurationVar(&o.Timeout, "timeout", 2*time.Minute, "give up after this long")
+	fs.BoolVar(&o.Verbose, "v", false, "log at INFO")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	env := func(name string) (string, error) {
+		if v := os.Getenv(name); v != "" {
+			return v, nil
+		}
+		return "", fmt.Errorf("%s is not set: run `make services` and export .state/services.env", name)
+	}
+	brokers, err := env("KAFKA_BROKERS")
+	if err != nil {
+		return err
+	}
+	db, err := env("DATABASE_URL")
+	if err != nil {
+		return err
+	}
+	registry, err := env("SCHEMA_REGISTRY_URL")
+	if err != nil {
+		return err
+	}
+	s, err := demo(ctx, strings.Split(brokers, ","), db, registry, o, stderr)
+	s.print(stdout)
+	if err != nil {
+		return err
+	}
+	return s.check()
+}
+
+// summary is what a run did.
+type summary struct {
+	Run                        string
+	Orders, Duplicates         int
+	Recorded, DistinctCharges  int
+	Requests, Charges, Retried int
+	WantShipped, Shipped       int
+	Took                       time.Duration
+}
+
+func (s summary) print(w io.Writer) {
+	fmt.Fprintf(w, "idem typed orders — run %s\n", s.Run)
+	fmt.Fprintf(w, "  orders:     %d Avro records (+%d duplicate deliveries), key read from the value, in %s\n", s.Orders, s.Duplicates, s.Took.Round(time.Millisecond))
+	fmt.Fprintf(w, "  recorded:   %d orders, %d distinct charges\n", s.Recorded, s.DistinctCharges)
+	fmt.Fprintf(w, "  psp:        %d requests, %d charges (%d handlers failed after charging and were retried)\n", s.Requests, s.Charges, s.Retried)
+	fmt.Fprintf(w, "  shipments:  %d of %d Protobuf records recorded\n", s.Shipped, s.WantShipped)
+}
+
+// check says whether the figures balance: every order recorded and charged
+// once, no retry charged again, every shipment recorded.
+func (s summary) check() error {
+	var errs []error
+	if s.Recorded != s.Orders || s.DistinctCharges != s.Orders {
+		errs = append(errs, fmt.Errorf("%d orders recorded with %d charges, want %d", s.Recorded, s.DistinctCharges, s.Orders))
+	}
+	if s.Charges != s.Orders || s.Requests != s.Orders {
+		errs = append(errs, fmt.Errorf("the PSP got %d requests and charged %d times, want %d each: a step ran twice", s.Requests, s.Charges, s.Orders))
+	}
+	if s.Shipped != s.WantShipped {
+		errs = append(errs, fmt.Errorf("%d shipments recorded, want %d", s.Shipped, s.WantShipped))
+	}
+	return errors.Join(errs...)
+}
+
+func demo(ctx context.Context, brokers []string, dbURL, registryURL string, o options, stderr io.Writer) (summary, error) {
+	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	s := summary{Run: fmt.Sprintf("typed-%d-%s", time.Now().Unix(), hex.EncodeToString(b[:]))}
+	level := slog.LevelWarn
+	if o.Verbose {
+		level = slog.LevelInfo
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		return s, err
+	}
+	defer pool.Close()
+	if err := idem.Migrate(ctx, pool); err != nil { // the inbox, idem_steps, …
+		return s, err
+	}
+	if _, err := pool.Exec(ctx, `
+		CREATE TABLE IF NOT EXISTS typed_orders (order_id text PRIMARY KEY, customer text NOT NULL,
+			cents bigint NOT NULL, currency text NOT NULL, charge_id text NOT NULL);
+		CREATE TABLE IF NOT EXISTS typed_shipments (order_id text PRIMARY KEY, carrier text NOT NULL, tracking text NOT NULL)`); err != nil {
+		return s, err
+	}
+	reg, err := serde.NewRegistry(serde.RegistryConfig{URL: registryURL})
+	if err != nil {
+		return s, err
+	}
+	ordersTopic, shipmentsTopic := s.Run+"-orders", s.Run+"-shipments"
+	c, err := newCodecs(reg, ordersTopic, shipmentsTopic)
+	if err != nil {
+		return s, err
+	}
+	scfg := sarama.NewConfig()
+	scfg.Version = sarama.V4_0_0_0
+	for _, topic := range []string{ordersTopic, shipmentsTopic} {
+		if err := createTopic(brokers, scfg, topic); err != nil {
+			return s, err
+		}
+		defer deleteTopic(brokers, scfg, topic, log)
+	}
+	start := time.Now()
+	if err := s.produce(ctx, brokers, scfg, c, o.N, ordersTopic, shipmentsTopic); err != nil {
+		return s, err
+	}
+
+	psp := newPSP()
+	var retried atomic.Int64
+	flaky := func(o OrderPlaced) bool { return strings.HasSuffix(o.OrderID, "3") } // one order in ten
+	h := handler.Chain(dispatch(routes(c, pool, psp, ordersTopic, shipmentsTopic, flaky, &retried)),
+		step.Bind(pool, s.Run)) // step.Do's table and the group its steps belong to
+	cfg := consumer.Config{
+		Brokers: brokers, Group: s.Run, Topics: []string{ordersTopic, shipmentsTopic},
+		// Shipments carry an idempotency-key header; an order's key is its
+		// id, read from the decoded Avro value.
+		KeyFunc: consumer.FirstOf(consumer.HeaderKey("idempotency-key"),
+			c.orders.Key(func(o OrderPlaced) string { return o.OrderID })),
+		Dedupe: dedupe.NewPostgres(pool),
+		Sarama: scfg,
+		Logger: log,
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- consumer.Run(runCtx, cfg, h) }()
+	waitErr := waitFinal(ctx, pool, s.Run, o.N, s.WantShipped)
+	stop()
+	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+		waitErr = errors.Join(waitErr, err)
+	}
+	s.Took = time.Since(start)
+	s.Requests, s.Charges = psp.Figures()
+	s.Retried = int(retried.Load())
+	if err := pool.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM typed_orders WHERE order_id LIKE $1),
+		(SELECT count(DISTINCT charge_id) FROM typed_orders WHERE order_id LIKE $1),
+		(SELECT count(*) FROM typed_shipments WHERE order_id LIKE $1)`, s.Run+"-%").
+		Scan(&s.Recorded, &s.DistinctCharges, &s.Shipped); err != nil {
+		waitErr = errors.Join(waitErr, err)
+	}
+	return s, waitErr
+}
+
+// produce places n orders (every tenth delivered twice) and ships every
+// third, encoded with the codecs (which register their schemas).
+func (s *summary) produce(ctx context.Context, brokers []string, scfg *sarama.Config, c codecs, n int, ordersTopic, shipmentsTopic string) error {
+	pcfg := *scfg
+	pcfg.Producer.Return.Successes = true
+	pcfg.Producer.RequiredAcks = sarama.WaitForAll
+	p, err := sarama.NewSyncProducer(brokers, &pcfg)
+	if err != nil {
+		return fmt.Errorf("producer: %w", err)
+	}
+	defer p.Close()
+	var msgs []*sarama.ProducerMessage
+	for i := range n {
+		o := OrderPlaced{OrderID: fmt.Sprintf("%s-%03d", s.Run, i), Customer: fmt.Sprintf("customer-%d", i%7), Cents: int64(1000 + 25*i), Currency: "EUR"}
+		v, err := c.orders.Encode(ctx, o)
+		if err != nil {
+			return err
+		}
+		m := &sarama.ProducerMessage{Topic: ordersTopic, Key: sarama.StringEncoder(o.OrderID), Value: sarama.ByteEncoder(v)}
+		msgs = append(msgs, m)
+		s.Orders++
+		if i%10 == 0 {
+			dup := *m
+			msgs = append(msgs, &dup)
+			s.Duplicates++
+		}
+		if i%3 == 0 {
+			sv, err := c.shipments.Encode(ctx, &shippingpb.Shipped{OrderId: o.OrderID, Carrier: "dhl", Tracking: fmt.Sprintf("JD%06d", i)})
+			if err != nil {
+				return err
+			}
+			msgs = append(msgs, &sarama.ProducerMessage{Topic: shipmentsTopic, Key: sarama.StringEncoder(o.OrderID), Value: sarama.ByteEncoder(sv),
+				Headers: []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte("ship-" + o.OrderID)}}})
+			s.WantShipped++
+		}
+	}
+	if err := p.SendMessages(msgs); err != nil {
+		return fmt.Errorf("produce: %w", err)
+	}
+	return nil
+}
+
+// waitFinal polls until the run's orders and shipments are all recorded.
+func waitFinal(ctx context.Context, pool *pgxpool.Pool, run string, orders, shipments int) error {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		var o, sh int
+		if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM typed_orders WHERE order_id LIKE $1),
+			(SELECT count(*) FROM typed_shipments WHERE order_id LIKE $1)`, run+"-%").Scan(&o, &sh); err != nil {
+			return err
+		}
+		if o == orders && sh == shipments {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%d of %d orders and %d of %d shipments recorded: %w", o, orders, sh, shipments, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+func createTopic(brokers []string, scfg *sarama.Config, topic string) error {
+	admin, err := sarama.NewClusterAdmin(brokers, scfg)
+	if err != nil {
+		return fmt.Errorf("kafka admin: %w", err)
+	}
+	defer admin.Close()
+	if err := admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: 3, ReplicationFactor: -1}, false); err != nil {
+		return fmt.Errorf("create topic %s: %w", topic, err)
+	}
+	return nil
+}
+
+// deleteTopic removes the run's topic; the rows stay, scoped by the run id.
+func deleteTopic(brokers []string, scfg *sarama.Config, topic string, log *slog.Logger) {
+	admin, err := sarama.NewClusterAdmin(brokers, scfg)
+	if err == nil {
+		err = admin.DeleteTopic(topic)
+		_ = admin.Close()
+	}
+	if err != nil {
+		log.Warn("delete the run's topic", "topic", topic, "err", err)
+	}
+}

@@ -1,0 +1,247 @@
+package step_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/idemtest"
+	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/step"
+)
+
+type receipt struct {
+	ChargeID string `json:"charge_id"`
+	Cents    int64  `json:"cents"`
+}
+
+// run calls fn as a handler bound to pool and group, for a message with
+// idempotency key key, and returns the handler's error.
+func run(pool *pgxpool.Pool, group, key string, fn func(ctx context.Context) error) error {
+	h := step.Bind(pool, group)(handler.Func(func(ctx context.Context, m *handler.Message) error { return fn(ctx) }))
+	return h.Handle(context.Background(), &handler.Message{IdempotencyKey: key})
+}
+
+// A result is recorded once and returned to every later call without fn.
+func TestDoRecordsOnce(t *testing.T) {
+	testenv.SkipIfShort(t)
+	pool := idemtest.ConnectPostgres(t).Pool
+	var calls atomic.Int32
+	var got []receipt
+	for range 3 {
+		err := run(pool, "g", "k-1", func(ctx context.Context) error {
+			r, err := step.Do(ctx, "charge", func(ctx context.Context) (receipt, error) {
+				calls.Add(1)
+				return receipt{ChargeID: "ch_1", Cents: 1250}, nil
+			})
+			got = append(got, r)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if calls.Load() != 1 || got[0] != got[2] || got[2] != (receipt{"ch_1", 1250}) {
+		t.Fatalf("fn called %d times, results %v; want once and the same result", calls.Load(), got)
+	}
+	// Another step, another message, another group: each its own.
+	for _, id := range [][3]string{{"g", "k-1", "refund"}, {"g", "k-2", "charge"}, {"h", "k-1", "charge"}} {
+		_ = run(pool, id[0], id[1], func(ctx context.Context) error {
+			_, err := step.Do(ctx, id[2], func(ctx context.Context) (receipt, error) { calls.Add(1); return receipt{}, nil })
+			return err
+		})
+	}
+	if calls.Load() != 4 {
+		t.Fatalf("fn called %d times, want 4: steps of other names, keys or groups are not the same step", calls.Load())
+	}
+}
+
+// A permanent failure is recorded and returned again without fn; any other
+// failure is not, and fn runs again.
+func TestDoFailures(t *testing.T) {
+	testenv.SkipIfShort(t)
+	pool := idemtest.ConnectPostgres(t).Pool
+	var calls atomic.Int32
+	declined := func(ctx context.Context) error {
+		_, err := step.Do(ctx, "charge", func(ctx context.Context) (string, error) {
+			calls.Add(1)
+			return "", handler.Permanent(errors.New("card declined"))
+		})
+		return err
+	}
+	for i := range 2 {
+		err := run(pool, "g", "k-perm", declined)
+		if !handler.IsPermanent(err) || !strings.Contains(err.Error(), "card declined") {
+			t.Fatalf("call %d: %v; want a permanent error saying why", i, err)
+		}
+	}
+	if calls.Load() != 1 {
+		t.Fatalf("a recorded permanent failure ran fn %d times, want once", calls.Load())
+	}
+	calls.Store(0)
+	flaky := func(ctx context.Context) error {
+		_, err := step.Do(ctx, "charge", func(ctx context.Context) (string, error) {
+			if calls.Add(1) == 1 {
+				return "", errors.New("timeout")
+			}
+			return "ch_2", nil
+		})
+		return err
+	}
+	if err := run(pool, "g", "k-flaky", flaky); err == nil || handler.IsPermanent(err) {
+		t.Fatalf("first call: %v; want the retriable error", err)
+	}
+	if err := run(pool, "g", "k-flaky", flaky); err != nil || calls.Load() != 2 {
+		t.Fatalf("second call: %v after %d calls; want fn run again and succeed", err, calls.Load())
+	}
+}
+
+func TestKey(t *testing.T) {
+	pool := &pgxpool.Pool{} // never used: Key reads no table
+	keys := map[string]bool{}
+	first := ""
+	for _, id := range [][3]string{{"g", "k", "charge"}, {"g", "k", "charge"}, {"g", "k", "refund"}, {"g", "k2", "charge"}, {"h", "k", "charge"}} {
+		_ = run(pool, id[0], id[1], func(ctx context.Context) error {
+			k := step.Key(ctx, id[2])
+			if first == "" {
+				first = k
+			}
+			keys[k] = true
+			return nil
+		})
+	}
+	if len(keys) != 4 || !strings.HasPrefix(first, "idem-") || len(first) != 45 {
+		t.Fatalf("keys %v (first %q): want 4 distinct idem-<40 hex> keys for 5 calls, two of them the same step", keys, first)
+	}
+	if k := step.Key(context.Background(), "charge"); k != "" {
+		t.Fatalf("Key outside Bind = %q, want \"\"", k)
+	}
+}
+
+// Without Bind, with an empty group or name, or in a batch handler without
+// WithMessage, Do fails and does not call fn.
+func TestDoNeedsScope(t *testing.T) {
+	pool := &pgxpool.Pool{}
+	fn := func(ctx context.Context) (int, error) { t.Fatal("fn called"); return 0, nil }
+	if _, err := step.Do(context.Background(), "charge", fn); err == nil || !strings.Contains(err.Error(), "step.Bind") {
+		t.Fatalf("without Bind: %v", err)
+	}
+	if err := run(pool, "", "k", func(ctx context.Context) error { _, err := step.Do(ctx, "charge", fn); return err }); err == nil || !strings.Contains(err.Error(), "empty group") {
+		t.Fatalf("empty group: %v", err)
+	}
+	if err := run(pool, "g", "k", func(ctx context.Context) error { _, err := step.Do(ctx, "", fn); return err }); err == nil {
+		t.Fatal("empty name: no error")
+	}
+	var batchErr error
+	h := step.Bind(pool, "g")(handler.Batch(func(ctx context.Context, msgs []*handler.Message) error {
+		_, batchErr = step.Do(ctx, "charge", fn)
+		return nil
+	}))
+	bh, ok := h.(handler.BatchHandler)
+	if !ok {
+		t.Fatal("Bind made a batch handler a plain one")
+	}
+	_ = bh.HandleBatch(context.Background(), []*handler.Message{{IdempotencyKey: "k"}})
+	if batchErr == nil || !strings.Contains(batchErr.Error(), "WithMessage") {
+		t.Fatalf("batch without WithMessage: %v", batchErr)
+	}
+}
+
+func TestSweep(t *testing.T) {
+	testenv.SkipIfShort(t)
+	pool := idemtest.ConnectPostgres(t).Pool
+	for _, key := range []string{"old", "new"} {
+		if err := run(pool, "g", key, func(ctx context.Context) error {
+			_, err := step.Do(ctx, "charge", func(ctx context.Context) (int, error) { return 1, nil })
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := pool.Exec(context.Background(), `UPDATE idem_steps SET recorded_at = now() - interval '3 hours' WHERE idempotency_key = 'old'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := step.Sweep(context.Background(), pool, time.Minute); err == nil {
+		t.Fatal("Sweep with less than an hour: no error")
+	}
+	n, err := step.Sweep(context.Background(), pool, 2*time.Hour)
+	if err != nil || n != 1 {
+		t.Fatalf("Sweep = %d, %v; want 1", n, err)
+	}
+	if left := count(t, pool, `SELECT count(*) FROM idem_steps`); left != 1 {
+		t.Fatalf("%d rows left, want the new one", left)
+	}
+}
+
+// Steps in a batch handler: each message's step is its own (WithMessage),
+// and when the batch fails after its steps and its messages run again, one
+// by one, no step calls the bank again.
+func TestStepInBatchHandler(t *testing.T) {
+	testenv.SkipIfShort(t)
+	e := newEnv(t)
+	orders := []string{"order-1", "order-2", "order-3", "order-4", "order-5"}
+	e.produce(t, orders...)
+	pool := e.pg.Pool
+	var batches atomic.Int32
+	h := step.Bind(pool, e.group)(handler.Batch(func(ctx context.Context, msgs []*handler.Message) error {
+		first := batches.Add(1) == 1
+		for _, m := range msgs {
+			mctx := step.WithMessage(ctx, m)
+			chargeID, err := step.Do(mctx, "charge", func(ctx context.Context) (string, error) {
+				return charge(ctx, pool, step.Key(ctx, "charge"))
+			})
+			if err != nil {
+				return err
+			}
+			if _, err := dedupe.Tx(ctx).Exec(ctx, `INSERT INTO effects (order_id, charge_id) VALUES ($1, $2)`, string(m.Value), chargeID); err != nil {
+				return err
+			}
+		}
+		if first {
+			return errors.New("the first batch fails after its steps")
+		}
+		return nil
+	}))
+	idemtest.Start(t, e.config(t), h)
+	waitCount(t, pool, len(orders), `SELECT count(*) FROM effects`)
+	if n := count(t, pool, `SELECT count(*) FROM bank_requests`); n != len(orders) {
+		t.Fatalf("the bank saw %d requests for %d orders: a step ran again", n, len(orders))
+	}
+	if n := count(t, pool, `SELECT count(DISTINCT charge_id) FROM effects`); n != len(orders) {
+		t.Fatalf("%d distinct charges for %d orders", n, len(orders))
+	}
+}
+
+// Steps under Config.Transactions: a handler that fails after its step is
+// retried, and the retry gets the recorded charge.
+func TestStepUnderTransactions(t *testing.T) {
+	testenv.SkipIfShort(t)
+	e := newEnv(t)
+	orders := []string{"order-1", "order-2", "order-3"}
+	e.produce(t, orders...)
+	pool := e.pg.Pool
+	cfg := e.config(t)
+	cfg.Transactions.Enabled = true
+	failed := map[string]bool{}
+	h := payments(pool, e.group, func(ctx context.Context, at string, m *handler.Message) error {
+		if at == "after-step" && !failed[string(m.Value)] {
+			failed[string(m.Value)] = true // one goroutine: one partition
+			return fmt.Errorf("fails once after its step (attempt %d)", m.Attempt)
+		}
+		return nil
+	})
+	c := idemtest.Start(t, cfg, h)
+	c.WaitOutcome(t, "processed", len(orders))
+	waitCount(t, pool, len(orders), `SELECT count(*) FROM effects`)
+	if n := count(t, pool, `SELECT count(*) FROM bank_requests`); n != len(orders) {
+		t.Fatalf("the bank saw %d requests for %d orders: a retry called it again", n, len(orders))
+	}
+}
