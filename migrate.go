@@ -47,6 +47,8 @@ func OutboxTable(name string) MigrateOption {
 //     consumer.Config.FailureIndex): idem_dlq_records, idem_dlq_groups,
 //     idem_dlq_versions, idem_dlq_audit;
 //   - schedule (the messages handler.DeferUntil defers): idem_deferred;
+//   - payload encryption at rest (index.Indexer.EncryptionKeyFile): the
+//     wrapped data keys, idem_seal_keys;
 //   - and idem_schema_migrations, which records the versions applied.
 //
 // Unqualified names resolve through the connection's search_path. Every

@@ -25,6 +25,7 @@ import (
 	"github.com/idemhq/idem/internal/outboxtable"
 	"github.com/idemhq/idem/internal/sagatable"
 	"github.com/idemhq/idem/internal/scheduletable"
+	"github.com/idemhq/idem/internal/seal"
 	"github.com/idemhq/idem/internal/testenv"
 )
 
@@ -115,6 +116,7 @@ func TestMigrateCreatesEveryTable(t *testing.T) {
 		func() error { return checkpointrow.Migrate(ctx, union) },
 		func() error { return indextable.Migrate(ctx, union) },
 		func() error { return scheduletable.Migrate(ctx, union) },
+		func() error { return seal.Migrate(ctx, union) },
 	} {
 		if err := step(); err != nil {
 			t.Fatal(err)
@@ -131,7 +133,7 @@ func TestMigrateCreatesEveryTable(t *testing.T) {
 		t.Fatalf("idem.Migrate created\n  %s\nthe packages' own migrations\n  %s", strings.Join(got, "\n  "), strings.Join(want, "\n  "))
 	}
 	for _, table := range []string{"idem_processed", "idem_ordering_heads", "idem_ordering_parked", "idem_outbox", "idem_saga", "idem_saga_step",
-		"idem_checkpoint", "idem_dlq_records", "idem_dlq_groups", "idem_dlq_versions", "idem_dlq_audit", "idem_deferred", "idem_schema_migrations"} {
+		"idem_checkpoint", "idem_dlq_records", "idem_dlq_groups", "idem_dlq_versions", "idem_dlq_audit", "idem_deferred", "idem_seal_keys", "idem_schema_migrations"} {
 		if !slices.ContainsFunc(got, func(s string) bool { return strings.HasPrefix(s, "table "+table+" ") }) {
 			t.Errorf("no table %s", table)
 		}
