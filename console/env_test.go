@@ -125,6 +125,7 @@ type dead struct {
 	value   []byte
 	kind    handler.Kind
 	err     string
+	stack   string // idem-stack, when set
 	headers []sarama.RecordHeader
 }
 
@@ -144,7 +145,7 @@ func (e *env) seedDLQ(t *testing.T, dlqTopic, origin string, ds ...dead) {
 	for i, d := range ds {
 		f := retrytopic.Failure{
 			Attempt: 1, OriginalTopic: origin, OriginalPartition: 0, OriginalOffset: int64(i), Group: "billing",
-			Kind: d.kind, ErrorType: "*errors.errorString", Error: d.err,
+			Kind: d.kind, ErrorType: "*errors.errorString", Error: d.err, Stack: []byte(d.stack),
 			FirstFailureAt: base, LastFailureAt: base.Add(time.Duration(i) * time.Second),
 		}
 		hs := append([]sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(d.key)}}, d.headers...)

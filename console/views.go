@@ -2,9 +2,11 @@ package console
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/url"
 	"strconv"
@@ -14,6 +16,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemhq/idem/internal/failidx"
+	"github.com/idemhq/idem/internal/mask"
+	"github.com/idemhq/idem/internal/seal"
 )
 
 // listErrorBytes caps the error text of each record in a list.
@@ -138,24 +142,32 @@ type recordView struct {
 	PreviousID      int64          `json:"previous_id,omitempty"`
 	Stub            bool           `json:"stub"`
 	ValueSize       int            `json:"value_size"`
-	Value           *payloadView   `json:"value,omitempty"`
-	Headers         []headerView   `json:"headers,omitempty"`
-	Versions        []versionView  `json:"versions,omitempty"`
-	ErrorCut        bool           `json:"-"`
+	// KeyID is the data key that seals the payload at rest (0: in clear);
+	// PayloadUnavailable says why it cannot be read ("key destroyed", …),
+	// PayloadError how.
+	KeyID              int64         `json:"key_id,omitempty"`
+	PayloadUnavailable string        `json:"payload_unavailable,omitempty"`
+	PayloadError       string        `json:"payload_error,omitempty"`
+	Value              *payloadView  `json:"value,omitempty"`
+	Headers            []headerView  `json:"headers,omitempty"`
+	Versions           []versionView `json:"versions,omitempty"`
+	ErrorCut           bool          `json:"-"`
 }
 
 // payloadView is a value: masked unless revealed, as text when it is
 // UTF-8 and as base64 otherwise.
 type payloadView struct {
-	Size      int    `json:"size"`      // bytes of the original record
-	Stored    int    `json:"stored"`    // bytes the index kept
-	Truncated bool   `json:"truncated"` // the index kept only a prefix
-	JSON      bool   `json:"json"`
-	Masked    int    `json:"masked_values"`
-	Hidden    bool   `json:"hidden"` // masking is on and the value is not JSON
-	Revealed  bool   `json:"revealed"`
-	Text      string `json:"text,omitempty"`
-	Base64    string `json:"base64,omitempty"`
+	Size      int  `json:"size"`      // bytes of the original record
+	Stored    int  `json:"stored"`    // bytes the index kept
+	Truncated bool `json:"truncated"` // the index kept only a prefix
+	JSON      bool `json:"json"`
+	Masked    int  `json:"masked_values"`
+	Hidden    bool `json:"hidden"` // masking is on and the value is not JSON
+	// Unavailable: the value cannot be read ("key destroyed", …).
+	Unavailable string `json:"unavailable,omitempty"`
+	Revealed    bool   `json:"revealed"`
+	Text        string `json:"text,omitempty"`
+	Base64      string `json:"base64,omitempty"`
 
 	raw        []byte // what may be shown (masked unless revealed)
 	Display    string `json:"-"` // what the page shows, capped
@@ -181,9 +193,10 @@ type versionView struct {
 	Value              *payloadView `json:"value"`
 }
 
-// listView is a record of a list: no payload, headers or stack.
-func (s *server) listView(r failidx.Record) recordView {
-	v := baseView(r)
+// listView is a record of a list: no payload, headers or stack; sc
+// scrubs its error text and keys (nil: masking off).
+func (s *server) listView(r failidx.Record, sc *mask.Scrubber) recordView {
+	v := baseView(r, sc)
 	v.Stack = ""
 	if len(v.Error) > listErrorBytes {
 		v.Error, v.ErrorCut = cutUTF8(v.Error, listErrorBytes), true
@@ -191,47 +204,104 @@ func (s *server) listView(r failidx.Record) recordView {
 	return v
 }
 
-func baseView(r failidx.Record) recordView {
+// baseView is the record without payload, headers or versions, its free
+// text scrubbed by sc (nil: as stored).
+func baseView(r failidx.Record, sc *mask.Scrubber) recordView {
 	return recordView{
 		ID: r.ID, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
 		OriginTopic: r.OriginTopic, OriginPartition: r.OriginPartition, OriginOffset: r.OriginOffset,
-		Group: r.Group, Fingerprint: r.Fingerprint, Kind: r.Kind, Key: showBytes(r.Key),
-		IdempotencyKey: r.IdempotencyKey, Attempts: r.Attempts,
+		Group: r.Group, Fingerprint: r.Fingerprint, Kind: r.Kind, Key: showBytes(sc.Bytes(r.Key)),
+		IdempotencyKey: sc.String(r.IdempotencyKey), Attempts: r.Attempts,
 		FirstFailureAt: r.FirstFailureAt, LastFailureAt: r.LastFailureAt, IndexedAt: r.IndexedAt,
-		Error: strings.ToValidUTF8(r.Error, "\uFFFD"), ErrorType: r.ErrorType, Stack: strings.ToValidUTF8(r.Stack, "\uFFFD"),
-		Status: r.Status, StatusActor: r.StatusActor, StatusReason: r.StatusReason, StatusAt: r.StatusAt,
-		PreviousID: r.PreviousID, Stub: r.Stub, ValueSize: r.ValueSize,
+		Error: validText(sc.String(r.Error)), ErrorType: sc.String(r.ErrorType), Stack: validText(sc.String(r.Stack)),
+		Status: r.Status, StatusActor: r.StatusActor, StatusReason: sc.String(r.StatusReason), StatusAt: r.StatusAt,
+		PreviousID: r.PreviousID, Stub: r.Stub, ValueSize: r.ValueSize, KeyID: r.KeyID,
 	}
 }
 
+func validText(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
+
+// scrubbers returns, when masking is on, the Scrubber of each record ids
+// names: the values masked in its stored value, and card numbers. A record
+// whose value cannot be read gets card numbers only. Off: nil.
+func (s *server) scrubbers(ctx context.Context, ids []int64) (map[int64]*mask.Scrubber, error) {
+	if !s.mask.Active() {
+		return nil, nil
+	}
+	vals, err := s.store.Values(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[int64]*mask.Scrubber, len(ids))
+	for _, id := range ids {
+		out[id] = s.mask.For(vals[id])
+	}
+	return out, nil
+}
+
 // detailView is a record with its payload (masked unless reveal), headers
-// and versions.
+// and versions; unless reveal, its free text loses the values masked in its
+// payloads, and card numbers.
 func (s *server) detailView(r failidx.Record, reveal bool) recordView {
-	v := baseView(r)
-	v.Value = s.payload(r.Value, r.ValueSize, r.ValueTruncated, reveal)
+	var sc *mask.Scrubber
+	if !reveal {
+		payloads := [][]byte{r.Value}
+		for _, ver := range r.Versions {
+			payloads = append(payloads, ver.Value)
+		}
+		sc = s.mask.For(payloads...)
+	}
+	v := baseView(r, sc)
+	v.Value = s.payload(r.Value, r.ValueSize, r.ValueTruncated, reveal, sc)
+	if r.PayloadErr != nil {
+		v.PayloadUnavailable, v.PayloadError = unavailable(r.PayloadErr), validText(sc.String(r.PayloadErr.Error()))
+		v.Value = &payloadView{Size: r.ValueSize, Unavailable: v.PayloadUnavailable,
+			Display: fmt.Sprintf("(%s: the value and headers of this record cannot be read)", v.PayloadUnavailable)}
+	}
 	for _, h := range r.Headers {
-		hv := headerView{Key: showBytes(h.Key), Value: showBytes(h.Value), Size: len(h.Value)}
+		hv := headerView{Key: showBytes(h.Key), Value: showBytes(sc.Header(string(h.Key), h.Value)), Size: len(h.Value)}
 		hv.Display, hv.DisplayCut = s.display(hv.Value)
 		v.Headers = append(v.Headers, hv)
 	}
 	for _, ver := range r.Versions {
-		v.Versions = append(v.Versions, versionView{
-			N: ver.N, Actor: ver.Actor, Reason: ver.Reason, At: ver.At, PublishedTo: ver.PublishedTo,
+		vv := versionView{
+			N: ver.N, Actor: ver.Actor, Reason: sc.String(ver.Reason), At: ver.At, PublishedTo: ver.PublishedTo,
 			PublishedPartition: ver.PublishedPartition, PublishedOffset: ver.PublishedOffset,
-			Value: s.payload(ver.Value, len(ver.Value), false, reveal),
-		})
+			Value: s.payload(ver.Value, len(ver.Value), false, reveal, sc),
+		}
+		if ver.PayloadErr != nil {
+			vv.Value = &payloadView{Unavailable: unavailable(ver.PayloadErr), Display: "(" + unavailable(ver.PayloadErr) + ")"}
+		}
+		v.Versions = append(v.Versions, vv)
 	}
 	return v
 }
 
+// unavailable names why a payload cannot be read, as the UI and the API
+// show it.
+func unavailable(err error) string {
+	switch {
+	case errors.Is(err, seal.ErrKeyDestroyed):
+		return "key destroyed"
+	case errors.Is(err, seal.ErrTampered):
+		return "tampered"
+	case errors.Is(err, seal.ErrWrongKEK):
+		return "wrong encryption key"
+	case errors.Is(err, failidx.ErrNoEncryptionKey):
+		return "encrypted, no key given"
+	}
+	return "unreadable"
+}
+
 // payload builds the view of a value: masked by Config.Mask unless reveal
-// (a value that is not JSON is then hidden whole), then text or base64.
-func (s *server) payload(val []byte, size int, truncated, reveal bool) *payloadView {
-	p := &payloadView{Size: size, Stored: len(val), Truncated: truncated, Revealed: reveal && s.mask.active()}
+// (a value that is not JSON is then hidden whole; sc scrubs its other
+// strings), then text or base64.
+func (s *server) payload(val []byte, size int, truncated, reveal bool, sc *mask.Scrubber) *payloadView {
+	p := &payloadView{Size: size, Stored: len(val), Truncated: truncated, Revealed: reveal && s.mask.Active()}
 	p.JSON = json.Valid(val)
 	shown := val
-	if s.mask.active() && !reveal {
-		masked, n, err := s.mask.apply(val)
+	if s.mask.Active() && !reveal {
+		masked, n, err := s.mask.Payload(val, sc)
 		if err != nil {
 			p.Hidden = true
 			p.Display = fmt.Sprintf("(%d bytes, not JSON: hidden because masking is on; an operator may reveal it)", len(val))
