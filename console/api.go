@@ -180,7 +180,7 @@ func (s *server) record(r *http.Request, id identity, reveal bool) (failidx.Reco
 // payloadGone is the error of a request for a payload that cannot be read
 // (the key destroyed, …): 410 Gone.
 func payloadGone(rec failidx.Record) error {
-	return &inputError{code: http.StatusGone, field: "id", msg: fmt.Sprintf("record %d: the value and headers cannot be read: %s", rec.ID, unavailable(rec.PayloadErr))}
+	return &inputError{code: http.StatusGone, field: "id", msg: fmt.Sprintf("record %d: the value and headers cannot be read: %s", rec.ID, failidx.Unavailable(rec.PayloadErr))}
 }
 
 // audited checks that id may reveal record rid's payload and writes the

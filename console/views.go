@@ -6,7 +6,6 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/url"
 	"strconv"
@@ -17,7 +16,6 @@ import (
 
 	"github.com/idemhq/idem/internal/failidx"
 	"github.com/idemhq/idem/internal/mask"
-	"github.com/idemhq/idem/internal/seal"
 )
 
 // listErrorBytes caps the error text of each record in a list.
@@ -254,7 +252,7 @@ func (s *server) detailView(r failidx.Record, reveal bool) recordView {
 	v := baseView(r, sc)
 	v.Value = s.payload(r.Value, r.ValueSize, r.ValueTruncated, reveal, sc)
 	if r.PayloadErr != nil {
-		v.PayloadUnavailable, v.PayloadError = unavailable(r.PayloadErr), validText(sc.String(r.PayloadErr.Error()))
+		v.PayloadUnavailable, v.PayloadError = failidx.Unavailable(r.PayloadErr), validText(sc.String(r.PayloadErr.Error()))
 		v.Value = &payloadView{Size: r.ValueSize, Unavailable: v.PayloadUnavailable,
 			Display: fmt.Sprintf("(%s: the value and headers of this record cannot be read)", v.PayloadUnavailable)}
 	}
@@ -270,27 +268,11 @@ func (s *server) detailView(r failidx.Record, reveal bool) recordView {
 			Value: s.payload(ver.Value, len(ver.Value), false, reveal, sc),
 		}
 		if ver.PayloadErr != nil {
-			vv.Value = &payloadView{Unavailable: unavailable(ver.PayloadErr), Display: "(" + unavailable(ver.PayloadErr) + ")"}
+			vv.Value = &payloadView{Unavailable: failidx.Unavailable(ver.PayloadErr), Display: "(" + failidx.Unavailable(ver.PayloadErr) + ")"}
 		}
 		v.Versions = append(v.Versions, vv)
 	}
 	return v
-}
-
-// unavailable names why a payload cannot be read, as the UI and the API
-// show it.
-func unavailable(err error) string {
-	switch {
-	case errors.Is(err, seal.ErrKeyDestroyed):
-		return "key destroyed"
-	case errors.Is(err, seal.ErrTampered):
-		return "tampered"
-	case errors.Is(err, seal.ErrWrongKEK):
-		return "wrong encryption key"
-	case errors.Is(err, failidx.ErrNoEncryptionKey):
-		return "encrypted, no key given"
-	}
-	return "unreadable"
 }
 
 // payload builds the view of a value: masked by Config.Mask unless reveal

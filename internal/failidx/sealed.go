@@ -19,6 +19,25 @@ const Purpose = "dlq-index"
 // and the Store was given no key-encryption key (Sealed).
 var ErrNoEncryptionKey = errors.New("index: the payload is encrypted at rest and no encryption key was given")
 
+// Unavailable names why a payload cannot be read, as the console and the
+// CLI show it: "key destroyed", "tampered", "wrong encryption key",
+// "encrypted, no key given", or "" for err nil.
+func Unavailable(err error) string {
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, seal.ErrKeyDestroyed):
+		return "key destroyed"
+	case errors.Is(err, seal.ErrTampered):
+		return "tampered"
+	case errors.Is(err, seal.ErrWrongKEK):
+		return "wrong encryption key"
+	case errors.Is(err, ErrNoEncryptionKey):
+		return "encrypted, no key given"
+	}
+	return "unreadable"
+}
+
 // errNotOpened is a sealed Record's PayloadErr until Store.open opens it.
 var errNotOpened = errors.New("index: sealed payload not opened")
 

@@ -28,16 +28,17 @@ func Migrate(ctx context.Context, db pgmigrate.DB) error {
 
 // KeyInfo describes one data key, never its bytes.
 type KeyInfo struct {
-	ID      int64
-	Purpose string
+	ID      int64  `json:"id"`
+	Purpose string `json:"purpose"`
 	// KEKID is the KEK that wraps it ("" once destroyed).
-	KEKID       string
-	CreatedAt   time.Time
-	RewrappedAt time.Time // zero: never re-wrapped
+	KEKID       string    `json:"kek_id"`
+	CreatedAt   time.Time `json:"created_at"`
+	RewrappedAt time.Time `json:"rewrapped_at,omitzero"` // zero: never re-wrapped
 	// DestroyedAt, DestroyedBy and DestroyedReason say who destroyed it,
 	// when and why (zero: live).
-	DestroyedAt                  time.Time
-	DestroyedBy, DestroyedReason string
+	DestroyedAt     time.Time `json:"destroyed_at,omitzero"`
+	DestroyedBy     string    `json:"destroyed_by,omitempty"`
+	DestroyedReason string    `json:"destroyed_reason,omitempty"`
 }
 
 // Keys returns every data key, oldest first.
