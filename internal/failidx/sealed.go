@@ -55,7 +55,7 @@ func (s *Store) Sealed(sl *seal.Sealer) *Store {
 
 // recordAAD binds a sealed field (value or headers) to its record's
 // position in the DLQ, so that it cannot be moved to another row.
-func recordAAD(field, topic string, partition int32, offset int64) []byte {
+func RecordAAD(field, topic string, partition int32, offset int64) []byte {
 	return []byte("idem_dlq_records\x00" + field + "\x00" + topic + "\x00" + strconv.Itoa(int(partition)) + "\x00" + strconv.FormatInt(offset, 10))
 }
 
@@ -79,9 +79,9 @@ func (s *Store) open(ctx context.Context, recs []Record) error {
 		}
 		r.Value, r.Headers, r.PayloadErr = nil, nil, nil
 		var hs []byte
-		err := s.openField(ctx, r.KeyID, &hs, r.sealed.headers, recordAAD("headers", r.Topic, r.Partition, r.Offset))
+		err := s.openField(ctx, r.KeyID, &hs, r.sealed.headers, RecordAAD("headers", r.Topic, r.Partition, r.Offset))
 		if err == nil && r.sealed.value != nil {
-			err = s.openField(ctx, r.KeyID, &r.Value, r.sealed.value, recordAAD("value", r.Topic, r.Partition, r.Offset))
+			err = s.openField(ctx, r.KeyID, &r.Value, r.sealed.value, RecordAAD("value", r.Topic, r.Partition, r.Offset))
 		}
 		if err == nil {
 			r.Headers, err = decodeHeaders(hs)
@@ -175,7 +175,7 @@ func (s *Store) Values(ctx context.Context, ids []int64) (map[int64][]byte, erro
 			if s.sealer == nil {
 				continue
 			}
-			if v, err = s.sealer.Open(ctx, r.KeyID, r.Value, recordAAD("value", r.Topic, r.Partition, r.Offset)); err != nil {
+			if v, err = s.sealer.Open(ctx, r.KeyID, r.Value, RecordAAD("value", r.Topic, r.Partition, r.Offset)); err != nil {
 				if payloadErr(err) {
 					continue
 				}
@@ -202,9 +202,9 @@ func (c *columns) seal(ctx context.Context, tx pgx.Tx, sl *seal.Sealer) (*int64,
 	}
 	for i := range c.topic {
 		if c.value[i] != nil {
-			c.value[i] = k.Seal(c.value[i], recordAAD("value", c.topic[i], c.partition[i], c.offset[i]))
+			c.value[i] = k.Seal(c.value[i], RecordAAD("value", c.topic[i], c.partition[i], c.offset[i]))
 		}
-		c.headers[i] = k.Seal(c.headers[i], recordAAD("headers", c.topic[i], c.partition[i], c.offset[i]))
+		c.headers[i] = k.Seal(c.headers[i], RecordAAD("headers", c.topic[i], c.partition[i], c.offset[i]))
 		c.errText[i] = mask.CardNumbers(c.errText[i])
 		c.stack[i] = mask.CardNumbers(c.stack[i])
 	}

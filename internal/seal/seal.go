@@ -6,11 +6,12 @@
 // rows, the outbox) and period. Data keys live in idem_seal_keys, each
 // wrapped (AES-256-GCM) by a key-encryption key (KEK) that is never stored:
 // it comes from a file or the environment (LoadKEKs). A sealed row carries
-// the id of its data key.
-//
-//	sl, err := seal.New(ctx, seal.Config{DB: pool, KEKs: keks, Purpose: "dlq-index"})
-//	ct, keyID, err := sl.Seal(ctx, tx, value, aad)   // in the writer's transaction
-//	value, err := sl.Open(ctx, keyID, ct, aad)       // ErrKeyDestroyed, ErrWrongKEK, ErrTampered
+// the id of its data key. An owner of a table needs two calls: New once
+// (with the KEKs of LoadKEKs and its purpose), then Sealer.Seal(ctx, tx,
+// value, aad) in the transaction that writes the row, which returns the
+// sealed bytes and the key id to store beside them, and Sealer.Open(ctx,
+// keyID, sealed, aad) to read it back (errors ErrKeyDestroyed,
+// ErrWrongKEK, ErrTampered).
 //
 // Rotate re-wraps every data key under a new KEK; Destroy forgets a data
 // key, which makes every row sealed under it unreadable for good
