@@ -17,7 +17,7 @@ import (
 
 // sealedPool returns a pool with the index's tables and idem_seal_keys, and
 // a Sealer of the index's purpose on it under a new KEK.
-func sealedPool(t *testing.T) (*pgxpool.Pool, *seal.Sealer) {
+func sealedPool(t testing.TB) (*pgxpool.Pool, *seal.Sealer) {
 	t.Helper()
 	pool, _ := failidxtest.NewPool(t)
 	ctx := testenv.Context(t)
@@ -242,5 +242,58 @@ func TestSealedKeyDestroyed(t *testing.T) {
 	r, err := s.Get(ctx, mustList(t, s, Filter{Topic: dlqTopic, Key: "pay-2"})[0].ID)
 	if err != nil || r.PayloadErr != nil || r.KeyID == recs[1].KeyID || string(r.Value) != `{"payment":"pay-2"}` {
 		t.Errorf("after destroy, a new row: key %d value %q, %v %v", r.KeyID, r.Value, r.PayloadErr, err)
+	}
+}
+
+// BenchmarkPageSealed measures what encryption at rest costs a reader:
+// one page of 50 records (Store.List, values and headers read) and one
+// record (Store.Get), on 5,000 records indexed by Insert in clear and by
+// InsertSealed, side by side in one run so the machine's other work weighs
+// on both alike. The difference per page, divided by 50, is the cost of
+// opening one record.
+//
+//	go test -run '^$' -bench PageSealed ./internal/failidx
+func BenchmarkPageSealed(b *testing.B) {
+	const n = 5000
+	ds := make([]dead, 0, n)
+	for i := range n {
+		ds = append(ds, dead{Topic: "payments.billing.dlq", Origin: "payments", Key: fmt.Sprint("pay-", i),
+			Value: fmt.Appendf(nil, `{"payment_id":"pay-%d","card":{"number":"4111111111111111"},"note":"%s"}`, i, strings.Repeat("x", 150)),
+			Err: fmt.Sprintf("ledger refused payment pay-%d", i)})
+	}
+	stores := map[string]*Store{}
+	for _, name := range []string{"clear", "sealed"} {
+		pool, sl := sealedPool(b)
+		if name == "clear" {
+			sl = nil
+		}
+		for start := 0; start < n; start += 500 {
+			if err := InsertSealed(testenv.Context(b), pool, failidxtest.Messages(int64(start), ds[start:start+500]...), 1<<20, sl); err != nil {
+				b.Fatal(err)
+			}
+		}
+		stores[name] = NewStore(pool).Sealed(sl)
+	}
+	ctx := testenv.Context(b)
+	for _, name := range []string{"clear", "sealed"} {
+		s := stores[name]
+		page, err := s.List(ctx, Filter{}, "", 50)
+		if err != nil || len(page.Records) != 50 || page.Records[0].PayloadErr != nil {
+			b.Fatalf("%s: %v", name, err)
+		}
+		b.Run("list-50/"+name, func(b *testing.B) {
+			for b.Loop() {
+				if _, err := s.List(ctx, Filter{}, "", 50); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run("get/"+name, func(b *testing.B) {
+			for b.Loop() {
+				if _, err := s.Get(ctx, page.Records[7].ID); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

@@ -82,12 +82,15 @@ func ParseKEKs(text string) ([]KEK, error) {
 	var out []KEK
 	seen := map[string]bool{}
 	n := 0
-	for _, line := range strings.FieldsFunc(text, func(r rune) bool { return r == '\n' || r == ',' }) {
+	var entries []string
+	for _, line := range strings.Split(text, "\n") {
+		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+			entries = append(entries, strings.Split(line, ",")...)
+		}
+	}
+	for _, line := range entries {
 		n++
 		line = strings.TrimSpace(line)
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
 		key, ok := decodeKey(line)
 		if !ok {
 			return nil, fmt.Errorf("%w: entry %d (%d characters) is not %d bytes in base64 or hexadecimal", ErrBadKEK, n, len(line), KeySize)

@@ -41,7 +41,7 @@ func TestParseKEKs(t *testing.T) {
 	for _, text := range []string{
 		"q6urq6urq6urq6urq6urq6urq6urq6urq6urq6urq6s=", // standard base64
 		"q6urq6urq6urq6urq6urq6urq6urq6urq6urq6urq6s",  // unpadded
-		"# the key\n\n  " + hexKey + "  \n",
+		"# the key, in hex\n\n  " + hexKey + "  \n",
 	} {
 		ks, err := ParseKEKs(text)
 		if err != nil || len(ks) != 1 || ks[0].ID() != one[0].ID() {
