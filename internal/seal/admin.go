@@ -5,7 +5,6 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -170,16 +169,4 @@ func Roll(ctx context.Context, db DB, kek KEK, purpose string) (int64, error) {
 	}
 	r, err := newKey(ctx, db, kek, purpose)
 	return r.id, err
-}
-
-// Purposes returns the purposes that have keys, sorted.
-func Purposes(keys []KeyInfo) []string {
-	var out []string
-	for _, k := range keys {
-		if !slices.Contains(out, k.Purpose) {
-			out = append(out, k.Purpose)
-		}
-	}
-	slices.Sort(out)
-	return out
 }

@@ -119,9 +119,6 @@ func New(ctx context.Context, cfg Config) (*Sealer, error) {
 	return s, nil
 }
 
-// Purpose returns the purpose the Sealer seals for.
-func (s *Sealer) Purpose() string { return s.cfg.Purpose }
-
 // remember unwraps a key and caches it.
 func (s *Sealer) remember(id int64, kekID string, wrapped []byte, created time.Time) (*dataKey, error) {
 	s.mu.Lock()
