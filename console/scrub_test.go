@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strings"
 	"testing"
 
 	"github.com/IBM/sarama"
@@ -87,6 +88,13 @@ func TestMaskedValueInsideText(t *testing.T) {
 		}
 		if l := leaks(page, all...); len(l) > 0 {
 			t.Errorf("page %s shows %q", path, l)
+		}
+	}
+	// As a person sees them in Chromium.
+	paths := []string{"/records/" + id, "/records?topic=" + url.QueryEscape(dlqTopic) + "&status=any", "/groups?status=resolved", "/audit", "/outbox"}
+	for i, text := range inChromium(t, e, viewerSecret, paths...) {
+		if l := leaks([]byte(text), all...); len(l) > 0 || !strings.Contains(text, "****") && i < 3 {
+			t.Errorf("%s in Chromium shows %q:\n%s", paths[i], l, text)
 		}
 	}
 	// The record page says what it masked.

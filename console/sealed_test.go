@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
+
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/failidx"
@@ -26,6 +28,29 @@ func newKEK(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return text
+}
+
+// inChromium logs in to e's console in Chromium with secret and returns the
+// text of each page of paths, as a person sees it.
+func inChromium(t *testing.T, e *env, secret string, paths ...string) []string {
+	t.Helper()
+	b := browser(t)
+	if err := chromedp.Run(b,
+		chromedp.Navigate(e.srv.URL+"/login"),
+		chromedp.WaitVisible(`#token`, chromedp.ByID),
+		chromedp.SendKeys(`#token`, secret, chromedp.ByID),
+		chromedp.Click(`#login`, chromedp.ByID),
+		chromedp.WaitVisible(`#overview`, chromedp.ByID),
+	); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]string, len(paths))
+	for i, p := range paths {
+		if err := chromedp.Run(b, chromedp.Navigate(e.srv.URL+p), chromedp.WaitReady(`main`), chromedp.Text(`body`, &out[i])); err != nil {
+			t.Fatalf("%s in Chromium: %v", p, err)
+		}
+	}
+	return out
 }
 
 // TestRecordUnreadableAfterKeyDestroyed: with encryption on, the indexer
@@ -88,6 +113,9 @@ func TestRecordUnreadableAfterKeyDestroyed(t *testing.T) {
 	code, page := e.get(t, op, "/records/"+id)
 	if code != http.StatusOK || !bytes.Contains(page, []byte(`id="payload-unavailable"`)) || !bytes.Contains(page, []byte("key destroyed")) || bytes.Contains(page, []byte("pay-1&#34;")) {
 		t.Errorf("record page: %d\n%s", code, page)
+	}
+	if text := inChromium(t, e, operatorSecret, "/records/"+id)[0]; !strings.Contains(text, "Payload key destroyed") || strings.Contains(text, "4111") {
+		t.Errorf("record page in Chromium:\n%s", text)
 	}
 	if code, b := e.call(t, "GET", "/api/records/"+id+"/value", operatorSecret, nil); code != http.StatusGone || !bytes.Contains(b, []byte("key destroyed")) {
 		t.Errorf("value download: %d %s, want 410 key destroyed", code, b)

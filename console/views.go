@@ -140,36 +140,38 @@ type recordView struct {
 	PreviousID      int64          `json:"previous_id,omitempty"`
 	Stub            bool           `json:"stub"`
 	ValueSize       int            `json:"value_size"`
+	Value           *payloadView   `json:"value,omitempty"`
+	Headers         []headerView   `json:"headers,omitempty"`
+	Versions        []versionView  `json:"versions,omitempty"`
+	ErrorCut        bool           `json:"-"`
+
 	// KeyID is the data key that seals the payload at rest (0: in clear);
 	// PayloadUnavailable says why it cannot be read ("key destroyed", …),
 	// PayloadError how.
-	KeyID              int64         `json:"key_id,omitempty"`
-	PayloadUnavailable string        `json:"payload_unavailable,omitempty"`
-	PayloadError       string        `json:"payload_error,omitempty"`
-	Value              *payloadView  `json:"value,omitempty"`
-	Headers            []headerView  `json:"headers,omitempty"`
-	Versions           []versionView `json:"versions,omitempty"`
-	ErrorCut           bool          `json:"-"`
+	KeyID              int64  `json:"key_id,omitempty"`
+	PayloadUnavailable string `json:"payload_unavailable,omitempty"`
+	PayloadError       string `json:"payload_error,omitempty"`
 }
 
 // payloadView is a value: masked unless revealed, as text when it is
 // UTF-8 and as base64 otherwise.
 type payloadView struct {
-	Size      int  `json:"size"`      // bytes of the original record
-	Stored    int  `json:"stored"`    // bytes the index kept
-	Truncated bool `json:"truncated"` // the index kept only a prefix
-	JSON      bool `json:"json"`
-	Masked    int  `json:"masked_values"`
-	Hidden    bool `json:"hidden"` // masking is on and the value is not JSON
-	// Unavailable: the value cannot be read ("key destroyed", …).
-	Unavailable string `json:"unavailable,omitempty"`
-	Revealed    bool   `json:"revealed"`
-	Text        string `json:"text,omitempty"`
-	Base64      string `json:"base64,omitempty"`
+	Size      int    `json:"size"`      // bytes of the original record
+	Stored    int    `json:"stored"`    // bytes the index kept
+	Truncated bool   `json:"truncated"` // the index kept only a prefix
+	JSON      bool   `json:"json"`
+	Masked    int    `json:"masked_values"`
+	Hidden    bool   `json:"hidden"` // masking is on and the value is not JSON
+	Revealed  bool   `json:"revealed"`
+	Text      string `json:"text,omitempty"`
+	Base64    string `json:"base64,omitempty"`
 
 	raw        []byte // what may be shown (masked unless revealed)
 	Display    string `json:"-"` // what the page shows, capped
 	DisplayCut bool   `json:"-"` // Display is a prefix
+
+	// Unavailable: the value cannot be read ("key destroyed", …).
+	Unavailable string `json:"unavailable,omitempty"`
 }
 
 type headerView struct {
