@@ -180,15 +180,11 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 func sealRecords(tb testing.TB, pool *pgxpool.Pool) *seal.Sealer {
 	tb.Helper()
 	ctx := tb.Context()
-	text, _, err := seal.GenerateKEK()
+	kek, err := seal.RandomKEK()
 	if err != nil {
 		tb.Fatal(err)
 	}
-	keks, err := seal.ParseKEKs(text)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	sl, err := seal.New(ctx, seal.Config{DB: pool, KEKs: keks, Purpose: failidx.Purpose})
+	sl, err := seal.New(ctx, seal.Config{DB: pool, KEKs: []seal.KEK{kek}, Purpose: failidx.Purpose})
 	if err != nil {
 		tb.Fatal(err)
 	}

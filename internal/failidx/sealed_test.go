@@ -24,15 +24,11 @@ func sealedPool(t testing.TB) (*pgxpool.Pool, *seal.Sealer) {
 	if err := seal.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	text, _, err := seal.GenerateKEK()
+	kek, err := seal.RandomKEK()
 	if err != nil {
 		t.Fatal(err)
 	}
-	keks, err := seal.ParseKEKs(text)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sl, err := seal.New(ctx, seal.Config{DB: pool, KEKs: keks, Purpose: Purpose, CacheTTL: time.Millisecond})
+	sl, err := seal.New(ctx, seal.Config{DB: pool, KEKs: []seal.KEK{kek}, Purpose: Purpose, CacheTTL: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,7 +255,7 @@ func BenchmarkPageSealed(b *testing.B) {
 	for i := range n {
 		ds = append(ds, dead{Topic: "payments.billing.dlq", Origin: "payments", Key: fmt.Sprint("pay-", i),
 			Value: fmt.Appendf(nil, `{"payment_id":"pay-%d","card":{"number":"4111111111111111"},"note":"%s"}`, i, strings.Repeat("x", 150)),
-			Err: fmt.Sprintf("ledger refused payment pay-%d", i)})
+			Err:   fmt.Sprintf("ledger refused payment pay-%d", i)})
 	}
 	stores := map[string]*Store{}
 	for _, name := range []string{"clear", "sealed"} {

@@ -67,6 +67,16 @@ func GenerateKEK() (text, id string, err error) {
 	return base64.StdEncoding.EncodeToString(key), k.ID(), nil
 }
 
+// RandomKEK returns a new random key-encryption key, for tests and
+// benchmarks; an operator's KEK comes from a file or the environment.
+func RandomKEK() (KEK, error) {
+	key := make([]byte, KeySize)
+	if _, err := rand.Read(key); err != nil {
+		return KEK{}, fmt.Errorf("seal: random key: %w", err)
+	}
+	return NewKEK(key)
+}
+
 // ErrBadKEK is wrapped by the errors of ParseKEKs and LoadKEKFile for text
 // that holds no usable key. The error never quotes the text: it may be a
 // key with a typo.
