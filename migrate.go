@@ -59,6 +59,8 @@ func OutboxTable(name string) MigrateOption {
 //     idem_dlq_versions, idem_dlq_audit;
 //   - schedule (the messages handler.DeferUntil defers): idem_deferred;
 //   - step (durable steps, step.Do): idem_steps;
+//   - payload encryption at rest (index.Indexer.EncryptionKeyFile): the
+//     wrapped data keys, idem_seal_keys;
 //   - and idem_schema_migrations, which records the versions applied.
 //
 // Unqualified names resolve through the connection's search_path. Every

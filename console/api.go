@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/internal/failidx"
+	"github.com/idemhq/idem/internal/mask"
+	"github.com/idemhq/idem/internal/seal"
 )
 
 // The JSON API's handlers. Each is registered in routes() and described in
@@ -74,10 +76,22 @@ func (s *server) groups(r *http.Request) ([]groupView, failidx.Filter, error) {
 	if err != nil {
 		return nil, f, err
 	}
+	samples := make([]int64, 0, len(gs))
+	for _, g := range gs {
+		samples = append(samples, g.SampleID)
+	}
+	scs, err := s.scrubbers(r.Context(), samples)
+	if err != nil {
+		return nil, f, err
+	}
 	out := make([]groupView, 0, len(gs))
 	for _, g := range gs {
+		sc := scs[g.SampleID]
+		if sc == nil {
+			sc = s.mask.For() // card numbers only
+		}
 		out = append(out, groupView{Fingerprint: g.Fingerprint, Kind: g.Kind, Group: g.Group, Topic: g.Topic,
-			SampleError: strings.ToValidUTF8(g.SampleError, "\uFFFD"), Count: g.Count, Unresolved: g.Unresolved,
+			SampleError: validText(sc.String(g.SampleError)), Count: g.Count, Unresolved: g.Unresolved,
 			FirstSeen: g.FirstSeen, LastSeen: g.LastSeen})
 	}
 	return out, f, nil
@@ -107,9 +121,17 @@ func (s *server) list(r *http.Request) ([]recordView, string, failidx.Filter, er
 	if err != nil {
 		return nil, "", f, err
 	}
+	ids := make([]int64, 0, len(page.Records))
+	for _, rec := range page.Records {
+		ids = append(ids, rec.ID)
+	}
+	scs, err := s.scrubbers(r.Context(), ids)
+	if err != nil {
+		return nil, "", f, err
+	}
 	out := make([]recordView, 0, len(page.Records))
 	for _, rec := range page.Records {
-		out = append(out, s.listView(rec))
+		out = append(out, s.listView(rec, scs[rec.ID]))
 	}
 	return out, page.Next, f, nil
 }
@@ -147,7 +169,18 @@ func (s *server) record(r *http.Request, id identity, reveal bool) (failidx.Reco
 	if errors.Is(err, failidx.ErrNotFound) {
 		return rec, fmt.Errorf("record %d: %w", rid, err)
 	}
+	if errors.Is(rec.PayloadErr, seal.ErrTampered) {
+		// A security event: said once per read, never with the payload.
+		s.log.ErrorContext(r.Context(), "console: a sealed payload does not authenticate: changed or moved in the database",
+			"record", rid, "key_id", rec.KeyID)
+	}
 	return rec, err
+}
+
+// payloadGone is the error of a request for a payload that cannot be read
+// (the key destroyed, …): 410 Gone.
+func payloadGone(rec failidx.Record) error {
+	return &inputError{code: http.StatusGone, field: "id", msg: fmt.Sprintf("record %d: the value and headers cannot be read: %s", rec.ID, failidx.Unavailable(rec.PayloadErr))}
 }
 
 // audited checks that id may reveal record rid's payload and writes the
@@ -189,11 +222,18 @@ func (s *server) apiValue(w http.ResponseWriter, r *http.Request, id identity) {
 
 func (s *server) value(w http.ResponseWriter, r *http.Request, id identity, api, reveal bool) {
 	rec, err := s.record(r, id, reveal)
+	if err == nil && rec.PayloadErr != nil {
+		err = payloadGone(rec)
+	}
 	if err != nil {
 		s.fail(w, r, id, api, err)
 		return
 	}
-	p := s.payload(rec.Value, rec.ValueSize, rec.ValueTruncated, reveal)
+	var sc *mask.Scrubber
+	if !reveal {
+		sc = s.mask.For(rec.Value)
+	}
+	p := s.payload(rec.Value, rec.ValueSize, rec.ValueTruncated, reveal, sc)
 	if p.Hidden {
 		s.fail(w, r, id, api, &inputError{code: http.StatusForbidden, field: "reveal",
 			msg: "the value is not JSON and masking is on: only an operator may download it, with reveal"})
@@ -413,8 +453,9 @@ func (s *server) parked(r *http.Request) ([]parkedView, error) {
 		return nil, err
 	}
 	out := make([]parkedView, 0, len(ks))
+	sc := s.mask.For() // card numbers only: no payload at hand
 	for _, k := range ks {
-		out = append(out, parkedView{Group: k.Group, Topic: k.Topic, Key: strings.ToValidUTF8(k.Key, "\uFFFD"), Parked: k.Parked, Head: k.Head, Since: k.Since})
+		out = append(out, parkedView{Group: k.Group, Topic: k.Topic, Key: validText(sc.String(k.Key)), Parked: k.Parked, Head: sc.String(k.Head), Since: k.Since})
 	}
 	return out, nil
 }
@@ -482,9 +523,10 @@ func (s *server) outbox(r *http.Request) ([]outboxView, error) {
 		return nil, err
 	}
 	out := make([]outboxView, 0, len(rows))
+	sc := s.mask.For() // card numbers only: the outbox's payloads are not read
 	for _, o := range rows {
-		out = append(out, outboxView{ID: o.ID, Topic: o.Topic, Key: strings.ToValidUTF8(o.Key, "\uFFFD"),
-			Error: strings.ToValidUTF8(o.Error, "\uFFFD"), Attempts: o.Attempts, CreatedAt: o.CreatedAt})
+		out = append(out, outboxView{ID: o.ID, Topic: o.Topic, Key: validText(sc.String(o.Key)),
+			Error: validText(sc.String(o.Error)), Attempts: o.Attempts, CreatedAt: o.CreatedAt})
 	}
 	return out, nil
 }
@@ -546,13 +588,14 @@ func (s *server) audit(r *http.Request) ([]auditView, string, error) {
 		return nil, "", err
 	}
 	out := make([]auditView, 0, len(es))
+	sc := s.mask.For() // card numbers only: the audit holds no payload
 	for _, e := range es {
 		ids := e.RecordIDs
 		if ids == nil {
 			ids = []int64{}
 		}
 		out = append(out, auditView{ID: e.ID, At: e.At, Actor: e.Actor, Action: e.Action, RecordIDs: ids,
-			Detail: e.Detail, Reason: e.Reason, Result: e.Result})
+			Detail: sc.String(e.Detail), Reason: sc.String(e.Reason), Result: sc.String(e.Result)})
 	}
 	return out, next, nil
 }

@@ -9,6 +9,8 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemhq/idem/internal/mask"
 )
 
 // Defaults of Config.
@@ -62,6 +64,25 @@ type Config struct {
 	// unmasked value needs the operator role and writes an audit row.
 	// Default: none (payloads shown as they are).
 	Mask []string
+
+	// EncryptionKeyFile names a file holding the key-encryption key (KEK)
+	// of payload encryption at rest: 32 random bytes in base64 or
+	// hexadecimal (`idem keys generate` writes one), one key a line; the
+	// first wraps new data keys, the others only unwrap (during a rotation).
+	// New refuses a file that others may read. With a KEK, the console reads
+	// values and headers the indexer sealed (index.Indexer's field of the
+	// same name), shows a record whose data key was destroyed as "key
+	// destroyed", and seals the values of edits. New refuses a KEK that does
+	// not unwrap the index's data keys (wrong key file). Rows written in
+	// clear read as ever.
+	// Default: "" (no encryption; sealed rows show as "encrypted, no key
+	// given").
+	EncryptionKeyFile string
+	// EncryptionKey is EncryptionKeyFile's content given directly, e.g. from
+	// an environment variable (idem console reads IDEM_ENCRYPTION_KEY). Give
+	// one of the two.
+	// Default: "".
+	EncryptionKey string
 
 	// BasePath is the path prefix the handler is mounted under, without a
 	// trailing slash (e.g. "/console" with
@@ -157,6 +178,8 @@ func (c Config) validateOptions() error {
 		return fmt.Errorf("console: Config.SessionTTL %s is negative", c.SessionTTL)
 	case c.DisplayBytes < 0:
 		return fmt.Errorf("console: Config.DisplayBytes %d is negative", c.DisplayBytes)
+	case c.EncryptionKeyFile != "" && c.EncryptionKey != "":
+		return errors.New("console: Config.EncryptionKeyFile and Config.EncryptionKey are both set: give the key-encryption key one way")
 	case c.BasePath != "" && (c.BasePath[0] != '/' || c.BasePath[len(c.BasePath)-1] == '/'):
 		return fmt.Errorf("console: Config.BasePath %q must start with / and not end with one", c.BasePath)
 	}
@@ -166,7 +189,7 @@ func (c Config) validateOptions() error {
 		}
 	}
 	for _, p := range c.Mask {
-		if _, err := parseMaskPath(p); err != nil {
+		if err := mask.ParsePath(p); err != nil {
 			return fmt.Errorf("console: Config.Mask: %w", err)
 		}
 	}

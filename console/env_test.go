@@ -46,6 +46,7 @@ type env struct {
 	client sarama.Client
 	srv    *httptest.Server
 	reg    prometheus.Registerer // Config.Registerer, given to runIndexer's indexer too
+	kek    string                // Config.EncryptionKey, given to runIndexer's indexer too
 }
 
 // newEnv starts a console whose Config is the test default changed by mut.
@@ -76,7 +77,7 @@ func newEnv(t *testing.T, mut func(*Config)) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.reg = cfg.Registerer
+	e.reg, e.kek = cfg.Registerer, cfg.EncryptionKey
 	e.srv = httptest.NewServer(h)
 	t.Cleanup(e.srv.Close)
 	return e
@@ -88,7 +89,7 @@ func newEnv(t *testing.T, mut func(*Config)) *env {
 func (e *env) runIndexer(t *testing.T, topics ...string) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	ix := &index.Indexer{Brokers: e.k.Brokers, Sarama: e.k.SaramaConfig(), Pool: e.pool, Topics: topics, Group: e.k.Group(t, "indexer"), Registerer: e.reg}
+	ix := &index.Indexer{Brokers: e.k.Brokers, Sarama: e.k.SaramaConfig(), Pool: e.pool, Topics: topics, Group: e.k.Group(t, "indexer"), Registerer: e.reg, EncryptionKey: e.kek}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		if err := ix.Run(ctx); err != nil {
@@ -125,6 +126,7 @@ type dead struct {
 	value   []byte
 	kind    handler.Kind
 	err     string
+	stack   string // idem-stack, when set
 	headers []sarama.RecordHeader
 }
 
@@ -144,7 +146,7 @@ func (e *env) seedDLQ(t *testing.T, dlqTopic, origin string, ds ...dead) {
 	for i, d := range ds {
 		f := retrytopic.Failure{
 			Attempt: 1, OriginalTopic: origin, OriginalPartition: 0, OriginalOffset: int64(i), Group: "billing",
-			Kind: d.kind, ErrorType: "*errors.errorString", Error: d.err,
+			Kind: d.kind, ErrorType: "*errors.errorString", Error: d.err, Stack: []byte(d.stack),
 			FirstFailureAt: base, LastFailureAt: base.Add(time.Duration(i) * time.Second),
 		}
 		hs := append([]sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(d.key)}}, d.headers...)

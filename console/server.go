@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/json"
 	"errors"
@@ -12,10 +13,15 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/internal/failidx"
+	"github.com/idemhq/idem/internal/mask"
 	"github.com/idemhq/idem/internal/promreg"
+	"github.com/idemhq/idem/internal/seal"
 )
 
 // maxBody bounds a request body: an edited payload of up to 1 MiB, escaped.
@@ -27,7 +33,7 @@ type server struct {
 	store *failidx.Store   // reads the index
 	acts  *failidx.Actions // changes it and publishes; every action is audited
 	auth  *auth
-	mask  *masker
+	mask  *mask.Masker
 	pages map[string]*template.Template
 	mux   *http.ServeMux
 	log   *slog.Logger
@@ -60,11 +66,29 @@ func New(cfg Config) (http.Handler, error) {
 		return nil, err
 	}
 	store := failidx.NewStore(cfg.Pool)
+	sl, err := openSealer(cfg.Pool, cfg.EncryptionKeyFile, cfg.EncryptionKey)
+	if err != nil {
+		return nil, fmt.Errorf("console: %w", err)
+	}
+	store = store.Sealed(sl)
 	s, err := newServer(cfg, store, failidx.NewActions(store, cfg.Client))
 	if err != nil {
 		return nil, err // not a nil *server in a non-nil http.Handler
 	}
 	return s, nil
+}
+
+// openSealer returns the failure index's sealer for the key-encryption
+// key of file or text (nil when both are empty), checked against the
+// index's data keys (a wrong key is refused, seal.ErrWrongKEK).
+func openSealer(pool *pgxpool.Pool, file, text string) (*seal.Sealer, error) {
+	keks, err := seal.LoadKEKs(file, text)
+	if err != nil || keks == nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	return seal.New(ctx, seal.Config{DB: pool, KEKs: keks, Purpose: failidx.Purpose})
 }
 
 // newServer is New on the index store and actions given: the tests give
@@ -82,7 +106,7 @@ func newServer(cfg Config, store *failidx.Store, acts *failidx.Actions) (*server
 			return nil, fmt.Errorf("console: session key: %w", err)
 		}
 	}
-	m, err := newMasker(cfg.Mask)
+	m, err := mask.New(cfg.Mask)
 	if err != nil {
 		return nil, err
 	}

@@ -124,7 +124,7 @@ func (p pageData) Admin() bool { return p.Role >= Admin }
 // render writes page name with data.
 func (s *server) render(w http.ResponseWriter, r *http.Request, id identity, code int, name, title, nav string, data any) {
 	p := pageData{Title: title, Nav: nav, User: id.Name, Role: id.Role, CSRF: s.auth.csrf(id),
-		Insecure: s.cfg.InsecureNoAuth, Masking: s.mask.active(), Data: data}
+		Insecure: s.cfg.InsecureNoAuth, Masking: s.mask.Active(), Data: data}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.WriteHeader(code)
 	if err := s.pages[name].Execute(w, p); err != nil {
@@ -198,7 +198,10 @@ func (s *server) uiRevealValue(w http.ResponseWriter, r *http.Request, id identi
 // uiEdit shows the edit-and-retry form, filled with the record's value
 // (unmasked: audited as a reveal when masking is on).
 func (s *server) uiEdit(w http.ResponseWriter, r *http.Request, id identity) {
-	rec, err := s.record(r, id, s.mask.active())
+	rec, err := s.record(r, id, s.mask.Active())
+	if err == nil && rec.PayloadErr != nil {
+		err = payloadGone(rec)
+	}
 	if err != nil {
 		s.fail(w, r, id, false, err)
 		return
@@ -214,7 +217,7 @@ func (s *server) renderEdit(w http.ResponseWriter, r *http.Request, id identity,
 		}
 	}
 	s.render(w, r, id, code, "edit", fmt.Sprintf("Edit and retry record %d", rec.ID), "records", map[string]any{
-		"Record": baseView(rec), "Value": value, "Reason": reason, "Problem": problem,
+		"Record": baseView(rec, nil), "Value": value, "Reason": reason, "Problem": problem,
 		"JSON": json.Valid(rec.Value), "Truncated": rec.ValueTruncated, "Stub": rec.Stub,
 	})
 }

@@ -2,6 +2,7 @@ package console
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
@@ -14,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemhq/idem/internal/failidx"
+	"github.com/idemhq/idem/internal/mask"
 )
 
 // listErrorBytes caps the error text of each record in a list.
@@ -142,6 +144,13 @@ type recordView struct {
 	Headers         []headerView   `json:"headers,omitempty"`
 	Versions        []versionView  `json:"versions,omitempty"`
 	ErrorCut        bool           `json:"-"`
+
+	// KeyID is the data key that seals the payload at rest (0: in clear);
+	// PayloadUnavailable says why it cannot be read ("key destroyed", …),
+	// PayloadError how.
+	KeyID              int64  `json:"key_id,omitempty"`
+	PayloadUnavailable string `json:"payload_unavailable,omitempty"`
+	PayloadError       string `json:"payload_error,omitempty"`
 }
 
 // payloadView is a value: masked unless revealed, as text when it is
@@ -160,6 +169,9 @@ type payloadView struct {
 	raw        []byte // what may be shown (masked unless revealed)
 	Display    string `json:"-"` // what the page shows, capped
 	DisplayCut bool   `json:"-"` // Display is a prefix
+
+	// Unavailable: the value cannot be read ("key destroyed", …).
+	Unavailable string `json:"unavailable,omitempty"`
 }
 
 type headerView struct {
@@ -181,9 +193,10 @@ type versionView struct {
 	Value              *payloadView `json:"value"`
 }
 
-// listView is a record of a list: no payload, headers or stack.
-func (s *server) listView(r failidx.Record) recordView {
-	v := baseView(r)
+// listView is a record of a list: no payload, headers or stack; sc
+// scrubs its error text and keys (nil: masking off).
+func (s *server) listView(r failidx.Record, sc *mask.Scrubber) recordView {
+	v := baseView(r, sc)
 	v.Stack = ""
 	if len(v.Error) > listErrorBytes {
 		v.Error, v.ErrorCut = cutUTF8(v.Error, listErrorBytes), true
@@ -191,47 +204,88 @@ func (s *server) listView(r failidx.Record) recordView {
 	return v
 }
 
-func baseView(r failidx.Record) recordView {
+// baseView is the record without payload, headers or versions, its free
+// text scrubbed by sc (nil: as stored).
+func baseView(r failidx.Record, sc *mask.Scrubber) recordView {
 	return recordView{
 		ID: r.ID, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
 		OriginTopic: r.OriginTopic, OriginPartition: r.OriginPartition, OriginOffset: r.OriginOffset,
-		Group: r.Group, Fingerprint: r.Fingerprint, Kind: r.Kind, Key: showBytes(r.Key),
-		IdempotencyKey: r.IdempotencyKey, Attempts: r.Attempts,
+		Group: r.Group, Fingerprint: r.Fingerprint, Kind: r.Kind, Key: showBytes(sc.Bytes(r.Key)),
+		IdempotencyKey: sc.String(r.IdempotencyKey), Attempts: r.Attempts,
 		FirstFailureAt: r.FirstFailureAt, LastFailureAt: r.LastFailureAt, IndexedAt: r.IndexedAt,
-		Error: strings.ToValidUTF8(r.Error, "\uFFFD"), ErrorType: r.ErrorType, Stack: strings.ToValidUTF8(r.Stack, "\uFFFD"),
-		Status: r.Status, StatusActor: r.StatusActor, StatusReason: r.StatusReason, StatusAt: r.StatusAt,
-		PreviousID: r.PreviousID, Stub: r.Stub, ValueSize: r.ValueSize,
+		Error: validText(sc.String(r.Error)), ErrorType: sc.String(r.ErrorType), Stack: validText(sc.String(r.Stack)),
+		Status: r.Status, StatusActor: r.StatusActor, StatusReason: sc.String(r.StatusReason), StatusAt: r.StatusAt,
+		PreviousID: r.PreviousID, Stub: r.Stub, ValueSize: r.ValueSize, KeyID: r.KeyID,
 	}
 }
 
+func validText(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
+
+// scrubbers returns, when masking is on, the Scrubber of each record ids
+// names: the values masked in its stored value, and card numbers. A record
+// whose value cannot be read gets card numbers only. Off: nil.
+func (s *server) scrubbers(ctx context.Context, ids []int64) (map[int64]*mask.Scrubber, error) {
+	if !s.mask.Active() {
+		return nil, nil
+	}
+	vals, err := s.store.Values(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[int64]*mask.Scrubber, len(ids))
+	for _, id := range ids {
+		out[id] = s.mask.For(vals[id])
+	}
+	return out, nil
+}
+
 // detailView is a record with its payload (masked unless reveal), headers
-// and versions.
+// and versions; unless reveal, its free text loses the values masked in its
+// payloads, and card numbers.
 func (s *server) detailView(r failidx.Record, reveal bool) recordView {
-	v := baseView(r)
-	v.Value = s.payload(r.Value, r.ValueSize, r.ValueTruncated, reveal)
+	var sc *mask.Scrubber
+	if !reveal {
+		payloads := [][]byte{r.Value}
+		for _, ver := range r.Versions {
+			payloads = append(payloads, ver.Value)
+		}
+		sc = s.mask.For(payloads...)
+	}
+	v := baseView(r, sc)
+	v.Value = s.payload(r.Value, r.ValueSize, r.ValueTruncated, reveal, sc)
+	if r.PayloadErr != nil {
+		v.PayloadUnavailable, v.PayloadError = failidx.Unavailable(r.PayloadErr), validText(sc.String(r.PayloadErr.Error()))
+		v.Value = &payloadView{Size: r.ValueSize, Unavailable: v.PayloadUnavailable,
+			Display: fmt.Sprintf("(%s: the value and headers of this record cannot be read)", v.PayloadUnavailable)}
+	}
 	for _, h := range r.Headers {
-		hv := headerView{Key: showBytes(h.Key), Value: showBytes(h.Value), Size: len(h.Value)}
+		hv := headerView{Key: showBytes(h.Key), Value: showBytes(sc.Header(string(h.Key), h.Value)), Size: len(h.Value)}
 		hv.Display, hv.DisplayCut = s.display(hv.Value)
 		v.Headers = append(v.Headers, hv)
 	}
 	for _, ver := range r.Versions {
-		v.Versions = append(v.Versions, versionView{
-			N: ver.N, Actor: ver.Actor, Reason: ver.Reason, At: ver.At, PublishedTo: ver.PublishedTo,
+		vv := versionView{
+			N: ver.N, Actor: ver.Actor, Reason: sc.String(ver.Reason), At: ver.At, PublishedTo: ver.PublishedTo,
 			PublishedPartition: ver.PublishedPartition, PublishedOffset: ver.PublishedOffset,
-			Value: s.payload(ver.Value, len(ver.Value), false, reveal),
-		})
+			Value: s.payload(ver.Value, len(ver.Value), false, reveal, sc),
+		}
+		if ver.PayloadErr != nil {
+			vv.Value = &payloadView{Unavailable: failidx.Unavailable(ver.PayloadErr), Display: "(" + failidx.Unavailable(ver.PayloadErr) + ")"}
+		}
+		v.Versions = append(v.Versions, vv)
 	}
 	return v
 }
 
 // payload builds the view of a value: masked by Config.Mask unless reveal
-// (a value that is not JSON is then hidden whole), then text or base64.
-func (s *server) payload(val []byte, size int, truncated, reveal bool) *payloadView {
-	p := &payloadView{Size: size, Stored: len(val), Truncated: truncated, Revealed: reveal && s.mask.active()}
+// (a value that is not JSON is then hidden whole; sc scrubs its other
+// strings), then text or base64.
+func (s *server) payload(val []byte, size int, truncated, reveal bool, sc *mask.Scrubber) *payloadView {
+	p := &payloadView{Size: size, Stored: len(val), Truncated: truncated, Revealed: reveal && s.mask.Active()}
 	p.JSON = json.Valid(val)
 	shown := val
-	if s.mask.active() && !reveal {
-		masked, n, err := s.mask.apply(val)
+	if s.mask.Active() && !reveal {
+		masked, n, err := s.mask.Payload(val, sc)
 		if err != nil {
 			p.Hidden = true
 			p.Display = fmt.Sprintf("(%d bytes, not JSON: hidden because masking is on; an operator may reveal it)", len(val))

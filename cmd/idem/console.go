@@ -19,6 +19,7 @@ import (
 	"github.com/idemhq/idem/console"
 	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/internal/indextable"
+	"github.com/idemhq/idem/internal/seal"
 	"github.com/idemhq/idem/metrics"
 )
 
@@ -50,8 +51,13 @@ Tokens and roles (viewer, operator, admin) come from --tokens-file, one
 "ROLE NAME SECRET" a line, or from IDEM_CONSOLE_TOKENS ("ROLE:NAME:SECRET,…").
 The API takes "Authorization: Bearer SECRET"; the UI has a login form. Without
 tokens the console refuses to start, unless --insecure-no-auth is given and
---listen is a loopback address. --mask hides JSON paths of payloads; showing
-them unmasked needs an operator and is audited.`,
+--listen is a loopback address. --mask hides JSON paths of payloads (and
+those values, and card numbers, wherever else they appear); showing them
+unmasked needs an operator and is audited.
+
+--encryption-key-file (or IDEM_ENCRYPTION_KEY) turns on payload encryption at
+rest: the indexer seals values and headers under data keys wrapped by that
+key; see idem keys.`,
 		Example: `  idem console --tokens-file /etc/idem/console-tokens --mask card.number --mask customer.iban
   idem console --insecure-no-auth                      # local only: 127.0.0.1:8088, no login
   IDEM_CONSOLE_TOKENS=admin:alice:$(openssl rand -hex 16) idem console --listen :8088`,
@@ -69,6 +75,7 @@ them unmasked needs an operator and is audited.`,
 	envFlag(f, "tokens-file", "IDEM_CONSOLE_TOKENS_FILE")
 	f.StringSliceVar(&o.mask, "mask", nil, "JSON path to mask in payloads, e.g. card.number or items.*.pan (repeatable)")
 	envFlag(f, "mask", "IDEM_CONSOLE_MASK")
+	encryptionFlag(f, &a.keyFile)
 	f.BoolVar(&o.insecure, "insecure-no-auth", false, "serve without authentication (everyone is admin); only on a loopback --listen")
 	f.StringSliceVar(&o.topics, "topics", nil, "dead-letter topics to index (default: every topic matching --topic-pattern)")
 	f.StringVar(&o.pattern, "topic-pattern", `\.dlq$`, "regular expression of the dead-letter topics to index when --topics is not given")
@@ -137,6 +144,9 @@ func (a *app) runConsole(ctx context.Context, o consoleOptions) error {
 	if err := indextable.Migrate(ctx, pool); err != nil {
 		return fmt.Errorf("migrate the index: %w", err)
 	}
+	if err := seal.Migrate(ctx, pool); err != nil {
+		return fmt.Errorf("migrate the index: %w", err)
+	}
 	scfg, brokers, err := a.saramaConfig()
 	if err != nil {
 		return err
@@ -152,10 +162,12 @@ func (a *app) runConsole(ctx context.Context, o consoleOptions) error {
 	// The console and the indexer register their gauges on reg through
 	// their Registerer fields and share them: nothing else registers.
 	reg := prometheus.NewRegistry()
-	h, err := console.New(console.Config{
+	ccfg := console.Config{
 		Pool: pool, Client: client,
 		Tokens: tokens, InsecureNoAuth: o.insecure, Mask: o.mask, Logger: logger, Registerer: reg,
-	})
+	}
+	ccfg.EncryptionKeyFile, ccfg.EncryptionKey = a.kekText(a.keyFile)
+	h, err := console.New(ccfg)
 	if err != nil {
 		return err
 	}
@@ -177,6 +189,7 @@ func (a *app) runConsole(ctx context.Context, o consoleOptions) error {
 	if !o.noIndexer {
 		ix := &index.Indexer{Brokers: brokers, Sarama: scfg, Pool: pool, Topics: o.topics, TopicPattern: pattern, RefreshInterval: o.refresh,
 			Group: o.group, MaxValueBytes: o.maxValue, Retention: o.retention, Logger: logger, Registerer: reg}
+		ix.EncryptionKeyFile, ix.EncryptionKey = a.kekText(a.keyFile)
 		wg.Go(func() {
 			if errs[0] = ix.Run(rctx); errs[0] != nil {
 				errs[0] = fmt.Errorf("indexer: %w", errs[0])

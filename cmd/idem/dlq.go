@@ -187,6 +187,13 @@ PARTITION/OFFSET, status, a stub mark), filtered by --filter and --status.`,
 			if err != nil {
 				return err
 			}
+			m, err := a.masker()
+			if err != nil {
+				return err
+			}
+			if err := maskGroups(ctx, m, cl, topic, groups); err != nil {
+				return err
+			}
 			depth, err := cl.Depth(ctx, topic)
 			if err != nil {
 				return err
@@ -294,6 +301,11 @@ expired from the topic.`,
 			if err != nil {
 				return err
 			}
+			m, err := a.masker()
+			if err != nil {
+				return err
+			}
+			r = maskDLQRecord(m, r)
 			if asJSON {
 				return showJSON(a.out, r)
 			}

@@ -27,6 +27,9 @@ func (a *app) dlqDBFlags(c *cobra.Command) {
 	envFlag(f, "database-url", "DATABASE_URL")
 	f.StringVar(&a.actor, "actor", "", "name recorded in the index's audit log for replay, resolve and archive (default $USER)")
 	envFlag(f, "actor", "IDEM_ACTOR")
+	f.StringSliceVar(&a.mask, "mask", nil, "JSON path to mask in list and show, e.g. card.number (repeatable); masked values and card numbers are also hidden in errors, stacks, headers and keys")
+	envFlag(f, "mask", "IDEM_MASK")
+	encryptionFlag(f, &a.keyFile)
 }
 
 // actorName is --actor, else $USER, else "idem-cli".
@@ -57,7 +60,12 @@ func (a *app) openIndex(ctx context.Context) (*failidx.Store, func(), error) {
 		return nil, nil, errors.New("this database has no failure index (idem_dlq_records): run `idem migrate` and an indexer (idem console), " +
 			`or give --database-url "" (or unset DATABASE_URL) to work on the DLQ topic's offsets`)
 	}
-	return failidx.NewStore(pool), pool.Close, nil
+	sl, err := a.indexSealer(ctx, pool)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return failidx.NewStore(pool).Sealed(sl), pool.Close, nil
 }
 
 // indexFilter builds the index filter of a command: the topic flags (all
@@ -122,6 +130,13 @@ func indexList(ctx context.Context, a *app, t dlqTopic, filter, status string, l
 	}
 	page, err := s.List(ctx, f, "", limit)
 	if err != nil {
+		return err
+	}
+	m, err := a.masker()
+	if err != nil {
+		return err
+	}
+	if err := maskIndexList(ctx, m, s, groups, page.Records); err != nil {
 		return err
 	}
 	if asJSON {
@@ -219,11 +234,20 @@ func indexShow(ctx context.Context, a *app, t dlqTopic, id int64, byOffset bool,
 	if err != nil {
 		return err
 	}
+	m, err := a.masker()
+	if err != nil {
+		return err
+	}
+	r = maskIndexRecord(m, r)
 	if asJSON {
 		return indexShowJSON(a.out, r)
 	}
 	fmt.Fprintf(a.out, "id:        %d\n", r.ID)
-	showText(a.out, asDLQRecord(r))
+	if r.PayloadErr != nil {
+		showUnreadable(a.out, r)
+	} else {
+		showText(a.out, asDLQRecord(r))
+	}
 	if r.ValueTruncated {
 		fmt.Fprintf(a.out, "  (the index keeps the first %d of %d bytes)\n", len(r.Value), r.ValueSize)
 	}
@@ -253,6 +277,7 @@ func indexShowJSON(w io.Writer, r failidx.Record) error {
 		"id": r.ID, "record": json.RawMessage(buf.String()), "idempotency_key": r.IdempotencyKey, "stub": r.Stub,
 		"value_truncated": r.ValueTruncated, "value_size": r.ValueSize, "status": r.Status, "status_actor": r.StatusActor,
 		"status_reason": r.StatusReason, "status_at": r.StatusAt, "previous_id": r.PreviousID, "versions": len(r.Versions),
+		"key_id": r.KeyID, "payload_unavailable": failidx.Unavailable(r.PayloadErr),
 	})
 }
 

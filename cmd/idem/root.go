@@ -44,6 +44,11 @@ type app struct {
 	getenv      func(string) string
 	in          io.Reader
 	out, errOut io.Writer
+
+	// mask is the dlq commands' --mask; keyFile their, idem console's and
+	// idem keys' --encryption-key-file.
+	mask    []string
+	keyFile string
 }
 
 // run executes the CLI with args and returns the exit code: 0 on success, 1
@@ -131,6 +136,7 @@ name (idem dlq list --tls …). Errors print one line on stderr and exit 1.`,
 	root.AddCommand(newOutboxCmd(a))
 	root.AddCommand(newScheduleCmd(a))
 	root.AddCommand(newConsoleCmd(a))
+	root.AddCommand(newKeysCmd(a))
 	root.AddCommand(newTopicCmd(a))
 	root.AddCommand(newProduceCmd(a))
 	cobraCommands(root)

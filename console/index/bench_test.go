@@ -7,8 +7,10 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/internal/indextable"
+	"github.com/idemhq/idem/internal/seal"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
@@ -16,7 +18,9 @@ import (
 
 // BenchmarkIndexer measures how many dead letters per second the indexer
 // stores: 50,000 records (3 partitions, ~250-byte values, the consumer's
-// headers) produced first, then indexed from the start by a new group.
+// headers) produced first, then indexed from the start by a new group,
+// with the payloads in clear and sealed (EncryptionKey). It reports
+// records/s and µs/record (wall time per record, group join included).
 //
 //	go test -run '^$' -bench BenchmarkIndexer -benchtime 1x ./console/index
 func BenchmarkIndexer(b *testing.B) {
@@ -45,13 +49,29 @@ func BenchmarkIndexer(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	b.ResetTimer()
+	kek, _, err := seal.GenerateKEK()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := seal.Migrate(ctx, pool); err != nil {
+		b.Fatal(err)
+	}
+	for _, mode := range []struct{ name, kek string }{{"clear", ""}, {"sealed", kek}} {
+		b.Run(mode.name, func(b *testing.B) { benchIndex(b, k, pool, topic, n, mode.kek) })
+	}
+}
+
+// benchIndex indexes the n records of topic afresh b.N times, sealed under
+// kek when it is not "".
+func benchIndex(b *testing.B, k *testenv.Kafka, pool *pgxpool.Pool, topic string, n int, kek string) {
+	ctx := testenv.Context(b)
 	for range b.N {
 		if _, err := pool.Exec(ctx, `TRUNCATE idem_dlq_records, idem_dlq_groups CASCADE`); err != nil {
 			b.Fatal(err)
 		}
 		start := time.Now()
-		stop := runUntil(b, &Indexer{Brokers: k.Brokers, Sarama: k.SaramaConfig(), Pool: pool, Group: testenv.Group(b), Topics: []string{topic}, Retention: -1})
+		stop := runUntil(b, &Indexer{Brokers: k.Brokers, Sarama: k.SaramaConfig(), Pool: pool, Group: testenv.Group(b), Topics: []string{topic}, Retention: -1,
+			EncryptionKey: kek})
 		for {
 			var got int
 			if err := pool.QueryRow(ctx, `SELECT count(*) FROM idem_dlq_records`).Scan(&got); err != nil {
@@ -67,7 +87,13 @@ func BenchmarkIndexer(b *testing.B) {
 		}
 		elapsed := time.Since(start)
 		stop()
+		var clear int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM idem_dlq_records WHERE key_id IS NULL`).Scan(&clear); err != nil || (kek != "") != (clear == 0) {
+			b.Fatalf("%d of %d rows in clear with key %v (%v)", clear, n, kek != "", err)
+		}
 		b.ReportMetric(float64(n)/elapsed.Seconds(), "records/s")
-		b.Logf("indexed %d records in %v: %.0f records/s (including the group join)", n, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds())
+		b.ReportMetric(float64(elapsed.Microseconds())/float64(n), "µs/record")
+		b.Logf("indexed %d records in %v: %.0f records/s, %.1f µs a record (including the group join)", n, elapsed.Round(time.Millisecond),
+			float64(n)/elapsed.Seconds(), float64(elapsed.Microseconds())/float64(n))
 	}
 }

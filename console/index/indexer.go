@@ -20,6 +20,7 @@ import (
 	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/pglead"
 	"github.com/idemhq/idem/internal/promreg"
+	"github.com/idemhq/idem/internal/seal"
 )
 
 // defaultGroup is the consumer group the Indexer reads with by default.
@@ -72,6 +73,24 @@ type Indexer struct {
 	// disables the sweep.
 	// Default: 30 days.
 	Retention time.Duration
+	// EncryptionKeyFile names a file holding the key-encryption key (KEK)
+	// of payload encryption at rest: 32 random bytes in base64 or
+	// hexadecimal (`idem keys generate` writes one), one key a line; the
+	// first wraps new data keys, the others only unwrap (during a rotation).
+	// With a KEK, each record's value and headers are sealed with AES-256-GCM
+	// under a data key (one per 30 days) that the KEK wraps and
+	// idem_seal_keys keeps; the row carries the key's id, and card numbers
+	// are taken out of the error and stack text kept in clear. Run refuses a
+	// file that others may read, and a KEK that does not unwrap the index's
+	// data keys (a wrong key file). Rows written before stay in clear and
+	// read as ever.
+	// Default: "" (payloads stored in clear).
+	EncryptionKeyFile string
+	// EncryptionKey is EncryptionKeyFile's content given directly, e.g. from
+	// an environment variable (idem console reads IDEM_ENCRYPTION_KEY). Give
+	// one of the two.
+	// Default: "".
+	EncryptionKey string
 	// BatchSize bounds the records stored in one transaction.
 	// Default: 500.
 	BatchSize int
@@ -91,6 +110,9 @@ type Indexer struct {
 	// stored, when set (tests), is called after each batch's transaction
 	// committed and before its offsets are marked.
 	stored func(n int)
+
+	keks   []seal.KEK   // EncryptionKeyFile's or EncryptionKey's, read by Run
+	sealer *seal.Sealer // seals each batch (nil: encryption off), set by run
 }
 
 // Default values of the Indexer's fields.
@@ -141,12 +163,16 @@ func (ix *Indexer) Validate() error {
 		return fmt.Errorf("index: Indexer.BatchSize = %d: must be >= 0 (0: 500)", ix.BatchSize)
 	case ix.Retention > 0 && ix.Retention < time.Hour:
 		return fmt.Errorf("index: Indexer.Retention = %v: must be >= 1h (or negative to keep everything)", ix.Retention)
+	case ix.EncryptionKeyFile != "" && ix.EncryptionKey != "":
+		return errors.New("index: Indexer.EncryptionKeyFile and Indexer.EncryptionKey are both set: give the key-encryption key one way")
 	}
 	return nil
 }
 
 // Run indexes until ctx is done, then returns nil. It returns an error only
-// for a configuration Validate rejects, or when Registerer holds other
+// for a configuration Validate rejects, a key-encryption key it cannot use
+// (an unreadable or group-writable file, a key that does not unwrap the
+// index's data keys), or when Registerer holds other
 // collectors of the same metric names. Everything else is retried with
 // backoff (1 s to 1 min) and logged: migrating its tables and the connection to Kafka at
 // start (so a database or broker briefly down at start delays indexing but
@@ -156,6 +182,11 @@ func (ix *Indexer) Run(ctx context.Context) error {
 		return err
 	}
 	c := ix.withDefaults()
+	keks, err := seal.LoadKEKs(c.EncryptionKeyFile, c.EncryptionKey)
+	if err != nil {
+		return fmt.Errorf("index: encryption key: %w", err)
+	}
+	c.keks = keks
 	backoff := time.Second
 	for {
 		err := c.run(ctx)
@@ -164,6 +195,8 @@ func (ix *Indexer) Run(ctx context.Context) error {
 			return nil
 		case errors.Is(err, errRegister):
 			return err // a conflicting collector on the Registerer: retrying cannot help
+		case errors.Is(err, seal.ErrWrongKEK):
+			return err // the key file does not match the index's keys: retrying cannot help
 		}
 		c.Logger.Warn("index: indexer cannot start; retrying", "group", c.Group, "in", backoff, "err", err)
 		if !pglead.Sleep(ctx, backoff) {
@@ -182,6 +215,17 @@ var errRegister = errors.New("index: register collectors")
 func (c *Indexer) run(ctx context.Context) error {
 	if err := indextable.Migrate(ctx, c.Pool); err != nil {
 		return err
+	}
+	if c.keks != nil {
+		if err := seal.Migrate(ctx, c.Pool); err != nil {
+			return err
+		}
+		sl, err := seal.New(ctx, seal.Config{DB: c.Pool, KEKs: c.keks, Purpose: failidx.Purpose})
+		if err != nil {
+			return fmt.Errorf("index: encryption at rest: %w", err)
+		}
+		c.sealer = sl
+		c.Logger.Info("index: payloads are encrypted at rest", "purpose", failidx.Purpose, "kek_id", c.keks[0].ID())
 	}
 	var cfg *sarama.Config
 	if c.Sarama == nil {
@@ -414,7 +458,7 @@ func (h *claimHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 func (h *claimHandler) storeWithRetry(ctx context.Context, batch []*sarama.ConsumerMessage) bool {
 	backoff := 100 * time.Millisecond
 	for {
-		err := failidx.Insert(ctx, h.ix.Pool, batch, h.ix.MaxValueBytes)
+		err := failidx.InsertSealed(ctx, h.ix.Pool, batch, h.ix.MaxValueBytes, h.ix.sealer)
 		if err == nil {
 			return true
 		}

@@ -333,6 +333,9 @@ func (a *Actions) Replay(ctx context.Context, actor string, sel Selection, to st
 			return fail(ids, fmt.Errorf("index: replay: %w", err))
 		}
 		recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Record, error) { return scanRecord(row) })
+		if err == nil {
+			err = a.store.open(ctx, recs)
+		}
 		if err != nil {
 			return fail(ids, fmt.Errorf("index: replay: %w", err))
 		}
@@ -383,6 +386,9 @@ func maxTime(a, b time.Time) time.Time {
 // deadLetter rebuilds r as a replay reads a dead letter (what
 // replayrec.Build takes); a truncated value is read back from the DLQ topic.
 func (a *Actions) deadLetter(ctx context.Context, r Record) (replayrec.DeadLetter, error) {
+	if r.PayloadErr != nil {
+		return replayrec.DeadLetter{}, fmt.Errorf("record %d: its value and headers cannot be read: %w", r.ID, r.PayloadErr)
+	}
 	if r.ValueTruncated {
 		got, err := dlq.New(a.client).Show(ctx, r.Topic, dlq.Position{Partition: r.Partition, Offset: r.Offset})
 		if err != nil {
@@ -428,6 +434,9 @@ func (a *Actions) EditAndRetry(ctx context.Context, actor string, id int64, valu
 		res.Matched = 0
 		return fail(err)
 	}
+	if r.PayloadErr != nil {
+		return fail(invalid("value", "record %d: its value and headers cannot be read (%v): there is nothing to edit", id, r.PayloadErr))
+	}
 	if err := checkEdit(r, value); err != nil {
 		return fail(err)
 	}
@@ -460,9 +469,13 @@ func (a *Actions) EditAndRetry(ctx context.Context, actor string, id int64, valu
 	}
 	detail += fmt.Sprintf(" published to %s/%d offset %d", r.OriginTopic, part, off)
 	err = pgx.BeginFunc(context.WithoutCancel(ctx), a.store.db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO idem_dlq_versions (record_id, n, value, actor, reason, published_to, published_partition, published_offset)
-			SELECT $1, coalesce(max(n), 0) + 1, $2, $3, $4, $5, $6, $7 FROM idem_dlq_versions WHERE record_id = $1`,
-			id, value, clean(actor), clean(reason), r.OriginTopic, part, off); err != nil {
+		stored, keyID, serr := a.store.sealVersion(ctx, tx, id, value)
+		if serr != nil {
+			return serr
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO idem_dlq_versions (record_id, n, value, actor, reason, published_to, published_partition, published_offset, key_id)
+			SELECT $1, coalesce(max(n), 0) + 1, $2, $3, $4, $5, $6, $7, $8 FROM idem_dlq_versions WHERE record_id = $1`,
+			id, stored, clean(actor), clean(reason), r.OriginTopic, part, off, keyID); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, `UPDATE idem_dlq_records SET status = 'replayed', status_actor = $2, status_reason = $3, status_at = now()

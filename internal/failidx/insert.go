@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/dlq"
+	"github.com/idemhq/idem/internal/seal"
 )
 
 // insertBatch inserts a batch of dead letters, in order, skipping those whose
@@ -21,9 +22,9 @@ import (
 // group. Insert links repeats within the batch itself.
 const insertBatch = `INSERT INTO idem_dlq_records (dlq_topic, dlq_partition, dlq_offset, origin_topic, origin_partition,
 	origin_offset, consumer_group, fingerprint, kind, msg_key, idempotency_key, attempts, first_failure_at, last_failure_at,
-	error, error_type, stack, value, value_size, value_truncated, stub, headers, previous_id)
+	error, error_type, stack, value, value_size, value_truncated, stub, headers, key_id, previous_id)
 SELECT b.t, b.p, b.o, b.ot, b.op, b.oo, b.g, b.fp, b.kind, b.k, b.ikey, b.att, b.ff, b.lf, b.err, b.et, b.st, b.v, b.vs, b.vt, b.stub, b.hs,
-	coalesce(nullif(b.exact, 0), (SELECT max(x.id) FROM idem_dlq_records x
+	$24::bigint, coalesce(nullif(b.exact, 0), (SELECT max(x.id) FROM idem_dlq_records x
 	 WHERE b.ikey <> '' AND x.idempotency_key = b.ikey AND x.origin_topic = b.ot AND x.consumer_group = b.g))
 FROM unnest($1::text[], $2::int[], $3::bigint[], $4::text[], $5::int[], $6::bigint[], $7::text[], $8::text[], $9::text[],
 	$10::bytea[], $11::text[], $12::int[], $13::timestamptz[], $14::timestamptz[], $15::text[], $16::text[], $17::text[],
@@ -113,10 +114,10 @@ func (c *columns) add(r *dlq.Record, maxValue int) {
 	c.replayOffset = append(c.replayOffset, rp.Offset)
 }
 
-func (c *columns) args() []any {
+func (c *columns) args(keyID *int64) []any {
 	return []any{c.topic, c.partition, c.offset, c.originTopic, c.originPartition, c.originOffset, c.group, c.fingerprint,
 		c.kind, c.key, c.ikey, c.attempts, c.first, c.last, c.errText, c.errType, c.stack, c.value, c.valueSize,
-		c.truncated, c.stub, c.headers, c.exact}
+		c.truncated, c.stub, c.headers, c.exact, keyID}
 }
 
 // Insert stores batch, consumed from dead-letter topics, in the index in one
@@ -130,8 +131,15 @@ func (c *columns) args() []any {
 //
 // One statement looks up the records the batch's idem-replay-of headers
 // name, one inserts the batch, and a last one links repeats within the
-// batch. index.Indexer calls it for each batch it reads.
+// batch. index.Indexer calls it (InsertSealed) for each batch it reads.
 func Insert(ctx context.Context, pool *pgxpool.Pool, batch []*sarama.ConsumerMessage, maxValue int) error {
+	return InsertSealed(ctx, pool, batch, maxValue, nil)
+}
+
+// InsertSealed is Insert that, when sl is not nil, seals each record's value
+// and headers under sl's current data key (internal/seal), in the batch's
+// transaction, and stores the key's id with the rows (see columns.seal).
+func InsertSealed(ctx context.Context, pool *pgxpool.Pool, batch []*sarama.ConsumerMessage, maxValue int, sl *seal.Sealer) error {
 	var c columns
 	for _, m := range batch {
 		c.add(dlq.FromMessage(m), maxValue)
@@ -156,12 +164,16 @@ func Insert(ctx context.Context, pool *pgxpool.Pool, batch []*sarama.ConsumerMes
 				return err
 			}
 		}
+		keyID, err := c.seal(ctx, tx, sl)
+		if err != nil {
+			return err
+		}
 		type inserted struct {
 			id, prev            int64
 			ikey, origin, group string
 			at                  position
 		}
-		rows, err := tx.Query(ctx, insertBatch, c.args()...)
+		rows, err := tx.Query(ctx, insertBatch, c.args(keyID)...)
 		if err != nil {
 			return err
 		}

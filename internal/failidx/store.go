@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemhq/idem/internal/seal"
 )
 
 // querier is what the index needs from a database handle: *pgxpool.Pool satisfies
@@ -29,6 +31,9 @@ var _ querier = (*pgxpool.Pool)(nil)
 // concurrent use.
 type Store struct {
 	db querier
+	// sealer opens the values and headers sealed at rest (Sealed); nil:
+	// sealed rows come back with PayloadErr set.
+	sealer *seal.Sealer
 }
 
 // NewStore returns a Store on pool (whose search_path must reach the tables
@@ -42,8 +47,11 @@ const maxLimit = 1000
 const recordCols = `id, dlq_topic, dlq_partition, dlq_offset, origin_topic, origin_partition, origin_offset,
 	consumer_group, fingerprint, kind, msg_key, idempotency_key, attempts, first_failure_at, last_failure_at,
 	indexed_at, error, error_type, stack, value, value_size, value_truncated, stub, headers,
-	status, status_actor, status_reason, status_at, coalesce(previous_id, 0)`
+	status, status_actor, status_reason, status_at, coalesce(previous_id, 0), coalesce(key_id, 0)`
 
+// scanRecord reads a row of recordCols. A sealed row (KeyID != 0) comes
+// back without its value and headers, PayloadErr saying so, until
+// Store.open opens it: a caller that forgets to never sees ciphertext.
 func scanRecord(row pgx.Row) (Record, error) {
 	var r Record
 	var headers []byte
@@ -51,11 +59,16 @@ func scanRecord(row pgx.Row) (Record, error) {
 	err := row.Scan(&r.ID, &r.Topic, &r.Partition, &r.Offset, &r.OriginTopic, &r.OriginPartition, &r.OriginOffset,
 		&r.Group, &r.Fingerprint, &r.Kind, &r.Key, &r.IdempotencyKey, &r.Attempts, &r.FirstFailureAt, &r.LastFailureAt,
 		&r.IndexedAt, &r.Error, &r.ErrorType, &r.Stack, &r.Value, &r.ValueSize, &r.ValueTruncated, &r.Stub, &headers,
-		&status, &r.StatusActor, &r.StatusReason, &r.StatusAt, &r.PreviousID)
+		&status, &r.StatusActor, &r.StatusReason, &r.StatusAt, &r.PreviousID, &r.KeyID)
 	if err != nil {
 		return r, err
 	}
 	r.Status = Status(status)
+	if r.KeyID != 0 {
+		r.sealed = &sealedPayload{value: r.Value, headers: headers}
+		r.Value, r.PayloadErr = nil, errNotOpened
+		return r, nil
+	}
 	r.Headers, err = decodeHeaders(headers)
 	return r, err
 }
@@ -173,6 +186,9 @@ func (s *Store) List(ctx context.Context, f Filter, cursor string, limit int) (P
 	if err != nil {
 		return Page{}, fmt.Errorf("index: list: %w", err)
 	}
+	if err := s.open(ctx, recs); err != nil {
+		return Page{}, fmt.Errorf("index: list: %w", err)
+	}
 	p := Page{Records: recs}
 	if len(recs) > limit {
 		p.Records = recs[:limit]
@@ -192,17 +208,25 @@ func (s *Store) Get(ctx context.Context, id int64) (Record, error) {
 	if err != nil {
 		return r, fmt.Errorf("index: get %d: %w", id, err)
 	}
-	rows, err := s.db.Query(ctx, `SELECT n, value, actor, reason, at, published_to, published_partition, published_offset
+	recs := []Record{r}
+	if err := s.open(ctx, recs); err != nil {
+		return r, fmt.Errorf("index: get %d: %w", id, err)
+	}
+	r = recs[0]
+	rows, err := s.db.Query(ctx, `SELECT n, value, actor, reason, at, published_to, published_partition, published_offset, coalesce(key_id, 0)
 		FROM idem_dlq_versions WHERE record_id = $1 ORDER BY n`, id)
 	if err != nil {
 		return r, fmt.Errorf("index: get %d: versions: %w", id, err)
 	}
 	r.Versions, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Version, error) {
 		var v Version
-		err := row.Scan(&v.N, &v.Value, &v.Actor, &v.Reason, &v.At, &v.PublishedTo, &v.PublishedPartition, &v.PublishedOffset)
+		err := row.Scan(&v.N, &v.Value, &v.Actor, &v.Reason, &v.At, &v.PublishedTo, &v.PublishedPartition, &v.PublishedOffset, &v.KeyID)
 		return v, err
 	})
 	if err != nil {
+		return r, fmt.Errorf("index: get %d: versions: %w", id, err)
+	}
+	if err := s.openVersions(ctx, id, r.Versions); err != nil {
 		return r, fmt.Errorf("index: get %d: versions: %w", id, err)
 	}
 	return r, nil
@@ -235,10 +259,10 @@ func (s *Store) Groups(ctx context.Context, f Filter) ([]FailureGroup, error) {
 			ORDER BY n DESC, last_seen DESC, fingerprint
 			LIMIT 1000
 		)
-		SELECT g.fingerprint, g.kind, g.consumer_group, g.dlq_topic, coalesce(sample.error, ''),
+		SELECT g.fingerprint, g.kind, g.consumer_group, g.dlq_topic, coalesce(sample.error, ''), coalesce(sample.id, 0),
 			g.n, g.unresolved, g.first_seen, g.last_seen
 		FROM g LEFT JOIN LATERAL (
-			SELECT r.error FROM idem_dlq_records r
+			SELECT r.error, r.id FROM idem_dlq_records r
 			WHERE r.fingerprint = g.fingerprint AND r.kind = g.kind AND r.consumer_group = g.consumer_group AND r.dlq_topic = g.dlq_topic
 			ORDER BY r.status, r.last_failure_at DESC, r.id DESC LIMIT 1
 		) sample ON true
@@ -285,7 +309,7 @@ func (s *Store) groupsFromCounts(ctx context.Context, f Filter) ([]FailureGroup,
 		}
 	}
 	n := "(" + strings.Join(sum, " + ") + ")"
-	rows, err := s.db.Query(ctx, `SELECT fingerprint, kind, consumer_group, dlq_topic, sample_error, `+n+`, `+unresolved+`, first_seen, last_seen
+	rows, err := s.db.Query(ctx, `SELECT fingerprint, kind, consumer_group, dlq_topic, sample_error, coalesce(sample_id, 0), `+n+`, `+unresolved+`, first_seen, last_seen
 		FROM idem_dlq_groups WHERE `+strings.Join(conds, " AND ")+` AND `+n+` > 0
 		ORDER BY `+n+` DESC, last_seen DESC, fingerprint LIMIT 1000`, args...)
 	if err != nil {
@@ -297,7 +321,7 @@ func (s *Store) groupsFromCounts(ctx context.Context, f Filter) ([]FailureGroup,
 func collectGroups(rows pgx.Rows) ([]FailureGroup, error) {
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (FailureGroup, error) {
 		var g FailureGroup
-		err := row.Scan(&g.Fingerprint, &g.Kind, &g.Group, &g.Topic, &g.SampleError, &g.Count, &g.Unresolved, &g.FirstSeen, &g.LastSeen)
+		err := row.Scan(&g.Fingerprint, &g.Kind, &g.Group, &g.Topic, &g.SampleError, &g.SampleID, &g.Count, &g.Unresolved, &g.FirstSeen, &g.LastSeen)
 		return g, err
 	})
 	if err != nil {

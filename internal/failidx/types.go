@@ -95,6 +95,18 @@ type Record struct {
 	// Versions are the edits made by EditAndRetry, oldest first. Filled by
 	// Get only.
 	Versions []Version
+	// KeyID is the data key (internal/seal) that seals Value and Headers at
+	// rest; 0 when they are stored in clear.
+	KeyID int64
+	// PayloadErr, when not nil, says why Value and Headers (then nil) could
+	// not be read: the data key was destroyed (errors.Is(err,
+	// seal.ErrKeyDestroyed)), the sealed bytes do not authenticate
+	// (seal.ErrTampered), the store has no key-encryption key that unwraps
+	// the data key (seal.ErrWrongKEK, ErrNoEncryptionKey). The rest of the
+	// record is there. Such a record is never replayed.
+	PayloadErr error
+
+	sealed *sealedPayload // the sealed bytes until Store.open opens them
 }
 
 // Header is one Kafka record header.
@@ -115,6 +127,9 @@ type Version struct {
 	PublishedTo        string
 	PublishedPartition int32
 	PublishedOffset    int64
+	// KeyID and PayloadErr are Record's, for Value.
+	KeyID      int64
+	PayloadErr error
 }
 
 // Filter selects records for List, Groups and actions. A zero Filter matches
@@ -151,8 +166,11 @@ type Page struct {
 // way (same Fingerprint and Kind).
 type FailureGroup struct {
 	Fingerprint, Kind, Group, Topic string
-	// SampleError is the error of the group's latest record.
+	// SampleError is the error of the group's latest record, SampleID that
+	// record's id (0 when not known: a group counted before the index kept
+	// it, or whose sample was swept).
 	SampleError string
+	SampleID    int64
 	// Count is how many records match the filter; Unresolved how many of
 	// them are unresolved.
 	Count, Unresolved int

@@ -16,12 +16,14 @@ import (
 	"github.com/idemhq/idem/internal/sagatable"
 	"github.com/idemhq/idem/internal/scheduletable"
 	"github.com/idemhq/idem/internal/steptable"
+	"github.com/idemhq/idem/internal/seal"
 )
 
 // Migrate creates or upgrades every table idem keeps: the inbox (inbox
 // names it, as for dedupe.NewPostgres), the ordering tables, the outbox
 // (outboxTables, default idem_outbox), the saga and checkpoint tables, the
-// failure index, the deferred messages and the durable steps. Each step is versioned
+// failure index, the deferred messages, the durable steps and the data
+// keys of payload encryption at rest (internal/seal). Each step is versioned
 // (internal/pgmigrate) and serialised by one advisory lock, so Migrate is
 // idempotent and safe when several processes run it at once.
 func Migrate(ctx context.Context, db dedupe.DB, inbox []dedupe.PostgresOption, outboxTables []string) error {
@@ -37,6 +39,7 @@ func Migrate(ctx context.Context, db dedupe.DB, inbox []dedupe.PostgresOption, o
 		{"failure index", func(ctx context.Context) error { return indextable.Migrate(ctx, db) }},
 		{"deferred messages", func(ctx context.Context) error { return scheduletable.Migrate(ctx, db) }},
 		{"step table", func(ctx context.Context) error { return steptable.Migrate(ctx, db) }},
+		{"encryption keys", func(ctx context.Context) error { return seal.Migrate(ctx, db) }},
 		// A package that keeps tables of its own adds its step here, one
 		// line; the root's TestMigrateCreatesEveryTable fails until it does.
 	}
