@@ -25,8 +25,8 @@ import (
 	"github.com/idemhq/idem/internal/outboxtable"
 	"github.com/idemhq/idem/internal/sagatable"
 	"github.com/idemhq/idem/internal/scheduletable"
-	"github.com/idemhq/idem/internal/steptable"
 	"github.com/idemhq/idem/internal/seal"
+	"github.com/idemhq/idem/internal/steptable"
 	"github.com/idemhq/idem/internal/testenv"
 )
 

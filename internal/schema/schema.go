@@ -15,8 +15,8 @@ import (
 	"github.com/idemhq/idem/internal/outboxtable"
 	"github.com/idemhq/idem/internal/sagatable"
 	"github.com/idemhq/idem/internal/scheduletable"
-	"github.com/idemhq/idem/internal/steptable"
 	"github.com/idemhq/idem/internal/seal"
+	"github.com/idemhq/idem/internal/steptable"
 )
 
 // Migrate creates or upgrades every table idem keeps: the inbox (inbox
