@@ -175,10 +175,11 @@ type breakdown struct {
 // phaseStat is one phase's time over the records, and over the tail: the
 // records whose total is at or above the total's p99.
 type phaseStat struct {
-	Name  string  `json:"name"`
-	What  string  `json:"what"`
-	P50ms float64 `json:"p50_ms"`
-	P99ms float64 `json:"p99_ms"`
+	Name   string  `json:"name"`
+	What   string  `json:"what"`
+	MeanMs float64 `json:"mean_ms"`
+	P50ms  float64 `json:"p50_ms"`
+	P99ms  float64 `json:"p99_ms"`
 	// TailMeanMs is the phase's mean over the tail, and TailShare that
 	// mean over the tail's mean total: the phases' shares add up to 1.
 	TailMeanMs float64 `json:"tail_mean_ms"`
@@ -230,15 +231,18 @@ func (p *phases) result(warmup time.Duration) *breakdown {
 	tailTotal /= float64(len(tail))
 	stat := func(name, what string, d func(*recTimes) int64, of []*recTimes) phaseStat {
 		l := make([]time.Duration, 0, len(of))
+		var all float64
 		for _, r := range of {
 			l = append(l, time.Duration(max(0, d(r))))
+			all += float64(l[len(l)-1])
 		}
 		slices.Sort(l)
 		var sum float64
 		for _, r := range tail {
 			sum += float64(max(0, d(r)))
 		}
-		s := phaseStat{Name: name, What: what, P50ms: ms(quantile(l, 0.5)), P99ms: ms(quantile(l, 0.99)), TailMeanMs: sum / float64(len(tail)) / 1e6}
+		s := phaseStat{Name: name, What: what, MeanMs: all / float64(len(l)) / 1e6, P50ms: ms(quantile(l, 0.5)), P99ms: ms(quantile(l, 0.99)),
+			TailMeanMs: sum / float64(len(tail)) / 1e6}
 		if tailTotal > 0 {
 			s.TailShare = sum / float64(len(tail)) / tailTotal
 		}

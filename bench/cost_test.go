@@ -96,6 +96,9 @@ func TestPhasesBreakdown(t *testing.T) {
 			t.Errorf("%s: p99 %.3f ms, want %.3f (%+v)", name, s.P99ms, want, s)
 		}
 	}
+	if s := got["queue"]; math.Abs(s.MeanMs-8.25) > 1e-9 {
+		t.Errorf("queue: mean %.3f ms, want 8.25", s.MeanMs)
+	}
 	var shares float64
 	for _, s := range b.Phases {
 		if s.Name != "total" && s.Name != "own" {
@@ -157,7 +160,7 @@ func TestReportCosts(t *testing.T) {
 		{Name: "idem memory", Records: 1000, MsgsPerSec: 2e5, SteadyCPUMicrosPerMsg: 3.7, SteadyAllocsPerMsg: 4.9},
 		{Name: "idem PG batched", Records: 100, PG: true, MsgsPerSec: 20000, P99ms: 145, LatencyRecords: 10, LatencyRate: 10000,
 			Breakdown: &breakdown{Records: 10, Batches: 2, MeanBatch: 5, Busy: 0.6, MarkBatches: 2, MarkP50ms: 0.03, MarkP99ms: 0.4,
-				Phases: []phaseStat{{Name: "queue", What: "fetched → taken", P50ms: 20, P99ms: 330, TailMeanMs: 390, TailShare: 0.9}}}},
+				Phases: []phaseStat{{Name: "queue", What: "fetched → taken", MeanMs: 40, P50ms: 20, P99ms: 330, TailMeanMs: 390, TailShare: 0.9}}}},
 		{Name: "idem PG batch handler", Records: 100, PG: true, MsgsPerSec: 60000, SteadyCPUMicrosPerMsg: 5.3},
 		{Name: "PostgreSQL alone", Records: 100, PG: true, MsgsPerSec: 50000, SteadyCPUMicrosPerMsg: 3},
 	}}
@@ -169,7 +172,7 @@ func TestReportCosts(t *testing.T) {
 		"| PostgreSQL alone | 100 | 50,000 | — | — |",
 		"idem PG batched, latency run at 10,000 msgs/s, p99 145 ms (goal < 100 ms: not met)",
 		"workers were in a batch 60 % of the time",
-		"| queue | fetched → taken | 20 | 330 | 390 | 90 % |",
+		"| queue | fetched → taken | 40 | 20 | 330 | 390 | 90 % |",
 		"over 2 batches: p50 0.03 ms, p99 0.40 ms",
 	} {
 		if !strings.Contains(tab, want) {
@@ -189,11 +192,15 @@ func TestMeterSteadyAllocs(t *testing.T) {
 	m.Done(time.Now())
 	m.Done(time.Now())
 	r := m.result()
-	if r.SteadyAllocsPerMsg < 10_000 || r.SteadyAllocsPerMsg > 11_000 {
+	// The runtime counts small objects by the span as a P takes one (and
+	// gives back what it did not use), so a count read at any moment is
+	// off by up to a span per size class: within 10 % here, nothing over a
+	// million records.
+	if r.SteadyAllocsPerMsg < 9_000 || r.SteadyAllocsPerMsg > 11_000 {
 		t.Errorf("steady allocs %.0f a record, want about 10,000", r.SteadyAllocsPerMsg)
 	}
-	if r.SteadyBytesPerMsg < 640_000 {
-		t.Errorf("steady bytes %.0f a record, want at least 640,000", r.SteadyBytesPerMsg)
+	if r.SteadyBytesPerMsg < 576_000 || r.SteadyBytesPerMsg > 720_000 {
+		t.Errorf("steady bytes %.0f a record, want about 640,000", r.SteadyBytesPerMsg)
 	}
 }
 

@@ -297,9 +297,10 @@ func (r *report) costs(sb *strings.Builder) {
 		fmt.Fprintf(sb, "\nWhere the time goes: %s, latency run at %s msgs/s, p99 %s ms%s; %s records in %s batches (%.1f a batch); "+
 			"the partitions' workers were in a batch %.0f %% of the time.\n\n",
 			s.Name, thousands(s.LatencyRate), msCell(s.P99ms, s.LatencyRecords), goal, thousands(float64(b.Records)), thousands(float64(b.Batches)), b.MeanBatch, 100*b.Busy)
-		sb.WriteString("| phase | from → to | p50 ms | p99 ms | slowest 1 %: mean ms | share |\n|---|---|--:|--:|--:|--:|\n")
+		sb.WriteString("| phase | from → to | mean ms | p50 ms | p99 ms | slowest 1 %: mean ms | share |\n|---|---|--:|--:|--:|--:|--:|\n")
 		for _, p := range b.Phases {
-			fmt.Fprintf(sb, "| %s | %s | %s | %s | %s | %.0f %% |\n", p.Name, p.What, msCell(p.P50ms, 1), msCell(p.P99ms, 1), msCell(p.TailMeanMs, 1), 100*p.TailShare)
+			fmt.Fprintf(sb, "| %s | %s | %s | %s | %s | %s | %.0f %% |\n", p.Name, p.What, msCell(p.MeanMs, 1), msCell(p.P50ms, 1), msCell(p.P99ms, 1),
+				msCell(p.TailMeanMs, 1), 100*p.TailShare)
 		}
 		if b.MarkBatches > 0 {
 			fmt.Fprintf(sb, "\nThe marks after a COMMIT (bound: COMMIT returned → the partition's next record, already fetched, taken), over %s batches: p50 %s ms, p99 %s ms. "+
