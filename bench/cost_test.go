@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"math"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -205,3 +206,35 @@ func TestMeterSteadyAllocs(t *testing.T) {
 }
 
 var allocSink []byte
+
+// BenchmarkPhasesRecord is what the breakdown adds to one record of a
+// batch of 100 (fetched, taken, its own statement, its batch's share):
+//
+//	cd bench && go test -run '^$' -bench PhasesRecord -benchmem
+func BenchmarkPhasesRecord(b *testing.B) {
+	p := newPhases()
+	const batch = 100
+	msgs := make([]*sarama.ConsumerMessage, b.N)
+	keys := make([]string, b.N)
+	for i := range msgs {
+		keys[i] = "lat-" + strconv.Itoa(i) // the latency load's keys
+		msgs[i] = record(keys[i], int32(i%12), time.Now())
+	}
+	fn := func(context.Context, []int) error { return nil }
+	recs := make([]dedupe.Record, 0, batch)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		p.OnConsume(msgs[i])
+		p.taken(keys[i], int32(i%12))
+		now := time.Now()
+		p.own(keys[i], now, now)
+		recs = append(recs, dedupe.Record{Key: keys[i], Partition: int32(i % 12)})
+		if len(recs) == batch || i == b.N-1 {
+			bt, f := p.batch(fn)
+			_ = f(context.Background(), nil)
+			p.committed(bt, recs)
+			recs = recs[:0]
+		}
+	}
+}
