@@ -44,6 +44,12 @@ func TestRegistry(t *testing.T) {
 		if s.Versus != "" && !names[s.Versus] {
 			t.Errorf("%s: Versus %q is not a scenario", s.Name, s.Versus)
 		}
+		if s.Goal > 0 && s.Versus == "" {
+			t.Errorf("%s: a Goal with no Versus to reach it against", s.Name)
+		}
+		if s.NoKafka && (s.Breakdown || s.P99Goal > 0) {
+			t.Errorf("%s: without Kafka there is no latency run to break down", s.Name)
+		}
 	}
 	if _, err := lookup("no such"); err == nil {
 		t.Error("lookup of an unknown name succeeded")

@@ -171,6 +171,9 @@ func latencyPlot(r *report, names []string, rows []scenarioResult) (*plot.Plot, 
 		top = max(top, s.P99ms)
 		rates.XYs[i] = plotter.XY{X: float64(i), Y: latencyAxis.y(max(s.P50ms, s.P95ms, s.P99ms))}
 		rates.Labels[i] = "at " + thousands(s.LatencyRate) + "/s"
+		if s.LatencyRecords == 0 {
+			rates.Labels[i] = "no latency run"
+		}
 	}
 	latencyAxis.apply(p, top, len(rows))
 	const w = 14

@@ -29,10 +29,18 @@ type childResult struct {
 	// SteadyCPUMicrosPerMsg is the process's CPU (user + sys) from the
 	// first record done to the quota-th, per record: the join left out.
 	SteadyCPUMicrosPerMsg float64 `json:"steady_cpu_us_per_msg"`
-	LatencyN              int     `json:"latency_n,omitempty"`
-	P50ms                 float64 `json:"p50_ms,omitempty"`
-	P95ms                 float64 `json:"p95_ms,omitempty"`
-	P99ms                 float64 `json:"p99_ms,omitempty"`
+	// SteadyAllocsPerMsg and SteadyBytesPerMsg are the process's heap
+	// allocations over the same span, per record (what -benchmem calls
+	// allocs/op and B/op): the client's, the harness's and the consumer's.
+	SteadyAllocsPerMsg float64 `json:"steady_allocs_per_msg"`
+	SteadyBytesPerMsg  float64 `json:"steady_bytes_per_msg"`
+	LatencyN           int     `json:"latency_n,omitempty"`
+	P50ms              float64 `json:"p50_ms,omitempty"`
+	P95ms              float64 `json:"p95_ms,omitempty"`
+	P99ms              float64 `json:"p99_ms,omitempty"`
+	// Breakdown: where the latency run's records spent their time, for a
+	// Breakdown scenario.
+	Breakdown *breakdown `json:"breakdown,omitempty"`
 }
 
 // childArgs are the flags of the child subcommand.
@@ -43,13 +51,13 @@ type childArgs struct {
 	warmup                         time.Duration
 	timeout                        time.Duration
 	cpuprofile, memprofile         string
-	pgConns                        int
+	pgConns, partitions            int
 }
 
 func (a childArgs) argv() []string {
 	v := []string{childCmd,
 		"-scenario", a.scenario, "-topic", a.topic, "-group", a.group, "-result", a.result,
-		"-limit", fmt.Sprint(a.limit), "-timeout", a.timeout.String(), "-pg-conns", fmt.Sprint(a.pgConns)}
+		"-limit", fmt.Sprint(a.limit), "-timeout", a.timeout.String(), "-pg-conns", fmt.Sprint(a.pgConns), "-partitions", fmt.Sprint(a.partitions)}
 	if a.latency {
 		v = append(v, "-latency", "-warmup", a.warmup.String())
 	}
@@ -76,6 +84,7 @@ func childMain(args []string) error {
 	fs.StringVar(&a.cpuprofile, "cpuprofile", "", "write a CPU profile")
 	fs.StringVar(&a.memprofile, "memprofile", "", "write an allocation profile")
 	fs.IntVar(&a.pgConns, "pg-conns", 16, "pgx pool size")
+	fs.IntVar(&a.partitions, "partitions", 12, "partitions of the harness's topics (writers of a scenario without Kafka)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -91,7 +100,10 @@ func childMain(args []string) error {
 	defer stop()
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	e := &Env{Brokers: brokers(), Topic: a.topic, Group: a.group}
+	e := &Env{Brokers: brokers(), Topic: a.topic, Group: a.group, Partitions: a.partitions}
+	if s.Breakdown && a.latency {
+		e.phases = newPhases()
+	}
 	if s.PG {
 		if e.Pool, err = openPool(ctx, a.pgConns); err != nil {
 			return err
@@ -130,7 +142,11 @@ func childMain(args []string) error {
 			return err
 		}
 	}
-	b, err := json.Marshal(e.Meter.result())
+	res := e.Meter.result()
+	if e.phases != nil {
+		res.Breakdown = e.phases.result(a.warmup)
+	}
+	b, err := json.Marshal(res)
 	if err != nil {
 		return err
 	}

@@ -209,7 +209,7 @@ loop:
 			Topic:   topic,
 			Key:     sarama.StringEncoder(fmt.Sprint("k", i%keyCount)),
 			Value:   sarama.ByteEncoder(vals[i%len(vals)]),
-			Headers: []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: fmt.Appendf(nil, "%s-%d", prefix, i)}},
+			Headers: []sarama.RecordHeader{{Key: []byte(idemKeyHeader), Value: fmt.Appendf(nil, "%s-%d", prefix, i)}},
 		}
 		if rate > 0 {
 			m.Timestamp = time.Now()

@@ -1,5 +1,6 @@
 // Command idem-bench measures idem beside raw sarama, raw franz-go (kgo),
-// Watermill and a hand-written consume-and-insert loop, on the same topic data, against the
+// Watermill, a hand-written dedupe loop, a hand-written consume-and-insert
+// loop and PostgreSQL alone, on the same topic data, against the
 // real Kafka and PostgreSQL of KAFKA_BROKERS and DATABASE_URL (`make bench`
 // reads them from .state/services.env).
 //

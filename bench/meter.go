@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"runtime/metrics"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -25,6 +26,9 @@ type Meter struct {
 	// CPU time of the process (user + sys, ns) at the first and the
 	// quota-th Done: the steady phase's CPU, without the join's.
 	cpuFirst, cpuLast atomic.Int64
+	// Heap allocations of the process (count, bytes) at the same two
+	// points: the steady phase's allocations per record.
+	allocFirst, allocLast atomic.Pointer[heapAllocs]
 
 	warmup time.Duration // latencies of records stamped this soon after the first are left out
 
@@ -57,6 +61,7 @@ func (m *Meter) Done(ts time.Time) {
 	case 1:
 		m.first.CompareAndSwap(0, time.Now().UnixNano())
 		m.cpuFirst.Store(processCPU())
+		m.allocFirst.Store(readHeapAllocs())
 		if m.quota == 1 {
 			m.finish()
 		}
@@ -68,7 +73,37 @@ func (m *Meter) Done(ts time.Time) {
 func (m *Meter) finish() {
 	m.last.Store(time.Now().UnixNano())
 	m.cpuLast.Store(processCPU())
+	m.allocLast.Store(readHeapAllocs())
 	m.cancel()
+}
+
+// heapAllocs is the process's heap allocations so far.
+type heapAllocs struct {
+	objects, bytes uint64
+}
+
+// heapAllocNames are the runtime/metrics samples readHeapAllocs reads:
+// objects (tiny ones apart: the runtime counts the blocks they are packed
+// into under allocs:objects, each tiny allocation under tiny/allocs, so
+// their sum is MemStats.Mallocs, what `go test -benchmem` reports) and
+// bytes.
+var heapAllocNames = []string{"/gc/heap/allocs:objects", "/gc/heap/tiny/allocs:objects", "/gc/heap/allocs:bytes"}
+
+// readHeapAllocs reads the allocation counters without stopping the world
+// (runtime.ReadMemStats would).
+func readHeapAllocs() *heapAllocs {
+	s := make([]metrics.Sample, len(heapAllocNames))
+	for i, n := range heapAllocNames {
+		s[i].Name = n
+	}
+	metrics.Read(s)
+	v := func(i int) uint64 {
+		if s[i].Value.Kind() != metrics.KindUint64 {
+			return 0
+		}
+		return s[i].Value.Uint64()
+	}
+	return &heapAllocs{objects: v(0) + v(1), bytes: v(2)}
 }
 
 // processCPU is this process's CPU time so far (user + sys, every thread),
@@ -95,6 +130,10 @@ func (m *Meter) result() childResult {
 		}
 		if c0, c1 := m.cpuFirst.Load(), m.cpuLast.Load(); c0 > 0 && c1 >= c0 && m.quota > 1 {
 			r.SteadyCPUMicrosPerMsg = float64(c1-c0) / 1e3 / float64(m.quota-1)
+		}
+		if a0, a1 := m.allocFirst.Load(), m.allocLast.Load(); a0 != nil && a1 != nil && a1.objects >= a0.objects && m.quota > 1 {
+			r.SteadyAllocsPerMsg = float64(a1.objects-a0.objects) / float64(m.quota-1)
+			r.SteadyBytesPerMsg = float64(a1.bytes-a0.bytes) / float64(m.quota-1)
 		}
 	}
 	m.mu.Lock()

@@ -98,6 +98,7 @@ func (b *bench) child(ctx context.Context, a childArgs, started func(ctx context
 	a.result = filepath.Join(os.TempDir(), fmt.Sprintf("idem-bench-%d-%s.json", os.Getpid(), a.group))
 	a.timeout = b.o.childTimeout
 	a.pgConns = b.o.pgConns
+	a.partitions = b.o.partitions
 	defer os.Remove(a.result)
 	cmd := exec.CommandContext(ctx, b.exe, a.argv()...)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
@@ -151,8 +152,8 @@ func (b *bench) throughput(ctx context.Context, s Scenario, topic string, record
 		if err != nil {
 			return res, err
 		}
-		logf("  %-22s run %d: %9.0f msgs/s  join %.2fs  rss %4.0f MiB  cpu %.1fs (steady %.2f µs/msg)", s.Name, i+1,
-			r.MsgsPerSec, r.JoinSeconds, mib(r.PeakRSSBytes), r.CPUSeconds, r.SteadyCPUMicrosPerMsg)
+		logf("  %-22s run %d: %9.0f msgs/s  join %.2fs  rss %4.0f MiB  cpu %.1fs (steady %.2f µs/msg, %.1f allocs/msg)", s.Name, i+1,
+			r.MsgsPerSec, r.JoinSeconds, mib(r.PeakRSSBytes), r.CPUSeconds, r.SteadyCPUMicrosPerMsg, r.SteadyAllocsPerMsg)
 		runs = append(runs, r)
 		res.RunsMsgsPerSec = append(res.RunsMsgsPerSec, r.MsgsPerSec)
 	}
@@ -162,6 +163,8 @@ func (b *bench) throughput(ctx context.Context, s Scenario, topic string, record
 	res.CPUSeconds = median(runs, func(r runResult) float64 { return r.CPUSeconds })
 	res.CPUMicrosPerMsg = res.CPUSeconds / float64(res.Records) * 1e6
 	res.SteadyCPUMicrosPerMsg = median(runs, func(r runResult) float64 { return r.SteadyCPUMicrosPerMsg })
+	res.SteadyAllocsPerMsg = median(runs, func(r runResult) float64 { return r.SteadyAllocsPerMsg })
+	res.SteadyBytesPerMsg = median(runs, func(r runResult) float64 { return r.SteadyBytesPerMsg })
 	return res, nil
 }
 
@@ -224,6 +227,7 @@ func (b *bench) latency(ctx context.Context, s Scenario, res *scenarioResult, id
 	}
 	res.LatencyRate, res.LatencyRecords = rate, r.LatencyN
 	res.P50ms, res.P95ms, res.P99ms = r.P50ms, r.P95ms, r.P99ms
+	res.Breakdown = r.Breakdown
 	logf("  %-22s latency at %.0f msgs/s: p50 %.1f ms  p95 %.1f ms  p99 %.1f ms", s.Name, rate, r.P50ms, r.P95ms, r.P99ms)
 	return nil
 }
@@ -288,7 +292,7 @@ func runBench(ctx context.Context, o options, scen []Scenario) error {
 		b.pg = b.pg || s.PG
 		logf("scenario %s: %d records × %d runs", s.Name, s.limit(o.records), o.runs)
 		res, err := b.throughput(ctx, s, rep.Topic, o.records)
-		if err == nil && !o.noLatency {
+		if err == nil && !o.noLatency && !s.NoKafka { // without Kafka, no record has a latency
 			err = b.latency(ctx, s, &res, i)
 		}
 		if err != nil {

@@ -39,6 +39,19 @@ type Scenario struct {
 	// Versus names another scenario this one is compared with (the "vs
 	// other" column), e.g. "idem 2 ms" for its 16-lane variant.
 	Versus string
+	// Goal is the least ratio to Versus this scenario aims at (e.g. idem
+	// with the memory store ≥ 1.0 × the hand-written dedupe loop); the
+	// report's cost section says whether the run met it. 0: none.
+	Goal float64
+	// NoKafka marks a scenario that reads no Kafka (PostgreSQL alone): it
+	// has no latency run and no ratio to the Kafka ceilings.
+	NoKafka bool
+	// Breakdown splits, in the latency run, each record's time into the
+	// phases of a batch seen from outside the consumer (breakdown.go); the
+	// report gives where the slowest 1 % spend it. P99Goal, if set, is the
+	// bound the report compares the latency run's p99 with.
+	Breakdown bool
+	P99Goal   time.Duration
 	// Extra keeps the scenario out of the default run; -only still selects it.
 	Extra bool
 	// Consume reads e.Topic as group e.Group and calls e.Meter.Done for every
@@ -105,6 +118,10 @@ type Env struct {
 	Brokers []string
 	Topic   string
 	Group   string
+	// Partitions is the number of partitions of the topics the harness
+	// makes (-partitions): how many writers a NoKafka scenario runs, one per
+	// partition worker of the consumer it stands beside.
+	Partitions int
 	// Pool is a pgx pool on DATABASE_URL (nil unless the scenario is PG), with
 	// the inbox table migrated and the rows table (rowsTable) created.
 	Pool  *pgxpool.Pool
@@ -113,6 +130,10 @@ type Env struct {
 	// pending holds, in latency mode, the timestamps of records an idem
 	// handler finished whose transaction has not committed yet (see Done).
 	pending sync.Map // idempotency key → time.Time
+
+	// phases records the batch phases of each record in the latency run of
+	// a Breakdown scenario; nil otherwise.
+	phases *phases
 }
 
 // Done is what an idem scenario's handler calls for each record it
@@ -159,8 +180,15 @@ type committingBatch struct {
 }
 
 func (c committingBatch) ProcessBatch(ctx context.Context, recs []dedupe.Record, fn func(context.Context, []int) error) ([]dedupe.Outcome, error) {
+	var b *batchTimes
+	if c.e.phases != nil { // the batch's start, its handler's start and end, its COMMIT
+		b, fn = c.e.phases.batch(fn)
+	}
 	outs, err := c.batch.ProcessBatch(ctx, recs, fn)
 	if err == nil {
+		if b != nil {
+			c.e.phases.committed(b, recs)
+		}
 		for _, r := range recs {
 			c.e.committed(r.Key)
 		}
@@ -189,6 +217,9 @@ func (e *Env) Sarama() *sarama.Config {
 	c.ClientID = "idem-bench"
 	c.Consumer.Offsets.Initial = sarama.OffsetOldest
 	c.Consumer.Return.Errors = true
+	if e.phases != nil { // when each record is fetched
+		c.Consumer.Interceptors = []sarama.ConsumerInterceptor{e.phases}
+	}
 	return c
 }
 
@@ -196,7 +227,12 @@ func (e *Env) Sarama() *sarama.Config {
 // everywhere, logs discarded, metrics in a private registry (as a service
 // that exports them would have).
 func (e *Env) Idem(store dedupe.Store) consumer.Config {
+	var keys consumer.KeyFunc // the default, HeaderKey(idemKeyHeader)
+	if e.phases != nil {      // … noting when the worker takes each record
+		keys = e.phases.keyFunc(consumer.HeaderKey(idemKeyHeader))
+	}
 	return consumer.Config{
+		KeyFunc:    keys,
 		Brokers:    e.Brokers,
 		Group:      e.Group,
 		Topics:     []string{e.Topic},
@@ -209,6 +245,21 @@ func (e *Env) Idem(store dedupe.Store) consumer.Config {
 		DLQDepthInterval: -1,
 		ShutdownGrace:    5 * time.Second,
 	}
+}
+
+// idemKeyHeader is the header of each record's idempotency key (data.go
+// writes it; idem's default KeyFunc reads it).
+const idemKeyHeader = "idempotency-key"
+
+// headerKey returns the last idemKeyHeader of m, as consumer.HeaderKey
+// reads it ("" without one).
+func headerKey(m *sarama.ConsumerMessage) string {
+	for i := len(m.Headers) - 1; i >= 0; i-- {
+		if h := m.Headers[i]; h != nil && string(h.Key) == idemKeyHeader {
+			return string(h.Value)
+		}
+	}
+	return ""
 }
 
 // rowsTable is the table the PG scenarios insert their "business" row into.

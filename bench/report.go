@@ -35,12 +35,23 @@ type scenarioResult struct {
 	// SteadyCPUMicrosPerMsg: CPU per record from the first record done to
 	// the last (median of the runs), without the join and start-up.
 	SteadyCPUMicrosPerMsg float64 `json:"steady_cpu_us_per_msg"`
-	LatencyRate           float64 `json:"latency_rate_msgs_per_sec,omitempty"`
-	LatencyRecords        int     `json:"latency_records,omitempty"`
-	P50ms                 float64 `json:"p50_ms"`
-	P95ms                 float64 `json:"p95_ms"`
-	P99ms                 float64 `json:"p99_ms"`
-	Error                 string  `json:"error,omitempty"`
+	// SteadyAllocsPerMsg, SteadyBytesPerMsg: heap allocations per record
+	// over the same span (median of the runs).
+	SteadyAllocsPerMsg float64 `json:"steady_allocs_per_msg"`
+	SteadyBytesPerMsg  float64 `json:"steady_bytes_per_msg"`
+	LatencyRate        float64 `json:"latency_rate_msgs_per_sec,omitempty"`
+	LatencyRecords     int     `json:"latency_records,omitempty"`
+	P50ms              float64 `json:"p50_ms"`
+	P95ms              float64 `json:"p95_ms"`
+	P99ms              float64 `json:"p99_ms"`
+	// Goal is the scenario's least ratio to Versus (Scenario.Goal), and
+	// P99GoalMs its bound on the latency run's p99; 0: none.
+	Goal      float64 `json:"goal,omitempty"`
+	P99GoalMs float64 `json:"p99_goal_ms,omitempty"`
+	// Breakdown: where the latency run's records spent their time
+	// (Scenario.Breakdown).
+	Breakdown *breakdown `json:"breakdown,omitempty"`
+	Error     string     `json:"error,omitempty"`
 }
 
 // machineInfo describes where the numbers come from.
@@ -155,16 +166,21 @@ func (r *report) ratios() {
 		if s.Error != "" {
 			continue
 		}
-		if raw := ceilings[ceilingSarama]; raw > 0 {
+		sc, err := lookup(s.Name)
+		if err != nil {
+			continue
+		}
+		s.Goal, s.P99GoalMs = sc.Goal, ms(sc.P99Goal)
+		if raw := ceilings[ceilingSarama]; raw > 0 && !sc.NoKafka {
 			s.VsRawSarama = s.MsgsPerSec / raw
 		}
-		if raw := ceilings[ceilingKgo]; raw > 0 {
+		if raw := ceilings[ceilingKgo]; raw > 0 && !sc.NoKafka {
 			s.VsRawKgo = s.MsgsPerSec / raw
 		}
 		if naive > 0 && s.PG {
 			s.VsNaiveLoop = s.MsgsPerSec / naive
 		}
-		if sc, err := lookup(s.Name); err == nil && sc.Versus != "" && byName[sc.Versus] > 0 {
+		if sc.Versus != "" && byName[sc.Versus] > 0 {
 			s.Versus, s.VsVersus = sc.Versus, s.MsgsPerSec/byName[sc.Versus]
 		}
 	}
@@ -176,7 +192,9 @@ func (r *report) write(dir string, chart bool) error {
 		"msgs/s: steady throughput, first record done to the quota-th, median of the runs; join s apart (start of the consumer to the first record done)",
 		"peak RSS and CPU s: of the run's child process (ru_maxrss, user+sys), including the join; CPU µs/msg: CPU s over the records; steady CPU µs/msg: the child's CPU from its first record done to the last, per record (no join, no start-up)",
 		fmt.Sprintf("latency: record timestamp to handler done (idem, Watermill ack) or offset marked (sarama and kgo loops), records produced at half the scenario's throughput (at most %.0f msgs/s) into a fresh topic once the group has joined", r.LatencyMaxRate),
-		"idem PG: Done is reported when the handler returns, just before idem's COMMIT",
+		"idem: in the latency run a record counts when the store's Process or ProcessBatch returns (its transaction committed), just before idem marks its offset",
+		"steady allocs/msg: the child's heap allocations (runtime/metrics) over the steady span, per record, the client's included (sarama: about 2.9 a record)",
+		"breakdown: each record's produced → committed time in phases between points seen from outside the consumer (a sarama interceptor, the KeyFunc, the store); the slowest 1 % are the records at or above the total's p99",
 	)
 	table := r.table()
 	fmt.Print(table)
@@ -214,8 +232,8 @@ func (r *report) table() string {
 	if r.Mode == "" {
 		fmt.Fprintf(&sb, "Topic: %d records of %d bytes, %d partitions, LZ4, keys k0…k%d; median of %d runs; latency %.0fs per scenario.\n\n",
 			r.Records, r.Size, r.Partitions, keyCount-1, r.Runs, r.LatencySeconds)
-		sb.WriteString("| scenario | records | msgs/s | vs raw sarama | vs raw kgo | vs naive | vs other | p50 ms | p95 ms | p99 ms | at msgs/s | peak RSS MiB | CPU s | CPU µs/msg | steady CPU µs/msg | join s |\n")
-		sb.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+		sb.WriteString("| scenario | records | msgs/s | vs raw sarama | vs raw kgo | vs naive | vs other | p50 ms | p95 ms | p99 ms | at msgs/s | peak RSS MiB | CPU s | CPU µs/msg | steady CPU µs/msg | steady allocs/msg | join s |\n")
+		sb.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	} else {
 		fmt.Fprintf(&sb, "Flat RSS: records of %d bytes, %d partitions; median of %d runs.\n\n", r.Size, r.Partitions, r.Runs)
 		sb.WriteString("| scenario | records | msgs/s | peak RSS MiB | CPU s | join s |\n|---|--:|--:|--:|--:|--:|\n")
@@ -234,13 +252,71 @@ func (r *report) table() string {
 		if s.Versus != "" {
 			other = ratio(s.VsVersus) + " × " + s.Versus
 		}
-		fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f | %.1f | %.2f | %.2f | %.2f |\n",
+		fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f | %.1f | %.2f | %.2f | %.1f | %.2f |\n",
 			s.Name, thousands(float64(s.Records)), thousands(s.MsgsPerSec),
 			ratio(s.VsRawSarama), ratio(s.VsRawKgo), ratio(s.VsNaiveLoop), other,
 			msCell(s.P50ms, s.LatencyRecords), msCell(s.P95ms, s.LatencyRecords), msCell(s.P99ms, s.LatencyRecords),
-			rateCell(s.LatencyRate), mib(s.PeakRSSBytes), s.CPUSeconds, s.CPUMicrosPerMsg, s.SteadyCPUMicrosPerMsg, s.JoinSeconds)
+			rateCell(s.LatencyRate), mib(s.PeakRSSBytes), s.CPUSeconds, s.CPUMicrosPerMsg, s.SteadyCPUMicrosPerMsg, s.SteadyAllocsPerMsg, s.JoinSeconds)
+	}
+	if r.Mode == "" {
+		r.costs(&sb)
 	}
 	return sb.String()
+}
+
+// costs renders the framework's own cost: each scenario with a goal against
+// another (its ratio, and the steady CPU and allocations per record of both),
+// and the latency breakdown of each Breakdown scenario.
+func (r *report) costs(sb *strings.Builder) {
+	byName := map[string]scenarioResult{}
+	for _, s := range r.Scenarios {
+		byName[s.Name] = s
+	}
+	first := true
+	for _, s := range r.Scenarios {
+		if s.Error != "" || s.Goal == 0 || s.VsVersus == 0 {
+			continue
+		}
+		if first {
+			sb.WriteString("\nThe framework's own cost: each scenario against what it replaces or stands on, in this run.\n\n")
+			sb.WriteString("| scenario | against | msgs/s ratio | goal | met | steady CPU µs/msg | against's | steady allocs/msg | against's |\n")
+			sb.WriteString("|---|---|--:|--:|---|--:|--:|--:|--:|\n")
+			first = false
+		}
+		v := byName[s.Versus]
+		fmt.Fprintf(sb, "| %s | %s | %s | ≥ %.2f | %s | %.2f | %.2f | %.1f | %.1f |\n", s.Name, s.Versus, ratio(s.VsVersus), s.Goal,
+			yesNo(s.VsVersus >= s.Goal), s.SteadyCPUMicrosPerMsg, v.SteadyCPUMicrosPerMsg, s.SteadyAllocsPerMsg, v.SteadyAllocsPerMsg)
+	}
+	for _, s := range r.Scenarios {
+		if s.Error != "" || s.Breakdown == nil {
+			continue
+		}
+		b := s.Breakdown
+		goal := ""
+		if s.P99GoalMs > 0 {
+			goal = fmt.Sprintf(" (goal < %s ms: %s)", msCell(s.P99GoalMs, 1), map[bool]string{true: "met", false: "not met"}[s.P99ms < s.P99GoalMs])
+		}
+		fmt.Fprintf(sb, "\nWhere the time goes: %s, latency run at %s msgs/s, p99 %s ms%s; %s records in %s batches (%.1f a batch); "+
+			"the partitions' workers were in a batch %.0f %% of the time.\n\n",
+			s.Name, thousands(s.LatencyRate), msCell(s.P99ms, s.LatencyRecords), goal, thousands(float64(b.Records)), thousands(float64(b.Batches)), b.MeanBatch, 100*b.Busy)
+		sb.WriteString("| phase | from → to | mean ms | p50 ms | p99 ms | slowest 1 %: mean ms | share |\n|---|---|--:|--:|--:|--:|--:|\n")
+		for _, p := range b.Phases {
+			fmt.Fprintf(sb, "| %s | %s | %s | %s | %s | %s | %.0f %% |\n", p.Name, p.What, msCell(p.MeanMs, 1), msCell(p.P50ms, 1), msCell(p.P99ms, 1),
+				msCell(p.TailMeanMs, 1), 100*p.TailShare)
+		}
+		if b.MarkBatches > 0 {
+			fmt.Fprintf(sb, "\nThe marks after a COMMIT (bound: COMMIT returned → the partition's next record, already fetched, taken), over %s batches: p50 %s ms, p99 %s ms. "+
+				"The marked offsets are committed to Kafka every CommitInterval (1 s) in the background, on no record's path.\n",
+				thousands(float64(b.MarkBatches)), msCell(b.MarkP50ms, 1), msCell(b.MarkP99ms, 1))
+		}
+	}
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
 }
 
 func ratio(v float64) string {

@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
@@ -27,6 +30,10 @@ const (
 // ioWait stands for an HTTP call in the I/O-bound scenarios.
 const ioWait = 2 * time.Millisecond
 
+// handlerBatch is the batch size of the batch handler scenario, and of
+// "PostgreSQL alone" beside it.
+const handlerBatch = 500
+
 // The scenarios, in table order. To add one, copy the closest and change it;
 // Consume must call e.Meter.Done(record timestamp) once per finished record
 // (idem handlers call e.Done(m), which waits for the commit in latency mode)
@@ -35,7 +42,10 @@ func init() {
 	register(Scenario{Name: "raw sarama", Ceiling: ceilingSarama, Consume: consumeRawSarama})
 	register(Scenario{Name: "raw kgo", Ceiling: ceilingKgo, Consume: consumeRawKgo})
 	register(Scenario{Name: "watermill", Consume: consumeWatermill})
-	register(Scenario{Name: "idem memory", Consume: func(ctx context.Context, e *Env) error {
+	// The framework's own cost: what a user writes instead of idem with the
+	// memory store, and idem's goal against it.
+	register(Scenario{Name: "hand-written dedupe loop", Consume: consumeDedupeLoop})
+	register(Scenario{Name: "idem memory", Versus: "hand-written dedupe loop", Goal: 1.0, Consume: func(ctx context.Context, e *Env) error {
 		return consumer.Run(ctx, e.Idem(dedupe.NewMemory()), noop(e))
 	}})
 	register(Scenario{Name: "idem no store", Versus: "idem memory", Consume: func(ctx context.Context, e *Env) error {
@@ -50,16 +60,18 @@ func init() {
 	register(Scenario{Name: "idem PG", Limit: pgLimit, PG: true, Consume: func(ctx context.Context, e *Env) error {
 		return consumer.Run(ctx, e.Idem(dedupe.NewPostgres(e.Pool)), insertOne(e))
 	}})
-	register(Scenario{Name: "idem PG batched", Limit: pgLimit, PG: true, Consume: func(ctx context.Context, e *Env) error {
+	register(Scenario{Name: "idem PG batched", Limit: pgLimit, PG: true, Breakdown: true, P99Goal: 100 * time.Millisecond, Consume: func(ctx context.Context, e *Env) error {
 		cfg := e.Idem(dedupe.NewPostgres(e.Pool))
 		cfg.Batch = consumer.BatchConfig{MaxMessages: 100}
 		return consumer.Run(ctx, cfg, insertOne(e))
 	}})
-	register(Scenario{Name: "idem PG batch handler", Limit: pgLimit, PG: true, Consume: func(ctx context.Context, e *Env) error {
+	register(Scenario{Name: "idem PG batch handler", Limit: pgLimit, PG: true, Versus: "PostgreSQL alone", Goal: 0.5, Consume: func(ctx context.Context, e *Env) error {
 		cfg := e.Idem(dedupe.NewPostgres(e.Pool))
-		cfg.Batch = consumer.BatchConfig{MaxMessages: 500}
+		cfg.Batch = consumer.BatchConfig{MaxMessages: handlerBatch}
 		return consumer.Run(ctx, cfg, insertAll(e))
 	}})
+	// The database's own limit for the batch handler's work, no Kafka.
+	register(Scenario{Name: "PostgreSQL alone", Limit: pgLimit, PG: true, NoKafka: true, Consume: consumePGAlone})
 	// Transactional mode (Config.Transactions): the offsets commit in Kafka
 	// transactions (one every CommitInterval), the member's only offset
 	// writer; compared with the same scenario without it.
@@ -110,8 +122,12 @@ func sleepy(e *Env) handler.Handler {
 // counts the record once that transaction commits).
 func insertOne(e *Env) handler.Handler {
 	return handler.Func(func(ctx context.Context, m *handler.Message) error {
+		start := time.Now()
 		if _, err := dedupe.Tx(ctx).Exec(ctx, insertRow, e.Group, m.IdempotencyKey, m.Partition, m.Offset, len(m.Value)); err != nil {
 			return fmt.Errorf("insert row: %w", err)
+		}
+		if e.phases != nil {
+			e.phases.own(m.IdempotencyKey, start, time.Now())
 		}
 		e.Done(m)
 		return nil
@@ -233,16 +249,111 @@ func consumeRawKgo(ctx context.Context, e *Env) error {
 	}
 }
 
+// consumeDedupeLoop is what a user writes instead of idem with the memory
+// store: the same sarama consumer group, the key idem's memory scenario
+// uses (the last idempotency-key header, consumer.HeaderKey's), a
+// mutex-guarded set of the keys seen in memory, the no-op handler for a new
+// key (recorded after it, as idem does), then MarkMessage. The set keeps
+// every key (idem's store keeps a window of 1,000,000, as many as the
+// default run reads).
+func consumeDedupeLoop(ctx context.Context, e *Env) error {
+	var mu sync.Mutex
+	seen := map[string]struct{}{}
+	return runGroup(ctx, e, func(_ context.Context, s sarama.ConsumerGroupSession, m *sarama.ConsumerMessage) error {
+		key := headerKey(m)
+		mu.Lock()
+		if _, dup := seen[key]; !dup {
+			// the no-op handler runs here
+			seen[key] = struct{}{}
+		}
+		mu.Unlock()
+		s.MarkMessage(m, "")
+		e.Meter.Done(m.Timestamp)
+		return nil
+	})
+}
+
+// consumePGAlone is the database's own limit for the batch handler's work,
+// without Kafka: e.Partitions writers (the batch handler's member has one
+// worker a partition, each holding a connection for its transaction) each
+// commit transactions of handlerBatch new records, the round trips idem's
+// batch path makes: BEGIN; the inbox INSERT of dedupe.Postgres's batches
+// (pgInboxInsert, the keys in key order, RETURNING the new ones); the batch
+// handler's unnest INSERT (insertRows); COMMIT. Each record counts once its
+// COMMIT returns.
+func consumePGAlone(ctx context.Context, e *Env) error {
+	g, ctx := errgroup.WithContext(ctx)
+	for w := range max(1, e.Partitions) {
+		g.Go(func() error {
+			for seq := 0; ctx.Err() == nil; seq += handlerBatch {
+				if err := pgAloneBatch(ctx, e, int32(w), seq); err != nil {
+					return ctxNil(ctx, err)
+				}
+			}
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+// pgAloneBatch writes one transaction of consumePGAlone: writer w's records
+// seq … seq+handlerBatch-1.
+func pgAloneBatch(ctx context.Context, e *Env, w int32, seq int) error {
+	start := time.Now()
+	keys := make([]string, handlerBatch)
+	topics := make([]string, handlerBatch)
+	parts := make([]int32, handlerBatch)
+	offs := make([]int64, handlerBatch)
+	lens := make([]int32, handlerBatch)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("pg%d-%d", w, seq+i)
+	}
+	slices.Sort(keys) // dedupe.Postgres inserts a batch's keys in key order
+	for i := range keys {
+		topics[i], parts[i], offs[i], lens[i] = e.Topic, w, int64(seq+i), 200
+	}
+	tx, err := e.Pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+	rows, err := tx.Query(ctx, pgInboxInsert, e.Group, keys, topics, parts, offs)
+	if err != nil {
+		return err
+	}
+	fresh := 0
+	for rows.Next() {
+		fresh++
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if fresh != len(keys) {
+		return fmt.Errorf("inbox: %d of %d keys new", fresh, len(keys))
+	}
+	if _, err := tx.Exec(ctx, insertRows, e.Group, keys, parts, offs, lens); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return err
+	}
+	for range keys {
+		e.Meter.Done(start)
+	}
+	return nil
+}
+
+// pgInboxInsert is the inbox INSERT of dedupe.Postgres's batches on the
+// plain inbox table (insertBatch in dedupe/batch.go).
+const pgInboxInsert = `INSERT INTO idem_processed (consumer_group, idempotency_key, topic, "partition", "offset")` +
+	` SELECT $1, k, t, p, o FROM unnest($2::text[], $3::text[], $4::int[], $5::bigint[]) WITH ORDINALITY AS u(k, t, p, o, n)` +
+	` ORDER BY n ON CONFLICT (consumer_group, idempotency_key) DO NOTHING RETURNING idempotency_key`
+
 // consumeNaive is the hand-written loop idem replaces: one transaction per
 // message with the inbox insert and the business row, then the mark.
 func consumeNaive(ctx context.Context, e *Env) error {
 	return runGroup(ctx, e, func(ctx context.Context, s sarama.ConsumerGroupSession, m *sarama.ConsumerMessage) error {
-		var key string
-		for _, h := range m.Headers {
-			if string(h.Key) == "idempotency-key" {
-				key = string(h.Value)
-			}
-		}
+		key := headerKey(m)
 		tx, err := e.Pool.Begin(ctx)
 		if err != nil {
 			return ctxNil(ctx, err)
