@@ -251,7 +251,11 @@ func (c *Client) Replay(ctx context.Context, opts ReplayOptions) (ReplayResult, 
 		return res, err
 	}
 	for _, s := range spans {
-		res.Pending += s.End - s.Start
+		n, err := c.count(ctx, opts.Topic, s)
+		if err != nil {
+			return res, err
+		}
+		res.Pending += n
 	}
 	// The read-only pass: counts, stubs, destinations.
 	exists := map[string]bool{string(opts.To): opts.To != ToSource}

@@ -41,8 +41,10 @@ type Indexer struct {
 	Brokers []string
 	// Sarama is the client config (TLS, SASL, version); it is copied.
 	// Consumer.Offsets.Initial is set to OffsetOldest (a new indexer indexes
-	// what the topics retain) and Consumer.Offsets.AutoCommit stays on: it
-	// commits only offsets marked after their records were stored.
+	// what the topics retain), Consumer.IsolationLevel to ReadCommitted (the
+	// records of aborted transactions are no dead letters), and
+	// Consumer.Offsets.AutoCommit stays on: it commits only offsets marked
+	// after their records were stored.
 	// Default: sarama.NewConfig() with Version V4_0_0_0.
 	Sarama *sarama.Config
 	// Pool is the database holding the index. Run creates or upgrades the index's tables on it first (as idem.Migrate does).
@@ -194,6 +196,9 @@ func (c *Indexer) run(ctx context.Context) error {
 	cfg.Metadata.AllowAutoTopicCreation = false
 	cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
 	cfg.Consumer.Return.Errors = true
+	// A dead-letter topic written with transactions holds the records of
+	// aborted transactions: they are no dead letters.
+	cfg.Consumer.IsolationLevel = sarama.ReadCommitted
 	client, err := sarama.NewClient(c.Brokers, cfg)
 	if err != nil {
 		return fmt.Errorf("index: connect to %v: %w", c.Brokers, err)
