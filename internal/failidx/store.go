@@ -99,7 +99,7 @@ func (f Filter) where(args *[]any) (string, error) {
 		st := make([]string, 0, len(f.Status))
 		for _, s := range f.Status {
 			if !s.Valid() {
-				return "", invalid("status", "%q: want unresolved, replayed, resolved or archived", s)
+				return "", invalid("status", "%q: want unresolved, replaying, replayed, resolved or archived", s)
 			}
 			st = append(st, string(s))
 		}
@@ -192,8 +192,8 @@ func (s *Store) Get(ctx context.Context, id int64) (Record, error) {
 	if err != nil {
 		return r, fmt.Errorf("index: get %d: %w", id, err)
 	}
-	rows, err := s.db.Query(ctx, `SELECT n, value, actor, reason, at, published_to, published_partition, published_offset
-		FROM idem_dlq_versions WHERE record_id = $1 ORDER BY n`, id)
+	rows, err := s.db.Query(ctx, `SELECT n, value, actor, reason, at, coalesce(published_to, ''), coalesce(published_partition, 0),
+		coalesce(published_offset, -1) FROM idem_dlq_versions WHERE record_id = $1 ORDER BY n`, id)
 	if err != nil {
 		return r, fmt.Errorf("index: get %d: versions: %w", id, err)
 	}
@@ -271,13 +271,13 @@ func (s *Store) groupsFromCounts(ctx context.Context, f Filter) ([]FailureGroup,
 	}
 	statuses := f.Status
 	if len(statuses) == 0 {
-		statuses = []Status{Unresolved, Replayed, Resolved, Archived}
+		statuses = []Status{Unresolved, Replaying, Replayed, Resolved, Archived}
 	}
 	var sum []string
 	unresolved := "0"
 	for _, st := range statuses {
 		if !st.Valid() {
-			return nil, invalid("status", "%q: want unresolved, replayed, resolved or archived", st)
+			return nil, invalid("status", "%q: want unresolved, replaying, replayed, resolved or archived", st)
 		}
 		sum = append(sum, string(st))
 		if st == Unresolved {
@@ -315,7 +315,7 @@ func (s *Store) Overview(ctx context.Context) ([]TopicSummary, error) {
 			 WHERE r.status = 'unresolved' AND r.consumer_group = g.consumer_group AND r.dlq_topic = g.dlq_topic),
 			(SELECT count(*) FROM idem_dlq_records r WHERE r.consumer_group = g.consumer_group AND r.dlq_topic = g.dlq_topic
 				AND r.last_failure_at > now() - interval '1 hour')
-		FROM (SELECT consumer_group, dlq_topic, sum(unresolved) AS unresolved, sum(unresolved + replayed + resolved + archived) AS total
+		FROM (SELECT consumer_group, dlq_topic, sum(unresolved) AS unresolved, sum(unresolved + replaying + replayed + resolved + archived) AS total
 			FROM idem_dlq_groups GROUP BY consumer_group, dlq_topic) g
 		WHERE g.total > 0
 		ORDER BY 1, 2`)
@@ -341,17 +341,9 @@ func (s *Store) Overview(ctx context.Context) ([]TopicSummary, error) {
 // cursor ("" for the first page), and the cursor of the next page ("" on the
 // last page). limit <= 0 means 50; it is capped at 1000.
 func (s *Store) Audit(ctx context.Context, cursor string, limit int) ([]AuditEntry, string, error) {
-	if limit <= 0 {
-		limit = 50
-	}
-	limit = min(limit, maxLimit)
-	before := int64(1<<63 - 1)
-	if cursor != "" {
-		n, err := strconv.ParseInt(cursor, 10, 64)
-		if err != nil || n <= 0 {
-			return nil, "", invalid("cursor", "%q is not an audit cursor", cursor)
-		}
-		before = n
+	limit, before, err := pageArgs(cursor, limit)
+	if err != nil {
+		return nil, "", err
 	}
 	rows, err := s.db.Query(ctx, `SELECT id, at, actor, action, record_ids, detail, reason, result
 		FROM idem_dlq_audit WHERE id < $1 ORDER BY id DESC LIMIT $2`, before, limit+1)
@@ -366,12 +358,37 @@ func (s *Store) Audit(ctx context.Context, cursor string, limit int) ([]AuditEnt
 	if err != nil {
 		return nil, "", fmt.Errorf("index: audit: %w", err)
 	}
-	next := ""
-	if len(out) > limit {
-		out = out[:limit]
-		next = strconv.FormatInt(out[limit-1].ID, 10)
-	}
+	out, next := nextPage(out, limit, func(e AuditEntry) int64 { return e.ID })
 	return out, next, nil
+}
+
+// pageArgs reads a page of rows by descending id: limit (<= 0: 50, at most
+// 1000) and the id the page starts below (cursor, the id of the previous
+// page's last row; "" for the first page).
+func pageArgs(cursor string, limit int) (int, int64, error) {
+	if limit <= 0 {
+		limit = 50
+	}
+	limit = min(limit, maxLimit)
+	before := int64(1<<63 - 1)
+	if cursor != "" {
+		n, err := strconv.ParseInt(cursor, 10, 64)
+		if err != nil || n <= 0 {
+			return 0, 0, invalid("cursor", "%q is not a cursor of this list", cursor)
+		}
+		before = n
+	}
+	return limit, before, nil
+}
+
+// nextPage cuts rows (read with limit+1) to limit and returns the next
+// page's cursor ("" on the last page).
+func nextPage[T any](rows []T, limit int, id func(T) int64) ([]T, string) {
+	if len(rows) <= limit {
+		return rows, ""
+	}
+	rows = rows[:limit]
+	return rows, strconv.FormatInt(id(rows[limit-1]), 10)
 }
 
 // WriteAudit appends e to the audit table (e.ID is ignored; a zero e.At
@@ -407,7 +424,8 @@ func writeAudit(ctx context.Context, db querier, e AuditEntry) error {
 
 // Sweep deletes resolved, replayed and archived records whose status changed
 // more than olderThan ago (with their versions), in batches of 10,000, and
-// returns how many it deleted. Unresolved records are never swept. Audit rows
+// returns how many it deleted. Unresolved records, and records a job holds
+// (replaying), are never swept. Audit rows
 // are kept. index.Indexer.Run calls it every hour with Indexer.Retention.
 func (s *Store) Sweep(ctx context.Context, olderThan time.Duration) (int64, error) {
 	if olderThan < 0 {
@@ -416,7 +434,8 @@ func (s *Store) Sweep(ctx context.Context, olderThan time.Duration) (int64, erro
 	var total int64
 	for {
 		tag, err := s.db.Exec(ctx, `DELETE FROM idem_dlq_records WHERE id IN (
-			SELECT id FROM idem_dlq_records WHERE status <> 'unresolved' AND status_at < now() - $1::interval LIMIT 10000)`,
+			SELECT id FROM idem_dlq_records WHERE status <> 'unresolved' AND status <> 'replaying'
+			AND status_at < now() - $1::interval LIMIT 10000)`,
 			olderThan)
 		if err != nil {
 			return total, fmt.Errorf("index: sweep: %w", err)
