@@ -381,6 +381,34 @@ func (c *Client) count(ctx context.Context, topic string, s span) (int64, error)
 	return total, nil
 }
 
+// Advance moves the admin group of topic forward: for each partition in
+// offsets, to that offset when it is past the group's committed offset
+// (never back). Records below the admin group's offset are no longer
+// pending: Depth (and so idem_dlq_depth), List and Replay leave them out.
+// The failure index's indexer calls it so that records settled in the
+// index (replayed, resolved, archived) stop counting as pending up to the
+// first one that is not.
+func (c *Client) Advance(ctx context.Context, topic string, offsets map[int32]int64) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	parts := make([]int32, 0, len(offsets))
+	for p := range offsets {
+		parts = append(parts, p)
+	}
+	committed, err := c.committed(topic, parts)
+	if err != nil {
+		return err
+	}
+	forward := map[int32]int64{}
+	for p, o := range offsets {
+		if o > committed[p] {
+			forward[p] = o
+		}
+	}
+	return c.commit(topic, forward)
+}
+
 // Purge marks every record of topic that is in it now as dealt with: it
 // commits the admin group at the end offsets, so Depth is 0 and List and
 // Replay see nothing of it. Records stay in the topic until retention deletes

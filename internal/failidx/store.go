@@ -33,7 +33,12 @@ type Store struct {
 
 // NewStore returns a Store on pool (whose search_path must reach the tables
 // idem.Migrate created).
-func NewStore(pool *pgxpool.Pool) *Store { return &Store{db: pool} }
+func NewStore(pool *pgxpool.Pool) *Store {
+	if pool == nil {
+		return &Store{} // tests without a database; writeAudit says so
+	}
+	return &Store{db: pool}
+}
 
 // maxLimit caps List's and Audit's page size.
 const maxLimit = 1000
@@ -399,6 +404,9 @@ func (s *Store) WriteAudit(ctx context.Context, e AuditEntry) error {
 }
 
 func writeAudit(ctx context.Context, db querier, e AuditEntry) error {
+	if db == nil {
+		return errors.New("index: write audit: no database")
+	}
 	if strings.TrimSpace(e.Actor) == "" {
 		return invalid("actor", "empty: every action is audited under a name")
 	}
@@ -451,4 +459,27 @@ func (s *Store) Sweep(ctx context.Context, olderThan time.Duration) (int64, erro
 func clean(s string) string {
 	s = strings.ToValidUTF8(s, "\uFFFD")
 	return strings.ReplaceAll(s, "\x00", "\uFFFD")
+}
+
+// SettledUpTo returns, for each partition of the dead-letter topic that the
+// index holds records of, the offset up to which every record it holds
+// there is settled (replayed, resolved or archived): the offset of the
+// first record not settled (unresolved, or a job's), else the offset after
+// the last record it holds. The indexer moves the topic's admin group
+// there, so that idem_dlq_depth stops counting what the index settled.
+func (s *Store) SettledUpTo(ctx context.Context, topic string, partitions []int32) (map[int32]int64, error) {
+	out := map[int32]int64{}
+	for _, p := range partitions {
+		var at *int64
+		err := s.db.QueryRow(ctx, `SELECT coalesce(
+			(SELECT min(dlq_offset) FROM idem_dlq_records WHERE dlq_topic = $1 AND dlq_partition = $2 AND status IN ('unresolved', 'replaying')),
+			(SELECT max(dlq_offset) + 1 FROM idem_dlq_records WHERE dlq_topic = $1 AND dlq_partition = $2))`, topic, p).Scan(&at)
+		if err != nil {
+			return nil, fmt.Errorf("index: settled records of %s/%d: %w", topic, p, err)
+		}
+		if at != nil {
+			out[p] = *at
+		}
+	}
+	return out, nil
 }
