@@ -46,6 +46,9 @@ type env struct {
 	client sarama.Client
 	srv    *httptest.Server
 	reg    prometheus.Registerer // Config.Registerer, given to runIndexer's indexer too
+	cfg    Config                // the console's config (restart builds the next one from it)
+	// console is the handler srv serves, closed when the test ends.
+	console *Console
 }
 
 // newEnv starts a console whose Config is the test default changed by mut.
@@ -72,14 +75,39 @@ func newEnv(t *testing.T, mut func(*Config)) *env {
 	if mut != nil {
 		mut(&cfg)
 	}
-	h, err := New(cfg)
+	e.cfg = cfg
+	e.serve(t)
+	return e
+}
+
+// serve starts a console on e.cfg and serves it.
+func (e *env) serve(t *testing.T) {
+	t.Helper()
+	c, err := New(e.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.reg = cfg.Registerer
-	e.srv = httptest.NewServer(h)
-	t.Cleanup(e.srv.Close)
-	return e
+	e.console, e.reg = c, e.cfg.Registerer
+	e.srv = httptest.NewServer(c)
+	t.Cleanup(func() {
+		e.srv.Close()
+		_ = c.Close()
+	})
+}
+
+// restart stops e's console (its jobs handed back) and returns an env with
+// a new console on the same database, Kafka client and config, as a
+// restarted process would run.
+func (e *env) restart(t *testing.T) *env {
+	t.Helper()
+	e.srv.Close()
+	if err := e.console.Close(); err != nil {
+		t.Fatal(err)
+	}
+	next := *e
+	next.cfg.Registerer = nil
+	next.serve(t)
+	return &next
 }
 
 // runIndexer indexes topics until the test ends, or until the function it
@@ -126,6 +154,7 @@ type dead struct {
 	kind    handler.Kind
 	err     string
 	headers []sarama.RecordHeader
+	group   string // the consumer group that failed; default "billing"
 }
 
 // seedDLQ writes dead letters for origin straight into the dead-letter
@@ -142,8 +171,12 @@ func (e *env) seedDLQ(t *testing.T, dlqTopic, origin string, ds ...dead) {
 	defer p.Close()
 	base := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
 	for i, d := range ds {
+		group := d.group
+		if group == "" {
+			group = "billing"
+		}
 		f := retrytopic.Failure{
-			Attempt: 1, OriginalTopic: origin, OriginalPartition: 0, OriginalOffset: int64(i), Group: "billing",
+			Attempt: 1, OriginalTopic: origin, OriginalPartition: 0, OriginalOffset: int64(i), Group: group,
 			Kind: d.kind, ErrorType: "*errors.errorString", Error: d.err,
 			FirstFailureAt: base, LastFailureAt: base.Add(time.Duration(i) * time.Second),
 		}

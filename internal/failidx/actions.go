@@ -328,13 +328,25 @@ func (a *Actions) deadLetter(ctx context.Context, r Record) (replayrec.DeadLette
 // ErrNotFound; an origin topic that does not exist, an error wrapping
 // dlq.ErrUnknownTopic (nothing published).
 func (a *Actions) EditAndRetry(ctx context.Context, actor string, id int64, value []byte, reason string) (Result, error) {
+	j, err := a.StartEdit(ctx, actor, id, value, reason)
+	if err != nil {
+		return Result{Matched: j.Matched}, err
+	}
+	j, err = a.RunJob(ctx, j.ID)
+	return j.Result(), err
+}
+
+// StartEdit is EditAndRetry without the publish: it checks the edit, claims
+// the record and stores the edited value, and returns the job (owned by a)
+// that RunJob runs to publish it.
+func (a *Actions) StartEdit(ctx context.Context, actor string, id int64, value []byte, reason string) (Job, error) {
 	res := Result{Matched: 1}
 	if err := checkActor(actor); err != nil {
-		return Result{}, err
+		return Job{}, err
 	}
 	detail := fmt.Sprintf("record %d", id)
-	fail := func(err error) (Result, error) {
-		return res, a.audit(ctx, actor, "edit-retry", []int64{id}, detail, reason, res, err, "published")
+	fail := func(err error) (Job, error) {
+		return Job{Matched: res.Matched}, a.audit(ctx, actor, "edit-retry", []int64{id}, detail, reason, res, err, "published")
 	}
 	r, err := a.store.Get(ctx, id)
 	if err != nil {
@@ -356,8 +368,9 @@ func (a *Actions) EditAndRetry(ctx context.Context, actor string, id int64, valu
 	if err := dlq.New(a.client).CheckTopic(r.OriginTopic); err != nil {
 		return fail(fmt.Errorf("index: edit and retry record %d: nothing published: %w", id, err))
 	}
-	var jobID int64
+	var j Job
 	err = pgx.BeginFunc(ctx, a.store.db, func(tx pgx.Tx) error {
+		var jobID int64
 		if err := tx.QueryRow(ctx, `INSERT INTO idem_dlq_jobs (action, actor, reason, detail, to_topic, record_ids, matched, claimed, owner, heartbeat_at)
 			VALUES ('edit-retry', $1, $2, $3, $4, $5, 1, 1, $6, now()) RETURNING id`,
 			clean(actor), clean(reason), detail, r.OriginTopic, []int64{id}, a.owner).Scan(&jobID); err != nil {
@@ -375,9 +388,12 @@ func (a *Actions) EditAndRetry(ctx context.Context, actor string, id int64, valu
 		if status != "claimed" {
 			return fmt.Errorf("%w: record %d is %s: only an unresolved record is edited and retried", ErrConflict, id, status)
 		}
-		_, err = tx.Exec(ctx, `INSERT INTO idem_dlq_versions (record_id, n, value, actor, reason)
+		if _, err := tx.Exec(ctx, `INSERT INTO idem_dlq_versions (record_id, n, value, actor, reason)
 			SELECT $1, coalesce(max(n), 0) + 1, $2, $3, $4 FROM idem_dlq_versions WHERE record_id = $1`,
-			id, value, clean(actor), clean(reason))
+			id, value, clean(actor), clean(reason)); err != nil {
+			return err
+		}
+		j, err = scanJob(tx.QueryRow(ctx, `SELECT `+jobCols+` FROM idem_dlq_jobs WHERE id = $1`, jobID))
 		return err
 	})
 	if err != nil {
@@ -386,8 +402,7 @@ func (a *Actions) EditAndRetry(ctx context.Context, actor string, id int64, valu
 		}
 		return fail(err)
 	}
-	j, err := a.RunJob(ctx, jobID)
-	return j.Result(), err
+	return j, nil
 }
 
 // editRecord is the record EditAndRetry publishes for r with value.
