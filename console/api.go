@@ -627,29 +627,29 @@ type parkedView struct {
 	Since  time.Time `json:"since,omitzero"`
 }
 
-func (s *server) parked(r *http.Request) ([]parkedView, error) {
+func (s *server) parked(r *http.Request) ([]parkedView, string, error) {
 	limit, err := parseLimit(r.URL.Query().Get("limit"))
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	ks, err := s.acts.ParkedKeys(r.Context(), limit)
+	ks, next, err := s.acts.ParkedKeys(r.Context(), r.URL.Query().Get("cursor"), limit)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	out := make([]parkedView, 0, len(ks))
 	for _, k := range ks {
 		out = append(out, parkedView{Group: k.Group, Topic: k.Topic, Key: strings.ToValidUTF8(k.Key, "\uFFFD"), Parked: k.Parked, Head: k.Head, Since: k.Since})
 	}
-	return out, nil
+	return out, next, nil
 }
 
 func (s *server) apiParked(w http.ResponseWriter, r *http.Request, id identity) {
-	ks, err := s.parked(r)
+	ks, next, err := s.parked(r)
 	if err != nil {
 		s.fail(w, r, id, true, err)
 		return
 	}
-	writeJSON200(w, http.StatusOK, map[string]any{"keys": ks})
+	writeJSON200(w, http.StatusOK, map[string]any{"keys": ks, "next": next})
 }
 
 type releaseRequest struct {

@@ -129,7 +129,7 @@ func (e *env) runIndexer(t *testing.T, topics ...string) (stop func()) {
 }
 
 // waitIndexed waits until the index holds n records matching f and returns
-// them, newest failure first.
+// them, newest failure first, each as Get reads it.
 func (e *env) waitIndexed(t *testing.T, f failidx.Filter, n int) []failidx.Record {
 	t.Helper()
 	var recs []failidx.Record
@@ -144,6 +144,13 @@ func (e *env) waitIndexed(t *testing.T, f failidx.Filter, n int) []failidx.Recor
 		}
 		return nil
 	})
+	for i, r := range recs {
+		full, err := e.store.Get(context.Background(), r.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs[i] = full
+	}
 	return recs
 }
 

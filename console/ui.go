@@ -323,12 +323,12 @@ func (s *server) back(b string) string {
 }
 
 func (s *server) uiParked(w http.ResponseWriter, r *http.Request, id identity) {
-	ks, err := s.parked(r)
+	ks, next, err := s.parked(r)
 	if err != nil {
 		s.fail(w, r, id, false, err)
 		return
 	}
-	s.render(w, r, id, http.StatusOK, "parked", "Parked keys", "parked", ks)
+	s.render(w, r, id, http.StatusOK, "parked", "Parked keys", "parked", map[string]any{"Keys": ks, "Next": next})
 }
 
 func (s *server) uiRelease(w http.ResponseWriter, r *http.Request, id identity) {

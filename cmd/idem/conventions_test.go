@@ -95,7 +95,7 @@ func TestHelpListsWhatExists(t *testing.T) {
 	for _, l := range strings.Split(avail, "\n")[1:] {
 		listed = append(listed, strings.Fields(l)[0])
 	}
-	if got := strings.Join(listed, " "); got != "archive depth list purge replay resolve show" {
+	if got := strings.Join(listed, " "); got != "archive depth jobs list purge replay resolve show" {
 		t.Errorf("dlq --help lists %q", got)
 	}
 	for _, name := range listed {
@@ -179,7 +179,7 @@ func TestDLQDepthAndSourceGroup(t *testing.T) {
 	byName := []string{"--source", source, "--group", group}
 
 	code, out, _ := idem(t, k, "", append([]string{"dlq", "depth"}, byName...)...)
-	lines := strings.Split(strings.TrimSpace(out), "\n")
+	lines := strings.Split(strings.TrimSpace(out), "\n")[1:] // after the view line
 	if code != 0 || len(lines) != 5 || strings.Join(strings.Fields(lines[0]), " ") != "PARTITION START END PENDING" ||
 		strings.Join(strings.Fields(lines[1]), " ") != "0 0 3 3" || strings.Join(strings.Fields(lines[3]), " ") != "2 0 0 0" ||
 		lines[4] != fmt.Sprintf("total: 3 pending in %s (admin group %s.admin)", dlqTopic, dlqTopic) {

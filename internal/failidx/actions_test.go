@@ -368,7 +368,7 @@ func TestWithoutOrderingOrOutboxTables(t *testing.T) {
 	pool, _ := failidxtest.NewPool(t)
 	ctx := testenv.Context(t)
 	a := NewActions(NewStore(pool), nil)
-	if ks, err := a.ParkedKeys(ctx, 0); err != nil || len(ks) != 0 {
+	if ks, _, err := a.ParkedKeys(ctx, "", 0); err != nil || len(ks) != 0 {
 		t.Errorf("ParkedKeys = %v, %v; want none", ks, err)
 	}
 	if rows, err := a.FailedOutbox(ctx, 0); err != nil || len(rows) != 0 {

@@ -714,3 +714,92 @@ func (a *Actions) CancelJob(ctx context.Context, actor string, id int64) (Job, e
 	}
 	return j, nil
 }
+
+// ReplayPlan is what a replay of a selection would do, counted in the
+// database without reading a value: a dry run.
+type ReplayPlan struct {
+	// Selected counts the records the selection picks; Send those a replay
+	// would send (unresolved, not stubs); Other those not unresolved; Stubs
+	// the stubs (never replayed), the first ten of them in StubIDs.
+	Selected, Send, Other, Stubs int
+	StubIDs                      []int64
+}
+
+// PlanReplay counts what Replay with the same selection and destination
+// would do, and makes the same checks of the destination (a target that is
+// neither the origin nor one of its group's tiers nor in ReplayTopics is a
+// *ValidationError on "to"; a topic that does not exist wraps
+// dlq.ErrUnknownTopic), sending and changing nothing. It reads no value,
+// however many records the selection picks.
+func (a *Actions) PlanReplay(ctx context.Context, sel Selection, to string) (ReplayPlan, error) {
+	var p ReplayPlan
+	to = strings.TrimSpace(to)
+	if to == string(dlq.ToSource) {
+		to = ""
+	}
+	var args []any
+	cond := ""
+	switch {
+	case len(sel.IDs) > 0 && sel.Filter != nil:
+		return p, invalid("selection", "give ids or a filter, not both")
+	case len(sel.IDs) > 0:
+		if _, err := a.resolve(ctx, sel); err != nil { // every id must exist
+			return p, err
+		}
+		args, cond = []any{sel.IDs}, "id = ANY($1)"
+	case sel.Filter != nil:
+		var err error
+		if cond, err = sel.Filter.where(&args); err != nil {
+			return p, err
+		}
+	default:
+		return p, invalid("selection", "empty: give record ids or a filter")
+	}
+	err := a.store.db.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE status = 'unresolved' AND NOT stub),
+		count(*) FILTER (WHERE status <> 'unresolved' AND NOT stub), count(*) FILTER (WHERE stub),
+		coalesce((array_agg(id ORDER BY id) FILTER (WHERE stub))[1:10], '{}')
+		FROM idem_dlq_records WHERE `+cond, args...).Scan(&p.Selected, &p.Send, &p.Other, &p.Stubs, &p.StubIDs)
+	if err != nil {
+		return p, fmt.Errorf("index: plan a replay: %w", err)
+	}
+	rows, err := a.store.db.Query(ctx, `SELECT DISTINCT origin_topic, consumer_group FROM idem_dlq_records
+		WHERE status = 'unresolved' AND NOT stub AND `+cond, args...)
+	if err != nil {
+		return p, fmt.Errorf("index: plan a replay: %w", err)
+	}
+	pairs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) ([2]string, error) {
+		var x [2]string
+		err := r.Scan(&x[0], &x[1])
+		return x, err
+	})
+	if err != nil {
+		return p, fmt.Errorf("index: plan a replay: %w", err)
+	}
+	dests := map[string]bool{}
+	for _, og := range pairs {
+		if to == "" && og[0] == "" {
+			return p, invalid("to", "a selected record has no origin topic (no idem-original-topic): name a destination")
+		}
+		if _, err := replayrec.CheckTarget(og[0], og[1], to, a.ReplayTopics); err != nil {
+			return p, invalid("to", "%v", err)
+		}
+		if to == "" {
+			dests[og[0]] = true
+		}
+	}
+	if to != "" && len(pairs) > 0 {
+		dests[to] = true
+	}
+	if len(dests) > 0 {
+		if a.client == nil {
+			return p, errNoClient
+		}
+		dc := dlq.New(a.client)
+		for _, d := range slices.Sorted(mapKeys(dests)) {
+			if err := dc.CheckTopic(d); err != nil {
+				return p, fmt.Errorf("index: replay to %s: %w", d, err)
+			}
+		}
+	}
+	return p, nil
+}

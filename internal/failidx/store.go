@@ -49,6 +49,10 @@ const recordCols = `id, dlq_topic, dlq_partition, dlq_offset, origin_topic, orig
 	indexed_at, error, error_type, stack, value, value_size, value_truncated, stub, headers,
 	status, status_actor, status_reason, status_at, coalesce(previous_id, 0)`
 
+// listCols are recordCols without the value, the stack and the headers
+// (NULL and empty in their places), for List: a page never reads payloads.
+var listCols = strings.NewReplacer("stack, value,", "'' AS stack, NULL::bytea AS value,", "stub, headers,", "stub, ''::bytea AS headers,").Replace(recordCols)
+
 func scanRecord(row pgx.Row) (Record, error) {
 	var r Record
 	var headers []byte
@@ -147,9 +151,9 @@ func decodeCursor(c string) (time.Time, int64, error) {
 
 // List returns up to limit records matching f, latest failure first
 // (LastFailureAt, then ID, descending), starting after cursor ("" for the
-// first page). limit <= 0 means 50; it is capped at 1000. Values and headers
-// are filled; Versions are not. A bad filter or cursor is a
-// *ValidationError.
+// first page). limit <= 0 means 50; it is capped at 1000. Value, Headers,
+// Stack and Versions are not read (Get reads them); ValueSize is. A bad
+// filter or cursor is a *ValidationError.
 func (s *Store) List(ctx context.Context, f Filter, cursor string, limit int) (Page, error) {
 	if limit <= 0 {
 		limit = 50
@@ -169,7 +173,7 @@ func (s *Store) List(ctx context.Context, f Filter, cursor string, limit int) (P
 		cond += fmt.Sprintf(" AND (last_failure_at, id) < ($%d, $%d)", len(args)-1, len(args))
 	}
 	args = append(args, limit+1)
-	rows, err := s.db.Query(ctx, `SELECT `+recordCols+` FROM idem_dlq_records WHERE `+cond+
+	rows, err := s.db.Query(ctx, `SELECT `+listCols+` FROM idem_dlq_records WHERE `+cond+
 		` ORDER BY last_failure_at DESC, id DESC LIMIT $`+strconv.Itoa(len(args)), args...)
 	if err != nil {
 		return Page{}, fmt.Errorf("index: list: %w", err)
@@ -482,4 +486,14 @@ func (s *Store) SettledUpTo(ctx context.Context, topic string, partitions []int3
 		}
 	}
 	return out, nil
+}
+
+// HoldsTopic reports whether the index holds any record of the dead-letter
+// topic, whatever its status.
+func (s *Store) HoldsTopic(ctx context.Context, topic string) (bool, error) {
+	var any bool
+	if err := s.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM idem_dlq_records WHERE dlq_topic = $1)`, topic).Scan(&any); err != nil {
+		return false, fmt.Errorf("index: records of %s: %w", topic, err)
+	}
+	return any, nil
 }
