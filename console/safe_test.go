@@ -340,6 +340,20 @@ func TestTrickledLoginBodyIsCutOff(t *testing.T) {
 	t.Logf("cut off after %s: %v", took, err)
 }
 
+// TestLoginBodyIsCapped: a login form's body is capped (4 KiB) before it
+// is parsed: a larger one is refused (413) without being read whole.
+func TestLoginBodyIsCapped(t *testing.T) {
+	e := newEnv(t, nil)
+	resp, err := http.PostForm(e.srv.URL+"/login", url.Values{"token": {strings.Repeat("x", 64<<10)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Errorf("a 64 KiB login body: %d, want 413", resp.StatusCode)
+	}
+}
+
 // TestLogoutRevokesTheSession: a session cookie copied before logout gets
 // the login page afterwards (the API: 401).
 func TestLogoutRevokesTheSession(t *testing.T) {
