@@ -153,11 +153,18 @@ func TestStoreListGroupsFilters(t *testing.T) {
 	}
 }
 
+// mustList returns every record f matches, in List's order, each as Get
+// reads it (List reads no values, stacks or headers).
 func mustList(t *testing.T, s *Store, f Filter) []Record {
 	t.Helper()
 	p, err := s.List(testenv.Context(t), f, "", 1000)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for i, r := range p.Records {
+		if p.Records[i], err = s.Get(testenv.Context(t), r.ID); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return p.Records
 }
