@@ -293,3 +293,33 @@ func BenchmarkPageSealed(b *testing.B) {
 		})
 	}
 }
+
+// TestSealedListReadsNoPayload: a list page of sealed records reads no
+// payload (List selects NULL and empty in their places), so it has nothing
+// to open: each record comes back with its key id and no PayloadErr, not
+// as "tampered" or "not opened"; Get still opens it.
+func TestSealedListReadsNoPayload(t *testing.T) {
+	pool, sl := sealedPool(t)
+	ctx := testenv.Context(t)
+	const topic = "payments.billing.dlq"
+	if err := InsertSealed(ctx, pool, failidxtest.Messages(0,
+		dead{Topic: topic, Origin: "payments", Key: "pay-0", Value: []byte(`{"amount":10}`), Err: "e"},
+		dead{Topic: topic, Origin: "payments", Key: "stub-0", Stub: true, Err: "too large"},
+	), 1<<20, sl); err != nil {
+		t.Fatal(err)
+	}
+	s := NewStore(pool).Sealed(sl)
+	p, err := s.List(ctx, Filter{Topic: topic}, "", 10)
+	if err != nil || len(p.Records) != 2 {
+		t.Fatalf("List = %d records, %v", len(p.Records), err)
+	}
+	for _, r := range p.Records {
+		if r.PayloadErr != nil || r.KeyID == 0 || r.Value != nil || len(r.Headers) != 0 {
+			t.Errorf("listed %s: key %d value %q headers %d, PayloadErr %v", r.IdempotencyKey, r.KeyID, r.Value, len(r.Headers), r.PayloadErr)
+		}
+		full, err := s.Get(ctx, r.ID)
+		if err != nil || full.PayloadErr != nil || len(full.Headers) == 0 {
+			t.Errorf("Get %s: headers %d, PayloadErr %v, %v", r.IdempotencyKey, len(full.Headers), full.PayloadErr, err)
+		}
+	}
+}
