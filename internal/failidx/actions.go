@@ -396,9 +396,13 @@ func (a *Actions) StartEdit(ctx context.Context, actor string, id int64, value [
 		if status != "claimed" {
 			return fmt.Errorf("%w: record %d is %s: only an unresolved record is edited and retried", ErrConflict, id, status)
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO idem_dlq_versions (record_id, n, value, actor, reason)
-			SELECT $1, coalesce(max(n), 0) + 1, $2, $3, $4 FROM idem_dlq_versions WHERE record_id = $1`,
-			id, value, clean(actor), clean(reason)); err != nil {
+		stored, keyID, err := a.store.sealVersion(ctx, tx, id, value)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO idem_dlq_versions (record_id, n, value, actor, reason, key_id)
+			SELECT $1, coalesce(max(n), 0) + 1, $2, $3, $4, $5 FROM idem_dlq_versions WHERE record_id = $1`,
+			id, stored, clean(actor), clean(reason), keyID); err != nil {
 			return err
 		}
 		j, err = scanJob(tx.QueryRow(ctx, `SELECT `+jobCols+` FROM idem_dlq_jobs WHERE id = $1`, jobID))

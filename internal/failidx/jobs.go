@@ -419,6 +419,18 @@ func (a *Actions) claimedRecords(ctx context.Context, id int64) ([]claimed, erro
 	if err != nil {
 		return nil, fmt.Errorf("index: job %d: records: %w", id, err)
 	}
+	// Open the sealed payloads; a record whose payload cannot be read
+	// (its key destroyed) keeps PayloadErr, and build refuses it.
+	opened := make([]Record, len(recs))
+	for i := range recs {
+		opened[i] = recs[i].Record
+	}
+	if err := a.store.open(ctx, opened); err != nil {
+		return nil, fmt.Errorf("index: job %d: records: %w", id, err)
+	}
+	for i := range recs {
+		recs[i].Record = opened[i]
+	}
 	return recs, nil
 }
 
@@ -450,12 +462,21 @@ func (a *Actions) heartbeat(ctx context.Context, id int64) (bool, error) {
 // the edit's stored value with the original key and headers.
 func (a *Actions) build(ctx context.Context, j Job, r Record) (forward.Record, error) {
 	if j.Action == "edit-retry" {
-		var value []byte
-		if err := a.store.db.QueryRow(ctx, `SELECT value FROM idem_dlq_versions WHERE record_id = $1 AND published_to IS NULL
-			ORDER BY n DESC LIMIT 1`, r.ID).Scan(&value); err != nil {
+		if r.PayloadErr != nil {
+			return forward.Record{}, fmt.Errorf("record %d: its value and headers cannot be read: %w", r.ID, r.PayloadErr)
+		}
+		v := []Version{{}}
+		if err := a.store.db.QueryRow(ctx, `SELECT n, value, coalesce(key_id, 0) FROM idem_dlq_versions WHERE record_id = $1 AND published_to IS NULL
+			ORDER BY n DESC LIMIT 1`, r.ID).Scan(&v[0].N, &v[0].Value, &v[0].KeyID); err != nil {
 			return forward.Record{}, fmt.Errorf("record %d: the edited value: %w", r.ID, err)
 		}
-		return editRecord(r, value), nil
+		if err := a.store.openVersions(ctx, r.ID, v); err != nil {
+			return forward.Record{}, fmt.Errorf("record %d: the edited value: %w", r.ID, err)
+		}
+		if v[0].PayloadErr != nil {
+			return forward.Record{}, fmt.Errorf("record %d: the edited value cannot be read: %w", r.ID, v[0].PayloadErr)
+		}
+		return editRecord(r, v[0].Value), nil
 	}
 	dl, err := a.deadLetter(ctx, r)
 	if err != nil {

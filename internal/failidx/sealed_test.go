@@ -158,22 +158,31 @@ func TestSealedTamperDetected(t *testing.T) {
 	}
 }
 
+// sealedPair returns a broker, a sealed index (sealedPool) holding two dead
+// letters of dlqTopic sealed at rest, pay-0 and pay-1 (values
+// {"payment":"pay-N","amount":10 or 20}), and their origin topic.
+func sealedPair(t *testing.T) (k *testenv.Kafka, pool *pgxpool.Pool, sl *seal.Sealer, dlqTopic, origin string) {
+	t.Helper()
+	k = testenv.NewKafka(t)
+	pool, sl = sealedPool(t)
+	dlqTopic, origin = k.Topic(t, 1), k.Topic(t, 1)
+	if err := InsertSealed(testenv.Context(t), pool, failidxtest.Messages(0,
+		dead{Topic: dlqTopic, Origin: origin, Key: "pay-0", Value: []byte(`{"payment":"pay-0","amount":10}`), Err: "e"},
+		dead{Topic: dlqTopic, Origin: origin, Key: "pay-1", Value: []byte(`{"payment":"pay-1","amount":20}`), Err: "e"},
+	), 1<<20, sl); err != nil {
+		t.Fatal(err)
+	}
+	return k, pool, sl, dlqTopic, origin
+}
+
 // TestSealedKeyDestroyed: after its data key is destroyed a record is still
 // listed, with PayloadErr wrapping seal.ErrKeyDestroyed and no value; a
 // replay of it publishes nothing and says why; an edit is refused; the
 // next batch is sealed under a new key and reads. An edit's value is sealed
 // at rest too.
 func TestSealedKeyDestroyed(t *testing.T) {
-	k := testenv.NewKafka(t)
-	pool, sl := sealedPool(t)
+	k, pool, sl, dlqTopic, origin := sealedPair(t)
 	ctx := testenv.Context(t)
-	dlqTopic, origin := k.Topic(t, 1), k.Topic(t, 1)
-	if err := InsertSealed(ctx, pool, failidxtest.Messages(0,
-		dead{Topic: dlqTopic, Origin: origin, Key: "pay-0", Value: []byte(`{"payment":"pay-0","amount":10}`), Err: "e"},
-		dead{Topic: dlqTopic, Origin: origin, Key: "pay-1", Value: []byte(`{"payment":"pay-1","amount":20}`), Err: "e"},
-	), 1<<20, sl); err != nil {
-		t.Fatal(err)
-	}
 	s := NewStore(pool).Sealed(sl)
 	a := NewActions(s, producerClient(t, k))
 	recs := mustList(t, s, Filter{Topic: dlqTopic})
@@ -321,5 +330,47 @@ func TestSealedListReadsNoPayload(t *testing.T) {
 		if err != nil || full.PayloadErr != nil || len(full.Headers) == 0 {
 			t.Errorf("Get %s: headers %d, PayloadErr %v, %v", r.IdempotencyKey, len(full.Headers), full.PayloadErr, err)
 		}
+	}
+}
+
+// TestSealedJobsPublishOpenedPayloads: a replay job and an edit-and-retry
+// job over sealed records, claimed by one process and resumed by another
+// (as after a restart), publish the records' opened values and headers
+// (the edit's own value, itself sealed at rest), never ciphertext, and
+// never refuse a readable record.
+func TestSealedJobsPublishOpenedPayloads(t *testing.T) {
+	k, pool, sl, dlqTopic, origin := sealedPair(t)
+	ctx := testenv.Context(t)
+	s := NewStore(pool).Sealed(sl)
+	recs := mustList(t, s, Filter{Topic: dlqTopic, Key: "pay-0"})
+	recs = append(recs, mustList(t, s, Filter{Topic: dlqTopic, Key: "pay-1"})...)
+	client := producerClient(t, k)
+	first := NewActions(s, client)
+	if _, err := first.StartReplay(ctx, "alice", Selection{IDs: []int64{recs[0].ID}}, "", 0, "retry"); err != nil {
+		t.Fatal(err)
+	}
+	edited := `{"payment":"pay-1","amount":21}`
+	if _, err := first.StartEdit(ctx, "alice", recs[1].ID, []byte(edited), "fix"); err != nil {
+		t.Fatal(err)
+	}
+	heir := NewActions(s, client)
+	heir.lease = time.Millisecond // first's heartbeat is too old: it stopped
+	ids, err := heir.ResumeJobs(ctx)
+	if err != nil || len(ids) != 2 {
+		t.Fatalf("ResumeJobs = %v, %v", ids, err)
+	}
+	for _, id := range ids {
+		if j, err := heir.RunJob(ctx, id); err != nil || j.Done != 1 {
+			t.Errorf("RunJob %d = done %d errors %q, %v", id, j.Done, j.Errors, err)
+		}
+	}
+	got := map[string]string{}
+	for _, m := range failidxtest.ReadAll(t, k, origin) {
+		ikey, _ := failidxtest.Header(m, "idempotency-key")
+		got[ikey] = string(m.Value)
+	}
+	want := map[string]string{"pay-0": `{"payment":"pay-0","amount":10}`, "pay-1": edited}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("published (by idempotency-key header): %q, want %q", got, want)
 	}
 }
