@@ -294,3 +294,33 @@ func TestGroupCountsFollowChanges(t *testing.T) {
 	}
 	compare("after the sweep")
 }
+
+// TestGroupsNameTheirSampleRecord: a failure group names the record whose
+// error is its sample (SampleID, for masking that error with the record's
+// masked values), from the per-group counts (idem_dlq_groups, kept by the
+// index's triggers) and from the records alike, before and after a status
+// change.
+func TestGroupsNameTheirSampleRecord(t *testing.T) {
+	pool, _ := failidxtest.NewPool(t)
+	ctx := testenv.Context(t)
+	s := NewStore(pool)
+	base := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
+	index(t, pool, 0,
+		dead{Topic: "orders.billing.dlq", Origin: "orders", Key: "order-0", Value: []byte(`{}`), Err: "ledger down", LastFailed: base},
+		dead{Topic: "orders.billing.dlq", Origin: "orders", Key: "order-1", Value: []byte(`{}`), Err: "ledger down", LastFailed: base.Add(time.Minute)})
+	latest := mustList(t, s, Filter{Key: "order-1"})[0].ID
+	check := func(when string) {
+		t.Helper()
+		for _, f := range []Filter{{}, {ErrorContains: "ledger"}} {
+			gs, err := s.Groups(ctx, f)
+			if err != nil || len(gs) != 1 || gs[0].SampleID != latest || gs[0].SampleError != "ledger down" {
+				t.Errorf("%s: Groups(%+v) = %+v, %v; want one group whose sample is record %d", when, f, gs, err, latest)
+			}
+		}
+	}
+	check("indexed")
+	if _, err := NewActions(s, nil).Resolve(ctx, "alice", Selection{IDs: []int64{latest}}, "done"); err != nil {
+		t.Fatal(err)
+	}
+	check("resolved")
+}
