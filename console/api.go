@@ -445,15 +445,25 @@ type resultView struct {
 	Errors       []string `json:"errors"`
 }
 
-func viewResult(res failidx.Result) resultView {
-	v := resultView{Matched: res.Matched, Done: res.Done, Skipped: res.Skipped, SkippedStubs: res.SkippedStubs, Errors: res.Errors}
+// viewResult is res as the API returns it and the UI shows it, its errors
+// without card numbers (masking on: no payload is at hand).
+func (s *server) viewResult(res failidx.Result) resultView {
+	v := resultView{Matched: res.Matched, Done: res.Done, Skipped: res.Skipped, SkippedStubs: res.SkippedStubs, Errors: s.scrubAll(res.Errors)}
 	if v.SkippedStubs == nil {
 		v.SkippedStubs = []int64{}
 	}
-	if v.Errors == nil {
-		v.Errors = []string{}
-	}
 	return v
+}
+
+// scrubAll returns ss without card numbers when masking is on (the audit
+// log's rule: what an operator typed, or an error, may hold one), never nil.
+func (s *server) scrubAll(ss []string) []string {
+	sc := s.mask.For()
+	out := make([]string, len(ss))
+	for i, x := range ss {
+		out[i] = sc.String(x)
+	}
+	return out
 }
 
 // apiAction serves POST /api/actions/{action}. A replay that has not
@@ -482,10 +492,10 @@ func (s *server) apiAction(w http.ResponseWriter, r *http.Request, id identity) 
 // job, for a job that finished), or 202 with a job still running.
 func (s *server) writeOutcome(w http.ResponseWriter, res failidx.Result, job *failidx.Job) {
 	if job == nil {
-		writeJSON200(w, http.StatusOK, viewResult(res))
+		writeJSON200(w, http.StatusOK, s.viewResult(res))
 		return
 	}
-	jv := viewJob(*job)
+	jv := s.viewJob(*job)
 	if !job.Finished() {
 		w.Header().Set("Location", s.cfg.BasePath+"/api/jobs/"+strconv.FormatInt(job.ID, 10))
 		writeJSON200(w, http.StatusAccepted, map[string]any{"job": jv})
@@ -494,7 +504,7 @@ func (s *server) writeOutcome(w http.ResponseWriter, res failidx.Result, job *fa
 	writeJSON200(w, http.StatusOK, struct {
 		resultView
 		Job jobView `json:"job"`
-	}{viewResult(res), jv})
+	}{s.viewResult(res), jv})
 }
 
 type editRequest struct {
@@ -572,10 +582,14 @@ type jobView struct {
 	FinishedAt      time.Time `json:"finished_at,omitzero"`
 }
 
-func viewJob(j failidx.Job) jobView {
-	return jobView{ID: j.ID, Action: j.Action, Actor: j.Actor, Reason: j.Reason, Detail: j.Detail, To: j.To, Rate: j.Rate,
+// viewJob is j as the API returns it and the UI shows it: what an operator
+// typed (reason, filter) and the errors, without card numbers when masking
+// is on, as in the audit log.
+func (s *server) viewJob(j failidx.Job) jobView {
+	sc := s.mask.For()
+	return jobView{ID: j.ID, Action: j.Action, Actor: j.Actor, Reason: sc.String(j.Reason), Detail: sc.String(j.Detail), To: j.To, Rate: j.Rate,
 		RecordIDs: nonNil(j.RecordIDs), State: string(j.State), Matched: j.Matched, Claimed: j.Claimed, Done: j.Done,
-		Skipped: j.Skipped, SkippedStubs: nonNil(j.SkippedStubs), Errors: nonNil(j.Errors), CancelRequested: j.CancelRequested,
+		Skipped: j.Skipped, SkippedStubs: nonNil(j.SkippedStubs), Errors: s.scrubAll(j.Errors), CancelRequested: j.CancelRequested,
 		CancelledBy: j.CancelledBy, Running: j.Owner != "", CreatedAt: j.CreatedAt, FinishedAt: j.FinishedAt}
 }
 
@@ -598,7 +612,7 @@ func (s *server) jobs(r *http.Request) ([]jobView, string, error) {
 	}
 	out := make([]jobView, 0, len(js))
 	for _, j := range js {
-		out = append(out, viewJob(j))
+		out = append(out, s.viewJob(j))
 	}
 	return out, next, nil
 }
@@ -627,7 +641,7 @@ func (s *server) apiJob(w http.ResponseWriter, r *http.Request, id identity) {
 		s.fail(w, r, id, true, err)
 		return
 	}
-	writeJSON200(w, http.StatusOK, viewJob(j))
+	writeJSON200(w, http.StatusOK, s.viewJob(j))
 }
 
 // cancelJob asks the path's job to stop and waits a little for it.
@@ -655,7 +669,7 @@ func (s *server) apiCancelJob(w http.ResponseWriter, r *http.Request, id identit
 		s.fail(w, r, id, true, err)
 		return
 	}
-	writeJSON200(w, http.StatusOK, viewJob(j))
+	writeJSON200(w, http.StatusOK, s.viewJob(j))
 }
 
 type parkedView struct {
@@ -725,7 +739,7 @@ func (s *server) apiRelease(w http.ResponseWriter, r *http.Request, id identity)
 		s.fail(w, r, id, true, err)
 		return
 	}
-	writeJSON200(w, http.StatusOK, viewResult(res))
+	writeJSON200(w, http.StatusOK, s.viewResult(res))
 }
 
 type outboxView struct {
@@ -787,7 +801,7 @@ func (s *server) apiOutboxRetry(w http.ResponseWriter, r *http.Request, id ident
 		s.fail(w, r, id, true, err)
 		return
 	}
-	writeJSON200(w, http.StatusOK, viewResult(res))
+	writeJSON200(w, http.StatusOK, s.viewResult(res))
 }
 
 type auditView struct {

@@ -248,7 +248,7 @@ func (s *server) uiEditRetry(w http.ResponseWriter, r *http.Request, id identity
 }
 
 func (s *server) renderResult(w http.ResponseWriter, r *http.Request, id identity, what string, res failidx.Result, back string) {
-	s.render(w, r, id, http.StatusOK, "result", what, "", map[string]any{"What": what, "Result": viewResult(res), "Back": back})
+	s.render(w, r, id, http.StatusOK, "result", what, "", map[string]any{"What": what, "Result": s.viewResult(res), "Back": back})
 }
 
 // renderOutcome shows an action's result, or, for a job still running,
@@ -406,7 +406,7 @@ func (s *server) uiJob(w http.ResponseWriter, r *http.Request, id identity) {
 		s.fail(w, r, id, false, err)
 		return
 	}
-	s.render(w, r, id, http.StatusOK, "job", fmt.Sprintf("Job %d", j.ID), "jobs", viewJob(j))
+	s.render(w, r, id, http.StatusOK, "job", fmt.Sprintf("Job %d", j.ID), "jobs", s.viewJob(j))
 }
 
 func (s *server) uiCancelJob(w http.ResponseWriter, r *http.Request, id identity) {

@@ -78,10 +78,15 @@ Needs the failure index: --database-url or DATABASE_URL.`,
 				}
 				return errors.Join(errs...)
 			}
+			m, err := a.masker()
+			if err != nil {
+				return err
+			}
 			js, _, err := s.Jobs(ctx, "", limit)
 			if err != nil {
 				return err
 			}
+			js = maskJobs(m, js)
 			if asJSON {
 				return writeJSON(a.out, map[string]any{"view": "index", "jobs": js})
 			}
