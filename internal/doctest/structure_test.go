@@ -44,7 +44,7 @@ func TestStructureProblems(t *testing.T) {
 	}
 	fine := "# Title\n\nidem is a name.\n\n## Next\n\n- a list item\n- another\n\n## Table\n\n| a | b |\n|---|---|\n\n" +
 		"## Code\n\n```sh\nidem dlq list\n```\n\n## Lead-in\n\nAs follows:\n\n1. one\n\n## Quote\n\nIt says \"done.\"\n\n## Image\n\n![x](y.png)\n\n" +
-		"## Code first\n\n`idem console` serves it.\n\n<!-- a comment -->\n\n## End\n"
+		"## Code first\n\n`idem console` serves it.\n\n## Possessive\n\nidem's inbox holds it.\n\n<!-- a comment -->\n\n## End\n"
 	if got := structureProblems(fine); len(got) != 0 {
 		t.Errorf("well-formed text: %q, want nothing", got)
 	}
@@ -97,11 +97,12 @@ func structureProblems(text string) []string {
 }
 
 // aName reports whether a line starts with a name written in lower case on
-// purpose (idem itself, sarama, pgx/v5, franz-go: a word that is idem or
-// holds a digit, a dot, a dash or a slash), not a sentence's middle.
+// purpose (idem itself, also as "idem's", sarama, pgx/v5, franz-go: a word
+// that is idem or holds a digit, a dot, a dash or a slash), not a
+// sentence's middle.
 func aName(line string) bool {
 	word, _, _ := strings.Cut(line, " ")
-	return word == "idem" || strings.ContainsAny(word, "0123456789.-/") || strings.ContainsAny(word, "_")
+	return word == "idem" || word == "idem's" || word == "idem’s" || strings.ContainsAny(word, "0123456789.-/") || strings.ContainsAny(word, "_")
 }
 
 // blankedFence reports whether a fenced code block lies between lines j
