@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/idemhq/idem/internal/failidx"
 	"github.com/idemhq/idem/internal/mask"
+	"github.com/idemhq/idem/internal/pglead"
 	"github.com/idemhq/idem/internal/seal"
 )
 
@@ -199,13 +201,31 @@ func (s *server) audited(r *http.Request, id identity, rid int64) error {
 	})
 }
 
-func revealParam(r *http.Request) bool {
-	v, _ := strconv.ParseBool(r.URL.Query().Get("reveal"))
-	return v
+// refuseGetReveal is the answer to a GET asking to reveal: it never
+// reveals and never writes an audit row; revealing is a POST (with CSRF
+// from a session).
+func refuseGetReveal(r *http.Request) error {
+	if v, _ := strconv.ParseBool(r.URL.Query().Get("reveal")); !v {
+		return nil
+	}
+	return badInput("reveal", "a GET never reveals: POST %s/reveal (or POST …/value for the unmasked download), as an operator", strings.TrimSuffix(strings.TrimSuffix(r.URL.Path, "/value"), "/"))
 }
 
 func (s *server) apiRecord(w http.ResponseWriter, r *http.Request, id identity) {
-	reveal := revealParam(r)
+	if err := refuseGetReveal(r); err != nil {
+		s.fail(w, r, id, true, err)
+		return
+	}
+	s.apiShowRecord(w, r, id, false)
+}
+
+// apiRevealRecord serves POST /api/records/{id}/reveal: the record with its
+// payload unmasked (audited).
+func (s *server) apiRevealRecord(w http.ResponseWriter, r *http.Request, id identity) {
+	s.apiShowRecord(w, r, id, true)
+}
+
+func (s *server) apiShowRecord(w http.ResponseWriter, r *http.Request, id identity, reveal bool) {
 	rec, err := s.record(r, id, reveal)
 	if err != nil {
 		s.fail(w, r, id, true, err)
@@ -214,10 +234,20 @@ func (s *server) apiRecord(w http.ResponseWriter, r *http.Request, id identity) 
 	writeJSON200(w, http.StatusOK, s.detailView(rec, reveal))
 }
 
-// apiValue sends a record's stored value as a download: masked unless
-// reveal (then audited); a value that cannot be masked is refused.
+// apiValue sends a record's stored value as a download, masked; a value
+// that cannot be masked is refused.
 func (s *server) apiValue(w http.ResponseWriter, r *http.Request, id identity) {
-	s.value(w, r, id, true, revealParam(r))
+	if err := refuseGetReveal(r); err != nil {
+		s.fail(w, r, id, true, err)
+		return
+	}
+	s.value(w, r, id, true, false)
+}
+
+// apiRevealValue serves POST /api/records/{id}/value: the stored value
+// unmasked (audited).
+func (s *server) apiRevealValue(w http.ResponseWriter, r *http.Request, id identity) {
+	s.value(w, r, id, true, true)
 }
 
 func (s *server) value(w http.ResponseWriter, r *http.Request, id identity, api, reveal bool) {
@@ -236,7 +266,7 @@ func (s *server) value(w http.ResponseWriter, r *http.Request, id identity, api,
 	p := s.payload(rec.Value, rec.ValueSize, rec.ValueTruncated, reveal, sc)
 	if p.Hidden {
 		s.fail(w, r, id, api, &inputError{code: http.StatusForbidden, field: "reveal",
-			msg: "the value is not JSON and masking is on: only an operator may download it, with reveal"})
+			msg: "the value is not JSON and masking is on: only an operator may download it, revealed (POST)"})
 		return
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
@@ -249,11 +279,17 @@ func (s *server) value(w http.ResponseWriter, r *http.Request, id identity, api,
 type actionRequest struct {
 	// IDs selects records one by one.
 	IDs []int64 `json:"ids"`
-	// Filter selects every record that matches (a whole group: its
-	// fingerprint and status unresolved). Needs the admin role.
+	// Filter selects every record that matches: one failure group's row
+	// (its full fingerprint, kind, consumer group and DLQ topic, status
+	// unresolved). Needs the admin role; a filter that names no row needs
+	// AllGroups too.
 	Filter *filterBody `json:"filter"`
-	// To is replay's target: "" for each record's origin topic, else a tier
-	// or other topic that must exist.
+	// AllGroups says a Filter that names no single failure-group row (a
+	// fingerprint prefix, a kind across groups) is meant: every matching
+	// record of every group.
+	AllGroups bool `json:"all_groups"`
+	// To is replay's target: "" for each record's origin topic, else one
+	// of its retry tiers for its group, or a topic of Config.ReplayTopics.
 	To string `json:"to"`
 	// Rate caps replay at this many records a second (0: no cap).
 	Rate   int    `json:"rate"`
@@ -299,14 +335,22 @@ func decodeJSON(r *http.Request, v any) error {
 }
 
 // selection checks an action's choice of records: ids or a filter, not
-// both and not neither; a filter needs the admin role.
-func selection(id identity, ids []int64, fb *filterBody) (failidx.Selection, error) {
+// both and not neither. An operator acts on at most
+// Config.MaxOperatorRecords ids; more, or a filter, needs the admin role. A
+// filter must name one failure-group row (its whole fingerprint, kind,
+// consumer group and DLQ topic), unless allGroups says more is meant.
+func (s *server) selection(id identity, ids []int64, fb *filterBody, allGroups bool) (failidx.Selection, error) {
 	switch {
 	case len(ids) > 0 && fb != nil:
 		return failidx.Selection{}, badInput("ids", "give ids or filter, not both")
 	case len(ids) == 0 && fb == nil:
 		return failidx.Selection{}, badInput("ids", "no records selected: give ids, or a filter (admin)")
 	case len(ids) > 0:
+		if len(ids) > s.cfg.MaxOperatorRecords && id.Role < Admin {
+			return failidx.Selection{}, &inputError{code: http.StatusForbidden, field: "ids",
+				msg: fmt.Sprintf("forbidden: %d records in one request: an operator acts on at most %d; more needs the admin role (%s is %s)",
+					len(ids), s.cfg.MaxOperatorRecords, id.Name, id.Role)}
+		}
 		for _, x := range ids {
 			if x <= 0 {
 				return failidx.Selection{}, badInput("ids", "record id %d: ids are positive integers", x)
@@ -325,28 +369,72 @@ func selection(id identity, ids []int64, fb *filterBody) (failidx.Selection, err
 	if f.Fingerprint == "" && f.Group == "" && f.Topic == "" && f.Kind == "" && f.Key == "" && f.ErrorContains == "" {
 		return failidx.Selection{}, badInput("filter", "the filter selects every record: name at least a fingerprint, group, topic, kind, key or error")
 	}
+	if !allGroups && !namesARow(f) {
+		return failidx.Selection{}, badInput("filter", "the filter names no single failure group: give the row's whole fingerprint (%d hex digits), kind, group and topic, "+
+			"or all_groups: true to act on every group it matches", fingerprintLen)
+	}
 	return failidx.Selection{Filter: &f}, nil
 }
 
-// act runs one record action for the API or the UI.
-func (s *server) act(r *http.Request, id identity, action string, sel failidx.Selection, to string, rate int, reason string) (failidx.Result, error) {
+// fingerprintLen is the length of a whole fingerprint (dlq.Record.Fingerprint).
+const fingerprintLen = 12
+
+// namesARow reports whether f selects one failure-group row of the groups
+// page: its whole fingerprint, kind, consumer group and DLQ topic.
+func namesARow(f failidx.Filter) bool {
+	return len(f.Fingerprint) == fingerprintLen && f.Kind != "" && f.Group != "" && f.Topic != ""
+}
+
+// act runs one record action for the API or the UI. A replay runs as a job
+// of the console's, not in the request: act waits for it up to
+// Config's jobWait (or until the client leaves) and returns the job, and
+// whether it has finished.
+func (s *server) act(r *http.Request, id identity, action string, sel failidx.Selection, to string, rate int, reason string) (failidx.Result, *failidx.Job, error) {
 	reason = strings.TrimSpace(reason)
 	if rate < 0 {
-		return failidx.Result{}, badInput("rate", "rate %d: want 0 (no cap) or more records a second", rate)
+		return failidx.Result{}, nil, badInput("rate", "rate %d: want 0 (no cap) or more records a second", rate)
 	}
 	ctx := r.Context()
 	switch action {
 	case "replay":
-		return s.acts.Replay(ctx, id.Name, sel, strings.TrimSpace(to), rate, reason)
+		j, err := s.acts.StartReplay(ctx, id.Name, sel, strings.TrimSpace(to), rate, reason)
+		if err != nil {
+			return failidx.Result{}, nil, err
+		}
+		return s.await(r, j)
 	case "resolve":
-		return s.acts.Resolve(ctx, id.Name, sel, reason)
+		res, err := s.acts.Resolve(ctx, id.Name, sel, reason)
+		return res, nil, err
 	case "archive":
 		if reason == "" {
-			return failidx.Result{}, badInput("reason", "archive needs a reason")
+			return failidx.Result{}, nil, badInput("reason", "archive needs a reason")
 		}
-		return s.acts.Archive(ctx, id.Name, sel, reason)
+		res, err := s.acts.Archive(ctx, id.Name, sel, reason)
+		return res, nil, err
 	}
-	return failidx.Result{}, &inputError{code: http.StatusNotFound, field: "action", msg: fmt.Sprintf("unknown action %q: want replay, resolve or archive", action)}
+	return failidx.Result{}, nil, &inputError{code: http.StatusNotFound, field: "action", msg: fmt.Sprintf("unknown action %q: want replay, resolve or archive", action)}
+}
+
+// await runs job j in the console's goroutine and waits for it up to
+// jobWait, or until the client leaves (the job runs on). It returns the
+// job as it then is; an error only when a finished job failed.
+func (s *server) await(r *http.Request, j failidx.Job) (failidx.Result, *failidx.Job, error) {
+	done := s.runJob(j.ID)
+	t := time.NewTimer(s.cfg.jobWait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	case <-r.Context().Done():
+	}
+	got, err := s.store.Job(context.WithoutCancel(r.Context()), j.ID)
+	if err != nil {
+		return failidx.Result{}, &j, err
+	}
+	if got.State == failidx.JobFailed {
+		return got.Result(), &got, fmt.Errorf("job %d failed: %s", got.ID, strings.Join(got.Errors, "; "))
+	}
+	return got.Result(), &got, nil
 }
 
 type resultView struct {
@@ -357,35 +445,66 @@ type resultView struct {
 	Errors       []string `json:"errors"`
 }
 
-func viewResult(res failidx.Result) resultView {
-	v := resultView{Matched: res.Matched, Done: res.Done, Skipped: res.Skipped, SkippedStubs: res.SkippedStubs, Errors: res.Errors}
+// viewResult is res as the API returns it and the UI shows it, its errors
+// without card numbers (masking on: no payload is at hand).
+func (s *server) viewResult(res failidx.Result) resultView {
+	v := resultView{Matched: res.Matched, Done: res.Done, Skipped: res.Skipped, SkippedStubs: res.SkippedStubs, Errors: s.scrubAll(res.Errors)}
 	if v.SkippedStubs == nil {
 		v.SkippedStubs = []int64{}
-	}
-	if v.Errors == nil {
-		v.Errors = []string{}
 	}
 	return v
 }
 
-// apiAction serves POST /api/actions/{action}.
+// scrubAll returns ss without card numbers when masking is on (the audit
+// log's rule: what an operator typed, or an error, may hold one), never nil.
+func (s *server) scrubAll(ss []string) []string {
+	sc := s.mask.For()
+	out := make([]string, len(ss))
+	for i, x := range ss {
+		out[i] = sc.String(x)
+	}
+	return out
+}
+
+// apiAction serves POST /api/actions/{action}. A replay that has not
+// finished within a few seconds answers 202 with its job (GET
+// /api/jobs/{id} follows it); one that has, 200 with its result and job.
 func (s *server) apiAction(w http.ResponseWriter, r *http.Request, id identity) {
 	var req actionRequest
 	if err := decodeJSON(r, &req); err != nil {
 		s.fail(w, r, id, true, err)
 		return
 	}
-	sel, err := selection(id, req.IDs, req.Filter)
+	sel, err := s.selection(id, req.IDs, req.Filter, req.AllGroups)
 	if err != nil {
 		s.fail(w, r, id, true, err)
 		return
 	}
-	res, err := s.act(r, id, r.PathValue("action"), sel, req.To, req.Rate, req.Reason)
+	res, job, err := s.act(r, id, r.PathValue("action"), sel, req.To, req.Rate, req.Reason)
 	if err != nil {
 		s.fail(w, r, id, true, err)
 		return
 	}
-	writeJSON200(w, http.StatusOK, viewResult(res))
+	s.writeOutcome(w, res, job)
+}
+
+// writeOutcome writes an action's result: 200 with the result (and the
+// job, for a job that finished), or 202 with a job still running.
+func (s *server) writeOutcome(w http.ResponseWriter, res failidx.Result, job *failidx.Job) {
+	if job == nil {
+		writeJSON200(w, http.StatusOK, s.viewResult(res))
+		return
+	}
+	jv := s.viewJob(*job)
+	if !job.Finished() {
+		w.Header().Set("Location", s.cfg.BasePath+"/api/jobs/"+strconv.FormatInt(job.ID, 10))
+		writeJSON200(w, http.StatusAccepted, map[string]any{"job": jv})
+		return
+	}
+	writeJSON200(w, http.StatusOK, struct {
+		resultView
+		Job jobView `json:"job"`
+	}{s.viewResult(res), jv})
 }
 
 type editRequest struct {
@@ -395,24 +514,29 @@ type editRequest struct {
 	Reason string `json:"reason"`
 }
 
-// editRetry validates and runs an edit and retry.
-func (s *server) editRetry(r *http.Request, id identity, rid int64, value *string, reason string) (failidx.Result, error) {
+// editRetry validates an edit and retry and runs its job as act runs a
+// replay's.
+func (s *server) editRetry(r *http.Request, id identity, rid int64, value *string, reason string) (failidx.Result, *failidx.Job, error) {
 	if value == nil {
-		return failidx.Result{}, badInput("value", "value is missing: give the new payload")
+		return failidx.Result{}, nil, badInput("value", "value is missing: give the new payload")
 	}
 	rec, err := s.store.Get(r.Context(), rid)
 	if err != nil {
-		return failidx.Result{}, fmt.Errorf("record %d: %w", rid, err)
+		return failidx.Result{}, nil, fmt.Errorf("record %d: %w", rid, err)
 	}
 	v := []byte(*value)
 	if json.Valid(rec.Value) || rec.Stub {
 		if !json.Valid(v) {
 			var x any
 			err := json.Unmarshal(v, &x)
-			return failidx.Result{}, badInput("value", "value is not valid JSON (the original is): %v", err)
+			return failidx.Result{}, nil, badInput("value", "value is not valid JSON (the original is): %v", err)
 		}
 	}
-	return s.acts.EditAndRetry(r.Context(), id.Name, rid, v, strings.TrimSpace(reason))
+	j, err := s.acts.StartEdit(r.Context(), id.Name, rid, v, strings.TrimSpace(reason))
+	if err != nil {
+		return failidx.Result{}, nil, err
+	}
+	return s.await(r, j)
 }
 
 func (s *server) apiEditRetry(w http.ResponseWriter, r *http.Request, id identity) {
@@ -426,12 +550,126 @@ func (s *server) apiEditRetry(w http.ResponseWriter, r *http.Request, id identit
 		s.fail(w, r, id, true, err)
 		return
 	}
-	res, err := s.editRetry(r, id, rid, req.Value, req.Reason)
+	res, job, err := s.editRetry(r, id, rid, req.Value, req.Reason)
 	if err != nil {
 		s.fail(w, r, id, true, err)
 		return
 	}
-	writeJSON200(w, http.StatusOK, viewResult(res))
+	s.writeOutcome(w, res, job)
+}
+
+// jobView is a job as the API returns it and the UI shows it.
+type jobView struct {
+	ID              int64     `json:"id"`
+	Action          string    `json:"action"`
+	Actor           string    `json:"actor"`
+	Reason          string    `json:"reason"`
+	Detail          string    `json:"detail"`
+	To              string    `json:"to"`
+	Rate            int       `json:"rate"`
+	RecordIDs       []int64   `json:"record_ids"`
+	State           string    `json:"state"`
+	Matched         int       `json:"matched"`
+	Claimed         int       `json:"claimed"`
+	Done            int       `json:"done"`
+	Skipped         int       `json:"skipped"`
+	SkippedStubs    []int64   `json:"skipped_stubs"`
+	Errors          []string  `json:"errors"`
+	CancelRequested bool      `json:"cancel_requested"`
+	CancelledBy     string    `json:"cancelled_by,omitempty"`
+	Running         bool      `json:"running"`
+	CreatedAt       time.Time `json:"created_at"`
+	FinishedAt      time.Time `json:"finished_at,omitzero"`
+}
+
+// viewJob is j as the API returns it and the UI shows it: what an operator
+// typed (reason, filter) and the errors, without card numbers when masking
+// is on, as in the audit log.
+func (s *server) viewJob(j failidx.Job) jobView {
+	sc := s.mask.For()
+	return jobView{ID: j.ID, Action: j.Action, Actor: j.Actor, Reason: sc.String(j.Reason), Detail: sc.String(j.Detail), To: j.To, Rate: j.Rate,
+		RecordIDs: nonNil(j.RecordIDs), State: string(j.State), Matched: j.Matched, Claimed: j.Claimed, Done: j.Done,
+		Skipped: j.Skipped, SkippedStubs: nonNil(j.SkippedStubs), Errors: s.scrubAll(j.Errors), CancelRequested: j.CancelRequested,
+		CancelledBy: j.CancelledBy, Running: j.Owner != "", CreatedAt: j.CreatedAt, FinishedAt: j.FinishedAt}
+}
+
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+func (s *server) jobs(r *http.Request) ([]jobView, string, error) {
+	q := r.URL.Query()
+	limit, err := parseLimit(q.Get("limit"))
+	if err != nil {
+		return nil, "", err
+	}
+	js, next, err := s.store.Jobs(r.Context(), q.Get("cursor"), limit)
+	if err != nil {
+		return nil, "", err
+	}
+	out := make([]jobView, 0, len(js))
+	for _, j := range js {
+		out = append(out, s.viewJob(j))
+	}
+	return out, next, nil
+}
+
+func (s *server) apiJobs(w http.ResponseWriter, r *http.Request, id identity) {
+	js, next, err := s.jobs(r)
+	if err != nil {
+		s.fail(w, r, id, true, err)
+		return
+	}
+	writeJSON200(w, http.StatusOK, map[string]any{"jobs": js, "next": next})
+}
+
+// job reads the job of the path's id.
+func (s *server) job(r *http.Request) (failidx.Job, error) {
+	jid, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || jid <= 0 {
+		return failidx.Job{}, &inputError{code: http.StatusNotFound, field: "id", msg: fmt.Sprintf("job %q: no such job", r.PathValue("id"))}
+	}
+	return s.store.Job(r.Context(), jid)
+}
+
+func (s *server) apiJob(w http.ResponseWriter, r *http.Request, id identity) {
+	j, err := s.job(r)
+	if err != nil {
+		s.fail(w, r, id, true, err)
+		return
+	}
+	writeJSON200(w, http.StatusOK, s.viewJob(j))
+}
+
+// cancelJob asks the path's job to stop and waits a little for it.
+func (s *server) cancelJob(r *http.Request, id identity) (failidx.Job, error) {
+	j, err := s.job(r)
+	if err != nil {
+		return j, err
+	}
+	if j, err = s.acts.CancelJob(r.Context(), id.Name, j.ID); err != nil || j.Finished() {
+		return j, err
+	}
+	// The job's holder sees the request within a second.
+	deadline := time.Now().Add(3 * time.Second)
+	for !j.Finished() && time.Now().Before(deadline) && pglead.Sleep(r.Context(), 100*time.Millisecond) {
+		if j, err = s.store.Job(r.Context(), j.ID); err != nil {
+			return j, err
+		}
+	}
+	return j, nil
+}
+
+func (s *server) apiCancelJob(w http.ResponseWriter, r *http.Request, id identity) {
+	j, err := s.cancelJob(r, id)
+	if err != nil {
+		s.fail(w, r, id, true, err)
+		return
+	}
+	writeJSON200(w, http.StatusOK, s.viewJob(j))
 }
 
 type parkedView struct {
@@ -443,30 +681,30 @@ type parkedView struct {
 	Since  time.Time `json:"since,omitzero"`
 }
 
-func (s *server) parked(r *http.Request) ([]parkedView, error) {
+func (s *server) parked(r *http.Request) ([]parkedView, string, error) {
 	limit, err := parseLimit(r.URL.Query().Get("limit"))
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	ks, err := s.acts.ParkedKeys(r.Context(), limit)
+	ks, next, err := s.acts.ParkedKeys(r.Context(), r.URL.Query().Get("cursor"), limit)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	out := make([]parkedView, 0, len(ks))
 	sc := s.mask.For() // card numbers only: no payload at hand
 	for _, k := range ks {
 		out = append(out, parkedView{Group: k.Group, Topic: k.Topic, Key: validText(sc.String(k.Key)), Parked: k.Parked, Head: sc.String(k.Head), Since: k.Since})
 	}
-	return out, nil
+	return out, next, nil
 }
 
 func (s *server) apiParked(w http.ResponseWriter, r *http.Request, id identity) {
-	ks, err := s.parked(r)
+	ks, next, err := s.parked(r)
 	if err != nil {
 		s.fail(w, r, id, true, err)
 		return
 	}
-	writeJSON200(w, http.StatusOK, map[string]any{"keys": ks})
+	writeJSON200(w, http.StatusOK, map[string]any{"keys": ks, "next": next})
 }
 
 type releaseRequest struct {
@@ -501,7 +739,7 @@ func (s *server) apiRelease(w http.ResponseWriter, r *http.Request, id identity)
 		s.fail(w, r, id, true, err)
 		return
 	}
-	writeJSON200(w, http.StatusOK, viewResult(res))
+	writeJSON200(w, http.StatusOK, s.viewResult(res))
 }
 
 type outboxView struct {
@@ -563,7 +801,7 @@ func (s *server) apiOutboxRetry(w http.ResponseWriter, r *http.Request, id ident
 		s.fail(w, r, id, true, err)
 		return
 	}
-	writeJSON200(w, http.StatusOK, viewResult(res))
+	writeJSON200(w, http.StatusOK, s.viewResult(res))
 }
 
 type auditView struct {

@@ -2,11 +2,13 @@ package console
 
 import (
 	"bufio"
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +18,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idemhq/idem/internal/failidx"
 )
 
 // Role is what a token may do. Roles are ordered: each includes the ones
@@ -58,7 +62,9 @@ func parseRole(s string) (Role, error) {
 	case "admin":
 		return Admin, nil
 	}
-	return 0, fmt.Errorf("unknown role %q (want viewer, operator or admin)", s)
+	// The value is not repeated: in a line whose fields are out of order
+	// it may be the secret.
+	return 0, errors.New("the role is not viewer, operator or admin (is the line ROLE NAME SECRET?)")
 }
 
 // Token is one accepted bearer token: who presents it and what they may do.
@@ -76,7 +82,9 @@ var nameRE = regexp.MustCompile(`^[A-Za-z0-9._@-]{1,64}$`)
 func (t Token) validate() error {
 	switch {
 	case !nameRE.MatchString(t.Name):
-		return fmt.Errorf("name %q: use 1-64 letters, digits, '.', '_', '@' or '-'", t.Name)
+		// The value is not repeated: in a line whose fields are out of
+		// order it may be the secret.
+		return errors.New("the name is not 1-64 letters, digits, '.', '_', '@' or '-' (is the line ROLE NAME SECRET?)")
 	case t.Role < Viewer || t.Role > Admin:
 		return fmt.Errorf("token %q: no role", t.Name)
 	case len(t.Secret) < 16:
@@ -87,8 +95,10 @@ func (t Token) validate() error {
 	return nil
 }
 
-// parseTokens reads a tokens file in the format LoadTokens describes.
-func parseTokens(r io.Reader) ([]Token, error) {
+// ParseTokens reads tokens in the format of a tokens file (see LoadTokens)
+// from r. An error names the line at fault, never a secret. Token names must
+// be unique, and so must secrets.
+func ParseTokens(r io.Reader) ([]Token, error) {
 	var out []Token
 	sc := bufio.NewScanner(r)
 	for n := 1; sc.Scan(); n++ {
@@ -120,18 +130,32 @@ func parseTokens(r io.Reader) ([]Token, error) {
 //	admin      alice   6f1c0e0c5d0a4b8e9d2f
 //	operator   oncall  b7e4a1d09c3f44e2a8b1
 //	viewer     grafana 0d9e8c7b6a5f4e3d2c1b
+//
+// A file that its group or others may read or write (mode 0600 is right)
+// is refused, wrapping ErrTokensFileMode. Errors never repeat a secret.
 func LoadTokens(path string) ([]Token, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("tokens file: %w", err)
 	}
 	defer f.Close()
-	ts, err := parseTokens(f)
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("tokens file: %w", err)
+	}
+	if m := st.Mode().Perm(); m&0o077 != 0 {
+		return nil, fmt.Errorf("%w: %s has mode %04o: chmod 600 it", ErrTokensFileMode, path, m)
+	}
+	ts, err := ParseTokens(f)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return ts, nil
 }
+
+// ErrTokensFileMode is wrapped by LoadTokens' error for a tokens file its
+// group or others may read or write.
+var ErrTokensFileMode = errors.New("console: the tokens file is open to its group or others")
 
 // TokensFromEnv reads tokens from an environment variable's value
 // (IDEM_CONSOLE_TOKENS for idem console): comma-separated
@@ -148,7 +172,7 @@ func TokensFromEnv(v string) ([]Token, error) {
 		}
 		t, err := newToken(f[0], f[1], f[2])
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("token entry %d: %w", len(out)+1, err)
 		}
 		out = append(out, t)
 	}
@@ -164,13 +188,19 @@ func newToken(role, name, secret string) (Token, error) {
 	return t, t.validate()
 }
 
+// checkUnique reports two tokens with one name (the audit log could not
+// tell them apart) or one secret.
 func checkUnique(ts []Token) error {
-	seen := map[string]string{}
+	secrets, names := map[string]string{}, map[string]bool{}
 	for _, t := range ts {
-		if other, ok := seen[t.Secret]; ok {
+		if names[t.Name] {
+			return fmt.Errorf("two tokens are named %q: names must be unique (the audit log tells actors apart by name)", t.Name)
+		}
+		names[t.Name] = true
+		if other, ok := secrets[t.Secret]; ok {
 			return fmt.Errorf("tokens %q and %q share a secret", other, t.Name)
 		}
-		seen[t.Secret] = t.Name
+		secrets[t.Secret] = t.Name
 	}
 	return nil
 }
@@ -182,6 +212,8 @@ type identity struct {
 	// session is the session cookie's value when the request came with one
 	// (UI); "" for a bearer token (API). CSRF tokens derive from it.
 	session string
+	// sessionID is the session's key in the session store (logout).
+	sessionID string
 }
 
 // auth checks credentials, sessions and CSRF tokens.
@@ -193,6 +225,11 @@ type auth struct {
 	secure   bool
 	path     string
 	now      func() time.Time
+	// sessions holds the sessions logins create (nil: none are stored, as
+	// for InsecureNoAuth's anonymous sessions and the tests without a
+	// database).
+	sessions *failidx.Store
+	limits   *limiter
 }
 
 const (
@@ -200,16 +237,46 @@ const (
 	loginCookie   = "idem_console_login"
 	csrfField     = "csrf"
 	csrfHeader    = "X-CSRF-Token"
+	// hostPrefix marks a cookie the browser accepts only when it is Secure,
+	// for path / and no domain (RFC 6265bis): set over TLS.
+	hostPrefix = "__Host-"
 )
 
-var errNoCredentials = errors.New("no credentials")
+// cookie returns the name of cookie base: with the __Host- prefix when
+// cookies are Secure.
+func (a *auth) cookie(base string) string {
+	if a.secure {
+		return hostPrefix + base
+	}
+	return base
+}
+
+// cookiePath is the cookies' path: / for __Host- cookies, else the
+// console's base path.
+func (a *auth) cookiePath() string {
+	if a.secure {
+		return "/"
+	}
+	return a.path
+}
+
+var (
+	errNoCredentials = errors.New("no credentials")
+	// errTooMany is an address that spent its budget of logins or bad
+	// tokens.
+	errTooMany = errors.New("too many failed logins or bad tokens from this address: wait a minute")
+)
 
 // bearer returns the identity of the request's Authorization header, or
-// errNoCredentials when it has none.
-func (a *auth) bearer(r *http.Request) (identity, error) {
+// errNoCredentials when it has none. client is the request's address: an
+// address that sent too many bad tokens gets errTooMany, whatever it sends.
+func (a *auth) bearer(r *http.Request, client string) (identity, error) {
 	h := r.Header.Get("Authorization")
 	if h == "" {
 		return identity{}, errNoCredentials
+	}
+	if !a.limits.ok(client) {
+		return identity{}, errTooMany
 	}
 	scheme, secret, ok := strings.Cut(h, " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
@@ -217,6 +284,7 @@ func (a *auth) bearer(r *http.Request) (identity, error) {
 	}
 	t, ok := a.token(strings.TrimSpace(secret))
 	if !ok {
+		a.limits.spend(client)
 		return identity{}, errors.New("unknown token")
 	}
 	return identity{Name: t.Name, Role: t.Role}, nil
@@ -247,16 +315,31 @@ func (a *auth) sign(parts ...string) string {
 }
 
 // newSession returns a session cookie value for id: NAME|ROLE|EXPIRY|NONCE
-// followed by its signature.
-func (a *auth) newSession(id identity) string {
-	body := fmt.Sprintf("%s|%d|%d|%s", id.Name, id.Role, a.now().Add(a.ttl).Unix(), nonce())
-	return base64.RawURLEncoding.EncodeToString([]byte(body)) + "." + a.sign("session", body)
+// followed by its signature; with a session store, the session is
+// recorded there first (a logout revokes it).
+func (a *auth) newSession(ctx context.Context, id identity) (string, error) {
+	exp := a.now().Add(a.ttl)
+	n := nonce()
+	if a.sessions != nil {
+		if err := a.sessions.CreateSession(ctx, sessionID(n), id.Name, int(id.Role), exp); err != nil {
+			return "", err
+		}
+	}
+	body := fmt.Sprintf("%s|%d|%d|%s", id.Name, id.Role, exp.Unix(), n)
+	return base64.RawURLEncoding.EncodeToString([]byte(body)) + "." + a.sign("session", body), nil
+}
+
+// sessionID is the key of a session in the session store: a digest of its
+// nonce, so the table never holds what a cookie needs.
+func sessionID(nonce string) string {
+	sum := sha256.Sum256([]byte("idem-console-session\x00" + nonce))
+	return hex.EncodeToString(sum[:])
 }
 
 // session returns the identity of the request's session cookie, or
 // errNoCredentials when it has none.
 func (a *auth) session(r *http.Request) (identity, error) {
-	c, err := r.Cookie(sessionCookie)
+	c, err := r.Cookie(a.cookie(sessionCookie))
 	if err != nil || c.Value == "" {
 		return identity{}, errNoCredentials
 	}
@@ -277,12 +360,21 @@ func (a *auth) session(r *http.Request) (identity, error) {
 	if a.now().Unix() > exp {
 		return identity{}, errors.New("session expired")
 	}
-	id := identity{Name: f[0], Role: Role(role), session: c.Value}
+	id := identity{Name: f[0], Role: Role(role), session: c.Value, sessionID: sessionID(f[3])}
 	if !a.insecure {
 		// A token removed from the tokens file ends its sessions at restart;
 		// a session never outranks its token.
 		if !a.hasName(id.Name, id.Role) {
 			return identity{}, errors.New("session's token is gone")
+		}
+		if a.sessions != nil {
+			live, err := a.sessions.SessionLive(r.Context(), id.sessionID)
+			if err != nil {
+				return identity{}, fmt.Errorf("session: %w", err)
+			}
+			if !live {
+				return identity{}, errors.New("session ended (logged out)")
+			}
 		}
 	}
 	return id, nil
@@ -325,7 +417,7 @@ func (a *auth) checkCSRF(r *http.Request, id identity, api bool) bool {
 
 func (a *auth) setSession(w http.ResponseWriter, value string, maxAge int) {
 	http.SetCookie(w, &http.Cookie{
-		Name: sessionCookie, Value: value, Path: a.path, MaxAge: maxAge,
+		Name: a.cookie(sessionCookie), Value: value, Path: a.cookiePath(), MaxAge: maxAge,
 		HttpOnly: true, Secure: a.secure, SameSite: http.SameSiteStrictMode,
 	})
 }
@@ -334,12 +426,12 @@ func (a *auth) setSession(w http.ResponseWriter, value string, maxAge int) {
 // checked against when r has none.
 func (a *auth) loginNonce(w http.ResponseWriter, r *http.Request) string {
 	v := ""
-	if c, err := r.Cookie(loginCookie); err == nil && len(c.Value) >= 16 {
+	if c, err := r.Cookie(a.cookie(loginCookie)); err == nil && len(c.Value) >= 16 {
 		v = c.Value
 	} else {
 		v = nonce()
 		http.SetCookie(w, &http.Cookie{
-			Name: loginCookie, Value: v, Path: a.path, MaxAge: 3600,
+			Name: a.cookie(loginCookie), Value: v, Path: a.cookiePath(), MaxAge: 3600,
 			HttpOnly: true, Secure: a.secure, SameSite: http.SameSiteStrictMode,
 		})
 	}
@@ -349,7 +441,7 @@ func (a *auth) loginNonce(w http.ResponseWriter, r *http.Request) string {
 // checkLogin reports whether the login form r posted carries the token
 // loginNonce gave it.
 func (a *auth) checkLogin(r *http.Request) bool {
-	c, err := r.Cookie(loginCookie)
+	c, err := r.Cookie(a.cookie(loginCookie))
 	got := r.PostFormValue(csrfField)
 	return err == nil && got != "" && hmac.Equal([]byte(got), []byte(a.sign("login", c.Value)))
 }

@@ -16,7 +16,7 @@ import (
 )
 
 func TestParseTokens(t *testing.T) {
-	ts, err := parseTokens(strings.NewReader("# comment\n\nadmin alice 0123456789abcdef0\n  viewer   ci   fedcba98765432100  \n"))
+	ts, err := ParseTokens(strings.NewReader("# comment\n\nadmin alice 0123456789abcdef0\n  viewer   ci   fedcba98765432100  \n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,8 +30,8 @@ func TestParseTokens(t *testing.T) {
 		"admin al|ce 0123456789abcdef0", // name
 		"admin a 0123456789abcdef0\nviewer b 0123456789abcdef0", // shared secret
 	} {
-		if _, err := parseTokens(strings.NewReader(bad)); err == nil {
-			t.Errorf("parseTokens(%q): no error", bad)
+		if _, err := ParseTokens(strings.NewReader(bad)); err == nil {
+			t.Errorf("ParseTokens(%q): no error", bad)
 		}
 	}
 	ts, err = TokensFromEnv("operator:bob:0123456789abcdef0, admin:eve:0123456789abcdef1")
@@ -120,7 +120,7 @@ func TestInsecureNoAuth(t *testing.T) {
 	}
 	do := func(method, target, host, ctype, body string) *httptest.ResponseRecorder {
 		req := httptest.NewRequest(method, target, strings.NewReader(body))
-		req.Host = host
+		req.Host, req.RemoteAddr = host, "127.0.0.1:50000"
 		if ctype != "" {
 			req.Header.Set("Content-Type", ctype)
 		}

@@ -57,6 +57,29 @@ func browser(t testing.TB) context.Context {
 	return tctx
 }
 
+// runner returns a function that runs actions in the tab b and fails the
+// test, naming what, when they fail.
+func runner(t *testing.T, b context.Context) func(what string, actions ...chromedp.Action) {
+	return func(what string, actions ...chromedp.Action) {
+		t.Helper()
+		if err := chromedp.Run(b, actions...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+}
+
+// logIn returns the actions that log in to e's console with secret and
+// wait for the overview.
+func logIn(e *env, secret string) []chromedp.Action {
+	return []chromedp.Action{
+		chromedp.Navigate(e.srv.URL + "/"),
+		chromedp.WaitVisible(`#token`, chromedp.ByID),
+		chromedp.SendKeys(`#token`, secret, chromedp.ByID),
+		chromedp.Click(`#login`, chromedp.ByID),
+		chromedp.WaitVisible(`#overview`, chromedp.ByID),
+	}
+}
+
 // shot saves a full-page PNG as docs/console/name.png when
 // IDEM_CONSOLE_SCREENSHOTS=1.
 func shot(t testing.TB, name string) chromedp.Action {
@@ -162,22 +185,11 @@ func TestBrowserTriage(t *testing.T) {
 	frozen.Store(false) // the ledger is fixed: replays of p-0… now succeed
 
 	id := func(key string) string { return fmt.Sprint(byKey[key].ID) }
-	b := browser(t)
+	run := runner(t, browser(t))
 	var text string
-	run := func(what string, actions ...chromedp.Action) {
-		t.Helper()
-		if err := chromedp.Run(b, actions...); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-	}
-	run("log in",
-		chromedp.Navigate(e.srv.URL+"/"),
-		chromedp.WaitVisible(`#token`, chromedp.ByID),
-		chromedp.SendKeys(`#token`, operatorSecret, chromedp.ByID),
-		chromedp.Click(`#login`, chromedp.ByID),
-		chromedp.WaitVisible(`#overview`, chromedp.ByID),
+	run("log in", append(logIn(e, operatorSecret),
 		chromedp.Text(`#overview`, &text, chromedp.ByID),
-		shot(t, "overview"),
+		shot(t, "overview"))...,
 	)
 	if !strings.Contains(text, dlqTopic) || !strings.Contains(text, group) {
 		t.Fatalf("overview shows no row for %s:\n%s", dlqTopic, text)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -25,6 +26,16 @@ const (
 	defaultDisplayBytes = 16 << 10
 	// defaultSessionTTL is how long a UI login lasts.
 	defaultSessionTTL = 12 * time.Hour
+	// defaultMaxOperatorRecords bounds the records an operator acts on in
+	// one request.
+	defaultMaxOperatorRecords = 100
+	// defaultReadTimeout bounds how long a request's body may take to
+	// arrive.
+	defaultReadTimeout = 30 * time.Second
+	// defaultQueryTimeout bounds a request's work in the database.
+	defaultQueryTimeout = 15 * time.Second
+	// loginBodyBytes bounds a login form's body, read before it is parsed.
+	loginBodyBytes = 4 << 10
 )
 
 // Config configures the console's handler. Pool and Client are required;
@@ -97,10 +108,47 @@ type Config struct {
 	// SessionTTL is how long a UI login lasts.
 	// Default: 12 h.
 	SessionTTL time.Duration
-	// SecureCookies marks the session cookie Secure (sent over HTTPS only).
-	// Set it when the console is served over TLS or behind a TLS proxy.
+	// SecureCookies marks the session and login cookies Secure (sent over
+	// HTTPS only) and names them with the __Host- prefix (path /, no
+	// domain: no other site or path of the host can set or read them). Set
+	// it when the console is served over TLS or behind a proxy that
+	// terminates TLS (idem console sets it for --http-tls-cert and
+	// --behind-proxy).
 	// Default: false.
 	SecureCookies bool
+	// BehindProxy says a proxy that terminates TLS forwards the requests:
+	// the client's address, which logins and bearer tokens are rate-limited
+	// by, is the last hop of X-Forwarded-For rather than the connection's
+	// peer (the proxy). Set it only when every request comes through that
+	// proxy: a client reaching the console directly could name any address.
+	// Default: false.
+	BehindProxy bool
+
+	// ReplayTopics lists topics a replay may target besides each record's
+	// origin topic and the origin's retry tiers for the record's consumer
+	// group (<origin>.<group>.retry.<n>). A replay to any other topic is
+	// refused (400), so the console can never be used to write into another
+	// team's topic or to read payloads out unaudited; a replay to a listed
+	// topic says so in its audit row. idem console: --replay-topic.
+	// Default: none.
+	ReplayTopics []string
+	// MaxOperatorRecords is the most records an operator may act on in one
+	// request (replay, resolve, archive, chosen by id). A longer list, or a
+	// filter, needs the admin role.
+	// Default: 100.
+	MaxOperatorRecords int
+	// ReadTimeout bounds how long a request's body may take to arrive,
+	// from when its headers were read (a login form's body is also capped
+	// at 4 KiB before it is parsed). A client that trickles its body is cut
+	// off.
+	// Default: 30 s.
+	ReadTimeout time.Duration
+	// QueryTimeout bounds the database work of each request: its context
+	// ends after it, which cancels the query running then. (idem console
+	// also sets statement_timeout on its connections.) A replay's job runs
+	// outside the request and is not bound by it.
+	// Default: 15 s.
+	QueryTimeout time.Duration
 	// DisplayBytes is how many bytes of a value or header the UI shows inline;
 	// longer values are truncated on screen with a download link.
 	// Default: 16 KiB.
@@ -118,7 +166,17 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// now is the clock (tests). Default: time.Now.
 	now func() time.Time
+	// jobWait is how long an action request waits for its job before it
+	// answers 202 with the job (tests). Default: defaultJobWait.
+	jobWait time.Duration
+	// loginBurst is each client address's budget of logins and bad bearer
+	// tokens (tests). Default: loginBurst.
+	loginBurst int
 }
+
+// defaultJobWait is how long a replay or edit request waits for its job
+// to end before it answers with the job in progress.
+const defaultJobWait = 5 * time.Second
 
 // defaults returns c with every zero field set to its default.
 func (c Config) defaults() Config {
@@ -130,6 +188,21 @@ func (c Config) defaults() Config {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.MaxOperatorRecords == 0 {
+		c.MaxOperatorRecords = defaultMaxOperatorRecords
+	}
+	if c.ReadTimeout == 0 {
+		c.ReadTimeout = defaultReadTimeout
+	}
+	if c.QueryTimeout == 0 {
+		c.QueryTimeout = defaultQueryTimeout
+	}
+	if c.jobWait == 0 {
+		c.jobWait = defaultJobWait
+	}
+	if c.loginBurst == 0 {
+		c.loginBurst = loginBurst
 	}
 	if c.now == nil {
 		c.now = time.Now
@@ -180,12 +253,26 @@ func (c Config) validateOptions() error {
 		return fmt.Errorf("console: Config.DisplayBytes %d is negative", c.DisplayBytes)
 	case c.EncryptionKeyFile != "" && c.EncryptionKey != "":
 		return errors.New("console: Config.EncryptionKeyFile and Config.EncryptionKey are both set: give the key-encryption key one way")
+	case c.MaxOperatorRecords < 0:
+		return fmt.Errorf("console: Config.MaxOperatorRecords %d is negative", c.MaxOperatorRecords)
+	case c.ReadTimeout < 0:
+		return fmt.Errorf("console: Config.ReadTimeout %s is negative", c.ReadTimeout)
+	case c.QueryTimeout < 0:
+		return fmt.Errorf("console: Config.QueryTimeout %s is negative", c.QueryTimeout)
 	case c.BasePath != "" && (c.BasePath[0] != '/' || c.BasePath[len(c.BasePath)-1] == '/'):
 		return fmt.Errorf("console: Config.BasePath %q must start with / and not end with one", c.BasePath)
 	}
 	for i, t := range c.Tokens {
 		if err := t.validate(); err != nil {
 			return fmt.Errorf("console: Config.Tokens[%d]: %w", i, err)
+		}
+	}
+	if err := checkUnique(c.Tokens); err != nil {
+		return fmt.Errorf("console: Config.Tokens: %w", err)
+	}
+	for i, t := range c.ReplayTopics {
+		if strings.TrimSpace(t) == "" || t != strings.TrimSpace(t) {
+			return fmt.Errorf("console: Config.ReplayTopics[%d] %q: want a topic name", i, t)
 		}
 	}
 	for _, p := range c.Mask {

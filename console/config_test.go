@@ -18,18 +18,23 @@ func TestDocumentedDefaults(t *testing.T) {
 		doc string // how the doc's Default line starts
 		ok  bool   // the zero Config's default is that
 	}{
-		"Tokens":            {"none, which New accepts only together with InsecureNoAuth", d.Tokens == nil},
-		"InsecureNoAuth":    {"false", !d.InsecureNoAuth},
-		"Mask":              {"none", d.Mask == nil},
-		"EncryptionKeyFile": {`""`, d.EncryptionKeyFile == ""},
-		"EncryptionKey":     {`""`, d.EncryptionKey == ""},
-		"BasePath":          {`""`, d.BasePath == ""},
-		"SessionKey":        {"32 random bytes per New", d.SessionKey == nil},
-		"SessionTTL":        {"12 h", d.SessionTTL == 12*time.Hour},
-		"SecureCookies":     {"false", !d.SecureCookies},
-		"DisplayBytes":      {"16 KiB", d.DisplayBytes == 16<<10},
-		"Logger":            {"slog.Default()", d.Logger == slog.Default()},
-		"Registerer":        {"nil", d.Registerer == nil},
+		"Tokens":             {"none, which New accepts only together with InsecureNoAuth", d.Tokens == nil},
+		"InsecureNoAuth":     {"false", !d.InsecureNoAuth},
+		"Mask":               {"none", d.Mask == nil},
+		"EncryptionKeyFile":  {`""`, d.EncryptionKeyFile == ""},
+		"EncryptionKey":      {`""`, d.EncryptionKey == ""},
+		"BasePath":           {`""`, d.BasePath == ""},
+		"SessionKey":         {"32 random bytes per New", d.SessionKey == nil},
+		"SessionTTL":         {"12 h", d.SessionTTL == 12*time.Hour},
+		"SecureCookies":      {"false", !d.SecureCookies},
+		"BehindProxy":        {"false", !d.BehindProxy},
+		"ReplayTopics":       {"none", d.ReplayTopics == nil},
+		"MaxOperatorRecords": {"100", d.MaxOperatorRecords == 100},
+		"ReadTimeout":        {"30 s", d.ReadTimeout == 30*time.Second},
+		"QueryTimeout":       {"15 s", d.QueryTimeout == 15*time.Second},
+		"DisplayBytes":       {"16 KiB", d.DisplayBytes == 16<<10},
+		"Logger":             {"slog.Default()", d.Logger == slog.Default()},
+		"Registerer":         {"nil", d.Registerer == nil},
 	}
 	docs := docdefaults.Of(t, "config.go", "Config")
 	for name, doc := range docs {

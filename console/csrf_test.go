@@ -14,7 +14,7 @@ import (
 // UI form without the CSRF token, or with a forged one, is refused with 403
 // naming CSRF, and so is an API call made with the session cookie but no
 // X-CSRF-Token header. The login form needs its own token too. Nothing of
-// it changes the index or writes an audit row.
+// it changes the index; each refused action writes an audit row saying so.
 func TestCSRFOnEveryForm(t *testing.T) {
 	e := newEnv(t, nil)
 	ids, _, _ := seedTwo(t, e)
@@ -23,13 +23,19 @@ func TestCSRFOnEveryForm(t *testing.T) {
 	path := func(p string) string {
 		return strings.NewReplacer("{id}", id, "{action}", "archive").Replace(p)
 	}
-	var forms, apis int
+	var forms, apis, audited int
 	for _, rt := range (&server{}).routes() {
 		if rt.method == http.MethodGet || rt.method == http.MethodHead || rt.public {
 			continue
 		}
 		form := url.Values{"action": {"archive"}, "ids": {id}, "reason": {"csrf test"}, "value": {`{}`},
 			"group": {"billing"}, "topic": {"t"}, "key": {"k"}}
+		if rt.action != "" {
+			audited++
+			if !rt.api {
+				audited++ // two tries below
+			}
+		}
 		if rt.api {
 			apis++
 			req, _ := http.NewRequest(rt.method, e.srv.URL+path(rt.path), strings.NewReader(`{"ids":[`+id+`],"reason":"csrf test","value":"{}"}`))
@@ -68,7 +74,14 @@ func TestCSRFOnEveryForm(t *testing.T) {
 	if got := statuses(t, e, ids...); got != "unresolved,unresolved" {
 		t.Errorf("statuses after refused requests: %s", got)
 	}
-	if es := e.audit(t); len(es) != 0 {
-		t.Errorf("audit after refused requests: %+v, want none", es)
+	// Each refused action is audited as a refusal (the login is no action).
+	es := e.audit(t)
+	if len(es) != audited {
+		t.Errorf("%d audit rows after %d refused requests for actions", len(es), audited)
+	}
+	for _, a := range es {
+		if a.Actor != "alice" || !strings.HasPrefix(a.Result, "rejected 403") || !strings.Contains(a.Result, "CSRF") {
+			t.Errorf("audit row of a refused request: %+v", a)
+		}
 	}
 }

@@ -6,8 +6,8 @@
 // parked ordering keys and retry failed outbox rows. Every action is
 // audited under the name of the token that made it.
 //
-// New returns the handler; `idem console` serves it with an indexer. A
-// service may mount it on its own mux:
+// New returns the console, an http.Handler; `idem console` serves it with
+// an indexer. A service may mount it on its own mux:
 //
 //	client, err := sarama.NewClient(brokers, index.ProducerConfig(nil)) // publishes replays
 //	if err != nil {
@@ -17,16 +17,24 @@
 //	if err != nil {
 //		log.Fatal(err)
 //	}
-//	h, err := console.New(console.Config{Pool: pool, Client: client, Tokens: tokens, BasePath: "/console"})
+//	c, err := console.New(console.Config{Pool: pool, Client: client, Tokens: tokens, BasePath: "/console"})
 //	if err != nil {
 //		log.Fatal(err)
 //	}
-//	http.Handle("/console/", http.StripPrefix("/console", h))
+//	defer c.Close() // hands unfinished replay jobs back to the next console
+//	http.Handle("/console/", http.StripPrefix("/console", c))
 //
 // Tokens carry a Role: Viewer reads (payloads masked), Operator also acts on
-// records chosen one by one and may show a payload unmasked, Admin also
-// acts on whole failure groups. The UI logs in with a token and keeps a
-// signed session cookie; the API takes it as a bearer token. Every form
+// records chosen one by one (up to Config.MaxOperatorRecords a request) and
+// may show a payload unmasked (a POST, audited), Admin also acts on a
+// failure group's row and on filters. A replay goes to a record's origin
+// topic or its group's retry tiers only (Config.ReplayTopics lists more).
+// Replays and edits claim their records before they publish and run as
+// jobs of the Console, which outlive their requests and are resumed by the
+// next console when one stops. The UI logs in with a token and keeps a
+// session cookie, revoked on logout; the API takes the token as a bearer
+// token. Logins and bad tokens are rate-limited per address, every form
 // carries a CSRF token, and pages are served with a strict
-// Content-Security-Policy. docs/console.md walks through it.
+// Content-Security-Policy. docs/console.md walks through it, and its
+// "Security model" says what each role may touch.
 package console

@@ -47,6 +47,9 @@ type env struct {
 	srv    *httptest.Server
 	reg    prometheus.Registerer // Config.Registerer, given to runIndexer's indexer too
 	kek    string                // Config.EncryptionKey, given to runIndexer's indexer too
+	cfg    Config                // the console's config (restart builds the next one from it)
+	// console is the handler srv serves, closed when the test ends.
+	console *Console
 }
 
 // newEnv starts a console whose Config is the test default changed by mut.
@@ -73,14 +76,39 @@ func newEnv(t *testing.T, mut func(*Config)) *env {
 	if mut != nil {
 		mut(&cfg)
 	}
-	h, err := New(cfg)
+	e.cfg = cfg
+	e.serve(t)
+	return e
+}
+
+// serve starts a console on e.cfg and serves it.
+func (e *env) serve(t *testing.T) {
+	t.Helper()
+	c, err := New(e.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.reg, e.kek = cfg.Registerer, cfg.EncryptionKey
-	e.srv = httptest.NewServer(h)
-	t.Cleanup(e.srv.Close)
-	return e
+	e.console, e.reg, e.kek = c, e.cfg.Registerer, e.cfg.EncryptionKey
+	e.srv = httptest.NewServer(c)
+	t.Cleanup(func() {
+		e.srv.Close()
+		_ = c.Close()
+	})
+}
+
+// restart stops e's console (its jobs handed back) and returns an env with
+// a new console on the same database, Kafka client and config, as a
+// restarted process would run.
+func (e *env) restart(t *testing.T) *env {
+	t.Helper()
+	e.srv.Close()
+	if err := e.console.Close(); err != nil {
+		t.Fatal(err)
+	}
+	next := *e
+	next.cfg.Registerer = nil
+	next.serve(t)
+	return &next
 }
 
 // runIndexer indexes topics until the test ends, or until the function it
@@ -102,7 +130,7 @@ func (e *env) runIndexer(t *testing.T, topics ...string) (stop func()) {
 }
 
 // waitIndexed waits until the index holds n records matching f and returns
-// them, newest failure first.
+// them, newest failure first, each as Get reads it.
 func (e *env) waitIndexed(t *testing.T, f failidx.Filter, n int) []failidx.Record {
 	t.Helper()
 	var recs []failidx.Record
@@ -117,6 +145,13 @@ func (e *env) waitIndexed(t *testing.T, f failidx.Filter, n int) []failidx.Recor
 		}
 		return nil
 	})
+	for i, r := range recs {
+		full, err := e.store.Get(context.Background(), r.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs[i] = full
+	}
 	return recs
 }
 
@@ -128,6 +163,7 @@ type dead struct {
 	err     string
 	stack   string // idem-stack, when set
 	headers []sarama.RecordHeader
+	group   string // the consumer group that failed; default "billing"
 }
 
 // seedDLQ writes dead letters for origin straight into the dead-letter
@@ -144,8 +180,12 @@ func (e *env) seedDLQ(t *testing.T, dlqTopic, origin string, ds ...dead) {
 	defer p.Close()
 	base := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
 	for i, d := range ds {
+		group := d.group
+		if group == "" {
+			group = "billing"
+		}
 		f := retrytopic.Failure{
-			Attempt: 1, OriginalTopic: origin, OriginalPartition: 0, OriginalOffset: int64(i), Group: "billing",
+			Attempt: 1, OriginalTopic: origin, OriginalPartition: 0, OriginalOffset: int64(i), Group: group,
 			Kind: d.kind, ErrorType: "*errors.errorString", Error: d.err, Stack: []byte(d.stack),
 			FirstFailureAt: base, LastFailureAt: base.Add(time.Duration(i) * time.Second),
 		}

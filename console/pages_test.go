@@ -109,8 +109,14 @@ func TestGroupActions(t *testing.T) {
 	if !re.Match(page) {
 		t.Fatalf("no whole-group form for %s", r1.Fingerprint)
 	}
-	code, page = e.post(t, admin, "/actions", url.Values{"csrf": {formCSRF(t, page)}, "scope": {"filter"}, "fingerprint": {r1.Fingerprint},
-		"status": {"unresolved"}, "action": {"resolve"}, "reason": {"card issuer fixed"}})
+	form := rowForm(t, page, dlqTopic)
+	if form.Get("fingerprint") != r1.Fingerprint {
+		form = url.Values{"scope": {"filter"}, "fingerprint": {r1.Fingerprint}, "kind": {r1.Kind}, "group": {r1.Group}, "topic": {r1.Topic}, "status": {"unresolved"}}
+	}
+	form.Set("csrf", formCSRF(t, page))
+	form.Set("action", "resolve")
+	form.Set("reason", "card issuer fixed")
+	code, page = e.post(t, admin, "/actions", form)
 	if code != http.StatusOK {
 		t.Fatalf("resolve group: %d\n%s", code, page)
 	}

@@ -2,15 +2,18 @@ package console
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/IBM/sarama"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/failidx"
 )
 
@@ -102,9 +105,74 @@ func TestMaskedValueInsideText(t *testing.T) {
 		t.Errorf("record: %d, want the error with both secrets masked:\n%s", code, b)
 	}
 
-	// An operator who reveals sees them, and the reveal is audited.
-	code, b := e.call(t, "GET", "/api/records/"+id+"?reveal=true", operatorSecret, nil)
+	// An operator who reveals (a POST) sees them, and the reveal is audited.
+	code, b := e.call(t, "POST", "/api/records/"+id+"/reveal", operatorSecret, map[string]any{})
 	if code != http.StatusOK || len(leaks(b, secretPAN, secretEmail)) != 2 {
 		t.Errorf("revealed record: %d, want the card number and e-mail shown:\n%s", code, b)
+	}
+}
+
+// TestMaskingCoversJobsAndRefusals: with masking on, a card number in what
+// an operator typed (a replay job's reason and filter, the reason of an
+// action refused for its role) reaches no viewer: not in the action's
+// answer, the jobs (API and pages) or the audit of the refusal.
+func TestMaskingCoversJobsAndRefusals(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.Mask = []string{"card.number"} })
+	dlqTopic, origin := e.k.Topic(t, "dlq", 1), e.k.Topic(t, "origin", 1)
+	e.seedDLQ(t, dlqTopic, origin, dead{key: "order-8", value: []byte(`{"card":{"number":"` + secretPAN + `"}}`),
+		kind: handler.KindPermanent, err: "charge card " + secretPAN + ": declined"})
+	e.runIndexer(t, dlqTopic)
+	e.waitIndexed(t, failidx.Filter{Topic: dlqTopic}, 1)
+
+	code, b := e.call(t, "POST", "/api/actions/replay", adminSecret, map[string]any{"filter": map[string]any{"error": secretPAN},
+		"all_groups": true, "reason": "customer confirmed card " + secretPANSpaced})
+	if code != http.StatusOK && code != http.StatusAccepted {
+		t.Fatalf("replay: %d %s", code, b)
+	}
+	if l := leaks(b, secretPAN, secretPANSpaced); len(l) > 0 {
+		t.Errorf("the replay's answer shows %q:\n%s", l, b)
+	}
+	code, b = e.call(t, "POST", "/api/actions/archive", operatorSecret, map[string]any{"filter": map[string]any{"error": "declined"},
+		"all_groups": true, "reason": "card " + secretPAN + " is stolen"})
+	if code != http.StatusForbidden {
+		t.Fatalf("an operator's filter: %d %s, want 403", code, b)
+	}
+	var jobs struct {
+		Jobs []struct{ ID int64 } `json:"jobs"`
+	}
+	idemtest.Eventually(t, 30*time.Second, func() error {
+		code, b := e.call(t, "GET", "/api/jobs", viewerSecret, nil)
+		if err := json.Unmarshal(b, &jobs); code != http.StatusOK || err != nil || len(jobs.Jobs) != 1 {
+			return fmt.Errorf("jobs: %d %s", code, b)
+		}
+		return nil
+	})
+	job := fmt.Sprint("/jobs/", jobs.Jobs[0].ID)
+	audit := func() error {
+		_, b := e.call(t, "GET", "/api/audit", viewerSecret, nil)
+		if !bytes.Contains(b, []byte(`"archive"`)) || !bytes.Contains(b, []byte(`"replay"`)) {
+			return fmt.Errorf("the audit has no refused archive and no replay yet:\n%s", b)
+		}
+		return nil
+	}
+	idemtest.Eventually(t, 30*time.Second, audit)
+	for _, path := range []string{"/api/jobs", "/api" + job, "/api/audit"} {
+		code, b := e.call(t, "GET", path, viewerSecret, nil)
+		if code != http.StatusOK {
+			t.Fatalf("GET %s: %d %s", path, code, b)
+		}
+		if l := leaks(b, secretPAN, secretPANSpaced); len(l) > 0 {
+			t.Errorf("GET %s shows %q:\n%s", path, l, b)
+		}
+	}
+	vic := e.login(t, viewerSecret)
+	for _, path := range []string{"/jobs", job, "/audit"} {
+		code, page := e.get(t, vic, path)
+		if code != http.StatusOK {
+			t.Fatalf("GET %s: %d\n%s", path, code, page)
+		}
+		if l := leaks(page, secretPAN, secretPANSpaced); len(l) > 0 {
+			t.Errorf("page %s shows %q", path, l)
+		}
 	}
 }

@@ -38,9 +38,12 @@ func seedTwo(t *testing.T, e *env) ([]int64, string, string) {
 
 // TestAuth: no token → 401; a viewer → 403 on every action; a missing or
 // wrong CSRF token → 403; an unmasked view as operator → an audit row; and
-// none of the refused requests changes anything.
+// none of the refused requests changes anything (each writes an audit row
+// saying it was refused).
 func TestAuth(t *testing.T) {
-	e := newEnv(t, func(c *Config) { c.Mask = []string{"card.number"} })
+	// Every route is tried with a bad token: more than an address's budget
+	// of bad tokens (TestLoginsAreRateLimited tests that budget).
+	e := newEnv(t, func(c *Config) { c.Mask = []string{"card.number"}; c.loginBurst = 1000 })
 	ids, _, origin := seedTwo(t, e)
 	id := fmt.Sprint(ids[0])
 	before := e.hwm(t, origin)
@@ -88,8 +91,9 @@ func TestAuth(t *testing.T) {
 		{"POST", "/api/records/" + id + "/edit-retry", map[string]any{"value": `{"id":"pay-1"}`}},
 		{"POST", "/api/parked-keys/release", map[string]any{"group": "g", "topic": "t", "key": "k", "reason": "r"}},
 		{"POST", "/api/outbox/retry", map[string]any{"ids": []int64{1}}},
-		{"GET", "/api/records/" + id + "?reveal=true", nil},
-		{"GET", "/api/records/" + id + "/value?reveal=true", nil},
+		{"POST", "/api/records/" + id + "/reveal", map[string]any{}},
+		{"POST", "/api/records/" + id + "/value", map[string]any{}},
+		{"POST", "/api/jobs/1/cancel", map[string]any{}},
 	} {
 		if code, b := e.call(t, c.method, c.path, viewerSecret, c.body); code != http.StatusForbidden {
 			t.Errorf("viewer %s %s: %d %s, want 403", c.method, c.path, code, b)
@@ -146,15 +150,18 @@ func TestAuth(t *testing.T) {
 	if got := statuses(t, e, ids...); got != "unresolved,unresolved" {
 		t.Errorf("statuses after refused requests: %s", got)
 	}
-	if es := e.audit(t); len(es) != 0 {
-		t.Errorf("audit after refused requests: %+v, want none", es)
+	for _, a := range e.audit(t) {
+		if !strings.HasPrefix(a.Result, "rejected 403") {
+			t.Errorf("audit row after refused requests: %+v, want a refusal", a)
+		}
 	}
+	refusals := len(e.audit(t))
 	if after := e.hwm(t, origin); after != before {
 		t.Errorf("refused requests published %d records", after-before)
 	}
 
 	// Unmasked views: API and UI, each audited.
-	code, b = e.call(t, "GET", "/api/records/"+id+"?reveal=true", operatorSecret, nil)
+	code, b = e.call(t, "POST", "/api/records/"+id+"/reveal", operatorSecret, map[string]any{})
 	if code != http.StatusOK || !bytes.Contains(b, []byte("4111111111111111")) {
 		t.Errorf("operator reveal: %d, want 200 with the card number:\n%s", code, b)
 	}
@@ -167,9 +174,10 @@ func TestAuth(t *testing.T) {
 		t.Errorf("UI reveal: %d", code)
 	}
 	es := e.audit(t)
-	if len(es) != 2 {
+	if len(es) != refusals+2 {
 		t.Fatalf("audit after two reveals: %+v", es)
 	}
+	es = es[:2]
 	for _, a := range es {
 		if a.Action != "reveal" || a.Actor != "olga" || len(a.RecordIDs) != 1 || a.RecordIDs[0] != ids[0] {
 			t.Errorf("reveal audit row: %+v", a)

@@ -12,7 +12,9 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -20,6 +22,7 @@ import (
 	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/internal/failidx"
 	"github.com/idemhq/idem/internal/mask"
+	"github.com/idemhq/idem/internal/pglead"
 	"github.com/idemhq/idem/internal/promreg"
 	"github.com/idemhq/idem/internal/seal"
 )
@@ -37,6 +40,15 @@ type server struct {
 	pages map[string]*template.Template
 	mux   *http.ServeMux
 	log   *slog.Logger
+
+	// The jobs the console runs (replays, edits), on ctx, which Close
+	// ends; running maps a job to a channel closed when its run ends.
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	running map[int64]chan struct{}
+	closed  sync.Once
 }
 
 // route is one registered endpoint. Every route the console serves is in
@@ -46,22 +58,50 @@ type route struct {
 	role         Role   // least role that may call it
 	api          bool   // JSON API (bearer token) rather than UI (session)
 	public       bool   // served without credentials (login page, assets)
-	h            func(w http.ResponseWriter, r *http.Request, id identity)
+	// action names the audited action the route makes ("" for reads): a
+	// request the console refuses (403, 400) is audited under it. "*"
+	// takes it from the path's {action} or the form's action field.
+	action string
+	h      func(w http.ResponseWriter, r *http.Request, id identity)
 }
 
-// New returns the console's handler: the JSON API under /api/ (described by
-// /api/openapi.yaml) and the web UI everywhere else, both relative to
-// cfg.BasePath, on the failure index in cfg.Pool, publishing through
-// cfg.Client. Mount it on a service's own mux, e.g.
+// Console is the failure console: the JSON API under /api/ (described by
+// /api/openapi.yaml) and the web UI everywhere else, an http.Handler. It
+// runs the replay and edit-and-retry jobs its users start (a job outlives
+// the request that started it, and takes over the jobs that another
+// console stopped or lost), until Close.
+type Console struct {
+	s *server
+}
+
+// ServeHTTP serves the API and the UI.
+func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) { c.s.ServeHTTP(w, r) }
+
+// Close stops the console's jobs and waits for them: a job not finished is
+// handed back unfinished, and the next console on the same database (this
+// process restarted, or another replica) resumes it at once. Requests
+// served after Close start no job. It is safe to call more than once.
+func (c *Console) Close() error {
+	c.s.close()
+	return nil
+}
+
+// New returns the console on the failure index in cfg.Pool, publishing
+// through cfg.Client, relative to cfg.BasePath. Mount it on a service's own
+// mux, e.g.
 //
 //	client, err := sarama.NewClient(brokers, index.ProducerConfig(nil))
 //	…
-//	h, err := console.New(console.Config{Pool: pool, Client: client, Tokens: toks, BasePath: "/console"})
-//	mux.Handle("/console/", http.StripPrefix("/console", h))
+//	c, err := console.New(console.Config{Pool: pool, Client: client, Tokens: toks, BasePath: "/console"})
+//	defer c.Close()
+//	mux.Handle("/console/", http.StripPrefix("/console", c))
 //
 // New returns an error when cfg does not validate (see Config.Validate).
-// It creates no table: run idem.Migrate (or an index.Indexer) first.
-func New(cfg Config) (http.Handler, error) {
+// It creates no table: run idem.Migrate (or an index.Indexer) first. It
+// starts a goroutine that resumes the jobs no console runs (a console that
+// stopped hands its jobs back; one that died leaves them for 30 s) and
+// sweeps expired sessions; Close stops it.
+func New(cfg Config) (*Console, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -71,11 +111,15 @@ func New(cfg Config) (http.Handler, error) {
 		return nil, fmt.Errorf("console: %w", err)
 	}
 	store = store.Sealed(sl)
-	s, err := newServer(cfg, store, failidx.NewActions(store, cfg.Client))
+	acts := failidx.NewActions(store, cfg.Client)
+	acts.ReplayTopics = cfg.ReplayTopics
+	s, err := newServer(cfg, store, acts)
 	if err != nil {
-		return nil, err // not a nil *server in a non-nil http.Handler
+		return nil, err
 	}
-	return s, nil
+	s.auth.sessions = store
+	s.wg.Go(s.background)
+	return &Console{s: s}, nil
 }
 
 // openSealer returns the failure index's sealer for the key-encryption
@@ -91,9 +135,10 @@ func openSealer(pool *pgxpool.Pool, file, text string) (*seal.Sealer, error) {
 	return seal.New(ctx, seal.Config{DB: pool, KEKs: keks, Purpose: failidx.Purpose})
 }
 
-// newServer is New on the index store and actions given: the tests give
-// ones without a database or a Kafka client. cfg.Pool and cfg.Client are
-// not used; every other field must validate.
+// newServer is New on the index store and actions given, without the
+// background goroutine or a session store: the tests give ones without a
+// database or a Kafka client. cfg.Pool and cfg.Client are not used; every
+// other field must validate.
 func newServer(cfg Config, store *failidx.Store, acts *failidx.Actions) (*server, error) {
 	if err := cfg.validateOptions(); err != nil {
 		return nil, err
@@ -114,17 +159,22 @@ func newServer(cfg Config, store *failidx.Store, acts *failidx.Actions) (*server
 	if path == "" {
 		path = "/"
 	}
+	ctx, cancel := context.WithCancel(context.Background())
 	s := &server{
 		cfg:   cfg,
 		store: store,
 		acts:  acts,
 		mask:  m,
 		auth: &auth{tokens: cfg.Tokens, insecure: cfg.InsecureNoAuth, key: key, ttl: cfg.SessionTTL,
-			secure: cfg.SecureCookies, path: path, now: cfg.now},
-		mux: http.NewServeMux(),
-		log: cfg.Logger,
+			secure: cfg.SecureCookies, path: path, now: cfg.now, limits: newLimiter(cfg.now, cfg.loginBurst)},
+		mux:     http.NewServeMux(),
+		log:     cfg.Logger,
+		ctx:     ctx,
+		cancel:  cancel,
+		running: map[int64]chan struct{}{},
 	}
 	if s.pages, err = parsePages(cfg.BasePath); err != nil {
+		cancel()
 		return nil, err
 	}
 	for _, rt := range s.routes() {
@@ -132,13 +182,80 @@ func newServer(cfg Config, store *failidx.Store, acts *failidx.Actions) (*server
 	}
 	if cfg.Registerer != nil {
 		if promreg.Register(cfg.Registerer, failidx.NewCollector(store), &err); err != nil {
+			cancel()
 			return nil, fmt.Errorf("console: register collectors: %w", err)
 		}
 	}
 	return s, nil
 }
 
-// ServeHTTP sets the security headers every response carries and routes.
+// close ends the jobs' context and waits for the jobs and the background
+// goroutine.
+func (s *server) close() {
+	s.closed.Do(func() {
+		s.cancel()
+		s.wg.Wait()
+	})
+}
+
+// resumeEvery is how often the console looks for jobs no console runs.
+const resumeEvery = 5 * time.Second
+
+// background resumes the jobs no console runs, every resumeEvery, and
+// sweeps expired sessions every hour, until Close.
+func (s *server) background() {
+	var swept time.Time
+	for {
+		ids, err := s.acts.ResumeJobs(s.ctx)
+		if err != nil && s.ctx.Err() == nil {
+			s.log.Warn("console: resume jobs", "err", err)
+		}
+		for _, id := range ids {
+			s.log.Info("console: resuming a job no console runs", "job", id)
+			s.runJob(id)
+		}
+		if time.Since(swept) > time.Hour {
+			if err := s.store.SweepSessions(s.ctx); err != nil && s.ctx.Err() == nil {
+				s.log.Warn("console: sweep sessions", "err", err)
+			}
+			swept = time.Now()
+		}
+		if !pglead.Sleep(s.ctx, resumeEvery) {
+			return
+		}
+	}
+}
+
+// runJob runs job id in a goroutine of the console's (not of a request)
+// and returns a channel closed when that run ends.
+func (s *server) runJob(id int64) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ch, ok := s.running[id]; ok {
+		return ch
+	}
+	ch := make(chan struct{})
+	if s.ctx.Err() != nil {
+		close(ch)
+		return ch
+	}
+	s.running[id] = ch
+	s.wg.Go(func() {
+		defer func() {
+			s.mu.Lock()
+			delete(s.running, id)
+			s.mu.Unlock()
+			close(ch)
+		}()
+		if _, err := s.acts.RunJob(s.ctx, id); err != nil && s.ctx.Err() == nil {
+			s.log.Warn("console: job", "job", id, "err", err)
+		}
+	})
+	return ch
+}
+
+// ServeHTTP sets the security headers every response carries, bounds the
+// request (its body's size and read time, its database work) and routes.
 func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
@@ -146,18 +263,35 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("Referrer-Policy", "no-referrer")
 	h.Set("Cache-Control", "no-store")
-	r.Body = http.MaxBytesReader(w, r.Body, maxBody)
-	if s.cfg.InsecureNoAuth && !loopbackHost(r.Host) {
-		// Without authentication, only a page of the loopback origin may talk
-		// to the console: a site whose name resolves to 127.0.0.1 (DNS
-		// rebinding) is not that origin.
-		http.Error(w, "console without authentication: use http://127.0.0.1:PORT/ or http://localhost:PORT/", http.StatusMisdirectedRequest)
-		return
+	if s.cfg.SecureCookies {
+		h.Set("Strict-Transport-Security", "max-age=31536000")
 	}
-	s.mux.ServeHTTP(w, r)
+	r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+	// A body that trickles in is cut off (the server's own ReadTimeout, if
+	// any, still applies; this one holds for a console mounted anywhere).
+	_ = http.NewResponseController(w).SetReadDeadline(s.cfg.now().Add(s.cfg.ReadTimeout))
+	if s.cfg.InsecureNoAuth {
+		// Without authentication, only the loopback interface may talk to
+		// the console: the connection's peer must be loopback (the Host
+		// header is the client's to choose), and so must the Host, so that
+		// a site whose name resolves to 127.0.0.1 (DNS rebinding) is not
+		// served either.
+		if !loopbackHost(r.RemoteAddr) {
+			http.Error(w, "console without authentication: only clients on this machine (a loopback address) are served", http.StatusForbidden)
+			return
+		}
+		if !loopbackHost(r.Host) {
+			http.Error(w, "console without authentication: use http://127.0.0.1:PORT/ or http://localhost:PORT/", http.StatusMisdirectedRequest)
+			return
+		}
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.QueryTimeout)
+	defer cancel()
+	s.mux.ServeHTTP(w, r.WithContext(ctx))
 }
 
-// wrap authenticates, authorizes and CSRF-checks a request for rt.
+// wrap authenticates, authorizes and CSRF-checks a request for rt. A
+// request for an action refused here (the role, the CSRF token) is audited.
 func (s *server) wrap(rt route) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if rt.public {
@@ -166,44 +300,88 @@ func (s *server) wrap(rt route) http.Handler {
 		}
 		id, err := s.identify(w, r, rt.api)
 		if err != nil {
-			if rt.api {
+			switch {
+			case errors.Is(err, errTooMany):
+				w.Header().Set("Retry-After", strconv.Itoa(int(loginRefill.Seconds())))
+				if rt.api {
+					s.apiError(w, http.StatusTooManyRequests, err.Error(), "", "")
+				} else {
+					s.uiError(w, r, id, http.StatusTooManyRequests, err.Error())
+				}
+			case rt.api:
 				w.Header().Set("WWW-Authenticate", `Bearer realm="idem console"`)
-				s.apiError(w, http.StatusUnauthorized, "unauthorized: "+err.Error()+"; send Authorization: Bearer <token>", "")
-			} else if r.Method == http.MethodGet {
+				s.apiError(w, http.StatusUnauthorized, "unauthorized: "+err.Error()+"; send Authorization: Bearer <token>", "", "")
+			case r.Method == http.MethodGet:
 				http.Redirect(w, r, s.cfg.BasePath+"/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
-			} else {
+			default:
 				s.uiError(w, r, id, http.StatusUnauthorized, "Your session has ended: log in again.")
 			}
 			return
 		}
 		if id.Role < rt.role {
 			msg := fmt.Sprintf("forbidden: %s needs the %s role; %s is %s", rt.method+" "+rt.path, rt.role, id.Name, id.Role)
-			if rt.api {
-				s.apiError(w, http.StatusForbidden, msg, "")
-			} else {
-				s.uiError(w, r, id, http.StatusForbidden, msg)
-			}
+			s.refuse(w, r, id, rt, &inputError{code: http.StatusForbidden, msg: msg})
 			return
 		}
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			if rt.api {
 				if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
-					s.apiError(w, http.StatusUnsupportedMediaType, "send the request body as Content-Type: application/json", "")
+					s.refuse(w, r, id, rt, &inputError{code: http.StatusUnsupportedMediaType, msg: "send the request body as Content-Type: application/json"})
 					return
 				}
 			}
 			if !s.auth.checkCSRF(r, id, rt.api) {
-				msg := "forbidden: missing or invalid CSRF token; reload the page and try again"
-				if rt.api {
-					s.apiError(w, http.StatusForbidden, msg, "")
-				} else {
-					s.uiError(w, r, id, http.StatusForbidden, msg)
-				}
+				s.refuse(w, r, id, rt, &inputError{code: http.StatusForbidden, msg: "forbidden: missing or invalid CSRF token; reload the page and try again"})
 				return
 			}
 		}
-		rt.h(w, r, id)
+		rt.h(w, r.WithContext(context.WithValue(r.Context(), routeKey{}, rt)), id)
 	})
+}
+
+// routeKey is the context key of the route a request was routed to (fail
+// audits the refusals of action routes).
+type routeKey struct{}
+
+// refuse answers a request for rt refused with err (a 4xx) and, when rt is
+// an action, audits the refusal.
+func (s *server) refuse(w http.ResponseWriter, r *http.Request, id identity, rt route, err *inputError) {
+	s.auditRefusal(r, id, rt, err)
+	if rt.api {
+		s.apiError(w, err.code, err.msg, err.field, "")
+	} else {
+		s.uiError(w, r, id, err.code, err.msg)
+	}
+}
+
+// auditRefusal writes the audit row of an action request refused with
+// err: who asked, for what, and why not.
+func (s *server) auditRefusal(r *http.Request, id identity, rt route, err *inputError) {
+	action := rt.action
+	switch action {
+	case "":
+		return
+	case "*":
+		if action = r.PathValue("action"); action == "" {
+			action = r.PostFormValue("action")
+		}
+		if action == "" {
+			action = "action"
+		}
+	}
+	actor := id.Name
+	if actor == "" {
+		actor = "unknown"
+	}
+	var ids []int64
+	if rid, perr := strconv.ParseInt(r.PathValue("id"), 10, 64); perr == nil && rid > 0 && !strings.Contains(rt.path, "/jobs/") {
+		ids = []int64{rid}
+	}
+	e := failidx.AuditEntry{Actor: actor, Action: action, RecordIDs: ids, Detail: r.Method + " " + r.URL.Path,
+		Result: fmt.Sprintf("rejected %d: %s", err.code, err.msg)}
+	if aerr := s.store.WriteAudit(context.WithoutCancel(r.Context()), e); aerr != nil {
+		s.log.ErrorContext(r.Context(), "console: audit a refused action", "action", action, "actor", actor, "err", aerr)
+	}
 }
 
 // identify returns who r acts as. API requests use a bearer token (or, from
@@ -212,7 +390,7 @@ func (s *server) wrap(rt route) http.Handler {
 // request gets a session cookie so that its forms carry CSRF tokens.
 func (s *server) identify(w http.ResponseWriter, r *http.Request, api bool) (identity, error) {
 	if api {
-		id, err := s.auth.bearer(r)
+		id, err := s.auth.bearer(r, clientAddr(r, s.cfg.BehindProxy))
 		if err == nil || !errors.Is(err, errNoCredentials) {
 			return id, err
 		}
@@ -224,17 +402,27 @@ func (s *server) identify(w http.ResponseWriter, r *http.Request, api bool) (ide
 	if s.cfg.InsecureNoAuth {
 		anon := identity{Name: "anonymous", Role: Admin}
 		if !api && r.Method == http.MethodGet {
-			anon.session = s.auth.newSession(anon)
+			if anon.session, err = s.auth.newSession(r.Context(), anon); err != nil {
+				return identity{}, err
+			}
 			s.auth.setSession(w, anon.session, int(s.cfg.SessionTTL.Seconds()))
 		}
 		return anon, nil
 	}
+	if !errors.Is(err, errNoCredentials) {
+		s.log.InfoContext(r.Context(), "console: session refused", "err", err)
+	}
 	return identity{}, err
 }
 
-// apiError writes {"error": msg, "field": field}.
-func (s *server) apiError(w http.ResponseWriter, code int, msg, field string) {
-	writeJSON200(w, code, map[string]string{"error": msg, "field": field})
+// apiError writes {"error": msg, "field": field} (and "id" for an internal
+// error).
+func (s *server) apiError(w http.ResponseWriter, code int, msg, field, errID string) {
+	body := map[string]string{"error": msg, "field": field}
+	if errID != "" {
+		body["id"] = errID
+	}
+	writeJSON200(w, code, body)
 }
 
 func writeJSON200(w http.ResponseWriter, code int, v any) {
@@ -247,6 +435,7 @@ func writeJSON200(w http.ResponseWriter, code int, v any) {
 
 // errorStatus maps an error of the index to an HTTP status and a message
 // the caller can act on; field names the input at fault, when known.
+// Anything else is an internal error: 500, and the message is for the log.
 func errorStatus(err error) (code int, msg, field string) {
 	var ve *failidx.ValidationError
 	switch {
@@ -256,12 +445,14 @@ func errorStatus(err error) (code int, msg, field string) {
 		return http.StatusBadRequest, err.Error(), "to"
 	case errors.Is(err, failidx.ErrNotFound):
 		return http.StatusNotFound, err.Error(), ""
+	case errors.Is(err, failidx.ErrConflict):
+		return http.StatusConflict, err.Error(), ""
 	}
 	var ie *inputError
 	if errors.As(err, &ie) {
 		return ie.code, ie.msg, ie.field
 	}
-	return http.StatusInternalServerError, "internal error: " + err.Error(), ""
+	return http.StatusInternalServerError, err.Error(), ""
 }
 
 // inputError is bad input the console itself found.
@@ -276,20 +467,31 @@ func badInput(field, format string, args ...any) error {
 	return &inputError{code: http.StatusBadRequest, field: field, msg: fmt.Sprintf(format, args...)}
 }
 
-// fail writes err as the API's or the UI's error response.
+// fail writes err as the API's or the UI's error response. An internal
+// error goes to the log with an id, and the client gets only the id. A
+// request for an action that the console itself refused (bad input, the
+// role) is audited; the index audits what it refuses.
 func (s *server) fail(w http.ResponseWriter, r *http.Request, id identity, api bool, err error) {
 	code, msg, field := errorStatus(err)
+	errID := ""
 	if code >= 500 {
-		s.log.ErrorContext(r.Context(), "console: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		errID = nonce()[:12]
+		s.log.ErrorContext(r.Context(), "console: request failed", "id", errID, "method", r.Method, "path", r.URL.Path, "err", err)
+		msg = "internal error " + errID + ": the console's log has the details under this id"
+	} else if ie := (*inputError)(nil); errors.As(err, &ie) {
+		if rt, ok := r.Context().Value(routeKey{}).(route); ok {
+			s.auditRefusal(r, id, rt, ie)
+		}
 	}
 	if api {
-		s.apiError(w, code, msg, field)
+		s.apiError(w, code, msg, field, errID)
 		return
 	}
 	s.uiError(w, r, id, code, msg)
 }
 
-// loopbackHost reports whether a Host header names the loopback interface.
+// loopbackHost reports whether a host or host:port (a Host header, a
+// connection's address) names the loopback interface.
 func loopbackHost(host string) bool {
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h

@@ -1,8 +1,10 @@
 package console
 
 import (
+	"context"
 	"embed"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"html/template"
 	"net/http"
@@ -19,7 +21,7 @@ var templateFS embed.FS
 
 // pageNames are the templates under templates/, each rendered inside
 // layout.html.
-var pageNames = []string{"overview", "groups", "records", "record", "edit", "result", "parked", "outbox", "audit", "login", "error"}
+var pageNames = []string{"overview", "groups", "records", "record", "edit", "result", "parked", "outbox", "audit", "login", "error", "jobs", "job"}
 
 func parsePages(base string) (map[string]*template.Template, error) {
 	funcs := template.FuncMap{
@@ -53,7 +55,7 @@ func parsePages(base string) (map[string]*template.Template, error) {
 			}
 			return q.Encode()
 		},
-		"statuses": func() []string { return []string{"unresolved", "replayed", "resolved", "archived"} },
+		"statuses": func() []string { return []string{"unresolved", "replaying", "replayed", "resolved", "archived"} },
 		"statusIs": func(f failidx.Filter, s string) bool {
 			for _, st := range f.Status {
 				if string(st) == s {
@@ -229,7 +231,7 @@ func (s *server) uiEditRetry(w http.ResponseWriter, r *http.Request, id identity
 		return
 	}
 	value, reason := r.PostFormValue("value"), r.PostFormValue("reason")
-	res, err := s.editRetry(r, id, rid, &value, reason)
+	res, job, err := s.editRetry(r, id, rid, &value, reason)
 	if err != nil {
 		code, msg, field := errorStatus(err)
 		if code == http.StatusBadRequest && field != "" {
@@ -242,16 +244,26 @@ func (s *server) uiEditRetry(w http.ResponseWriter, r *http.Request, id identity
 		s.fail(w, r, id, false, err)
 		return
 	}
-	s.renderResult(w, r, id, "Edit and retry", res, fmt.Sprintf("%s/records/%d", s.cfg.BasePath, rid))
+	s.renderOutcome(w, r, id, "Edit and retry", res, job, fmt.Sprintf("%s/records/%d", s.cfg.BasePath, rid))
 }
 
 func (s *server) renderResult(w http.ResponseWriter, r *http.Request, id identity, what string, res failidx.Result, back string) {
-	s.render(w, r, id, http.StatusOK, "result", what, "", map[string]any{"What": what, "Result": viewResult(res), "Back": back})
+	s.render(w, r, id, http.StatusOK, "result", what, "", map[string]any{"What": what, "Result": s.viewResult(res), "Back": back})
+}
+
+// renderOutcome shows an action's result, or, for a job still running,
+// sends the browser to the job's page.
+func (s *server) renderOutcome(w http.ResponseWriter, r *http.Request, id identity, what string, res failidx.Result, job *failidx.Job, back string) {
+	if job != nil && !job.Finished() {
+		http.Redirect(w, r, fmt.Sprintf("%s/jobs/%d", s.cfg.BasePath, job.ID), http.StatusSeeOther)
+		return
+	}
+	s.renderResult(w, r, id, what, res, back)
 }
 
 // uiAction runs replay, resolve or archive from a form: the records ticked
 // (ids), or with scope=filter every record matching the form's filter
-// fields (a whole group; admin).
+// fields (a failure-group row: fingerprint, kind, group and topic; admin).
 func (s *server) uiAction(w http.ResponseWriter, r *http.Request, id identity) {
 	if err := r.ParseForm(); err != nil {
 		s.fail(w, r, id, false, badInput("body", "bad form: %v", err))
@@ -269,7 +281,7 @@ func (s *server) uiAction(w http.ResponseWriter, r *http.Request, id identity) {
 			Key: f.Get("key"), Error: f.Get("error"), Status: f["status"], Since: f.Get("since"), Until: f.Get("until")}
 		ids = nil
 	}
-	sel, err := selection(id, ids, fb)
+	sel, err := s.selection(id, ids, fb, false)
 	if err != nil {
 		s.fail(w, r, id, false, err)
 		return
@@ -282,12 +294,12 @@ func (s *server) uiAction(w http.ResponseWriter, r *http.Request, id identity) {
 		}
 	}
 	action := f.Get("action")
-	res, err := s.act(r, id, action, sel, f.Get("to"), rate, f.Get("reason"))
+	res, job, err := s.act(r, id, action, sel, f.Get("to"), rate, f.Get("reason"))
 	if err != nil {
 		s.fail(w, r, id, false, err)
 		return
 	}
-	s.renderResult(w, r, id, strings.ToUpper(action[:1])+action[1:], res, s.back(f.Get("back")))
+	s.renderOutcome(w, r, id, strings.ToUpper(action[:1])+action[1:], res, job, s.back(f.Get("back")))
 }
 
 // formIDs reads the ids a form's ticked boxes posted.
@@ -314,12 +326,12 @@ func (s *server) back(b string) string {
 }
 
 func (s *server) uiParked(w http.ResponseWriter, r *http.Request, id identity) {
-	ks, err := s.parked(r)
+	ks, next, err := s.parked(r)
 	if err != nil {
 		s.fail(w, r, id, false, err)
 		return
 	}
-	s.render(w, r, id, http.StatusOK, "parked", "Parked keys", "parked", ks)
+	s.render(w, r, id, http.StatusOK, "parked", "Parked keys", "parked", map[string]any{"Keys": ks, "Next": next})
 }
 
 func (s *server) uiRelease(w http.ResponseWriter, r *http.Request, id identity) {
@@ -379,7 +391,52 @@ func (s *server) renderLogin(w http.ResponseWriter, r *http.Request, code int, p
 	})
 }
 
+func (s *server) uiJobs(w http.ResponseWriter, r *http.Request, id identity) {
+	js, next, err := s.jobs(r)
+	if err != nil {
+		s.fail(w, r, id, false, err)
+		return
+	}
+	s.render(w, r, id, http.StatusOK, "jobs", "Jobs", "jobs", map[string]any{"Jobs": js, "Next": next})
+}
+
+func (s *server) uiJob(w http.ResponseWriter, r *http.Request, id identity) {
+	j, err := s.job(r)
+	if err != nil {
+		s.fail(w, r, id, false, err)
+		return
+	}
+	s.render(w, r, id, http.StatusOK, "job", fmt.Sprintf("Job %d", j.ID), "jobs", s.viewJob(j))
+}
+
+func (s *server) uiCancelJob(w http.ResponseWriter, r *http.Request, id identity) {
+	j, err := s.cancelJob(r, id)
+	if err != nil {
+		s.fail(w, r, id, false, err)
+		return
+	}
+	http.Redirect(w, r, fmt.Sprintf("%s/jobs/%d", s.cfg.BasePath, j.ID), http.StatusSeeOther)
+}
+
+// login checks a login form: its body is capped before it is parsed, and
+// an address that spent its budget of attempts gets 429.
 func (s *server) login(w http.ResponseWriter, r *http.Request, _ identity) {
+	if !s.auth.limits.spend(clientAddr(r, s.cfg.BehindProxy)) {
+		w.Header().Set("Retry-After", strconv.Itoa(int(loginRefill.Seconds())))
+		s.renderLogin(w, r, http.StatusTooManyRequests, "Too many attempts from your address: wait a minute.")
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, loginBodyBytes)
+	if err := r.ParseForm(); err != nil {
+		code := http.StatusBadRequest
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			code = http.StatusRequestEntityTooLarge
+		}
+		w.Header().Set("Connection", "close")
+		http.Error(w, "bad login form: "+err.Error(), code)
+		return
+	}
 	if !s.auth.checkLogin(r) {
 		s.renderLogin(w, r, http.StatusForbidden, "The login form expired: try again.")
 		return
@@ -389,11 +446,24 @@ func (s *server) login(w http.ResponseWriter, r *http.Request, _ identity) {
 		s.renderLogin(w, r, http.StatusUnauthorized, "Unknown token.")
 		return
 	}
-	s.auth.setSession(w, s.auth.newSession(identity{Name: t.Name, Role: t.Role}), int(s.cfg.SessionTTL.Seconds()))
+	v, err := s.auth.newSession(r.Context(), identity{Name: t.Name, Role: t.Role})
+	if err != nil {
+		s.fail(w, r, identity{}, false, err)
+		return
+	}
+	s.auth.setSession(w, v, int(s.cfg.SessionTTL.Seconds()))
 	http.Redirect(w, r, s.back(r.PostFormValue("next")), http.StatusSeeOther)
 }
 
-func (s *server) logout(w http.ResponseWriter, r *http.Request, _ identity) {
+// logout revokes the session on the server side, so its cookie is no good
+// afterwards even if copied, and clears it in the browser.
+func (s *server) logout(w http.ResponseWriter, r *http.Request, id identity) {
+	if id.sessionID != "" && s.auth.sessions != nil {
+		if err := s.auth.sessions.RevokeSession(context.WithoutCancel(r.Context()), id.sessionID); err != nil {
+			s.fail(w, r, id, false, err)
+			return
+		}
+	}
 	s.auth.setSession(w, "", -1)
 	http.Redirect(w, r, s.cfg.BasePath+"/login", http.StatusSeeOther)
 }

@@ -39,10 +39,10 @@ func parseFilter(v url.Values) (failidx.Filter, error) {
 				continue
 			}
 			switch failidx.Status(st) {
-			case failidx.Unresolved, failidx.Replayed, failidx.Resolved, failidx.Archived:
+			case failidx.Unresolved, failidx.Replaying, failidx.Replayed, failidx.Resolved, failidx.Archived:
 				f.Status = append(f.Status, failidx.Status(st))
 			default:
-				return f, badInput("status", "status %q: want unresolved, replayed, resolved or archived", st)
+				return f, badInput("status", "status %q: want unresolved, replaying, replayed, resolved or archived", st)
 			}
 		}
 	}

@@ -7,10 +7,10 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/IBM/sarama"
 
+	"github.com/idemhq/idem/internal/committed"
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -37,17 +37,18 @@ type Client struct {
 	client sarama.Client
 	owned  bool
 
-	mu  sync.Mutex
-	fwd *forward.Forwarder
+	mu     sync.Mutex
+	fwd    *forward.Forwarder
+	counts map[string]counted // Depth's last count per "topic/partition"
 }
 
 // Open connects to brokers. cfg may be nil (sarama defaults with Version
 // V4_0_0_0); it is copied, and the copy is set up for replay as
 // retrytopic.ConfigureProducer describes (idempotent, acks=all), with
 // Metadata.AllowAutoTopicCreation = false (a metadata request or a send never
-// creates a topic, whatever the broker's auto.create.topics.enable says),
-// Consumer.Return.Errors = true and Consumer.MaxWaitTime at most 100ms. Close
-// the Client when done.
+// creates a topic, whatever the broker's auto.create.topics.enable says).
+// Records are read as a read_committed consumer reads them, whatever
+// Consumer.IsolationLevel says (see Depth). Close the Client when done.
 func Open(brokers []string, cfg *sarama.Config) (*Client, error) {
 	var c sarama.Config
 	if cfg == nil {
@@ -58,12 +59,6 @@ func Open(brokers []string, cfg *sarama.Config) (*Client, error) {
 	}
 	retrytopic.ConfigureProducer(&c)
 	c.Metadata.AllowAutoTopicCreation = false
-	c.Consumer.Return.Errors = true
-	if c.Consumer.MaxWaitTime > 100*time.Millisecond {
-		// Reads stop at a known end offset; a long poll past it only delays
-		// closing the partition consumer.
-		c.Consumer.MaxWaitTime = 100 * time.Millisecond
-	}
 	client, err := sarama.NewClient(brokers, &c)
 	if err != nil {
 		return nil, fmt.Errorf("dlq: connect to %s: %w", strings.Join(brokers, ","), err)
@@ -118,7 +113,8 @@ type span struct {
 
 // pending returns, per partition in order, the range from the admin group's
 // committed offset (or the earliest retained offset, whichever is later) to
-// the end offset now.
+// the last stable offset now (committed.End: the end offset, unless a
+// transaction is open; its records are not dead letters yet).
 func (c *Client) pending(ctx context.Context, topic string) ([]span, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -127,7 +123,7 @@ func (c *Client) pending(ctx context.Context, topic string) ([]span, error) {
 	if err != nil {
 		return nil, err
 	}
-	committed, err := c.committed(topic, parts)
+	offsets, err := c.committed(topic, parts)
 	if err != nil {
 		return nil, err
 	}
@@ -137,11 +133,11 @@ func (c *Client) pending(ctx context.Context, topic string) ([]span, error) {
 		if err != nil {
 			return nil, fmt.Errorf("dlq: earliest offset of %s/%d: %w", topic, p, err)
 		}
-		newest, err := c.client.GetOffset(topic, p, sarama.OffsetNewest)
+		newest, err := committed.End(c.client, topic, p)
 		if err != nil {
 			return nil, fmt.Errorf("dlq: end offset of %s/%d: %w", topic, p, err)
 		}
-		s := span{Partition: p, Start: oldest, End: newest, Committed: committed[p]}
+		s := span{Partition: p, Start: oldest, End: newest, Committed: offsets[p]}
 		if s.Committed > s.Start {
 			s.Start = s.Committed
 		}
@@ -314,26 +310,110 @@ func (c *Client) withCoordinator(group string, f func(*sarama.Broker) error) err
 	return err
 }
 
-// Depth returns how many records of topic are pending: the sum over
-// partitions of the end offset minus the admin group's committed offset (or
-// minus the earliest retained offset when nothing was committed or the
-// committed records were deleted by retention).
+// Depth returns how many records of topic are pending: the dead letters
+// from the admin group's committed offset (or the earliest retained offset
+// when nothing was committed or the committed records were deleted by
+// retention) to the end, as a read_committed consumer reads them. In a
+// topic written with transactions the offsets also hold commit markers and
+// aborted records, which are not counted, so the records are read; the
+// Client remembers each partition's count and later reads only what was
+// added since (or what the admin group moved past).
 func (c *Client) Depth(ctx context.Context, topic string) (int64, error) {
-	spans, err := c.pending(ctx, topic)
+	parts, err := c.DepthByPartition(ctx, topic)
 	if err != nil {
 		return 0, err
 	}
 	var n int64
-	for _, s := range spans {
-		n += s.End - s.Start
+	for _, p := range parts {
+		n += p.Pending
 	}
 	return n, nil
+}
+
+// counted is what Depth last counted in one partition: Count records in
+// [Start, End).
+type counted struct {
+	Start, End, Count int64
+}
+
+// count returns the number of dead letters of topic in s, reading only what
+// differs from the last count of the same partition.
+func (c *Client) count(ctx context.Context, topic string, s span) (int64, error) {
+	if s.Start >= s.End {
+		return 0, nil
+	}
+	key := fmt.Sprintf("%s/%d", topic, s.Partition)
+	c.mu.Lock()
+	last, ok := c.counts[key]
+	c.mu.Unlock()
+	n := func(from, to int64) (int64, error) {
+		return committed.Count(ctx, c.client, topic, s.Partition, from, to, readWait)
+	}
+	var total int64
+	var err error
+	switch {
+	case ok && last.Start <= s.Start && s.Start <= last.End && last.End <= s.End:
+		// The same records, less those the admin group moved past, plus those added.
+		var gone, added int64
+		if gone, err = n(last.Start, s.Start); err == nil {
+			if added, err = n(last.End, s.End); err == nil {
+				total = last.Count - gone + added
+			}
+		}
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return 0, err
+		}
+		fallthrough // retention deleted what was counted: count again
+	default:
+		if total, err = n(s.Start, s.End); err != nil {
+			return 0, fmt.Errorf("dlq: count %s/%d: %w", topic, s.Partition, err)
+		}
+	}
+	c.mu.Lock()
+	if c.counts == nil {
+		c.counts = map[string]counted{}
+	}
+	c.counts[key] = counted{Start: s.Start, End: s.End, Count: total}
+	c.mu.Unlock()
+	return total, nil
+}
+
+// Advance moves the admin group of topic forward: for each partition in
+// offsets, to that offset when it is past the group's committed offset
+// (never back). Records below the admin group's offset are no longer
+// pending: Depth (and so idem_dlq_depth), List and Replay leave them out.
+// The failure index's indexer calls it so that records settled in the
+// index (replayed, resolved, archived) stop counting as pending up to the
+// first one that is not.
+func (c *Client) Advance(ctx context.Context, topic string, offsets map[int32]int64) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	parts := make([]int32, 0, len(offsets))
+	for p := range offsets {
+		parts = append(parts, p)
+	}
+	committed, err := c.committed(topic, parts)
+	if err != nil {
+		return err
+	}
+	forward := map[int32]int64{}
+	for p, o := range offsets {
+		if o > committed[p] {
+			forward[p] = o
+		}
+	}
+	return c.commit(topic, forward)
 }
 
 // Purge marks every record of topic that is in it now as dealt with: it
 // commits the admin group at the end offsets, so Depth is 0 and List and
 // Replay see nothing of it. Records stay in the topic until retention deletes
-// them (Show still finds them). It returns how many records were pending.
+// them (Show still finds them). It returns how many records were pending
+// (dead letters, as Depth counts them).
 func (c *Client) Purge(ctx context.Context, topic string) (int64, error) {
 	spans, err := c.pending(ctx, topic)
 	if err != nil {
@@ -342,7 +422,11 @@ func (c *Client) Purge(ctx context.Context, topic string) (int64, error) {
 	var n int64
 	offsets := map[int32]int64{}
 	for _, s := range spans {
-		n += s.End - s.Start
+		k, err := c.count(ctx, topic, s)
+		if err != nil {
+			return 0, err
+		}
+		n += k
 		if s.Committed != s.End {
 			offsets[s.Partition] = s.End
 		}

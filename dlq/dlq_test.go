@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -393,7 +394,17 @@ func TestReplayToNamedTopic(t *testing.T) {
 			c := open(t, k)
 
 			now := time.UnixMilli(1_800_000_000_000)
-			res, err := c.Replay(ctx, dlq.ReplayOptions{Topic: topic, To: dlq.Destination(dest), Tier: tt.tier,
+			var allowed []string
+			if !strings.HasPrefix(tt.name, "default") {
+				// Only the origin and its group's tiers by idem's names are
+				// replay targets unless listed.
+				_, err := c.Replay(ctx, dlq.ReplayOptions{Topic: topic, To: dlq.Destination(dest), Filter: dlq.Filter{Key: "k3"}, DropUnmatched: true})
+				if !errors.Is(err, dlq.ErrReplayTarget) {
+					t.Fatalf("Replay to %s, not listed: %v, want ErrReplayTarget", dest, err)
+				}
+				allowed = []string{dest}
+			}
+			res, err := c.Replay(ctx, dlq.ReplayOptions{Topic: topic, To: dlq.Destination(dest), Tier: tt.tier, AllowedTopics: allowed,
 				Filter: dlq.Filter{Key: "k3"}, DropUnmatched: true, Now: func() time.Time { return now }})
 			if err != nil || res.Replayed != 1 || res.Skipped != 4 {
 				t.Fatalf("Replay to %s = %+v, %v", dest, res, err)

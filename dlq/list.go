@@ -9,6 +9,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/committed"
 )
 
 // Group is the pending records of a dead-letter topic that failed the same way
@@ -130,7 +131,7 @@ func (c *Client) Show(ctx context.Context, topic string, at Position) (*Record, 
 		if err != nil {
 			return nil, err
 		}
-		newest, err := c.client.GetOffset(topic, p, sarama.OffsetNewest)
+		newest, err := committed.End(c.client, topic, p)
 		if err != nil {
 			return nil, err
 		}

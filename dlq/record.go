@@ -7,6 +7,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/idemhq/idem/internal/committed"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -126,62 +127,27 @@ func (r *Record) LastFailureAt() time.Time {
 	return r.Timestamp
 }
 
+// readWait bounds how long a read waits for a partition to move (see
+// committed.Read): a leader that does not answer, an open transaction.
+const readWait = 30 * time.Second
+
 // scan calls fn for every record of topic in spans, partition by partition in
-// offset order. It stops at the first error fn returns and returns it.
-// Dead-letter topics are written without transactions, so every offset in a
-// span holds a record; a span ending in a transaction marker would make scan
-// wait until ctx is done.
+// offset order. It stops at the first error fn returns and returns it. It
+// reads as a read_committed consumer does: a dead-letter topic written with
+// transactions (consumer.Config's Transactions) holds a commit marker after
+// each transaction and may hold the records of aborted ones, which are not
+// dead letters; neither reaches fn, and no wait is unbounded.
 func (c *Client) scan(ctx context.Context, topic string, spans []span, fn func(*Record) error) error {
-	var consumer sarama.Consumer
-	defer func() {
-		if consumer != nil {
-			_ = consumer.Close()
-		}
-	}()
 	for _, s := range spans {
 		if s.Start >= s.End {
 			continue
 		}
-		if consumer == nil {
-			var err error
-			if consumer, err = sarama.NewConsumerFromClient(c.client); err != nil {
-				return fmt.Errorf("dlq: consumer: %w", err)
-			}
-		}
-		if err := c.scanSpan(ctx, consumer, topic, s, fn); err != nil {
-			return err
+		err := committed.Read(ctx, c.client, topic, s.Partition, s.Start, s.End, readWait, func(m *sarama.ConsumerMessage) error {
+			return fn(newRecord(m))
+		})
+		if err != nil {
+			return fmt.Errorf("dlq: read %s/%d from %d: %w", topic, s.Partition, s.Start, err)
 		}
 	}
 	return nil
-}
-
-func (c *Client) scanSpan(ctx context.Context, consumer sarama.Consumer, topic string, s span, fn func(*Record) error) error {
-	pc, err := consumer.ConsumePartition(topic, s.Partition, s.Start)
-	if err != nil {
-		return fmt.Errorf("dlq: read %s/%d from %d: %w", topic, s.Partition, s.Start, err)
-	}
-	defer func() { _ = pc.Close() }()
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case m, ok := <-pc.Messages():
-			if !ok {
-				return fmt.Errorf("dlq: read %s/%d: consumer closed", topic, s.Partition)
-			}
-			if m.Offset >= s.End {
-				return nil
-			}
-			if err := fn(newRecord(m)); err != nil {
-				return err
-			}
-			if m.Offset+1 >= s.End {
-				return nil
-			}
-		case err, ok := <-pc.Errors():
-			if ok {
-				return fmt.Errorf("dlq: read %s/%d: %w", topic, s.Partition, err)
-			}
-		}
-	}
 }

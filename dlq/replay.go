@@ -152,6 +152,13 @@ type ReplayOptions struct {
 	Tier int
 	// Filter selects the records to send. Default: all.
 	Filter Filter
+	// AllowedTopics are topics a record may be replayed to besides its
+	// origin topic and the origin's retry tiers for the record's group
+	// (<origin>.<group>.retry.<n>). A record whose destination is none of
+	// these makes Replay fail (wrapping ErrReplayTarget) before anything is
+	// sent or committed. The CLI's --replay-topic.
+	// Default: none.
+	AllowedTopics []string
 	// DropUnmatched allows a replay that leaves records of the pending range
 	// unsent: records the filter does not match, and stubs (never sent). They
 	// stop being pending when the admin group is committed past the range.
@@ -193,6 +200,12 @@ type ReplayResult struct {
 // record lacks the idem-original-topic header it needs to be routed. Replay
 // stops before sending anything.
 var ErrNoOrigin = replayrec.ErrNoOrigin
+
+// ErrReplayTarget is wrapped by Replay's error when a record's destination
+// is neither its origin topic, nor a retry tier of that origin for the
+// record's group, nor one of ReplayOptions.AllowedTopics: nothing was sent
+// or committed.
+var ErrReplayTarget = replayrec.ErrTarget
 
 // ErrUnmatched is wrapped by Replay's error when the pending range holds
 // records the replay would not send (filtered out, or stubs) and
@@ -251,7 +264,11 @@ func (c *Client) Replay(ctx context.Context, opts ReplayOptions) (ReplayResult, 
 		return res, err
 	}
 	for _, s := range spans {
-		res.Pending += s.End - s.Start
+		n, err := c.count(ctx, opts.Topic, s)
+		if err != nil {
+			return res, err
+		}
+		res.Pending += n
 	}
 	// The read-only pass: counts, stubs, destinations.
 	exists := map[string]bool{string(opts.To): opts.To != ToSource}
@@ -262,6 +279,9 @@ func (c *Client) Replay(ctx context.Context, opts ReplayOptions) (ReplayResult, 
 		case r.IsStub():
 			res.Stubs = append(res.Stubs, Position{Partition: r.Partition, Offset: r.Offset})
 		default:
+			if _, err := replayrec.CheckTarget(r.Failure.OriginalTopic, r.Failure.Group, string(opts.To), opts.AllowedTopics); err != nil {
+				return fmt.Errorf("offset %d: %w", r.Offset, err)
+			}
 			rec, err := replayRecord(r, opts)
 			if err != nil {
 				return err

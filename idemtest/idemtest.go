@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/committed"
 	"github.com/idemhq/idem/internal/kafkaversion"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
@@ -300,8 +302,12 @@ type DeadLetter struct {
 
 // ReadDLQ waits until the dead-letter topic dlqTopic holds at least n
 // records (failing the test after 30 s) and returns all of them, partition
-// by partition in offset order. The default dead-letter topic of topic for
-// group is retrytopic.Policy{}.DLQ(topic, group), "<topic>.<group>.dlq".
+// by partition in offset order. It reads as a read_committed consumer does:
+// a dead-letter topic written with transactions (consumer.Config's
+// Transactions) holds a marker after each transaction and may hold the
+// records of aborted ones; neither is a dead letter, so neither is counted
+// or returned. The default dead-letter topic of topic for group is
+// retrytopic.Policy{}.DLQ(topic, group), "<topic>.<group>.dlq".
 func (k *Kafka) ReadDLQ(tb testing.TB, dlqTopic string, n int) []DeadLetter {
 	tb.Helper()
 	client, err := sarama.NewClient(k.Brokers, k.SaramaConfig())
@@ -309,7 +315,7 @@ func (k *Kafka) ReadDLQ(tb testing.TB, dlqTopic string, n int) []DeadLetter {
 		tb.Fatalf("idemtest: client: %v", err)
 	}
 	defer client.Close()
-	ends := map[int32]int64{}
+	var out []DeadLetter
 	Eventually(tb, defaultTimeout, func() error {
 		if err := client.RefreshMetadata(dlqTopic); err != nil {
 			return err
@@ -318,47 +324,32 @@ func (k *Kafka) ReadDLQ(tb testing.TB, dlqTopic string, n int) []DeadLetter {
 		if err != nil {
 			return err
 		}
-		total := int64(0)
+		ps = slices.Sorted(slices.Values(ps))
+		out = out[:0]
 		for _, p := range ps {
-			end, err := client.GetOffset(dlqTopic, p, sarama.OffsetNewest)
+			start, err := client.GetOffset(dlqTopic, p, sarama.OffsetOldest)
 			if err != nil {
 				return err
 			}
-			ends[p] = end
-			total += end
+			end, err := committed.End(client, dlqTopic, p)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), defaultTimeout)
+			err = committed.Read(ctx, client, dlqTopic, p, start, end, 5*time.Second, func(m *sarama.ConsumerMessage) error {
+				out = append(out, deadLetter(m))
+				return nil
+			})
+			cancel()
+			if err != nil {
+				return err
+			}
 		}
-		if total < int64(n) {
-			return fmt.Errorf("dead-letter topic %s has %d of %d records", dlqTopic, total, n)
+		if len(out) < n {
+			return fmt.Errorf("dead-letter topic %s has %d of %d records", dlqTopic, len(out), n)
 		}
 		return nil
 	})
-	cons, err := sarama.NewConsumerFromClient(client)
-	if err != nil {
-		tb.Fatalf("idemtest: consumer: %v", err)
-	}
-	defer cons.Close()
-	var out []DeadLetter
-	for p := int32(0); p < int32(len(ends)); p++ {
-		if ends[p] == 0 {
-			continue
-		}
-		pc, err := cons.ConsumePartition(dlqTopic, p, sarama.OffsetOldest)
-		if err != nil {
-			tb.Fatalf("idemtest: read %s/%d: %v", dlqTopic, p, err)
-		}
-		timeout := time.NewTimer(defaultTimeout)
-		for done := false; !done; {
-			select {
-			case m := <-pc.Messages():
-				out = append(out, deadLetter(m))
-				done = m.Offset+1 >= ends[p]
-			case <-timeout.C:
-				tb.Fatalf("idemtest: read %s/%d: timed out before offset %d", dlqTopic, p, ends[p])
-			}
-		}
-		timeout.Stop()
-		_ = pc.Close()
-	}
 	return out
 }
 

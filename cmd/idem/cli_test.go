@@ -231,7 +231,11 @@ func TestCLIReplayTo(t *testing.T) {
 		t.Fatalf("list after the refused replay: code %d\n%s", code, out)
 	}
 
-	code, out, _ = idem(t, k, "", "dlq", "replay", "--topic", topic, "--to", tier, "--tier", "3")
+	// A custom tier name is no replay target unless listed.
+	if code, _, errOut := idem(t, k, "", "dlq", "replay", "--topic", topic, "--to", tier, "--tier", "3"); code != 1 || !strings.Contains(errOut, "--replay-topic") {
+		t.Fatalf("replay --to %s, not listed: code %d\n%s", tier, code, errOut)
+	}
+	code, out, _ = idem(t, k, "", "dlq", "replay", "--topic", topic, "--to", tier, "--tier", "3", "--replay-topic", tier)
 	if code != 0 || !strings.Contains(out, "replayed 2 of 2 pending records to "+tier) {
 		t.Fatalf("replay --to %s: code %d\n%s", tier, code, out)
 	}

@@ -3,11 +3,21 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -33,12 +43,39 @@ func TestConsoleRefusesUnsafeStarts(t *testing.T) {
 		{[]string{"console", "--listen", "127.0.0.1:0"}, map[string]string{consoleTokensEnv: "admin:alice:short"}, "at least 16"},
 		{[]string{"console", "--insecure-no-auth"}, map[string]string{consoleTokensEnv: "admin:alice:0123456789abcdef0"}, "contradict"},
 		{[]string{"console", "--tokens-file", "/nonexistent/tokens"}, nil, "tokens file"},
+		// Tokens and cookies never cross a network in clear.
+		{[]string{"console", "--listen", ":8088"}, map[string]string{consoleTokensEnv: "admin:alice:0123456789abcdef0"}, "in clear"},
+		{[]string{"console", "--listen", "10.1.2.3:8088"}, map[string]string{consoleTokensEnv: "admin:alice:0123456789abcdef0"}, "--http-tls-cert"},
+		{[]string{"console", "--listen", ":8443", "--http-tls-cert", "c.pem"}, map[string]string{consoleTokensEnv: "admin:alice:0123456789abcdef0"}, "go together"},
+		{[]string{"console", "--listen", ":8443", "--http-tls-cert", "c.pem", "--http-tls-key", "k.pem", "--behind-proxy"},
+			map[string]string{consoleTokensEnv: "admin:alice:0123456789abcdef0"}, "contradict"},
+		{[]string{"console", "--max-operator-records", "0"}, map[string]string{consoleTokensEnv: "admin:alice:0123456789abcdef0"}, "max-operator-records"},
+		// A tokens entry in error never repeats its secret.
+		{[]string{"console"}, map[string]string{consoleTokensEnv: "s3cr3t-0123456789abcdef:admin:alice"}, "is not viewer, operator or admin"},
 	} {
 		var out, errOut bytes.Buffer
 		getenv := func(k string) string { return c.env[k] }
 		if code := runEnv(c.args, getenv, strings.NewReader(""), &out, &errOut); code != 1 || !strings.Contains(errOut.String(), c.says) {
 			t.Errorf("idem %s: exit %d, %q; want 1 and an error saying %q", strings.Join(c.args, " "), code, errOut.String(), c.says)
 		}
+		if strings.Contains(errOut.String(), "s3cr3t") {
+			t.Errorf("idem %s: the error repeats the secret: %s", strings.Join(c.args, " "), errOut.String())
+		}
+	}
+	// A tokens file its group or others may read is refused, or accepted
+	// with a warning when asked.
+	file := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(file, []byte("admin alice 0123456789abcdef0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a := &app{getenv: func(string) string { return "" }, errOut: io.Discard}
+	if _, err := a.consoleTokens(consoleOptions{tokensFile: file}); err == nil || !strings.Contains(err.Error(), "0644") {
+		t.Errorf("a tokens file of mode 0644: %v, want refused", err)
+	}
+	var warn bytes.Buffer
+	a.errOut = &warn
+	if ts, err := a.consoleTokens(consoleOptions{tokensFile: file, anyTokensMode: true}); err != nil || len(ts) != 1 || !strings.Contains(warn.String(), "warning") {
+		t.Errorf("--tokens-file-any-mode: %v, %v, %q", ts, err, warn.String())
 	}
 	for addr, want := range map[string]bool{"127.0.0.1:80": true, "[::1]:8088": true, "localhost:1": true, ":8088": false, "0.0.0.0:1": false, "example.com:80": false, "127.0.0.1": false} {
 		if isLoopback(addr) != want {
@@ -85,49 +122,9 @@ func TestConsoleServes(t *testing.T) {
 	metricsAddr := ln.Addr().String()
 	ln.Close()
 	secret := "0123456789abcdef0123"
-	var out, errOut syncBuffer
-	a := &app{getenv: func(name string) string {
-		switch name {
-		case consoleTokensEnv:
-			return "operator:olga:" + secret
-		case "KAFKA_BROKERS":
-			return strings.Join(k.Brokers, ",")
-		}
-		return os.Getenv(name)
-	}, out: &out, errOut: &errOut}
-	a.args = []string{"console", "--listen", "127.0.0.1:0", "--database-url", url + "&search_path=" + schema,
-		"--topics", dlqTopic, "--indexer-group", k.Group(t, "indexer"), "--mask", "card.number", "--metrics-addr", metricsAddr, "--topic-refresh", "1s"}
-	root := newRootCmd(a)
-	root.SetArgs(a.args)
-	root.SetOut(&out)
-	root.SetErr(&errOut)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- root.ExecuteContext(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			t.Error("idem console did not stop within 30s of its context ending")
-		}
-	})
-
-	addrRE := regexp.MustCompile(`idem console: (http://127\.0\.0\.1:\d+/)`)
-	var base string
-	idemtest.Eventually(t, 30*time.Second, func() error {
-		select {
-		case err := <-done:
-			t.Fatalf("idem console ended: %v\n%s", err, errOut.String())
-		default:
-		}
-		m := addrRE.FindStringSubmatch(out.String())
-		if m == nil {
-			return io.ErrUnexpectedEOF
-		}
-		base = m[1]
-		return nil
-	})
+	base, stop := startConsole(t, map[string]string{consoleTokensEnv: "operator:olga:" + secret, "KAFKA_BROKERS": strings.Join(k.Brokers, ",")},
+		"console", "--listen", "127.0.0.1:0", "--database-url", url+"&search_path="+schema,
+		"--topics", dlqTopic, "--indexer-group", k.Group(t, "indexer"), "--mask", "card.number", "--metrics-addr", metricsAddr, "--topic-refresh", "1s")
 	call := func(path, token string) (int, string) {
 		req, _ := http.NewRequest("GET", base+path, nil)
 		if token != "" {
@@ -167,14 +164,145 @@ func TestConsoleServes(t *testing.T) {
 		}
 		return nil
 	})
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("idem console: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("idem console did not stop")
+	if err := stop(); err != nil {
+		t.Errorf("idem console: %v", err)
 	}
-	done <- nil // for the cleanup
+}
+
+// startConsole runs idem with args and env (else the process's) until the
+// test ends or stop is called, and returns the address it prints.
+func startConsole(t *testing.T, env map[string]string, args ...string) (base string, stop func() error) {
+	t.Helper()
+	var out, errOut syncBuffer
+	a := &app{getenv: func(name string) string {
+		if v, ok := env[name]; ok {
+			return v
+		}
+		return os.Getenv(name)
+	}, out: &out, errOut: &errOut, args: args}
+	root := newRootCmd(a)
+	root.SetArgs(a.args)
+	root.SetOut(&out)
+	root.SetErr(&errOut)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- root.ExecuteContext(ctx) }()
+	var result error
+	stopped := false
+	stop = func() error {
+		if stopped {
+			return result
+		}
+		stopped = true
+		cancel()
+		select {
+		case result = <-done:
+		case <-time.After(30 * time.Second):
+			result = errors.New("idem console did not stop within 30s of its context ending")
+		}
+		return result
+	}
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	addrRE := regexp.MustCompile(`idem console: (https?://127\.0\.0\.1:\d+/)`)
+	idemtest.Eventually(t, 30*time.Second, func() error {
+		select {
+		case err := <-done:
+			t.Fatalf("idem console ended: %v\n%s", err, errOut.String())
+		default:
+		}
+		m := addrRE.FindStringSubmatch(out.String())
+		if m == nil {
+			return io.ErrUnexpectedEOF
+		}
+		base = m[1]
+		return nil
+	})
+	return base, stop
+}
+
+// TestConsoleServesTLS: with --http-tls-cert and --http-tls-key the console
+// serves HTTPS on any address, and its cookies are Secure and __Host-.
+func TestConsoleServesTLS(t *testing.T) {
+	k := idemtest.Connect(t)
+	url := testenv.DatabaseURL(t)
+	_, schema := testenv.PostgresSchema(t)
+	certFile, keyFile, pool := selfSigned(t)
+	base, _ := startConsole(t, map[string]string{consoleTokensEnv: "viewer:vic:0123456789abcdef0123", "KAFKA_BROKERS": strings.Join(k.Brokers, ",")},
+		"console", "--listen", "127.0.0.1:0", "--database-url", url+"&search_path="+schema, "--topics", k.Topic(t, "dlq", 1),
+		"--indexer-group", k.Group(t, "indexer"), "--http-tls-cert", certFile, "--http-tls-key", keyFile)
+	if !strings.HasPrefix(base, "https://") {
+		t.Fatalf("idem console serves %s, want https", base)
+	}
+	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	resp, err := c.Get(base + "login")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	cs := resp.Cookies()
+	if resp.StatusCode != 200 || len(cs) == 0 {
+		t.Fatalf("login page over TLS: %d, cookies %v", resp.StatusCode, cs)
+	}
+	for _, ck := range cs {
+		if !ck.Secure || !strings.HasPrefix(ck.Name, "__Host-") {
+			t.Errorf("cookie %s: Secure %v", ck.Name, ck.Secure)
+		}
+	}
+}
+
+// selfSigned writes a certificate for 127.0.0.1 and its key to files and
+// returns them with a pool that trusts the certificate.
+func selfSigned(t *testing.T) (certFile, keyFile string, pool *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "idem console test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool = x509.NewCertPool()
+	pool.AddCert(cert)
+	return certFile, keyFile, pool
+}
+
+// TestConsolePoolBoundsStatements: every connection of idem console's pool
+// runs under the statement_timeout it was given.
+func TestConsolePoolBoundsStatements(t *testing.T) {
+	pool, err := consolePool(t.Context(), testenv.DatabaseURL(t), 1500*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var got string
+	if err := pool.QueryRow(t.Context(), `SHOW statement_timeout`).Scan(&got); err != nil || got != "1500ms" {
+		t.Errorf("statement_timeout = %q, %v; want 1500ms", got, err)
+	}
+	if _, err := pool.Exec(t.Context(), `SELECT pg_sleep(5)`); err == nil || !strings.Contains(err.Error(), "statement timeout") {
+		t.Errorf("a 5 s statement: %v, want cancelled by the statement timeout", err)
+	}
 }

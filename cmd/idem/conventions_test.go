@@ -3,6 +3,8 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"regexp"
 	"runtime"
 	"strings"
 	"testing"
@@ -95,7 +97,7 @@ func TestHelpListsWhatExists(t *testing.T) {
 	for _, l := range strings.Split(avail, "\n")[1:] {
 		listed = append(listed, strings.Fields(l)[0])
 	}
-	if got := strings.Join(listed, " "); got != "archive depth list purge replay resolve show" {
+	if got := strings.Join(listed, " "); got != "archive depth jobs list purge replay resolve show" {
 		t.Errorf("dlq --help lists %q", got)
 	}
 	for _, name := range listed {
@@ -179,7 +181,7 @@ func TestDLQDepthAndSourceGroup(t *testing.T) {
 	byName := []string{"--source", source, "--group", group}
 
 	code, out, _ := idem(t, k, "", append([]string{"dlq", "depth"}, byName...)...)
-	lines := strings.Split(strings.TrimSpace(out), "\n")
+	lines := strings.Split(strings.TrimSpace(out), "\n")[1:] // after the view line
 	if code != 0 || len(lines) != 5 || strings.Join(strings.Fields(lines[0]), " ") != "PARTITION START END PENDING" ||
 		strings.Join(strings.Fields(lines[1]), " ") != "0 0 3 3" || strings.Join(strings.Fields(lines[3]), " ") != "2 0 0 0" ||
 		lines[4] != fmt.Sprintf("total: 3 pending in %s (admin group %s.admin)", dlqTopic, dlqTopic) {
@@ -234,5 +236,50 @@ func TestDLQDepthAndSourceGroup(t *testing.T) {
 		if code != 1 || !strings.Contains(errOut, tt.want) {
 			t.Errorf("dlq depth %v: code %d %q, want %q", tt.args, code, errOut, tt.want)
 		}
+	}
+}
+
+// TestCLIDocListsEveryCommand: the command table of docs/cli.md lists every
+// command idem help lists (and no other), so the guide cannot lose one.
+func TestCLIDocListsEveryCommand(t *testing.T) {
+	t.Parallel()
+	doc, err := os.ReadFile("../../docs/cli.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := regexp.MustCompile("^\\| `idem ([a-z -]+?)`")
+	documented := map[string]bool{}
+	for _, l := range strings.Split(string(doc), "\n") {
+		if m := row.FindStringSubmatch(l); m != nil {
+			documented[m[1]] = true
+		}
+	}
+	commands := map[string]bool{}
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		for _, sub := range c.Commands() {
+			if !sub.IsAvailableCommand() || sub.Name() == "help" || sub.Name() == "completion" {
+				continue
+			}
+			if sub.HasAvailableSubCommands() {
+				walk(sub)
+				continue
+			}
+			commands[strings.TrimPrefix(sub.CommandPath(), "idem ")] = true
+		}
+	}
+	walk(newRootCmd(&app{}))
+	for c := range commands {
+		if !documented[c] {
+			t.Errorf("idem %s is missing from the command table of docs/cli.md", c)
+		}
+	}
+	for c := range documented {
+		if !commands[c] {
+			t.Errorf("docs/cli.md's command table lists idem %s, which idem help does not", c)
+		}
+	}
+	if len(commands) < 15 {
+		t.Fatalf("found %d commands: is the walk still finding them?", len(commands))
 	}
 }

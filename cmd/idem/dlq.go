@@ -34,18 +34,30 @@ Name the dead-letter topic with --topic (-t), or with --source and --group:
 the topic and consumer group whose dead-letter topic it is, by idem's default
 name <topic>.<group>.dlq (give --topic when Retry.Tiers.DLQTopic renames it).
 
-Two models of what is pending:
+Two views of what is pending; every command's answer starts with the one it
+shows ("view: failure index" or "view: topic T"):
 
 With --database-url (or DATABASE_URL), list, show, replay, resolve and
 archive work on the failure index that idem console's indexer keeps in
-PostgreSQL: each dead letter has its own status (unresolved, replayed,
-resolved, archived), a replay of a subset leaves the others unresolved, and
-every action is written to the audit log under --actor.
+PostgreSQL: each dead letter has its own status (unresolved, replaying,
+replayed, resolved, archived), a replay of a subset leaves the others
+unresolved, and every action is written to the audit log under the OS user
+(and --actor). An index that holds no record of a topic that has pending
+dead letters is an error, not an empty answer. A replay claims its records
+and runs as a job: see dlq jobs.
 
-Without a database, pending records are those past the committed offsets of
-the consumer group "<dlq-topic>.admin". replay and purge move that group
-forward; list, show and depth never change anything. depth and purge always
-work this way.`,
+Without a database, or with --from-topic, pending records are those past the
+committed offsets of the consumer group "<dlq-topic>.admin". replay and purge
+move that group forward; list, show and depth never change anything. depth
+and purge always work this way. (A running indexer moves that group up to the
+first record the index has not settled.)
+
+Records are read as a read_committed consumer reads them: a topic written
+with transactions holds markers and aborted records, which are no dead
+letters.
+
+A replay goes to each record's origin topic or one of its retry tiers for its
+group (<origin>.<group>.retry.<n>); --replay-topic allows another.`,
 		Example: `  idem dlq list --source payments --group billing
   idem dlq depth -t payments.billing.dlq --json
   idem dlq show -t payments.billing.dlq --partition 0 --offset 42
@@ -57,7 +69,7 @@ work this way.`,
 	a.kafkaFlags(c)
 	a.dlqDBFlags(c)
 	c.AddCommand(newListCmd(a), newShowCmd(a), newReplayCmd(a), newStatusCmd(a, "resolve"), newStatusCmd(a, "archive"),
-		newPurgeCmd(a), newDepthCmd(a))
+		newPurgeCmd(a), newDepthCmd(a), newJobsCmd(a))
 	return c
 }
 
@@ -171,7 +183,7 @@ PARTITION/OFFSET, status, a stub mark), filtered by --filter and --status.`,
   idem dlq list --database-url postgres://idem@db/idem --filter kind=timeout --status any`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if a.dlqDB != "" {
+			if a.useIndex() {
 				return indexList(cmd.Context(), a, sel, filter, status, limit, asJSON)
 			}
 			if filter != "" || cmd.Flags().Changed("status") || cmd.Flags().Changed("limit") {
@@ -200,12 +212,14 @@ PARTITION/OFFSET, status, a stub mark), filtered by --filter and --status.`,
 			}
 			if asJSON {
 				return writeJSON(a.out, struct {
+					View       string      `json:"view"`
 					Topic      string      `json:"topic"`
 					AdminGroup string      `json:"admin_group"`
 					Depth      int64       `json:"depth"`
 					Groups     []dlq.Group `json:"groups"`
-				}{topic, dlq.AdminGroup(topic), depth, groups})
+				}{"topic", topic, dlq.AdminGroup(topic), depth, groups})
 			}
+			a.topicView(topic)
 			var stubs int64
 			if len(groups) > 0 {
 				tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
@@ -278,7 +292,7 @@ expired from the topic.`,
 			if id != 0 && (byOffset || key != "") {
 				return errors.New("give one of --id, --offset (with --partition) or --key")
 			}
-			if a.dlqDB != "" && (id != 0 || (byOffset && offset >= 0) || (!byOffset && key != "")) {
+			if a.useIndex() && (id != 0 || (byOffset && offset >= 0) || (!byOffset && key != "")) {
 				return indexShow(cmd.Context(), a, sel, id, byOffset, partition, offset, key, asJSON)
 			}
 			if id != 0 {
@@ -309,6 +323,7 @@ expired from the topic.`,
 			if asJSON {
 				return showJSON(a.out, r)
 			}
+			a.topicView(topic)
 			showText(a.out, r)
 			return nil
 		},
@@ -428,7 +443,7 @@ func showJSON(w io.Writer, r *dlq.Record) error {
 	out := map[string]any{
 		"topic": r.Topic, "partition": r.Partition, "offset": r.Offset, "timestamp": r.Timestamp,
 		"key": jsonBytes(r.Key), "headers": headers, "fingerprint": r.Fingerprint(), "failure": failure, "value": value,
-		"stub": r.IsStub(), "idempotency_key": r.IdempotencyKey(),
+		"stub": r.IsStub(), "idempotency_key": r.IdempotencyKey(), "view": "topic",
 	}
 	if r.DecodeErr != nil {
 		out["decode_error"] = r.DecodeErr.Error()
@@ -476,6 +491,7 @@ func newReplayCmd(a *app) *cobra.Command {
 	var dryRun, drop bool
 	var ids []int64
 	var reason, status string
+	var allowed []string
 	c := &cobra.Command{
 		Use:   "replay",
 		Short: "Republish pending dead-letter records to their source topic or to a topic you name",
@@ -485,10 +501,11 @@ func newReplayCmd(a *app) *cobra.Command {
 --to says where records go:
   source (default)  each record's idem-original-topic, as a fresh record
                     (idem-* headers removed), to its original partition
-  TOPIC             a topic you name, typically a retry tier, e.g.
-                    payments.billing.retry.1: the record keeps its idem-*
-                    history, due now, with idem-tier from --tier (default: n
-                    when TOPIC is named <topic>.<group>.retry.<n>, else 1)
+  TOPIC             a retry tier of each record's origin for its group,
+                    e.g. payments.billing.retry.1: the record keeps its
+                    idem-* history, due now, with idem-tier from --tier
+                    (default: n of <topic>.<group>.retry.<n>); any other
+                    topic must be listed with --replay-topic
 idem never guesses tier names and never creates a topic. A --to topic that
 does not exist is an error before anything is read; with source, replay stops
 at the first record whose original topic does not exist, and that record
@@ -518,7 +535,7 @@ a subset leaves the others unresolved, and every replay is audited.
   idem dlq replay --database-url postgres://idem@db/idem --id 42 --id 43 --reason "ledger fixed"`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if a.dlqDB != "" {
+			if a.useIndex() {
 				if drop {
 					return errors.New("--drop-unmatched-from-pending: with a database, records not replayed stay unresolved; nothing to drop")
 				}
@@ -533,10 +550,10 @@ a subset leaves the others unresolved, and every replay is audited.
 				if err != nil {
 					return err
 				}
-				return indexReplay(cmd.Context(), a, s, to, tier, rate, reason, dryRun)
+				return indexReplay(cmd.Context(), a, s, to, tier, rate, reason, dryRun, allowed)
 			}
 			if len(ids) > 0 || reason != "" || cmd.Flags().Changed("status") {
-				return errors.New("--id, --reason and --status need the failure index: set --database-url or DATABASE_URL")
+				return errors.New("--id, --reason and --status need the failure index: set --database-url or DATABASE_URL (and no --from-topic)")
 			}
 			f, err := dlq.ParseFilter(filter)
 			if err != nil {
@@ -560,7 +577,8 @@ a subset leaves the others unresolved, and every replay is audited.
 			}
 			defer cl.Close()
 			dest := dlq.Destination(to)
-			opts := dlq.ReplayOptions{Topic: topic, To: dest, Tier: tier, Filter: f, Rate: rate, DryRun: dryRun, DropUnmatched: drop}
+			opts := dlq.ReplayOptions{Topic: topic, To: dest, Tier: tier, Filter: f, Rate: rate, DryRun: dryRun, DropUnmatched: drop, AllowedTopics: allowed}
+			a.topicView(topic)
 			tty := isTerminal(a.out)
 			if tty {
 				opts.Progress = func(done, total int64) { progressBar(a.out, done, total) }
@@ -582,6 +600,7 @@ a subset leaves the others unresolved, and every replay is audited.
 	c.Flags().StringVar(&reason, "reason", "", "with a database: why, kept in the record and the audit log")
 	c.Flags().StringVar(&status, "status", "unresolved", "with a database and --filter: statuses to select (only unresolved records are sent)")
 	c.Flags().BoolVar(&drop, "drop-unmatched-from-pending", false, "without a database: allow a replay that leaves records unsent (not matched by --filter, or stubs); they stop being pending")
+	c.Flags().StringSliceVar(&allowed, "replay-topic", nil, "topic --to may name besides each record's origin and its group's retry tiers (repeatable)")
 	return c
 }
 
@@ -687,6 +706,7 @@ in the topic until retention deletes them. Asks for confirmation unless --yes.`,
 				return err
 			}
 			defer cl.Close()
+			a.topicView(topic)
 			if !yes {
 				depth, err := cl.Depth(cmd.Context(), topic)
 				if err != nil {
@@ -718,10 +738,13 @@ func newDepthCmd(a *app) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "depth",
 		Short: "Count pending dead-letter records, per partition and in total",
-		Long: `Count the pending records of a dead-letter topic: per partition, the end offset
-minus the admin group's committed offset (or minus the earliest retained
-offset when that is later), and their total, the value idem_dlq_depth
-reports. Changes nothing.`,
+		Long: `Count the pending records of a dead-letter topic: per partition, the dead
+letters from the admin group's committed offset (or the earliest retained
+offset when that is later) to the end, and their total, the value
+idem_dlq_depth reports. A topic written with transactions holds commit
+markers and aborted records, which take offsets and are not counted. Always
+the topic's view; where an indexer runs, it moves the admin group up to the
+first record the failure index has not settled. Changes nothing.`,
 		Example: `  idem dlq depth -t payments.billing.dlq
   idem dlq depth --source payments --group billing --json | jq .total`,
 		Args: cobra.NoArgs,
@@ -741,12 +764,14 @@ reports. Changes nothing.`,
 			}
 			if asJSON {
 				return writeJSON(a.out, struct {
+					View       string               `json:"view"`
 					Topic      string               `json:"topic"`
 					AdminGroup string               `json:"admin_group"`
 					Partitions []dlq.PartitionDepth `json:"partitions"`
 					Total      int64                `json:"total"`
-				}{topic, dlq.AdminGroup(topic), parts, total})
+				}{"topic", topic, dlq.AdminGroup(topic), parts, total})
 			}
+			a.topicView(topic)
 			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', tabwriter.AlignRight)
 			fmt.Fprintln(tw, "PARTITION\tSTART\tEND\tPENDING\t")
 			for _, p := range parts {

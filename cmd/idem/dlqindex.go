@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os/user"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -25,22 +26,79 @@ func (a *app) dlqDBFlags(c *cobra.Command) {
 	f := c.PersistentFlags()
 	f.StringVar(&a.dlqDB, "database-url", "", "PostgreSQL URL of the failure index: list, show, replay, resolve and archive then work per record")
 	envFlag(f, "database-url", "DATABASE_URL")
-	f.StringVar(&a.actor, "actor", "", "name recorded in the index's audit log for replay, resolve and archive (default $USER)")
+	f.StringVar(&a.actor, "actor", "", "who acts, recorded in the index's audit log beside the OS user the CLI runs as")
 	envFlag(f, "actor", "IDEM_ACTOR")
 	f.StringSliceVar(&a.mask, "mask", nil, "JSON path to mask in list and show, e.g. card.number (repeatable); masked values and card numbers are also hidden in errors, stacks, headers and keys")
 	envFlag(f, "mask", "IDEM_MASK")
 	encryptionFlag(f, &a.keyFile)
+	f.BoolVar(&a.fromTopic, "from-topic", false, "read the dead-letter topic itself (its admin group's offsets), even with --database-url or DATABASE_URL")
 }
 
-// actorName is --actor, else $USER, else "idem-cli".
+// useIndex reports whether the dlq commands work on the failure index: a
+// database is given and --from-topic is not.
+func (a *app) useIndex() bool { return a.dlqDB != "" && !a.fromTopic }
+
+// actorName is who the audit log records: the OS user the CLI runs as
+// (whose name the CLI cannot choose), with --actor beside it when given:
+// "alice (os user ops)".
 func (a *app) actorName() string {
-	switch {
-	case a.actor != "":
-		return a.actor
-	case a.env("USER") != "":
-		return a.env("USER")
+	osUser := "unknown"
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		osUser = u.Username
+	} else if v := a.env("USER"); v != "" {
+		osUser = v
 	}
-	return "idem-cli"
+	if a.actor == "" || a.actor == osUser {
+		return osUser
+	}
+	return fmt.Sprintf("%s (os user %s)", a.actor, osUser)
+}
+
+// indexView and topicView are the first line of each dlq command's answer:
+// which view of "pending" it shows.
+func (a *app) indexView() {
+	fmt.Fprintln(a.out, "view: failure index (each dead letter's status in PostgreSQL; --from-topic for the topic's)")
+}
+
+func (a *app) topicView(topic string) {
+	fmt.Fprintf(a.out, "view: topic %s (pending: past the admin group %s)\n", topic, dlq.AdminGroup(topic))
+}
+
+// errIndexBlind is the error of a command asked about topic from an index
+// that holds none of its records while the topic has pending ones: no
+// indexer has read it, and the index's answer ("nothing") would be wrong.
+type errIndexBlind struct {
+	topic   string
+	pending int64
+}
+
+func (e *errIndexBlind) Error() string {
+	return fmt.Sprintf("the failure index holds 0 records of %s, but the topic has %d pending dead letters: no indexer has read them. "+
+		"Index them with idem console (its indexer reads every topic ending in .dlq, or --topics %s) or an index.Indexer, "+
+		"or read the topic itself with --from-topic", e.topic, e.pending, e.topic)
+}
+
+// checkIndexed returns an *errIndexBlind when the index s holds no record
+// of topic while topic has pending dead letters. It says nothing when the
+// topic cannot be read (the index's answer stands).
+func (a *app) checkIndexed(ctx context.Context, s *failidx.Store, topic string) error {
+	if topic == "" {
+		return nil
+	}
+	held, err := s.HoldsTopic(ctx, topic)
+	if err != nil || held {
+		return err
+	}
+	cl, _, err := a.openDLQ(dlqTopic{topic: topic})
+	if err != nil {
+		return nil
+	}
+	defer cl.Close()
+	pending, err := cl.Depth(ctx, topic)
+	if err != nil || pending == 0 {
+		return nil
+	}
+	return &errIndexBlind{topic: topic, pending: pending}
 }
 
 // openIndex opens the failure index. It creates nothing: a database without
@@ -124,6 +182,9 @@ func indexList(ctx context.Context, a *app, t dlqTopic, filter, status string, l
 		return err
 	}
 	defer closeDB()
+	if err := a.checkIndexed(ctx, s, f.Topic); err != nil {
+		return err
+	}
 	groups, err := s.Groups(ctx, f)
 	if err != nil {
 		return err
@@ -154,15 +215,17 @@ func indexList(ctx context.Context, a *app, t dlqTopic, filter, status string, l
 		}
 		out := struct {
 			Source  string                 `json:"source"`
+			View    string                 `json:"view"`
 			Groups  []failidx.FailureGroup `json:"groups"`
 			Records []rec                  `json:"records"`
 			More    bool                   `json:"more"`
-		}{Source: "index", Groups: groups, Records: []rec{}, More: page.Next != ""}
+		}{Source: "index", View: "index", Groups: groups, Records: []rec{}, More: page.Next != ""}
 		for _, r := range page.Records {
 			out.Records = append(out.Records, rec{r.ID, r.Topic, r.Partition, r.Offset, string(r.Status), r.Kind, r.IdempotencyKey, r.Stub, r.Error, fmtTime(r.LastFailureAt)})
 		}
 		return writeJSON(a.out, out)
 	}
+	a.indexView()
 	if len(groups) > 0 {
 		tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "FINGERPRINT\tKIND\tGROUP\tTOPIC\tCOUNT\tUNRESOLVED\tFIRST SEEN\tLAST SEEN\tSAMPLE")
@@ -226,6 +289,9 @@ func indexShow(ctx context.Context, a *app, t dlqTopic, id int64, byOffset bool,
 			return err
 		}
 		if len(page.Records) == 0 {
+			if err := a.checkIndexed(ctx, s, f.Topic); err != nil {
+				return err
+			}
 			return fmt.Errorf("%w: no record in the failure index matches", failidx.ErrNotFound)
 		}
 		id = page.Records[0].ID
@@ -242,6 +308,7 @@ func indexShow(ctx context.Context, a *app, t dlqTopic, id int64, byOffset bool,
 	if asJSON {
 		return indexShowJSON(a.out, r)
 	}
+	a.indexView()
 	fmt.Fprintf(a.out, "id:        %d\n", r.ID)
 	if r.PayloadErr != nil {
 		showUnreadable(a.out, r)
@@ -274,7 +341,7 @@ func indexShowJSON(w io.Writer, r failidx.Record) error {
 		return err
 	}
 	return writeJSON(w, map[string]any{
-		"id": r.ID, "record": json.RawMessage(buf.String()), "idempotency_key": r.IdempotencyKey, "stub": r.Stub,
+		"view": "index", "id": r.ID, "record": json.RawMessage(buf.String()), "idempotency_key": r.IdempotencyKey, "stub": r.Stub,
 		"value_truncated": r.ValueTruncated, "value_size": r.ValueSize, "status": r.Status, "status_actor": r.StatusActor,
 		"status_reason": r.StatusReason, "status_at": r.StatusAt, "previous_id": r.PreviousID, "versions": len(r.Versions),
 		"key_id": r.KeyID, "payload_unavailable": failidx.Unavailable(r.PayloadErr),
@@ -301,8 +368,10 @@ func selection(t dlqTopic, filter, status string, ids []int64) (failidx.Selectio
 	return failidx.Selection{Filter: &f}, nil
 }
 
-// indexReplay replays from the failure index.
-func indexReplay(ctx context.Context, a *app, sel failidx.Selection, to string, tier int, rate float64, reason string, dryRun bool) error {
+// indexReplay replays from the failure index. The replay claims its
+// records and runs as a job in this process; interrupted, the job is handed
+// back, and a console (or idem dlq jobs --resume) finishes it.
+func indexReplay(ctx context.Context, a *app, sel failidx.Selection, to string, tier int, rate float64, reason string, dryRun bool, allowed []string) error {
 	if tier != 0 {
 		return errors.New("--tier: with a database, the tier is taken from the --to topic's name (<topic>.<group>.retry.<n>, else 1)")
 	}
@@ -314,22 +383,29 @@ func indexReplay(ctx context.Context, a *app, sel failidx.Selection, to string, 
 		return err
 	}
 	defer closeDB()
-	if dryRun {
-		return indexDryRun(ctx, a, s, sel, to)
+	if sel.Filter != nil {
+		if err := a.checkIndexed(ctx, s, sel.Filter.Topic); err != nil {
+			return err
+		}
 	}
-	cfg, brokers, err := a.saramaConfig()
+	client, err := a.producerClient()
 	if err != nil {
 		return err
 	}
-	client, err := sarama.NewClient(brokers, index.ProducerConfig(cfg))
-	if err != nil {
-		return fmt.Errorf("connect to %v: %w", brokers, err)
-	}
 	defer client.Close()
-	res, err := failidx.NewActions(s, client).Replay(ctx, a.actorName(), sel, to, int(rate), reason)
+	act := failidx.NewActions(s, client)
+	act.ReplayTopics = allowed
+	a.indexView()
+	if dryRun {
+		return indexDryRun(ctx, a, act, sel, to)
+	}
+	res, err := act.Replay(ctx, a.actorName(), sel, to, int(rate), reason)
 	if err != nil {
-		if errors.Is(err, dlq.ErrUnknownTopic) && (to == "retry" || to == "origin") {
+		switch {
+		case errors.Is(err, dlq.ErrUnknownTopic) && (to == "retry" || to == "origin"):
 			return fmt.Errorf("%w (--to takes source or a topic name: name the retry tier, e.g. <topic>.<group>.retry.1)", err)
+		case errors.Is(err, context.Canceled):
+			return fmt.Errorf("interrupted after %d replayed: the job is handed back unfinished; idem dlq jobs --resume (or a running idem console) finishes it", res.Done)
 		}
 		return fmt.Errorf("%w (replayed %d before stopping)", err, res.Done)
 	}
@@ -339,10 +415,27 @@ func indexReplay(ctx context.Context, a *app, sel failidx.Selection, to string, 
 	}
 	fmt.Fprintf(a.out, "replayed %d of %d selected records to %s\n", res.Done, res.Matched, dest)
 	reportSkipped(a.out, res)
-	if res.Done == 0 {
+	switch {
+	case res.Done == 0:
 		return fmt.Errorf("nothing replayed: %d records selected, none unresolved and replayable", res.Matched)
+	case len(res.Errors) > 0:
+		return fmt.Errorf("replayed %d of %d selected records; %d could not be replayed (above) and stay unresolved", res.Done, res.Matched, len(res.Errors))
 	}
 	return nil
+}
+
+// producerClient connects the Kafka client the index's actions publish
+// through.
+func (a *app) producerClient() (sarama.Client, error) {
+	cfg, brokers, err := a.saramaConfig()
+	if err != nil {
+		return nil, err
+	}
+	client, err := sarama.NewClient(brokers, index.ProducerConfig(cfg))
+	if err != nil {
+		return nil, fmt.Errorf("connect to %v: %w", brokers, err)
+	}
+	return client, nil
 }
 
 // reportSkipped prints what an index action left alone.
@@ -371,56 +464,27 @@ func idList(ids []int64) string {
 	return strings.Join(parts, ", ")
 }
 
-// indexDryRun counts what a replay would do, reading the selection.
-func indexDryRun(ctx context.Context, a *app, s *failidx.Store, sel failidx.Selection, to string) error {
-	var recs []failidx.Record
-	if sel.Filter != nil {
-		cursor := ""
-		for {
-			p, err := s.List(ctx, *sel.Filter, cursor, 1000)
-			if err != nil {
-				return err
-			}
-			recs = append(recs, p.Records...)
-			if cursor = p.Next; cursor == "" {
-				break
-			}
-		}
-	} else {
-		for _, id := range sel.IDs {
-			r, err := s.Get(ctx, id)
-			if err != nil {
-				return err
-			}
-			recs = append(recs, r)
-		}
-	}
-	var send, other int
-	var stubs []int64
-	for _, r := range recs {
-		switch {
-		case r.Stub:
-			stubs = append(stubs, r.ID)
-		case r.Status != failidx.Unresolved:
-			other++
-		default:
-			send++
-		}
+// indexDryRun counts what a replay would do, in the database (no value is
+// read, however many records are selected), and checks its destinations.
+func indexDryRun(ctx context.Context, a *app, act *failidx.Actions, sel failidx.Selection, to string) error {
+	p, err := act.PlanReplay(ctx, sel, to)
+	if err != nil {
+		return err
 	}
 	dest := to
 	if dest == "" {
 		dest = "source"
 	}
-	fmt.Fprintf(a.out, "dry run: would replay %d of %d selected records to %s; nothing sent or changed\n", send, len(recs), dest)
-	if other > 0 {
-		fmt.Fprintf(a.out, "%d selected records are not unresolved and would be skipped\n", other)
+	fmt.Fprintf(a.out, "dry run: would replay %d of %d selected records to %s; nothing sent or changed\n", p.Send, p.Selected, dest)
+	if p.Other > 0 {
+		fmt.Fprintf(a.out, "%d selected records are not unresolved and would be skipped\n", p.Other)
 	}
-	if len(stubs) > 0 {
-		fmt.Fprintf(a.out, "%s would not be replayed (value omitted): ids %s\n", plural(int64(len(stubs)), "stub"), idList(stubs))
+	if p.Stubs > 0 {
+		fmt.Fprintf(a.out, "%s would not be replayed (value omitted): ids %s\n", plural(int64(p.Stubs), "stub"), idList(p.StubIDs))
 	}
 	fmt.Fprintln(a.out, "records not selected stay unresolved")
-	if send == 0 {
-		return fmt.Errorf("nothing would be replayed: %d records selected, none unresolved and replayable", len(recs))
+	if p.Send == 0 {
+		return fmt.Errorf("nothing would be replayed: %d records selected, none unresolved and replayable", p.Selected)
 	}
 	return nil
 }
@@ -447,8 +511,8 @@ the index's audit log under --actor (default $USER).`,
   idem dlq %s -t payments.billing.dlq --filter fingerprint=3fa2 --reason "test data"`, name, name),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if a.dlqDB == "" {
-				return fmt.Errorf("dlq %s works on the failure index: set --database-url or DATABASE_URL", name)
+			if !a.useIndex() {
+				return fmt.Errorf("dlq %s works on the failure index: set --database-url or DATABASE_URL (and no --from-topic)", name)
 			}
 			s, err := selection(sel, filter, status, ids)
 			if err != nil {
@@ -459,6 +523,12 @@ the index's audit log under --actor (default $USER).`,
 				return err
 			}
 			defer closeDB()
+			if s.Filter != nil {
+				if err := a.checkIndexed(cmd.Context(), store, s.Filter.Topic); err != nil {
+					return err
+				}
+			}
+			a.indexView()
 			act := failidx.NewActions(store, nil)
 			var res failidx.Result
 			if name == "resolve" {

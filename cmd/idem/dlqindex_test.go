@@ -166,7 +166,7 @@ func TestCLIIndexModel(t *testing.T) {
 		t.Fatalf("resolve: code %d\n%s", code, out)
 	}
 	var audits int
-	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM idem_dlq_audit WHERE actor = 'alice'`).Scan(&audits); err != nil || audits != 6 {
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM idem_dlq_audit WHERE actor LIKE 'alice (os user %)'`).Scan(&audits); err != nil || audits != 6 {
 		t.Fatalf("%d audit rows by alice, want 6 (3 replays, 2 archives, 1 resolve): %v", audits, err)
 	}
 }

@@ -61,6 +61,26 @@ func maskDLQRecord(m *mask.Masker, r *dlq.Record) *dlq.Record {
 	return dlq.FromMessage(msg)
 }
 
+// maskJobs returns js as --mask shows them: no card number in what an
+// operator typed (reason, filter) or in the errors, as the console's jobs
+// and audit pages show them (no payload is at hand there).
+func maskJobs(m *mask.Masker, js []failidx.Job) []failidx.Job {
+	if !m.Active() {
+		return js
+	}
+	sc := m.For()
+	out := make([]failidx.Job, len(js))
+	for i, j := range js {
+		j.Reason, j.Detail = sc.String(j.Reason), sc.String(j.Detail)
+		j.Errors = make([]string, len(js[i].Errors))
+		for k, e := range js[i].Errors {
+			j.Errors[k] = sc.String(e)
+		}
+		out[i] = j
+	}
+	return out
+}
+
 // maskIndexRecord returns r as --mask shows it: as maskDLQRecord, with the
 // index's own text (error, stack, keys, status reason) and each edited
 // version scrubbed by the values masked in any of the record's payloads.

@@ -36,8 +36,9 @@ type app struct {
 	brokers      string
 	kafkaVersion string
 	// dlqDB is the dlq commands' --database-url (the failure index), actor
-	// their --actor.
+	// their --actor, fromTopic their --from-topic.
 	dlqDB, actor string
+	fromTopic    bool
 	auth         kafkaauth.Options
 	// args are the invocation's arguments, getenv its environment.
 	args        []string

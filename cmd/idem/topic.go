@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -14,17 +15,18 @@ import (
 func newTopicCmd(a *app) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "topic <command>",
-		Short: "Create Kafka topics",
-		Long: `Create Kafka topics.
+		Short: "Create and delete Kafka topics",
+		Long: `Create and delete Kafka topics.
 
 idem's brokers often do not create topics on first use (and idem's commands
 never ask them to), so a new source topic is created here, or with
-kafka-topics.sh.`,
+kafka-topics.sh; a trial's topics are deleted here too.`,
 		Example: `  idem topic create payments --partitions 6
-  idem topic create payments --partitions 6 --replication-factor 3 --config retention.ms=604800000 --if-not-exists`,
+  idem topic create payments --partitions 6 --replication-factor 3 --config retention.ms=604800000 --if-not-exists
+  idem topic delete payments.billing.retry.1 payments.billing.dlq`,
 	}
 	a.kafkaFlags(c)
-	c.AddCommand(newTopicCreateCmd(a))
+	c.AddCommand(newTopicCreateCmd(a), newTopicDeleteCmd(a))
 	return c
 }
 
@@ -200,4 +202,94 @@ func oneArg(want string) cobra.PositionalArgs {
 		}
 		return nil
 	}
+}
+
+func newTopicDeleteCmd(a *app) *cobra.Command {
+	var yes bool
+	c := &cobra.Command{
+		Use:   "delete NAME...",
+		Short: "Delete topics, after saying what they hold (asks unless --yes)",
+		Long: `Delete exactly the topics named: no pattern, no prefix, nothing else. Each
+must exist, and none may be one of Kafka's internal topics (names starting
+with "__"); otherwise nothing is deleted. The command first prints each
+topic's partitions and the records it holds, then asks for confirmation
+unless --yes. Deleting a topic deletes its records for good.`,
+		Example: `  idem topic delete payments.billing.dlq
+  idem topic delete payments.billing.retry.1 payments.billing.retry.2 --yes`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.deleteTopics(args, yes)
+		},
+	}
+	c.Flags().BoolVarP(&yes, "yes", "y", false, "do not ask for confirmation")
+	return c
+}
+
+// deleteTopics deletes names, after checking and showing each and asking
+// unless yes.
+func (a *app) deleteTopics(names []string, yes bool) error {
+	if len(names) == 0 {
+		return errors.New("name the topics to delete: idem topic delete NAME [NAME]")
+	}
+	for _, n := range names {
+		if strings.HasPrefix(n, "__") {
+			return fmt.Errorf("%s is one of Kafka's internal topics: idem never deletes one; nothing deleted", n)
+		}
+	}
+	cfg, brokers, err := a.saramaConfig()
+	if err != nil {
+		return err
+	}
+	client, err := sarama.NewClient(brokers, cfg)
+	if err != nil {
+		return fmt.Errorf("connect to %s: %w", strings.Join(brokers, ","), err)
+	}
+	defer client.Close()
+	type found struct {
+		name       string
+		partitions int
+		records    int64
+	}
+	var topics []found
+	for _, n := range names {
+		if err := client.RefreshMetadata(n); err != nil {
+			return fmt.Errorf("topic %s: %w; nothing deleted", n, err)
+		}
+		ps, err := client.Partitions(n)
+		if err != nil {
+			return fmt.Errorf("topic %s: %w; nothing deleted", n, err)
+		}
+		f := found{name: n, partitions: len(ps)}
+		for _, p := range ps {
+			oldest, err1 := client.GetOffset(n, p, sarama.OffsetOldest)
+			newest, err2 := client.GetOffset(n, p, sarama.OffsetNewest)
+			if err := errors.Join(err1, err2); err != nil {
+				return fmt.Errorf("topic %s: %w; nothing deleted", n, err)
+			}
+			f.records += newest - oldest
+		}
+		topics = append(topics, f)
+	}
+	for _, f := range topics {
+		fmt.Fprintf(a.out, "%s: %d partitions, %d offsets held (records and transaction markers)\n", f.name, f.partitions, f.records)
+	}
+	if !yes {
+		fmt.Fprintf(a.out, "delete %s and every record in it? [y/N] ", plural(int64(len(topics)), "topic"))
+		line, _ := bufio.NewReader(a.in).ReadString('\n')
+		if ans := strings.ToLower(strings.TrimSpace(line)); ans != "y" && ans != "yes" {
+			fmt.Fprintln(a.out)
+			return errors.New("delete not confirmed; nothing deleted")
+		}
+	}
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		return fmt.Errorf("kafka admin: %w", err)
+	}
+	// admin.Close would close client too; the deferred client.Close does.
+	for _, f := range topics {
+		if err := admin.DeleteTopic(f.name); err != nil {
+			return fmt.Errorf("delete topic %s: %w", f.name, err)
+		}
+		fmt.Fprintf(a.out, "deleted topic %s\n", f.name)
+	}
+	return nil
 }

@@ -133,3 +133,51 @@ func TestTopicProduceBadInput(t *testing.T) {
 		t.Errorf("a failed command created %s", missing)
 	}
 }
+
+// TestTopicDelete: idem topic delete deletes exactly the topics named,
+// after saying what they hold and asking (unless --yes); it refuses
+// Kafka's internal topics and names it does not find, and deletes nothing
+// then.
+func TestTopicDelete(t *testing.T) {
+	k := idemtest.Connect(t)
+	base := k.Topic(t, "t", 1) // what the test leaves is deleted with it
+	a, b := base+".delete_a", base+".delete_b"
+	for _, name := range []string{a, b} {
+		if code, _, _ := idem(t, k, "", "topic", "create", name, "-p", "2"); code != 0 {
+			t.Fatalf("create %s: code %d", name, code)
+		}
+	}
+	exists := func(name string) bool {
+		topics, err := admin(t, k).ListTopics()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, ok := topics[name]
+		return ok
+	}
+	code, out, errOut := idem(t, k, "n\n", "topic", "delete", a)
+	if code != 1 || !strings.Contains(out, a) || !strings.Contains(out, "2 partitions") || !strings.Contains(errOut, "not confirmed") || !exists(a) {
+		t.Errorf("delete answered n: code %d\n%s\n%s", code, out, errOut)
+	}
+	for _, c := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"topic", "delete", "__consumer_offsets", "--yes"}, "internal"},
+		{[]string{"topic", "delete", a, base + ".no_such_topic", "--yes"}, "no_such_topic"},
+		{[]string{"topic", "delete", "--yes"}, "name the topics"},
+	} {
+		if code, _, errOut := idem(t, k, "", c.args...); code != 1 || !strings.Contains(errOut, c.says) {
+			t.Errorf("idem %s: code %d, %q; want refused saying %q", strings.Join(c.args, " "), code, errOut, c.says)
+		}
+	}
+	if !exists(a) || !exists("__consumer_offsets") {
+		t.Fatal("a refused delete deleted a topic")
+	}
+	if code, out, _ := idem(t, k, "y\n", "topic", "delete", a); code != 0 || !strings.Contains(out, "deleted topic "+a) || exists(a) {
+		t.Errorf("delete answered y: code %d\n%s", code, out)
+	}
+	if code, out, _ := idem(t, k, "", "topic", "delete", b, "--yes"); code != 0 || !strings.Contains(out, "deleted topic "+b) || exists(b) {
+		t.Errorf("delete --yes: code %d\n%s", code, out)
+	}
+}

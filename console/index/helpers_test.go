@@ -22,12 +22,18 @@ func producerClient(t *testing.T, k *testenv.Kafka) sarama.Client {
 	return failidxtest.Client(t, k, ProducerConfig(k.SaramaConfig()))
 }
 
-// mustList returns every record of the index f matches.
+// mustList returns every record of the index f matches, each as Get reads
+// it (List reads no values, stacks or headers).
 func mustList(t *testing.T, s *failidx.Store, f failidx.Filter) []failidx.Record {
 	t.Helper()
 	p, err := s.List(testenv.Context(t), f, "", 1000)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for i, r := range p.Records {
+		if p.Records[i], err = s.Get(testenv.Context(t), r.ID); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return p.Records
 }

@@ -2,6 +2,8 @@ package index
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -16,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/internal/failidx"
 	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/pglead"
@@ -23,8 +26,29 @@ import (
 	"github.com/idemhq/idem/internal/seal"
 )
 
-// defaultGroup is the consumer group the Indexer reads with by default.
-const defaultGroup = "idem-console-indexer"
+// groupPrefix starts the consumer group the Indexer reads with by default.
+const groupPrefix = "idem-console-indexer"
+
+// defaultGroup is the consumer group the Indexer reads with by default:
+// groupPrefix and a digest of the database's identity (the cluster's
+// system identifier, or the server's address and port where that is not
+// readable; the database; the schema the index's tables are in), so that
+// indexers of different databases never share a group and split the DLQ
+// partitions between them, while every replica of one console shares it.
+func defaultGroup(ctx context.Context, pool *pgxpool.Pool) (string, error) {
+	var cluster, db, schema string
+	if err := pool.QueryRow(ctx, `SELECT coalesce(inet_server_addr()::text, 'local') || ':' || coalesce(inet_server_port(), 0)::text,
+		current_database(), coalesce((SELECT relnamespace::regnamespace::text FROM pg_class WHERE oid = to_regclass('idem_dlq_records')), current_schema())`).
+		Scan(&cluster, &db, &schema); err != nil {
+		return "", fmt.Errorf("index: the database's identity (for the default group): %w", err)
+	}
+	var sysid string
+	if err := pool.QueryRow(ctx, `SELECT system_identifier::text FROM pg_control_system()`).Scan(&sysid); err == nil {
+		cluster = sysid
+	}
+	sum := sha256.Sum256([]byte(cluster + "\x00" + db + "\x00" + schema))
+	return groupPrefix + "-" + hex.EncodeToString(sum[:6]), nil
+}
 
 // defaultTopicPattern matches idem's default dead-letter topic names
 // (<topic>.<group>.dlq).
@@ -42,8 +66,10 @@ type Indexer struct {
 	Brokers []string
 	// Sarama is the client config (TLS, SASL, version); it is copied.
 	// Consumer.Offsets.Initial is set to OffsetOldest (a new indexer indexes
-	// what the topics retain) and Consumer.Offsets.AutoCommit stays on: it
-	// commits only offsets marked after their records were stored.
+	// what the topics retain), Consumer.IsolationLevel to ReadCommitted (the
+	// records of aborted transactions are no dead letters), and
+	// Consumer.Offsets.AutoCommit stays on: it commits only offsets marked
+	// after their records were stored.
 	// Default: sarama.NewConfig() with Version V4_0_0_0.
 	Sarama *sarama.Config
 	// Pool is the database holding the index. Run creates or upgrades the index's tables on it first (as idem.Migrate does).
@@ -61,7 +87,12 @@ type Indexer struct {
 	// Default: 30s.
 	RefreshInterval time.Duration
 	// Group is the consumer group the indexer reads with. Kafka: group.id.
-	// Default: "idem-console-indexer".
+	// Two indexers with one group split the topics' partitions between
+	// them: give the replicas of one console the same group, and consoles
+	// on different databases different ones.
+	// Default: "idem-console-indexer-" followed by 12 hex digits of the
+	// database's identity (its cluster, database and schema), so consoles
+	// on different databases never share it.
 	Group string
 	// MaxValueBytes caps the copy of a record's value kept in the index; a
 	// longer value is cut and flagged ValueTruncated (replay then reads the
@@ -131,9 +162,6 @@ func (ix *Indexer) withDefaults() *Indexer {
 	}
 	if c.RefreshInterval <= 0 {
 		c.RefreshInterval = defaultRefreshInterval
-	}
-	if c.Group == "" {
-		c.Group = defaultGroup
 	}
 	if c.MaxValueBytes <= 0 {
 		c.MaxValueBytes = defaultMaxValueBytes
@@ -238,6 +266,16 @@ func (c *Indexer) run(ctx context.Context) error {
 	cfg.Metadata.AllowAutoTopicCreation = false
 	cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
 	cfg.Consumer.Return.Errors = true
+	// A dead-letter topic written with transactions holds the records of
+	// aborted transactions: they are no dead letters.
+	cfg.Consumer.IsolationLevel = sarama.ReadCommitted
+	if c.Group == "" {
+		g, err := defaultGroup(ctx, c.Pool)
+		if err != nil {
+			return err
+		}
+		c.Group = g
+	}
 	client, err := sarama.NewClient(c.Brokers, cfg)
 	if err != nil {
 		return fmt.Errorf("index: connect to %v: %w", c.Brokers, err)
@@ -280,7 +318,11 @@ func (c *Indexer) run(ctx context.Context) error {
 		defer wg.Done()
 		c.sweep(ctx, store)
 	}()
-	c.Logger.Info("index: indexing dead-letter topics", "group", c.Group, "topics", c.Topics, "pattern", c.TopicPattern.String())
+	if len(c.Topics) > 0 {
+		c.Logger.Info("index: indexing dead-letter topics", "group", c.Group, "topics", c.Topics)
+	} else {
+		c.Logger.Info("index: indexing dead-letter topics", "group", c.Group, "pattern", c.TopicPattern.String())
+	}
 
 	h := &claimHandler{ix: c}
 	for ctx.Err() == nil {
@@ -289,6 +331,7 @@ func (c *Indexer) run(ctx context.Context) error {
 			c.Logger.Warn("index: list dead-letter topics", "err", err)
 		}
 		c.readRetention(client, topics, col)
+		c.syncAdmin(ctx, client, store, topics)
 		if len(topics) == 0 {
 			if !pglead.Sleep(ctx, c.RefreshInterval) {
 				break
@@ -308,6 +351,7 @@ func (c *Indexer) run(ctx context.Context) error {
 					return
 				}
 				c.readRetention(client, now, col)
+				c.syncAdmin(sctx, client, store, now)
 			}
 		}()
 		for sctx.Err() == nil {
@@ -352,6 +396,17 @@ func (ix *Indexer) topics(client sarama.Client) ([]string, error) {
 // readRetention reads retention.ms of topics into col. Errors are logged:
 // the metric is then absent.
 func (ix *Indexer) readRetention(client sarama.Client, topics []string, col *failidx.Collector) {
+	// The admin client refreshes the metadata of the topics the client
+	// knows; with Metadata.Full off (idem's CLI) and named topics it may
+	// know none yet. A topic that does not exist (yet) has no retention to
+	// read: it is left out, without a warning (consume says it is missing).
+	known := topics[:0:0]
+	for _, t := range topics {
+		if err := client.RefreshMetadata(t); err == nil {
+			known = append(known, t)
+		}
+	}
+	topics = known
 	if len(topics) == 0 {
 		return
 	}
@@ -386,6 +441,28 @@ func (ix *Indexer) readRetention(client sarama.Client, topics []string, col *fai
 		}
 	}
 	col.SetRetention(ret)
+}
+
+// syncAdmin moves each topic's admin group ("<dlq>.admin") up to the first
+// record the index has not settled (Store.SettledUpTo), so that
+// idem_dlq_depth, which every consumer reports from that group, falls as
+// records are replayed, resolved and archived in the console. It only ever
+// moves the group forward. Errors are logged.
+func (ix *Indexer) syncAdmin(ctx context.Context, client sarama.Client, s *failidx.Store, topics []string) {
+	d := dlq.New(client)
+	for _, t := range topics {
+		parts, err := client.Partitions(t)
+		if err != nil {
+			continue // not created yet, or gone
+		}
+		at, err := s.SettledUpTo(ctx, t, parts)
+		if err == nil && len(at) > 0 {
+			err = d.Advance(ctx, t, at)
+		}
+		if err != nil && ctx.Err() == nil {
+			ix.Logger.Warn("index: move the admin group past settled records", "topic", t, "err", err)
+		}
+	}
 }
 
 // sweep runs Store.Sweep every hour (the first time at once) until ctx is

@@ -1,6 +1,7 @@
 package index
 
 import (
+	"log/slog"
 	"testing"
 	"time"
 
@@ -12,7 +13,9 @@ import (
 )
 
 // TestIndexerReadsRetention: the indexer exports each DLQ topic's
-// retention.ms.
+// retention.ms, also with the client config of idem's CLI (no full
+// metadata) and topics named (idem console --topics), without a WARN on the
+// way.
 func TestIndexerReadsRetention(t *testing.T) {
 	k := testenv.NewKafka(t)
 	pool, _ := failidxtest.NewPool(t)
@@ -25,7 +28,11 @@ func TestIndexerReadsRetention(t *testing.T) {
 	t.Cleanup(func() { k.DeleteTopics(t, topic) })
 	k.WaitTopic(t, topic, 1)
 	reg := prometheus.NewRegistry()
-	runUntil(t, &Indexer{Brokers: k.Brokers, Sarama: k.SaramaConfig(), Pool: pool, Group: testenv.Group(t), Topics: []string{topic}, Registerer: reg})
+	cfg := k.SaramaConfig()
+	cfg.Metadata.Full = false // as idem's CLI sets it
+	logs := &logCounter{want: "retention"}
+	runUntil(t, &Indexer{Brokers: k.Brokers, Sarama: cfg, Pool: pool, Group: testenv.Group(t), Topics: []string{topic}, Registerer: reg,
+		Logger: slog.New(logs)})
 	testenv.Eventually(t, 30*time.Second, func() error {
 		mfs, err := reg.Gather()
 		if err != nil {
@@ -38,4 +45,7 @@ func TestIndexerReadsRetention(t *testing.T) {
 		}
 		return errNotYet
 	})
+	if n := logs.count(); n != 0 {
+		t.Errorf("%d log records about retention on the way", n)
+	}
 }

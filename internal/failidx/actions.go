@@ -3,6 +3,8 @@ package failidx
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,7 +21,6 @@ import (
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/outboxadmin"
-	"github.com/idemhq/idem/internal/pglead"
 	"github.com/idemhq/idem/internal/replayrec"
 	"github.com/idemhq/idem/internal/wire"
 )
@@ -34,8 +35,18 @@ const headerReplaces = "idem-replaces"
 // action writes one AuditEntry (who, what, which records, why, the result),
 // also when it fails. It is safe for concurrent use.
 type Actions struct {
+	// ReplayTopics are topics a replay may target besides each record's
+	// origin topic and the origin's retry tiers for the record's group.
+	ReplayTopics []string
+
 	store  *Store
 	client sarama.Client
+	owner  string        // names a as the holder of the jobs it runs
+	lease  time.Duration // how old a job's heartbeat may get before another process takes it over
+	// afterSend, when set (tests), is called after each send of a job
+	// acknowledged, before it is recorded; errCrash stops the job there as
+	// a crash would.
+	afterSend func(id int64) error
 }
 
 // NewActions returns Actions on s that publish through client. client must be
@@ -43,7 +54,9 @@ type Actions struct {
 // Metadata.AllowAutoTopicCreation = false (ProducerConfig does both); the
 // caller keeps owning it. client may be nil for Resolve, Archive and the
 // outbox actions; Replay, EditAndRetry and ReleaseKey then fail.
-func NewActions(s *Store, client sarama.Client) *Actions { return &Actions{store: s, client: client} }
+func NewActions(s *Store, client sarama.Client) *Actions {
+	return &Actions{store: s, client: client, owner: newOwner(), lease: defaultLease}
+}
 
 // errNoClient is returned by actions that publish when NewActions had no client.
 var errNoClient = errors.New("index: this action publishes to Kafka, and Actions has no client (NewActions(s, nil))")
@@ -51,6 +64,20 @@ var errNoClient = errors.New("index: this action publishes to Kafka, and Actions
 // audit writes one audit row for an action whose outcome is res and err;
 // it returns err, joined with the audit's own error if that failed.
 func (a *Actions) audit(ctx context.Context, actor, action string, ids []int64, detail, reason string, res Result, err error, done string) error {
+	aerr := writeAudit(context.WithoutCancel(ctx), a.store.db, AuditEntry{Actor: actor, Action: action, RecordIDs: ids,
+		Detail: detail, Reason: reason, Result: auditResult(res, err, done)})
+	if aerr != nil {
+		return errors.Join(err, aerr)
+	}
+	return err
+}
+
+// auditResult is an audit row's result: "ok: …" with the counts of res, or
+// the error after them.
+func auditResult(res Result, err error, done string) string {
+	if err != nil {
+		return fmt.Sprintf("error after %d %s: %v", res.Done, done, err)
+	}
 	result := fmt.Sprintf("ok: %d %s", res.Done, done)
 	if res.Skipped > 0 {
 		result += fmt.Sprintf(", %d skipped", res.Skipped)
@@ -61,15 +88,7 @@ func (a *Actions) audit(ctx context.Context, actor, action string, ids []int64, 
 	if len(res.Errors) > 0 {
 		result += fmt.Sprintf(", %d errors: %s", len(res.Errors), strings.Join(res.Errors, "; "))
 	}
-	if err != nil {
-		result = fmt.Sprintf("error after %d %s: %v", res.Done, done, err)
-	}
-	aerr := writeAudit(context.WithoutCancel(ctx), a.store.db, AuditEntry{Actor: actor, Action: action, RecordIDs: ids,
-		Detail: detail, Reason: reason, Result: result})
-	if aerr != nil {
-		return errors.Join(err, aerr)
-	}
-	return err
+	return result
 }
 
 // checkActor rejects an action without an actor.
@@ -226,147 +245,35 @@ func (a *Actions) Archive(ctx context.Context, actor string, sel Selection, reas
 	return a.transition(ctx, "archive", actor, sel, reason, []Status{Unresolved, Replayed, Resolved}, Archived)
 }
 
-// replayCandidate is what Replay reads of a record before sending anything.
-type replayCandidate struct {
-	id     int64
-	stub   bool
-	status Status
-	origin string
-}
-
 // Replay sends the selected unresolved records back: to each record's origin
 // topic (to == "") as a fresh record without idem-* headers, or to the topic
-// named by to (typically a retry tier), keeping the idem-* history, due now.
-// Key, value and original headers (idempotency key included) are kept byte
-// for byte, so a record that was in fact handled is a duplicate the
-// consumer's inbox drops. ratePerSec > 0 paces the sends. Each record sent is
-// marked Replayed (actor, reason); records not selected stay as they are.
+// named by to, keeping the idem-* history, due now. to must be a retry tier
+// of each record's origin topic for its group ("<origin>.<group>.retry.<n>")
+// or one of ReplayTopics; anything else is a *ValidationError on "to" and
+// nothing is claimed. Key, value and original headers (idempotency key
+// included) are kept byte for byte, so a record that was in fact handled is
+// a duplicate the consumer's inbox drops. ratePerSec > 0 paces the sends.
+// Each record sent is marked Replayed (actor, reason); records not selected
+// stay as they are.
 //
-// Stubs are never replayed: they are counted in Result.SkippedStubs. Records
-// that are not unresolved are skipped (Result.Skipped). Every destination is
-// checked before anything is sent: a topic that does not exist is an error
-// (wrapping dlq.ErrUnknownTopic) and nothing is published or changed. An id
-// that is not in the index is an error wrapping ErrNotFound, before anything
-// is sent. A record whose value the index holds truncated is read back from
+// It is StartReplay then RunJob in the caller's goroutine: the records are
+// claimed first, so a record two replays select is sent by one of them
+// only. Stubs are never replayed: they are counted in Result.SkippedStubs.
+// Records that are not unresolved (or another action claimed) are skipped
+// (Result.Skipped). Every destination is checked before anything is
+// claimed: a topic that does not exist is an error (wrapping
+// dlq.ErrUnknownTopic) and nothing is published or changed. An id that is
+// not in the index is an error wrapping ErrNotFound, before anything is
+// sent. A record whose value the index holds truncated is read back from
 // Kafka; if it has expired there, it is left unresolved and named in
 // Result.Errors.
 func (a *Actions) Replay(ctx context.Context, actor string, sel Selection, to string, ratePerSec int, reason string) (Result, error) {
-	var res Result
-	if err := checkActor(actor); err != nil {
-		return res, err
-	}
-	if ratePerSec < 0 {
-		return res, invalid("rate", "%d: must be >= 0", ratePerSec)
-	}
-	to = strings.TrimSpace(to)
-	detail := sel.detail() + " to " + orOrigin(to)
-	if ratePerSec > 0 {
-		detail += fmt.Sprintf(" rate %d/s", ratePerSec)
-	}
-	fail := func(ids []int64, err error) (Result, error) {
-		return res, a.audit(ctx, actor, "replay", ids, detail, reason, res, err, "replayed")
-	}
-	if a.client == nil {
-		return fail(sel.IDs, errNoClient)
-	}
-	ids, err := a.resolve(ctx, sel)
+	j, err := a.StartReplay(ctx, actor, sel, to, ratePerSec, reason)
 	if err != nil {
-		return fail(sel.IDs, err)
+		return Result{}, err
 	}
-	res.Matched = len(ids)
-	rows, err := a.store.db.Query(ctx, `SELECT id, stub, status, origin_topic FROM idem_dlq_records WHERE id = ANY($1) ORDER BY id`, ids)
-	if err != nil {
-		return fail(ids, fmt.Errorf("index: replay: %w", err))
-	}
-	cands, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (replayCandidate, error) {
-		var c replayCandidate
-		err := row.Scan(&c.id, &c.stub, &c.status, &c.origin)
-		return c, err
-	})
-	if err != nil {
-		return fail(ids, fmt.Errorf("index: replay: %w", err))
-	}
-	var send []int64
-	dests := map[string]bool{}
-	for _, c := range cands {
-		switch {
-		case c.stub:
-			res.SkippedStubs = append(res.SkippedStubs, c.id)
-			res.Skipped++
-		case c.status != Unresolved:
-			res.Skipped++
-		default:
-			send = append(send, c.id)
-			if to == "" {
-				if c.origin == "" {
-					return fail(ids, invalid("to", "record %d has no origin topic (no idem-original-topic): name a destination", c.id))
-				}
-				dests[c.origin] = true
-			}
-		}
-	}
-	if to != "" {
-		dests[to] = true
-	}
-	if len(send) > 0 {
-		dc := dlq.New(a.client)
-		for d := range dests {
-			if err := dc.CheckTopic(d); err != nil {
-				return fail(ids, fmt.Errorf("index: replay to %s: nothing published: %w", d, err))
-			}
-		}
-	}
-	pub, err := newPublisher(a.client)
-	if err != nil {
-		return fail(ids, err)
-	}
-	defer pub.close()
-	var interval time.Duration
-	if ratePerSec > 0 {
-		interval = time.Second / time.Duration(ratePerSec)
-	}
-	var next time.Time
-	for start := 0; start < len(send); start += 200 {
-		chunk := send[start:min(start+200, len(send))]
-		rows, err := a.store.db.Query(ctx, `SELECT `+recordCols+` FROM idem_dlq_records WHERE id = ANY($1) ORDER BY id`, chunk)
-		if err != nil {
-			return fail(ids, fmt.Errorf("index: replay: %w", err))
-		}
-		recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Record, error) { return scanRecord(row) })
-		if err == nil {
-			err = a.store.open(ctx, recs)
-		}
-		if err != nil {
-			return fail(ids, fmt.Errorf("index: replay: %w", err))
-		}
-		for _, r := range recs {
-			dl, err := a.deadLetter(ctx, r)
-			if err != nil {
-				res.Errors = append(res.Errors, err.Error())
-				continue
-			}
-			out, err := replayrec.Build(dl, to, 0, time.Now())
-			if err != nil {
-				res.Errors = append(res.Errors, fmt.Sprintf("record %d: %v", r.ID, err))
-				continue
-			}
-			if interval > 0 {
-				if !pglead.Sleep(ctx, time.Until(next)) && ctx.Err() != nil {
-					return fail(ids, ctx.Err())
-				}
-				next = maxTime(next, time.Now()).Add(interval)
-			}
-			if _, _, err := pub.send(ctx, out); err != nil {
-				return fail(ids, fmt.Errorf("index: replay record %d: %w", r.ID, err))
-			}
-			done, err := setStatus(ctx, a.store.db, []int64{r.ID}, []Status{Unresolved}, Replayed, actor, reason)
-			if err != nil {
-				return fail(ids, err)
-			}
-			res.Done += len(done)
-		}
-	}
-	return res, a.audit(ctx, actor, "replay", ids, detail, reason, res, nil, "replayed")
+	j, err = a.RunJob(ctx, j.ID)
+	return j.Result(), err
 }
 
 func orOrigin(to string) string {
@@ -412,22 +319,39 @@ func (a *Actions) deadLetter(ctx context.Context, r Record) (replayrec.DeadLette
 // idempotency key) and two headers naming the DLQ record as
 // "<topic>/<partition>/<offset>": idem-replaces (this record is an edit of
 // it) and idem-replay-of (wire.HeaderReplayOf, as every replay carries, so a
-// failure of the edited record is linked to it as a replay's is). value must be valid JSON when the original was JSON, and
-// must keep every JSON string field that held the idempotency key; otherwise,
-// or when value is empty, the error is a *ValidationError and nothing is
-// published or changed. The edit is stored as a new Version beside the
-// original value, which is never overwritten, and the record is marked
-// Replayed. An unknown id is an error wrapping ErrNotFound; an origin topic
-// that does not exist, an error wrapping dlq.ErrUnknownTopic (nothing
-// published).
+// failure of the edited record is linked to it as a replay's is). value must
+// be valid JSON when the original was JSON, and must keep every JSON string
+// field that held the idempotency key; otherwise, or when value is empty,
+// the error is a *ValidationError and nothing is published or changed.
+//
+// Only an unresolved record is edited: it is claimed (with the edited value
+// stored as a new Version beside the original, which is never overwritten)
+// in the statement that selects it, then published by a job (RunJob, in the
+// caller's goroutine), then marked Replayed. A record that is not
+// unresolved, or that another action claimed first, is an error wrapping
+// ErrConflict and nothing is published. An unknown id is an error wrapping
+// ErrNotFound; an origin topic that does not exist, an error wrapping
+// dlq.ErrUnknownTopic (nothing published).
 func (a *Actions) EditAndRetry(ctx context.Context, actor string, id int64, value []byte, reason string) (Result, error) {
+	j, err := a.StartEdit(ctx, actor, id, value, reason)
+	if err != nil {
+		return Result{Matched: j.Matched}, err
+	}
+	j, err = a.RunJob(ctx, j.ID)
+	return j.Result(), err
+}
+
+// StartEdit is EditAndRetry without the publish: it checks the edit, claims
+// the record and stores the edited value, and returns the job (owned by a)
+// that RunJob runs to publish it.
+func (a *Actions) StartEdit(ctx context.Context, actor string, id int64, value []byte, reason string) (Job, error) {
 	res := Result{Matched: 1}
 	if err := checkActor(actor); err != nil {
-		return Result{}, err
+		return Job{}, err
 	}
 	detail := fmt.Sprintf("record %d", id)
-	fail := func(err error) (Result, error) {
-		return res, a.audit(ctx, actor, "edit-retry", []int64{id}, detail, reason, res, err, "published")
+	fail := func(err error) (Job, error) {
+		return Job{Matched: res.Matched}, a.audit(ctx, actor, "edit-retry", []int64{id}, detail, reason, res, err, "published")
 	}
 	r, err := a.store.Get(ctx, id)
 	if err != nil {
@@ -436,6 +360,9 @@ func (a *Actions) EditAndRetry(ctx context.Context, actor string, id int64, valu
 	}
 	if r.PayloadErr != nil {
 		return fail(invalid("value", "record %d: its value and headers cannot be read (%v): there is nothing to edit", id, r.PayloadErr))
+	}
+	if r.Status != Unresolved {
+		return fail(fmt.Errorf("%w: record %d is %s: only an unresolved record is edited and retried", ErrConflict, id, r.Status))
 	}
 	if err := checkEdit(r, value); err != nil {
 		return fail(err)
@@ -449,6 +376,49 @@ func (a *Actions) EditAndRetry(ctx context.Context, actor string, id int64, valu
 	if err := dlq.New(a.client).CheckTopic(r.OriginTopic); err != nil {
 		return fail(fmt.Errorf("index: edit and retry record %d: nothing published: %w", id, err))
 	}
+	var j Job
+	err = pgx.BeginFunc(ctx, a.store.db, func(tx pgx.Tx) error {
+		var jobID int64
+		if err := tx.QueryRow(ctx, `INSERT INTO idem_dlq_jobs (action, actor, reason, detail, to_topic, record_ids, matched, claimed, owner, heartbeat_at)
+			VALUES ('edit-retry', $1, $2, $3, $4, $5, 1, 1, $6, now()) RETURNING id`,
+			clean(actor), clean(reason), detail, r.OriginTopic, []int64{id}, a.owner).Scan(&jobID); err != nil {
+			return err
+		}
+		var status string
+		err := tx.QueryRow(ctx, `WITH c AS (UPDATE idem_dlq_records SET status = 'replaying', job_id = $2, status_actor = $3,
+			status_reason = $4, status_at = now(), publish_topic = NULL, publish_partition = NULL, publish_from = NULL
+			WHERE id = $1 AND status = 'unresolved' RETURNING id)
+			SELECT CASE WHEN EXISTS (SELECT 1 FROM c) THEN 'claimed' ELSE (SELECT status FROM idem_dlq_records WHERE id = $1) END`,
+			id, jobID, clean(actor), clean(reason)).Scan(&status)
+		if err != nil {
+			return err
+		}
+		if status != "claimed" {
+			return fmt.Errorf("%w: record %d is %s: only an unresolved record is edited and retried", ErrConflict, id, status)
+		}
+		stored, keyID, err := a.store.sealVersion(ctx, tx, id, value)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO idem_dlq_versions (record_id, n, value, actor, reason, key_id)
+			SELECT $1, coalesce(max(n), 0) + 1, $2, $3, $4, $5 FROM idem_dlq_versions WHERE record_id = $1`,
+			id, stored, clean(actor), clean(reason), keyID); err != nil {
+			return err
+		}
+		j, err = scanJob(tx.QueryRow(ctx, `SELECT `+jobCols+` FROM idem_dlq_jobs WHERE id = $1`, jobID))
+		return err
+	})
+	if err != nil {
+		if !errors.Is(err, ErrConflict) {
+			err = fmt.Errorf("index: edit and retry record %d: %w", id, err)
+		}
+		return fail(err)
+	}
+	return j, nil
+}
+
+// editRecord is the record EditAndRetry publishes for r with value.
+func editRecord(r Record, value []byte) forward.Record {
 	orig := make([]sarama.RecordHeader, 0, len(r.Headers))
 	for _, h := range r.Headers {
 		orig = append(orig, sarama.RecordHeader{Key: h.Key, Value: h.Value})
@@ -458,35 +428,7 @@ func (a *Actions) EditAndRetry(ctx context.Context, actor string, id int64, valu
 	hs := wire.WithReplayOf(wire.StripHeaders(orig), r.Topic, r.Partition, r.Offset)
 	hs = slices.DeleteFunc(hs, func(h sarama.RecordHeader) bool { return string(h.Key) == headerReplaces })
 	hs = append(hs, sarama.RecordHeader{Key: []byte(headerReplaces), Value: []byte(wire.ReplayOf(r.Topic, r.Partition, r.Offset))})
-	pub, err := newPublisher(a.client)
-	if err != nil {
-		return fail(err)
-	}
-	defer pub.close()
-	part, off, err := pub.send(ctx, forward.Record{Topic: r.OriginTopic, Partition: r.OriginPartition, Key: r.Key, Value: value, Headers: hs})
-	if err != nil {
-		return fail(fmt.Errorf("index: edit and retry record %d: %w", id, err))
-	}
-	detail += fmt.Sprintf(" published to %s/%d offset %d", r.OriginTopic, part, off)
-	err = pgx.BeginFunc(context.WithoutCancel(ctx), a.store.db, func(tx pgx.Tx) error {
-		stored, keyID, serr := a.store.sealVersion(ctx, tx, id, value)
-		if serr != nil {
-			return serr
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO idem_dlq_versions (record_id, n, value, actor, reason, published_to, published_partition, published_offset, key_id)
-			SELECT $1, coalesce(max(n), 0) + 1, $2, $3, $4, $5, $6, $7, $8 FROM idem_dlq_versions WHERE record_id = $1`,
-			id, stored, clean(actor), clean(reason), r.OriginTopic, part, off, keyID); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, `UPDATE idem_dlq_records SET status = 'replayed', status_actor = $2, status_reason = $3, status_at = now()
-			WHERE id = $1`, id, clean(actor), clean(reason))
-		return err
-	})
-	if err != nil {
-		return fail(fmt.Errorf("index: edit and retry record %d: published, but not recorded: %w", id, err))
-	}
-	res.Done = 1
-	return res, a.audit(ctx, actor, "edit-retry", []int64{id}, detail, reason, res, nil, "published")
+	return forward.Record{Topic: r.OriginTopic, Partition: r.OriginPartition, Key: r.Key, Value: value, Headers: hs}
 }
 
 // checkEdit validates an edited value against the original record.
@@ -583,20 +525,36 @@ func newPublisher(client sarama.Client) (*publisher, error) {
 func (p *publisher) close() { _ = p.producer.Close() }
 
 func (p *publisher) send(ctx context.Context, rec forward.Record) (int32, int64, error) {
-	if err := ctx.Err(); err != nil {
+	part, err := p.partition(rec)
+	if err != nil {
 		return 0, 0, err
 	}
+	off, err := p.sendTo(ctx, rec, part)
+	return part, off, err
+}
+
+// partition returns the partition rec goes to: its own number when topic
+// has it, else its key's hash.
+func (p *publisher) partition(rec forward.Record) (int32, error) {
 	parts, err := p.client.Partitions(rec.Topic)
 	if err != nil {
-		return 0, 0, fmt.Errorf("partitions of %s: %w", rec.Topic, err)
+		return 0, fmt.Errorf("partitions of %s: %w", rec.Topic, err)
 	}
 	n := int32(len(parts))
 	part := rec.Partition
 	if part < 0 || part >= n {
 		hp := sarama.NewHashPartitioner(rec.Topic)
 		if part, err = hp.Partition(&sarama.ProducerMessage{Key: sarama.ByteEncoder(rec.Key)}, n); err != nil {
-			return 0, 0, err
+			return 0, err
 		}
+	}
+	return part, nil
+}
+
+// sendTo sends rec to partition part and returns its offset.
+func (p *publisher) sendTo(ctx context.Context, rec forward.Record, part int32) (int64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
 	}
 	msg := &sarama.ProducerMessage{Topic: rec.Topic, Partition: part, Headers: rec.Headers}
 	if rec.Key != nil {
@@ -605,7 +563,8 @@ func (p *publisher) send(ctx context.Context, rec forward.Record) (int32, int64,
 	if rec.Value != nil {
 		msg.Value = sarama.ByteEncoder(rec.Value)
 	}
-	return p.producer.SendMessage(msg)
+	_, off, err := p.producer.SendMessage(msg)
+	return off, err
 }
 
 // isUndefinedTable reports whether err is PostgreSQL's undefined_table.
@@ -614,29 +573,97 @@ func isUndefinedTable(err error) bool {
 	return errors.As(err, &pg) && pg.Code == "42P01"
 }
 
-// ParkedKeys returns up to limit keys ByKey ordering holds blocked, every group
-// and topic (none when the ordering tables do not exist). limit <= 0 means
-// 100.
-func (a *Actions) ParkedKeys(ctx context.Context, limit int) ([]ParkedKey, error) {
+// parkedPage is one page of the keys ordering holds blocked, after the key
+// ($1, $2, $3) in (group, topic, key digest) order: the head rows and the
+// parked rows of each key, aggregated for that page only.
+const parkedPage = `
+WITH h AS (
+	SELECT consumer_group, topic, key_digest, msg_key, head_key, since FROM idem_ordering_heads
+	WHERE (consumer_group, topic, key_digest) > ($1, $2, $3)
+	ORDER BY consumer_group, topic, key_digest LIMIT $4
+), p AS (
+	SELECT consumer_group, topic, key_digest, (array_agg(msg_key))[1] AS msg_key, count(*) AS n, min(parked_at) AS oldest
+	FROM idem_ordering_parked WHERE NOT drained AND (consumer_group, topic, key_digest) > ($1, $2, $3)
+	  AND (consumer_group, topic, key_digest) IN (
+		SELECT DISTINCT consumer_group, topic, key_digest FROM idem_ordering_parked
+		WHERE NOT drained AND (consumer_group, topic, key_digest) > ($1, $2, $3)
+		ORDER BY consumer_group, topic, key_digest LIMIT $4)
+	GROUP BY consumer_group, topic, key_digest
+)
+SELECT coalesce(h.consumer_group, p.consumer_group), coalesce(h.topic, p.topic), coalesce(h.key_digest, p.key_digest),
+	coalesce(h.msg_key, p.msg_key), coalesce(h.head_key, ''), h.since, coalesce(p.n, 0), p.oldest
+FROM h FULL JOIN p ON h.consumer_group = p.consumer_group AND h.topic = p.topic AND h.key_digest = p.key_digest
+ORDER BY 1, 2, 3 LIMIT $4`
+
+// ParkedKeys returns up to limit keys ByKey ordering holds blocked, every
+// group and topic, in (group, topic, key digest) order, starting after
+// cursor ("" for the first page), and the next page's cursor ("" on the
+// last page): the page is cut in SQL, whatever the number of keys. None
+// when the ordering tables do not exist. limit <= 0 means 100; it is capped
+// at 1000. A cursor this method did not return is a *ValidationError.
+func (a *Actions) ParkedKeys(ctx context.Context, cursor string, limit int) ([]ParkedKey, string, error) {
 	if limit <= 0 {
 		limit = 100
 	}
-	keys, err := keyorder.List(ctx, a.store.db, "", "")
+	limit = min(limit, maxLimit)
+	after := [3]string{}
+	var digest []byte
+	if cursor != "" {
+		raw, err := base64.RawURLEncoding.DecodeString(cursor)
+		parts := strings.SplitN(string(raw), "\x00", 3)
+		if err != nil || len(parts) != 3 {
+			return nil, "", invalid("cursor", "%q is not a cursor of the parked keys", cursor)
+		}
+		after = [3]string{parts[0], parts[1], parts[2]}
+		if digest, err = hex.DecodeString(after[2]); err != nil {
+			return nil, "", invalid("cursor", "%q is not a cursor of the parked keys", cursor)
+		}
+	}
+	if digest == nil {
+		digest = []byte{}
+	}
+	rows, err := a.store.db.Query(ctx, parkedPage, after[0], after[1], digest, limit+1)
 	if isUndefinedTable(err) {
-		return nil, nil
+		return nil, "", nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("index: parked keys: %w", err)
+		return nil, "", fmt.Errorf("index: parked keys: %w", err)
 	}
-	out := make([]ParkedKey, 0, min(limit, len(keys)))
-	for _, k := range keys[:min(limit, len(keys))] {
-		since := k.OldestParked
-		if since.IsZero() {
-			since = k.Since
+	type row struct {
+		k      ParkedKey
+		digest []byte
+	}
+	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
+		var x row
+		var key []byte
+		var since, oldest *time.Time
+		err := r.Scan(&x.k.Group, &x.k.Topic, &x.digest, &key, &x.k.Head, &since, &x.k.Parked, &oldest)
+		x.k.Key = string(key)
+		switch {
+		case oldest != nil:
+			x.k.Since = *oldest
+		case since != nil:
+			x.k.Since = *since
 		}
-		out = append(out, ParkedKey{Group: k.Group, Topic: k.Topic, Key: string(k.Key), Parked: k.Parked, Head: k.Head, Since: since})
+		return x, err
+	})
+	if isUndefinedTable(err) {
+		return nil, "", nil
 	}
-	return out, nil
+	if err != nil {
+		return nil, "", fmt.Errorf("index: parked keys: %w", err)
+	}
+	next := ""
+	if len(got) > limit {
+		got = got[:limit]
+		last := got[limit-1]
+		next = base64.RawURLEncoding.EncodeToString([]byte(last.k.Group + "\x00" + last.k.Topic + "\x00" + hex.EncodeToString(last.digest)))
+	}
+	out := make([]ParkedKey, len(got))
+	for i, x := range got {
+		out[i] = x.k
+	}
+	return out, next, nil
 }
 
 // ReleaseKey gives up the ordering of key in group and topic, as `idem

@@ -12,8 +12,8 @@ import (
 // Collector is the collector of the index's gauges, read from its Store at
 // every scrape:
 //
-//	idem_dlq_unresolved{group,topic}                 gauge  unresolved records in the index
-//	idem_dlq_oldest_unresolved_seconds{group,topic}  gauge  age of the oldest unresolved record (since its last failure, when it was dead-lettered)
+//	idem_dlq_unresolved{group,topic}                 gauge  records in the index not dealt with: unresolved, and claimed by a replay job not finished (replaying)
+//	idem_dlq_oldest_unresolved_seconds{group,topic}  gauge  age of the oldest of those (since its last failure, when it was dead-lettered)
 //
 // and, where an index.Indexer runs, the retention of each DLQ topic it reads
 // (retention.ms), so an alert can compare the two:
@@ -56,8 +56,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	defer cancel()
 	rows, err := c.store.db.Query(ctx, `SELECT g.consumer_group, g.dlq_topic, g.unresolved,
 			(SELECT min(r.last_failure_at) FROM idem_dlq_records r
-			 WHERE r.status = 'unresolved' AND r.consumer_group = g.consumer_group AND r.dlq_topic = g.dlq_topic)
-		FROM (SELECT consumer_group, dlq_topic, sum(unresolved) AS unresolved FROM idem_dlq_groups GROUP BY consumer_group, dlq_topic) g
+			 WHERE r.status IN ('unresolved', 'replaying') AND r.consumer_group = g.consumer_group AND r.dlq_topic = g.dlq_topic)
+		FROM (SELECT consumer_group, dlq_topic, sum(unresolved + replaying) AS unresolved FROM idem_dlq_groups GROUP BY consumer_group, dlq_topic) g
 		WHERE g.unresolved > 0`)
 	if err == nil {
 		now := c.now()

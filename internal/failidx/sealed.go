@@ -65,12 +65,18 @@ func versionAAD(recordID int64) []byte {
 }
 
 // open opens the sealed payloads of recs in place: Value and Headers, or
-// PayloadErr when they cannot be read. It fails only when the keys cannot
-// be read at all (the database).
+// PayloadErr when they cannot be read. A row read without its payload
+// (listCols: value NULL, headers empty; sealed headers are never empty)
+// has nothing to open and keeps them nil, without PayloadErr. It fails only
+// when the keys cannot be read at all (the database).
 func (s *Store) open(ctx context.Context, recs []Record) error {
 	for i := range recs {
 		r := &recs[i]
 		if r.sealed == nil {
+			continue
+		}
+		if r.sealed.value == nil && len(r.sealed.headers) == 0 {
+			r.sealed, r.PayloadErr = nil, nil
 			continue
 		}
 		if s.sealer == nil {

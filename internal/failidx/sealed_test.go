@@ -158,22 +158,31 @@ func TestSealedTamperDetected(t *testing.T) {
 	}
 }
 
+// sealedPair returns a broker, a sealed index (sealedPool) holding two dead
+// letters of dlqTopic sealed at rest, pay-0 and pay-1 (values
+// {"payment":"pay-N","amount":10 or 20}), and their origin topic.
+func sealedPair(t *testing.T) (k *testenv.Kafka, pool *pgxpool.Pool, sl *seal.Sealer, dlqTopic, origin string) {
+	t.Helper()
+	k = testenv.NewKafka(t)
+	pool, sl = sealedPool(t)
+	dlqTopic, origin = k.Topic(t, 1), k.Topic(t, 1)
+	if err := InsertSealed(testenv.Context(t), pool, failidxtest.Messages(0,
+		dead{Topic: dlqTopic, Origin: origin, Key: "pay-0", Value: []byte(`{"payment":"pay-0","amount":10}`), Err: "e"},
+		dead{Topic: dlqTopic, Origin: origin, Key: "pay-1", Value: []byte(`{"payment":"pay-1","amount":20}`), Err: "e"},
+	), 1<<20, sl); err != nil {
+		t.Fatal(err)
+	}
+	return k, pool, sl, dlqTopic, origin
+}
+
 // TestSealedKeyDestroyed: after its data key is destroyed a record is still
 // listed, with PayloadErr wrapping seal.ErrKeyDestroyed and no value; a
 // replay of it publishes nothing and says why; an edit is refused; the
 // next batch is sealed under a new key and reads. An edit's value is sealed
 // at rest too.
 func TestSealedKeyDestroyed(t *testing.T) {
-	k := testenv.NewKafka(t)
-	pool, sl := sealedPool(t)
+	k, pool, sl, dlqTopic, origin := sealedPair(t)
 	ctx := testenv.Context(t)
-	dlqTopic, origin := k.Topic(t, 1), k.Topic(t, 1)
-	if err := InsertSealed(ctx, pool, failidxtest.Messages(0,
-		dead{Topic: dlqTopic, Origin: origin, Key: "pay-0", Value: []byte(`{"payment":"pay-0","amount":10}`), Err: "e"},
-		dead{Topic: dlqTopic, Origin: origin, Key: "pay-1", Value: []byte(`{"payment":"pay-1","amount":20}`), Err: "e"},
-	), 1<<20, sl); err != nil {
-		t.Fatal(err)
-	}
 	s := NewStore(pool).Sealed(sl)
 	a := NewActions(s, producerClient(t, k))
 	recs := mustList(t, s, Filter{Topic: dlqTopic})
@@ -242,11 +251,13 @@ func TestSealedKeyDestroyed(t *testing.T) {
 }
 
 // BenchmarkPageSealed measures what encryption at rest costs a reader:
-// one page of 50 records (Store.List, values and headers read) and one
-// record (Store.Get), on 5,000 records indexed by Insert in clear and by
+// one page of 50 records as the console reads it with masking on
+// (Store.List, which reads no payload, then Store.Values of the page's
+// records, opened when sealed, to mask the error texts) and one record
+// (Store.Get), on 5,000 records indexed by Insert in clear and by
 // InsertSealed, side by side in one run so the machine's other work weighs
 // on both alike. The difference per page, divided by 50, is the cost of
-// opening one record.
+// opening one value.
 //
 //	go test -run '^$' -bench PageSealed ./internal/failidx
 func BenchmarkPageSealed(b *testing.B) {
@@ -279,8 +290,16 @@ func BenchmarkPageSealed(b *testing.B) {
 		}
 		b.Run("list-50/"+name, func(b *testing.B) {
 			for b.Loop() {
-				if _, err := s.List(ctx, Filter{}, "", 50); err != nil {
+				p, err := s.List(ctx, Filter{}, "", 50)
+				if err != nil {
 					b.Fatal(err)
+				}
+				ids := make([]int64, len(p.Records))
+				for i, r := range p.Records {
+					ids[i] = r.ID
+				}
+				if vals, err := s.Values(ctx, ids); err != nil || len(vals) != 50 {
+					b.Fatalf("Values: %d, %v", len(vals), err)
 				}
 			}
 		})
@@ -291,5 +310,77 @@ func BenchmarkPageSealed(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestSealedListReadsNoPayload: a list page of sealed records reads no
+// payload (List selects NULL and empty in their places), so it has nothing
+// to open: each record comes back with its key id and no PayloadErr, not
+// as "tampered" or "not opened"; Get still opens it.
+func TestSealedListReadsNoPayload(t *testing.T) {
+	pool, sl := sealedPool(t)
+	ctx := testenv.Context(t)
+	const topic = "payments.billing.dlq"
+	if err := InsertSealed(ctx, pool, failidxtest.Messages(0,
+		dead{Topic: topic, Origin: "payments", Key: "pay-0", Value: []byte(`{"amount":10}`), Err: "e"},
+		dead{Topic: topic, Origin: "payments", Key: "stub-0", Stub: true, Err: "too large"},
+	), 1<<20, sl); err != nil {
+		t.Fatal(err)
+	}
+	s := NewStore(pool).Sealed(sl)
+	p, err := s.List(ctx, Filter{Topic: topic}, "", 10)
+	if err != nil || len(p.Records) != 2 {
+		t.Fatalf("List = %d records, %v", len(p.Records), err)
+	}
+	for _, r := range p.Records {
+		if r.PayloadErr != nil || r.KeyID == 0 || r.Value != nil || len(r.Headers) != 0 {
+			t.Errorf("listed %s: key %d value %q headers %d, PayloadErr %v", r.IdempotencyKey, r.KeyID, r.Value, len(r.Headers), r.PayloadErr)
+		}
+		full, err := s.Get(ctx, r.ID)
+		if err != nil || full.PayloadErr != nil || len(full.Headers) == 0 {
+			t.Errorf("Get %s: headers %d, PayloadErr %v, %v", r.IdempotencyKey, len(full.Headers), full.PayloadErr, err)
+		}
+	}
+}
+
+// TestSealedJobsPublishOpenedPayloads: a replay job and an edit-and-retry
+// job over sealed records, claimed by one process and resumed by another
+// (as after a restart), publish the records' opened values and headers
+// (the edit's own value, itself sealed at rest), never ciphertext, and
+// never refuse a readable record.
+func TestSealedJobsPublishOpenedPayloads(t *testing.T) {
+	k, pool, sl, dlqTopic, origin := sealedPair(t)
+	ctx := testenv.Context(t)
+	s := NewStore(pool).Sealed(sl)
+	recs := mustList(t, s, Filter{Topic: dlqTopic, Key: "pay-0"})
+	recs = append(recs, mustList(t, s, Filter{Topic: dlqTopic, Key: "pay-1"})...)
+	client := producerClient(t, k)
+	first := NewActions(s, client)
+	if _, err := first.StartReplay(ctx, "alice", Selection{IDs: []int64{recs[0].ID}}, "", 0, "retry"); err != nil {
+		t.Fatal(err)
+	}
+	edited := `{"payment":"pay-1","amount":21}`
+	if _, err := first.StartEdit(ctx, "alice", recs[1].ID, []byte(edited), "fix"); err != nil {
+		t.Fatal(err)
+	}
+	heir := NewActions(s, client)
+	heir.lease = time.Millisecond // first's heartbeat is too old: it stopped
+	ids, err := heir.ResumeJobs(ctx)
+	if err != nil || len(ids) != 2 {
+		t.Fatalf("ResumeJobs = %v, %v", ids, err)
+	}
+	for _, id := range ids {
+		if j, err := heir.RunJob(ctx, id); err != nil || j.Done != 1 {
+			t.Errorf("RunJob %d = done %d errors %q, %v", id, j.Done, j.Errors, err)
+		}
+	}
+	got := map[string]string{}
+	for _, m := range failidxtest.ReadAll(t, k, origin) {
+		ikey, _ := failidxtest.Header(m, "idempotency-key")
+		got[ikey] = string(m.Value)
+	}
+	want := map[string]string{"pay-0": `{"payment":"pay-0","amount":10}`, "pay-1": edited}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("published (by idempotency-key header): %q, want %q", got, want)
 	}
 }

@@ -38,7 +38,12 @@ type Store struct {
 
 // NewStore returns a Store on pool (whose search_path must reach the tables
 // idem.Migrate created).
-func NewStore(pool *pgxpool.Pool) *Store { return &Store{db: pool} }
+func NewStore(pool *pgxpool.Pool) *Store {
+	if pool == nil {
+		return &Store{} // tests without a database; writeAudit says so
+	}
+	return &Store{db: pool}
+}
 
 // maxLimit caps List's and Audit's page size.
 const maxLimit = 1000
@@ -48,6 +53,11 @@ const recordCols = `id, dlq_topic, dlq_partition, dlq_offset, origin_topic, orig
 	consumer_group, fingerprint, kind, msg_key, idempotency_key, attempts, first_failure_at, last_failure_at,
 	indexed_at, error, error_type, stack, value, value_size, value_truncated, stub, headers,
 	status, status_actor, status_reason, status_at, coalesce(previous_id, 0), coalesce(key_id, 0)`
+
+// listCols are recordCols without the value, the stack and the headers
+// (NULL and empty in their places), for List: a page never reads payloads,
+// and Store.open leaves such a row's payload unread (no PayloadErr).
+var listCols = strings.NewReplacer("stack, value,", "'' AS stack, NULL::bytea AS value,", "stub, headers,", "stub, ''::bytea AS headers,").Replace(recordCols)
 
 // scanRecord reads a row of recordCols. A sealed row (KeyID != 0) comes
 // back without its value and headers, PayloadErr saying so, until
@@ -112,7 +122,7 @@ func (f Filter) where(args *[]any) (string, error) {
 		st := make([]string, 0, len(f.Status))
 		for _, s := range f.Status {
 			if !s.Valid() {
-				return "", invalid("status", "%q: want unresolved, replayed, resolved or archived", s)
+				return "", invalid("status", "%q: want unresolved, replaying, replayed, resolved or archived", s)
 			}
 			st = append(st, string(s))
 		}
@@ -155,9 +165,9 @@ func decodeCursor(c string) (time.Time, int64, error) {
 
 // List returns up to limit records matching f, latest failure first
 // (LastFailureAt, then ID, descending), starting after cursor ("" for the
-// first page). limit <= 0 means 50; it is capped at 1000. Values and headers
-// are filled; Versions are not. A bad filter or cursor is a
-// *ValidationError.
+// first page). limit <= 0 means 50; it is capped at 1000. Value, Headers,
+// Stack and Versions are not read (Get reads them); ValueSize is. A bad
+// filter or cursor is a *ValidationError.
 func (s *Store) List(ctx context.Context, f Filter, cursor string, limit int) (Page, error) {
 	if limit <= 0 {
 		limit = 50
@@ -177,7 +187,7 @@ func (s *Store) List(ctx context.Context, f Filter, cursor string, limit int) (P
 		cond += fmt.Sprintf(" AND (last_failure_at, id) < ($%d, $%d)", len(args)-1, len(args))
 	}
 	args = append(args, limit+1)
-	rows, err := s.db.Query(ctx, `SELECT `+recordCols+` FROM idem_dlq_records WHERE `+cond+
+	rows, err := s.db.Query(ctx, `SELECT `+listCols+` FROM idem_dlq_records WHERE `+cond+
 		` ORDER BY last_failure_at DESC, id DESC LIMIT $`+strconv.Itoa(len(args)), args...)
 	if err != nil {
 		return Page{}, fmt.Errorf("index: list: %w", err)
@@ -213,8 +223,8 @@ func (s *Store) Get(ctx context.Context, id int64) (Record, error) {
 		return r, fmt.Errorf("index: get %d: %w", id, err)
 	}
 	r = recs[0]
-	rows, err := s.db.Query(ctx, `SELECT n, value, actor, reason, at, published_to, published_partition, published_offset, coalesce(key_id, 0)
-		FROM idem_dlq_versions WHERE record_id = $1 ORDER BY n`, id)
+	rows, err := s.db.Query(ctx, `SELECT n, value, actor, reason, at, coalesce(published_to, ''), coalesce(published_partition, 0),
+		coalesce(published_offset, -1), coalesce(key_id, 0) FROM idem_dlq_versions WHERE record_id = $1 ORDER BY n`, id)
 	if err != nil {
 		return r, fmt.Errorf("index: get %d: versions: %w", id, err)
 	}
@@ -295,13 +305,13 @@ func (s *Store) groupsFromCounts(ctx context.Context, f Filter) ([]FailureGroup,
 	}
 	statuses := f.Status
 	if len(statuses) == 0 {
-		statuses = []Status{Unresolved, Replayed, Resolved, Archived}
+		statuses = []Status{Unresolved, Replaying, Replayed, Resolved, Archived}
 	}
 	var sum []string
 	unresolved := "0"
 	for _, st := range statuses {
 		if !st.Valid() {
-			return nil, invalid("status", "%q: want unresolved, replayed, resolved or archived", st)
+			return nil, invalid("status", "%q: want unresolved, replaying, replayed, resolved or archived", st)
 		}
 		sum = append(sum, string(st))
 		if st == Unresolved {
@@ -339,7 +349,7 @@ func (s *Store) Overview(ctx context.Context) ([]TopicSummary, error) {
 			 WHERE r.status = 'unresolved' AND r.consumer_group = g.consumer_group AND r.dlq_topic = g.dlq_topic),
 			(SELECT count(*) FROM idem_dlq_records r WHERE r.consumer_group = g.consumer_group AND r.dlq_topic = g.dlq_topic
 				AND r.last_failure_at > now() - interval '1 hour')
-		FROM (SELECT consumer_group, dlq_topic, sum(unresolved) AS unresolved, sum(unresolved + replayed + resolved + archived) AS total
+		FROM (SELECT consumer_group, dlq_topic, sum(unresolved) AS unresolved, sum(unresolved + replaying + replayed + resolved + archived) AS total
 			FROM idem_dlq_groups GROUP BY consumer_group, dlq_topic) g
 		WHERE g.total > 0
 		ORDER BY 1, 2`)
@@ -365,17 +375,9 @@ func (s *Store) Overview(ctx context.Context) ([]TopicSummary, error) {
 // cursor ("" for the first page), and the cursor of the next page ("" on the
 // last page). limit <= 0 means 50; it is capped at 1000.
 func (s *Store) Audit(ctx context.Context, cursor string, limit int) ([]AuditEntry, string, error) {
-	if limit <= 0 {
-		limit = 50
-	}
-	limit = min(limit, maxLimit)
-	before := int64(1<<63 - 1)
-	if cursor != "" {
-		n, err := strconv.ParseInt(cursor, 10, 64)
-		if err != nil || n <= 0 {
-			return nil, "", invalid("cursor", "%q is not an audit cursor", cursor)
-		}
-		before = n
+	limit, before, err := pageArgs(cursor, limit)
+	if err != nil {
+		return nil, "", err
 	}
 	rows, err := s.db.Query(ctx, `SELECT id, at, actor, action, record_ids, detail, reason, result
 		FROM idem_dlq_audit WHERE id < $1 ORDER BY id DESC LIMIT $2`, before, limit+1)
@@ -390,12 +392,37 @@ func (s *Store) Audit(ctx context.Context, cursor string, limit int) ([]AuditEnt
 	if err != nil {
 		return nil, "", fmt.Errorf("index: audit: %w", err)
 	}
-	next := ""
-	if len(out) > limit {
-		out = out[:limit]
-		next = strconv.FormatInt(out[limit-1].ID, 10)
-	}
+	out, next := nextPage(out, limit, func(e AuditEntry) int64 { return e.ID })
 	return out, next, nil
+}
+
+// pageArgs reads a page of rows by descending id: limit (<= 0: 50, at most
+// 1000) and the id the page starts below (cursor, the id of the previous
+// page's last row; "" for the first page).
+func pageArgs(cursor string, limit int) (int, int64, error) {
+	if limit <= 0 {
+		limit = 50
+	}
+	limit = min(limit, maxLimit)
+	before := int64(1<<63 - 1)
+	if cursor != "" {
+		n, err := strconv.ParseInt(cursor, 10, 64)
+		if err != nil || n <= 0 {
+			return 0, 0, invalid("cursor", "%q is not a cursor of this list", cursor)
+		}
+		before = n
+	}
+	return limit, before, nil
+}
+
+// nextPage cuts rows (read with limit+1) to limit and returns the next
+// page's cursor ("" on the last page).
+func nextPage[T any](rows []T, limit int, id func(T) int64) ([]T, string) {
+	if len(rows) <= limit {
+		return rows, ""
+	}
+	rows = rows[:limit]
+	return rows, strconv.FormatInt(id(rows[limit-1]), 10)
 }
 
 // WriteAudit appends e to the audit table (e.ID is ignored; a zero e.At
@@ -406,6 +433,9 @@ func (s *Store) WriteAudit(ctx context.Context, e AuditEntry) error {
 }
 
 func writeAudit(ctx context.Context, db querier, e AuditEntry) error {
+	if db == nil {
+		return errors.New("index: write audit: no database")
+	}
 	if strings.TrimSpace(e.Actor) == "" {
 		return invalid("actor", "empty: every action is audited under a name")
 	}
@@ -431,7 +461,8 @@ func writeAudit(ctx context.Context, db querier, e AuditEntry) error {
 
 // Sweep deletes resolved, replayed and archived records whose status changed
 // more than olderThan ago (with their versions), in batches of 10,000, and
-// returns how many it deleted. Unresolved records are never swept. Audit rows
+// returns how many it deleted. Unresolved records, and records a job holds
+// (replaying), are never swept. Audit rows
 // are kept. index.Indexer.Run calls it every hour with Indexer.Retention.
 func (s *Store) Sweep(ctx context.Context, olderThan time.Duration) (int64, error) {
 	if olderThan < 0 {
@@ -440,7 +471,8 @@ func (s *Store) Sweep(ctx context.Context, olderThan time.Duration) (int64, erro
 	var total int64
 	for {
 		tag, err := s.db.Exec(ctx, `DELETE FROM idem_dlq_records WHERE id IN (
-			SELECT id FROM idem_dlq_records WHERE status <> 'unresolved' AND status_at < now() - $1::interval LIMIT 10000)`,
+			SELECT id FROM idem_dlq_records WHERE status <> 'unresolved' AND status <> 'replaying'
+			AND status_at < now() - $1::interval LIMIT 10000)`,
 			olderThan)
 		if err != nil {
 			return total, fmt.Errorf("index: sweep: %w", err)
@@ -456,4 +488,37 @@ func (s *Store) Sweep(ctx context.Context, olderThan time.Duration) (int64, erro
 func clean(s string) string {
 	s = strings.ToValidUTF8(s, "\uFFFD")
 	return strings.ReplaceAll(s, "\x00", "\uFFFD")
+}
+
+// SettledUpTo returns, for each partition of the dead-letter topic that the
+// index holds records of, the offset up to which every record it holds
+// there is settled (replayed, resolved or archived): the offset of the
+// first record not settled (unresolved, or a job's), else the offset after
+// the last record it holds. The indexer moves the topic's admin group
+// there, so that idem_dlq_depth stops counting what the index settled.
+func (s *Store) SettledUpTo(ctx context.Context, topic string, partitions []int32) (map[int32]int64, error) {
+	out := map[int32]int64{}
+	for _, p := range partitions {
+		var at *int64
+		err := s.db.QueryRow(ctx, `SELECT coalesce(
+			(SELECT min(dlq_offset) FROM idem_dlq_records WHERE dlq_topic = $1 AND dlq_partition = $2 AND status IN ('unresolved', 'replaying')),
+			(SELECT max(dlq_offset) + 1 FROM idem_dlq_records WHERE dlq_topic = $1 AND dlq_partition = $2))`, topic, p).Scan(&at)
+		if err != nil {
+			return nil, fmt.Errorf("index: settled records of %s/%d: %w", topic, p, err)
+		}
+		if at != nil {
+			out[p] = *at
+		}
+	}
+	return out, nil
+}
+
+// HoldsTopic reports whether the index holds any record of the dead-letter
+// topic, whatever its status.
+func (s *Store) HoldsTopic(ctx context.Context, topic string) (bool, error) {
+	var any bool
+	if err := s.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM idem_dlq_records WHERE dlq_topic = $1)`, topic).Scan(&any); err != nil {
+		return false, fmt.Errorf("index: records of %s: %w", topic, err)
+	}
+	return any, nil
 }

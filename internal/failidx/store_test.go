@@ -153,11 +153,18 @@ func TestStoreListGroupsFilters(t *testing.T) {
 	}
 }
 
+// mustList returns every record f matches, in List's order, each as Get
+// reads it (List reads no values, stacks or headers).
 func mustList(t *testing.T, s *Store, f Filter) []Record {
 	t.Helper()
 	p, err := s.List(testenv.Context(t), f, "", 1000)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for i, r := range p.Records {
+		if p.Records[i], err = s.Get(testenv.Context(t), r.ID); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return p.Records
 }
@@ -286,4 +293,34 @@ func TestGroupCountsFollowChanges(t *testing.T) {
 		t.Fatalf("Sweep = %d, %v", n, err)
 	}
 	compare("after the sweep")
+}
+
+// TestGroupsNameTheirSampleRecord: a failure group names the record whose
+// error is its sample (SampleID, for masking that error with the record's
+// masked values), from the per-group counts (idem_dlq_groups, kept by the
+// index's triggers) and from the records alike, before and after a status
+// change.
+func TestGroupsNameTheirSampleRecord(t *testing.T) {
+	pool, _ := failidxtest.NewPool(t)
+	ctx := testenv.Context(t)
+	s := NewStore(pool)
+	base := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
+	index(t, pool, 0,
+		dead{Topic: "orders.billing.dlq", Origin: "orders", Key: "order-0", Value: []byte(`{}`), Err: "ledger down", LastFailed: base},
+		dead{Topic: "orders.billing.dlq", Origin: "orders", Key: "order-1", Value: []byte(`{}`), Err: "ledger down", LastFailed: base.Add(time.Minute)})
+	latest := mustList(t, s, Filter{Key: "order-1"})[0].ID
+	check := func(when string) {
+		t.Helper()
+		for _, f := range []Filter{{}, {ErrorContains: "ledger"}} {
+			gs, err := s.Groups(ctx, f)
+			if err != nil || len(gs) != 1 || gs[0].SampleID != latest || gs[0].SampleError != "ledger down" {
+				t.Errorf("%s: Groups(%+v) = %+v, %v; want one group whose sample is record %d", when, f, gs, err, latest)
+			}
+		}
+	}
+	check("indexed")
+	if _, err := NewActions(s, nil).Resolve(ctx, "alice", Selection{IDs: []int64{latest}}, "done"); err != nil {
+		t.Fatal(err)
+	}
+	check("resolved")
 }

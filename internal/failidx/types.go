@@ -7,8 +7,9 @@ import (
 )
 
 // Status is the state of an indexed dead letter. A record enters the index
-// Unresolved; Replay and EditAndRetry make it Replayed, Resolve Resolved and
-// Archive Archived. Each change records who made it, when and why.
+// Unresolved; Replay and EditAndRetry claim it (Replaying) and, once it is
+// published, make it Replayed; Resolve makes it Resolved and Archive
+// Archived. Each change records who made it, when and why.
 type Status string
 
 // The statuses of a Record.
@@ -16,6 +17,11 @@ const (
 	// Unresolved: nobody has dealt with the record yet. Only unresolved
 	// records count in idem_dlq_unresolved and are replayed.
 	Unresolved Status = "unresolved"
+	// Replaying: a replay or an edit-and-retry job claimed the record and is
+	// publishing it (or waits to be resumed, see RunJob). It goes on to
+	// Replayed, or back to Unresolved when the job is cancelled or fails.
+	// idem_dlq_unresolved counts it with the unresolved records.
+	Replaying Status = "replaying"
 	// Replayed: the record was sent back (to its origin topic or a tier),
 	// as it was or edited. If it fails again, the new failure is indexed as
 	// a new record whose PreviousID points at this one.
@@ -26,10 +32,10 @@ const (
 	Archived Status = "archived"
 )
 
-// Valid reports whether s is one of the four statuses.
+// Valid reports whether s is one of the five statuses.
 func (s Status) Valid() bool {
 	switch s {
-	case Unresolved, Replayed, Resolved, Archived:
+	case Unresolved, Replaying, Replayed, Resolved, Archived:
 		return true
 	}
 	return false
@@ -123,7 +129,8 @@ type Version struct {
 	Actor, Reason string
 	At            time.Time
 	// PublishedTo, PublishedPartition and PublishedOffset locate the
-	// published record.
+	// published record; PublishedTo is "" (and PublishedOffset -1) while
+	// the edit's job has not published it yet.
 	PublishedTo        string
 	PublishedPartition int32
 	PublishedOffset    int64
@@ -270,3 +277,8 @@ func (e *ValidationError) Error() string { return fmt.Sprintf("index: %s: %s", e
 func invalid(field, format string, args ...any) error {
 	return &ValidationError{Field: field, Msg: fmt.Sprintf(format, args...)}
 }
+
+// ErrConflict is returned (wrapped) by EditAndRetry when the record is not
+// unresolved: replayed, resolved, archived, or being replayed by another
+// action. Nothing was published or changed.
+var ErrConflict = errors.New("index: record is not unresolved")

@@ -94,11 +94,49 @@ func Build(d DeadLetter, to string, tier int, now time.Time) (forward.Record, er
 	return rec, nil
 }
 
+// ErrTarget is wrapped by CheckTarget's error: a replay may not go to that
+// topic. dlq.ErrReplayTarget is this error.
+var ErrTarget = errors.New("dlq: not a replay target of the record")
+
+// CheckTarget says whether a dead letter of origin topic origin, failed by
+// consumer group group, may be replayed to to: its origin topic (to "",
+// ToSource or origin itself) or a retry tier of origin for group under
+// idem's default names ("<origin>.<group>.retry.<n>", n >= 1), or a topic
+// listed in allowed (listed is then true, so an audit can say so). Anything
+// else is an error wrapping ErrTarget: a replay never writes into another
+// team's topic or into a topic that reads payloads back out unaudited.
+func CheckTarget(origin, group, to string, allowed []string) (listed bool, err error) {
+	switch {
+	case to == "" || to == ToSource || (origin != "" && to == origin):
+		return false, nil
+	case origin != "" && isTier(to, origin, group):
+		return false, nil
+	}
+	for _, t := range allowed {
+		if t == to {
+			return true, nil
+		}
+	}
+	if origin == "" {
+		return false, fmt.Errorf("%w: %q: the record has no idem-original-topic, so only a topic listed as an allowed replay target (--replay-topic) may take it", ErrTarget, to)
+	}
+	return false, fmt.Errorf("%w: %q is neither the record's origin topic %q nor one of its retry tiers for group %q (%s); list other targets as allowed replay topics (--replay-topic)",
+		ErrTarget, to, origin, group, (retrytopic.Policy{}).Tier(origin, group, 1)+", …")
+}
+
+// isTier reports whether topic is the default name of a retry tier n >= 1
+// of orig for group.
+func isTier(topic, orig, group string) bool {
+	i := strings.LastIndexByte(topic, '.')
+	n, err := strconv.Atoi(topic[i+1:])
+	return err == nil && n >= 1 && (retrytopic.Policy{}).Tier(orig, group, n) == topic
+}
+
 // tierOf returns n when topic is the default name of tier n of orig for
 // group ("<orig>.<group>.retry.<n>"), else 1.
 func tierOf(topic, orig, group string) int {
-	i := strings.LastIndexByte(topic, '.')
-	if n, err := strconv.Atoi(topic[i+1:]); err == nil && n >= 1 && (retrytopic.Policy{}).Tier(orig, group, n) == topic {
+	if isTier(topic, orig, group) {
+		n, _ := strconv.Atoi(topic[strings.LastIndexByte(topic, '.')+1:])
 		return n
 	}
 	return 1

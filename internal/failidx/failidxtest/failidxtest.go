@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/committed"
 	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/internal/wire"
@@ -153,8 +155,30 @@ func Client(tb testing.TB, k *testenv.Kafka, cfg *sarama.Config) sarama.Client {
 }
 
 // ReadAll returns every record of topic's partitions, by partition then
-// offset.
+// offset, as a read_committed consumer reads them (committed.Read).
 func ReadAll(tb testing.TB, k *testenv.Kafka, topic string) []*sarama.ConsumerMessage {
+	tb.Helper()
+	var out []*sarama.ConsumerMessage
+	eachPartition(tb, k, topic, func(client sarama.Client, p int32) {
+		oldest, err1 := client.GetOffset(topic, p, sarama.OffsetOldest)
+		end, err2 := committed.End(client, topic, p)
+		if err := errors.Join(err1, err2); err != nil {
+			tb.Fatal(err)
+		}
+		err := committed.Read(context.Background(), client, topic, p, oldest, end, 30*time.Second, func(m *sarama.ConsumerMessage) error {
+			out = append(out, m)
+			return nil
+		})
+		if err != nil {
+			tb.Fatalf("read %s/%d: %v", topic, p, err)
+		}
+	})
+	return out
+}
+
+// eachPartition calls f for each partition of topic, in order, with a
+// client of its own.
+func eachPartition(tb testing.TB, k *testenv.Kafka, topic string, f func(sarama.Client, int32)) {
 	tb.Helper()
 	client, err := sarama.NewClient(k.Brokers, k.SaramaConfig())
 	if err != nil {
@@ -165,38 +189,9 @@ func ReadAll(tb testing.TB, k *testenv.Kafka, topic string) []*sarama.ConsumerMe
 	if err != nil {
 		tb.Fatal(err)
 	}
-	c, err := sarama.NewConsumerFromClient(client)
-	if err != nil {
-		tb.Fatal(err)
+	for _, p := range slices.Sorted(slices.Values(parts)) {
+		f(client, p)
 	}
-	defer c.Close()
-	var out []*sarama.ConsumerMessage
-	for _, p := range parts {
-		oldest, err1 := client.GetOffset(topic, p, sarama.OffsetOldest)
-		end, err2 := client.GetOffset(topic, p, sarama.OffsetNewest)
-		if err := errors.Join(err1, err2); err != nil {
-			tb.Fatal(err)
-		}
-		if oldest >= end {
-			continue
-		}
-		pc, err := c.ConsumePartition(topic, p, oldest)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		timeout := time.After(30 * time.Second)
-		for next := oldest; next < end; {
-			select {
-			case m := <-pc.Messages():
-				out = append(out, m)
-				next = m.Offset + 1
-			case <-timeout:
-				tb.Fatalf("read %s/%d: stuck at %d of %d", topic, p, next, end)
-			}
-		}
-		_ = pc.Close()
-	}
-	return out
 }
 
 // Header returns the value of m's first header named key.
@@ -222,4 +217,19 @@ func Gauge(tb testing.TB, g prometheus.Gatherer, name, group, topic string) floa
 		tb.Fatalf("no %s%v", name, labels)
 	}
 	return v
+}
+
+// EndOffsets returns the sum of topic's partitions' end offsets: how many
+// offsets producers have used (records, and markers of transactions).
+func EndOffsets(tb testing.TB, k *testenv.Kafka, topic string) int64 {
+	tb.Helper()
+	var sum int64
+	eachPartition(tb, k, topic, func(client sarama.Client, p int32) {
+		end, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		sum += end
+	})
+	return sum
 }
