@@ -39,6 +39,8 @@ func OutboxTable(name string) MigrateOption {
 //   - dedupe (the inbox of dedupe.Postgres and dedupe.PostgresLease):
 //     idem_processed, or InboxTable's name, with the index the sweeper uses;
 //   - consumer's ordering by key: idem_ordering_heads, idem_ordering_parked;
+//     and, with Transactions, the OnDeadLettered calls a Kafka transaction
+//     owes until it commits: idem_txn_hooks;
 //   - outbox: idem_outbox, or each OutboxTable's name, with its NOTIFY
 //     trigger;
 //   - saga: idem_saga, idem_saga_step;

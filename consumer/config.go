@@ -166,8 +166,20 @@ type Config struct {
 	// records it in the inbox, so it runs exactly once per message (by where
 	// it was first consumed), across redeliveries and crashes: a service
 	// marks its payment needs_attention or enqueues a compensating event
-	// through the outbox with dedupe.Tx(ctx). An error is retried with
-	// backoff, the partition waiting, as for a failed forward.
+	// through the outbox with dedupe.Tx(ctx). That inbox row is keyed by the
+	// message's origin ("idem:dead-lettered:<topic>/<partition>/<offset>"),
+	// apart from the message's own idempotency key, so a replay of the
+	// dead-lettered record is still handled, and a record whose key could
+	// not be derived reaches the hook with an empty IdempotencyKey and its
+	// origin (DeadLettered.Message.Origin()). An error is retried with
+	// backoff, the partition (with Concurrency > 1: the lane) waiting, as
+	// for a failed forward. With Transactions it runs only once the Kafka
+	// transaction carrying the dead-letter record has committed, so never
+	// for a record a read_committed reader does not see; it needs a
+	// database then (a dedupe.NewPostgres store, or Ordering ByKey's pool),
+	// where the hooks a transaction owes wait for its commit (table
+	// idem_txn_hooks), so a member that dies between the commit and the
+	// hook leaves it to the partition's next owner.
 	// Default: nil.
 	OnDeadLettered func(ctx context.Context, d DeadLettered) error
 
@@ -418,10 +430,16 @@ type RetryConfig struct {
 // offset commit. Offsets go with the member's generation, so a member the
 // group has expelled (paused past its session timeout, partitioned away)
 // cannot commit: its transaction is aborted with everything it forwarded. A
-// crash anywhere leaves either a forward and its offset, or neither. A
-// transaction that fails ends the member's session; the next session reads
-// its partitions again from the committed offsets (effects are kept once by
-// the dedupe store).
+// crash or a stop anywhere leaves either a message's forwards and its
+// offset, or none of them: the forwards a message owes (its own, and with
+// Ordering ByKey those of the parked messages its drain dead-letters or
+// promotes) are sent together with its offset's mark when it settles, in
+// one short hold of the transaction that spans no handler call and no hook,
+// and a stop or a failed send before that mark sends none of them or fails
+// the transaction. A transaction that fails ends the member's session; the
+// next session reads its partitions again from the committed offsets
+// (effects are kept once by the dedupe store). Config.OnDeadLettered runs
+// once the dead-letter record's transaction has committed.
 //
 // Its cost: a commit (EndTxn, two round trips to the transaction
 // coordinator, a marker written to every partition the transaction touched)

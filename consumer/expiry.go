@@ -117,6 +117,5 @@ func (w *worker) expire(cm *sarama.ConsumerMessage, src wire.Source, o origin, m
 			return err
 		}
 	}
-	w.mark(cm)
-	return nil
+	return w.settle(cm)
 }

@@ -25,9 +25,10 @@ import (
 //
 // at is the claim's offset of the message head whose settling runs the drain
 // (-1: none, the claim's recovery). With Transactions every forward of the
-// drain commits with at's offset, and the steps that hang on a forward (a
-// parked message dead-lettered, a promotion) are marked with it (txnMark)
-// rather than applied: Resolve applies them once at's offset is committed.
+// drain is staged and commits with at's offset when head's message settles
+// (settle.go), and the steps that hang on a forward (a parked message
+// dead-lettered, a promotion) are marked with it (txnMark) rather than
+// applied: Resolve applies them once at's offset is committed.
 func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 	r := w.r
 	hooks := w.hooks()
@@ -89,8 +90,11 @@ func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 		src := wire.Source{Topic: next.Topic, Partition: next.Partition, Offset: next.Offset, Timestamp: next.Timestamp, Group: r.cfg.Group}
 		out := w.failure(src, next.Key, next.Value, headers, origin{topic: next.Topic, partition: next.Partition, offset: next.Offset}, msg, failed)
 		if out.tier == 0 {
-			if _, err := w.forwardAt(out, msg, at); err != nil {
+			if _, err := w.forward(out, msg); err != nil {
 				return err
+			}
+			if at < 0 && !w.commitNow() { // the claim's recovery: no mark, so committed before its row goes
+				return errStopping
 			}
 			if stuck, err := done(mark); stuck || err != nil {
 				return err
@@ -129,27 +133,32 @@ func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 }
 
 // forwardHead forwards out, the record of the key's head ikey whose forward
-// is recorded as pending, and clears the pending mark. again reports that
-// the head was dead-lettered instead (its tier refused it for good): it will
-// not come back from a tier, so the caller drains the messages parked behind
-// it now. errStopping: the partition is stopping; the forward stays
-// pending and the next owner of the partition does it (claimOrdering). at
-// is as for drain; with Transactions and at -1 (the claim's recovery) the
-// forward is committed here, before its pending mark is cleared.
+// is recorded as pending, and clears the pending mark once the head went to
+// its tier. again reports that the head was dead-lettered instead (its tier
+// refused it for good): it will not come back from a tier, so the caller
+// drains the messages parked behind it now, and the pending mark stays until
+// that drain's last Next removes the head row: a drain cut short leaves the
+// head pending, and the next claim forwards it again and drains behind it
+// (otherwise nothing would: the key would stay blocked). errStopping: the
+// partition is stopping; the forward stays pending and the next owner of
+// the partition does it (claimOrdering). at is as for drain; with
+// Transactions and at -1 (the claim's recovery) the forward is sent and
+// committed here, before its pending mark is cleared.
 func (w byKey) forwardHead(out outbound, msg *handler.Message, topic string, key []byte, ikey string, at int64) (again bool, err error) {
-	sent, err := w.forwardAt(out, msg, at)
+	sent, err := w.forward(out, msg)
 	if err != nil {
 		return false, err
 	}
 	if at < 0 && !w.commitNow() {
 		return false, errStopping
 	}
-	if _, err = w.orderTry("forwarded", func(ctx context.Context) error {
-		return w.r.order.Forwarded(ctx, topic, key, ikey)
-	}); err != nil {
-		return false, err
+	if sent.tier == 0 {
+		return true, nil
 	}
-	return sent.tier == 0, nil
+	_, err = w.orderTry("forwarded", func(ctx context.Context) error {
+		return w.r.order.Forwarded(ctx, topic, key, ikey)
+	})
+	return false, err
 }
 
 // parkedMessage rebuilds the handler message and headers of a parked record.
@@ -238,7 +247,7 @@ func (r *runner) sourceOf(topic string) (string, bool) {
 // what a crash in that window does).
 func (w byKey) claimOrdering() error {
 	r := w.r
-	defer w.endHold() // Transactions: a forward here is tied to no message, whose mark would end its hold
+	defer w.drop() // Transactions: what a stop left staged
 	if err := w.resolveClaim(); err != nil {
 		return err
 	}

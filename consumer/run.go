@@ -119,8 +119,11 @@ type runner struct {
 	// refused remembers forwards refused in an aborted transaction
 	// (Transactions; refusals.go); nil otherwise.
 	refused *refusals
-	order   *keyorder.Store      // nil unless Ordering is ByKey
-	bh      handler.BatchHandler // a batch handler (handler.Batch); nil for any other
+	order   *keyorder.Store // nil unless Ordering is ByKey
+	// owed keeps the OnDeadLettered calls a transaction owes until it has
+	// committed (settle.go); nil unless Transactions and OnDeadLettered.
+	owed *keyorder.Store
+	bh   handler.BatchHandler // a batch handler (handler.Batch); nil for any other
 	// batchStore is cfg.Dedupe when it takes batches and Batch is on.
 	batchStore dedupe.BatchStore
 	pauses     *pauser
@@ -306,6 +309,12 @@ func (r *runner) run(ctx context.Context) (err error) {
 		r.order = keyorder.New(r.cfg.Ordering.db, r.cfg.Group)
 		if err := st.retry(ctx, nil, "creating the ordering schema", func() error { return r.order.Migrate(ctx) }); err != nil {
 			return fmt.Errorf("consumer: ordering schema: %w", err)
+		}
+	}
+	if r.txn != nil && r.cfg.OnDeadLettered != nil {
+		r.owed = keyorder.New(orderingDB(r.cfg), r.cfg.Group)
+		if err := st.retry(ctx, nil, "creating the owed hooks' table", func() error { return r.owed.Migrate(ctx) }); err != nil {
+			return fmt.Errorf("consumer: owed hooks' table: %w", err)
 		}
 	}
 	st.warnUnread(ctx, client)

@@ -21,7 +21,10 @@
 // on a forward (a parked message dead-lettered, a promotion to head) are
 // then not applied at once but marked (Mark) with the source offset whose
 // commit carries the forwards; Resolve applies them once that offset is
-// committed, or reverts them when it is not. See Mark.
+// committed, or reverts them when it is not. See Mark. The same marks carry
+// the hooks such a transaction owes (OwedHook, table idem_txn_hooks): an
+// OnDeadLettered call that may run only once its dead-letter record has
+// committed.
 package keyorder
 
 import (
