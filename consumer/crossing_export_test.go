@@ -3,6 +3,8 @@ package consumer
 import (
 	"context"
 
+	"github.com/IBM/sarama"
+
 	"github.com/idemhq/idem/internal/forward"
 )
 
@@ -21,6 +23,23 @@ func WithSendFault(ctx context.Context, f func(rec forward.Record) error) contex
 func WithBeforeSendHook(ctx context.Context, f func(rec forward.Record, failed func() <-chan struct{})) context.Context {
 	h := *hooks(ctx)
 	h.beforeSend = f
+	return context.WithValue(ctx, testHooksKey{}, &h)
+}
+
+// WithAfterSendHook returns ctx carrying a hook that the transaction owner
+// of Run calls just after the producer answered a record (err: its error).
+func WithAfterSendHook(ctx context.Context, f func(rec forward.Record, err error)) context.Context {
+	h := *hooks(ctx)
+	h.afterSend = f
+	return context.WithValue(ctx, testHooksKey{}, &h)
+}
+
+// WithDispatchHook returns ctx carrying a hook that the transactional
+// producer's dispatcher calls for each record it takes, once it has checked
+// that a transaction is open.
+func WithDispatchHook(ctx context.Context, f func(msg *sarama.ProducerMessage)) context.Context {
+	h := *hooks(ctx)
+	h.dispatched = f
 	return context.WithValue(ctx, testHooksKey{}, &h)
 }
 

@@ -23,6 +23,7 @@ import (
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/testenv"
@@ -541,4 +542,108 @@ func TestCrossingHookOnlyForCommittedDeadLetter(t *testing.T) {
 			t.Errorf("OnDeadLettered ran %d times for X, which was never dead-lettered for a read_committed reader", n)
 		}
 	})
+}
+
+// Defect 5 (a later send under the transaction's lastError): A is refused
+// for good by the dead-letter topic (too large for it) while the forwards
+// of B1…B5 to their tier are on their way. sarama fails every send queued
+// behind a refused one in the transaction with its error (its lastError),
+// so a B's send failed with A's MESSAGE_TOO_LARGE, and that B was blamed:
+// its next try skipped its tier. Each B must reach tier 1 once, and A the
+// DLQ once, as a stub.
+func TestCrossingRefusalBlamedOnItsOwnRecord(t *testing.T) {
+	t.Parallel()
+	const bs = 5
+	e := newEnv(t, 1+bs)
+	small := "10000"
+	if err := e.k.Admin(t).CreateTopic(e.dlq(), &sarama.TopicDetail{NumPartitions: 1 + bs, ReplicationFactor: 1,
+		ConfigEntries: map[string]*string{"max.message.bytes": &small}}, false); err != nil {
+		t.Fatal(err)
+	}
+	e.k.WaitTopic(t, e.dlq(), 1+bs)
+	// Line the sends up: every B is inside the owner before A sends, and
+	// the Bs send once the producer has taken A, so they queue behind A's
+	// request. Each wait gives up after 2 s (well within the transaction's
+	// timeout), as it must once sends are one at a time.
+	var in atomic.Int32
+	allIn, aTaken := make(chan struct{}), make(chan struct{})
+	var aOnce, takenOnce sync.Once
+	var bOnce sync.Map
+	wait := func(ch chan struct{}) {
+		select {
+		case <-ch:
+		case <-time.After(2 * time.Second):
+		}
+	}
+	ctx := consumer.WithBeforeSendHook(testenv.Context(t), func(rec forward.Record, _ func() <-chan struct{}) {
+		ik := ikeyOf(rec)
+		switch {
+		case ik == "A":
+			aOnce.Do(func() { wait(allIn) })
+		case strings.HasPrefix(ik, "B"):
+			if _, again := bOnce.LoadOrStore(ik, true); again {
+				return
+			}
+			if in.Add(1) == bs {
+				close(allIn)
+			}
+			wait(aTaken)
+		}
+	})
+	ctx = consumer.WithDispatchHook(ctx, func(msg *sarama.ProducerMessage) {
+		for _, h := range msg.Headers {
+			if string(h.Key) == wire.HeaderIdempotencyKey && string(h.Value) == "A" {
+				takenOnce.Do(func() { close(aTaken) })
+			}
+		}
+	})
+	cfg := txnConfig(e.config(), "")
+	eff := effectHandler()
+	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
+		switch {
+		case m.IdempotencyKey == "A":
+			return handler.Permanent(errors.New("A is poison"))
+		case strings.HasPrefix(m.IdempotencyKey, "B") && m.Topic == e.topic: // every time: each B goes to tier 1
+			return errors.New("B fails at its source")
+		}
+		return eff(ctx, m)
+	})
+	p := e.bigProducer()
+	send := func(part int32, ikey string, value []byte) {
+		if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: e.topic, Partition: part, Key: sarama.StringEncoder(ikey),
+			Value: sarama.ByteEncoder(value), Headers: []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(ikey)}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(0, "A", make([]byte, 20000))
+	var want []string
+	for i := range bs {
+		want = append(want, fmt.Sprintf("B%d", i+1))
+		send(int32(i+1), want[i], []byte(`{}`))
+	}
+	r := startCtx(t, ctx, cfg, h)
+	e.waitCommitted(e.topic, 1+bs, 90*time.Second)
+	testenv.Eventually(t, 60*time.Second, func() error { // each B applied, or dead-lettered (blamed)
+		if n, dl := e.count(`SELECT count(*) FROM effects`), coreOutcome(t, e.reg, coremetrics.OutcomeDeadLettered); n+dl < 1+bs {
+			return fmt.Errorf("%d of %d Bs applied, %d messages dead-lettered", n, bs, dl)
+		}
+		return nil
+	})
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	tier := e.ikeyCopies(e.tier(1))
+	for _, ik := range want {
+		if tier[ik] != 1 {
+			t.Errorf("%s: %d copies in tier 1 for a read_committed reader, want 1 (blamed for A's refusal, it skipped its tier)", ik, tier[ik])
+		}
+	}
+	dlq := e.records(e.dlq(), sarama.ReadCommitted)
+	if len(dlq) != 1 || header(dlq[0], wire.HeaderIdempotencyKey) != "A" || dlq[0].Value != nil {
+		var got []string
+		for _, m := range dlq {
+			got = append(got, fmt.Sprintf("%s (%d bytes)", header(m, wire.HeaderIdempotencyKey), len(m.Value)))
+		}
+		t.Errorf("DLQ for a read_committed reader: %v, want A once, as a stub", got)
+	}
 }

@@ -27,7 +27,18 @@ type testHooks struct {
 	// beforeSend is the transaction owner's BeforeSend hook; failed returns
 	// the owner's Failed channel.
 	beforeSend func(rec forward.Record, failed func() <-chan struct{})
+	// afterSend is the transaction owner's AfterSend hook.
+	afterSend func(rec forward.Record, err error)
+	// dispatched is called by the transactional producer's dispatcher for
+	// each record it takes (a sarama.ProducerInterceptor): the record has
+	// passed its check that a transaction is open.
+	dispatched func(msg *sarama.ProducerMessage)
 }
+
+// interceptor is a sarama.ProducerInterceptor calling f.
+type interceptor func(msg *sarama.ProducerMessage)
+
+func (f interceptor) OnSend(msg *sarama.ProducerMessage) { f(msg) }
 
 type testHooksKey struct{}
 

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"slices"
 	"sync"
 	"time"
 
@@ -72,6 +73,9 @@ func txnProducerConfig(base *sarama.Config, cfg Config, maxBytes int) *sarama.Co
 // the owner.
 func (r *runner) startTxn(ctx context.Context, st setup, maxBytes int) (sarama.Client, error) {
 	pcfg := txnProducerConfig(r.scfg, r.cfg, maxBytes)
+	if h := hooksOf(r.baseCtx); h != nil && h.dispatched != nil {
+		pcfg.Producer.Interceptors = append(slices.Clone(pcfg.Producer.Interceptors), interceptor(h.dispatched))
+	}
 	var client sarama.Client
 	var owner *txn.Owner
 	err := st.retry(ctx, nil, "starting the transactional producer", func() (err error) {
@@ -94,6 +98,7 @@ func (r *runner) startTxn(ctx context.Context, st setup, maxBytes int) (sarama.C
 		if h.beforeSend != nil {
 			owner.BeforeSend = func(rec forward.Record) { h.beforeSend(rec, owner.Failed) }
 		}
+		owner.AfterSend = h.afterSend
 	}
 	owner.AfterCommit = r.resolveCommitted
 	r.txn, r.refused = owner, newRefusals()

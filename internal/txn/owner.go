@@ -10,6 +10,12 @@
 //     offset they settle, and Commit takes it exclusively, waiting for them.
 //     A hold spans sends and a mark only, never a handler or a hook, so a
 //     commit waits for round trips to the broker, nothing longer;
+//   - one send at a time: a refused send leaves the producer's transaction
+//     in error, and sarama then fails every send queued behind it with the
+//     same error (its lastError); Forward sends one record at a time (and
+//     the producer puts one record in a request, see
+//     retrytopic.ConfigureProducer), so a refusal it reports is its own
+//     record's, never blamed on another;
 //   - offsets go into the transaction with AddOffsetsToTxnWithGroupMetadata
 //     and the member's current generation, member id and instance id, so a
 //     member the group no longer knows (a zombie) cannot commit: its
@@ -81,9 +87,11 @@ type Owner struct {
 	// abort).
 	BeforeCommit func(records int) error
 
-	// BeforeSend, when set, runs in Forward just before the record is handed
-	// to the producer. Tests use it to line up concurrent forwards.
+	// BeforeSend and AfterSend, when set, run in Forward just before the
+	// record is handed to the producer and just after the producer answered
+	// (err: its error). Tests use them to line up concurrent forwards.
 	BeforeSend func(rec forward.Record)
+	AfterSend  func(rec forward.Record, err error)
 
 	// AfterCommit, when set, runs after each transaction that committed
 	// offsets, with those offsets (the next offset to read, by topic and
@@ -94,6 +102,8 @@ type Owner struct {
 	// gate: Hold shares it from a forward to its mark; Commit and Abort take
 	// it exclusively, so no record is sent while a transaction ends.
 	gate sync.RWMutex
+	// sendMu makes Forward send one record at a time (see the package doc).
+	sendMu sync.Mutex
 
 	mu      sync.Mutex
 	prod    sarama.SyncProducer // nil after a fatal error, until Reset
@@ -179,6 +189,8 @@ func (o *Owner) Hold() (release func(), err error) {
 // failed send fails the transaction: the error then wraps ErrBroken, and is a
 // *RefusedError when the broker refused the record for good.
 func (o *Owner) Forward(ctx context.Context, rec forward.Record) error {
+	o.sendMu.Lock()
+	defer o.sendMu.Unlock()
 	o.mu.Lock()
 	if o.broken != nil {
 		defer o.mu.Unlock()
@@ -198,6 +210,9 @@ func (o *Owner) Forward(ctx context.Context, rec forward.Record) error {
 		o.BeforeSend(rec)
 	}
 	err := fwd.Forward(ctx, rec)
+	if o.AfterSend != nil {
+		o.AfterSend(rec, err)
+	}
 	if err == nil {
 		return nil
 	}
