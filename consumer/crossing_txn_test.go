@@ -647,3 +647,46 @@ func TestCrossingRefusalBlamedOnItsOwnRecord(t *testing.T) {
 		t.Errorf("DLQ for a read_committed reader: %v, want A once, as a stub", got)
 	}
 }
+
+// Defect 7: M is parked behind H, and the transaction carrying M's offset
+// aborts; M's deadline passes before M is read again. Its redelivered copy
+// must be skipped as parked (the ordering store holds M), not dead-lettered
+// on the spot: M's parked row is dead-lettered when its turn comes, and a
+// read_committed reader sees one DLQ copy of M.
+func TestCrossingExpiredCopyOfParkedMessage(t *testing.T) {
+	t.Parallel()
+	forEachMode(t, []testMode{"txn", "txn-lanes"}, func(t *testing.T, mode testMode) {
+		e, cfg := orderedEnv(t, 1, 200*time.Millisecond)
+		e.in(mode)
+		cfg = mode.apply(cfg)
+		deadline := time.Now().Add(3 * time.Second)
+		var aborted atomic.Bool
+		ctx := consumer.WithBeforeCommitHook(testenv.Context(t), func(int) error {
+			if aborted.Load() || e.count(`SELECT count(*) FROM idem_ordering_parked`) == 0 {
+				return nil
+			}
+			aborted.Store(true)
+			select { // M is read again once its deadline has passed
+			case <-time.After(time.Until(deadline) + 500*time.Millisecond):
+			case <-t.Context().Done():
+			}
+			return errors.New("forced abort of the transaction carrying M's offset")
+		})
+		h := handler.Func(func(ctx context.Context, m *handler.Message) error {
+			if m.IdempotencyKey == "H" && m.Topic == e.topic {
+				return errors.New("H fails at its source")
+			}
+			return apply(ctx, m)
+		})
+		e.produceExpiry(expiryRec{ikey: "H", kafkaKey: "K"}, expiryRec{ikey: "M", kafkaKey: "K", deadline: strconv.FormatInt(deadline.UnixMilli(), 10)})
+		r := startCtx(t, ctx, cfg, h)
+		e.waitSettled("H")
+		if err := r.stop(); err != nil {
+			t.Fatal(err)
+		}
+		if !aborted.Load() {
+			t.Fatal("no transaction was aborted")
+		}
+		e.checkOnceInDLQ("M")
+	})
+}

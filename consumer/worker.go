@@ -132,17 +132,16 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 	if stop != nil {
 		return stop
 	}
-	if expired == nil && !drop {
-		parked, err := ord.admit(cm, msg, origin)
-		if err != nil {
-			return err
-		}
-		if parked {
-			r.m.Messages.WithLabelValues(r.cfg.Group, cm.Topic, coremetrics.OutcomeParked).Inc()
-			return w.settle(cm)
-		}
-	} else if origin.tier == 0 { // never admitted: its key's order is not its to settle
-		return w.expire(cm, src, origin, msg, expired)
+	// An expired message is never parked, but a copy of one the ordering
+	// store holds already (a redelivery) is skipped all the same: the
+	// stored one has its turn, and is dead-lettered then, once.
+	parked, err := ord.admit(cm, msg, origin, expired != nil || drop)
+	if err != nil {
+		return err
+	}
+	if parked {
+		r.m.Messages.WithLabelValues(r.cfg.Group, cm.Topic, coremetrics.OutcomeParked).Inc()
+		return w.settle(cm)
 	}
 	failed := expired
 	if expired == nil && !drop {

@@ -245,6 +245,11 @@ type Copy struct {
 	Partition int32
 	Offset    int64
 	FromTier  bool
+	// Expired says the copy expired (consumer.Expiry): it is never parked.
+	// ParkCopy then only looks: Blocked when the store holds its message
+	// (skip it: the stored row has its turn), else Free, or Head for the
+	// key's head.
+	Expired bool
 }
 
 // ParkCopy is Park for the message r read as c. With track (Kafka
@@ -268,13 +273,13 @@ func (s *Store) ParkCopy(ctx context.Context, r Record, c Copy, track bool) (Sta
 			INSERT INTO idem_ordering_parked (consumer_group, topic, msg_key, idempotency_key,
 				"partition", "offset", record_time, value, header_keys, header_values, park_topic, park_partition, park_offset)
 			SELECT $1,$2,$3,$4,$5,$6,$7,$8,$9,$10, CASE WHEN $14 THEN $11 END, CASE WHEN $14 THEN $12::int END, CASE WHEN $14 THEN $13::bigint END
-			FROM h WHERE h.head_key <> $4
+			FROM h WHERE h.head_key <> $4 AND NOT $15
 			ON CONFLICT DO NOTHING
 		)
 		SELECT (SELECT head_key FROM h), EXISTS (SELECT 1 FROM p),
 			EXISTS (SELECT 1 FROM p WHERE park_topic=$11 AND park_partition=$12 AND park_offset=$13)`,
 		s.group, r.Topic, r.Key, w.ikey, w.partition, w.offset, w.ts, w.value, w.headerKeys, w.headerValues,
-		c.Topic, c.Partition, c.Offset, track).Scan(&head, &has, &same)
+		c.Topic, c.Partition, c.Offset, track, c.Expired).Scan(&head, &has, &same)
 	switch {
 	case err != nil:
 		return Free, fmt.Errorf("keyorder: park: %w", err)
@@ -284,6 +289,8 @@ func (s *Store) ParkCopy(ctx context.Context, r Record, c Copy, track bool) (Sta
 		return Free, nil
 	case *head == r.IdempotencyKey:
 		return Head, nil
+	case c.Expired: // not held, and not parked
+		return Free, nil
 	}
 	return Blocked, nil
 }
