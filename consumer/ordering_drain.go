@@ -104,7 +104,7 @@ func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 		// The parked message becomes the head: promote it (recording the
 		// forward as pending) in one transaction, then forward it.
 		pending := next
-		pending.Tier = out.tier
+		pending.Tier, pending.Dest, pending.DLQ = out.tier, out.rec.Topic, out.dlq
 		pending.Headers = pending.Headers[:0:0]
 		for _, h := range out.rec.Headers {
 			pending.Headers = append(pending.Headers, keyorder.Header{Key: string(h.Key), Value: h.Value})
@@ -177,8 +177,9 @@ func parkedMessage(rec keyorder.Record) (*handler.Message, []*sarama.RecordHeade
 }
 
 // pendingOutbound is the forward a promoted head still owes: the record
-// Promote stored, to its tier, with its family's dead-letter topic for when
-// the tier refuses it for good.
+// Promote stored, to its tier, with the dead-letter topic of its error's
+// rule for when the tier refuses it for good (both as the promotion
+// decided them; the fallback's for a record of an earlier version).
 func (r *runner) pendingOutbound(rec keyorder.Record) outbound {
 	hs := make([]sarama.RecordHeader, 0, len(rec.Headers))
 	for _, h := range rec.Headers {
@@ -190,15 +191,22 @@ func (r *runner) pendingOutbound(rec keyorder.Record) outbound {
 	if f.IdempotencyKey == "" {
 		f.IdempotencyKey = rec.IdempotencyKey
 	}
+	dest, dlq := rec.Dest, rec.DLQ
+	if dest == "" {
+		dest = r.policy.Tier(rec.Topic, r.cfg.Group, tier)
+	}
+	if dlq == "" {
+		dlq = r.policy.DLQ(rec.Topic, r.cfg.Group)
+	}
 	return outbound{
 		rec: forward.Record{
-			Topic: r.policy.Tier(rec.Topic, r.cfg.Group, tier), Partition: rec.Partition,
+			Topic: dest, Partition: rec.Partition,
 			Key: rec.Key, Value: rec.Value, Headers: hs,
 		},
 		tier: tier,
 		kind: string(f.Kind),
 		f:    f,
-		dlq:  r.policy.DLQ(rec.Topic, r.cfg.Group),
+		dlq:  dlq,
 	}
 }
 
@@ -206,7 +214,11 @@ func (r *runner) pendingOutbound(rec keyorder.Record) outbound {
 // longer has: it is not forwarded (its topic may be gone, and nothing would
 // read it); warnUnread names it and `idem ordering release` sends it on.
 func (r *runner) tierGone(rec keyorder.Record) bool {
-	if rec.Tier <= len(r.policy.Delays) {
+	if rec.Dest != "" {
+		if _, _, ok := r.rules.Tier(rec.Topic, r.cfg.Group, rec.Dest); ok {
+			return false
+		}
+	} else if rec.Tier <= len(r.policy.Delays) {
 		return false
 	}
 	r.log.Warn("idem: not forwarding a pending head: its retry tier is no longer configured", "key", rec.IdempotencyKey,

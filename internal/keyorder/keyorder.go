@@ -118,6 +118,11 @@ type Record struct {
 	Attempt int    `json:"attempt,omitempty"`
 	Tier    int    `json:"tier,omitempty"`
 	Error   string `json:"error,omitempty"`
+	// Dest and DLQ are where a pending head's forward goes: its tier topic,
+	// and the dead-letter topic of its error's rule, for when the tier
+	// refuses it for good. Empty in records of earlier versions.
+	Dest string `json:"dest,omitempty"`
+	DLQ  string `json:"dlq,omitempty"`
 }
 
 // parkedRow is a Record as a row of idem_ordering_parked holds it (the key
