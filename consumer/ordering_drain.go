@@ -3,7 +3,6 @@ package consumer
 import (
 	"context"
 	"fmt"
-	"slices"
 
 	"github.com/IBM/sarama"
 
@@ -227,28 +226,18 @@ func (r *runner) tierGone(rec keyorder.Record) bool {
 	return true
 }
 
-// sourceOf returns the source topic a subscribed topic belongs to: itself, or
-// the source whose retry tier it is.
-func (r *runner) sourceOf(topic string) (string, bool) {
-	for _, t := range r.cfg.Topics {
-		if t == topic || slices.Contains(r.rules.TierTopics(t, r.cfg.Group), topic) {
-			return t, true
-		}
-	}
-	return "", false
-}
-
 // claimOrdering runs when the partition is claimed, before its first message:
 // it finishes the ordering store's work a previous owner left for this
 // partition, the one recovery path of a pending head. A drain that promoted a
 // parked message and was revoked (or crashed) before forwarding it left the
-// forward pending; the new owner of the partition — of the source topic or of
-// one of its tiers, whichever is claimed first — forwards it now, so the key
-// is not blocked for ever (a forward done twice is harmless: the inbox
-// absorbs the copy). A head its tier refuses for good is dead-lettered
-// (forward) and the messages parked behind it are drained. The partition's
-// reader runs already, so a revoke stops this at once. errStopping means
-// the partition is stopping.
+// forward pending; the new owner of the source partition forwards it now, so
+// the key is not blocked for ever (a tier copy forwarded twice is harmless:
+// the inbox absorbs it). Only the source partition's claim does, not its
+// tiers' claims too: two claims recovering one head at once sent a head its
+// tier refuses to the dead-letter topic twice. A head its tier refuses for
+// good is dead-lettered (forward) and the messages parked behind it are
+// drained. The partition's reader runs already, so a revoke stops this at
+// once. errStopping means the partition is stopping.
 //
 // With Transactions it first settles the marks of the partition's drains by
 // its committed offset (resolveClaim): committed ones are applied, the
@@ -263,10 +252,10 @@ func (w byKey) claimOrdering() error {
 	if err := w.resolveClaim(); err != nil {
 		return err
 	}
-	src, ok := r.sourceOf(w.tp.topic)
-	if !ok {
+	if w.tier { // a tier's or a deferred topic's partition: its source's claim recovers
 		return nil
 	}
+	src := w.tp.topic
 	var pending []keyorder.Record
 	refused, err := w.orderTry("claim", func(ctx context.Context) (err error) {
 		pending, err = r.order.PendingOf(ctx, src, w.tp.partition)
