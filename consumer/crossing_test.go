@@ -6,6 +6,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,6 +19,7 @@ import (
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/recovery"
+	"github.com/idemhq/idem/schedule"
 )
 
 // Defect 11: a drain promotes P, failing with an error a rule with its own
@@ -109,4 +112,78 @@ func crossingRecoveredHeadKeepsItsRule(t *testing.T, mode testMode, refuse bool)
 	if n := e.total(e.dlq(), 1); n != 0 {
 		t.Errorf("the fallback DLQ holds %d records, want none", n)
 	}
+}
+
+// Defect 6: a message's copies keep where and when it was first produced.
+// D is deferred at its source; its deferred copy arrives while its key is
+// blocked behind H (in a tier) and is parked, then drained. E is deferred,
+// and its deferred copy fails into tier 1. Every handler call of D and E
+// must see Origin() as the source record: its topic, partition, offset and
+// timestamp (expiry by age measures from it), not a copy's.
+func TestCrossingCopiesKeepTheirOrigin(t *testing.T) {
+	t.Parallel()
+	forEachMode(t, orderingModes, func(t *testing.T, mode testMode) {
+		e, cfg := orderedEnv(t, 1, 3*time.Second)
+		e.in(mode)
+		cfg = mode.apply(cfg)
+		cfg.Defer = &schedule.Scheduler{Pool: e.pool}
+		t.Cleanup(func() { e.k.DeleteTopics(t, e.topic+"."+e.group+".deferred") })
+		ts0 := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
+		var mu sync.Mutex
+		seen := map[string][]handler.Origin{}
+		var c calls
+		h := handler.Func(func(ctx context.Context, m *handler.Message) error {
+			n := c.inc(m.IdempotencyKey)
+			mu.Lock()
+			seen[m.IdempotencyKey] = append(seen[m.IdempotencyKey], m.Origin())
+			mu.Unlock()
+			switch {
+			case (m.IdempotencyKey == "D" || m.IdempotencyKey == "E") && n == 1:
+				return handler.DeferUntil(time.Now().Add(time.Second))
+			case m.IdempotencyKey == "E" && n == 2: // its deferred copy
+				return errors.New("E's copy fails")
+			case m.IdempotencyKey == "H" && m.Topic == e.topic:
+				return errors.New("H fails at its source")
+			}
+			return apply(ctx, m)
+		})
+		p := e.k.Producer(t)
+		offsets := map[string]int64{}
+		for _, r := range []struct{ ikey, key string }{{"D", "K"}, {"H", "K"}, {"E", "K2"}} {
+			_, off, err := p.SendMessage(&sarama.ProducerMessage{Topic: e.topic, Partition: 0, Key: sarama.StringEncoder(r.key), Value: sarama.StringEncoder(r.ikey),
+				Headers: []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(r.ikey)}}, Timestamp: ts0})
+			if err != nil {
+				t.Fatal(err)
+			}
+			offsets[r.ikey] = off
+		}
+		r := start(t, cfg, h)
+		testenv.Eventually(t, 90*time.Second, func() error {
+			for _, want := range []string{"D", "E", "H"} {
+				if !strings.Contains(","+e.applied()+",", ","+want+",") {
+					return fmt.Errorf("applied %q, want D, E and H", e.applied())
+				}
+			}
+			return nil
+		})
+		if err := r.stop(); err != nil {
+			t.Fatal(err)
+		}
+		if n := e.orderingRows(); n != 0 { // a key left blocked
+			t.Errorf("%d ordering rows left", n)
+		}
+		if c.get("D") < 2 || c.get("E") < 3 {
+			t.Fatalf("D handled %d times, E %d: the copies did not take their paths", c.get("D"), c.get("E"))
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, ik := range []string{"D", "E"} {
+			want := handler.Origin{Topic: e.topic, Partition: 0, Offset: offsets[ik], Timestamp: ts0}
+			for i, o := range seen[ik] {
+				if o.Topic != want.Topic || o.Partition != want.Partition || o.Offset != want.Offset || !o.Timestamp.Equal(want.Timestamp) {
+					t.Errorf("%s, call %d: Origin() = %+v, want %+v", ik, i+1, o, want)
+				}
+			}
+		}
+	})
 }

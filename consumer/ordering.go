@@ -206,7 +206,7 @@ func (w byKey) orderStep(f func(ctx context.Context) error) error {
 func (w byKey) park(cm *sarama.ConsumerMessage, msg *handler.Message, o origin, expired bool) (parked bool, err error) {
 	rec := keyorder.Record{
 		Topic: o.topic, Key: cm.Key, IdempotencyKey: msg.IdempotencyKey,
-		Partition: o.partition, Offset: o.offset, Timestamp: cm.Timestamp, Value: cm.Value,
+		Partition: o.partition, Offset: o.offset, Timestamp: msg.Origin().Timestamp, Value: cm.Value,
 	}
 	for _, h := range cm.Headers {
 		if h != nil {

@@ -161,11 +161,15 @@ func (w byKey) forwardHead(out outbound, msg *handler.Message, topic string, key
 }
 
 // parkedMessage rebuilds the handler message and headers of a parked record.
+// A parked record keeps its origin: where, and when, the message was first
+// produced (park stores the origin's coordinates and timestamp, also for a
+// tier's or a deferred topic's copy).
 func parkedMessage(rec keyorder.Record) (*handler.Message, []*sarama.RecordHeader) {
 	msg := &handler.Message{
 		Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset,
 		Key: rec.Key, Value: rec.Value, Timestamp: rec.Timestamp,
 		IdempotencyKey: rec.IdempotencyKey, Attempt: 1,
+		Original: handler.Origin{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Timestamp: rec.Timestamp},
 	}
 	hs := make([]*sarama.RecordHeader, 0, len(rec.Headers))
 	for _, h := range rec.Headers {
