@@ -463,11 +463,17 @@ type RetryConfig struct {
 // committed, or reverted when it is not, so the head's redelivery drains
 // again: each parked message once per hop, in key order (the argument is in
 // txn.go, with its limits: a head left pending by a run without
-// Transactions, a member frozen mid-drain past its session timeout). The transactional.id is "idem-<Group>-<InstanceID>"
-// with an InstanceID (a restarted member fences its predecessor and aborts
-// its open transaction at once), else "idem-<Group>-<host>-<random>" (a
-// crashed member's open transaction then holds read_committed readers of its
-// partitions back until Timeout). Set outbox.Relay.ExactlyOnce too for the
+// Transactions, a member frozen mid-drain past its session timeout). The
+// transactional.id is "idem-<Group>:<InstanceID>" with an InstanceID (a
+// restarted member fences its predecessor and aborts its open transaction
+// at once), else "idem-<Group>:<host>+<random>" (a crashed member's open
+// transaction then holds read_committed readers of its partitions back
+// until Timeout). The last ':' ends the group (an InstanceID holds none), so
+// no two groups' members share an id. Versions before issue 28 used
+// "idem-<Group>-<InstanceID>", which two groups could share (group
+// "payments" with instance "eu-1", group "payments-eu" with instance "1"):
+// see the changelog for how a running deployment moves (a new id does not
+// fence an old one's open transaction). Set outbox.Relay.ExactlyOnce too for the
 // relay's events. A transaction ends with a marker in each partition it
 // wrote, after the last record: lag computed from end offsets
 // (idem_consumer_lag of tiers, idem_dlq_depth) counts those markers.

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"strconv"
@@ -689,4 +690,45 @@ func TestCrossingExpiredCopyOfParkedMessage(t *testing.T) {
 		}
 		e.checkOnceInDLQ("M")
 	})
+}
+
+// Defect 10: two groups' members whose transactional ids collided under
+// "idem-<group>-<instance>" (group G with instance eu-1, group G-eu with
+// instance 1) run side by side. Each must keep its own producer: neither
+// fences the other, no transaction fails, and both groups read everything.
+func TestCrossingGroupsDoNotFenceEachOther(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	e.produce(coreKeys("k", 50), 1)
+	var logs logBuffer
+	run := func(group, instance string) *running {
+		cfg := txnConfig(e.config(), instance)
+		cfg.Group = group
+		cfg.Registerer = prometheus.NewRegistry()
+		cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		return start(t, cfg, handler.Func(func(context.Context, *handler.Message) error { return nil }))
+	}
+	other := e.group + "-eu"
+	t.Cleanup(func() { _ = e.k.Admin(t).DeleteConsumerGroup(other) })
+	a, b := run(e.group, "eu-1"), run(other, "1")
+	testenv.Eventually(t, 90*time.Second, func() error {
+		for _, g := range []string{e.group, other} {
+			resp, err := e.k.Admin(t).ListConsumerGroupOffsets(g, map[string][]int32{e.topic: {0}})
+			if err != nil {
+				return err
+			}
+			if got := resp.Blocks[e.topic][0].Offset; got != 50 {
+				return fmt.Errorf("group %s committed %d of 50", g, got)
+			}
+		}
+		return nil
+	})
+	for _, r := range []*running{a, b} {
+		if err := r.stop(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := strings.Count(logs.String(), "Kafka transaction failed"); n > 0 {
+		t.Errorf("%d transactions failed (the two members fenced each other); the log:\n%s", n, logs.String())
+	}
 }

@@ -49,15 +49,22 @@ func (c Config) validateTransactions(errs *configerr.List) {
 
 var txnIDUnsafe = regexp.MustCompile(`[^a-zA-Z0-9._-]+`)
 
-// transactionalID is the member's transactional.id (Config.Transactions).
+// transactionalID is the member's transactional.id (Config.Transactions):
+// "idem-<Group>:<InstanceID>", or "idem-<Group>:<host>+<random>" without
+// an InstanceID. It is unambiguous: an InstanceID (and the host, made safe)
+// holds only [a-zA-Z0-9._-], so the last ':' ends the group, whatever the
+// group holds, and a '+' marks an id without an InstanceID. (Issue 28: the
+// "idem-<Group>-<InstanceID>" of earlier versions gave group "payments" with
+// instance "eu-1" and group "payments-eu" with instance "1" one id, and
+// their members fenced each other.)
 func (c Config) transactionalID() string {
 	if c.InstanceID != "" {
-		return "idem-" + c.Group + "-" + c.InstanceID
+		return "idem-" + c.Group + ":" + c.InstanceID
 	}
 	host, _ := os.Hostname()
 	var b [6]byte
 	_, _ = rand.Read(b[:])
-	return "idem-" + c.Group + "-" + txnIDUnsafe.ReplaceAllString(host, "_") + "-" + hex.EncodeToString(b[:])
+	return "idem-" + c.Group + ":" + txnIDUnsafe.ReplaceAllString(host, "_") + "+" + hex.EncodeToString(b[:])
 }
 
 // txnProducerConfig is the config of the transaction owner's own client.
