@@ -187,3 +187,56 @@ func TestCrossingCopiesKeepTheirOrigin(t *testing.T) {
 		}
 	})
 }
+
+// Defect 8: Config.Limits.Adaptive bounds the member's handler attempts in
+// flight, batches included. With a limit of one (Min = Max = 1) and four
+// partitions batching at once, never more than one batch may be in its
+// handler. Drawn: a handler.Batch handler or a per-message one.
+func TestCrossingBatchesHonourAdaptiveLimit(t *testing.T) {
+	t.Parallel()
+	for _, batchHandler := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batch-handler=%v", batchHandler), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, 4)
+			cfg := e.config()
+			cfg.Batch = consumer.BatchConfig{MaxMessages: 20, MaxWait: 20 * time.Millisecond}
+			cfg.Limits.Adaptive = &consumer.Adaptive{Min: 1, Max: 1}
+			var inFlight, most atomic.Int32
+			call := func() {
+				n := inFlight.Add(1)
+				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+				}
+				select { // a dependency call
+				case <-time.After(30 * time.Millisecond):
+				case <-t.Context().Done():
+				}
+				inFlight.Add(-1)
+			}
+			eff := effectHandler()
+			var h handler.Handler = handler.Func(func(ctx context.Context, m *handler.Message) error {
+				call()
+				return eff(ctx, m)
+			})
+			if batchHandler {
+				h = handler.Batch(func(ctx context.Context, ms []*handler.Message) error {
+					call()
+					for _, m := range ms {
+						if err := eff(ctx, m); err != nil {
+							return err
+						}
+					}
+					return nil
+				})
+			}
+			e.produce(coreKeys("k", 400), 4)
+			r := start(t, cfg, h)
+			e.coreWaitEffects(400, 90*time.Second)
+			if err := r.stop(); err != nil {
+				t.Fatal(err)
+			}
+			if n := most.Load(); n > 1 {
+				t.Errorf("%d handler calls in flight at once, the adaptive limit being 1", n)
+			}
+		})
+	}
+}
