@@ -14,6 +14,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/keyorder"
@@ -238,5 +239,68 @@ func TestCrossingBatchesHonourAdaptiveLimit(t *testing.T) {
 				t.Errorf("%d handler calls in flight at once, the adaptive limit being 1", n)
 			}
 		})
+	}
+}
+
+// Defect 9: breaker A opened and closed the gate (every partition paused).
+// The half-open probe then met a 429 of dependency B, which says nothing of
+// A: the gate must not close again for B's Retry-After. A message of
+// another partition, needing only A, is handled at once; only the message
+// needing B waits for it.
+func TestCrossingThrottledProbeDoesNotPauseTheMember(t *testing.T) {
+	t.Parallel()
+	const retryAfter = 20 * time.Second
+	e := newEnv(t, 2)
+	set, err := breaker.NewSet(breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var aFailed, bThrottled atomic.Bool
+	var yAt atomic.Int64
+	eff := effectHandler()
+	cfg := e.config()
+	cfg.Limits.Breakers = set
+	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
+		if err := set.Do(ctx, "A", func(context.Context) error {
+			if aFailed.CompareAndSwap(false, true) {
+				return errors.New("A: 503") // opens A's breaker: the gate closes
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		if m.IdempotencyKey == "x" { // x needs B too: the probe meets B's 429
+			if err := set.Do(ctx, "B", func(context.Context) error {
+				if bThrottled.CompareAndSwap(false, true) {
+					return handler.RetryAfter(errors.New("B: 429"), retryAfter)
+				}
+				return nil
+			}); err != nil {
+				return err
+			}
+		}
+		if m.IdempotencyKey == "y" {
+			yAt.Store(time.Now().UnixNano())
+		}
+		return eff(ctx, m)
+	})
+	p := e.k.Producer(t)
+	e.send(p, 0, []byte("x"), "x")
+	r := start(t, cfg, h)
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if !bThrottled.Load() {
+			return errors.New("the probe has not met B's 429 yet")
+		}
+		return nil
+	})
+	sent := time.Now()
+	e.send(p, 1, []byte("y"), "y")
+	e.coreWaitEffects(1, 60*time.Second)
+	if got := time.Duration(yAt.Load() - sent.UnixNano()); got > retryAfter/2 {
+		t.Errorf("y, needing only A, was handled %v after it was sent: the probe's 429 from B paused the member", got.Round(time.Millisecond))
+	}
+	e.coreWaitEffects(2, 60*time.Second)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
 	}
 }
