@@ -304,3 +304,62 @@ func TestCrossingThrottledProbeDoesNotPauseTheMember(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Earlier item: idem_partition_stalled_seconds counts failing, not waiting:
+// a message waiting out an open breaker's cool-down or a dependency's 429
+// is not a stall (Config.StallWarning's doc). Drawn: the breaker or the 429.
+func TestCrossingBreakerWaitsAreNoStall(t *testing.T) {
+	t.Parallel()
+	for _, throttle := range []bool{false, true} {
+		t.Run(fmt.Sprintf("throttle=%v", throttle), func(t *testing.T) {
+			t.Parallel()
+			const wait = 3 * time.Second
+			e := newEnv(t, 1)
+			set, err := breaker.NewSet(breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: wait})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var failed, waiting atomic.Bool
+			eff := effectHandler()
+			cfg := e.config()
+			cfg.StallWarning = 400 * time.Millisecond // stalls sampled every 100 ms
+			cfg.Limits.Breakers = set
+			r := start(t, cfg, handler.Func(func(ctx context.Context, m *handler.Message) error {
+				if err := set.Do(ctx, "dep", func(context.Context) error {
+					if !failed.CompareAndSwap(false, true) {
+						return nil
+					}
+					waiting.Store(true)
+					if throttle {
+						return handler.RetryAfter(errors.New("dep: 429"), wait)
+					}
+					return errors.New("dep: 503") // opens the breaker for its cool-down
+				}); err != nil {
+					return err
+				}
+				return eff(ctx, m)
+			}))
+			e.produce([]string{"k"}, 1)
+			testenv.Eventually(t, 60*time.Second, func() error {
+				if !waiting.Load() {
+					return errors.New("not waiting yet")
+				}
+				return nil
+			})
+			deadline := time.Now().Add(wait - 500*time.Millisecond)
+			for time.Now().Before(deadline) {
+				if v := metricValue(t, e, "idem_partition_stalled_seconds", map[string]string{"topic": e.topic}); v > 0 {
+					t.Fatalf("idem_partition_stalled_seconds = %v while the message waits for its dependency", v)
+				}
+				select {
+				case <-time.After(50 * time.Millisecond): // sampling the gauge, not synchronising
+				case <-t.Context().Done():
+				}
+			}
+			e.coreWaitEffects(1, 60*time.Second)
+			if err := r.stop(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

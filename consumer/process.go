@@ -83,7 +83,7 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 			}
 			r.gate.probeDone(false)
 		}
-		if c != classDone && c != classDeferred {
+		if c != classDone && c != classDeferred && c != classBreaker { // waiting for a dependency is no stall
 			w.stall.failed(err)
 		}
 		switch {
