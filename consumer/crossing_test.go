@@ -13,11 +13,13 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/keyorder"
+	"github.com/idemhq/idem/internal/schema"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/recovery"
 	"github.com/idemhq/idem/schedule"
@@ -361,5 +363,58 @@ func TestCrossingBreakerWaitsAreNoStall(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// Earlier item: scheduletable.Defer's doc promised that a consumer stores a
+// deferred message in the transaction that records its outcome ("stored
+// and settled, or neither"). It does not: the deferral commits on its own
+// and the offset is marked after it, so a redelivery in between (a crash,
+// here the group's offsets deleted) defers the message again. Both copies
+// arrive; the inbox keeps one effect.
+func TestCrossingDeferredTwiceIsAppliedOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	if err := schema.Migrate(testenv.Context(t), e.pool, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.k.DeleteTopics(t, e.topic+"."+e.group+".deferred") })
+	var c calls
+	eff := effectHandler()
+	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
+		if m.Topic == e.topic { // at its source, every time: deferred
+			c.inc("deferred")
+			return handler.DeferUntil(time.Now().Add(2 * time.Second))
+		}
+		c.inc("copy")
+		return eff(ctx, m)
+	})
+	cfg := e.config()
+	cfg.Defer = &schedule.Scheduler{Pool: e.pool}
+	e.produce([]string{"d"}, 1)
+	first := start(t, cfg, h)
+	e.waitCommitted(e.topic, 1, 60*time.Second)
+	if err := first.stop(); err != nil {
+		t.Fatal(err)
+	}
+	// Read again, as after a crash before the offset's commit.
+	if err := e.k.Admin(t).DeleteConsumerGroupOffset(e.group, e.topic, 0); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Registerer = prometheus.NewRegistry()
+	start(t, cfg, h)
+	deferred := e.topic + "." + e.group + ".deferred"
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if n := e.total(deferred, 1); n != 2 {
+			return fmt.Errorf("%d deferred copies published, want 2 (deferred %d times)", n, c.get("deferred"))
+		}
+		if n := e.count(`SELECT count(*) FROM idem_deferred`); n != 0 {
+			return fmt.Errorf("%d deferred rows left", n)
+		}
+		return nil
+	})
+	e.waitCommitted(deferred, 1, 60*time.Second)
+	if n := e.count(`SELECT count(*) FROM effects`); n != 1 || c.get("copy") != 1 {
+		t.Errorf("%d effects of %d handler calls, want 1 of 1 (the second copy a duplicate)", n, c.get("copy"))
 	}
 }
