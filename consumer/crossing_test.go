@@ -418,3 +418,45 @@ func TestCrossingDeferredTwiceIsAppliedOnce(t *testing.T) {
 		t.Errorf("%d effects of %d handler calls, want 1 of 1 (the second copy a duplicate)", n, c.get("copy"))
 	}
 }
+
+// Earlier item: Run splits Config.Limits.Breakers' budget across the
+// group's members as they come and go (LimitsConfig.Breakers' doc; the
+// payments example's README said it did not). Three members take a third
+// each; when one leaves, the two left take half each.
+func TestCrossingShareFollowsTheGroup(t *testing.T) {
+	t.Parallel()
+	const rate = 300.0
+	e := newEnv(t, 6)
+	sets := make([]*breaker.Set, 3)
+	runs := make([]*running, 3)
+	for i := range sets {
+		set, err := breaker.NewSet(breaker.Settings{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := set.SetLimits("bank", breaker.Limits{Rate: rate}); err != nil {
+			t.Fatal(err)
+		}
+		sets[i] = set
+		cfg := e.config()
+		cfg.Registerer = prometheus.NewRegistry()
+		cfg.Limits.Breakers = set
+		runs[i] = start(t, cfg, handler.Func(func(context.Context, *handler.Message) error { return nil }))
+	}
+	shares := func(members int) {
+		t.Helper()
+		testenv.Eventually(t, 90*time.Second, func() error {
+			for i, s := range sets[:members] {
+				if r := s.LimitStates()["bank"].Rate; r < rate/float64(members)-0.01 || r > rate/float64(members)+0.01 {
+					return fmt.Errorf("member %d: rate %.2f, want %.2f", i, r, rate/float64(members))
+				}
+			}
+			return nil
+		})
+	}
+	shares(3)
+	if err := runs[2].stop(); err != nil {
+		t.Fatal(err)
+	}
+	shares(2)
+}
