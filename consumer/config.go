@@ -273,7 +273,9 @@ type Config struct {
 	// crash redelivers whatever was in flight; the inbox makes that safe. A
 	// revoked partition waits for its lanes' in-flight messages within
 	// ShutdownGrace. Each lane holds its own database connection while it
-	// works: budget members × partitions × Concurrency connections. With
+	// works: budget members × partitions (retry tiers included) ×
+	// Concurrency connections; Run warns when a member's pool is smaller
+	// than its share (docs/performance.md). With
 	// Transactions a forward to a retry tier or the dead-letter topic waits
 	// until every earlier message of its partition is final (see
 	// Transactions).

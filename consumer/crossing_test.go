@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,11 +18,13 @@ import (
 
 	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/consumer"
+	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/schema"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/recovery"
+	"github.com/idemhq/idem/retrytopic"
 	"github.com/idemhq/idem/schedule"
 )
 
@@ -459,4 +462,48 @@ func TestCrossingShareFollowsTheGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	shares(2)
+}
+
+// Earlier item: a member whose pool holds fewer connections than its
+// partitions (retry tiers included) times its lanes starved silently (a
+// trial took 1–2.5 s per handler call: a pool of 4, 9 partitions). Run
+// warns when a session starts (at start, and after each rebalance), naming
+// the pool's size, the partitions, the tiers' among them, and the lanes.
+func TestCrossingSmallPoolWarns(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 3)
+	var logs logBuffer
+	cfg := e.config()
+	cfg.Dedupe = dedupe.NewPostgres(e.query) // 4 connections
+	cfg.Concurrency = 2
+	cfg.Retry.Tiers = retrytopic.Policy{Delays: []time.Duration{time.Second, time.Second}}
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	first := start(t, cfg, handler.Func(func(context.Context, *handler.Message) error { return nil }))
+	const warn = "idem: the database pool holds fewer connections than this member's lanes"
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if !strings.Contains(logs.String(), warn) {
+			return errors.New("no warning yet")
+		}
+		return nil
+	})
+	for _, want := range []string{"pool_size=4", "partitions=9", "tier_partitions=6", "lanes=2", "needed=18"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("the warning does not name %s:\n%s", want, logs.String())
+		}
+	}
+	// A second member joins: the first one's partitions are rebalanced, and
+	// its new session warns again with its new numbers.
+	cfg2 := e.config()
+	cfg2.Retry.Tiers = cfg.Retry.Tiers
+	cfg2.Registerer = prometheus.NewRegistry()
+	start(t, cfg2, handler.Func(func(context.Context, *handler.Message) error { return nil }))
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if n := strings.Count(logs.String(), warn); n < 2 {
+			return fmt.Errorf("%d warnings, want one more after the rebalance", n)
+		}
+		return nil
+	})
+	if err := first.stop(); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -346,6 +346,7 @@ func (r *runner) run(ctx context.Context) (err error) {
 	wg.Go(func() { r.claims.watchLag(watchCtx, client, r.cfg.LagInterval) })
 	wg.Go(func() { watchDLQDepth(watchCtx, client, r.cfg, r.m.DLQDepth, r.log) })
 	wg.Go(func() { r.claims.watchStalls(watchCtx, r.cfg.StallWarning) })
+	wg.Go(func() { r.watchPool(watchCtx) })
 	wg.Go(func() { sweep(watchCtx, r.cfg, r.log) })
 	startFailureIndex(watchCtx, &wg, r.cfg, r.log)
 	startScheduler(watchCtx, &wg, r.cfg, r.log)
