@@ -507,3 +507,60 @@ func TestCrossingSmallPoolWarns(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Earlier item: a rule's dead-letter topic is one topic whatever the
+// source; shared by sources of 3 and 6 partitions, it failed Run's start
+// (its partitions could not match both sources). A dead-letter topic needs
+// no partition of its own per source partition (nothing reads it in key
+// order): Run creates it with the most partitions, or, when it exists with
+// fewer (made by an earlier run), warns and sends the records of the
+// partitions it lacks by their key. Poison of both sources reaches it.
+func TestCrossingRuleDLQSharedBySources(t *testing.T) {
+	t.Parallel()
+	for _, existing := range []int32{0, 3} {
+		t.Run(fmt.Sprintf("existing-partitions=%d", existing), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, 3)
+			big := e.k.Topic(t, 6)
+			shared := e.topic + ".dlq.shared"
+			t.Cleanup(func() { e.k.DeleteTopics(t, shared, big+"."+e.group+".dlq") })
+			parts := int32(6)
+			if existing > 0 {
+				e.k.CreateTopic(t, shared, existing)
+				parts = existing
+			}
+			errPoison := errors.New("poison")
+			cfg := e.config()
+			cfg.Topics = []string{e.topic, big}
+			cfg.Retry.Rules = []recovery.Rule{{Name: "poison", Match: recovery.Is(errPoison), DLQ: shared}}
+			r := start(t, cfg, handler.Func(func(ctx context.Context, m *handler.Message) error {
+				return fmt.Errorf("charge: %w", errPoison)
+			}))
+			p := e.k.Producer(t)
+			for _, dest := range []struct {
+				topic string
+				part  int32
+			}{{e.topic, 2}, {big, 5}} {
+				if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: dest.topic, Partition: dest.part, Key: sarama.StringEncoder(dest.topic), Value: sarama.StringEncoder("x"),
+					Headers: []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(dest.topic)}}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			testenv.Eventually(t, 90*time.Second, func() error {
+				select {
+				case err := <-r.done:
+					r.done <- err
+					t.Fatalf("Run returned %v", err)
+				default:
+				}
+				if n := e.total(shared, parts); n != 2 {
+					return fmt.Errorf("the shared DLQ holds %d records, want 2", n)
+				}
+				return nil
+			})
+			if err := r.stop(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -322,7 +323,16 @@ func (s setup) retryTopics(ctx context.Context, client sarama.Client) (int, erro
 	}
 	// Closing the admin would close the shared client; it holds no other resource.
 	limit := 0
-	for _, t := range s.cfg.Topics {
+	// The sources with the most partitions first: a dead-letter topic of a
+	// rule, shared by every source, is then created with the most.
+	sources := slices.Clone(s.cfg.Topics)
+	parts := map[string]int{}
+	for _, t := range sources {
+		ps, _ := client.Partitions(t)
+		parts[t] = len(ps)
+	}
+	slices.SortStableFunc(sources, func(a, b string) int { return parts[b] - parts[a] })
+	for _, t := range sources {
 		var sz forward.Sizes
 		err := s.retry(ctx, client, "creating the retry topics of "+t, func() (err error) {
 			sz = forward.Sizes{}
