@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -27,6 +28,7 @@ import (
 	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/keyorder"
+	"github.com/idemhq/idem/internal/schema"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/internal/wire"
 )
@@ -730,5 +732,98 @@ func TestCrossingGroupsDoNotFenceEachOther(t *testing.T) {
 	}
 	if n := strings.Count(logs.String(), "Kafka transaction failed"); n > 0 {
 		t.Errorf("%d transactions failed (the two members fenced each other); the log:\n%s", n, logs.String())
+	}
+}
+
+// TestOwedHookHelperProcess is not a test: TestCrossingOwedHookAcrossCrash
+// runs the test binary again with only this function. It consumes with
+// Transactions and an OnDeadLettered that SIGKILLs the process on its first
+// call: the dead-letter records and their offsets have committed, the hooks
+// have not run. Outside that child it returns at once.
+func TestOwedHookHelperProcess(t *testing.T) {
+	if !testenv.InChild("TestOwedHookHelperProcess") {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // the parent kills us long before
+	defer cancel()
+	cfg, _ := helperConfig(t, ctx, "idem-owed-hook-helper")
+	cfg = txnConfig(cfg, "owed-hook-member")
+	cfg.OnDeadLettered = func(context.Context, consumer.DeadLettered) error {
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {} // the signal is on its way
+	}
+	err := consumer.Run(ctx, cfg, handler.Func(func(context.Context, *handler.Message) error {
+		return handler.Permanent(errors.New("poison"))
+	}))
+	t.Fatalf("owed hook helper: Run returned %v before it was killed", err)
+}
+
+// Defect 4's crash guard, and the earlier item "give the hook the origin":
+// a member dies after the transaction carrying two dead-letter records
+// committed and before their OnDeadLettered calls ran; one record had no
+// key. The partition's next owner runs both hooks once, from the owed rows,
+// with the message, its origin and (for the key-less one) an empty key.
+func TestCrossingOwedHookAcrossCrash(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	if err := schema.Migrate(testenv.Context(t), e.pool, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	p := e.k.Producer(t)
+	if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: e.topic, Partition: 0, Value: sarama.StringEncoder("no key")}); err != nil {
+		t.Fatal(err)
+	}
+	e.produce([]string{"bad"}, 1)
+	child := e.startHelperProcess("TestOwedHookHelperProcess")
+	if err := child.WaitWithin(t, 120*time.Second); !testenv.Killed(err) {
+		t.Fatalf("helper ended with %v, want killed in its hook; its log:\n%s", err, child.Output())
+	}
+	if n := e.count(`SELECT count(*) FROM idem_txn_hooks`); n == 0 {
+		t.Fatalf("no hook owed at the kill; the helper's log:\n%s", child.Output())
+	}
+	var mu sync.Mutex
+	var got []consumer.DeadLettered
+	cfg := txnConfig(e.config(), "owed-hook-member")
+	cfg.OnDeadLettered = func(ctx context.Context, d consumer.DeadLettered) error {
+		mu.Lock()
+		got = append(got, d)
+		mu.Unlock()
+		return nil
+	}
+	r := start(t, cfg, handler.Func(func(context.Context, *handler.Message) error {
+		return handler.Permanent(errors.New("poison"))
+	}))
+	e.waitCommitted(e.topic, 1, 90*time.Second)
+	testenv.Eventually(t, 60*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(got) < 2 {
+			return fmt.Errorf("%d hooks ran", len(got))
+		}
+		return nil
+	})
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.count(`SELECT count(*) FROM idem_txn_hooks`); n != 0 {
+		t.Errorf("%d owed hooks left", n)
+	}
+	e.checkOnceInDLQ("bad")
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 2 {
+		t.Fatalf("%d hook calls, want 2", len(got))
+	}
+	for _, d := range got {
+		o := d.Message.Origin()
+		want := int64(0)
+		if d.Message.IdempotencyKey == "bad" {
+			want = 1
+		} else if d.Message.IdempotencyKey != "" || d.Kind != handler.KindMissingKey {
+			t.Errorf("hook for %q kind %s, want the key-less record with kind %s", d.Message.IdempotencyKey, d.Kind, handler.KindMissingKey)
+		}
+		if o.Topic != e.topic || o.Partition != 0 || o.Offset != want || o.Timestamp.IsZero() || d.Topic != e.dlq() {
+			t.Errorf("hook for %q: origin %+v, DLQ %s; want %s/0/%d with its timestamp, DLQ %s", d.Message.IdempotencyKey, o, d.Topic, e.topic, want, e.dlq())
+		}
 	}
 }
