@@ -3,6 +3,8 @@ package consumer
 import (
 	"context"
 	"fmt"
+	"slices"
+	"time"
 
 	"github.com/IBM/sarama"
 
@@ -230,18 +232,35 @@ func (r *runner) tierGone(rec keyorder.Record) bool {
 	return true
 }
 
+// sourceOf returns the source topic a subscribed topic belongs to: itself, or
+// the source whose retry tier it is.
+func (r *runner) sourceOf(topic string) (string, bool) {
+	for _, t := range r.cfg.Topics {
+		if t == topic || slices.Contains(r.rules.TierTopics(t, r.cfg.Group), topic) {
+			return t, true
+		}
+	}
+	return "", false
+}
+
+// pendingLease is how long a claim recovering a pending head keeps it from
+// the other claims (keyorder.ClaimPending); a recovery that outlasts it (a
+// long outage) may be done a second time.
+const pendingLease = 30 * time.Second
+
 // claimOrdering runs when the partition is claimed, before its first message:
 // it finishes the ordering store's work a previous owner left for this
 // partition, the one recovery path of a pending head. A drain that promoted a
 // parked message and was revoked (or crashed) before forwarding it left the
-// forward pending; the new owner of the source partition forwards it now, so
-// the key is not blocked for ever (a tier copy forwarded twice is harmless:
-// the inbox absorbs it). Only the source partition's claim does, not its
-// tiers' claims too: two claims recovering one head at once sent a head its
-// tier refuses to the dead-letter topic twice. A head its tier refuses for
-// good is dead-lettered (forward) and the messages parked behind it are
-// drained. The partition's reader runs already, so a revoke stops this at
-// once. errStopping means the partition is stopping.
+// forward pending; the new owner of the partition — of the source topic or of
+// one of its tiers, whichever is claimed first — forwards it now, so the key
+// is not blocked for ever. The claims of a source partition and of its tier
+// partitions may run at once (on one member, or on two): each leases the
+// head first (keyorder.ClaimPending), and one waits while the other recovers
+// it, so a head its tier refuses reaches the dead-letter topic once. A head
+// its tier refuses for good is dead-lettered (forward) and the messages
+// parked behind it are drained. The partition's reader runs already, so a
+// revoke stops this at once. errStopping means the partition is stopping.
 //
 // With Transactions it first settles the marks of the partition's drains by
 // its committed offset (resolveClaim): committed ones are applied, the
@@ -256,10 +275,10 @@ func (w byKey) claimOrdering() error {
 	if err := w.resolveClaim(); err != nil {
 		return err
 	}
-	if w.tier { // a tier's or a deferred topic's partition: its source's claim recovers
+	src, ok := r.sourceOf(w.tp.topic)
+	if !ok {
 		return nil
 	}
-	src := w.tp.topic
 	var pending []keyorder.Record
 	refused, err := w.orderTry("claim", func(ctx context.Context) (err error) {
 		pending, err = r.order.PendingOf(ctx, src, w.tp.partition)
@@ -275,20 +294,72 @@ func (w byKey) claimOrdering() error {
 		if r.tierGone(rec) {
 			continue
 		}
-		msg := &handler.Message{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, IdempotencyKey: rec.IdempotencyKey}
-		again, err := w.forwardHead(r.pendingOutbound(rec), msg, rec.Topic, rec.Key, rec.IdempotencyKey, -1)
+		mine, err := w.leasePending(rec)
 		if err != nil {
 			return err
 		}
-		w.log.Info("idem: forwarded a head whose forward a previous owner left pending", "key", rec.IdempotencyKey, "source", src)
-		if again {
-			if err := w.drain(rec.Topic, rec.Key, rec.IdempotencyKey, -1); err != nil {
-				return err
-			}
-			if !w.commitNow() {
-				return errStopping
-			}
+		if !mine { // recovered by another claim meanwhile
+			continue
+		}
+		if err := w.recoverHead(rec, src); err != nil {
+			w.releasePending(rec)
+			return err
 		}
 	}
 	return nil
+}
+
+// recoverHead forwards the pending head rec, leased by w, and drains behind
+// it when its tier refused it (see claimOrdering).
+func (w byKey) recoverHead(rec keyorder.Record, src string) error {
+	msg := &handler.Message{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, IdempotencyKey: rec.IdempotencyKey}
+	again, err := w.forwardHead(w.r.pendingOutbound(rec), msg, rec.Topic, rec.Key, rec.IdempotencyKey, -1)
+	if err != nil {
+		return err
+	}
+	w.log.Info("idem: forwarded a head whose forward a previous owner left pending", "key", rec.IdempotencyKey, "source", src)
+	if !again {
+		return nil
+	}
+	if err := w.drain(rec.Topic, rec.Key, rec.IdempotencyKey, -1); err != nil {
+		return err
+	}
+	if !w.commitNow() {
+		return errStopping
+	}
+	return nil
+}
+
+// leasePending leases rec's pending forward to w (keyorder.ClaimPending),
+// waiting while another claim holds it: false when it is no longer pending
+// (that claim recovered it). errStopping: the partition is stopping.
+func (w byKey) leasePending(rec keyorder.Record) (bool, error) {
+	for n := 1; ; n++ {
+		var ok, held bool
+		refused, err := w.orderTry("lease", func(ctx context.Context) (err error) {
+			ok, held, err = w.r.order.ClaimPending(ctx, rec.Topic, rec.Key, rec.IdempotencyKey, pendingLease)
+			return err
+		})
+		switch {
+		case err != nil:
+			return false, err
+		case refused != nil: // logged; recover it unleased, as before leases
+			return true, nil
+		case ok || !held:
+			return ok, nil
+		}
+		if !sleep(w.stopCtx, w.r.wait.outage(n)) {
+			return false, errStopping
+		}
+	}
+}
+
+// releasePending gives back the lease of a recovery that stopped, so the
+// next claim takes the head at once (best effort: the lease lapses anyway).
+func (w byKey) releasePending(rec keyorder.Record) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.hctx), 5*time.Second)
+	defer cancel()
+	if err := w.r.order.ReleasePending(ctx, rec.Topic, rec.Key, rec.IdempotencyKey); err != nil {
+		w.log.Debug("idem: ordering: release a pending head's lease", "key", rec.IdempotencyKey, "err", err)
+	}
 }

@@ -498,3 +498,58 @@ func (s *Store) Parked(ctx context.Context) (int, error) {
 	})
 	return n, err
 }
+
+// ClaimPending leases the pending forward of K's head ikey to the caller
+// for lease, so that one claim at a time recovers it (the claims of a source
+// partition and of its tiers may run at once, on one member or on two): ok
+// when the caller holds the lease now. held reports that the forward is
+// still pending under another caller's unexpired lease: wait and ask again.
+// Neither: it is no longer pending (recovered meanwhile), or the head moved
+// on. The lease is a time in the pending record's JSON
+// ("recovering_until", unix seconds by the database's clock); Forwarded,
+// and the head row's removal, end it with the pending forward.
+func (s *Store) ClaimPending(ctx context.Context, topic string, key []byte, ikey string, lease time.Duration) (ok, held bool, err error) {
+	err = s.tx(ctx, func(tx pgx.Tx) error {
+		head, err := s.lockHead(ctx, tx, topic, key)
+		if err != nil || head != ikey {
+			return err
+		}
+		var free *bool
+		err = tx.QueryRow(ctx, `SELECT coalesce((pending->>'recovering_until')::float8, 0) < extract(epoch from now())
+			FROM idem_ordering_heads WHERE `+byKey+` AND pending IS NOT NULL AND mark_topic IS NULL`,
+			s.group, topic, key).Scan(&free)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return nil
+		case err != nil:
+			return err
+		case free == nil || !*free:
+			held = true
+			return nil
+		}
+		_, err = tx.Exec(ctx, `UPDATE idem_ordering_heads
+			SET pending = jsonb_set(pending, '{recovering_until}', to_jsonb(extract(epoch from now()) + $4::float8))
+			WHERE `+byKey, s.group, topic, key, lease.Seconds())
+		ok = err == nil
+		return err
+	})
+	if err != nil {
+		return false, false, fmt.Errorf("keyorder: claim pending: %w", err)
+	}
+	return ok, held, nil
+}
+
+// ReleasePending ends a lease ClaimPending gave on K's head ikey, its
+// forward still pending (the recovery stopped): the next claim takes it at
+// once.
+func (s *Store) ReleasePending(ctx context.Context, topic string, key []byte, ikey string) error {
+	err := s.tx(ctx, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE idem_ordering_heads SET pending = pending - 'recovering_until'
+			WHERE `+byKey+` AND head_key=$4 AND pending IS NOT NULL`, s.group, topic, key, ikey)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("keyorder: release pending: %w", err)
+	}
+	return nil
+}
