@@ -30,7 +30,9 @@ type poisonRecord struct {
 // listed and more: bad keys, an oversized record, unusual headers, forged
 // idem-* headers and trace context, for one partition.
 func poisonWorkload(group string) []poisonRecord {
-	ik := func(v string) sarama.RecordHeader { return sarama.RecordHeader{Key: []byte("idempotency-key"), Value: []byte(v)} }
+	ik := func(v string) sarama.RecordHeader {
+		return sarama.RecordHeader{Key: []byte("idempotency-key"), Value: []byte(v)}
+	}
 	many := make([]sarama.RecordHeader, 0, 201)
 	for i := range 200 {
 		many = append(many, sarama.RecordHeader{Key: []byte(fmt.Sprintf("x-%03d", i)), Value: bytes.Repeat([]byte("h"), 1000)})
