@@ -50,6 +50,8 @@ func OutboxTable(name string) MigrateOption {
 //     idem_processed, or InboxTable's name, with the index the sweeper uses
 //     (partitioned by time with PartitionedInbox);
 //   - consumer's ordering by key: idem_ordering_heads, idem_ordering_parked;
+//     and, with Transactions, the OnDeadLettered calls a Kafka transaction
+//     owes until it commits: idem_txn_hooks;
 //   - outbox: idem_outbox, or each OutboxTable's name, with its NOTIFY
 //     trigger;
 //   - saga: idem_saga, idem_saga_step;

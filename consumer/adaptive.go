@@ -29,7 +29,9 @@ import (
 //
 // Attempts refused without running (an open breaker, a paused dependency, a
 // rate limit) and database outages are not samples: they say nothing of the
-// dependency's latency.
+// dependency's latency. A batch (Config.Batch, a handler.Batch handler) is
+// one attempt: it takes one slot under the limit, and its sample is its
+// handler time per message.
 type Adaptive struct {
 	// Min is the lowest limit. Must be >= 1.
 	// Default: 1.

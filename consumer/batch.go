@@ -144,6 +144,12 @@ func (w batch) handleBatch(items []*batchItem) error {
 	for i, it := range items {
 		recs[i] = it.rec
 	}
+	// A batch is one handler attempt for Config.Limits.Adaptive: it takes
+	// one slot, and its sample is its time per message (adaptive.go).
+	slot, ok := r.lanes.acquire(w.stopCtx)
+	if !ok {
+		return errStopping
+	}
 	start := time.Now()
 	var fresh []int
 	failedAt := -1 // the item whose handler failed (per-message handler)
@@ -166,6 +172,7 @@ func (w batch) handleBatch(items []*batchItem) error {
 		}
 		return nil
 	})
+	r.lanes.release(slot, time.Since(start)/time.Duration(len(items)), err, r.classify)
 	if err == nil {
 		took := time.Since(start)
 		w.costed(took, len(items))

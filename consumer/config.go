@@ -166,8 +166,20 @@ type Config struct {
 	// records it in the inbox, so it runs exactly once per message (by where
 	// it was first consumed), across redeliveries and crashes: a service
 	// marks its payment needs_attention or enqueues a compensating event
-	// through the outbox with dedupe.Tx(ctx). An error is retried with
-	// backoff, the partition waiting, as for a failed forward.
+	// through the outbox with dedupe.Tx(ctx). That inbox row is keyed by the
+	// message's origin ("idem:dead-lettered:<topic>/<partition>/<offset>"),
+	// apart from the message's own idempotency key, so a replay of the
+	// dead-lettered record is still handled, and a record whose key could
+	// not be derived reaches the hook with an empty IdempotencyKey and its
+	// origin (DeadLettered.Message.Origin()). An error is retried with
+	// backoff, the partition (with Concurrency > 1: the lane) waiting, as
+	// for a failed forward. With Transactions it runs only once the Kafka
+	// transaction carrying the dead-letter record has committed, so never
+	// for a record a read_committed reader does not see; it needs a
+	// database then (a dedupe.NewPostgres store, or Ordering ByKey's pool),
+	// where the hooks a transaction owes wait for its commit (table
+	// idem_txn_hooks), so a member that dies between the commit and the
+	// hook leaves it to the partition's next owner.
 	// Default: nil.
 	OnDeadLettered func(ctx context.Context, d DeadLettered) error
 
@@ -261,7 +273,9 @@ type Config struct {
 	// crash redelivers whatever was in flight; the inbox makes that safe. A
 	// revoked partition waits for its lanes' in-flight messages within
 	// ShutdownGrace. Each lane holds its own database connection while it
-	// works: budget members × partitions × Concurrency connections. With
+	// works: budget members × partitions (retry tiers included) ×
+	// Concurrency connections; Run warns when a member's pool is smaller
+	// than its share (docs/performance.md). With
 	// Transactions a forward to a retry tier or the dead-letter topic waits
 	// until every earlier message of its partition is final (see
 	// Transactions).
@@ -418,10 +432,16 @@ type RetryConfig struct {
 // offset commit. Offsets go with the member's generation, so a member the
 // group has expelled (paused past its session timeout, partitioned away)
 // cannot commit: its transaction is aborted with everything it forwarded. A
-// crash anywhere leaves either a forward and its offset, or neither. A
-// transaction that fails ends the member's session; the next session reads
-// its partitions again from the committed offsets (effects are kept once by
-// the dedupe store).
+// crash or a stop anywhere leaves either a message's forwards and its
+// offset, or none of them: the forwards a message owes (its own, and with
+// Ordering ByKey those of the parked messages its drain dead-letters or
+// promotes) are sent together with its offset's mark when it settles, in
+// one short hold of the transaction that spans no handler call and no hook,
+// and a stop or a failed send before that mark sends none of them or fails
+// the transaction. A transaction that fails ends the member's session; the
+// next session reads its partitions again from the committed offsets
+// (effects are kept once by the dedupe store). Config.OnDeadLettered runs
+// once the dead-letter record's transaction has committed.
 //
 // Its cost: a commit (EndTxn, two round trips to the transaction
 // coordinator, a marker written to every partition the transaction touched)
@@ -445,11 +465,17 @@ type RetryConfig struct {
 // committed, or reverted when it is not, so the head's redelivery drains
 // again: each parked message once per hop, in key order (the argument is in
 // txn.go, with its limits: a head left pending by a run without
-// Transactions, a member frozen mid-drain past its session timeout). The transactional.id is "idem-<Group>-<InstanceID>"
-// with an InstanceID (a restarted member fences its predecessor and aborts
-// its open transaction at once), else "idem-<Group>-<host>-<random>" (a
-// crashed member's open transaction then holds read_committed readers of its
-// partitions back until Timeout). Set outbox.Relay.ExactlyOnce too for the
+// Transactions, a member frozen mid-drain past its session timeout). The
+// transactional.id is "idem-<Group>:<InstanceID>" with an InstanceID (a
+// restarted member fences its predecessor and aborts its open transaction
+// at once), else "idem-<Group>:<host>+<random>" (a crashed member's open
+// transaction then holds read_committed readers of its partitions back
+// until Timeout). The last ':' ends the group (an InstanceID holds none), so
+// no two groups' members share an id. Versions before issue 28 used
+// "idem-<Group>-<InstanceID>", which two groups could share (group
+// "payments" with instance "eu-1", group "payments-eu" with instance "1"):
+// see the changelog for how a running deployment moves (a new id does not
+// fence an old one's open transaction). Set outbox.Relay.ExactlyOnce too for the
 // relay's events. A transaction ends with a marker in each partition it
 // wrote, after the last record: lag computed from end offsets
 // (idem_consumer_lag of tiers, idem_dlq_depth) counts those markers.

@@ -112,13 +112,17 @@ func (s setup) deferredPolicy() retrytopic.Policy {
 
 // deferredOrigin decodes a record of one of this group's deferred topics:
 // its origin (idem-original-*, written by scheduletable.RecordOf) with no tier
-// and no due time; ok is false for a record that is not such a copy.
+// and no due time; ok is false for a record that is not such a copy. The
+// origin goes into prior too, so a forward of the copy (wire.NewFailure)
+// names the source record, not the deferred copy, as its origin.
 func (r *runner) deferredOrigin(cm *sarama.ConsumerMessage, f retrytopic.Failure) (origin, bool) {
 	if r.cfg.Defer == nil || f.Tier != 0 || cm.Topic != deferredTopic(f.OriginalTopic, r.cfg.Group) {
 		return origin{}, false
 	}
+	prior := retrytopic.Failure{OriginalTopic: f.OriginalTopic, OriginalPartition: f.OriginalPartition,
+		OriginalOffset: f.OriginalOffset, OriginalTimestamp: f.OriginalTimestamp}
 	return origin{topic: f.OriginalTopic, partition: f.OriginalPartition, offset: f.OriginalOffset,
-		prior: retrytopic.Failure{OriginalTimestamp: f.OriginalTimestamp}, attempts: f.Attempt}, true
+		prior: prior, attempts: f.Attempt}, true
 }
 
 // errDeferNeedsConfig dead-letters a deferral when Config.Defer is not set.

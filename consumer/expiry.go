@@ -4,12 +4,9 @@ import (
 	"context"
 	"time"
 
-	"github.com/IBM/sarama"
-
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/expiry"
-	"github.com/idemhq/idem/internal/wire"
 )
 
 // Expiry says when a message is too old to handle (issue 21, "Expiry"): a
@@ -24,7 +21,11 @@ import (
 // handled: it is dead-lettered with idem-error-kind "expired" and the reason
 // in idem-error (or dropped and counted in idem_expired_total with Drop). A
 // deadline header that is not a time dead-letters the message with kind
-// "invalid-header", whatever Drop says. See docs/deferral-and-expiry.md.
+// "invalid-header", whatever Drop says. An expired message is never
+// parked; but a copy of a message the ordering store holds already (a
+// redelivery) is skipped as parked, whether it expired or not: the stored
+// message is checked when its turn comes, and dead-lettered then, once. See
+// docs/deferral-and-expiry.md.
 //
 // The zero Expiry expires nothing by age and honours the deadline header.
 type Expiry struct {
@@ -105,18 +106,4 @@ func (w *worker) expiredVerdict(msg *handler.Message, topic string, res expiry.R
 	default: // expiry.InvalidHeader: the producer's bug; never dropped
 		return &handler.ExpiredError{Reason: res.Reason, InvalidHeader: true}, false
 	}
-}
-
-// expire finishes a source record that expired before it was admitted to
-// its key's order: dead-lettered with cause (kind expired or
-// invalid-header), or dropped when cause is nil; then marked. errStopping:
-// the partition is stopping.
-func (w *worker) expire(cm *sarama.ConsumerMessage, src wire.Source, o origin, msg *handler.Message, cause error) error {
-	if cause != nil {
-		if _, err := w.forward(w.failure(src, cm.Key, cm.Value, cm.Headers, o, msg, cause), msg); err != nil {
-			return err
-		}
-	}
-	w.mark(cm)
-	return nil
 }

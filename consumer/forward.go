@@ -2,8 +2,8 @@ package consumer
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -12,7 +12,6 @@ import (
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/forward"
-	"github.com/idemhq/idem/internal/txn"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -162,10 +161,15 @@ func (o outbound) toDLQ(cause error, level int) outbound {
 }
 
 // forward is the one way a record leaves for a retry tier or the dead-letter
-// topic: it forwards out, waits for the ack (acks=all), and returns where the
-// record went: sent.tier is out.tier, or 0 when it was dead-lettered instead
-// (sent.stub: as a stub). Every caller (a failed message, a drained one, a
-// pending head recovered) decides what follows from sent, never from out.
+// topic, and returns where the record goes: sent.tier is out.tier, or 0 when
+// it is dead-lettered instead (sent.stub: as a stub). Every caller (a failed
+// message, a drained one, a pending head recovered) decides what follows from
+// sent, never from out.
+//
+// Without Transactions it forwards out at once, waits for the ack
+// (acks=all) and runs Config.OnDeadLettered for a dead-lettered record
+// (sendNow). With Transactions it stages out (stage): the forwards of the
+// message in hand are sent, with its offset, when it settles (settle.go).
 //
 // Failures are classified by forward.IsPermanentForwardError:
 //   - an outage (unknown topic, no leader, network): the partition waits and
@@ -181,54 +185,36 @@ func (o outbound) toDLQ(cause error, level int) outbound {
 //     minute; the record is never dropped.
 //
 // Each retry starts again from out's own destination. With Transactions a
-// refusal aborts the transaction (the record cannot fall back within it):
-// the refusal is remembered (refusals.go) and the record's next try, in the
-// next session, starts at the form after the refused one. The only error is
-// errStopping (nothing marked): the partition is stopping.
+// broker's refusal aborts the transaction (the record cannot fall back within
+// it): the refusal is remembered (refusals.go) and the record's next try, in
+// the next session, starts at the form after the refused one. The only error
+// is errStopping (nothing marked): the partition is stopping.
 func (w *worker) forward(out outbound, msg *handler.Message) (sent outbound, err error) {
-	return w.forwardAt(out, msg, msg.Offset)
+	out.rec.Headers = w.ob.injectTrace(out.rec.Headers, msg)
+	if w.r.txn != nil {
+		return w.stage(out, msg)
+	}
+	return w.sendNow(out, msg)
 }
 
-// forwardAt is forward for a record whose offset mark is that of the claim's
-// message at at (a drain's parked message forwards with its head's mark).
-func (w *worker) forwardAt(out outbound, msg *handler.Message, at int64) (sent outbound, err error) {
+// sendNow is forward without Transactions: out is sent, acked, and its
+// dead-letter hook run before it returns.
+func (w *worker) sendNow(out outbound, msg *handler.Message) (sent outbound, err error) {
 	r := w.r
-	out.rec.Headers = w.ob.injectTrace(out.rec.Headers, msg)
-	if !w.awaitEarlier(at) { // Transactions with lanes: the forward and its mark in one transaction
-		return outbound{}, errStopping
-	}
-	from, cause := formOut, error(nil)
-	if r.refused != nil {
-		if from, cause, err = w.resume(msg, out); err != nil {
-			return outbound{}, err
-		}
-	}
 	var loudAt time.Time
 	for n := 1; ; n++ {
-		if !w.hold() { // Transactions: the transaction failed
-			return outbound{}, errStopping
-		}
 		loud := n == 1 || time.Since(loudAt) >= time.Minute
-		sent, form, err := w.forwardOnce(out, msg, loud, from, cause)
+		sent, _, err := w.forwardOnce(out, msg, loud, formOut, nil)
 		if err == nil {
-			if r.refused != nil {
-				r.refused.forget(msg)
-			}
 			w.ob.forwarded(sent, msg)
 			if sent.tier == 0 { // Config.OnDeadLettered, once per message (hooks.go)
 				if err := w.deadLettered(sent, msg); err != nil {
 					return outbound{}, err
 				}
 			}
-			return sent, nil // the hold ends with the mark
+			return sent, nil
 		}
 		w.stall.failed(err) // cleared when the caller marks the message
-		if errors.Is(err, txn.ErrBroken) {
-			w.refusedInTxn(out, msg, form, err)
-			return outbound{}, errStopping
-		}
-		w.endHold() // nothing of this forward is in the transaction: let it commit meanwhile
-		from, cause = formOut, nil
 		switch {
 		case !forward.IsPermanentForwardError(err):
 			w.log.Error("idem: forward failed; offset not marked, retrying", "offset", msg.Offset, "to", sent.rec.Topic, "err", err, "try", n)
@@ -284,17 +270,32 @@ func (w *worker) forwardOnce(out outbound, msg *handler.Message, loud bool, from
 	return sent, dlqBare, err
 }
 
-// forwarded counts and logs a durable forward: a retry tier at INFO, the
-// dead-letter topic at WARN, a stub at ERROR.
+// forwarded ends the attempt span of a forward and counts and logs it
+// (forwardedLog); the forward is durable.
 func (o *observer) forwarded(out outbound, msg *handler.Message) {
+	o.forwardedSpan(out)
+	o.forwardedLog(out, msg)
+}
+
+// forwardedSpan ends the attempt span of a message whose forward is decided.
+func (o *observer) forwardedSpan(out outbound) {
+	span := traceOutcomeRetried
+	if out.tier == 0 {
+		span = traceOutcomeDeadLettered
+	}
+	o.spanEnd(span, nil)
+}
+
+// forwardedLog counts and logs a durable forward: a retry tier at INFO, the
+// dead-letter topic at WARN, a stub at ERROR.
+func (o *observer) forwardedLog(out outbound, msg *handler.Message) {
 	r := o.r
 	dest := out.rec.Topic
 	r.m.Forwarded.WithLabelValues(r.cfg.Group, dest, out.kind).Inc()
-	outcome, span := coremetrics.OutcomeRetried, traceOutcomeRetried
+	outcome := coremetrics.OutcomeRetried
 	if out.tier == 0 {
-		outcome, span = coremetrics.OutcomeDeadLettered, traceOutcomeDeadLettered
+		outcome = coremetrics.OutcomeDeadLettered
 	}
-	o.spanEnd(span, nil)
 	r.m.Messages.WithLabelValues(r.cfg.Group, msg.Topic, outcome).Inc()
 	if out.stub {
 		r.m.StubsForwarded.WithLabelValues(r.cfg.Group, dest).Inc()
@@ -322,7 +323,16 @@ func (s setup) retryTopics(ctx context.Context, client sarama.Client) (int, erro
 	}
 	// Closing the admin would close the shared client; it holds no other resource.
 	limit := 0
-	for _, t := range s.cfg.Topics {
+	// The sources with the most partitions first: a dead-letter topic of a
+	// rule, shared by every source, is then created with the most.
+	sources := slices.Clone(s.cfg.Topics)
+	parts := map[string]int{}
+	for _, t := range sources {
+		ps, _ := client.Partitions(t)
+		parts[t] = len(ps)
+	}
+	slices.SortStableFunc(sources, func(a, b string) int { return parts[b] - parts[a] })
+	for _, t := range sources {
 		var sz forward.Sizes
 		err := s.retry(ctx, client, "creating the retry topics of "+t, func() (err error) {
 			sz = forward.Sizes{}

@@ -49,9 +49,14 @@ func hookKey(hook string, o handler.Origin) string {
 // the partition waiting, as for a failed forward: the hook is part of the
 // message's outcome. errStopping: the partition is stopping.
 func (w *worker) runHook(hook string, msg *handler.Message, fn func(ctx context.Context) error) error {
+	return w.runHookKey(hook, hookKey(hook, msg.Origin()), msg, fn)
+}
+
+// runHookKey is runHook with the hook's inbox key, key.
+func (w *worker) runHookKey(hook, key string, msg *handler.Message, fn func(ctx context.Context) error) error {
 	r := w.r
 	o := msg.Origin()
-	rec := dedupe.Record{Group: r.cfg.Group, Key: hookKey(hook, o), Topic: o.Topic, Partition: o.Partition, Offset: o.Offset}
+	rec := dedupe.Record{Group: r.cfg.Group, Key: key, Topic: o.Topic, Partition: o.Partition, Offset: o.Offset}
 	for n := 1; ; n++ {
 		_, err := r.cfg.Dedupe.Process(w.hctx, rec, fn)
 		if err == nil {
@@ -66,14 +71,21 @@ func (w *worker) runHook(hook string, msg *handler.Message, fn func(ctx context.
 }
 
 // deadLettered runs Config.OnDeadLettered for msg, sent to the dead-letter
-// topic as out (see runHook).
+// topic as out (see runHook); without Transactions only (with them the hook
+// is owed until the forward commits: settle.go).
 func (w *worker) deadLettered(out outbound, msg *handler.Message) error {
 	h := w.r.cfg.OnDeadLettered
 	if h == nil {
 		return nil
 	}
-	d := DeadLettered{Message: msg, Topic: out.rec.Topic, Kind: out.f.Kind, Error: out.f.Error}
+	d := deadLetteredOf(out, msg)
 	return w.runHook("dead-lettered", msg, func(ctx context.Context) error { return h(ctx, d) })
+}
+
+// deadLetteredOf is what OnDeadLettered gets for msg, sent to the
+// dead-letter topic as out.
+func deadLetteredOf(out outbound, msg *handler.Message) DeadLettered {
+	return DeadLettered{Message: msg, Topic: out.rec.Topic, Kind: out.f.Kind, Error: out.f.Error}
 }
 
 // expiredHook runs Config.Expiry.OnExpired for msg (see runHook).

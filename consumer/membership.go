@@ -1,11 +1,8 @@
 package consumer
 
 import (
-	"context"
 	"fmt"
 	"regexp"
-
-	"github.com/IBM/sarama"
 )
 
 // maxInstanceIDLength is Kafka's limit on group.instance.id (as on topic
@@ -27,26 +24,4 @@ func validInstanceID(id string) error {
 		return fmt.Errorf("may hold only ASCII letters, digits, '.', '_' and '-' (use e.g. the pod name)")
 	}
 	return nil
-}
-
-// testHooks are points tests can observe or act at, carried by Run's ctx
-// (export_test.go): nil in production.
-type testHooks struct {
-	// session is called by every session's Setup: tests follow the
-	// session's generation with it.
-	session func(s sarama.ConsumerGroupSession)
-	// beforeCommit is the transaction owner's BeforeCommit hook.
-	beforeCommit func(records int) error
-	// startStep is called before each try of a start-up step that talks to
-	// the cluster or the database (setup.retry), with the step's name; an
-	// error it returns is that try's result.
-	startStep func(what string) error
-}
-
-type testHooksKey struct{}
-
-// hooksOf returns the test hooks of ctx, or nil.
-func hooksOf(ctx context.Context) *testHooks {
-	h, _ := ctx.Value(testHooksKey{}).(*testHooks)
-	return h
 }

@@ -120,8 +120,10 @@ func orderErrorOf(err error) orderError {
 // returns errStopping when the partition is stopping, and no other error.
 type keyOrder interface {
 	// admit parks the message behind its key's head when the key has one
-	// (parked: the message is done here and its offset may be marked).
-	admit(cm *sarama.ConsumerMessage, msg *handler.Message, o origin) (parked bool, err error)
+	// (parked: the message is done here and its offset may be marked). An
+	// expired message is never parked, but skipped as parked all the same
+	// when the ordering store holds it already (a redelivered copy).
+	admit(cm *sarama.ConsumerMessage, msg *handler.Message, o origin, expired bool) (parked bool, err error)
 	// toTier makes ikey its key's head before it is forwarded to tier.
 	toTier(topic string, key []byte, ikey string, tier int) error
 	// settled runs once ikey, the claim's message at offset at, reached its
@@ -141,7 +143,7 @@ func (w *worker) orderOf(cm *sarama.ConsumerMessage) keyOrder {
 // orderOff is the zero Ordering: every step is a no-op.
 type orderOff struct{}
 
-func (orderOff) admit(*sarama.ConsumerMessage, *handler.Message, origin) (bool, error) {
+func (orderOff) admit(*sarama.ConsumerMessage, *handler.Message, origin, bool) (bool, error) {
 	return false, nil
 }
 func (orderOff) toTier(string, []byte, string, int) error    { return nil }
@@ -151,8 +153,8 @@ func (orderOff) settled(string, []byte, string, int64) error { return nil }
 // (see the Ordering doc), run by w.
 type byKey struct{ *worker }
 
-func (w byKey) admit(cm *sarama.ConsumerMessage, msg *handler.Message, o origin) (bool, error) {
-	return w.park(cm, msg, o)
+func (w byKey) admit(cm *sarama.ConsumerMessage, msg *handler.Message, o origin, expired bool) (bool, error) {
+	return w.park(cm, msg, o, expired)
 }
 
 func (w byKey) toTier(topic string, key []byte, ikey string, tier int) error {
@@ -199,11 +201,12 @@ func (w byKey) orderStep(f func(ctx context.Context) error) error {
 
 // park parks cm behind its key's head when the key is blocked by another
 // message; parked=false means process it now (also when the store refused to
-// park it: it is then processed unordered).
-func (w byKey) park(cm *sarama.ConsumerMessage, msg *handler.Message, o origin) (parked bool, err error) {
+// park it: it is then processed unordered). An expired cm is only looked up
+// (keyorder.Copy.Expired): parked is true when the store holds its message.
+func (w byKey) park(cm *sarama.ConsumerMessage, msg *handler.Message, o origin, expired bool) (parked bool, err error) {
 	rec := keyorder.Record{
 		Topic: o.topic, Key: cm.Key, IdempotencyKey: msg.IdempotencyKey,
-		Partition: o.partition, Offset: o.offset, Timestamp: cm.Timestamp, Value: cm.Value,
+		Partition: o.partition, Offset: o.offset, Timestamp: msg.Origin().Timestamp, Value: cm.Value,
 	}
 	for _, h := range cm.Headers {
 		if h != nil {
@@ -212,7 +215,7 @@ func (w byKey) park(cm *sarama.ConsumerMessage, msg *handler.Message, o origin) 
 	}
 	var st keyorder.State
 	refused, err := w.orderTry("park", func(ctx context.Context) (err error) {
-		st, err = w.r.order.ParkCopy(ctx, rec, keyorder.Copy{Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset, FromTier: o.tier > 0}, w.r.txn != nil)
+		st, err = w.r.order.ParkCopy(ctx, rec, keyorder.Copy{Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset, FromTier: o.tier > 0, Expired: expired}, w.r.txn != nil)
 		return err
 	})
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/IBM/sarama"
 
@@ -25,9 +26,10 @@ import (
 //
 // at is the claim's offset of the message head whose settling runs the drain
 // (-1: none, the claim's recovery). With Transactions every forward of the
-// drain commits with at's offset, and the steps that hang on a forward (a
-// parked message dead-lettered, a promotion) are marked with it (txnMark)
-// rather than applied: Resolve applies them once at's offset is committed.
+// drain is staged and commits with at's offset when head's message settles
+// (settle.go), and the steps that hang on a forward (a parked message
+// dead-lettered, a promotion) are marked with it (txnMark) rather than
+// applied: Resolve applies them once at's offset is committed.
 func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 	r := w.r
 	hooks := w.hooks()
@@ -89,8 +91,11 @@ func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 		src := wire.Source{Topic: next.Topic, Partition: next.Partition, Offset: next.Offset, Timestamp: next.Timestamp, Group: r.cfg.Group}
 		out := w.failure(src, next.Key, next.Value, headers, origin{topic: next.Topic, partition: next.Partition, offset: next.Offset}, msg, failed)
 		if out.tier == 0 {
-			if _, err := w.forwardAt(out, msg, at); err != nil {
+			if _, err := w.forward(out, msg); err != nil {
 				return err
+			}
+			if at < 0 && !w.commitNow() { // the claim's recovery: no mark, so committed before its row goes
+				return errStopping
 			}
 			if stuck, err := done(mark); stuck || err != nil {
 				return err
@@ -100,7 +105,7 @@ func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 		// The parked message becomes the head: promote it (recording the
 		// forward as pending) in one transaction, then forward it.
 		pending := next
-		pending.Tier = out.tier
+		pending.Tier, pending.Dest, pending.DLQ = out.tier, out.rec.Topic, out.dlq
 		pending.Headers = pending.Headers[:0:0]
 		for _, h := range out.rec.Headers {
 			pending.Headers = append(pending.Headers, keyorder.Header{Key: string(h.Key), Value: h.Value})
@@ -129,35 +134,44 @@ func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 }
 
 // forwardHead forwards out, the record of the key's head ikey whose forward
-// is recorded as pending, and clears the pending mark. again reports that
-// the head was dead-lettered instead (its tier refused it for good): it will
-// not come back from a tier, so the caller drains the messages parked behind
-// it now. errStopping: the partition is stopping; the forward stays
-// pending and the next owner of the partition does it (claimOrdering). at
-// is as for drain; with Transactions and at -1 (the claim's recovery) the
-// forward is committed here, before its pending mark is cleared.
+// is recorded as pending, and clears the pending mark once the head went to
+// its tier. again reports that the head was dead-lettered instead (its tier
+// refused it for good): it will not come back from a tier, so the caller
+// drains the messages parked behind it now, and the pending mark stays until
+// that drain's last Next removes the head row: a drain cut short leaves the
+// head pending, and the next claim forwards it again and drains behind it
+// (otherwise nothing would: the key would stay blocked). errStopping: the
+// partition is stopping; the forward stays pending and the next owner of
+// the partition does it (claimOrdering). at is as for drain; with
+// Transactions and at -1 (the claim's recovery) the forward is sent and
+// committed here, before its pending mark is cleared.
 func (w byKey) forwardHead(out outbound, msg *handler.Message, topic string, key []byte, ikey string, at int64) (again bool, err error) {
-	sent, err := w.forwardAt(out, msg, at)
+	sent, err := w.forward(out, msg)
 	if err != nil {
 		return false, err
 	}
 	if at < 0 && !w.commitNow() {
 		return false, errStopping
 	}
-	if _, err = w.orderTry("forwarded", func(ctx context.Context) error {
-		return w.r.order.Forwarded(ctx, topic, key, ikey)
-	}); err != nil {
-		return false, err
+	if sent.tier == 0 {
+		return true, nil
 	}
-	return sent.tier == 0, nil
+	_, err = w.orderTry("forwarded", func(ctx context.Context) error {
+		return w.r.order.Forwarded(ctx, topic, key, ikey)
+	})
+	return false, err
 }
 
 // parkedMessage rebuilds the handler message and headers of a parked record.
+// A parked record keeps its origin: where, and when, the message was first
+// produced (park stores the origin's coordinates and timestamp, also for a
+// tier's or a deferred topic's copy).
 func parkedMessage(rec keyorder.Record) (*handler.Message, []*sarama.RecordHeader) {
 	msg := &handler.Message{
 		Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset,
 		Key: rec.Key, Value: rec.Value, Timestamp: rec.Timestamp,
 		IdempotencyKey: rec.IdempotencyKey, Attempt: 1,
+		Original: handler.Origin{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Timestamp: rec.Timestamp},
 	}
 	hs := make([]*sarama.RecordHeader, 0, len(rec.Headers))
 	for _, h := range rec.Headers {
@@ -168,8 +182,9 @@ func parkedMessage(rec keyorder.Record) (*handler.Message, []*sarama.RecordHeade
 }
 
 // pendingOutbound is the forward a promoted head still owes: the record
-// Promote stored, to its tier, with its family's dead-letter topic for when
-// the tier refuses it for good.
+// Promote stored, to its tier, with the dead-letter topic of its error's
+// rule for when the tier refuses it for good (both as the promotion
+// decided them; the fallback's for a record of an earlier version).
 func (r *runner) pendingOutbound(rec keyorder.Record) outbound {
 	hs := make([]sarama.RecordHeader, 0, len(rec.Headers))
 	for _, h := range rec.Headers {
@@ -181,15 +196,22 @@ func (r *runner) pendingOutbound(rec keyorder.Record) outbound {
 	if f.IdempotencyKey == "" {
 		f.IdempotencyKey = rec.IdempotencyKey
 	}
+	dest, dlq := rec.Dest, rec.DLQ
+	if dest == "" {
+		dest = r.policy.Tier(rec.Topic, r.cfg.Group, tier)
+	}
+	if dlq == "" {
+		dlq = r.policy.DLQ(rec.Topic, r.cfg.Group)
+	}
 	return outbound{
 		rec: forward.Record{
-			Topic: r.policy.Tier(rec.Topic, r.cfg.Group, tier), Partition: rec.Partition,
+			Topic: dest, Partition: rec.Partition,
 			Key: rec.Key, Value: rec.Value, Headers: hs,
 		},
 		tier: tier,
 		kind: string(f.Kind),
 		f:    f,
-		dlq:  r.policy.DLQ(rec.Topic, r.cfg.Group),
+		dlq:  dlq,
 	}
 }
 
@@ -197,7 +219,11 @@ func (r *runner) pendingOutbound(rec keyorder.Record) outbound {
 // longer has: it is not forwarded (its topic may be gone, and nothing would
 // read it); warnUnread names it and `idem ordering release` sends it on.
 func (r *runner) tierGone(rec keyorder.Record) bool {
-	if rec.Tier <= len(r.policy.Delays) {
+	if rec.Dest != "" {
+		if _, _, ok := r.rules.Tier(rec.Topic, r.cfg.Group, rec.Dest); ok {
+			return false
+		}
+	} else if rec.Tier <= len(r.policy.Delays) {
 		return false
 	}
 	r.log.Warn("idem: not forwarding a pending head: its retry tier is no longer configured", "key", rec.IdempotencyKey,
@@ -217,17 +243,24 @@ func (r *runner) sourceOf(topic string) (string, bool) {
 	return "", false
 }
 
+// pendingLease is how long a claim recovering a pending head keeps it from
+// the other claims (keyorder.ClaimPending); a recovery that outlasts it (a
+// long outage) may be done a second time.
+const pendingLease = 30 * time.Second
+
 // claimOrdering runs when the partition is claimed, before its first message:
 // it finishes the ordering store's work a previous owner left for this
 // partition, the one recovery path of a pending head. A drain that promoted a
 // parked message and was revoked (or crashed) before forwarding it left the
 // forward pending; the new owner of the partition — of the source topic or of
 // one of its tiers, whichever is claimed first — forwards it now, so the key
-// is not blocked for ever (a forward done twice is harmless: the inbox
-// absorbs the copy). A head its tier refuses for good is dead-lettered
-// (forward) and the messages parked behind it are drained. The partition's
-// reader runs already, so a revoke stops this at once. errStopping means
-// the partition is stopping.
+// is not blocked for ever. The claims of a source partition and of its tier
+// partitions may run at once (on one member, or on two): each leases the
+// head first (keyorder.ClaimPending), and one waits while the other recovers
+// it, so a head its tier refuses reaches the dead-letter topic once. A head
+// its tier refuses for good is dead-lettered (forward) and the messages
+// parked behind it are drained. The partition's reader runs already, so a
+// revoke stops this at once. errStopping means the partition is stopping.
 //
 // With Transactions it first settles the marks of the partition's drains by
 // its committed offset (resolveClaim): committed ones are applied, the
@@ -238,7 +271,7 @@ func (r *runner) sourceOf(topic string) (string, bool) {
 // what a crash in that window does).
 func (w byKey) claimOrdering() error {
 	r := w.r
-	defer w.endHold() // Transactions: a forward here is tied to no message, whose mark would end its hold
+	defer w.drop() // Transactions: what a stop left staged
 	if err := w.resolveClaim(); err != nil {
 		return err
 	}
@@ -261,20 +294,72 @@ func (w byKey) claimOrdering() error {
 		if r.tierGone(rec) {
 			continue
 		}
-		msg := &handler.Message{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, IdempotencyKey: rec.IdempotencyKey}
-		again, err := w.forwardHead(r.pendingOutbound(rec), msg, rec.Topic, rec.Key, rec.IdempotencyKey, -1)
+		mine, err := w.leasePending(rec)
 		if err != nil {
 			return err
 		}
-		w.log.Info("idem: forwarded a head whose forward a previous owner left pending", "key", rec.IdempotencyKey, "source", src)
-		if again {
-			if err := w.drain(rec.Topic, rec.Key, rec.IdempotencyKey, -1); err != nil {
-				return err
-			}
-			if !w.commitNow() {
-				return errStopping
-			}
+		if !mine { // recovered by another claim meanwhile
+			continue
+		}
+		if err := w.recoverHead(rec, src); err != nil {
+			w.releasePending(rec)
+			return err
 		}
 	}
 	return nil
+}
+
+// recoverHead forwards the pending head rec, leased by w, and drains behind
+// it when its tier refused it (see claimOrdering).
+func (w byKey) recoverHead(rec keyorder.Record, src string) error {
+	msg := &handler.Message{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, IdempotencyKey: rec.IdempotencyKey}
+	again, err := w.forwardHead(w.r.pendingOutbound(rec), msg, rec.Topic, rec.Key, rec.IdempotencyKey, -1)
+	if err != nil {
+		return err
+	}
+	w.log.Info("idem: forwarded a head whose forward a previous owner left pending", "key", rec.IdempotencyKey, "source", src)
+	if !again {
+		return nil
+	}
+	if err := w.drain(rec.Topic, rec.Key, rec.IdempotencyKey, -1); err != nil {
+		return err
+	}
+	if !w.commitNow() {
+		return errStopping
+	}
+	return nil
+}
+
+// leasePending leases rec's pending forward to w (keyorder.ClaimPending),
+// waiting while another claim holds it: false when it is no longer pending
+// (that claim recovered it). errStopping: the partition is stopping.
+func (w byKey) leasePending(rec keyorder.Record) (bool, error) {
+	for n := 1; ; n++ {
+		var ok, held bool
+		refused, err := w.orderTry("lease", func(ctx context.Context) (err error) {
+			ok, held, err = w.r.order.ClaimPending(ctx, rec.Topic, rec.Key, rec.IdempotencyKey, pendingLease)
+			return err
+		})
+		switch {
+		case err != nil:
+			return false, err
+		case refused != nil: // logged; recover it unleased, as before leases
+			return true, nil
+		case ok || !held:
+			return ok, nil
+		}
+		if !sleep(w.stopCtx, w.r.wait.outage(n)) {
+			return false, errStopping
+		}
+	}
+}
+
+// releasePending gives back the lease of a recovery that stopped, so the
+// next claim takes the head at once (best effort: the lease lapses anyway).
+func (w byKey) releasePending(rec keyorder.Record) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.hctx), 5*time.Second)
+	defer cancel()
+	if err := w.r.order.ReleasePending(ctx, rec.Topic, rec.Key, rec.IdempotencyKey); err != nil {
+		w.log.Debug("idem: ordering: release a pending head's lease", "key", rec.IdempotencyKey, "err", err)
+	}
 }

@@ -81,8 +81,10 @@ func (p *pauser) forget(k tp) {
 // workers wait before their next attempt) until the breaker's cool-down ends.
 // Then exactly one worker goes through as the half-open probe while the others
 // keep waiting; the probe's outcome decides: anything but an open breaker opens
-// the gate for all and resumes fetching; an open breaker closes it for another
-// cool-down. No retry budget is spent and nothing is forwarded meanwhile.
+// the gate for all and resumes fetching (a limit or a 429 of a dependency,
+// breaker.IsThrottled, too: the probe's message alone then waits for that
+// dependency); an open breaker closes it for another cool-down. No retry
+// budget is spent and nothing is forwarded meanwhile.
 type gate struct {
 	r *runner
 

@@ -71,7 +71,11 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 			handlerOutages = 0
 		}
 		if probe {
-			if c == classBreaker {
+			// Anything but an open breaker opens the gate. A limit or a 429
+			// of a dependency (breaker.IsThrottled) is not one: the gate
+			// opens, and this message alone waits for that dependency
+			// (throttleWait, below), as it would outside a probe.
+			if c == classBreaker && !breaker.IsThrottled(err) {
 				r.gate.trip(err)
 				r.gate.probeDone(true)
 				w.ob.spanEnd(traceOutcomeBreakerOpen, err)
@@ -79,7 +83,7 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 			}
 			r.gate.probeDone(false)
 		}
-		if c != classDone && c != classDeferred {
+		if c != classDone && c != classDeferred && c != classBreaker { // waiting for a dependency is no stall
 			w.stall.failed(err)
 		}
 		switch {

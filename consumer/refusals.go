@@ -123,14 +123,17 @@ func (w *worker) resume(msg *handler.Message, out outbound) (from int, cause err
 	return formOut, nil, nil
 }
 
-// refusedInTxn logs and remembers a forward of out whose transaction failed
-// (err wraps txn.ErrBroken) when it failed because the destination refused
-// this very record at form: the record's next try starts at the next form.
-func (w *worker) refusedInTxn(out outbound, msg *handler.Message, form int, err error) {
+// refusedInTxn logs and remembers a staged forward s whose transaction
+// failed (err wraps txn.ErrBroken) when it failed because the destination
+// refused this very record at its form: the record's next try starts at the
+// next form. (The owner sends one record at a time, so a refusal it reports
+// is this record's.)
+func (w *worker) refusedInTxn(s staged, err error) {
 	var ref *txn.RefusedError
 	if w.r.refused == nil || !errors.As(err, &ref) {
 		return
 	}
+	out, msg, form := s.orig, s.msg, s.form
 	next := form + 1
 	if next == dlqWhole && out.tier == 0 { // out was for the dead-letter topic already
 		next = dlqStub

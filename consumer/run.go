@@ -119,8 +119,11 @@ type runner struct {
 	// refused remembers forwards refused in an aborted transaction
 	// (Transactions; refusals.go); nil otherwise.
 	refused *refusals
-	order   *keyorder.Store      // nil unless Ordering is ByKey
-	bh      handler.BatchHandler // a batch handler (handler.Batch); nil for any other
+	order   *keyorder.Store // nil unless Ordering is ByKey
+	// owed keeps the OnDeadLettered calls a transaction owes until it has
+	// committed (settle.go); nil unless Transactions and OnDeadLettered.
+	owed *keyorder.Store
+	bh   handler.BatchHandler // a batch handler (handler.Batch); nil for any other
 	// batchStore is cfg.Dedupe when it takes batches and Batch is on.
 	batchStore dedupe.BatchStore
 	pauses     *pauser
@@ -308,6 +311,12 @@ func (r *runner) run(ctx context.Context) (err error) {
 			return fmt.Errorf("consumer: ordering schema: %w", err)
 		}
 	}
+	if r.txn != nil && r.cfg.OnDeadLettered != nil {
+		r.owed = keyorder.New(orderingDB(r.cfg), r.cfg.Group)
+		if err := st.retry(ctx, nil, "creating the owed hooks' table", func() error { return r.owed.Migrate(ctx) }); err != nil {
+			return fmt.Errorf("consumer: owed hooks' table: %w", err)
+		}
+	}
 	st.warnUnread(ctx, client)
 	group, err := sarama.NewConsumerGroupFromClient(r.cfg.Group, client)
 	if err != nil {
@@ -337,6 +346,7 @@ func (r *runner) run(ctx context.Context) (err error) {
 	wg.Go(func() { r.claims.watchLag(watchCtx, client, r.cfg.LagInterval) })
 	wg.Go(func() { watchDLQDepth(watchCtx, client, r.cfg, r.m.DLQDepth, r.log) })
 	wg.Go(func() { r.claims.watchStalls(watchCtx, r.cfg.StallWarning) })
+	wg.Go(func() { r.watchPool(watchCtx) })
 	wg.Go(func() { sweep(watchCtx, r.cfg, r.log) })
 	startFailureIndex(watchCtx, &wg, r.cfg, r.log)
 	startScheduler(watchCtx, &wg, r.cfg, r.log)

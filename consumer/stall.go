@@ -37,8 +37,9 @@ func (cs *claimSet) claimed(t tp) bool {
 // stall tracks how long a partition has been failing on the message at its
 // head: since the first failed try of that message (an outage, a handler
 // failure being retried, a forward that did not go through) until the message
-// reaches an outcome and is marked. Waiting for a retry record's due time or
-// for an open breaker's cool-down is not a stall.
+// reaches an outcome and is marked. Waiting for a retry record's due time,
+// for an open breaker's cool-down or for a dependency's limit or 429
+// (breaker.IsThrottled) is not a stall.
 type stall struct {
 	mu     sync.Mutex
 	since  time.Time // zero: flowing

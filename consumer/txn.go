@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"slices"
 	"sync"
 	"time"
 
@@ -37,6 +38,10 @@ func (c Config) validateTransactions(errs *configerr.List) {
 	if c.ReadUncommitted {
 		errs.Bad("ReadUncommitted", c.ReadUncommitted, "must be false with Transactions: idem's own tiers are written in transactions")
 	}
+	if c.OnDeadLettered != nil && orderingDB(c) == nil {
+		errs.Bad("OnDeadLettered", "set", "with Transactions needs a database for the hooks a transaction owes until it commits: "+
+			"a Dedupe store on PostgreSQL (dedupe.NewPostgres) or Ordering ByKey(pool)")
+	}
 	if c.Sarama != nil && c.Sarama.Version != sarama.DefaultVersion && !c.Sarama.Version.IsAtLeast(sarama.V2_5_0_0) {
 		errs.Bad("Sarama", c.Sarama.Version, "Version must be at least 2.5 with Transactions (TxnOffsetCommit with the generation, KIP-447)")
 	}
@@ -44,15 +49,22 @@ func (c Config) validateTransactions(errs *configerr.List) {
 
 var txnIDUnsafe = regexp.MustCompile(`[^a-zA-Z0-9._-]+`)
 
-// transactionalID is the member's transactional.id (Config.Transactions).
+// transactionalID is the member's transactional.id (Config.Transactions):
+// "idem-<Group>:<InstanceID>", or "idem-<Group>:<host>+<random>" without
+// an InstanceID. It is unambiguous: an InstanceID (and the host, made safe)
+// holds only [a-zA-Z0-9._-], so the last ':' ends the group, whatever the
+// group holds, and a '+' marks an id without an InstanceID. (Issue 28: the
+// "idem-<Group>-<InstanceID>" of earlier versions gave group "payments" with
+// instance "eu-1" and group "payments-eu" with instance "1" one id, and
+// their members fenced each other.)
 func (c Config) transactionalID() string {
 	if c.InstanceID != "" {
-		return "idem-" + c.Group + "-" + c.InstanceID
+		return "idem-" + c.Group + ":" + c.InstanceID
 	}
 	host, _ := os.Hostname()
 	var b [6]byte
 	_, _ = rand.Read(b[:])
-	return "idem-" + c.Group + "-" + txnIDUnsafe.ReplaceAllString(host, "_") + "-" + hex.EncodeToString(b[:])
+	return "idem-" + c.Group + ":" + txnIDUnsafe.ReplaceAllString(host, "_") + "+" + hex.EncodeToString(b[:])
 }
 
 // txnProducerConfig is the config of the transaction owner's own client.
@@ -68,6 +80,9 @@ func txnProducerConfig(base *sarama.Config, cfg Config, maxBytes int) *sarama.Co
 // the owner.
 func (r *runner) startTxn(ctx context.Context, st setup, maxBytes int) (sarama.Client, error) {
 	pcfg := txnProducerConfig(r.scfg, r.cfg, maxBytes)
+	if h := hooksOf(r.baseCtx); h != nil && h.dispatched != nil {
+		pcfg.Producer.Interceptors = append(slices.Clone(pcfg.Producer.Interceptors), interceptor(h.dispatched))
+	}
 	var client sarama.Client
 	var owner *txn.Owner
 	err := st.retry(ctx, nil, "starting the transactional producer", func() (err error) {
@@ -87,6 +102,10 @@ func (r *runner) startTxn(ctx context.Context, st setup, maxBytes int) (sarama.C
 	}
 	if h := hooksOf(r.baseCtx); h != nil {
 		owner.BeforeCommit = h.beforeCommit
+		if h.beforeSend != nil {
+			owner.BeforeSend = func(rec forward.Record) { h.beforeSend(rec, owner.Failed) }
+		}
+		owner.AfterSend = h.afterSend
 	}
 	owner.AfterCommit = r.resolveCommitted
 	r.txn, r.refused = owner, newRefusals()
@@ -148,8 +167,8 @@ func (c *claim) markOffset(next int64) {
 
 // awaitEarlier waits, with Transactions and messages that finish out of
 // order (lanes, batches), until every message of the partition before offset
-// is final, so that a forward of the message at offset, its send and the
-// mark of its offset go into one transaction: the mark then covers the
+// is final, so that the forwards of the message at offset and the mark of
+// its offset go into one transaction (settle): the mark then covers the
 // offset at once. (A forward committed in a transaction whose offsets stop
 // below it, behind an earlier message still in another lane, would be
 // forwarded again after a crash.) It holds nothing while it waits, so a slow
@@ -166,32 +185,14 @@ func (w *worker) awaitEarlier(offset int64) bool {
 	})
 }
 
-// hold joins the open transaction for a forward and the mark that follows
-// it (Transactions only; endHold ends it). false: the transaction failed and
-// the partition must stop.
-func (w *worker) hold() bool {
-	if w.r.txn == nil || w.release != nil {
-		return true
-	}
-	rel, err := w.r.txn.Hold()
-	if err != nil {
-		return false
-	}
-	w.release = rel
-	return true
-}
-
-// endHold ends w's hold, if any.
-func (w *worker) endHold() {
-	if w.release != nil {
-		w.release()
-		w.release = nil
-	}
-}
-
 // send is one try of a forward: in the open transaction with Transactions,
 // else acked on its own.
 func (r *runner) send(ctx context.Context, rec forward.Record) error {
+	if h := hooksOf(r.baseCtx); h != nil && h.sendFault != nil {
+		if err := h.sendFault(rec); err != nil {
+			return err
+		}
+	}
 	if r.txn != nil {
 		return r.txn.Forward(ctx, rec)
 	}
@@ -215,12 +216,13 @@ func sendStops(err error) bool {
 //
 //   - The mark. A drain runs while the claim's message X (offset at on the
 //     partition tp, the key's head, processed or dead-lettered) is settled,
-//     before X's offset is marked. Every forward of the drain takes the
-//     transaction hold (forwardAt waits first, with lanes, until X is the
-//     partition's first unfinished message), and X's mark ends it, so the
-//     forwards commit in exactly the transaction that commits tp's offset
-//     past X. So (tp, X) is the mark: the forwards are committed iff the
-//     group's committed offset of tp is > X. Nothing more is written to
+//     before X's offset is marked. Every forward of the drain is staged and
+//     sent when X settles, with X's mark, in one hold of the transaction
+//     (settle.go; with lanes once X is the partition's first unfinished
+//     message), so the forwards commit in exactly the transaction that
+//     commits tp's offset past X, and no transaction stays open while the
+//     drain runs handlers. So (tp, X) is the mark: the forwards are
+//     committed iff the group's committed offset of tp is > X. Nothing more is written to
 //     Kafka, and the committed offset is read back with RequireStable (the
 //     claim's start), so an open transaction is never taken for an ended one.
 //   - What is marked. A parked message dead-lettered by the drain (DoneAt:
@@ -325,15 +327,4 @@ func (r *runner) resolveCommitted(committed map[string]map[int32]int64) {
 	if err := r.order.Resolve(ctx, cs, false); err != nil {
 		r.log.Warn("idem: ordering: could not settle the steps of a committed transaction; the next commit or claim does", "err", err)
 	}
-}
-
-// commitNow ends w's hold and commits the open transaction at once
-// (Transactions): for forwards tied to no message of the claim, whose hold
-// no offset mark would end. false: the transaction failed.
-func (w *worker) commitNow() bool {
-	if w.r.txn == nil {
-		return true
-	}
-	w.endHold()
-	return w.r.commitTxn(w.sess) == nil
 }

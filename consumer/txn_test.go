@@ -448,6 +448,7 @@ func TestTxnFencedProducerIsRecreated(t *testing.T) {
 	e := newEnv(t, txnPartitions)
 	e.produceTxnKeys()
 	const instance = "fenced-member"
+	id := consumer.TransactionalIDOf(txnConfig(e.config(), instance))
 	var fenced sync.Once
 	var fenceErr error
 	ctx := consumer.WithBeforeCommitHook(testenv.Context(t), func(records int) error {
@@ -460,7 +461,7 @@ func TestTxnFencedProducerIsRecreated(t *testing.T) {
 			c := e.k.SaramaConfig()
 			c.Version = sarama.V4_1_0_0
 			retrytopic.ConfigureProducer(c)
-			c.Producer.Transaction.ID = "idem-" + e.group + "-" + instance
+			c.Producer.Transaction.ID = id
 			p, err := sarama.NewSyncProducer(e.k.Brokers, c)
 			if err != nil {
 				fenceErr = err

@@ -39,9 +39,10 @@ type worker struct {
 	call   callState
 	callFn func(ctx context.Context) error
 
-	// release ends the worker's hold on the open Kafka transaction
-	// (Transactions): taken by a forward, ended by the mark that follows it.
-	release func()
+	// staged are the forwards decided for the message in hand, and owed the
+	// hooks they owe (Transactions: sent and run when it settles, settle.go).
+	staged []staged
+	owed   []owedHook
 }
 
 // observer is a worker's instrumentation: the attempt span of the message
@@ -72,14 +73,14 @@ func (w *worker) callHandler(ctx context.Context) error {
 }
 
 // mark records m's outcome as final: its offset is marked for commit at
-// once, or through the tracker once every earlier message is final.
+// once, or through the tracker once every earlier message is final. With
+// Transactions it runs inside settle's hold when m's forwards are staged.
 func (w *worker) mark(m *sarama.ConsumerMessage) {
 	if w.track != nil {
 		w.track.finish(m.Offset)
 	} else {
 		w.markOffset(m.Offset + 1)
 	}
-	w.endHold() // the forward's offset is in its transaction
 	w.mx.commits.Inc()
 	w.obs.marked(m)
 	w.stall.clear()
@@ -100,7 +101,7 @@ func (w *worker) handle(cm *sarama.ConsumerMessage) error { return w.handleAfter
 // its first attempt. first nil is handle.
 func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 	r := w.r
-	defer w.endHold() // a forward whose message was not marked (stopping)
+	defer w.drop() // what a message left unsettled (stopping) staged
 	msg := w.message(cm)
 	origin := origin{topic: cm.Topic, partition: cm.Partition, offset: cm.Offset}
 	if w.tier { // only records of this group's retry tiers carry an origin to decode
@@ -123,8 +124,7 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 		if _, err := w.forward(w.failure(src, cm.Key, cm.Value, cm.Headers, origin, msg, keyErr), msg); err != nil {
 			return err
 		}
-		w.mark(cm)
-		return nil
+		return w.settle(cm)
 	}
 	msg.IdempotencyKey = key
 	ord := w.orderOf(cm)
@@ -132,18 +132,16 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 	if stop != nil {
 		return stop
 	}
-	if expired == nil && !drop {
-		parked, err := ord.admit(cm, msg, origin)
-		if err != nil {
-			return err
-		}
-		if parked {
-			r.m.Messages.WithLabelValues(r.cfg.Group, cm.Topic, coremetrics.OutcomeParked).Inc()
-			w.mark(cm)
-			return nil
-		}
-	} else if origin.tier == 0 { // never admitted: its key's order is not its to settle
-		return w.expire(cm, src, origin, msg, expired)
+	// An expired message is never parked, but a copy of one the ordering
+	// store holds already (a redelivery) is skipped all the same: the
+	// stored one has its turn, and is dead-lettered then, once.
+	parked, err := ord.admit(cm, msg, origin, expired != nil || drop)
+	if err != nil {
+		return err
+	}
+	if parked {
+		r.m.Messages.WithLabelValues(r.cfg.Group, cm.Topic, coremetrics.OutcomeParked).Inc()
+		return w.settle(cm)
 	}
 	failed := expired
 	if expired == nil && !drop {
@@ -171,14 +169,12 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 			return err
 		}
 		if sent.tier > 0 { // in a tier: it comes back; a tier refusing it for good dead-letters it
-			w.mark(cm)
-			return nil
+			return w.settle(cm)
 		}
 	}
 	// Processed, duplicate or dead-lettered: the key's parked messages follow.
 	if err := ord.settled(origin.topic, cm.Key, key, cm.Offset); err != nil {
 		return err
 	}
-	w.mark(cm)
-	return nil
+	return w.settle(cm)
 }

@@ -41,9 +41,14 @@
 // its partition number and per-key order holds), Policy.Retention and
 // Policy.ReplicationFactor, and the source's max.message.bytes plus 64 KiB
 // for idem's headers (and its segment.bytes), so every record the source
-// holds fits. Existing topics are never altered: one with fewer partitions
-// than the source stops the start with an error naming it; a smaller limit,
-// or a tier retention below twice its delay, is logged as a warning. idem's
+// holds fits. Existing topics are never altered: a tier with fewer
+// partitions than the source stops the start with an error naming it; a
+// dead-letter topic with fewer (a rule's, shared by sources of different
+// partition counts, or one made smaller by hand), a smaller limit, or a tier
+// retention below twice its delay, is logged as a warning (nothing reads a
+// dead-letter topic in key order: a record whose partition it lacks goes to
+// one chosen by its key). The consumer creates a rule's shared dead-letter
+// topic for the source with the most partitions. idem's
 // forward producer is set up by ConfigureProducer, with topic auto-creation
 // off: idem never creates a topic by producing to it.
 //

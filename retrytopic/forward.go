@@ -13,8 +13,17 @@ import "github.com/IBM/sarama"
 //	cfg.Producer.Return.Successes = true        // SyncProducer requires it
 //	cfg.Producer.Return.Errors = true
 //	cfg.Producer.Partitioner = sarama.NewManualPartitioner // idem picks the partition
+//	cfg.Producer.Flush.MaxMessages = 1          // one record per produce request
+//	cfg.Producer.Flush.Messages = 0
 //	cfg.Metadata.AllowAutoTopicCreation = false // idem never auto-creates a topic
 //	cfg.Version = sarama.V4_0_0_0               // only when cfg.Version is older
+//
+// One record per request, because a broker refuses a whole batch
+// (MESSAGE_TOO_LARGE when the batch exceeds the topic's max.message.bytes,
+// though each record fits): a refusal must be the refused record's alone,
+// or innocent records are sent on to their next form (a tier's record to
+// the dead-letter topic, a dead-letter record as a stub). Forwards are rare
+// and acks=all already allows one request in flight at a time.
 //
 // With auto-creation off, a forward to a topic that does not exist fails
 // (UNKNOWN_TOPIC_OR_PARTITION, an outage: the caller waits and retries)
@@ -30,6 +39,8 @@ func ConfigureProducer(cfg *sarama.Config) {
 	cfg.Producer.Return.Successes = true
 	cfg.Producer.Return.Errors = true
 	cfg.Producer.Partitioner = sarama.NewManualPartitioner
+	cfg.Producer.Flush.MaxMessages = 1
+	cfg.Producer.Flush.Messages = 0
 	if !cfg.Version.IsAtLeast(sarama.V4_0_0_0) {
 		cfg.Version = sarama.V4_0_0_0
 	}

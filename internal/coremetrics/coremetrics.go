@@ -126,7 +126,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		Abandoned: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_abandoned_total",
 			Help: "In-flight messages cancelled past ShutdownGrace: rolled back and left for redelivery."}, []string{"group"}),
 		PartitionStalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_partition_stalled_seconds",
-			Help: "Seconds a claimed partition has been failing on the same message (outages, retries, forward errors); 0 while it flows."}, []string{"group", "topic", "partition"}),
+			Help: "Seconds a claimed partition has been failing on the same message (outages, retries, forward errors); 0 while it flows or waits for a dependency's breaker or limit."}, []string{"group", "topic", "partition"}),
 		ConsumerLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_consumer_lag",
 			Help: "Records behind in a claimed partition: high watermark minus the group's committed offset (source and retry-tier topics)."}, []string{"group", "topic", "partition"}),
 		EndToEnd: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "idem_end_to_end_seconds",

@@ -141,14 +141,40 @@ func (f *Forwarder) Forward(ctx context.Context, rec Record) error {
 	if rec.Value != nil {
 		msg.Value = sarama.ByteEncoder(rec.Value)
 	}
-	if limit := f.client.Config().Producer.MaxMessageBytes; limit > 0 {
-		if size := msg.ByteSize(2); size > limit {
-			return &ForwardError{Topic: rec.Topic, Partition: part, Err: fmt.Errorf(
-				"%w: record is %d bytes, Producer.MaxMessageBytes is %d", sarama.ErrMessageSizeTooLarge, size, limit)}
-		}
+	if err := fits(msg, f.client.Config().Producer.MaxMessageBytes); err != nil {
+		return &ForwardError{Topic: rec.Topic, Partition: part, Err: err}
 	}
 	if _, _, err := f.producer.SendMessage(msg); err != nil {
 		return &ForwardError{Topic: rec.Topic, Partition: part, Err: err}
+	}
+	return nil
+}
+
+// Fits returns the error Forward refuses rec with before sending it when
+// the producer's Producer.MaxMessageBytes is limit (0: no limit): a
+// *ForwardError wrapping sarama.ErrMessageSizeTooLarge for a record larger
+// than limit, else nil. The transactional consumer plans a forward's form
+// with it, so the form it sends is known before the send.
+func Fits(rec Record, limit int) error {
+	msg := &sarama.ProducerMessage{Topic: rec.Topic, Headers: rec.Headers, Timestamp: rec.Timestamp}
+	if rec.Key != nil {
+		msg.Key = sarama.ByteEncoder(rec.Key)
+	}
+	if rec.Value != nil {
+		msg.Value = sarama.ByteEncoder(rec.Value)
+	}
+	if err := fits(msg, limit); err != nil {
+		return &ForwardError{Topic: rec.Topic, Partition: -1, Err: err}
+	}
+	return nil
+}
+
+// fits is Fits for a built message.
+func fits(msg *sarama.ProducerMessage, limit int) error {
+	if limit > 0 {
+		if size := msg.ByteSize(2); size > limit {
+			return fmt.Errorf("%w: record is %d bytes, Producer.MaxMessageBytes is %d", sarama.ErrMessageSizeTooLarge, size, limit)
+		}
 	}
 	return nil
 }

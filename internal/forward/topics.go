@@ -45,15 +45,19 @@ func (e *PartitionMismatchError) Error() string {
 // Topics created here may take a moment to show in the metadata of other
 // clients.
 func EnsureTopics(ctx context.Context, admin sarama.ClusterAdmin, topics []string, partitions int32, policy retrytopic.Policy) error {
-	_, err := ensure(ctx, admin, topics, partitions, policy, nil)
-	return err
+	_, small, err := ensure(ctx, admin, topics, partitions, policy, nil)
+	if err != nil {
+		return err
+	}
+	return errors.Join(small...)
 }
 
 // ensure is EnsureTopics with extra config entries for the topics it creates.
-// It returns the names it created itself.
-func ensure(ctx context.Context, admin sarama.ClusterAdmin, topics []string, partitions int32, policy retrytopic.Policy, extra map[string]string) (map[string]bool, error) {
+// It returns the names it created itself, and the existing topics with
+// fewer partitions than partitions apart from its error.
+func ensure(ctx context.Context, admin sarama.ClusterAdmin, topics []string, partitions int32, policy retrytopic.Policy, extra map[string]string) (map[string]bool, []error, error) {
 	if partitions < 1 {
-		return nil, fmt.Errorf("retrytopic: EnsureTopics: partitions = %d, must be >= 1", partitions)
+		return nil, nil, fmt.Errorf("retrytopic: EnsureTopics: partitions = %d, must be >= 1", partitions)
 	}
 	policy = policy.WithDefaults()
 	retention := int64(-1)
@@ -67,14 +71,14 @@ func ensure(ctx context.Context, admin sarama.ClusterAdmin, topics []string, par
 	rf := policy.ReplicationFactor
 
 	created := map[string]bool{}
-	var errs []error
+	var small []error
 	for _, topic := range topics {
 		if err := ctx.Err(); err != nil {
-			return created, err
+			return created, small, err
 		}
 		found, exists, err := describe(ctx, admin, topic)
 		if err != nil {
-			return created, fmt.Errorf("retrytopic: describe topic %s: %w", topic, err)
+			return created, small, fmt.Errorf("retrytopic: describe topic %s: %w", topic, err)
 		}
 		if !exists {
 			err := persist(ctx, func() error {
@@ -89,19 +93,19 @@ func ensure(ctx context.Context, admin sarama.ClusterAdmin, topics []string, par
 				continue
 			}
 			if !errors.Is(err, sarama.ErrTopicAlreadyExists) {
-				return created, fmt.Errorf("retrytopic: create topic %s (%d partitions): %w", topic, partitions, err)
+				return created, small, fmt.Errorf("retrytopic: create topic %s (%d partitions): %w", topic, partitions, err)
 			}
 			// Created concurrently: check it like an existing topic.
 			found, err = describeCreated(ctx, admin, topic)
 			if err != nil {
-				return created, fmt.Errorf("retrytopic: describe topic %s: %w", topic, err)
+				return created, small, fmt.Errorf("retrytopic: describe topic %s: %w", topic, err)
 			}
 		}
 		if found < partitions {
-			errs = append(errs, &PartitionMismatchError{Topic: topic, Found: found, Wanted: partitions})
+			small = append(small, &PartitionMismatchError{Topic: topic, Found: found, Wanted: partitions})
 		}
 	}
-	return created, errors.Join(errs...)
+	return created, small, nil
 }
 
 // HeaderHeadroom is the room, in bytes, that EnsureTopicsFor adds to the
@@ -143,7 +147,7 @@ func (s Sizes) ProducerMaxMessageBytes() int {
 // a record too large for the topic is dead-lettered (as a stub if need be).
 type LimitWarning struct {
 	Topic  string // the tier or dead-letter topic
-	Config string // Kafka topic config, e.g. "max.message.bytes" or "retention.ms"
+	Config string // Kafka topic config, e.g. "max.message.bytes" or "retention.ms", or "partitions"
 	Found  int64  // its value on Topic
 	Want   int64  // at least this
 	Reason string // what Want is, e.g. "the source topic payments's max.message.bytes"
@@ -167,8 +171,13 @@ func (w *LimitWarning) Error() string {
 // Admin calls that no broker answered are retried as in EnsureTopics.
 // Existing topics are not altered; one whose max.message.bytes is below the
 // source's, or a tier whose retention.ms is below twice its delay, is
-// reported in Sizes.Warnings. A topic with fewer partitions than the source
-// is an error (*PartitionMismatchError), as in EnsureTopics.
+// reported in Sizes.Warnings. A tier with fewer partitions than the source
+// is an error (*PartitionMismatchError), as in EnsureTopics: its records
+// must keep their partition number, for per-key order. A dead-letter topic
+// with fewer partitions is a warning only: nothing reads it in key order,
+// and a record whose partition it lacks goes to one chosen by its key
+// (Forwarder.Forward). A rule's dead-letter topic shared by sources of
+// different partition counts is one such.
 //
 // The returned Sizes say how large a forward producer's
 // Producer.MaxMessageBytes must be (Sizes.ProducerMaxMessageBytes).
@@ -198,8 +207,22 @@ func EnsureTopicsFor(ctx context.Context, admin sarama.ClusterAdmin, source, gro
 		}
 	}
 	topics := policy.Topics(source, group)
-	made, err := ensure(ctx, admin, topics, partitions, policy, extra)
+	made, small, err := ensure(ctx, admin, topics, partitions, policy, extra)
 	if err != nil {
+		return sz, err
+	}
+	dlq := policy.DLQ(source, group)
+	var tierErrs []error
+	for _, e := range small {
+		m := e.(*PartitionMismatchError)
+		if m.Topic != dlq {
+			tierErrs = append(tierErrs, m)
+			continue
+		}
+		sz.Warnings = append(sz.Warnings, &LimitWarning{Topic: m.Topic, Config: "partitions", Found: int64(m.Found), Want: int64(m.Wanted),
+			Reason: "the source topic " + source + "'s partition count; records of its other partitions go to partitions chosen by their key"})
+	}
+	if err := errors.Join(tierErrs...); err != nil {
 		return sz, err
 	}
 	if len(made) > 0 {

@@ -21,7 +21,10 @@
 // on a forward (a parked message dead-lettered, a promotion to head) are
 // then not applied at once but marked (Mark) with the source offset whose
 // commit carries the forwards; Resolve applies them once that offset is
-// committed, or reverts them when it is not. See Mark.
+// committed, or reverts them when it is not. See Mark. The same marks carry
+// the hooks such a transaction owes (OwedHook, table idem_txn_hooks): an
+// OnDeadLettered call that may run only once its dead-letter record has
+// committed.
 package keyorder
 
 import (
@@ -115,6 +118,11 @@ type Record struct {
 	Attempt int    `json:"attempt,omitempty"`
 	Tier    int    `json:"tier,omitempty"`
 	Error   string `json:"error,omitempty"`
+	// Dest and DLQ are where a pending head's forward goes: its tier topic,
+	// and the dead-letter topic of its error's rule, for when the tier
+	// refuses it for good. Empty in records of earlier versions.
+	Dest string `json:"dest,omitempty"`
+	DLQ  string `json:"dlq,omitempty"`
 }
 
 // parkedRow is a Record as a row of idem_ordering_parked holds it (the key
@@ -242,6 +250,11 @@ type Copy struct {
 	Partition int32
 	Offset    int64
 	FromTier  bool
+	// Expired says the copy expired (consumer.Expiry): it is never parked.
+	// ParkCopy then only looks: Blocked when the store holds its message
+	// (skip it: the stored row has its turn), else Free, or Head for the
+	// key's head.
+	Expired bool
 }
 
 // ParkCopy is Park for the message r read as c. With track (Kafka
@@ -265,13 +278,13 @@ func (s *Store) ParkCopy(ctx context.Context, r Record, c Copy, track bool) (Sta
 			INSERT INTO idem_ordering_parked (consumer_group, topic, msg_key, idempotency_key,
 				"partition", "offset", record_time, value, header_keys, header_values, park_topic, park_partition, park_offset)
 			SELECT $1,$2,$3,$4,$5,$6,$7,$8,$9,$10, CASE WHEN $14 THEN $11 END, CASE WHEN $14 THEN $12::int END, CASE WHEN $14 THEN $13::bigint END
-			FROM h WHERE h.head_key <> $4
+			FROM h WHERE h.head_key <> $4 AND NOT $15
 			ON CONFLICT DO NOTHING
 		)
 		SELECT (SELECT head_key FROM h), EXISTS (SELECT 1 FROM p),
 			EXISTS (SELECT 1 FROM p WHERE park_topic=$11 AND park_partition=$12 AND park_offset=$13)`,
 		s.group, r.Topic, r.Key, w.ikey, w.partition, w.offset, w.ts, w.value, w.headerKeys, w.headerValues,
-		c.Topic, c.Partition, c.Offset, track).Scan(&head, &has, &same)
+		c.Topic, c.Partition, c.Offset, track, c.Expired).Scan(&head, &has, &same)
 	switch {
 	case err != nil:
 		return Free, fmt.Errorf("keyorder: park: %w", err)
@@ -281,6 +294,8 @@ func (s *Store) ParkCopy(ctx context.Context, r Record, c Copy, track bool) (Sta
 		return Free, nil
 	case *head == r.IdempotencyKey:
 		return Head, nil
+	case c.Expired: // not held, and not parked
+		return Free, nil
 	}
 	return Blocked, nil
 }
@@ -482,4 +497,59 @@ func (s *Store) Parked(ctx context.Context) (int, error) {
 		return tx.QueryRow(ctx, `SELECT count(*) FROM idem_ordering_parked WHERE consumer_group=$1 AND NOT drained`, s.group).Scan(&n)
 	})
 	return n, err
+}
+
+// ClaimPending leases the pending forward of K's head ikey to the caller
+// for lease, so that one claim at a time recovers it (the claims of a source
+// partition and of its tiers may run at once, on one member or on two): ok
+// when the caller holds the lease now. held reports that the forward is
+// still pending under another caller's unexpired lease: wait and ask again.
+// Neither: it is no longer pending (recovered meanwhile), or the head moved
+// on. The lease is a time in the pending record's JSON
+// ("recovering_until", unix seconds by the database's clock); Forwarded,
+// and the head row's removal, end it with the pending forward.
+func (s *Store) ClaimPending(ctx context.Context, topic string, key []byte, ikey string, lease time.Duration) (ok, held bool, err error) {
+	err = s.tx(ctx, func(tx pgx.Tx) error {
+		head, err := s.lockHead(ctx, tx, topic, key)
+		if err != nil || head != ikey {
+			return err
+		}
+		var free *bool
+		err = tx.QueryRow(ctx, `SELECT coalesce((pending->>'recovering_until')::float8, 0) < extract(epoch from now())
+			FROM idem_ordering_heads WHERE `+byKey+` AND pending IS NOT NULL AND mark_topic IS NULL`,
+			s.group, topic, key).Scan(&free)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return nil
+		case err != nil:
+			return err
+		case free == nil || !*free:
+			held = true
+			return nil
+		}
+		_, err = tx.Exec(ctx, `UPDATE idem_ordering_heads
+			SET pending = jsonb_set(pending, '{recovering_until}', to_jsonb(extract(epoch from now()) + $4::float8))
+			WHERE `+byKey, s.group, topic, key, lease.Seconds())
+		ok = err == nil
+		return err
+	})
+	if err != nil {
+		return false, false, fmt.Errorf("keyorder: claim pending: %w", err)
+	}
+	return ok, held, nil
+}
+
+// ReleasePending ends a lease ClaimPending gave on K's head ikey, its
+// forward still pending (the recovery stopped): the next claim takes it at
+// once.
+func (s *Store) ReleasePending(ctx context.Context, topic string, key []byte, ikey string) error {
+	err := s.tx(ctx, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE idem_ordering_heads SET pending = pending - 'recovering_until'
+			WHERE `+byKey+` AND head_key=$4 AND pending IS NOT NULL`, s.group, topic, key, ikey)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("keyorder: release pending: %w", err)
+	}
+	return nil
 }

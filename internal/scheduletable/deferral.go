@@ -84,9 +84,12 @@ const maxAhead = handler.MaxDefer + 24*time.Hour
 // Defer inserts rec into idem_deferred in the caller's transaction tx, to be
 // published by rec.Group's schedule.Scheduler at at (compared with the database's
 // now(), so every scheduler agrees; a zero or past at means as soon as
-// possible). The row exists only if tx commits: a consumer inserts it in
-// the transaction that records the message's outcome, so the message is
-// either stored for later and settled, or neither.
+// possible). The row exists only if tx commits. The consumer inserts it in
+// a transaction of its own (the handler's was rolled back), and marks the
+// message's offset after it commits: a crash in between (or any other
+// redelivery) defers the message again, and both copies are published; the
+// inbox turns the second into a duplicate (consumer's
+// TestCrossingDeferredTwiceIsAppliedOnce).
 //
 // at is absolute: with time.Now().Add(d) a skew between the application's
 // clock and the database's shifts it. Defer refuses (ErrInvalidRecord) a nil

@@ -5,9 +5,17 @@
 //
 // The rules it keeps (sarama v1.61.1, Kafka ≥ 2.5, KIP-447):
 //   - one Begin…Commit at a time: a record sent while a commit or an abort
-//     ends would poison the commit, so forwards hold the owner shared (Hold)
-//     from their send to the mark of the offset they settle, and Commit takes
-//     it exclusively, waiting for them;
+//     ends would poison the commit, so a member settling a message holds
+//     the owner shared (Hold) from its forwards' sends to the mark of the
+//     offset they settle, and Commit takes it exclusively, waiting for them.
+//     A hold spans sends and a mark only, never a handler or a hook, so a
+//     commit waits for round trips to the broker, nothing longer;
+//   - one send at a time: a refused send leaves the producer's transaction
+//     in error, and sarama then fails every send queued behind it with the
+//     same error (its lastError); Forward sends one record at a time (and
+//     the producer puts one record in a request, see
+//     retrytopic.ConfigureProducer), so a refusal it reports is its own
+//     record's, never blamed on another;
 //   - offsets go into the transaction with AddOffsetsToTxnWithGroupMetadata
 //     and the member's current generation, member id and instance id, so a
 //     member the group no longer knows (a zombie) cannot commit: its
@@ -16,7 +24,9 @@
 //   - after a failed transaction nothing more is taken (Hold fails, Mark is
 //     dropped) until Reset: sarama cannot rewind a claim, so the member ends
 //     its session (Failed) and the next one reads the committed offsets again;
-//     a producer in a fatal state (fenced) is closed and made anew by Reset;
+//     a producer in a fatal state (fenced) is closed and made anew by Reset,
+//     never by the Forward that met the fatal error (another forward may be
+//     about to send on it, and sarama panics on a send to a closed producer);
 //   - a transaction is aborted only by one holding the owner exclusively
 //     (Commit, Reset, Close): a forward that fails leaves it open, in error,
 //     because other forwards may still be sending on the same producer, and
@@ -77,6 +87,12 @@ type Owner struct {
 	// abort).
 	BeforeCommit func(records int) error
 
+	// BeforeSend and AfterSend, when set, run in Forward just before the
+	// record is handed to the producer and just after the producer answered
+	// (err: its error). Tests use them to line up concurrent forwards.
+	BeforeSend func(rec forward.Record)
+	AfterSend  func(rec forward.Record, err error)
+
 	// AfterCommit, when set, runs after each transaction that committed
 	// offsets, with those offsets (the next offset to read, by topic and
 	// partition), once forwards may join the next transaction again. It runs
@@ -86,6 +102,8 @@ type Owner struct {
 	// gate: Hold shares it from a forward to its mark; Commit and Abort take
 	// it exclusively, so no record is sent while a transaction ends.
 	gate sync.RWMutex
+	// sendMu makes Forward send one record at a time (see the package doc).
+	sendMu sync.Mutex
 
 	mu      sync.Mutex
 	prod    sarama.SyncProducer // nil after a fatal error, until Reset
@@ -146,10 +164,12 @@ func (o *Owner) Failed() <-chan struct{} {
 	return o.failed
 }
 
-// Hold joins the open transaction for one forward and the mark of the offset
-// it settles; release ends the hold. Commit waits for every hold to end, so a
-// forward and its offset always commit in the same transaction. It fails with
-// ErrBroken when the transaction has failed. A goroutine must not Hold twice.
+// Hold joins the open transaction for the forwards that settle one message
+// and the mark of its offset; release ends the hold. Commit waits for every
+// hold to end, so forwards and their offset always commit in the same
+// transaction. Hold only around sends and a mark: a commit waits for the
+// hold. It fails with ErrBroken when the transaction has failed. A goroutine
+// must not Hold twice.
 func (o *Owner) Hold() (release func(), err error) {
 	o.gate.RLock()
 	o.mu.Lock()
@@ -169,6 +189,8 @@ func (o *Owner) Hold() (release func(), err error) {
 // failed send fails the transaction: the error then wraps ErrBroken, and is a
 // *RefusedError when the broker refused the record for good.
 func (o *Owner) Forward(ctx context.Context, rec forward.Record) error {
+	o.sendMu.Lock()
+	defer o.sendMu.Unlock()
 	o.mu.Lock()
 	if o.broken != nil {
 		defer o.mu.Unlock()
@@ -184,7 +206,13 @@ func (o *Owner) Forward(ctx context.Context, rec forward.Record) error {
 	o.records++
 	prod, fwd := o.prod, o.fwd
 	o.mu.Unlock()
+	if o.BeforeSend != nil {
+		o.BeforeSend(rec)
+	}
 	err := fwd.Forward(ctx, rec)
+	if o.AfterSend != nil {
+		o.AfterSend(rec, err)
+	}
 	if err == nil {
 		return nil
 	}
@@ -198,6 +226,24 @@ func (o *Owner) Forward(ctx context.Context, rec forward.Record) error {
 		return &RefusedError{Topic: rec.Topic, Err: err, broken: broken}
 	}
 	return broken
+}
+
+// Fail fails the open transaction with err, as a failed send would: nothing
+// joins it any more (Hold fails, marks are dropped), Failed is closed, and
+// the next session's Reset aborts it. The caller holds a Hold and has sent
+// part of what must commit together (the forwards of one message and its
+// offset) but cannot send the rest: the transaction must not commit. It
+// returns the owner's error, wrapping ErrBroken.
+func (o *Owner) Fail(err error) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.failLocked(err, false)
+}
+
+// Fits returns the error Forward would return for rec before sending it
+// (larger than the producer's Producer.MaxMessageBytes), or nil.
+func (o *Owner) Fits(rec forward.Record) error {
+	return forward.Fits(rec, o.client.Config().Producer.MaxMessageBytes)
 }
 
 // Mark records next as the offset to commit for topic/partition in the
@@ -306,26 +352,25 @@ func (o *Owner) commit(prod sarama.SyncProducer, offs map[string][]*sarama.Parti
 }
 
 // failLocked marks the owner broken until Reset (Hold fails, marks are
-// dropped, Failed is closed) and returns err wrapping ErrBroken. A producer
-// in a fatal state (fenced) is dropped at once. The failed transaction is
-// aborted here only when gated, that is when the caller holds the gate
-// exclusively (Commit): a Forward holds it shared, and other lanes' forwards
-// may still be sending on the same producer, whose abort would race their
-// sends inside sarama (transitionTo writes lastError under statusLock,
-// publishTxnPartitions reads it without). Otherwise the transaction stays
-// open, in error, until Reset (the next session's Setup) or Close aborts it,
-// both holding the gate exclusively.
+// dropped, Failed is closed) and returns err wrapping ErrBroken. The failed
+// transaction is aborted, and a producer in a fatal state (fenced) closed,
+// here only when gated, that is when the caller holds the gate exclusively
+// (Commit): a Forward holds it shared, and other holders may be about to
+// send on the same producer: sarama's abort races their sends (transitionTo
+// writes lastError under statusLock, publishTxnPartitions reads it
+// without), and a send to a closed producer panics. Otherwise the
+// transaction stays open, in error, until Reset (the next session's Setup)
+// or Close aborts it and drops a fatal producer, both holding the gate
+// exclusively.
 func (o *Owner) failLocked(err error, gated bool) error {
 	if o.broken != nil { // failed meanwhile, by another forward
 		return o.broken
 	}
 	st := o.prod.TxnStatus()
-	switch {
-	case st&sarama.ProducerTxnFlagFatalError != 0, gated && o.open && o.prod.AbortTxn() != nil:
-		_ = o.prod.Close()
-		o.prod, o.fwd = nil, nil
-		o.open = false
-	case gated:
+	if gated {
+		if st&sarama.ProducerTxnFlagFatalError != 0 || o.open && o.prod.AbortTxn() != nil {
+			o.dropProducerLocked()
+		}
 		o.open = false // aborted
 	}
 	o.records = 0
@@ -353,10 +398,12 @@ func (o *Owner) Reset() error {
 	defer o.mu.Unlock()
 	if o.open && o.prod != nil { // not committed at the end of the last session: its records go again
 		if err := o.prod.AbortTxn(); err != nil {
-			_ = o.prod.Close()
-			o.prod, o.fwd = nil, nil
+			o.dropProducerLocked()
 		}
 		o.open, o.records = false, 0
+	}
+	if o.prod != nil && o.prod.TxnStatus()&sarama.ProducerTxnFlagFatalError != 0 {
+		o.dropProducerLocked() // fenced, or otherwise fatal: only a new producer goes on
 	}
 	clear(o.offsets)
 	if o.prod == nil {
@@ -373,6 +420,14 @@ func (o *Owner) Reset() error {
 		o.failed = make(chan struct{})
 	}
 	return nil
+}
+
+// dropProducerLocked closes the producer; Reset makes a new one. The
+// caller holds the gate exclusively: no Forward can be sending on it.
+func (o *Owner) dropProducerLocked() {
+	_ = o.prod.Close()
+	o.prod, o.fwd = nil, nil
+	o.open = false
 }
 
 // Close aborts the open transaction, if any (sarama's Close would leave it
