@@ -107,6 +107,9 @@ func TestForceAndDrop(t *testing.T) {
 			t.Errorf("seed %d: dropped everything, still %s", seed, empty.Summary())
 		}
 	}
+	if len(PoisonKinds) != len(PoisonOrder) {
+		t.Errorf("PoisonOrder lists %d kinds of PoisonKinds' %d", len(PoisonOrder), len(PoisonKinds))
+	}
 	if _, err := Generate(Spec{Seed: 1, Force: []string{"no-such-thing"}}); err == nil {
 		t.Error("an unknown name was accepted")
 	}
