@@ -319,6 +319,14 @@ func (f *fleet) Procs(faults []check.Fault, grace time.Duration) []check.Proc {
 	for _, m := range f.procs {
 		p := m.proc
 		p.Problems = scanStderr(m.stderr, faults, grace, f.allowErrors)
+		if b, err := os.ReadFile(m.stderr); err == nil {
+			if g := txnIDLine.FindSubmatch(b); g != nil {
+				p.TxnID = string(trimQuotes(g[1]))
+				if gr := groupAttr.FindSubmatch(g[0]); gr != nil {
+					p.Group = string(trimQuotes(gr[1]))
+				}
+			}
+		}
 		out = append(out, p)
 	}
 	return out

@@ -49,7 +49,7 @@ type SwarmResult struct {
 	Draw     *draw.Draw
 	Produced int
 	Elapsed  time.Duration
-	Faults   map[string]int // injected, by kind (a kill counts each member it killed)
+	Faults   map[string]int // injected, by kind
 	// Injected are the faults in order, each with what it found.
 	Injected []check.Fault
 	Report   *check.Report

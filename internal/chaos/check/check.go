@@ -174,6 +174,9 @@ func Check(h *History) *Report {
 	if h.AdaptiveMax > 0 {
 		r.Results = append(r.Results, ix.adaptiveLimit())
 	}
+	if h.Swarm && h.Transactional {
+		r.Results = append(r.Results, ix.txnIDsApart())
+	}
 	r.Results = append(r.Results, ix.noLag(), ix.processes())
 	return r
 }

@@ -142,6 +142,9 @@ type Proc struct {
 	ExitCode int      // otherwise, its exit status
 	Excused  string   // why a non-zero exit is expected (it could not reach a server that was down at its start)
 	Problems []string // stderr lines that must not appear: panics, races, unexpected ERRORs
+	// Group and TxnID are the consumer group and the transactional.id the
+	// process logged at start (Config.Transactions; "" without).
+	Group, TxnID string
 }
 
 // Fault is one injected fault, for timelines.

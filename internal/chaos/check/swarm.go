@@ -237,3 +237,31 @@ func (ix *index) adaptiveLimit() Result {
 	res.Counts = fmt.Sprintf("%d members, at most %d calls at once (Adaptive.Max %d)", len(peak), most, ix.h.AdaptiveMax)
 	return res
 }
+
+// txnIDsApart: no two consumer groups' members used one transactional.id
+// (they would fence each other, aborting each other's transactions).
+func (ix *index) txnIDsApart() Result {
+	res := Result{Name: "each transactional.id used by one group"}
+	groups := map[string]map[string][]string{} // id → group → processes
+	for _, p := range ix.h.Procs {
+		if p.TxnID == "" {
+			continue
+		}
+		if groups[p.TxnID] == nil {
+			groups[p.TxnID] = map[string][]string{}
+		}
+		groups[p.TxnID][p.Group] = append(groups[p.TxnID][p.Group], p.Name)
+	}
+	for _, id := range slices.Sorted(maps.Keys(groups)) {
+		if len(groups[id]) < 2 {
+			continue
+		}
+		var by []string
+		for _, g := range slices.Sorted(maps.Keys(groups[id])) {
+			by = append(by, fmt.Sprintf("group %q (%s)", g, strings.Join(groups[id][g], ", ")))
+		}
+		res.Violations = append(res.Violations, fmt.Sprintf("transactional.id %q used by %s", id, strings.Join(by, " and ")))
+	}
+	res.Counts = fmt.Sprintf("%d transactional ids", len(groups))
+	return res
+}

@@ -206,6 +206,10 @@ func TestBadSwarmsFail(t *testing.T) {
 		{"a key left parked (defect 2)", func(h *History) {
 			h.Lags[1].End = 2
 		}, []string{"no lag left"}, "ordering store (heads + parked)"},
+		{"two groups with one transactional.id (defect 10)", func(h *History) {
+			h.Procs = append(h.Procs, Proc{Name: "c1#3", Group: "g-i", TxnID: "idem-g-i-1"})
+			h.Procs[0].Group, h.Procs[0].TxnID = "g", "idem-g-i-1"
+		}, []string{"each transactional.id used by one group"}, `transactional.id "idem-g-i-1" used by group "g" (m1#1) and group "g-i" (c1#3)`},
 		{"a data race", func(h *History) {
 			h.Procs[0].Problems = []string{"WARNING: DATA RACE"}
 		}, []string{"no process ended with an unexpected error"}, "m1#1: WARNING: DATA RACE"},

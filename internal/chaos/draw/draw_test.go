@@ -143,6 +143,14 @@ func TestPairsOverASoak(t *testing.T) {
 	if m := tally.MissingPairs(); len(m) > 0 {
 		t.Errorf("60 seeds never drew together: %v", m)
 	}
+	// A short soak forces the pairs it misses, one a seed.
+	short := NewTally(1)
+	for seed := uint64(1); seed <= 30; seed++ {
+		short.Add(mustGenerate(t, Spec{Seed: seed, Force: short.ForcePair()}))
+	}
+	if m := short.MissingPairs(); len(m) > 0 {
+		t.Errorf("30 seeds forcing missing pairs never drew together: %v", m)
+	}
 	var buf bytes.Buffer
 	tally.Fail("-seed 7", []string{"each forward once per hop (read_committed)"})
 	tally.Print(&buf)

@@ -125,6 +125,17 @@ func (t *Tally) ForceNext(remaining int) []string {
 	return out
 }
 
+// ForcePair is what a soak's next seed forces so that every pair of
+// features is drawn together: the two features of the first pair never
+// drawn yet (nil when there is none).
+func (t *Tally) ForcePair() []string {
+	m := t.MissingPairs()
+	if len(m) == 0 {
+		return nil
+	}
+	return []string{string(m[0][0]), string(m[0][1])}
+}
+
 // Print writes the table: seeds, each feature's and each pair's count,
 // faults by kind, violations and the failing seeds' rerun arguments.
 func (t *Tally) Print(w io.Writer) {

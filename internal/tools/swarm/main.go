@@ -23,7 +23,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -82,7 +81,7 @@ func run(ctx context.Context) int {
 	flag.Uint64Var(&o.seed, "seed", uint64(time.Now().UnixNano()), "the first seed (printed, so that a run can be repeated)")
 	flag.IntVar(&o.seeds, "seeds", 0, "seeds to run: -seed, -seed+1, … (default 1; with -duration or -budget: as many as fit)")
 	flag.DurationVar(&o.duration, "duration", 0, "the soak: run seeds until this long has passed (each seed runs to its end)")
-	flag.DurationVar(&o.budget, "budget", 0, "the CI form: start no seed that would likely end past this budget; force every feature and fault kind into the seeds that fit, and fail if one was never drawn")
+	flag.DurationVar(&o.budget, "budget", 0, "the CI form: the whole run's budget (the member's build and the services' start included): start no seed that would likely end past it; force every feature and fault kind into the seeds that fit, and fail if one was never drawn")
 	flag.BoolVar(&o.ci, "ci", false, "short draws: fewer records, a shorter production (25s)")
 	flag.BoolVar(&o.shrink, "shrink", false, "run -seed's draw; if it fails, drop its faults and features one at a time while it still fails, and print the smallest failing draw")
 	flag.BoolVar(&o.printDraw, "print-draw", false, "print -seed's draw (JSON) and exit: no services, nothing run")
@@ -181,12 +180,8 @@ func (r *runner) one(ctx context.Context, spec draw.Spec) (*chaos.SwarmResult, e
 		return nil, err
 	}
 	r.n++
-	var env []string
-	for _, kv := range r.o.memberEnv {
-		env = append(env, kv)
-	}
 	res, err := chaos.RunSwarm(ctx, chaos.SwarmOptions{Services: r.svc, Bin: r.bin, Dir: r.dir, Run: fmt.Sprintf("r%d", r.n),
-		DrainTimeout: r.o.drainTimeout, MemberEnv: env, Logf: r.logf}, d)
+		DrainTimeout: r.o.drainTimeout, MemberEnv: slices.Clone(r.o.memberEnv), Logf: r.logf}, d)
 	if err != nil {
 		return nil, fmt.Errorf("seed %d: %w", spec.Seed, err)
 	}
@@ -225,6 +220,7 @@ func (r *runner) rerun(spec draw.Spec) string {
 func (r *runner) seeds(ctx context.Context, first draw.Spec, total time.Time) int {
 	tally := draw.NewTally(r.o.brokers)
 	start := time.Now()
+	spent := start.Sub(total) // the build and the services' start: part of -budget
 	planned := r.o.seeds
 	if planned == 0 && r.o.duration == 0 && r.o.budget == 0 {
 		planned = 1
@@ -241,26 +237,27 @@ func (r *runner) seeds(ctx context.Context, first draw.Spec, total time.Time) in
 		case planned > 0 && remaining <= 0:
 		case r.o.duration > 0 && elapsed >= r.o.duration:
 			remaining = 0
-		case r.o.budget > 0 && i > 0 && elapsed+perSeed > r.o.budget:
+		case r.o.budget > 0 && i > 0 && spent+elapsed+perSeed > r.o.budget:
 			remaining = 0
+		case planned == 0 && r.o.duration > 0:
+			remaining = max(int((r.o.duration-elapsed)/max(perSeed, 2*time.Minute)), 1)
 		case planned == 0:
-			limit := max(r.o.duration, r.o.budget)
 			est := perSeed
 			if est == 0 {
-				est = 100 * time.Second // a first guess at one seed
-				if r.o.ci {
-					est = 75 * time.Second
-				}
+				est = 2 * time.Minute // a first guess at one seed on a loaded machine
 			}
-			remaining = max(int((limit-elapsed)/est), 1)
+			remaining = max(int((r.o.budget-spent-elapsed)/est), 1)
 		}
 		if remaining <= 0 || ctx.Err() != nil {
 			break
 		}
 		spec := first
 		spec.Seed = first.Seed + uint64(i)
-		if r.o.budget > 0 || r.o.seeds > 1 { // coverage over the run's seeds: only where there are several
+		switch {
+		case r.o.budget > 0 || r.o.seeds > 1: // coverage over the run's seeds: only where there are several
 			spec.Force = append(slices.Clone(first.Force), tally.ForceNext(remaining)...)
+		case r.o.duration > 0 && elapsed > r.o.duration/2: // the soak's second half: pairs never drawn together
+			spec.Force = append(slices.Clone(first.Force), tally.ForcePair()...)
 		}
 		res, err := r.one(ctx, spec)
 		if err != nil {
@@ -280,6 +277,12 @@ func (r *runner) seeds(ctx context.Context, first draw.Spec, total time.Time) in
 	if r.o.budget > 0 {
 		if u := tally.Uncovered(); len(u) > 0 {
 			fmt.Printf("FAIL: never drawn within the budget: %s\n", strings.Join(u, ", "))
+			code = 1
+		}
+	}
+	if r.o.duration > 0 {
+		if m := tally.MissingPairs(); len(m) > 0 {
+			fmt.Printf("FAIL: %d pairs of features never drawn together in the soak\n", len(m))
 			code = 1
 		}
 	}
@@ -310,7 +313,7 @@ func (r *runner) shrink(ctx context.Context, spec draw.Spec) int {
 	d, _ := draw.Generate(small)
 	fmt.Printf("\n== the smallest failing draw found (it broke one of: %s)\n%s\n%s\nrerun: %s\n", strings.Join(broke, "; "), d.Summary(), d.JSON(), r.rerun(small))
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "swarm: the shrink stopped early:", errors.Unwrap(err))
+		fmt.Fprintln(os.Stderr, "swarm: the shrink stopped early:", err)
 		return 2
 	}
 	return 1
