@@ -239,6 +239,10 @@ func (r *runner) seeds(ctx context.Context, first draw.Spec, total time.Time) in
 			remaining = 0
 		case r.o.budget > 0 && i > 0 && spent+elapsed+perSeed > r.o.budget:
 			remaining = 0
+			if u := tally.Uncovered(); len(u) > 0 { // coverage before the budget: one more seed, with all of them
+				r.logf("the budget is spent but %s were never drawn: one more seed draws them", strings.Join(u, ", "))
+				remaining = 1
+			}
 		case planned == 0 && r.o.duration > 0:
 			remaining = max(int((r.o.duration-elapsed)/max(perSeed, 2*time.Minute)), 1)
 		case planned == 0:
