@@ -405,8 +405,8 @@ func (ix *index) nothingValidInDLQ() Result {
 }
 
 // keyOrder: with ordering by key, each Kafka key's effects are in the order
-// their keys were first produced (their offsets: one Kafka key, one
-// partition).
+// the records that took effect were produced (their offsets: one Kafka key,
+// one partition).
 func (ix *index) keyOrder() Result {
 	res := Result{Name: "each key's effects in produced order"}
 	byKafkaKey := map[string][]Effect{}
@@ -420,7 +420,10 @@ func (ix *index) keyOrder() Result {
 		checked += len(es)
 		var prev *Produced
 		for _, e := range es {
-			p, ok := ix.firstOfKey[e.Key]
+			p, ok := ix.bySeq[e.Seq] // the copy that took effect: a twin sent later is ordered where it was sent
+			if !ok || p.Key != e.Key {
+				p, ok = ix.firstOfKey[e.Key]
+			}
 			if !ok || p.Unordered {
 				continue // a stray effect, reported by noStrayEffects; a deferred record
 			}
