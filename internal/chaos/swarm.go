@@ -205,9 +205,11 @@ func RunSwarm(ctx context.Context, o SwarmOptions, d *draw.Draw) (*SwarmResult, 
 		return nil, err
 	}
 	fl.close()
-	for _, s := range fl.running() {
-		fl.stop(s, 40*time.Second)
+	var stops sync.WaitGroup
+	for _, s := range fl.running() { // all at once: each may take its ShutdownGrace
+		stops.Go(func() { fl.stop(s, 40*time.Second) })
 	}
+	stops.Wait()
 	fl.wait()
 	fs.close()
 	fs.log.endOpen()
