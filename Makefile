@@ -10,7 +10,7 @@ WITH_ENV = set -a; [ -f $(ENVFILE) ] && . ./$(ENVFILE); set +a;
 GO      ?= go
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: help services services-down run test fuzz bench bench-quick bench-inbox lint fmt compose-check rules-test chart-test chaos chaos-ci
+.PHONY: help services services-down run test fuzz bench bench-quick bench-inbox lint fmt compose-check rules-test chart-test chaos chaos-ci swarm swarm-ci
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -46,7 +46,7 @@ run: services ## run the payments example's demo against the local services, wit
 FUZZ_TARGETS = ./consumer:FuzzKeyExtraction ./consumer:FuzzJSONField ./internal/wire:FuzzDecode ./dlq:FuzzRecord ./internal/keyorder:FuzzParkRoundTrip ./internal/expiry:FuzzParseDeadline
 FUZZTIME ?= 20000x
 
-test: services ## go vet + staticcheck + all tests with -race against real Kafka and PostgreSQL (the consumer core tests run in every pipeline mode as subtests), alert rule tests, a short fuzz run, the short chaos run
+test: services ## go vet + staticcheck + all tests with -race against real Kafka and PostgreSQL (the consumer core tests run in every pipeline mode as subtests), alert rule tests, a short fuzz run, the short chaos run, the CI swarm
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 	@$(MAKE) --no-print-directory rules-test
@@ -57,6 +57,7 @@ test: services ## go vet + staticcheck + all tests with -race against real Kafka
 	cd kafkaauth/awsmsk && $(GO) vet ./... && $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./... && $(GO) test -race -count=1 ./...
 	cd deploy/dashshot && $(GO) vet ./...
 	@$(MAKE) --no-print-directory chaos-ci
+	@$(MAKE) --no-print-directory swarm-ci
 
 # The chaos run (internal/tools/chaos) starts its own broker and PostgreSQL on
 # CHAOS_PORTS' ports (it kills, restarts and freezes them), never the shared ones.
@@ -72,6 +73,26 @@ chaos: ## fault injection, every mode: 50,000 payments each while members are SI
 chaos-ci: ## the short chaos run `make test` ends with: 2,000 payments per mode, every fault kind and every mode, then the per-message, lanes and ordering modes with Config.Transactions (read_committed: one copy per hop), ~11 min
 	@$(GO) build -o bin/idem-chaos ./internal/tools/chaos && ./bin/idem-chaos -ci $(CHAOS_PORTS) $(CHAOSARGS) && \
 	  ./bin/idem-chaos -ci -transactions -modes per-message,lanes,ordering $(CHAOS_PORTS) $(CHAOSARGS)
+
+# The swarm (internal/tools/swarm, issue 28) draws a configuration, a workload and
+# a fault schedule from each seed and checks the history; like the chaos run it
+# starts its own broker and PostgreSQL on SWARM_PORTS' ports (the chaos ports by
+# default: do not run both at once). SEED=N runs seed N (a failing seed prints
+# its rerun command), SHRINK=1 shrinks SEED's failing draw, DURATION=1h is the
+# soak; SWARMARGS='-h' lists the flags.
+SWARMARGS ?=
+SWARM_BROKERS ?= 1
+SWARM_PORTS ?= -kafka-port 19092 -controller-port 19093 -pg-port 15432 -brokers $(SWARM_BROKERS)
+SEED ?=
+SHRINK ?=
+DURATION ?=
+
+swarm: ## swarm testing: one seed's draw (SEED=N; default from the clock), SHRINK=1 its smallest failing draw, DURATION=1h the soak; ends with the table of features drawn together, faults and violations
+	@$(GO) build -o bin/idem-swarm ./internal/tools/swarm && ./bin/idem-swarm $(SWARM_PORTS) \
+	  $(if $(SEED),-seed $(SEED)) $(if $(SHRINK),-shrink) $(if $(DURATION),-duration $(DURATION)) $(SWARMARGS)
+
+swarm-ci: ## the CI swarm `make test` ends with: short draws with -race members, as many seeds as fit in 8 minutes, every feature and fault kind drawn at least once
+	@$(GO) build -o bin/idem-swarm ./internal/tools/swarm && ./bin/idem-swarm -ci -race -budget 8m $(SWARM_PORTS) $(SWARMARGS)
 
 fuzz: ## a short run of every fuzz target (FUZZTIME executions each, default 20000x)
 	@set -e; for t in $(FUZZ_TARGETS); do \

@@ -116,18 +116,31 @@ func readTopicCommitted(client sarama.Client, topic string) ([]rawRecord, error)
 	return out, nil
 }
 
-// settledEnd is where a group that committed committed has nothing left to
-// read in topic/partition, whose log ends at end: end, or committed when
-// what lies between is only transaction markers and aborted records (a
-// consumer commits the offset after its last record, which a marker may
-// follow). An open transaction counts as left to read.
+// settledEnd is where a group that committed committed (-1: nothing) has
+// nothing left to read in topic/partition, whose log ends at end: end, or
+// committed (0 for nothing) when what lies between is only transaction
+// markers and aborted records (a consumer commits the offset after its last
+// record, which a marker may follow; it commits nothing in a partition that
+// holds no record for it, as a tier whose only forwards were aborted). An
+// open transaction counts as left to read.
 func settledEnd(client sarama.Client, topic string, p int32, committed, end int64) int64 {
-	if committed < 0 || committed >= end {
+	from := committed
+	if from < 0 {
+		oldest, err := client.GetOffset(topic, p, sarama.OffsetOldest)
+		if err != nil {
+			return end
+		}
+		from = oldest
+	}
+	if from >= end { // nothing in the log past the commit (or, with none, at all)
+		if committed < 0 {
+			return 0
+		}
 		return end
 	}
-	recs, err := readCommitted(client, topic, p, committed, end, true, 0)
+	recs, err := readCommitted(client, topic, p, from, end, true, 0)
 	if err != nil || len(recs) > 0 {
 		return end
 	}
-	return committed
+	return max(committed, 0)
 }

@@ -85,7 +85,7 @@ func (d *downstream) stop(faults []check.Fault) check.Proc {
 		p.ExitCode = 1
 		p.Problems = append(p.Problems, "consumer.Run: "+err.Error())
 	}
-	p.Problems = append(p.Problems, scanStderr(d.log, faults, errorGrace)...)
+	p.Problems = append(p.Problems, scanStderr(d.log, faults, errorGrace, nil)...)
 	return p
 }
 

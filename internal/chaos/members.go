@@ -30,8 +30,14 @@ type fleet struct {
 	membership sync.Mutex
 	logf       func(string, ...any)
 	// instanceIDs gives each member -instance-id <slot>: static membership,
-	// the same id for every incarnation of a slot.
+	// the same id for every incarnation of a slot; instanceOf, when set,
+	// names a slot's id instead ("" for none).
 	instanceIDs bool
+	instanceOf  func(slot string) string
+	// allowErrors matches the ERROR lines the run's workload causes by
+	// design (a record larger than the DLQ accepts is refused, then
+	// dead-lettered as a stub): not problems at any time.
+	allowErrors *regexp.Regexp
 
 	mu     sync.Mutex
 	n      int                // incarnations started
@@ -100,8 +106,8 @@ func (f *fleet) spawn(slot string) (*member, error) {
 		return nil, err
 	}
 	args := append(slices.Clone(f.args), "-member", name, "-history", base+".history.jsonl")
-	if f.instanceIDs {
-		args = append(args, "-instance-id", slot)
+	if id := f.instanceID(slot); id != "" {
+		args = append(args, "-instance-id", id)
 	}
 	cmd := exec.Command(f.bin, args...)
 	cmd.Env, cmd.Stdout, cmd.Stderr = f.env, errf, errf
@@ -133,9 +139,15 @@ func (f *fleet) spawn(slot string) (*member, error) {
 			return
 		}
 		// It died on its own: a supervisor restarts it. An exit at start
-		// because the broker or PostgreSQL could not be reached is excused.
-		if last := lastLine(m.stderr); outageExit.MatchString(last) {
+		// because the broker or PostgreSQL could not be reached is excused,
+		// and so is a member fenced by a second process with its
+		// InstanceID (the swarm's fence and txn-id-collision faults).
+		if last := lastLine(m.stderr); outageExit.MatchString(last) || fencedExit.MatchString(last) {
 			m.proc.Excused = last
+		}
+		if strings.Contains(slot, "~") {
+			f.logf("member %s exited on its own: %v (stderr: %s); not restarted (a one-off)", name, err, m.stderr)
+			return
 		}
 		f.logf("member %s exited on its own: %v (stderr: %s); restarting %s", name, err, m.stderr, slot)
 		if f.closed {
@@ -160,8 +172,37 @@ func (f *fleet) spawn(slot string) (*member, error) {
 // controller fences it (about 9 s), and an admin request sent to it fails
 // instead of going to another node (a known gap, reported; the member exits
 // and is restarted, as under a supervisor).
-var outageExit = regexp.MustCompile(`^payments-consumer: (connect to Kafka|connect to PostgreSQL|kafka admin|create topic|migrate|` +
-	`consumer: .*retry topics of .*(dial|read|write) tcp .*(connection refused|i/o timeout|connection reset))`)
+var outageExit = regexp.MustCompile(`^(payments-consumer|swarm-member): (connect to Kafka|connect to PostgreSQL|kafka admin|create topic|migrate|` +
+	`consumer: .*retry topics of .*(dial|read|write) tcp .*(connection refused|i/o timeout|connection reset)|` +
+	`consumer: (connect to|transactional producer) .*(connection refused|i/o timeout|connection reset|run out of available brokers))`)
+
+// fencedExit matches the last stderr line of a member that another process
+// with its InstanceID fenced.
+var fencedExit = regexp.MustCompile(`(?i)fenced`)
+
+// instanceID is slot's -instance-id ("" for none).
+func (f *fleet) instanceID(slot string) string {
+	switch {
+	case f.instanceOf != nil:
+		return f.instanceOf(slot)
+	case f.instanceIDs:
+		return slot
+	}
+	return ""
+}
+
+// signal sends sig to slot's running incarnation and reports whether one
+// ran.
+func (f *fleet) signal(slot string, sig syscall.Signal) (string, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m, ok := f.live[slot]
+	if !ok {
+		return "", false
+	}
+	_ = m.cmd.Process.Signal(sig)
+	return m.name, true
+}
 
 // lastLine is the last line of a file.
 func lastLine(path string) string {
@@ -277,7 +318,15 @@ func (f *fleet) Procs(faults []check.Fault, grace time.Duration) []check.Proc {
 	var out []check.Proc
 	for _, m := range f.procs {
 		p := m.proc
-		p.Problems = scanStderr(m.stderr, faults, grace)
+		p.Problems = scanStderr(m.stderr, faults, grace, f.allowErrors)
+		if b, err := os.ReadFile(m.stderr); err == nil {
+			if g := txnIDLine.FindSubmatch(b); g != nil {
+				p.TxnID = string(trimQuotes(g[1]))
+				if gr := groupAttr.FindSubmatch(g[0]); gr != nil {
+					p.Group = string(trimQuotes(gr[1]))
+				}
+			}
+		}
 		out = append(out, p)
 	}
 	return out
@@ -288,8 +337,10 @@ var (
 	fatal    = regexp.MustCompile(`^(panic: |fatal error: |WARNING: DATA RACE|goroutine \d+ \[running\]:)`)
 )
 
-// scanStderr returns the lines of path that show an unexpected failure.
-func scanStderr(path string, faults []check.Fault, grace time.Duration) []string {
+// scanStderr returns the lines of path that show an unexpected failure:
+// panics and races, and ERROR lines outside an infrastructure fault (and its
+// grace) that allowed (nil: none) does not match.
+func scanStderr(path string, faults []check.Fault, grace time.Duration, allowed *regexp.Regexp) []string {
 	fh, err := os.Open(path)
 	if err != nil {
 		return []string{fmt.Sprintf("cannot read %s: %v", path, err)}
@@ -305,7 +356,7 @@ func scanStderr(path string, faults []check.Fault, grace time.Duration) []string
 			continue
 		}
 		m := slogTime.FindStringSubmatch(line)
-		if m == nil || m[2] != "ERROR" {
+		if m == nil || m[2] != "ERROR" || (allowed != nil && allowed.MatchString(line)) {
 			continue
 		}
 		at, err := time.Parse(time.RFC3339Nano, m[1])
@@ -320,7 +371,7 @@ func scanStderr(path string, faults []check.Fault, grace time.Duration) []string
 // PostgreSQL (or within grace after one).
 func duringInfraFault(t time.Time, faults []check.Fault, grace time.Duration) bool {
 	for _, f := range faults {
-		if f.Kind == "kill" || f.Kind == "resize" {
+		if !excusesErrors(f.Kind) {
 			continue
 		}
 		if !t.Before(f.Start.Add(-time.Second)) && !t.After(f.End.Add(grace)) {
@@ -328,6 +379,16 @@ func duringInfraFault(t time.Time, faults []check.Fault, grace time.Duration) bo
 		}
 	}
 	return false
+}
+
+// excusesErrors reports whether a fault of kind may make members log ERROR:
+// not a member's kill, a graceful stop or a join, which must go quietly.
+func excusesErrors(kind string) bool {
+	switch kind {
+	case "kill", "resize", "term", "join":
+		return false
+	}
+	return true
 }
 
 // faultLog collects the faults as they happen.
@@ -340,6 +401,17 @@ func (l *faultLog) add(f check.Fault) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.fs = append(l.fs, f)
+}
+
+// endOpen ends the faults that last until the run's end (End zero) now.
+func (l *faultLog) endOpen() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := range l.fs {
+		if l.fs[i].End.IsZero() {
+			l.fs[i].End = time.Now()
+		}
+	}
 }
 
 func (l *faultLog) all() []check.Fault {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -33,6 +34,20 @@ type record struct {
 	check.Produced
 	headers []sarama.RecordHeader
 	value   []byte
+	// hasDeadline: the producer adds an idem-deadline header of deadlineIn
+	// after the moment it sends the record.
+	deadlineIn  time.Duration
+	hasDeadline bool
+}
+
+// message is rec as sent to topic at now: with its timestamp, and its
+// deadline counted from now.
+func (rec *record) message(topic string, now time.Time) *sarama.ProducerMessage {
+	hs := rec.headers
+	if rec.hasDeadline {
+		hs = append(slices.Clip(hs), sarama.RecordHeader{Key: []byte("idem-deadline"), Value: []byte(strconv.FormatInt(now.Add(rec.deadlineIn).UnixMilli(), 10))})
+	}
+	return &sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(rec.KafkaKey), Value: sarama.ByteEncoder(rec.value), Headers: hs, Timestamp: now}
 }
 
 // FailHeader is the header whose value N makes the members fail a message's
@@ -238,9 +253,9 @@ func produce(ctx context.Context, brokers []string, topic string, recs []record,
 		}
 		batch := recs[i:min(i+chunk, len(recs))]
 		msgs := make([]*sarama.ProducerMessage, len(batch))
+		now := time.Now().Truncate(time.Millisecond) // a record's timestamp is in milliseconds
 		for j := range batch {
-			msgs[j] = &sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(batch[j].KafkaKey),
-				Value: sarama.ByteEncoder(batch[j].value), Headers: batch[j].headers}
+			msgs[j] = batch[j].message(topic, now)
 		}
 		for len(msgs) > 0 {
 			err := p.SendMessages(msgs)
@@ -264,7 +279,10 @@ func produce(ctx context.Context, brokers []string, topic string, recs []record,
 				}
 				seq := seqOfMsg(m)
 				r := recs[seq].Produced
-				r.Topic, r.Partition, r.Offset, r.At = topic, m.Partition, m.Offset, time.Now()
+				r.Topic, r.Partition, r.Offset, r.At, r.Timestamp = topic, m.Partition, m.Offset, time.Now(), m.Timestamp
+				if recs[seq].hasDeadline {
+					r.Deadline = m.Timestamp.Add(recs[seq].deadlineIn)
+				}
 				out = append(out, r)
 				b, _ := json.Marshal(r)
 				w.Write(append(b, '\n'))

@@ -274,7 +274,7 @@ func RunMode(ctx context.Context, o Options, mode string) (*Summary, error) {
 
 	tiers := []string{topic + "." + group + ".retry.1", topic + "." + group + ".retry.2"}
 	sources := []lagSource{{group, append([]string{topic}, tiers...)}, {group + "-downstream", []string{events}}}
-	if err := drain(ctx, svc.Brokers(), pool, sources, mode == "ordering", o.DrainTimeout); err != nil {
+	if err := drain(ctx, svc.Brokers(), pool, sources, stores{ordering: mode == "ordering"}, o.DrainTimeout); err != nil {
 		o.Logf("[%s] %v", mode, err) // the lag invariant reports it
 	}
 	fl.close()
@@ -351,7 +351,18 @@ func createTopicN(brokers []string, topic string, n int32, rf int16, configs map
 	if err := admin.CreateTopic(topic, d, false); err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
 		return fmt.Errorf("create topic %s: %w", topic, err)
 	}
-	return nil
+	// Creation is asynchronous: wait until the metadata lists the topic, so
+	// that a member started next finds it.
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		ds, err := admin.DescribeTopics([]string{topic})
+		if err == nil && len(ds) == 1 && ds[0].Err == sarama.ErrNoError && len(ds[0].Partitions) == int(n) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("topic %s not in the metadata 30s after its creation", topic)
+		}
+		time.Sleep(100 * time.Millisecond) // polling interval
+	}
 }
 
 // firstMember starts member m1, which creates the schema, and inserts the
@@ -395,10 +406,16 @@ type lagSource struct {
 	topics []string
 }
 
+// stores are the tables besides the outbox that must be empty at the end.
+type stores struct {
+	ordering bool // the ordering store (Ordering ByKey): heads and parked messages
+	deferred bool // the deferred messages (Config.Defer) not yet published
+}
+
 // drain waits until every group has committed every record of its topics,
-// the outbox is empty and, with ordering, nothing is parked; stable over
-// three polls a second apart.
-func drain(ctx context.Context, brokers []string, pool *pgxpool.Pool, sources []lagSource, ordering bool, timeout time.Duration) error {
+// the outbox is empty and the stores hold nothing of the group; stable
+// over three polls a second apart.
+func drain(ctx context.Context, brokers []string, pool *pgxpool.Pool, sources []lagSource, st stores, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	stable := 0
 	var last string
@@ -406,7 +423,7 @@ func drain(ctx context.Context, brokers []string, pool *pgxpool.Pool, sources []
 		if time.Now().After(deadline) {
 			return fmt.Errorf("not drained after %s: %s", timeout, last)
 		}
-		lags, err := leftOver(ctx, brokers, pool, sources, ordering)
+		lags, err := leftOver(ctx, brokers, pool, sources, st)
 		left := int64(0)
 		for _, l := range lags {
 			left += l.End - max(l.Committed, 0)
@@ -426,9 +443,9 @@ func drain(ctx context.Context, brokers []string, pool *pgxpool.Pool, sources []
 	return nil
 }
 
-// leftOver is the lag of every source, plus the unpublished outbox rows and,
-// with ordering, the ordering store's rows, as pseudo-partitions.
-func leftOver(ctx context.Context, brokers []string, pool *pgxpool.Pool, sources []lagSource, ordering bool) ([]check.Lag, error) {
+// leftOver is the lag of every source, plus the unpublished outbox rows and
+// the rows of the stores st names, as pseudo-partitions.
+func leftOver(ctx context.Context, brokers []string, pool *pgxpool.Pool, sources []lagSource, st stores) ([]check.Lag, error) {
 	var all []check.Lag
 	for _, s := range sources {
 		lags, err := lagsOf(brokers, s.group, s.topics)
@@ -442,12 +459,19 @@ func leftOver(ctx context.Context, brokers []string, pool *pgxpool.Pool, sources
 		return nil, err
 	}
 	all = append(all, check.Lag{Topic: "outbox (rows not published)", End: n})
-	if ordering {
+	if st.ordering {
 		n, err := parkedCount(ctx, pool, sources[0].group)
 		if err != nil {
 			return nil, err
 		}
 		all = append(all, check.Lag{Topic: "ordering store (heads + parked)", End: n})
+	}
+	if st.deferred {
+		var n int64
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM idem_deferred WHERE consumer_group = $1`, sources[0].group).Scan(&n); err != nil {
+			return nil, err
+		}
+		all = append(all, check.Lag{Topic: "deferred store (not yet published)", End: n})
 	}
 	return all, nil
 }
@@ -520,19 +544,11 @@ func lagsOf(brokers []string, group string, topics []string) ([]check.Lag, error
 // PostgreSQL, the DLQ and the lags from Kafka, the members' histories.
 func gather(ctx context.Context, brokers []string, pool *pgxpool.Pool, mode string, sources []lagSource, dir string, committed bool) (*check.History, error) {
 	h := &check.History{Mode: mode, Orders: map[string]string{}}
-	rows, err := pool.Query(ctx, `SELECT id, idempotency_key, kafka_key, seq, member, topic, kpartition, koffset, attempt, at FROM chaos_effects`)
-	if err != nil {
+	var err error
+	if h.Effects, err = readEffects(ctx, pool); err != nil {
 		return nil, err
 	}
-	h.Effects, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (check.Effect, error) {
-		var e check.Effect
-		err := r.Scan(&e.ID, &e.Key, &e.KafkaKey, &e.Seq, &e.Member, &e.Topic, &e.Partition, &e.Offset, &e.Attempt, &e.At)
-		return e, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read chaos_effects: %w", err)
-	}
-	rows, err = pool.Query(ctx, `SELECT idempotency_key, order_id FROM payments`)
+	rows, err := pool.Query(ctx, `SELECT idempotency_key, order_id FROM payments`)
 	if err != nil {
 		return nil, err
 	}
@@ -551,18 +567,44 @@ func gather(ctx context.Context, brokers []string, pool *pgxpool.Pool, mode stri
 	if h.DLQ, err = readDLQ(brokers, sources[0].topics[0]+"."+sources[0].group+".dlq", committed); err != nil {
 		return nil, err
 	}
-	if h.Lags, err = leftOver(ctx, brokers, pool, sources, mode == "ordering"); err != nil {
+	if h.Lags, err = leftOver(ctx, brokers, pool, sources, stores{ordering: mode == "ordering"}); err != nil {
 		return nil, err
 	}
+	if h.Attempts, err = readHistories(dir); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// readEffects reads the chaos_effects ledger.
+func readEffects(ctx context.Context, pool *pgxpool.Pool) ([]check.Effect, error) {
+	rows, err := pool.Query(ctx, `SELECT id, idempotency_key, kafka_key, seq, member, topic, kpartition, koffset, attempt, at FROM chaos_effects`)
+	if err != nil {
+		return nil, err
+	}
+	es, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (check.Effect, error) {
+		var e check.Effect
+		err := r.Scan(&e.ID, &e.Key, &e.KafkaKey, &e.Seq, &e.Member, &e.Topic, &e.Partition, &e.Offset, &e.Attempt, &e.At)
+		return e, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read chaos_effects: %w", err)
+	}
+	return es, nil
+}
+
+// readHistories reads the members' history files in dir.
+func readHistories(dir string) ([]check.Attempt, error) {
+	var all []check.Attempt
 	files, _ := filepath.Glob(filepath.Join(dir, "*.history.jsonl"))
 	for _, f := range files {
 		as, err := readJSONLines[check.Attempt](f)
 		if err != nil {
 			return nil, err
 		}
-		h.Attempts = append(h.Attempts, as...)
+		all = append(all, as...)
 	}
-	return h, nil
+	return all, nil
 }
 
 // rawRecord is one record read back from a topic.

@@ -13,6 +13,9 @@ import (
 // with its transactional.id (consumer's "idem: transactional mode").
 var txnIDLine = regexp.MustCompile(`msg="idem: transactional mode".* transactional_id=("[^"]+"|\S+)`)
 
+// groupAttr is the group attribute of a member's log line.
+var groupAttr = regexp.MustCompile(` group=("[^"]+"|\S+)`)
+
 // liveTransactionalID returns the transactional.id of a random live member
 // and that member's name, read from its log, polling until one has logged
 // it (a member just restarted may not have yet) for up to timeout.

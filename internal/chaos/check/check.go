@@ -81,15 +81,23 @@ type index struct {
 	dlq        map[int64][]DLQRecord
 	attempts   map[string][]Attempt // by key
 	attemptSeq map[int64][]Attempt  // by seq (keyless records)
+	byCoord    map[string]int64     // "topic/partition/offset" → seq
+	effectSeq  map[int64]int        // effects applied by each seq's own copy
+	byKey      map[string][]*Produced
 }
 
 func newIndex(h *History) *index {
 	ix := &index{h: h, bySeq: map[int64]*Produced{}, firstOfKey: map[string]*Produced{},
 		effects: map[string][]Effect{}, payments: map[string][]Payment{}, byOrder: map[string][]Payment{},
-		dlq: map[int64][]DLQRecord{}, attempts: map[string][]Attempt{}, attemptSeq: map[int64][]Attempt{}}
+		dlq: map[int64][]DLQRecord{}, attempts: map[string][]Attempt{}, attemptSeq: map[int64][]Attempt{},
+		byCoord: map[string]int64{}, effectSeq: map[int64]int{}, byKey: map[string][]*Produced{}}
 	for i := range h.Produced {
 		p := &h.Produced[i]
 		ix.bySeq[p.Seq] = p
+		ix.byCoord[coord(p)] = p.Seq
+		if p.Key != "" {
+			ix.byKey[p.Key] = append(ix.byKey[p.Key], p)
+		}
 		if p.Key == "" || p.Expect == ExpectDLQ {
 			continue
 		}
@@ -99,13 +107,21 @@ func newIndex(h *History) *index {
 	}
 	for _, e := range h.Effects {
 		ix.effects[e.Key] = append(ix.effects[e.Key], e)
+		ix.effectSeq[e.Seq]++
 	}
 	for _, p := range h.Payments {
 		ix.payments[p.Key] = append(ix.payments[p.Key], p)
 		ix.byOrder[p.Order] = append(ix.byOrder[p.Order], p)
 	}
-	for _, d := range h.DLQ {
-		ix.dlq[d.Seq] = append(ix.dlq[d.Seq], d)
+	for i := range h.DLQ {
+		d := &h.DLQ[i]
+		d.Seq = ix.seqOf(*d)
+		ix.dlq[d.Seq] = append(ix.dlq[d.Seq], *d)
+	}
+	for _, recs := range h.Tiers {
+		for i := range recs {
+			recs[i].Seq = ix.seqOf(recs[i])
+		}
 	}
 	for _, a := range h.Attempts {
 		ix.attempts[a.Key] = append(ix.attempts[a.Key], a)
@@ -114,55 +130,89 @@ func newIndex(h *History) *index {
 	return ix
 }
 
+// seqOf is the produced record a DLQ or tier record is a copy of: its
+// chaos-seq header, else (a stub without the original headers) its
+// idem-original-* coordinates; -1 when neither names one.
+func (ix *index) seqOf(d DLQRecord) int64 {
+	if d.Seq >= 0 {
+		return d.Seq
+	}
+	c := d.Headers["idem-original-topic"] + "/" + d.Headers["idem-original-partition"] + "/" + d.Headers["idem-original-offset"]
+	if seq, ok := ix.byCoord[c]; ok {
+		return seq
+	}
+	return -1
+}
+
 // Check runs every invariant over h.
 func Check(h *History) *Report {
 	ix := newIndex(h)
 	r := &Report{}
-	r.Results = append(r.Results,
-		ix.exactlyOnce(),
-		ix.rivals(),
-		ix.ordersPaidOnce(),
-		ix.noStrayEffects(),
-		ix.poisonInDLQ(),
-		ix.nothingValidInDLQ(),
-	)
-	if h.Mode == "ordering" {
+	r.Results = append(r.Results, ix.exactlyOnce())
+	if !h.Swarm {
+		r.Results = append(r.Results, ix.rivals(), ix.ordersPaidOnce())
+	}
+	r.Results = append(r.Results, ix.noStrayEffects(), ix.poisonInDLQ(), ix.nothingValidInDLQ())
+	if h.Swarm {
+		r.Results = append(r.Results, ix.outcomes(), ix.origins(), ix.expiryHonoured())
+	}
+	if h.Mode == "ordering" || h.Ordering {
 		r.Results = append(r.Results, ix.keyOrder())
 	}
 	if h.Events != nil {
 		r.Results = append(r.Results, ix.outbox())
 	}
-	if h.Transactional {
+	switch {
+	case h.Transactional:
 		r.Results = append(r.Results, ix.oncePerHop())
+	case h.Swarm:
+		r.Results = append(r.Results, ix.copies())
+	}
+	if h.HookDLQ || h.HookExpired {
+		r.Results = append(r.Results, ix.hooks())
+	}
+	if h.AdaptiveMax > 0 {
+		r.Results = append(r.Results, ix.adaptiveLimit())
+	}
+	if h.Swarm && h.Transactional {
+		r.Results = append(r.Results, ix.txnIDsApart())
 	}
 	r.Results = append(r.Results, ix.noLag(), ix.processes())
 	return r
 }
 
 // exactlyOnce: every key that must take effect has exactly one effect row and
-// one payment row.
+// (payments runs) one payment row; a key that may instead be dead-lettered
+// (ExpectEither) has at most one effect row.
 func (ix *index) exactlyOnce() Result {
 	res := Result{Name: "every unique key applied exactly once"}
 	keys, copies, effects := 0, 0, 0
 	for _, p := range ix.h.Produced {
-		if p.Expect == ExpectEffect {
+		if p.Expect == ExpectEffect || p.Expect == ExpectEither {
 			copies++
 		}
 	}
 	for _, key := range sortedKeys(ix.firstOfKey) {
 		p := ix.firstOfKey[key]
+		n := len(ix.effects[key])
+		if p.Expect == ExpectEither {
+			keys, effects = keys+1, effects+n
+			if n > 1 {
+				res.Violations = append(res.Violations, fmt.Sprintf("DOUBLE key %q: %d effects\n%s", key, n, ix.timeline(key, p.Seq)))
+			}
+			continue
+		}
 		if p.Expect != ExpectEffect {
 			continue
 		}
 		keys++
-		n := len(ix.effects[key])
 		effects += n
 		switch {
 		case n == 0:
 			res.Violations = append(res.Violations, fmt.Sprintf("LOST key %q: no effect\n%s", key, ix.timeline(key, p.Seq)))
 		case n > 1:
 			res.Violations = append(res.Violations, fmt.Sprintf("DOUBLE key %q: %d effects\n%s", key, n, ix.timeline(key, p.Seq)))
-		case len(ix.payments[key]) != 1:
+		case !ix.h.Swarm && len(ix.payments[key]) != 1:
 			res.Violations = append(res.Violations, fmt.Sprintf("key %q: one effect but %d payment rows\n%s", key, len(ix.payments[key]), ix.timeline(key, p.Seq)))
 		}
 	}
@@ -207,7 +257,7 @@ func (ix *index) rivals() Result {
 			res.Violations = append(res.Violations, fmt.Sprintf("order %q: the later payment %q (%s) won over %q (%s) with ordering by key\n%s\n%s",
 				p.Order, winner.Key, coord(winner), loser.Key, coord(loser), ix.timeline(winner.Key, winner.Seq), ix.timeline(loser.Key, loser.Seq)))
 		}
-		if !ix.inDLQ(loser, "permanent") {
+		if !ix.inDLQ(loser, []string{"permanent"}) {
 			res.Violations = append(res.Violations, fmt.Sprintf("order %q: losing payment %q (seq %d, %s) is not in the DLQ as permanent\n%s",
 				p.Order, loser.Key, loser.Seq, coord(loser), ix.timeline(loser.Key, loser.Seq)))
 		}
@@ -284,9 +334,13 @@ func (ix *index) poisonInDLQ() Result {
 		n++
 		kinds[p.Kind]++
 		copies += len(ix.dlq[p.Seq])
-		if !ix.inDLQ(p, p.DLQKind) {
-			res.Violations = append(res.Violations, fmt.Sprintf("POISON seq %d (%s, %s) not in the DLQ with kind %s\n%s",
-				p.Seq, p.Kind, coord(p), p.DLQKind, ix.timeline(p.Key, p.Seq)))
+		if !ix.inDLQ(p, p.dlqKinds()) && (!ix.h.Swarm || ix.twinInDLQ(p) == nil) {
+			where := "the DLQ"
+			if p.DLQTopic != "" {
+				where = p.DLQTopic
+			}
+			res.Violations = append(res.Violations, fmt.Sprintf("POISON seq %d (%s, %s) not in %s with kind %s\n%s",
+				p.Seq, p.Kind, coord(p), where, strings.Join(p.dlqKinds(), " or "), ix.timeline(p.Key, p.Seq)))
 		}
 	}
 	var ks []string
@@ -297,15 +351,30 @@ func (ix *index) poisonInDLQ() Result {
 	return res
 }
 
+// twinInDLQ is a record with p's idempotency key, other than p, that is in
+// the DLQ with one of its kinds (nil if none): p's copy may be skipped as
+// the same message (with Ordering, a copy of a parked message is).
+func (ix *index) twinInDLQ(p *Produced) *Produced {
+	for _, q := range ix.byKey[p.Key] {
+		if q.Seq != p.Seq && ix.inDLQ(q, q.dlqKinds()) {
+			return q
+		}
+	}
+	return nil
+}
+
 // inDLQ reports whether a DLQ record of p carries p's original coordinates,
-// the group and kind. It explains nothing: the caller prints the timeline.
-func (ix *index) inDLQ(p *Produced, kind string) bool {
+// the group and one of kinds; with p's own kind, in p's DLQ topic when it
+// names one (an expired record goes to the fallback DLQ, not its rule's).
+// It explains nothing: the caller prints the timeline.
+func (ix *index) inDLQ(p *Produced, kinds []string) bool {
 	for _, d := range ix.dlq[p.Seq] {
 		if d.Headers["idem-original-topic"] == p.Topic &&
 			d.Headers["idem-original-partition"] == strconv.Itoa(int(p.Partition)) &&
 			d.Headers["idem-original-offset"] == strconv.FormatInt(p.Offset, 10) &&
 			d.Headers["idem-consumer-group"] == ix.h.Group &&
-			d.Headers["idem-error-kind"] == kind {
+			slices.Contains(kinds, d.Headers["idem-error-kind"]) &&
+			(p.DLQTopic == "" || d.Topic == p.DLQTopic || d.Headers["idem-error-kind"] != p.DLQKind) {
 			return true
 		}
 	}
@@ -313,18 +382,22 @@ func (ix *index) inDLQ(p *Produced, kind string) bool {
 }
 
 // nothingValidInDLQ: no record that had to take effect was dead-lettered,
-// and every DLQ record comes from a produced record.
+// one that may be was with a kind it may have (and in its DLQ topic), and
+// every DLQ record comes from a produced record.
 func (ix *index) nothingValidInDLQ() Result {
 	res := Result{Name: "no valid payment in the DLQ"}
 	for _, d := range ix.h.DLQ {
 		p, ok := ix.bySeq[d.Seq]
+		kind := d.Headers["idem-error-kind"]
 		switch {
 		case !ok:
-			res.Violations = append(res.Violations, fmt.Sprintf("DLQ record %d/%d has chaos-seq %d, which was not produced (kind %s, error %q)",
-				d.Partition, d.Offset, d.Seq, d.Headers["idem-error-kind"], d.Headers["idem-error"]))
-		case p.Expect == ExpectEffect:
-			res.Violations = append(res.Violations, fmt.Sprintf("VALID seq %d key %q (%s) dead-lettered at DLQ %d/%d: kind %s, error %q\n%s",
-				p.Seq, p.Key, coord(p), d.Partition, d.Offset, d.Headers["idem-error-kind"], d.Headers["idem-error"], ix.timeline(p.Key, p.Seq)))
+			res.Violations = append(res.Violations, fmt.Sprintf("DLQ record %s%d/%d has chaos-seq %d, which was not produced (kind %s, error %q)",
+				topicPrefix(d.Topic), d.Partition, d.Offset, d.Seq, kind, d.Headers["idem-error"]))
+		case p.Expect == ExpectEffect,
+			p.Expect == ExpectEither && !slices.Contains(p.dlqKinds(), kind),
+			p.Expect == ExpectEither && p.DLQTopic != "" && d.Topic != p.DLQTopic && kind == p.DLQKind:
+			res.Violations = append(res.Violations, fmt.Sprintf("VALID seq %d key %q (%s, %s) dead-lettered at DLQ %s%d/%d: kind %s, error %q\n%s",
+				p.Seq, p.Key, p.Kind, coord(p), topicPrefix(d.Topic), d.Partition, d.Offset, kind, d.Headers["idem-error"], ix.timeline(p.Key, p.Seq)))
 		}
 	}
 	res.Counts = fmt.Sprintf("%d DLQ records", len(ix.h.DLQ))
@@ -332,8 +405,8 @@ func (ix *index) nothingValidInDLQ() Result {
 }
 
 // keyOrder: with ordering by key, each Kafka key's effects are in the order
-// their keys were first produced (their offsets: one Kafka key, one
-// partition).
+// the records that took effect were produced (their offsets: one Kafka key,
+// one partition).
 func (ix *index) keyOrder() Result {
 	res := Result{Name: "each key's effects in produced order"}
 	byKafkaKey := map[string][]Effect{}
@@ -347,9 +420,12 @@ func (ix *index) keyOrder() Result {
 		checked += len(es)
 		var prev *Produced
 		for _, e := range es {
-			p, ok := ix.firstOfKey[e.Key]
-			if !ok {
-				continue // a stray effect, reported by noStrayEffects
+			p, ok := ix.bySeq[e.Seq] // the copy that took effect: a twin sent later is ordered where it was sent
+			if !ok || p.Key != e.Key {
+				p, ok = ix.firstOfKey[e.Key]
+			}
+			if !ok || p.Unordered {
+				continue // a stray effect, reported by noStrayEffects; a deferred record
 			}
 			if prev != nil && before(p, prev) {
 				res.Violations = append(res.Violations, fmt.Sprintf("REORDERED kafka key %q: %q (produced at %s) took effect after %q (produced at %s)\n%s\n%s",
@@ -383,6 +459,8 @@ func (ix *index) outbox() Result {
 			res.Violations = append(res.Violations, fmt.Sprintf("payment %q has %d distinct events (ids), want 1", e.Key, e.IDs))
 		case e.Applied != 1:
 			res.Violations = append(res.Violations, fmt.Sprintf("the event of payment %q was applied %d times downstream (published %d times)", e.Key, e.Applied, e.Published))
+		case ix.h.EventsOnce && e.Published != 1:
+			res.Violations = append(res.Violations, fmt.Sprintf("the event of payment %q was published %d times with ExactlyOnce (read_committed)", e.Key, e.Published))
 		}
 	}
 	res.Counts = fmt.Sprintf("%d payments' events, %d published copies (%d re-sent), %d applied", stored, published, published-stored, applied)
@@ -485,7 +563,7 @@ func (ix *index) timeline(key string, seq int64) string {
 		fmt.Fprintf(&b, "\n  %s  %s", clock(l.at), l.text)
 	}
 	for _, d := range ix.dlq[seq] {
-		fmt.Fprintf(&b, "\n  (DLQ)         DLQ %d/%d kind %s original %s/%s/%s error %q", d.Partition, d.Offset,
+		fmt.Fprintf(&b, "\n  (DLQ)         DLQ %s%d/%d kind %s original %s/%s/%s error %q", topicPrefix(d.Topic), d.Partition, d.Offset,
 			d.Headers["idem-error-kind"], d.Headers["idem-original-topic"], d.Headers["idem-original-partition"], d.Headers["idem-original-offset"], d.Headers["idem-error"])
 	}
 	if len(ls) == 0 && len(ix.dlq[seq]) == 0 {
@@ -504,6 +582,14 @@ func before(a, b *Produced) bool {
 }
 
 func coord(p *Produced) string { return fmt.Sprintf("%s/%d/%d", p.Topic, p.Partition, p.Offset) }
+
+// topicPrefix is "topic " for a record of a named topic, "" otherwise.
+func topicPrefix(topic string) string {
+	if topic == "" {
+		return ""
+	}
+	return topic + " "
+}
 
 func clock(t time.Time) string {
 	if t.IsZero() {
@@ -526,13 +612,7 @@ func sortedKeys[V any](m map[string]V) []string {
 // poisonInDLQ, every poison record exactly once in the DLQ.
 func (ix *index) oncePerHop() Result {
 	res := Result{Name: "each forward once per hop (read_committed)"}
-	hops := map[string][]DLQRecord{"dlq": ix.h.DLQ}
-	names := []string{"dlq"}
-	for t, recs := range ix.h.Tiers {
-		hops[t] = recs
-		names = append(names, t)
-	}
-	slices.Sort(names)
+	hops, names := ix.hops()
 	var counts []string
 	for _, name := range names {
 		copies := map[int64]int{}
@@ -556,4 +636,24 @@ func (ix *index) oncePerHop() Result {
 	slices.Sort(res.Violations)
 	res.Counts = strings.Join(counts, "; ")
 	return res
+}
+
+// hops are the records of every dead-letter topic and retry tier, by name
+// ("dlq" for the payments runs' one DLQ), and the names in order.
+func (ix *index) hops() (map[string][]DLQRecord, []string) {
+	hops := map[string][]DLQRecord{}
+	for _, d := range ix.h.DLQ {
+		name := d.Topic
+		if name == "" {
+			name = "dlq"
+		}
+		hops[name] = append(hops[name], d)
+	}
+	if _, ok := hops["dlq"]; !ok && !ix.h.Swarm {
+		hops["dlq"] = nil
+	}
+	for t, recs := range ix.h.Tiers {
+		hops[t] = recs
+	}
+	return hops, slices.Sorted(maps.Keys(hops))
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemhq/idem/examples/payments-consumer/payments"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/chaos/memberkit"
 )
 
 func main() {
@@ -49,10 +50,10 @@ func (o *hookFlags) wrap(ctx context.Context, mode string, pool *pgxpool.Pool, h
 		}
 		return h, nil, nil
 	}
-	if _, err := pool.Exec(ctx, effectsSchema); err != nil {
+	if _, err := pool.Exec(ctx, memberkit.EffectsSchema); err != nil {
 		return nil, nil, fmt.Errorf("chaos ledger: %w", err)
 	}
-	hl, err := openHistory(o.history)
+	hl, err := memberkit.OpenHistory(o.history)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -1,0 +1,71 @@
+package chaos
+
+import (
+	"reflect"
+	"slices"
+	"testing"
+
+	"github.com/idemhq/idem/internal/chaos/check"
+	"github.com/idemhq/idem/internal/chaos/draw"
+)
+
+// The plan is a pure function of the draw, every record has a defined
+// expectation, and the poison kinds each reach the DLQ kind they must.
+func TestPlanSwarm(t *testing.T) {
+	for seed := uint64(1); seed <= 40; seed++ {
+		d, err := draw.Generate(draw.Spec{Seed: seed, CI: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := &draw.Member{Config: d.Config, Topic: "t", Group: "g"}
+		a, b := planSwarm(d, m, "r"), planSwarm(d, m, "r")
+		if !reflect.DeepEqual(a, b) {
+			t.Fatalf("seed %d planned twice differently", seed)
+		}
+		kinds := map[string]bool{}
+		for i, r := range a {
+			if r.Seq != int64(i) {
+				t.Fatalf("seed %d: record %d has seq %d", seed, i, r.Seq)
+			}
+			if n := countHeader(r, "chaos-seq"); n != 1 {
+				t.Fatalf("seed %d: record %d (%s) has %d chaos-seq headers", seed, i, r.Kind, n)
+			}
+			switch r.Expect {
+			case check.ExpectEffect:
+			case check.ExpectDLQ, check.ExpectEither:
+				if r.DLQKind == "" && len(r.DLQKinds) == 0 {
+					t.Fatalf("seed %d: record %d (%s) may be dead-lettered with no kind", seed, i, r.Kind)
+				}
+			default:
+				t.Fatalf("seed %d: record %d (%s) expects %q", seed, i, r.Kind, r.Expect)
+			}
+			if want, ok := draw.PoisonKinds[r.Kind]; ok {
+				kinds[r.Kind] = true
+				if r.Expect != check.ExpectDLQ || r.DLQKind != want || r.KafkaKey != poisonKey {
+					t.Fatalf("seed %d: poison %s: %+v", seed, r.Kind, r.Produced)
+				}
+			}
+			if r.Kind == "fraud" && r.DLQTopic != m.FraudDLQ() {
+				t.Fatalf("seed %d: a fraud expected in %q", seed, r.DLQTopic)
+			}
+		}
+		for _, k := range d.Workload.Poison {
+			if !kinds[k] {
+				t.Errorf("seed %d: poison kind %s drawn but not planned", seed, k)
+			}
+		}
+		if d.Config.MaxAge > 0 && slices.ContainsFunc(a, func(r record) bool { return r.Expect == check.ExpectEffect }) {
+			t.Errorf("seed %d: with a max age every valid record may expire", seed)
+		}
+	}
+}
+
+func countHeader(r record, k string) int {
+	n := 0
+	for _, h := range r.headers {
+		if string(h.Key) == k {
+			n++
+		}
+	}
+	return n
+}
