@@ -59,4 +59,12 @@ type Failure struct {
 	// so tools need not derive it again; empty when the record had none (a
 	// missing or invalid key).
 	IdempotencyKey string
+	// SchemaID and SchemaSubject name the schema registry schema of a
+	// record whose value did not decode (a handler.Decode error naming it,
+	// such as serde's *DecodeError): the id its value names (0 when the
+	// value is not in the registry's wire format) and a subject of it (""
+	// when the registry did not say). Written as idem-schema-id and
+	// idem-schema-subject, present only then.
+	SchemaID      int
+	SchemaSubject string
 }

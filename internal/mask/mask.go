@@ -295,7 +295,7 @@ func (sc *Scrubber) Header(key string, value []byte) []byte {
 var numericHeaders = map[string]bool{
 	wire.HeaderAttempt: true, wire.HeaderTier: true, wire.HeaderDueAt: true, wire.HeaderOriginalPartition: true,
 	wire.HeaderOriginalOffset: true, wire.HeaderOriginalTimestamp: true, wire.HeaderFirstFailureAt: true,
-	wire.HeaderLastFailureAt: true, wire.HeaderPayloadOmitted: true, wire.HeaderHeadersOmitted: true,
+	wire.HeaderLastFailureAt: true, wire.HeaderPayloadOmitted: true, wire.HeaderHeadersOmitted: true, wire.HeaderSchemaID: true,
 }
 
 // Bytes is String for bytes.

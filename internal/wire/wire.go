@@ -54,6 +54,8 @@ const (
 	HeaderForwardError      = "idem-forward-error"      // why the record could not go where it was going (a producer error); capped at MaxErrorBytes
 	HeaderIdempotencyKey    = "idem-idempotency-key"    // the idempotency key the consumer derived (Config.KeyFunc), as the inbox holds it; absent when there was none
 	HeaderHeadersOmitted    = "idem-headers-omitted"    // on a last-resort stub only: how many of the record's own headers were left out, decimal
+	HeaderSchemaID          = "idem-schema-id"          // a record that did not decode: the schema registry id its value names, decimal; absent when unknown
+	HeaderSchemaSubject     = "idem-schema-subject"     // a record that did not decode: a registry subject of that schema; absent when unknown
 )
 
 // wireHeaders are the names of the wire contract, the only headers idem owns.
@@ -62,6 +64,7 @@ var wireHeaders = map[string]struct{}{
 	HeaderOriginalOffset: {}, HeaderOriginalTimestamp: {}, HeaderConsumerGroup: {}, HeaderError: {},
 	HeaderErrorKind: {}, HeaderErrorType: {}, HeaderStack: {}, HeaderFirstFailureAt: {}, HeaderLastFailureAt: {},
 	HeaderPayloadOmitted: {}, HeaderForwardError: {}, HeaderIdempotencyKey: {}, HeaderHeadersOmitted: {},
+	HeaderSchemaID: {}, HeaderSchemaSubject: {},
 }
 
 // MaxStackBytes caps idem-stack; a longer stack is cut at a UTF-8 boundary.
@@ -90,7 +93,10 @@ type Source struct {
 // otherwise they are taken from src and now.
 //
 // Error, Kind (handler.ErrorKind), ErrorType (%T of errwrap.Cause(err)) and
-// Stack (of a *handler.PanicError in err's chain) describe err. Attempt is
+// Stack (of a *handler.PanicError in err's chain) describe err, and SchemaID
+// and SchemaSubject the schema of a value that did not decode: an error in
+// err's chain with a SchemaRef() (id int, subject string) method (serde's
+// *DecodeError has one; wire does not import serde). Attempt is
 // prior.Attempt+1; the consumer overwrites it with the message's delivery
 // count. Tier and DueAt are left zero for the caller to set.
 func NewFailure(err error, src Source, prior retrytopic.Failure, now time.Time) retrytopic.Failure {
@@ -121,8 +127,19 @@ func NewFailure(err error, src Source, prior retrytopic.Failure, now time.Time) 
 		if errors.As(err, &p) {
 			f.Stack = p.Stack
 		}
+		var ref schemaRef
+		if errors.As(err, &ref) {
+			f.SchemaID, f.SchemaSubject = ref.SchemaRef()
+		}
 	}
 	return f
+}
+
+// schemaRef is an error that names the registry schema of a value it could
+// not decode (serde.DecodeError).
+type schemaRef interface {
+	error
+	SchemaRef() (id int, subject string)
 }
 
 // AnyHeader is the header types Encode and Decode accept: sarama's producer
@@ -222,6 +239,10 @@ func Encode[H AnyHeader](orig []H, f retrytopic.Failure) []sarama.RecordHeader {
 	if f.OmittedHeaders > 0 {
 		add(HeaderHeadersOmitted, strconv.Itoa(f.OmittedHeaders))
 	}
+	if f.SchemaID != 0 {
+		add(HeaderSchemaID, strconv.Itoa(f.SchemaID))
+	}
+	addString(HeaderSchemaSubject, f.SchemaSubject)
 	return out
 }
 
@@ -343,6 +364,10 @@ func Decode[H AnyHeader](hs []H) (f retrytopic.Failure, ok bool, err error) {
 			f.IdempotencyKey = v
 		case HeaderHeadersOmitted:
 			f.OmittedHeaders = int(num(k, v, 32))
+		case HeaderSchemaID:
+			f.SchemaID = int(num(k, v, 64))
+		case HeaderSchemaSubject:
+			f.SchemaSubject = v
 		}
 	}
 	return f, ok, errors.Join(errs...)

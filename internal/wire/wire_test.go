@@ -27,6 +27,7 @@ func sampleFailure() retrytopic.Failure {
 		Stack:          []byte("goroutine 1 [running]:\nmain.main()"),
 		FirstFailureAt: ms(1_700_000_001_000), LastFailureAt: ms(1_700_000_009_000),
 		IdempotencyKey: "k-1", OmittedHeaders: 2,
+		SchemaID: 1 << 31, SchemaSubject: "payments-value",
 	}
 }
 
@@ -303,5 +304,33 @@ func TestOnlyWireHeadersAreStripped(t *testing.T) {
 	}
 	if _, ok, _ := Decode(orig[:1]); ok {
 		t.Fatal("Decode took a record with only idem-outbox-id for a forwarded one")
+	}
+}
+
+// schemaErr is an error naming a registry schema, as serde's *DecodeError
+// does.
+type schemaErr struct{}
+
+func (schemaErr) Error() string                       { return "payload does not decode" }
+func (schemaErr) SchemaRef() (id int, subject string) { return 42, "orders-value" }
+
+// A decode failure that names its schema carries it in idem-schema-id and
+// idem-schema-subject; other failures carry neither.
+func TestNewFailureSchemaRef(t *testing.T) {
+	src := Source{Topic: "orders", Group: "g"}
+	f := NewFailure(handler.Decode(fmt.Errorf("serde: %w", schemaErr{})), src, retrytopic.Failure{}, time.Now())
+	if f.SchemaID != 42 || f.SchemaSubject != "orders-value" || f.Kind != handler.KindDecode {
+		t.Fatalf("failure %+v: want schema 42 orders-value, kind decode", f)
+	}
+	hs := Encode([]sarama.RecordHeader(nil), f)
+	got, _, err := Decode(hs)
+	if err != nil || got.SchemaID != 42 || got.SchemaSubject != "orders-value" {
+		t.Fatalf("decoded %+v, %v", got, err)
+	}
+	plain := Encode([]sarama.RecordHeader(nil), NewFailure(errors.New("boom"), src, retrytopic.Failure{}, time.Now()))
+	for _, h := range plain {
+		if k := string(h.Key); k == HeaderSchemaID || k == HeaderSchemaSubject {
+			t.Fatalf("a failure without a schema carries %s", k)
+		}
 	}
 }
