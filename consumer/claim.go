@@ -399,13 +399,19 @@ func (c *claim) lanes(q *queue) {
 }
 
 // laneOf hashes m's lane key (Config.LaneBy; the Kafka key with
-// Ordering ByKey) onto n lanes.
+// Ordering ByKey) onto n lanes. A KeyFunc whose dependency is down is waited
+// for (untilUp), so that every message of a key takes the same lane.
 func (c *claim) laneOf(m *sarama.ConsumerMessage, n int) int {
 	h := fnv.New32a()
 	if c.r.cfg.LaneBy == LaneByKafkaKey || c.r.order != nil {
 		h.Write(m.Key)
 	} else {
-		k, _ := callKeyFunc(c.r.cfg.KeyFunc, toMessage(m))
+		msg := toMessage(m)
+		var k string
+		_ = c.untilUp(func() (err error) { // errStopping: the lane does not matter
+			k, err = callKeyFunc(c.r.cfg.KeyFunc, msg)
+			return err
+		})
 		h.Write([]byte(k))
 	}
 	return int(h.Sum32() % uint32(n))

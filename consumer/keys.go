@@ -266,10 +266,19 @@ func (r *runner) warnNoKeys(topic string, err error) {
 // database call: a key the inbox cannot store, or that would make a poor
 // identifier, follows the MissingKey policy with kind invalid-key; a KeyFunc
 // error marked handler.Decode (a value that is not JSON under JSONField)
-// follows it with kind decode, any other with kind missing-key.
+// follows it with kind decode, any other with kind missing-key. A KeyFunc
+// that meets a dependency that is down (breaker.IsOpen) waits for it
+// (untilUp) and is called again; errStopping: the partition is stopping.
 func (w *worker) key(msg *handler.Message, o origin) (string, error) {
 	r := w.r
-	k, err := callKeyFunc(r.cfg.KeyFunc, msg)
+	var k string
+	err := w.untilUp(func() (err error) {
+		k, err = callKeyFunc(r.cfg.KeyFunc, msg)
+		return err
+	})
+	if err == errStopping {
+		return "", err
+	}
 	if err != nil && !handler.IsDecode(err) { // a record that does not decode keeps kind decode
 		err = &handler.MissingKeyError{Reason: "KeyFunc: " + err.Error()}
 	} else if err == nil {

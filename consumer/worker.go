@@ -119,6 +119,9 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 	src := wire.Source{Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset, Timestamp: cm.Timestamp, Group: r.cfg.Group}
 
 	key, keyErr := w.key(msg, origin)
+	if keyErr == errStopping {
+		return keyErr
+	}
 	if keyErr != nil {
 		r.m.MissingKey.WithLabelValues(r.cfg.Group, cm.Topic).Inc()
 		if _, err := w.forward(w.failure(src, cm.Key, cm.Value, cm.Headers, origin, msg, keyErr), msg); err != nil {
