@@ -153,7 +153,7 @@ func (w batch) handleBatch(items []*batchItem) error {
 	start := time.Now()
 	var fresh []int
 	failedAt := -1 // the item whose handler failed (per-message handler)
-	outs, err := r.batchStore.ProcessBatch(w.hctx, recs, func(ctx context.Context, idx []int) (err error) {
+	outs, err := r.batchStore.ProcessBatch(w.ob.hctx, recs, func(ctx context.Context, idx []int) (err error) {
 		fresh = idx
 		ctx, span := w.ob.batchSpan(ctx, items, idx)
 		defer func() { batchSpanEnd(span, err) }()
@@ -162,9 +162,11 @@ func (w batch) handleBatch(items []*batchItem) error {
 			for j, i := range idx {
 				msgs[j] = items[i].msg
 			}
+			w.setStepKey("") // step.For names each message
 			return callBatch(ctx, r.bh, msgs)
 		}
 		for _, i := range idx {
+			w.setStepKey(items[i].msg.IdempotencyKey)
 			if err := r.h.Handle(ctx, items[i].msg); err != nil {
 				failedAt = i
 				return err

@@ -88,6 +88,7 @@ func (c *claim) newWorker() *worker {
 	w := &worker{claim: c, stall: &stall{}, names: headerNames{},
 		ob: observer{r: c.r, log: c.log, tp: c.tp, hctx: c.hctx}}
 	w.callFn = w.callHandler
+	w.stepScope()
 	c.stalls = append(c.stalls, w.stall)
 	return w
 }

@@ -35,6 +35,7 @@ func TestImports(t *testing.T) {
 	may := []string{
 		"breaker", "console/index", "dedupe", "dlq", "handler", "metrics", "recovery", "retrytopic", "schedule",
 		"internal/adaptive", "internal/configerr", "internal/coremetrics", "internal/expiry", "internal/forward", "internal/inboxconf", "internal/kafkaversion",
+		"internal/steptable",
 		"internal/keyorder", "internal/scheduletable",
 		"internal/txn", "internal/wire",
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/idemhq/idem/dedupe"
@@ -69,7 +70,8 @@ func inboxRetention(cfg Config) time.Duration {
 	return 0
 }
 
-// sweep runs the inbox sweeper, if Run has one, until ctx is done. Its
+// sweep runs the inbox sweeper, if Run has one, and the sweeper of
+// idem_steps with its retention (sweepSteps), until ctx is done. Its
 // configuration was checked by Config.Validate; an error it still reports is
 // logged.
 func sweep(ctx context.Context, cfg Config, log *slog.Logger) {
@@ -78,6 +80,9 @@ func sweep(ctx context.Context, cfg Config, log *slog.Logger) {
 		return
 	}
 	log.Debug("idem: inbox sweeper started", "table", s.Table, "retention", s.Retention)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { sweepSteps(ctx, s, log) }) // idem_steps, with the inbox's retention
 	if err := s.Run(ctx); err != nil {
 		log.Error("idem: inbox sweeper not started", "err", err)
 	}

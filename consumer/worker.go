@@ -11,6 +11,7 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/coremetrics"
+	"github.com/idemhq/idem/internal/steptable"
 	"github.com/idemhq/idem/internal/wire"
 )
 
@@ -33,6 +34,9 @@ type worker struct {
 	ob    observer    // this worker's spans, and the logs and metrics that go with them
 
 	batchCost time.Duration // recent handler time per batched message (batchLimit)
+
+	// steps is what package step finds in the handler's ctx (steps.go).
+	steps steptable.Scope
 
 	// call is the attempt in progress and callFn the function the store
 	// runs for it, bound once per worker so an attempt allocates no closure.
@@ -68,6 +72,7 @@ type callState struct {
 // callHandler runs the handler for w.call.msg; it is w.callFn.
 func (w *worker) callHandler(ctx context.Context) error {
 	w.call.ran = true
+	w.setStepKey(w.call.msg.IdempotencyKey)
 	w.call.err = w.r.h.Handle(ctx, w.call.msg)
 	return w.call.err
 }

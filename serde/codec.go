@@ -121,11 +121,9 @@ func (c *Codec[T]) Encode(ctx context.Context, v T) ([]byte, error) {
 // message (here and in the handler); a schema fetched here is cached for
 // the handler.
 //
-// With today's consumer.Run a registry outage met here (an
-// *UnavailableError, only for a schema id not yet cached) sends the record
-// to the dead-letter topic as missing-key: consumer.Run keeps only
-// handler.Decode errors of a KeyFunc apart. Replay such records once the
-// registry is back (`idem dlq replay --filter kind=missing-key`).
+// A registry outage met here (an *UnavailableError, only for a schema id
+// not yet cached) makes consumer.Run wait for the registry, spending no
+// attempt, and extract the key again once it is back.
 func (c *Codec[T]) Key(field func(v T) string) func(m *handler.Message) (string, error) {
 	return func(m *handler.Message) (string, error) {
 		v, err := c.Decode(context.Background(), m)

@@ -47,7 +47,7 @@ func TestStepCrashChild(t *testing.T) {
 	cfg.Sarama.Consumer.Group.Session.Timeout = 6 * time.Second
 	cfg.Sarama.Consumer.Group.Heartbeat.Interval = time.Second
 	cfg.CommitInterval = time.Hour // no offset is committed before the kill
-	h := payments(pool, group, func(ctx context.Context, at string, m *handler.Message) error {
+	h := payments(pool, func(ctx context.Context, at string, m *handler.Message) error {
 		if at != stage {
 			return nil
 		}
@@ -92,7 +92,7 @@ func TestStepCrashAfterStepBeforeCommit(t *testing.T) {
 	if n := count(t, pool, `SELECT count(*) FROM effects`); n != 0 {
 		t.Fatalf("%d effects before the restart: the killed handler's transaction committed", n)
 	}
-	idemtest.Start(t, e.config(t), payments(pool, e.group, nil))
+	idemtest.Start(t, e.config(t), payments(pool, nil))
 	waitCount(t, pool, 1, `SELECT count(*) FROM effects`)
 
 	if n := count(t, pool, `SELECT count(*) FROM bank_requests`); n != 1 {
@@ -117,7 +117,7 @@ func TestStepCrashAfterBankBeforeRecord(t *testing.T) {
 	if n := count(t, pool, `SELECT count(*) FROM idem_steps`); n != 0 {
 		t.Fatalf("%d step rows after a kill inside the step, want 0", n)
 	}
-	idemtest.Start(t, e.config(t), payments(pool, e.group, nil))
+	idemtest.Start(t, e.config(t), payments(pool, nil))
 	waitCount(t, pool, 1, `SELECT count(*) FROM effects`)
 
 	if n := count(t, pool, `SELECT count(*) FROM bank_requests`); n != 2 {

@@ -14,8 +14,8 @@
 //		Charge(ctx context.Context, idempotencyKey string, cents int64) (chargeID string, err error)
 //	}
 //
-//	func payments(pool *pgxpool.Pool, psp PSP) handler.Handler {
-//		return handler.Chain(handler.Func(func(ctx context.Context, m *handler.Message) error {
+//	func payments(psp PSP) handler.Handler {
+//		return handler.Func(func(ctx context.Context, m *handler.Message) error {
 //			chargeID, err := step.Do(ctx, "charge", func(ctx context.Context) (string, error) {
 //				// The key makes the provider drop a second call: the one case the
 //				// step's row cannot cover is a crash between the call and the row.
@@ -26,13 +26,14 @@
 //			}
 //			_, err = dedupe.Tx(ctx).Exec(ctx, `UPDATE orders SET charge_id = $1 WHERE id = $2`, chargeID, string(m.Key))
 //			return err
-//		}), step.Bind(pool, "payments"))
+//		})
 //	}
 //
-// Bind gives the handler's ctx what Do needs: the database holding the
-// idem_steps table (idem.Migrate creates it) and the consumer group; the
-// message's idempotency key comes from the message. In a batch handler,
-// pass step.WithMessage(ctx, m) to Do for each message.
+// consumer.Run gives the handler's ctx what Do needs: the database of its
+// PostgreSQL dedupe store, which holds the idem_steps table (idem.Migrate
+// creates it), the consumer group and the message's idempotency key. A
+// batch handler's ctx is the batch's: pass step.For(ctx, m) to Do for each
+// message.
 //
 // # What is guaranteed
 //
@@ -47,6 +48,7 @@
 //     the retry calls fn again, with the same Key(ctx, name): a provider
 //     that honours idempotency keys charges once.
 //
-// Rows are kept as long as the inbox keeps keys: run Sweep with the inbox's
-// retention.
+// Rows are kept as long as the inbox keeps keys: consumer.Run's inbox
+// sweeper deletes older ones with the inbox's retention
+// (consumer.Config.Retention).
 package step

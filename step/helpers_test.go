@@ -74,8 +74,8 @@ type hook func(ctx context.Context, stage string, m *handler.Message) error
 // payments is the handler of the tests and of their crash children: it
 // charges the order through a step with the step's derived key, then
 // records the charge in the handler's transaction.
-func payments(pool *pgxpool.Pool, group string, at hook) handler.Handler {
-	return handler.Chain(handler.Func(func(ctx context.Context, m *handler.Message) error {
+func payments(pool *pgxpool.Pool, at hook) handler.Handler {
+	return handler.Func(func(ctx context.Context, m *handler.Message) error {
 		chargeID, err := step.Do(ctx, "charge", func(ctx context.Context) (string, error) {
 			id, err := charge(ctx, pool, step.Key(ctx, "charge"))
 			if err == nil && at != nil {
@@ -93,7 +93,7 @@ func payments(pool *pgxpool.Pool, group string, at hook) handler.Handler {
 		}
 		_, err = dedupe.Tx(ctx).Exec(ctx, `INSERT INTO effects (order_id, charge_id) VALUES ($1, $2)`, string(m.Value), chargeID)
 		return err
-	}), step.Bind(pool, group))
+	})
 }
 
 // count returns the one number a query selects.

@@ -9,9 +9,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/inboxconf"
 	"github.com/idemhq/idem/internal/steptable"
 )
 
@@ -20,88 +18,39 @@ import (
 // effect happened and must not be forgotten.
 const recordTimeout = 15 * time.Second
 
-type scopeKey struct{}
-
-// scope is what Do needs from a handler's ctx: where steps are recorded,
-// and whose they are.
-type scope struct {
-	db    dedupe.DB
-	group string
-	key   string // the message's idempotency key; "" inside HandleBatch until WithMessage
-}
-
-// Bind returns a Middleware that lets the handler it wraps call Do and Key:
-// it puts db (where the idem_steps table is: the pool of the service's
-// dedupe.Postgres, as idem.Migrate made it) and group (the consumer group,
-// Config.Group: steps are per group, as the inbox is) into each call's ctx,
-// with the message's idempotency key. It keeps a batch handler a batch
-// handler (handler.BatchHandler): in HandleBatch, give each message's ctx to
-// Do with WithMessage.
+// For returns ctx naming m as the message whose steps Do records and Key
+// derives. A handler consumer.Run calls for one message gets a ctx that
+// names it already; a batch handler (handler.Batch, handler.TypedBatch)
+// gets the batch's ctx, and passes For(ctx, m) to Do for each message:
 //
-// Do writes its rows on connections of db outside the handler's
-// transaction, while that transaction holds a connection of its own: a pool
-// shared with the dedupe store needs room for both (more connections than
-// the consumer's lanes, Config.Concurrency), or use a second pool.
-func Bind(db dedupe.DB, group string) handler.Middleware {
-	return func(next handler.Handler) handler.Handler {
-		b := bound{next: next, db: db, group: group}
-		if bh, ok := next.(handler.BatchHandler); ok {
-			return boundBatch{bound: b, batch: bh}
-		}
-		return b
-	}
-}
-
-type bound struct {
-	next  handler.Handler
-	db    dedupe.DB
-	group string
-}
-
-// Handle calls next with the step scope of m in ctx.
-func (b bound) Handle(ctx context.Context, m *handler.Message) error {
-	return b.next.Handle(context.WithValue(ctx, scopeKey{}, &scope{db: b.db, group: b.group, key: m.IdempotencyKey}), m)
-}
-
-type boundBatch struct {
-	bound
-	batch handler.BatchHandler
-}
-
-// HandleBatch calls the batch handler with the step scope, without a
-// message, in ctx: WithMessage adds one.
-func (b boundBatch) HandleBatch(ctx context.Context, msgs []*handler.Message) error {
-	return b.batch.HandleBatch(context.WithValue(ctx, scopeKey{}, &scope{db: b.db, group: b.group}), msgs)
-}
-
-var (
-	_ handler.Handler      = bound{}
-	_ handler.BatchHandler = boundBatch{}
-)
-
-// WithMessage returns ctx with m as the message whose steps Do records: in a
-// batch handler (Bind), call it for each message before its steps. Outside
-// Bind's scope it returns ctx unchanged, and Do then fails.
-func WithMessage(ctx context.Context, m *handler.Message) context.Context {
-	sc, ok := ctx.Value(scopeKey{}).(*scope)
-	if !ok {
+//	for _, m := range msgs {
+//		if _, err := step.Do(step.For(ctx, m), "notify", notify(m)); err != nil {
+//			return err
+//		}
+//	}
+//
+// Outside a handler consumer.Run calls, For returns ctx unchanged and Do
+// then fails.
+func For(ctx context.Context, m *handler.Message) context.Context {
+	sc := steptable.ScopeOf(ctx)
+	if sc == nil || m == nil {
 		return ctx
 	}
-	return context.WithValue(ctx, scopeKey{}, &scope{db: sc.db, group: sc.group, key: m.IdempotencyKey})
+	return steptable.WithScope(ctx, &steptable.Scope{DB: sc.DB, Group: sc.Group, Key: m.IdempotencyKey})
 }
 
 // current returns the scope of ctx, or why there is none.
-func current(ctx context.Context, name string) (*scope, error) {
-	sc, ok := ctx.Value(scopeKey{}).(*scope)
+func current(ctx context.Context, name string) (*steptable.Scope, error) {
+	sc := steptable.ScopeOf(ctx)
 	switch {
 	case name == "":
 		return nil, errors.New("step: the step's name is empty")
-	case !ok || sc.db == nil:
-		return nil, fmt.Errorf("step %q: ctx has no step scope: wrap the handler with step.Bind(db, group)", name)
-	case sc.group == "":
-		return nil, fmt.Errorf("step %q: step.Bind was given an empty group: give it the consumer group (Config.Group)", name)
-	case sc.key == "":
-		return nil, fmt.Errorf("step %q: no message in ctx: in a batch handler, pass step.WithMessage(ctx, m) to Do", name)
+	case sc == nil:
+		return nil, fmt.Errorf("step %q: ctx is not a handler's ctx of consumer.Run (nor derived from one)", name)
+	case sc.DB == nil:
+		return nil, fmt.Errorf("step %q: the consumer's dedupe store has no database (dedupe.NewMemory): steps are recorded in the idem_steps table of a PostgreSQL store's database", name)
+	case sc.Key == "":
+		return nil, fmt.Errorf("step %q: ctx names no message: in a batch handler, pass step.For(ctx, m) to Do", name)
 	}
 	return sc, nil
 }
@@ -131,9 +80,9 @@ func current(ctx context.Context, name string) (*scope, error) {
 //     handler's retry calls fn again (with the same Key).
 //
 // The row is written even when ctx is cancelled after fn returned (within
-// 15 s). Do needs the scope Bind puts in ctx (and, in a batch handler,
-// WithMessage); without it, or with an empty name, it returns an error
-// without calling fn. Steps of one message run one after another: Do is
+// 15 s). Do needs a handler's ctx of consumer.Run with a PostgreSQL dedupe
+// store (in a batch handler, For(ctx, m)); without it, or with an empty
+// name, it returns an error without calling fn. Steps of one message run one after another: Do is
 // not meant to be called concurrently for one (message, name).
 func Do[T any](ctx context.Context, name string, fn func(ctx context.Context) (T, error)) (T, error) {
 	var zero T
@@ -141,8 +90,8 @@ func Do[T any](ctx context.Context, name string, fn func(ctx context.Context) (T
 	if err != nil {
 		return zero, err
 	}
-	id := steptable.ID{Group: sc.group, Key: sc.key, Step: name}
-	if row, ok, err := steptable.Get(ctx, sc.db, id); err != nil {
+	id := steptable.ID{Group: sc.Group, Key: sc.Key, Step: name}
+	if row, ok, err := steptable.Get(ctx, sc.DB, id); err != nil {
 		return zero, fmt.Errorf("step %q: read its record: %w", name, err)
 	} else if ok {
 		return recorded[T](name, row)
@@ -159,7 +108,7 @@ func Do[T any](ctx context.Context, name string, fn func(ctx context.Context) (T
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
-	got, err := steptable.Record(rctx, sc.db, id, row)
+	got, err := steptable.Record(rctx, sc.DB, id, row)
 	if err != nil {
 		return zero, fmt.Errorf("step %q: its effect happened but could not be recorded (a retry calls it again with the same step.Key): %w", name, err)
 	}
@@ -187,38 +136,17 @@ func recorded[T any](name string, row steptable.Row) (T, error) {
 // different for every other (group, message, step). It is "idem-" and 40
 // hex digits (160 bits of SHA-256 over the group, the message's idempotency
 // key and name), short enough for providers' limits (Stripe's is 255).
-// Outside Bind's scope (or with no message in a batch handler) it returns
-// "".
+// Outside a handler's ctx (or with no message named in a batch handler: For)
+// it returns "".
 func Key(ctx context.Context, name string) string {
-	sc, err := current(ctx, name)
-	if err != nil {
+	sc := steptable.ScopeOf(ctx)
+	if sc == nil || sc.Key == "" || name == "" {
 		return ""
 	}
 	h := sha256.New()
-	for _, part := range []string{sc.group, sc.key, name} {
+	for _, part := range []string{sc.Group, sc.Key, name} {
 		h.Write([]byte(part))
 		h.Write([]byte{0})
 	}
 	return "idem-" + hex.EncodeToString(h.Sum(nil)[:20])
-}
-
-// sweepBatch is how many rows one DELETE of Sweep removes.
-const sweepBatch = 1000
-
-// Sweep deletes the steps recorded more than olderThan ago and returns how
-// many it deleted. Give it the inbox's retention (consumer.Config.Retention.Keep,
-// 14 days by default): a step must be kept as long as its message's key,
-// since a copy of the message that arrives after its key is gone runs its
-// handler, and its steps, again anyway. Run it from a goroutine you own,
-// every few minutes, or a cron job; several at once are safe (rows one
-// locks are skipped by the others). olderThan below 1h is an error.
-func Sweep(ctx context.Context, db dedupe.DB, olderThan time.Duration) (int64, error) {
-	if olderThan < inboxconf.MinRetention {
-		return 0, fmt.Errorf("step: Sweep olderThan = %s: must be at least %s, and the inbox's retention", olderThan, inboxconf.MinRetention)
-	}
-	var horizon time.Time
-	if err := db.QueryRow(ctx, "SELECT now() - $1::bigint * interval '1 microsecond'", olderThan.Microseconds()).Scan(&horizon); err != nil {
-		return 0, fmt.Errorf("step: sweep: read horizon: %w", err)
-	}
-	return steptable.Sweep(ctx, db, horizon, sweepBatch)
 }

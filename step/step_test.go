@@ -7,7 +7,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -23,11 +22,10 @@ type receipt struct {
 	Cents    int64  `json:"cents"`
 }
 
-// run calls fn as a handler bound to pool and group, for a message with
-// idempotency key key, and returns the handler's error.
+// run calls fn with a handler's ctx of a consumer of group on pool, for a
+// message with idempotency key key, and returns its error.
 func run(pool *pgxpool.Pool, group, key string, fn func(ctx context.Context) error) error {
-	h := step.Bind(pool, group)(handler.Func(func(ctx context.Context, m *handler.Message) error { return fn(ctx) }))
-	return h.Handle(context.Background(), &handler.Message{IdempotencyKey: key})
+	return fn(step.WithScope(context.Background(), pool, group, key))
 }
 
 // A result is recorded once and returned to every later call without fn.
@@ -122,66 +120,38 @@ func TestKey(t *testing.T) {
 		t.Fatalf("keys %v (first %q): want 4 distinct idem-<40 hex> keys for 5 calls, two of them the same step", keys, first)
 	}
 	if k := step.Key(context.Background(), "charge"); k != "" {
-		t.Fatalf("Key outside Bind = %q, want \"\"", k)
+		t.Fatalf("Key outside a handler's ctx = %q, want \"\"", k)
 	}
 }
 
-// Without Bind, with an empty group or name, or in a batch handler without
-// WithMessage, Do fails and does not call fn.
+// Outside a handler's ctx, with a store without a database, with an empty
+// name, or in a batch handler without For, Do fails and does not call fn.
 func TestDoNeedsScope(t *testing.T) {
 	pool := &pgxpool.Pool{}
 	fn := func(ctx context.Context) (int, error) { t.Fatal("fn called"); return 0, nil }
-	if _, err := step.Do(context.Background(), "charge", fn); err == nil || !strings.Contains(err.Error(), "step.Bind") {
-		t.Fatalf("without Bind: %v", err)
+	if _, err := step.Do(context.Background(), "charge", fn); err == nil || !strings.Contains(err.Error(), "not a handler's ctx") {
+		t.Fatalf("outside a handler: %v", err)
 	}
-	if err := run(pool, "", "k", func(ctx context.Context) error { _, err := step.Do(ctx, "charge", fn); return err }); err == nil || !strings.Contains(err.Error(), "empty group") {
-		t.Fatalf("empty group: %v", err)
+	if _, err := step.Do(step.WithScope(context.Background(), nil, "g", "k"), "charge", fn); err == nil || !strings.Contains(err.Error(), "no database") {
+		t.Fatalf("memory store: %v", err)
 	}
 	if err := run(pool, "g", "k", func(ctx context.Context) error { _, err := step.Do(ctx, "", fn); return err }); err == nil {
 		t.Fatal("empty name: no error")
 	}
-	var batchErr error
-	h := step.Bind(pool, "g")(handler.Batch(func(ctx context.Context, msgs []*handler.Message) error {
-		_, batchErr = step.Do(ctx, "charge", fn)
-		return nil
-	}))
-	bh, ok := h.(handler.BatchHandler)
-	if !ok {
-		t.Fatal("Bind made a batch handler a plain one")
+	batch := step.WithScope(context.Background(), pool, "g", "")
+	if _, err := step.Do(batch, "charge", fn); err == nil || !strings.Contains(err.Error(), "step.For") {
+		t.Fatalf("batch without For: %v", err)
 	}
-	_ = bh.HandleBatch(context.Background(), []*handler.Message{{IdempotencyKey: "k"}})
-	if batchErr == nil || !strings.Contains(batchErr.Error(), "WithMessage") {
-		t.Fatalf("batch without WithMessage: %v", batchErr)
+	m := &handler.Message{IdempotencyKey: "k"}
+	if step.Key(step.For(batch, m), "charge") != step.Key(step.WithScope(context.Background(), pool, "g", "k"), "charge") {
+		t.Fatal("For(ctx, m) does not name m as a handler's ctx for m does")
+	}
+	if ctx := context.Background(); step.For(ctx, m) != ctx {
+		t.Fatal("For outside a handler's ctx changed it")
 	}
 }
 
-func TestSweep(t *testing.T) {
-	testenv.SkipIfShort(t)
-	pool := idemtest.ConnectPostgres(t).Pool
-	for _, key := range []string{"old", "new"} {
-		if err := run(pool, "g", key, func(ctx context.Context) error {
-			_, err := step.Do(ctx, "charge", func(ctx context.Context) (int, error) { return 1, nil })
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := pool.Exec(context.Background(), `UPDATE idem_steps SET recorded_at = now() - interval '3 hours' WHERE idempotency_key = 'old'`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := step.Sweep(context.Background(), pool, time.Minute); err == nil {
-		t.Fatal("Sweep with less than an hour: no error")
-	}
-	n, err := step.Sweep(context.Background(), pool, 2*time.Hour)
-	if err != nil || n != 1 {
-		t.Fatalf("Sweep = %d, %v; want 1", n, err)
-	}
-	if left := count(t, pool, `SELECT count(*) FROM idem_steps`); left != 1 {
-		t.Fatalf("%d rows left, want the new one", left)
-	}
-}
-
-// Steps in a batch handler: each message's step is its own (WithMessage),
+// Steps in a batch handler: each message's step is its own (For),
 // and when the batch fails after its steps and its messages run again, one
 // by one, no step calls the bank again.
 func TestStepInBatchHandler(t *testing.T) {
@@ -191,10 +161,10 @@ func TestStepInBatchHandler(t *testing.T) {
 	e.produce(t, orders...)
 	pool := e.pg.Pool
 	var batches atomic.Int32
-	h := step.Bind(pool, e.group)(handler.Batch(func(ctx context.Context, msgs []*handler.Message) error {
+	h := handler.Batch(func(ctx context.Context, msgs []*handler.Message) error {
 		first := batches.Add(1) == 1
 		for _, m := range msgs {
-			mctx := step.WithMessage(ctx, m)
+			mctx := step.For(ctx, m)
 			chargeID, err := step.Do(mctx, "charge", func(ctx context.Context) (string, error) {
 				return charge(ctx, pool, step.Key(ctx, "charge"))
 			})
@@ -209,7 +179,7 @@ func TestStepInBatchHandler(t *testing.T) {
 			return errors.New("the first batch fails after its steps")
 		}
 		return nil
-	}))
+	})
 	idemtest.Start(t, e.config(t), h)
 	waitCount(t, pool, len(orders), `SELECT count(*) FROM effects`)
 	if n := count(t, pool, `SELECT count(*) FROM bank_requests`); n != len(orders) {
@@ -231,7 +201,7 @@ func TestStepUnderTransactions(t *testing.T) {
 	cfg := e.config(t)
 	cfg.Transactions.Enabled = true
 	failed := map[string]bool{}
-	h := payments(pool, e.group, func(ctx context.Context, at string, m *handler.Message) error {
+	h := payments(pool, func(ctx context.Context, at string, m *handler.Message) error {
 		if at == "after-step" && !failed[string(m.Value)] {
 			failed[string(m.Value)] = true // one goroutine: one partition
 			return fmt.Errorf("fails once after its step (attempt %d)", m.Attempt)

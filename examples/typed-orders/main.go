@@ -32,9 +32,7 @@ import (
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/examples/typed-orders/shippingpb"
-	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/serde"
-	"github.com/idemhq/idem/step"
 )
 
 func main() {
@@ -172,8 +170,7 @@ func demo(ctx context.Context, brokers []string, dbURL, registryURL string, o op
 	psp := newPSP()
 	var retried atomic.Int64
 	flaky := func(o OrderPlaced) bool { return strings.HasSuffix(o.OrderID, "3") } // one order in ten
-	h := handler.Chain(dispatch(routes(c, pool, psp, ordersTopic, shipmentsTopic, flaky, &retried)),
-		step.Bind(pool, s.Run)) // step.Do's table and the group its steps belong to
+	h := dispatch(routes(c, pool, psp, ordersTopic, shipmentsTopic, flaky, &retried))
 	cfg := consumer.Config{
 		Brokers: brokers, Group: s.Run, Topics: []string{ordersTopic, shipmentsTopic},
 		// Shipments carry an idempotency-key header; an order's key is its

@@ -104,3 +104,39 @@ func Sweep(ctx context.Context, db dedupe.DB, horizon time.Time, batch int) (int
 		}
 	}
 }
+
+// SweepOlder deletes the rows recorded more than olderThan ago (by the
+// database's clock), batch rows per statement, and returns how many it
+// deleted.
+func SweepOlder(ctx context.Context, db dedupe.DB, olderThan time.Duration, batch int) (int64, error) {
+	var horizon time.Time
+	if err := db.QueryRow(ctx, "SELECT now() - $1::bigint * interval '1 microsecond'", olderThan.Microseconds()).Scan(&horizon); err != nil {
+		return 0, fmt.Errorf("step: sweep idem_steps: read horizon: %w", err)
+	}
+	return Sweep(ctx, db, horizon, batch)
+}
+
+// Scope is what package step needs from a handler's ctx: where steps are
+// recorded (the dedupe store's database), whose they are (the consumer
+// group) and the message being handled (its idempotency key; "" in a batch
+// handler, whose step names its message with step.For). consumer.Run puts
+// one per worker into the handler's ctx (WithScope) and sets Key before
+// each handler call, so a call allocates nothing.
+type Scope struct {
+	DB    dedupe.DB // nil: the dedupe store has no database (dedupe.NewMemory)
+	Group string
+	Key   string
+}
+
+type scopeKey struct{}
+
+// WithScope returns ctx carrying sc.
+func WithScope(ctx context.Context, sc *Scope) context.Context {
+	return context.WithValue(ctx, scopeKey{}, sc)
+}
+
+// ScopeOf returns the scope ctx carries, or nil.
+func ScopeOf(ctx context.Context) *Scope {
+	sc, _ := ctx.Value(scopeKey{}).(*Scope)
+	return sc
+}

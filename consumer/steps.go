@@ -1,0 +1,82 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/internal/steptable"
+)
+
+// Durable steps (package step) need three things from a handler's ctx: the
+// database of idem_steps (the dedupe store's), the consumer group and the
+// message's idempotency key. Each worker puts one steptable.Scope into its
+// handlers' root ctx when it is made (newWorker) and sets the key before
+// each handler call (setStepKey), so a call allocates nothing for it. A
+// batch handler's steps name their message with step.For.
+
+// storeDB returns the database of s (dedupe.Postgres, dedupe.PostgresLease),
+// or nil for a store without one (dedupe.NewMemory, a custom store).
+func storeDB(s dedupe.Store) dedupe.DB {
+	if d, ok := s.(interface{ DB() dedupe.DB }); ok {
+		return d.DB()
+	}
+	if sw, ok := s.(sweepable); ok {
+		if s := sw.Sweeper(); s != nil {
+			return s.DB
+		}
+	}
+	return nil
+}
+
+// stepScope gives w's handler ctx (w.ob.hctx, the root of every attempt's
+// ctx) its step scope.
+func (w *worker) stepScope() {
+	w.steps = steptable.Scope{DB: storeDB(w.r.cfg.Dedupe), Group: w.r.cfg.Group}
+	w.ob.hctx = steptable.WithScope(w.hctx, &w.steps)
+}
+
+// setStepKey names key as the message whose steps the next handler call
+// records ("" for a batch handler's call: step.For names each message).
+func (w *worker) setStepKey(key string) { w.steps.Key = key }
+
+// stepSweepBatch is how many idem_steps rows one DELETE removes.
+const stepSweepBatch = 1000
+
+// sweepSteps deletes the rows of idem_steps older than the inbox's
+// retention, with the inbox sweeper s's database, retention and interval,
+// until ctx is done: a step is useful as long as its message's key is in
+// the inbox. A database without the table (idem.Migrate not run; steps not
+// used) is skipped quietly and looked at again at the next interval.
+func sweepSteps(ctx context.Context, s *dedupe.Sweeper, log *slog.Logger) {
+	every := s.Interval
+	if every <= 0 {
+		every = time.Minute
+	}
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, err := steptable.SweepOlder(ctx, s.DB, s.Retention, stepSweepBatch)
+		var pe *pgconn.PgError
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return
+		case errors.As(err, &pe) && pe.Code == "42P01": // undefined_table
+			log.Debug("idem: no idem_steps table to sweep", "err", err)
+		case err != nil:
+			log.Error("idem: step sweep failed; retrying at the next interval", "err", err)
+		case n > 0:
+			log.Info("idem: swept old step rows", "deleted", n, "retention", s.Retention)
+		}
+		t.Reset(every)
+	}
+}
