@@ -8,13 +8,16 @@ import (
 
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/internal/steptable"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/retrytopic"
 )
 
 // TestRunSweepsTheInbox: with a PostgreSQL store Run deletes inbox rows
-// older than Config.Retention.Keep on its own, and keeps the recent ones;
-// with Retention.NoSweep it leaves them.
+// older than Config.Retention.Keep on its own, and the rows of idem_steps
+// with the same retention (a step is useful as long as its message's key
+// is in the inbox), and keeps the recent ones; with Retention.NoSweep it
+// leaves them.
 func TestRunSweepsTheInbox(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
@@ -30,6 +33,13 @@ func TestRunSweepsTheInbox(t *testing.T) {
 				('other-group', 'old', now() - interval '15 days'), ('other-group', 'recent', now() - interval '13 days')`); err != nil {
 				t.Fatal(err)
 			}
+			if err := steptable.Migrate(ctx, e.pool); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.pool.Exec(ctx, `INSERT INTO idem_steps (consumer_group, idempotency_key, step, status, result, recorded_at) VALUES
+				('g', 'old', 'charge', 'done', '1', now() - interval '15 days'), ('g', 'recent', 'charge', 'done', '1', now() - interval '13 days')`); err != nil {
+				t.Fatal(err)
+			}
 			cfg := e.config()
 			cfg.Retention = c.retention
 			e.produce([]string{"k1"}, 1)
@@ -40,13 +50,19 @@ func TestRunSweepsTheInbox(t *testing.T) {
 					if n := e.count(`SELECT count(*) FROM idem_processed WHERE idempotency_key = 'old'`); n != 0 {
 						return errors.New("the 15-day-old row is still there")
 					}
+					if n := e.count(`SELECT count(*) FROM idem_steps WHERE idempotency_key = 'old'`); n != 0 {
+						return errors.New("the 15-day-old step is still there")
+					}
 					return nil
 				})
-			} else if n := e.count(`SELECT count(*) FROM idem_processed WHERE idempotency_key = 'old'`); n != 1 {
-				t.Fatalf("Retention.NoSweep swept the old row")
+			} else if n := e.count(`SELECT count(*) FROM idem_processed WHERE idempotency_key = 'old'`) + e.count(`SELECT count(*) FROM idem_steps WHERE idempotency_key = 'old'`); n != 2 {
+				t.Fatalf("Retention.NoSweep swept the old rows")
 			}
 			if n := e.count(`SELECT count(*) FROM idem_processed WHERE idempotency_key IN ('recent', 'k1')`); n != 2 {
 				t.Fatalf("%d of the recent rows left, want 2", n)
+			}
+			if n := e.count(`SELECT count(*) FROM idem_steps WHERE idempotency_key = 'recent'`); n != 1 {
+				t.Fatalf("the recent step was swept")
 			}
 		})
 	}
