@@ -8,25 +8,18 @@ import (
 )
 
 // delays draws the randomized waits of one Run: between in-process retries
-// of a failing message, and between tries while a dependency is out.
+// of a failing message (backoff, with its route's Retry.Backoff or its
+// rule's), and between tries while a dependency is out.
 type delays struct {
-	retryBase, retryMax, outageMax time.Duration
+	outageMax time.Duration
 
 	mu   sync.Mutex
 	rand *rand.Rand
 }
 
 func newDelays(cfg Config) *delays {
-	return &delays{retryBase: cfg.Retry.Backoff.Base, retryMax: cfg.Retry.Backoff.Max, outageMax: cfg.OutageBackoff,
+	return &delays{outageMax: cfg.OutageBackoff,
 		rand: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))}
-}
-
-// retry is the wait before in-process retry n of a message (full jitter
-// within Config.Retry.Backoff).
-func (d *delays) retry(n int) time.Duration {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return fullJitter(d.retryBase, d.retryMax, n, d.rand)
 }
 
 // outage is the wait before try n during an outage: full jitter from 100 ms

@@ -19,34 +19,48 @@ import (
 // work takes messages from src to their outcomes, one at a time or in
 // batches, until src or the partition stops.
 func (w *worker) work(src source) {
-	bc := w.r.cfg.Batch
 	var items []*batchItem
 	b := batch{w}
+	var next *sarama.ConsumerMessage // the first of the next batch: its route differs
 	for {
-		m, ok := src.pop(w.stopCtx)
-		if !ok {
-			return
+		m := next
+		if next = nil; m == nil {
+			var ok bool
+			if m, ok = src.pop(w.stopCtx); !ok {
+				return
+			}
 		}
-		if bc.MaxMessages <= 1 {
+		if !w.r.routes.batches {
 			if w.handle(m) != nil {
 				return
 			}
 			continue
 		}
-		// Gather consecutive batchable messages, within the batch's size
-		// and latency budget (BatchConfig.MaxLatency); a message that is not
-		// batchable ends the batch and is handled alone after it.
+		// Gather consecutive batchable messages of one route, within the
+		// batch's size and latency budget (its route's
+		// BatchConfig.MaxLatency); a message that is not batchable ends the
+		// batch and is handled alone after it, one of another route ends it
+		// and starts the next.
 		items = items[:0]
-		limit, opened := b.batchLimit(), time.Now()
 		var alone *sarama.ConsumerMessage
+		var bc BatchConfig
+		var limit int
+		var opened time.Time
 		for {
-			if it, ok := b.prepare(m); ok {
-				items = append(items, it)
-			} else {
+			it, ok := b.prepare(m)
+			switch {
+			case !ok:
 				alone = m
-				break
+			case len(items) == 0:
+				bc = it.rt.batch
+				limit, opened = b.batchLimit(bc), time.Now()
+				items = append(items, it)
+			case it.rt != items[0].rt:
+				next = m
+			default:
+				items = append(items, it)
 			}
-			if len(items) >= limit {
+			if alone != nil || next != nil || len(items) >= limit {
 				break
 			}
 			wait := bc.MaxWait
@@ -59,8 +73,11 @@ func (w *worker) work(src source) {
 				break
 			}
 		}
-		if len(items) > 0 && b.handleBatch(items) != nil {
-			return
+		if len(items) > 0 {
+			w.useRoute(items[0].rt)
+			if b.handleBatch(items) != nil {
+				return
+			}
 		}
 		if alone != nil && w.handle(alone) != nil {
 			return
@@ -68,11 +85,11 @@ func (w *worker) work(src source) {
 	}
 }
 
-// batchLimit is how many messages the next batch may take: MaxMessages, or
-// fewer when the handler time per message of the worker's recent batches
-// says more would not get through within BatchConfig.MaxLatency.
-func (w batch) batchLimit() int {
-	bc := w.r.cfg.Batch
+// batchLimit is how many messages the next batch of a route batching with
+// bc may take: MaxMessages, or fewer when the handler time per message of
+// the worker's recent batches says more would not get through within
+// MaxLatency.
+func (w batch) batchLimit(bc BatchConfig) int {
 	if bc.MaxLatency <= 0 || w.batchCost <= 0 {
 		return bc.MaxMessages
 	}
@@ -103,11 +120,14 @@ type batchItem struct {
 	cm  *sarama.ConsumerMessage
 	msg *handler.Message
 	rec dedupe.Record
+	rt  *route // its route: a batch is of one route
 }
 
 // prepare returns cm ready for a batch, or false when it must be handled
 // alone: a retry-tier record (it may have to wait for its due time), a record
-// without a valid key, an expired one (Config.Expiry), ordering mode, or a store without batches.
+// Config.Filter skips or no route takes, one of a route that does not batch,
+// a record without a valid key, an expired one (its route's Expiry),
+// ordering mode, or a store without batches.
 func (w batch) prepare(cm *sarama.ConsumerMessage) (*batchItem, bool) {
 	r := w.r
 	if r.order != nil || r.batchStore == nil || w.tier {
@@ -115,6 +135,14 @@ func (w batch) prepare(cm *sarama.ConsumerMessage) (*batchItem, bool) {
 	}
 	msg := w.message(cm)
 	msg.Attempt = 1
+	if w.filtered(msg) != "" {
+		return nil, false
+	}
+	rt, _, err := r.routes.lookup(msg)
+	if err != nil && rt == nil || rt == nil || rt.batch.MaxMessages <= 1 {
+		return nil, false
+	}
+	w.useRoute(rt) // for its KeyFunc and Expiry
 	o := origin{topic: cm.Topic, partition: cm.Partition, offset: cm.Offset}
 	key, err := w.key(msg, o)
 	if err != nil {
@@ -124,7 +152,7 @@ func (w batch) prepare(cm *sarama.ConsumerMessage) (*batchItem, bool) {
 	if w.expiryOf(msg).Status != expiry.Live { // handleAfter dead-letters or drops it
 		return nil, false
 	}
-	return &batchItem{cm: cm, msg: msg, rec: dedupe.Record{Group: r.cfg.Group, Key: key, Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset}}, true
+	return &batchItem{cm: cm, msg: msg, rt: rt, rec: dedupe.Record{Group: r.cfg.Group, Key: key, Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset}}, true
 }
 
 // handleBatch runs items in one transaction and marks them; on a failure it
@@ -157,24 +185,24 @@ func (w batch) handleBatch(items []*batchItem) error {
 		fresh = idx
 		ctx, span := w.ob.batchSpan(ctx, items, idx)
 		defer func() { batchSpanEnd(span, err) }()
-		if r.bh != nil {
+		if w.rt.bh != nil {
 			msgs := make([]*handler.Message, len(idx))
 			for j, i := range idx {
 				msgs[j] = items[i].msg
 			}
 			w.setStepKey("") // step.For names each message
-			return callBatch(ctx, r.bh, msgs)
+			return callBatch(ctx, w.rt.bh, msgs)
 		}
 		for _, i := range idx {
 			w.setStepKey(items[i].msg.IdempotencyKey)
-			if err := r.h.Handle(ctx, items[i].msg); err != nil {
+			if err := w.rt.h.Handle(ctx, items[i].msg); err != nil {
 				failedAt = i
 				return err
 			}
 		}
 		return nil
 	})
-	r.lanes.release(slot, time.Since(start)/time.Duration(len(items)), err, r.classify)
+	r.lanes.release(slot, time.Since(start)/time.Duration(len(items)), err, func(err error) (class, error) { return r.classifyWith(err, w.rt.retry.Panics) })
 	if err == nil {
 		took := time.Since(start)
 		w.costed(took, len(items))
@@ -198,7 +226,7 @@ func (w batch) handleBatch(items []*batchItem) error {
 	if w.debug {
 		w.log.Debug("idem: batch failed; running its messages one by one", "messages", len(items), "new", len(fresh), "err", err)
 	}
-	if r.bh != nil { // a batch handler's panic; a per-message one is logged when it runs alone
+	if w.rt.bh != nil { // a batch handler's panic; a per-message one is logged when it runs alone
 		w.ob.logPanic(err, items[0].msg)
 	}
 	firsts := make([]error, len(items))
@@ -257,15 +285,16 @@ func callBatch(ctx context.Context, h handler.BatchHandler, msgs []*handler.Mess
 	return h.HandleBatch(ctx, msgs)
 }
 
-// partMetrics are the collectors of one partition's hot path, with their
-// labels resolved once.
+// partMetrics are the collectors of one partition's hot path for one route,
+// with their labels resolved once.
 type partMetrics struct {
 	processed, duplicate, attemptOK, commits interface{ Inc() }
 	duration                                 interface{ Observe(float64) }
+	route                                    string
 }
 
 // attempt counts a failed handler attempt by its result.
-func (partMetrics) attempt(m *coremetrics.Metrics, group, topic string, herr error) {
+func (p partMetrics) attempt(m *coremetrics.Metrics, group, topic string, herr error) {
 	result := coremetrics.ResultError
 	switch {
 	case isPanic(herr):
@@ -275,15 +304,16 @@ func (partMetrics) attempt(m *coremetrics.Metrics, group, topic string, herr err
 	case breaker.IsOpen(herr):
 		result = coremetrics.ResultBreakerOpen
 	}
-	m.Attempts.WithLabelValues(group, topic, result).Inc()
+	m.Attempts.WithLabelValues(group, topic, p.route, result).Inc()
 }
 
-func newPartMetrics(m *coremetrics.Metrics, group, topic string) partMetrics {
+func newPartMetrics(m *coremetrics.Metrics, group, topic, route string) partMetrics {
 	return partMetrics{
-		processed: m.Messages.WithLabelValues(group, topic, coremetrics.OutcomeProcessed),
-		duplicate: m.Messages.WithLabelValues(group, topic, coremetrics.OutcomeDuplicate),
-		attemptOK: m.Attempts.WithLabelValues(group, topic, coremetrics.ResultOK),
+		processed: m.Messages.WithLabelValues(group, topic, route, coremetrics.OutcomeProcessed),
+		duplicate: m.Messages.WithLabelValues(group, topic, route, coremetrics.OutcomeDuplicate),
+		attemptOK: m.Attempts.WithLabelValues(group, topic, route, coremetrics.ResultOK),
 		commits:   m.Commits.WithLabelValues(group),
-		duration:  m.HandlerDuration.WithLabelValues(group, topic),
+		duration:  m.HandlerDuration.WithLabelValues(group, topic, route),
+		route:     route,
 	}
 }

@@ -27,11 +27,11 @@ func TestBatchLimitFollowsHandlerTime(t *testing.T) {
 		{"no budget", -1, time.Second, 500},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			p := batch{&worker{claim: &claim{r: &runner{cfg: Config{Batch: BatchConfig{MaxMessages: 500, MaxLatency: tt.latency}}}}}}
+			p := batch{&worker{claim: &claim{r: &runner{}}}}
 			for range 20 {
 				p.costed(tt.cost*10, 10)
 			}
-			if got := p.batchLimit(); got != tt.want {
+			if got := p.batchLimit(BatchConfig{MaxMessages: 500, MaxLatency: tt.latency}); got != tt.want {
 				t.Fatalf("batchLimit = %d, want %d", got, tt.want)
 			}
 		})

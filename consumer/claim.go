@@ -26,7 +26,7 @@ type claim struct {
 	log   *slog.Logger
 	debug bool // log at DEBUG: checked before building debug attributes
 	tier  bool // the topic is a retry tier, not a source topic
-	mx    partMetrics
+	mxs   []partMetrics
 	obs   *partObs // end-to-end latency and in-flight messages of the claim
 
 	// stopCtx is cancelled when the claim ends (revoked, session over, Run
@@ -66,12 +66,12 @@ func newClaim(r *runner, s sarama.ConsumerGroupSession, kc sarama.ConsumerGroupC
 		log:   r.log.With("topic", kc.Topic(), "partition", kc.Partition()),
 		debug: r.log.Enabled(context.Background(), slog.LevelDebug),
 		tier:  !slices.Contains(r.cfg.Topics, kc.Topic()),
-		mx:    newPartMetrics(r.m, r.cfg.Group, kc.Topic()),
+		mxs:   newRouteMetrics(r, kc.Topic()),
 		obs:   newPartObs(r, kc.Topic()),
 	}
 	c.stopCtx, c.stop = context.WithCancel(r.baseCtx)
 	c.hctx, c.hcancel = context.WithCancel(r.baseCtx)
-	if r.cfg.Concurrency > 1 || r.cfg.Batch.MaxMessages > 1 {
+	if r.cfg.Concurrency > 1 || r.routes.batches {
 		c.track = newTracker(c)
 	}
 	c.main = c.newWorker()
@@ -89,6 +89,7 @@ func (c *claim) newWorker() *worker {
 		ob: observer{r: c.r, log: c.log, tp: c.tp, hctx: c.hctx}}
 	w.callFn = w.callHandler
 	w.stepScope()
+	w.useRoute(c.r.routes.all[0])
 	c.stalls = append(c.stalls, w.stall)
 	return w
 }
@@ -407,12 +408,13 @@ func (c *claim) laneOf(m *sarama.ConsumerMessage, n int) int {
 	if c.r.cfg.LaneBy == LaneByKafkaKey || c.r.order != nil {
 		h.Write(m.Key)
 	} else {
-		msg := toMessage(m)
 		var k string
-		_ = c.untilUp(func() (err error) { // errStopping: the lane does not matter
-			k, err = callKeyFunc(c.r.cfg.KeyFunc, msg)
-			return err
-		})
+		if rt, msg := c.routeOf(m); rt != nil { // its route's KeyFunc
+			_ = c.untilUp(func() (err error) { // errStopping: the lane does not matter
+				k, err = callKeyFunc(rt.keyFunc, msg)
+				return err
+			})
+		}
 		h.Write([]byte(k))
 	}
 	return int(h.Sum32() % uint32(n))

@@ -108,7 +108,11 @@ func sqlClass(code string) class {
 //  7. Other handler errors by their handler kind: permanent, decode, missing
 //     or invalid key, and panics (unless Config.Retry.Panics) are permanent;
 //     everything else, timeouts included, is retriable.
-func (r *runner) classify(err error) (class, error) {
+func (r *runner) classify(err error) (class, error) { return r.classifyWith(err, r.cfg.Retry.Panics) }
+
+// classifyWith is classify with panics, the Retry.Panics of the message's
+// route.
+func (r *runner) classifyWith(err error, panics bool) (class, error) {
 	if err == nil {
 		return classDone, nil
 	}
@@ -149,7 +153,7 @@ func (r *runner) classify(err error) (class, error) {
 	if isStore { // the handler's connection died, no SQLSTATE
 		return classOutage, err
 	}
-	if isPanic(err) && r.cfg.Retry.Panics {
+	if isPanic(err) && panics {
 		return classRetriable, err
 	}
 	if handler.IsRetriable(err) {

@@ -17,6 +17,7 @@ import (
 	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/expiry"
 	"github.com/idemhq/idem/recovery"
@@ -346,6 +347,57 @@ type Config struct {
 	// database or broker briefly down at start delays indexing only.
 	// Default: nil (no indexer: run idem console or index.Indexer apart).
 	FailureIndex *index.Indexer
+
+	// Routes run several handlers in one Run: each message goes to the
+	// first route that takes its topic and type (Route.Topics, Route.Types),
+	// handled with that route's KeyFunc, Retry, Expiry and Batch; the
+	// handler given to Run, if any, takes the rest with this Config's. See
+	// Route and docs/routes.md.
+	// Default: nil (one handler: the one given to Run).
+	Routes []Route
+
+	// TypeHeader is the header that names a message's type, for the
+	// routes that take some types only (Route.Types): "ce_type" is
+	// CloudEvents' (its Kafka binding). It is read, without a copy, only
+	// for a topic some of whose routes list types. A message without it
+	// has no type: it goes to the route of its topic that takes every
+	// type, else to the handler given to Run, else to Unmatched. Set
+	// TypeHeader or TypeOf, not both.
+	// Default: "" (see TypeOf).
+	TypeHeader string
+
+	// TypeOf names a message's type when a header does not (TypeHeader):
+	// a serde.Registry's RecordName or Subject method names the schema of
+	// a value in a schema registry's wire format. It runs only for a topic
+	// some of whose routes list types, once per message (again in the
+	// lanes' dispatcher with Concurrency > 1). An error marked
+	// handler.Decode (a value not in the wire format, an unknown schema
+	// id) dead-letters the message at once, kind decode, with Retry's
+	// policy; one for which breaker.IsOpen holds (the registry is down) is
+	// waited out like any outage, spending no attempt; any other error,
+	// like a type no route lists, leaves the message to the route of its
+	// topic that takes every type, else to the handler given to Run, else
+	// to Unmatched.
+	// Default: nil (routes take messages by topic, or by TypeHeader).
+	TypeOf KeyFunc
+
+	// Unmatched says what happens to a message no route takes when Run is
+	// given no handler (nil: Routes only): dead-lettered with Retry's
+	// dead-letter topic, kind permanent, or skipped; either way counted in
+	// idem_unmatched_total.
+	// Default: UnmatchedDeadLetter.
+	Unmatched UnmatchedPolicy
+
+	// Filter, when set, runs first for every message read (from a source
+	// topic, a retry tier or the deferred topic): a non-empty reason skips
+	// the message before the inbox (no key, no row, no transaction, no
+	// handler), its offset commits, and it is counted in
+	// idem_filtered_total by reason (keep the reasons few: each is a
+	// series). A Filter is called from several goroutines at once, must be
+	// fast (no I/O) and must not keep the message; a panic in it keeps the
+	// message (logged at ERROR).
+	// Default: nil (no message is filtered out).
+	Filter func(m *handler.Message) (skip string)
 }
 
 // BatchConfig sizes the batches of Config.Batch.
@@ -813,6 +865,7 @@ func (c Config) Validate() error {
 	badEach(errs, "Limits.Adaptive", c.Limits.Adaptive.validate())
 	badEach(errs, "Defer", c.validateDefer())
 	badEach(errs, "Expiry", c.Expiry.policy().Validate())
+	c.validateRoutes(errs)
 	if c.Retry.Backoff.Max < c.Retry.Backoff.Base {
 		errs.Bad("Retry.Backoff.Max", c.Retry.Backoff.Max, fmt.Sprintf("must be >= Retry.Backoff.Base (%s)", c.Retry.Backoff.Base))
 	} else if len(c.Retry.Rules) > 0 && c.Retry.Tiers.Validate() == nil && c.Retry.Backoff.Base >= 0 && c.Retry.Attempts >= 1 {

@@ -177,7 +177,7 @@ func (w *worker) deferMsg(msg *handler.Message, until time.Time) error {
 		switch {
 		case err == nil:
 			r.m.Deferred.WithLabelValues(r.cfg.Group, msg.Origin().Topic).Inc()
-			r.m.Messages.WithLabelValues(r.cfg.Group, msg.Topic, coremetrics.OutcomeDeferred).Inc()
+			r.m.Messages.WithLabelValues(r.cfg.Group, msg.Topic, w.rt.name, coremetrics.OutcomeDeferred).Inc()
 			w.ob.spanEnd(traceOutcomeDeferred, nil)
 			if w.debug {
 				w.log.Debug("idem: message deferred", "offset", msg.Offset, "key", msg.IdempotencyKey, "until", until)

@@ -60,7 +60,7 @@ func (e Expiry) policy() expiry.Policy {
 // expiryOf is msg's verdict under Config.Expiry now, by its origin (a tier
 // record is as old as its first delivery).
 func (w *worker) expiryOf(msg *handler.Message) expiry.Result {
-	p := w.r.cfg.Expiry.policy()
+	p := w.rt.expiry.policy()
 	o := msg.Origin()
 	maxAge, header := p.MaxAgeOf(o.Topic), p.HeaderName()
 	if maxAge <= 0 && !expiry.HasHeader(msg.Headers, header) {
@@ -80,7 +80,7 @@ func (w *worker) expiryOf(msg *handler.Message) expiry.Result {
 func (w *worker) expired(msg *handler.Message, topic string) (err error, drop bool, stop error) {
 	res := w.expiryOf(msg)
 	if res.Status == expiry.Expired {
-		if stop := w.expiredHook(msg, res.Reason, w.r.cfg.Expiry.Drop); stop != nil {
+		if stop := w.expiredHook(msg, res.Reason, w.rt.expiry.Drop); stop != nil {
 			return nil, false, stop
 		}
 	}
@@ -94,14 +94,14 @@ func (w *worker) expiredVerdict(msg *handler.Message, topic string, res expiry.R
 	case expiry.Live:
 		return nil, false
 	case expiry.Expired:
-		if w.r.cfg.Expiry.Drop {
-			w.r.m.Expired.WithLabelValues(w.r.cfg.Group, topic, coremetrics.ExpiredDropped).Inc()
-			w.r.m.Messages.WithLabelValues(w.r.cfg.Group, topic, coremetrics.OutcomeExpired).Inc()
+		if w.rt.expiry.Drop {
+			w.r.m.Expired.WithLabelValues(w.r.cfg.Group, topic, w.rt.name, coremetrics.ExpiredDropped).Inc()
+			w.r.m.Messages.WithLabelValues(w.r.cfg.Group, topic, w.rt.name, coremetrics.OutcomeExpired).Inc()
 			w.ob.spanEnd(traceOutcomeExpired, nil)
 			w.log.Info("idem: expired message dropped", "topic", topic, "offset", msg.Offset, "key", msg.IdempotencyKey, "reason", res.Reason)
 			return nil, true
 		}
-		w.r.m.Expired.WithLabelValues(w.r.cfg.Group, topic, coremetrics.ExpiredDeadLettered).Inc()
+		w.r.m.Expired.WithLabelValues(w.r.cfg.Group, topic, w.rt.name, coremetrics.ExpiredDeadLettered).Inc()
 		return &handler.ExpiredError{Reason: res.Reason}, false
 	default: // expiry.InvalidHeader: the producer's bug; never dropped
 		return &handler.ExpiredError{Reason: res.Reason, InvalidHeader: true}, false

@@ -44,7 +44,7 @@ func (r *runner) originOf(cm *sarama.ConsumerMessage) origin {
 	if f.Tier < 1 {
 		return o
 	}
-	if n, _, ok := r.rules.Tier(f.OriginalTopic, r.cfg.Group, cm.Topic); !ok || n != f.Tier {
+	if n, _, ok := r.routes.tierOf(f.OriginalTopic, r.cfg.Group, cm.Topic); !ok || n != f.Tier {
 		return o
 	}
 	o.topic, o.partition, o.offset = f.OriginalTopic, f.OriginalPartition, f.OriginalOffset
@@ -68,7 +68,7 @@ func (w *worker) waitDue(cm *sarama.ConsumerMessage, o origin) error {
 		return nil
 	}
 	due := o.prior.DueAt
-	if _, delay, ok := w.r.rules.Tier(o.topic, w.r.cfg.Group, cm.Topic); ok { // the delay of its own ladder's tier
+	if _, delay, ok := w.r.routes.tierOf(o.topic, w.r.cfg.Group, cm.Topic); ok { // the delay of its own ladder's tier
 		if bound := time.Now().Add(delay + dueSlack); due.After(bound) {
 			w.log.Warn("idem: retry record due later than its tier's delay; waiting only the delay",
 				"topic", cm.Topic, "offset", cm.Offset, "due_at", due, "delay", delay)
@@ -104,7 +104,7 @@ type outbound struct {
 func (w *worker) failure(src wire.Source, key, value []byte, headers []*sarama.RecordHeader, o origin, msg *handler.Message, cause error) outbound {
 	r := w.r
 	now := time.Now()
-	dec := r.rules.Decide(cause) // Config.Retry.Rules: this error's ladder and dead-letter topic
+	dec := w.rt.rules.Decide(cause) // the route's Retry.Rules: this error's ladder and dead-letter topic
 	dlq := dec.Retry.DLQ(o.topic, r.cfg.Group)
 	dest, tier, delay := dlq, 0, time.Duration(0)
 	if w.retriable(cause) {
@@ -296,7 +296,7 @@ func (o *observer) forwardedLog(out outbound, msg *handler.Message) {
 	if out.tier == 0 {
 		outcome = coremetrics.OutcomeDeadLettered
 	}
-	r.m.Messages.WithLabelValues(r.cfg.Group, msg.Topic, outcome).Inc()
+	r.m.Messages.WithLabelValues(r.cfg.Group, msg.Topic, o.route, outcome).Inc()
 	if out.stub {
 		r.m.StubsForwarded.WithLabelValues(r.cfg.Group, dest).Inc()
 		o.log.Error("idem: message dead-lettered as a stub without its value", "offset", msg.Offset, "key", msg.IdempotencyKey,
@@ -336,7 +336,14 @@ func (s setup) retryTopics(ctx context.Context, client sarama.Client) (int, erro
 		var sz forward.Sizes
 		err := s.retry(ctx, client, "creating the retry topics of "+t, func() (err error) {
 			sz = forward.Sizes{}
-			ps := s.rules.Retries(t, s.cfg.Group) // the fallback's first, then each rule's
+			var ps []retrytopic.Policy // every route's: the fallback's first, then each rule's
+			for _, p := range s.cfg.retryPolicies(t) {
+				for _, q := range p.Retries(t, s.cfg.Group) {
+					if !slices.ContainsFunc(ps, func(o retrytopic.Policy) bool { return sameTopics(o, q, t, s.cfg.Group) }) {
+						ps = append(ps, q)
+					}
+				}
+			}
 			if s.cfg.Defer != nil {
 				ps = append(ps, s.deferredPolicy()) // the deferred topic, created like a tier
 			}

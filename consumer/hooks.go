@@ -90,7 +90,7 @@ func deadLetteredOf(out outbound, msg *handler.Message) DeadLettered {
 
 // expiredHook runs Config.Expiry.OnExpired for msg (see runHook).
 func (w *worker) expiredHook(msg *handler.Message, reason string, dropped bool) error {
-	h := w.r.cfg.Expiry.OnExpired
+	h := w.rt.expiry.OnExpired
 	if h == nil {
 		return nil
 	}

@@ -251,14 +251,14 @@ func (w *keyWatch) observe(topic string, partition int32, offset int64, err erro
 }
 
 // warnNoKeys logs the WARN of keyWatch for topic.
-func (r *runner) warnNoKeys(topic string, err error) {
+func (r *runner) warnNoKeys(topic string, kf KeyFunc, err error) {
 	fate := "each goes to the dead-letter topic (MissingKey: MissingKeyDeadLetter)"
 	if r.cfg.MissingKey == MissingKeyUseCoordinates {
 		fate = "each is deduplicated by its coordinates only (MissingKey: MissingKeyUseCoordinates)"
 	}
 	r.log.Warn("idem: the first records of a topic have no idempotency key; "+fate+"; set Config.KeyFunc to where the key is",
 		slog.String("topic", topic), slog.Int("records", keySample),
-		slog.String("key_func", r.cfg.KeyFunc.String()), slog.String("last_error", err.Error()),
+		slog.String("key_func", kf.String()), slog.String("last_error", err.Error()),
 		slog.String("fix", "consumer.RecordKey(), consumer.JSONField(\"event_id\"), consumer.FirstOf(...), or MissingKey: consumer.MissingKeyUseCoordinates"))
 }
 
@@ -273,7 +273,7 @@ func (w *worker) key(msg *handler.Message, o origin) (string, error) {
 	r := w.r
 	var k string
 	err := w.untilUp(func() (err error) {
-		k, err = callKeyFunc(r.cfg.KeyFunc, msg)
+		k, err = callKeyFunc(w.rt.keyFunc, msg)
 		return err
 	})
 	if err == errStopping {
@@ -285,7 +285,7 @@ func (w *worker) key(msg *handler.Message, o origin) (string, error) {
 		err = checkKey(k, r.cfg.MaxKeyLength)
 	}
 	if o.tier == 0 && !w.tier && r.keys.observe(o.topic, o.partition, o.offset, err) {
-		r.warnNoKeys(o.topic, err)
+		r.warnNoKeys(o.topic, w.rt.keyFunc, err)
 	}
 	if err == nil {
 		return k, nil

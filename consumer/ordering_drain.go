@@ -3,7 +3,6 @@ package consumer
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -59,9 +58,14 @@ func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 		}
 		msg, headers := parkedMessage(next)
 		rec := dedupe.Record{Group: r.cfg.Group, Key: next.IdempotencyKey, Topic: next.Topic, Partition: next.Partition, Offset: next.Offset}
-		failed, drop, err := w.expired(msg, next.Topic) // its turn came: still live?
+		drop, failed, err := w.findRoute(msg) // its own route (routing.go), or none
 		if err != nil {
 			return err
+		}
+		if failed == nil && !drop {
+			if failed, drop, err = w.expired(msg, next.Topic); err != nil { // its turn came: still live?
+				return err
+			}
 		}
 		if failed == nil && !drop {
 			if failed, err = w.process(rec, msg, nil); err != nil {
@@ -220,7 +224,7 @@ func (r *runner) pendingOutbound(rec keyorder.Record) outbound {
 // read it); warnUnread names it and `idem ordering release` sends it on.
 func (r *runner) tierGone(rec keyorder.Record) bool {
 	if rec.Dest != "" {
-		if _, _, ok := r.rules.Tier(rec.Topic, r.cfg.Group, rec.Dest); ok {
+		if _, _, ok := r.routes.tierOf(rec.Topic, r.cfg.Group, rec.Dest); ok {
 			return false
 		}
 	} else if rec.Tier <= len(r.policy.Delays) {
@@ -236,7 +240,7 @@ func (r *runner) tierGone(rec keyorder.Record) bool {
 // the source whose retry tier it is.
 func (r *runner) sourceOf(topic string) (string, bool) {
 	for _, t := range r.cfg.Topics {
-		if t == topic || slices.Contains(r.rules.TierTopics(t, r.cfg.Group), topic) {
+		if _, _, tier := r.routes.tierOf(t, r.cfg.Group, topic); t == topic || tier {
 			return t, true
 		}
 	}

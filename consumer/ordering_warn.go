@@ -71,7 +71,7 @@ func (s setup) warnUnread(ctx context.Context, client sarama.Client) {
 		case k.Head != "" && !k.Pending && k.Tier > 0 && !k.Since.IsZero():
 			tier := s.policy.Tier(k.Topic, s.cfg.Group, k.Tier)
 			if retention == nil {
-				retention = s.retentions(client, subscribed(s.cfg, s.rules)[len(s.cfg.Topics):])
+				retention = s.retentions(client, subscribed(s.cfg)[len(s.cfg.Topics):])
 			}
 			d, ok := retention[tier]
 			if !ok || d < 0 || time.Since(k.Since) <= d {

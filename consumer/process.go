@@ -60,7 +60,7 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 			}
 			return nil, errStopping
 		}
-		c, err := r.classify(err)
+		c, err := r.classifyWith(err, w.rt.retry.Panics)
 		if c == classOutage && ran {
 			if handlerOutages++; handlerOutages > maxHandlerOutages {
 				w.log.Warn("idem: the handler lost its database connection on every try while the store works; treating it as a handler failure",
@@ -123,7 +123,7 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 			retries++
 			w.ob.spanEnd(traceOutcomeRetry, err)
 			msg.Attempt++
-			r.m.Retries.WithLabelValues(r.cfg.Group, msg.Topic).Inc()
+			r.m.Retries.WithLabelValues(r.cfg.Group, msg.Topic, w.rt.name).Inc()
 			if w.debug {
 				w.log.Debug("idem: handler failed; retrying in process", "offset", msg.Offset, "key", rec.Key, "err", err, "retry", retries, "in", d, "rule", rule)
 			}
@@ -149,7 +149,7 @@ func (w *worker) attempt(rec dedupe.Record, msg *handler.Message) (err error, ra
 	topic := msg.Topic
 	mx := w.mx
 	if topic != w.tp.topic { // a parked message of another topic (ordering mode)
-		mx = newPartMetrics(r.m, r.cfg.Group, topic)
+		mx = newPartMetrics(r.m, r.cfg.Group, topic, w.rt.name)
 	}
 	switch {
 	case err == nil && out == dedupe.Duplicate:
@@ -188,7 +188,7 @@ func (o *observer) logPanic(err error, msg *handler.Message) {
 
 func (w *worker) retriable(err error) bool {
 	if isPanic(err) {
-		return w.r.cfg.Retry.Panics
+		return w.rt.retry.Panics
 	}
 	return handler.IsRetriable(err)
 }

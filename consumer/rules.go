@@ -20,12 +20,10 @@ func (c Config) recovery() (*recovery.Policy, error) {
 }
 
 // dlqTopics is every dead-letter topic of source topic t: the fallback's
-// and each rule's, once each. c has its defaults applied.
+// and each rule's, of every route, once each. c has its defaults applied.
 func (c Config) dlqTopics(t string) []string {
-	if p, err := c.recovery(); err == nil {
-		return p.DLQTopics(t, c.Group)
-	}
-	return []string{c.Retry.Tiers.DLQ(t, c.Group)} // Validate reports the rules
+	// The fallback's first, also when the rules do not build (Validate reports them).
+	return c.topicsOf(t, []string{c.Retry.Tiers.DLQ(t, c.Group)}, (*recovery.Policy).DLQTopics)
 }
 
 // validateRules checks Config.Retry.Rules (errs records each problem, naming
@@ -61,16 +59,11 @@ func (c Config) validateRules(errs *configerr.List) {
 // tier instead of holding the partition (when it has tiers). name is the
 // rule's, for logs.
 func (w *worker) retryWait(err error, retries int) (d time.Duration, again bool, name string) {
-	r := w.r
-	dec := r.rules.Decide(err)
+	dec := w.rt.rules.Decide(err) // the route's rules
 	if retries+1 >= dec.Attempts {
 		return 0, false, dec.Name
 	}
-	if dec.Rule < 0 {
-		d = r.wait.retry(retries + 1) // the fallback: Retry.Backoff
-	} else {
-		d = r.wait.backoff(dec.Backoff, retries+1)
-	}
+	d = w.r.wait.backoff(dec.Backoff, retries+1)
 	if ra, ok := handler.RetryAfterOf(err); ok && ra > d {
 		if ra > dec.Backoff.Max && len(dec.Retry.Delays) > 0 {
 			// Too long to hold the partition: the retry tier honours it

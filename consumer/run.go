@@ -72,7 +72,10 @@ func nilHandler() error {
 // retry tiers, the dead-letter topic.
 func Run(ctx context.Context, cfg Config, h handler.Handler) error {
 	if f, ok := h.(handler.Func); h == nil || ok && f == nil {
-		return nilHandler()
+		if len(cfg.Routes) == 0 {
+			return nilHandler()
+		}
+		h = nil // Config.Routes only: no default route (Config.Unmatched)
 	}
 	cfg, bh := forHandler(cfg, h)
 	if err := cfg.Validate(); err != nil {
@@ -120,6 +123,7 @@ type runner struct {
 	// (Transactions; refusals.go); nil otherwise.
 	refused *refusals
 	order   *keyorder.Store // nil unless Ordering is ByKey
+	routes  *routeTable     // the handlers and their policies (route.go)
 	// owed keeps the OnDeadLettered calls a transaction owes until it has
 	// committed (settle.go); nil unless Transactions and OnDeadLettered.
 	owed *keyorder.Store
@@ -178,7 +182,10 @@ func newRunner(cfg Config, h handler.Handler) (*runner, error) {
 	if r.rules, err = cfg.recovery(); err != nil {
 		return nil, fmt.Errorf("consumer: rules: %w", err)
 	}
-	if bs, ok := cfg.Dedupe.(dedupe.BatchStore); ok && cfg.Batch.MaxMessages > 1 {
+	if r.routes, err = newRouteTable(cfg, h, r.rules); err != nil {
+		return nil, err
+	}
+	if bs, ok := cfg.Dedupe.(dedupe.BatchStore); ok && r.routes.batches {
 		r.batchStore = bs
 	}
 	r.ready = cfg.Readiness
@@ -353,7 +360,7 @@ func (r *runner) run(ctx context.Context) (err error) {
 	r.shares.start(watchCtx, &wg, client, r)
 
 	gh := &groupHandler{r: r}
-	topics := subscribed(r.cfg, r.rules)
+	topics := subscribed(r.cfg)
 	r.logStart()
 	defer r.log.Info("idem: consumer stopped", "topics", r.cfg.Topics)
 	for n := 1; ctx.Err() == nil; {
@@ -434,11 +441,12 @@ func watchDLQDepth(ctx context.Context, client sarama.Client, cfg Config, depth 
 }
 
 // subscribed returns the topics the group subscribes to: the sources and
-// their retry tiers (Retry's, and those of the rules' own ladders).
-func subscribed(cfg Config, rules *recovery.Policy) []string {
+// their retry tiers (Retry's, those of the rules' own ladders, and every
+// route's).
+func subscribed(cfg Config) []string {
 	ts := append([]string(nil), cfg.Topics...)
 	for _, t := range cfg.Topics {
-		ts = append(ts, rules.TierTopics(t, cfg.Group)...)
+		ts = append(ts, cfg.tierTopics(t)...)
 	}
 	ts = append(ts, cfg.deferredTopics()...)
 	return ts

@@ -29,6 +29,9 @@ import (
 type worker struct {
 	*claim
 
+	rt *route      // the route of the message in hand (useRoute)
+	mx partMetrics // its collectors
+
 	stall *stall      // how long this worker's head message has been failing
 	names headerNames // header-name cache (see newMessage)
 	ob    observer    // this worker's spans, and the logs and metrics that go with them
@@ -59,6 +62,7 @@ type observer struct {
 	tp       tp
 	hctx     context.Context // the claim's handler ctx: the root of every span
 	tspan    spanState       // the open attempt span (tracing.go)
+	route    string          // the route of the message in hand: the route label
 	unprobed int             // untraced messages since the last span started with a non-recording tracer
 }
 
@@ -73,7 +77,7 @@ type callState struct {
 func (w *worker) callHandler(ctx context.Context) error {
 	w.call.ran = true
 	w.setStepKey(w.call.msg.IdempotencyKey)
-	w.call.err = w.r.h.Handle(ctx, w.call.msg)
+	w.call.err = w.rt.h.Handle(ctx, w.call.msg)
 	return w.call.err
 }
 
@@ -122,13 +126,16 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 	w.ob.traceMessage(msg, origin.tier)
 	defer w.ob.spanEnd(traceOutcomeAbandoned, nil) // any span still open: cut short
 	src := wire.Source{Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset, Timestamp: cm.Timestamp, Group: r.cfg.Group}
+	if done, err := w.routeMessage(cm, msg, src, origin); done || err != nil { // route.go: filtered, unmatched, or its route in use
+		return err
+	}
 
 	key, keyErr := w.key(msg, origin)
 	if keyErr == errStopping {
 		return keyErr
 	}
 	if keyErr != nil {
-		r.m.MissingKey.WithLabelValues(r.cfg.Group, cm.Topic).Inc()
+		r.m.MissingKey.WithLabelValues(r.cfg.Group, cm.Topic, w.rt.name).Inc()
 		if _, err := w.forward(w.failure(src, cm.Key, cm.Value, cm.Headers, origin, msg, keyErr), msg); err != nil {
 			return err
 		}
@@ -148,7 +155,7 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 		return err
 	}
 	if parked {
-		r.m.Messages.WithLabelValues(r.cfg.Group, cm.Topic, coremetrics.OutcomeParked).Inc()
+		r.m.Messages.WithLabelValues(r.cfg.Group, cm.Topic, w.rt.name, coremetrics.OutcomeParked).Inc()
 		return w.settle(cm)
 	}
 	failed := expired

@@ -22,17 +22,19 @@
 // lists are comma-separated; "-" means none.
 //
 //	name                                   type       labels                    meaning
-//	idem_messages_total                    counter    group,topic,outcome       messages with a final outcome: processed, duplicate, retried (sent to a tier), dead_lettered, parked, deferred, expired (dropped)
-//	idem_handler_attempts_total            counter    group,topic,result        handler calls by result: ok, error, panic, breaker_open, throttled
-//	idem_handler_duration_seconds          histogram  group,topic               handler call latency including the dedupe transaction (1 ms to 30 s)
-//	idem_retries_total                     counter    group,topic               in-process retries: handler attempts after a failure
+//	idem_messages_total                    counter    group,topic,route,outcome messages with a final outcome: processed, duplicate, retried (sent to a tier), dead_lettered, parked, deferred, expired (dropped), skipped (filtered, or unmatched); route is consumer.Route.Name, "default" for Run's handler, "" for a message no route took
+//	idem_handler_attempts_total            counter    group,topic,route,result  handler calls by result: ok, error, panic, breaker_open, throttled
+//	idem_handler_duration_seconds          histogram  group,topic,route         handler call latency including the dedupe transaction (1 ms to 30 s)
+//	idem_retries_total                     counter    group,topic,route         in-process retries: handler attempts after a failure
 //	idem_forwarded_total                   counter    group,destination,kind    records forwarded to a retry tier or the DLQ, by idem-error-kind
 //	idem_forward_errors_total              counter    group,destination         failed forwards; the partition retries them and marks nothing
 //	idem_stubs_forwarded_total             counter    group,destination         records dead-lettered as stubs without their value (no topic would take them whole)
-//	idem_missing_key_total                 counter    group,topic               messages without a valid idempotency key
+//	idem_missing_key_total                 counter    group,topic,route         messages without a valid idempotency key
 //	idem_deferred_total                    counter    group,topic               messages a handler deferred (handler.DeferUntil), stored for the group's scheduler; topic is the source
 //	idem_lanes                             gauge      group                     handler attempts this member may run at once under consumer.Config.Limits.Adaptive (AIMD)
-//	idem_expired_total                     counter    group,topic,action        messages past their deadline or topic's maximum age, not handled: dead_lettered (kind expired) or dropped
+//	idem_expired_total                     counter    group,topic,route,action  messages past their deadline or topic's maximum age, not handled: dead_lettered (kind expired) or dropped
+//	idem_filtered_total                    counter    group,topic,reason        messages consumer.Config.Filter skipped before the inbox, by the reason it gave
+//	idem_unmatched_total                   counter    group,topic,action        messages no route took (consumer.Config.Unmatched): dead_lettered (kind permanent) or skipped
 //	idem_store_errors_total                counter    group                     dedupe store failures (outages); the message is retried, no attempt counted
 //	idem_retry_delay_seconds               histogram  group,topic               how long after its idem-due-at a retry record reached the handler
 //	idem_dlq_depth                         gauge      topic                     DLQ records not yet replayed or purged (end offsets minus the "<dlq>.admin" group's offsets)

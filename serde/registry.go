@@ -141,6 +141,10 @@ type Schema struct {
 	once   sync.Once
 	parsed any // *avroParsed, *protoParsed or *jsonParsed
 	err    error
+
+	nameOnce sync.Once // recordName
+	name     string
+	nameErr  error
 }
 
 // ref is one schema a schema references, with the name the referencing
@@ -400,11 +404,18 @@ func (r *Registry) byReference(ctx context.Context, rf sr.SchemaReference) (sr.S
 // error's headers: asked once per id (GET /schemas/ids/{id}/versions), ""
 // when the registry does not say or cannot answer now.
 func (r *Registry) subjectOf(ctx context.Context, id int) string {
+	subject, _ := r.subjectFor(ctx, id)
+	return subject
+}
+
+// subjectFor is subjectOf with the registry's failure: an
+// *UnavailableError (not cached; asked again at the next call), or ctx's.
+func (r *Registry) subjectFor(ctx context.Context, id int) (string, error) {
 	r.mu.Lock()
 	subject, ok := r.subjects[id]
 	r.mu.Unlock()
 	if ok {
-		return subject
+		return subject, nil
 	}
 	var versions []sr.SubjectVersion
 	err := r.call(ctx, fmt.Sprintf("subjects of schema id %d", id), func(ctx context.Context) error {
@@ -413,7 +424,7 @@ func (r *Registry) subjectOf(ctx context.Context, id int) string {
 		return err
 	})
 	if err != nil && !errors.Is(err, errNotFound) {
-		return "" // asked again at the next failure
+		return "", err
 	}
 	if len(versions) > 0 {
 		subject = versions[0].Subject
@@ -421,7 +432,7 @@ func (r *Registry) subjectOf(ctx context.Context, id int) string {
 	r.mu.Lock()
 	r.subjects[id] = subject
 	r.mu.Unlock()
-	return subject
+	return subject, nil
 }
 
 // Latest returns the latest version of subject's schema, kept for

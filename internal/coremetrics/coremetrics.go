@@ -19,6 +19,13 @@ const (
 	OutcomeParked       = "parked"   // Ordering ByKey: stored behind an earlier message of its key
 	OutcomeDeferred     = "deferred" // handler.DeferUntil: stored for the scheduler; the offset is committed
 	OutcomeExpired      = "expired"  // past its deadline or maximum age and dropped (consumer.Expiry.Drop); an expired message dead-lettered counts as dead_lettered
+	OutcomeSkipped      = "skipped"  // skipped before the inbox: by consumer.Config.Filter, or taken by no route (consumer.UnmatchedSkip)
+)
+
+// Action label values of idem_unmatched_total.
+const (
+	UnmatchedDeadLettered = "dead_lettered" // consumer.UnmatchedDeadLetter
+	UnmatchedSkipped      = "skipped"       // consumer.UnmatchedSkip
 )
 
 // Action label values of idem_expired_total.
@@ -68,6 +75,8 @@ type Metrics struct {
 	ConsumerLag       *prometheus.GaugeVec     // idem_consumer_lag
 	EndToEnd          *prometheus.HistogramVec // idem_end_to_end_seconds
 	InFlight          *prometheus.GaugeVec     // idem_messages_in_flight
+	Filtered          *prometheus.CounterVec   // idem_filtered_total
+	Unmatched         *prometheus.CounterVec   // idem_unmatched_total
 }
 
 // endToEndBuckets are the buckets of idem_end_to_end_seconds: from 1 ms to
@@ -82,14 +91,14 @@ var endToEndBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 
 func New(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		Messages: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_messages_total",
-			Help: "Messages with a final outcome (processed, duplicate, retried, dead_lettered)."}, []string{"group", "topic", "outcome"}),
+			Help: "Messages with a final outcome (processed, duplicate, retried, dead_lettered, parked, deferred, expired, skipped), by route."}, []string{"group", "topic", "route", "outcome"}),
 		Attempts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_handler_attempts_total",
-			Help: "Handler calls by result (ok, error, panic, breaker_open, throttled)."}, []string{"group", "topic", "result"}),
+			Help: "Handler calls by route and result (ok, error, panic, breaker_open, throttled)."}, []string{"group", "topic", "route", "result"}),
 		HandlerDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "idem_handler_duration_seconds",
 			Help:    "Handler call latency, including the dedupe transaction.",
-			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}}, []string{"group", "topic"}),
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}}, []string{"group", "topic", "route"}),
 		Retries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_retries_total",
-			Help: "In-process retries: handler attempts after a failure."}, []string{"group", "topic"}),
+			Help: "In-process retries: handler attempts after a failure."}, []string{"group", "topic", "route"}),
 		Forwarded: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_forwarded_total",
 			Help: "Records forwarded to a retry tier or the dead-letter topic, by error kind."}, []string{"group", "destination", "kind"}),
 		ForwardErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_forward_errors_total",
@@ -97,9 +106,9 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		StubsForwarded: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_stubs_forwarded_total",
 			Help: "Records dead-lettered as stubs (value omitted) because the destination refused them whole for good."}, []string{"group", "destination"}),
 		MissingKey: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_missing_key_total",
-			Help: "Messages without a valid idempotency key."}, []string{"group", "topic"}),
+			Help: "Messages without a valid idempotency key."}, []string{"group", "topic", "route"}),
 		Expired: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_expired_total",
-			Help: "Messages past their deadline or their topic's maximum age, not handled; action is dead_lettered or dropped."}, []string{"group", "topic", "action"}),
+			Help: "Messages past their deadline or their topic's maximum age, not handled; action is dead_lettered or dropped."}, []string{"group", "topic", "route", "action"}),
 		Deferred: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_deferred_total",
 			Help: "Messages a handler deferred (handler.DeferUntil), stored in PostgreSQL for the group's scheduler."}, []string{"group", "topic"}),
 		Lanes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_lanes",
@@ -134,6 +143,10 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Buckets: endToEndBuckets}, []string{"group", "topic"}),
 		InFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_messages_in_flight",
 			Help: "Messages taken from a partition's queue whose outcome is not final yet."}, []string{"group", "topic"}),
+		Filtered: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_filtered_total",
+			Help: "Messages consumer.Config.Filter skipped before the inbox, by the reason it gave."}, []string{"group", "topic", "reason"}),
+		Unmatched: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_unmatched_total",
+			Help: "Messages no route took; action is dead_lettered or skipped (consumer.Config.Unmatched)."}, []string{"group", "topic", "action"}),
 	}
 	if reg == nil {
 		return m, nil
@@ -164,6 +177,8 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	m.ConsumerLag = promreg.Register(reg, m.ConsumerLag, &err)
 	m.EndToEnd = promreg.Register(reg, m.EndToEnd, &err)
 	m.InFlight = promreg.Register(reg, m.InFlight, &err)
+	m.Filtered = promreg.Register(reg, m.Filtered, &err)
+	m.Unmatched = promreg.Register(reg, m.Unmatched, &err)
 	if err != nil {
 		return nil, err
 	}

@@ -22,9 +22,9 @@ func TestNewSharesARegistry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.Messages.WithLabelValues("g", "t", coremetrics.OutcomeProcessed).Inc()
-	b.Messages.WithLabelValues("g", "t", coremetrics.OutcomeProcessed).Inc()
-	if got := testutil.ToFloat64(a.Messages.WithLabelValues("g", "t", coremetrics.OutcomeProcessed)); got != 2 {
+	a.Messages.WithLabelValues("g", "t", "r", coremetrics.OutcomeProcessed).Inc()
+	b.Messages.WithLabelValues("g", "t", "r", coremetrics.OutcomeProcessed).Inc()
+	if got := testutil.ToFloat64(a.Messages.WithLabelValues("g", "t", "r", coremetrics.OutcomeProcessed)); got != 2 {
 		t.Fatalf("shared counter = %v, want 2", got)
 	}
 }
@@ -37,13 +37,13 @@ func TestEveryMetricIsDocumented(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Touch one series of each vector so Gather returns it.
-	m.Messages.WithLabelValues("g", "t", "o").Inc()
-	m.Attempts.WithLabelValues("g", "t", "r").Inc()
-	m.HandlerDuration.WithLabelValues("g", "t").Observe(1)
-	m.Retries.WithLabelValues("g", "t").Inc()
+	m.Messages.WithLabelValues("g", "t", "r", "o").Inc()
+	m.Attempts.WithLabelValues("g", "t", "r", "r").Inc()
+	m.HandlerDuration.WithLabelValues("g", "t", "r").Observe(1)
+	m.Retries.WithLabelValues("g", "t", "r").Inc()
 	m.Forwarded.WithLabelValues("g", "d", "k").Inc()
 	m.ForwardErrors.WithLabelValues("g", "d").Inc()
-	m.MissingKey.WithLabelValues("g", "t").Inc()
+	m.MissingKey.WithLabelValues("g", "t", "r").Inc()
 	m.StoreErrors.WithLabelValues("g").Inc()
 	m.RetryDelay.WithLabelValues("g", "t").Observe(1)
 	m.DLQDepth.WithLabelValues("t").Set(1)
