@@ -3,7 +3,9 @@ package serde_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -13,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/testenv"
@@ -21,9 +24,14 @@ import (
 	"github.com/idemhq/idem/serde/internal/testpb"
 )
 
-// Poison records on a typed topic, through today's consumer.Run: each is
-// dead-lettered at once with kind decode and its bytes unchanged, and the
-// good records around it are handled (the partition flows).
+// Poison records on typed topics, through consumer.Run with routes: Avro
+// orders on one topic, Protobuf orders and refunds on another, routed by
+// the record name of their schema (Config.TypeOf: Registry.RecordName).
+// Each poison record (an unknown schema id, a wrong magic byte, a truncated
+// payload, a Protobuf message index the schema does not have) is
+// dead-lettered at once with kind decode, its bytes unchanged and its
+// schema in idem-schema-id and idem-schema-subject when it names one; the
+// good records around it are handled by their route (the partition flows).
 func TestPoisonRecordsDeadLettered(t *testing.T) {
 	testenv.SkipIfShort(t)
 	url := registryURL(t)
@@ -32,11 +40,16 @@ func TestPoisonRecordsDeadLettered(t *testing.T) {
 	k := idemtest.Connect(t)
 	avroTopic, protoTopic := k.Topic(t, "typed-avro", 1), k.Topic(t, "typed-proto", 1)
 	group := k.Group(t, "typed")
-	orders, err := serde.Avro[OrderV1](reg, serde.Options{Subject: subject(t, url, "avro"), Schema: orderV1})
+	avroSubject, protoSubject := subject(t, url, "avro"), subject(t, url, "proto")
+	orders, err := serde.Avro[OrderV1](reg, serde.Options{Subject: avroSubject, Schema: orderV1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	protos, err := serde.Protobuf[*testpb.Order](reg, serde.Options{Subject: subject(t, url, "proto"), Schema: ordersProto})
+	protos, err := serde.Protobuf[*testpb.Order](reg, serde.Options{Subject: protoSubject, Schema: ordersProto})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refunds, err := serde.Protobuf[*testpb.Refund](reg, serde.Options{Subject: protoSubject, Schema: ordersProto})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,41 +64,58 @@ func TestPoisonRecordsDeadLettered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	rgood, err := refunds.Encode(ctx, &testpb.Refund{OrderId: "r-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	g1 := good("a-1")
-	poison := map[string][]byte{
-		"unknown-id": withID(0x7ffffff0, g1[5:]...),
-		"bad-magic":  append([]byte{9}, g1[1:]...),
-		"truncated":  g1[:len(g1)-3],
-		"bad-index":  withID(uint32(pgood[1])<<24|uint32(pgood[2])<<16|uint32(pgood[3])<<8|uint32(pgood[4]), 2, 14),
+	avroID, protoID := int(binary.BigEndian.Uint32(g1[1:5])), int(binary.BigEndian.Uint32(pgood[1:5]))
+	type poison struct {
+		value   []byte
+		id      int    // idem-schema-id; 0: none
+		subject string // idem-schema-subject
+	}
+	poisons := map[string]poison{
+		"unknown-id": {withID(0x7ffffff0, g1[5:]...), 0x7ffffff0, ""},
+		"bad-magic":  {append([]byte{9}, g1[1:]...), 0, ""},
+		"truncated":  {g1[:len(g1)-3], avroID, avroSubject},
+		"bad-index":  {withID(uint32(protoID), 2, 14), protoID, protoSubject},
 	}
 	rec := func(key string, v []byte) idemtest.Record { return idemtest.Record{IdempotencyKey: key, Value: v} }
-	k.Produce(t, avroTopic, rec("a-1", g1), rec("unknown-id", poison["unknown-id"]), rec("bad-magic", poison["bad-magic"]),
-		rec("truncated", poison["truncated"]), rec("a-2", good("a-2")))
-	k.Produce(t, protoTopic, rec("bad-index", poison["bad-index"]), rec("p-1", pgood))
+	k.Produce(t, avroTopic, rec("a-1", g1), rec("unknown-id", poisons["unknown-id"].value), rec("bad-magic", poisons["bad-magic"].value),
+		rec("truncated", poisons["truncated"].value), rec("a-2", good("a-2")))
+	k.Produce(t, protoTopic, rec("bad-index", poisons["bad-index"].value), rec("p-1", pgood), rec("r-1", rgood))
 
 	var mu sync.Mutex
-	handled := map[string]int{}
-	// Two typed handlers, one per topic, until routes come.
-	avroH := handler.Typed(orders.Decode, func(ctx context.Context, o OrderV1, m *handler.Message) error {
+	handled := map[string]string{} // id → route
+	seen := func(route, id string) {
 		mu.Lock()
 		defer mu.Unlock()
-		handled[o.ID]++
-		return nil
-	})
-	protoH := handler.Typed(protos.Decode, func(ctx context.Context, o *testpb.Order, m *handler.Message) error {
-		mu.Lock()
-		defer mu.Unlock()
-		handled[o.GetId()]++
-		return nil
-	})
-	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
-		if m.Origin().Topic == protoTopic {
-			return protoH.Handle(ctx, m)
-		}
-		return avroH.Handle(ctx, m)
-	})
-	c := idemtest.Start(t, k.Config(t, group, avroTopic, protoTopic), h)
-	c.WaitOutcome(t, "processed", 3)
+		handled[id] = route
+	}
+	cfg := k.Config(t, group, avroTopic, protoTopic)
+	cfg.TypeOf = reg.RecordName
+	cfg.Routes = []consumer.Route{{
+		Name: "avro-orders", Topics: []string{avroTopic},
+		Handler: handler.Typed(orders.Decode, func(ctx context.Context, o OrderV1, m *handler.Message) error {
+			seen("avro-orders", o.ID)
+			return nil
+		}),
+	}, {
+		Name: "proto-orders", Topics: []string{protoTopic}, Types: []string{"idem.serdetest.Order"},
+		Handler: handler.Typed(protos.Decode, func(ctx context.Context, o *testpb.Order, m *handler.Message) error {
+			seen("proto-orders", o.GetId())
+			return nil
+		}),
+	}, {
+		Name: "proto-refunds", Topics: []string{protoTopic}, Types: []string{"idem.serdetest.Refund"},
+		Handler: handler.Typed(refunds.Decode, func(ctx context.Context, r *testpb.Refund, m *handler.Message) error {
+			seen("proto-refunds", r.GetOrderId())
+			return nil
+		}),
+	}}
+	c := idemtest.Start(t, cfg, nil)
+	c.WaitOutcome(t, "processed", 4)
 	c.WaitOutcome(t, "dead_lettered", 4)
 
 	dls := append(k.ReadDLQ(t, retrytopic.Policy{}.DLQ(avroTopic, group), 3), k.ReadDLQ(t, retrytopic.Policy{}.DLQ(protoTopic, group), 1)...)
@@ -96,20 +126,22 @@ func TestPoisonRecordsDeadLettered(t *testing.T) {
 				key = string(h.Value)
 			}
 		}
-		want, ok := poison[key]
+		want, ok := poisons[key]
 		if !ok {
 			t.Fatalf("dead letter of %q: not a poison record", key)
 		}
-		if dl.Failure.Kind != handler.KindDecode || !bytes.Equal(dl.Value, want) || dl.Failure.Attempt != 1 {
-			t.Errorf("dead letter of %s: kind %q, attempt %d, bytes kept %v; want decode, 1, true (%s)",
-				key, dl.Failure.Kind, dl.Failure.Attempt, bytes.Equal(dl.Value, want), dl.Failure.Error)
+		f := dl.Failure
+		if f.Kind != handler.KindDecode || !bytes.Equal(dl.Value, want.value) || f.Attempt != 1 || f.SchemaID != want.id || f.SchemaSubject != want.subject {
+			t.Errorf("dead letter of %s: kind %q, attempt %d, bytes kept %v, schema %d %q; want decode, 1, true, %d %q (%s)",
+				key, f.Kind, f.Attempt, bytes.Equal(dl.Value, want.value), f.SchemaID, f.SchemaSubject, want.id, want.subject, f.Error)
 		}
-		delete(poison, key)
+		delete(poisons, key)
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(poison) != 0 || handled["a-1"] != 1 || handled["a-2"] != 1 || handled["p-1"] != 1 {
-		t.Fatalf("not dead-lettered: %v; handled %v", poison, handled)
+	want := map[string]string{"a-1": "avro-orders", "a-2": "avro-orders", "p-1": "proto-orders", "r-1": "proto-refunds"}
+	if len(poisons) != 0 || !maps.Equal(handled, want) {
+		t.Fatalf("not dead-lettered: %v; handled %v, want %v", poisons, handled, want)
 	}
 }
 
@@ -148,8 +180,25 @@ func newFlaky(t *testing.T, target string) *flaky {
 // records need a schema not yet cached: the consumer waits (an open
 // breaker: no attempt spent, nothing forwarded or dead-lettered), and once
 // the registry is back every record is applied once, at its first attempt.
+// In "key from payload" the idempotency key is read from the
+// schema-encoded value (Codec.Key as Config.KeyFunc; the records carry no
+// key header), so the key's extraction is what meets the outage first: it
+// waits too, and nothing is dead-lettered as missing-key.
 func TestRegistryDownMidStream(t *testing.T) {
 	testenv.SkipIfShort(t)
+	for _, fromPayload := range []bool{false, true} {
+		name := "key header"
+		if fromPayload {
+			name = "key from payload"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			registryDownMidStream(t, fromPayload)
+		})
+	}
+}
+
+func registryDownMidStream(t *testing.T, keyFromPayload bool) {
 	target := registryURL(t)
 	ctx := ctxOf(t)
 	setup := newRegistry(t, target)
@@ -170,7 +219,10 @@ func TestRegistryDownMidStream(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			out[i] = idemtest.Record{Partition: int32(i % 2), IdempotencyKey: fmt.Sprintf("%s-%d", prefix, i), Value: b}
+			out[i] = idemtest.Record{Partition: int32(i % 2), Value: b}
+			if !keyFromPayload {
+				out[i].IdempotencyKey = fmt.Sprintf("%s-%d", prefix, i)
+			}
 		}
 		return out
 	}
@@ -191,6 +243,9 @@ func TestRegistryDownMidStream(t *testing.T) {
 	var mu sync.Mutex
 	handled := map[string][]int{} // order id → the attempts it was handled at
 	h := handler.Typed(reader.Decode, func(ctx context.Context, o OrderV2, m *handler.Message) error {
+		if keyFromPayload && m.IdempotencyKey != o.ID {
+			return handler.Permanent(fmt.Errorf("key %q, want the payload's %q", m.IdempotencyKey, o.ID))
+		}
 		mu.Lock()
 		defer mu.Unlock()
 		handled[o.ID] = append(handled[o.ID], m.Attempt)
@@ -199,7 +254,11 @@ func TestRegistryDownMidStream(t *testing.T) {
 	k := idemtest.Connect(t)
 	topic, group := k.Topic(t, "typed", 2), k.Group(t, "typed")
 	k.Produce(t, topic, before...)
-	c := idemtest.Start(t, k.Config(t, group, topic), h)
+	cfg := k.Config(t, group, topic)
+	if keyFromPayload {
+		cfg.KeyFunc = reader.Key(func(o OrderV2) string { return o.ID })
+	}
+	c := idemtest.Start(t, cfg, h)
 	c.WaitOutcome(t, "processed", n)
 
 	front.down.Store(true)
@@ -226,3 +285,4 @@ func TestRegistryDownMidStream(t *testing.T) {
 		}
 	}
 }
+

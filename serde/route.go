@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/hamba/avro/v2"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/idemhq/idem/handler"
 )
@@ -35,16 +36,17 @@ func (r *Registry) RecordName(m *handler.Message) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	var name string
 	if s.Type == typeProtobuf {
-		md, _, err := s.protoMessage(body)
-		if err != nil {
-			return "", decodeErr(id, err)
+		var md protoreflect.MessageDescriptor
+		if md, _, err = s.protoMessage(body); err == nil {
+			name = string(md.FullName())
 		}
-		return string(md.FullName()), nil
+	} else {
+		name, err = s.recordName()
 	}
-	name, err := s.recordName()
 	if err != nil {
-		return "", decodeErr(id, err)
+		return "", handler.Decode(&DecodeError{SchemaID: id, Subject: r.subjectOf(ctx, id), Err: err})
 	}
 	return name, nil
 }

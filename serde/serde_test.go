@@ -268,3 +268,53 @@ func TestEncodeJSON(t *testing.T) {
 		t.Fatalf("JSON Schema from JSON: %s, %v", b[5:], err)
 	}
 }
+
+// RecordName and Subject name a record's type for consumer.Config.TypeOf:
+// Avro's full name, the Protobuf message of the index path, a JSON
+// Schema's title; the subject the registry lists for the id. A value not
+// in the wire format is a decode error.
+func TestRecordNameAndSubject(t *testing.T) {
+	url := registryURL(t)
+	reg := newRegistry(t, url)
+	ctx := ctxOf(t)
+	avroSubj, protoSubj, jsonSubj := subject(t, url, "avro"), subject(t, url, "proto"), subject(t, url, "json")
+	avroC, err := serde.Avro[OrderV1](reg, serde.Options{Subject: avroSubj, Schema: orderV1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refunds, err := serde.Protobuf[*testpb.Refund](reg, serde.Options{Subject: protoSubj, Schema: ordersProto})
+	if err != nil {
+		t.Fatal(err)
+	}
+	titled := strings.Replace(orderJSONSchema, `"type":"object"`, `"title":"shop.Order","type":"object"`, 1)
+	jsonC, err := serde.JSONSchema[OrderJSON](reg, serde.Options{Subject: jsonSubj, Schema: titled})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := avroC.Encode(ctx, OrderV1{ID: "o-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := refunds.Encode(ctx, &testpb.Refund{OrderId: "o-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := jsonC.Encode(ctx, OrderJSON{ID: "o-1", Cents: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		value         []byte
+		name, subject string
+	}{{a, "idem.serdetest.Order", avroSubj}, {p, "idem.serdetest.Refund", protoSubj}, {j, "shop.Order", jsonSubj}} {
+		if name, err := reg.RecordName(msg(c.value)); err != nil || name != c.name {
+			t.Errorf("RecordName = %q, %v; want %q", name, err, c.name)
+		}
+		if subj, err := reg.Subject(msg(c.value)); err != nil || subj != c.subject {
+			t.Errorf("Subject = %q, %v; want %q", subj, err, c.subject)
+		}
+	}
+	if _, err := reg.RecordName(msg([]byte("{}"))); !handler.IsDecode(err) {
+		t.Errorf("RecordName of a value not in the wire format: %v, want a decode error", err)
+	}
+}
