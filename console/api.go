@@ -261,7 +261,7 @@ func (s *server) value(w http.ResponseWriter, r *http.Request, id identity, api,
 	}
 	var sc *mask.Scrubber
 	if !reveal {
-		sc = s.mask.For(rec.Value)
+		sc = s.mask.For(s.maskable(rec.Value)...)
 	}
 	p := s.payload(rec.Value, rec.ValueSize, rec.ValueTruncated, reveal, sc)
 	if p.Hidden {

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/internal/mask"
+	"github.com/idemhq/idem/serde"
 )
 
 // Defaults of Config.
@@ -75,6 +76,16 @@ type Config struct {
 	// unmasked value needs the operator role and writes an audit row.
 	// Default: none (payloads shown as they are).
 	Mask []string
+
+	// Registry decodes values in a schema registry's wire format (Avro,
+	// Protobuf, JSON Schema: a 0 byte, then a schema id) to JSON for
+	// display, in the UI and the API (value.decoded, value.schema); Mask
+	// then applies to the decoded fields. A value that does not decode (a
+	// schema the registry does not know, a value the index kept only a
+	// prefix of, the registry unavailable) is shown as its bytes, with the
+	// reason. Schemas are fetched once per id.
+	// Default: nil (values shown as their bytes).
+	Registry *serde.Registry
 
 	// EncryptionKeyFile names a file holding the key-encryption key (KEK)
 	// of payload encryption at rest: 32 random bytes in base64 or

@@ -166,6 +166,14 @@ type payloadView struct {
 	Text      string `json:"text,omitempty"`
 	Base64    string `json:"base64,omitempty"`
 
+	// Schema is the registry schema a value in a schema registry's wire
+	// format was decoded with (Config.Registry), Decoded the value as JSON:
+	// unmasked, Text or Base64 keep its bytes; masked, Text is the decoded
+	// JSON, masked. DecodeError says why such a value did not decode.
+	Schema      *schemaView `json:"schema,omitempty"`
+	Decoded     string      `json:"decoded,omitempty"`
+	DecodeError string      `json:"decode_error,omitempty"`
+
 	raw        []byte // what may be shown (masked unless revealed)
 	Display    string `json:"-"` // what the page shows, capped
 	DisplayCut bool   `json:"-"` // Display is a prefix
@@ -234,7 +242,7 @@ func (s *server) scrubbers(ctx context.Context, ids []int64) (map[int64]*mask.Sc
 	}
 	out := make(map[int64]*mask.Scrubber, len(ids))
 	for _, id := range ids {
-		out[id] = s.mask.For(vals[id])
+		out[id] = s.mask.For(s.maskable(vals[id])...)
 	}
 	return out, nil
 }
@@ -249,7 +257,7 @@ func (s *server) detailView(r failidx.Record, reveal bool) recordView {
 		for _, ver := range r.Versions {
 			payloads = append(payloads, ver.Value)
 		}
-		sc = s.mask.For(payloads...)
+		sc = s.mask.For(s.maskable(payloads...)...)
 	}
 	v := baseView(r, sc)
 	v.Value = s.payload(r.Value, r.ValueSize, r.ValueTruncated, reveal, sc)
@@ -277,14 +285,23 @@ func (s *server) detailView(r failidx.Record, reveal bool) recordView {
 	return v
 }
 
-// payload builds the view of a value: masked by Config.Mask unless reveal
-// (a value that is not JSON is then hidden whole; sc scrubs its other
-// strings), then text or base64.
+// payload builds the view of a value: decoded to JSON when it is in a
+// schema registry's wire format (Config.Registry), masked by Config.Mask
+// unless reveal (the decoded fields; a value that is not JSON is then
+// hidden whole; sc scrubs its other strings), then text or base64.
 func (s *server) payload(val []byte, size int, truncated, reveal bool, sc *mask.Scrubber) *payloadView {
 	p := &payloadView{Size: size, Stored: len(val), Truncated: truncated, Revealed: reveal && s.mask.Active()}
-	p.JSON = json.Valid(val)
+	dec, sch, derr := s.decodeValue(val)
+	p.Schema = sch
+	if derr != nil {
+		p.DecodeError = validText(sc.String(derr.Error()))
+	}
+	p.JSON = json.Valid(val) || dec != nil
 	shown := val
 	if s.mask.Active() && !reveal {
+		if dec != nil {
+			val, dec = dec, nil // masked, the decoded JSON is all that is shown
+		}
 		masked, n, err := s.mask.Payload(val, sc)
 		if err != nil {
 			p.Hidden = true
@@ -300,6 +317,10 @@ func (s *server) payload(val []byte, size int, truncated, reveal bool, sc *mask.
 		p.Base64 = base64.StdEncoding.EncodeToString(shown)
 	}
 	text := showBytes(shown)
+	if dec != nil {
+		p.Decoded = string(dec)
+		shown = dec
+	}
 	if p.JSON {
 		if pretty, err := indentJSON(shown); err == nil {
 			text = showBytes(pretty)

@@ -70,6 +70,15 @@ func TestPoisonRecordsDeadLettered(t *testing.T) {
 	}
 	g1 := good("a-1")
 	avroID, protoID := int(binary.BigEndian.Uint32(g1[1:5])), int(binary.BigEndian.Uint32(pgood[1:5]))
+	// A registry gives one schema one id whatever subject it is registered
+	// under (an earlier test's too), and lists that id's first subject.
+	avroSubject, err = reg.Subject(&handler.Message{Value: g1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if protoSubject, err = reg.Subject(&handler.Message{Value: pgood}); err != nil {
+		t.Fatal(err)
+	}
 	type poison struct {
 		value   []byte
 		id      int    // idem-schema-id; 0: none

@@ -286,7 +286,10 @@ func TestRecordNameAndSubject(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	titled := strings.Replace(orderJSONSchema, `"type":"object"`, `"title":"shop.Order","type":"object"`, 1)
+	// The JSON Schema's title is the test's own, so that its id is too: a
+	// registry gives one schema one id whatever subject it is registered
+	// under, and lists that id's first subject.
+	titled := strings.Replace(orderJSONSchema, `"type":"object"`, `"title":"`+jsonSubj+`","type":"object"`, 1)
 	jsonC, err := serde.JSONSchema[OrderJSON](reg, serde.Options{Subject: jsonSubj, Schema: titled})
 	if err != nil {
 		t.Fatal(err)
@@ -306,11 +309,13 @@ func TestRecordNameAndSubject(t *testing.T) {
 	for _, c := range []struct {
 		value         []byte
 		name, subject string
-	}{{a, "idem.serdetest.Order", avroSubj}, {p, "idem.serdetest.Refund", protoSubj}, {j, "shop.Order", jsonSubj}} {
+	}{{a, "idem.serdetest.Order", ""}, {p, "idem.serdetest.Refund", ""}, {j, jsonSubj, jsonSubj}} {
 		if name, err := reg.RecordName(msg(c.value)); err != nil || name != c.name {
 			t.Errorf("RecordName = %q, %v; want %q", name, err, c.name)
 		}
-		if subj, err := reg.Subject(msg(c.value)); err != nil || subj != c.subject {
+		// The Avro and Protobuf schemas are shared with other tests: their
+		// id's first subject may be another's.
+		if subj, err := reg.Subject(msg(c.value)); err != nil || subj == "" || c.subject != "" && subj != c.subject {
 			t.Errorf("Subject = %q, %v; want %q", subj, err, c.subject)
 		}
 	}

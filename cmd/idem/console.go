@@ -107,6 +107,8 @@ such). An operator acts on at most --max-operator-records records a request.`,
 	f.DurationVar(&o.statementTimeout, "statement-timeout", 30*time.Second, "PostgreSQL statement_timeout of the console's connections")
 	f.StringSliceVar(&o.mask, "mask", nil, "JSON path to mask in payloads, e.g. card.number or items.*.pan (repeatable)")
 	envFlag(f, "mask", "IDEM_CONSOLE_MASK")
+	f.StringVar(&a.registryURL, "registry-url", "", "the schema registry's Confluent-compatible API: values in its wire format (Avro, Protobuf, JSON Schema) are shown decoded to JSON, and --mask applies to the decoded fields; auth from IDEM_REGISTRY_USER and IDEM_REGISTRY_PASSWORD, or IDEM_REGISTRY_TOKEN")
+	envFlag(f, "registry-url", "SCHEMA_REGISTRY_URL")
 	encryptionFlag(f, &a.keyFile)
 	f.BoolVar(&o.insecure, "insecure-no-auth", false, "serve without authentication (everyone is admin); only on a loopback --listen")
 	f.StringSliceVar(&o.topics, "topics", nil, "dead-letter topics to index (default: every topic matching --topic-pattern)")
@@ -264,6 +266,9 @@ func (a *app) runConsole(ctx context.Context, o consoleOptions) error {
 		MaxOperatorRecords: o.maxOperatorRecords,
 	}
 	ccfg.EncryptionKeyFile, ccfg.EncryptionKey = a.kekText(a.keyFile)
+	if ccfg.Registry, err = a.registry(); err != nil {
+		return err
+	}
 	h, err := console.New(ccfg)
 	if err != nil {
 		return err

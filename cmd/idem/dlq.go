@@ -203,7 +203,7 @@ PARTITION/OFFSET, status, a stub mark), filtered by --filter and --status.`,
 			if err != nil {
 				return err
 			}
-			if err := maskGroups(ctx, m, cl, topic, groups); err != nil {
+			if err := a.maskGroups(ctx, m, cl, topic, groups); err != nil {
 				return err
 			}
 			depth, err := cl.Depth(ctx, topic)
@@ -319,12 +319,18 @@ expired from the topic.`,
 			if err != nil {
 				return err
 			}
+			dec, note := a.decodeValue(cmd.Context(), r.Value)
+			if dec != nil {
+				cp := *r
+				cp.Value = dec
+				r = &cp
+			}
 			r = maskDLQRecord(m, r)
 			if asJSON {
-				return showJSON(a.out, r)
+				return showJSON(a.out, r, note)
 			}
 			a.topicView(topic)
-			showText(a.out, r)
+			showText(a.out, r, note)
 			return nil
 		},
 	}
@@ -358,7 +364,9 @@ func payload(w io.Writer, v []byte) {
 	}
 }
 
-func showText(w io.Writer, r *dlq.Record) {
+// showText prints r; note, when not nil, says which schema its value was
+// decoded with (r.Value is then the decoded JSON).
+func showText(w io.Writer, r *dlq.Record, note *schemaNote) {
 	f := r.Failure
 	fmt.Fprintf(w, "record:    %s partition %d offset %d (timestamp %s)\n", r.Topic, r.Partition, r.Offset, fmtTime(r.Timestamp))
 	if r.Key == nil {
@@ -404,7 +412,7 @@ func showText(w io.Writer, r *dlq.Record) {
 		fmt.Fprintln(w, "stack:")
 		block(w, string(f.Stack))
 	}
-	fmt.Fprintln(w, "payload:")
+	fmt.Fprintln(w, note.heading())
 	payload(w, r.Value)
 }
 
@@ -422,7 +430,9 @@ func jsonBytes(b []byte) any {
 	}
 }
 
-func showJSON(w io.Writer, r *dlq.Record) error {
+// showJSON writes r as JSON; with note, "value" is the decoded JSON and
+// "value_schema" the schema it was decoded with (or why it was not).
+func showJSON(w io.Writer, r *dlq.Record, note *schemaNote) error {
 	// Headers in order, duplicates kept: [{"key": …, "value": …}, …].
 	headers := []map[string]any{}
 	for _, h := range r.OriginalHeaders() {
@@ -447,6 +457,9 @@ func showJSON(w io.Writer, r *dlq.Record) error {
 	}
 	if r.DecodeErr != nil {
 		out["decode_error"] = r.DecodeErr.Error()
+	}
+	if note != nil {
+		out["value_schema"] = note.json()
 	}
 	return writeJSON(w, out)
 }

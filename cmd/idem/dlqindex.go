@@ -31,6 +31,8 @@ func (a *app) dlqDBFlags(c *cobra.Command) {
 	f.StringSliceVar(&a.mask, "mask", nil, "JSON path to mask in list and show, e.g. card.number (repeatable); masked values and card numbers are also hidden in errors, stacks, headers and keys")
 	envFlag(f, "mask", "IDEM_MASK")
 	encryptionFlag(f, &a.keyFile)
+	f.StringVar(&a.registryURL, "registry-url", "", "the schema registry's Confluent-compatible API: list and show decode values in its wire format (Avro, Protobuf, JSON Schema) to JSON, and --mask applies to the decoded fields; auth from IDEM_REGISTRY_USER and IDEM_REGISTRY_PASSWORD, or IDEM_REGISTRY_TOKEN")
+	envFlag(f, "registry-url", "SCHEMA_REGISTRY_URL")
 	f.BoolVar(&a.fromTopic, "from-topic", false, "read the dead-letter topic itself (its admin group's offsets), even with --database-url or DATABASE_URL")
 }
 
@@ -197,7 +199,7 @@ func indexList(ctx context.Context, a *app, t dlqTopic, filter, status string, l
 	if err != nil {
 		return err
 	}
-	if err := maskIndexList(ctx, m, s, groups, page.Records); err != nil {
+	if err := a.maskIndexList(ctx, m, s, groups, page.Records); err != nil {
 		return err
 	}
 	if asJSON {
@@ -304,16 +306,26 @@ func indexShow(ctx context.Context, a *app, t dlqTopic, id int64, byOffset bool,
 	if err != nil {
 		return err
 	}
+	var note *schemaNote
+	if r.PayloadErr == nil && !r.ValueTruncated {
+		var dec []byte
+		if dec, note = a.decodeValue(ctx, r.Value); dec != nil {
+			r.Value = dec
+		}
+	}
+	for i, v := range r.Versions {
+		r.Versions[i].Value = a.maskable(ctx, v.Value)
+	}
 	r = maskIndexRecord(m, r)
 	if asJSON {
-		return indexShowJSON(a.out, r)
+		return indexShowJSON(a.out, r, note)
 	}
 	a.indexView()
 	fmt.Fprintf(a.out, "id:        %d\n", r.ID)
 	if r.PayloadErr != nil {
 		showUnreadable(a.out, r)
 	} else {
-		showText(a.out, asDLQRecord(r))
+		showText(a.out, asDLQRecord(r), note)
 	}
 	if r.ValueTruncated {
 		fmt.Fprintf(a.out, "  (the index keeps the first %d of %d bytes)\n", len(r.Value), r.ValueSize)
@@ -335,9 +347,9 @@ func indexShow(ctx context.Context, a *app, t dlqTopic, id int64, byOffset bool,
 	return nil
 }
 
-func indexShowJSON(w io.Writer, r failidx.Record) error {
+func indexShowJSON(w io.Writer, r failidx.Record, note *schemaNote) error {
 	var buf strings.Builder
-	if err := showJSON(&buf, asDLQRecord(r)); err != nil {
+	if err := showJSON(&buf, asDLQRecord(r), note); err != nil {
 		return err
 	}
 	return writeJSON(w, map[string]any{

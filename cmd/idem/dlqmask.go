@@ -112,8 +112,8 @@ func maskIndexRecord(m *mask.Masker, r failidx.Record) failidx.Record {
 
 // maskIndexList scrubs a list of the index with m: each record's error and
 // keys by the values masked in its own stored value, each group's sample
-// error by its sample record's.
-func maskIndexList(ctx context.Context, m *mask.Masker, s *failidx.Store, groups []failidx.FailureGroup, recs []failidx.Record) error {
+// error by its sample record's (registry values decoded: a.maskable).
+func (a *app) maskIndexList(ctx context.Context, m *mask.Masker, s *failidx.Store, groups []failidx.FailureGroup, recs []failidx.Record) error {
 	if !m.Active() {
 		return nil
 	}
@@ -129,10 +129,10 @@ func maskIndexList(ctx context.Context, m *mask.Masker, s *failidx.Store, groups
 		return err
 	}
 	for i, g := range groups {
-		groups[i].SampleError = m.For(vals[g.SampleID]).String(g.SampleError)
+		groups[i].SampleError = m.For(a.maskable(ctx, vals[g.SampleID])).String(g.SampleError)
 	}
 	for i, r := range recs {
-		sc := m.For(vals[r.ID])
+		sc := m.For(a.maskable(ctx, vals[r.ID]))
 		recs[i].Error, recs[i].IdempotencyKey, recs[i].Key = sc.String(r.Error), sc.String(r.IdempotencyKey), sc.Bytes(r.Key)
 	}
 	return nil
@@ -159,8 +159,9 @@ func showUnreadable(w io.Writer, r failidx.Record) {
 }
 
 // maskGroups scrubs each group's sample error with m by the values masked
-// in its sample record's value, read from the topic.
-func maskGroups(ctx context.Context, m *mask.Masker, cl *dlq.Client, topic string, groups []dlq.Group) error {
+// in its sample record's value, read from the topic (a registry value
+// decoded: a.maskable).
+func (a *app) maskGroups(ctx context.Context, m *mask.Masker, cl *dlq.Client, topic string, groups []dlq.Group) error {
 	if !m.Active() {
 		return nil
 	}
@@ -169,7 +170,7 @@ func maskGroups(ctx context.Context, m *mask.Masker, cl *dlq.Client, topic strin
 		if err != nil {
 			return fmt.Errorf("read group %s's sample to mask it: %w", g.Fingerprint, err)
 		}
-		groups[i].SampleError = m.For(r.Value).String(g.SampleError)
+		groups[i].SampleError = m.For(a.maskable(ctx, r.Value)).String(g.SampleError)
 	}
 	return nil
 }

@@ -36,6 +36,21 @@ func seedSecret(t *testing.T, k *idemtest.Kafka, topic, origin string) {
 		Value: []byte(`{"id":"pay-1","card":{"number":"4111111111111111"},"customer":{"email":"ann.lee@example.com"}}`), Headers: kitHeaders(hs)})
 }
 
+// indexOne makes the failure index's tables in pool's empty schema, indexes
+// topic's one record and returns its id.
+func indexOne(t *testing.T, k *idemtest.Kafka, pool *pgxpool.Pool, topic string) int64 {
+	t.Helper()
+	if err := schema.Migrate(testenv.Context(t), pool, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	indexTopic(t, k, pool, topic, 1)
+	var id int64
+	if err := pool.QueryRow(context.Background(), `SELECT id FROM idem_dlq_records`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
 // secrets lists which of seedSecret's secrets s shows.
 func secrets(s string) []string {
 	var out []string
@@ -70,14 +85,7 @@ func TestCLIMasksInsideText(t *testing.T) {
 			t.Errorf("idem %s: code %d, shows %q", strings.Join(args, " "), code, secrets(out))
 		}
 	}
-	if err := schema.Migrate(testenv.Context(t), pool, nil, nil); err != nil {
-		t.Fatal(err)
-	}
-	indexTopic(t, k, pool, topic, 1)
-	var id int64
-	if err := pool.QueryRow(context.Background(), `SELECT id FROM idem_dlq_records`).Scan(&id); err != nil {
-		t.Fatal(err)
-	}
+	id := indexOne(t, k, pool, topic)
 	for _, args := range [][]string{
 		{"dlq", "show", "--id", fmt.Sprint(id)},
 		{"dlq", "show", "--id", fmt.Sprint(id), "--json"},

@@ -47,8 +47,7 @@ func (a *app) encodeLines(ctx context.Context, o schemaOpts, lines []line) ([]li
 	if url == "" {
 		return nil, errors.New("--schema-subject and --schema-id need the registry: give --registry-url or set SCHEMA_REGISTRY_URL (make services writes it)")
 	}
-	reg, err := serde.NewRegistry(serde.RegistryConfig{URL: url,
-		Username: a.env("IDEM_REGISTRY_USER"), Password: a.env("IDEM_REGISTRY_PASSWORD"), BearerToken: a.env("IDEM_REGISTRY_TOKEN")})
+	reg, err := a.newRegistry(url)
 	if err != nil {
 		return nil, err
 	}

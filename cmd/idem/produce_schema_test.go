@@ -36,19 +36,27 @@ func testRegistry(t *testing.T) string {
 	return fake.URL()
 }
 
-// idem produce --schema-subject writes each JSON line in Confluent's wire
-// format with the subject's latest schema; a line that does not fit stops
-// everything before anything is sent.
-func TestProduceWithSchema(t *testing.T) {
-	k := idemtest.Connect(t)
-	topic := k.Topic(t, "typed", 1)
+// testRegistryClient returns testRegistry's URL, a client of it, and a
+// context for its requests.
+func testRegistryClient(t *testing.T) (string, *serde.Registry, context.Context) {
+	t.Helper()
 	url := testRegistry(t)
 	reg, err := serde.NewRegistry(serde.RegistryConfig{URL: url})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	t.Cleanup(cancel)
+	return url, reg, ctx
+}
+
+// idem produce --schema-subject writes each JSON line in Confluent's wire
+// format with the subject's latest schema; a line that does not fit stops
+// everything before anything is sent.
+func TestProduceWithSchema(t *testing.T) {
+	k := idemtest.Connect(t)
+	topic := k.Topic(t, "typed", 1)
+	url, reg, ctx := testRegistryClient(t)
 	subject := topic + "-value"
 	if _, err := reg.Register(ctx, subject, "AVRO", `{"type":"record","name":"Order","fields":[
 		{"name":"id","type":"string"},{"name":"cents","type":"long"},{"name":"currency","type":"string","default":"EUR"}]}`); err != nil {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/kafkaauth"
+	"github.com/idemhq/idem/serde"
 )
 
 // defaultBrokers is --brokers' default when KAFKA_BROKERS is not set.
@@ -50,6 +51,10 @@ type app struct {
 	// idem keys' --encryption-key-file.
 	mask    []string
 	keyFile string
+	// registryURL is the dlq commands' --registry-url; reg its client,
+	// made once (registry).
+	registryURL string
+	reg         *serde.Registry
 }
 
 // run executes the CLI with args and returns the exit code: 0 on success, 1
