@@ -124,6 +124,7 @@ type runner struct {
 	refused *refusals
 	order   *keyorder.Store // nil unless Ordering is ByKey
 	routes  *routeTable     // the handlers and their policies (route.go)
+	stepDB  dedupe.DB       // where durable steps record (steps.go); nil: nowhere
 	// owed keeps the OnDeadLettered calls a transaction owes until it has
 	// committed (settle.go); nil unless Transactions and OnDeadLettered.
 	owed *keyorder.Store
@@ -331,6 +332,9 @@ func (r *runner) run(ctx context.Context) (err error) {
 	}
 	r.group = group
 	r.pauses = newPauser(group, r.m.PartitionsPaused.WithLabelValues(r.cfg.Group))
+	var closeSteps func()
+	r.stepDB, closeSteps = stepPool(r.cfg)
+	defer closeSteps()
 	r.gate = newGate(r)
 
 	var wg sync.WaitGroup

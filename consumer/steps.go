@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/internal/steptable"
@@ -18,6 +19,35 @@ import (
 // handlers' root ctx when it is made (newWorker) and sets the key before
 // each handler call (setStepKey), so a call allocates nothing for it. A
 // batch handler's steps name their message with step.For.
+//
+// A step reads its row in the handler's transaction and records it on a
+// connection of its own, while the handler's holds one: from the store's
+// pool, every lane of the member could hold one connection each and wait
+// for another, for ever. So a step records through a pool of its own
+// (stepPool), of the store's database, that only such short statements use.
+
+// stepPoolSize bounds the connections steps record on, per member: each
+// holds one for a single INSERT.
+const stepPoolSize = 4
+
+// stepPool returns the database steps record on: for a store on a
+// *pgxpool.Pool, a pool of its own of the same database (stepPoolSize
+// connections, opened when first used), closed by the returned function;
+// for another store, its database itself (nil: none).
+func stepPool(cfg Config) (dedupe.DB, func()) {
+	db := storeDB(cfg.Dedupe)
+	p, ok := db.(*pgxpool.Pool)
+	if !ok || p == nil {
+		return db, func() {}
+	}
+	pc := p.Config()
+	pc.MaxConns, pc.MinConns = stepPoolSize, 0
+	own, err := pgxpool.NewWithConfig(context.Background(), pc) // connects lazily: no I/O here
+	if err != nil {
+		return db, func() {}
+	}
+	return own, own.Close
+}
 
 // storeDB returns the database of s (dedupe.Postgres, dedupe.PostgresLease),
 // or nil for a store without one (dedupe.NewMemory, a custom store).
@@ -36,7 +66,7 @@ func storeDB(s dedupe.Store) dedupe.DB {
 // stepScope gives w's handler ctx (w.ob.hctx, the root of every attempt's
 // ctx) its step scope.
 func (w *worker) stepScope() {
-	w.steps = steptable.Scope{DB: storeDB(w.r.cfg.Dedupe), Group: w.r.cfg.Group}
+	w.steps = steptable.Scope{DB: w.r.stepDB, Group: w.r.cfg.Group}
 	w.ob.hctx = steptable.WithScope(w.hctx, &w.steps)
 }
 

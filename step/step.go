@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/steptable"
 )
@@ -91,7 +92,11 @@ func Do[T any](ctx context.Context, name string, fn func(ctx context.Context) (T
 		return zero, err
 	}
 	id := steptable.ID{Group: sc.Group, Key: sc.Key, Step: name}
-	if row, ok, err := steptable.Get(ctx, sc.DB, id); err != nil {
+	var read dedupe.DB = sc.DB
+	if dedupe.HasTx(ctx) {
+		read = dedupe.Tx(ctx) // no second connection while the handler holds one
+	}
+	if row, ok, err := steptable.Get(ctx, read, id); err != nil {
 		return zero, fmt.Errorf("step %q: read its record: %w", name, err)
 	} else if ok {
 		return recorded[T](name, row)

@@ -215,3 +215,35 @@ func TestStepUnderTransactions(t *testing.T) {
 		t.Fatalf("the bank saw %d requests for %d orders: a retry called it again", n, len(orders))
 	}
 }
+
+// Steps with more lanes than the store's pool has connections: each lane's
+// handler holds a connection for its transaction while its step records on
+// another, which a shared pool could not give (every lane waiting for a
+// second connection, for ever); the consumer records steps through a pool
+// of their own, so every payment is charged once and applied.
+func TestStepsWithMoreLanesThanConnections(t *testing.T) {
+	testenv.SkipIfShort(t)
+	e := newEnv(t)
+	cfg, err := pgxpool.ParseConfig(e.pg.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 2
+	small, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(small.Close)
+	orders := make([]string, 40)
+	for i := range orders {
+		orders[i] = fmt.Sprintf("order-%02d", i)
+	}
+	e.produce(t, orders...)
+	ccfg := idemtest.WithPostgres(t, e.kafka.Config(t, e.group, e.topic), small)
+	ccfg.Concurrency = 8
+	idemtest.Start(t, ccfg, payments(e.pg.Pool, nil))
+	waitCount(t, e.pg.Pool, len(orders), `SELECT count(*) FROM effects`)
+	if n := count(t, e.pg.Pool, `SELECT count(*) FROM bank_requests`); n != len(orders) {
+		t.Fatalf("the bank saw %d requests for %d orders", n, len(orders))
+	}
+}
