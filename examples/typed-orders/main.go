@@ -1,8 +1,10 @@
 // Command typed-orders is idem with typed messages: two topics whose
 // records are in a schema registry's wire format — orders in Avro,
-// shipments in Protobuf — each decoded for its handler, the idempotency key
-// of an order read from its Avro value, and the card charged through a
-// durable step with a derived idempotency key. See README.md.
+// shipments and returns in Protobuf — handled by three routes of one
+// consumer.Run (by topic, and by the record's type), each decoded for its
+// handler, the idempotency key of an order read from its Avro value, and
+// the card charged through a durable step with a derived idempotency key.
+// See README.md.
 //
 //	make services
 //	set -a; . .state/services.env; set +a
@@ -92,6 +94,7 @@ type summary struct {
 	Recorded, DistinctCharges  int
 	Requests, Charges, Retried int
 	WantShipped, Shipped       int
+	WantReturned, Returned     int
 	Took                       time.Duration
 }
 
@@ -100,7 +103,8 @@ func (s summary) print(w io.Writer) {
 	fmt.Fprintf(w, "  orders:     %d Avro records (+%d duplicate deliveries), key read from the value, in %s\n", s.Orders, s.Duplicates, s.Took.Round(time.Millisecond))
 	fmt.Fprintf(w, "  recorded:   %d orders, %d distinct charges\n", s.Recorded, s.DistinctCharges)
 	fmt.Fprintf(w, "  psp:        %d requests, %d charges (%d handlers failed after charging and were retried)\n", s.Requests, s.Charges, s.Retried)
-	fmt.Fprintf(w, "  shipments:  %d of %d Protobuf records recorded\n", s.Shipped, s.WantShipped)
+	fmt.Fprintf(w, "  shipments:  %d of %d Protobuf Shipped records recorded (route \"shipped\")\n", s.Shipped, s.WantShipped)
+	fmt.Fprintf(w, "  returns:    %d of %d Protobuf Returned records recorded (route \"returned\", same topic)\n", s.Returned, s.WantReturned)
 }
 
 // check says whether the figures balance: every order recorded and charged
@@ -115,6 +119,9 @@ func (s summary) check() error {
 	}
 	if s.Shipped != s.WantShipped {
 		errs = append(errs, fmt.Errorf("%d shipments recorded, want %d", s.Shipped, s.WantShipped))
+	}
+	if s.Returned != s.WantReturned {
+		errs = append(errs, fmt.Errorf("%d returns recorded, want %d", s.Returned, s.WantReturned))
 	}
 	return errors.Join(errs...)
 }
@@ -142,7 +149,8 @@ func demo(ctx context.Context, brokers []string, dbURL, registryURL string, o op
 	if _, err := pool.Exec(ctx, `
 		CREATE TABLE IF NOT EXISTS typed_orders (order_id text PRIMARY KEY, customer text NOT NULL,
 			cents bigint NOT NULL, currency text NOT NULL, charge_id text NOT NULL);
-		CREATE TABLE IF NOT EXISTS typed_shipments (order_id text PRIMARY KEY, carrier text NOT NULL, tracking text NOT NULL)`); err != nil {
+		CREATE TABLE IF NOT EXISTS typed_shipments (order_id text PRIMARY KEY, carrier text NOT NULL, tracking text NOT NULL);
+		CREATE TABLE IF NOT EXISTS typed_returns (order_id text PRIMARY KEY, reason text NOT NULL)`); err != nil {
 		return s, err
 	}
 	reg, err := serde.NewRegistry(serde.RegistryConfig{URL: registryURL})
@@ -156,11 +164,11 @@ func demo(ctx context.Context, brokers []string, dbURL, registryURL string, o op
 	}
 	scfg := sarama.NewConfig()
 	scfg.Version = sarama.V4_0_0_0
+	defer deleteRunTopics(brokers, scfg, s.Run, log) // the sources, and the retry and dead-letter topics idem made
 	for _, topic := range []string{ordersTopic, shipmentsTopic} {
 		if err := createTopic(brokers, scfg, topic); err != nil {
 			return s, err
 		}
-		defer deleteTopic(brokers, scfg, topic, log)
 	}
 	start := time.Now()
 	if err := s.produce(ctx, brokers, scfg, c, o.N, ordersTopic, shipmentsTopic); err != nil {
@@ -170,21 +178,23 @@ func demo(ctx context.Context, brokers []string, dbURL, registryURL string, o op
 	psp := newPSP()
 	var retried atomic.Int64
 	flaky := func(o OrderPlaced) bool { return strings.HasSuffix(o.OrderID, "3") } // one order in ten
-	h := dispatch(routes(c, pool, psp, ordersTopic, shipmentsTopic, flaky, &retried))
 	cfg := consumer.Config{
 		Brokers: brokers, Group: s.Run, Topics: []string{ordersTopic, shipmentsTopic},
-		// Shipments carry an idempotency-key header; an order's key is its
-		// id, read from the decoded Avro value.
-		KeyFunc: consumer.FirstOf(consumer.HeaderKey("idempotency-key"),
-			c.orders.Key(func(o OrderPlaced) string { return o.OrderID })),
+		Routes: routes(c, psp, ordersTopic, shipmentsTopic, flaky, &retried),
+		// The type of a record of the shipments topic is the Protobuf
+		// message its index path names (typedorders.Shipped, …).
+		TypeOf: reg.RecordName,
+		// Shipments and returns carry an idempotency-key header (the
+		// default KeyFunc); the "placed" route reads an order's from its
+		// Avro value.
 		Dedupe: dedupe.NewPostgres(pool),
 		Sarama: scfg,
 		Logger: log,
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- consumer.Run(runCtx, cfg, h) }()
-	waitErr := waitFinal(ctx, pool, s.Run, o.N, s.WantShipped)
+	go func() { done <- consumer.Run(runCtx, cfg, nil) }() // routes only: what none takes is dead-lettered
+	waitErr := waitFinal(ctx, pool, s.Run, o.N, s.WantShipped, s.WantReturned)
 	stop()
 	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
 		waitErr = errors.Join(waitErr, err)
@@ -195,15 +205,17 @@ func demo(ctx context.Context, brokers []string, dbURL, registryURL string, o op
 	if err := pool.QueryRow(ctx, `SELECT
 		(SELECT count(*) FROM typed_orders WHERE order_id LIKE $1),
 		(SELECT count(DISTINCT charge_id) FROM typed_orders WHERE order_id LIKE $1),
-		(SELECT count(*) FROM typed_shipments WHERE order_id LIKE $1)`, s.Run+"-%").
-		Scan(&s.Recorded, &s.DistinctCharges, &s.Shipped); err != nil {
+		(SELECT count(*) FROM typed_shipments WHERE order_id LIKE $1),
+		(SELECT count(*) FROM typed_returns WHERE order_id LIKE $1)`, s.Run+"-%").
+		Scan(&s.Recorded, &s.DistinctCharges, &s.Shipped, &s.Returned); err != nil {
 		waitErr = errors.Join(waitErr, err)
 	}
 	return s, waitErr
 }
 
-// produce places n orders (every tenth delivered twice) and ships every
-// third, encoded with the codecs (which register their schemas).
+// produce places n orders (every tenth delivered twice), ships every third
+// and takes every fifth back, encoded with the codecs (which register their
+// schemas).
 func (s *summary) produce(ctx context.Context, brokers []string, scfg *sarama.Config, c codecs, n int, ordersTopic, shipmentsTopic string) error {
 	pcfg := *scfg
 	pcfg.Producer.Return.Successes = true
@@ -237,6 +249,15 @@ func (s *summary) produce(ctx context.Context, brokers []string, scfg *sarama.Co
 				Headers: []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte("ship-" + o.OrderID)}}})
 			s.WantShipped++
 		}
+		if i%5 == 0 {
+			rv, err := c.returns.Encode(ctx, &shippingpb.Returned{OrderId: o.OrderID, Reason: "damaged"})
+			if err != nil {
+				return err
+			}
+			msgs = append(msgs, &sarama.ProducerMessage{Topic: shipmentsTopic, Key: sarama.StringEncoder(o.OrderID), Value: sarama.ByteEncoder(rv),
+				Headers: []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte("return-" + o.OrderID)}}})
+			s.WantReturned++
+		}
 	}
 	if err := p.SendMessages(msgs); err != nil {
 		return fmt.Errorf("produce: %w", err)
@@ -244,22 +265,24 @@ func (s *summary) produce(ctx context.Context, brokers []string, scfg *sarama.Co
 	return nil
 }
 
-// waitFinal polls until the run's orders and shipments are all recorded.
-func waitFinal(ctx context.Context, pool *pgxpool.Pool, run string, orders, shipments int) error {
+// waitFinal polls until the run's orders, shipments and returns are all
+// recorded.
+func waitFinal(ctx context.Context, pool *pgxpool.Pool, run string, orders, shipments, returns int) error {
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
 	for {
-		var o, sh int
+		var o, sh, re int
 		if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM typed_orders WHERE order_id LIKE $1),
-			(SELECT count(*) FROM typed_shipments WHERE order_id LIKE $1)`, run+"-%").Scan(&o, &sh); err != nil {
+			(SELECT count(*) FROM typed_shipments WHERE order_id LIKE $1),
+			(SELECT count(*) FROM typed_returns WHERE order_id LIKE $1)`, run+"-%").Scan(&o, &sh, &re); err != nil {
 			return err
 		}
-		if o == orders && sh == shipments {
+		if o == orders && sh == shipments && re == returns {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%d of %d orders and %d of %d shipments recorded: %w", o, orders, sh, shipments, ctx.Err())
+			return fmt.Errorf("%d of %d orders, %d of %d shipments and %d of %d returns recorded: %w", o, orders, sh, shipments, re, returns, ctx.Err())
 		case <-t.C:
 		}
 	}
@@ -277,14 +300,26 @@ func createTopic(brokers []string, scfg *sarama.Config, topic string) error {
 	return nil
 }
 
-// deleteTopic removes the run's topic; the rows stay, scoped by the run id.
-func deleteTopic(brokers []string, scfg *sarama.Config, topic string, log *slog.Logger) {
+// deleteRunTopics removes the run's topics: its sources and the retry and
+// dead-letter topics idem made for them, all named after the run; the rows
+// stay, scoped by the run id.
+func deleteRunTopics(brokers []string, scfg *sarama.Config, run string, log *slog.Logger) {
 	admin, err := sarama.NewClusterAdmin(brokers, scfg)
-	if err == nil {
-		err = admin.DeleteTopic(topic)
-		_ = admin.Close()
-	}
 	if err != nil {
-		log.Warn("delete the run's topic", "topic", topic, "err", err)
+		log.Warn("delete the run's topics", "err", err)
+		return
+	}
+	defer admin.Close()
+	topics, err := admin.ListTopics()
+	if err != nil {
+		log.Warn("delete the run's topics", "err", err)
+		return
+	}
+	for name := range topics {
+		if strings.HasPrefix(name, run+"-") {
+			if err := admin.DeleteTopic(name); err != nil {
+				log.Warn("delete the run's topic", "topic", name, "err", err)
+			}
+		}
 	}
 }

@@ -9,10 +9,11 @@ import (
 )
 
 // TestDemoBalances runs the example end to end against real Kafka,
-// PostgreSQL and the schema registry: every order is decoded, keyed from its
-// Avro value, charged once through its step (a handler that fails after the
-// charge is retried without a second charge, a duplicate delivery is
-// dropped by the inbox), and every Protobuf shipment is recorded.
+// PostgreSQL and the schema registry: every order is decoded by its route,
+// keyed from its Avro value, charged once through its step (a handler that
+// fails after the charge is retried without a second charge, a duplicate
+// delivery is dropped by the inbox), and every Protobuf shipment and
+// return, on one topic, is recorded by its own route (by record name).
 func TestDemoBalances(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs Kafka, PostgreSQL and a schema registry (skipped under -short)")
@@ -31,7 +32,7 @@ func TestDemoBalances(t *testing.T) {
 	if err := s.check(); err != nil {
 		t.Fatalf("figures do not balance:\n%v", err)
 	}
-	if s.Retried != 3 || s.Duplicates != 3 || s.WantShipped != 10 {
+	if s.Retried != 3 || s.Duplicates != 3 || s.WantShipped != 10 || s.WantReturned != 6 {
 		t.Fatalf("the run does not exercise retries after a charge, duplicates and shipments: %+v", s)
 	}
 }

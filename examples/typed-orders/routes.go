@@ -4,12 +4,13 @@ import (
 	"context"
 	"fmt"
 	"sync/atomic"
+	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
+	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/examples/typed-orders/shippingpb"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/retrytopic"
 	"github.com/idemhq/idem/serde"
 	"github.com/idemhq/idem/step"
 )
@@ -30,21 +31,11 @@ const orderSchema = `{"type":"record","name":"OrderPlaced","namespace":"typedord
 	{"name":"cents","type":"long"},
 	{"name":"currency","type":"string","default":"EUR"}]}`
 
-// route is one kind of message the service handles: a topic and the typed
-// handler of its records. Today the service dispatches by topic itself
-// (dispatch); when idem routes inside one Run (issue 30, item 3), each
-// route becomes a route of the consumer's configuration, with its own retry
-// rules, and a third joins them: Returned records on the shipments topic,
-// routed by type (the Protobuf message name).
-type route struct {
-	topic string
-	h     handler.Handler
-}
-
-// codecs are the service's serdes, one per topic.
+// codecs are the service's serdes: one per record type.
 type codecs struct {
 	orders    *serde.Codec[OrderPlaced]
 	shipments *serde.Codec[*shippingpb.Shipped]
+	returns   *serde.Codec[*shippingpb.Returned]
 }
 
 func newCodecs(reg *serde.Registry, ordersTopic, shipmentsTopic string) (codecs, error) {
@@ -52,18 +43,37 @@ func newCodecs(reg *serde.Registry, ordersTopic, shipmentsTopic string) (codecs,
 	if err != nil {
 		return codecs{}, err
 	}
+	// Both messages of shipping.proto are written under the shipments
+	// topic's subject: a record's message index path says which it is.
 	shipments, err := serde.Protobuf[*shippingpb.Shipped](reg, serde.Options{Subject: shipmentsTopic + "-value", Schema: shippingpb.Proto})
 	if err != nil {
 		return codecs{}, err
 	}
-	return codecs{orders: orders, shipments: shipments}, nil
+	returns, err := serde.Protobuf[*shippingpb.Returned](reg, serde.Options{Subject: shipmentsTopic + "-value", Schema: shippingpb.Proto})
+	if err != nil {
+		return codecs{}, err
+	}
+	return codecs{orders: orders, shipments: shipments, returns: returns}, nil
 }
 
-// routes are the service's handlers: orders (Avro) charge the card through
-// a durable step and record the order; shipments (Protobuf) mark it
-// shipped. flaky, when set, fails an order's handler once after its step
-// (a lost connection, say) to show that the retry does not charge again.
-func routes(c codecs, pool *pgxpool.Pool, psp *PSP, ordersTopic, shipmentsTopic string, flaky func(OrderPlaced) bool, retried *atomic.Int64) []route {
+// routes are the service's three routes, each with the policies its
+// messages need, in one consumer.Run:
+//   - "placed": the orders topic (Avro). The idempotency key is the order
+//     id, read from the decoded value; the card is charged through a
+//     durable step with the step's derived key, then the order is recorded
+//     in the message's transaction. flaky, when set, fails an order's
+//     handler once after its step (a lost connection, say) to show that
+//     the retry does not charge again.
+//   - "shipped": Shipped records of the shipments topic (Protobuf), routed
+//     by their record name; keyed by their idempotency-key header.
+//   - "returned": Returned records of the same topic, routed the same way,
+//     with retry topics of their own (a return the warehouse system cannot
+//     take is kept apart from the shipments' failures) and a maximum age.
+//
+// A record of the shipments topic of another type, or whose value is not
+// in the registry's wire format, is dead-lettered (Config.Unmatched; kind
+// decode for the latter).
+func routes(c codecs, psp *PSP, ordersTopic, shipmentsTopic string, flaky func(OrderPlaced) bool, retried *atomic.Int64) []consumer.Route {
 	placed := handler.Typed(c.orders.Decode, func(ctx context.Context, o OrderPlaced, m *handler.Message) error {
 		chargeID, err := step.Do(ctx, "charge", func(ctx context.Context) (string, error) {
 			// The provider drops a second request with the same key: the
@@ -87,23 +97,19 @@ func routes(c codecs, pool *pgxpool.Pool, psp *PSP, ordersTopic, shipmentsTopic 
 			s.GetOrderId(), s.GetCarrier(), s.GetTracking())
 		return err
 	})
-	return []route{{ordersTopic, placed}, {shipmentsTopic, shipped}}
-}
-
-// dispatch is the one handler given to consumer.Run: it passes each record
-// to its topic's route (by Origin, so records read back from a retry tier
-// find their route too). A topic without a route cannot happen: Run reads
-// only the routes' topics.
-func dispatch(rs []route) handler.Handler {
-	byTopic := map[string]handler.Handler{}
-	for _, r := range rs {
-		byTopic[r.topic] = r.h
-	}
-	return handler.Func(func(ctx context.Context, m *handler.Message) error {
-		h, ok := byTopic[m.Origin().Topic]
-		if !ok {
-			return handler.Permanent(fmt.Errorf("no route for topic %s", m.Origin().Topic))
-		}
-		return h.Handle(ctx, m)
+	returned := handler.Typed(c.returns.Decode, func(ctx context.Context, r *shippingpb.Returned, m *handler.Message) error {
+		_, err := dedupe.Tx(ctx).Exec(ctx, `INSERT INTO typed_returns (order_id, reason) VALUES ($1, $2)`, r.GetOrderId(), r.GetReason())
+		return err
 	})
+	return []consumer.Route{{
+		Name: "placed", Topics: []string{ordersTopic}, Handler: placed,
+		KeyFunc: c.orders.Key(func(o OrderPlaced) string { return o.OrderID }),
+	}, {
+		Name: "shipped", Topics: []string{shipmentsTopic}, Types: []string{"typedorders.Shipped"}, Handler: shipped,
+	}, {
+		Name: "returned", Topics: []string{shipmentsTopic}, Types: []string{"typedorders.Returned"}, Handler: returned,
+		OwnTopics: true, // <shipments>.<group>.returned.retry.1, <shipments>.<group>.returned.dlq
+		Retry:     &consumer.RetryConfig{Attempts: 3, Tiers: retrytopic.Policy{Delays: []time.Duration{time.Minute}}},
+		Expiry:    &consumer.Expiry{MaxAge: 30 * 24 * time.Hour},
+	}}
 }

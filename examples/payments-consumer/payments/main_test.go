@@ -3,6 +3,7 @@ package payments
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -14,11 +15,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/breaker"
-	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/idemtest"
 )
 
 // servicesEnv returns the real services' addresses. Tests that need them
@@ -114,20 +116,29 @@ func TestDemoBalances(t *testing.T) {
 	}
 }
 
-// TestHandlePayment drives the handler through its paths in a transaction of
-// the test's own (dedupe.WithTx), as idem's inbox would.
-func TestHandlePayment(t *testing.T) {
+// testDB opens the service's database (DATABASE_URL), migrated, closed
+// when the test ends (after the cleanups the test registers later), and a
+// run id for the test's rows.
+func testDB(t *testing.T) (*pgxpool.Pool, string) {
+	t.Helper()
 	e := servicesEnv(t)
-	ctx := t.Context()
-	pool, err := openDB(ctx, e.DatabaseURL)
+	pool, err := openDB(t.Context(), e.DatabaseURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(pool.Close) // after the cleanup below, which needs it
-	if err := migrate(ctx, pool); err != nil {
+	t.Cleanup(pool.Close)
+	if err := migrate(t.Context(), pool); err != nil {
 		t.Fatal(err)
 	}
-	run := "test-" + newRunID()
+	return pool, "test-" + newRunID()
+}
+
+// TestHandlePayment drives the handler through its paths in a transaction of
+// the test's own, as the consumer does once the inbox took a key
+// (idemtest.Postgres.Handle).
+func TestHandlePayment(t *testing.T) {
+	ctx := t.Context()
+	pool, run := testDB(t)
 	if _, err := pool.Exec(ctx, `INSERT INTO orders (id) VALUES ($1), ($2)`, run+"-o1", run+"-o2"); err != nil {
 		t.Fatal(err)
 	}
@@ -136,14 +147,15 @@ func TestHandlePayment(t *testing.T) {
 		_, _ = pool.Exec(c, `DELETE FROM payments WHERE order_id LIKE $1`, run+"-%")
 		_, _ = pool.Exec(c, `DELETE FROM orders WHERE id LIKE $1`, run+"-%")
 		_, _ = pool.Exec(c, `DELETE FROM idem_outbox WHERE topic = $1`, run+".events")
+		_, _ = pool.Exec(c, `DELETE FROM idem_steps WHERE consumer_group = $1`, run)
 	})
 	svc, bk := testService(t, bankFaults{})
 	svc.eventsTopic = run + ".events"
-	// handle runs one message in a transaction that commits on success.
+	// handle runs one message in a transaction that commits on success, as
+	// the consumer does once the inbox took its key (none is recorded here).
+	db := &idemtest.Postgres{Pool: pool}
 	handle := func(key, body string) error {
-		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			return svc.handlePayment(dedupe.WithTx(ctx, tx), &handler.Message{Value: []byte(body), IdempotencyKey: key})
-		})
+		return db.Handle(ctx, run, handler.Func(svc.handlePayment), &handler.Message{Value: []byte(body), IdempotencyKey: key})
 	}
 	body := func(key, order, amount, cur string) string {
 		return fmt.Sprintf(`{"idempotency_key":%q,"order_id":%q,"amount":%s,"currency":%q}`, key, order, amount, cur)
@@ -266,6 +278,61 @@ func TestBankFaults(t *testing.T) {
 			t.Errorf("ledger: %d charges, %d repeats, %d double; want 2, 2, 0", f.Charges, f.Repeats, f.DoubleCharged)
 		}
 	})
+}
+
+// TestChargeIsAStep: the bank charge is a durable step of its message. A
+// handler that fails after the charge (its transaction rolled back) is
+// retried without a second call to the bank, which was called with the
+// step's derived key; and when the bank charged but its answer never came
+// (nothing recorded), the retry calls it again with the same key and it
+// charges once.
+func TestChargeIsAStep(t *testing.T) {
+	ctx := t.Context()
+	pool, run := testDB(t)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), `DELETE FROM idem_steps WHERE consumer_group = $1`, run)
+	})
+	db := &idemtest.Postgres{Pool: pool}
+	p := Payment{OrderID: run + "-o1", Amount: "1.00", Currency: "KRW"}
+	m := &handler.Message{IdempotencyKey: run + "-k1"}
+
+	svc, bk := testService(t, bankFaults{})
+	failsAfterCharge := handler.Func(func(ctx context.Context, m *handler.Message) error {
+		if err := svc.charge(ctx, p); err != nil {
+			return err
+		}
+		return errors.New("lost the database after charging")
+	})
+	for i := range 3 {
+		if err := db.Handle(ctx, run, failsAfterCharge, m); err == nil || !strings.Contains(err.Error(), "after charging") {
+			t.Fatalf("try %d: %v; want the failure after the charge", i+1, err)
+		}
+	}
+	f := bk.figures(run + "-")
+	if f.Calls != 1 || f.Charges != 1 {
+		t.Fatalf("the bank saw %d calls and made %d charges for three tries; want 1 and 1: the step's record answers the retries", f.Calls, f.Charges)
+	}
+	bk.mu.Lock()
+	for key := range bk.ledger {
+		if !strings.HasPrefix(key, "idem-") || key == m.IdempotencyKey {
+			t.Errorf("the bank was called with key %q; want the step's derived key (step.Key: idem-…)", key)
+		}
+	}
+	bk.mu.Unlock()
+
+	// Charged, but the answer came too late: nothing is recorded, and each
+	// retry calls the bank with the same key, which its ledger answers.
+	slow, sbk := testService(t, bankFaults{TimeoutRate: 1})
+	m2 := &handler.Message{IdempotencyKey: run + "-k2"}
+	charge := handler.Func(func(ctx context.Context, m *handler.Message) error { return slow.charge(ctx, p) })
+	for i := range 2 {
+		if err := db.Handle(ctx, run, charge, m2); err == nil || !handler.IsRetriable(err) {
+			t.Fatalf("try %d: %v; want the bank's timeout, retriable", i+1, err)
+		}
+	}
+	if f := sbk.figures(""); f.Calls != 2 || f.Charges != 1 || f.Repeats != 1 {
+		t.Errorf("the bank saw %d calls, made %d charges, answered %d from its ledger; want 2, 1, 1: the same key twice, one charge", f.Calls, f.Charges, f.Repeats)
+	}
 }
 
 func TestParseWindows(t *testing.T) {

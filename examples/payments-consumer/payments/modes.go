@@ -16,6 +16,7 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/outbox"
+	"github.com/idemhq/idem/step"
 )
 
 // The consumer's processing modes (-mode).
@@ -115,7 +116,8 @@ func (o *runOptions) run(ctx context.Context, cfg consumer.Config, rl *outbox.Re
 // handlePayments is the batch form of handlePayment, for handler.Batch:
 // the batch's valid payments are inserted with one statement and their
 // orders marked paid with another; then each payment stored is charged at the
-// bank and enqueues its payment.recorded event in the batch's transaction. A
+// bank, a durable step of its message (step.For names it in the batch), and
+// enqueues its payment.recorded event in the batch's transaction. A
 // message that cannot be applied is named in a *handler.BatchError with the
 // error handlePayment would return; idem then commits the others without it.
 func (s *service) handlePayments(ctx context.Context, msgs []*handler.Message) error {
@@ -172,7 +174,7 @@ func (s *service) handlePayments(ctx context.Context, msgs []*handler.Message) e
 				// This very payment was applied before: its event was enqueued then.
 				s.naturalDups.Add(1)
 			case paid[p.OrderID]:
-				if err := s.bank.Charge(ctx, m.IdempotencyKey, p); err != nil {
+				if err := s.charge(step.For(ctx, m), p); err != nil { // the step of m
 					be.Add(m, fmt.Errorf("charge payment %s: %w", m.IdempotencyKey, err))
 					continue
 				}

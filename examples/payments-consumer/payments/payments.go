@@ -15,6 +15,7 @@ import (
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/step"
 )
 
 // Payment is the event on the payments topic:
@@ -124,8 +125,12 @@ type service struct {
 //   - natural key: payments.idempotency_key is UNIQUE and the INSERT does
 //     nothing on conflict;
 //   - state transition: the order moves pending → paid only once;
-//   - the bank takes the idempotency key too, so a charge retried after a
-//     timeout (when the bank may have charged) is not charged again.
+//   - the bank charge is a durable step (charge): once it has succeeded, a
+//     retry of the message (this transaction rolled back, the process died
+//     before its commit) does not call the bank again, and the step's
+//     derived key makes the bank drop a second call the step's record could
+//     not prevent (a crash between the charge and the record, a timeout
+//     after which the bank had charged).
 //
 // Unknown orders, malformed JSON, non-positive amounts, unknown currencies and
 // a second, different payment for an already-paid order are permanent: they
@@ -184,9 +189,29 @@ func (s *service) handlePayment(ctx context.Context, m *handler.Message) error {
 		}
 	}
 	// Last, the external call: if it fails, the rows above roll back and the
-	// retry charges with the same key.
-	if err := s.bank.Charge(ctx, key, p); err != nil {
+	// retry charges again, with the same key.
+	if err := s.charge(ctx, p); err != nil {
 		return fmt.Errorf("charge payment %s: %w", key, err)
 	}
 	return enqueueRecorded(ctx, tx, s.eventsTopic, key, p) // commits with the payment
+}
+
+// charge charges p at the bank as a durable step of the message in ctx
+// (package step): the first success is recorded in idem_steps on a
+// connection of its own, at once, and every later call for the message, a
+// retry or a redelivery, returns it without calling the bank. The bank's
+// Idempotency-Key is the step's derived key (step.Key), the same for every
+// call of this step of this message, so the one call the record cannot
+// cover (the process dies after the bank charged and before the record
+// commits) is answered from the bank's ledger. A refusal (4xx) is recorded
+// as a permanent failure; a 5xx, a timeout or an open breaker records
+// nothing, and the retry calls the bank again.
+func (s *service) charge(ctx context.Context, p Payment) error {
+	_, err := step.Do(ctx, "charge", func(ctx context.Context) (bool, error) {
+		if err := s.bank.Charge(ctx, step.Key(ctx, "charge"), p); err != nil {
+			return false, err
+		}
+		return true, nil
+	})
+	return err
 }
