@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/twmb/franz-go/pkg/sr"
 
@@ -56,6 +57,14 @@ type Codec[T any] struct {
 
 	mu     sync.Mutex
 	writer *Schema // the schema Encode registered (Options.Schema set)
+
+	// last is the writer's schema Decode met last: a topic's records
+	// mostly share one, found here without the registry's lock (which
+	// every partition's decodes would otherwise take). scratch holds the T
+	// values Decode decodes into, so that the value the caller gets is
+	// its only copy, not a second allocation.
+	last    atomic.Pointer[Schema]
+	scratch sync.Pool
 }
 
 // Decode decodes m's value into a T. Its errors:
@@ -78,14 +87,23 @@ func (c *Codec[T]) Decode(ctx context.Context, m *handler.Message) (T, error) {
 	if err != nil {
 		return v, err
 	}
-	s, err := c.reg.SchemaByID(ctx, id)
-	if err != nil {
-		return v, err
+	s := c.last.Load()
+	if s == nil || s.ID != id {
+		if s, err = c.reg.SchemaByID(ctx, id); err != nil {
+			return v, err
+		}
+		c.last.Store(s)
 	}
 	if s.Type != c.format {
 		err = fmt.Errorf("the record's schema is %s, this codec reads %s", s.Type, c.format)
 	} else {
-		err = c.decode(s, body, &v)
+		p, _ := c.scratch.Get().(*T)
+		if p == nil {
+			p = new(T)
+		}
+		err = c.decode(s, body, p)
+		v, *p = *p, v // v is the zero T here: the scratch value goes back cleared
+		c.scratch.Put(p)
 	}
 	if err != nil {
 		return v, handler.Decode(&DecodeError{SchemaID: id, Subject: c.reg.subjectOf(ctx, id), Err: err})
