@@ -73,11 +73,17 @@ var readers = sync.Pool{New: func() any { return avro.NewReader(nil, 0) }}
 // for success, so a record cut inside its last number decoded as 0
 // (TestPoisonRecords/truncated_Avro_payload).
 func avroUnmarshal(schema avro.Schema, body []byte, v any) error {
+	return avroRead(body, func(r *avro.Reader) { r.ReadVal(schema, v) })
+}
+
+// avroRead runs read on a pooled reader of body and returns its error
+// (avroReadErr).
+func avroRead(body []byte, read func(r *avro.Reader)) error {
 	r := readers.Get().(*avro.Reader)
 	defer func() { r.Reset(nil); readers.Put(r) }() // keep no record's bytes
 	r.Reset(body)
 	r.Error = nil
-	r.ReadVal(schema, v)
+	read(r)
 	return avroReadErr(r.Error)
 }
 
@@ -134,12 +140,7 @@ func newAvroDecoder(s *Schema, reader avro.Schema, ptrType reflect2.Type) *avroD
 // avroDecode decodes body into the value ptr points to with dec, failing on
 // a payload that ends inside a value, as avroUnmarshal does.
 func avroDecode(dec avro.ValDecoder, body []byte, ptr unsafe.Pointer) error {
-	r := readers.Get().(*avro.Reader)
-	defer func() { r.Reset(nil); readers.Put(r) }() // keep no record's bytes
-	r.Reset(body)
-	r.Error = nil
-	dec.Decode(ptr, r)
-	return avroReadErr(r.Error)
+	return avroRead(body, func(r *avro.Reader) { dec.Decode(ptr, r) })
 }
 
 // resolve resolves writer into reader. A writer's schema that is the

@@ -294,4 +294,3 @@ func registryDownMidStream(t *testing.T, keyFromPayload bool) {
 		}
 	}
 }
-
