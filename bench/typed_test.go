@@ -15,6 +15,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/sr/srfake"
 
+	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/serde"
@@ -195,11 +196,33 @@ var typedTopic struct {
 // consumerRecords Avro records of the shared topic with a fresh group, the
 // typed or the raw handler, and returns how long the records took from the
 // first handled to the last (the group's join left out), and the CPU time
-// the process spent meanwhile (user and system, every goroutine): on a
-// machine shared with other work, wall time says more about the others
-// than about idem, CPU time much less.
+// the process spent meanwhile (consumeAll).
 func consumeTyped(b *testing.B, typed bool, run int) (wall, cpu time.Duration) {
-	k, topic := typedTopic.k, typedTopic.topic
+	return consumeAll(b, typedTopic.k, typedTopic.topic, fmt.Sprintf("idem-bench-typed-%v-%d", typed, run), nil, func(done func()) handler.Handler {
+		if typed {
+			return handler.Typed(typedTopic.codec.Decode, func(ctx context.Context, o benchOrder, m *handler.Message) error {
+				sink.Add(o.Cents)
+				done()
+				return nil
+			})
+		}
+		return handler.Func(func(ctx context.Context, m *handler.Message) error {
+			sink.Add(int64(len(m.Value)))
+			done()
+			return nil
+		})
+	})
+}
+
+// consumeAll runs consumer.Run (memory store) over the consumerRecords
+// records of topic with a fresh group named after name, the Config set by
+// set (when not nil) and the handler h makes (which calls done for each
+// record; nil: Routes only), and returns how long the records took from
+// the first handled to the last (the group's join left out), and the CPU
+// time the process spent meanwhile (user and system, every goroutine): on
+// a machine shared with other work, wall time says more about the others
+// than about idem, CPU time much less.
+func consumeAll(b *testing.B, k *idemtest.Kafka, topic, name string, set func(cfg *consumer.Config, done func()), h func(done func()) handler.Handler) (wall, cpu time.Duration) {
 	var n, first, last, cpuFirst atomic.Int64
 	done := func() {
 		now := time.Now().UnixNano()
@@ -209,21 +232,12 @@ func consumeTyped(b *testing.B, typed bool, run int) (wall, cpu time.Duration) {
 		last.Store(now)
 		n.Add(1)
 	}
-	var h handler.Handler = handler.Func(func(ctx context.Context, m *handler.Message) error {
-		sink.Add(int64(len(m.Value)))
-		done()
-		return nil
-	})
-	if typed {
-		h = handler.Typed(typedTopic.codec.Decode, func(ctx context.Context, o benchOrder, m *handler.Message) error {
-			sink.Add(o.Cents)
-			done()
-			return nil
-		})
-	}
-	cfg := k.Config(b, fmt.Sprintf("idem-bench-typed-%v-%d-%d", typed, run, time.Now().UnixNano()), topic)
+	cfg := k.Config(b, fmt.Sprintf("%s-%d", name, time.Now().UnixNano()), topic)
 	cfg.Sarama.Consumer.Offsets.Initial = -2 // oldest
-	c := idemtest.Start(b, cfg, h)
+	if set != nil {
+		set(&cfg, done)
+	}
+	c := idemtest.Start(b, cfg, h(done))
 	idemtest.Eventually(b, 5*time.Minute, func() error {
 		if got := n.Load(); got < consumerRecords {
 			return fmt.Errorf("%d of %d records", got, consumerRecords)
