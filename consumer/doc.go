@@ -191,8 +191,11 @@
 // wrapping an open circuit breaker (package breaker) means a dependency is
 // down: every partition of this consumer is paused for the breaker's
 // cool-down, then one message goes through as the half-open probe; no retries
-// are spent and nothing is forwarded (see BreakerMetrics). Store and
-// forwarding outages are waited out by each partition on its own.
+// are spent and nothing is forwarded (see BreakerMetrics). A KeyFunc or
+// Config.TypeOf that meets an open breaker (a schema registry the key or the
+// type is read through: serde's *UnavailableError) pauses the same way, and
+// the key or type is derived again after it. Store and forwarding outages
+// are waited out by each partition on its own.
 //
 // # Keys
 //
@@ -292,6 +295,21 @@
 // topic, no leader, too few replicas, a network error) is an outage. idem_partition_stalled_seconds shows how long each
 // partition has been failing on one message, and a WARN names the cause
 // every minute once it passes StallWarning.
+//
+// # Routes
+//
+// Config.Routes runs several handlers in one Run: each message goes to the
+// first [Route] that takes its topic and its type (Config.TypeHeader, such
+// as CloudEvents' ce_type, or Config.TypeOf, such as a schema registry's
+// record name), with that route's KeyFunc, Retry (rules, tiers, dead-letter
+// topics), Expiry and Batch; the handler given to Run, if any, takes the
+// rest with the Config's. Without it a message no route takes follows
+// Config.Unmatched (dead-letter, or skip). Config.Filter skips messages
+// before the inbox. A route's retry and dead-letter topics are the source
+// topic's, as without routes, unless it asks for its own (Route.OwnTopics);
+// Validate names the route and the field of every problem. The per-message
+// metrics carry a route label ("default" for Run's handler). See
+// docs/routes.md.
 //
 // # Batches and lanes
 //
