@@ -217,8 +217,8 @@ func newRouteTable(cfg Config, h handler.Handler, rules *recovery.Policy) (*rout
 		}
 		add(r.Name, r.Handler, orKeyFunc(r.KeyFunc, cfg.KeyFunc), retry, rrules, routeExpiry(cfg, r), routeBatch(cfg, r))
 	}
-	if h != nil {
-		t.def = add(defaultRoute, h, cfg.KeyFunc, cfg.Retry, rules, cfg.Expiry, cfg.Batch)
+	if h != nil { // a batch handler batches: Config.Batch, its MaxMessages 500 when left 0
+		t.def = add(defaultRoute, h, cfg.KeyFunc, cfg.Retry, rules, cfg.Expiry, routeBatch(cfg, Route{Handler: h}))
 	}
 	t.none = add("", nil, cfg.KeyFunc, cfg.Retry, rules, cfg.Expiry, BatchConfig{MaxMessages: 1})
 	if len(cfg.Routes) == 0 {
@@ -263,6 +263,18 @@ func newRouteTable(cfg Config, h handler.Handler, rules *recovery.Policy) (*rout
 		}
 	}
 	return t, nil
+}
+
+// names returns the routes' names, for the start's log: "default" for
+// Run's handler alone.
+func (t *routeTable) names() []string {
+	var out []string
+	for _, rt := range t.all {
+		if rt != t.none {
+			out = append(out, rt.name)
+		}
+	}
+	return out
 }
 
 // orKeyFunc returns a, or b when a is nil.

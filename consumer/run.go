@@ -99,7 +99,7 @@ const batchHandlerMaxMessages = 500
 // batchHandlerMaxMessages for a batch handler.
 func forHandler(cfg Config, h handler.Handler) (Config, handler.BatchHandler) {
 	bh, _ := h.(handler.BatchHandler)
-	if bh != nil && cfg.Batch.MaxMessages == 0 {
+	if bh != nil && cfg.Batch.MaxMessages == 0 && len(cfg.Routes) == 0 { // with routes, newRouteTable gives the default route its own
 		cfg.Batch.MaxMessages = batchHandlerMaxMessages
 	}
 	return cfg, bh
@@ -397,7 +397,7 @@ func (r *runner) logStart() {
 	}
 	r.log.Info("idem: consumer started", "topics", r.cfg.Topics, "mode", mode, "batch_max", r.cfg.Batch.MaxMessages,
 		"lanes", r.cfg.Concurrency, "ordering", r.cfg.Ordering.String(), "tiers", r.policy.Delays,
-		"dlq", r.policy.DLQ(r.cfg.Topics[0], r.cfg.Group), "key_func", r.cfg.KeyFunc.String())
+		"dlq", r.policy.DLQ(r.cfg.Topics[0], r.cfg.Group), "key_func", r.cfg.KeyFunc.String(), "routes", r.routes.names())
 }
 
 // fatalError is the error Run returns when a partition met a failure no
