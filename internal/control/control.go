@@ -11,7 +11,8 @@
 // The tables (migrations/0001_controls.sql, component "control"):
 // idem_control_pauses, idem_control_redrives, idem_control_redrive_parts and
 // idem_control_members. idem.Migrate creates them, and so does a consumer
-// with Config.Controls at its start.
+// with Config.Controls at its start (with the failure index's tables: the
+// changes are audited in idem_dlq_audit).
 package control
 
 import (
@@ -24,14 +25,20 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/pgmigrate"
 )
 
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
-// Migrate creates or upgrades the control tables (component "control").
+// Migrate creates or upgrades the control tables (component "control"),
+// and the failure index's (internal/indextable), whose audit table
+// (idem_dlq_audit) records every change of the controls.
 func Migrate(ctx context.Context, db pgmigrate.DB) error {
+	if err := indextable.Migrate(ctx, db); err != nil {
+		return fmt.Errorf("control: migrate: %w", err)
+	}
 	if err := pgmigrate.LoadApply(ctx, db, "control", migrationFS, nil); err != nil {
 		return fmt.Errorf("control: migrate: %w", err)
 	}
@@ -194,6 +201,16 @@ func (s State) Active(topic string, partition int32) (Redrive, Part, bool) {
 		}
 	}
 	return Redrive{}, Part{}, false
+}
+
+// Running reports whether re-drive id is in s and running.
+func (s State) Running(id int64) bool {
+	for _, r := range s.Redrives {
+		if r.ID == id {
+			return r.State == Running
+		}
+	}
+	return false
 }
 
 // Load reads the state of group: its pauses and its re-drives with their

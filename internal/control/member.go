@@ -135,6 +135,11 @@ func (w *Watcher) wait(ctx context.Context, conn *pgx.Conn) error {
 func Progress(ctx context.Context, db DB, id int64, partition int32, next int64, member string) (bool, error) {
 	var done bool
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		// The re-drive's row first: the parts of one re-drive end one at a
+		// time, so the last one's end sees every other's and ends it.
+		if _, err := tx.Exec(ctx, `SELECT 1 FROM idem_control_redrives WHERE id = $1 FOR UPDATE`, id); err != nil {
+			return err
+		}
 		err := tx.QueryRow(ctx, `UPDATE idem_control_redrive_parts SET next_offset = greatest(next_offset, least($3, end_offset)),
 				member = $4, updated_at = now(),
 				done_at = CASE WHEN greatest(next_offset, least($3, end_offset)) >= end_offset THEN coalesce(done_at, now()) END
@@ -155,13 +160,32 @@ func Progress(ctx context.Context, db DB, id int64, partition int32, next int64,
 	return done, nil
 }
 
+// PartOf reads re-drive id's part of partition as it stands, with the
+// re-drive's state: where a member (re)starts it.
+func PartOf(ctx context.Context, db DB, id int64, partition int32) (Part, string, error) {
+	var p Part
+	var state string
+	err := db.QueryRow(ctx, `SELECT p."partition", p.start_offset, p.end_offset, p.next_offset, p.member, p.updated_at, p.done_at IS NOT NULL, r.state
+		FROM idem_control_redrive_parts p JOIN idem_control_redrives r ON r.id = p.redrive_id
+		WHERE p.redrive_id = $1 AND p."partition" = $2`, id, partition).Scan(&p.Partition, &p.Start, &p.End, &p.Next, &p.Member, &p.UpdatedAt, &p.Done, &state)
+	if err != nil {
+		return p, "", fmt.Errorf("control: re-drive %d, partition %d: %w", id, partition, err)
+	}
+	return p, state, nil
+}
+
 // ReadWindow calls fn for each record of topic/partition in [from, end)
 // that a read_committed consumer gets (commit markers and aborted records
 // skipped), in order, reading straight from the partition's leader
-// (internal/committed). It returns fn's error, ctx's, or an error when the
-// partition does not move for a minute.
+// (internal/committed). Records below the log start offset (deleted by
+// retention since the window was fixed) are skipped. It returns fn's error,
+// ctx's, or an error when the partition does not move for a minute.
 func ReadWindow(ctx context.Context, client sarama.Client, topic string, partition int32, from, end int64, fn func(*sarama.ConsumerMessage) error) error {
-	return committed.Read(ctx, client, topic, partition, from, end, time.Minute, fn)
+	first, err := client.GetOffset(topic, partition, sarama.OffsetOldest)
+	if err != nil {
+		return fmt.Errorf("control: log start of %s/%d: %w", topic, partition, err)
+	}
+	return committed.Read(ctx, client, topic, partition, max(from, first), end, time.Minute, fn)
 }
 
 // StaleBeats is how many beats a member may miss before the fleet shows it
