@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -82,4 +83,23 @@ func window(client sarama.Client, r RedriveRequest, p int32) (Part, error) {
 	}
 	start = min(max(start, first), end)
 	return Part{Partition: p, Start: start, End: end, Next: start}, nil
+}
+
+// ParseWhen parses a time of a re-drive's window: an RFC 3339 time, a
+// datetime-local value ("2006-01-02T15:04", UTC), or a duration that long
+// before now ("90m", "1h"). "" is the zero time.
+func ParseWhen(s string, now time.Time) (time.Time, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil && d > 0 {
+		return now.Add(-d), nil
+	}
+	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05", "2006-01-02T15:04", "2006-01-02 15:04:05", "2006-01-02 15:04"} {
+		if t, err := time.ParseInLocation(layout, s, time.UTC); err == nil {
+			return t, nil
+		}
+	}
+	return time.Time{}, fmt.Errorf("%q: want an RFC 3339 time (2026-12-04T09:00:00Z) or how long ago (1h, 90m)", s)
 }
