@@ -162,22 +162,6 @@ func (p pauseRequest) pause() control.Pause {
 	return control.Pause{Group: strings.TrimSpace(p.Group), Topic: strings.TrimSpace(p.Topic), Partition: part, Reason: p.Reason}
 }
 
-// watching says whether a fresh member of group reports to the fleet, and
-// a warning when none does: a pause or a re-drive is then obeyed by no one
-// until a member with Config.Controls starts.
-func (s *server) watching(ctx context.Context, group string) string {
-	ms, err := s.ctl.Fleet(ctx, group)
-	if err != nil {
-		return ""
-	}
-	for _, m := range ms {
-		if !m.Stale {
-			return ""
-		}
-	}
-	return fmt.Sprintf("no running member of group %s reports to the fleet: this takes effect when members run with consumer.Config.Controls (they read it at their start)", group)
-}
-
 // setPause pauses (on) or resumes what req names, as id.
 func (s *server) setPause(r *http.Request, id identity, req pauseRequest, on bool) (map[string]any, error) {
 	p := req.pause()
@@ -202,7 +186,7 @@ func (s *server) setPause(r *http.Request, id identity, req pauseRequest, on boo
 		return nil, controlErr(err)
 	}
 	out := map[string]any{"pause": got}
-	if w := s.watching(r.Context(), p.Group); w != "" {
+	if w := s.ctl.Unwatched(r.Context(), p.Group); w != "" {
 		out["warning"] = w
 	}
 	return out, nil
@@ -328,7 +312,7 @@ func (s *server) redrive(r *http.Request, id identity, b redriveRequest) (redriv
 		return redriveOutcome{}, controlErr(err)
 	}
 	total, _ := rd.Offsets()
-	return redriveOutcome{DryRun: b.DryRun, Redrive: rd, Offsets: total, Warning: s.watching(r.Context(), req.Group)}, nil
+	return redriveOutcome{DryRun: b.DryRun, Redrive: rd, Offsets: total, Warning: s.ctl.Unwatched(r.Context(), req.Group)}, nil
 }
 
 func (s *server) apiRedrive(w http.ResponseWriter, r *http.Request, id identity) {

@@ -293,6 +293,23 @@ func Fleet(ctx context.Context, db DB, group string) ([]Member, error) {
 	return out, nil
 }
 
+// Unwatched returns a warning when no fresh member of group reports to the
+// fleet ("" when one does, or when the fleet cannot be read): a pause or a
+// re-drive is then obeyed by no one until members with Config.Controls
+// run.
+func (a Admin) Unwatched(ctx context.Context, group string) string {
+	ms, err := Fleet(ctx, a.DB, group)
+	if err != nil {
+		return ""
+	}
+	for _, m := range ms {
+		if !m.Stale {
+			return ""
+		}
+	}
+	return fmt.Sprintf("no running member of group %s reports to the fleet: this takes effect when members run with consumer.Config.Controls (they read it at their start)", group)
+}
+
 // Fleet is the package's Fleet on a.DB.
 func (a Admin) Fleet(ctx context.Context, group string) ([]Member, error) {
 	return Fleet(ctx, a.DB, group)
