@@ -391,7 +391,7 @@ func (c *claim) lanes(q *queue) {
 		}
 		wg.Wait()
 	}()
-	src := queueSource{c, q}
+	src := c.r.ctl.source(c, queueSource{c, q})
 	for {
 		m, ok := src.pop(c.stopCtx)
 		if !ok {

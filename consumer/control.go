@@ -168,8 +168,10 @@ type claimCtl struct {
 	changed chan struct{} // closed and replaced on every change
 	paused  bool          // an operator pause holds it
 	redrive int64         // the re-drive it runs now (0: none)
-	inHand  int           // workers holding a message they took
+	inHand  int           // workers (and the lanes' dispatcher) holding a message they took
 	working bool          // a worker asked for a message: the claim's recoveries are over
+	lanes   []chanSource  // the lanes' channels (Concurrency > 1)
+	quiet   bool          // quiesce found no message in hand: the re-drive reads
 	ended   map[int64]bool
 
 	next      atomic.Int64 // the next offset to take, for the lag; -1 until known
@@ -211,7 +213,12 @@ func (c *controls) join(cl *claim) func() {
 	}
 }
 
-// source returns src held by the live controls of cl's partition.
+// source returns src held by the live controls of cl's partition: the
+// partition's queue (its one worker's, or the lanes' dispatcher's) holds
+// for a pause and for a re-drive; a lane's channel holds for a pause only,
+// so that a re-drive's hold lets the lanes finish what was dispatched to
+// them (with Transactions a lane's forward may wait for an earlier message
+// of another lane: holding that one would hold both until the claim ends).
 func (c *controls) source(cl *claim, src source) source {
 	if c == nil {
 		return src
@@ -222,7 +229,14 @@ func (c *controls) source(cl *claim, src source) source {
 	if cc == nil {
 		return src
 	}
-	return &heldSource{cc: cc, src: src}
+	h := &heldSource{cc: cc, src: src, redrive: true}
+	if lane, ok := src.(chanSource); ok {
+		h.redrive = false
+		cc.mu.Lock()
+		cc.lanes = append(cc.lanes, lane)
+		cc.mu.Unlock()
+	}
+	return h
 }
 
 // broadcast wakes those waiting for a change; cc.mu is held.
@@ -231,9 +245,12 @@ func (cc *claimCtl) broadcast() {
 	cc.changed = make(chan struct{})
 }
 
-// held reports whether workers must hold; cc.mu is held.
-func (cc *claimCtl) held() bool {
-	return cc.ctl.state.Load() == nil || cc.paused || cc.redrive != 0
+// holds reports whether h must hold now: before the first state read,
+// while paused, and while a re-drive runs: a queue's source from its
+// start, a lane's once the lanes are quiet (a message a lane received just
+// as they became quiet waits); cc.mu is held.
+func (cc *claimCtl) holds(h *heldSource) bool {
+	return cc.ctl.state.Load() == nil || cc.paused || (cc.redrive != 0 && (h.redrive || cc.quiet))
 }
 
 // update follows the state: the operator pause, and a re-drive to run.
@@ -282,10 +299,12 @@ func (cc *claimCtl) wait(ctx context.Context) bool {
 	return ctx.Err() == nil
 }
 
-// heldSource is a worker's source held by the live controls.
+// heldSource is a worker's (or the lanes' dispatcher's) source held by the
+// live controls.
 type heldSource struct {
 	cc      *claimCtl
 	src     source
+	redrive bool // it holds while a re-drive runs, too
 	holding bool // the worker holds a message it took from here
 }
 
@@ -298,7 +317,7 @@ func (h *heldSource) pop(ctx context.Context) (*sarama.ConsumerMessage, bool) {
 	}
 	cc.working = true
 	cc.broadcast()
-	for cc.held() { // take nothing while held: it stays queued
+	for cc.holds(h) { // take nothing while held: it stays queued
 		if !cc.wait(ctx) {
 			cc.mu.Unlock()
 			return nil, false
@@ -311,7 +330,7 @@ func (h *heldSource) pop(ctx context.Context) (*sarama.ConsumerMessage, bool) {
 	}
 	cc.mu.Lock()
 	defer cc.mu.Unlock()
-	for cc.held() { // held while this worker waited: keep m, do not handle it yet
+	for cc.holds(h) { // held while this worker waited: keep m, do not handle it yet
 		if !cc.wait(ctx) {
 			return nil, false // stopping: m is redelivered to the next owner
 		}
@@ -325,7 +344,7 @@ func (h *heldSource) pop(ctx context.Context) (*sarama.ConsumerMessage, bool) {
 func (h *heldSource) more(ctx context.Context, wait time.Duration) (*sarama.ConsumerMessage, bool) {
 	cc := h.cc
 	cc.mu.Lock()
-	held := cc.held()
+	held := cc.holds(h)
 	cc.mu.Unlock()
 	if held {
 		return nil, false // the batch closes; the worker holds at its next pop
@@ -347,16 +366,18 @@ func (cc *claimCtl) taken(m *sarama.ConsumerMessage) {
 	}
 }
 
-// quiesce waits until no worker has a message in hand (the claim's
-// recoveries over); false when ctx ended first.
+// quiesce waits until no worker has a message in hand and the lanes'
+// channels are empty (the claim's recoveries over); false when ctx ended
+// first.
 func (cc *claimCtl) quiesce(ctx context.Context) bool {
 	cc.mu.Lock()
 	defer cc.mu.Unlock()
-	for !cc.working || cc.inHand > 0 {
+	for !cc.working || cc.inHand > 0 || slices.ContainsFunc(cc.lanes, func(l chanSource) bool { return len(l) > 0 }) {
 		if !cc.wait(ctx) {
 			return false
 		}
 	}
+	cc.quiet = true
 	return true
 }
 
@@ -364,6 +385,7 @@ func (cc *claimCtl) quiesce(ctx context.Context) bool {
 func (cc *claimCtl) setRedrive(id int64) {
 	cc.mu.Lock()
 	cc.redrive = id
+	cc.quiet = false
 	cc.ctl.r.pauses.set(cc.c.tp, pauseRedrive, id != 0)
 	cc.broadcast()
 	cc.mu.Unlock()

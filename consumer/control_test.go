@@ -357,7 +357,7 @@ func (e *env) client() sarama.Client {
 // same epoch does nothing.
 func TestRedriveRunsEachKeyOnceMore(t *testing.T) {
 	t.Parallel()
-	forEachMode(t, []testMode{"", "batch", "lanes", "txn"}, func(t *testing.T, mode testMode) {
+	forEachMode(t, []testMode{"", "batch", "lanes", "lanes-batch", "txn", "txn-lanes"}, func(t *testing.T, mode testMode) {
 		const partitions = 2
 		e := newControlEnv(t, partitions).in(mode)
 		now := time.Now()
@@ -472,5 +472,38 @@ func TestRedriveSurvivesACrash(t *testing.T) {
 	}
 	if n := e.count(`SELECT count(*) FROM control_effects WHERE epoch = 0`); n != total {
 		t.Errorf("epoch 0 effects = %d, want %d", n, total)
+	}
+}
+
+// TestRedriveCoversRecordsNotReachedYet: records of a window that the group
+// had not handled when the re-drive was asked (its member was down) are
+// handled once, under the re-drive's epoch, and never under epoch 0: the
+// re-drive reads them, and the live flow, which reaches them after, finds
+// them done in the epoch.
+func TestRedriveCoversRecordsNotReachedYet(t *testing.T) {
+	t.Parallel()
+	e := newControlEnv(t, 1)
+	e.produceAt(coreKeys("seen", 10), 1, func(int) time.Time { return time.Now() })
+	cfg := e.config()
+	cfg.Controls = e.pool
+	timing := consumer.WithControlsTiming(context.Background(), 200*time.Millisecond, time.Second)
+	first := startCtx(t, timing, cfg, epochHandler(func() string { return "v1" }))
+	e.waitCommitted(e.topic, 1, time.Minute)
+	if err := first.stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.produceAt(coreKeys("unseen", 10), 1, func(int) time.Time { return time.Now() })
+	rd := e.redrive(e.client(), time.Now().Add(-time.Hour), time.Time{}, 0, 0)
+	if total, _ := rd.Offsets(); total != 20 {
+		t.Fatalf("the window holds %d offsets, want 20", total)
+	}
+	startCtx(t, timing, cfg, epochHandler(func() string { return "v2" }))
+	e.waitRedrive(rd.ID, 2*time.Minute)
+	e.waitCommitted(e.topic, 1, time.Minute)
+	if n := e.count(`SELECT count(*) FROM control_effects WHERE key LIKE 'unseen-%' AND epoch = 0`); n != 0 {
+		t.Errorf("%d records the group had not reached ran under epoch 0 too", n)
+	}
+	if n, keys := e.count(`SELECT count(*) FROM control_effects WHERE epoch = $1`, rd.Epoch), e.count(`SELECT count(DISTINCT key) FROM control_effects WHERE epoch = $1`, rd.Epoch); n != 20 || keys != 20 {
+		t.Errorf("effects under the epoch = %d of %d keys, want 20 of 20", n, keys)
 	}
 }
