@@ -288,7 +288,7 @@ func TestWatcherFollowsChanges(t *testing.T) {
 	a := control.Admin{DB: pool}
 	pause := func(p int32) {
 		t.Helper()
-		if _, err := a.Pause(ctx, "alice", control.Pause{Group: "billing", Topic: "payments", Partition: p, Reason: "test"}); err != nil {
+		if _, err := a.Pause(t.Context(), "alice", control.Pause{Group: "billing", Topic: "payments", Partition: p, Reason: "test"}); err != nil {
 			t.Fatal(err)
 		}
 	}
