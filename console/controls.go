@@ -112,7 +112,7 @@ func (s *server) fleet(r *http.Request) ([]fleetGroup, error) {
 func (s *server) apiFleet(w http.ResponseWriter, r *http.Request, id identity) {
 	gs, err := s.fleet(r)
 	if err != nil {
-		s.fail(w, r, id, true, err)
+		s.fail(w, r, id, true, controlErr(err))
 		return
 	}
 	writeJSON200(w, http.StatusOK, map[string]any{"groups": gs, "stale_after_beats": control.StaleBeats})
@@ -121,7 +121,7 @@ func (s *server) apiFleet(w http.ResponseWriter, r *http.Request, id identity) {
 func (s *server) uiFleet(w http.ResponseWriter, r *http.Request, id identity) {
 	gs, err := s.fleet(r)
 	if err != nil {
-		s.fail(w, r, id, false, err)
+		s.fail(w, r, id, false, controlErr(err))
 		return
 	}
 	s.render(w, r, id, http.StatusOK, "fleet", "Fleet", "fleet", map[string]any{"Groups": gs, "StaleBeats": control.StaleBeats})
@@ -141,6 +141,9 @@ func controlErr(err error) error {
 		return &inputError{code: http.StatusConflict, msg: err.Error()}
 	case errors.Is(err, control.ErrNotFound):
 		return &inputError{code: http.StatusNotFound, field: "id", msg: err.Error()}
+	case control.MissingTables(err):
+		return &inputError{code: http.StatusServiceUnavailable,
+			msg: "this database has no live controls' tables (idem_control_*): run idem migrate, or idem.Migrate, on it"}
 	}
 	return err
 }
@@ -211,7 +214,7 @@ func (s *server) apiSetPause(on bool) func(w http.ResponseWriter, r *http.Reques
 func (s *server) apiPauses(w http.ResponseWriter, r *http.Request, id identity) {
 	ps, err := s.ctl.Pauses(r.Context(), r.URL.Query().Get("group"))
 	if err != nil {
-		s.fail(w, r, id, true, err)
+		s.fail(w, r, id, true, controlErr(err))
 		return
 	}
 	writeJSON200(w, http.StatusOK, map[string]any{"pauses": nonNil(ps)})
@@ -340,7 +343,8 @@ func (s *server) redrives(r *http.Request) ([]control.Redrive, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.ctl.Redrives(r.Context(), r.URL.Query().Get("group"), limit)
+	rs, err := s.ctl.Redrives(r.Context(), r.URL.Query().Get("group"), limit)
+	return rs, controlErr(err)
 }
 
 func (s *server) apiRedrives(w http.ResponseWriter, r *http.Request, id identity) {
@@ -528,7 +532,11 @@ type liveControls struct {
 }
 
 func (s *server) liveControls(ctx context.Context) (liveControls, error) {
+	out := liveControls{Pauses: []control.Pause{}, Redrives: []control.Redrive{}}
 	ps, err := s.ctl.Pauses(ctx, "")
+	if control.MissingTables(err) { // a database without them: nothing to show
+		return out, nil
+	}
 	if err != nil {
 		return liveControls{}, err
 	}
@@ -536,7 +544,7 @@ func (s *server) liveControls(ctx context.Context) (liveControls, error) {
 	if err != nil {
 		return liveControls{}, err
 	}
-	out := liveControls{Pauses: nonNil(ps), Redrives: []control.Redrive{}}
+	out.Pauses = nonNil(ps)
 	for _, r := range rs {
 		if r.State == control.Running {
 			out.Redrives = append(out.Redrives, r)

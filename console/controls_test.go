@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"sync/atomic"
@@ -17,6 +18,9 @@ import (
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/control"
+	"github.com/idemhq/idem/internal/indextable"
+	"github.com/idemhq/idem/internal/seal"
+	"github.com/idemhq/idem/internal/testenv"
 )
 
 // lastAudit returns the newest audit row of action.
@@ -302,5 +306,37 @@ func TestBrowserLiveControls(t *testing.T) {
 	}
 	if a := e.lastAudit(t, "redrive"); a.Actor != "alice" || !strings.HasPrefix(a.Result, "ok") {
 		t.Errorf("audit of the re-drive: %+v", a)
+	}
+}
+
+// TestConsoleWithoutControlTables: a console on a database with the
+// failure index's tables only (a service that migrated those alone) serves
+// its overview, and answers the live controls' calls with what to run.
+func TestConsoleWithoutControlTables(t *testing.T) {
+	e := newEnv(t, nil)
+	pool, _ := testenv.PostgresSchema(t)
+	if err := indextable.Migrate(t.Context(), pool); err != nil {
+		t.Fatal(err)
+	}
+	if err := seal.Migrate(t.Context(), pool); err != nil {
+		t.Fatal(err)
+	}
+	cfg := e.cfg
+	cfg.Pool = pool
+	c, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	srv := httptest.NewServer(c)
+	t.Cleanup(srv.Close)
+	e.srv = srv
+	if code, body := e.call(t, "GET", "/api/overview", viewerSecret, nil); code != http.StatusOK {
+		t.Errorf("overview: %d %s", code, body)
+	}
+	for _, path := range []string{"/api/fleet", "/api/redrives", "/api/pauses"} {
+		if code, body := e.call(t, "GET", path, viewerSecret, nil); code != http.StatusServiceUnavailable || !strings.Contains(string(body), "idem migrate") {
+			t.Errorf("%s: %d %s, want 503 saying to run idem migrate", path, code, body)
+		}
 	}
 }

@@ -480,11 +480,12 @@ func badInput(field, format string, args ...any) error {
 func (s *server) fail(w http.ResponseWriter, r *http.Request, id identity, api bool, err error) {
 	code, msg, field := errorStatus(err)
 	errID := ""
-	if code >= 500 {
+	ie := (*inputError)(nil)
+	if code >= 500 && !errors.As(err, &ie) { // a 5xx the console states itself (503) says what to do
 		errID = nonce()[:12]
 		s.log.ErrorContext(r.Context(), "console: request failed", "id", errID, "method", r.Method, "path", r.URL.Path, "err", err)
 		msg = "internal error " + errID + ": the console's log has the details under this id"
-	} else if ie := (*inputError)(nil); errors.As(err, &ie) {
+	} else if errors.As(err, &ie) {
 		if rt, ok := r.Context().Value(routeKey{}).(route); ok {
 			s.auditRefusal(r, id, rt, ie)
 		}

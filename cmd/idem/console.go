@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemhq/idem/console"
 	"github.com/idemhq/idem/console/index"
+	"github.com/idemhq/idem/internal/control"
 	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/seal"
 	"github.com/idemhq/idem/metrics"
@@ -239,6 +240,9 @@ func (a *app) runConsole(ctx context.Context, o consoleOptions) error {
 	err = indextable.Migrate(ctx, mig)
 	if err == nil {
 		err = seal.Migrate(ctx, mig)
+	}
+	if err == nil {
+		err = control.Migrate(ctx, mig) // the live controls' tables
 	}
 	mig.Close()
 	if err != nil {

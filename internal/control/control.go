@@ -18,8 +18,10 @@ package control
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -277,6 +279,14 @@ func deref(t *time.Time) time.Time {
 		return time.Time{}
 	}
 	return *t
+}
+
+// MissingTables reports whether err says the control tables do not exist
+// (a database migrated before them, or by a part of idem only): run
+// idem.Migrate or idem migrate.
+func MissingTables(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "42P01" && strings.Contains(pe.Message, "idem_control_")
 }
 
 // Channel returns the NOTIFY channel of the control tables db sees: one per
