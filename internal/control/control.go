@@ -148,10 +148,35 @@ func (r Redrive) Part(partition int32) (Part, bool) {
 }
 
 // State is what a member of a group obeys: its pauses and its re-drives
-// (every one, ended or not: a record of a window keeps its epoch).
+// (ended ones too, for EpochsKept: a record of a window keeps its epoch).
 type State struct {
 	Pauses   []Pause
 	Redrives []Redrive
+
+	// windows indexes the re-drives' windows by topic and partition, as
+	// Load builds it (nil: Epoch scans Redrives).
+	windows map[topicPartition][]span
+}
+
+type topicPartition struct {
+	topic     string
+	partition int32
+}
+
+// span is one re-drive's window in one partition.
+type span struct {
+	start, end, epoch int64
+}
+
+// index builds s.windows.
+func (s *State) index() {
+	s.windows = map[topicPartition][]span{}
+	for _, r := range s.Redrives {
+		for _, p := range r.Parts {
+			k := topicPartition{r.Topic, p.Partition}
+			s.windows[k] = append(s.windows[k], span{p.Start, p.End, r.Epoch})
+		}
+	}
 }
 
 // Paused returns the pause that holds partition of topic, if any (a
@@ -180,6 +205,14 @@ func (s State) Paused(topic string, partition int32) (Pause, bool) {
 // re-drive, so a record is handled under one epoch however it comes.
 func (s State) Epoch(topic string, partition int32, offset int64) int64 {
 	var epoch int64
+	if s.windows != nil { // Load's index: the partition's windows only
+		for _, w := range s.windows[topicPartition{topic, partition}] {
+			if w.start <= offset && offset < w.end && w.epoch > epoch {
+				epoch = w.epoch
+			}
+		}
+		return epoch
+	}
 	for _, r := range s.Redrives {
 		if r.Topic != topic || r.Epoch <= epoch {
 			continue
@@ -215,17 +248,26 @@ func (s State) Running(id int64) bool {
 	return false
 }
 
+// EpochsKept is how long a re-drive's window keeps its epoch for the
+// members after the re-drive started: longer than the inbox keeps a key
+// (14 days by default), after which a record read again runs again
+// whatever its epoch.
+const EpochsKept = 30 * 24 * time.Hour
+
 // Load reads the state of group: its pauses and its re-drives with their
-// parts, oldest first.
+// parts, oldest first (those started in the last EpochsKept, and any still
+// running).
 func Load(ctx context.Context, db DB, group string) (State, error) {
 	var s State
 	var err error
 	if s.Pauses, err = pauses(ctx, db, group); err != nil {
 		return s, err
 	}
-	if s.Redrives, err = redrives(ctx, db, `WHERE r.consumer_group = $1 ORDER BY r.id`, group); err != nil {
+	if s.Redrives, err = redrives(ctx, db, `WHERE r.consumer_group = $1 AND (r.state = 'running' OR r.created_at > now() - $2::interval) ORDER BY r.id`,
+		group, EpochsKept); err != nil {
 		return s, err
 	}
+	s.index()
 	return s, nil
 }
 
