@@ -540,15 +540,10 @@ func (s *server) liveControls(ctx context.Context) (liveControls, error) {
 	if err != nil {
 		return liveControls{}, err
 	}
-	rs, err := s.ctl.Redrives(ctx, "", 50)
+	rs, err := s.ctl.RunningRedrives(ctx)
 	if err != nil {
 		return liveControls{}, err
 	}
-	out.Pauses = nonNil(ps)
-	for _, r := range rs {
-		if r.State == control.Running {
-			out.Redrives = append(out.Redrives, r)
-		}
-	}
+	out.Pauses, out.Redrives = nonNil(ps), nonNil(rs)
 	return out, nil
 }

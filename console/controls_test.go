@@ -125,6 +125,12 @@ func TestRedriveAPI(t *testing.T) {
 	if code, body = e.call(t, "POST", "/api/redrives", adminSecret, req); code != http.StatusConflict {
 		t.Fatalf("a second re-drive while one runs: %d %s", code, body)
 	}
+	var ov struct {
+		Controls liveControls `json:"controls"`
+	}
+	if code, body = e.call(t, "GET", "/api/overview", viewerSecret, nil); json.Unmarshal(body, &ov) != nil || len(ov.Controls.Redrives) != 1 || ov.Controls.Redrives[0].ID != out.Redrive.ID {
+		t.Errorf("the overview's running re-drives: %d %s", code, body)
+	}
 	if code, body = e.call(t, "POST", fmt.Sprintf("/api/redrives/%d/cancel", out.Redrive.ID), adminSecret, map[string]any{"reason": "wrong window"}); code != http.StatusOK || !strings.Contains(string(body), `"cancelled"`) {
 		t.Fatalf("cancel: %d %s", code, body)
 	}

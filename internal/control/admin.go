@@ -407,6 +407,12 @@ func (a Admin) Redrive(ctx context.Context, id int64) (Redrive, error) {
 	return redriveByID(ctx, a.DB, id)
 }
 
+// RunningRedrives returns the re-drives running, of every group, oldest
+// first.
+func (a Admin) RunningRedrives(ctx context.Context) ([]Redrive, error) {
+	return redrives(ctx, a.DB, `WHERE r.state = 'running' ORDER BY r.id`)
+}
+
 // Redrives returns the newest limit re-drives of group ("": every group),
 // newest first.
 func (a Admin) Redrives(ctx context.Context, group string, limit int) ([]Redrive, error) {
