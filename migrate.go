@@ -63,6 +63,10 @@ func OutboxTable(name string) MigrateOption {
 //   - step (durable steps, step.Do): idem_steps;
 //   - payload encryption at rest (index.Indexer.EncryptionKeyFile): the
 //     wrapped data keys, idem_seal_keys;
+//   - the live controls (consumer.Config.Controls, idem console's pauses,
+//     re-drives and fleet): idem_control_pauses, idem_control_redrives,
+//     idem_control_redrive_parts, idem_control_members, with the trigger
+//     that NOTIFYs a group's members of a change;
 //   - and idem_schema_migrations, which records the versions applied.
 //
 // Unqualified names resolve through the connection's search_path. Every

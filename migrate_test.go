@@ -20,6 +20,7 @@ import (
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/internal/checkpointrow"
+	"github.com/idemhq/idem/internal/control"
 	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/outboxtable"
@@ -119,6 +120,7 @@ func TestMigrateCreatesEveryTable(t *testing.T) {
 		func() error { return scheduletable.Migrate(ctx, union) },
 		func() error { return steptable.Migrate(ctx, union) },
 		func() error { return seal.Migrate(ctx, union) },
+		func() error { return control.Migrate(ctx, union) },
 	} {
 		if err := step(); err != nil {
 			t.Fatal(err)
@@ -135,7 +137,8 @@ func TestMigrateCreatesEveryTable(t *testing.T) {
 		t.Fatalf("idem.Migrate created\n  %s\nthe packages' own migrations\n  %s", strings.Join(got, "\n  "), strings.Join(want, "\n  "))
 	}
 	for _, table := range []string{"idem_processed", "idem_ordering_heads", "idem_ordering_parked", "idem_outbox", "idem_saga", "idem_saga_step",
-		"idem_checkpoint", "idem_dlq_records", "idem_dlq_groups", "idem_dlq_versions", "idem_dlq_audit", "idem_deferred", "idem_steps", "idem_seal_keys", "idem_schema_migrations"} {
+		"idem_checkpoint", "idem_dlq_records", "idem_dlq_groups", "idem_dlq_versions", "idem_dlq_audit", "idem_deferred", "idem_steps", "idem_seal_keys",
+		"idem_control_pauses", "idem_control_redrives", "idem_control_redrive_parts", "idem_control_members", "idem_schema_migrations"} {
 		if !slices.ContainsFunc(got, func(s string) bool { return strings.HasPrefix(s, "table "+table+" ") }) {
 			t.Errorf("no table %s", table)
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemhq/idem/internal/control"
 	"github.com/idemhq/idem/internal/mask"
 )
 
@@ -137,6 +138,13 @@ type Config struct {
 	// filter, needs the admin role.
 	// Default: 100.
 	MaxOperatorRecords int
+	// MaxRedrivesPerHour bounds the re-drives of one consumer group started
+	// in any hour, through any console or the CLI (they are counted in the
+	// database; cancelled ones count). A re-drive past it is refused with
+	// 429 and when the next one is allowed. idem console:
+	// --max-redrives-per-hour.
+	// Default: 6.
+	MaxRedrivesPerHour int
 	// ReadTimeout bounds how long a request's body may take to arrive,
 	// from when its headers were read (a login form's body is also capped
 	// at 4 KiB before it is parsed). A client that trickles its body is cut
@@ -191,6 +199,9 @@ func (c Config) defaults() Config {
 	}
 	if c.MaxOperatorRecords == 0 {
 		c.MaxOperatorRecords = defaultMaxOperatorRecords
+	}
+	if c.MaxRedrivesPerHour == 0 {
+		c.MaxRedrivesPerHour = control.DefaultMaxRedrivesPerHour
 	}
 	if c.ReadTimeout == 0 {
 		c.ReadTimeout = defaultReadTimeout
@@ -255,6 +266,8 @@ func (c Config) validateOptions() error {
 		return errors.New("console: Config.EncryptionKeyFile and Config.EncryptionKey are both set: give the key-encryption key one way")
 	case c.MaxOperatorRecords < 0:
 		return fmt.Errorf("console: Config.MaxOperatorRecords %d is negative", c.MaxOperatorRecords)
+	case c.MaxRedrivesPerHour < 0:
+		return fmt.Errorf("console: Config.MaxRedrivesPerHour %d is negative", c.MaxRedrivesPerHour)
 	case c.ReadTimeout < 0:
 		return fmt.Errorf("console: Config.ReadTimeout %s is negative", c.ReadTimeout)
 	case c.QueryTimeout < 0:

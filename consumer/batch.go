@@ -124,7 +124,8 @@ func (w batch) prepare(cm *sarama.ConsumerMessage) (*batchItem, bool) {
 	if w.expiryOf(msg).Status != expiry.Live { // handleAfter dead-letters or drops it
 		return nil, false
 	}
-	return &batchItem{cm: cm, msg: msg, rec: dedupe.Record{Group: r.cfg.Group, Key: key, Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset}}, true
+	return &batchItem{cm: cm, msg: msg, rec: dedupe.Record{Group: r.cfg.Group, Key: key, Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset,
+		Epoch: r.ctl.epoch(msg, cm.Topic, cm.Partition, cm.Offset)}}, true // a re-drive's (control.go)
 }
 
 // handleBatch runs items in one transaction and marks them; on a failure it
@@ -132,6 +133,9 @@ func (w batch) prepare(cm *sarama.ConsumerMessage) (*batchItem, bool) {
 // means the partition is stopping.
 func (w batch) handleBatch(items []*batchItem) error {
 	r := w.r
+	if !w.resumed() { // an operator pause holds the partition (control.go)
+		return errStopping
+	}
 	probe, ok := r.gate.wait(w.stopCtx)
 	if !ok {
 		return errStopping

@@ -50,6 +50,12 @@ type claim struct {
 	stalls  []*stall         // every worker's stall
 	stalled prometheus.Gauge // idem_partition_stalled_seconds of this partition
 
+	// ctl is the partition's live controls (Config.Controls, control.go);
+	// nil without. redo: a re-drive's claim, whose worker's outcomes move
+	// the re-drive's progress, never the group's offset.
+	ctl  *claimCtl
+	redo bool
+
 	bp bpState // back-pressure
 }
 
@@ -124,6 +130,7 @@ func (c *claim) run() {
 	}()
 	r.gate.join(c.tp)
 	defer r.claims.register(c)()
+	defer r.ctl.join(c)() // Config.Controls: operator pauses and re-drives (control.go)
 
 	// The reader drains Messages so that its closing (revocation) is seen at
 	// once, and pauses fetching when the worker falls behind. What sarama has
@@ -204,7 +211,7 @@ func (c *claim) run() {
 		c.lanes(q)
 		return
 	}
-	c.main.work(queueSource{c, q})
+	c.main.work(r.ctl.source(c, queueSource{c, q}))
 }
 
 // readBurst bounds the records the reader queues at once.
@@ -375,7 +382,7 @@ func (c *claim) lanes(q *queue) {
 	for i := range chans {
 		chans[i] = make(chan *sarama.ConsumerMessage, laneBuffer)
 		w := c.workers[i]
-		src := chanSource(chans[i])
+		src := c.r.ctl.source(c, chanSource(chans[i]))
 		wg.Go(func() { w.work(src) })
 	}
 	defer func() {
@@ -384,7 +391,7 @@ func (c *claim) lanes(q *queue) {
 		}
 		wg.Wait()
 	}()
-	src := queueSource{c, q}
+	src := c.r.ctl.source(c, queueSource{c, q})
 	for {
 		m, ok := src.pop(c.stopCtx)
 		if !ok {

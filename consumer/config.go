@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
@@ -346,6 +347,24 @@ type Config struct {
 	// database or broker briefly down at start delays indexing only.
 	// Default: nil (no indexer: run idem console or index.Indexer apart).
 	FailureIndex *index.Indexer
+
+	// Controls, when set, makes this member obey its group's live controls,
+	// kept in this database (tables idem_control_*, which Run creates, as
+	// idem.Migrate does), and report to the fleet: an operator may pause a
+	// topic or a partition (idem pause, the console), which stops its
+	// handling until resumed (its retry tiers and deferred topic too, for
+	// this group), and re-drive a window of a topic (idem redrive), which
+	// the member owning each partition reads again under a replay epoch
+	// that the inbox keys records by (dedupe.Record.Epoch), so each key of
+	// the window runs once more. Run LISTENs on one connection of its own
+	// taken from the pool (and re-reads the controls every 30 s), and writes
+	// a heartbeat row every 10 s: partitions, lag, pause reasons, the open
+	// breaker. Until it has read the controls once, no message is handled,
+	// so a pause holds across restarts and rebalances. Usually the dedupe
+	// store's pool. See docs/console.md, "Live controls".
+	// Default: nil (off: pauses and re-drives are not obeyed, and the
+	// member is not in the fleet).
+	Controls *pgxpool.Pool
 }
 
 // BatchConfig sizes the batches of Config.Batch.

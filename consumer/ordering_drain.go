@@ -58,7 +58,8 @@ func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 			return errStopping // revoked or shutting down: start nothing new
 		}
 		msg, headers := parkedMessage(next)
-		rec := dedupe.Record{Group: r.cfg.Group, Key: next.IdempotencyKey, Topic: next.Topic, Partition: next.Partition, Offset: next.Offset}
+		rec := dedupe.Record{Group: r.cfg.Group, Key: next.IdempotencyKey, Topic: next.Topic, Partition: next.Partition, Offset: next.Offset,
+			Epoch: r.ctl.epoch(msg, next.Topic, next.Partition, next.Offset)} // a re-drive's (control.go)
 		failed, drop, err := w.expired(msg, next.Topic) // its turn came: still live?
 		if err != nil {
 			return err

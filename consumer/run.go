@@ -128,6 +128,7 @@ type runner struct {
 	batchStore dedupe.BatchStore
 	pauses     *pauser
 	gate       *gate
+	ctl        *controls       // Config.Controls (control.go); nil without
 	baseCtx    context.Context // values of Run's ctx, never cancelled: handler ctxs derive from it
 	runCtx     context.Context // Run's ctx, also cancelled by fatal
 	abort      context.CancelCauseFunc
@@ -323,7 +324,7 @@ func (r *runner) run(ctx context.Context) (err error) {
 		return fmt.Errorf("consumer: join group %s: %w", r.cfg.Group, err)
 	}
 	r.group = group
-	r.pauses = newPauser(group, r.m.PartitionsPaused.WithLabelValues(r.cfg.Group))
+	r.pauses = newPauser(group, r.m.PartitionsPaused.MustCurryWith(prometheus.Labels{"group": r.cfg.Group}))
 	r.gate = newGate(r)
 
 	var wg sync.WaitGroup
@@ -350,6 +351,9 @@ func (r *runner) run(ctx context.Context) (err error) {
 	wg.Go(func() { sweep(watchCtx, r.cfg, r.log) })
 	startFailureIndex(watchCtx, &wg, r.cfg, r.log)
 	startScheduler(watchCtx, &wg, r.cfg, r.log)
+	if err := r.startControls(ctx, watchCtx, &wg, st, client); err != nil {
+		return err
+	}
 	r.shares.start(watchCtx, &wg, client, r)
 
 	gh := &groupHandler{r: r}

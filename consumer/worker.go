@@ -76,6 +76,10 @@ func (w *worker) callHandler(ctx context.Context) error {
 // once, or through the tracker once every earlier message is final. With
 // Transactions it runs inside settle's hold when m's forwards are staged.
 func (w *worker) mark(m *sarama.ConsumerMessage) {
+	if w.redo { // a re-drive's record (control.go): its progress is the re-drive's, not the group's offset
+		w.stall.clear()
+		return
+	}
 	if w.track != nil {
 		w.track.finish(m.Offset)
 	} else {
@@ -145,7 +149,8 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 	}
 	failed := expired
 	if expired == nil && !drop {
-		rec := dedupe.Record{Group: r.cfg.Group, Key: key, Topic: origin.topic, Partition: origin.partition, Offset: origin.offset}
+		rec := dedupe.Record{Group: r.cfg.Group, Key: key, Topic: origin.topic, Partition: origin.partition, Offset: origin.offset,
+			Epoch: r.ctl.epoch(msg, origin.topic, origin.partition, origin.offset)} // a re-drive's (control.go)
 		var err error
 		if failed, err = w.process(rec, msg, first); err != nil {
 			return err

@@ -39,7 +39,7 @@
 //	idem_breaker_state                     gauge      name                      circuit breaker state: 0 closed, 1 half-open, 2 open
 //	idem_breaker_transitions_total         counter    name,from,to              circuit breaker state changes
 //	idem_breaker_open_seconds_total        counter    name                      seconds circuit breakers spent open
-//	idem_partitions_paused                 gauge      group                     partitions paused by an open breaker or by back-pressure
+//	idem_partitions_paused                 gauge      group,reason              paused partitions, each counted once under its first reason of operator (idem pause, the console), redrive, breaker, backpressure
 //	idem_partitions_assigned               gauge      group                     partitions currently claimed by this process
 //	idem_commits_total                     counter    group                     offsets marked for commit after a durable outcome
 //	idem_abandoned_total                   counter    group                     in-flight messages cancelled past ShutdownGrace (rolled back, left for redelivery)
