@@ -88,12 +88,10 @@ func deadLetteredOf(out outbound, msg *handler.Message) DeadLettered {
 	return DeadLettered{Message: msg, Topic: out.rec.Topic, Kind: out.f.Kind, Error: out.f.Error}
 }
 
-// expiredHook runs Config.Expiry.OnExpired for msg (see runHook).
-func (w *worker) expiredHook(msg *handler.Message, reason string, dropped bool) error {
+// expiredHook runs Config.Expiry.OnExpired for x (see runHook); without
+// Transactions only (with them the hook is owed until the outcome commits:
+// settle.go).
+func (w *worker) expiredHook(x Expired) error {
 	h := w.r.cfg.Expiry.OnExpired
-	if h == nil {
-		return nil
-	}
-	x := Expired{Message: msg, Reason: reason, Dropped: dropped}
-	return w.runHook("expired", msg, func(ctx context.Context) error { return h(ctx, x) })
+	return w.runHook("expired", x.Message, func(ctx context.Context) error { return h(ctx, x) })
 }

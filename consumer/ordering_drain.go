@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/expiry"
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/wire"
@@ -59,15 +60,28 @@ func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 		}
 		msg, headers := parkedMessage(next)
 		rec := dedupe.Record{Group: r.cfg.Group, Key: next.IdempotencyKey, Topic: next.Topic, Partition: next.Partition, Offset: next.Offset}
-		failed, drop, err := w.expired(msg, next.Topic) // its turn came: still live?
+		deferral := deferralOfParked(next.Topic, next.Seq)
+		d, err := w.decide(rec, msg, deferral) // its turn came: decided before (a parked redelivery of an applied message), still live?
 		if err != nil {
 			return err
 		}
-		if failed == nil && !drop {
+		var failed error
+		switch {
+		case d.earlier:
+			w.mx.duplicate.Inc()
+		case d.res.Status != expiry.Live:
+			var drop bool
+			if failed, drop, err = w.expire(msg, next.Topic, d.res); err != nil {
+				return err
+			}
+			if drop {
+				failed = nil
+			}
+		default:
 			if failed, err = w.process(rec, msg, nil); err != nil {
 				return err
 			}
-			if failed, err = w.deferred(msg, failed); err != nil { // handler.DeferUntil: stored, then done
+			if failed, err = w.deferred(msg, failed, deferral); err != nil { // handler.DeferUntil: stored, then done
 				return err
 			}
 		}

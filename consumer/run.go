@@ -120,8 +120,9 @@ type runner struct {
 	// (Transactions; refusals.go); nil otherwise.
 	refused *refusals
 	order   *keyorder.Store // nil unless Ordering is ByKey
-	// owed keeps the OnDeadLettered calls a transaction owes until it has
-	// committed (settle.go); nil unless Transactions and OnDeadLettered.
+	// owed keeps the hook calls (OnDeadLettered, Expiry.OnExpired) a
+	// transaction owes until it has committed (settle.go); nil unless
+	// Transactions and one of those hooks.
 	owed *keyorder.Store
 	bh   handler.BatchHandler // a batch handler (handler.Batch); nil for any other
 	// batchStore is cfg.Dedupe when it takes batches and Batch is on.
@@ -311,7 +312,7 @@ func (r *runner) run(ctx context.Context) (err error) {
 			return fmt.Errorf("consumer: ordering schema: %w", err)
 		}
 	}
-	if r.txn != nil && r.cfg.OnDeadLettered != nil {
+	if r.txn != nil && (r.cfg.OnDeadLettered != nil || r.cfg.Expiry.OnExpired != nil) {
 		r.owed = keyorder.New(orderingDB(r.cfg), r.cfg.Group)
 		if err := st.retry(ctx, nil, "creating the owed hooks' table", func() error { return r.owed.Migrate(ctx) }); err != nil {
 			return fmt.Errorf("consumer: owed hooks' table: %w", err)
