@@ -3,9 +3,12 @@ package consumer
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"time"
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/mutate"
 )
 
 // DeadLettered describes a message the consumer has just sent to a
@@ -56,6 +59,9 @@ func (w *worker) runHook(hook string, msg *handler.Message, fn func(ctx context.
 func (w *worker) runHookKey(hook, key string, msg *handler.Message, fn func(ctx context.Context) error) error {
 	r := w.r
 	o := msg.Origin()
+	if mutate.On(mutate.HookInbox) {
+		key += ":" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	}
 	rec := dedupe.Record{Group: r.cfg.Group, Key: key, Topic: o.Topic, Partition: o.Partition, Offset: o.Offset}
 	for n := 1; ; n++ {
 		_, err := r.cfg.Dedupe.Process(w.hctx, rec, fn)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/mutate"
 	"github.com/idemhq/idem/internal/txn"
 )
 
@@ -128,7 +129,7 @@ func (w *worker) resume(msg *handler.Message, out outbound) (from int, cause err
 	rs := w.r.refused
 	rs.mu.Lock()
 	ref := rs.m[keyOfRefusal(msg)]
-	if ref == nil || ref.dest != out.rec.Topic {
+	if ref == nil || ref.dest != out.rec.Topic || mutate.On(mutate.Refusals) {
 		rs.mu.Unlock()
 		return formOut, nil, nil
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/keyorder"
+	"github.com/idemhq/idem/internal/mutate"
 	"github.com/idemhq/idem/internal/txn"
 )
 
@@ -92,6 +93,9 @@ func (w *worker) stage(out outbound, msg *handler.Message) (outbound, error) {
 	w.staged = append(w.staged, staged{out: sent, form: form, orig: out, msg: msg})
 	w.ob.forwardedSpan(sent)
 	if sent.tier == 0 && w.r.cfg.OnDeadLettered != nil {
+		if mutate.On(mutate.OwedHooks) {
+			return sent, w.deadLettered(sent, msg)
+		}
 		w.owed = append(w.owed, owedHook{key: hookKey("dead-lettered", msg.Origin()), d: deadLetteredOf(sent, msg)})
 	}
 	return sent, nil
@@ -167,7 +171,7 @@ func (w *worker) flush(at int64, mark func()) error {
 		}
 		i, err := w.sendStaged()
 		if err == nil {
-			if mark != nil {
+			if mark != nil && !(mutate.On(mutate.TxnMark) && len(w.staged) > 0) {
 				mark()
 			}
 			for _, s := range w.staged { // in the transaction the hold is in (refusals.go)

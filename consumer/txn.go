@@ -17,6 +17,7 @@ import (
 	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/keyorder"
+	"github.com/idemhq/idem/internal/mutate"
 	"github.com/idemhq/idem/internal/txn"
 )
 
@@ -62,6 +63,9 @@ var txnIDUnsafe = regexp.MustCompile(`[^a-zA-Z0-9._-]+`)
 // instance "eu-1" and group "payments-eu" with instance "1" one id, and
 // their members fenced each other.)
 func (c Config) transactionalID() string {
+	if mutate.On(mutate.TxnID) && c.InstanceID != "" {
+		return "idem-" + c.Group + "-" + c.InstanceID
+	}
 	if c.InstanceID != "" {
 		return "idem-" + c.Group + ":" + c.InstanceID
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/expiry"
+	"github.com/idemhq/idem/internal/mutate"
 	"github.com/idemhq/idem/internal/wire"
 )
 
@@ -104,6 +105,9 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 	r := w.r
 	defer w.drop() // what a message left unsettled (stopping) staged
 	msg := w.message(cm)
+	if mutate.On(mutate.MarkEarly) && w.track == nil {
+		w.markOffset(cm.Offset + 1)
+	}
 	origin := origin{topic: cm.Topic, partition: cm.Partition, offset: cm.Offset}
 	if w.tier { // only records of this group's retry tiers carry an origin to decode
 		origin = r.originOf(cm)
