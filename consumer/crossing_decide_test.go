@@ -261,3 +261,82 @@ func TestCrossingRefusalsOfOnePartitionAbortOnceEach(t *testing.T) {
 		}
 	}
 }
+
+// Swarm (issue 28, phase 2; seed 1015): with Ordering and Transactions, X
+// fails into its tier and its tier copy fails again, to the DLQ; the
+// drain behind X unblocks the key, and H, a later record of the key, fails
+// and becomes its head. The transaction carrying X's DLQ forward aborts:
+// X's tier copy is read again, finds H the head, and is parked behind it.
+// When H is done and X's turn comes, X goes on from the tier it was read
+// from: one copy in tier 1 and one in the DLQ for a read_committed reader.
+// (The drain took a parked tier copy for a fresh message: X climbed the
+// ladder again from tier 1, two tier-1 copies.)
+func TestCrossingParkedTierCopyKeepsItsHop(t *testing.T) {
+	t.Parallel()
+	forEachMode(t, []testMode{"txn", "txn-lanes"}, func(t *testing.T, mode testMode) {
+		e, cfg := orderedEnv(t, 1, 300*time.Millisecond)
+		e.in(mode)
+		cfg = mode.apply(cfg)
+		var xDLQ atomic.Bool
+		ctx := consumer.WithAfterSendHook(testenv.Context(t), func(rec forward.Record, err error) {
+			if err == nil && rec.Topic == e.dlq() && ikeyOf(rec) == "X" {
+				xDLQ.Store(true)
+			}
+		})
+		var aborted atomic.Bool
+		ctx = consumer.WithBeforeCommitHook(ctx, func(records int) error {
+			if aborted.Load() || !xDLQ.Load() {
+				return nil
+			}
+			aborted.Store(true)
+			// Hold the commit carrying X's DLQ forward until H is the key's
+			// head (H's block is not in the transaction), then abort it.
+			testenv.Eventually(t, 20*time.Second, func() error {
+				if e.count(`SELECT count(*) FROM idem_ordering_heads WHERE head_key = 'H'`) == 0 {
+					return errors.New("H is not the head yet")
+				}
+				return nil
+			})
+			return errors.New("forced abort of the transaction carrying X's DLQ forward")
+		})
+		var c calls
+		produced := make(chan struct{})
+		h := handler.Func(func(ctx context.Context, m *handler.Message) error {
+			n := c.inc(m.IdempotencyKey)
+			switch {
+			case m.IdempotencyKey == "X":
+				if n == 2 { // X's tier copy: H follows now, into the same transaction
+					select {
+					case produced <- struct{}{}:
+					default:
+					}
+				}
+				return errors.New("X fails everywhere")
+			case m.IdempotencyKey == "H" && m.Topic == e.topic:
+				return errors.New("H fails at its source")
+			}
+			return apply(ctx, m)
+		})
+		p := e.k.Producer(t)
+		e.send(p, 0, []byte("K"), "X")
+		r := startCtx(t, ctx, cfg, h)
+		select {
+		case <-produced:
+		case <-time.After(60 * time.Second):
+			t.Fatal("X's tier copy never came")
+		}
+		e.send(p, 0, []byte("K"), "H")
+		e.waitSettled("H")
+		e.waitCommitted(e.topic, 1, 60*time.Second)
+		if err := r.stop(); err != nil {
+			t.Fatal(err)
+		}
+		if !aborted.Load() {
+			t.Fatal("no transaction was aborted")
+		}
+		if got := e.ikeyCopies(e.tier(1)); got["X"] != 1 {
+			t.Errorf("X: %d copies in tier 1 for a read_committed reader, want 1 (all: %v)", got["X"], got)
+		}
+		e.checkOnceInDLQ("X")
+	})
+}
