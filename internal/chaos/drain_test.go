@@ -13,24 +13,26 @@ import (
 // fails after it, and a drain longer than its cap fails too.
 func TestDrainLoopWaitsForProgress(t *testing.T) {
 	ctx := context.Background()
-	const tick, stall = time.Millisecond, 30 * time.Millisecond
-	slow := func(steps int) func() (int64, int64, error) {
-		left, n := int64(steps), 0
+	const tick, stall = time.Millisecond, time.Second // generous: a loaded machine may sleep far past a tick
+	// slow takes one step every step (a third of the stall timeout): in all
+	// well past the stall timeout, never that long without progress.
+	slow := func(steps int, step time.Duration) func() (int64, int64, error) {
+		left, last := int64(steps), time.Now()
 		return func() (int64, int64, error) {
-			if n++; n%10 == 0 && left > 0 { // one step every 10 ticks: well within the stall timeout
-				left--
+			if time.Since(last) >= step && left > 0 {
+				left, last = left-1, time.Now()
 			}
 			return left, int64(steps) - left, nil
 		}
 	}
-	if err := drainLoop(ctx, slow(12), stall, time.Minute, tick); err != nil {
+	if err := drainLoop(ctx, slow(6, stall/3), stall, time.Minute, tick); err != nil {
 		t.Errorf("a drain that keeps making progress past its stall timeout: %v", err)
 	}
 	stuck := func() (int64, int64, error) { return 5, 0, nil }
 	if err := drainLoop(ctx, stuck, stall, time.Minute, tick); err == nil || !strings.Contains(err.Error(), "no progress") {
 		t.Errorf("a stuck drain: %v, want no progress", err)
 	}
-	if err := drainLoop(ctx, slow(1000), stall, 50*time.Millisecond, tick); err == nil || !strings.Contains(err.Error(), "not drained after") {
+	if err := drainLoop(ctx, slow(1000, time.Millisecond), stall, 50*time.Millisecond, tick); err == nil || !strings.Contains(err.Error(), "not drained after") {
 		t.Errorf("a drain past its cap: %v", err)
 	}
 	// Records forwarded to a tier add to what is left for a while: the group
