@@ -119,15 +119,21 @@ func planSwarm(d *draw.Draw, m *draw.Member, run string) []record {
 			poisonAt[i] = append(poisonAt[i], k)
 		}
 	}
-	// A burst of forwards in flight when a fault makes the transactional
-	// producer fatal (issue 28, defect 3: a fenced producer closed while
-	// another forward was sending on it): records that fail every attempt
-	// at their source, just before the fault's time.
+	// Forwards in flight when a fault makes the transactional producer fatal
+	// (issue 28, defect 3: a fenced producer closed while another forward was
+	// sending on it): bursts of records that fail every attempt at their
+	// source, around the fault's time. The producer sends records in chunks
+	// of 100, paced over the production, so one burst is sent up to a chunk
+	// early: one goes a chunk before the fault's place, one at it, one a
+	// chunk after.
 	burstAt := map[int]int{}
 	if c.Transactions && len(c.Tiers) > 0 {
 		for _, f := range d.Faults {
 			if f.Kind == draw.FaultTxnAbort || f.Kind == draw.FaultFence {
-				burstAt[max(int(f.At*float64(w.Records))-30, 0)] += 30
+				at := int(f.At * float64(w.Records))
+				for _, i := range []int{at - 100, at, at + 100} {
+					burstAt[min(max(i, 0), w.Records-1)] += 30
+				}
 			}
 		}
 	}
