@@ -51,9 +51,6 @@ func swarmKinds(d *draw.Draw) []kindWeight {
 	add(draw.ExpiryDeadline, kindWeight{"deadline-future", 2}, kindWeight{"deadline-past", 2}, kindWeight{"deadline-tier", 3}, kindWeight{"deadline-parked", 3})
 	if c.Tier1MaxBytes > 0 { // records the first tier refuses: to their DLQ whole (as promoted heads too, with Ordering)
 		ks = append(ks, kindWeight{"big", 2})
-		if c.RuleDLQTiers {
-			ks = append(ks, kindWeight{"big-fraud", 2})
-		}
 	}
 	return ks
 }
@@ -159,14 +156,16 @@ func planSwarm(d *draw.Draw, m *draw.Member, run string) []record {
 		case "fraud":
 			rec.header(hdrFraud, 1)
 			rec.Expect, rec.DLQKind, rec.DLQTopic = check.ExpectDLQ, "retriable", m.FraudDLQ()
+			if c.RuleDLQTiers && c.Tier1MaxBytes > 0 {
+				// Through the fallback's tiers, the first refusing it, to the
+				// rule's DLQ: every fraud record, so that a promoted head left
+				// pending (issue 28, defect 11) is often one.
+				rec.Kind, rec.value = "big-fraud", bigValue(n)
+			}
 		case "big": // fails at its source, and its tier refuses it: dead-lettered whole
 			rec.header(hdrFail, 1000)
 			rec.value = bigValue(n)
 			rec.Expect, rec.DLQKind = check.ExpectDLQ, "retriable"
-		case "big-fraud": // the fraud rule's, through the fallback's tiers: the first refuses it, to the rule's DLQ
-			rec.header(hdrFraud, 1)
-			rec.value = bigValue(n)
-			rec.Expect, rec.DLQKind, rec.DLQTopic = check.ExpectDLQ, "retriable", m.FraudDLQ()
 		case "defer":
 			rec.header(hdrDefer, 300+r.IntN(2700))
 			rec.Unordered = true
