@@ -14,6 +14,7 @@ import (
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/expiry"
+	"github.com/idemhq/idem/internal/mutate"
 )
 
 // work takes messages from src to their outcomes, one at a time or in
@@ -251,6 +252,9 @@ func txAborted(err error) bool {
 
 // callBatch calls h, turning a panic into a *handler.PanicError.
 func callBatch(ctx context.Context, h handler.BatchHandler, msgs []*handler.Message) (err error) {
+	if mutate.On(mutate.Recover) {
+		return h.HandleBatch(ctx, msgs)
+	}
 	defer func() {
 		if v := recover(); v != nil {
 			err = &handler.PanicError{Value: v, Stack: debug.Stack()}

@@ -191,7 +191,11 @@ type Config struct {
 	// this group reads it as the same message. Run creates that topic like a
 	// retry tier (the source's partitions and record size). Pool is
 	// required; Brokers, Sarama, Group, Logger and Registerer are taken from
-	// this Config when unset (Group must be this Config's).
+	// this Config when unset (Group must be this Config's). A deferral is
+	// recorded in the inbox (a key of its own, by the record that deferred
+	// the message), in the row's transaction when the Dedupe store works on
+	// this Pool: a redelivery of that record before its offset committed
+	// is not deferred again, and keeps its outcome also past its deadline.
 	// Default: nil (a handler that defers gets its message dead-lettered:
 	// permanent, "needs Config.Defer").
 	Defer *schedule.Scheduler
@@ -460,7 +464,9 @@ type RetryConfig struct {
 // the transaction. A transaction that fails ends the member's session; the
 // next session reads its partitions again from the committed offsets
 // (effects are kept once by the dedupe store). Config.OnDeadLettered runs
-// once the dead-letter record's transaction has committed.
+// once the dead-letter record's transaction has committed, and
+// Expiry.OnExpired once the transaction carrying the expired message's
+// outcome has.
 //
 // Its cost: a commit (EndTxn, two round trips to the transaction
 // coordinator, a marker written to every partition the transaction touched)

@@ -35,7 +35,7 @@ func TestImports(t *testing.T) {
 	may := []string{
 		"breaker", "console/index", "dedupe", "dlq", "handler", "metrics", "recovery", "retrytopic", "schedule",
 		"internal/adaptive", "internal/configerr", "internal/control", "internal/coremetrics", "internal/expiry", "internal/forward", "internal/inboxconf", "internal/kafkaversion",
-		"internal/keyorder", "internal/scheduletable",
+		"internal/keyorder", "internal/mutate", "internal/scheduletable",
 		"internal/txn", "internal/wire",
 	}
 	for _, imp := range p.Imports {

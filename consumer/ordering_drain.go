@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/expiry"
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/wire"
@@ -58,17 +59,32 @@ func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 			return errStopping // revoked or shutting down: start nothing new
 		}
 		msg, headers := parkedMessage(next)
+		o := r.parkedOrigin(next, headers) // a tier's copy goes on from its tier
+		msg.Attempt = o.attempts + 1
 		rec := dedupe.Record{Group: r.cfg.Group, Key: next.IdempotencyKey, Topic: next.Topic, Partition: next.Partition, Offset: next.Offset,
 			Epoch: r.ctl.epoch(msg, next.Topic, next.Partition, next.Offset)} // a re-drive's (control.go)
-		failed, drop, err := w.expired(msg, next.Topic) // its turn came: still live?
+		deferral := deferralOfParked(next.Topic, next.Seq)
+		d, err := w.decide(rec, msg, deferral) // its turn came: decided before (a parked redelivery of an applied message), still live?
 		if err != nil {
 			return err
 		}
-		if failed == nil && !drop {
+		var failed error
+		switch {
+		case d.earlier:
+			w.mx.duplicate.Inc()
+		case d.res.Status != expiry.Live:
+			var drop bool
+			if failed, drop, err = w.expire(msg, next.Topic, d.res); err != nil {
+				return err
+			}
+			if drop {
+				failed = nil
+			}
+		default:
 			if failed, err = w.process(rec, msg, nil); err != nil {
 				return err
 			}
-			if failed, err = w.deferred(msg, failed); err != nil { // handler.DeferUntil: stored, then done
+			if failed, err = w.deferred(msg, failed, deferral); err != nil { // handler.DeferUntil: stored, then done
 				return err
 			}
 		}
@@ -90,7 +106,7 @@ func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 			continue
 		}
 		src := wire.Source{Topic: next.Topic, Partition: next.Partition, Offset: next.Offset, Timestamp: next.Timestamp, Group: r.cfg.Group}
-		out := w.failure(src, next.Key, next.Value, headers, origin{topic: next.Topic, partition: next.Partition, offset: next.Offset}, msg, failed)
+		out := w.failure(src, next.Key, next.Value, headers, o, msg, failed)
 		if out.tier == 0 {
 			if _, err := w.forward(out, msg); err != nil {
 				return err
@@ -180,6 +196,27 @@ func parkedMessage(rec keyorder.Record) (*handler.Message, []*sarama.RecordHeade
 		hs = append(hs, &sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})
 	}
 	return msg, hs
+}
+
+// parkedOrigin is the origin of the parked record rec (headers: its
+// headers, as parkedMessage gives them): its own coordinates, and, for a
+// copy parked when it was read from one of this group's retry tiers (its
+// idem-* headers name this group, a tier and rec's own origin), that tier
+// and the attempts made so far, so that its drain goes on up the ladder
+// from there. A tier's copy is parked when another message of its key
+// became the head while it was away (Transactions: the transaction
+// carrying its outcome aborted, and it was read again); taken for a fresh
+// message, it climbed the ladder again from tier 1, a second copy per hop
+// (issue 28, phase 2: TestCrossingParkedTierCopyKeepsItsHop).
+func (r *runner) parkedOrigin(rec keyorder.Record, headers []*sarama.RecordHeader) origin {
+	o := origin{topic: rec.Topic, partition: rec.Partition, offset: rec.Offset}
+	f, ok, err := wire.Decode(headers)
+	if !ok || err != nil || f.Group != r.cfg.Group || f.Tier < 1 ||
+		f.OriginalTopic != rec.Topic || f.OriginalPartition != rec.Partition || f.OriginalOffset != rec.Offset {
+		return o
+	}
+	o.tier, o.prior, o.attempts = f.Tier, f, f.Attempt
+	return o
 }
 
 // pendingOutbound is the forward a promoted head still owes: the record

@@ -84,12 +84,15 @@ const maxAhead = handler.MaxDefer + 24*time.Hour
 // Defer inserts rec into idem_deferred in the caller's transaction tx, to be
 // published by rec.Group's schedule.Scheduler at at (compared with the database's
 // now(), so every scheduler agrees; a zero or past at means as soon as
-// possible). The row exists only if tx commits. The consumer inserts it in
-// a transaction of its own (the handler's was rolled back), and marks the
-// message's offset after it commits: a crash in between (or any other
-// redelivery) defers the message again, and both copies are published; the
-// inbox turns the second into a duplicate (consumer's
-// TestCrossingDeferredTwiceIsAppliedOnce).
+// possible). The row exists only if tx commits. The consumer inserts it
+// (the handler's transaction was rolled back) together with a record of the
+// deferral in its inbox, and marks the message's offset after both commit:
+// a redelivery in between finds the record and defers nothing again
+// (consumer's TestCrossingRedeliveredDeferralIsStoredOnce). Only when the
+// inbox is in another database than tx's (or not in PostgreSQL) are the two
+// committed one after the other, and a crash between them defers the
+// message twice: both copies are published, and the inbox turns the second
+// into a duplicate.
 //
 // at is absolute: with time.Now().Add(d) a skew between the application's
 // clock and the database's shifts it. Defer refuses (ErrInvalidRecord) a nil
