@@ -158,7 +158,7 @@ func newRunner(cfg Config, h handler.Handler) (*runner, error) {
 	}
 	r := &runner{
 		cfg:    cfg,
-		h:      handler.Chain(h, handler.Recover()),
+		h:      wrap(h),
 		log:    cfg.Logger.With("group", cfg.Group),
 		m:      m,
 		scfg:   scfg,

@@ -45,8 +45,8 @@
 //   - The message. A [Message] and the slices it holds (Key, Value, Headers)
 //     belong to idem: do not keep or use them after Handle returns; copy what
 //     you need.
-//   - Panics. A panic is recovered ([Recover] is always installed innermost),
-//     turned into a [*PanicError] of kind "panic" that carries the stack, and
+//   - Panics. A panic is recovered (consumer.Run recovers it inside every
+//     middleware it is given), turned into a [*PanicError] of kind "panic" that carries the stack, and
 //     dead-lettered at once unless the consumer's Config.Retry.Panics is set.
 //   - Attempts. [Message.Attempt] counts deliveries of this message to a
 //     handler, from 1, including in-process retries and earlier retry tiers, so
@@ -125,6 +125,4 @@
 // cancelled and an error it then returns is reported as kind "timeout"
 // (retriable). A cancellation that comes from the parent ctx (revoke,
 // shutdown) is passed through unchanged and is never reported as a timeout.
-// [Recover] is exported for handlers used outside idem; idem installs it
-// itself.
 package handler

@@ -69,8 +69,8 @@
 // # Traces and correlation
 //
 // Enqueue stores the trace context of its ctx (inside an idem handler, the
-// message's idem.handle span) and its correlation id (WithCorrelationID, or
-// the Correlate middleware) as headers of each event. The relay publishes
+// message's idem.handle span) and its correlation id (in an idem handler,
+// the consumed message's, or WithCorrelationID's) as headers of each event. The relay publishes
 // the event in an "idem.outbox.publish" span, a child of that context and
 // linked to it, and the record carries the span's context, so the handler,
 // the publish and the next consumer are one trace (Relay.TracerProvider,

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/outboxconf"
 	"github.com/idemhq/idem/internal/outboxtable"
 )
@@ -29,13 +30,6 @@ var ErrInvalidMessage = errors.New("outbox: invalid message")
 // problem Relay.Validate reports; each names the field, the value and the rule.
 var ErrInvalidConfig = outboxconf.ErrInvalidConfig
 
-// Header is one Kafka record header. Values are bytes, stored and published
-// as given.
-type Header struct {
-	Key   string
-	Value []byte
-}
-
 // Message is one event to publish.
 type Message struct {
 	// Topic is the Kafka topic to publish to. Required. The relay never
@@ -50,9 +44,10 @@ type Message struct {
 	Key []byte
 	// Value is the record value (nil for a tombstone).
 	Value []byte
-	// Headers are published as given, followed by idem-outbox-id and, when
-	// no header idempotency-key is given, idempotency-key = the event id.
-	Headers []Header
+	// Headers are published as given (values byte for byte), followed by
+	// idem-outbox-id and, when no header idempotency-key is given,
+	// idempotency-key = the event id.
+	Headers []handler.Header
 	// NotBefore, when set, is the earliest time the relay publishes the
 	// row, compared with the database's clock (now()) so that every relay
 	// agrees; it is stored as timestamptz (microseconds). A time already
@@ -88,7 +83,7 @@ type Message struct {
 // of ctx's span (W3C traceparent and tracestate, and what else the global
 // OpenTelemetry propagator writes; inside an idem handler, the span of the
 // message's attempt), and the correlation id (header idem-correlation-id,
-// see WithCorrelationID and Correlate). The relay publishes the record in a
+// see WithCorrelationID). The relay publishes the record in a
 // span that continues that trace, so the handler, the publish and the next
 // consumer of the event are one trace.
 func Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) error {

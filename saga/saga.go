@@ -83,7 +83,7 @@ type Call struct {
 	// compensation finds its own step's result there.
 	Results map[string][]byte
 	// CorrelationID is the saga's correlation id: that of the ctx Start was
-	// called with (outbox.WithCorrelationID, outbox.Correlate), or the
+	// called with (outbox.WithCorrelationID, or in an idem handler the consumed message's), or the
 	// saga's id when it had none. The action's and the compensation's ctx
 	// carry it too, so an outbox.Enqueue there puts it on the command.
 	CorrelationID string
