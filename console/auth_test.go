@@ -16,7 +16,7 @@ import (
 )
 
 func TestParseTokens(t *testing.T) {
-	ts, err := ParseTokens(strings.NewReader("# comment\n\nadmin alice 0123456789abcdef0\n  viewer   ci   fedcba98765432100  \n"))
+	ts, err := ParseTokens("# comment\n\nadmin alice 0123456789abcdef0\n  viewer   ci   fedcba98765432100  \n")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,16 +30,23 @@ func TestParseTokens(t *testing.T) {
 		"admin al|ce 0123456789abcdef0", // name
 		"admin a 0123456789abcdef0\nviewer b 0123456789abcdef0", // shared secret
 	} {
-		if _, err := ParseTokens(strings.NewReader(bad)); err == nil {
+		if _, err := ParseTokens(bad); err == nil {
 			t.Errorf("ParseTokens(%q): no error", bad)
 		}
 	}
-	ts, err = TokensFromEnv("operator:bob:0123456789abcdef0, admin:eve:0123456789abcdef1")
+	// The environment's form, and both mixed.
+	ts, err = ParseTokens("operator:bob:0123456789abcdef0, admin:eve:0123456789abcdef1")
 	if err != nil || len(ts) != 2 || ts[0].Role != Operator || ts[1].Name != "eve" {
-		t.Fatalf("TokensFromEnv: %+v, %v", ts, err)
+		t.Fatalf("ParseTokens of ROLE:NAME:SECRET entries: %+v, %v", ts, err)
 	}
-	if _, err := TokensFromEnv("operator:bob"); err == nil {
-		t.Error("TokensFromEnv without a secret: no error")
+	ts, err = ParseTokens("viewer ci fedcba98765432100\noperator:bob:0123456789abcdef0")
+	if err != nil || len(ts) != 2 || ts[0].Name != "ci" || ts[1].Name != "bob" {
+		t.Fatalf("ParseTokens of both forms: %+v, %v", ts, err)
+	}
+	for _, bad := range []string{"operator:bob", "operator bob:0123456789abcdef0"} {
+		if _, err := ParseTokens(bad); err == nil {
+			t.Errorf("ParseTokens(%q): no error", bad)
+		}
 	}
 }
 

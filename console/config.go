@@ -58,7 +58,8 @@ type Config struct {
 
 	// Tokens are the accepted bearer tokens and the role of each. A UI user
 	// logs in with one of them and gets a session cookie. Load them with
-	// LoadTokens or TokensFromEnv.
+	// LoadTokens (a file) or ParseTokens (text, e.g. an environment
+	// variable's value).
 	// Default: none, which New accepts only together with InsecureNoAuth.
 	Tokens []Token
 	// InsecureNoAuth turns authentication off: every request acts as the
