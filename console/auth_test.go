@@ -11,7 +11,6 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/internal/failidx"
 )
 
@@ -59,7 +58,7 @@ type configOnly struct {
 func (c configOnly) Config() *sarama.Config { return c.cfg }
 
 func TestConfigValidate(t *testing.T) {
-	ok := Config{Pool: &pgxpool.Pool{}, Client: configOnly{cfg: index.ProducerConfig(nil)},
+	ok := Config{Pool: &pgxpool.Pool{}, Client: configOnly{cfg: failidx.ProducerConfig(nil)},
 		Tokens: []Token{{Name: "v", Role: Viewer, Secret: "viewer-secret-0123456789"}}}
 	if err := ok.Validate(); err != nil {
 		t.Fatalf("a valid Config: %v", err)
@@ -71,7 +70,7 @@ func TestConfigValidate(t *testing.T) {
 			c.Client = configOnly{cfg: sarama.NewConfig()} // Producer.Return.Successes false
 		},
 		"a client that may create topics": func(c *Config) {
-			cfg := index.ProducerConfig(nil)
+			cfg := failidx.ProducerConfig(nil)
 			cfg.Metadata.AllowAutoTopicCreation = true
 			c.Client = configOnly{cfg: cfg}
 		},

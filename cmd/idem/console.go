@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemhq/idem/console"
 	"github.com/idemhq/idem/console/index"
+	"github.com/idemhq/idem/internal/failidx"
 	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/seal"
 	"github.com/idemhq/idem/metrics"
@@ -255,7 +256,7 @@ func (a *app) runConsole(ctx context.Context, o consoleOptions) error {
 	}
 	scfg.ClientID = "idem-console"
 	scfg.Metadata.Retry.Max = 3
-	client, err := sarama.NewClient(brokers, index.ProducerConfig(scfg))
+	client, err := sarama.NewClient(brokers, failidx.ProducerConfig(scfg))
 	if err != nil {
 		return fmt.Errorf("kafka: %w", err)
 	}

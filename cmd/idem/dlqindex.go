@@ -14,7 +14,6 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/spf13/cobra"
 
-	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/internal/failidx"
 	"github.com/idemhq/idem/internal/replayrec"
@@ -432,7 +431,7 @@ func (a *app) producerClient() (sarama.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	client, err := sarama.NewClient(brokers, index.ProducerConfig(cfg))
+	client, err := sarama.NewClient(brokers, failidx.ProducerConfig(cfg))
 	if err != nil {
 		return nil, fmt.Errorf("connect to %v: %w", brokers, err)
 	}
