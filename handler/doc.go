@@ -102,7 +102,7 @@
 // and its group's scheduler (package schedule) publishes it again when the
 // time comes, with the same idempotency key and origin; no retry is spent
 // and nothing is forwarded. A time more than [MaxDefer] away is refused with
-// a Permanent error wrapping [ErrDeferTooFar].
+// a Permanent error that names the time asked for and the limit.
 //
 // When several markers are present the first of missing-key, panic, decode,
 // permanent, timeout wins; [IsRetriable] is true for kinds retriable and
