@@ -216,8 +216,12 @@ type Config struct {
 
 	// LagInterval is how often idem_consumer_lag is refreshed for every
 	// claimed partition, source and retry tier: the high watermark minus the
-	// group's committed offset, asked of the cluster. A negative value
-	// disables it.
+	// group's committed offset, asked of the cluster; and with it
+	// idem_consumer_lag_actionable and idem_consumer_lag_seconds, the
+	// records a member could start now (retry-tier and deferred records
+	// once due) and how long the oldest has waited (a few small reads of
+	// each tier partition and one query of idem_deferred, off the message
+	// path). A negative value disables them.
 	// Default: 15s.
 	LagInterval time.Duration
 

@@ -343,7 +343,7 @@ func (r *runner) run(ctx context.Context) (err error) {
 		wg.Wait()
 	}()
 
-	wg.Go(func() { r.claims.watchLag(watchCtx, client, r.cfg.LagInterval) })
+	wg.Go(func() { r.claims.watchLag(watchCtx, client, r.lagPlan(ctx)) })
 	wg.Go(func() { watchDLQDepth(watchCtx, client, r.cfg, r.m.DLQDepth, r.log) })
 	wg.Go(func() { r.claims.watchStalls(watchCtx, r.cfg.StallWarning) })
 	wg.Go(func() { r.watchPool(watchCtx) })

@@ -45,6 +45,8 @@
 //	idem_abandoned_total                   counter    group                     in-flight messages cancelled past ShutdownGrace (rolled back, left for redelivery)
 //	idem_partition_stalled_seconds         gauge      group,topic,partition     seconds a claimed partition has been failing on one message (outages, retries, forward errors); 0 while it flows
 //	idem_consumer_lag                      gauge      group,topic,partition     records behind in a claimed partition: high watermark minus committed offset, sources and retry tiers (consumer.Config.LagInterval); removed when released
+//	idem_consumer_lag_actionable           gauge      group,topic,partition     records of a claimed partition a member could start now: a source's or deferred topic's not committed, a retry tier's already due (idem-due-at), plus deferred messages due in PostgreSQL on the deferred topic's partitions; what to autoscale on
+//	idem_consumer_lag_seconds              gauge      group,topic,partition     seconds the oldest actionable record has waited: since its timestamp, or since it came due (tier, deferred); 0 when none
 //	idem_end_to_end_seconds                histogram  group,topic               record timestamp to offset marked (final outcome), 1 ms to 1 h for p95/p99; a tier record is timed from its forward
 //	idem_messages_in_flight                gauge      group,topic               messages taken from a partition's queue whose outcome is not final yet
 //	idem_outbox_pending                    gauge      table                     outbox rows waiting to be published, delayed ones included (refreshed by the leader)
@@ -87,7 +89,11 @@
 //
 // Success rate: rate(idem_messages_total{outcome=~"processed|duplicate"}) over
 // rate(idem_messages_total). Latency: histogram_quantile(0.99,
-// rate(idem_end_to_end_seconds_bucket[5m])). A growing idem_consumer_lag with
+// rate(idem_end_to_end_seconds_bucket[5m])). Autoscale on
+// idem_consumer_lag_actionable and idem_consumer_lag_seconds, not on
+// idem_consumer_lag: records parked in a retry tier, or deferred, count in the
+// latter though no extra member can start them sooner (docs/kubernetes.md).
+// A growing idem_consumer_lag with
 // a flat idem_commits_total means a stuck consumer; idem_partition_stalled_seconds
 // says which partition and the consumer's WARN log says why.
 package metrics
