@@ -350,6 +350,28 @@ type Config struct {
 	// database or broker briefly down at start delays indexing only.
 	// Default: nil (no indexer: run idem console or index.Indexer apart).
 	FailureIndex *index.Indexer
+
+	// EncryptionKeyFile names a file holding the key-encryption key (KEK)
+	// of payload encryption at rest (`idem keys generate` writes one; mode
+	// 600): with it, the payloads the consumer keeps in PostgreSQL are
+	// sealed with AES-256-GCM under data keys the KEK wraps (package
+	// docs/console.md, "Encryption at rest"): the value and headers of
+	// messages parked behind their key's head (Ordering: ByKey) and of
+	// deferred messages (Defer, whose scheduler gets the same key when its
+	// own is unset). Their topic, partition, Kafka key, idempotency key and
+	// origin stay in clear. A parked or deferred message whose data key was
+	// destroyed (`idem keys destroy`) is never handled or published: it is
+	// dead-lettered as a stub (no value, none of its headers, kind
+	// permanent, the reason as idem-error). Run refuses a file others may
+	// read, and a KEK that does not unwrap the data keys already written.
+	// Rows written before stay in clear and read as ever. The failure index
+	// (FailureIndex) has a key of its own.
+	// Default: "" (payloads stored in clear).
+	EncryptionKeyFile string
+	// EncryptionKey is EncryptionKeyFile's content given directly, e.g.
+	// from an environment variable. Give one of the two.
+	// Default: "".
+	EncryptionKey string
 }
 
 // BatchConfig sizes the batches of Config.Batch.
@@ -816,6 +838,7 @@ func (c Config) Validate() error {
 	}
 	badEach(errs, "Limits.Adaptive", c.Limits.Adaptive.validate())
 	badEach(errs, "Defer", c.validateDefer())
+	c.validateEncryption(errs)
 	badEach(errs, "Expiry", c.Expiry.policy().Validate())
 	if c.Retry.Backoff.Max < c.Retry.Backoff.Base {
 		errs.Bad("Retry.Backoff.Max", c.Retry.Backoff.Max, fmt.Sprintf("must be >= Retry.Backoff.Base (%s)", c.Retry.Backoff.Base))

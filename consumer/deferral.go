@@ -56,6 +56,9 @@ func (c Config) scheduler() *schedule.Scheduler {
 	if s.Registerer == nil {
 		s.Registerer = c.Registerer
 	}
+	if s.EncryptionKeyFile == "" && s.EncryptionKey == "" {
+		s.EncryptionKeyFile, s.EncryptionKey = c.EncryptionKeyFile, c.EncryptionKey
+	}
 	return &s
 }
 
@@ -161,6 +164,7 @@ func (w *worker) deferred(msg *handler.Message, failed error) (dlq, stop error) 
 func (w *worker) deferMsg(msg *handler.Message, until time.Time) error {
 	r := w.r
 	rec := scheduletable.RecordOf(r.cfg.Group, deferredTopic(msg.Origin().Topic, r.cfg.Group), msg)
+	rec.DLQ = r.deferDLQ(msg.Origin().Topic)
 	pool := r.cfg.Defer.Pool
 	for n := 1; ; n++ {
 		err := func() error {
@@ -169,7 +173,7 @@ func (w *worker) deferMsg(msg *handler.Message, until time.Time) error {
 				return err
 			}
 			defer func() { _ = tx.Rollback(context.WithoutCancel(w.hctx)) }()
-			if err := scheduletable.Defer(w.hctx, tx, rec, until); err != nil {
+			if err := scheduletable.Defer(w.hctx, tx, rec, until, r.deferSealer); err != nil {
 				return err
 			}
 			return tx.Commit(w.hctx)

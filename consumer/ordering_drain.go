@@ -60,6 +60,9 @@ func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 		msg, headers := parkedMessage(next)
 		rec := dedupe.Record{Group: r.cfg.Group, Key: next.IdempotencyKey, Topic: next.Topic, Partition: next.Partition, Offset: next.Offset}
 		failed, drop, err := w.expired(msg, next.Topic) // its turn came: still live?
+		if next.Unreadable != nil {                     // sealed at rest, its key destroyed: a stub to the DLQ (sealed.go)
+			failed, drop, err = unreadable(next.Unreadable), false, nil
+		}
 		if err != nil {
 			return err
 		}
@@ -90,6 +93,9 @@ func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 		}
 		src := wire.Source{Topic: next.Topic, Partition: next.Partition, Offset: next.Offset, Timestamp: next.Timestamp, Group: r.cfg.Group}
 		out := w.failure(src, next.Key, next.Value, headers, origin{topic: next.Topic, partition: next.Partition, offset: next.Offset}, msg, failed)
+		if next.Unreadable != nil {
+			out = out.asStub()
+		}
 		if out.tier == 0 {
 			if _, err := w.forward(out, msg); err != nil {
 				return err
@@ -313,7 +319,11 @@ func (w byKey) claimOrdering() error {
 // it when its tier refused it (see claimOrdering).
 func (w byKey) recoverHead(rec keyorder.Record, src string) error {
 	msg := &handler.Message{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, IdempotencyKey: rec.IdempotencyKey}
-	again, err := w.forwardHead(w.r.pendingOutbound(rec), msg, rec.Topic, rec.Key, rec.IdempotencyKey, -1)
+	out := w.r.pendingOutbound(rec)
+	if rec.Unreadable != nil { // sealed at rest, its key destroyed: a stub to the DLQ (sealed.go)
+		out = w.r.unreadableRecord(rec)
+	}
+	again, err := w.forwardHead(out, msg, rec.Topic, rec.Key, rec.IdempotencyKey, -1)
 	if err != nil {
 		return err
 	}

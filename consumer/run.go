@@ -21,6 +21,7 @@ import (
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/kafkaversion"
 	"github.com/idemhq/idem/internal/keyorder"
+	"github.com/idemhq/idem/internal/seal"
 	"github.com/idemhq/idem/internal/txn"
 	"github.com/idemhq/idem/recovery"
 	"github.com/idemhq/idem/retrytopic"
@@ -120,6 +121,9 @@ type runner struct {
 	// (Transactions; refusals.go); nil otherwise.
 	refused *refusals
 	order   *keyorder.Store // nil unless Ordering is ByKey
+	// deferSealer seals deferred messages (Config.EncryptionKeyFile); nil:
+	// stored in clear.
+	deferSealer *seal.Sealer
 	// owed keeps the OnDeadLettered calls a transaction owes until it has
 	// committed (settle.go); nil unless Transactions and OnDeadLettered.
 	owed *keyorder.Store
@@ -310,6 +314,9 @@ func (r *runner) run(ctx context.Context) (err error) {
 		if err := st.retry(ctx, nil, "creating the ordering schema", func() error { return r.order.Migrate(ctx) }); err != nil {
 			return fmt.Errorf("consumer: ordering schema: %w", err)
 		}
+	}
+	if err := r.sealPayloads(ctx, st); err != nil {
+		return err
 	}
 	if r.txn != nil && r.cfg.OnDeadLettered != nil {
 		r.owed = keyorder.New(orderingDB(r.cfg), r.cfg.Group)

@@ -54,7 +54,7 @@
 //	idem_outbox_failed                     gauge      table                     outbox rows in the failed state
 //	idem_outbox_published_total            counter    table                     outbox rows published and acknowledged by Kafka
 //	idem_outbox_publish_seconds            histogram  table                     outbox row insert (about its commit), or its NotBefore when later, to Kafka's ack, latency
-//	idem_outbox_publish_failures_total     counter    table,reason              refused or failed outbox publishes: unknown_topic, too_large, authorization, other
+//	idem_outbox_publish_failures_total     counter    table,reason              refused or failed outbox publishes: unknown_topic, too_large, authorization, other; unreadable (sealed at rest, its data key destroyed: failed for good), no_key (sealed, the relay has no key: retried)
 //	idem_outbox_leader                     gauge      table                     1 while this relay holds the table's lock, else 0
 //	idem_saga_transitions_total            counter    type,state                sagas entering a state: running, waiting, compensating, completed, compensated
 //	idem_saga_step_duration_seconds        histogram  type,step,result          saga step action latency by result: ok, pending, error, outage (breaker open)
@@ -67,6 +67,7 @@
 //	idem_schedule_pending                  gauge      group                     deferred records waiting to be published, due or not (refreshed by the group's scheduler leader)
 //	idem_schedule_published_total          counter    group                     deferred records published when due and acknowledged by Kafka
 //	idem_schedule_publish_failures_total   counter    group                     failed publishes of due deferred records (each retried with backoff)
+//	idem_schedule_dead_lettered_total      counter    group                     deferred records whose payload, sealed at rest, could not be opened for good (data key destroyed): sent to the dead-letter topic as stubs
 //	idem_schedule_leader                   gauge      group                     1 while this process's scheduler holds the group's lock, else 0
 //
 // The failure index (package console/index) exports three more gauges
