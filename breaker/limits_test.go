@@ -314,7 +314,7 @@ func TestSetShareRescales(t *testing.T) {
 	for _, bad := range []float64{0, -0.5, 1.5, math.NaN()} {
 		err := set.SetShare(bad)
 		if err == nil || !strings.Contains(err.Error(), "breaker: invalid settings") {
-			t.Errorf("SetShare(%v) = %v, want ErrInvalidSettings", bad, err)
+			t.Errorf("SetShare(%v) = %v, want an invalid-settings error", bad, err)
 		}
 	}
 	want("bank", 100, 10, 3) // unchanged by the bad calls
@@ -375,7 +375,7 @@ func TestLimitsValidate(t *testing.T) {
 				return
 			}
 			if (err == nil || !strings.Contains(err.Error(), "breaker: invalid settings")) || (serr == nil || !strings.Contains(serr.Error(), "breaker: invalid settings")) {
-				t.Fatalf("Validate() = %v, SetLimits = %v; want ErrInvalidSettings", err, serr)
+				t.Fatalf("Validate() = %v, SetLimits = %v; want an invalid-settings error", err, serr)
 			}
 			var got []string
 			for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {

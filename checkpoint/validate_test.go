@@ -8,7 +8,7 @@ import (
 )
 
 // TestNewRunnerReportsEveryProblem: NewRunner reports every bad field of the
-// Job at once, each by name, every one matching ErrInvalidJob
+// Job at once, each by name, every one an invalid-job error
 // (consumer.Config's idiom).
 func TestNewRunnerReportsEveryProblem(t *testing.T) {
 	_, err := checkpoint.NewRunner(checkpoint.Job[int]{ChunkSize: -1})

@@ -42,6 +42,10 @@
 //     Handle returns nil. Never commit or roll it back yourself. Effects outside
 //     it (HTTP calls, e-mails, writes through another connection) are
 //     at-least-once: they may happen again when the message is retried.
+//   - The correlation id. ctx carries the message's correlation id, while
+//     Handle runs: its idem-correlation-id header, or its idempotency key
+//     (outbox.CorrelationID reads it; the events the handler enqueues and
+//     the sagas it starts carry it on). A batch handler's ctx has none.
 //   - The message. A [Message] and the slices it holds (Key, Value, Headers)
 //     belong to idem: do not keep or use them after Handle returns; copy what
 //     you need.
