@@ -180,7 +180,7 @@ func TestMigrateCreatesEveryTable(t *testing.T) {
 	}
 }
 
-// TestMigrateTableNames: InboxTable and OutboxTable name the tables Migrate
+// TestMigrateTableNames: Inbox (dedupe.WithTable) and OutboxTable name the tables Migrate
 // creates, schema-qualified or not.
 func TestMigrateTableNames(t *testing.T) {
 	testenv.SkipIfShort(t)
@@ -191,7 +191,7 @@ func TestMigrateTableNames(t *testing.T) {
 	if err := other.QueryRow(ctx, `SELECT current_schema()`).Scan(&otherSchema); err != nil {
 		t.Fatal(err)
 	}
-	err := idem.Migrate(ctx, pool, idem.InboxTable("billing_inbox"),
+	err := idem.Migrate(ctx, pool, idem.Inbox(dedupe.WithTable("billing_inbox")),
 		idem.OutboxTable("billing_events"), idem.OutboxTable(otherSchema+".audit_events"))
 	if err != nil {
 		t.Fatal(err)
@@ -219,7 +219,7 @@ func TestMigrateTableNames(t *testing.T) {
 	if got := tables(otherSchema); !slices.Contains(got, "audit_events") {
 		t.Errorf("no table audit_events in schema %s: %v", otherSchema, got)
 	}
-	if err := idem.Migrate(ctx, pool, idem.InboxTable("no such schema.x.y")); err == nil || !strings.Contains(err.Error(), "idem: migrate inbox") {
+	if err := idem.Migrate(ctx, pool, idem.Inbox(dedupe.WithTable("no such schema.x.y"))); err == nil || !strings.Contains(err.Error(), "idem: migrate inbox") {
 		t.Errorf("an invalid inbox name: %v", err)
 	}
 }
@@ -272,7 +272,7 @@ func ExampleMigrate() {
 		return
 	}
 	// Or with tables of other names (the schema must exist).
-	if err := idem.Migrate(ctx, pool, idem.InboxTable("billing.idem_processed"), idem.OutboxTable("billing.events")); err != nil {
+	if err := idem.Migrate(ctx, pool, idem.Inbox(dedupe.WithTable("billing.idem_processed")), idem.OutboxTable("billing.events")); err != nil {
 		fmt.Println(err)
 	}
 }

@@ -50,7 +50,7 @@ type Config struct {
 	// Required.
 	Pool *pgxpool.Pool
 	// Client is the Kafka client through which replays, edit-and-retry and
-	// key releases publish. Build it with index.ProducerConfig (idempotent,
+	// key releases publish. Build it on a config set up by retrytopic.ConfigureProducer (idempotent,
 	// acks=all, successes returned, no topic auto-creation): New refuses a
 	// client whose config cannot publish that way. The caller keeps owning
 	// it (nothing here closes it).
@@ -59,7 +59,8 @@ type Config struct {
 
 	// Tokens are the accepted bearer tokens and the role of each. A UI user
 	// logs in with one of them and gets a session cookie. Load them with
-	// LoadTokens or TokensFromEnv.
+	// LoadTokens (a file) or ParseTokens (text, e.g. an environment
+	// variable's value).
 	// Default: none, which New accepts only together with InsecureNoAuth.
 	Tokens []Token
 	// InsecureNoAuth turns authentication off: every request acts as the
@@ -227,16 +228,16 @@ func (c Config) Validate() error {
 	case c.Pool == nil:
 		return errors.New("console: Config.Pool is nil: give the pool of the database that holds the failure index")
 	case c.Client == nil:
-		return errors.New("console: Config.Client is nil: give a Kafka client built with index.ProducerConfig")
+		return errors.New("console: Config.Client is nil: give a Kafka client whose config retrytopic.ConfigureProducer set up")
 	}
 	if err := publishing(c.Client.Config()); err != nil {
-		return fmt.Errorf("console: Config.Client: %w; build it with index.ProducerConfig", err)
+		return fmt.Errorf("console: Config.Client: %w; set its config up with retrytopic.ConfigureProducer", err)
 	}
 	return c.validateOptions()
 }
 
 // publishing reports why a client with config cfg cannot publish the
-// console's replays as index.ProducerConfig sets it up (nil: it can).
+// console's replays as retrytopic.ConfigureProducer sets it up (nil: it can).
 func publishing(cfg *sarama.Config) error {
 	switch {
 	case cfg == nil:

@@ -92,7 +92,9 @@ func (c *Console) Close() error {
 // through cfg.Client, relative to cfg.BasePath. Mount it on a service's own
 // mux, e.g.
 //
-//	client, err := sarama.NewClient(brokers, index.ProducerConfig(nil))
+//	pcfg := sarama.NewConfig()
+//	retrytopic.ConfigureProducer(pcfg)
+//	client, err := sarama.NewClient(brokers, pcfg)
 //	…
 //	c, err := console.New(console.Config{Pool: pool, Client: client, Tokens: toks, BasePath: "/console"})
 //	defer c.Close()

@@ -11,6 +11,8 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemhq/idem/internal/correlation"
 )
 
 // claim is one claimed partition: it owns the claim's queue, fetch
@@ -92,7 +94,7 @@ func newClaim(r *runner, s sarama.ConsumerGroupSession, kc sarama.ConsumerGroupC
 // newWorker returns a worker of c with a stall of its own.
 func (c *claim) newWorker() *worker {
 	w := &worker{claim: c, stall: &stall{}, names: headerNames{},
-		ob: observer{r: c.r, log: c.log, tp: c.tp, hctx: c.hctx}}
+		ob: observer{r: c.r, log: c.log, tp: c.tp, hctx: correlation.WithSlot(c.hctx)}}
 	w.callFn = w.callHandler
 	c.stalls = append(c.stalls, w.stall)
 	return w

@@ -221,8 +221,12 @@ type Config struct {
 
 	// LagInterval is how often idem_consumer_lag is refreshed for every
 	// claimed partition, source and retry tier: the high watermark minus the
-	// group's committed offset, asked of the cluster. A negative value
-	// disables it.
+	// group's committed offset, asked of the cluster; and with it
+	// idem_consumer_lag_actionable and idem_consumer_lag_seconds, the
+	// records a member could start now (retry-tier and deferred records
+	// once due) and how long the oldest has waited (a few small reads of
+	// each tier partition and one query of idem_deferred, off the message
+	// path). A negative value disables them.
 	// Default: 15s.
 	LagInterval time.Duration
 
@@ -369,6 +373,28 @@ type Config struct {
 	// Default: nil (off: pauses and re-drives are not obeyed, and the
 	// member is not in the fleet).
 	Controls *pgxpool.Pool
+
+	// EncryptionKeyFile names a file holding the key-encryption key (KEK)
+	// of payload encryption at rest (`idem keys generate` writes one; mode
+	// 600): with it, the payloads the consumer keeps in PostgreSQL are
+	// sealed with AES-256-GCM under data keys the KEK wraps (package
+	// docs/console.md, "Encryption at rest"): the value and headers of
+	// messages parked behind their key's head (Ordering: ByKey) and of
+	// deferred messages (Defer, whose scheduler gets the same key when its
+	// own is unset). Their topic, partition, Kafka key, idempotency key and
+	// origin stay in clear. A parked or deferred message whose data key was
+	// destroyed (`idem keys destroy`) is never handled or published: it is
+	// dead-lettered as a stub (no value, none of its headers, kind
+	// permanent, the reason as idem-error). Run refuses a file others may
+	// read, and a KEK that does not unwrap the data keys already written.
+	// Rows written before stay in clear and read as ever. The failure index
+	// (FailureIndex) has a key of its own.
+	// Default: "" (payloads stored in clear).
+	EncryptionKeyFile string
+	// EncryptionKey is EncryptionKeyFile's content given directly, e.g.
+	// from an environment variable. Give one of the two.
+	// Default: "".
+	EncryptionKey string
 }
 
 // BatchConfig sizes the batches of Config.Batch.
@@ -837,6 +863,7 @@ func (c Config) Validate() error {
 	}
 	badEach(errs, "Limits.Adaptive", c.Limits.Adaptive.validate())
 	badEach(errs, "Defer", c.validateDefer())
+	c.validateEncryption(errs)
 	badEach(errs, "Expiry", c.Expiry.policy().Validate())
 	if c.Retry.Backoff.Max < c.Retry.Backoff.Base {
 		errs.Bad("Retry.Backoff.Max", c.Retry.Backoff.Max, fmt.Sprintf("must be >= Retry.Backoff.Base (%s)", c.Retry.Backoff.Base))

@@ -58,6 +58,9 @@ func (c Config) scheduler() *schedule.Scheduler {
 	if s.Registerer == nil {
 		s.Registerer = c.Registerer
 	}
+	if s.EncryptionKeyFile == "" && s.EncryptionKey == "" {
+		s.EncryptionKeyFile, s.EncryptionKey = c.EncryptionKeyFile, c.EncryptionKey
+	}
 	return &s
 }
 
@@ -173,6 +176,7 @@ func (w *worker) deferred(msg *handler.Message, failed error, id string) (dlq, s
 func (w *worker) deferMsg(msg *handler.Message, until time.Time, id string) error {
 	r := w.r
 	rec := scheduletable.RecordOf(r.cfg.Group, deferredTopic(msg.Origin().Topic, r.cfg.Group), msg)
+	rec.DLQ = r.deferDLQ(msg.Origin().Topic) // a sealed copy whose key is destroyed goes there (sealed.go)
 	o := msg.Origin()
 	key := deferralRecord(dedupe.Record{Group: r.cfg.Group, Topic: o.Topic, Partition: o.Partition, Offset: o.Offset}, id)
 	for n := 1; ; n++ {
@@ -210,14 +214,14 @@ func (w *worker) deferMsg(msg *handler.Message, until time.Time, id string) erro
 func (w *worker) storeDeferral(ctx context.Context, rec scheduletable.Record, until time.Time) error {
 	pool := w.r.cfg.Defer.Pool
 	if dedupe.HasTx(ctx) && w.r.deferSharesStore() {
-		return scheduletable.Defer(ctx, dedupe.Tx(ctx), rec, until)
+		return scheduletable.Defer(ctx, dedupe.Tx(ctx), rec, until, w.r.deferSealer)
 	}
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if err := scheduletable.Defer(ctx, tx, rec, until); err != nil {
+	if err := scheduletable.Defer(ctx, tx, rec, until, w.r.deferSealer); err != nil {
 		return err
 	}
 	return tx.Commit(ctx)

@@ -72,6 +72,8 @@ func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 		switch {
 		case d.earlier:
 			w.mx.duplicate.Inc()
+		case next.Unreadable != nil: // sealed at rest, its key destroyed: a stub to the DLQ (sealed.go)
+			failed = unreadable(next.Unreadable)
 		case d.res.Status != expiry.Live:
 			var drop bool
 			if failed, drop, err = w.expire(msg, next.Topic, d.res); err != nil {
@@ -107,6 +109,9 @@ func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 		}
 		src := wire.Source{Topic: next.Topic, Partition: next.Partition, Offset: next.Offset, Timestamp: next.Timestamp, Group: r.cfg.Group}
 		out := w.failure(src, next.Key, next.Value, headers, o, msg, failed)
+		if next.Unreadable != nil {
+			out = out.asStub()
+		}
 		if out.tier == 0 {
 			if _, err := w.forward(out, msg); err != nil {
 				return err
@@ -351,7 +356,11 @@ func (w byKey) claimOrdering() error {
 // it when its tier refused it (see claimOrdering).
 func (w byKey) recoverHead(rec keyorder.Record, src string) error {
 	msg := &handler.Message{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, IdempotencyKey: rec.IdempotencyKey}
-	again, err := w.forwardHead(w.r.pendingOutbound(rec), msg, rec.Topic, rec.Key, rec.IdempotencyKey, -1)
+	out := w.r.pendingOutbound(rec)
+	if rec.Unreadable != nil { // sealed at rest, its key destroyed: a stub to the DLQ (sealed.go)
+		out = w.r.unreadableRecord(rec)
+	}
+	again, err := w.forwardHead(out, msg, rec.Topic, rec.Key, rec.IdempotencyKey, -1)
 	if err != nil {
 		return err
 	}

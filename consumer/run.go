@@ -21,7 +21,7 @@ import (
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/kafkaversion"
 	"github.com/idemhq/idem/internal/keyorder"
-	"github.com/idemhq/idem/internal/mutate"
+	"github.com/idemhq/idem/internal/seal"
 	"github.com/idemhq/idem/internal/txn"
 	"github.com/idemhq/idem/recovery"
 	"github.com/idemhq/idem/retrytopic"
@@ -121,6 +121,9 @@ type runner struct {
 	// (Transactions; refusals.go); nil otherwise.
 	refused *refusals
 	order   *keyorder.Store // nil unless Ordering is ByKey
+	// deferSealer seals deferred messages (Config.EncryptionKeyFile); nil:
+	// stored in clear.
+	deferSealer *seal.Sealer
 	// owed keeps the hook calls (OnDeadLettered, Expiry.OnExpired) a
 	// transaction owes until it has committed (settle.go); nil unless
 	// Transactions and one of those hooks.
@@ -161,7 +164,7 @@ func newRunner(cfg Config, h handler.Handler) (*runner, error) {
 	}
 	r := &runner{
 		cfg:    cfg,
-		h:      handler.Chain(h, recoverPanics()),
+		h:      wrap(h),
 		log:    cfg.Logger.With("group", cfg.Group),
 		m:      m,
 		scfg:   scfg,
@@ -314,6 +317,9 @@ func (r *runner) run(ctx context.Context) (err error) {
 			return fmt.Errorf("consumer: ordering schema: %w", err)
 		}
 	}
+	if err := r.sealPayloads(ctx, st); err != nil {
+		return err
+	}
 	if r.txn != nil && (r.cfg.OnDeadLettered != nil || r.cfg.Expiry.OnExpired != nil) {
 		r.owed = keyorder.New(orderingDB(r.cfg), r.cfg.Group)
 		if err := st.retry(ctx, nil, "creating the owed hooks' table", func() error { return r.owed.Migrate(ctx) }); err != nil {
@@ -346,7 +352,7 @@ func (r *runner) run(ctx context.Context) (err error) {
 		wg.Wait()
 	}()
 
-	wg.Go(func() { r.claims.watchLag(watchCtx, client, r.cfg.LagInterval) })
+	wg.Go(func() { r.claims.watchLag(watchCtx, client, r.lagPlan(ctx)) })
 	wg.Go(func() { watchDLQDepth(watchCtx, client, r.cfg, r.m.DLQDepth, r.log) })
 	wg.Go(func() { r.claims.watchStalls(watchCtx, r.cfg.StallWarning) })
 	wg.Go(func() { r.watchPool(watchCtx) })
@@ -514,14 +520,4 @@ func (g *groupHandler) ConsumeClaim(s sarama.ConsumerGroupSession, c sarama.Cons
 	cl.run()
 	cl.obs.close()
 	return nil
-}
-
-// recoverPanics is handler.Recover, the innermost middleware of every
-// handler (the mutation switch "recover" takes it out, for the swarm
-// checker's proof: internal/mutate).
-func recoverPanics() handler.Middleware {
-	if mutate.On(mutate.Recover) {
-		return func(h handler.Handler) handler.Handler { return h }
-	}
-	return handler.Recover()
 }

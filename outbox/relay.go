@@ -23,6 +23,7 @@ import (
 	"github.com/idemhq/idem/internal/outboxconf"
 	"github.com/idemhq/idem/internal/outboxtable"
 	"github.com/idemhq/idem/internal/pglead"
+	"github.com/idemhq/idem/internal/seal"
 )
 
 // Defaults of the Relay fields, applied when a field is zero.
@@ -369,6 +370,26 @@ type Relay struct {
 	// Default: computed at Run.
 	TransactionalID string
 
+	// EncryptionKeyFile names a file holding the key-encryption key (KEK)
+	// of payload encryption at rest (`idem keys generate` writes one; mode
+	// 600). With it, Relay.Enqueue seals each row's value and headers under
+	// the outbox's data keys (purpose "outbox" of idem_seal_keys), and Run
+	// opens them before it publishes: the record is published as it was
+	// enqueued. A row whose data key was destroyed (`idem keys destroy`),
+	// or that does not authenticate, is never published: it moves to the
+	// failed state with the reason as its last_error (`idem outbox list
+	// --failed`; idem_outbox_publish_failures_total{reason="unreadable"}). A
+	// sealed row read by a relay without a key waits (retried, reason
+	// "no_key"). Run refuses a file others may read, and returns an error
+	// for a KEK that does not unwrap the outbox's data keys. Rows enqueued
+	// in clear (Enqueue, or before the key was given) publish as ever.
+	// Default: "" (rows stored in clear).
+	EncryptionKeyFile string
+	// EncryptionKey is EncryptionKeyFile's content given directly, e.g.
+	// from an environment variable. Give one of the two.
+	// Default: "".
+	EncryptionKey string
+
 	// idle, when set (tests only), runs each time an idle leader is about
 	// to wait, with how long it will wait at most.
 	idle func(wait time.Duration)
@@ -403,6 +424,9 @@ func (r *Relay) Validate() error {
 	}
 	if c.MaxAttempts < 0 {
 		l.Bad("MaxAttempts", c.MaxAttempts, "must be >= 0 (0: the default)")
+	}
+	if c.EncryptionKeyFile != "" && c.EncryptionKey != "" {
+		l.Bad("EncryptionKey", "(set)", "give the key-encryption key in EncryptionKeyFile or EncryptionKey, not both")
 	}
 	l.NonNegative(map[string]time.Duration{"PollInterval": c.PollInterval, "LeaderRetry": c.LeaderRetry,
 		"RetryBase": c.RetryBase, "RetryMax": c.RetryMax, "KeepPublished": c.KeepPublished,
@@ -482,10 +506,15 @@ func (r *Relay) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("outbox: register metrics: %w", err)
 	}
+	keks, err := seal.LoadKEKs(c.EncryptionKeyFile, c.EncryptionKey)
+	if err != nil {
+		return fmt.Errorf("outbox: encryption key: %w", err)
+	}
 	s := &session{
 		cfg:    c,
 		t:      t,
 		m:      m,
+		keks:   keks,
 		log:    c.Logger.With("outbox", t.name),
 		rand:   rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 		tracer: c.TracerProvider.Tracer(tracerName),
@@ -511,13 +540,17 @@ func (r *Relay) Run(ctx context.Context) error {
 		Health: c.Health.set,
 	}
 	e.Run(ctx)
-	return nil
+	return s.fatal
 }
 
-// start migrates the table and makes the producer, once; the election
-// retries it with backoff until it succeeds.
+// start migrates the table, reads the data keys (with a key) and makes the
+// producer, once; the election retries it with backoff until it succeeds,
+// or gives up on a key that does not unwrap the outbox's data keys.
 func (s *session) start(ctx context.Context) error {
 	if err := outboxtable.Migrate(ctx, s.cfg.Pool, s.cfg.Table); err != nil {
+		return err
+	}
+	if err := s.startSealer(ctx); err != nil {
 		return err
 	}
 	return s.connectKafka(ctx)
@@ -577,6 +610,9 @@ type session struct {
 	txn    *txnState // ExactlyOnce only
 	rand   *rand.Rand
 	tracer trace.Tracer
+	keks   []seal.KEK   // EncryptionKeyFile's or EncryptionKey's; nil: none
+	sealer *seal.Sealer // opens sealed rows (made by start); nil without keks
+	fatal  error        // why start gave up for good (a wrong KEK); Run returns it
 }
 
 // lockNamespace is the high half of the advisory lock key ("idox"); the low
@@ -669,6 +705,8 @@ type row struct {
 	rejects  int
 	due      time.Time // created_at, or not_before when later
 	waited   bool      // it had a retry_at (a NotBefore, a retry)
+	keyID    *int64    // the data key of sealed; nil: value and headers in clear
+	sealed   []byte    // value and headers sealed at rest (Relay.Enqueue)
 }
 
 // round publishes the heads of the first BatchSize publishable rows. more
@@ -677,6 +715,9 @@ func (s *session) round(ctx context.Context, conn *pgx.Conn) (more bool, err err
 	heads, more, err := s.fetch(ctx, conn)
 	if err != nil || len(heads) == 0 {
 		return false, err
+	}
+	if heads, err = s.openHeads(ctx, conn, heads); err != nil || len(heads) == 0 {
+		return more, err
 	}
 	errs := s.publish(heads)
 
@@ -732,7 +773,7 @@ WITH w AS (
     LIMIT $1) window_rows
 )
 SELECT o.id, o.event_id::text, o.topic, o.key, o.value, o.header_keys, o.header_values, o.attempts, o.rejections,
-       greatest(o.created_at, o.not_before), o.retry_at IS NOT NULL, (SELECT count(*) FROM w)
+       greatest(o.created_at, o.not_before), o.retry_at IS NOT NULL, (SELECT count(*) FROM w), o.key_id, o.sealed
 FROM %[1]s o JOIN w ON w.id = o.id
 WHERE w.nth = 1 OR w.key IS NULL
 ORDER BY o.id`
@@ -764,7 +805,8 @@ func (s *session) fetch(ctx context.Context, conn *pgx.Conn) (heads []row, more 
 	var window int
 	heads, err = pgx.CollectRows(rs, func(r pgx.CollectableRow) (row, error) {
 		var x row
-		err := r.Scan(&x.id, &x.eventID, &x.topic, &x.key, &x.value, &x.hkeys, &x.hvals, &x.attempts, &x.rejects, &x.due, &x.waited, &window)
+		err := r.Scan(&x.id, &x.eventID, &x.topic, &x.key, &x.value, &x.hkeys, &x.hvals, &x.attempts, &x.rejects, &x.due, &x.waited, &window,
+			&x.keyID, &x.sealed)
 		return x, err
 	})
 	if err != nil {
@@ -912,15 +954,19 @@ func (s *session) failures(heads []row, errs []error) []failure {
 func (s *session) failure(r row, err error) failure {
 	reason := failureReason(err)
 	s.m.PublishFailures.WithLabelValues(s.t.name, reason).Inc()
-	attempts := r.attempts + 1
-	f := failure{id: r.id, err: err.Error(), reason: reason, rejected: rejected(err)}
+	f := failure{id: r.id, err: err.Error(), reason: reason, rejected: rejected(err), wait: s.retryWait(r.attempts + 1)}
 	f.final = f.rejected && r.rejects+1 >= s.cfg.MaxAttempts
+	return f
+}
+
+// retryWait is the wait before a row's next try after its attempts-th
+// failed one: a random time in [1ms, min(RetryMax, RetryBase·2^(attempts-1))].
+func (s *session) retryWait(attempts int) time.Duration {
 	ceil := s.cfg.RetryBase << min(attempts-1, 30)
 	if ceil <= 0 || ceil > s.cfg.RetryMax {
 		ceil = s.cfg.RetryMax
 	}
-	f.wait = max(time.Duration(s.rand.Int64N(int64(ceil)+1)), time.Millisecond)
-	return f
+	return max(time.Duration(s.rand.Int64N(int64(ceil)+1)), time.Millisecond)
 }
 
 // settle removes (or marks published) the acked rows and records the

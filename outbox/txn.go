@@ -237,6 +237,9 @@ func (s *session) txnRound(ctx context.Context, conn *pgx.Conn) (more bool, err 
 	if err != nil || len(heads) == 0 {
 		return false, err
 	}
+	if heads, err = s.openHeads(ctx, conn, heads); err != nil || len(heads) == 0 {
+		return more, err
+	}
 	heads, err = s.screen(ctx, conn, heads)
 	if err != nil || len(heads) == 0 {
 		return more, err

@@ -22,6 +22,7 @@ import (
 	"github.com/idemhq/idem/console"
 	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/internal/control"
+	"github.com/idemhq/idem/internal/failidx"
 	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/seal"
 	"github.com/idemhq/idem/metrics"
@@ -142,28 +143,36 @@ func isLoopback(addr string) bool {
 }
 
 // consoleTokens reads the tokens of --tokens-file or IDEM_CONSOLE_TOKENS.
+// A tokens file its group or others may read is refused (LoadTokens),
+// unless --tokens-file-any-mode accepts it with a warning.
 func (a *app) consoleTokens(o consoleOptions) ([]console.Token, error) {
 	if o.tokensFile != "" {
-		ts, err := console.LoadTokens(o.tokensFile)
-		if !errors.Is(err, console.ErrTokensFileMode) || !o.anyTokensMode {
-			if errors.Is(err, console.ErrTokensFileMode) {
+		st, err := os.Stat(o.tokensFile)
+		if err != nil {
+			return nil, fmt.Errorf("tokens file: %w", err)
+		}
+		open := st.Mode().Perm()&0o077 != 0
+		if !open || !o.anyTokensMode {
+			ts, err := console.LoadTokens(o.tokensFile)
+			if err != nil && open {
 				err = fmt.Errorf("%w (or give --tokens-file-any-mode to accept it with a warning)", err)
 			}
 			return ts, err
 		}
-		fmt.Fprintf(a.errOut, "idem: warning: %v; accepted (--tokens-file-any-mode)\n", err)
-		f, err := os.Open(o.tokensFile)
+		fmt.Fprintf(a.errOut, "idem: warning: the tokens file %s has mode %04o, open to its group or others; accepted (--tokens-file-any-mode)\n",
+			o.tokensFile, st.Mode().Perm())
+		b, err := os.ReadFile(o.tokensFile)
 		if err != nil {
 			return nil, fmt.Errorf("tokens file: %w", err)
 		}
-		defer f.Close()
-		if ts, err = console.ParseTokens(f); err != nil {
+		ts, err := console.ParseTokens(string(b))
+		if err != nil {
 			return nil, fmt.Errorf("%s: %w", o.tokensFile, err)
 		}
 		return ts, nil
 	}
 	if v := a.env(consoleTokensEnv); v != "" {
-		ts, err := console.TokensFromEnv(v)
+		ts, err := console.ParseTokens(v)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", consoleTokensEnv, err)
 		}
@@ -259,7 +268,7 @@ func (a *app) runConsole(ctx context.Context, o consoleOptions) error {
 	}
 	scfg.ClientID = "idem-console"
 	scfg.Metadata.Retry.Max = 3
-	client, err := sarama.NewClient(brokers, index.ProducerConfig(scfg))
+	client, err := sarama.NewClient(brokers, failidx.ProducerConfig(scfg))
 	if err != nil {
 		return fmt.Errorf("kafka: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -12,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/seal"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -52,6 +54,22 @@ type Record struct {
 	// published (the headers carry what the consumer reads).
 	IdempotencyKey string
 	Origin         handler.Origin
+	// DLQ is the dead-letter topic the scheduler sends a stub of the
+	// message to when its payload, sealed at rest, cannot be opened for good
+	// (its data key destroyed): the consumer's dead-letter topic for the
+	// origin. Default: "" (retrytopic's default name for Origin.Topic and
+	// Group).
+	DLQ string
+}
+
+// Purpose is the internal/seal purpose of the data keys that seal deferred
+// messages (consumer.Config.EncryptionKeyFile).
+const Purpose = "deferred"
+
+// AAD binds a deferred row's sealed payload to the message it holds.
+func AAD(group, topic string, partition int32, idempotencyKey string, origin handler.Origin) []byte {
+	return seal.AAD("idem_deferred", group, topic, strconv.Itoa(int(partition)), idempotencyKey,
+		origin.Topic, strconv.Itoa(int(origin.Partition)), strconv.FormatInt(origin.Offset, 10))
 }
 
 // RecordOf is the Record a consumer of group stores when its handler defers
@@ -100,7 +118,11 @@ const maxAhead = handler.MaxDefer + 24*time.Hour
 // PostgreSQL cannot store (Group, Topic, IdempotencyKey, Origin.Topic or a
 // header name that is not UTF-8 or holds a NUL), and an at more than
 // handler.MaxDefer plus a day ahead of this process's clock.
-func Defer(ctx context.Context, tx pgx.Tx, rec Record, at time.Time) error {
+//
+// With a sealer sl (consumer.Config.EncryptionKeyFile), the value and
+// headers are sealed as one blob under sl's current data key, in tx, and
+// the value and header columns are left empty; nil stores them in clear.
+func Defer(ctx context.Context, tx pgx.Tx, rec Record, at time.Time, sl *seal.Sealer) error {
 	if err := rec.validate(at, time.Now()); err != nil {
 		return err
 	}
@@ -116,6 +138,20 @@ func Defer(ctx context.Context, tx pgx.Tx, rec Record, at time.Time) error {
 			vals[i] = []byte{}
 		}
 	}
+	var keyID *int64
+	var sealed []byte
+	if sl != nil {
+		hs := make([]seal.Header, len(rec.Headers))
+		for i, h := range rec.Headers {
+			hs[i] = seal.Header{Key: h.Key, Value: h.Value}
+		}
+		ct, id, err := sl.Seal(ctx, tx, seal.Pack(rec.Value, hs), AAD(rec.Group, rec.Topic, rec.Partition, rec.IdempotencyKey, rec.Origin))
+		if err != nil {
+			return fmt.Errorf("schedule: defer a record of group %s to %s: %w", rec.Group, rec.Topic, err)
+		}
+		keyID, sealed = &id, ct
+		rec.Value, keys, vals = nil, []string{}, [][]byte{}
+	}
 	var until, ts *time.Time
 	if !at.IsZero() {
 		until = &at
@@ -124,10 +160,11 @@ func Defer(ctx context.Context, tx pgx.Tx, rec Record, at time.Time) error {
 		ts = &rec.Timestamp
 	}
 	_, err := tx.Exec(ctx, `INSERT INTO `+Table+` (consumer_group, topic, partition, key, value, header_keys, header_values,
-		record_timestamp, idempotency_key, origin_topic, origin_partition, origin_offset, deferred_until, due_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, coalesce($13, now()), coalesce($13, now()))`,
+		record_timestamp, idempotency_key, origin_topic, origin_partition, origin_offset, deferred_until, due_at,
+		key_id, sealed, dlq_topic)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, coalesce($13, now()), coalesce($13, now()), $14, $15, $16)`,
 		rec.Group, rec.Topic, rec.Partition, rec.Key, rec.Value, keys, vals, ts,
-		rec.IdempotencyKey, rec.Origin.Topic, rec.Origin.Partition, rec.Origin.Offset, until)
+		rec.IdempotencyKey, rec.Origin.Topic, rec.Origin.Partition, rec.Origin.Offset, until, keyID, sealed, rec.DLQ)
 	if err != nil {
 		return fmt.Errorf("schedule: defer a record of group %s to %s: %w", rec.Group, rec.Topic, err)
 	}
