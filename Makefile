@@ -10,7 +10,7 @@ WITH_ENV = set -a; [ -f $(ENVFILE) ] && . ./$(ENVFILE); set +a;
 GO      ?= go
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: help services services-down run test fuzz bench bench-quick bench-inbox lint fmt compose-check rules-test chart-test chaos chaos-ci swarm swarm-ci
+.PHONY: help services services-down run test fuzz bench bench-quick bench-inbox lint fmt compose-check rules-test chart-test chaos chaos-ci swarm swarm-ci swarm-proof
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -93,6 +93,15 @@ swarm: ## swarm testing: one seed's draw (SEED=N; default from the clock), SHRIN
 
 swarm-ci: ## the CI swarm `make test` ends with: short draws with -race members, as many seeds as fit in 8 minutes, every feature and fault kind drawn at least once
 	@$(GO) build -o bin/idem-swarm ./internal/tools/swarm && ./bin/idem-swarm -ci -race -budget 8m $(SWARM_PORTS) $(SWARMARGS)
+
+# The checker's own proof (issue 28, item 5): each mechanism an invariant guards
+# switched off in turn (internal/mutate, members built with -tags idem_mutate),
+# and seeds from SEED (default 1) until the swarm finds the breach, at most
+# PROOF_SEEDS each; ends with the table docs/guarantees.md keeps.
+PROOF_SEEDS ?= 3
+swarm-proof: ## the checker's own proof: each invariant's mechanism switched off in turn, the seeds the swarm takes to find each breach (SEED, PROOF_SEEDS, SWARMARGS='-proof inbox,park' for some)
+	@$(GO) build -o bin/idem-swarm ./internal/tools/swarm && ./bin/idem-swarm -ci -seed $(or $(SEED),1) -proof-seeds $(PROOF_SEEDS) \
+	  $(if $(findstring -proof ,$(SWARMARGS) ),,-proof all) $(SWARM_PORTS) $(SWARMARGS)
 
 fuzz: ## a short run of every fuzz target (FUZZTIME executions each, default 20000x)
 	@set -e; for t in $(FUZZ_TARGETS); do \

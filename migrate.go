@@ -3,7 +3,6 @@ package idem
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/internal/schema"
@@ -18,21 +17,20 @@ type migrateConfig struct {
 	outbox []string
 }
 
-// InboxTable makes Migrate create the inbox as name (default
-// idem_processed), optionally schema-qualified ("billing.idem_processed";
-// the schema must exist), as dedupe.WithTable does for the store that uses
-// it.
-func InboxTable(name string) MigrateOption {
-	return func(c *migrateConfig) { c.inbox = append(c.inbox, dedupe.WithTable(name)) }
-}
-
-// PartitionedInbox makes Migrate create the inbox range-partitioned by
-// time, one partition per every (24h: a day, 168h: a week), or convert an
-// existing plain inbox, moving no row: the plain table becomes the oldest
-// partition. See dedupe.WithPartitions, whose store then drops whole
-// partitions instead of deleting rows, and docs/partitioned-inbox.md.
-func PartitionedInbox(every time.Duration) MigrateOption {
-	return func(c *migrateConfig) { c.inbox = append(c.inbox, dedupe.WithPartitions(every)) }
+// Inbox makes Migrate create the inbox as the store of
+// dedupe.NewPostgres(db, opts...) uses it: give both the same options, once.
+// dedupe.WithTable names it (default idem_processed), optionally
+// schema-qualified ("billing.idem_processed"; the schema must exist);
+// dedupe.WithPartitions range-partitions it by time, one partition per
+// every (24h: a day, 168h: a week), or converts an existing plain inbox,
+// moving no row: the plain table becomes the oldest partition (see
+// docs/partitioned-inbox.md).
+//
+//	inbox := []dedupe.PostgresOption{dedupe.WithPartitions(7 * 24 * time.Hour)}
+//	err := idem.Migrate(ctx, pool, idem.Inbox(inbox...))
+//	store := dedupe.NewPostgres(pool, inbox...)
+func Inbox(opts ...dedupe.PostgresOption) MigrateOption {
+	return func(c *migrateConfig) { c.inbox = append(c.inbox, opts...) }
 }
 
 // OutboxTable makes Migrate create the outbox as name instead of the
@@ -47,8 +45,9 @@ func OutboxTable(name string) MigrateOption {
 // shell. The tables, by the package that uses them:
 //
 //   - dedupe (the inbox of dedupe.Postgres and dedupe.PostgresLease):
-//     idem_processed, or InboxTable's name, with the index the sweeper uses
-//     (partitioned by time with PartitionedInbox);
+//     idem_processed, or the name Inbox's dedupe.WithTable gives, with the
+//     index the sweeper uses (partitioned by time with Inbox's
+//     dedupe.WithPartitions);
 //   - consumer's ordering by key: idem_ordering_heads, idem_ordering_parked;
 //     and, with Transactions, the OnDeadLettered calls a Kafka transaction
 //     owes until it commits: idem_txn_hooks;
@@ -63,6 +62,10 @@ func OutboxTable(name string) MigrateOption {
 //   - step (durable steps, step.Do): idem_steps;
 //   - payload encryption at rest (index.Indexer.EncryptionKeyFile): the
 //     wrapped data keys, idem_seal_keys;
+//   - the live controls (consumer.Config.Controls, idem console's pauses,
+//     re-drives and fleet): idem_control_pauses, idem_control_redrives,
+//     idem_control_redrive_parts, idem_control_members, with the trigger
+//     that NOTIFYs a group's members of a change;
 //   - and idem_schema_migrations, which records the versions applied.
 //
 // Unqualified names resolve through the connection's search_path. Every

@@ -20,6 +20,7 @@ import (
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/internal/checkpointrow"
+	"github.com/idemhq/idem/internal/control"
 	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/outboxtable"
@@ -119,6 +120,7 @@ func TestMigrateCreatesEveryTable(t *testing.T) {
 		func() error { return scheduletable.Migrate(ctx, union) },
 		func() error { return steptable.Migrate(ctx, union) },
 		func() error { return seal.Migrate(ctx, union) },
+		func() error { return control.Migrate(ctx, union) },
 	} {
 		if err := step(); err != nil {
 			t.Fatal(err)
@@ -135,7 +137,8 @@ func TestMigrateCreatesEveryTable(t *testing.T) {
 		t.Fatalf("idem.Migrate created\n  %s\nthe packages' own migrations\n  %s", strings.Join(got, "\n  "), strings.Join(want, "\n  "))
 	}
 	for _, table := range []string{"idem_processed", "idem_ordering_heads", "idem_ordering_parked", "idem_outbox", "idem_saga", "idem_saga_step",
-		"idem_checkpoint", "idem_dlq_records", "idem_dlq_groups", "idem_dlq_versions", "idem_dlq_audit", "idem_deferred", "idem_steps", "idem_seal_keys", "idem_schema_migrations"} {
+		"idem_checkpoint", "idem_dlq_records", "idem_dlq_groups", "idem_dlq_versions", "idem_dlq_audit", "idem_deferred", "idem_steps", "idem_seal_keys",
+		"idem_control_pauses", "idem_control_redrives", "idem_control_redrive_parts", "idem_control_members", "idem_schema_migrations"} {
 		if !slices.ContainsFunc(got, func(s string) bool { return strings.HasPrefix(s, "table "+table+" ") }) {
 			t.Errorf("no table %s", table)
 		}
@@ -177,7 +180,7 @@ func TestMigrateCreatesEveryTable(t *testing.T) {
 	}
 }
 
-// TestMigrateTableNames: InboxTable and OutboxTable name the tables Migrate
+// TestMigrateTableNames: Inbox (dedupe.WithTable) and OutboxTable name the tables Migrate
 // creates, schema-qualified or not.
 func TestMigrateTableNames(t *testing.T) {
 	testenv.SkipIfShort(t)
@@ -188,7 +191,7 @@ func TestMigrateTableNames(t *testing.T) {
 	if err := other.QueryRow(ctx, `SELECT current_schema()`).Scan(&otherSchema); err != nil {
 		t.Fatal(err)
 	}
-	err := idem.Migrate(ctx, pool, idem.InboxTable("billing_inbox"),
+	err := idem.Migrate(ctx, pool, idem.Inbox(dedupe.WithTable("billing_inbox")),
 		idem.OutboxTable("billing_events"), idem.OutboxTable(otherSchema+".audit_events"))
 	if err != nil {
 		t.Fatal(err)
@@ -216,7 +219,7 @@ func TestMigrateTableNames(t *testing.T) {
 	if got := tables(otherSchema); !slices.Contains(got, "audit_events") {
 		t.Errorf("no table audit_events in schema %s: %v", otherSchema, got)
 	}
-	if err := idem.Migrate(ctx, pool, idem.InboxTable("no such schema.x.y")); err == nil || !strings.Contains(err.Error(), "idem: migrate inbox") {
+	if err := idem.Migrate(ctx, pool, idem.Inbox(dedupe.WithTable("no such schema.x.y"))); err == nil || !strings.Contains(err.Error(), "idem: migrate inbox") {
 		t.Errorf("an invalid inbox name: %v", err)
 	}
 }
@@ -269,7 +272,7 @@ func ExampleMigrate() {
 		return
 	}
 	// Or with tables of other names (the schema must exist).
-	if err := idem.Migrate(ctx, pool, idem.InboxTable("billing.idem_processed"), idem.OutboxTable("billing.events")); err != nil {
+	if err := idem.Migrate(ctx, pool, idem.Inbox(dedupe.WithTable("billing.idem_processed")), idem.OutboxTable("billing.events")); err != nil {
 		fmt.Println(err)
 	}
 }

@@ -66,9 +66,9 @@ func defaultLimits() Limits {
 }
 
 // Validate reports every problem with l at once (errors.Join), each
-// matching ErrInvalidSettings and naming the field ("Limits.Rate"), or nil.
+// naming the field ("Limits.Rate"), its value and the rule, or nil.
 func (l Limits) Validate() error {
-	errs := configerr.New(ErrInvalidSettings, "Limits.")
+	errs := configerr.New(errInvalidSettings, "Limits.")
 	rateOK := !math.IsNaN(l.Rate) && !math.IsInf(l.Rate, 0) && l.Rate >= 0
 	if !rateOK {
 		errs.Bad("Rate", l.Rate, "must be a finite number of calls per second >= 0 (0: no rate limit)")

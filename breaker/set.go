@@ -25,8 +25,8 @@ type Set struct {
 }
 
 // NewSet returns an empty Set whose breakers use s. Zero fields of s take the
-// documented defaults. It returns an error matching ErrInvalidSettings
-// if s.Validate fails.
+// documented defaults. It returns s.Validate's error (the only one it
+// returns) if s is not valid.
 func NewSet(s Settings) (*Set, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
@@ -41,8 +41,8 @@ func NewSet(s Settings) (*Set, error) {
 // the Set's OnStateChange unless it sets its own. A later Configure of the
 // same name replaces an earlier one.
 //
-// It returns an error if the breaker exists, or matching
-// ErrInvalidSettings if the merged Settings do not Validate.
+// It returns an error if the breaker exists, or the merged Settings'
+// Validate error.
 func (s *Set) Configure(name string, st Settings) error {
 	merged := st.withDefaults(s.base)
 	if err := merged.Validate(); err != nil {
@@ -202,8 +202,8 @@ func (s *Set) do(ctx context.Context, b *circuit, f *flow, fn func(ctx context.C
 // after its first use; it replaces earlier limits at once (calls already
 // waiting keep the token times they reserved). l is the budget of the whole
 // consumer group: this member enforces l scaled by its share (SetShare).
-// Zero fields of l take their documented defaults. It returns an error matching
-// ErrInvalidSettings, listing every problem, if l.Validate fails.
+// Zero fields of l take their documented defaults. It returns l.Validate's
+// error, listing every problem, if l is not valid.
 func (s *Set) SetLimits(name string, l Limits) error {
 	if err := l.Validate(); err != nil {
 		return fmt.Errorf("breaker: SetLimits(%q): %w", name, err)
@@ -232,10 +232,10 @@ func (s *Set) SetLimits(name string, l Limits) error {
 // rescaled yet may briefly use more than their share.
 //
 // fraction must be in (0, 1]; otherwise SetShare changes nothing and returns
-// an error matching ErrInvalidSettings.
+// an error naming the fraction.
 func (s *Set) SetShare(fraction float64) error {
 	if math.IsNaN(fraction) || fraction <= 0 || fraction > 1 {
-		l := configerr.New(ErrInvalidSettings, "")
+		l := configerr.New(errInvalidSettings, "")
 		l.Bad("SetShare(fraction)", fraction, "must be in (0,1]: 1/members of the group")
 		return l.Err()
 	}

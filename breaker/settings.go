@@ -144,18 +144,18 @@ func isFailure(err error) bool {
 	return err != nil && !handler.IsPermanent(err) && !errors.Is(err, errOpen)
 }
 
-// ErrInvalidSettings is matched (errors.Is) by every error Settings.Validate,
-// NewSet, Set.Configure, Limits.Validate, Set.SetLimits and Set.SetShare
-// return for bad Settings, Limits or share. Each problem names the field,
-// its value and the rule it breaks, e.g. "breaker: invalid settings:
+// errInvalidSettings prefixes every error Settings.Validate, NewSet,
+// Set.Configure, Limits.Validate, Set.SetLimits and Set.SetShare return for
+// bad Settings, Limits or share. Each problem names the field, its value
+// and the rule it breaks, e.g. "breaker: invalid settings:
 // Settings.FailureRatio = 1.5: must be in [0,1]".
-var ErrInvalidSettings = errors.New("breaker: invalid settings")
+var errInvalidSettings = errors.New("breaker: invalid settings")
 
-// Validate reports every problem with s at once (errors.Join), each matching
-// ErrInvalidSettings, or nil. Zero fields are valid (they take their
+// Validate reports every problem with s at once (errors.Join), each naming
+// the field, its value and the rule, or nil. Zero fields are valid (they take their
 // defaults).
 func (s Settings) Validate() error {
-	l := configerr.New(ErrInvalidSettings, "Settings.")
+	l := configerr.New(errInvalidSettings, "Settings.")
 	if math.IsNaN(s.FailureRatio) || s.FailureRatio < 0 || s.FailureRatio > 1 {
 		l.Bad("FailureRatio", s.FailureRatio, "must be in [0,1]")
 	}

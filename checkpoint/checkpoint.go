@@ -22,8 +22,8 @@ const rollbackTimeout = 5 * time.Second
 
 // Errors.
 var (
-	// ErrInvalidJob is matched by every problem NewRunner reports; each names the field.
-	ErrInvalidJob = errors.New("checkpoint: invalid job")
+	// errInvalidJob prefixes every problem NewRunner reports; each names the field.
+	errInvalidJob = errors.New("checkpoint: invalid job")
 	// errNoProgress is wrapped by Run's error when Read returns rows but the
 	// same cursor it was given, which would process one chunk for ever: a
 	// bug in Read, which the error names.
@@ -86,9 +86,10 @@ type Runner[R any] struct {
 
 // NewRunner validates job, fills its defaults and registers its metrics. It
 // reports every bad field of job at once (errors.Join), each naming the
-// field, its value and the rule, every one matching ErrInvalidJob.
+// field, its value and the rule ("checkpoint: invalid job: Job.Name = "":
+// …"); a bad Job is the only error it returns.
 func NewRunner[R any](job Job[R]) (*Runner[R], error) {
-	l := configerr.New(ErrInvalidJob, "Job.")
+	l := configerr.New(errInvalidJob, "Job.")
 	if job.Name == "" {
 		l.Bad("Name", job.Name, "required")
 	}

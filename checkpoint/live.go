@@ -118,10 +118,10 @@ func (l LiveTable[R]) withDefaults() LiveTable[R] {
 	return l
 }
 
-// validate reports every missing required field of l at once, each matching
-// ErrInvalidJob.
+// validate reports every missing required field of l at once, each a
+// problem of the job (errInvalidJob).
 func (l LiveTable[R]) validate() error {
-	e := configerr.New(ErrInvalidJob, "LiveTable.")
+	e := configerr.New(errInvalidJob, "LiveTable.")
 	if l.Table == "" {
 		e.Bad("Table", l.Table, "required")
 	}

@@ -54,7 +54,12 @@ func (s *server) apiOverview(w http.ResponseWriter, r *http.Request, _ identity)
 		s.fail(w, r, identity{}, true, err)
 		return
 	}
-	writeJSON200(w, http.StatusOK, map[string]any{"topics": v})
+	lc, err := s.liveControls(r.Context())
+	if err != nil {
+		s.fail(w, r, identity{}, true, err)
+		return
+	}
+	writeJSON200(w, http.StatusOK, map[string]any{"topics": v, "controls": lc})
 }
 
 type groupView struct {

@@ -1,7 +1,6 @@
 package console
 
 import (
-	"bufio"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -95,36 +94,45 @@ func (t Token) validate() error {
 	return nil
 }
 
-// ParseTokens reads tokens in the format of a tokens file (see LoadTokens)
-// from r. An error names the line at fault, never a secret. Token names must
-// be unique, and so must secrets.
-func ParseTokens(r io.Reader) ([]Token, error) {
+// ParseTokens reads tokens from text, in either of two forms, which may be
+// mixed: one token a line as "ROLE NAME SECRET" separated by white space
+// (a tokens file, see LoadTokens), or comma-separated "ROLE:NAME:SECRET"
+// entries (an environment variable's value, IDEM_CONSOLE_TOKENS for idem
+// console, e.g. "admin:alice:6f1c…,viewer:ci:0d9e…"). Blank entries and
+// lines starting with # are ignored. An error names the entry at fault,
+// never a secret. Token names must be unique, and so must secrets.
+func ParseTokens(text string) ([]Token, error) {
 	var out []Token
-	sc := bufio.NewScanner(r)
-	for n := 1; sc.Scan(); n++ {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
+	n := 0
+	for _, line := range strings.Split(text, "\n") {
+		if line = strings.TrimSpace(line); line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
-		f := strings.Fields(line)
-		if len(f) != 3 {
-			return nil, fmt.Errorf("tokens line %d: want \"ROLE NAME SECRET\", got %d fields", n, len(f))
+		for _, e := range strings.Split(line, ",") {
+			if e = strings.TrimSpace(e); e == "" {
+				continue
+			}
+			n++
+			f := strings.Fields(e)
+			if len(f) == 1 {
+				f = strings.SplitN(e, ":", 3)
+			}
+			if len(f) != 3 {
+				return nil, fmt.Errorf("token entry %d: want \"ROLE NAME SECRET\" or ROLE:NAME:SECRET", n)
+			}
+			t, err := newToken(f[0], f[1], f[2])
+			if err != nil {
+				return nil, fmt.Errorf("token entry %d: %w", n, err)
+			}
+			out = append(out, t)
 		}
-		t, err := newToken(f[0], f[1], f[2])
-		if err != nil {
-			return nil, fmt.Errorf("tokens line %d: %w", n, err)
-		}
-		out = append(out, t)
-	}
-	if err := sc.Err(); err != nil {
-		return nil, err
 	}
 	return out, checkUnique(out)
 }
 
-// LoadTokens reads the tokens file at path: one token a line, "ROLE NAME
-// SECRET" separated by white space; blank lines and lines starting with #
-// are ignored. Example:
+// LoadTokens reads the tokens file at path (ParseTokens): one token a line,
+// "ROLE NAME SECRET" separated by white space; blank lines and lines
+// starting with # are ignored. Example:
 //
 //	# role     name    secret
 //	admin      alice   6f1c0e0c5d0a4b8e9d2f
@@ -132,7 +140,7 @@ func ParseTokens(r io.Reader) ([]Token, error) {
 //	viewer     grafana 0d9e8c7b6a5f4e3d2c1b
 //
 // A file that its group or others may read or write (mode 0600 is right)
-// is refused, wrapping ErrTokensFileMode. Errors never repeat a secret.
+// is refused, and the error names its mode. Errors never repeat a secret.
 func LoadTokens(path string) ([]Token, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -144,39 +152,17 @@ func LoadTokens(path string) ([]Token, error) {
 		return nil, fmt.Errorf("tokens file: %w", err)
 	}
 	if m := st.Mode().Perm(); m&0o077 != 0 {
-		return nil, fmt.Errorf("%w: %s has mode %04o: chmod 600 it", ErrTokensFileMode, path, m)
+		return nil, fmt.Errorf("console: the tokens file %s has mode %04o, open to its group or others: chmod 600 it", path, m)
 	}
-	ts, err := ParseTokens(f)
+	b, err := io.ReadAll(f)
+	if err != nil {
+		return nil, fmt.Errorf("tokens file: %w", err)
+	}
+	ts, err := ParseTokens(string(b))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return ts, nil
-}
-
-// ErrTokensFileMode is wrapped by LoadTokens' error for a tokens file its
-// group or others may read or write.
-var ErrTokensFileMode = errors.New("console: the tokens file is open to its group or others")
-
-// TokensFromEnv reads tokens from an environment variable's value
-// (IDEM_CONSOLE_TOKENS for idem console): comma-separated
-// "ROLE:NAME:SECRET" entries, e.g. "admin:alice:6f1c…,viewer:ci:0d9e…".
-func TokensFromEnv(v string) ([]Token, error) {
-	var out []Token
-	for _, e := range strings.Split(v, ",") {
-		if e = strings.TrimSpace(e); e == "" {
-			continue
-		}
-		f := strings.SplitN(e, ":", 3)
-		if len(f) != 3 {
-			return nil, fmt.Errorf("token entry %d: want ROLE:NAME:SECRET", len(out)+1)
-		}
-		t, err := newToken(f[0], f[1], f[2])
-		if err != nil {
-			return nil, fmt.Errorf("token entry %d: %w", len(out)+1, err)
-		}
-		out = append(out, t)
-	}
-	return out, checkUnique(out)
 }
 
 func newToken(role, name, secret string) (Token, error) {

@@ -11,12 +11,11 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/internal/failidx"
 )
 
 func TestParseTokens(t *testing.T) {
-	ts, err := ParseTokens(strings.NewReader("# comment\n\nadmin alice 0123456789abcdef0\n  viewer   ci   fedcba98765432100  \n"))
+	ts, err := ParseTokens("# comment\n\nadmin alice 0123456789abcdef0\n  viewer   ci   fedcba98765432100  \n")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,16 +29,23 @@ func TestParseTokens(t *testing.T) {
 		"admin al|ce 0123456789abcdef0", // name
 		"admin a 0123456789abcdef0\nviewer b 0123456789abcdef0", // shared secret
 	} {
-		if _, err := ParseTokens(strings.NewReader(bad)); err == nil {
+		if _, err := ParseTokens(bad); err == nil {
 			t.Errorf("ParseTokens(%q): no error", bad)
 		}
 	}
-	ts, err = TokensFromEnv("operator:bob:0123456789abcdef0, admin:eve:0123456789abcdef1")
+	// The environment's form, and both mixed.
+	ts, err = ParseTokens("operator:bob:0123456789abcdef0, admin:eve:0123456789abcdef1")
 	if err != nil || len(ts) != 2 || ts[0].Role != Operator || ts[1].Name != "eve" {
-		t.Fatalf("TokensFromEnv: %+v, %v", ts, err)
+		t.Fatalf("ParseTokens of ROLE:NAME:SECRET entries: %+v, %v", ts, err)
 	}
-	if _, err := TokensFromEnv("operator:bob"); err == nil {
-		t.Error("TokensFromEnv without a secret: no error")
+	ts, err = ParseTokens("viewer ci fedcba98765432100\noperator:bob:0123456789abcdef0")
+	if err != nil || len(ts) != 2 || ts[0].Name != "ci" || ts[1].Name != "bob" {
+		t.Fatalf("ParseTokens of both forms: %+v, %v", ts, err)
+	}
+	for _, bad := range []string{"operator:bob", "operator bob:0123456789abcdef0"} {
+		if _, err := ParseTokens(bad); err == nil {
+			t.Errorf("ParseTokens(%q): no error", bad)
+		}
 	}
 }
 
@@ -52,7 +58,7 @@ type configOnly struct {
 func (c configOnly) Config() *sarama.Config { return c.cfg }
 
 func TestConfigValidate(t *testing.T) {
-	ok := Config{Pool: &pgxpool.Pool{}, Client: configOnly{cfg: index.ProducerConfig(nil)},
+	ok := Config{Pool: &pgxpool.Pool{}, Client: configOnly{cfg: failidx.ProducerConfig(nil)},
 		Tokens: []Token{{Name: "v", Role: Viewer, Secret: "viewer-secret-0123456789"}}}
 	if err := ok.Validate(); err != nil {
 		t.Fatalf("a valid Config: %v", err)
@@ -64,7 +70,7 @@ func TestConfigValidate(t *testing.T) {
 			c.Client = configOnly{cfg: sarama.NewConfig()} // Producer.Return.Successes false
 		},
 		"a client that may create topics": func(c *Config) {
-			cfg := index.ProducerConfig(nil)
+			cfg := failidx.ProducerConfig(nil)
 			cfg.Metadata.AllowAutoTopicCreation = true
 			c.Client = configOnly{cfg: cfg}
 		},

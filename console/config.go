@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemhq/idem/internal/control"
 	"github.com/idemhq/idem/internal/mask"
 	"github.com/idemhq/idem/serde"
 )
@@ -50,7 +51,7 @@ type Config struct {
 	// Required.
 	Pool *pgxpool.Pool
 	// Client is the Kafka client through which replays, edit-and-retry and
-	// key releases publish. Build it with index.ProducerConfig (idempotent,
+	// key releases publish. Build it on a config set up by retrytopic.ConfigureProducer (idempotent,
 	// acks=all, successes returned, no topic auto-creation): New refuses a
 	// client whose config cannot publish that way. The caller keeps owning
 	// it (nothing here closes it).
@@ -59,7 +60,8 @@ type Config struct {
 
 	// Tokens are the accepted bearer tokens and the role of each. A UI user
 	// logs in with one of them and gets a session cookie. Load them with
-	// LoadTokens or TokensFromEnv.
+	// LoadTokens (a file) or ParseTokens (text, e.g. an environment
+	// variable's value).
 	// Default: none, which New accepts only together with InsecureNoAuth.
 	Tokens []Token
 	// InsecureNoAuth turns authentication off: every request acts as the
@@ -148,6 +150,13 @@ type Config struct {
 	// filter, needs the admin role.
 	// Default: 100.
 	MaxOperatorRecords int
+	// MaxRedrivesPerHour bounds the re-drives of one consumer group started
+	// in any hour, through any console or the CLI (they are counted in the
+	// database; cancelled ones count). A re-drive past it is refused with
+	// 429 and when the next one is allowed. idem console:
+	// --max-redrives-per-hour.
+	// Default: 6.
+	MaxRedrivesPerHour int
 	// ReadTimeout bounds how long a request's body may take to arrive,
 	// from when its headers were read (a login form's body is also capped
 	// at 4 KiB before it is parsed). A client that trickles its body is cut
@@ -203,6 +212,9 @@ func (c Config) defaults() Config {
 	if c.MaxOperatorRecords == 0 {
 		c.MaxOperatorRecords = defaultMaxOperatorRecords
 	}
+	if c.MaxRedrivesPerHour == 0 {
+		c.MaxRedrivesPerHour = control.DefaultMaxRedrivesPerHour
+	}
 	if c.ReadTimeout == 0 {
 		c.ReadTimeout = defaultReadTimeout
 	}
@@ -227,16 +239,16 @@ func (c Config) Validate() error {
 	case c.Pool == nil:
 		return errors.New("console: Config.Pool is nil: give the pool of the database that holds the failure index")
 	case c.Client == nil:
-		return errors.New("console: Config.Client is nil: give a Kafka client built with index.ProducerConfig")
+		return errors.New("console: Config.Client is nil: give a Kafka client whose config retrytopic.ConfigureProducer set up")
 	}
 	if err := publishing(c.Client.Config()); err != nil {
-		return fmt.Errorf("console: Config.Client: %w; build it with index.ProducerConfig", err)
+		return fmt.Errorf("console: Config.Client: %w; set its config up with retrytopic.ConfigureProducer", err)
 	}
 	return c.validateOptions()
 }
 
 // publishing reports why a client with config cfg cannot publish the
-// console's replays as index.ProducerConfig sets it up (nil: it can).
+// console's replays as retrytopic.ConfigureProducer sets it up (nil: it can).
 func publishing(cfg *sarama.Config) error {
 	switch {
 	case cfg == nil:
@@ -266,6 +278,8 @@ func (c Config) validateOptions() error {
 		return errors.New("console: Config.EncryptionKeyFile and Config.EncryptionKey are both set: give the key-encryption key one way")
 	case c.MaxOperatorRecords < 0:
 		return fmt.Errorf("console: Config.MaxOperatorRecords %d is negative", c.MaxOperatorRecords)
+	case c.MaxRedrivesPerHour < 0:
+		return fmt.Errorf("console: Config.MaxRedrivesPerHour %d is negative", c.MaxRedrivesPerHour)
 	case c.ReadTimeout < 0:
 		return fmt.Errorf("console: Config.ReadTimeout %s is negative", c.ReadTimeout)
 	case c.QueryTimeout < 0:

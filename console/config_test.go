@@ -30,6 +30,7 @@ func TestDocumentedDefaults(t *testing.T) {
 		"BehindProxy":        {"false", !d.BehindProxy},
 		"ReplayTopics":       {"none", d.ReplayTopics == nil},
 		"MaxOperatorRecords": {"100", d.MaxOperatorRecords == 100},
+		"MaxRedrivesPerHour": {"6", d.MaxRedrivesPerHour == 6},
 		"ReadTimeout":        {"30 s", d.ReadTimeout == 30*time.Second},
 		"QueryTimeout":       {"15 s", d.QueryTimeout == 15*time.Second},
 		"DisplayBytes":       {"16 KiB", d.DisplayBytes == 16<<10},

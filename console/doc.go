@@ -9,7 +9,9 @@
 // New returns the console, an http.Handler; `idem console` serves it with
 // an indexer. A service may mount it on its own mux:
 //
-//	client, err := sarama.NewClient(brokers, index.ProducerConfig(nil)) // publishes replays
+//	pcfg := sarama.NewConfig()
+//	retrytopic.ConfigureProducer(pcfg) // publishes replays: idempotent, acks=all, no topic auto-creation
+//	client, err := sarama.NewClient(brokers, pcfg)
 //	if err != nil {
 //		log.Fatal(err)
 //	}

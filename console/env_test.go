@@ -59,7 +59,7 @@ func newEnv(t *testing.T, mut func(*Config)) *env {
 		t.Skip("integration test: skipped with -short")
 	}
 	e := &env{k: idemtest.Connect(t), pool: idemtest.ConnectPostgres(t).Pool}
-	cl, err := sarama.NewClient(e.k.Brokers, index.ProducerConfig(e.k.SaramaConfig()))
+	cl, err := sarama.NewClient(e.k.Brokers, failidx.ProducerConfig(e.k.SaramaConfig()))
 	if err != nil {
 		t.Fatal(err)
 	}

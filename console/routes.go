@@ -37,6 +37,14 @@ func (s *server) routes() []route {
 		{method: "GET", path: "/api/outbox/failed", api: true, role: Viewer, h: s.apiOutbox},
 		{method: "POST", path: "/api/outbox/retry", api: true, role: Operator, action: "retry-outbox", h: s.apiOutboxRetry},
 		{method: "GET", path: "/api/audit", api: true, role: Viewer, h: s.apiAudit},
+		{method: "GET", path: "/api/fleet", api: true, role: Viewer, h: s.apiFleet},
+		{method: "GET", path: "/api/pauses", api: true, role: Viewer, h: s.apiPauses},
+		{method: "POST", path: "/api/pauses", api: true, role: Admin, action: "pause", h: s.apiSetPause(true)},
+		{method: "POST", path: "/api/pauses/resume", api: true, role: Admin, action: "resume", h: s.apiSetPause(false)},
+		{method: "GET", path: "/api/redrives", api: true, role: Viewer, h: s.apiRedrives},
+		{method: "POST", path: "/api/redrives", api: true, role: Admin, action: "redrive", h: s.apiRedrive},
+		{method: "GET", path: "/api/redrives/{id}", api: true, role: Viewer, h: s.apiRedriveOne},
+		{method: "POST", path: "/api/redrives/{id}/cancel", api: true, role: Admin, action: "redrive-cancel", h: s.apiCancelRedrive},
 
 		// Web UI.
 		{method: "GET", path: "/static/", public: true, h: s.static},
@@ -61,6 +69,13 @@ func (s *server) routes() []route {
 		{method: "GET", path: "/outbox", role: Viewer, h: s.uiOutbox},
 		{method: "POST", path: "/outbox/retry", role: Operator, action: "retry-outbox", h: s.uiOutboxRetry},
 		{method: "GET", path: "/audit", role: Viewer, h: s.uiAudit},
+		{method: "GET", path: "/fleet", role: Viewer, h: s.uiFleet},
+		{method: "POST", path: "/pauses", role: Admin, action: "pause", h: s.uiSetPause(true)},
+		{method: "POST", path: "/pauses/resume", role: Admin, action: "resume", h: s.uiSetPause(false)},
+		{method: "GET", path: "/redrives", role: Viewer, h: s.uiRedrives},
+		{method: "POST", path: "/redrives", role: Admin, action: "redrive", h: s.uiRedrive},
+		{method: "GET", path: "/redrives/{id}", role: Viewer, h: s.uiRedriveOne},
+		{method: "POST", path: "/redrives/{id}/cancel", role: Admin, action: "redrive-cancel", h: s.uiCancelRedrive},
 	}
 }
 

@@ -18,17 +18,8 @@ import (
 	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/failidx"
 	"github.com/idemhq/idem/internal/seal"
+	"github.com/idemhq/idem/internal/seal/sealtest"
 )
-
-// newKEK returns a new key-encryption key as text.
-func newKEK(t *testing.T) string {
-	t.Helper()
-	text, _, err := seal.GenerateKEK()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return text
-}
 
 // inChromium logs in to e's console in Chromium with secret and returns the
 // text of each page of paths, as a person sees it.
@@ -58,7 +49,7 @@ func inChromium(t *testing.T, e *env, secret string, paths ...string) []string {
 // key is destroyed, the console shows the record as "key destroyed" (API
 // and HTML), its value is 410 Gone, and a replay publishes nothing.
 func TestRecordUnreadableAfterKeyDestroyed(t *testing.T) {
-	e := newEnv(t, func(c *Config) { c.EncryptionKey = newKEK(t) })
+	e := newEnv(t, func(c *Config) { c.EncryptionKey = sealtest.KEK(t) })
 	dlqTopic, origin := e.k.Topic(t, "dlq", 1), e.k.Topic(t, "origin", 1)
 	e.seedDLQ(t, dlqTopic, origin, dead{key: "pay-1", value: []byte(`{"id":"pay-1","card":{"number":"4111111111111111"}}`),
 		kind: handler.KindPermanent, err: "card declined"})
@@ -138,14 +129,14 @@ func TestRecordUnreadableAfterKeyDestroyed(t *testing.T) {
 // without reading it, and a key that does not unwrap the index's data keys,
 // naming both KEK ids.
 func TestEncryptionKeyRefused(t *testing.T) {
-	e := newEnv(t, func(c *Config) { c.EncryptionKey = newKEK(t) })
+	e := newEnv(t, func(c *Config) { c.EncryptionKey = sealtest.KEK(t) })
 	dlqTopic, origin := e.k.Topic(t, "dlq", 1), e.k.Topic(t, "origin", 1)
 	e.seedDLQ(t, dlqTopic, origin, dead{key: "pay-1", value: []byte(`{}`), kind: handler.KindPermanent, err: "e"})
 	e.runIndexer(t, dlqTopic)
 	e.waitIndexed(t, failidx.Filter{Topic: dlqTopic}, 1)
 
 	cfg := Config{Pool: e.pool, Client: e.client, Tokens: []Token{{Name: "a", Role: Admin, Secret: adminSecret}}}
-	cfg.EncryptionKey = newKEK(t)
+	cfg.EncryptionKey = sealtest.KEK(t)
 	_, err := New(cfg)
 	if !errors.Is(err, seal.ErrWrongKEK) || strings.Count(err.Error(), "KEK id") < 2 {
 		t.Errorf("New with another key: %v, want ErrWrongKEK naming the KEK ids", err)

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/dlq"
+	"github.com/idemhq/idem/internal/control"
 	"github.com/idemhq/idem/internal/failidx"
 	"github.com/idemhq/idem/internal/mask"
 	"github.com/idemhq/idem/internal/pglead"
@@ -35,6 +36,7 @@ type server struct {
 	cfg   Config
 	store *failidx.Store   // reads the index
 	acts  *failidx.Actions // changes it and publishes; every action is audited
+	ctl   control.Admin    // the live controls (controls.go)
 	auth  *auth
 	mask  *mask.Masker
 	pages map[string]*template.Template
@@ -90,7 +92,9 @@ func (c *Console) Close() error {
 // through cfg.Client, relative to cfg.BasePath. Mount it on a service's own
 // mux, e.g.
 //
-//	client, err := sarama.NewClient(brokers, index.ProducerConfig(nil))
+//	pcfg := sarama.NewConfig()
+//	retrytopic.ConfigureProducer(pcfg)
+//	client, err := sarama.NewClient(brokers, pcfg)
 //	…
 //	c, err := console.New(console.Config{Pool: pool, Client: client, Tokens: toks, BasePath: "/console"})
 //	defer c.Close()
@@ -172,6 +176,9 @@ func newServer(cfg Config, store *failidx.Store, acts *failidx.Actions) (*server
 		ctx:     ctx,
 		cancel:  cancel,
 		running: map[int64]chan struct{}{},
+	}
+	if cfg.Pool != nil {
+		s.ctl = control.Admin{DB: cfg.Pool, MaxRedrivesPerHour: cfg.MaxRedrivesPerHour}
 	}
 	if s.pages, err = parsePages(cfg.BasePath); err != nil {
 		cancel()
@@ -459,6 +466,7 @@ func errorStatus(err error) (code int, msg, field string) {
 type inputError struct {
 	code       int
 	field, msg string
+	retryAfter time.Duration // a 429's Retry-After
 }
 
 func (e *inputError) Error() string { return e.msg }
@@ -474,13 +482,17 @@ func badInput(field, format string, args ...any) error {
 func (s *server) fail(w http.ResponseWriter, r *http.Request, id identity, api bool, err error) {
 	code, msg, field := errorStatus(err)
 	errID := ""
-	if code >= 500 {
+	ie := (*inputError)(nil)
+	if code >= 500 && !errors.As(err, &ie) { // a 5xx the console states itself (503) says what to do
 		errID = nonce()[:12]
 		s.log.ErrorContext(r.Context(), "console: request failed", "id", errID, "method", r.Method, "path", r.URL.Path, "err", err)
 		msg = "internal error " + errID + ": the console's log has the details under this id"
-	} else if ie := (*inputError)(nil); errors.As(err, &ie) {
+	} else if errors.As(err, &ie) {
 		if rt, ok := r.Context().Value(routeKey{}).(route); ok {
 			s.auditRefusal(r, id, rt, ie)
+		}
+		if ie.retryAfter > 0 {
+			w.Header().Set("Retry-After", strconv.Itoa(int(max(ie.retryAfter.Seconds(), 1))))
 		}
 	}
 	if api {

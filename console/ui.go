@@ -21,7 +21,8 @@ var templateFS embed.FS
 
 // pageNames are the templates under templates/, each rendered inside
 // layout.html.
-var pageNames = []string{"overview", "groups", "records", "record", "edit", "result", "parked", "outbox", "audit", "login", "error", "jobs", "job"}
+var pageNames = []string{"overview", "groups", "records", "record", "edit", "result", "parked", "outbox", "audit", "login", "error", "jobs", "job",
+	"fleet", "redrives", "redrive", "redriveplan"}
 
 func parsePages(base string) (map[string]*template.Template, error) {
 	funcs := template.FuncMap{
@@ -56,6 +57,8 @@ func parsePages(base string) (map[string]*template.Template, error) {
 			return q.Encode()
 		},
 		"statuses": func() []string { return []string{"unresolved", "replaying", "replayed", "resolved", "archived"} },
+		"toggle":   toggleOf,
+		"progress": progressOf,
 		"statusIs": func(f failidx.Filter, s string) bool {
 			for _, st := range f.Status {
 				if string(st) == s {
@@ -144,7 +147,12 @@ func (s *server) uiOverview(w http.ResponseWriter, r *http.Request, id identity)
 		s.fail(w, r, id, false, err)
 		return
 	}
-	s.render(w, r, id, http.StatusOK, "overview", "Overview", "overview", ts)
+	lc, err := s.liveControls(r.Context())
+	if err != nil {
+		s.fail(w, r, id, false, err)
+		return
+	}
+	s.render(w, r, id, http.StatusOK, "overview", "Overview", "overview", map[string]any{"Topics": ts, "Controls": lc})
 }
 
 func (s *server) uiGroups(w http.ResponseWriter, r *http.Request, id identity) {

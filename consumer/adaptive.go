@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/internal/adaptive"
+	"github.com/idemhq/idem/internal/mutate"
 )
 
 // Adaptive makes the number of handler calls in flight adapt to the
@@ -103,7 +104,7 @@ func (g *lanesGate) acquire(ctx context.Context) (inFlight int, ok bool) {
 	}
 	for {
 		g.mu.Lock()
-		if g.inUse < g.lim.Limit() {
+		if g.inUse < g.lim.Limit() || mutate.On(mutate.Adaptive) {
 			g.inUse++
 			n := g.inUse
 			g.mu.Unlock()

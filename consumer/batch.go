@@ -14,6 +14,7 @@ import (
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/expiry"
+	"github.com/idemhq/idem/internal/mutate"
 )
 
 // work takes messages from src to their outcomes, one at a time or in
@@ -152,7 +153,8 @@ func (w batch) prepare(cm *sarama.ConsumerMessage) (*batchItem, bool) {
 	if w.expiryOf(msg).Status != expiry.Live { // handleAfter dead-letters or drops it
 		return nil, false
 	}
-	return &batchItem{cm: cm, msg: msg, rt: rt, rec: dedupe.Record{Group: r.cfg.Group, Key: key, Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset}}, true
+	return &batchItem{cm: cm, msg: msg, rt: rt, rec: dedupe.Record{Group: r.cfg.Group, Key: key, Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset,
+		Epoch: r.ctl.epoch(msg, cm.Topic, cm.Partition, cm.Offset)}}, true // a re-drive's (control.go)
 }
 
 // handleBatch runs items in one transaction and marks them; on a failure it
@@ -160,6 +162,9 @@ func (w batch) prepare(cm *sarama.ConsumerMessage) (*batchItem, bool) {
 // means the partition is stopping.
 func (w batch) handleBatch(items []*batchItem) error {
 	r := w.r
+	if !w.resumed() { // an operator pause holds the partition (control.go)
+		return errStopping
+	}
 	probe, ok := r.gate.wait(w.stopCtx)
 	if !ok {
 		return errStopping
@@ -277,6 +282,9 @@ func txAborted(err error) bool {
 
 // callBatch calls h, turning a panic into a *handler.PanicError.
 func callBatch(ctx context.Context, h handler.BatchHandler, msgs []*handler.Message) (err error) {
+	if mutate.On(mutate.Recover) {
+		return h.HandleBatch(ctx, msgs)
+	}
 	defer func() {
 		if v := recover(); v != nil {
 			err = &handler.PanicError{Value: v, Stack: debug.Stack()}

@@ -11,6 +11,8 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemhq/idem/internal/correlation"
 )
 
 // claim is one claimed partition: it owns the claim's queue, fetch
@@ -50,6 +52,12 @@ type claim struct {
 	stalls  []*stall         // every worker's stall
 	stalled prometheus.Gauge // idem_partition_stalled_seconds of this partition
 
+	// ctl is the partition's live controls (Config.Controls, control.go);
+	// nil without. redo: a re-drive's claim, whose worker's outcomes move
+	// the re-drive's progress, never the group's offset.
+	ctl  *claimCtl
+	redo bool
+
 	bp bpState // back-pressure
 }
 
@@ -86,7 +94,7 @@ func newClaim(r *runner, s sarama.ConsumerGroupSession, kc sarama.ConsumerGroupC
 // newWorker returns a worker of c with a stall of its own.
 func (c *claim) newWorker() *worker {
 	w := &worker{claim: c, stall: &stall{}, names: headerNames{},
-		ob: observer{r: c.r, log: c.log, tp: c.tp, hctx: c.hctx}}
+		ob: observer{r: c.r, log: c.log, tp: c.tp, hctx: correlation.WithSlot(c.hctx)}}
 	w.callFn = w.callHandler
 	w.stepScope()
 	w.useRoute(c.r.routes.all[0])
@@ -126,6 +134,7 @@ func (c *claim) run() {
 	}()
 	r.gate.join(c.tp)
 	defer r.claims.register(c)()
+	defer r.ctl.join(c)() // Config.Controls: operator pauses and re-drives (control.go)
 
 	// The reader drains Messages so that its closing (revocation) is seen at
 	// once, and pauses fetching when the worker falls behind. What sarama has
@@ -206,7 +215,7 @@ func (c *claim) run() {
 		c.lanes(q)
 		return
 	}
-	c.main.work(queueSource{c, q})
+	c.main.work(r.ctl.source(c, queueSource{c, q}))
 }
 
 // readBurst bounds the records the reader queues at once.
@@ -377,7 +386,7 @@ func (c *claim) lanes(q *queue) {
 	for i := range chans {
 		chans[i] = make(chan *sarama.ConsumerMessage, laneBuffer)
 		w := c.workers[i]
-		src := chanSource(chans[i])
+		src := c.r.ctl.source(c, chanSource(chans[i]))
 		wg.Go(func() { w.work(src) })
 	}
 	defer func() {
@@ -386,7 +395,7 @@ func (c *claim) lanes(q *queue) {
 		}
 		wg.Wait()
 	}()
-	src := queueSource{c, q}
+	src := c.r.ctl.source(c, queueSource{c, q})
 	for {
 		m, ok := src.pop(c.stopCtx)
 		if !ok {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
@@ -191,7 +192,11 @@ type Config struct {
 	// this group reads it as the same message. Run creates that topic like a
 	// retry tier (the source's partitions and record size). Pool is
 	// required; Brokers, Sarama, Group, Logger and Registerer are taken from
-	// this Config when unset (Group must be this Config's).
+	// this Config when unset (Group must be this Config's). A deferral is
+	// recorded in the inbox (a key of its own, by the record that deferred
+	// the message), in the row's transaction when the Dedupe store works on
+	// this Pool: a redelivery of that record before its offset committed
+	// is not deferred again, and keeps its outcome also past its deadline.
 	// Default: nil (a handler that defers gets its message dead-lettered:
 	// permanent, "needs Config.Defer").
 	Defer *schedule.Scheduler
@@ -217,8 +222,12 @@ type Config struct {
 
 	// LagInterval is how often idem_consumer_lag is refreshed for every
 	// claimed partition, source and retry tier: the high watermark minus the
-	// group's committed offset, asked of the cluster. A negative value
-	// disables it.
+	// group's committed offset, asked of the cluster; and with it
+	// idem_consumer_lag_actionable and idem_consumer_lag_seconds, the
+	// records a member could start now (retry-tier and deferred records
+	// once due) and how long the oldest has waited (a few small reads of
+	// each tier partition and one query of idem_deferred, off the message
+	// path). A negative value disables them.
 	// Default: 15s.
 	LagInterval time.Duration
 
@@ -398,6 +407,46 @@ type Config struct {
 	// message (logged at ERROR).
 	// Default: nil (no message is filtered out).
 	Filter func(m *handler.Message) (skip string)
+
+	// Controls, when set, makes this member obey its group's live controls,
+	// kept in this database (tables idem_control_*, which Run creates, as
+	// idem.Migrate does), and report to the fleet: an operator may pause a
+	// topic or a partition (idem pause, the console), which stops its
+	// handling until resumed (its retry tiers and deferred topic too, for
+	// this group), and re-drive a window of a topic (idem redrive), which
+	// the member owning each partition reads again under a replay epoch
+	// that the inbox keys records by (dedupe.Record.Epoch), so each key of
+	// the window runs once more. Run LISTENs on one connection of its own
+	// taken from the pool (and re-reads the controls every 30 s), and writes
+	// a heartbeat row every 10 s: partitions, lag, pause reasons, the open
+	// breaker. Until it has read the controls once, no message is handled,
+	// so a pause holds across restarts and rebalances. Usually the dedupe
+	// store's pool. See docs/console.md, "Live controls".
+	// Default: nil (off: pauses and re-drives are not obeyed, and the
+	// member is not in the fleet).
+	Controls *pgxpool.Pool
+
+	// EncryptionKeyFile names a file holding the key-encryption key (KEK)
+	// of payload encryption at rest (`idem keys generate` writes one; mode
+	// 600): with it, the payloads the consumer keeps in PostgreSQL are
+	// sealed with AES-256-GCM under data keys the KEK wraps (package
+	// docs/console.md, "Encryption at rest"): the value and headers of
+	// messages parked behind their key's head (Ordering: ByKey) and of
+	// deferred messages (Defer, whose scheduler gets the same key when its
+	// own is unset). Their topic, partition, Kafka key, idempotency key and
+	// origin stay in clear. A parked or deferred message whose data key was
+	// destroyed (`idem keys destroy`) is never handled or published: it is
+	// dead-lettered as a stub (no value, none of its headers, kind
+	// permanent, the reason as idem-error). Run refuses a file others may
+	// read, and a KEK that does not unwrap the data keys already written.
+	// Rows written before stay in clear and read as ever. The failure index
+	// (FailureIndex) has a key of its own.
+	// Default: "" (payloads stored in clear).
+	EncryptionKeyFile string
+	// EncryptionKey is EncryptionKeyFile's content given directly, e.g.
+	// from an environment variable. Give one of the two.
+	// Default: "".
+	EncryptionKey string
 }
 
 // BatchConfig sizes the batches of Config.Batch.
@@ -493,7 +542,9 @@ type RetryConfig struct {
 // the transaction. A transaction that fails ends the member's session; the
 // next session reads its partitions again from the committed offsets
 // (effects are kept once by the dedupe store). Config.OnDeadLettered runs
-// once the dead-letter record's transaction has committed.
+// once the dead-letter record's transaction has committed, and
+// Expiry.OnExpired once the transaction carrying the expired message's
+// outcome has.
 //
 // Its cost: a commit (EndTxn, two round trips to the transaction
 // coordinator, a marker written to every partition the transaction touched)
@@ -864,6 +915,7 @@ func (c Config) Validate() error {
 	}
 	badEach(errs, "Limits.Adaptive", c.Limits.Adaptive.validate())
 	badEach(errs, "Defer", c.validateDefer())
+	c.validateEncryption(errs)
 	badEach(errs, "Expiry", c.Expiry.policy().Validate())
 	c.validateRoutes(errs)
 	if c.Retry.Backoff.Max < c.Retry.Backoff.Base {

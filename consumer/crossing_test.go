@@ -371,11 +371,13 @@ func TestCrossingBreakerWaitsAreNoStall(t *testing.T) {
 
 // Earlier item: scheduletable.Defer's doc promised that a consumer stores a
 // deferred message in the transaction that records its outcome ("stored
-// and settled, or neither"). It does not: the deferral commits on its own
-// and the offset is marked after it, so a redelivery in between (a crash,
-// here the group's offsets deleted) defers the message again. Both copies
-// arrive; the inbox keeps one effect.
-func TestCrossingDeferredTwiceIsAppliedOnce(t *testing.T) {
+// and settled, or neither"). It does not: the deferral commits before the
+// offset is marked, so the record can be read again after its deferral (a
+// crash, here the group's offsets deleted). The deferral is recorded in the
+// inbox (issue 28, phase 2: an outcome is decided once), so the
+// redelivery, deferred again by its handler, is not stored a second time:
+// one copy arrives, and it is applied once.
+func TestCrossingRedeliveredDeferralIsStoredOnce(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
 	if err := schema.Migrate(testenv.Context(t), e.pool, nil, nil); err != nil {
@@ -408,8 +410,11 @@ func TestCrossingDeferredTwiceIsAppliedOnce(t *testing.T) {
 	start(t, cfg, h)
 	deferred := e.topic + "." + e.group + ".deferred"
 	testenv.Eventually(t, 60*time.Second, func() error {
-		if n := e.total(deferred, 1); n != 2 {
-			return fmt.Errorf("%d deferred copies published, want 2 (deferred %d times)", n, c.get("deferred"))
+		if c.get("deferred") < 2 {
+			return fmt.Errorf("deferred %d times, want 2 (the redelivery too)", c.get("deferred"))
+		}
+		if n := e.total(deferred, 1); n != 1 {
+			return fmt.Errorf("%d deferred copies published, want 1 (deferred %d times)", n, c.get("deferred"))
 		}
 		if n := e.count(`SELECT count(*) FROM idem_deferred`); n != 0 {
 			return fmt.Errorf("%d deferred rows left", n)

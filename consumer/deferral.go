@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/scheduletable"
@@ -55,6 +57,9 @@ func (c Config) scheduler() *schedule.Scheduler {
 	}
 	if s.Registerer == nil {
 		s.Registerer = c.Registerer
+	}
+	if s.EncryptionKeyFile == "" && s.EncryptionKey == "" {
+		s.EncryptionKeyFile, s.EncryptionKey = c.EncryptionKeyFile, c.EncryptionKey
 	}
 	return &s
 }
@@ -129,13 +134,13 @@ func (r *runner) deferredOrigin(cm *sarama.ConsumerMessage, f retrytopic.Failure
 var errDeferNeedsConfig = errors.New("consumer: the handler deferred the message (handler.DeferUntil), which needs Config.Defer")
 
 // deferred handles a handler's deferral (handler.DeferUntil, read back with
-// handler.DeferredUntil): it stores the message
-// for its scheduler (deferMsg) and returns nil, so the caller settles and
-// marks it as processed; or it returns the error to dead-letter it with
-// (Config.Defer not set, a record scheduletable.Defer refuses). stop is
-// errStopping when the partition is stopping. failed that is not a deferral
-// is returned as it is.
-func (w *worker) deferred(msg *handler.Message, failed error) (dlq, stop error) {
+// handler.DeferredUntil): it stores the message for its scheduler (deferMsg)
+// and returns nil, so the caller settles and marks it as processed; or it
+// returns the error to dead-letter it with (Config.Defer not set, a record
+// scheduletable.Defer refuses). id is the deferral's identity
+// (deferralOf). stop is errStopping when the partition is stopping. failed
+// that is not a deferral is returned as it is.
+func (w *worker) deferred(msg *handler.Message, failed error, id string) (dlq, stop error) {
 	until, ok := handler.DeferredUntil(failed)
 	if !ok {
 		return failed, nil
@@ -143,7 +148,7 @@ func (w *worker) deferred(msg *handler.Message, failed error) (dlq, stop error) 
 	if w.r.cfg.Defer == nil {
 		return handler.Permanent(fmt.Errorf("%w: %w", errDeferNeedsConfig, failed)), nil
 	}
-	if err := w.deferMsg(msg, until); err != nil {
+	if err := w.deferMsg(msg, until, id); err != nil {
 		if errors.Is(err, scheduletable.ErrInvalidRecord) {
 			return handler.Permanent(err), nil
 		}
@@ -153,30 +158,36 @@ func (w *worker) deferred(msg *handler.Message, failed error) (dlq, stop error) 
 }
 
 // deferMsg stores msg in idem_deferred to be published to its source's
-// deferred topic at until, in a transaction of its own (the handler's was
-// rolled back: the inbox recorded nothing). An outage is retried with
-// backoff, the partition waiting as for a failed forward. It returns
-// errStopping when the partition is stopping, or scheduletable.Defer's
-// ErrInvalidRecord error.
-func (w *worker) deferMsg(msg *handler.Message, until time.Time) error {
+// deferred topic at until (the handler's transaction was rolled back: the
+// inbox recorded nothing of the message), once per deferral: the dedupe
+// store records the deferral id under a key of its own (deferralRecord),
+// and a redelivery of the record that deferred it (its offset not yet
+// committed) finds it and stores nothing (decide.go: a deferred message
+// stays deferred). When the store runs the record's function in a
+// transaction on Config.Defer's own pool, the deferred row is inserted in
+// that transaction: stored and recorded, or neither. Otherwise (another
+// database, a store without transactions) the row commits first, in a
+// transaction of its own, and a crash between the two commits defers the
+// message a second time: both copies are published, and the inbox turns
+// the second into a duplicate. An outage is retried with backoff, the
+// partition waiting as for a failed forward. It returns errStopping when
+// the partition is stopping, or scheduletable.Defer's ErrInvalidRecord
+// error.
+func (w *worker) deferMsg(msg *handler.Message, until time.Time, id string) error {
 	r := w.r
 	rec := scheduletable.RecordOf(r.cfg.Group, deferredTopic(msg.Origin().Topic, r.cfg.Group), msg)
-	pool := r.cfg.Defer.Pool
+	rec.DLQ = r.deferDLQ(msg.Origin().Topic) // a sealed copy whose key is destroyed goes there (sealed.go)
+	o := msg.Origin()
+	key := deferralRecord(dedupe.Record{Group: r.cfg.Group, Topic: o.Topic, Partition: o.Partition, Offset: o.Offset}, id)
 	for n := 1; ; n++ {
-		err := func() error {
-			tx, err := pool.Begin(w.hctx)
-			if err != nil {
-				return err
-			}
-			defer func() { _ = tx.Rollback(context.WithoutCancel(w.hctx)) }()
-			if err := scheduletable.Defer(w.hctx, tx, rec, until); err != nil {
-				return err
-			}
-			return tx.Commit(w.hctx)
-		}()
+		out, err := r.cfg.Dedupe.Process(w.hctx, key, func(ctx context.Context) error { return w.storeDeferral(ctx, rec, until) })
 		switch {
 		case err == nil:
-			r.m.Deferred.WithLabelValues(r.cfg.Group, msg.Origin().Topic).Inc()
+			if out == dedupe.Duplicate {
+				w.log.Debug("idem: message deferred already by an earlier delivery of this record", "offset", msg.Offset, "key", msg.IdempotencyKey)
+			} else {
+				r.m.Deferred.WithLabelValues(r.cfg.Group, msg.Origin().Topic).Inc()
+			}
 			r.m.Messages.WithLabelValues(r.cfg.Group, msg.Topic, w.rt.name, coremetrics.OutcomeDeferred).Inc()
 			w.ob.spanEnd(traceOutcomeDeferred, nil)
 			if w.debug {
@@ -185,6 +196,8 @@ func (w *worker) deferMsg(msg *handler.Message, until time.Time) error {
 			return nil
 		case errors.Is(err, scheduletable.ErrInvalidRecord):
 			return err
+		case w.hctx.Err() != nil:
+			return errStopping
 		}
 		w.stall.failed(err)
 		r.m.StoreErrors.WithLabelValues(r.cfg.Group).Inc()
@@ -193,4 +206,35 @@ func (w *worker) deferMsg(msg *handler.Message, until time.Time) error {
 			return errStopping
 		}
 	}
+}
+
+// storeDeferral inserts rec, due at until, in the dedupe store's
+// transaction (ctx's, see deferMsg) when it is one on Config.Defer's pool,
+// else in a transaction of its own on that pool.
+func (w *worker) storeDeferral(ctx context.Context, rec scheduletable.Record, until time.Time) error {
+	pool := w.r.cfg.Defer.Pool
+	if dedupe.HasTx(ctx) && w.r.deferSharesStore() {
+		return scheduletable.Defer(ctx, dedupe.Tx(ctx), rec, until, w.r.deferSealer)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := scheduletable.Defer(ctx, tx, rec, until, w.r.deferSealer); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// deferSharesStore reports whether the dedupe store works on Config.Defer's
+// own pool (it exposes its database, DB() dedupe.DB, and that is the pool),
+// so a deferral can be inserted in the store's transaction.
+func (r *runner) deferSharesStore() bool {
+	d, ok := r.cfg.Dedupe.(interface{ DB() dedupe.DB })
+	if !ok || r.cfg.Defer == nil || r.cfg.Defer.Pool == nil {
+		return false
+	}
+	p, ok := d.DB().(*pgxpool.Pool)
+	return ok && p == r.cfg.Defer.Pool
 }

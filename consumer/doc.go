@@ -321,6 +321,28 @@
 // Config.Concurrency spreads a partition over lanes by key; the committed
 // offset is always the lowest unfinished one.
 //
+// # Live controls
+//
+// With Config.Controls (a pool; usually the dedupe store's) the member obeys
+// its group's live controls, which an operator changes from idem console or
+// the CLI (idem pause, idem resume, idem redrive), and writes a heartbeat
+// row for the fleet page (idem fleet). A pause of a topic or a partition
+// stops its handling until the resume: its fetching is paused
+// (idem_partitions_paused{reason="operator"}), no message of it starts an
+// attempt, and its offsets stay; a topic's pause holds its retry tiers and
+// deferred topic for the group too. The pause is in PostgreSQL and every
+// member LISTENs for changes, so it holds across restarts and rebalances:
+// until a member has read the controls once, it handles nothing. A re-drive
+// reads a window of a source topic again: the member that owns each
+// partition holds it, handles each record of the window under the
+// re-drive's replay epoch (handler.Message.Epoch, dedupe.Record.Epoch), so
+// the inbox runs each key once more, and records its progress, which the
+// partition's next owner resumes from after a crash. The group's offsets
+// never move back. Every record whose origin lies in a window is handled
+// under that window's epoch, however it comes (the re-drive's read, a live
+// record the group had not reached yet, a retry tier, a redelivery). See
+// docs/console.md, "Live controls".
+//
 // # Tracing
 //
 // Tracing goes through the OpenTelemetry API only (Config.TracerProvider,

@@ -21,11 +21,15 @@ import (
 // handled: it is dead-lettered with idem-error-kind "expired" and the reason
 // in idem-error (or dropped and counted in idem_expired_total with Drop). A
 // deadline header that is not a time dead-letters the message with kind
-// "invalid-header", whatever Drop says. An expired message is never
-// parked; but a copy of a message the ordering store holds already (a
-// redelivery) is skipped as parked, whether it expired or not: the stored
-// message is checked when its turn comes, and dead-lettered then, once. See
-// docs/deferral-and-expiry.md.
+// "invalid-header", whatever Drop says. Expiry never overrides an outcome
+// an earlier delivery made durable: a message whose idempotency key the
+// inbox holds (applied before its deadline, its offset not yet committed
+// when it was read again) is a duplicate, and one this very record deferred
+// already stays deferred; neither is dead-lettered nor passed to OnExpired.
+// An expired message is never parked; but a copy of a message the ordering
+// store holds already (a redelivery) is skipped as parked, whether it
+// expired or not: the stored message is checked when its turn comes, and
+// dead-lettered then, once. See docs/deferral-and-expiry.md.
 //
 // The zero Expiry expires nothing by age and honours the deadline header.
 type Expiry struct {
@@ -46,8 +50,14 @@ type Expiry struct {
 	// Default: false.
 	Drop bool
 	// OnExpired runs for a message that expired, dropped or dead-lettered,
-	// before either, as Config.OnDeadLettered does: once per message, in the
-	// inbox's transaction (dedupe.Tx(ctx)).
+	// once per message, in the inbox's transaction (dedupe.Tx(ctx)), and
+	// never for a message the inbox shows applied. Without Transactions it
+	// runs before the message is dead-lettered or dropped; with them, as
+	// Config.OnDeadLettered does, once the Kafka transaction carrying the
+	// outcome (the dead-letter record, or the offset of a dropped message)
+	// has committed, so never for an outcome a read_committed reader does
+	// not see; Transactions then need a database for the hooks a
+	// transaction owes (see Config.OnDeadLettered).
 	// Default: nil.
 	OnExpired func(ctx context.Context, x Expired) error
 }
@@ -71,16 +81,20 @@ func (w *worker) expiryOf(msg *handler.Message) expiry.Result {
 	return expiry.Check(o.Timestamp, msg.Headers, header, maxAge, time.Now())
 }
 
-// expired checks msg against Config.Expiry. It returns nil, false when msg
-// may be handled; else the error to dead-letter it with (a
-// *handler.ExpiredError), or drop = true when it is to be dropped. Both are
-// counted here, and Config.Expiry.OnExpired has run for an expired one; topic is
-// the topic msg is read from, for the counters. stop is errStopping when
-// the partition is stopping (the hook was retrying).
-func (w *worker) expired(msg *handler.Message, topic string) (err error, drop bool, stop error) {
-	res := w.expiryOf(msg)
-	if res.Status == expiry.Expired {
-		if stop := w.expiredHook(msg, res.Reason, w.rt.expiry.Drop); stop != nil {
+// expire takes msg, which res (Config.Expiry's verdict, see decide) found
+// expired or carrying a deadline that is not a time, to its outcome: it
+// returns the error to dead-letter it with (a *handler.ExpiredError), or
+// drop = true when it is to be dropped. Both are counted here, and
+// Config.Expiry.OnExpired has run for an expired one (with Transactions it
+// is owed, and runs once the transaction carrying the outcome commits:
+// settle.go); topic is the topic msg is read from, for the counters. stop
+// is errStopping when the partition is stopping (the hook was retrying).
+func (w *worker) expire(msg *handler.Message, topic string, res expiry.Result) (err error, drop bool, stop error) {
+	if res.Status == expiry.Expired && w.rt.expiry.OnExpired != nil {
+		x := Expired{Message: msg, Reason: res.Reason, Dropped: w.rt.expiry.Drop}
+		if w.r.txn != nil {
+			w.owed = append(w.owed, owedHook{key: hookKey("expired", msg.Origin()), x: &x, route: w.rt.name})
+		} else if stop := w.expiredHook(x); stop != nil {
 			return nil, false, stop
 		}
 	}
@@ -88,7 +102,7 @@ func (w *worker) expired(msg *handler.Message, topic string) (err error, drop bo
 	return err, drop, nil
 }
 
-// expiredVerdict is expired's outcome for res, counted.
+// expiredVerdict is expire's outcome for res, counted.
 func (w *worker) expiredVerdict(msg *handler.Message, topic string, res expiry.Result) (err error, drop bool) {
 	switch res.Status {
 	case expiry.Live:

@@ -12,6 +12,7 @@ import (
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/forward"
+	"github.com/idemhq/idem/internal/mutate"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -111,6 +112,9 @@ func (w *worker) failure(src wire.Source, key, value []byte, headers []*sarama.R
 		dest, tier, delay = dec.Retry.Next(o.topic, r.cfg.Group, o.tier)
 	}
 	f := wire.NewFailure(cause, src, o.prior, now)
+	if mutate.On(mutate.OriginTS) {
+		f.OriginalTimestamp = now
+	}
 	f.Attempt = msg.Attempt
 	f.IdempotencyKey = msg.IdempotencyKey
 	f.Tier = tier

@@ -3,9 +3,12 @@ package consumer
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"time"
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/mutate"
 )
 
 // DeadLettered describes a message the consumer has just sent to a
@@ -56,6 +59,9 @@ func (w *worker) runHook(hook string, msg *handler.Message, fn func(ctx context.
 func (w *worker) runHookKey(hook, key string, msg *handler.Message, fn func(ctx context.Context) error) error {
 	r := w.r
 	o := msg.Origin()
+	if mutate.On(mutate.HookInbox) {
+		key += ":" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	}
 	rec := dedupe.Record{Group: r.cfg.Group, Key: key, Topic: o.Topic, Partition: o.Partition, Offset: o.Offset}
 	for n := 1; ; n++ {
 		_, err := r.cfg.Dedupe.Process(w.hctx, rec, fn)
@@ -88,12 +94,10 @@ func deadLetteredOf(out outbound, msg *handler.Message) DeadLettered {
 	return DeadLettered{Message: msg, Topic: out.rec.Topic, Kind: out.f.Kind, Error: out.f.Error}
 }
 
-// expiredHook runs Config.Expiry.OnExpired for msg (see runHook).
-func (w *worker) expiredHook(msg *handler.Message, reason string, dropped bool) error {
+// expiredHook runs Config.Expiry.OnExpired for x (see runHook); without
+// Transactions only (with them the hook is owed until the outcome commits:
+// settle.go).
+func (w *worker) expiredHook(x Expired) error {
 	h := w.rt.expiry.OnExpired
-	if h == nil {
-		return nil
-	}
-	x := Expired{Message: msg, Reason: reason, Dropped: dropped}
-	return w.runHook("expired", msg, func(ctx context.Context) error { return h(ctx, x) })
+	return w.runHook("expired", x.Message, func(ctx context.Context) error { return h(ctx, x) })
 }

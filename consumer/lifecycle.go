@@ -70,7 +70,7 @@ func (l *lifecycle) claimStarting(s sarama.ConsumerGroupSession, t tp) {
 func (l *lifecycle) claimEnded(s sarama.ConsumerGroupSession, t tp) {
 	l.r.ready.claimed(t, false)
 	if !l.r.claims.claimed(t) { // not claimed again meanwhile
-		l.r.m.ConsumerLag.DeleteLabelValues(l.r.cfg.Group, t.topic, strconv.Itoa(int(t.partition)))
+		l.r.claims.forgetLag(t)
 	}
 	if l.r.cfg.OnAssigned != nil {
 		l.mu.Lock()

@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/expiry"
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/wire"
@@ -57,22 +58,45 @@ func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 			return errStopping // revoked or shutting down: start nothing new
 		}
 		msg, headers := parkedMessage(next)
-		rec := dedupe.Record{Group: r.cfg.Group, Key: next.IdempotencyKey, Topic: next.Topic, Partition: next.Partition, Offset: next.Offset}
-		drop, failed, err := w.findRoute(msg) // its own route (routing.go), or none
-		if err != nil {
-			return err
-		}
-		if failed == nil && !drop {
-			if failed, drop, err = w.expired(msg, next.Topic); err != nil { // its turn came: still live?
+		o := r.parkedOrigin(next, headers) // a tier's copy goes on from its tier
+		msg.Attempt = o.attempts + 1
+		rec := dedupe.Record{Group: r.cfg.Group, Key: next.IdempotencyKey, Topic: next.Topic, Partition: next.Partition, Offset: next.Offset,
+			Epoch: r.ctl.epoch(msg, next.Topic, next.Partition, next.Offset)} // a re-drive's (control.go)
+		deferral := deferralOfParked(next.Topic, next.Seq)
+		var skip bool
+		var failed error
+		if next.Unreadable == nil {
+			if skip, failed, err = w.findRoute(msg); err != nil { // its own route (routing.go), or none
 				return err
 			}
+		} else {
+			w.useRoute(r.routes.none) // sealed at rest, its key destroyed: no type to route by
 		}
-		if failed == nil && !drop {
-			if failed, err = w.process(rec, msg, nil); err != nil {
+		if failed == nil && !skip {
+			d, err := w.decide(rec, msg, deferral) // its turn came: decided before (a parked redelivery of an applied message), still live?
+			if err != nil {
 				return err
 			}
-			if failed, err = w.deferred(msg, failed); err != nil { // handler.DeferUntil: stored, then done
-				return err
+			switch {
+			case d.earlier:
+				w.mx.duplicate.Inc()
+			case next.Unreadable != nil: // sealed at rest, its key destroyed: a stub to the DLQ (sealed.go)
+				failed = unreadable(next.Unreadable)
+			case d.res.Status != expiry.Live:
+				var drop bool
+				if failed, drop, err = w.expire(msg, next.Topic, d.res); err != nil {
+					return err
+				}
+				if drop {
+					failed = nil
+				}
+			default:
+				if failed, err = w.process(rec, msg, nil); err != nil {
+					return err
+				}
+				if failed, err = w.deferred(msg, failed, deferral); err != nil { // handler.DeferUntil: stored, then done
+					return err
+				}
 			}
 		}
 		// done removes next from the parked messages (marks it with m when
@@ -93,7 +117,10 @@ func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 			continue
 		}
 		src := wire.Source{Topic: next.Topic, Partition: next.Partition, Offset: next.Offset, Timestamp: next.Timestamp, Group: r.cfg.Group}
-		out := w.failure(src, next.Key, next.Value, headers, origin{topic: next.Topic, partition: next.Partition, offset: next.Offset}, msg, failed)
+		out := w.failure(src, next.Key, next.Value, headers, o, msg, failed)
+		if next.Unreadable != nil {
+			out = out.asStub()
+		}
 		if out.tier == 0 {
 			if _, err := w.forward(out, msg); err != nil {
 				return err
@@ -183,6 +210,27 @@ func parkedMessage(rec keyorder.Record) (*handler.Message, []*sarama.RecordHeade
 		hs = append(hs, &sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})
 	}
 	return msg, hs
+}
+
+// parkedOrigin is the origin of the parked record rec (headers: its
+// headers, as parkedMessage gives them): its own coordinates, and, for a
+// copy parked when it was read from one of this group's retry tiers (its
+// idem-* headers name this group, a tier and rec's own origin), that tier
+// and the attempts made so far, so that its drain goes on up the ladder
+// from there. A tier's copy is parked when another message of its key
+// became the head while it was away (Transactions: the transaction
+// carrying its outcome aborted, and it was read again); taken for a fresh
+// message, it climbed the ladder again from tier 1, a second copy per hop
+// (issue 28, phase 2: TestCrossingParkedTierCopyKeepsItsHop).
+func (r *runner) parkedOrigin(rec keyorder.Record, headers []*sarama.RecordHeader) origin {
+	o := origin{topic: rec.Topic, partition: rec.Partition, offset: rec.Offset}
+	f, ok, err := wire.Decode(headers)
+	if !ok || err != nil || f.Group != r.cfg.Group || f.Tier < 1 ||
+		f.OriginalTopic != rec.Topic || f.OriginalPartition != rec.Partition || f.OriginalOffset != rec.Offset {
+		return o
+	}
+	o.tier, o.prior, o.attempts = f.Tier, f, f.Attempt
+	return o
 }
 
 // pendingOutbound is the forward a promoted head still owes: the record
@@ -317,7 +365,11 @@ func (w byKey) claimOrdering() error {
 // it when its tier refused it (see claimOrdering).
 func (w byKey) recoverHead(rec keyorder.Record, src string) error {
 	msg := &handler.Message{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, IdempotencyKey: rec.IdempotencyKey}
-	again, err := w.forwardHead(w.r.pendingOutbound(rec), msg, rec.Topic, rec.Key, rec.IdempotencyKey, -1)
+	out := w.r.pendingOutbound(rec)
+	if rec.Unreadable != nil { // sealed at rest, its key destroyed: a stub to the DLQ (sealed.go)
+		out = w.r.unreadableRecord(rec)
+	}
+	again, err := w.forwardHead(out, msg, rec.Topic, rec.Key, rec.IdempotencyKey, -1)
 	if err != nil {
 		return err
 	}

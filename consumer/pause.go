@@ -20,7 +20,35 @@ type pauseReason uint8
 const (
 	pauseBackpressure pauseReason = 1 << iota // the partition's queue is above its high-water mark
 	pauseBreaker                              // a dependency's breaker is open
+	pauseOperator                             // an operator paused it (Config.Controls, control.go)
+	pauseRedrive                              // a re-drive reads its window again (control.go)
 )
+
+// label is idem_partitions_paused's reason for a partition paused for why:
+// the first it holds of operator, redrive, breaker and backpressure, so
+// that each paused partition counts once.
+func (why pauseReason) label() string {
+	switch {
+	case why&pauseOperator != 0:
+		return "operator"
+	case why&pauseRedrive != 0:
+		return "redrive"
+	case why&pauseBreaker != 0:
+		return "breaker"
+	}
+	return "backpressure"
+}
+
+// names lists every reason why holds, in label's order.
+func (why pauseReason) names() []string {
+	var out []string
+	for _, r := range []pauseReason{pauseOperator, pauseRedrive, pauseBreaker, pauseBackpressure} {
+		if why&r != 0 {
+			out = append(out, r.label())
+		}
+	}
+	return out
+}
 
 type tp struct {
 	topic     string
@@ -30,13 +58,13 @@ type tp struct {
 // pauser applies sarama Pause/Resume per partition from several reasons.
 type pauser struct {
 	group  sarama.ConsumerGroup
-	paused prometheus.Gauge
+	paused *prometheus.GaugeVec // idem_partitions_paused of the group, by reason (label)
 
 	mu      sync.Mutex
 	reasons map[tp]pauseReason
 }
 
-func newPauser(g sarama.ConsumerGroup, paused prometheus.Gauge) *pauser {
+func newPauser(g sarama.ConsumerGroup, paused *prometheus.GaugeVec) *pauser {
 	return &pauser{group: g, paused: paused, reasons: map[tp]pauseReason{}}
 }
 
@@ -57,20 +85,31 @@ func (p *pauser) set(k tp, why pauseReason, on bool) {
 	switch {
 	case was == 0 && now != 0:
 		p.group.Pause(parts)
-		p.paused.Inc()
 	case was != 0 && now == 0:
 		p.group.Resume(parts)
-		p.paused.Dec()
 	}
+	if was != 0 && (now == 0 || was.label() != now.label()) {
+		p.paused.WithLabelValues(was.label()).Dec()
+	}
+	if now != 0 && (was == 0 || was.label() != now.label()) {
+		p.paused.WithLabelValues(now.label()).Inc()
+	}
+}
+
+// why returns the reasons partition k is paused for (none: nil).
+func (p *pauser) why(k tp) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.reasons[k].names()
 }
 
 // forget drops a partition that is no longer claimed.
 func (p *pauser) forget(k tp) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.reasons[k] != 0 {
+	if why := p.reasons[k]; why != 0 {
 		p.group.Resume(map[string][]int32{k.topic: {k.partition}})
-		p.paused.Dec()
+		p.paused.WithLabelValues(why.label()).Dec()
 	}
 	delete(p.reasons, k)
 }
@@ -221,6 +260,14 @@ func (g *gate) probeDone(reopened bool) {
 		g.r.pauses.set(k, pauseBreaker, false)
 	}
 	g.broadcast()
+}
+
+// open reports the breaker that closed the gate, since when and until when
+// (ok false: the gate is open).
+func (g *gate) open() (name string, since, until time.Time, ok bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.name, g.since, g.until, !g.until.IsZero()
 }
 
 // probeAbandoned gives the probe slot back (the prober's partition stopped).

@@ -29,6 +29,9 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 	r := w.r
 	retries, outages, handlerOutages := 0, 0, 0
 	for {
+		if !w.resumed() { // an operator pause holds the partition (control.go)
+			return nil, errStopping
+		}
 		probe, ok := r.gate.wait(w.stopCtx)
 		if !ok {
 			return nil, errStopping

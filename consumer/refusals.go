@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/mutate"
 	"github.com/idemhq/idem/internal/txn"
 )
 
@@ -26,7 +27,15 @@ import (
 //
 // The memory lives for the Run and is keyed by the consumed record's
 // coordinates. A partition that moves to another member meanwhile costs that
-// member one more aborted transaction per form at most.
+// member one more aborted transaction per form at most. A record's refusal
+// is forgotten only once the transaction that carries its forward commits
+// (txn.Owner.Ended), not when the forward is sent: that transaction may
+// still abort, for another record's refusal, and the record is then read
+// again and must start at its form again. (Forgotten at the send, n refused
+// records of one partition cost 2^n - 1 aborted transactions, each abort
+// forgetting the refusals before it; with refused records on the member's
+// other partitions, sharing its transactions, a partition never moved:
+// TestCrossingRefusalsOfOnePartitionAbortOnceEach.)
 
 // maxRefusals bounds the remembered refusals; past it an old one is
 // forgotten (its record then costs one more aborted transaction).
@@ -36,6 +45,9 @@ const maxRefusals = 1024
 type refusals struct {
 	mu sync.Mutex
 	m  map[refusalKey]*refusal
+	// sent are the refused records whose forward went out in the open
+	// transaction: forgotten when it commits, kept when it aborts.
+	sent map[refusalKey]struct{}
 }
 
 // refusalKey is the consumed record's coordinates.
@@ -54,7 +66,9 @@ type refusal struct {
 	loudAt time.Time // when such a round was last logged at ERROR
 }
 
-func newRefusals() *refusals { return &refusals{m: map[refusalKey]*refusal{}} }
+func newRefusals() *refusals {
+	return &refusals{m: map[refusalKey]*refusal{}, sent: map[refusalKey]struct{}{}}
+}
 
 func keyOfRefusal(msg *handler.Message) refusalKey {
 	return refusalKey{msg.Topic, msg.Partition, msg.Offset}
@@ -80,11 +94,29 @@ func (rs *refusals) refused(msg *handler.Message, dest string, next int, cause e
 	ref.dest, ref.next, ref.cause = dest, next, cause
 }
 
-// forget drops msg's refusal: its forward went through.
-func (rs *refusals) forget(msg *handler.Message) {
+// wentOut records that msg's forward went out in the open transaction: its
+// refusal, if any, is forgotten once that transaction commits (ended).
+func (rs *refusals) wentOut(msg *handler.Message) {
+	k := keyOfRefusal(msg)
 	rs.mu.Lock()
-	delete(rs.m, keyOfRefusal(msg))
+	if _, ok := rs.m[k]; ok {
+		rs.sent[k] = struct{}{}
+	}
 	rs.mu.Unlock()
+}
+
+// ended is the owner's Ended: the open transaction ended, committed or
+// not. The refusals of the records it carried are forgotten when it
+// committed, and kept otherwise (the records are read again).
+func (rs *refusals) ended(committed bool) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if committed {
+		for k := range rs.sent {
+			delete(rs.m, k)
+		}
+	}
+	clear(rs.sent)
 }
 
 // resume returns the form msg's forward of out starts at and the refusal of
@@ -97,7 +129,7 @@ func (w *worker) resume(msg *handler.Message, out outbound) (from int, cause err
 	rs := w.r.refused
 	rs.mu.Lock()
 	ref := rs.m[keyOfRefusal(msg)]
-	if ref == nil || ref.dest != out.rec.Topic {
+	if ref == nil || ref.dest != out.rec.Topic || mutate.On(mutate.Refusals) {
 		rs.mu.Unlock()
 		return formOut, nil, nil
 	}

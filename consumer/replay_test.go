@@ -53,7 +53,7 @@ func TestReplayIsIdempotent(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = c.Close() })
 	ctx := testenv.Context(t)
-	res, err := c.Replay(ctx, dlq.ReplayOptions{Topic: e.dlq(), To: dlq.ToSource})
+	res, err := c.Replay(ctx, dlq.ReplayOptions{Topic: e.dlq()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +73,7 @@ func TestReplayIsIdempotent(t *testing.T) {
 	if v := metricValue(t, e, "idem_messages_total", map[string]string{"outcome": "duplicate"}); v < 1 {
 		t.Errorf("the replayed k1 was not counted as a duplicate")
 	}
-	res, err = c.Replay(ctx, dlq.ReplayOptions{Topic: e.dlq(), To: dlq.ToSource})
+	res, err = c.Replay(ctx, dlq.ReplayOptions{Topic: e.dlq()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -202,7 +202,7 @@ func newRouteTable(cfg Config, h handler.Handler, rules *recovery.Policy) (*rout
 	add := func(name string, h handler.Handler, kf KeyFunc, retry RetryConfig, rules *recovery.Policy, exp Expiry, b BatchConfig) *route {
 		rt := &route{idx: len(t.all), name: name, keyFunc: kf, retry: retry, rules: rules, expiry: exp, batch: b}
 		if h != nil {
-			rt.h = handler.Chain(h, handler.Recover())
+			rt.h = wrap(h) // the correlation id in ctx, panics recovered (correlation.go)
 			rt.bh, _ = h.(handler.BatchHandler)
 		}
 		t.batches = t.batches || b.MaxMessages > 1
@@ -275,6 +275,28 @@ func (t *routeTable) names() []string {
 		}
 	}
 	return out
+}
+
+// expiryOf is the Expiry of the route named name: the default route's
+// (Config.Expiry) for "" or a name no route has. An owed OnExpired call
+// (settle.go) keeps its route's name.
+func (t *routeTable) expiryOf(name string) Expiry {
+	for _, rt := range t.all {
+		if rt.name == name && rt != t.none {
+			return rt.expiry
+		}
+	}
+	return t.none.expiry
+}
+
+// onExpired reports whether some route has an Expiry.OnExpired.
+func (t *routeTable) onExpired() bool {
+	for _, rt := range t.all {
+		if rt.expiry.OnExpired != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // orKeyFunc returns a, or b when a is nil.

@@ -21,6 +21,7 @@ import (
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/kafkaversion"
 	"github.com/idemhq/idem/internal/keyorder"
+	"github.com/idemhq/idem/internal/seal"
 	"github.com/idemhq/idem/internal/txn"
 	"github.com/idemhq/idem/recovery"
 	"github.com/idemhq/idem/retrytopic"
@@ -108,7 +109,6 @@ func forHandler(cfg Config, h handler.Handler) (Config, handler.BatchHandler) {
 // runner owns everything one Run call starts.
 type runner struct {
 	cfg    Config
-	h      handler.Handler
 	log    *slog.Logger
 	m      *coremetrics.Metrics
 	scfg   *sarama.Config
@@ -125,14 +125,19 @@ type runner struct {
 	order   *keyorder.Store // nil unless Ordering is ByKey
 	routes  *routeTable     // the handlers and their policies (route.go)
 	stepDB  dedupe.DB       // where durable steps record (steps.go); nil: nowhere
-	// owed keeps the OnDeadLettered calls a transaction owes until it has
-	// committed (settle.go); nil unless Transactions and OnDeadLettered.
+	// deferSealer seals deferred messages (Config.EncryptionKeyFile); nil:
+	// stored in clear.
+	deferSealer *seal.Sealer
+	// owed keeps the hook calls (OnDeadLettered, Expiry.OnExpired) a
+	// transaction owes until it has committed (settle.go); nil unless
+	// Transactions and one of those hooks (any route's OnExpired).
 	owed *keyorder.Store
 	bh   handler.BatchHandler // a batch handler (handler.Batch); nil for any other
 	// batchStore is cfg.Dedupe when it takes batches and Batch is on.
 	batchStore dedupe.BatchStore
 	pauses     *pauser
 	gate       *gate
+	ctl        *controls       // Config.Controls (control.go); nil without
 	baseCtx    context.Context // values of Run's ctx, never cancelled: handler ctxs derive from it
 	runCtx     context.Context // Run's ctx, also cancelled by fatal
 	abort      context.CancelCauseFunc
@@ -162,8 +167,8 @@ func newRunner(cfg Config, h handler.Handler) (*runner, error) {
 		return nil, fmt.Errorf("consumer: sarama config: %w", err)
 	}
 	r := &runner{
-		cfg:    cfg,
-		h:      handler.Chain(h, handler.Recover()),
+		cfg: cfg,
+
 		log:    cfg.Logger.With("group", cfg.Group),
 		m:      m,
 		scfg:   scfg,
@@ -319,7 +324,10 @@ func (r *runner) run(ctx context.Context) (err error) {
 			return fmt.Errorf("consumer: ordering schema: %w", err)
 		}
 	}
-	if r.txn != nil && r.cfg.OnDeadLettered != nil {
+	if err := r.sealPayloads(ctx, st); err != nil {
+		return err
+	}
+	if r.txn != nil && (r.cfg.OnDeadLettered != nil || r.routes.onExpired()) {
 		r.owed = keyorder.New(orderingDB(r.cfg), r.cfg.Group)
 		if err := st.retry(ctx, nil, "creating the owed hooks' table", func() error { return r.owed.Migrate(ctx) }); err != nil {
 			return fmt.Errorf("consumer: owed hooks' table: %w", err)
@@ -331,7 +339,7 @@ func (r *runner) run(ctx context.Context) (err error) {
 		return fmt.Errorf("consumer: join group %s: %w", r.cfg.Group, err)
 	}
 	r.group = group
-	r.pauses = newPauser(group, r.m.PartitionsPaused.WithLabelValues(r.cfg.Group))
+	r.pauses = newPauser(group, r.m.PartitionsPaused.MustCurryWith(prometheus.Labels{"group": r.cfg.Group}))
 	var closeSteps func()
 	r.stepDB, closeSteps = stepPool(r.cfg)
 	defer closeSteps()
@@ -354,13 +362,16 @@ func (r *runner) run(ctx context.Context) (err error) {
 		wg.Wait()
 	}()
 
-	wg.Go(func() { r.claims.watchLag(watchCtx, client, r.cfg.LagInterval) })
+	wg.Go(func() { r.claims.watchLag(watchCtx, client, r.lagPlan(ctx)) })
 	wg.Go(func() { watchDLQDepth(watchCtx, client, r.cfg, r.m.DLQDepth, r.log) })
 	wg.Go(func() { r.claims.watchStalls(watchCtx, r.cfg.StallWarning) })
 	wg.Go(func() { r.watchPool(watchCtx) })
 	wg.Go(func() { sweep(watchCtx, r.cfg, r.log) })
 	startFailureIndex(watchCtx, &wg, r.cfg, r.log)
 	startScheduler(watchCtx, &wg, r.cfg, r.log)
+	if err := r.startControls(ctx, watchCtx, &wg, st, client); err != nil {
+		return err
+	}
 	r.shares.start(watchCtx, &wg, client, r)
 
 	gh := &groupHandler{r: r}

@@ -12,6 +12,7 @@ import (
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/keyorder"
+	"github.com/idemhq/idem/internal/mutate"
 	"github.com/idemhq/idem/internal/txn"
 )
 
@@ -36,7 +37,9 @@ import (
 // holding nothing meanwhile.
 //
 // OnDeadLettered runs only once X's forwards have committed, so it never
-// runs for a record a read_committed reader does not see: the hooks X owes
+// runs for a record a read_committed reader does not see, and OnExpired
+// only once the outcome of an expired X (its dead-letter record, or the mark
+// of a dropped X) has: the hooks X owes
 // are recorded (keyorder.OwedHook, marked with X's offset) before the hold,
 // the transaction is committed after the mark, and then the hooks run, each
 // removing its row. A member that stops or dies in between leaves the rows to
@@ -53,10 +56,14 @@ type staged struct {
 	msg  *handler.Message // the message it forwards
 }
 
-// owedHook is an OnDeadLettered call a staged dead-letter forward owes.
+// owedHook is a hook call the settling of the message in hand owes: the
+// OnDeadLettered call of a staged dead-letter forward (d), or the OnExpired
+// call of an expired message (x), dead-lettered or dropped.
 type owedHook struct {
-	key string // hookKey
-	d   DeadLettered
+	key   string // hookKey
+	d     DeadLettered
+	x     *Expired
+	route string // x's route, whose Expiry.OnExpired runs (route.go)
 }
 
 // stage is forward with Transactions: it decides out's form and stages it
@@ -87,6 +94,9 @@ func (w *worker) stage(out outbound, msg *handler.Message) (outbound, error) {
 	w.staged = append(w.staged, staged{out: sent, form: form, orig: out, msg: msg})
 	w.ob.forwardedSpan(sent)
 	if sent.tier == 0 && w.r.cfg.OnDeadLettered != nil {
+		if mutate.On(mutate.OwedHooks) {
+			return sent, w.deadLettered(sent, msg)
+		}
 		w.owed = append(w.owed, owedHook{key: hookKey("dead-lettered", msg.Origin()), d: deadLetteredOf(sent, msg)})
 	}
 	return sent, nil
@@ -135,11 +145,11 @@ func (w *worker) commitNow() bool {
 // mark (if any), in one hold; at is the offset of the claim's message they
 // settle (-1: none). With lanes it first waits, holding nothing, until
 // every earlier message of the partition is final, so the mark covers the
-// forwards at once. The owed hooks are recorded before the hold, marked
-// with at. errStopping: the partition is stopping or the transaction
-// failed; nothing staged is left.
+// forwards at once (and the commit that follows covers the hooks owed). The
+// owed hooks are recorded before the hold, marked with at. errStopping: the
+// partition is stopping or the transaction failed; nothing staged is left.
 func (w *worker) flush(at int64, mark func()) error {
-	if len(w.staged) == 0 {
+	if len(w.staged) == 0 && len(w.owed) == 0 {
 		if mark != nil {
 			mark()
 		}
@@ -162,12 +172,14 @@ func (w *worker) flush(at int64, mark func()) error {
 		}
 		i, err := w.sendStaged()
 		if err == nil {
-			if mark != nil {
+			if mark != nil && !(mutate.On(mutate.TxnMark) && len(w.staged) > 0) {
 				mark()
+			}
+			for _, s := range w.staged { // in the transaction the hold is in (refusals.go)
+				w.r.refused.wentOut(s.msg)
 			}
 			release()
 			for _, s := range w.staged {
-				w.r.refused.forget(s.msg)
 				w.ob.forwardedLog(s.out, s.msg)
 			}
 			return nil
@@ -225,9 +237,9 @@ func (w *worker) oweHooks(at int64) error {
 	}
 	hooks := make([]keyorder.OwedHook, 0, len(w.owed))
 	for _, h := range w.owed {
-		b, err := json.Marshal(encodeOwed(h.d))
+		b, err := json.Marshal(encodeOwed(h))
 		if err != nil {
-			w.log.Error("idem: cannot record an owed OnDeadLettered hook; it runs after the commit without a crash guard", "key", h.key, "err", err)
+			w.log.Error("idem: cannot record an owed hook; it runs after the commit without a crash guard", "key", h.key, "err", err)
 			continue
 		}
 		hooks = append(hooks, keyorder.OwedHook{Key: h.key, Mark: keyorder.Mark{Topic: w.tp.topic, Partition: w.tp.partition, Offset: at}, Payload: b})
@@ -256,20 +268,33 @@ func (w *worker) runOwed(commit bool) error {
 		return errStopping
 	}
 	for _, h := range w.owed {
-		if err := w.runOwedHook(h.key, h.d); err != nil {
+		if err := w.runOwedHook(h); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// runOwedHook runs the OnDeadLettered call d owes, once (its inbox key is
-// key), and removes its row.
-func (w *worker) runOwedHook(key string, d DeadLettered) error {
-	if err := w.runHookKey("dead-lettered", key, d.Message, func(ctx context.Context) error { return w.r.cfg.OnDeadLettered(ctx, d) }); err != nil {
+// runOwedHook runs the hook call h owes, once (its inbox key is h.key), and
+// removes its row.
+func (w *worker) runOwedHook(h owedHook) error {
+	var err error
+	if x := h.x; x != nil {
+		on := w.r.routes.expiryOf(h.route).OnExpired
+		if on == nil { // a route renamed or removed since the row was written: nothing to call
+			w.log.Warn("idem: an owed OnExpired call names a route without one; dropping it", "route", h.route, "key", h.key)
+			_, err = byKey{w}.orderTry("hook ran", func(ctx context.Context) error { return w.r.owed.HookRan(ctx, h.key) })
+			return err
+		}
+		err = w.runHookKey("expired", h.key, x.Message, func(ctx context.Context) error { return on(ctx, *x) })
+	} else {
+		d := h.d
+		err = w.runHookKey("dead-lettered", h.key, d.Message, func(ctx context.Context) error { return w.r.cfg.OnDeadLettered(ctx, d) })
+	}
+	if err != nil {
 		return err
 	}
-	_, err := byKey{w}.orderTry("hook ran", func(ctx context.Context) error { return w.r.owed.HookRan(ctx, key) })
+	_, err = byKey{w}.orderTry("hook ran", func(ctx context.Context) error { return w.r.owed.HookRan(ctx, h.key) })
 	return err
 }
 
@@ -294,19 +319,22 @@ func (w *worker) claimHooks() error {
 	for _, h := range owed {
 		var j owedJSON
 		if err := json.Unmarshal(h.Payload, &j); err != nil {
-			w.log.Error("idem: an owed OnDeadLettered hook cannot be decoded; dropping it", "key", h.Key, "err", err)
+			w.log.Error("idem: an owed hook cannot be decoded; dropping it", "key", h.Key, "err", err)
 			continue
 		}
-		if err := w.runOwedHook(h.Key, j.decode()); err != nil {
+		if err := w.runOwedHook(j.decode(h.Key)); err != nil {
 			return err
 		}
-		w.log.Info("idem: ran an OnDeadLettered hook a previous owner's committed transaction owed", "key", h.Key)
+		w.log.Info("idem: ran a hook a previous owner's committed transaction owed", "key", h.Key)
 	}
 	return nil
 }
 
-// owedJSON is a DeadLettered as an owed hook's row keeps it.
+// owedJSON is an owed hook's call as its row keeps it: a DeadLettered, or
+// with Hook "expired" an Expired (Reason, Dropped; DLQ, Kind and Error
+// empty).
 type owedJSON struct {
+	Hook           string            `json:"hook,omitempty"`
 	Topic          string            `json:"topic"`
 	Partition      int32             `json:"partition"`
 	Offset         int64             `json:"offset"`
@@ -317,27 +345,41 @@ type owedJSON struct {
 	IdempotencyKey string            `json:"ikey"`
 	Attempt        int               `json:"attempt"`
 	Original       handler.Origin    `json:"origin"`
-	DLQ            string            `json:"dlq"`
-	Kind           handler.Kind      `json:"kind"`
-	Error          string            `json:"error"`
+	DLQ            string            `json:"dlq,omitempty"`
+	Kind           handler.Kind      `json:"kind,omitempty"`
+	Error          string            `json:"error,omitempty"`
+	Reason         string            `json:"reason,omitempty"`
+	Dropped        bool              `json:"dropped,omitempty"`
+	Route          string            `json:"route,omitempty"`
 }
 
-func encodeOwed(d DeadLettered) owedJSON {
-	m := d.Message
+func encodeOwed(h owedHook) owedJSON {
+	m := h.d.Message
+	if h.x != nil {
+		m = h.x.Message
+	}
 	j := owedJSON{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value,
-		Timestamp: m.Timestamp, IdempotencyKey: m.IdempotencyKey, Attempt: m.Attempt, Original: m.Original,
-		DLQ: d.Topic, Kind: d.Kind, Error: d.Error}
+		Timestamp: m.Timestamp, IdempotencyKey: m.IdempotencyKey, Attempt: m.Attempt, Original: m.Original}
 	for _, h := range m.Headers {
 		j.Headers = append(j.Headers, keyorder.Header{Key: h.Key, Value: h.Value})
+	}
+	if h.x != nil {
+		j.Hook, j.Reason, j.Dropped, j.Route = "expired", h.x.Reason, h.x.Dropped, h.route
+	} else {
+		j.DLQ, j.Kind, j.Error = h.d.Topic, h.d.Kind, h.d.Error
 	}
 	return j
 }
 
-func (j owedJSON) decode() DeadLettered {
+// decode is the owed hook of key j records.
+func (j owedJSON) decode(key string) owedHook {
 	m := &handler.Message{Topic: j.Topic, Partition: j.Partition, Offset: j.Offset, Key: j.Key, Value: j.Value,
 		Timestamp: j.Timestamp, IdempotencyKey: j.IdempotencyKey, Attempt: j.Attempt, Original: j.Original}
 	for _, h := range j.Headers {
 		m.Headers = append(m.Headers, handler.Header{Key: h.Key, Value: h.Value})
 	}
-	return DeadLettered{Message: m, Topic: j.DLQ, Kind: j.Kind, Error: j.Error}
+	if j.Hook == "expired" {
+		return owedHook{key: key, x: &Expired{Message: m, Reason: j.Reason, Dropped: j.Dropped}, route: j.Route}
+	}
+	return owedHook{key: key, d: DeadLettered{Message: m, Topic: j.DLQ, Kind: j.Kind, Error: j.Error}}
 }

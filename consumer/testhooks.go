@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"time"
 
 	"github.com/IBM/sarama"
 
@@ -29,6 +30,9 @@ type testHooks struct {
 	beforeSend func(rec forward.Record, failed func() <-chan struct{})
 	// afterSend is the transaction owner's AfterSend hook.
 	afterSend func(rec forward.Record, err error)
+	// lagNow is the lag watcher's clock (lag.go): what it compares due times
+	// with.
+	lagNow func() time.Time
 	// dispatched is called by the transactional producer's dispatcher for
 	// each record it takes (a sarama.ProducerInterceptor): the record has
 	// passed its check that a transaction is open.

@@ -17,6 +17,7 @@ import (
 	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/keyorder"
+	"github.com/idemhq/idem/internal/mutate"
 	"github.com/idemhq/idem/internal/txn"
 )
 
@@ -38,9 +39,18 @@ func (c Config) validateTransactions(errs *configerr.List) {
 	if c.ReadUncommitted {
 		errs.Bad("ReadUncommitted", c.ReadUncommitted, "must be false with Transactions: idem's own tiers are written in transactions")
 	}
+	const needsDB = "with Transactions needs a database for the hooks a transaction owes until it commits: " +
+		"a Dedupe store on PostgreSQL (dedupe.NewPostgres) or Ordering ByKey(pool)"
 	if c.OnDeadLettered != nil && orderingDB(c) == nil {
-		errs.Bad("OnDeadLettered", "set", "with Transactions needs a database for the hooks a transaction owes until it commits: "+
-			"a Dedupe store on PostgreSQL (dedupe.NewPostgres) or Ordering ByKey(pool)")
+		errs.Bad("OnDeadLettered", "set", needsDB)
+	}
+	if c.Expiry.OnExpired != nil && orderingDB(c) == nil {
+		errs.Bad("Expiry.OnExpired", "set", needsDB)
+	}
+	for i, r := range c.Routes {
+		if r.Expiry != nil && r.Expiry.OnExpired != nil && orderingDB(c) == nil {
+			errs.Bad(fmt.Sprintf("Routes[%d] (%s).Expiry.OnExpired", i, r.Name), "set", needsDB)
+		}
 	}
 	if c.Sarama != nil && c.Sarama.Version != sarama.DefaultVersion && !c.Sarama.Version.IsAtLeast(sarama.V2_5_0_0) {
 		errs.Bad("Sarama", c.Sarama.Version, "Version must be at least 2.5 with Transactions (TxnOffsetCommit with the generation, KIP-447)")
@@ -58,6 +68,9 @@ var txnIDUnsafe = regexp.MustCompile(`[^a-zA-Z0-9._-]+`)
 // instance "eu-1" and group "payments-eu" with instance "1" one id, and
 // their members fenced each other.)
 func (c Config) transactionalID() string {
+	if mutate.On(mutate.TxnID) && c.InstanceID != "" {
+		return "idem-" + c.Group + "-" + c.InstanceID
+	}
 	if c.InstanceID != "" {
 		return "idem-" + c.Group + ":" + c.InstanceID
 	}
@@ -109,6 +122,7 @@ func (r *runner) startTxn(ctx context.Context, st setup, maxBytes int) (sarama.C
 	}
 	owner.AfterCommit = r.resolveCommitted
 	r.txn, r.refused = owner, newRefusals()
+	owner.Ended = r.refused.ended
 	r.log.Info("idem: transactional mode", "transactional_id", pcfg.Producer.Transaction.ID, "commit_interval", r.cfg.CommitInterval)
 	return client, nil
 }

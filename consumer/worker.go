@@ -11,6 +11,8 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/coremetrics"
+	"github.com/idemhq/idem/internal/expiry"
+	"github.com/idemhq/idem/internal/mutate"
 	"github.com/idemhq/idem/internal/steptable"
 	"github.com/idemhq/idem/internal/wire"
 )
@@ -85,6 +87,10 @@ func (w *worker) callHandler(ctx context.Context) error {
 // once, or through the tracker once every earlier message is final. With
 // Transactions it runs inside settle's hold when m's forwards are staged.
 func (w *worker) mark(m *sarama.ConsumerMessage) {
+	if w.redo { // a re-drive's record (control.go): its progress is the re-drive's, not the group's offset
+		w.stall.clear()
+		return
+	}
 	if w.track != nil {
 		w.track.finish(m.Offset)
 	} else {
@@ -112,6 +118,9 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 	r := w.r
 	defer w.drop() // what a message left unsettled (stopping) staged
 	msg := w.message(cm)
+	if mutate.On(mutate.MarkEarly) && w.track == nil {
+		w.markOffset(cm.Offset + 1)
+	}
 	origin := origin{topic: cm.Topic, partition: cm.Partition, offset: cm.Offset}
 	if w.tier { // only records of this group's retry tiers carry an origin to decode
 		origin = r.originOf(cm)
@@ -143,14 +152,28 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 	}
 	msg.IdempotencyKey = key
 	ord := w.orderOf(cm)
-	expired, drop, stop := w.expired(msg, cm.Topic) // before parking, before the handler, once a tier record is due
-	if stop != nil {
-		return stop
+	rec := dedupe.Record{Group: r.cfg.Group, Key: key, Topic: origin.topic, Partition: origin.partition, Offset: origin.offset,
+		Epoch: r.ctl.epoch(msg, origin.topic, origin.partition, origin.offset)} // a re-drive's (control.go)
+	deferral := deferralOf(cm.Topic, cm.Partition, cm.Offset)
+	// Once a tier record is due, before parking, before the handler: an
+	// earlier delivery's outcome stands, else expiry (decide.go).
+	d, err := w.decide(rec, msg, deferral)
+	if err != nil {
+		return err
 	}
+	if d.earlier { // applied or deferred before: a duplicate
+		w.mx.duplicate.Inc()
+		w.ob.spanEnd(traceOutcomeDuplicate, nil)
+		if err := ord.settled(origin.topic, cm.Key, key, cm.Offset); err != nil {
+			return err
+		}
+		return w.settle(cm)
+	}
+	expired := d.res.Status != expiry.Live
 	// An expired message is never parked, but a copy of one the ordering
 	// store holds already (a redelivery) is skipped all the same: the
 	// stored one has its turn, and is dead-lettered then, once.
-	parked, err := ord.admit(cm, msg, origin, expired != nil || drop)
+	parked, err := ord.admit(cm, msg, origin, expired)
 	if err != nil {
 		return err
 	}
@@ -158,17 +181,22 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 		r.m.Messages.WithLabelValues(r.cfg.Group, cm.Topic, w.rt.name, coremetrics.OutcomeParked).Inc()
 		return w.settle(cm)
 	}
-	failed := expired
-	if expired == nil && !drop {
-		rec := dedupe.Record{Group: r.cfg.Group, Key: key, Topic: origin.topic, Partition: origin.partition, Offset: origin.offset}
-		var err error
-		if failed, err = w.process(rec, msg, first); err != nil {
-			return err
+	var failed error
+	if expired {
+		var drop bool
+		var stop error
+		if failed, drop, stop = w.expire(msg, cm.Topic, d.res); stop != nil {
+			return stop
 		}
+		if drop {
+			failed = nil
+		}
+	} else if failed, err = w.process(rec, msg, first); err != nil {
+		return err
 	}
 	if failed != nil {
 		var stop error
-		if failed, stop = w.deferred(msg, failed); stop != nil { // handler.DeferUntil: stored, then settled and marked
+		if failed, stop = w.deferred(msg, failed, deferral); stop != nil { // handler.DeferUntil: stored, then settled and marked
 			return stop
 		}
 	}

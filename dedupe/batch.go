@@ -62,10 +62,8 @@ func (p *Postgres) ProcessBatch(ctx context.Context, recs []Record, fn func(ctx 
 	if p.err != nil {
 		return nil, &StoreError{Op: "config", Err: p.err}
 	}
-	for _, r := range recs {
-		if err := checkRecord(r); err != nil {
-			return nil, err
-		}
+	if recs, err = storedAll(recs); err != nil {
+		return nil, err
 	}
 	if len(recs) == 0 {
 		return nil, nil
@@ -179,10 +177,9 @@ func (p *Postgres) insertBatch(ctx context.Context, tx pgx.Tx, group string, key
 // concurrent batches cannot deadlock), fn runs with the new ones, and they
 // are recorded only if fn returns nil.
 func (m *Memory) ProcessBatch(ctx context.Context, recs []Record, fn func(ctx context.Context, fresh []int) error) ([]Outcome, error) {
-	for _, r := range recs {
-		if err := checkRecord(r); err != nil {
-			return nil, err
-		}
+	recs, err := storedAll(recs)
+	if err != nil {
+		return nil, err
 	}
 	outs := make([]Outcome, len(recs))
 	firsts := firstOfEachKey(recs, outs)

@@ -63,6 +63,53 @@ func TestProcessBatch(t *testing.T) {
 	}
 }
 
+// TestProcessBatchEpochs: a batch keys each record by its replay epoch
+// (Record.Epoch): a key recorded under epoch 0 is new under epoch 2, once;
+// the caller's records are left as given; the inbox row holds
+// Record.InboxKey.
+func TestProcessBatchEpochs(t *testing.T) {
+	pool := idemtest.ConnectPostgres(t).Pool
+	if err := dedupe.NewPostgres(pool).Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for name, s := range map[string]dedupe.BatchStore{"postgres": dedupe.NewPostgres(pool), "memory": dedupe.NewMemory()} {
+		t.Run(name, func(t *testing.T) {
+			ctx := t.Context()
+			g := t.Name()
+			r := func(key string, epoch int64) dedupe.Record {
+				return dedupe.Record{Group: g, Key: key, Topic: "t", Epoch: epoch}
+			}
+			if _, err := s.Process(ctx, r("a", 0), func(context.Context) error { return nil }); err != nil {
+				t.Fatal(err)
+			}
+			recs := []dedupe.Record{r("a", 0), r("a", 2), r("b", 2), r("a", 2)}
+			var fresh []int
+			outs, err := s.ProcessBatch(ctx, recs, func(_ context.Context, f []int) error { fresh = f; return nil })
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(fresh, []int{1, 2}) {
+				t.Errorf("fresh = %v, want [1 2] (a and b under epoch 2)", fresh)
+			}
+			want := []dedupe.Outcome{dedupe.Duplicate, dedupe.Processed, dedupe.Processed, dedupe.Duplicate}
+			if !slices.Equal(outs, want) {
+				t.Errorf("outs = %v, want %v", outs, want)
+			}
+			if recs[1].Key != "a" || recs[1].Epoch != 2 {
+				t.Errorf("the caller's record changed: %+v", recs[1])
+			}
+			if name != "postgres" {
+				return
+			}
+			var n int
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM idem_processed WHERE consumer_group = $1 AND idempotency_key = $2`,
+				g, r("a", 2).InboxKey()).Scan(&n); err != nil || n != 1 {
+				t.Errorf("inbox rows of %q = %d (%v), want 1", r("a", 2).InboxKey(), n, err)
+			}
+		})
+	}
+}
+
 // TestProcessBatchOverlappingInOppositeOrders: two batches that share keys,
 // given in opposite orders, run at once; neither may deadlock. A third
 // transaction holds the middle key until both batches wait, so that without

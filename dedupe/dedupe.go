@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -24,6 +26,18 @@ type Record struct {
 	Topic     string
 	Partition int32
 	Offset    int64
+	// Epoch is the replay epoch the message is handled under: a re-drive's
+	// (`idem redrive`, the console's Re-drive) for a record inside its
+	// window, 0 otherwise. The key is a new one in each epoch: a key whose
+	// outcome was recorded under epoch 0 runs again, once, under epoch 3,
+	// and a second delivery under epoch 3 is a Duplicate. The inbox stores
+	// such a key as Key + "\x1fepoch " + Epoch (Record.InboxKey); epoch 0 stores
+	// Key unchanged, as before epochs existed. A Store of your own must key
+	// on rec.InboxKey(), not rec.Key (the conformance suite checks it): one
+	// that ignores Epoch makes every re-driven record a Duplicate, so a
+	// re-drive does nothing. Negative is invalid (ErrInvalidRecord).
+	// Default: 0.
+	Epoch int64
 }
 
 // Outcome is the final result of a successful Process call.
@@ -178,6 +192,57 @@ func checkRecord(rec Record) error {
 		return fmt.Errorf("%w: empty Group (key %q)", ErrInvalidRecord, rec.Key)
 	case rec.Key == "":
 		return fmt.Errorf("%w: empty idempotency Key (group %q, %s/%d@%d)", ErrInvalidRecord, rec.Group, rec.Topic, rec.Partition, rec.Offset)
+	case rec.Epoch < 0:
+		return fmt.Errorf("%w: negative Epoch %d (group %q, key %q)", ErrInvalidRecord, rec.Epoch, rec.Group, rec.Key)
 	}
 	return nil
+}
+
+// epochSep separates a key from its epoch in the inbox (Record.InboxKey): the
+// ASCII unit separator, which a key derived from a header or a JSON field
+// practically never holds.
+const epochSep = "\x1fepoch "
+
+// InboxKey is the key the inbox records for rec: rec.Key under epoch 0,
+// else rec.Key + "\x1fepoch " + rec.Epoch, so that each replay epoch (see
+// Record.Epoch) is a key space of its own.
+func (rec Record) InboxKey() string {
+	if rec.Epoch == 0 {
+		return rec.Key
+	}
+	return rec.Key + epochSep + strconv.FormatInt(rec.Epoch, 10)
+}
+
+// stored checks rec and returns it as the inbox records it: its Key is
+// rec.InboxKey() and its Epoch 0. Every store of this package takes its
+// records through it (or storedAll), so the rest of their code never sees
+// an epoch.
+func stored(rec Record) (Record, error) {
+	if err := checkRecord(rec); err != nil {
+		return rec, err
+	}
+	rec.Key, rec.Epoch = rec.InboxKey(), 0
+	return rec, nil
+}
+
+// storedAll is stored for a batch; recs is copied only when one of them
+// has an epoch.
+func storedAll(recs []Record) ([]Record, error) {
+	var out []Record
+	for i, r := range recs {
+		s, err := stored(r)
+		if err != nil {
+			return nil, err
+		}
+		if r.Epoch != 0 && out == nil {
+			out = slices.Clone(recs)
+		}
+		if out != nil {
+			out[i] = s
+		}
+	}
+	if out == nil {
+		return recs, nil
+	}
+	return out, nil
 }

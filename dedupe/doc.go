@@ -77,8 +77,9 @@
 // # A partitioned inbox
 //
 // At billions of rows, deleting old keys one by one costs more than the
-// inbox itself: WAL, dead tuples, vacuum. WithPartitions (and
-// idem.PartitionedInbox, `idem migrate --partitioned-inbox`) range-partitions
+// inbox itself: WAL, dead tuples, vacuum. WithPartitions (given to
+// idem.Migrate through idem.Inbox as well, or `idem migrate
+// --partitioned-inbox`) range-partitions
 // the table by processed_at, a partition a day or a week; the Sweeper then
 // drops whole partitions past the retention and makes the next ones ahead
 // of time. A plain table is converted in place: it becomes the oldest

@@ -117,7 +117,8 @@ func (p *PostgresLease) Process(ctx context.Context, rec Record, fn func(ctx con
 	if p.err != nil {
 		return 0, &StoreError{Op: "config", Err: p.err}
 	}
-	if err := checkRecord(rec); err != nil {
+	rec, err := stored(rec)
+	if err != nil {
 		return 0, err
 	}
 	if err := ctx.Err(); err != nil {

@@ -294,7 +294,8 @@ func (m *Memory) now() int64 {
 // Process implements Store. fn runs without a store transaction: ctx carries
 // none.
 func (m *Memory) Process(ctx context.Context, rec Record, fn func(ctx context.Context) error) (Outcome, error) {
-	if err := checkRecord(rec); err != nil {
+	rec, err := stored(rec)
+	if err != nil {
 		return 0, err
 	}
 	k := m.key(rec.Group, rec.Key)

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/mutate"
 )
 
 // Postgres is the transactional inbox: a Store that runs the handler inside
@@ -106,7 +107,8 @@ func (p *Postgres) Process(ctx context.Context, rec Record, fn func(ctx context.
 	if p.err != nil {
 		return 0, &StoreError{Op: "config", Err: p.err}
 	}
-	if err := checkRecord(rec); err != nil {
+	rec, err = stored(rec)
+	if err != nil {
 		return 0, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -118,7 +120,7 @@ func (p *Postgres) Process(ctx context.Context, rec Record, fn func(ctx context.
 			return 0, &StoreError{Op: "begin", Err: err}
 		}
 		fresh, err := p.insert(ctx, tx, rec)
-		if err == nil && !fresh {
+		if err == nil && !fresh && !mutate.On(mutate.Inbox) {
 			rollback(ctx, tx)
 			return Duplicate, nil
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/idemtest"
+	"github.com/idemhq/idem/internal/replayrec"
 	"github.com/idemhq/idem/internal/testkit"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
@@ -233,7 +234,7 @@ func TestReplayToSource(t *testing.T) {
 		t.Fatalf("dry run sent %d records", len(got))
 	}
 
-	res, err = c.Replay(ctx, dlq.ReplayOptions{Topic: topic, To: dlq.ToSource, Rate: 1000})
+	res, err = c.Replay(ctx, dlq.ReplayOptions{Topic: topic, Rate: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -398,13 +399,13 @@ func TestReplayToNamedTopic(t *testing.T) {
 			if !strings.HasPrefix(tt.name, "default") {
 				// Only the origin and its group's tiers by idem's names are
 				// replay targets unless listed.
-				_, err := c.Replay(ctx, dlq.ReplayOptions{Topic: topic, To: dlq.Destination(dest), Filter: dlq.Filter{Key: "k3"}, DropUnmatched: true})
-				if !errors.Is(err, dlq.ErrReplayTarget) {
-					t.Fatalf("Replay to %s, not listed: %v, want ErrReplayTarget", dest, err)
+				_, err := c.Replay(ctx, dlq.ReplayOptions{Topic: topic, To: dest, Filter: dlq.Filter{Key: "k3"}, DropUnmatched: true})
+				if !errors.Is(err, replayrec.ErrTarget) {
+					t.Fatalf("Replay to %s, not listed: %v, want a refused target (replayrec.ErrTarget)", dest, err)
 				}
 				allowed = []string{dest}
 			}
-			res, err := c.Replay(ctx, dlq.ReplayOptions{Topic: topic, To: dlq.Destination(dest), Tier: tt.tier, AllowedTopics: allowed,
+			res, err := c.Replay(ctx, dlq.ReplayOptions{Topic: topic, To: dest, Tier: tt.tier, AllowedTopics: allowed,
 				Filter: dlq.Filter{Key: "k3"}, DropUnmatched: true, Now: func() time.Time { return now }})
 			if err != nil || res.Replayed != 1 || res.Skipped != 4 {
 				t.Fatalf("Replay to %s = %+v, %v", dest, res, err)
@@ -434,7 +435,7 @@ func TestReplayToNamedTopic(t *testing.T) {
 }
 
 // TestReplayUnknownDestination: an unknown named destination fails before
-// anything is read or committed; with ToSource, a record whose original topic
+// anything is read or committed; with To "", a record whose original topic
 // does not exist stops the replay there, and the admin group is not
 // committed past it (List still shows it).
 func TestReplayUnknownDestination(t *testing.T) {
@@ -447,7 +448,7 @@ func TestReplayUnknownDestination(t *testing.T) {
 		seedRecords(t, k, topic, origin)
 		missing := origin + ".missing_tier" // deleted with origin, were it created
 		for _, dry := range []bool{true, false} {
-			res, err := c.Replay(ctx, dlq.ReplayOptions{Topic: topic, To: dlq.Destination(missing), DryRun: dry,
+			res, err := c.Replay(ctx, dlq.ReplayOptions{Topic: topic, To: missing, DryRun: dry,
 				Progress: func(done, total int64) {
 					t.Errorf("record read (%d/%d) before the destination was checked", done, total)
 				}})

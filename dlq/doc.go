@@ -17,8 +17,8 @@
 //	f, err := dlq.ParseFilter("kind=retriable,error~=timeout")
 //	res, err := c.Replay(ctx, dlq.ReplayOptions{Topic: "payments.billing.dlq", Filter: f, Rate: 50})
 //
-// Replay sends each record back to its idem-original-topic (ToSource, the
-// default), or to a topic named explicitly, typically a retry tier:
+// Replay sends each record back to its idem-original-topic (the default,
+// ReplayOptions.To ""), or to a topic named explicitly, typically a retry tier:
 //
 //	res, err = c.Replay(ctx, dlq.ReplayOptions{Topic: "payments.billing.dlq",
 //		To: "payments.billing.retry.1"}) // keeps the idem-* history, due now

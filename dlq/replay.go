@@ -106,46 +106,40 @@ func (f Filter) Match(r *Record) bool {
 	return true
 }
 
-// Destination says where Replay sends records: ToSource, or the name of an
-// existing topic.
-type Destination string
-
-// ToSource is the default Destination: each record goes back to its
-// idem-original-topic, to the partition it came from (idem-original-partition)
-// when that exists, with only its original headers (none of the wire
-// contract's idem-* headers), so the consumer sees it as a fresh record.
-//
-// Whatever the destination, a replayed record also carries idem-replay-of,
-// naming the dead-letter record it came from (Record.ReplayedFrom reads it).
-//
-// Any other Destination is a topic name, typically a retry tier named
-// explicitly (idem never guesses tier names: a policy may have no tiers or
-// name them its own way). A record sent to a named topic keeps its idem-*
-// headers, so its history (attempts, original coordinates, first failure) is
-// kept, with idem-due-at set to now and idem-tier set as
-// ReplayOptions.Tier says; a consumer reading the topic as that tier of the
-// record's group handles it at once and forwards it onwards as its policy
-// says. A record that has no idem-* headers is sent with its headers as they
-// are (plus idem-replay-of), and a named topic equal to the record's idem-original-topic is treated
-// as ToSource. A topic that is really called "source" cannot be named.
-const ToSource Destination = replayrec.ToSource
-
 // ReplayOptions configure Replay.
 type ReplayOptions struct {
 	// Topic is the dead-letter topic. Required.
 	Topic string
-	// To is where records go: ToSource or a topic name (see Destination).
+	// To is where records go. "" (or "source") sends each record back to
+	// its idem-original-topic, to the partition it came from
+	// (idem-original-partition) when that exists, with only its original
+	// headers (none of the wire contract's idem-* headers), so the consumer
+	// sees it as a fresh record.
+	//
+	// Any other value names a topic, typically a retry tier (idem never
+	// guesses tier names: a policy may have no tiers or name them its own
+	// way). A record sent to a named topic keeps its idem-* headers, so its
+	// history (attempts, original coordinates, first failure) is kept, with
+	// idem-due-at set to now and idem-tier set as Tier says; a consumer
+	// reading the topic as that tier of the record's group handles it at
+	// once and forwards it onwards as its policy says. A record that has no
+	// idem-* headers is sent with its headers as they are, and a named topic
+	// equal to the record's idem-original-topic is treated as "". A topic
+	// that is really called "source" cannot be named. Whatever the
+	// destination, a replayed record also carries idem-replay-of, naming
+	// the dead-letter record it came from (Record.ReplayedFrom reads it).
+	//
 	// Replay never creates a topic: a named topic that does not exist is an
-	// error wrapping ErrUnknownTopic before any record is read; with ToSource,
+	// error wrapping ErrUnknownTopic before any record is read; with "",
 	// each record's original topic is checked before anything is sent, and
 	// Replay stops (ErrUnknownTopic) having sent and committed nothing.
-	// Default: ToSource.
-	To Destination
-	// Tier is the idem-tier written on records sent to a named topic (To other
-	// than ToSource); set it to the tier number the topic is in the record's
+	// Default: "" (each record's origin).
+	To string
+	// Tier is the idem-tier written on records sent to a named topic (To
+	// not ""); set it to the tier number the topic is in the record's
 	// consumer group's retry policy. A consumer that reads a record whose
 	// idem-tier does not match the topic treats it as a fresh record of that
-	// topic. Ignored for ToSource.
+	// topic. Ignored when To is "".
 	// Default: 0, meaning n when the topic has the default name of tier n,
 	// retrytopic.Policy{}.Tier(original-topic, group, n), for the record's
 	// idem-original-topic and idem-consumer-group, else 1.
@@ -155,7 +149,7 @@ type ReplayOptions struct {
 	// AllowedTopics are topics a record may be replayed to besides its
 	// origin topic and the origin's retry tiers for the record's group
 	// (<origin>.<group>.retry.<n>). A record whose destination is none of
-	// these makes Replay fail (wrapping ErrReplayTarget) before anything is
+	// these makes Replay fail before anything is
 	// sent or committed. The CLI's --replay-topic.
 	// Default: none.
 	AllowedTopics []string
@@ -196,16 +190,10 @@ type ReplayResult struct {
 	Stubs []Position
 }
 
-// ErrNoOrigin is wrapped by Replay's error when, replaying to ToSource, a
-// record lacks the idem-original-topic header it needs to be routed. Replay
-// stops before sending anything.
+// ErrNoOrigin is wrapped by Replay's error when, replaying to each record's
+// origin (ReplayOptions.To ""), a record lacks the idem-original-topic
+// header it needs to be routed. Replay stops before sending anything.
 var ErrNoOrigin = replayrec.ErrNoOrigin
-
-// ErrReplayTarget is wrapped by Replay's error when a record's destination
-// is neither its origin topic, nor a retry tier of that origin for the
-// record's group, nor one of ReplayOptions.AllowedTopics: nothing was sent
-// or committed.
-var ErrReplayTarget = replayrec.ErrTarget
 
 // ErrUnmatched is wrapped by Replay's error when the pending range holds
 // records the replay would not send (filtered out, or stubs) and
@@ -243,7 +231,7 @@ var ErrNothingMatched = errors.New("dlq: no pending record to replay")
 func (c *Client) Replay(ctx context.Context, opts ReplayOptions) (ReplayResult, error) {
 	var res ReplayResult
 	if opts.To == "" {
-		opts.To = ToSource
+		opts.To = replayrec.ToSource
 	}
 	if opts.Rate < 0 {
 		return res, fmt.Errorf("dlq: replay rate %v: must be >= 0", opts.Rate)
@@ -254,8 +242,8 @@ func (c *Client) Replay(ctx context.Context, opts ReplayOptions) (ReplayResult, 
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	if opts.To != ToSource {
-		if err := c.checkTopic(string(opts.To)); err != nil {
+	if opts.To != replayrec.ToSource {
+		if err := c.checkTopic(opts.To); err != nil {
 			return res, fmt.Errorf("dlq: replay to %q: %w", opts.To, err)
 		}
 	}
@@ -271,7 +259,7 @@ func (c *Client) Replay(ctx context.Context, opts ReplayOptions) (ReplayResult, 
 		res.Pending += n
 	}
 	// The read-only pass: counts, stubs, destinations.
-	exists := map[string]bool{string(opts.To): opts.To != ToSource}
+	exists := map[string]bool{opts.To: opts.To != replayrec.ToSource}
 	err = c.scan(ctx, opts.Topic, spans, func(r *Record) error {
 		switch {
 		case !opts.Filter.Match(r):
@@ -279,7 +267,7 @@ func (c *Client) Replay(ctx context.Context, opts ReplayOptions) (ReplayResult, 
 		case r.IsStub():
 			res.Stubs = append(res.Stubs, Position{Partition: r.Partition, Offset: r.Offset})
 		default:
-			if _, err := replayrec.CheckTarget(r.Failure.OriginalTopic, r.Failure.Group, string(opts.To), opts.AllowedTopics); err != nil {
+			if _, err := replayrec.CheckTarget(r.Failure.OriginalTopic, r.Failure.Group, opts.To, opts.AllowedTopics); err != nil {
 				return fmt.Errorf("offset %d: %w", r.Offset, err)
 			}
 			rec, err := replayRecord(r, opts)
@@ -393,5 +381,5 @@ func maxTime(a, b time.Time) time.Time {
 // calls too).
 func replayRecord(r *Record, opts ReplayOptions) (forward.Record, error) {
 	return replayrec.Build(replayrec.DeadLetter{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key,
-		Value: r.Value, Headers: r.Headers, Failure: r.Failure, HasFailure: r.HasFailure}, string(opts.To), opts.Tier, opts.Now())
+		Value: r.Value, Headers: r.Headers, Failure: r.Failure, HasFailure: r.HasFailure}, opts.To, opts.Tier, opts.Now())
 }

@@ -13,11 +13,11 @@ import (
 // unseen for ever.
 const MaxDefer = 90 * 24 * time.Hour
 
-// ErrDeferTooFar is wrapped by the error DeferUntil returns for a
-// time more than MaxDefer away. That error is Permanent: returned from a
+// errDeferTooFar is wrapped by the error DeferUntil returns for a time
+// more than MaxDefer away. That error is Permanent: returned from a
 // handler, the message is dead-lettered at once (kind permanent) with a
 // message naming the time asked for and the limit.
-var ErrDeferTooFar = errors.New("handler: defer beyond MaxDefer")
+var errDeferTooFar = errors.New("handler: defer beyond MaxDefer")
 
 // deferError asks the consumer to store the message and deliver it again at
 // Until, without holding its partition meanwhile. DeferUntil makes
@@ -59,8 +59,9 @@ func (e *deferError) Error() string {
 // A zero t, or one already past, means as soon as possible: the message is
 // stored and published again at once (it still goes through the scheduler,
 // so the partition is not held). A t more than MaxDefer from now is refused:
-// DeferUntil then returns a Permanent error wrapping ErrDeferTooFar, which
-// dead-letters the message with that reason if the handler returns it.
+// DeferUntil then returns a Permanent error ("handler: defer beyond
+// MaxDefer: …"), which dead-letters the message with that reason if the
+// handler returns it.
 //
 // The wait is not exact: the copy goes out within a scheduler round of t
 // (milliseconds) when a scheduler runs, and is consumed behind whatever its
@@ -79,7 +80,7 @@ func deferUntil(t, now time.Time) error {
 }
 
 func tooFar(what string) error {
-	return Permanent(fmt.Errorf("%w: deferred until %s, more than %s (MaxDefer) away", ErrDeferTooFar, what, MaxDefer))
+	return Permanent(fmt.Errorf("%w: deferred until %s, more than %s (MaxDefer) away", errDeferTooFar, what, MaxDefer))
 }
 
 // DeferredUntil reports whether err (or an error it wraps) asks for the

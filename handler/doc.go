@@ -42,11 +42,15 @@
 //     Handle returns nil. Never commit or roll it back yourself. Effects outside
 //     it (HTTP calls, e-mails, writes through another connection) are
 //     at-least-once: they may happen again when the message is retried.
+//   - The correlation id. ctx carries the message's correlation id, while
+//     Handle runs: its idem-correlation-id header, or its idempotency key
+//     (outbox.CorrelationID reads it; the events the handler enqueues and
+//     the sagas it starts carry it on). A batch handler's ctx has none.
 //   - The message. A [Message] and the slices it holds (Key, Value, Headers)
 //     belong to idem: do not keep or use them after Handle returns; copy what
 //     you need.
-//   - Panics. A panic is recovered ([Recover] is always installed innermost),
-//     turned into a [*PanicError] of kind "panic" that carries the stack, and
+//   - Panics. A panic is recovered (consumer.Run recovers it inside every
+//     middleware it is given), turned into a [*PanicError] of kind "panic" that carries the stack, and
 //     dead-lettered at once unless the consumer's Config.Retry.Panics is set.
 //   - Attempts. [Message.Attempt] counts deliveries of this message to a
 //     handler, from 1, including in-process retries and earlier retry tiers, so
@@ -102,7 +106,7 @@
 // and its group's scheduler (package schedule) publishes it again when the
 // time comes, with the same idempotency key and origin; no retry is spent
 // and nothing is forwarded. A time more than [MaxDefer] away is refused with
-// a Permanent error wrapping [ErrDeferTooFar].
+// a Permanent error that names the time asked for and the limit.
 //
 // When several markers are present the first of missing-key, panic, decode,
 // permanent, timeout wins; [IsRetriable] is true for kinds retriable and
@@ -125,6 +129,4 @@
 // cancelled and an error it then returns is reported as kind "timeout"
 // (retriable). A cancellation that comes from the parent ctx (revoke,
 // shutdown) is passed through unchanged and is never reported as a timeout.
-// [Recover] is exported for handlers used outside idem; idem installs it
-// itself.
 package handler

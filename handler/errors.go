@@ -156,7 +156,9 @@ func HTTPStatus(err error, code int) error {
 	return &statusError{Code: code, Err: err}
 }
 
-// PanicError is the error a recovered handler panic becomes.
+// PanicError is the error a handler's panic becomes: consumer.Run recovers
+// it (a panic in a middleware it was given too) with the goroutine's stack,
+// and its kind is "panic".
 type PanicError struct {
 	Value any    // the value passed to panic
 	Stack []byte // the goroutine's stack at the panic

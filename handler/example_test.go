@@ -85,24 +85,6 @@ func ExampleRetryAfter() {
 	// true
 }
 
-// Recover turns a panic into a *PanicError carrying the value and the stack.
-// idem installs it itself; use it when calling a Handler outside idem.
-func ExampleRecover() {
-	h := handler.Chain(handler.Func(func(ctx context.Context, m *handler.Message) error {
-		var orders []string
-		_ = orders[len(m.IdempotencyKey)] // index out of range: panics
-		return nil
-	}), handler.Recover())
-
-	err := h.Handle(context.Background(), &handler.Message{IdempotencyKey: "k1"})
-	var pe *handler.PanicError
-	fmt.Println(errors.As(err, &pe), len(pe.Stack) > 0, handler.ErrorKind(err))
-	fmt.Println(err)
-	// Output:
-	// true true panic
-	// handler panic: runtime error: index out of range [2] with length 0
-}
-
 // Timeout bounds one call of the handler. Running out of time is retriable
 // and reported with errors.Is(err, ErrTimeout).
 func ExampleTimeout() {

@@ -42,6 +42,16 @@ type Message struct {
 	// record read from a retry tier. Read it through Origin, which also works
 	// for a Message built by hand (in a unit test) with Original left zero.
 	Original Origin
+	// Epoch is the replay epoch the message is handled under: 0, or, for a
+	// record inside the window of a re-drive (`idem redrive`, the console's
+	// Re-drive), that re-drive's epoch. The inbox keys the message by
+	// (IdempotencyKey, Epoch), so a re-drive runs each key of its window
+	// once more. A handler whose effects reach a system with idempotency
+	// keys of its own (a payment provider) decides whether a re-drive
+	// repeats them there: IdempotencyKey alone makes the provider answer
+	// the first call's result again; IdempotencyKey with Epoch makes a new
+	// call.
+	Epoch int64
 }
 
 // Origin locates a record in the topic it was first consumed from.

@@ -3,25 +3,8 @@ package handler
 import (
 	"context"
 	"errors"
-	"runtime/debug"
 	"time"
 )
-
-// Recover turns a panic in the wrapped handler into a *PanicError carrying the
-// panic value and the stack. idem always installs it as the innermost layer
-// around the user's handler; it is exported for handlers used outside idem.
-func Recover() Middleware {
-	return func(next Handler) Handler {
-		return Func(func(ctx context.Context, m *Message) (err error) {
-			defer func() {
-				if v := recover(); v != nil {
-					err = &PanicError{Value: v, Stack: debug.Stack()}
-				}
-			}()
-			return next.Handle(ctx, m)
-		})
-	}
-}
 
 // Timeout bounds each call of the wrapped handler to d. When the deadline passes
 // the handler's ctx is cancelled; if the handler then returns an error, it is

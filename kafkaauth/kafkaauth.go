@@ -11,18 +11,21 @@
 // built on github.com/xdg-go/scram as sarama's own examples are. Apply sets
 // it for the SCRAM mechanisms.
 //
-// For OAUTHBEARER (KIP-255) sarama asks a sarama.AccessTokenProvider for a
-// token at every connection and re-authentication. Options takes one of
-// four sources: an OAuth client-credentials grant (Options.OAuth, fetched
-// and refreshed by a TokenProvider before the token expires), any provider
-// (Options.TokenProvider, e.g. AWS MSK IAM from the separate module
+// For OAUTHBEARER (KIP-255) sarama asks for a token at every connection and
+// re-authentication. Options takes one of four sources: an OAuth
+// client-credentials grant (Options.OAuth), any function that fetches a
+// token with its expiry (Options.FetchToken, e.g. AWS MSK IAM's
+// awsmsk.Config.Fetch from the separate module
 // github.com/idemhq/idem/kafkaauth/awsmsk, so this one does not pull in the
 // AWS SDK), a fixed token (Options.Token) or a token file read at every
-// authentication (Options.TokenFile). docs/secured-clusters.md shows MSK,
-// Confluent Cloud and a generic OIDC provider.
+// authentication (Options.TokenFile). Tokens of the first two are kept and
+// fetched again once 80 % of their lifetime has passed, before they expire.
+// docs/secured-clusters.md shows MSK, Confluent Cloud and a generic OIDC
+// provider.
 package kafkaauth
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/sha512"
 	"crypto/tls"
@@ -31,6 +34,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/xdg-go/scram"
@@ -59,7 +63,7 @@ type Options struct {
 	//   - "SCRAM-SHA-256": SASL/SCRAM with SHA-256 (RFC 7677);
 	//   - "SCRAM-SHA-512": SASL/SCRAM with SHA-512;
 	//   - "OAUTHBEARER": SASL/OAUTHBEARER (KIP-255) with a token from
-	//     exactly one of TokenProvider, OAuth, Token and TokenFile.
+	//     exactly one of FetchToken, OAuth, Token and TokenFile.
 	// Any other value is an error naming these four (Validate, Apply).
 	// Default: "" (no SASL).
 	Mechanism string
@@ -67,12 +71,21 @@ type Options struct {
 	// are required for those mechanisms, and refused for OAUTHBEARER.
 	User, Password string
 
-	// TokenProvider supplies the OAUTHBEARER tokens: any
-	// sarama.AccessTokenProvider, such as a *TokenProvider or the MSK IAM
-	// provider of github.com/idemhq/idem/kafkaauth/awsmsk. Default: nil.
-	TokenProvider sarama.AccessTokenProvider
-	// OAuth is an OAuth 2.0 client-credentials grant; Apply makes a
-	// TokenProvider of it that refreshes the token before it expires.
+	// FetchToken supplies the OAUTHBEARER tokens: it returns a new token
+	// and the time it expires (the zero time: never), such as the MSK IAM
+	// signer awsmsk.Config.Fetch of module
+	// github.com/idemhq/idem/kafkaauth/awsmsk. Apply keeps the token and
+	// calls FetchToken again once 80 % of its lifetime has passed (Kafka's
+	// Java client refreshes at the same point,
+	// sasl.login.refresh.window.factor), so the broker's re-authentication
+	// (connections.max.reauth.ms, KIP-368) always gets a fresh one. Calls
+	// are serialised: concurrent connections wait for one fetch. When a
+	// fetch fails, the kept token is used while it has not expired, and the
+	// error is the connection's once it has. Each call gets a context that
+	// ends after 30 s. Default: nil.
+	FetchToken func(ctx context.Context) (token string, expiry time.Time, err error)
+	// OAuth is an OAuth 2.0 client-credentials grant; Apply fetches its
+	// tokens (OAuth.Fetch) and refreshes them as for FetchToken.
 	// Default: the zero OAuth (not used).
 	OAuth OAuth
 	// Token is one OAUTHBEARER token (a JWT), sent as it is at every
@@ -179,8 +192,9 @@ func (o Options) TLSConfig() (*tls.Config, error) {
 // Apply sets cfg.Net.TLS and cfg.Net.SASL as o describes, after Validate.
 // With the zero Options it changes nothing. For SASL it sets handshake on
 // (Kafka requires it); for SCRAM, a sarama.SCRAMClient generator; for
-// OAUTHBEARER, Net.SASL.TokenProvider (from OAuth: a TokenProvider whose
-// fetches are bounded by 30 s each).
+// OAUTHBEARER, Net.SASL.TokenProvider (for FetchToken and OAuth: one that
+// keeps each token until 80 % of its lifetime, fetches bounded by 30 s
+// each).
 func Apply(cfg *sarama.Config, o Options) error {
 	if err := o.Validate(); err != nil {
 		return err

@@ -121,9 +121,9 @@ func TestApplyOAuthBearer(t *testing.T) {
 	if err := os.WriteFile(tokenFile, []byte("from-file-1\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	provider := kafkaauth.NewTokenProvider(context.Background(), func(context.Context) (string, time.Time, error) {
-		return "from-provider", time.Now().Add(time.Hour), nil
-	})
+	fetch := func(context.Context) (string, time.Time, error) {
+		return "from-fetch", time.Now().Add(time.Hour), nil
+	}
 	for _, tt := range []struct {
 		name string
 		o    kafkaauth.Options
@@ -131,7 +131,7 @@ func TestApplyOAuthBearer(t *testing.T) {
 	}{
 		{"fixed token", kafkaauth.Options{Token: "fixed"}, "fixed"},
 		{"token file", kafkaauth.Options{TokenFile: tokenFile}, "from-file-1"},
-		{"provider", kafkaauth.Options{TokenProvider: provider}, "from-provider"},
+		{"fetch", kafkaauth.Options{FetchToken: fetch}, "from-fetch"},
 	} {
 		tt.o.Mechanism = "oauthbearer"
 		cfg := sarama.NewConfig()
@@ -179,7 +179,7 @@ func TestOAuthBearerErrors(t *testing.T) {
 		o    kafkaauth.Options
 		want string
 	}{
-		{"no token source", kafkaauth.Options{Mechanism: "OAUTHBEARER"}, "needs a token: set TokenProvider, OAuth, Token or TokenFile"},
+		{"no token source", kafkaauth.Options{Mechanism: "OAUTHBEARER"}, "needs a token: set FetchToken, OAuth, Token or TokenFile"},
 		{"two token sources", kafkaauth.Options{Mechanism: "OAUTHBEARER", Token: "t", TokenFile: "f"}, "one token source, not Token and TokenFile"},
 		{"user and password", kafkaauth.Options{Mechanism: "OAUTHBEARER", Token: "t", User: "u", Password: "p"}, "takes no User or Password"},
 		{"token without OAUTHBEARER", kafkaauth.Options{Mechanism: "PLAIN", User: "u", Password: "p", Token: "t"}, `the SASL mechanism is "PLAIN", not OAUTHBEARER`},

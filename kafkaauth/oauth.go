@@ -18,8 +18,8 @@ import (
 // OAuth is an OAuth 2.0 client-credentials grant (RFC 6749 §4.4): the
 // client asks the identity provider's token endpoint for an access token
 // with its id and secret, and sends that token to Kafka with
-// SASL/OAUTHBEARER. Apply turns a non-zero OAuth into a TokenProvider built
-// on Fetch. These are the settings Kafka's own Java client calls
+// SASL/OAUTHBEARER. Apply fetches a non-zero OAuth's tokens with Fetch and
+// keeps each until 80 % of its lifetime has passed. These are the settings Kafka's own Java client calls
 // sasl.oauthbearer.token.endpoint.url, clientId, clientSecret and scope.
 type OAuth struct {
 	// TokenURL is the token endpoint (an absolute http or https URL).
@@ -61,7 +61,7 @@ func (o OAuth) validate() error {
 
 // Fetch asks the token endpoint for a new access token and returns it with
 // the time it expires (the zero time when the endpoint gave no expires_in).
-// Each call makes one request; TokenProvider decides when to call it.
+// Each call makes one request; Apply's provider decides when to call it.
 func (o OAuth) Fetch(ctx context.Context) (string, time.Time, error) {
 	if err := o.validate(); err != nil {
 		return "", time.Time{}, err
@@ -81,29 +81,26 @@ func (o OAuth) Fetch(ctx context.Context) (string, time.Time, error) {
 }
 
 // tokenRefreshFactor is the share of a token's lifetime after which
-// TokenProvider fetches the next one (Kafka's Java client:
+// refreshing fetches the next one (Kafka's Java client:
 // sasl.login.refresh.window.factor, 0.8).
 const tokenRefreshFactor = 0.8
 
-// tokenFetchTimeout bounds one call of a TokenProvider's fetch function:
-// sarama asks for a token while it connects and must not wait for ever.
+// tokenFetchTimeout bounds one call of a fetch function: sarama asks for a
+// token while it connects and must not wait for ever.
 const tokenFetchTimeout = 30 * time.Second
 
-// TokenProvider is a sarama.AccessTokenProvider (set it as
-// Options.TokenProvider, or let Apply make one from Options.OAuth) that
-// keeps the token of its fetch function and fetches the next one once 80 %
-// of the token's lifetime has passed (Kafka's Java client refreshes at the
-// same point, sasl.login.refresh.window.factor), so a token is replaced
-// before it expires: sarama asks for a token at every connection and at
-// every re-authentication the broker demands (connections.max.reauth.ms,
-// KIP-368; sarama re-authenticates after 85–95 % of the session the broker
-// granted, which ends when the token expires at the latest). Token calls
-// are serialised: concurrent connections wait for one fetch. When a fetch
-// fails, Token returns the kept token while it has not expired, and the
-// error once it has. A token without an expiry is kept for ever. Each fetch
-// is bounded by 30 s. A TokenProvider is safe for concurrent use.
-type TokenProvider struct {
-	ctx   context.Context
+// refreshing is the sarama.AccessTokenProvider Apply makes of
+// Options.FetchToken and Options.OAuth: it keeps the token of its fetch
+// function and fetches the next one once 80 % of the token's lifetime has
+// passed, so a token is replaced before it expires (sarama asks for a token
+// at every connection and at every re-authentication the broker demands,
+// connections.max.reauth.ms, KIP-368; it re-authenticates after 85–95 % of
+// the session the broker granted, which ends when the token expires at the
+// latest). Token calls are serialised: concurrent connections wait for one
+// fetch. When a fetch fails, Token returns the kept token while it has not
+// expired, and the error once it has. A token without an expiry is kept for
+// ever. Each fetch is bounded by 30 s. It is safe for concurrent use.
+type refreshing struct {
 	fetch func(context.Context) (string, time.Time, error)
 	now   func() time.Time
 
@@ -113,26 +110,23 @@ type TokenProvider struct {
 	refreshAt time.Time // zero: never
 }
 
-// NewTokenProvider returns a TokenProvider over fetch, which returns a new
-// token and the time it expires (the zero time: never), such as
-// OAuth.Fetch or the MSK IAM signer of module
-// github.com/idemhq/idem/kafkaauth/awsmsk. ctx bounds every fetch (each
-// also gets its own 30 s timeout) and carries the values fetch needs, such
-// as oauth2.HTTPClient; once ctx is done, fetches fail.
-func NewTokenProvider(ctx context.Context, fetch func(context.Context) (string, time.Time, error)) *TokenProvider {
-	return &TokenProvider{ctx: ctx, fetch: fetch, now: time.Now}
+// newRefreshing returns a refreshing provider over fetch.
+func newRefreshing(fetch func(context.Context) (string, time.Time, error)) *refreshing {
+	return &refreshing{fetch: fetch, now: time.Now}
 }
 
 // Token returns the kept token, or a new one from fetch when none is kept
-// or 80 % of the kept one's lifetime has passed (see TokenProvider).
-func (p *TokenProvider) Token() (*sarama.AccessToken, error) {
+// or 80 % of the kept one's lifetime has passed (see refreshing).
+func (p *refreshing) Token() (*sarama.AccessToken, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.now()
 	if p.token != "" && (p.refreshAt.IsZero() || now.Before(p.refreshAt)) {
 		return &sarama.AccessToken{Token: p.token}, nil
 	}
-	ctx, cancel := context.WithTimeout(p.ctx, tokenFetchTimeout)
+	// sarama's provider interface has no ctx: each fetch is bounded by its
+	// own timeout only.
+	ctx, cancel := context.WithTimeout(context.Background(), tokenFetchTimeout)
 	defer cancel()
 	tok, exp, err := p.fetch(ctx)
 	if err == nil && tok == "" {
@@ -151,7 +145,7 @@ func (p *TokenProvider) Token() (*sarama.AccessToken, error) {
 	return &sarama.AccessToken{Token: tok}, nil
 }
 
-var _ sarama.AccessTokenProvider = (*TokenProvider)(nil)
+var _ sarama.AccessTokenProvider = (*refreshing)(nil)
 
 // staticToken sends one token at every authentication (Options.Token).
 type staticToken string
@@ -207,8 +201,8 @@ var extensionKey = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9._-]*$`)
 // token source, no user or password, well-formed extensions.
 func (o Options) validateOAuthBearer() error {
 	var sources []string
-	if o.TokenProvider != nil {
-		sources = append(sources, "TokenProvider")
+	if o.FetchToken != nil {
+		sources = append(sources, "FetchToken")
 	}
 	if !o.OAuth.zero() {
 		sources = append(sources, "OAuth")
@@ -221,7 +215,7 @@ func (o Options) validateOAuthBearer() error {
 	}
 	switch {
 	case len(sources) == 0:
-		return fmt.Errorf("kafkaauth: SASL %s needs a token: set TokenProvider, OAuth, Token or TokenFile", sarama.SASLTypeOAuth)
+		return fmt.Errorf("kafkaauth: SASL %s needs a token: set FetchToken, OAuth, Token or TokenFile", sarama.SASLTypeOAuth)
 	case len(sources) > 1:
 		return fmt.Errorf("kafkaauth: SASL %s takes one token source, not %s", sarama.SASLTypeOAuth, strings.Join(sources, " and "))
 	case o.User != "" || o.Password != "":
@@ -247,7 +241,7 @@ func (o Options) validateOAuthBearer() error {
 
 // hasToken reports whether o sets any OAUTHBEARER-only setting.
 func (o Options) hasToken() bool {
-	return o.TokenProvider != nil || !o.OAuth.zero() || o.Token != "" || o.TokenFile != "" || len(o.Extensions) > 0
+	return o.FetchToken != nil || !o.OAuth.zero() || o.Token != "" || o.TokenFile != "" || len(o.Extensions) > 0
 }
 
 // tokenProvider returns the sarama.AccessTokenProvider o describes (after
@@ -255,15 +249,14 @@ func (o Options) hasToken() bool {
 func (o Options) tokenProvider() sarama.AccessTokenProvider {
 	var p sarama.AccessTokenProvider
 	switch {
-	case o.TokenProvider != nil:
-		p = o.TokenProvider
+	case o.FetchToken != nil:
+		p = newRefreshing(o.FetchToken)
 	case o.Token != "":
 		p = staticToken(o.Token)
 	case o.TokenFile != "":
 		p = fileToken(o.TokenFile)
 	default:
-		// Apply has no ctx: fetches are bounded by their own timeout only.
-		p = NewTokenProvider(context.Background(), o.OAuth.Fetch)
+		p = newRefreshing(o.OAuth.Fetch)
 	}
 	if len(o.Extensions) > 0 {
 		p = withExtensions{p: p, ext: o.Extensions}

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// TestTokenProviderRefreshesBeforeExpiry drives a TokenProvider with a
+// TestTokenProviderRefreshesBeforeExpiry drives Apply's refreshing provider with a
 // clock of the test's: a token is kept until 80 % of its lifetime, then
 // replaced; a failed fetch keeps the old token while it is valid and fails
 // once it has expired; a token without expiry is kept.
@@ -17,7 +17,7 @@ func TestTokenProviderRefreshesBeforeExpiry(t *testing.T) {
 	fetches := 0
 	var fail error
 	expiry := func(at time.Time) time.Time { return at.Add(100 * time.Second) }
-	p := NewTokenProvider(context.Background(), func(ctx context.Context) (string, time.Time, error) {
+	p := newRefreshing(func(ctx context.Context) (string, time.Time, error) {
 		if _, ok := ctx.Deadline(); !ok {
 			t.Error("fetch without a deadline")
 		}
@@ -83,7 +83,7 @@ func TestTokenProviderRefreshesBeforeExpiry(t *testing.T) {
 }
 
 func TestTokenProviderEmptyToken(t *testing.T) {
-	p := NewTokenProvider(context.Background(), func(context.Context) (string, time.Time, error) {
+	p := newRefreshing(func(context.Context) (string, time.Time, error) {
 		return "", time.Now().Add(time.Hour), nil
 	})
 	if _, err := p.Token(); err == nil {

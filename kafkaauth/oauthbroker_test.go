@@ -144,7 +144,7 @@ func TestOAuthBearerBroker(t *testing.T) {
 
 	// A producer and an idem consumer both on client-credentials tokens that
 	// live 10 s, for about three lifetimes: the broker makes them
-	// re-authenticate as each token nears expiry, the TokenProvider hands
+	// re-authenticate as each token nears expiry, Apply's provider hands
 	// them a fresh one, and every record produced is handled.
 	t.Run("tokens refreshed mid-stream, no record lost", func(t *testing.T) {
 		topic, group := k.Topic(t, 2), testenv.Group(t)

@@ -41,12 +41,14 @@
 //	idem_breaker_state                     gauge      name                      circuit breaker state: 0 closed, 1 half-open, 2 open
 //	idem_breaker_transitions_total         counter    name,from,to              circuit breaker state changes
 //	idem_breaker_open_seconds_total        counter    name                      seconds circuit breakers spent open
-//	idem_partitions_paused                 gauge      group                     partitions paused by an open breaker or by back-pressure
+//	idem_partitions_paused                 gauge      group,reason              paused partitions, each counted once under its first reason of operator (idem pause, the console), redrive, breaker, backpressure
 //	idem_partitions_assigned               gauge      group                     partitions currently claimed by this process
 //	idem_commits_total                     counter    group                     offsets marked for commit after a durable outcome
 //	idem_abandoned_total                   counter    group                     in-flight messages cancelled past ShutdownGrace (rolled back, left for redelivery)
 //	idem_partition_stalled_seconds         gauge      group,topic,partition     seconds a claimed partition has been failing on one message (outages, retries, forward errors); 0 while it flows
 //	idem_consumer_lag                      gauge      group,topic,partition     records behind in a claimed partition: high watermark minus committed offset, sources and retry tiers (consumer.Config.LagInterval); removed when released
+//	idem_consumer_lag_actionable           gauge      group,topic,partition     records of a claimed partition a member could start now: a source's or deferred topic's not committed, a retry tier's already due (idem-due-at), plus deferred messages due in PostgreSQL on the deferred topic's partitions; what to autoscale on
+//	idem_consumer_lag_seconds              gauge      group,topic,partition     seconds the oldest actionable record has waited: since its timestamp, or since it came due (tier, deferred); 0 when none
 //	idem_end_to_end_seconds                histogram  group,topic               record timestamp to offset marked (final outcome), 1 ms to 1 h for p95/p99; a tier record is timed from its forward
 //	idem_messages_in_flight                gauge      group,topic               messages taken from a partition's queue whose outcome is not final yet
 //	idem_outbox_pending                    gauge      table                     outbox rows waiting to be published, delayed ones included (refreshed by the leader)
@@ -54,7 +56,7 @@
 //	idem_outbox_failed                     gauge      table                     outbox rows in the failed state
 //	idem_outbox_published_total            counter    table                     outbox rows published and acknowledged by Kafka
 //	idem_outbox_publish_seconds            histogram  table                     outbox row insert (about its commit), or its NotBefore when later, to Kafka's ack, latency
-//	idem_outbox_publish_failures_total     counter    table,reason              refused or failed outbox publishes: unknown_topic, too_large, authorization, other
+//	idem_outbox_publish_failures_total     counter    table,reason              refused or failed outbox publishes: unknown_topic, too_large, authorization, other; unreadable (sealed at rest, its data key destroyed: failed for good), no_key (sealed, the relay has no key: retried)
 //	idem_outbox_leader                     gauge      table                     1 while this relay holds the table's lock, else 0
 //	idem_saga_transitions_total            counter    type,state                sagas entering a state: running, waiting, compensating, completed, compensated
 //	idem_saga_step_duration_seconds        histogram  type,step,result          saga step action latency by result: ok, pending, error, outage (breaker open)
@@ -67,6 +69,7 @@
 //	idem_schedule_pending                  gauge      group                     deferred records waiting to be published, due or not (refreshed by the group's scheduler leader)
 //	idem_schedule_published_total          counter    group                     deferred records published when due and acknowledged by Kafka
 //	idem_schedule_publish_failures_total   counter    group                     failed publishes of due deferred records (each retried with backoff)
+//	idem_schedule_dead_lettered_total      counter    group                     deferred records whose payload, sealed at rest, could not be opened for good (data key destroyed): sent to the dead-letter topic as stubs
 //	idem_schedule_leader                   gauge      group                     1 while this process's scheduler holds the group's lock, else 0
 //
 // The failure index (package console/index) exports three more gauges
@@ -89,7 +92,11 @@
 //
 // Success rate: rate(idem_messages_total{outcome=~"processed|duplicate"}) over
 // rate(idem_messages_total). Latency: histogram_quantile(0.99,
-// rate(idem_end_to_end_seconds_bucket[5m])). A growing idem_consumer_lag with
+// rate(idem_end_to_end_seconds_bucket[5m])). Autoscale on
+// idem_consumer_lag_actionable and idem_consumer_lag_seconds, not on
+// idem_consumer_lag: records parked in a retry tier, or deferred, count in the
+// latter though no extra member can start them sooner (docs/kubernetes.md).
+// A growing idem_consumer_lag with
 // a flat idem_commits_total means a stuck consumer; idem_partition_stalled_seconds
 // says which partition and the consumer's WARN log says why.
 package metrics

@@ -69,8 +69,8 @@
 // # Traces and correlation
 //
 // Enqueue stores the trace context of its ctx (inside an idem handler, the
-// message's idem.handle span) and its correlation id (WithCorrelationID, or
-// the Correlate middleware) as headers of each event. The relay publishes
+// message's idem.handle span) and its correlation id (in an idem handler,
+// the consumed message's, or WithCorrelationID's) as headers of each event. The relay publishes
 // the event in an "idem.outbox.publish" span, a child of that context and
 // linked to it, and the record carries the span's context, so the handler,
 // the publish and the next consumer are one trace (Relay.TracerProvider,
@@ -96,7 +96,9 @@
 // `idem migrate` or Relay.Run: id (bigint identity, the order), event_id
 // (uuid, published as idem-outbox-id), topic, key, value, header_keys,
 // header_values, created_at, not_before, state (pending, published, failed), attempts,
-// rejections, last_error, retry_at, published_at; and <table>_rounds
+// rejections, last_error, retry_at, published_at, key_id and sealed (the
+// value and headers sealed at rest by Relay.Enqueue with
+// Relay.EncryptionKeyFile; docs/outbox.md, "Encrypted at rest"); and <table>_rounds
 // (round, ids), the rounds of the exactly-once relay. An AFTER INSERT
 // trigger NOTIFYs the relay at commit.
 //

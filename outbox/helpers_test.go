@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -84,7 +85,11 @@ func start(t testing.TB, r *outbox.Relay) (stop func()) {
 }
 
 // enqueue commits msgs in one transaction.
-func (e *env) enqueue(msgs ...outbox.Message) {
+func (e *env) enqueue(msgs ...outbox.Message) { e.enqueueBy(outbox.Enqueue, msgs...) }
+
+// enqueueBy commits msgs in one transaction through enqueue (outbox.Enqueue,
+// or a Relay's Enqueue).
+func (e *env) enqueueBy(enqueue func(context.Context, pgx.Tx, ...outbox.Message) error, msgs ...outbox.Message) {
 	e.t.Helper()
 	ctx := e.t.Context()
 	tx, err := e.pool.Begin(ctx)
@@ -92,7 +97,7 @@ func (e *env) enqueue(msgs ...outbox.Message) {
 		e.t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	if err := outbox.Enqueue(ctx, tx, msgs...); err != nil {
+	if err := enqueue(ctx, tx, msgs...); err != nil {
 		e.t.Fatal(err)
 	}
 	if err := tx.Commit(ctx); err != nil {

@@ -8,8 +8,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/outboxconf"
 	"github.com/idemhq/idem/internal/outboxtable"
+	"github.com/idemhq/idem/internal/seal"
 )
 
 // defaultTable is the outbox table used when no table is named: idem_outbox.
@@ -29,13 +31,6 @@ var ErrInvalidMessage = errors.New("outbox: invalid message")
 // problem Relay.Validate reports; each names the field, the value and the rule.
 var ErrInvalidConfig = outboxconf.ErrInvalidConfig
 
-// Header is one Kafka record header. Values are bytes, stored and published
-// as given.
-type Header struct {
-	Key   string
-	Value []byte
-}
-
 // Message is one event to publish.
 type Message struct {
 	// Topic is the Kafka topic to publish to. Required. The relay never
@@ -50,9 +45,10 @@ type Message struct {
 	Key []byte
 	// Value is the record value (nil for a tombstone).
 	Value []byte
-	// Headers are published as given, followed by idem-outbox-id and, when
-	// no header idempotency-key is given, idempotency-key = the event id.
-	Headers []Header
+	// Headers are published as given (values byte for byte), followed by
+	// idem-outbox-id and, when no header idempotency-key is given,
+	// idempotency-key = the event id.
+	Headers []handler.Header
 	// NotBefore, when set, is the earliest time the relay publishes the
 	// row, compared with the database's clock (now()) so that every relay
 	// agrees; it is stored as timestamptz (microseconds). A time already
@@ -81,23 +77,25 @@ type Message struct {
 //
 // Each row gets an increasing id (its order) and a random event id (UUID)
 // that the relay publishes as header idem-outbox-id and, unless the message
-// sets one, as idempotency-key. Use EnqueueTable for another table.
+// sets one, as idempotency-key. For another table, or to seal the payloads
+// at rest, use Relay.Enqueue.
 //
 // Enqueue also stores what ctx says about where the event comes from, as
 // headers of each message that does not set them itself: the trace context
 // of ctx's span (W3C traceparent and tracestate, and what else the global
 // OpenTelemetry propagator writes; inside an idem handler, the span of the
 // message's attempt), and the correlation id (header idem-correlation-id,
-// see WithCorrelationID and Correlate). The relay publishes the record in a
+// see WithCorrelationID). The relay publishes the record in a
 // span that continues that trace, so the handler, the publish and the next
 // consumer of the event are one trace.
 func Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
-	return EnqueueTable(ctx, tx, defaultTable, msgs...)
+	return enqueue(ctx, tx, defaultTable, nil, msgs)
 }
 
-// EnqueueTable is Enqueue into table (optionally "schema.table", as for
-// Relay.Table).
-func EnqueueTable(ctx context.Context, tx pgx.Tx, table string, msgs ...Message) error {
+// enqueue is Enqueue into table (optionally "schema.table", as for
+// Relay.Table), sealing each message's value and headers with sl when it
+// is not nil (Relay.Enqueue).
+func enqueue(ctx context.Context, tx pgx.Tx, table string, sl *seal.Sealer, msgs []Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
@@ -108,10 +106,17 @@ func EnqueueTable(ctx context.Context, tx pgx.Tx, table string, msgs ...Message)
 	if tx == nil {
 		return fmt.Errorf("%w: nil transaction (inside an idem handler use dedupe.Tx(ctx) with dedupe.NewPostgres)", ErrInvalidMessage)
 	}
+	var key *seal.Key
+	if sl != nil {
+		if key, err = sl.Current(ctx, tx); err != nil {
+			return fmt.Errorf("outbox: enqueue into %s: %w", t.quoted, err)
+		}
+	}
 	// A future not_before is also the row's first retry_at: the relay reads
 	// no row before its retry_at and holds back the later rows of its key.
-	q := "INSERT INTO " + t.quoted + ` (topic, key, value, header_keys, header_values, not_before, retry_at)
-		VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $6::timestamptz > now() THEN $6::timestamptz END)`
+	q := "INSERT INTO " + t.quoted + ` (topic, key, value, header_keys, header_values, not_before, retry_at, event_id, key_id, sealed)
+		VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $6::timestamptz > now() THEN $6::timestamptz END,
+			coalesce($7::uuid, gen_random_uuid()), $8, $9)`
 	b := &pgx.Batch{}
 	fromCtx := contextHeaders(ctx)
 	for i, m := range msgs {
@@ -135,7 +140,24 @@ func EnqueueTable(ctx context.Context, tx pgx.Tx, table string, msgs ...Message)
 		if !m.NotBefore.IsZero() {
 			notBefore = &m.NotBefore
 		}
-		b.Queue(q, m.Topic, m.Key, m.Value, keys, vals, notBefore)
+		var eventID *string
+		var keyID *int64
+		var sealed []byte
+		value := m.Value
+		if key != nil { // sealed: the event id is made here, to bind the payload to its row
+			id, err := newEventID()
+			if err != nil {
+				return fmt.Errorf("outbox: enqueue into %s: %w", t.quoted, err)
+			}
+			hs := make([]seal.Header, len(keys))
+			for i := range keys {
+				hs[i] = seal.Header{Key: []byte(keys[i]), Value: vals[i]}
+			}
+			kid := key.ID()
+			eventID, keyID, sealed = &id, &kid, key.Seal(seal.Pack(m.Value, hs), outboxtable.AAD(t.name, id))
+			value, keys, vals = nil, []string{}, [][]byte{}
+		}
+		b.Queue(q, m.Topic, m.Key, value, keys, vals, notBefore, eventID, keyID, sealed)
 	}
 	br := tx.SendBatch(ctx, b)
 	for range msgs {

@@ -23,6 +23,7 @@ import (
 	"github.com/idemhq/idem/internal/outboxconf"
 	"github.com/idemhq/idem/internal/outboxtable"
 	"github.com/idemhq/idem/internal/pglead"
+	"github.com/idemhq/idem/internal/seal"
 )
 
 // Defaults of the Relay fields, applied when a field is zero.
@@ -208,11 +209,13 @@ const (
 //   - Each round costs one more statement (the round's record) and the
 //     transaction's requests: AddPartitionsToTxn, AddOffsetsToTxn,
 //     TxnOffsetCommit, EndTxn, and a commit marker in every partition of the
-//     round; about 5 ms a round here, so it matters for small rounds. On a
-//     shared 2-core machine under load (load average 11 to 15),
-//     BenchmarkRelayBacklog (50,000 rows, BatchSize 500) measured 10,700 to
-//     25,300 events/s against the default's 5,300 to 10,800 (the cost was
-//     lost in the noise), and BenchmarkRelayLatency at 1,000 events/s a
+//     round; about 5 ms a round here, so it matters for small rounds. The
+//     records of a round are sent one at a time, each acknowledged before
+//     the next (see the last point): on a shared 2-core machine (load
+//     average 4 to 5), BenchmarkRelayBacklog (50,000 rows, BatchSize 500)
+//     measured 2,300 to 3,200 events/s, against 20,800 to 24,400 when a
+//     round's records were sent all at once (and, under a heavier load,
+//     the default's 5,300 to 10,800), and BenchmarkRelayLatency at 1,000 events/s a
 //     COMMIT-to-read_committed-reader latency of p50 20 to 37 ms, p99 190
 //     to 281 ms (default: 11 to 14 ms, 75 to 180 ms): a reader sees a round
 //     only once its commit marker is written.
@@ -227,9 +230,11 @@ const (
 //   - sarama v1.61.1 has a data race on its transactional error path: when a
 //     transaction fails with records still being sent, it reads the
 //     transaction's last error in one goroutine while a retry writes it in
-//     another (IBM/sarama#2913). The race detector reports it; the relay's
-//     outcome does not depend on that value (it aborts or recovers from the
-//     mark whatever the error says).
+//     another (IBM/sarama#2913, open; no later version fixes it). So the
+//     relay never has two records of a transaction in flight: it sends a
+//     round's records one at a time and stops at the first that fails,
+//     which also names the row at fault at once. That costs throughput
+//     (above); a backlog drains at a few thousand events a second.
 type Relay struct {
 	// Pool is the database of the outbox table. Required. The relay takes
 	// one connection out of it for good (its lock and LISTEN connection),
@@ -365,6 +370,26 @@ type Relay struct {
 	// Default: computed at Run.
 	TransactionalID string
 
+	// EncryptionKeyFile names a file holding the key-encryption key (KEK)
+	// of payload encryption at rest (`idem keys generate` writes one; mode
+	// 600). With it, Relay.Enqueue seals each row's value and headers under
+	// the outbox's data keys (purpose "outbox" of idem_seal_keys), and Run
+	// opens them before it publishes: the record is published as it was
+	// enqueued. A row whose data key was destroyed (`idem keys destroy`),
+	// or that does not authenticate, is never published: it moves to the
+	// failed state with the reason as its last_error (`idem outbox list
+	// --failed`; idem_outbox_publish_failures_total{reason="unreadable"}). A
+	// sealed row read by a relay without a key waits (retried, reason
+	// "no_key"). Run refuses a file others may read, and returns an error
+	// for a KEK that does not unwrap the outbox's data keys. Rows enqueued
+	// in clear (Enqueue, or before the key was given) publish as ever.
+	// Default: "" (rows stored in clear).
+	EncryptionKeyFile string
+	// EncryptionKey is EncryptionKeyFile's content given directly, e.g.
+	// from an environment variable. Give one of the two.
+	// Default: "".
+	EncryptionKey string
+
 	// idle, when set (tests only), runs each time an idle leader is about
 	// to wait, with how long it will wait at most.
 	idle func(wait time.Duration)
@@ -399,6 +424,9 @@ func (r *Relay) Validate() error {
 	}
 	if c.MaxAttempts < 0 {
 		l.Bad("MaxAttempts", c.MaxAttempts, "must be >= 0 (0: the default)")
+	}
+	if c.EncryptionKeyFile != "" && c.EncryptionKey != "" {
+		l.Bad("EncryptionKey", "(set)", "give the key-encryption key in EncryptionKeyFile or EncryptionKey, not both")
 	}
 	l.NonNegative(map[string]time.Duration{"PollInterval": c.PollInterval, "LeaderRetry": c.LeaderRetry,
 		"RetryBase": c.RetryBase, "RetryMax": c.RetryMax, "KeepPublished": c.KeepPublished,
@@ -478,10 +506,15 @@ func (r *Relay) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("outbox: register metrics: %w", err)
 	}
+	keks, err := seal.LoadKEKs(c.EncryptionKeyFile, c.EncryptionKey)
+	if err != nil {
+		return fmt.Errorf("outbox: encryption key: %w", err)
+	}
 	s := &session{
 		cfg:    c,
 		t:      t,
 		m:      m,
+		keks:   keks,
 		log:    c.Logger.With("outbox", t.name),
 		rand:   rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 		tracer: c.TracerProvider.Tracer(tracerName),
@@ -507,13 +540,17 @@ func (r *Relay) Run(ctx context.Context) error {
 		Health: c.Health.set,
 	}
 	e.Run(ctx)
-	return nil
+	return s.fatal
 }
 
-// start migrates the table and makes the producer, once; the election
-// retries it with backoff until it succeeds.
+// start migrates the table, reads the data keys (with a key) and makes the
+// producer, once; the election retries it with backoff until it succeeds,
+// or gives up on a key that does not unwrap the outbox's data keys.
 func (s *session) start(ctx context.Context) error {
 	if err := outboxtable.Migrate(ctx, s.cfg.Pool, s.cfg.Table); err != nil {
+		return err
+	}
+	if err := s.startSealer(ctx); err != nil {
 		return err
 	}
 	return s.connectKafka(ctx)
@@ -573,6 +610,9 @@ type session struct {
 	txn    *txnState // ExactlyOnce only
 	rand   *rand.Rand
 	tracer trace.Tracer
+	keks   []seal.KEK   // EncryptionKeyFile's or EncryptionKey's; nil: none
+	sealer *seal.Sealer // opens sealed rows (made by start); nil without keks
+	fatal  error        // why start gave up for good (a wrong KEK); Run returns it
 }
 
 // lockNamespace is the high half of the advisory lock key ("idox"); the low
@@ -665,6 +705,8 @@ type row struct {
 	rejects  int
 	due      time.Time // created_at, or not_before when later
 	waited   bool      // it had a retry_at (a NotBefore, a retry)
+	keyID    *int64    // the data key of sealed; nil: value and headers in clear
+	sealed   []byte    // value and headers sealed at rest (Relay.Enqueue)
 }
 
 // round publishes the heads of the first BatchSize publishable rows. more
@@ -673,6 +715,9 @@ func (s *session) round(ctx context.Context, conn *pgx.Conn) (more bool, err err
 	heads, more, err := s.fetch(ctx, conn)
 	if err != nil || len(heads) == 0 {
 		return false, err
+	}
+	if heads, err = s.openHeads(ctx, conn, heads); err != nil || len(heads) == 0 {
+		return more, err
 	}
 	errs := s.publish(heads)
 
@@ -728,7 +773,7 @@ WITH w AS (
     LIMIT $1) window_rows
 )
 SELECT o.id, o.event_id::text, o.topic, o.key, o.value, o.header_keys, o.header_values, o.attempts, o.rejections,
-       greatest(o.created_at, o.not_before), o.retry_at IS NOT NULL, (SELECT count(*) FROM w)
+       greatest(o.created_at, o.not_before), o.retry_at IS NOT NULL, (SELECT count(*) FROM w), o.key_id, o.sealed
 FROM %[1]s o JOIN w ON w.id = o.id
 WHERE w.nth = 1 OR w.key IS NULL
 ORDER BY o.id`
@@ -760,7 +805,8 @@ func (s *session) fetch(ctx context.Context, conn *pgx.Conn) (heads []row, more 
 	var window int
 	heads, err = pgx.CollectRows(rs, func(r pgx.CollectableRow) (row, error) {
 		var x row
-		err := r.Scan(&x.id, &x.eventID, &x.topic, &x.key, &x.value, &x.hkeys, &x.hvals, &x.attempts, &x.rejects, &x.due, &x.waited, &window)
+		err := r.Scan(&x.id, &x.eventID, &x.topic, &x.key, &x.value, &x.hkeys, &x.hvals, &x.attempts, &x.rejects, &x.due, &x.waited, &window,
+			&x.keyID, &x.sealed)
 		return x, err
 	})
 	if err != nil {
@@ -782,6 +828,9 @@ func (s *session) publish(heads []row) []error {
 		spans[i] = s.publishSpan(&h)
 		msgs[i] = h.message(i)
 	}
+	if s.txn != nil {
+		return s.publishInTurn(msgs, spans)
+	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for _, m := range msgs {
@@ -801,6 +850,35 @@ func (s *session) publish(heads []row) []error {
 		}
 	}
 	wg.Wait()
+	return errs
+}
+
+// publishInTurn is publish with ExactlyOnce: one record in the producer at
+// a time, and none after one failed (the transaction is lost; the rest are
+// given sarama.ErrTransactionNotReady, not their failure). sarama v1.61.1
+// races when a transaction fails with records in flight: it reads the
+// transaction's last error in one goroutine while a failing record's retry
+// or return writes it in another (IBM/sarama#2913; the swarm's -race
+// members met it, issue 28). With one record in flight, a failure has
+// nothing to race with.
+func (s *session) publishInTurn(msgs []*sarama.ProducerMessage, spans []trace.Span) []error {
+	errs := make([]error, len(msgs))
+	failed := false
+	for i, m := range msgs {
+		if failed {
+			errs[i] = sarama.ErrTransactionNotReady
+			endPublishSpan(spans[i], m.Partition, -1, errs[i])
+			continue
+		}
+		s.prod.Input() <- m
+		select {
+		case ok := <-s.prod.Successes():
+			endPublishSpan(spans[i], ok.Partition, ok.Offset, nil)
+		case e := <-s.prod.Errors():
+			errs[i], failed = e.Err, true
+			endPublishSpan(spans[i], e.Msg.Partition, -1, e.Err)
+		}
+	}
 	return errs
 }
 
@@ -876,15 +954,19 @@ func (s *session) failures(heads []row, errs []error) []failure {
 func (s *session) failure(r row, err error) failure {
 	reason := failureReason(err)
 	s.m.PublishFailures.WithLabelValues(s.t.name, reason).Inc()
-	attempts := r.attempts + 1
-	f := failure{id: r.id, err: err.Error(), reason: reason, rejected: rejected(err)}
+	f := failure{id: r.id, err: err.Error(), reason: reason, rejected: rejected(err), wait: s.retryWait(r.attempts + 1)}
 	f.final = f.rejected && r.rejects+1 >= s.cfg.MaxAttempts
+	return f
+}
+
+// retryWait is the wait before a row's next try after its attempts-th
+// failed one: a random time in [1ms, min(RetryMax, RetryBase·2^(attempts-1))].
+func (s *session) retryWait(attempts int) time.Duration {
 	ceil := s.cfg.RetryBase << min(attempts-1, 30)
 	if ceil <= 0 || ceil > s.cfg.RetryMax {
 		ceil = s.cfg.RetryMax
 	}
-	f.wait = max(time.Duration(s.rand.Int64N(int64(ceil)+1)), time.Millisecond)
-	return f
+	return max(time.Duration(s.rand.Int64N(int64(ceil)+1)), time.Millisecond)
 }
 
 // settle removes (or marks published) the acked rows and records the

@@ -12,6 +12,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/outboxconf"
 	"github.com/idemhq/idem/outbox"
@@ -28,9 +29,9 @@ func TestRelayPublishesInOrderWithHeaders(t *testing.T) {
 	start(t, r)
 	for i := range 20 {
 		m := e.msg("k"+strconv.Itoa(i%4), strconv.Itoa(i))
-		m.Headers = []outbox.Header{{Key: "event-type", Value: []byte("test")}}
+		m.Headers = []handler.Header{{Key: "event-type", Value: []byte("test")}}
 		if i == 0 {
-			m.Headers = append(m.Headers, outbox.Header{Key: "idempotency-key", Value: []byte("mine")})
+			m.Headers = append(m.Headers, handler.Header{Key: "idempotency-key", Value: []byte("mine")})
 		}
 		e.enqueue(m)
 	}
@@ -372,7 +373,7 @@ func TestEnqueueRejectsBadMessages(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	for _, m := range []outbox.Message{{Key: []byte("no topic")}, {Topic: "x", Headers: []outbox.Header{{Value: []byte("v")}}},
+	for _, m := range []outbox.Message{{Key: []byte("no topic")}, {Topic: "x", Headers: []handler.Header{{Value: []byte("v")}}},
 		{Topic: "x", NotBefore: time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC)},
 		{Topic: "x", NotBefore: time.Date(-5000, 1, 1, 0, 0, 0, 0, time.UTC)}} {
 		if err := outbox.Enqueue(ctx, tx, e.msg("fine", "1"), m); !errors.Is(err, outbox.ErrInvalidMessage) {

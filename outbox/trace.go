@@ -19,11 +19,6 @@ import (
 // a child of (and linked to) the enqueue's context, whose context the
 // record then carries to the next consumer.
 
-// HeaderCorrelationID is the header that carries a correlation id: Enqueue
-// sets it from the context (WithCorrelationID) unless the message has one,
-// and Correlate reads it back in the next service's handler.
-const HeaderCorrelationID = correlation.Header
-
 // WithCorrelationID returns a copy of ctx carrying id as its correlation
 // id: the id that ties together every event one business request causes,
 // across services. Enqueue puts it on each message (header
@@ -33,26 +28,11 @@ func WithCorrelationID(ctx context.Context, id string) context.Context {
 	return correlation.With(ctx, id)
 }
 
-// CorrelationID returns the correlation id ctx carries (WithCorrelationID,
-// Correlate, a saga step's ctx), "" when none.
+// CorrelationID returns the correlation id ctx carries, "" when none:
+// WithCorrelationID's; in an idem handler's ctx, the consumed message's
+// (its idem-correlation-id header or, for a message without one, its
+// idempotency key, which consumer.Run puts there); a saga step's.
 func CorrelationID(ctx context.Context) string { return correlation.From(ctx) }
-
-// Correlate is the handler middleware that puts the message's correlation
-// id into the handler's ctx: the value of its idem-correlation-id header or,
-// for a message without one (the first of a chain), its idempotency key, the
-// same for every delivery of the message. The events the handler enqueues,
-// and the sagas it starts, then carry it on.
-func Correlate() handler.Middleware {
-	return func(next handler.Handler) handler.Handler {
-		return handler.Func(func(ctx context.Context, m *handler.Message) error {
-			id := m.IdempotencyKey
-			if v, ok := m.Header(HeaderCorrelationID); ok && len(v) > 0 {
-				id = string(v)
-			}
-			return next.Handle(correlation.With(ctx, id), m)
-		})
-	}
-}
 
 // enqueuePropagator writes the trace context Enqueue stores: W3C trace
 // context always (traceparent, tracestate), then whatever else the
@@ -86,24 +66,24 @@ func (c *mapCarrier) Keys() []string { return c.keys }
 
 // contextHeaders is what Enqueue adds to each message from ctx: the trace
 // context of ctx's span and its correlation id, in that order.
-func contextHeaders(ctx context.Context) []Header {
+func contextHeaders(ctx context.Context) []handler.Header {
 	var c mapCarrier
 	if trace.SpanContextFromContext(ctx).IsValid() {
 		enqueuePropagator().Inject(ctx, &c)
 	}
 	if id := correlation.From(ctx); id != "" {
-		c.Set(HeaderCorrelationID, id)
+		c.Set(correlation.Header, id)
 	}
-	hs := make([]Header, len(c.keys))
+	hs := make([]handler.Header, len(c.keys))
 	for i, k := range c.keys {
-		hs[i] = Header{Key: k, Value: []byte(c.vals[k])}
+		hs[i] = handler.Header{Key: k, Value: []byte(c.vals[k])}
 	}
 	return hs
 }
 
 // withContextHeaders returns m's headers followed by those of ctx that m
 // does not set itself.
-func withContextHeaders(m Message, ctx []Header) []Header {
+func withContextHeaders(m Message, ctx []handler.Header) []handler.Header {
 	hs := m.Headers
 	for _, h := range ctx {
 		if !hasHeader(m.Headers, h.Key) {
@@ -113,7 +93,7 @@ func withContextHeaders(m Message, ctx []Header) []Header {
 	return hs
 }
 
-func hasHeader(hs []Header, key string) bool {
+func hasHeader(hs []handler.Header, key string) bool {
 	for _, h := range hs {
 		if h.Key == key {
 			return true
@@ -176,7 +156,7 @@ func (s *session) publishSpan(r *row) trace.Span {
 			attribute.String("idem.outbox.table", s.t.name),
 			attribute.Int64("idem.outbox.id", r.id),
 		}
-		if id := (rowCarrier{r}).Get(HeaderCorrelationID); id != "" {
+		if id := (rowCarrier{r}).Get(correlation.Header); id != "" {
 			attrs = append(attrs, attribute.String("idem.correlation_id", id))
 		}
 		span.SetAttributes(attrs...)

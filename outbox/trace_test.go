@@ -19,6 +19,10 @@ import (
 	"github.com/idemhq/idem/outbox"
 )
 
+// headerCorrelationID is the header of the wire contract that carries a
+// correlation id.
+const headerCorrelationID = "idem-correlation-id"
+
 // TestOneTraceFromHandlerToNextConsumer: a request (a client span and a
 // correlation id in its record's headers) reaches service A, whose handler
 // enqueues an event; the relay publishes it; service B consumes it. Every
@@ -26,7 +30,9 @@ import (
 // client's child, the relay's idem.outbox.publish is A's child and linked
 // to it, B's idem.handle is the publish's child. B's handler sees the
 // correlation id, carried by the event's header; a request without one
-// gets its idempotency key. Real Kafka and PostgreSQL, consumer.Run twice.
+// gets its idempotency key. Neither service adds a middleware: consumer.Run
+// puts the correlation id into the handler's ctx. Real Kafka and
+// PostgreSQL, consumer.Run twice.
 func TestOneTraceFromHandlerToNextConsumer(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
@@ -39,9 +45,10 @@ func TestOneTraceFromHandlerToNextConsumer(t *testing.T) {
 
 	relay, _ := e.relay(e.pool)
 	relay.TracerProvider = tp
-	a := handler.Chain(handler.Func(func(ctx context.Context, m *handler.Message) error {
+	// No middleware: consumer.Run puts the correlation id into ctx itself.
+	a := handler.Func(func(ctx context.Context, m *handler.Message) error {
 		return outbox.Enqueue(ctx, dedupe.Tx(ctx), outbox.Message{Topic: e.topic, Key: m.Key, Value: m.Value})
-	}), outbox.Correlate())
+	})
 	e.runConsumer(in, e.k.Group(t, "a"), prometheus.NewRegistry(), relay, a.Handle, withTracer)
 
 	type seen struct {
@@ -49,10 +56,10 @@ func TestOneTraceFromHandlerToNextConsumer(t *testing.T) {
 		sc   trace.SpanContext
 	}
 	got := make(chan seen, 2)
-	b := handler.Chain(handler.Func(func(ctx context.Context, m *handler.Message) error {
+	b := handler.Func(func(ctx context.Context, m *handler.Message) error {
 		got <- seen{outbox.CorrelationID(ctx), trace.SpanContextFromContext(ctx)}
 		return nil
-	}), outbox.Correlate())
+	})
 	e.runConsumer(e.topic, e.k.Group(t, "b"), prometheus.NewRegistry(), nil, b.Handle, withTracer)
 
 	ctx, client := tp.Tracer("test").Start(context.Background(), "client", trace.WithSpanKind(trace.SpanKindProducer))
@@ -61,7 +68,7 @@ func TestOneTraceFromHandlerToNextConsumer(t *testing.T) {
 	client.End()
 	e.k.Produce(t, in, idemtest.Record{IdempotencyKey: "req-1", Key: []byte("k"), Value: []byte("v1"), Headers: []handler.Header{
 		{Key: "traceparent", Value: []byte(tc["traceparent"])},
-		{Key: outbox.HeaderCorrelationID, Value: []byte("corr-1")},
+		{Key: headerCorrelationID, Value: []byte("corr-1")},
 	}})
 	var first seen
 	select {
@@ -119,8 +126,8 @@ func TestOneTraceFromHandlerToNextConsumer(t *testing.T) {
 		t.Errorf("B's handler ran in span %s, want B's idem.handle %s", first.sc.SpanID(), handleB.SpanContext.SpanID())
 	}
 	published.waitKeys(t, "k")
-	if m := published.snapshot()[0]; header(m, outbox.HeaderCorrelationID) != "corr-1" || header(m, "traceparent") == "" {
-		t.Errorf("the published record's headers: correlation %q, traceparent %q", header(m, outbox.HeaderCorrelationID), header(m, "traceparent"))
+	if m := published.snapshot()[0]; header(m, headerCorrelationID) != "corr-1" || header(m, "traceparent") == "" {
+		t.Errorf("the published record's headers: correlation %q, traceparent %q", header(m, headerCorrelationID), header(m, "traceparent"))
 	}
 
 	// A request without a correlation id: the chain takes its idempotency key.
@@ -160,7 +167,7 @@ func TestEnqueueKeepsTheMessagesOwnTraceHeaders(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	own := outbox.Message{Topic: e.topic, Headers: []outbox.Header{{Key: outbox.HeaderCorrelationID, Value: []byte("own")}}}
+	own := outbox.Message{Topic: e.topic, Headers: []handler.Header{{Key: headerCorrelationID, Value: []byte("own")}}}
 	if err := outbox.Enqueue(ctx, tx, own); err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/internal/mutate"
 	"github.com/idemhq/idem/internal/outboxconf"
 	"github.com/idemhq/idem/internal/pglead"
 	"github.com/jackc/pgx/v5"
@@ -236,6 +237,9 @@ func (s *session) txnRound(ctx context.Context, conn *pgx.Conn) (more bool, err 
 	if err != nil || len(heads) == 0 {
 		return false, err
 	}
+	if heads, err = s.openHeads(ctx, conn, heads); err != nil || len(heads) == 0 {
+		return more, err
+	}
 	heads, err = s.screen(ctx, conn, heads)
 	if err != nil || len(heads) == 0 {
 		return more, err
@@ -398,6 +402,9 @@ func (s *session) commitRound(topic string, round int64, ids []int64) error {
 func (s *session) settleRound(ctx context.Context, conn *pgx.Conn, round int64) (int64, error) {
 	rows := `(SELECT unnest(ids) FROM ` + s.t.rounds + ` WHERE round = $1)`
 	q := "DELETE FROM " + s.t.quoted + " WHERE id IN " + rows + " AND state = 'pending'"
+	if mutate.On(mutate.OutboxSettle) {
+		q = "SELECT $1::bigint WHERE false" // the round's rows stay pending
+	}
 	if s.cfg.KeepPublished > 0 {
 		q = "UPDATE " + s.t.quoted + " SET state = 'published', published_at = now(), retry_at = NULL WHERE id IN " + rows + " AND state = 'pending'"
 	}

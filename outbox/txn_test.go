@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -131,26 +130,6 @@ func (e *env) noOpenTransaction() {
 		}
 		return nil
 	})
-}
-
-// runWithoutRace reports whether it ran the calling test in a `go test`
-// child built without the race detector, as it does when this binary has
-// it. Tests that fail a transaction with records in flight need that:
-// sarama v1.61.1 reads the transaction's last error in one goroutine while a
-// failed batch's retry writes it in another (IBM/sarama#2913, still open in
-// effect), which the race detector reports however the relay behaves.
-func runWithoutRace(t *testing.T) bool {
-	t.Helper()
-	if !raceEnabled {
-		return false
-	}
-	cmd := exec.Command("go", "test", "-count=1", "-v", "-run", "^"+t.Name()+"$", ".")
-	out, err := cmd.CombinedOutput()
-	t.Logf("the test ran without -race (sarama's transactional error path races, IBM/sarama#2913):\n%s", out)
-	if err != nil || !strings.Contains(string(out), "--- PASS: "+t.Name()) {
-		t.Fatalf("go test without -race: %v", err)
-	}
-	return true
 }
 
 // waitEmpty waits until the outbox table has no row.
@@ -345,9 +324,6 @@ func (e *env) runTxnChild(point string, rounds int, jitter time.Duration) string
 // B recovers and publishes the rows enqueued afterwards, still once each.
 func TestExactlyOnceFencesAZombie(t *testing.T) {
 	t.Parallel()
-	if runWithoutRace(t) {
-		return
-	}
 	e := newEnv(t, 3)
 	committed := e.consumeAt(e.topic, sarama.ReadCommitted)
 	e.enqueueKeyed(0, 40, 5)
@@ -417,9 +393,6 @@ func TestExactlyOnceFencesAZombie(t *testing.T) {
 // back, until the topic is created.
 func TestExactlyOnceAbortsAndRetries(t *testing.T) {
 	t.Parallel()
-	if runWithoutRace(t) {
-		return
-	}
 	e := newEnv(t, 3)
 	committed := e.consumeAt(e.topic, sarama.ReadCommitted)
 	uncommitted := e.consume(e.topic)

@@ -75,7 +75,7 @@
 // # Validation
 //
 // New reports every problem at once, each naming the rule's index and name
-// and wrapping ErrInvalidPolicy: a rule with no matcher, a matcher built from
+// and starting "recovery: invalid policy": a rule with no matcher, a matcher built from
 // bad arguments (an unknown kind, a malformed SQLSTATE, a status outside
 // 100…599), negative Attempts, a bad Backoff, a ladder without a name or with
 // a delay <= 0 or past half the tiers' retention, one ladder name with two

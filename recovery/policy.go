@@ -11,9 +11,9 @@ import (
 	"github.com/idemhq/idem/retrytopic"
 )
 
-// ErrInvalidPolicy is wrapped by every error New and Policy.ValidateNames
-// return.
-var ErrInvalidPolicy = errors.New("recovery: invalid policy")
+// errInvalidPolicy prefixes every error New and Policy.ValidateNames
+// return (the only errors they return).
+var errInvalidPolicy = errors.New("recovery: invalid policy")
 
 // Rule is one recoverability rule: the errors it applies to (Match) and what
 // happens to a message that fails with one of them: how many handler
@@ -129,7 +129,7 @@ type ladderInfo struct {
 // fallback's, which is the consumer's behaviour without rules: see Fallback.
 //
 // New reports every problem at once, each naming the rule's index (and name),
-// all wrapping ErrInvalidPolicy: a rule without a matcher or with a matcher
+// all prefixed "recovery: invalid policy": a rule without a matcher or with a matcher
 // built from bad arguments, negative Attempts, a bad Backoff, a ladder
 // without a name or with bad delays, a ladder name given two sets of delays,
 // an illegal DLQ topic name, and a fallback with Attempts < 1, a bad Backoff
@@ -137,7 +137,7 @@ type ladderInfo struct {
 func New(fallback Fallback, rules ...Rule) (*Policy, error) {
 	var errs []error
 	fail := func(format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidPolicy}, args...)...))
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{errInvalidPolicy}, args...)...))
 	}
 	retry := fallback.Retry.WithDefaults()
 	if fallback.Attempts < 1 {
@@ -306,24 +306,24 @@ func (p *Policy) Tier(topic, group, name string) (n int, delay time.Duration, ok
 // of every ladder and every dead-letter topic is a legal Kafka topic name,
 // none is topic itself, and no tier topic is also a dead-letter topic or a
 // tier of another ladder. The consumer calls it for each of its topics at
-// start. Errors wrap ErrInvalidPolicy.
+// start. Errors start "recovery: invalid policy".
 func (p *Policy) ValidateNames(topic, group string) error {
 	var errs []error
 	for _, d := range append([]Decision{p.fallback}, p.rules...) {
 		if err := d.Retry.ValidateNames(topic, group); err != nil {
-			errs = append(errs, fmt.Errorf("%w: %s: %s", ErrInvalidPolicy, d.Name, retryProblem(err)))
+			errs = append(errs, fmt.Errorf("%w: %s: %s", errInvalidPolicy, d.Name, retryProblem(err)))
 		}
 	}
 	tiers := map[string]bool{}
 	for _, t := range p.TierTopics(topic, group) {
 		if tiers[t] {
-			errs = append(errs, fmt.Errorf("%w: tier topic %q of topic %q group %q belongs to two ladders", ErrInvalidPolicy, t, topic, group))
+			errs = append(errs, fmt.Errorf("%w: tier topic %q of topic %q group %q belongs to two ladders", errInvalidPolicy, t, topic, group))
 		}
 		tiers[t] = true
 	}
 	for _, dlq := range p.DLQTopics(topic, group) {
 		if tiers[dlq] {
-			errs = append(errs, fmt.Errorf("%w: dead-letter topic %q of topic %q group %q is also a retry tier", ErrInvalidPolicy, dlq, topic, group))
+			errs = append(errs, fmt.Errorf("%w: dead-letter topic %q of topic %q group %q is also a retry tier", errInvalidPolicy, dlq, topic, group))
 		}
 	}
 	return errors.Join(errs...)

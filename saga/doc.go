@@ -53,7 +53,7 @@
 // # Correlation
 //
 // A saga keeps the correlation id of the ctx Start was called with
-// (outbox.WithCorrelationID, outbox.Correlate), or its own id when that ctx
+// (outbox.WithCorrelationID, or in an idem handler the consumed message's), or its own id when that ctx
 // has none. Every action and compensation gets it in Call.CorrelationID and
 // in its ctx, so a command it enqueues through the outbox carries it.
 //

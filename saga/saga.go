@@ -55,8 +55,8 @@ var (
 	// pending (never started, failed, compensated, or the saga gave up
 	// waiting). A step already done makes Complete a no-op instead.
 	ErrNotPending = errors.New("saga: step is not pending")
-	// ErrInvalidConfig is matched by every problem New reports; each names the field.
-	ErrInvalidConfig = errors.New("saga: invalid configuration")
+	// errInvalidConfig prefixes every problem New reports; each names the field.
+	errInvalidConfig = errors.New("saga: invalid configuration")
 
 	// errCompensationFailing is wrapped by Execute's error when a
 	// compensation still fails after Config.CompensationAttempts attempts,
@@ -83,7 +83,7 @@ type Call struct {
 	// compensation finds its own step's result there.
 	Results map[string][]byte
 	// CorrelationID is the saga's correlation id: that of the ctx Start was
-	// called with (outbox.WithCorrelationID, outbox.Correlate), or the
+	// called with (outbox.WithCorrelationID, or in an idem handler the consumed message's), or the
 	// saga's id when it had none. The action's and the compensation's ctx
 	// carry it too, so an outbox.Enqueue there puts it on the command.
 	CorrelationID string
@@ -203,11 +203,11 @@ func (c Config) withDefaults() Config {
 }
 
 // validate reports every problem of c (defaults applied) and of defs at
-// once (errors.Join), each naming the field, its value and the rule, every
-// one matching ErrInvalidConfig.
+// once (errors.Join), each naming the field, its value and the rule
+// ("saga: invalid configuration: …").
 func (c Config) validate(defs []Definition) error {
 	c = c.withDefaults()
-	l := configerr.New(ErrInvalidConfig, "")
+	l := configerr.New(errInvalidConfig, "")
 	if c.DB == nil {
 		l.Bad("Config.DB", nil, "required")
 	}

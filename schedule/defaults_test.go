@@ -47,6 +47,10 @@ func TestDocumentedDefaults(t *testing.T) {
 				if want, err := time.ParseDuration(val); err != nil || time.Duration(v.Int()) != want {
 					t.Errorf("%s: documented %s, is %v", name, val, time.Duration(v.Int()))
 				}
+			case v.Kind() == reflect.String:
+				if want, err := strconv.Unquote(val); err != nil || v.String() != want {
+					t.Errorf("%s: documented %s, is %q", name, val, v.String())
+				}
 			case v.Kind() == reflect.Int:
 				if want := strings.ReplaceAll(val, ",", ""); want != strconv.FormatInt(v.Int(), 10) {
 					t.Errorf("%s: documented %s, is %d", name, val, v.Int())
@@ -56,7 +60,7 @@ func TestDocumentedDefaults(t *testing.T) {
 			}
 		}
 	}
-	if checked != 10 {
-		t.Fatalf("checked %d documented defaults, want 10", checked)
+	if checked != 12 {
+		t.Fatalf("checked %d documented defaults, want 12", checked)
 	}
 }

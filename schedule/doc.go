@@ -35,7 +35,10 @@
 // topic, partition, key, value, header_keys, header_values,
 // record_timestamp, idempotency_key, origin_topic, origin_partition,
 // origin_offset, deferred_until (the time asked for), due_at (the next try),
-// created_at, attempts, last_error; `idem schedule list` shows it.
+// created_at, attempts, last_error, key_id and sealed (the value and headers
+// sealed at rest: Scheduler.EncryptionKeyFile), dlq_topic (where a stub of
+// a message whose sealed payload cannot be opened goes); `idem schedule
+// list` shows it.
 //
 // # Defaults
 //
@@ -46,6 +49,7 @@
 // # Metrics
 //
 // idem_schedule_pending, idem_schedule_published_total,
-// idem_schedule_publish_failures_total and idem_schedule_leader, labelled by
-// group (Scheduler.Registerer).
+// idem_schedule_publish_failures_total, idem_schedule_leader and
+// idem_schedule_dead_lettered_total, labelled by group
+// (Scheduler.Registerer).
 package schedule

@@ -94,7 +94,7 @@ func (e *env) deferAll(at time.Time, recs ...schedule.Record) {
 	}
 	defer tx.Rollback(ctx)
 	for _, r := range recs {
-		if err := schedule.Defer(ctx, tx, r, at); err != nil {
+		if err := schedule.Defer(ctx, tx, r, at, nil); err != nil {
 			e.t.Fatal(err)
 		}
 	}

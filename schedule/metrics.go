@@ -12,6 +12,7 @@ import (
 //	idem_schedule_published_total{group}          counter  deferred records published and acknowledged by Kafka
 //	idem_schedule_publish_failures_total{group}   counter  failed publishes (each retried with backoff)
 //	idem_schedule_leader{group}                   gauge    1 while this process's scheduler leads the group
+//	idem_schedule_dead_lettered_total{group}      counter  deferred records whose sealed payload could not be opened for good (data key destroyed), dead-lettered as stubs
 //
 // A consumer counts the records it defers itself (idem_deferred_total in
 // package metrics, when wired).
@@ -20,6 +21,7 @@ type metrics struct {
 	Published       *prometheus.CounterVec
 	PublishFailures *prometheus.CounterVec
 	Leader          *prometheus.GaugeVec
+	DeadLettered    *prometheus.CounterVec
 }
 
 // newMetrics makes the scheduler's collectors and registers them on reg
@@ -37,6 +39,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Failed publishes of due deferred records (each retried with backoff)."}, group),
 		Leader: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_schedule_leader",
 			Help: "1 while this process's scheduler holds the group's lock, else 0."}, group),
+		DeadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_schedule_dead_lettered_total",
+			Help: "Deferred records whose sealed payload could not be opened for good (data key destroyed), sent to the dead-letter topic as stubs instead."}, group),
 	}
 	if reg == nil {
 		return m, nil
@@ -46,6 +50,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.Published = promreg.Register(reg, m.Published, &err)
 	m.PublishFailures = promreg.Register(reg, m.PublishFailures, &err)
 	m.Leader = promreg.Register(reg, m.Leader, &err)
+	m.DeadLettered = promreg.Register(reg, m.DeadLettered, &err)
 	if err != nil {
 		return nil, err
 	}

@@ -63,9 +63,9 @@ func TestDeferRefusesBadInput(t *testing.T) {
 			}
 			defer tx.Rollback(ctx)
 			if tt.noTx {
-				err = schedule.Defer(ctx, nil, rec, at)
+				err = schedule.Defer(ctx, nil, rec, at, nil)
 			} else {
-				err = schedule.Defer(ctx, tx, rec, at)
+				err = schedule.Defer(ctx, tx, rec, at, nil)
 			}
 			if !errors.Is(err, schedule.ErrInvalidRecord) || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("Defer: %v; want ErrInvalidRecord saying %q", err, tt.want)

@@ -2,6 +2,7 @@ package schedule
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
@@ -14,10 +15,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/pglead"
 	"github.com/idemhq/idem/internal/scheduletable"
+	"github.com/idemhq/idem/internal/seal"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -142,6 +146,27 @@ type Scheduler struct {
 	// Default: nil, metrics are kept but not exported.
 	Registerer prometheus.Registerer
 
+	// EncryptionKeyFile names a file holding the key-encryption key (KEK)
+	// of payload encryption at rest (`idem keys generate` writes one; mode
+	// 600): the scheduler opens the deferred messages a consumer sealed
+	// with the same key (consumer.Config.EncryptionKeyFile, which Run gives
+	// its Config.Defer when this is unset). A sealed row is published in
+	// clear, as it was deferred. One whose data key was destroyed (`idem
+	// keys destroy`), or that does not authenticate, is never published: a
+	// stub of it (no value, none of its headers, kind permanent, the reason
+	// as idem-error) goes to the dead-letter topic the consumer recorded
+	// with it, the row is deleted, and idem_schedule_dead_lettered_total
+	// counts it. A sealed row read without a key waits, as a failed publish
+	// (last_error says so). Run refuses a file others may read, and
+	// returns an error for a KEK that does not unwrap the deferred
+	// messages' data keys.
+	// Default: "" (rows written in clear only).
+	EncryptionKeyFile string
+	// EncryptionKey is EncryptionKeyFile's content given directly, e.g.
+	// from an environment variable. Give one of the two.
+	// Default: "".
+	EncryptionKey string
+
 	// afterAck, when set (tests only), runs after a round's acks and before
 	// its rows are deleted.
 	afterAck func(ids []int64)
@@ -170,6 +195,9 @@ func (s *Scheduler) Validate() error {
 	}
 	l.NonNegative(map[string]time.Duration{"MaxWait": c.MaxWait, "LeaderRetry": c.LeaderRetry, "RetryBase": c.RetryBase,
 		"RetryMax": c.RetryMax, "StatsInterval": c.StatsInterval, "QueryTimeout": c.QueryTimeout})
+	if c.EncryptionKeyFile != "" && c.EncryptionKey != "" {
+		l.Bad("EncryptionKey", "(set)", "give the key-encryption key in EncryptionKeyFile or EncryptionKey, not both")
+	}
 	if c.RetryBase > c.RetryMax {
 		l.Bad("RetryBase", c.RetryBase, fmt.Sprintf("must not exceed RetryMax (%s)", c.RetryMax))
 	}
@@ -213,19 +241,25 @@ func producerConfig(base *sarama.Config) *sarama.Config {
 
 // Run schedules until ctx is cancelled, then returns nil once its
 // connection, producer and every goroutine it started are gone. It returns an
-// error only for an invalid configuration (Validate) or metrics it cannot
-// register. Everything else (the database or the brokers down at start or
-// later) is logged and retried with backoff for as long as it lasts.
+// error only for an invalid configuration (Validate), a key-encryption key
+// it cannot read or that does not unwrap the deferred messages' data keys,
+// or metrics it cannot register. Everything else (the database or the
+// brokers down at start or later) is logged and retried with backoff for as
+// long as it lasts.
 func (s *Scheduler) Run(ctx context.Context) error {
 	if err := s.Validate(); err != nil {
 		return err
 	}
 	c := s.withDefaults()
+	keks, err := seal.LoadKEKs(c.EncryptionKeyFile, c.EncryptionKey)
+	if err != nil {
+		return fmt.Errorf("schedule: encryption key: %w", err)
+	}
 	m, err := newMetrics(c.Registerer)
 	if err != nil {
 		return fmt.Errorf("schedule: register metrics: %w", err)
 	}
-	r := &runner{cfg: c, m: m, log: c.Logger.With("group", c.Group)}
+	r := &runner{cfg: c, m: m, log: c.Logger.With("group", c.Group), keks: keks}
 	r.leader = m.Leader.WithLabelValues(c.Group)
 	r.leader.Set(0)
 	e := &pglead.Election{
@@ -240,7 +274,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	if e.Run(ctx) {
 		r.close()
 	}
-	return nil
+	return r.fatal
 }
 
 // runner is one Run's state.
@@ -251,6 +285,9 @@ type runner struct {
 	log    *slog.Logger
 	client sarama.Client
 	fwd    *forward.Forwarder
+	keks   []seal.KEK   // EncryptionKeyFile's or EncryptionKey's; nil: none
+	sealer *seal.Sealer // opens sealed rows (made by start); nil without keks
+	fatal  error        // why start gave up for good (a wrong KEK); Run returns it
 }
 
 // start migrates the table and connects to Kafka, once; the election
@@ -258,6 +295,20 @@ type runner struct {
 func (r *runner) start(ctx context.Context) error {
 	if err := scheduletable.Migrate(ctx, r.cfg.Pool); err != nil {
 		return err
+	}
+	if r.keks != nil && r.sealer == nil {
+		if err := seal.Migrate(ctx, r.cfg.Pool); err != nil {
+			return err
+		}
+		sl, err := seal.New(ctx, seal.Config{DB: r.cfg.Pool, KEKs: r.keks, Purpose: scheduletable.Purpose})
+		if errors.Is(err, seal.ErrWrongKEK) {
+			r.fatal = fmt.Errorf("schedule: encryption at rest: %w", err)
+			return pglead.ErrGiveUp
+		}
+		if err != nil {
+			return err
+		}
+		r.sealer = sl
 	}
 	client, err := sarama.NewClient(r.cfg.Brokers, r.cfg.Sarama)
 	if err != nil {
@@ -341,6 +392,16 @@ type due struct {
 	id       int64
 	rec      forward.Record
 	attempts int
+	// keyID and sealed are the row's payload sealed at rest (nil keyID:
+	// in clear); dlq, ikey and origin say where its stub goes when the
+	// payload cannot be opened for good.
+	keyID  *int64
+	sealed []byte
+	dlq    string
+	ikey   string
+	origin handler.Origin
+	// stub is why rec is the dead-letter stub of the row (nil: the row).
+	stub error
 }
 
 // round publishes up to BatchSize due rows and settles them; it returns how
@@ -348,7 +409,8 @@ type due struct {
 func (r *runner) round(ctx context.Context, conn *pgx.Conn) (int, error) {
 	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	defer cancel()
-	rows, err := conn.Query(qctx, `SELECT id, topic, partition, key, value, header_keys, header_values, record_timestamp, attempts
+	rows, err := conn.Query(qctx, `SELECT id, topic, partition, key, value, header_keys, header_values, record_timestamp, attempts,
+			key_id, sealed, dlq_topic, idempotency_key, origin_topic, origin_partition, origin_offset
 		FROM `+table+` WHERE consumer_group = $1 AND due_at <= now() ORDER BY due_at, id LIMIT $2`, r.cfg.Group, r.cfg.BatchSize)
 	if err != nil {
 		return 0, fmt.Errorf("schedule: read due rows: %w", err)
@@ -358,7 +420,8 @@ func (r *runner) round(ctx context.Context, conn *pgx.Conn) (int, error) {
 		var hk []string
 		var hv [][]byte
 		var ts *time.Time
-		if err := row.Scan(&d.id, &d.rec.Topic, &d.rec.Partition, &d.rec.Key, &d.rec.Value, &hk, &hv, &ts, &d.attempts); err != nil {
+		if err := row.Scan(&d.id, &d.rec.Topic, &d.rec.Partition, &d.rec.Key, &d.rec.Value, &hk, &hv, &ts, &d.attempts,
+			&d.keyID, &d.sealed, &d.dlq, &d.ikey, &d.origin.Topic, &d.origin.Partition, &d.origin.Offset); err != nil {
 			return d, err
 		}
 		for i, k := range hk {
@@ -376,9 +439,14 @@ func (r *runner) round(ctx context.Context, conn *pgx.Conn) (int, error) {
 		return 0, err
 	}
 	errs := make([]error, len(batch))
+	for i := range batch {
+		errs[i] = r.open(ctx, &batch[i])
+	}
 	var wg sync.WaitGroup
 	for i, d := range batch {
-		wg.Go(func() { errs[i] = r.fwd.Forward(context.WithoutCancel(ctx), d.rec) })
+		if errs[i] == nil {
+			wg.Go(func() { errs[i] = r.fwd.Forward(context.WithoutCancel(ctx), d.rec) })
+		}
 	}
 	wg.Wait()
 	var acked []int64
@@ -386,6 +454,12 @@ func (r *runner) round(ctx context.Context, conn *pgx.Conn) (int, error) {
 	for i, d := range batch {
 		if errs[i] == nil {
 			acked = append(acked, d.id)
+			if d.stub != nil {
+				r.m.DeadLettered.WithLabelValues(r.cfg.Group).Inc()
+				r.log.Error("idem: a deferred message's payload cannot be opened for good; dead-lettered as a stub, never published",
+					"id", d.id, "key", d.ikey, "origin", d.origin.Topic, "partition", d.origin.Partition, "offset", d.origin.Offset,
+					"to", d.rec.Topic, "err", d.stub)
+			}
 			continue
 		}
 		wait := r.retryWait(d.attempts + 1)
@@ -410,6 +484,47 @@ func (r *runner) round(ctx context.Context, conn *pgx.Conn) (int, error) {
 	}
 	r.m.Published.WithLabelValues(r.cfg.Group).Add(float64(len(acked)))
 	return len(batch), nil
+}
+
+// open makes d's record publishable: a row sealed at rest is opened into
+// it (seal.Pack's value and headers). A row whose payload cannot be opened
+// for good (seal.Unreadable: its data key destroyed, or tampered with)
+// becomes the dead-letter stub of its message (wire.UnreadableStub), to
+// d.dlq, or the default dead-letter topic of its origin. The error is a
+// failure to publish now, retried as one: no key given (seal.ErrNoKey), a
+// wrong key, the database.
+func (r *runner) open(ctx context.Context, d *due) error {
+	if d.keyID == nil {
+		return nil
+	}
+	if r.sealer == nil {
+		return fmt.Errorf("schedule: deferred row %d: %w (give the scheduler EncryptionKeyFile)", d.id, seal.ErrNoKey)
+	}
+	aad := scheduletable.AAD(r.cfg.Group, d.rec.Topic, d.rec.Partition, d.ikey, d.origin)
+	pt, err := r.sealer.Open(ctx, *d.keyID, d.sealed, aad)
+	var hs []seal.Header
+	if err == nil {
+		d.rec.Value, hs, err = seal.Unpack(pt)
+	}
+	switch {
+	case err == nil:
+		d.rec.Headers = make([]sarama.RecordHeader, len(hs))
+		for i, h := range hs {
+			d.rec.Headers[i] = sarama.RecordHeader{Key: h.Key, Value: h.Value}
+		}
+		return nil
+	case !seal.Unreadable(err):
+		return fmt.Errorf("schedule: deferred row %d: %w", d.id, err)
+	}
+	d.stub = fmt.Errorf("deferred message's payload, sealed at rest, cannot be opened: %w", err)
+	dlq := d.dlq
+	if dlq == "" {
+		dlq = retrytopic.Policy{}.DLQ(d.origin.Topic, r.cfg.Group)
+	}
+	src := wire.Source{Topic: d.origin.Topic, Partition: d.origin.Partition, Offset: d.origin.Offset, Group: r.cfg.Group}
+	d.rec = forward.Record{Topic: dlq, Partition: d.origin.Partition, Key: d.rec.Key,
+		Headers: wire.UnreadableStub(src, d.ikey, d.stub, time.Now())}
+	return nil
 }
 
 // retryWait is a random wait in [1ms, min(RetryMax, RetryBase·2^(attempts-1))].

@@ -80,7 +80,7 @@ func TestRolledBackDeferIsNeverPublished(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := schedule.Defer(ctx, tx, e.record(1), time.Time{}); err != nil {
+	if err := schedule.Defer(ctx, tx, e.record(1), time.Time{}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Rollback(ctx); err != nil {

@@ -24,7 +24,7 @@ func Avro[T any](reg *Registry, opts Options) (*Codec[T], error) {
 	if opts.Schema != "" {
 		var err error
 		if reader, err = avro.ParseWithCache(opts.Schema, "", &avro.SchemaCache{}); err != nil {
-			return nil, fmt.Errorf("%w: Options.Schema is not an Avro schema: %w", ErrInvalidConfig, err)
+			return nil, fmt.Errorf("%w: Options.Schema is not an Avro schema: %w", errInvalidConfig, err)
 		}
 	}
 	// The decoder of each writer's schema (resolved into the reader's),

@@ -18,10 +18,10 @@ import (
 	"github.com/idemhq/idem/internal/configerr"
 )
 
-// ErrInvalidConfig is matched (errors.Is) by every error NewRegistry returns
-// for a bad RegistryConfig. Each problem names the field, its value and the
-// rule it breaks.
-var ErrInvalidConfig = errors.New("serde: invalid config")
+// errInvalidConfig prefixes every error NewRegistry returns for a bad
+// RegistryConfig (the only errors it returns), and a codec's for bad
+// Options. Each problem names the field, its value and the rule it breaks.
+var errInvalidConfig = errors.New("serde: invalid config")
 
 // The schema types of Schema.Type: the registry's schemaType values.
 const (
@@ -94,7 +94,7 @@ func (c RegistryConfig) defaults() RegistryConfig {
 
 // validate reports every problem of c (defaults applied).
 func (c RegistryConfig) validate() error {
-	l := configerr.New(ErrInvalidConfig, "RegistryConfig.")
+	l := configerr.New(errInvalidConfig, "RegistryConfig.")
 	if strings.TrimSpace(c.URL) == "" {
 		l.Bad("URL", c.URL, "is required: the base URL of the registry's Confluent-compatible API (SCHEMA_REGISTRY_URL)")
 	}
@@ -196,8 +196,9 @@ type latestEntry struct {
 // *UnavailableError, and so in the consumer's "breaker open" logs.
 const breakerName = "schema-registry"
 
-// NewRegistry returns a Registry for cfg, or an error matching
-// ErrInvalidConfig that names every bad field. It makes no request.
+// NewRegistry returns a Registry for cfg, or an error that names every bad
+// field ("serde: invalid config: RegistryConfig.URL = …"). It makes no
+// request.
 //
 // The HTTP layer is franz-go's pkg/sr (a module of its own, independent of
 // the franz-go Kafka client): see the package doc for why.

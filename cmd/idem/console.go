@@ -21,6 +21,8 @@ import (
 
 	"github.com/idemhq/idem/console"
 	"github.com/idemhq/idem/console/index"
+	"github.com/idemhq/idem/internal/control"
+	"github.com/idemhq/idem/internal/failidx"
 	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/seal"
 	"github.com/idemhq/idem/metrics"
@@ -37,7 +39,7 @@ type consoleOptions struct {
 	mask, topics, replayTopics                           []string
 	insecure, noIndexer, behindProxy, anyTokensMode      bool
 	retention, refresh, statementTimeout                 time.Duration
-	maxValue, maxOperatorRecords                         int
+	maxValue, maxOperatorRecords, maxRedrivesPerHour     int
 }
 
 // The console's HTTP server bounds every connection.
@@ -79,7 +81,12 @@ __Host- prefixed. Without either, --listen must be a loopback address.
 
 A replay goes to each record's origin topic or to one of its retry tiers for
 its group; --replay-topic allows more (each such replay is audited as
-such). An operator acts on at most --max-operator-records records a request.`,
+such). An operator acts on at most --max-operator-records records a request.
+
+Admins pause and resume partitions and re-drive windows of consumer groups
+(the Fleet and Re-drives pages); members obey them when they run with
+consumer.Config.Controls. A group gets at most --max-redrives-per-hour
+re-drives an hour.`,
 		Example: `  idem console --tokens-file /etc/idem/console-tokens --mask card.number --mask customer.iban
   idem console --insecure-no-auth                      # local only: 127.0.0.1:8088, no login
   idem console --listen :8443 --http-tls-cert console.pem --http-tls-key console-key.pem --tokens-file /etc/idem/console-tokens
@@ -104,6 +111,7 @@ such). An operator acts on at most --max-operator-records records a request.`,
 	f.BoolVar(&o.behindProxy, "behind-proxy", false, "a proxy in front terminates TLS and adds X-Forwarded-For: Secure cookies, client address from its last hop")
 	f.StringSliceVar(&o.replayTopics, "replay-topic", nil, "topic a replay may target besides a record's origin and its group's retry tiers (repeatable; audited)")
 	f.IntVar(&o.maxOperatorRecords, "max-operator-records", 100, "the most records an operator acts on in one request; more needs an admin")
+	f.IntVar(&o.maxRedrivesPerHour, "max-redrives-per-hour", 6, "the re-drives of one consumer group allowed in any hour (counted in the database)")
 	f.DurationVar(&o.statementTimeout, "statement-timeout", 30*time.Second, "PostgreSQL statement_timeout of the console's connections")
 	f.StringSliceVar(&o.mask, "mask", nil, "JSON path to mask in payloads, e.g. card.number or items.*.pan (repeatable)")
 	envFlag(f, "mask", "IDEM_CONSOLE_MASK")
@@ -137,28 +145,36 @@ func isLoopback(addr string) bool {
 }
 
 // consoleTokens reads the tokens of --tokens-file or IDEM_CONSOLE_TOKENS.
+// A tokens file its group or others may read is refused (LoadTokens),
+// unless --tokens-file-any-mode accepts it with a warning.
 func (a *app) consoleTokens(o consoleOptions) ([]console.Token, error) {
 	if o.tokensFile != "" {
-		ts, err := console.LoadTokens(o.tokensFile)
-		if !errors.Is(err, console.ErrTokensFileMode) || !o.anyTokensMode {
-			if errors.Is(err, console.ErrTokensFileMode) {
+		st, err := os.Stat(o.tokensFile)
+		if err != nil {
+			return nil, fmt.Errorf("tokens file: %w", err)
+		}
+		open := st.Mode().Perm()&0o077 != 0
+		if !open || !o.anyTokensMode {
+			ts, err := console.LoadTokens(o.tokensFile)
+			if err != nil && open {
 				err = fmt.Errorf("%w (or give --tokens-file-any-mode to accept it with a warning)", err)
 			}
 			return ts, err
 		}
-		fmt.Fprintf(a.errOut, "idem: warning: %v; accepted (--tokens-file-any-mode)\n", err)
-		f, err := os.Open(o.tokensFile)
+		fmt.Fprintf(a.errOut, "idem: warning: the tokens file %s has mode %04o, open to its group or others; accepted (--tokens-file-any-mode)\n",
+			o.tokensFile, st.Mode().Perm())
+		b, err := os.ReadFile(o.tokensFile)
 		if err != nil {
 			return nil, fmt.Errorf("tokens file: %w", err)
 		}
-		defer f.Close()
-		if ts, err = console.ParseTokens(f); err != nil {
+		ts, err := console.ParseTokens(string(b))
+		if err != nil {
 			return nil, fmt.Errorf("%s: %w", o.tokensFile, err)
 		}
 		return ts, nil
 	}
 	if v := a.env(consoleTokensEnv); v != "" {
-		ts, err := console.TokensFromEnv(v)
+		ts, err := console.ParseTokens(v)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", consoleTokensEnv, err)
 		}
@@ -186,6 +202,8 @@ func checkConsole(o consoleOptions, tokens []console.Token) error {
 			"give --http-tls-cert and --http-tls-key, or --behind-proxy for a proxy that terminates TLS, or listen on 127.0.0.1", o.listen)
 	case o.maxOperatorRecords < 1:
 		return fmt.Errorf("--max-operator-records %d: must be >= 1", o.maxOperatorRecords)
+	case o.maxRedrivesPerHour < 1:
+		return fmt.Errorf("--max-redrives-per-hour %d: must be >= 1", o.maxRedrivesPerHour)
 	case o.statementTimeout < 0:
 		return fmt.Errorf("--statement-timeout %s: must be >= 0 (0: none)", o.statementTimeout)
 	}
@@ -234,6 +252,9 @@ func (a *app) runConsole(ctx context.Context, o consoleOptions) error {
 	if err == nil {
 		err = seal.Migrate(ctx, mig)
 	}
+	if err == nil {
+		err = control.Migrate(ctx, mig) // the live controls' tables
+	}
 	mig.Close()
 	if err != nil {
 		return fmt.Errorf("migrate the index: %w", err)
@@ -249,7 +270,7 @@ func (a *app) runConsole(ctx context.Context, o consoleOptions) error {
 	}
 	scfg.ClientID = "idem-console"
 	scfg.Metadata.Retry.Max = 3
-	client, err := sarama.NewClient(brokers, index.ProducerConfig(scfg))
+	client, err := sarama.NewClient(brokers, failidx.ProducerConfig(scfg))
 	if err != nil {
 		return fmt.Errorf("kafka: %w", err)
 	}
@@ -264,6 +285,7 @@ func (a *app) runConsole(ctx context.Context, o consoleOptions) error {
 		Tokens: tokens, InsecureNoAuth: o.insecure, Mask: o.mask, Logger: logger, Registerer: reg,
 		SecureCookies: tls || o.behindProxy, BehindProxy: o.behindProxy, ReplayTopics: o.replayTopics,
 		MaxOperatorRecords: o.maxOperatorRecords,
+		MaxRedrivesPerHour: o.maxRedrivesPerHour,
 	}
 	ccfg.EncryptionKeyFile, ccfg.EncryptionKey = a.kekText(a.keyFile)
 	if ccfg.Registry, err = a.registry(); err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/idemhq/idem/dlq"
+	"github.com/idemhq/idem/internal/replayrec"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -581,7 +582,7 @@ a subset leaves the others unresolved, and every replay is audited.
 			if tier < 0 {
 				return fmt.Errorf("--tier %d: must be >= 1 (0: from the topic name)", tier)
 			}
-			if tier > 0 && to == string(dlq.ToSource) {
+			if tier > 0 && to == replayrec.ToSource {
 				return errors.New("--tier applies to a named --to topic, not to source")
 			}
 			cl, topic, err := a.openDLQ(sel)
@@ -589,7 +590,7 @@ a subset leaves the others unresolved, and every replay is audited.
 				return err
 			}
 			defer cl.Close()
-			dest := dlq.Destination(to)
+			dest := to
 			opts := dlq.ReplayOptions{Topic: topic, To: dest, Tier: tier, Filter: f, Rate: rate, DryRun: dryRun, DropUnmatched: drop, AllowedTopics: allowed}
 			a.topicView(topic)
 			tty := isTerminal(a.out)
@@ -604,7 +605,7 @@ a subset leaves the others unresolved, and every replay is audited.
 		},
 	}
 	dlqTopicFlags(c, &sel)
-	c.Flags().StringVar(&to, "to", string(dlq.ToSource), "destination: source (each record's idem-original-topic) or an existing topic name, e.g. a retry tier")
+	c.Flags().StringVar(&to, "to", replayrec.ToSource, "destination: source (each record's idem-original-topic) or an existing topic name, e.g. a retry tier")
 	c.Flags().IntVar(&tier, "tier", 0, "idem-tier written with a named --to topic (default: n of <topic>.<group>.retry.<n>, else 1)")
 	c.Flags().StringVar(&filter, "filter", "", "kind=…,error~=…,key=…,fingerprint=… (all must match)")
 	c.Flags().Float64Var(&rate, "rate", 0, "max records per second (0 = unlimited; with a database, a whole number)")
@@ -635,7 +636,7 @@ func stubList(ps []dlq.Position) string {
 
 // replayReport prints what an offset-model replay did, or turns its refusal
 // into an error that says what to do.
-func replayReport(a *app, topic string, dest dlq.Destination, opts dlq.ReplayOptions, res dlq.ReplayResult, err error) error {
+func replayReport(a *app, topic string, dest string, opts dlq.ReplayOptions, res dlq.ReplayResult, err error) error {
 	stubs := int64(len(res.Stubs))
 	switch {
 	case err == nil && res.Pending == 0:

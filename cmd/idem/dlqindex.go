@@ -14,9 +14,9 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/spf13/cobra"
 
-	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/internal/failidx"
+	"github.com/idemhq/idem/internal/replayrec"
 )
 
 // dlqDBFlags adds --database-url to the dlq command: with it (or
@@ -387,7 +387,7 @@ func indexReplay(ctx context.Context, a *app, sel failidx.Selection, to string, 
 	if tier != 0 {
 		return errors.New("--tier: with a database, the tier is taken from the --to topic's name (<topic>.<group>.retry.<n>, else 1)")
 	}
-	if to == string(dlq.ToSource) {
+	if to == replayrec.ToSource {
 		to = ""
 	}
 	s, closeDB, err := a.openIndex(ctx)
@@ -423,7 +423,7 @@ func indexReplay(ctx context.Context, a *app, sel failidx.Selection, to string, 
 	}
 	dest := to
 	if dest == "" {
-		dest = string(dlq.ToSource)
+		dest = replayrec.ToSource
 	}
 	fmt.Fprintf(a.out, "replayed %d of %d selected records to %s\n", res.Done, res.Matched, dest)
 	reportSkipped(a.out, res)
@@ -443,7 +443,7 @@ func (a *app) producerClient() (sarama.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	client, err := sarama.NewClient(brokers, index.ProducerConfig(cfg))
+	client, err := sarama.NewClient(brokers, failidx.ProducerConfig(cfg))
 	if err != nil {
 		return nil, fmt.Errorf("connect to %v: %w", brokers, err)
 	}

@@ -14,6 +14,9 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/idemhq/idem/internal/failidx"
+	"github.com/idemhq/idem/internal/keyorder"
+	"github.com/idemhq/idem/internal/outboxtable"
+	"github.com/idemhq/idem/internal/scheduletable"
 	"github.com/idemhq/idem/internal/seal"
 )
 
@@ -48,11 +51,17 @@ func (a *app) keks(file string) ([]seal.KEK, error) {
 // indexSealer returns the failure index's sealer for --encryption-key-file
 // (or IDEM_ENCRYPTION_KEY), nil without one.
 func (a *app) indexSealer(ctx context.Context, pool *pgxpool.Pool) (*seal.Sealer, error) {
+	return a.sealer(ctx, pool, failidx.Purpose)
+}
+
+// sealer returns the sealer of purpose for --encryption-key-file (or
+// IDEM_ENCRYPTION_KEY), nil without one.
+func (a *app) sealer(ctx context.Context, pool *pgxpool.Pool, purpose string) (*seal.Sealer, error) {
 	ks, err := a.keks(a.keyFile)
 	if err != nil || ks == nil {
 		return nil, err
 	}
-	return seal.New(ctx, seal.Config{DB: pool, KEKs: ks, Purpose: failidx.Purpose})
+	return seal.New(ctx, seal.Config{DB: pool, KEKs: ks, Purpose: purpose})
 }
 
 func newKeysCmd(a *app) *cobra.Command {
@@ -68,7 +77,7 @@ idem_seal_keys wrapped by the KEK. The KEK itself is never stored: it stays
 in its file (mode 600) or in IDEM_ENCRYPTION_KEY.
 
   generate  write a new KEK to a file (never to the terminal)
-  list      the data keys: purpose, KEK id, state, and the index rows each seals
+  list      the data keys: purpose, KEK id, state, and the rows each seals
   rotate    re-wrap every data key under a new KEK (rows are not touched)
   roll      start a new data key now (writers seal under it from then on)
   destroy   forget a data key: every row it sealed is unreadable for good
@@ -141,19 +150,32 @@ func keysDB(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
-// indexRowsByKey counts the failure index's rows (records and edited
-// versions) sealed under each data key; empty without an index.
-func indexRowsByKey(ctx context.Context, pool *pgxpool.Pool) (map[int64]int64, error) {
+// sealedTables are the tables whose rows may be sealed at rest, each with
+// a key_id column: the failure index (records and edited versions), parked
+// ordering rows, deferred messages and the default outbox table.
+var sealedTables = []string{"idem_dlq_records", "idem_dlq_versions", "idem_ordering_parked", "idem_deferred", "idem_outbox"}
+
+// sealedRowsByKey counts the rows sealed under each data key in the
+// sealedTables that exist (an outbox table of another name is not counted).
+func sealedRowsByKey(ctx context.Context, pool *pgxpool.Pool) (map[int64]int64, error) {
 	out := map[int64]int64{}
-	var exists bool
-	if err := pool.QueryRow(ctx, `SELECT to_regclass('idem_dlq_records') IS NOT NULL`).Scan(&exists); err != nil || !exists {
-		return out, err
+	var parts []string
+	for _, t := range sealedTables {
+		var exists bool
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
+			WHERE attrelid = to_regclass($1) AND attname = 'key_id' AND NOT attisdropped)`, t).Scan(&exists); err != nil {
+			return nil, err
+		}
+		if exists {
+			parts = append(parts, "SELECT key_id FROM "+t+" WHERE key_id IS NOT NULL")
+		}
 	}
-	rows, err := pool.Query(ctx, `SELECT key_id, count(*) FROM (
-		SELECT key_id FROM idem_dlq_records WHERE key_id IS NOT NULL
-		UNION ALL SELECT key_id FROM idem_dlq_versions WHERE key_id IS NOT NULL) k GROUP BY key_id`)
+	if len(parts) == 0 {
+		return out, nil
+	}
+	rows, err := pool.Query(ctx, `SELECT key_id, count(*) FROM (`+strings.Join(parts, " UNION ALL ")+`) k GROUP BY key_id`)
 	if err != nil {
-		return nil, fmt.Errorf("count index rows by key: %w", err)
+		return nil, fmt.Errorf("count sealed rows by key: %w", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
@@ -181,7 +203,7 @@ func newKeysListCmd(a *app) *cobra.Command {
 	var asJSON bool
 	c := &cobra.Command{
 		Use:     "list",
-		Short:   "List the data keys: purpose, KEK id, state, and the index rows each seals",
+		Short:   "List the data keys: purpose, KEK id, state, and the rows each seals",
 		Example: `  idem keys list --database-url postgres://idem@db/idem --json`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -195,14 +217,14 @@ func newKeysListCmd(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			counts, err := indexRowsByKey(ctx, pool)
+			counts, err := sealedRowsByKey(ctx, pool)
 			if err != nil {
 				return err
 			}
 			if asJSON {
 				type key struct {
 					seal.KeyInfo
-					IndexRows int64 `json:"index_rows"`
+					Rows int64 `json:"rows"` // rows sealed under it, in every table that seals
 				}
 				out := []key{}
 				for _, k := range keys {
@@ -211,7 +233,7 @@ func newKeysListCmd(a *app) *cobra.Command {
 				return writeJSON(a.out, out)
 			}
 			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tPURPOSE\tSTATE\tKEK ID\tCREATED\tREWRAPPED\tINDEX ROWS")
+			fmt.Fprintln(tw, "ID\tPURPOSE\tSTATE\tKEK ID\tCREATED\tREWRAPPED\tROWS")
 			for _, k := range keys {
 				state := "live"
 				if !k.DestroyedAt.IsZero() {
@@ -326,7 +348,8 @@ writers use. (Writers also start a new key by themselves every 30 days.)`,
 	}
 	dbFlag(c, &url)
 	encryptionFlag(c.Flags(), &a.keyFile)
-	c.Flags().StringVar(&purpose, "purpose", failidx.Purpose, "what the key seals ("+failidx.Purpose+": the failure index)")
+	c.Flags().StringVar(&purpose, "purpose", failidx.Purpose, "what the key seals: "+failidx.Purpose+" (the failure index), "+
+		keyorder.Purpose+" (parked messages), "+scheduletable.Purpose+" (deferred messages) or "+outboxtable.Purpose+" (outbox rows)")
 	return c
 }
 
@@ -361,14 +384,14 @@ useless. There is no undo: --yes is required.`,
 				return err
 			}
 			defer pool.Close()
-			counts, err := indexRowsByKey(ctx, pool)
+			counts, err := sealedRowsByKey(ctx, pool)
 			if err != nil {
 				return err
 			}
 			if !yes {
-				return fmt.Errorf("destroying data key %d makes %d rows of the failure index unreadable for good: add --yes", id, counts[id])
+				return fmt.Errorf("destroying data key %d makes the %d rows it sealed unreadable for good: add --yes", id, counts[id])
 			}
-			detail := fmt.Sprintf("data key %d (%d index rows)", id, counts[id])
+			detail := fmt.Sprintf("data key %d (%d rows)", id, counts[id])
 			if err := seal.Destroy(ctx, pool, id, a.actorName(), reason); err != nil {
 				return errors.Join(err, a.auditKeys(ctx, pool, "key-destroy", detail, reason, "error: "+err.Error()))
 			}

@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	idemroot "github.com/idemhq/idem" // the root package; the tests' helper is called idem
+	"github.com/idemhq/idem/dedupe"
 )
 
 // newMigrateCmd builds `idem migrate`: create or upgrade idem's tables.
@@ -44,19 +45,20 @@ Configure the services' stores with dedupe.WithPartitions to match.`,
 				return fmt.Errorf("database: %w", err)
 			}
 			defer pool.Close()
-			var opts []idemroot.MigrateOption
+			var inbox []dedupe.PostgresOption
 			if table != "" {
-				opts = append(opts, idemroot.InboxTable(table))
+				inbox = append(inbox, dedupe.WithTable(table))
 			}
 			switch partitions {
 			case "":
 			case "day":
-				opts = append(opts, idemroot.PartitionedInbox(24*time.Hour))
+				inbox = append(inbox, dedupe.WithPartitions(24*time.Hour))
 			case "week":
-				opts = append(opts, idemroot.PartitionedInbox(7*24*time.Hour))
+				inbox = append(inbox, dedupe.WithPartitions(7*24*time.Hour))
 			default:
 				return fmt.Errorf("--partitioned-inbox %q: want day or week", partitions)
 			}
+			opts := []idemroot.MigrateOption{idemroot.Inbox(inbox...)}
 			for _, t := range outboxTables {
 				opts = append(opts, idemroot.OutboxTable(t))
 			}

@@ -268,7 +268,13 @@ head does come back later it is handled on its own, after the released
 messages. Each key is released in one transaction holding its head: a
 consumer parking or draining that key waits. If a send fails, that key's rows
 stay (records already sent are sent again by the next release; their
-idempotency keys make the copies duplicates).`,
+idempotency keys make the copies duplicates).
+
+Parked messages sealed at rest (consumer.Config.EncryptionKeyFile) need the
+same key (--encryption-key-file or IDEM_ENCRYPTION_KEY). A message whose
+data key was destroyed is never sent to --to: a stub of it (no value, none of
+its headers, kind permanent, the reason as idem-error) goes to the
+dead-letter topic instead, and the command says so.`,
 		Example: `  idem ordering release --group payments --topic orders --key order-42 --to source
   idem ordering release --group payments --topic orders --all --to orders.payments.retry.1`,
 		Args: cobra.NoArgs,
@@ -293,6 +299,7 @@ idempotency keys make the copies duplicates).`,
 	c.Flags().BoolVar(&o.all, "all", false, "release every blocked key of --topic")
 	c.Flags().StringVar(&o.to, "to", "", `destination: "source", or a topic name such as the first retry tier (required)`)
 	c.Flags().BoolVar(&o.dryRun, "dry-run", false, "check the destination and count what would be released; send and change nothing")
+	encryptionFlag(c.Flags(), &a.keyFile)
 	for _, f := range []string{"group", "topic", "to"} {
 		_ = c.MarkFlagRequired(f)
 	}
@@ -332,7 +339,11 @@ func releaseRun(ctx context.Context, a *app, o releaseOpts) error {
 	if err != nil {
 		return err
 	}
-	s := keyorder.New(pool, o.group)
+	sl, err := a.sealer(ctx, pool, keyorder.Purpose)
+	if err != nil {
+		return fmt.Errorf("encryption at rest: %w", err)
+	}
+	s := keyorder.New(pool, o.group).Sealed(sl)
 	if o.dryRun {
 		blocked, err := keyorder.List(ctx, pool, o.group, o.topic)
 		if err != nil {
@@ -361,6 +372,15 @@ func releaseRun(ctx context.Context, a *app, o releaseOpts) error {
 	total := 0
 	for i, k := range keys {
 		n, err := s.Release(ctx, o.topic, k, func(r keyorder.Record) error {
+			if r.Unreadable != nil { // sealed at rest, its key destroyed: never sent on
+				stub := unreadableStub(r, o)
+				if err := fwd.Forward(ctx, stub); err != nil {
+					return err
+				}
+				fmt.Fprintf(a.out, "message %s of key %s cannot be read (%v): dead-lettered as a stub to %s, not sent to %s\n",
+					r.IdempotencyKey, showKey(k), r.Unreadable, stub.Topic, dest)
+				return nil
+			}
 			return fwd.Forward(ctx, releaseRecord(r, dest, o))
 		})
 		if err != nil {
@@ -371,6 +391,19 @@ func releaseRun(ctx context.Context, a *app, o releaseOpts) error {
 	}
 	fmt.Fprintf(a.out, "released %d messages of %d keys of group %s topic %s to %s\n", total, len(keys), o.group, o.topic, dest)
 	return nil
+}
+
+// unreadableStub is the dead-letter stub release sends instead of r, whose
+// payload, sealed at rest, cannot be opened for good: to its pending
+// forward's dead-letter topic, or the default one of --topic and --group.
+func unreadableStub(r keyorder.Record, o releaseOpts) forward.Record {
+	dlq := r.DLQ
+	if dlq == "" {
+		dlq = retrytopic.Policy{}.DLQ(o.topic, o.group)
+	}
+	src := wire.Source{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Timestamp: r.Timestamp, Group: o.group}
+	return forward.Record{Topic: dlq, Partition: r.Partition, Key: r.Key,
+		Headers: wire.UnreadableStub(src, r.IdempotencyKey, fmt.Errorf("parked message's payload, sealed at rest, cannot be opened: %w", r.Unreadable), time.Now())}
 }
 
 // releaseRecord is the record release sends for r: key, value, partition and

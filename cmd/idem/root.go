@@ -110,10 +110,12 @@ func versionString() string {
 func newRootCmd(a *app) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "idem <command>",
-		Short: "Operate idem consumers: dead-letter topics, parked ordered messages, schema migrations",
+		Short: "Operate idem consumers: dead-letter topics, parked ordered messages, live controls, schema migrations",
 		Long: `idem operates the consumers built with github.com/idemhq/idem: inspect, replay
-and purge dead-letter topics, release messages parked by ordering-by-key, and
-create idem's PostgreSQL tables. For a first trial, idem topic create makes a
+and purge dead-letter topics, release messages parked by ordering-by-key,
+pause partitions and re-drive windows of a consumer group (the live
+controls: pause, resume, redrive, fleet), and create idem's PostgreSQL
+tables. For a first trial, idem topic create makes a
 topic and idem produce writes records to it from stdin.
 
 Commands that talk to Kafka take --brokers (-b) and, for a secured cluster,
@@ -145,6 +147,7 @@ name (idem dlq list --tls …). Errors print one line on stderr and exit 1.`,
 	root.AddCommand(newKeysCmd(a))
 	root.AddCommand(newTopicCmd(a))
 	root.AddCommand(newProduceCmd(a))
+	root.AddCommand(newPauseCmd(a), newResumeCmd(a), newRedriveCmd(a), newFleetCmd(a))
 	cobraCommands(root)
 	a.groups(root)
 	return root

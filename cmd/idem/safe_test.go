@@ -149,7 +149,7 @@ func TestCLIResumesAJob(t *testing.T) {
 	topic, origin := k.Topic(t, "dlq", 1), k.Topic(t, "origin", 1)
 	seed(t, k, topic, origin, 3)
 	indexTopic(t, k, pg.Pool, topic, 3)
-	client, err := sarama.NewClient(k.Brokers, index.ProducerConfig(k.SaramaConfig()))
+	client, err := sarama.NewClient(k.Brokers, failidx.ProducerConfig(k.SaramaConfig()))
 	if err != nil {
 		t.Fatal(err)
 	}

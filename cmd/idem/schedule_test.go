@@ -34,7 +34,7 @@ func TestScheduleList(t *testing.T) {
 		if i == 2 {
 			rec.Group = "audit"
 		}
-		if err := scheduletable.Defer(ctx, tx, rec, now.Add(time.Duration(2-i)*time.Hour)); err != nil {
+		if err := scheduletable.Defer(ctx, tx, rec, now.Add(time.Duration(2-i)*time.Hour), nil); err != nil {
 			t.Fatal(err)
 		}
 	}

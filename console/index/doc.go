@@ -27,7 +27,9 @@
 //	ix := &index.Indexer{Brokers: brokers, Pool: pool, Registerer: reg}
 //	go ix.Run(ctx) // returns nil when ctx ends
 //
-//	client, err := sarama.NewClient(brokers, index.ProducerConfig(nil)) // for the console's replays
+//	pcfg := sarama.NewConfig()
+//	retrytopic.ConfigureProducer(pcfg) // for the console's replays: idempotent, acks=all, no topic auto-creation
+//	client, err := sarama.NewClient(brokers, pcfg)
 //	if err != nil {
 //		log.Fatal(err)
 //	}

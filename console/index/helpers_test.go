@@ -19,7 +19,7 @@ type dead = failidxtest.Dead
 // when the test ends.
 func producerClient(t *testing.T, k *testenv.Kafka) sarama.Client {
 	t.Helper()
-	return failidxtest.Client(t, k, ProducerConfig(k.SaramaConfig()))
+	return failidxtest.Client(t, k, failidx.ProducerConfig(k.SaramaConfig()))
 }
 
 // mustList returns every record of the index f matches, each as Get reads

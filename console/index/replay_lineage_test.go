@@ -90,7 +90,7 @@ func TestReplayFailsAgainLinksBack(t *testing.T) {
 		t.Fatalf("second failure of pay-1: PreviousID %d, want %d", second.PreviousID, first.ID)
 	}
 
-	client, err := sarama.NewClient(k.Brokers, index.ProducerConfig(k.SaramaConfig()))
+	client, err := sarama.NewClient(k.Brokers, failidx.ProducerConfig(k.SaramaConfig()))
 	if err != nil {
 		t.Fatal(err)
 	}

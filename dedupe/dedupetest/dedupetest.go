@@ -16,7 +16,8 @@
 // and a later call processes the key; concurrent calls for one key process it
 // exactly once; keys and groups are independent; a done ctx fails with a
 // *dedupe.StoreError without calling fn; an empty key is rejected; fn's error
-// is returned unchanged.
+// is returned unchanged; a key is processed once in each replay epoch
+// (Record.Epoch), and a negative epoch is rejected.
 package dedupetest
 
 import (
@@ -53,6 +54,7 @@ func Run(t *testing.T, newStore func(t *testing.T) dedupe.Store) {
 		{"CancelledContext", testCancelledContext},
 		{"ContextValuesReachFn", testContextValues},
 		{"EmptyKeyRejected", testEmptyKey},
+		{"EachEpochOnce", testEachEpochOnce},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newStore(t)) })
 	}
@@ -285,5 +287,31 @@ func testEmptyKey(t *testing.T, s dedupe.Store) {
 	}
 	if calls.Load() != 0 {
 		t.Fatal("fn called for an invalid record")
+	}
+}
+
+// testEachEpochOnce: a replay epoch (Record.Epoch) is a key space of its
+// own: a key recorded under epoch 0 is processed once more under epoch 1,
+// then it is a Duplicate under both; a negative epoch is rejected.
+func testEachEpochOnce(t *testing.T, s dedupe.Store) {
+	ctx := testContext(t)
+	rec := record(unique("g"), unique("k"))
+	var calls atomic.Int32
+	out, err := process(ctx, s, rec, &calls, nil)
+	mustOutcome(t, out, err, dedupe.Processed)
+	rec.Epoch = 1
+	out, err = process(ctx, s, rec, &calls, nil)
+	mustOutcome(t, out, err, dedupe.Processed)
+	for _, epoch := range []int64{1, 0, 1} {
+		rec.Epoch = epoch
+		out, err = process(ctx, s, rec, &calls, nil)
+		mustOutcome(t, out, err, dedupe.Duplicate)
+	}
+	if calls.Load() != 2 {
+		t.Fatalf("fn called %d times, want 2 (once in epoch 0, once in epoch 1)", calls.Load())
+	}
+	rec.Epoch = -1
+	if out, err := process(ctx, s, rec, &calls, nil); out != 0 || !errors.Is(err, dedupe.ErrInvalidRecord) {
+		t.Errorf("Process with Epoch -1 = (%v, %v), want (0, ErrInvalidRecord)", out, err)
 	}
 }

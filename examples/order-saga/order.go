@@ -128,7 +128,7 @@ func orderSaga(pay paymentService, breakers *breaker.Set, t topics) saga.Definit
 				}
 				cmd, _ := json.Marshal(shipCommand{SagaID: c.SagaID, Order: o})
 				err = outbox.Enqueue(ctx, c.Tx, outbox.Message{Topic: t.Commands, Key: []byte(o.ID), Value: cmd,
-					Headers: []outbox.Header{{Key: outbox.HeaderIdempotencyKey, Value: []byte(c.Key)}}})
+					Headers: []handler.Header{{Key: outbox.HeaderIdempotencyKey, Value: []byte(c.Key)}}})
 				if err != nil {
 					return nil, err
 				}
@@ -177,7 +177,7 @@ func handleShipCommand(repliesTopic string) handler.Func {
 		}
 		v, _ := json.Marshal(reply)
 		return outbox.Enqueue(ctx, tx, outbox.Message{Topic: repliesTopic, Key: m.Key, Value: v,
-			Headers: []outbox.Header{{Key: outbox.HeaderIdempotencyKey, Value: []byte(m.IdempotencyKey + "/reply")}}})
+			Headers: []handler.Header{{Key: outbox.HeaderIdempotencyKey, Value: []byte(m.IdempotencyKey + "/reply")}}})
 	}
 }
 

@@ -414,20 +414,47 @@ type stores struct {
 
 // drain waits until every group has committed every record of its topics,
 // the outbox is empty and the stores hold nothing of the group; stable
-// over three polls a second apart.
+// over three polls a second apart. timeout is how long it may go without
+// progress (drainLoop).
 func drain(ctx context.Context, brokers []string, pool *pgxpool.Pool, sources []lagSource, st stores, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
+	return drainLoop(ctx, func() (int64, int64, error) {
+		lags, err := leftOver(ctx, brokers, pool, sources, st)
+		left, done := int64(0), int64(0)
+		for _, l := range lags {
+			left += l.End - max(l.Committed, 0)
+			done += max(l.Committed, 0)
+		}
+		return left, done, err
+	}, timeout, drainCap*timeout, time.Second)
+}
+
+// drainCap bounds a drain that keeps making progress: at most this many
+// times its stall timeout.
+const drainCap = 4
+
+// drainLoop polls probe every tick until it reports nothing left three
+// times in a row. probe returns what is left (records not committed, rows
+// left in the stores) and how far the group got (its committed offsets
+// summed). A drain fails when it made no progress (less left than ever
+// before, or committed further) for stall, or when it ran longer than cap:
+// a group working through a long serial chain (one hot key, ordered,
+// through every tier) drains slowly but is not stalled, and must not be
+// reported as lag.
+func drainLoop(ctx context.Context, probe func() (left, committed int64, err error), stall, cap, tick time.Duration) error {
+	begin := time.Now()
+	lastProgress := begin
+	bestLeft, bestDone := int64(-1), int64(-1)
 	stable := 0
 	var last string
 	for stable < 3 {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not drained after %s: %s", timeout, last)
+		now := time.Now()
+		if now.Sub(lastProgress) > stall {
+			return fmt.Errorf("not drained: no progress for %s (%s)", stall, last)
 		}
-		lags, err := leftOver(ctx, brokers, pool, sources, st)
-		left := int64(0)
-		for _, l := range lags {
-			left += l.End - max(l.Committed, 0)
+		if now.Sub(begin) > cap {
+			return fmt.Errorf("not drained after %s: %s", cap, last)
 		}
+		left, done, err := probe()
 		switch {
 		case err != nil:
 			stable, last = 0, err.Error()
@@ -436,7 +463,16 @@ func drain(ctx context.Context, brokers []string, pool *pgxpool.Pool, sources []
 		default:
 			stable++
 		}
-		if err := sleep(ctx, time.Second); err != nil {
+		if err == nil {
+			if bestLeft < 0 || left < bestLeft || done > bestDone {
+				lastProgress = time.Now()
+			}
+			if bestLeft < 0 || left < bestLeft {
+				bestLeft = left
+			}
+			bestDone = max(bestDone, done)
+		}
+		if err := sleep(ctx, tick); err != nil {
 			return err
 		}
 	}

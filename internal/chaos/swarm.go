@@ -96,9 +96,7 @@ func RunSwarm(ctx context.Context, o SwarmOptions, d *draw.Draw) (*SwarmResult, 
 	if d.Config.InstanceIDs {
 		fl.instanceOf = swarmInstanceID
 	}
-	if d.Config.DLQMaxBytes > 0 {
-		fl.allowErrors = refusedForward
-	}
+	fl.allowErrors = allowedErrors(d)
 	defer fl.killAll()
 	if err := fl.start("m1"); err != nil {
 		return nil, err
@@ -153,7 +151,11 @@ func RunSwarm(ctx context.Context, o SwarmOptions, d *draw.Draw) (*SwarmResult, 
 			join = append(join, f)
 			continue
 		}
-		if err = sleep(ctx, time.Until(prodStart.Add(time.Duration(f.At*float64(d.Workload.ProduceFor.D()))))); err != nil {
+		at := prodStart.Add(time.Duration(f.At * float64(d.Workload.ProduceFor.D())))
+		if f.AtT0 > 0 { // placed in a window of the draw, on the members' clock
+			at = m.T0.Add(f.AtT0.D())
+		}
+		if err = sleep(ctx, time.Until(at)); err != nil {
 			break
 		}
 		if err = fs.run(f); err != nil {
@@ -235,9 +237,30 @@ func RunSwarm(ctx context.Context, o SwarmOptions, d *draw.Draw) (*SwarmResult, 
 	return res, nil
 }
 
-// refusedForward matches the ERROR lines of a forward the DLQ refuses for
-// its size, and of its stub: the draw's oversized poison causes them.
-var refusedForward = regexp.MustCompile(`level=ERROR msg="idem: (destination refuses the record for good|message dead-lettered as a (bare )?stub)`)
+// refusedForward matches the ERROR lines of a forward the DLQ (or a tier)
+// refuses for its size, and of its stub: the draw's oversized poison and
+// big records cause them.
+var refusedForward = `idem: (destination refuses the record for good|message dead-lettered as a (bare )?stub)`
+
+// handlerPanicked matches the ERROR line of a handler's panic: the draw's
+// panic poison causes it.
+var handlerPanicked = `idem: handler panicked`
+
+// allowedErrors matches the ERROR lines d's workload causes by design, or
+// is nil.
+func allowedErrors(d *draw.Draw) *regexp.Regexp {
+	var alts []string
+	if d.Config.DLQMaxBytes > 0 || d.Config.Tier1MaxBytes > 0 || slices.Contains(d.FaultKindsDrawn(), draw.FaultRefuse) {
+		alts = append(alts, refusedForward)
+	}
+	if slices.Contains(d.Workload.Poison, "panic") {
+		alts = append(alts, handlerPanicked)
+	}
+	if len(alts) == 0 {
+		return nil
+	}
+	return regexp.MustCompile(`level=ERROR msg="(` + strings.Join(alts, "|") + `)`)
+}
 
 // swarmInstanceID is a slot's InstanceID: "i-<n>" for slot "m<n>" and its
 // one-off twins ("m<n>~twin"), so that the group "<group>-i" with
@@ -276,6 +299,13 @@ func createSwarmTopics(svc *Services, m *draw.Member, tiers, dlqs []string) erro
 	for k, v := range base {
 		fwd[k] = v
 	}
+	if m.Tier1MaxBytes > 0 { // before idem would create it with the source's limit
+		t1 := maps.Clone(fwd)
+		t1["max.message.bytes"] = new(strconv.Itoa(m.Tier1MaxBytes))
+		if err := createTopicN(brokers, tiers[0], n, rf, t1); err != nil {
+			return err
+		}
+	}
 	small := maps.Clone(fwd)
 	if m.DLQMaxBytes > 0 {
 		small["max.message.bytes"] = new(strconv.Itoa(m.DLQMaxBytes))
@@ -286,7 +316,7 @@ func createSwarmTopics(svc *Services, m *draw.Member, tiers, dlqs []string) erro
 	if svc.nodes() != 3 {
 		return nil // idem creates the others as it does for a service
 	}
-	all := append(slices.Clone(tiers), dlqs...)
+	all := append(slices.Clone(tiers[min(len(tiers), boolInt(m.Tier1MaxBytes > 0)):]), dlqs...)
 	if m.Defer {
 		all = append(all, m.DeferredTopic())
 	}
@@ -400,4 +430,11 @@ func writeJSON(path string, v any) error {
 		return err
 	}
 	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

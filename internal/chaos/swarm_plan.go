@@ -49,6 +49,9 @@ func swarmKinds(d *draw.Draw) []kindWeight {
 	add(draw.Throttle, kindWeight{"dep-b", 8})
 	add(draw.Slow, kindWeight{"slow", 4})
 	add(draw.ExpiryDeadline, kindWeight{"deadline-future", 2}, kindWeight{"deadline-past", 2}, kindWeight{"deadline-tier", 3}, kindWeight{"deadline-parked", 3})
+	if c.Tier1MaxBytes > 0 { // records the first tier refuses: to their DLQ whole (as promoted heads too, with Ordering)
+		ks = append(ks, kindWeight{"big", 2})
+	}
 	return ks
 }
 
@@ -113,7 +116,30 @@ func planSwarm(d *draw.Draw, m *draw.Member, run string) []record {
 			poisonAt[i] = append(poisonAt[i], k)
 		}
 	}
+	// Forwards in flight when a fault makes the transactional producer fatal
+	// (issue 28, defect 3: a fenced producer closed while another forward was
+	// sending on it): bursts of records that fail every attempt at their
+	// source, around the fault's time. The producer sends records in chunks
+	// of 100, paced over the production, so one burst is sent up to a chunk
+	// early: one goes a chunk before the fault's place, one at it, one a
+	// chunk after.
+	burstAt := map[int]int{}
+	if c.Transactions && len(c.Tiers) > 0 {
+		for _, f := range d.Faults {
+			if f.Kind == draw.FaultTxnAbort || f.Kind == draw.FaultFence {
+				at := int(f.At * float64(w.Records))
+				for _, i := range []int{at - 100, at, at + 100} {
+					burstAt[min(max(i, 0), w.Records-1)] += 30
+				}
+			}
+		}
+	}
 	for i := range w.Records {
+		for range burstAt[i] {
+			b := valid("burst", kafkaKey())
+			b.header(hdrFail, c.Attempts)
+			emit(expectAge(b, c))
+		}
 		rec := valid(pick(), kafkaKey())
 		var head *record // a record that must go ahead of rec, on its key
 		switch rec.Kind {
@@ -130,6 +156,16 @@ func planSwarm(d *draw.Draw, m *draw.Member, run string) []record {
 		case "fraud":
 			rec.header(hdrFraud, 1)
 			rec.Expect, rec.DLQKind, rec.DLQTopic = check.ExpectDLQ, "retriable", m.FraudDLQ()
+			if c.RuleDLQTiers && c.Tier1MaxBytes > 0 {
+				// Through the fallback's tiers, the first refusing it, to the
+				// rule's DLQ: every fraud record, so that a promoted head left
+				// pending (issue 28, defect 11) is often one.
+				rec.Kind, rec.value = "big-fraud", bigValue(n)
+			}
+		case "big": // fails at its source, and its tier refuses it: dead-lettered whole
+			rec.header(hdrFail, 1000)
+			rec.value = bigValue(n)
+			rec.Expect, rec.DLQKind = check.ExpectDLQ, "retriable"
 		case "defer":
 			rec.header(hdrDefer, 300+r.IntN(2700))
 			rec.Unordered = true
@@ -262,8 +298,16 @@ func swarmPoison(k, key string, r *rand.Rand) record {
 		rec.headers = append(rec.headers, hdr("idem-deadline", []string{"tomorrow", "2026-13-45", "-", "0x10"}[r.IntN(4)]))
 	case "oversized":
 		rec.value = fmt.Appendf(nil, `{"v":"ok","pad":"%s`, strings.Repeat("z", 300<<10))
+	case "panic":
+		rec.value = []byte(`{"v":"panic"}`)
 	}
 	return rec
+}
+
+// bigValue is valid JSON of about 100 KB: more than the first tier takes
+// when it refuses (draw.Config.Tier1MaxBytes), less than any DLQ's limit.
+func bigValue(n int) []byte {
+	return fmt.Appendf(nil, `{"v":"ok","n":%d,"pad":"%s"}`, n, strings.Repeat("b", 100<<10))
 }
 
 // The handler's headers (internal/chaos/swarmmember).

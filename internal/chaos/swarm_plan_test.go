@@ -69,3 +69,37 @@ func countHeader(r record, k string) int {
 	}
 	return n
 }
+
+// TestPlanCorrelations: a draw whose first tier refuses big records plans
+// some (with the fraud rule through the tiers, big fraud records too), and
+// a transactional draw with a fault that fences the producer plans a burst
+// of records failing at their source just before it.
+func TestPlanCorrelations(t *testing.T) {
+	var big, bigFraud, burst int
+	for seed := uint64(1); seed <= 60; seed++ {
+		d, err := draw.Generate(draw.Spec{Seed: seed, CI: true, Force: []string{"tiers", "rule-dlq", "transactions", "txn-abort"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := &draw.Member{Config: d.Config, Topic: "t", Group: "g"}
+		for _, rec := range planSwarm(d, m, "r") {
+			switch rec.Kind {
+			case "big":
+				big++
+				if d.Config.Tier1MaxBytes == 0 || len(rec.value) <= d.Config.Tier1MaxBytes {
+					t.Fatalf("seed %d: a big record of %d bytes with a first tier of %d", seed, len(rec.value), d.Config.Tier1MaxBytes)
+				}
+			case "big-fraud":
+				bigFraud++
+				if !d.Config.RuleDLQTiers || rec.DLQTopic != m.FraudDLQ() {
+					t.Fatalf("seed %d: a big fraud record without the fraud rule's tiers, or bound for %q", seed, rec.DLQTopic)
+				}
+			case "burst":
+				burst++
+			}
+		}
+	}
+	if big == 0 || bigFraud == 0 || burst == 0 {
+		t.Errorf("planned %d big, %d big fraud and %d burst records over 60 seeds, want some of each", big, bigFraud, burst)
+	}
+}

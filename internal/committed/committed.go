@@ -104,7 +104,7 @@ func Read(ctx context.Context, client sarama.Client, topic string, partition int
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		next, err := fetchOnce(client, req, topic, partition, off, end, aborted, fn)
+		next, err := fetchOnce(client, req, topic, partition, off, end, readBytes, aborted, fn)
 		switch {
 		case errors.Is(err, errRetry):
 			_ = client.RefreshMetadata(topic)
@@ -139,6 +139,48 @@ func Count(ctx context.Context, client sarama.Client, topic string, partition in
 	return n, err
 }
 
+// First returns the first record a read_committed consumer gets in
+// [off, end) of topic/partition, nil when there is none now (the range
+// holds only markers and aborted records, or records of a transaction
+// still open). It never waits: it fetches a batch at a time (the broker
+// returns one whole batch however small the size asked), at most a few
+// times, so it costs a few small requests whatever the partition holds.
+// The message carries what Read's do; it is the caller's to keep.
+func First(client sarama.Client, topic string, partition int32, off, end int64) (*sarama.ConsumerMessage, error) {
+	req, err := newFetch(client.Config().Version)
+	if err != nil {
+		return nil, err
+	}
+	var first *sarama.ConsumerMessage
+	found := func(m *sarama.ConsumerMessage) error {
+		first = m
+		return errFound
+	}
+	aborted := map[int64]bool{}
+	for try := 0; try < 8 && off < end; try++ {
+		next, err := fetchOnce(client, req, topic, partition, off, end, 1, aborted, found)
+		switch {
+		case errors.Is(err, errFound):
+			return first, nil
+		case errors.Is(err, errRetry):
+			_ = client.RefreshMetadata(topic)
+			continue
+		case err != nil:
+			return nil, err
+		case next <= off:
+			return nil, nil // nothing decided past off yet
+		}
+		off = next
+	}
+	return nil, nil
+}
+
+// errFound stops First's fetch at its first record.
+var errFound = errors.New("committed: found")
+
+// readBytes is the most bytes of a partition Read asks for at a time.
+const readBytes = 4 << 20
+
 // errRetry is fetchOnce's answer to an error that a metadata refresh may cure.
 var errRetry = errors.New("committed: retry")
 
@@ -159,17 +201,18 @@ func newFetch(v sarama.KafkaVersion) (*sarama.FetchRequest, error) {
 	return req, nil
 }
 
-// fetchOnce fetches topic/partition from off and calls fn for the records
-// below end a read_committed consumer gets. It returns the offset after the
-// last batch it went through (off when it went through none).
-func fetchOnce(client sarama.Client, tmpl *sarama.FetchRequest, topic string, partition int32, off, end int64,
+// fetchOnce fetches topic/partition from off, up to maxBytes of it (at
+// least one batch), and calls fn for the records below end a
+// read_committed consumer gets. It returns the offset after the last batch
+// it went through (off when it went through none).
+func fetchOnce(client sarama.Client, tmpl *sarama.FetchRequest, topic string, partition int32, off, end int64, maxBytes int32,
 	aborted map[int64]bool, fn func(*sarama.ConsumerMessage) error) (int64, error) {
 	leader, err := client.Leader(topic, partition)
 	if err != nil {
 		return off, errRetry
 	}
 	req := *tmpl
-	req.AddBlock(topic, partition, off, 4<<20, -1)
+	req.AddBlock(topic, partition, off, maxBytes, -1)
 	resp, err := leader.Fetch(&req)
 	if err != nil {
 		return off, errRetry

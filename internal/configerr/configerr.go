@@ -1,8 +1,9 @@
 // Package configerr is the one idiom idem's config types validate with:
 // Validate collects every problem, each naming the field, its value and the
 // rule it breaks, and returns them at once (errors.Join), every one matching
-// the package's sentinel (outbox.ErrInvalidConfig, saga.ErrInvalidConfig…)
-// through errors.Is. It is consumer.Config's idiom, for the other packages.
+// the package's sentinel (outbox.ErrInvalidConfig, schedule.ErrInvalidConfig…)
+// through errors.Is; a package whose constructor returns no other error
+// keeps its sentinel unexported, as a prefix. It is consumer.Config's idiom, for the other packages.
 package configerr
 
 import (

@@ -73,6 +73,8 @@ type Metrics struct {
 	Abandoned         *prometheus.CounterVec   // idem_abandoned_total
 	PartitionStalled  *prometheus.GaugeVec     // idem_partition_stalled_seconds
 	ConsumerLag       *prometheus.GaugeVec     // idem_consumer_lag
+	LagActionable     *prometheus.GaugeVec     // idem_consumer_lag_actionable
+	LagSeconds        *prometheus.GaugeVec     // idem_consumer_lag_seconds
 	EndToEnd          *prometheus.HistogramVec // idem_end_to_end_seconds
 	InFlight          *prometheus.GaugeVec     // idem_messages_in_flight
 	Filtered          *prometheus.CounterVec   // idem_filtered_total
@@ -127,7 +129,8 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		BreakerOpen: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_breaker_open_seconds_total",
 			Help: "Seconds circuit breakers spent open."}, []string{"name"}),
 		PartitionsPaused: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_partitions_paused",
-			Help: "Partitions whose fetching is paused by an open breaker."}, []string{"group"}),
+			Help: "Partitions whose fetching is paused, each counted once under the first reason it holds of operator (paused from the console or idem pause), redrive (a re-drive reads its window again), breaker (a dependency's breaker is open) and backpressure (its queue is full)."},
+			[]string{"group", "reason"}),
 		PartitionsClaimed: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_partitions_assigned",
 			Help: "Partitions currently claimed by this process."}, []string{"group"}),
 		Commits: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_commits_total",
@@ -138,6 +141,10 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Seconds a claimed partition has been failing on the same message (outages, retries, forward errors); 0 while it flows or waits for a dependency's breaker or limit."}, []string{"group", "topic", "partition"}),
 		ConsumerLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_consumer_lag",
 			Help: "Records behind in a claimed partition: high watermark minus the group's committed offset (source and retry-tier topics)."}, []string{"group", "topic", "partition"}),
+		LagActionable: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_consumer_lag_actionable",
+			Help: "Records of a claimed partition a member could start now: the source's and the deferred topic's not yet committed, a retry tier's already due, and deferred messages due in PostgreSQL."}, []string{"group", "topic", "partition"}),
+		LagSeconds: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_consumer_lag_seconds",
+			Help: "Seconds the oldest actionable record of a claimed partition has waited (since its timestamp, or since its due time for a retry tier or deferred message); 0 when none."}, []string{"group", "topic", "partition"}),
 		EndToEnd: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "idem_end_to_end_seconds",
 			Help:    "Seconds from a record's timestamp to its offset being marked (final outcome), histogram.",
 			Buckets: endToEndBuckets}, []string{"group", "topic"}),
@@ -175,6 +182,8 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	m.Abandoned = promreg.Register(reg, m.Abandoned, &err)
 	m.PartitionStalled = promreg.Register(reg, m.PartitionStalled, &err)
 	m.ConsumerLag = promreg.Register(reg, m.ConsumerLag, &err)
+	m.LagActionable = promreg.Register(reg, m.LagActionable, &err)
+	m.LagSeconds = promreg.Register(reg, m.LagSeconds, &err)
 	m.EndToEnd = promreg.Register(reg, m.EndToEnd, &err)
 	m.InFlight = promreg.Register(reg, m.InFlight, &err)
 	m.Filtered = promreg.Register(reg, m.Filtered, &err)

@@ -50,7 +50,7 @@ func TestEveryMetricIsDocumented(t *testing.T) {
 	m.BreakerState.WithLabelValues("n").Set(1)
 	m.BreakerTransition.WithLabelValues("n", "a", "b").Inc()
 	m.BreakerOpen.WithLabelValues("n").Add(1)
-	m.PartitionsPaused.WithLabelValues("g").Inc()
+	m.PartitionsPaused.WithLabelValues("g", "operator").Inc()
 	m.PartitionsClaimed.WithLabelValues("g").Inc()
 	m.Commits.WithLabelValues("g").Inc()
 	m.Abandoned.WithLabelValues("g").Inc()

@@ -278,7 +278,7 @@ func (a *Actions) Replay(ctx context.Context, actor string, sel Selection, to st
 
 func orOrigin(to string) string {
 	if to == "" {
-		return string(dlq.ToSource)
+		return replayrec.ToSource
 	}
 	return to
 }

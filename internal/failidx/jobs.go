@@ -197,7 +197,7 @@ func (a *Actions) StartReplay(ctx context.Context, actor string, sel Selection, 
 		return Job{}, err
 	}
 	to = strings.TrimSpace(to)
-	if to == string(dlq.ToSource) {
+	if to == replayrec.ToSource {
 		to = ""
 	}
 	detail := sel.detail() + " to " + orOrigin(to)
@@ -755,7 +755,7 @@ type ReplayPlan struct {
 func (a *Actions) PlanReplay(ctx context.Context, sel Selection, to string) (ReplayPlan, error) {
 	var p ReplayPlan
 	to = strings.TrimSpace(to)
-	if to == string(dlq.ToSource) {
+	if to == replayrec.ToSource {
 		to = ""
 	}
 	var args []any

@@ -432,6 +432,12 @@ func (s *Store) WriteAudit(ctx context.Context, e AuditEntry) error {
 	return writeAudit(ctx, s.db, e)
 }
 
+// WriteAuditTx is WriteAudit in tx: the row commits with what tx does,
+// or not at all (the live controls audit their changes this way).
+func WriteAuditTx(ctx context.Context, tx pgx.Tx, e AuditEntry) error {
+	return writeAudit(ctx, tx, e)
+}
+
 func writeAudit(ctx context.Context, db querier, e AuditEntry) error {
 	if db == nil {
 		return errors.New("index: write audit: no database")

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/idemhq/idem/internal/seal"
 )
 
 // Status is the state of an indexed dead letter. A record enters the index
@@ -116,7 +118,7 @@ type Record struct {
 }
 
 // Header is one Kafka record header.
-type Header struct{ Key, Value []byte }
+type Header = seal.Header
 
 // Version is one edit of a record made by EditAndRetry: the value that was
 // published, never overwriting the original (Record.Value).

@@ -100,7 +100,7 @@ func (s *Store) Release(ctx context.Context, topic string, key []byte, send func
 		}
 		var recs []Record
 		if pending != nil {
-			r, err := decodePending(pending)
+			r, err := s.decodePending(ctx, pending)
 			if err != nil {
 				return err
 			}
@@ -116,7 +116,7 @@ func (s *Store) Release(ctx context.Context, topic string, key []byte, send func
 			if err := row.Scan(w.dest()...); err != nil {
 				return Record{}, err
 			}
-			return w.record(topic, key)
+			return s.restore(ctx, w, topic, key)
 		})
 		if err != nil {
 			return err

@@ -2,6 +2,7 @@ package keyorder
 
 import (
 	"bytes"
+	"context"
 	"reflect"
 	"strings"
 	"testing"
@@ -72,14 +73,15 @@ func FuzzParkRoundTrip(f *testing.F) {
 		}
 		same(t, "parked", r, back)
 
-		b, err := encodePending(r)
+		s := &Store{}
+		b, err := s.encodePending(context.Background(), nil, r)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if !utf8.Valid(b) || bytes.Contains(b, []byte(`\u0000`)) {
 			t.Fatalf("pending JSON is not UTF-8 without NUL (jsonb refuses it): %q", b)
 		}
-		back, err = decodePending(b)
+		back, err = s.decodePending(context.Background(), b)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -39,8 +39,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemhq/idem/internal/mask"
 	"github.com/idemhq/idem/internal/pgmigrate"
+	"github.com/idemhq/idem/internal/seal"
 )
+
+// Purpose is the internal/seal purpose of the data keys that seal parked
+// messages (consumer.Config.EncryptionKeyFile).
+const Purpose = "ordering"
 
 //go:embed migrations/*.sql
 var migrationFS embed.FS
@@ -53,8 +59,21 @@ type DB interface {
 
 // Store is the per-key ordering state of one consumer group.
 type Store struct {
-	db    DB
-	group string
+	db     DB
+	group  string
+	sealer *seal.Sealer // seals parked payloads (Sealed); nil: stored in clear
+}
+
+// Sealed returns a store that seals the payloads it parks (and the pending
+// records it promotes) with sl, and opens sealed ones; nil stores them in
+// clear. A store without a sealer reading a sealed row fails with an error
+// wrapping seal.ErrNoKey (the row waits for a member with the key); a row
+// whose key was destroyed, or that does not authenticate, comes back with
+// its payload empty and Record.Unreadable set.
+func (s *Store) Sealed(sl *seal.Sealer) *Store {
+	c := *s
+	c.sealer = sl
+	return &c
 }
 
 // Header is one record header. Key holds the header name's bytes exactly as
@@ -123,6 +142,16 @@ type Record struct {
 	// refuses it for good. Empty in records of earlier versions.
 	Dest string `json:"dest,omitempty"`
 	DLQ  string `json:"dlq,omitempty"`
+	// Sealed and KeyID are a pending record's value and headers sealed at
+	// rest (seal.Pack) and the data key's id, in the JSON form only: a
+	// Record read back has them opened into Value and Headers.
+	Sealed []byte `json:"sealed,omitempty"`
+	KeyID  int64  `json:"key_id,omitempty"`
+	// Unreadable says why the record's payload could not be opened for
+	// good (its data key destroyed, or tampered with: seal.Unreadable);
+	// Value and Headers are then empty. Its owner dead-letters it as a stub
+	// with that reason, never publishing it.
+	Unreadable error `json:"-"`
 }
 
 // parkedRow is a Record as a row of idem_ordering_parked holds it (the key
@@ -137,13 +166,84 @@ type parkedRow struct {
 	value        []byte
 	headerKeys   [][]byte // NOT NULL: never nil
 	headerValues [][]byte // a nil element is a null header value
+	keyID        *int64   // the data key of sealed; nil: stored in clear
+	sealed       []byte   // value and headers, sealed (seal.Pack)
 }
 
 // parkedCols are the columns parkedRow.dest scans, in order.
-const parkedCols = `seq, idempotency_key, "partition", "offset", record_time, value, header_keys, header_values`
+const parkedCols = `seq, idempotency_key, "partition", "offset", record_time, value, header_keys, header_values, key_id, sealed`
 
 func (w *parkedRow) dest() []any {
-	return []any{&w.seq, &w.ikey, &w.partition, &w.offset, &w.ts, &w.value, &w.headerKeys, &w.headerValues}
+	return []any{&w.seq, &w.ikey, &w.partition, &w.offset, &w.ts, &w.value, &w.headerKeys, &w.headerValues, &w.keyID, &w.sealed}
+}
+
+// parkedAAD binds a parked row's sealed payload to the message it parks.
+func (s *Store) parkedAAD(topic string, key []byte, ikey string, partition int32, offset int64) []byte {
+	return seal.AAD("idem_ordering_parked", s.group, topic, string(key), ikey, fmt.Sprint(partition), fmt.Sprint(offset))
+}
+
+// pendingAAD binds a pending head's sealed payload to it.
+func (s *Store) pendingAAD(r Record) []byte {
+	return seal.AAD("idem_ordering_heads", s.group, r.Topic, string(r.Key), r.IdempotencyKey, fmt.Sprint(r.Partition), fmt.Sprint(r.Offset))
+}
+
+// sealRow seals w's payload in place under k: the value and header columns
+// are left empty, the sealed column and key id set.
+func (s *Store) sealRow(k *seal.Key, w *parkedRow, topic string, key []byte) {
+	hs := make([]seal.Header, len(w.headerKeys))
+	for i := range w.headerKeys {
+		hs[i] = seal.Header{Key: w.headerKeys[i], Value: w.headerValues[i]}
+	}
+	w.sealed = k.Seal(seal.Pack(w.value, hs), s.parkedAAD(topic, key, w.ikey, w.partition, w.offset))
+	id := k.ID()
+	w.keyID = &id
+	w.value, w.headerKeys, w.headerValues = nil, [][]byte{}, [][]byte{}
+}
+
+// open opens the sealed payload of a parked row into it (Value and
+// Headers as stored in clear). An unreadable payload (seal.Unreadable)
+// leaves them empty and is returned as unreadable; any other error (no
+// key, a wrong KEK, the database) is returned as err.
+func (s *Store) open(ctx context.Context, w *parkedRow, topic string, key []byte) (unreadable, err error) {
+	if w.keyID == nil {
+		return nil, nil
+	}
+	if s.sealer == nil {
+		return nil, fmt.Errorf("keyorder: parked message %q of %s: %w", w.ikey, topic, seal.ErrNoKey)
+	}
+	value, hs, err := s.openPayload(ctx, *w.keyID, w.sealed, s.parkedAAD(topic, key, w.ikey, w.partition, w.offset))
+	if err != nil {
+		if seal.Unreadable(err) {
+			return fmt.Errorf("parked message %q of %s offset %d: %w", w.ikey, topic, w.offset, err), nil
+		}
+		return nil, err
+	}
+	w.value, w.headerKeys, w.headerValues = value, make([][]byte, len(hs)), make([][]byte, len(hs))
+	for i, h := range hs {
+		w.headerKeys[i], w.headerValues[i] = h.Key, h.Value
+	}
+	return nil, nil
+}
+
+// openPayload opens and unpacks a sealed payload.
+func (s *Store) openPayload(ctx context.Context, keyID int64, sealed, aad []byte) ([]byte, []seal.Header, error) {
+	pt, err := s.sealer.Open(ctx, keyID, sealed, aad)
+	if err != nil {
+		return nil, nil, err
+	}
+	return seal.Unpack(pt)
+}
+
+// restore is the Record of the parked row w of topic and key, its payload
+// opened.
+func (s *Store) restore(ctx context.Context, w parkedRow, topic string, key []byte) (Record, error) {
+	unreadable, err := s.open(ctx, &w, topic, key)
+	if err != nil {
+		return Record{}, err
+	}
+	r, err := w.record(topic, key)
+	r.Unreadable = unreadable
+	return r, err
 }
 
 // toParkedRow is the row that parks r.
@@ -181,16 +281,53 @@ func (w parkedRow) record(topic string, key []byte) (Record, error) {
 // encodePending and decodePending are the heads.pending column's JSON form.
 // Topic and IdempotencyKey are valid UTF-8 without NUL (Kafka and the
 // consumer's key check see to it); NULs in Error, which jsonb cannot store,
-// are dropped.
-func encodePending(r Record) ([]byte, error) {
+// are dropped. With a sealer, the value and headers are sealed in q (the
+// promotion's transaction) into Sealed, and card numbers are taken out of
+// Error, which stays in clear.
+func (s *Store) encodePending(ctx context.Context, q seal.DB, r Record) ([]byte, error) {
 	r.Error = strings.ReplaceAll(r.Error, "\x00", "")
+	if s.sealer != nil {
+		hs := make([]seal.Header, len(r.Headers))
+		for i, h := range r.Headers {
+			hs[i] = seal.Header{Key: []byte(h.Key), Value: h.Value}
+		}
+		ct, id, err := s.sealer.Seal(ctx, q, seal.Pack(r.Value, hs), s.pendingAAD(r))
+		if err != nil {
+			return nil, err
+		}
+		r.Value, r.Headers, r.Sealed, r.KeyID = nil, nil, ct, id
+		r.Error = mask.CardNumbers(r.Error)
+	}
 	return json.Marshal(r)
 }
 
-func decodePending(b []byte) (Record, error) {
+// decodePending reads a pending record, its payload opened (see open for
+// the errors).
+func (s *Store) decodePending(ctx context.Context, b []byte) (Record, error) {
 	var r Record
-	err := json.Unmarshal(b, &r)
-	return r, err
+	if err := json.Unmarshal(b, &r); err != nil {
+		return r, err
+	}
+	if r.KeyID == 0 {
+		return r, nil
+	}
+	if s.sealer == nil {
+		return r, fmt.Errorf("keyorder: pending head %q of %s: %w", r.IdempotencyKey, r.Topic, seal.ErrNoKey)
+	}
+	value, hs, err := s.openPayload(ctx, r.KeyID, r.Sealed, s.pendingAAD(r))
+	r.Sealed, r.KeyID = nil, 0
+	if err != nil {
+		if !seal.Unreadable(err) {
+			return r, err
+		}
+		r.Unreadable = fmt.Errorf("pending head %q of %s offset %d: %w", r.IdempotencyKey, r.Topic, r.Offset, err)
+		return r, nil
+	}
+	r.Value, r.Headers = value, nil
+	for _, h := range hs {
+		r.Headers = append(r.Headers, Header{Key: string(h.Key), Value: h.Value})
+	}
+	return r, nil
 }
 
 // New returns the store of group on db (a *pgxpool.Pool).
@@ -265,26 +402,65 @@ type Copy struct {
 // not committed with the transaction that parked it, and the row's drain
 // stands (or, reverted, runs again). Only the head's own copy from a tier
 // other than the one that parked it (its promoted forward, back) is Head.
+//
+// With a sealer (Sealed) the statement first runs with no payload and
+// inserting nothing, and only a message it finds to park (a key blocked by
+// another head: rare) is sealed and parked in a transaction of its own, so
+// that its data key cannot be destroyed before the row is written: the
+// common case costs the same one statement, and no payload reaches the
+// table (or its WAL) in clear.
 func (s *Store) ParkCopy(ctx context.Context, r Record, c Copy, track bool) (State, error) {
-	w := toParkedRow(r)
-	var head *string
-	var has, same bool
-	err := s.db.QueryRow(ctx, `
+	if s.sealer == nil {
+		head, has, same, err := s.park(ctx, s.db, toParkedRow(r), r, c, track, true)
+		return parkState(r, c, head, has, same, err)
+	}
+	head, has, same, err := s.park(ctx, s.db, parkedRow{headerKeys: [][]byte{}, headerValues: [][]byte{}}, r, c, track, false)
+	if err != nil || has || head == nil || *head == r.IdempotencyKey || c.Expired {
+		return parkState(r, c, head, has, same, err)
+	}
+	err = s.tx(ctx, func(tx pgx.Tx) error {
+		k, err := s.sealer.Current(ctx, tx)
+		if err != nil {
+			return err
+		}
+		w := toParkedRow(r)
+		s.sealRow(k, &w, r.Topic, r.Key)
+		head, has, same, err = s.park(ctx, tx, w, r, c, track, true)
+		return err
+	})
+	return parkState(r, c, head, has, same, err)
+}
+
+// park runs ParkCopy's statement for w (the parked row of r read as c) in
+// q: it inserts w when the key is blocked by another head and insert is
+// set, and returns the key's head (nil: none), whether the message has a
+// parked row, and whether that row was parked by c.
+func (s *Store) park(ctx context.Context, q interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, w parkedRow, r Record, c Copy, track, insert bool) (head *string, has, same bool, err error) {
+	err = q.QueryRow(ctx, `
 		WITH h AS (
 			SELECT head_key FROM idem_ordering_heads WHERE `+byKey+` FOR UPDATE
 		), p AS (
 			SELECT park_topic, park_partition, park_offset FROM idem_ordering_parked WHERE `+byKey+` AND idempotency_key=$4
 		), ins AS (
 			INSERT INTO idem_ordering_parked (consumer_group, topic, msg_key, idempotency_key,
-				"partition", "offset", record_time, value, header_keys, header_values, park_topic, park_partition, park_offset)
-			SELECT $1,$2,$3,$4,$5,$6,$7,$8,$9,$10, CASE WHEN $14 THEN $11 END, CASE WHEN $14 THEN $12::int END, CASE WHEN $14 THEN $13::bigint END
-			FROM h WHERE h.head_key <> $4 AND NOT $15
+				"partition", "offset", record_time, value, header_keys, header_values, park_topic, park_partition, park_offset,
+				key_id, sealed)
+			SELECT $1,$2,$3,$4,$5,$6,$7,$8,$9,$10, CASE WHEN $14 THEN $11 END, CASE WHEN $14 THEN $12::int END, CASE WHEN $14 THEN $13::bigint END,
+				$17, $18
+			FROM h WHERE h.head_key <> $4 AND NOT $15 AND $16
 			ON CONFLICT DO NOTHING
 		)
 		SELECT (SELECT head_key FROM h), EXISTS (SELECT 1 FROM p),
 			EXISTS (SELECT 1 FROM p WHERE park_topic=$11 AND park_partition=$12 AND park_offset=$13)`,
 		s.group, r.Topic, r.Key, w.ikey, w.partition, w.offset, w.ts, w.value, w.headerKeys, w.headerValues,
-		c.Topic, c.Partition, c.Offset, track, c.Expired).Scan(&head, &has, &same)
+		c.Topic, c.Partition, c.Offset, track, c.Expired, insert, w.keyID, w.sealed).Scan(&head, &has, &same)
+	return head, has, same, err
+}
+
+// parkState is ParkCopy's answer for what park found.
+func parkState(r Record, c Copy, head *string, has, same bool, err error) (State, error) {
 	switch {
 	case err != nil:
 		return Free, fmt.Errorf("keyorder: park: %w", err)
@@ -353,7 +529,7 @@ func (s *Store) Next(ctx context.Context, topic string, key []byte, ikey string)
 		if err != nil {
 			return err
 		}
-		r, err = w.record(topic, key)
+		r, err = s.restore(ctx, w, topic, key)
 		ok = err == nil
 		return err
 	})
@@ -397,12 +573,12 @@ func (s *Store) Promote(ctx context.Context, oldHead string, r Record) error {
 // forward is cleared by Resolve once m is committed (Forwarded leaves a
 // marked head alone). A nil m is Promote.
 func (s *Store) PromoteAt(ctx context.Context, oldHead string, r Record, m *Mark) error {
-	pending, err := encodePending(r)
-	if err != nil {
-		return fmt.Errorf("keyorder: promote: %w", err)
-	}
-	err = s.tx(ctx, func(tx pgx.Tx) error {
+	err := s.tx(ctx, func(tx pgx.Tx) error {
 		head, err := s.lockHead(ctx, tx, r.Topic, r.Key)
+		if err != nil {
+			return err
+		}
+		pending, err := s.encodePending(ctx, tx, r)
 		if err != nil {
 			return err
 		}
@@ -476,7 +652,7 @@ func (s *Store) pending(ctx context.Context, q string, args ...any) ([]Record, e
 			return err
 		}
 		for _, b := range bs {
-			r, err := decodePending(b)
+			r, err := s.decodePending(ctx, b)
 			if err != nil {
 				return err
 			}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemhq/idem/internal/outboxconf"
 	"github.com/idemhq/idem/internal/pgmigrate"
+	"github.com/idemhq/idem/internal/seal"
 )
 
 //go:embed migrations/*.sql
@@ -84,3 +85,11 @@ func templateData(n outboxconf.Name) map[string]string {
 		"Rounds":         Rounds(n),
 	}
 }
+
+// Purpose is the internal/seal purpose of the data keys that seal outbox
+// rows (outbox.Relay.EncryptionKeyFile), whatever their table.
+const Purpose = "outbox"
+
+// AAD binds an outbox row's sealed payload to the row: its table (as
+// configured) and its event id.
+func AAD(table, eventID string) []byte { return seal.AAD("outbox", table, eventID) }

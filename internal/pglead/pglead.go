@@ -13,6 +13,7 @@ package pglead
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -47,7 +48,8 @@ type Election struct {
 	// Log receives the election's lines.
 	Log *slog.Logger
 	// Start runs before the first session, retried with backoff until it
-	// returns nil (migrate the table, connect to Kafka).
+	// returns nil (migrate the table, connect to Kafka), or an error
+	// wrapping ErrGiveUp, which ends Run.
 	Start func(ctx context.Context) error
 	// Lead runs while this session holds the lock, on its connection,
 	// until that fails (an error) or ctx ends (nil).
@@ -60,8 +62,13 @@ type Election struct {
 	Health func(error)
 }
 
+// ErrGiveUp, wrapped by Start's error, ends Run at once: retrying cannot
+// help (a key file that does not match the table's keys). The publisher
+// says why.
+var ErrGiveUp = errors.New("pglead: cannot start")
+
 // Run starts, then runs sessions until ctx ends. It reports whether Start
-// succeeded (false: ctx ended first).
+// succeeded (false: ctx ended first, or Start gave up).
 func (e *Election) Run(ctx context.Context) bool {
 	health := e.Health
 	if health == nil {
@@ -76,7 +83,7 @@ func (e *Election) Run(ctx context.Context) bool {
 			}
 			break
 		}
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || errors.Is(err, ErrGiveUp) {
 			return false
 		}
 		health(err)

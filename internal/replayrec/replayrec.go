@@ -22,7 +22,8 @@ import (
 )
 
 // ToSource is the destination that sends each record back to its
-// idem-original-topic as a fresh record (dlq.ToSource is this value).
+// idem-original-topic as a fresh record (dlq.ReplayOptions.To "" means it
+// too; the CLI and the console spell it "source").
 const ToSource = "source"
 
 // ErrNoOrigin is wrapped by Build's error when, replaying to ToSource, the
@@ -95,7 +96,7 @@ func Build(d DeadLetter, to string, tier int, now time.Time) (forward.Record, er
 }
 
 // ErrTarget is wrapped by CheckTarget's error: a replay may not go to that
-// topic. dlq.ErrReplayTarget is this error.
+// topic (the console answers it with 400).
 var ErrTarget = errors.New("dlq: not a replay target of the record")
 
 // CheckTarget says whether a dead letter of origin topic origin, failed by

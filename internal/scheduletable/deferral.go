@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -12,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/seal"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -52,6 +54,22 @@ type Record struct {
 	// published (the headers carry what the consumer reads).
 	IdempotencyKey string
 	Origin         handler.Origin
+	// DLQ is the dead-letter topic the scheduler sends a stub of the
+	// message to when its payload, sealed at rest, cannot be opened for good
+	// (its data key destroyed): the consumer's dead-letter topic for the
+	// origin. Default: "" (retrytopic's default name for Origin.Topic and
+	// Group).
+	DLQ string
+}
+
+// Purpose is the internal/seal purpose of the data keys that seal deferred
+// messages (consumer.Config.EncryptionKeyFile).
+const Purpose = "deferred"
+
+// AAD binds a deferred row's sealed payload to the message it holds.
+func AAD(group, topic string, partition int32, idempotencyKey string, origin handler.Origin) []byte {
+	return seal.AAD("idem_deferred", group, topic, strconv.Itoa(int(partition)), idempotencyKey,
+		origin.Topic, strconv.Itoa(int(origin.Partition)), strconv.FormatInt(origin.Offset, 10))
 }
 
 // RecordOf is the Record a consumer of group stores when its handler defers
@@ -84,12 +102,15 @@ const maxAhead = handler.MaxDefer + 24*time.Hour
 // Defer inserts rec into idem_deferred in the caller's transaction tx, to be
 // published by rec.Group's schedule.Scheduler at at (compared with the database's
 // now(), so every scheduler agrees; a zero or past at means as soon as
-// possible). The row exists only if tx commits. The consumer inserts it in
-// a transaction of its own (the handler's was rolled back), and marks the
-// message's offset after it commits: a crash in between (or any other
-// redelivery) defers the message again, and both copies are published; the
-// inbox turns the second into a duplicate (consumer's
-// TestCrossingDeferredTwiceIsAppliedOnce).
+// possible). The row exists only if tx commits. The consumer inserts it
+// (the handler's transaction was rolled back) together with a record of the
+// deferral in its inbox, and marks the message's offset after both commit:
+// a redelivery in between finds the record and defers nothing again
+// (consumer's TestCrossingRedeliveredDeferralIsStoredOnce). Only when the
+// inbox is in another database than tx's (or not in PostgreSQL) are the two
+// committed one after the other, and a crash between them defers the
+// message twice: both copies are published, and the inbox turns the second
+// into a duplicate.
 //
 // at is absolute: with time.Now().Add(d) a skew between the application's
 // clock and the database's shifts it. Defer refuses (ErrInvalidRecord) a nil
@@ -97,7 +118,11 @@ const maxAhead = handler.MaxDefer + 24*time.Hour
 // PostgreSQL cannot store (Group, Topic, IdempotencyKey, Origin.Topic or a
 // header name that is not UTF-8 or holds a NUL), and an at more than
 // handler.MaxDefer plus a day ahead of this process's clock.
-func Defer(ctx context.Context, tx pgx.Tx, rec Record, at time.Time) error {
+//
+// With a sealer sl (consumer.Config.EncryptionKeyFile), the value and
+// headers are sealed as one blob under sl's current data key, in tx, and
+// the value and header columns are left empty; nil stores them in clear.
+func Defer(ctx context.Context, tx pgx.Tx, rec Record, at time.Time, sl *seal.Sealer) error {
 	if err := rec.validate(at, time.Now()); err != nil {
 		return err
 	}
@@ -113,6 +138,20 @@ func Defer(ctx context.Context, tx pgx.Tx, rec Record, at time.Time) error {
 			vals[i] = []byte{}
 		}
 	}
+	var keyID *int64
+	var sealed []byte
+	if sl != nil {
+		hs := make([]seal.Header, len(rec.Headers))
+		for i, h := range rec.Headers {
+			hs[i] = seal.Header{Key: h.Key, Value: h.Value}
+		}
+		ct, id, err := sl.Seal(ctx, tx, seal.Pack(rec.Value, hs), AAD(rec.Group, rec.Topic, rec.Partition, rec.IdempotencyKey, rec.Origin))
+		if err != nil {
+			return fmt.Errorf("schedule: defer a record of group %s to %s: %w", rec.Group, rec.Topic, err)
+		}
+		keyID, sealed = &id, ct
+		rec.Value, keys, vals = nil, []string{}, [][]byte{}
+	}
 	var until, ts *time.Time
 	if !at.IsZero() {
 		until = &at
@@ -121,10 +160,11 @@ func Defer(ctx context.Context, tx pgx.Tx, rec Record, at time.Time) error {
 		ts = &rec.Timestamp
 	}
 	_, err := tx.Exec(ctx, `INSERT INTO `+Table+` (consumer_group, topic, partition, key, value, header_keys, header_values,
-		record_timestamp, idempotency_key, origin_topic, origin_partition, origin_offset, deferred_until, due_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, coalesce($13, now()), coalesce($13, now()))`,
+		record_timestamp, idempotency_key, origin_topic, origin_partition, origin_offset, deferred_until, due_at,
+		key_id, sealed, dlq_topic)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, coalesce($13, now()), coalesce($13, now()), $14, $15, $16)`,
 		rec.Group, rec.Topic, rec.Partition, rec.Key, rec.Value, keys, vals, ts,
-		rec.IdempotencyKey, rec.Origin.Topic, rec.Origin.Partition, rec.Origin.Offset, until)
+		rec.IdempotencyKey, rec.Origin.Topic, rec.Origin.Partition, rec.Origin.Offset, until, keyID, sealed, rec.DLQ)
 	if err != nil {
 		return fmt.Errorf("schedule: defer a record of group %s to %s: %w", rec.Group, rec.Topic, err)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/internal/checkpointrow"
+	"github.com/idemhq/idem/internal/control"
 	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/outboxtable"
@@ -22,8 +23,9 @@ import (
 // Migrate creates or upgrades every table idem keeps: the inbox (inbox
 // names it, as for dedupe.NewPostgres), the ordering tables, the outbox
 // (outboxTables, default idem_outbox), the saga and checkpoint tables, the
-// failure index, the deferred messages, the durable steps and the data
-// keys of payload encryption at rest (internal/seal). Each step is versioned
+// failure index, the deferred messages, the durable steps, the data
+// keys of payload encryption at rest (internal/seal) and the live controls
+// (internal/control). Each step is versioned
 // (internal/pgmigrate) and serialised by one advisory lock, so Migrate is
 // idempotent and safe when several processes run it at once.
 func Migrate(ctx context.Context, db dedupe.DB, inbox []dedupe.PostgresOption, outboxTables []string) error {
@@ -40,6 +42,7 @@ func Migrate(ctx context.Context, db dedupe.DB, inbox []dedupe.PostgresOption, o
 		{"deferred messages", func(ctx context.Context) error { return scheduletable.Migrate(ctx, db) }},
 		{"step table", func(ctx context.Context) error { return steptable.Migrate(ctx, db) }},
 		{"encryption keys", func(ctx context.Context) error { return seal.Migrate(ctx, db) }},
+		{"live controls", func(ctx context.Context) error { return control.Migrate(ctx, db) }},
 		// A package that keeps tables of its own adds its step here, one
 		// line; the root's TestMigrateCreatesEveryTable fails until it does.
 	}

@@ -268,6 +268,9 @@ func (s *Sealer) key(ctx context.Context, id int64) (*dataKey, error) {
 	if fresh {
 		return k, nil
 	}
+	if s.cfg.DB == nil {
+		return nil, fmt.Errorf("seal: data key %d: this sealer only writes (ForWriting)", id)
+	}
 	var purpose string
 	var kekID *string
 	var wrapped []byte

@@ -99,6 +99,15 @@ type Owner struct {
 	// in the goroutine that called Commit, before Commit returns.
 	AfterCommit func(committed map[string]map[int32]int64)
 
+	// Ended, when set, runs each time a transaction of the owner ends, while
+	// no forward can join it or the next one (the caller holds the owner
+	// exclusively): committed is true after a commit, false when the
+	// transaction failed or is dropped (an abort at Commit, Reset or Close,
+	// a producer closed after a fatal error). What the forwards of a
+	// transaction decided holds only once it committed; the consumer keeps
+	// its memory of refused records until then. It must not block.
+	Ended func(committed bool)
+
 	// gate: Hold shares it from a forward to its mark; Commit and Abort take
 	// it exclusively, so no record is sent while a transaction ends.
 	gate sync.RWMutex
@@ -310,6 +319,7 @@ func (o *Owner) commitGated(gm *sarama.ConsumerGroupMetadata) (map[string]map[in
 	prod, records := o.prod, o.records
 	o.mu.Unlock()
 	err := o.commit(prod, snap, gm, records)
+	defer o.ended(err == nil) // still gated: no forward joins the next transaction yet
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if err != nil {
@@ -394,6 +404,7 @@ func (o *Owner) failLocked(err error, gated bool) error {
 func (o *Owner) Reset() error {
 	o.gate.Lock()
 	defer o.gate.Unlock()
+	defer o.ended(false) // nothing of an earlier session's transaction commits any more
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.open && o.prod != nil { // not committed at the end of the last session: its records go again
@@ -422,6 +433,13 @@ func (o *Owner) Reset() error {
 	return nil
 }
 
+// ended calls Ended, if set; the caller holds the gate exclusively.
+func (o *Owner) ended(committed bool) {
+	if o.Ended != nil {
+		o.Ended(committed)
+	}
+}
+
 // dropProducerLocked closes the producer; Reset makes a new one. The
 // caller holds the gate exclusively: no Forward can be sending on it.
 func (o *Owner) dropProducerLocked() {
@@ -436,6 +454,7 @@ func (o *Owner) dropProducerLocked() {
 func (o *Owner) Close() error {
 	o.gate.Lock()
 	defer o.gate.Unlock()
+	defer o.ended(false)
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.prod == nil {

@@ -372,3 +372,20 @@ func Decode[H AnyHeader](hs []H) (f retrytopic.Failure, ok bool, err error) {
 	}
 	return f, ok, errors.Join(errs...)
 }
+
+// UnreadableStub returns the headers of the dead-letter stub of a message
+// whose payload idem kept sealed at rest and can no longer open (its data
+// key destroyed, or tampered with): none of the message's own headers
+// (sealed with its value), and the wire contract's with kind permanent,
+// err's text as idem-error, src as the origin, ikey as
+// idem-idempotency-key, and idem-payload-omitted. Its value is nil. The
+// scheduler and `idem ordering release` send it instead of a deferred or
+// parked message they cannot read, so the message ends in the dead-letter
+// topic, where operators see why, never published and never dropped in
+// silence.
+func UnreadableStub(src Source, ikey string, err error, now time.Time) []sarama.RecordHeader {
+	f := NewFailure(handler.Permanent(err), src, retrytopic.Failure{}, now)
+	f.IdempotencyKey = ikey
+	f.Stub = true
+	return Encode[sarama.RecordHeader](nil, f)
+}

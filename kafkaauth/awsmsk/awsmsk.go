@@ -7,14 +7,14 @@
 // idem itself does not depend on the AWS SDK. The tokens come from AWS's
 // signer, github.com/aws/aws-msk-iam-sasl-signer-go: a SigV4 presigned URL
 // for the action kafka-cluster:Connect on kafka.<region>.amazonaws.com,
-// valid 15 minutes, base64url-encoded. TokenProvider wraps it in a
-// kafkaauth.TokenProvider, which signs a new token once 80 % of the last
+// valid 15 minutes, base64url-encoded. Config.Fetch signs one; given as
+// kafkaauth.Options.FetchToken, a new token is signed once 80 % of the last
 // one's lifetime has passed, so the broker's re-authentication always gets
 // a fresh one:
 //
-//	p, err := awsmsk.TokenProvider(ctx, awsmsk.Config{Region: "eu-west-1"})
-//	if err != nil { … }
-//	err = kafkaauth.Apply(kcfg, kafkaauth.Options{TLS: true, Mechanism: "OAUTHBEARER", TokenProvider: p})
+//	msk := awsmsk.Config{Region: "eu-west-1"}
+//	if err := msk.Validate(); err != nil { … }
+//	err := kafkaauth.Apply(kcfg, kafkaauth.Options{TLS: true, Mechanism: "OAUTHBEARER", FetchToken: msk.Fetch})
 //
 // The credentials are the AWS SDK's default chain (environment, shared
 // files, EKS IRSA or Pod Identity, ECS, EC2) unless Config names a profile,
@@ -31,8 +31,6 @@ import (
 
 	"github.com/aws/aws-msk-iam-sasl-signer-go/signer"
 	"github.com/aws/aws-sdk-go-v2/aws"
-
-	"github.com/idemhq/idem/kafkaauth"
 )
 
 // Config says which cluster region the tokens are for and where the IAM
@@ -79,8 +77,11 @@ func (c Config) Validate() error {
 }
 
 // Fetch signs a new token with the credentials c names and returns it with
-// the time it expires (15 minutes after signing). It has the shape of
-// kafkaauth.NewTokenProvider's fetch function.
+// the time it expires (15 minutes after signing): give it as
+// kafkaauth.Options.FetchToken, with Mechanism "OAUTHBEARER" and TLS (MSK's
+// IAM listener takes TLS only). ctx bounds the signing, which may call STS
+// or the instance metadata service for credentials. It fails when c does
+// not Validate.
 func (c Config) Fetch(ctx context.Context) (string, time.Time, error) {
 	if err := c.Validate(); err != nil {
 		return "", time.Time{}, err
@@ -104,17 +105,4 @@ func (c Config) Fetch(ctx context.Context) (string, time.Time, error) {
 		return "", time.Time{}, fmt.Errorf("awsmsk: sign a token for %s: %w", c.Region, err)
 	}
 	return tok, time.UnixMilli(ms), nil
-}
-
-// TokenProvider returns a kafkaauth.TokenProvider of c's tokens, for
-// kafkaauth.Options.TokenProvider with Mechanism "OAUTHBEARER" (and TLS:
-// MSK's IAM listener takes TLS only). ctx bounds every signing, which may
-// call STS or the instance metadata service for credentials. It fails only
-// when c does not Validate; a signing failure surfaces when sarama asks
-// for a token.
-func TokenProvider(ctx context.Context, c Config) (*kafkaauth.TokenProvider, error) {
-	if err := c.Validate(); err != nil {
-		return nil, err
-	}
-	return kafkaauth.NewTokenProvider(ctx, c.Fetch), nil
 }

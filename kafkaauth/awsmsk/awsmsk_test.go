@@ -113,7 +113,11 @@ func checkToken(t *testing.T, tok string) time.Time {
 	hexSum := func(s string) string { h := sha256.Sum256([]byte(s)); return hex.EncodeToString(h[:]) }
 	canonical := strings.Join([]string{"GET", "/", strings.Join(pairs, "&"), "host:" + u.Host + "\n", "host", hexSum("")}, "\n")
 	toSign := strings.Join([]string{"AWS4-HMAC-SHA256", q.Get("X-Amz-Date"), scope, hexSum(canonical)}, "\n")
-	mac := func(key []byte, s string) []byte { m := hmac.New(sha256.New, key); m.Write([]byte(s)); return m.Sum(nil) }
+	mac := func(key []byte, s string) []byte {
+		m := hmac.New(sha256.New, key)
+		m.Write([]byte(s))
+		return m.Sum(nil)
+	}
 	key := mac(mac(mac(mac([]byte("AWS4"+secret), day), region), "kafka-cluster"), "aws4_request")
 	if want := hex.EncodeToString(mac(key, toSign)); q.Get("X-Amz-Signature") != want {
 		t.Errorf("X-Amz-Signature %s, want %s (SigV4 over the query with the static test credentials)", q.Get("X-Amz-Signature"), want)
@@ -136,19 +140,16 @@ func TestFetchTokenFormat(t *testing.T) {
 	}
 }
 
-// TestTokenProviderPlugsIntoKafkaauth: the provider is what
-// kafkaauth.Apply takes for OAUTHBEARER; sarama accepts the config, the
-// token it gets has the signer's format, and a second authentication
-// reuses the token instead of signing again.
-func TestTokenProviderPlugsIntoKafkaauth(t *testing.T) {
+// TestFetchPlugsIntoKafkaauth: Config.Fetch is what kafkaauth.Options'
+// FetchToken takes for OAUTHBEARER; sarama accepts the config, the token it
+// gets has the signer's format, and a second authentication reuses the
+// token instead of signing again.
+func TestFetchPlugsIntoKafkaauth(t *testing.T) {
 	creds := staticCreds()
-	p, err := awsmsk.TokenProvider(context.Background(), awsmsk.Config{Region: region, Credentials: creds})
-	if err != nil {
-		t.Fatal(err)
-	}
+	msk := awsmsk.Config{Region: region, Credentials: creds}
 	cfg := sarama.NewConfig()
 	cfg.Version = sarama.V3_9_0_0
-	if err := kafkaauth.Apply(cfg, kafkaauth.Options{TLS: true, Mechanism: "OAUTHBEARER", TokenProvider: p}); err != nil {
+	if err := kafkaauth.Apply(cfg, kafkaauth.Options{TLS: true, Mechanism: "OAUTHBEARER", FetchToken: msk.Fetch}); err != nil {
 		t.Fatal(err)
 	}
 	if err := cfg.Validate(); err != nil {
@@ -176,19 +177,23 @@ func TestConfigErrors(t *testing.T) {
 		{"two sources", awsmsk.Config{Region: region, Profile: "p", Credentials: creds}, "at most one of"},
 		{"session name without role", awsmsk.Config{Region: region, SessionName: "s"}, "RoleARN is not"},
 	} {
-		if _, err := awsmsk.TokenProvider(context.Background(), tt.c); err == nil || !strings.Contains(err.Error(), tt.want) {
-			t.Errorf("%s: %v, want an error mentioning %q", tt.name, err, tt.want)
+		if err := tt.c.Validate(); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: Validate: %v, want an error mentioning %q", tt.name, err, tt.want)
+		}
+		if _, _, err := tt.c.Fetch(context.Background()); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: Fetch: %v, want an error mentioning %q", tt.name, err, tt.want)
 		}
 	}
 
 	// Credentials that cannot be had surface when sarama asks for a token.
 	refused := errors.New("no credentials here")
-	p, err := awsmsk.TokenProvider(context.Background(), awsmsk.Config{Region: region,
-		Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) { return aws.Credentials{}, refused })})
-	if err != nil {
+	msk := awsmsk.Config{Region: region,
+		Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) { return aws.Credentials{}, refused })}
+	cfg := sarama.NewConfig()
+	if err := kafkaauth.Apply(cfg, kafkaauth.Options{TLS: true, Mechanism: "OAUTHBEARER", FetchToken: msk.Fetch}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.Token(); !errors.Is(err, refused) || !strings.Contains(err.Error(), region) {
+	if _, err := cfg.Net.SASL.TokenProvider.Token(); !errors.Is(err, refused) || !strings.Contains(err.Error(), region) {
 		t.Fatalf("token with refused credentials: %v", err)
 	}
 }

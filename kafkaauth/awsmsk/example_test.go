@@ -1,7 +1,6 @@
 package awsmsk_test
 
 import (
-	"context"
 	"log"
 
 	"github.com/IBM/sarama"
@@ -16,14 +15,13 @@ import (
 // Identity, ECS, EC2, environment). docs/secured-clusters.md shows this
 // block.
 func Example() {
-	ctx := context.Background()
-	p, err := awsmsk.TokenProvider(ctx, awsmsk.Config{Region: "eu-west-1"})
-	if err != nil {
+	msk := awsmsk.Config{Region: "eu-west-1"}
+	if err := msk.Validate(); err != nil {
 		log.Fatal(err)
 	}
 	kcfg := sarama.NewConfig()
 	kcfg.Version = sarama.V3_9_0_0 // the cluster's Kafka version
-	if err := kafkaauth.Apply(kcfg, kafkaauth.Options{TLS: true, Mechanism: "OAUTHBEARER", TokenProvider: p}); err != nil {
+	if err := kafkaauth.Apply(kcfg, kafkaauth.Options{TLS: true, Mechanism: "OAUTHBEARER", FetchToken: msk.Fetch}); err != nil {
 		log.Fatal(err)
 	}
 	_ = consumer.Config{

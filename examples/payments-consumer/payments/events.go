@@ -51,7 +51,7 @@ func enqueueRecorded(ctx context.Context, tx pgx.Tx, topic, key string, p Paymen
 		Topic:   topic,
 		Key:     []byte(p.OrderID),
 		Value:   v,
-		Headers: []outbox.Header{{Key: "event-type", Value: []byte("payment.recorded")}},
+		Headers: []handler.Header{{Key: "event-type", Value: []byte("payment.recorded")}},
 	})
 	if err != nil {
 		return fmt.Errorf("enqueue payment.recorded for %s: %w", key, err) // retriable

@@ -112,11 +112,12 @@ var PoisonKinds = map[string]string{
 	"huge-headers":  "decode",         // 200 KiB of headers and malformed JSON
 	"bad-deadline":  "invalid-header", // an idem-deadline that is not a time
 	"oversized":     "decode",         // 300 KB of malformed JSON: more than the DLQ accepts
+	"panic":         "panic",          // valid JSON on which the handler panics (a bug): recovered, dead-lettered
 }
 
 // PoisonOrder is PoisonKinds' keys in a fixed order.
 var PoisonOrder = []string{"empty-key", "no-key", "long-key", "bad-utf8-key", "truncated", "tombstone",
-	"bad-utf8-body", "reject", "huge-headers", "bad-deadline", "oversized"}
+	"bad-utf8-body", "reject", "huge-headers", "bad-deadline", "oversized", "panic"}
 
 // Duration is a time.Duration that reads and writes as text ("1.5s").
 type Duration time.Duration
@@ -169,12 +170,20 @@ type Config struct {
 	// "ladder" climb a ladder of their own.
 	RuleLadder *LadderRule `json:"rule_ladder,omitempty"`
 	// RuleDLQ is the "fraud" rule: one attempt, no tiers, its own DLQ.
-	RuleDLQ     bool     `json:"rule_dlq,omitzero"`
-	MaxAge      Duration `json:"max_age,omitzero"` // Expiry.MaxAge
-	Defer       bool     `json:"defer,omitzero"`
-	HookDLQ     bool     `json:"hook_dead_lettered,omitzero"`
-	HookExpired bool     `json:"hook_expired,omitzero"`
-	HookFail    []Window `json:"hook_fail,omitempty"` // the hooks return an error in these windows
+	RuleDLQ bool `json:"rule_dlq,omitzero"`
+	// RuleDLQTiers: the "fraud" rule climbs the fallback's tiers before its
+	// own DLQ (with Ordering, the only rule whose records can be promoted
+	// heads bound for a dead-letter topic of their own).
+	RuleDLQTiers bool `json:"rule_dlq_tiers,omitzero"`
+	// Tier1MaxBytes, when set, is the first tier's max.message.bytes
+	// (the harness creates it): the workload's "big" records fail into it
+	// and it refuses them, so they go to their dead-letter topic whole.
+	Tier1MaxBytes int      `json:"tier1_max_bytes,omitempty"`
+	MaxAge        Duration `json:"max_age,omitzero"` // Expiry.MaxAge
+	Defer         bool     `json:"defer,omitzero"`
+	HookDLQ       bool     `json:"hook_dead_lettered,omitzero"`
+	HookExpired   bool     `json:"hook_expired,omitzero"`
+	HookFail      []Window `json:"hook_fail,omitempty"` // the hooks return an error in these windows
 	// Breaker: dependency A has limits and is down in its windows (the
 	// breaker opens); Throttle: dependency B answers 429 in its windows.
 	Breaker      *BreakerSpec `json:"breaker,omitempty"`
@@ -232,6 +241,10 @@ type Fault struct {
 	Kind string  `json:"kind"` //
 	At   float64 `json:"at"`   // fraction of ProduceFor; join: seconds into the drain
 	Slot int     `json:"slot"` // which member (modulo the live ones), or which partition
+	// AtT0, when set, is when the fault happens since the members' T0, the
+	// clock of the draw's windows (a hook's failing window): the fault is
+	// placed in one. At is then only its place in the order.
+	AtT0 Duration `json:"at_t0,omitzero"`
 }
 
 // Spec is what a draw is made from.
@@ -369,6 +382,8 @@ func Generate(spec Spec) (*Draw, error) {
 	throttle := drawWindows(r, produceFor, time.Second, 4*time.Second)
 	retryAfter := time.Duration(1+r.IntN(2)) * time.Second
 	coinOrdering := r.IntN(2) == 0
+	fraudTiers := r.IntN(2) == 0
+	tierRefuses := r.IntN(3) == 0
 	// Stream 1 ends here: what follows only reads the switches.
 
 	// Implications and the one conflict the library refuses (Validate: a
@@ -424,6 +439,8 @@ func Generate(spec Spec) (*Draw, error) {
 	c.Tiers = when(on[Tiers], tiers, nil)
 	c.RuleLadder = when(on[RuleLadder], ladder, nil)
 	c.RuleDLQ = on[RuleDLQ]
+	c.RuleDLQTiers = on[RuleDLQ] && on[Tiers] && fraudTiers
+	c.Tier1MaxBytes = when(on[Tiers] && tierRefuses, 64<<10, 0)
 	c.MaxAge = when(on[ExpiryAge], Duration(maxAge), 0)
 	c.Defer = on[Defer]
 	c.HookDLQ, c.HookExpired = on[HookDLQ], on[HookExpired]
@@ -487,6 +504,17 @@ func Generate(spec Spec) (*Draw, error) {
 					d.Faults = append(d.Faults, f)
 				}
 			}
+		}
+	}
+	// Correlated placements: a crossing that needs a fault inside a window
+	// of a feature is drawn there (issue 28, defect 1: a graceful stop
+	// while OnDeadLettered fails, with Transactions), not left to chance.
+	if on[Transactions] && len(c.HookFail) > 0 {
+		if i := slices.IndexFunc(d.Faults, func(f Fault) bool { return f.Kind == FaultTerm }); i >= 0 {
+			w := c.HookFail[0]
+			at := w.From + (w.To-w.From)/2
+			d.Faults[i].AtT0 = at
+			d.Faults[i].At = math.Round(float64(at)/float64(produceFor)*1000) / 1000
 		}
 	}
 	slices.SortStableFunc(d.Faults, func(a, b Fault) int {

@@ -90,8 +90,8 @@ func TestForceAndDrop(t *testing.T) {
 		if forced.Workload.Records != base.Workload.Records || forced.Config.Partitions != base.Config.Partitions {
 			t.Errorf("seed %d: forcing changed the workload or the partitions", seed)
 		}
-		for _, f := range base.Faults {
-			if !slices.Contains(forced.Faults, f) {
+		for _, f := range base.Faults { // kept, though a correlated placement may move it (TestCorrelatedPlacement)
+			if !slices.ContainsFunc(forced.Faults, func(g Fault) bool { return g.ID == f.ID && g.Kind == f.Kind && g.Slot == f.Slot }) {
 				t.Errorf("seed %d: forcing lost fault %+v", seed, f)
 			}
 		}
@@ -188,5 +188,27 @@ func TestShrink(t *testing.T) {
 	}
 	if !strings.Contains(small.Args(), "-seed 42") || !strings.Contains(small.Args(), "-drop ") {
 		t.Errorf("rerun arguments %q", small.Args())
+	}
+}
+
+// TestCorrelatedPlacement: with Transactions and failing hooks, a graceful
+// stop is drawn inside the first failing window (issue 28, defect 1), on
+// the members' clock.
+func TestCorrelatedPlacement(t *testing.T) {
+	placed := 0
+	for seed := uint64(1); seed <= 200; seed++ {
+		d := mustGenerate(t, Spec{Seed: seed, Force: []string{string(Transactions), string(HookFail), FaultTerm}})
+		i := slices.IndexFunc(d.Faults, func(f Fault) bool { return f.Kind == FaultTerm })
+		if i < 0 {
+			t.Fatalf("seed %d: term forced but not scheduled: %s", seed, d.Summary())
+		}
+		f, w := d.Faults[i], d.Config.HookFail[0]
+		if !w.In(f.AtT0.D()) {
+			t.Errorf("seed %d: term at %s since T0, not in the hooks' failing window %s–%s", seed, f.AtT0, w.From, w.To)
+		}
+		placed++
+	}
+	if placed == 0 {
+		t.Fatal("no seed placed")
 	}
 }

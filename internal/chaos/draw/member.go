@@ -59,7 +59,11 @@ func (m *Member) Rules(ladder, fraud recovery.Matcher) []recovery.Rule {
 		rs = append(rs, recovery.Rule{Name: RuleLadderName, Match: ladder, Attempts: l.Attempts, Tiers: &recovery.Ladder{Name: LadderName, Delays: delays}})
 	}
 	if m.RuleDLQ {
-		rs = append(rs, recovery.Rule{Name: RuleDLQName, Match: fraud, Attempts: 1, Tiers: &recovery.Ladder{}, DLQ: m.FraudDLQ()})
+		tiers := &recovery.Ladder{} // straight to its DLQ
+		if m.RuleDLQTiers {
+			tiers = nil // the fallback's tiers, then its own DLQ
+		}
+		rs = append(rs, recovery.Rule{Name: RuleDLQName, Match: fraud, Attempts: 1, Tiers: tiers, DLQ: m.FraudDLQ()})
 	}
 	return rs
 }

@@ -105,6 +105,9 @@ func (s *service) logic(ctx context.Context, m *handler.Message) error {
 	if body.V == "reject" {
 		return handler.Permanent(errors.New("the handler refuses this record"))
 	}
+	if body.V == "panic" { // a bug in the handler: Run recovers it (handler.Recover) and dead-letters the message
+		panic("swarm: the handler hit a bug on this record")
+	}
 	if ms, ok := intHeader(m, hdrDefer); ok && m.Topic == s.m.Topic {
 		return handler.DeferUntil(time.Now().Add(time.Duration(ms) * time.Millisecond))
 	}

@@ -14,6 +14,7 @@
 //	go run ./internal/tools/swarm -ci -race -budget 8m    # the CI form: every feature and fault kind at least once
 //	go run ./internal/tools/swarm -seed 7 -shrink         # the smallest failing draw of seed 7
 //	go run ./internal/tools/swarm -seed 7 -print-draw     # the draw only, as JSON
+//	go run ./internal/tools/swarm -ci -proof all          # the checker's own proof: each mechanism switched off
 //
 // A failing seed prints the command that reruns its exact draw. Each run of
 // several seeds forces the features and fault kinds not drawn yet into
@@ -73,6 +74,8 @@ type options struct {
 	kport, cport, pgport  int
 	state                 string
 	drainTimeout          time.Duration
+	proof                 listFlag // mutations to prove (-proof), "all" for every one
+	proofSeeds            int
 	ports                 string // the port flags, for rerun commands
 }
 
@@ -95,8 +98,13 @@ func run(ctx context.Context) int {
 	flag.IntVar(&o.cport, "controller-port", 19093, "the swarm's controller port (three nodes: this, +2, +4)")
 	flag.IntVar(&o.pgport, "pg-port", 15432, "the swarm's PostgreSQL port")
 	flag.StringVar(&o.state, "state", ".state/swarm", "the swarm's broker state and the run logs")
-	flag.DurationVar(&o.drainTimeout, "drain-timeout", 0, "how long a seed's group may take to drain after its faults (default 2m, -ci 90s)")
+	flag.DurationVar(&o.drainTimeout, "drain-timeout", 0, "how long a seed's group may go without progress while it drains after its faults (default 2m, -ci 90s; at most four times that in all)")
+	flag.Var(&o.proof, "proof", "the checker's own proof: for each mutation named (internal/mutate; \"all\" for every one), members built with -tags idem_mutate and that mechanism switched off, seeds from -seed until one fails (at most -proof-seeds); prints the table of seeds to find each breach")
+	flag.IntVar(&o.proofSeeds, "proof-seeds", 3, "with -proof: the most seeds run per mutation")
 	flag.Parse()
+	if len(o.proof) > 0 {
+		o.proofDefaults()
+	}
 	o.ports = fmt.Sprintf("-kafka-port %d -controller-port %d -pg-port %d", o.kport, o.cport, o.pgport)
 	if o.drainTimeout == 0 {
 		o.drainTimeout = 2 * time.Minute
@@ -157,6 +165,9 @@ func run(ctx context.Context) int {
 	}
 	logf("Kafka on %s, PostgreSQL on %d", strings.Join(svc.Brokers(), ","), o.pgport)
 	r := &runner{o: o, svc: svc, bin: bin, dir: runDir, logf: logf}
+	if len(o.proof) > 0 {
+		return r.proof(ctx, spec, o.proof, o.proofSeeds)
+	}
 	if o.shrink {
 		return r.shrink(ctx, spec)
 	}
