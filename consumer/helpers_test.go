@@ -266,11 +266,23 @@ func (e *env) endOffsets(topic string, partitions int32) map[int32]int64 {
 	defer c.Close()
 	out := map[int32]int64{}
 	for p := range partitions {
-		o, err := c.GetOffset(topic, p, sarama.OffsetNewest)
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		out[p] = o
+		// A topic just made (by the test, or by Run for a dead-letter
+		// topic) may not have reached this client's metadata, or its
+		// leader may still move on a loaded broker: those errors are
+		// retried with fresh metadata, anything else fails.
+		testenv.Eventually(e.t, 60*time.Second, func() error {
+			o, err := c.GetOffset(topic, p, sarama.OffsetNewest)
+			if errors.Is(err, sarama.ErrNotLeaderForPartition) || errors.Is(err, sarama.ErrUnknownTopicOrPartition) ||
+				errors.Is(err, sarama.ErrLeaderNotAvailable) || errors.Is(err, sarama.ErrNotCoordinatorForConsumer) {
+				_ = c.RefreshMetadata(topic)
+				return err
+			}
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			out[p] = o
+			return nil
+		})
 	}
 	return out
 }
