@@ -36,6 +36,7 @@ func TestDocumentedDefaults(t *testing.T) {
 		"DisplayBytes":       {"16 KiB", d.DisplayBytes == 16<<10},
 		"Logger":             {"slog.Default()", d.Logger == slog.Default()},
 		"Registerer":         {"nil", d.Registerer == nil},
+		"Registry":           {"nil (values shown as their bytes)", d.Registry == nil},
 	}
 	docs := docdefaults.Of(t, "config.go", "Config")
 	for name, doc := range docs {

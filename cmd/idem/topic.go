@@ -289,7 +289,36 @@ func (a *app) deleteTopics(names []string, yes bool) error {
 		if err := admin.DeleteTopic(f.name); err != nil {
 			return fmt.Errorf("delete topic %s: %w", f.name, err)
 		}
+		// The broker deletes a topic in the background: say "deleted" once
+		// its metadata no longer lists it, so that a create or a list right
+		// after sees it gone; a topic still listed after topicDeleteWait is
+		// said to be still in deletion.
+		if gone := waitTopicGone(admin, f.name, topicDeleteWait); !gone {
+			fmt.Fprintf(a.out, "deletion of topic %s requested; the broker still lists it after %s (it finishes in the background)\n", f.name, topicDeleteWait)
+			continue
+		}
 		fmt.Fprintf(a.out, "deleted topic %s\n", f.name)
 	}
 	return nil
+}
+
+// topicDeleteWait bounds how long idem topic delete waits for a deleted
+// topic to leave the broker's metadata.
+const topicDeleteWait = 30 * time.Second
+
+// waitTopicGone polls the broker's topic list until name is absent, for at
+// most wait; it reports whether it is gone. A failing list is tried again.
+func waitTopicGone(admin sarama.ClusterAdmin, name string, wait time.Duration) bool {
+	deadline := time.Now().Add(wait)
+	for {
+		if topics, err := admin.ListTopics(); err == nil {
+			if _, ok := topics[name]; !ok {
+				return true
+			}
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(100 * time.Millisecond) // a poll's period
+	}
 }
