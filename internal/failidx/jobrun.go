@@ -10,6 +10,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/internal/committed"
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/pglead"
@@ -460,4 +461,35 @@ func (a *Actions) CancelJob(ctx context.Context, actor string, id int64) (Job, e
 		return a.RunJob(ctx, id)
 	}
 	return j, nil
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// deadLetter rebuilds r as a replay reads a dead letter (what
+// replayrec.Build takes); a truncated value is read back from the DLQ topic.
+func (a *Actions) deadLetter(ctx context.Context, r Record) (replayrec.DeadLetter, error) {
+	if r.PayloadErr != nil {
+		return replayrec.DeadLetter{}, fmt.Errorf("record %d: its value and headers cannot be read: %w", r.ID, r.PayloadErr)
+	}
+	if r.ValueTruncated {
+		got, err := dlq.New(a.client).Show(ctx, r.Topic, dlq.Position{Partition: r.Partition, Offset: r.Offset})
+		if err != nil {
+			return replayrec.DeadLetter{}, fmt.Errorf("record %d: the index holds its value truncated (%d of %d bytes) and it cannot be read from %s/%d offset %d: %w",
+				r.ID, len(r.Value), r.ValueSize, r.Topic, r.Partition, r.Offset, err)
+		}
+		return replayrec.DeadLetter{Topic: got.Topic, Partition: got.Partition, Offset: got.Offset, Key: got.Key, Value: got.Value,
+			Headers: got.Headers, Failure: got.Failure, HasFailure: got.HasFailure}, nil
+	}
+	hs := make([]sarama.RecordHeader, len(r.Headers))
+	for i, h := range r.Headers {
+		hs[i] = sarama.RecordHeader{Key: h.Key, Value: h.Value}
+	}
+	f, ok, _ := wire.Decode(hs) // as dlq.FromMessage: a header that does not parse leaves its field zero
+	return replayrec.DeadLetter{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, Value: r.Value,
+		Headers: hs, Failure: f, HasFailure: ok}, nil
 }

@@ -231,3 +231,41 @@ func (a *Actions) PlanReplay(ctx context.Context, sel Selection, to string) (Rep
 	}
 	return p, nil
 }
+
+// Replay sends the selected unresolved records back: to each record's origin
+// topic (to == "") as a fresh record without idem-* headers, or to the topic
+// named by to, keeping the idem-* history, due now. to must be a retry tier
+// of each record's origin topic for its group ("<origin>.<group>.retry.<n>")
+// or one of ReplayTopics; anything else is a *ValidationError on "to" and
+// nothing is claimed. Key, value and original headers (idempotency key
+// included) are kept byte for byte, so a record that was in fact handled is
+// a duplicate the consumer's inbox drops. ratePerSec > 0 paces the sends.
+// Each record sent is marked Replayed (actor, reason); records not selected
+// stay as they are.
+//
+// It is StartReplay then RunJob in the caller's goroutine: the records are
+// claimed first, so a record two replays select is sent by one of them
+// only. Stubs are never replayed: they are counted in Result.SkippedStubs.
+// Records that are not unresolved (or another action claimed) are skipped
+// (Result.Skipped). Every destination is checked before anything is
+// claimed: a topic that does not exist is an error (wrapping
+// dlq.ErrUnknownTopic) and nothing is published or changed. An id that is
+// not in the index is an error wrapping ErrNotFound, before anything is
+// sent. A record whose value the index holds truncated is read back from
+// Kafka; if it has expired there, it is left unresolved and named in
+// Result.Errors.
+func (a *Actions) Replay(ctx context.Context, actor string, sel Selection, to string, ratePerSec int, reason string) (Result, error) {
+	j, err := a.StartReplay(ctx, actor, sel, to, ratePerSec, reason)
+	if err != nil {
+		return Result{}, err
+	}
+	j, err = a.RunJob(ctx, j.ID)
+	return j.Result(), err
+}
+
+func orOrigin(to string) string {
+	if to == "" {
+		return replayrec.ToSource
+	}
+	return to
+}
