@@ -18,6 +18,10 @@ import (
 	"github.com/idemhq/idem/internal/seal"
 )
 
+// This file is how a relay runs: Run, the session that holds its state,
+// its start-up, and its part in the table's leader election
+// (internal/pglead's Election); Relay's doc, "Leadership", says how.
+
 // Run relays until ctx is cancelled, then returns nil once its connection,
 // producer and every goroutine it started are gone. It returns an error only
 // for an invalid configuration (Validate) or metrics it cannot register.

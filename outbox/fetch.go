@@ -8,6 +8,9 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// This file reads a round's window of pending rows: the heads of each key
+// (Relay's doc, "Publishing" and "Delayed rows").
+
 // fetchSQL reads a window of up to $1 publishable pending rows in id order
 // (rows whose retry time, if any, has come, and that no earlier waiting row
 // of their key holds back) and returns, values included, only each key's

@@ -13,6 +13,10 @@ import (
 	"github.com/idemhq/idem/internal/outboxconf"
 )
 
+// This file publishes a round's heads to Kafka and classifies each failed
+// publish as a rejection of the record or an outage (Relay's doc, "Bad
+// input and outages").
+
 // publish sends heads, each in its publish span, and waits for every ack or
 // error; errs[i] is heads[i]'s.
 func (s *session) publish(heads []row) []error {

@@ -11,6 +11,9 @@ import (
 	"github.com/idemhq/idem/internal/pglead"
 )
 
+// This file is the leader's loop: rounds of fetch, publish and settle,
+// the idle wait for a NOTIFY, the gauges and the sweep of published rows.
+
 // lead publishes until the connection fails (error) or ctx ends (nil).
 func (s *session) lead(ctx context.Context, conn *pgx.Conn) error {
 	round := s.round
