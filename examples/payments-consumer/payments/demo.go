@@ -4,13 +4,11 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"strconv"
@@ -19,14 +17,11 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
-	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/recovery"
 	"github.com/idemhq/idem/retrytopic"
@@ -70,125 +65,6 @@ func defaultDemoOptions() demoOptions {
 		},
 		MetricsAddr: ":9464", Progress: 2 * time.Second, GrafanaURL: "http://127.0.0.1:3000",
 	}
-}
-
-// summary is what a demo run reads back from PostgreSQL, Kafka, the bank's
-// ledger and idem's metrics.
-type summary struct {
-	RunID, Topic, Group, DLQ string
-	Partitions               int32
-	Tiers                    []string
-
-	Produced     int // every record sent
-	GoodProduced int // good payments sent, duplicates included
-	UniqueKeys   int // distinct good idempotency keys (= orders seeded)
-	Bad          int // bad records sent
-
-	Stored        int64 // payments rows of this run (PostgreSQL)
-	OrdersPaid    int64 // orders of this run with status paid (PostgreSQL)
-	DoubleCharges int64 // orders with >1 payment + keys with >1 row (PostgreSQL) + orders charged twice (bank)
-
-	InboxDuplicates   int64 // idem_messages_total{outcome="duplicate"}: stopped by the inbox
-	NaturalDuplicates int64 // stopped by the payments table's UNIQUE key
-
-	TierRecords   []int64 // records in each retry tier topic (Kafka)
-	TierForwarded []int64 // idem_forwarded_total to each tier
-	InProcess     int64   // idem_retries_total: in-process retries
-
-	DeadLettered int64       // records in the dead-letter topic (Kafka)
-	DLQGroups    []dlq.Group // the DLQ's records grouped by failure (Kafka)
-	DLQForwarded int64       // idem_forwarded_total to the DLQ
-
-	Bank            bankFigures
-	BreakerOpenings int64 // idem_breaker_transitions_total{name="bank",to="open"}
-	Outages         int   // outage windows configured
-
-	ProduceTime, ConsumeTime time.Duration
-
-	Events eventFigures // payment.recorded events published through the outbox (events.go)
-	Flow   flowFigures  // the bank's rate limit and 429s (flow.go)
-}
-
-// DuplicatesSkipped is the good deliveries that had no second effect.
-func (s summary) DuplicatesSkipped() int64 { return int64(s.GoodProduced) - s.Stored }
-
-// check returns an error listing every figure that does not balance.
-func (s summary) check() error {
-	var errs []error
-	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	if s.Stored != int64(s.UniqueKeys) {
-		bad("payments stored %d != unique keys %d", s.Stored, s.UniqueKeys)
-	}
-	if s.OrdersPaid != int64(s.UniqueKeys) {
-		bad("orders paid %d != unique orders %d", s.OrdersPaid, s.UniqueKeys)
-	}
-	if s.DuplicatesSkipped() != s.InboxDuplicates+s.NaturalDuplicates {
-		bad("duplicates skipped %d != inbox %d + natural key %d", s.DuplicatesSkipped(), s.InboxDuplicates, s.NaturalDuplicates)
-	}
-	if s.Bank.ChargedPrefix != s.Stored {
-		bad("bank charges %d != payments stored %d", s.Bank.ChargedPrefix, s.Stored)
-	}
-	if s.DeadLettered != int64(s.Bad) {
-		bad("dead-lettered %d != bad payments %d", s.DeadLettered, s.Bad)
-	}
-	if s.DeadLettered != s.DLQForwarded {
-		bad("DLQ records %d != idem_forwarded_total to the DLQ %d", s.DeadLettered, s.DLQForwarded)
-	}
-	var grouped int64
-	for _, g := range s.DLQGroups {
-		grouped += g.Count
-	}
-	if grouped != s.DeadLettered {
-		bad("DLQ records by reason %d != DLQ records %d", grouped, s.DeadLettered)
-	}
-	for i := range s.TierRecords {
-		if s.TierRecords[i] != s.TierForwarded[i] {
-			bad("tier %d: %d records != idem_forwarded_total %d", i+1, s.TierRecords[i], s.TierForwarded[i])
-		}
-	}
-	if s.DoubleCharges != 0 {
-		bad("double charges %d != 0", s.DoubleCharges)
-	}
-	if err := s.Events.check(s.Stored); err != nil {
-		errs = append(errs, err)
-	}
-	if err := s.Flow.check(s.Bank.Flow); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
-}
-
-func (s summary) print(w io.Writer) {
-	line := func(label, format string, args ...any) {
-		fmt.Fprintf(w, "  %-19s "+format+"\n", append([]any{label + ":"}, args...)...)
-	}
-	rate := float64(s.Produced) / max(s.ConsumeTime.Seconds(), 0.001)
-	line("produced", "%s records (%s payments + %s duplicate deliveries + %d poison) in %s",
-		num(int64(s.Produced)), num(int64(s.UniqueKeys)), num(int64(s.GoodProduced-s.UniqueKeys)), s.Bad, s.ProduceTime.Round(time.Millisecond))
-	line("consumed", "all committed %s after the first was sent = %s msgs/s (%d partitions, one transaction per message)",
-		s.ConsumeTime.Round(time.Millisecond), num(int64(rate)), s.Partitions)
-	line("unique", "%s payments, one order each", num(int64(s.UniqueKeys)))
-	line("applied", "%s payments stored, %s orders paid, %s bank charges", num(s.Stored), num(s.OrdersPaid), num(s.Bank.ChargedPrefix))
-	line("duplicates skipped", "%s (inbox %s, natural key %s)", num(s.DuplicatesSkipped()), num(s.InboxDuplicates), num(s.NaturalDuplicates))
-	var tiers []string
-	for i, n := range s.TierRecords {
-		tiers = append(tiers, fmt.Sprintf("tier %d: %s", i+1, num(n)))
-	}
-	line("retried", "%s in-process; %s", num(s.InProcess), strings.Join(tiers, ", "))
-	line("bank", "%s calls, %s failed or timed out, %s answered from its idempotency ledger",
-		num(s.Bank.Calls), num(s.Bank.Failed), num(s.Bank.Repeats))
-	line("breaker openings", "%d (bank outages configured: %d)", s.BreakerOpenings, s.Outages)
-	s.Flow.print(line, s.Bank.Flow)
-	line("dead-lettered", "%s in %s", num(s.DeadLettered), s.DLQ)
-	for _, g := range s.DLQGroups {
-		msg := g.Message
-		if len(msg) > 60 {
-			msg = msg[:57] + "..."
-		}
-		fmt.Fprintf(w, "  %21s %4d  %-11s %s\n", "", g.Count, g.Kind, msg)
-	}
-	line("events published", "%s", s.Events)
-	line("double charges", "%d", s.DoubleCharges)
 }
 
 func demoMain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -502,251 +378,12 @@ func dashboardURL(ctx context.Context, base string) string {
 	return strings.TrimRight(base, "/") + "/d/idem/idem?refresh=5s"
 }
 
-// readKafkaFigures counts the records of the run's tier and dead-letter
-// topics and groups the dead letters by failure (as `idem dlq list` does).
-func readKafkaFigures(ctx context.Context, client sarama.Client, s *summary) error {
-	var err error
-	for _, t := range s.Tiers {
-		n, err := countRecords(client, t)
-		if err != nil {
-			return fmt.Errorf("count records of %s: %w", t, err)
-		}
-		s.TierRecords = append(s.TierRecords, n)
-	}
-	if s.DeadLettered, err = countRecords(client, s.DLQ); err != nil {
-		return fmt.Errorf("count DLQ records: %w", err)
-	}
-	if s.DLQGroups, err = dlq.New(client).List(ctx, s.DLQ); err != nil {
-		return fmt.Errorf("list DLQ: %w", err)
-	}
-	return nil
-}
-
 // newRunID is unique per run: unix seconds and 16 random bits, so runs in
 // the same second (a test next to `make run`) do not collide.
 func newRunID() string {
 	var b [2]byte
 	_, _ = rand.Read(b[:])
 	return fmt.Sprintf("%d-%s", time.Now().Unix(), hex.EncodeToString(b[:]))
-}
-
-func orderID(run string, i int) string { return fmt.Sprintf("%s-order-%06d", run, i) }
-func payKey(run string, i int) string  { return fmt.Sprintf("%s-pay-%06d", run, i) }
-
-// record is one Kafka record of the demo stream.
-type record struct {
-	kafkaKey string // "" → no key (any partition)
-	key      string // idempotency-key header; "" → none
-	value    []byte
-	good     bool
-}
-
-type stream []record
-
-func (st stream) good() int {
-	n := 0
-	for _, r := range st {
-		if r.good {
-			n++
-		}
-	}
-	return n
-}
-
-// buildStream makes o.N good payments (one per order), round(o.N*o.Dup)
-// duplicate deliveries of random ones, and o.Bad bad records, shuffled.
-// Half the duplicates keep the order id as Kafka key (same partition, like a
-// producer retry); the other half have no Kafka key and may land on another
-// partition, so two consumers race on the same idempotency key.
-func buildStream(run string, o demoOptions) stream {
-	rnd := mrand.New(mrand.NewPCG(uint64(time.Now().UnixNano()), 1))
-	currs := []string{"KRW", "USD", "EUR", "JPY"}
-	st := make(stream, 0, o.N+int(float64(o.N)*o.Dup+0.5)+o.Bad)
-	for i := 1; i <= o.N; i++ {
-		p := Payment{
-			IdempotencyKey: payKey(run, i), OrderID: orderID(run, i), Currency: currs[rnd.IntN(len(currs))],
-			Amount: Amount(fmt.Sprintf("%d.%02d", 1+rnd.IntN(100000), rnd.IntN(100))),
-		}
-		v, _ := json.Marshal(p)
-		st = append(st, record{kafkaKey: p.OrderID, key: p.IdempotencyKey, value: v, good: true})
-	}
-	dups := int(float64(o.N)*o.Dup + 0.5)
-	for d := range dups {
-		r := st[rnd.IntN(o.N)]
-		if d%2 == 1 {
-			r.kafkaKey = ""
-		}
-		st = append(st, r)
-	}
-	for b := range o.Bad {
-		key := fmt.Sprintf("%s-bad-%04d", run, b)
-		var v string
-		hdr := key
-		switch b % 5 {
-		case 0: // an order that does not exist
-			v = fmt.Sprintf(`{"idempotency_key":%q,"order_id":"%s-order-missing-%d","amount":"10.00","currency":"KRW"}`, key, run, b)
-		case 1: // poison bytes
-			v = `{"idempotency_key":"` + key + `","order_id":` // truncated JSON
-		case 2: // a refund disguised as a payment
-			v = fmt.Sprintf(`{"idempotency_key":%q,"order_id":%q,"amount":"-5.00","currency":"USD"}`, key, orderID(run, 1+b%o.N))
-		case 3: // a currency the service does not take
-			v = fmt.Sprintf(`{"idempotency_key":%q,"order_id":%q,"amount":"7.50","currency":"XYZ"}`, key, orderID(run, 1+b%o.N))
-		case 4: // no idempotency key anywhere
-			v = fmt.Sprintf(`{"order_id":%q,"amount":"3.00","currency":"EUR"}`, orderID(run, 1+b%o.N))
-			hdr = ""
-		}
-		st = append(st, record{kafkaKey: key, key: hdr, value: []byte(v)})
-	}
-	rnd.Shuffle(len(st), func(i, j int) { st[i], st[j] = st[j], st[i] })
-	return st
-}
-
-// seedOrders inserts n pending orders for run.
-func seedOrders(ctx context.Context, pool *pgxpool.Pool, run string, n int) error {
-	rows := make([][]any, n)
-	for i := range rows {
-		rows[i] = []any{orderID(run, i+1)}
-	}
-	if _, err := pool.CopyFrom(ctx, pgx.Identifier{"orders"}, []string{"id"}, pgx.CopyFromRows(rows)); err != nil {
-		return fmt.Errorf("seed orders: %w", err)
-	}
-	return nil
-}
-
-// produce sends st to topic with an idempotent, acks=all producer, rate
-// records a second (all at once when rate is 0), counting them in sent.
-func produce(ctx context.Context, brokers []string, topic string, st stream, rate int, sent *atomic.Int64) error {
-	cfg := saramaConfig("payments-demo-producer")
-	cfg.Producer.Return.Successes = true
-	cfg.Producer.RequiredAcks = sarama.WaitForAll
-	cfg.Producer.Idempotent = true
-	cfg.Net.MaxOpenRequests = 1
-	cfg.Producer.Retry.Max = 10
-	p, err := sarama.NewSyncProducer(brokers, cfg)
-	if err != nil {
-		return fmt.Errorf("producer: %w", err)
-	}
-	defer p.Close()
-	// Batches of a tenth of a second's worth, each sent when it is due.
-	batch, every := 1000, time.Duration(0)
-	if rate > 0 {
-		batch, every = max(1, rate/10), time.Duration(float64(time.Second)*float64(max(1, rate/10))/float64(rate))
-	}
-	start := time.Now()
-	for i, n := 0, 0; i < len(st); i, n = i+batch, n+1 {
-		if wait := time.Until(start.Add(time.Duration(n) * every)); wait > 0 {
-			select {
-			case <-ctx.Done():
-				return fmt.Errorf("produce: %w", context.Cause(ctx))
-			case <-time.After(wait):
-			}
-		}
-		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("produce: %w", context.Cause(ctx))
-		}
-		msgs := make([]*sarama.ProducerMessage, 0, batch)
-		for _, r := range st[i:min(i+batch, len(st))] {
-			m := &sarama.ProducerMessage{Topic: topic, Value: sarama.ByteEncoder(r.value)}
-			if r.kafkaKey != "" {
-				m.Key = sarama.StringEncoder(r.kafkaKey)
-			}
-			if r.key != "" {
-				m.Headers = []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(r.key)}}
-			}
-			msgs = append(msgs, m)
-		}
-		if err := p.SendMessages(msgs); err != nil {
-			return fmt.Errorf("produce: %w", err)
-		}
-		sent.Add(int64(len(msgs)))
-	}
-	return nil
-}
-
-// readFigures fills the PostgreSQL figures of s, scoped to its run.
-func readFigures(ctx context.Context, pool *pgxpool.Pool, s *summary) error {
-	prefix := s.RunID + "-%"
-	err := pool.QueryRow(ctx, `
-		SELECT
-		  (SELECT count(*) FROM payments WHERE idempotency_key LIKE $1),
-		  (SELECT count(*) FROM orders WHERE id LIKE $1 AND status = 'paid'),
-		  (SELECT count(*) FROM (SELECT order_id FROM payments WHERE order_id LIKE $1
-		                          GROUP BY order_id HAVING count(*) > 1) o)
-		+ (SELECT count(*) FROM (SELECT idempotency_key FROM payments WHERE idempotency_key LIKE $1
-		                          GROUP BY idempotency_key HAVING count(*) > 1) k)`,
-		prefix).Scan(&s.Stored, &s.OrdersPaid, &s.DoubleCharges)
-	if err != nil {
-		return fmt.Errorf("read figures: %w", err)
-	}
-	return nil
-}
-
-// gatheredMetrics is one Gather of a registry.
-type gatheredMetrics []*dto.MetricFamily
-
-// gathered gathers reg (nil on error: every sum is then 0).
-func gathered(reg prometheus.Gatherer) gatheredMetrics {
-	mfs, _ := reg.Gather()
-	return mfs
-}
-
-// sum adds up the counter or gauge name over the series whose label has
-// value (every series when label is "").
-func (g gatheredMetrics) sum(name, label, value string) int64 {
-	if label == "" {
-		return g.sumWhere(name, nil)
-	}
-	return g.sumWhere(name, map[string]string{label: value})
-}
-
-// find returns the value of the first series of name whose label has value.
-func (g gatheredMetrics) find(name, label, value string) (int64, bool) {
-	for _, mf := range g {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					return int64(m.GetCounter().GetValue() + m.GetGauge().GetValue()), true
-				}
-			}
-		}
-	}
-	return 0, false
-}
-
-// sumWhere adds up the counter or gauge name over the series whose labels
-// include want.
-func (g gatheredMetrics) sumWhere(name string, want map[string]string) int64 {
-	return int64(g.sumFloat(name, want))
-}
-
-// sumFloat is sumWhere without rounding.
-func (g gatheredMetrics) sumFloat(name string, want map[string]string) float64 {
-	var sum float64
-	for _, mf := range g {
-		if mf.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range mf.GetMetric() {
-			n := 0
-			for _, l := range m.GetLabel() {
-				if v, ok := want[l.GetName()]; ok {
-					if v != l.GetValue() {
-						continue series
-					}
-					n++
-				}
-			}
-			if n != len(want) {
-				continue
-			}
-			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return sum
 }
 
 // cleanupRun deletes the run's topics, rows and inbox entries.
@@ -771,22 +408,4 @@ func cleanupRun(pool *pgxpool.Pool, admin sarama.ClusterAdmin, s summary, stderr
 	if err := admin.DeleteConsumerGroup(s.Group); err != nil {
 		fmt.Fprintf(stderr, "cleanup: delete group %s: %v\n", s.Group, err)
 	}
-}
-
-// num formats n with thousands separators: 10000 → "10,000".
-func num(n int64) string {
-	s := fmt.Sprint(n)
-	neg := strings.HasPrefix(s, "-")
-	s = strings.TrimPrefix(s, "-")
-	var b strings.Builder
-	for i, c := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(c)
-	}
-	if neg {
-		return "-" + b.String()
-	}
-	return b.String()
 }
