@@ -154,7 +154,10 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 	ord := w.orderOf(cm)
 	rec := dedupe.Record{Group: r.cfg.Group, Key: key, Topic: origin.topic, Partition: origin.partition, Offset: origin.offset,
 		Epoch: r.ctl.epoch(msg, origin.topic, origin.partition, origin.offset)} // a re-drive's (control.go)
-	deferral := deferralOf(cm.Topic, cm.Partition, cm.Offset)
+	var deferral string // only Config.Defer stores deferrals: no string built per message without it
+	if r.cfg.Defer != nil {
+		deferral = deferralOf(cm.Topic, cm.Partition, cm.Offset)
+	}
 	// Once a tier record is due, before parking, before the handler: an
 	// earlier delivery's outcome stands, else expiry (decide.go).
 	d, err := w.decide(rec, msg, deferral)

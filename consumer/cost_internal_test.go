@@ -1,0 +1,102 @@
+package consumer
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/handler"
+)
+
+// costSession and costClaim are the sarama session and claim of
+// BenchmarkRecordToMark: a mark goes nowhere, as the benchmark measures
+// idem's side of it.
+type costSession struct {
+	sarama.ConsumerGroupSession
+	ctx   context.Context
+	marks int64
+}
+
+func (s *costSession) MarkOffset(string, int32, int64, string) { s.marks++ }
+func (s *costSession) Context() context.Context                { return s.ctx }
+
+type costClaim struct{ sarama.ConsumerGroupClaim }
+
+func (costClaim) Topic() string    { return "t" }
+func (costClaim) Partition() int32 { return 0 }
+
+// BenchmarkRecordToMark is idem's own cost of a record on the no-op path,
+// from the fetched record (a *sarama.ConsumerMessage, as sarama hands it
+// over) to its mark: the partition's queue, the worker's steps, the key from
+// the idempotency-key header, the memory dedupe store, a handler that does
+// nothing, the metrics (a real registry) and tracing (no SDK), and the mark.
+// No Kafka: records are queued in bursts of readBurst as the claim's reader
+// queues them, with a fresh key each. allocs/op is the allocations a record;
+// the goal is 0.
+//
+//	go test -run '^$' -bench RecordToMark -benchmem ./consumer/
+func BenchmarkRecordToMark(b *testing.B) {
+	h := handler.Func(func(context.Context, *handler.Message) error { return nil })
+	cfg, _ := forHandler(Config{
+		Brokers: []string{"127.0.0.1:9"}, Group: "g", Topics: []string{"t"},
+		Dedupe: dedupe.NewMemory(), Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(),
+	}, h)
+	if err := cfg.Validate(); err != nil {
+		b.Fatal(err)
+	}
+	r, err := newRunner(cfg.withDefaults(), h)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := b.Context()
+	r.baseCtx, r.runCtx = ctx, ctx
+	r.gate = newGate(r)
+	sess := &costSession{ctx: ctx}
+	c := newClaim(r, sess, costClaim{})
+	q := newQueue()
+	src := queueSource{c, q}
+
+	// One burst of records, reused: a fresh key (16 digits, rewritten in
+	// place) and offset each time round.
+	ms := make([]*sarama.ConsumerMessage, readBurst)
+	for i := range ms {
+		ms[i] = &sarama.ConsumerMessage{
+			Topic: "t", Value: []byte(`{"n":1}`), Key: []byte("k"), Timestamp: time.Now(),
+			Headers: []*sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: make([]byte, 16)}},
+		}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; {
+		n := min(readBurst, b.N-i)
+		for j, m := range ms[:n] {
+			m.Offset = int64(i + j)
+			v, o := m.Headers[0].Value, m.Offset
+			for k := len(v) - 1; k > 0; k-- {
+				v[k] = byte('0' + o%10)
+				o /= 10
+			}
+			v[0] = 'k'
+		}
+		q.push(ms[:n]...)
+		for range n {
+			m, ok := src.pop(ctx)
+			if !ok {
+				b.Fatal("queue stopped")
+			}
+			if err := c.main.handle(m); err != nil {
+				b.Fatal(err)
+			}
+		}
+		i += n
+	}
+	b.StopTimer()
+	if sess.marks != int64(b.N) {
+		b.Fatalf("%d marks, want %d", sess.marks, b.N)
+	}
+}
