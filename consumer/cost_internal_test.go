@@ -11,6 +11,8 @@ import (
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/correlation"
+	"github.com/idemhq/idem/internal/steptable"
 )
 
 // costSession and costClaim are the sarama session and claim of
@@ -30,6 +32,44 @@ type costClaim struct{ sarama.ConsumerGroupClaim }
 func (costClaim) Topic() string    { return "t" }
 func (costClaim) Partition() int32 { return 0 }
 
+// newCostClaim returns a claim of a runner as Run builds it, with the
+// memory dedupe store, a no-op handler, a real registry, no tracing SDK and
+// no Kafka (sess counts the marks).
+func newCostClaim(tb testing.TB) (*claim, *costSession) {
+	tb.Helper()
+	h := handler.Func(func(context.Context, *handler.Message) error { return nil })
+	cfg, _ := forHandler(Config{
+		Brokers: []string{"127.0.0.1:9"}, Group: "g", Topics: []string{"t"},
+		Dedupe: dedupe.NewMemory(), Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(),
+	}, h)
+	if err := cfg.Validate(); err != nil {
+		tb.Fatal(err)
+	}
+	r, err := newRunner(cfg.withDefaults(), h)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx := tb.Context()
+	r.baseCtx, r.runCtx = ctx, ctx
+	r.gate = newGate(r)
+	sess := &costSession{ctx: ctx}
+	return newClaim(r, sess, costClaim{}), sess
+}
+
+// A worker's handler ctx carries the correlation slot (correlate fills it
+// per call, so a call makes no context of its own) and the step scope.
+func TestWorkerCtxHasCorrelationSlot(t *testing.T) {
+	c, _ := newCostClaim(t)
+	for _, w := range append([]*worker{c.main}, c.workers...) {
+		if correlation.SlotOf(w.ob.hctx) == nil {
+			t.Fatal("the worker's handler ctx has no correlation slot")
+		}
+		if steptable.ScopeOf(w.ob.hctx) != &w.steps {
+			t.Fatal("the worker's handler ctx has not its step scope")
+		}
+	}
+}
+
 // BenchmarkRecordToMark is idem's own cost of a record on the no-op path,
 // from the fetched record (a *sarama.ConsumerMessage, as sarama hands it
 // over) to its mark: the partition's queue, the worker's steps, the key from
@@ -41,23 +81,8 @@ func (costClaim) Partition() int32 { return 0 }
 //
 //	go test -run '^$' -bench RecordToMark -benchmem ./consumer/
 func BenchmarkRecordToMark(b *testing.B) {
-	h := handler.Func(func(context.Context, *handler.Message) error { return nil })
-	cfg, _ := forHandler(Config{
-		Brokers: []string{"127.0.0.1:9"}, Group: "g", Topics: []string{"t"},
-		Dedupe: dedupe.NewMemory(), Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(),
-	}, h)
-	if err := cfg.Validate(); err != nil {
-		b.Fatal(err)
-	}
-	r, err := newRunner(cfg.withDefaults(), h)
-	if err != nil {
-		b.Fatal(err)
-	}
+	c, sess := newCostClaim(b)
 	ctx := b.Context()
-	r.baseCtx, r.runCtx = ctx, ctx
-	r.gate = newGate(r)
-	sess := &costSession{ctx: ctx}
-	c := newClaim(r, sess, costClaim{})
 	q := newQueue()
 	src := queueSource{c, q}
 
