@@ -52,6 +52,10 @@ type worker struct {
 	// hooks they owe (Transactions: sent and run when it settles, settle.go).
 	staged []staged
 	owed   []owedHook
+
+	// spare is the Message of the last record handleAfter took to
+	// processed or duplicate, for the next record (reusable).
+	spare *messageAlloc
 }
 
 // observer is a worker's instrumentation: the attempt span of the message
@@ -117,7 +121,8 @@ func (w *worker) handle(cm *sarama.ConsumerMessage) error { return w.handleAfter
 func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 	r := w.r
 	defer w.drop() // what a message left unsettled (stopping) staged
-	msg := w.message(cm)
+	a := w.reusable(cm)
+	msg := &a.m
 	if mutate.On(mutate.MarkEarly) && w.track == nil {
 		w.markOffset(cm.Offset + 1)
 	}
@@ -170,7 +175,7 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 		if err := ord.settled(origin.topic, cm.Key, key, cm.Offset); err != nil {
 			return err
 		}
-		return w.settle(cm)
+		return w.settleSpare(cm, a)
 	}
 	expired := d.res.Status != expiry.Live
 	// An expired message is never parked, but a copy of one the ordering
@@ -197,6 +202,7 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 	} else if failed, err = w.process(rec, msg, first); err != nil {
 		return err
 	}
+	processed := !expired && failed == nil // nothing keeps msg: reusable once marked
 	if failed != nil {
 		var stop error
 		if failed, stop = w.deferred(msg, failed, deferral); stop != nil { // handler.DeferUntil: stored, then settled and marked
@@ -222,5 +228,18 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 	if err := ord.settled(origin.topic, cm.Key, key, cm.Offset); err != nil {
 		return err
 	}
+	if processed {
+		return w.settleSpare(cm, a)
+	}
 	return w.settle(cm)
+}
+
+// settleSpare is settle for a record whose Message nothing keeps (processed
+// or duplicate): once settled, a is the worker's spare (reusable).
+func (w *worker) settleSpare(cm *sarama.ConsumerMessage, a *messageAlloc) error {
+	if err := w.settle(cm); err != nil {
+		return err
+	}
+	w.spare = a
+	return nil
 }
