@@ -58,6 +58,10 @@ type worker struct {
 	// Its mark takes it as now, saving a clock read.
 	ended time.Time
 
+	// keyed: a record of the claim's topic had a key, so keyWatch has
+	// decided the topic (worker.key).
+	keyed bool
+
 	// spare is the Message of the last record handleAfter took to
 	// processed or duplicate, for the next record (reusable).
 	spare *messageAlloc
