@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"log/slog"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -68,6 +69,41 @@ func TestWorkerCtxHasCorrelationSlot(t *testing.T) {
 		if steptable.ScopeOf(w.ob.hctx) != &w.steps {
 			t.Fatal("the worker's handler ctx has not its step scope")
 		}
+	}
+}
+
+// The no-op path allocates one object a record, the key's string (HeaderKey
+// returns a string of its own), and nothing else: no Message (a processed
+// record's is reused), no context, no deferral id. A change that adds one
+// fails here; BenchmarkRecordToMark gives the figures.
+func TestRecordToMarkAllocs(t *testing.T) {
+	c, sess := newCostClaim(t)
+	ts := time.Now()
+	var n int64
+	rec := func() *sarama.ConsumerMessage {
+		n++
+		return &sarama.ConsumerMessage{Topic: "t", Offset: n, Timestamp: ts, Value: []byte("v"),
+			Headers: []*sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte("k" + strconv.FormatInt(n, 10))}}}
+	}
+	var ms []*sarama.ConsumerMessage
+	for range 200 {
+		ms = append(ms, rec())
+	}
+	if err := c.main.handle(rec()); err != nil { // the first record: the spare Message, the caches
+		t.Fatal(err)
+	}
+	i := 0
+	allocs := testing.AllocsPerRun(len(ms)-1, func() {
+		if err := c.main.handle(ms[i]); err != nil {
+			t.Fatal(err)
+		}
+		i++
+	})
+	if allocs > 1 {
+		t.Fatalf("%.1f allocations a record on the no-op path, want at most 1 (the key)", allocs)
+	}
+	if sess.marks != int64(len(ms)+1) {
+		t.Fatalf("%d marks, want %d", sess.marks, len(ms)+1)
 	}
 }
 

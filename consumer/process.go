@@ -51,7 +51,7 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 				return nil, errStopping
 			}
 			var took time.Duration
-			err, ran, took = w.attempt(rec, msg)
+			ran, took, err = w.attempt(rec, msg)
 			r.lanes.release(slot, took, err, r.classify)
 		}
 		if err != nil && w.hctx.Err() != nil {
@@ -145,7 +145,7 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 // long the store's unit of work took. Its two clock reads are the only ones
 // of a processed message: a processed message's end time is w.ended, which
 // its mark reads (mark).
-func (w *worker) attempt(rec dedupe.Record, msg *handler.Message) (err error, ran bool, took time.Duration) {
+func (w *worker) attempt(rec dedupe.Record, msg *handler.Message) (ran bool, took time.Duration, err error) {
 	r := w.r
 	start := time.Now()
 	w.call = callState{msg: msg}
@@ -169,20 +169,20 @@ func (w *worker) attempt(rec dedupe.Record, msg *handler.Message) (err error, ra
 		if w.debug {
 			w.log.Debug("idem: duplicate skipped", "offset", msg.Offset, "key", rec.Key)
 		}
-		return nil, ran, took
+		return ran, took, nil
 	case err == nil:
 		mx.duration.Observe(took.Seconds())
 		mx.attemptOK.Inc()
 		mx.processed.Inc()
 		w.ob.spanEnd(traceOutcomeProcessed, nil)
-		return nil, ran, took
+		return ran, took, nil
 	}
 	if herr != nil { // the handler ran and failed (err is herr, or wraps it)
 		mx.duration.Observe(took.Seconds())
 		mx.attempt(r.m, r.cfg.Group, topic, herr)
 		w.ob.logPanic(herr, msg)
 	}
-	return err, ran, took
+	return ran, took, err
 }
 
 // logPanic logs a handler panic at ERROR with its stack: a panic is a bug to
