@@ -10,7 +10,7 @@ WITH_ENV = set -a; [ -f $(ENVFILE) ] && . ./$(ENVFILE); set +a;
 GO      ?= go
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: help services services-down run test fuzz bench bench-quick bench-inbox lint fmt compose-check rules-test chart-test chaos chaos-ci swarm swarm-ci swarm-proof
+.PHONY: help services services-down run test fuzz bench bench-quick bench-path bench-inbox lint fmt compose-check rules-test chart-test chaos chaos-ci swarm swarm-ci swarm-proof
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -122,6 +122,9 @@ bench-quick: services ## a short pass of the harness: 200,000 records, one run, 
 	@(cd bench && $(GO) build -o ../bin/idem-bench .) && $(WITH_ENV) ./bin/idem-bench -records 200000 -runs 1 -latency-duration 3s $(BENCHARGS)
 
 INBOXARGS ?=
+
+bench-path: ## idem's own cost of a record from fetched to marked, no Kafka (consumer's BenchmarkRecordToMark: memory store, no-op handler; allocs/op is allocations a record, goal 0)
+	@$(GO) test -run '^$$' -bench RecordToMark -benchmem -count 3 ./consumer/
 
 bench-inbox: services ## the inbox at scale (bench/inbox): 50 M rows plain beside partitioned by day and by week, sweep (DELETE vs DROP: time, WAL, dead tuples), inserts and lookups; an hour or more and ~25 GB of disk. INBOXARGS='-rows 1000000' for a quick pass, '-h' for the flags
 	@(cd bench && $(GO) build -o ../bin/idem-bench-inbox ./inbox) && $(WITH_ENV) ./bin/idem-bench-inbox $(INBOXARGS)

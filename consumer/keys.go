@@ -284,8 +284,13 @@ func (w *worker) key(msg *handler.Message, o origin) (string, error) {
 	} else if err == nil {
 		err = checkKey(k, r.cfg.MaxKeyLength)
 	}
-	if o.tier == 0 && !w.tier && r.keys.observe(o.topic, o.partition, o.offset, err) {
-		r.warnNoKeys(o.topic, w.rt.keyFunc, err)
+	// Once a record of the claim's topic had a key, keyWatch has decided
+	// the topic for good: its process-wide lock is not taken again.
+	if own := o.topic == w.tp.topic; o.tier == 0 && !w.tier && !(own && w.keyed) {
+		if r.keys.observe(o.topic, o.partition, o.offset, err) {
+			r.warnNoKeys(o.topic, w.rt.keyFunc, err)
+		}
+		w.keyed = own && err == nil
 	}
 	if err == nil {
 		return k, nil

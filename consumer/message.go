@@ -52,7 +52,15 @@ const maxNames = 16
 // newMessage converts cm. Header names are looked up in names (when not nil)
 // so the common ones ("idempotency-key", idem-*) are not copied per record.
 func newMessage(cm *sarama.ConsumerMessage, names *headerNames) *handler.Message {
-	a := &messageAlloc{m: handler.Message{
+	a := new(messageAlloc)
+	a.fill(cm, names)
+	return &a.m
+}
+
+// fill makes a the conversion of cm, as newMessage; whatever a held before
+// is gone.
+func (a *messageAlloc) fill(cm *sarama.ConsumerMessage, names *headerNames) {
+	*a = messageAlloc{m: handler.Message{
 		Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset,
 		Key: cm.Key, Value: cm.Value, Timestamp: cm.Timestamp,
 		Original: handler.Origin{Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset, Timestamp: cm.Timestamp},
@@ -68,5 +76,20 @@ func newMessage(cm *sarama.ConsumerMessage, names *headerNames) *handler.Message
 		hs = append(hs, handler.Header{Key: names.intern(h.Key), Value: h.Value})
 	}
 	a.m.Headers = hs
-	return &a.m
+}
+
+// reusable is w.message for handleAfter: the Message of the last record
+// that handleAfter took to processed or duplicate (w.spare), filled anew,
+// or a new one. Nothing keeps such a Message once its record is marked:
+// the handler may not (handler.Handler's contract), and idem keeps only the
+// messages it parks, forwards, defers, expires or batches, which never go
+// back to w.spare.
+func (w *worker) reusable(cm *sarama.ConsumerMessage) *messageAlloc {
+	a := w.spare
+	if a == nil {
+		a = new(messageAlloc)
+	}
+	w.spare = nil
+	a.fill(cm, &w.names)
+	return a
 }

@@ -29,17 +29,17 @@ func (o *partObs) taken() {
 	o.inflight.Inc()
 }
 
-// marked records a message's final outcome: it leaves the in-flight count
-// and its end-to-end latency (record timestamp to now) is observed. A record
-// without a timestamp (before Kafka 0.10's format) is not observed; a
+// marked records a message's final outcome at now: it leaves the in-flight
+// count and its end-to-end latency (record timestamp to now) is observed. A
+// record without a timestamp (before Kafka 0.10's format) is not observed; a
 // timestamp ahead of this host's clock counts as 0.
-func (o *partObs) marked(m *sarama.ConsumerMessage) {
+func (o *partObs) marked(m *sarama.ConsumerMessage, now time.Time) {
 	o.flight.Add(-1)
 	o.inflight.Dec()
 	if m.Timestamp.Unix() <= 0 {
 		return
 	}
-	o.e2e.Observe(max(time.Since(m.Timestamp), 0).Seconds())
+	o.e2e.Observe(max(now.Sub(m.Timestamp), 0).Seconds())
 }
 
 // close takes the messages still in flight when the claim ended (left for

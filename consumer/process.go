@@ -50,9 +50,9 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 				}
 				return nil, errStopping
 			}
-			start := time.Now()
-			err, ran = w.attempt(rec, msg)
-			r.lanes.release(slot, time.Since(start), err, r.classify)
+			var took time.Duration
+			ran, took, err = w.attempt(rec, msg)
+			r.lanes.release(slot, took, err, r.classify)
 		}
 		if err != nil && w.hctx.Err() != nil {
 			// Cancelled past the grace period: rolled back, left for redelivery.
@@ -141,14 +141,22 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 }
 
 // attempt runs the handler once inside the dedupe store's unit of work; ran
-// says whether the handler was called (the store got that far).
-func (w *worker) attempt(rec dedupe.Record, msg *handler.Message) (err error, ran bool) {
+// says whether the handler was called (the store got that far), took how
+// long the store's unit of work took. Its two clock reads are the only ones
+// of a processed message: a processed message's end time is w.ended, which
+// its mark reads (mark).
+func (w *worker) attempt(rec dedupe.Record, msg *handler.Message) (ran bool, took time.Duration, err error) {
 	r := w.r
 	start := time.Now()
 	w.call = callState{msg: msg}
 	out, err := r.cfg.Dedupe.Process(w.ob.spanStart(msg), rec, w.callFn)
+	end := time.Now()
+	took = end.Sub(start)
 	ran, herr := w.call.ran, w.call.err
 	w.call = callState{}
+	if err == nil && r.txn == nil && r.order == nil { // marked at once after (settle): no hold, no drain in between
+		w.ended = end
+	}
 	topic := msg.Topic
 	mx := w.mx
 	if topic != w.tp.topic { // a parked message of another topic (ordering mode)
@@ -161,20 +169,20 @@ func (w *worker) attempt(rec dedupe.Record, msg *handler.Message) (err error, ra
 		if w.debug {
 			w.log.Debug("idem: duplicate skipped", "offset", msg.Offset, "key", rec.Key)
 		}
-		return nil, ran
+		return ran, took, nil
 	case err == nil:
-		mx.duration.Observe(time.Since(start).Seconds())
+		mx.duration.Observe(took.Seconds())
 		mx.attemptOK.Inc()
 		mx.processed.Inc()
 		w.ob.spanEnd(traceOutcomeProcessed, nil)
-		return nil, ran
+		return ran, took, nil
 	}
 	if herr != nil { // the handler ran and failed (err is herr, or wraps it)
-		mx.duration.Observe(time.Since(start).Seconds())
+		mx.duration.Observe(took.Seconds())
 		mx.attempt(r.m, r.cfg.Group, topic, herr)
 		w.ob.logPanic(herr, msg)
 	}
-	return err, ran
+	return ran, took, err
 }
 
 // logPanic logs a handler panic at ERROR with its stack: a panic is a bug to

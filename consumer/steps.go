@@ -64,10 +64,10 @@ func storeDB(s dedupe.Store) dedupe.DB {
 }
 
 // stepScope gives w's handler ctx (w.ob.hctx, the root of every attempt's
-// ctx) its step scope.
+// ctx) its step scope, over the correlation slot newWorker put there.
 func (w *worker) stepScope() {
 	w.steps = steptable.Scope{DB: w.r.stepDB, Group: w.r.cfg.Group}
-	w.ob.hctx = steptable.WithScope(w.hctx, &w.steps)
+	w.ob.hctx = steptable.WithScope(w.ob.hctx, &w.steps)
 }
 
 // setStepKey names key as the message whose steps the next handler call

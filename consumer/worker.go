@@ -52,6 +52,19 @@ type worker struct {
 	// hooks they owe (Transactions: sent and run when it settles, settle.go).
 	staged []staged
 	owed   []owedHook
+
+	// ended is when the attempt of the message in hand ended processed or
+	// duplicate, when it is marked right after (attempt); zero otherwise.
+	// Its mark takes it as now, saving a clock read.
+	ended time.Time
+
+	// keyed: a record of the claim's topic had a key, so keyWatch has
+	// decided the topic (worker.key).
+	keyed bool
+
+	// spare is the Message of the last record handleAfter took to
+	// processed or duplicate, for the next record (reusable).
+	spare *messageAlloc
 }
 
 // observer is a worker's instrumentation: the attempt span of the message
@@ -97,7 +110,11 @@ func (w *worker) mark(m *sarama.ConsumerMessage) {
 		w.markOffset(m.Offset + 1)
 	}
 	w.mx.commits.Inc()
-	w.obs.marked(m)
+	now := w.ended
+	if w.ended = (time.Time{}); now.IsZero() {
+		now = time.Now()
+	}
+	w.obs.marked(m, now)
 	w.stall.clear()
 }
 
@@ -117,7 +134,9 @@ func (w *worker) handle(cm *sarama.ConsumerMessage) error { return w.handleAfter
 func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 	r := w.r
 	defer w.drop() // what a message left unsettled (stopping) staged
-	msg := w.message(cm)
+	a := w.reusable(cm)
+	msg := &a.m
+	w.ended = time.Time{}
 	if mutate.On(mutate.MarkEarly) && w.track == nil {
 		w.markOffset(cm.Offset + 1)
 	}
@@ -154,7 +173,10 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 	ord := w.orderOf(cm)
 	rec := dedupe.Record{Group: r.cfg.Group, Key: key, Topic: origin.topic, Partition: origin.partition, Offset: origin.offset,
 		Epoch: r.ctl.epoch(msg, origin.topic, origin.partition, origin.offset)} // a re-drive's (control.go)
-	deferral := deferralOf(cm.Topic, cm.Partition, cm.Offset)
+	var deferral string // only Config.Defer stores deferrals: no string built per message without it
+	if r.cfg.Defer != nil {
+		deferral = deferralOf(cm.Topic, cm.Partition, cm.Offset)
+	}
 	// Once a tier record is due, before parking, before the handler: an
 	// earlier delivery's outcome stands, else expiry (decide.go).
 	d, err := w.decide(rec, msg, deferral)
@@ -167,7 +189,7 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 		if err := ord.settled(origin.topic, cm.Key, key, cm.Offset); err != nil {
 			return err
 		}
-		return w.settle(cm)
+		return w.settleSpare(cm, a)
 	}
 	expired := d.res.Status != expiry.Live
 	// An expired message is never parked, but a copy of one the ordering
@@ -194,6 +216,7 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 	} else if failed, err = w.process(rec, msg, first); err != nil {
 		return err
 	}
+	processed := !expired && failed == nil // nothing keeps msg: reusable once marked
 	if failed != nil {
 		var stop error
 		if failed, stop = w.deferred(msg, failed, deferral); stop != nil { // handler.DeferUntil: stored, then settled and marked
@@ -219,5 +242,18 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 	if err := ord.settled(origin.topic, cm.Key, key, cm.Offset); err != nil {
 		return err
 	}
+	if processed {
+		return w.settleSpare(cm, a)
+	}
 	return w.settle(cm)
+}
+
+// settleSpare is settle for a record whose Message nothing keeps (processed
+// or duplicate): once settled, a is the worker's spare (reusable).
+func (w *worker) settleSpare(cm *sarama.ConsumerMessage, a *messageAlloc) error {
+	if err := w.settle(cm); err != nil {
+		return err
+	}
+	w.spare = a
+	return nil
 }
