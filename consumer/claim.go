@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"fmt"
 	"hash/fnv"
 	"log/slog"
 	"slices"
@@ -14,6 +15,28 @@ import (
 
 	"github.com/idemhq/idem/internal/correlation"
 )
+
+// LaneKey is what Config.LaneBy hashes to pick a message's lane.
+type LaneKey int
+
+const (
+	// LaneByIdempotencyKey keeps the order of messages with one idempotency
+	// key. The default.
+	LaneByIdempotencyKey LaneKey = iota
+	// LaneByKafkaKey keeps the order of messages with one Kafka record key.
+	LaneByKafkaKey
+)
+
+// String returns "idempotency-key" or "kafka-key".
+func (l LaneKey) String() string {
+	switch l {
+	case LaneByIdempotencyKey:
+		return "idempotency-key"
+	case LaneByKafkaKey:
+		return "kafka-key"
+	}
+	return fmt.Sprintf("LaneKey(%d)", int(l))
+}
 
 // claim is one claimed partition: it owns the claim's queue, fetch
 // back-pressure, the dispatch of messages to its workers (one, or one per
