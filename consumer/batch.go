@@ -12,6 +12,7 @@ import (
 	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/expiry"
 	"github.com/idemhq/idem/internal/mutate"
@@ -40,6 +41,16 @@ type BatchConfig struct {
 	// budget (batches close only at MaxMessages or MaxWait).
 	// Default: 50ms.
 	MaxLatency time.Duration
+}
+
+// validateBatch checks Config.Batch.
+func (c Config) validateBatch(errs *configerr.List) {
+	if c.Batch.MaxMessages < 0 || c.Batch.MaxMessages > 10000 {
+		errs.Bad("Batch.MaxMessages", c.Batch.MaxMessages, "must be between 0 and 10000")
+	}
+	if c.Batch.MaxWait < 0 {
+		errs.Bad("Batch.MaxWait", c.Batch.MaxWait, "must be >= 0")
+	}
 }
 
 // work takes messages from src to their outcomes, one at a time or in

@@ -13,6 +13,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/correlation"
 )
 
@@ -36,6 +37,16 @@ func (l LaneKey) String() string {
 		return "kafka-key"
 	}
 	return fmt.Sprintf("LaneKey(%d)", int(l))
+}
+
+// validateLanes checks Config.Concurrency and Config.LaneBy.
+func (c Config) validateLanes(errs *configerr.List) {
+	if c.Concurrency < 1 || c.Concurrency > 1024 {
+		errs.Bad("Concurrency", c.Concurrency, "must be between 1 and 1024")
+	}
+	if c.LaneBy != LaneByIdempotencyKey && c.LaneBy != LaneByKafkaKey {
+		errs.Bad("LaneBy", c.LaneBy, "unknown lane key")
+	}
 }
 
 // claim is one claimed partition: it owns the claim's queue, fetch

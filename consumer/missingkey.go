@@ -1,6 +1,10 @@
 package consumer
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/idemhq/idem/internal/configerr"
+)
 
 // MissingKeyPolicy says what happens to a message without a valid idempotency
 // key (no key, an empty one, one longer than MaxKeyLength, or a KeyFunc error).
@@ -27,4 +31,14 @@ func (p MissingKeyPolicy) String() string {
 		return "use-coordinates"
 	}
 	return fmt.Sprintf("MissingKeyPolicy(%d)", int(p))
+}
+
+// validateKeys checks the key group: MaxKeyLength and MissingKey.
+func (c Config) validateKeys(errs *configerr.List) {
+	if c.MaxKeyLength < 0 {
+		errs.Bad("MaxKeyLength", c.MaxKeyLength, "must be > 0")
+	}
+	if c.MissingKey != MissingKeyDeadLetter && c.MissingKey != MissingKeyUseCoordinates {
+		errs.Bad("MissingKey", c.MissingKey, "unknown policy")
+	}
 }

@@ -1,6 +1,8 @@
 package consumer
 
 import (
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/idemhq/idem/handler"
@@ -131,4 +133,31 @@ func (d *delays) backoff(b recovery.Backoff, n int) time.Duration {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return b.Delay(n, d.rand)
+}
+
+// validateRetry checks Config.Retry: the fallback rule's own fields first,
+// then its Rules once those passed.
+func (c Config) validateRetry(errs *configerr.List) {
+	if c.Retry.Attempts < 1 {
+		errs.Bad("Retry.Attempts", c.Retry.Attempts, "must be >= 1 (1: no in-process retries; 0: the default, 4)")
+	}
+	if err := c.Retry.Tiers.Validate(); err != nil {
+		errs.Bad("Retry.Tiers", c.Retry.Tiers.Delays, err.Error())
+	}
+	for _, t := range c.Topics {
+		if t == "" {
+			continue
+		}
+		if err := c.Retry.Tiers.ValidateNames(t, c.Group); err != nil && strings.TrimSpace(c.Group) != "" {
+			errs.Bad("Retry.Tiers", t, err.Error())
+		}
+	}
+	if c.Retry.Backoff.Base < 0 {
+		errs.Bad("Retry.Backoff.Base", c.Retry.Backoff.Base, "must be > 0")
+	}
+	if c.Retry.Backoff.Max < c.Retry.Backoff.Base {
+		errs.Bad("Retry.Backoff.Max", c.Retry.Backoff.Max, fmt.Sprintf("must be >= Retry.Backoff.Base (%s)", c.Retry.Backoff.Base))
+	} else if len(c.Retry.Rules) > 0 && c.Retry.Tiers.Validate() == nil && c.Retry.Backoff.Base >= 0 && c.Retry.Attempts >= 1 {
+		c.validateRules(errs) // only once the fallback's own fields passed: recovery.New checks them again
+	}
 }

@@ -1,6 +1,10 @@
 package consumer
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/idemhq/idem/internal/configerr"
+)
 
 // StartPosition is where a group without a committed offset starts reading.
 type StartPosition int
@@ -21,4 +25,11 @@ func (s StartPosition) String() string {
 		return "newest"
 	}
 	return fmt.Sprintf("StartPosition(%d)", int(s))
+}
+
+// validateStartAt checks Config.StartAt.
+func (c Config) validateStartAt(errs *configerr.List) {
+	if c.StartAt != StartOldest && c.StartAt != StartNewest {
+		errs.Bad("StartAt", c.StartAt, "unknown start position")
+	}
 }

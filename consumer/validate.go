@@ -33,6 +33,11 @@ var ErrInvalidConfig = errors.New("consumer: invalid config")
 
 // Validate reports every problem of c (with defaults applied) at once, each
 // matching ErrInvalidConfig; nil if c can run.
+//
+// Validate checks the fields Run reads itself; each group's validator
+// (validateRetry, validateBatch, validateTransactions, ...) lives beside the
+// code that reads the group, adds to the one configerr.List, and is called
+// from here.
 func (c Config) Validate() error {
 	c = c.withDefaults()
 	errs := configerr.New(ErrInvalidConfig, "Config.")
@@ -63,12 +68,7 @@ func (c Config) Validate() error {
 	if c.Dedupe == nil {
 		errs.Bad("Dedupe", nil, "a dedupe store is required (dedupe.NewPostgres(pool), or dedupe.NewMemory() for tests)")
 	}
-	if c.MaxKeyLength < 0 {
-		errs.Bad("MaxKeyLength", c.MaxKeyLength, "must be > 0")
-	}
-	if c.MissingKey != MissingKeyDeadLetter && c.MissingKey != MissingKeyUseCoordinates {
-		errs.Bad("MissingKey", c.MissingKey, "unknown policy")
-	}
+	c.validateKeys(errs)
 	if c.ShutdownGrace < 0 {
 		errs.Bad("ShutdownGrace", c.ShutdownGrace, "must be > 0")
 	}
@@ -87,45 +87,15 @@ func (c Config) Validate() error {
 		}
 	}
 	c.validateTransactions(errs)
-	if c.Retry.Attempts < 1 {
-		errs.Bad("Retry.Attempts", c.Retry.Attempts, "must be >= 1 (1: no in-process retries; 0: the default, 4)")
-	}
-	if err := c.Retry.Tiers.Validate(); err != nil {
-		errs.Bad("Retry.Tiers", c.Retry.Tiers.Delays, err.Error())
-	}
-	for _, t := range c.Topics {
-		if t == "" {
-			continue
-		}
-		if err := c.Retry.Tiers.ValidateNames(t, c.Group); err != nil && strings.TrimSpace(c.Group) != "" {
-			errs.Bad("Retry.Tiers", t, err.Error())
-		}
-	}
-	if c.Ordering.keyed && c.Ordering.db == nil {
-		errs.Bad("Ordering", c.Ordering, "ByKey needs the PostgreSQL pool that holds the parked messages: ByKey(pool), not ByKey(nil)")
-	}
+	c.validateRetry(errs)
+	c.validateOrdering(errs)
 	if c.StallWarning < 0 {
 		errs.Bad("StallWarning", c.StallWarning, "must be > 0")
 	}
-	if c.StartAt != StartOldest && c.StartAt != StartNewest {
-		errs.Bad("StartAt", c.StartAt, "unknown start position")
-	}
-	if c.Concurrency < 1 || c.Concurrency > 1024 {
-		errs.Bad("Concurrency", c.Concurrency, "must be between 1 and 1024")
-	}
-	if c.LaneBy != LaneByIdempotencyKey && c.LaneBy != LaneByKafkaKey {
-		errs.Bad("LaneBy", c.LaneBy, "unknown lane key")
-	}
-	if c.Batch.MaxMessages < 0 || c.Batch.MaxMessages > 10000 {
-		errs.Bad("Batch.MaxMessages", c.Batch.MaxMessages, "must be between 0 and 10000")
-	}
-	if c.Batch.MaxWait < 0 {
-		errs.Bad("Batch.MaxWait", c.Batch.MaxWait, "must be >= 0")
-	}
+	c.validateStartAt(errs)
+	c.validateLanes(errs)
+	c.validateBatch(errs)
 	validateRetention(c, errs)
-	if c.Retry.Backoff.Base < 0 {
-		errs.Bad("Retry.Backoff.Base", c.Retry.Backoff.Base, "must be > 0")
-	}
 	if ix := c.failureIndex(); ix != nil {
 		badEach(errs, "FailureIndex", ix.Validate())
 	}
@@ -134,10 +104,5 @@ func (c Config) Validate() error {
 	c.validateEncryption(errs)
 	badEach(errs, "Expiry", c.Expiry.policy().Validate())
 	c.validateRoutes(errs)
-	if c.Retry.Backoff.Max < c.Retry.Backoff.Base {
-		errs.Bad("Retry.Backoff.Max", c.Retry.Backoff.Max, fmt.Sprintf("must be >= Retry.Backoff.Base (%s)", c.Retry.Backoff.Base))
-	} else if len(c.Retry.Rules) > 0 && c.Retry.Tiers.Validate() == nil && c.Retry.Backoff.Base >= 0 && c.Retry.Attempts >= 1 {
-		c.validateRules(errs) // only once the fallback's own fields passed: recovery.New checks them again
-	}
 	return errs.Err()
 }
