@@ -239,7 +239,7 @@ func (c *claim) run() {
 	// The reader runs before anything else, so a revoke stops the claim's
 	// recoveries at once, too: the hooks a previous owner's committed
 	// transaction owes (Transactions), and pending ordering forwards.
-	if c.main.claimHooks() != nil {
+	if (txnHold{c.main}).claimHooks() != nil {
 		return
 	}
 	if r.order != nil && (byKey{c.main}).claimOrdering() != nil {

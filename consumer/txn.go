@@ -258,7 +258,7 @@ func (c *claim) markOffset(next int64) {
 // forwarded again after a crash.) It holds nothing while it waits, so a slow
 // earlier message never keeps a transaction open. false: the partition is
 // stopping.
-func (w *worker) awaitEarlier(offset int64) bool {
+func (w txnHold) awaitEarlier(offset int64) bool {
 	if w.r.txn == nil || w.track == nil {
 		return true
 	}
