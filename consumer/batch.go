@@ -12,10 +12,46 @@ import (
 	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/expiry"
 	"github.com/idemhq/idem/internal/mutate"
 )
+
+// BatchConfig sizes the batches of Config.Batch.
+type BatchConfig struct {
+	// MaxMessages is the most messages in one transaction; 1 turns
+	// batching off. Left 0, it is 0 (off) for a handler that handles one
+	// message at a time, and 500 for a batch handler (handler.Batch), which
+	// Run recognises: a batch handler batches unless told otherwise.
+	// Default: 0 (off; 500 with a handler.Batch handler).
+	MaxMessages int
+	// MaxWait is how long a batch that is not full waits for more messages
+	// once it has one.
+	// Default: 0 (take what has been fetched; never wait).
+	MaxWait time.Duration
+	// MaxLatency is the latency budget of a batch: a batch closes when its
+	// age (since its first message was taken) reaches MaxLatency, even if
+	// MaxWait has not run out and it is not full; and a batch takes no more
+	// messages than its handler is expected to get through within
+	// MaxLatency, from the handler time per message of the worker's recent
+	// batches (at least one message, at most MaxMessages). So a slow handler
+	// gets smaller batches and each message waits for its commit about
+	// MaxLatency at most, while a fast one keeps MaxMessages. Negative: no
+	// budget (batches close only at MaxMessages or MaxWait).
+	// Default: 50ms.
+	MaxLatency time.Duration
+}
+
+// validateBatch checks Config.Batch.
+func (c Config) validateBatch(errs *configerr.List) {
+	if c.Batch.MaxMessages < 0 || c.Batch.MaxMessages > 10000 {
+		errs.Bad("Batch.MaxMessages", c.Batch.MaxMessages, "must be between 0 and 10000")
+	}
+	if c.Batch.MaxWait < 0 {
+		errs.Bad("Batch.MaxWait", c.Batch.MaxWait, "must be >= 0")
+	}
+}
 
 // work takes messages from src to their outcomes, one at a time or in
 // batches, until src or the partition stops.

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"fmt"
 	"hash/fnv"
 	"log/slog"
 	"slices"
@@ -12,8 +13,41 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/correlation"
 )
+
+// LaneKey is what Config.LaneBy hashes to pick a message's lane.
+type LaneKey int
+
+const (
+	// LaneByIdempotencyKey keeps the order of messages with one idempotency
+	// key. The default.
+	LaneByIdempotencyKey LaneKey = iota
+	// LaneByKafkaKey keeps the order of messages with one Kafka record key.
+	LaneByKafkaKey
+)
+
+// String returns "idempotency-key" or "kafka-key".
+func (l LaneKey) String() string {
+	switch l {
+	case LaneByIdempotencyKey:
+		return "idempotency-key"
+	case LaneByKafkaKey:
+		return "kafka-key"
+	}
+	return fmt.Sprintf("LaneKey(%d)", int(l))
+}
+
+// validateLanes checks Config.Concurrency and Config.LaneBy.
+func (c Config) validateLanes(errs *configerr.List) {
+	if c.Concurrency < 1 || c.Concurrency > 1024 {
+		errs.Bad("Concurrency", c.Concurrency, "must be between 1 and 1024")
+	}
+	if c.LaneBy != LaneByIdempotencyKey && c.LaneBy != LaneByKafkaKey {
+		errs.Bad("LaneBy", c.LaneBy, "unknown lane key")
+	}
+}
 
 // claim is one claimed partition: it owns the claim's queue, fetch
 // back-pressure, the dispatch of messages to its workers (one, or one per
@@ -205,7 +239,7 @@ func (c *claim) run() {
 	// The reader runs before anything else, so a revoke stops the claim's
 	// recoveries at once, too: the hooks a previous owner's committed
 	// transaction owes (Transactions), and pending ordering forwards.
-	if c.main.claimHooks() != nil {
+	if (txnHold{c.main}).claimHooks() != nil {
 		return
 	}
 	if r.order != nil && (byKey{c.main}).claimOrdering() != nil {

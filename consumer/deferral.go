@@ -148,7 +148,7 @@ func (w *worker) deferred(msg *handler.Message, failed error, id string) (dlq, s
 	if w.r.cfg.Defer == nil {
 		return handler.Permanent(fmt.Errorf("%w: %w", errDeferNeedsConfig, failed)), nil
 	}
-	if err := w.deferMsg(msg, until, id); err != nil {
+	if err := (deferrals{w}).deferMsg(msg, until, id); err != nil {
 		if errors.Is(err, scheduletable.ErrInvalidRecord) {
 			return handler.Permanent(err), nil
 		}
@@ -156,6 +156,12 @@ func (w *worker) deferred(msg *handler.Message, failed error, id string) (dlq, s
 	}
 	return nil, nil
 }
+
+// deferrals is a worker's stage of deferral storage: a deferred message
+// stored once per deferral for its scheduler. deferred, on the worker, hands
+// over to it. It holds nothing but the worker, so deferrals{w} costs nothing
+// to make.
+type deferrals struct{ *worker }
 
 // deferMsg stores msg in idem_deferred to be published to its source's
 // deferred topic at until (the handler's transaction was rolled back: the
@@ -173,7 +179,7 @@ func (w *worker) deferred(msg *handler.Message, failed error, id string) (dlq, s
 // partition waiting as for a failed forward. It returns errStopping when
 // the partition is stopping, or scheduletable.Defer's ErrInvalidRecord
 // error.
-func (w *worker) deferMsg(msg *handler.Message, until time.Time, id string) error {
+func (w deferrals) deferMsg(msg *handler.Message, until time.Time, id string) error {
 	r := w.r
 	rec := scheduletable.RecordOf(r.cfg.Group, deferredTopic(msg.Origin().Topic, r.cfg.Group), msg)
 	rec.DLQ = r.deferDLQ(msg.Origin().Topic) // a sealed copy whose key is destroyed goes there (sealed.go)
@@ -211,7 +217,7 @@ func (w *worker) deferMsg(msg *handler.Message, until time.Time, id string) erro
 // storeDeferral inserts rec, due at until, in the dedupe store's
 // transaction (ctx's, see deferMsg) when it is one on Config.Defer's pool,
 // else in a transaction of its own on that pool.
-func (w *worker) storeDeferral(ctx context.Context, rec scheduletable.Record, until time.Time) error {
+func (w deferrals) storeDeferral(ctx context.Context, rec scheduletable.Record, until time.Time) error {
 	pool := w.r.cfg.Defer.Pool
 	if dedupe.HasTx(ctx) && w.r.deferSharesStore() {
 		return scheduletable.Defer(ctx, dedupe.Tx(ctx), rec, until, w.r.deferSealer)

@@ -196,14 +196,21 @@ func (o outbound) toDLQ(cause error, level int) outbound {
 func (w *worker) forward(out outbound, msg *handler.Message) (sent outbound, err error) {
 	out.rec.Headers = w.ob.injectTrace(out.rec.Headers, msg)
 	if w.r.txn != nil {
-		return w.stage(out, msg)
+		return txnHold{w}.stage(out, msg)
 	}
-	return w.sendNow(out, msg)
+	return ackedSend{w}.sendNow(out, msg)
 }
+
+// ackedSend is a worker's stage of forwards without Transactions: each sent
+// and acked at once, falling back through the dead-letter forms when its
+// destination refuses it. forward, on the worker, hands over to it (or to
+// txnHold with Transactions). It holds nothing but the worker, so
+// ackedSend{w} costs nothing to make.
+type ackedSend struct{ *worker }
 
 // sendNow is forward without Transactions: out is sent, acked, and its
 // dead-letter hook run before it returns.
-func (w *worker) sendNow(out outbound, msg *handler.Message) (sent outbound, err error) {
+func (w ackedSend) sendNow(out outbound, msg *handler.Message) (sent outbound, err error) {
 	r := w.r
 	var loudAt time.Time
 	for n := 1; ; n++ {
@@ -212,7 +219,7 @@ func (w *worker) sendNow(out outbound, msg *handler.Message) (sent outbound, err
 		if err == nil {
 			w.ob.forwarded(sent, msg)
 			if sent.tier == 0 { // Config.OnDeadLettered, once per message (hooks.go)
-				if err := w.deadLettered(sent, msg); err != nil {
+				if err := hookCalls(w).deadLettered(sent, msg); err != nil {
 					return outbound{}, err
 				}
 			}
@@ -239,7 +246,7 @@ func (w *worker) sendNow(out outbound, msg *handler.Message) (sent outbound, err
 // without the record's own headers. cause is the refusal of the form before
 // from (nil for formOut). It returns what it sent last, its form and that
 // send's error.
-func (w *worker) forwardOnce(out outbound, msg *handler.Message, loud bool, from int, cause error) (outbound, int, error) {
+func (w ackedSend) forwardOnce(out outbound, msg *handler.Message, loud bool, from int, cause error) (outbound, int, error) {
 	r := w.r
 	try := func(o outbound) (bool, error) {
 		err := r.send(w.hctx, o.rec)

@@ -45,18 +45,23 @@ func hookKey(hook string, o handler.Origin) string {
 	return fmt.Sprintf("idem:%s:%s/%d/%d", hook, o.Topic, o.Partition, o.Offset)
 }
 
+// hookCalls is a worker's stage of the user's hooks (OnDeadLettered,
+// Expiry.OnExpired): each call once per message, recorded in the inbox.
+// It holds nothing but the worker, so hookCalls{w} costs nothing to make.
+type hookCalls struct{ *worker }
+
 // runHook runs fn once per message and hook, in a transaction of the dedupe
 // store that records hookKey in the inbox with fn's writes (so a service's
 // row and the record commit together); a message whose hook already ran is
 // skipped. Failures (an outage, fn's own error) are retried with backoff,
 // the partition waiting, as for a failed forward: the hook is part of the
 // message's outcome. errStopping: the partition is stopping.
-func (w *worker) runHook(hook string, msg *handler.Message, fn func(ctx context.Context) error) error {
+func (w hookCalls) runHook(hook string, msg *handler.Message, fn func(ctx context.Context) error) error {
 	return w.runHookKey(hook, hookKey(hook, msg.Origin()), msg, fn)
 }
 
 // runHookKey is runHook with the hook's inbox key, key.
-func (w *worker) runHookKey(hook, key string, msg *handler.Message, fn func(ctx context.Context) error) error {
+func (w hookCalls) runHookKey(hook, key string, msg *handler.Message, fn func(ctx context.Context) error) error {
 	r := w.r
 	o := msg.Origin()
 	if mutate.On(mutate.HookInbox) {
@@ -79,7 +84,7 @@ func (w *worker) runHookKey(hook, key string, msg *handler.Message, fn func(ctx 
 // deadLettered runs Config.OnDeadLettered for msg, sent to the dead-letter
 // topic as out (see runHook); without Transactions only (with them the hook
 // is owed until the forward commits: settle.go).
-func (w *worker) deadLettered(out outbound, msg *handler.Message) error {
+func (w hookCalls) deadLettered(out outbound, msg *handler.Message) error {
 	h := w.r.cfg.OnDeadLettered
 	if h == nil {
 		return nil
@@ -97,7 +102,7 @@ func deadLetteredOf(out outbound, msg *handler.Message) DeadLettered {
 // expiredHook runs Config.Expiry.OnExpired for x (see runHook); without
 // Transactions only (with them the hook is owed until the outcome commits:
 // settle.go).
-func (w *worker) expiredHook(x Expired) error {
+func (w hookCalls) expiredHook(x Expired) error {
 	h := w.rt.expiry.OnExpired
 	return w.runHook("expired", x.Message, func(ctx context.Context) error { return h(ctx, x) })
 }

@@ -2,12 +2,15 @@ package consumer
 
 import (
 	"context"
+	"log/slog"
 	"strconv"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/internal/committed"
 	"github.com/idemhq/idem/internal/scheduletable"
 	"github.com/idemhq/idem/internal/wire"
@@ -282,4 +285,34 @@ func (cs *claimSet) dueDeferred(ctx context.Context, plan lagPlan, now time.Time
 		return nil
 	}
 	return out
+}
+
+// watchDLQDepth exports idem_dlq_depth for each source topic's dead-letter
+// topic every DLQDepthInterval, until ctx is done.
+func watchDLQDepth(ctx context.Context, client sarama.Client, cfg Config, depth *prometheus.GaugeVec, log *slog.Logger) {
+	if cfg.DLQDepthInterval < 0 {
+		return
+	}
+	d := dlq.New(client)
+	t := time.NewTicker(cfg.DLQDepthInterval)
+	defer t.Stop()
+	for {
+		for _, topic := range cfg.Topics {
+			for _, name := range cfg.dlqTopics(topic) { // the fallback's and each rule's
+				n, err := d.Depth(ctx, name)
+				if err != nil {
+					if ctx.Err() == nil {
+						log.Debug("idem: DLQ depth", "topic", name, "err", err)
+					}
+					continue
+				}
+				depth.WithLabelValues(name).Set(float64(n))
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }

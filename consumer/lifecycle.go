@@ -102,3 +102,48 @@ func sortTPs(tps []TopicPartition) {
 		return int(a.Partition - b.Partition)
 	})
 }
+
+// groupHandler adapts the runner to sarama.ConsumerGroupHandler.
+type groupHandler struct {
+	r *runner
+	// stopCommits ends the session's transaction commits (Transactions).
+	stopCommits func()
+}
+
+func (g *groupHandler) Setup(s sarama.ConsumerGroupSession) error {
+	g.r.log.Debug("idem: session started", "generation", s.GenerationID(), "claims", s.Claims())
+	if h := hooksOf(g.r.baseCtx); h != nil && h.session != nil {
+		h.session(s)
+	}
+	if g.r.txn != nil {
+		stop, err := g.r.startCommits(s)
+		if err != nil {
+			return err
+		}
+		g.stopCommits = stop
+	}
+	g.r.shares.rebalanced() // Config.Limits.Breakers: 1/members of the new generation
+	g.r.ready.setJoined(true)
+	return nil
+}
+
+func (g *groupHandler) Cleanup(s sarama.ConsumerGroupSession) error {
+	g.r.ready.setJoined(false)
+	if g.stopCommits != nil {
+		g.stopCommits()
+		g.stopCommits = nil
+	}
+	return nil
+}
+
+func (g *groupHandler) ConsumeClaim(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupClaim) error {
+	g.r.m.PartitionsClaimed.WithLabelValues(g.r.cfg.Group).Inc()
+	defer g.r.m.PartitionsClaimed.WithLabelValues(g.r.cfg.Group).Dec()
+	t := tp{c.Topic(), c.Partition()}
+	g.r.life.claimStarting(s, t)
+	defer g.r.life.claimEnded(s, t)
+	cl := newClaim(g.r, s, c)
+	cl.run()
+	cl.obs.close()
+	return nil
+}

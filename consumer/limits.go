@@ -14,6 +14,29 @@ import (
 	"github.com/idemhq/idem/breaker"
 )
 
+// LimitsConfig is Config.Limits: how the handler's calls to its
+// dependencies are bounded.
+type LimitsConfig struct {
+	// Breakers is the breaker.Set the handler calls its dependencies
+	// through, when it has flow limits (Set.SetLimits: a rate and calls in
+	// flight per dependency, the budget of the whole group). Run registers
+	// its series (breaker.NewLimitCollector: idem_dependency_*) on
+	// Registerer and, after each rebalance and every 5 s, splits the budget
+	// across the group's members: Set.SetShare(1/members). Until a member
+	// has counted the group it uses the whole budget; during a rebalance
+	// members may briefly use more than their share.
+	// Default: nil (no limits split; the handler may still use a Set).
+	Breakers *breaker.Set
+
+	// Adaptive makes the handler calls in flight adapt to the latency and
+	// the 429s of the dependencies (see Adaptive): each partition gets
+	// Adaptive.Max lanes (Config.Concurrency is then ignored) and a
+	// member-wide AIMD limit, exported as idem_lanes, decides how many run
+	// at once.
+	// Default: nil (a fixed Config.Concurrency).
+	Adaptive *Adaptive
+}
+
 // Flow limits per dependency (issue 21): the handler calls its dependencies
 // through Config.Limits.Breakers (breaker.Set.Do), whose limits (Set.SetLimits)
 // are the budget of the whole consumer group. Run exports the Set's limit

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/mutate"
 )
@@ -264,4 +265,11 @@ func (w byKey) stuck(topic string, key []byte, head string) {
 	w.log.Error("idem: key left blocked with its parked messages; release them with idem ordering release",
 		"source", topic, "head", head,
 		"release", fmt.Sprintf("idem ordering release --group %s --topic %s --key-hex %x --to source", w.r.cfg.Group, topic, key))
+}
+
+// validateOrdering checks Config.Ordering.
+func (c Config) validateOrdering(errs *configerr.List) {
+	if c.Ordering.keyed && c.Ordering.db == nil {
+		errs.Bad("Ordering", c.Ordering, "ByKey needs the PostgreSQL pool that holds the parked messages: ByKey(pool), not ByKey(nil)")
+	}
 }

@@ -125,7 +125,7 @@ func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 			if _, err := w.forward(out, msg); err != nil {
 				return err
 			}
-			if at < 0 && !w.commitNow() { // the claim's recovery: no mark, so committed before its row goes
+			if at < 0 && !txnHold(w).commitNow() { // the claim's recovery: no mark, so committed before its row goes
 				return errStopping
 			}
 			if stuck, err := done(mark); stuck || err != nil {
@@ -181,7 +181,7 @@ func (w byKey) forwardHead(out outbound, msg *handler.Message, topic string, key
 	if err != nil {
 		return false, err
 	}
-	if at < 0 && !w.commitNow() {
+	if at < 0 && !txnHold(w).commitNow() {
 		return false, errStopping
 	}
 	if sent.tier == 0 {
@@ -380,7 +380,7 @@ func (w byKey) recoverHead(rec keyorder.Record, src string) error {
 	if err := w.drain(rec.Topic, rec.Key, rec.IdempotencyKey, -1); err != nil {
 		return err
 	}
-	if !w.commitNow() {
+	if !txnHold(w).commitNow() {
 		return errStopping
 	}
 	return nil

@@ -125,7 +125,7 @@ func (rs *refusals) ended(committed bool) {
 // record elsewhere now). When every form was refused in an earlier round,
 // it waits like an outage (the ERROR log at most once a minute) and starts
 // the next round from formOut. The only error is errStopping.
-func (w *worker) resume(msg *handler.Message, out outbound) (from int, cause error, err error) {
+func (w txnHold) resume(msg *handler.Message, out outbound) (from int, cause error, err error) {
 	rs := w.r.refused
 	rs.mu.Lock()
 	ref := rs.m[keyOfRefusal(msg)]
@@ -160,7 +160,7 @@ func (w *worker) resume(msg *handler.Message, out outbound) (from int, cause err
 // refused this very record at its form: the record's next try starts at the
 // next form. (The owner sends one record at a time, so a refusal it reports
 // is this record's.)
-func (w *worker) refusedInTxn(s staged, err error) {
+func (w txnHold) refusedInTxn(s staged, err error) {
 	var ref *txn.RefusedError
 	if w.r.refused == nil || !errors.As(err, &ref) {
 		return

@@ -1,12 +1,65 @@
 package consumer
 
 import (
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/recovery"
+	"github.com/idemhq/idem/retrytopic"
 )
+
+// RetryConfig is Config.Retry: how a message whose handler returned a
+// retriable error is tried again. Permanent errors, decode errors, missing
+// keys and (unless Panics) panics go to the dead-letter topic at once.
+type RetryConfig struct {
+	// Attempts is how many times the handler is called for one delivery of
+	// a message that keeps failing with a retriable error, each call in a
+	// fresh transaction: at the source topic, and again in each retry tier.
+	// After them the message is forwarded to the next tier of Tiers, or after
+	// the last tier to the dead-letter topic, so an always failing message is
+	// handled Attempts × (1 + len(Tiers.Delays)) times in all (package doc,
+	// "Attempts per message"). 1 means no in-process retries; a negative value is an error.
+	// Default: 4 (three in-process retries).
+	Attempts int
+
+	// Backoff shapes the waits between in-process attempts: retry n waits a
+	// uniformly random time in [0, min(Max, Base*2^(n-1))] ("full jitter"),
+	// or at least the delay asked by handler.RetryAfter (one longer than Max
+	// sends the message to its retry tier instead, when there are tiers).
+	// A zero Base or Max takes its default.
+	// Default: {Base: 100ms, Max: 5s}.
+	Backoff recovery.Backoff
+
+	// Panics treats a handler panic like a retriable error instead of
+	// dead-lettering it at once.
+	// Default: false.
+	Panics bool
+
+	// Tiers says where a message goes when its in-process attempts are
+	// spent: through non-blocking retry topics, one per entry of
+	// Tiers.Delays, then to the dead-letter topic (Tiers.DLQ). idem creates
+	// missing tier and dead-letter topics at start (with at least the
+	// source's partitions) and subscribes to the tiers itself.
+	// Tiers.Retention is those topics' retention.ms.
+	// Default: retrytopic.Policy{} (no tiers; dead-letter topic "<topic>.<group>.dlq").
+	Tiers retrytopic.Policy
+
+	// Rules choose, by the error, how a failed message is retried: each
+	// rule's Match (errors.Is/As, kind, SQLSTATE class, HTTP status) picks
+	// its attempts per delivery, backoff, retry-tier ladder and dead-letter
+	// topic (e.g. fraud declines to "payments.dlq.fraud"). Rules are
+	// matched in order against the error the handler returned; the first
+	// match wins, and an error no rule matches takes the fallback rule the
+	// other fields make (Attempts, Backoff, Tiers). A rule's zero fields
+	// take the fallback's. A rule never makes a permanent error retriable:
+	// it only chooses its dead-letter topic. Validated at start (a rule
+	// without a Match is an error). See package recovery.
+	// Default: nil (every error takes the fallback rule).
+	Rules []recovery.Rule
+}
 
 // recovery is c's recoverability policy: Config.Retry.Rules, matched in order,
 // over the fallback rule Config.Retry makes
@@ -80,4 +133,31 @@ func (d *delays) backoff(b recovery.Backoff, n int) time.Duration {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return b.Delay(n, d.rand)
+}
+
+// validateRetry checks Config.Retry: the fallback rule's own fields first,
+// then its Rules once those passed.
+func (c Config) validateRetry(errs *configerr.List) {
+	if c.Retry.Attempts < 1 {
+		errs.Bad("Retry.Attempts", c.Retry.Attempts, "must be >= 1 (1: no in-process retries; 0: the default, 4)")
+	}
+	if err := c.Retry.Tiers.Validate(); err != nil {
+		errs.Bad("Retry.Tiers", c.Retry.Tiers.Delays, err.Error())
+	}
+	for _, t := range c.Topics {
+		if t == "" {
+			continue
+		}
+		if err := c.Retry.Tiers.ValidateNames(t, c.Group); err != nil && strings.TrimSpace(c.Group) != "" {
+			errs.Bad("Retry.Tiers", t, err.Error())
+		}
+	}
+	if c.Retry.Backoff.Base < 0 {
+		errs.Bad("Retry.Backoff.Base", c.Retry.Backoff.Base, "must be > 0")
+	}
+	if c.Retry.Backoff.Max < c.Retry.Backoff.Base {
+		errs.Bad("Retry.Backoff.Max", c.Retry.Backoff.Max, fmt.Sprintf("must be >= Retry.Backoff.Base (%s)", c.Retry.Backoff.Base))
+	} else if len(c.Retry.Rules) > 0 && c.Retry.Tiers.Validate() == nil && c.Retry.Backoff.Base >= 0 && c.Retry.Attempts >= 1 {
+		c.validateRules(errs) // only once the fallback's own fields passed: recovery.New checks them again
+	}
 }

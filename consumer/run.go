@@ -7,19 +7,16 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemhq/idem/dedupe"
-	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/forward"
-	"github.com/idemhq/idem/internal/kafkaversion"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/seal"
 	"github.com/idemhq/idem/internal/txn"
@@ -204,52 +201,6 @@ func newRunner(cfg Config, h handler.Handler) (*runner, error) {
 	return r, nil
 }
 
-// saramaConfig copies the user's base config and sets what idem's guarantees
-// depend on.
-func saramaConfig(cfg Config) *sarama.Config {
-	c := *cfg.Sarama // shallow copy: idem only sets scalar fields and replaces slices
-	if c.Version == sarama.DefaultVersion {
-		c.Version = kafkaversion.Default
-	}
-	// Offsets: only what idem marks after a durable outcome is committed; the
-	// committer runs every CommitInterval and at revoke/shutdown.
-	c.Consumer.Offsets.AutoCommit.Enable = true
-	c.Consumer.Offsets.AutoCommit.Interval = cfg.CommitInterval
-	if cfg.Transactions.Enabled {
-		// The transactions are the only offset writer: sarama's committer
-		// never runs (nothing is marked with it either).
-		c.Consumer.Offsets.AutoCommit.Enable = false
-	}
-	// StartAt decides (Config.Sarama's doc); Run warns when the base config
-	// asked otherwise (warnIgnoredInitial).
-	c.Consumer.Offsets.Initial = sarama.OffsetOldest
-	if cfg.StartAt == StartNewest {
-		c.Consumer.Offsets.Initial = sarama.OffsetNewest
-	}
-	// Records of aborted transactions never reach a handler.
-	c.Consumer.IsolationLevel = sarama.ReadCommitted
-	if cfg.ReadUncommitted {
-		c.Consumer.IsolationLevel = sarama.ReadUncommitted
-	}
-	// idem creates only its own tiers and DLQs, explicitly; never by a
-	// metadata request or a produce.
-	c.Metadata.AllowAutoTopicCreation = false
-	c.Consumer.Return.Errors = true
-	// Static membership (Config.InstanceID); "" keeps sarama's dynamic one.
-	c.Consumer.Group.InstanceId = cfg.InstanceID
-	if s := c.Consumer.Group.Rebalance.GroupStrategies; len(s) == 0 || (len(s) == 1 && s[0].Name() == sarama.RangeBalanceStrategyName) {
-		c.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
-	}
-	// Forwards to retry tiers and the DLQ must be acked by all in-sync
-	// replicas, never duplicated by the producer's own retries, and keep
-	// their partition number.
-	retrytopic.ConfigureProducer(&c)
-	if c.Producer.Retry.Max < 5 {
-		c.Producer.Retry.Max = 5
-	}
-	return &c
-}
-
 func (r *runner) run(ctx context.Context) (err error) {
 	defer func() {
 		// A ctx cancelled while Run starts (creating the retry topics,
@@ -423,112 +374,4 @@ func (e *fatalError) Unwrap() error { return e.err }
 func (r *runner) fatal(err error) {
 	r.log.Error("idem: the dedupe store is misconfigured; stopping", "err", err)
 	r.abort(&fatalError{err})
-}
-
-// watchDLQDepth exports idem_dlq_depth for each source topic's dead-letter
-// topic every DLQDepthInterval, until ctx is done.
-func watchDLQDepth(ctx context.Context, client sarama.Client, cfg Config, depth *prometheus.GaugeVec, log *slog.Logger) {
-	if cfg.DLQDepthInterval < 0 {
-		return
-	}
-	d := dlq.New(client)
-	t := time.NewTicker(cfg.DLQDepthInterval)
-	defer t.Stop()
-	for {
-		for _, topic := range cfg.Topics {
-			for _, name := range cfg.dlqTopics(topic) { // the fallback's and each rule's
-				n, err := d.Depth(ctx, name)
-				if err != nil {
-					if ctx.Err() == nil {
-						log.Debug("idem: DLQ depth", "topic", name, "err", err)
-					}
-					continue
-				}
-				depth.WithLabelValues(name).Set(float64(n))
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
-// subscribed returns the topics the group subscribes to: the sources and
-// their retry tiers (Retry's, those of the rules' own ladders, and every
-// route's).
-func subscribed(cfg Config) []string {
-	ts := append([]string(nil), cfg.Topics...)
-	for _, t := range cfg.Topics {
-		ts = append(ts, cfg.tierTopics(t)...)
-	}
-	ts = append(ts, cfg.deferredTopics()...)
-	return ts
-}
-
-func checkTopics(client sarama.Client, topics []string) error {
-	if err := client.RefreshMetadata(topics...); err != nil && !errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
-		return fmt.Errorf("consumer: metadata: %w", err)
-	}
-	known, err := client.Topics()
-	if err != nil {
-		return fmt.Errorf("consumer: metadata: %w", err)
-	}
-	have := map[string]bool{}
-	for _, t := range known {
-		have[t] = true
-	}
-	var errs []error
-	for _, t := range topics {
-		if !have[t] {
-			errs = append(errs, fmt.Errorf("%w %q: create it first (idem creates only its retry and dead-letter topics)", ErrUnknownTopic, t))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// groupHandler adapts the runner to sarama.ConsumerGroupHandler.
-type groupHandler struct {
-	r *runner
-	// stopCommits ends the session's transaction commits (Transactions).
-	stopCommits func()
-}
-
-func (g *groupHandler) Setup(s sarama.ConsumerGroupSession) error {
-	g.r.log.Debug("idem: session started", "generation", s.GenerationID(), "claims", s.Claims())
-	if h := hooksOf(g.r.baseCtx); h != nil && h.session != nil {
-		h.session(s)
-	}
-	if g.r.txn != nil {
-		stop, err := g.r.startCommits(s)
-		if err != nil {
-			return err
-		}
-		g.stopCommits = stop
-	}
-	g.r.shares.rebalanced() // Config.Limits.Breakers: 1/members of the new generation
-	g.r.ready.setJoined(true)
-	return nil
-}
-
-func (g *groupHandler) Cleanup(s sarama.ConsumerGroupSession) error {
-	g.r.ready.setJoined(false)
-	if g.stopCommits != nil {
-		g.stopCommits()
-		g.stopCommits = nil
-	}
-	return nil
-}
-
-func (g *groupHandler) ConsumeClaim(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupClaim) error {
-	g.r.m.PartitionsClaimed.WithLabelValues(g.r.cfg.Group).Inc()
-	defer g.r.m.PartitionsClaimed.WithLabelValues(g.r.cfg.Group).Dec()
-	t := tp{c.Topic(), c.Partition()}
-	g.r.life.claimStarting(s, t)
-	defer g.r.life.claimEnded(s, t)
-	cl := newClaim(g.r, s, c)
-	cl.run()
-	cl.obs.close()
-	return nil
 }

@@ -66,13 +66,20 @@ type owedHook struct {
 	route string // x's route, whose Expiry.OnExpired runs (route.go)
 }
 
+// txnHold is a worker's stage of the transaction hold (Transactions): what
+// the message in hand stages, the hold that sends it and marks the offset,
+// and the hooks that settling owes, and commitNow for a drain's recovery.
+// A worker keeps only settle, which hands over to it, and drop. It holds
+// nothing but the worker, so txnHold{w} costs nothing to make.
+type txnHold struct{ *worker }
+
 // stage is forward with Transactions: it decides out's form and stages it
 // for the settling of the message in hand. The form is the one after a
 // refusal of an earlier try (refusals.go), and the first one the producer
 // accepts by size, so what is sent is known now: a broker that refuses it
 // after all fails the transaction, and the next session's try starts at the
 // form after it. errStopping: the partition is stopping.
-func (w *worker) stage(out outbound, msg *handler.Message) (outbound, error) {
+func (w txnHold) stage(out outbound, msg *handler.Message) (outbound, error) {
 	from, cause, err := w.resume(msg, out)
 	if err != nil {
 		return outbound{}, err
@@ -95,7 +102,7 @@ func (w *worker) stage(out outbound, msg *handler.Message) (outbound, error) {
 	w.ob.forwardedSpan(sent)
 	if sent.tier == 0 && w.r.cfg.OnDeadLettered != nil {
 		if mutate.On(mutate.OwedHooks) {
-			return sent, w.deadLettered(sent, msg)
+			return sent, hookCalls(w).deadLettered(sent, msg)
 		}
 		w.owed = append(w.owed, owedHook{key: hookKey("dead-lettered", msg.Origin()), d: deadLetteredOf(sent, msg)})
 	}
@@ -121,17 +128,17 @@ func (w *worker) settle(cm *sarama.ConsumerMessage) error {
 		w.mark(cm)
 		return nil
 	}
-	if err := w.flush(cm.Offset, func() { w.mark(cm) }); err != nil {
+	if err := (txnHold{w}).flush(cm.Offset, func() { w.mark(cm) }); err != nil {
 		return err
 	}
-	return w.runOwed(false)
+	return txnHold{w}.runOwed(false)
 }
 
 // commitNow sends what is staged, tied to no message of the claim (a pending
 // head recovered at claim), and commits the open transaction at once
 // (Transactions), then runs the hooks it owes. false: the transaction
 // failed or the partition is stopping.
-func (w *worker) commitNow() bool {
+func (w txnHold) commitNow() bool {
 	if w.r.txn == nil {
 		return true
 	}
@@ -148,7 +155,7 @@ func (w *worker) commitNow() bool {
 // forwards at once (and the commit that follows covers the hooks owed). The
 // owed hooks are recorded before the hold, marked with at. errStopping: the
 // partition is stopping or the transaction failed; nothing staged is left.
-func (w *worker) flush(at int64, mark func()) error {
+func (w txnHold) flush(at int64, mark func()) error {
 	if len(w.staged) == 0 && len(w.owed) == 0 {
 		if mark != nil {
 			mark()
@@ -209,7 +216,7 @@ func (w *worker) flush(at int64, mark func()) error {
 
 // sendStaged sends the staged forwards in order; on an error it returns the
 // index of the forward that failed.
-func (w *worker) sendStaged() (int, error) {
+func (w txnHold) sendStaged() (int, error) {
 	for i, s := range w.staged {
 		if err := w.r.send(w.hctx, s.out.rec); err != nil {
 			return i, err
@@ -219,7 +226,7 @@ func (w *worker) sendStaged() (int, error) {
 }
 
 // dropStaged forgets the staged forwards (sent, or dropped).
-func (w *worker) dropStaged() {
+func (w txnHold) dropStaged() {
 	clear(w.staged)
 	w.staged = w.staged[:0]
 }
@@ -231,7 +238,7 @@ func (w *worker) dropStaged() {
 // refuses the rows for good is logged; the hooks then run after the commit
 // all the same, without the crash guard. errStopping: the partition is
 // stopping.
-func (w *worker) oweHooks(at int64) error {
+func (w txnHold) oweHooks(at int64) error {
 	if len(w.owed) == 0 || at < 0 {
 		return nil
 	}
@@ -244,7 +251,7 @@ func (w *worker) oweHooks(at int64) error {
 		}
 		hooks = append(hooks, keyorder.OwedHook{Key: h.key, Mark: keyorder.Mark{Topic: w.tp.topic, Partition: w.tp.partition, Offset: at}, Payload: b})
 	}
-	_, err := byKey{w}.orderTry("owe hooks", func(ctx context.Context) error { return w.r.owed.OweHooks(ctx, hooks) })
+	_, err := byKey(w).orderTry("owe hooks", func(ctx context.Context) error { return w.r.owed.OweHooks(ctx, hooks) })
 	return err
 }
 
@@ -254,7 +261,7 @@ func (w *worker) oweHooks(at int64) error {
 // retried while it fails) and removes its row. errStopping: the commit
 // failed (the next claim drops the rows) or the partition is stopping (the
 // next claim runs them).
-func (w *worker) runOwed(commit bool) error {
+func (w txnHold) runOwed(commit bool) error {
 	if len(w.owed) == 0 {
 		if commit {
 			if err := w.r.commitTxn(w.sess); err != nil {
@@ -277,24 +284,24 @@ func (w *worker) runOwed(commit bool) error {
 
 // runOwedHook runs the hook call h owes, once (its inbox key is h.key), and
 // removes its row.
-func (w *worker) runOwedHook(h owedHook) error {
+func (w txnHold) runOwedHook(h owedHook) error {
 	var err error
 	if x := h.x; x != nil {
 		on := w.r.routes.expiryOf(h.route).OnExpired
 		if on == nil { // a route renamed or removed since the row was written: nothing to call
 			w.log.Warn("idem: an owed OnExpired call names a route without one; dropping it", "route", h.route, "key", h.key)
-			_, err = byKey{w}.orderTry("hook ran", func(ctx context.Context) error { return w.r.owed.HookRan(ctx, h.key) })
+			_, err = byKey(w).orderTry("hook ran", func(ctx context.Context) error { return w.r.owed.HookRan(ctx, h.key) })
 			return err
 		}
-		err = w.runHookKey("expired", h.key, x.Message, func(ctx context.Context) error { return on(ctx, *x) })
+		err = hookCalls(w).runHookKey("expired", h.key, x.Message, func(ctx context.Context) error { return on(ctx, *x) })
 	} else {
 		d := h.d
-		err = w.runHookKey("dead-lettered", h.key, d.Message, func(ctx context.Context) error { return w.r.cfg.OnDeadLettered(ctx, d) })
+		err = hookCalls(w).runHookKey("dead-lettered", h.key, d.Message, func(ctx context.Context) error { return w.r.cfg.OnDeadLettered(ctx, d) })
 	}
 	if err != nil {
 		return err
 	}
-	_, err = byKey{w}.orderTry("hook ran", func(ctx context.Context) error { return w.r.owed.HookRan(ctx, h.key) })
+	_, err = byKey(w).orderTry("hook ran", func(ctx context.Context) error { return w.r.owed.HookRan(ctx, h.key) })
 	return err
 }
 
@@ -303,13 +310,13 @@ func (w *worker) runOwedHook(h owedHook) error {
 // did not run, and drops those whose transaction did not commit, by the
 // offset the claim starts from (see the top of this file). errStopping: the
 // partition is stopping.
-func (w *worker) claimHooks() error {
+func (w txnHold) claimHooks() error {
 	if w.r.owed == nil {
 		return nil
 	}
 	c := keyorder.Committed{Topic: w.tp.topic, Partition: w.tp.partition, Offset: max(w.kc.InitialOffset(), 0)}
 	var owed []keyorder.OwedHook
-	refused, err := byKey{w}.orderTry("claim hooks", func(ctx context.Context) (err error) {
+	refused, err := byKey(w).orderTry("claim hooks", func(ctx context.Context) (err error) {
 		owed, err = w.r.owed.ClaimHooks(ctx, c)
 		return err
 	})

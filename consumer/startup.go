@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -100,4 +101,37 @@ func tryStep(ctx context.Context, what string, step func() error) error {
 		}
 	}
 	return step()
+}
+
+// subscribed returns the topics the group subscribes to: the sources and
+// their retry tiers (Retry's, those of the rules' own ladders, and every
+// route's).
+func subscribed(cfg Config) []string {
+	ts := append([]string(nil), cfg.Topics...)
+	for _, t := range cfg.Topics {
+		ts = append(ts, cfg.tierTopics(t)...)
+	}
+	ts = append(ts, cfg.deferredTopics()...)
+	return ts
+}
+
+func checkTopics(client sarama.Client, topics []string) error {
+	if err := client.RefreshMetadata(topics...); err != nil && !errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
+		return fmt.Errorf("consumer: metadata: %w", err)
+	}
+	known, err := client.Topics()
+	if err != nil {
+		return fmt.Errorf("consumer: metadata: %w", err)
+	}
+	have := map[string]bool{}
+	for _, t := range known {
+		have[t] = true
+	}
+	var errs []error
+	for _, t := range topics {
+		if !have[t] {
+			errs = append(errs, fmt.Errorf("%w %q: create it first (idem creates only its retry and dead-letter topics)", ErrUnknownTopic, t))
+		}
+	}
+	return errors.Join(errs...)
 }

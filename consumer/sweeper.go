@@ -12,6 +12,44 @@ import (
 	"github.com/idemhq/idem/internal/inboxconf"
 )
 
+// RetentionConfig is Config.Retention: how long the inbox keeps a key and
+// who deletes the older ones. A message delivered again after its key was
+// deleted runs its handler again, so the inbox must remember a key for as
+// long as a copy of its message may arrive.
+//
+// When Dedupe is a PostgreSQL store (dedupe.NewPostgres,
+// dedupe.NewPostgresLease: any store with a Sweeper method) and NoSweep is false, Run
+// starts a dedupe.Sweeper on its table that deletes, every minute, the rows
+// processed more than Keep ago; it stops with Run. The sweeper deletes old
+// rows of every consumer group in the table, so services sharing one inbox
+// table must agree on Keep (or use dedupe.WithTable). Validate then requires
+// Keep to be at least 1h (the sweeper's minimum) and the retention of the
+// retry-tier and dead-letter topics (Retry.Tiers.Retention, 7 days by
+// default): a failed record can wait that long in a tier, or in the
+// dead-letter topic until an operator replays it, and a second copy of an
+// already handled message (forwarded twice after a crash, or sent twice by
+// its producer) must still find its key.
+//
+// Either way, Run compares Keep at start with each source topic's
+// retention.ms and warns, naming both numbers, when the inbox forgets
+// sooner than Kafka keeps records: a record re-read after its key was
+// deleted (expired group offsets, an offset reset) would be applied twice.
+type RetentionConfig struct {
+	// Keep is how long the inbox keeps a key. With NoSweep, or a store Run
+	// does not sweep (dedupe.NewMemory, a custom store), it only tells Run
+	// how long the store keeps keys, for the check against retention.ms;
+	// left 0 there, it is unknown and nothing is checked. Negative is an
+	// error.
+	// Default: 0 (14 days, the sweeper's default, when Run sweeps; unknown when it does not).
+	Keep time.Duration
+
+	// NoSweep stops Run from sweeping the inbox: you sweep it yourself (a
+	// dedupe.Sweeper or a cron job of your own), and the table grows until
+	// you do.
+	// Default: false (Run sweeps a store with a Sweeper method).
+	NoSweep bool
+}
+
 // sweepable is a store Run sweeps: one with a Sweeper method
 // (dedupe.Postgres, dedupe.PostgresLease).
 type sweepable interface{ Sweeper() *dedupe.Sweeper }

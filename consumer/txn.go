@@ -21,6 +21,76 @@ import (
 	"github.com/idemhq/idem/internal/txn"
 )
 
+// TransactionsConfig is Config.Transactions. Enabled makes what the member
+// writes to Kafka exactly once for read_committed readers (KIP-447): one
+// transactional producer per member, whose transactions commit the forwards
+// to retry tiers and the dead-letter topic together with the source offsets
+// of the records they settle, and the offsets of records whose effect is in
+// the dedupe store too: with transactions on, the member never sends a plain
+// offset commit. Offsets go with the member's generation, so a member the
+// group has expelled (paused past its session timeout, partitioned away)
+// cannot commit: its transaction is aborted with everything it forwarded. A
+// crash or a stop anywhere leaves either a message's forwards and its
+// offset, or none of them: the forwards a message owes (its own, and with
+// Ordering ByKey those of the parked messages its drain dead-letters or
+// promotes) are sent together with its offset's mark when it settles, in
+// one short hold of the transaction that spans no handler call and no hook,
+// and a stop or a failed send before that mark sends none of them or fails
+// the transaction. A transaction that fails ends the member's session; the
+// next session reads its partitions again from the committed offsets
+// (effects are kept once by the dedupe store). Config.OnDeadLettered runs
+// once the dead-letter record's transaction has committed, and
+// Expiry.OnExpired once the transaction carrying the expired message's
+// outcome has.
+//
+// Its cost: a commit (EndTxn, two round trips to the transaction
+// coordinator, a marker written to every partition the transaction touched)
+// every CommitInterval; forwards wait while a commit is in flight; readers
+// of the tiers and the dead-letter topic must use read_committed (idem's own
+// consumers do) and see forwards only after the commit, so up to
+// CommitInterval later. With lanes (Concurrency > 1, Limits.Adaptive) a forward
+// first waits, holding nothing, until every earlier message of its partition
+// is final, so that its offset commits in the forward's transaction: the
+// lane of a failing message waits behind the slowest earlier message of its
+// partition (forwards are rare; the other lanes go on). A record a
+// destination refuses for good (too large for the dead-letter topic, invalid
+// in a compacted tier) costs an aborted transaction, and a re-read of the
+// member's partitions from the committed offsets, per form it falls back
+// through (the dead-letter topic whole, a stub, a bare stub): the member
+// remembers the refusal, so the record ends in the dead-letter topic once.
+// Needs Kafka ≥ 2.5 (idem asks for protocol 4.1) and read_committed. With
+// Ordering ByKey, a drain's forwards (the parked messages that follow a head:
+// dead-lettered, or promoted to its tier) commit with the head's offset, and
+// the drain's steps in the ordering store are applied once that offset is
+// committed, or reverted when it is not, so the head's redelivery drains
+// again: each parked message once per hop, in key order (the argument is in
+// txn.go, with its limits: a head left pending by a run without
+// Transactions, a member frozen mid-drain past its session timeout). The
+// transactional.id is "idem-<Group>:<InstanceID>" with an InstanceID (a
+// restarted member fences its predecessor and aborts its open transaction
+// at once), else "idem-<Group>:<host>+<random>" (a crashed member's open
+// transaction then holds read_committed readers of its partitions back
+// until Timeout). The last ':' ends the group (an InstanceID holds none), so
+// no two groups' members share an id. Versions before issue 28 used
+// "idem-<Group>-<InstanceID>", which two groups could share (group
+// "payments" with instance "eu-1", group "payments-eu" with instance "1"):
+// see the changelog for how a running deployment moves (a new id does not
+// fence an old one's open transaction). Set outbox.Relay.ExactlyOnce too for the
+// relay's events. A transaction ends with a marker in each partition it
+// wrote, after the last record: lag computed from end offsets
+// (idem_consumer_lag of tiers, idem_dlq_depth) counts those markers.
+type TransactionsConfig struct {
+	// Enabled turns the transactional mode on.
+	// Default: false.
+	Enabled bool
+
+	// Timeout is how long the transaction coordinator lets a transaction
+	// stay open before it aborts it (a member that died with a transaction
+	// open). It must exceed Config.CommitInterval.
+	// Default: 10s. Kafka: transaction.timeout.ms.
+	Timeout time.Duration
+}
+
 // This file is the transactional mode (Config.Transactions): the runner's
 // transaction owner (internal/txn), the member's one offset writer and the
 // one producer of its forwards.
@@ -188,7 +258,7 @@ func (c *claim) markOffset(next int64) {
 // forwarded again after a crash.) It holds nothing while it waits, so a slow
 // earlier message never keeps a transaction open. false: the partition is
 // stopping.
-func (w *worker) awaitEarlier(offset int64) bool {
+func (w txnHold) awaitEarlier(offset int64) bool {
 	if w.r.txn == nil || w.track == nil {
 		return true
 	}
