@@ -28,7 +28,7 @@ import (
 	"github.com/idemhq/idem/internal/scheduletable"
 	"github.com/idemhq/idem/internal/seal"
 	"github.com/idemhq/idem/internal/steptable"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 // catalog describes what a schema holds: each table with its columns, each

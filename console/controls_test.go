@@ -20,7 +20,7 @@ import (
 	"github.com/idemhq/idem/internal/control"
 	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/seal"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 // lastAudit returns the newest audit row of action.

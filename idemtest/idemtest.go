@@ -11,7 +11,7 @@ import (
 	"time"
 
 	idemschema "github.com/idemhq/idem/internal/schema"
-	"github.com/idemhq/idem/internal/testkit"
+	"github.com/idemhq/idem/internal/testing/testkit"
 	"github.com/idemhq/idem/recovery"
 
 	"github.com/IBM/sarama"

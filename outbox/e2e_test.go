@@ -17,7 +17,7 @@ import (
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/outboxconf"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 	"github.com/idemhq/idem/outbox"
 )
 

@@ -12,7 +12,7 @@ import (
 
 	"github.com/idemhq/idem/checkpoint"
 	"github.com/idemhq/idem/internal/checkpointrow"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 func TestCheckpointCLI(t *testing.T) {

@@ -15,7 +15,7 @@ import (
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/indextable"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -57,7 +57,7 @@ func schemaURL(t *testing.T, schema string) string {
 }
 
 // dlqAndEmptySchema returns a broker, an empty schema of the test's own (its
-// pool and the --database-url that reaches it; internal/testenv, as
+// pool and the --database-url that reaches it; internal/testing/testenv, as
 // idemtest.ConnectPostgres would create idem's tables), an empty DLQ topic
 // and its origin.
 func dlqAndEmptySchema(t *testing.T) (k *idemtest.Kafka, pool *pgxpool.Pool, db, topic, origin string) {

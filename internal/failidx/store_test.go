@@ -10,7 +10,7 @@ import (
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/failidx/failidxtest"
 	"github.com/idemhq/idem/internal/indextable"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 func TestMigrateIsIdempotent(t *testing.T) {

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/idemhq/idem/internal/pgmigrate"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 // TestMigrateFromEachEarlierVersion: Migrate brings a database to the same

@@ -6,7 +6,7 @@
 //
 // It imports neither failidx nor console/index, whose in-package tests
 // import it, nor idemtest, which imports console/index through consumer: it
-// is built on internal/testenv.
+// is built on internal/testing/testenv.
 package failidxtest
 
 import (
@@ -24,7 +24,7 @@ import (
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/committed"
 	"github.com/idemhq/idem/internal/indextable"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
