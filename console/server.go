@@ -21,10 +21,10 @@ import (
 
 	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/internal/control"
+	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/failidx"
 	"github.com/idemhq/idem/internal/mask"
 	"github.com/idemhq/idem/internal/pglead"
-	"github.com/idemhq/idem/internal/promreg"
 	"github.com/idemhq/idem/internal/seal"
 )
 
@@ -188,7 +188,7 @@ func newServer(cfg Config, store *failidx.Store, acts *failidx.Actions) (*server
 		s.mux.Handle(rt.method+" "+rt.path, s.wrap(rt))
 	}
 	if cfg.Registerer != nil {
-		if promreg.Register(cfg.Registerer, failidx.NewCollector(store), &err); err != nil {
+		if coremetrics.Register(cfg.Registerer, failidx.NewCollector(store), &err); err != nil {
 			cancel()
 			return nil, fmt.Errorf("console: register collectors: %w", err)
 		}

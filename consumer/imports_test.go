@@ -34,7 +34,7 @@ func TestImports(t *testing.T) {
 	}
 	may := []string{
 		"breaker", "console/index", "dedupe", "dlq", "handler", "metrics", "recovery", "retrytopic", "schedule",
-		"internal/adaptive", "internal/committed", "internal/configerr", "internal/control", "internal/coremetrics", "internal/correlation", "internal/pgmigrate", "internal/seal", "internal/expiry", "internal/forward", "internal/inboxconf", "internal/kafkaversion",
+		"internal/adaptive", "internal/committed", "internal/configerr", "internal/control", "internal/coremetrics", "internal/correlation", "internal/pgmigrate", "internal/seal", "internal/expiry", "internal/forward", "internal/inboxconf",
 		"internal/keyorder", "internal/mutate", "internal/scheduletable", "internal/steptable",
 		"internal/txn", "internal/wire",
 	}

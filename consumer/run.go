@@ -19,10 +19,10 @@ import (
 	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/forward"
-	"github.com/idemhq/idem/internal/kafkaversion"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/seal"
 	"github.com/idemhq/idem/internal/txn"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/recovery"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -209,7 +209,7 @@ func newRunner(cfg Config, h handler.Handler) (*runner, error) {
 func saramaConfig(cfg Config) *sarama.Config {
 	c := *cfg.Sarama // shallow copy: idem only sets scalar fields and replaces slices
 	if c.Version == sarama.DefaultVersion {
-		c.Version = kafkaversion.Default
+		c.Version = wire.KafkaVersion
 	}
 	// Offsets: only what idem marks after a durable outcome is committed; the
 	// committer runs every CommitInterval and at revoke/shutdown.

@@ -19,10 +19,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/dlq"
+	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/failidx"
 	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/pglead"
-	"github.com/idemhq/idem/internal/promreg"
 	"github.com/idemhq/idem/internal/seal"
 )
 
@@ -295,7 +295,7 @@ func (c *Indexer) run(ctx context.Context) error {
 	col := failidx.NewCollector(store)
 	if c.Registerer != nil {
 		var err error
-		shared := promreg.Register(c.Registerer, col, &err)
+		shared := coremetrics.Register(c.Registerer, col, &err)
 		if err != nil {
 			return fmt.Errorf("%w: %w", errRegister, err)
 		}

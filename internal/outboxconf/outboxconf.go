@@ -17,7 +17,7 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"github.com/idemhq/idem/internal/kafkaversion"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -90,7 +90,7 @@ func ProducerConfig(base *sarama.Config) *sarama.Config {
 	}
 	c := *base
 	if c.Version == sarama.DefaultVersion {
-		c.Version = kafkaversion.Default
+		c.Version = wire.KafkaVersion
 	}
 	c.Metadata.AllowAutoTopicCreation = false
 	c.Producer.Idempotent = true

@@ -14,14 +14,14 @@ import (
 	"github.com/IBM/sarama"
 	tckafka "github.com/testcontainers/testcontainers-go/modules/kafka"
 
-	"github.com/idemhq/idem/internal/kafkaversion"
 	"github.com/idemhq/idem/internal/testing/testkit"
+	"github.com/idemhq/idem/internal/wire"
 )
 
 // KafkaVersion is the protocol version tests give sarama: idem's own
-// (internal/kafkaversion). Kafka 4 rejects the old protocol versions
+// (internal/wire). Kafka 4 rejects the old protocol versions
 // sarama's default (2.8) would pick.
-var KafkaVersion = kafkaversion.Default
+var KafkaVersion = wire.KafkaVersion
 
 // Kafka is the broker the tests run against.
 type Kafka struct {

@@ -1,8 +1,9 @@
-// Package promreg registers Prometheus collectors so that several
-// components of one process may share a registry: the collector already
-// registered under the same description is reused instead of failing.
-// Every package of idem that owns collectors registers them through it.
-package promreg
+package coremetrics
+
+// Registering Prometheus collectors so that several components of one
+// process may share a registry: the collector already registered under the
+// same description is reused instead of failing. Every package of idem that
+// owns collectors registers them through Register.
 
 import (
 	"errors"

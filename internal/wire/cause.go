@@ -1,8 +1,9 @@
-// Package errwrap reads what a handler error carries beyond its class, for
-// idem's own packages: the error under package handler's marks (Cause, for
-// the idem-error-type header) and an HTTP status (HTTPStatusOf, for
-// recovery's HTTPStatus matchers). It imports only the standard library.
-package errwrap
+package wire
+
+// What a handler error carries beyond its class, for idem's own packages:
+// the error under package handler's marks (Cause, for the idem-error-type
+// header) and an HTTP status (HTTPStatusOf, for recovery's HTTPStatus
+// matchers).
 
 import "errors"
 
