@@ -23,7 +23,7 @@ import (
 	"github.com/idemhq/idem/internal/control"
 	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/keyorder"
-	"github.com/idemhq/idem/internal/outboxtable"
+	"github.com/idemhq/idem/internal/outboxstore"
 	"github.com/idemhq/idem/internal/sagatable"
 	"github.com/idemhq/idem/internal/scheduletable"
 	"github.com/idemhq/idem/internal/seal"
@@ -113,7 +113,7 @@ func TestMigrateCreatesEveryTable(t *testing.T) {
 	for _, step := range []func() error{
 		func() error { return dedupe.NewPostgres(union).Migrate(ctx) },
 		func() error { return keyorder.New(union, "").Migrate(ctx) },
-		func() error { return outboxtable.Migrate(ctx, union) },
+		func() error { return outboxstore.Migrate(ctx, union) },
 		func() error { return sagatable.Migrate(ctx, union) },
 		func() error { return checkpointrow.Migrate(ctx, union) },
 		func() error { return indextable.Migrate(ctx, union) },

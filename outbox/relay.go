@@ -20,18 +20,17 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemhq/idem/internal/configerr"
-	"github.com/idemhq/idem/internal/outboxconf"
-	"github.com/idemhq/idem/internal/outboxtable"
+	"github.com/idemhq/idem/internal/outboxstore"
 	"github.com/idemhq/idem/internal/pglead"
 	"github.com/idemhq/idem/internal/seal"
 )
 
 // Defaults of the Relay fields, applied when a field is zero.
 const (
-	defaultBatchSize     = outboxconf.BatchSize
-	defaultPollInterval  = outboxconf.PollInterval
-	defaultLeaderRetry   = outboxconf.LeaderRetry
-	defaultMaxAttempts   = outboxconf.MaxAttempts
+	defaultBatchSize     = outboxstore.BatchSize
+	defaultPollInterval  = outboxstore.PollInterval
+	defaultLeaderRetry   = outboxstore.LeaderRetry
+	defaultMaxAttempts   = outboxstore.MaxAttempts
 	defaultRetryBase     = 100 * time.Millisecond
 	defaultRetryMax      = 30 * time.Second
 	defaultSweepInterval = time.Minute
@@ -437,9 +436,9 @@ func (r *Relay) Validate() error {
 	if _, err := parseTable(c.Table); err != nil {
 		l.Add(fmt.Errorf("Relay.Table: %w", err))
 	}
-	l.Check("Sarama", outboxconf.ProducerConfig(r.Sarama).Validate())
+	l.Check("Sarama", outboxstore.ProducerConfig(r.Sarama).Validate())
 	if c.ExactlyOnce {
-		if v := outboxconf.ProducerConfig(r.Sarama).Version; !v.IsAtLeast(sarama.V2_5_0_0) {
+		if v := outboxstore.ProducerConfig(r.Sarama).Version; !v.IsAtLeast(sarama.V2_5_0_0) {
 			l.Bad("Sarama.Version", v, "ExactlyOnce needs Kafka 2.5 or later")
 		} else {
 			l.Check("Sarama (ExactlyOnce)", txnConfig(r.Sarama, "idem-outbox-validate").Validate())
@@ -547,7 +546,7 @@ func (r *Relay) Run(ctx context.Context) error {
 // producer, once; the election retries it with backoff until it succeeds,
 // or gives up on a key that does not unwrap the outbox's data keys.
 func (s *session) start(ctx context.Context) error {
-	if err := outboxtable.Migrate(ctx, s.cfg.Pool, s.cfg.Table); err != nil {
+	if err := outboxstore.Migrate(ctx, s.cfg.Pool, s.cfg.Table); err != nil {
 		return err
 	}
 	if err := s.startSealer(ctx); err != nil {
@@ -894,13 +893,13 @@ func (r row) message(meta int) *sarama.ProducerMessage {
 	hasKey := false
 	m.Headers = make([]sarama.RecordHeader, 0, len(r.hkeys)+2)
 	for i, k := range r.hkeys {
-		if k == outboxconf.HeaderID {
+		if k == outboxstore.HeaderID {
 			continue // the relay's own, set below
 		}
 		hasKey = hasKey || k == HeaderIdempotencyKey
 		m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(k), Value: r.hvals[i]})
 	}
-	m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(outboxconf.HeaderID), Value: []byte(r.eventID)})
+	m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(outboxstore.HeaderID), Value: []byte(r.eventID)})
 	if !hasKey {
 		m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(HeaderIdempotencyKey), Value: []byte(r.eventID)})
 	}

@@ -20,7 +20,7 @@ import (
 	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/keyorder"
-	"github.com/idemhq/idem/internal/outboxadmin"
+	"github.com/idemhq/idem/internal/outboxstore"
 	"github.com/idemhq/idem/internal/replayrec"
 	"github.com/idemhq/idem/internal/wire"
 )
@@ -724,7 +724,7 @@ func (a *Actions) ReleaseKey(ctx context.Context, actor, group, topic, key, reas
 // state, lowest id first (none when the table does not exist). limit <= 0
 // means 100.
 func (a *Actions) FailedOutbox(ctx context.Context, limit int) ([]OutboxRow, error) {
-	rows, err := outboxadmin.List(ctx, a.store.db, outboxadmin.ListOptions{State: outboxadmin.StateFailed, Limit: limit})
+	rows, err := outboxstore.List(ctx, a.store.db, outboxstore.ListOptions{State: outboxstore.StateFailed, Limit: limit})
 	if isUndefinedTable(err) {
 		return nil, nil
 	}
@@ -748,7 +748,7 @@ func (a *Actions) RetryOutbox(ctx context.Context, actor string, ids []int64, re
 	if len(ids) == 0 {
 		return Result{}, invalid("ids", "empty: give the outbox rows to retry")
 	}
-	done, err := outboxadmin.Retry(ctx, a.store.db, "", ids...)
+	done, err := outboxstore.Retry(ctx, a.store.db, "", ids...)
 	res.Done = len(done)
 	res.Skipped = res.Matched - res.Done
 	return res, a.audit(ctx, actor, "retry-outbox", ids, "outbox rows", reason, res, err, "retried")

@@ -13,7 +13,7 @@ import (
 	"github.com/idemhq/idem/internal/control"
 	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/keyorder"
-	"github.com/idemhq/idem/internal/outboxtable"
+	"github.com/idemhq/idem/internal/outboxstore"
 	"github.com/idemhq/idem/internal/sagatable"
 	"github.com/idemhq/idem/internal/scheduletable"
 	"github.com/idemhq/idem/internal/seal"
@@ -35,7 +35,7 @@ func Migrate(ctx context.Context, db dedupe.DB, inbox []dedupe.PostgresOption, o
 	}{
 		{"inbox", func(ctx context.Context) error { return dedupe.NewPostgres(db, inbox...).Migrate(ctx) }},
 		{"ordering tables", keyorder.New(db, "").Migrate},
-		{"outbox", func(ctx context.Context) error { return outboxtable.Migrate(ctx, db, outboxTables...) }},
+		{"outbox", func(ctx context.Context) error { return outboxstore.Migrate(ctx, db, outboxTables...) }},
 		{"saga tables", func(ctx context.Context) error { return sagatable.Migrate(ctx, db) }},
 		{"checkpoint table", func(ctx context.Context) error { return checkpointrow.Migrate(ctx, db) }},
 		{"failure index", func(ctx context.Context) error { return indextable.Migrate(ctx, db) }},

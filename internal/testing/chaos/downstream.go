@@ -14,7 +14,7 @@ import (
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/outboxconf"
+	"github.com/idemhq/idem/internal/outboxstore"
 	"github.com/idemhq/idem/internal/testing/chaos/check"
 )
 
@@ -62,7 +62,7 @@ func startDownstream(ctx context.Context, brokers []string, pool *pgxpool.Pool, 
 		if err := json.Unmarshal(m.Value, &ev); err != nil {
 			return handler.Decode(err)
 		}
-		id, _ := m.Header(outboxconf.HeaderID)
+		id, _ := m.Header(outboxstore.HeaderID)
 		_, err := dedupe.Tx(ctx).Exec(ctx, `INSERT INTO chaos_downstream (event_id, payment_key) VALUES ($1, $2)`, string(id), ev.Key)
 		return err
 	})
@@ -118,7 +118,7 @@ func gatherEvents(ctx context.Context, brokers []string, pool *pgxpool.Pool, top
 		_ = json.Unmarshal(r.value, &body)
 		e := ev(body.Key)
 		e.Published++
-		ids[body.Key][r.headers[outboxconf.HeaderID]] = true
+		ids[body.Key][r.headers[outboxstore.HeaderID]] = true
 	}
 	rows, err := pool.Query(ctx, `SELECT payment_key, count(*) FROM chaos_downstream GROUP BY payment_key`)
 	if err != nil {

@@ -1,9 +1,4 @@
-// Package outboxtable creates and upgrades outbox tables: the SQL of the
-// table package outbox enqueues into and its relay publishes from, with its
-// indexes, its NOTIFY trigger and the table of Relay.ExactlyOnce's rounds.
-// idem.Migrate (through internal/schema) and outbox.Relay.Run call Migrate;
-// a service never needs to.
-package outboxtable
+package outboxstore
 
 import (
 	"context"
@@ -14,7 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemhq/idem/internal/outboxconf"
 	"github.com/idemhq/idem/internal/pgmigrate"
 	"github.com/idemhq/idem/internal/seal"
 )
@@ -23,20 +17,20 @@ import (
 var migrationFS embed.FS
 
 // Migrate creates or upgrades each outbox table of tables ("table" or
-// "schema.table"; none: outboxconf.Table, idem_outbox), its indexes and the
+// "schema.table"; none: Table, idem_outbox), its indexes and the
 // trigger that notifies the relay at commit. Each is versioned (component
 // "outbox:<table>" in idem_schema_migrations), idempotent and safe when
 // several processes run it at once. A bad name's error wraps
-// outboxconf.ErrInvalidConfig.
+// ErrInvalidConfig.
 func Migrate(ctx context.Context, db pgmigrate.DB, tables ...string) error {
 	if len(tables) == 0 {
-		tables = []string{outboxconf.Table}
+		tables = []string{Table}
 	}
 	for _, name := range tables {
 		if name == "" {
-			name = outboxconf.Table
+			name = Table
 		}
-		n, err := outboxconf.Parse(name)
+		n, err := Parse(name)
 		if err != nil {
 			return err
 		}
@@ -53,11 +47,11 @@ func Migrate(ctx context.Context, db pgmigrate.DB, tables ...string) error {
 
 // Rounds is the quoted name of the table of Relay.ExactlyOnce's rounds
 // that goes with outbox table n.
-func Rounds(n outboxconf.Name) string { return outboxconf.Qualify(n.Schema, derived(n, "_rounds")) }
+func Rounds(n Name) string { return Qualify(n.Schema, derived(n, "_rounds")) }
 
 // derived names an object after table n, within PostgreSQL's 63 bytes,
 // with a hash of the table name when shortened so two long names differ.
-func derived(n outboxconf.Name, suffix string) string {
+func derived(n Name, suffix string) string {
 	if len(n.Rel)+len(suffix) <= 63 {
 		return n.Rel + suffix
 	}
@@ -72,7 +66,7 @@ func derived(n outboxconf.Name, suffix string) string {
 }
 
 // templateData is what the migrations' {{.Name}}s stand for, quoted.
-func templateData(n outboxconf.Name) map[string]string {
+func templateData(n Name) map[string]string {
 	return map[string]string{
 		"Table":          n.Quoted,
 		"PendingIndex":   pgx.Identifier{derived(n, "_pending_idx")}.Sanitize(),
@@ -80,7 +74,7 @@ func templateData(n outboxconf.Name) map[string]string {
 		"PublishedIndex": pgx.Identifier{derived(n, "_published_idx")}.Sanitize(),
 		"ReadyIndex":     pgx.Identifier{derived(n, "_ready_idx")}.Sanitize(),
 		"HeldIndex":      pgx.Identifier{derived(n, "_held_idx")}.Sanitize(),
-		"NotifyFunc":     outboxconf.Qualify(n.Schema, derived(n, "_notify")),
+		"NotifyFunc":     Qualify(n.Schema, derived(n, "_notify")),
 		"Trigger":        pgx.Identifier{derived(n, "_notify_trg")}.Sanitize(),
 		"Rounds":         Rounds(n),
 	}

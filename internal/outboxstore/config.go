@@ -1,12 +1,4 @@
-// Package outboxconf is what package outbox shares with the CLI and
-// internal/outboxadmin about an outbox's configuration: the defaults of
-// Relay's fields that `idem outbox relay` shows as its flags' defaults, the
-// table name ("table" or "schema.table") and how it is parsed and quoted,
-// the ErrInvalidConfig sentinel, the relay's producer settings
-// (ProducerConfig) and the header that carries a row's event id (HeaderID).
-// Package outbox documents each default on its field ("Default:" lines,
-// checked by its TestDocumentedDefaults).
-package outboxconf
+package outboxstore
 
 import (
 	"errors"
@@ -32,7 +24,7 @@ const (
 )
 
 // ErrInvalidConfig is outbox.ErrInvalidConfig. It is declared here so that
-// internal/outboxadmin, which package outbox's own tests import, wraps the
+// internal/outboxstore, which package outbox's own tests import, wraps the
 // same sentinel without importing outbox.
 var ErrInvalidConfig = errors.New("outbox: invalid configuration")
 

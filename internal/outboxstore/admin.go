@@ -1,8 +1,4 @@
-// Package outboxadmin reads and retries the rows of an outbox table for
-// `idem outbox list`, `idem outbox retry` and the failure console's outbox
-// page. A service enqueues with outbox.Enqueue and runs an outbox.Relay; it
-// has no need to list rows.
-package outboxadmin
+package outboxstore
 
 import (
 	"context"
@@ -10,7 +6,6 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/dedupe"
-	"github.com/idemhq/idem/internal/outboxconf"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -54,14 +49,14 @@ type ListOptions struct {
 // List returns outbox rows in id order (values are not read; ValueSize gives
 // their length). `idem outbox list` prints it.
 func List(ctx context.Context, db dedupe.DB, opt ListOptions) ([]Row, error) {
-	t, err := outboxconf.Parse(opt.Table)
+	t, err := Parse(opt.Table)
 	if err != nil {
 		return nil, err
 	}
 	switch opt.State {
 	case "", StatePending, StatePublished, StateFailed:
 	default:
-		return nil, fmt.Errorf("%w: ListOptions.State = %q: want pending, published, failed or empty", outboxconf.ErrInvalidConfig, opt.State)
+		return nil, fmt.Errorf("%w: ListOptions.State = %q: want pending, published, failed or empty", ErrInvalidConfig, opt.State)
 	}
 	if opt.Limit <= 0 {
 		opt.Limit = 100
@@ -70,7 +65,7 @@ func List(ctx context.Context, db dedupe.DB, opt ListOptions) ([]Row, error) {
 		Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	})
 	if !ok {
-		return nil, fmt.Errorf("%w: List needs a DB with Query (a *pgxpool.Pool, *pgx.Conn or pgx.Tx)", outboxconf.ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: List needs a DB with Query (a *pgxpool.Pool, *pgx.Conn or pgx.Tx)", ErrInvalidConfig)
 	}
 	rows, err := q.Query(ctx, `SELECT id, event_id::text, topic, key, coalesce(length(value), 0), created_at, state,
 		attempts, rejections, coalesce(last_error, ''), retry_at, published_at, not_before
@@ -105,7 +100,7 @@ func List(ctx context.Context, db dedupe.DB, opt ListOptions) ([]Row, error) {
 // it changed; ids that are not failed (unknown, pending, published) are left
 // alone and not returned. The last error is kept until the next publish.
 func Retry(ctx context.Context, db dedupe.DB, table string, ids ...int64) ([]int64, error) {
-	t, err := outboxconf.Parse(table)
+	t, err := Parse(table)
 	if err != nil {
 		return nil, err
 	}
