@@ -369,7 +369,7 @@ func TestCrossingBreakerWaitsAreNoStall(t *testing.T) {
 	}
 }
 
-// Earlier item: scheduletable.Defer's doc promised that a consumer stores a
+// Earlier item: tables.Defer's doc promised that a consumer stores a
 // deferred message in the transaction that records its outcome ("stored
 // and settled, or neither"). It does not: the deferral commits before the
 // offset is marked, so the record can be read again after its deferral (a

@@ -19,8 +19,8 @@ import (
 	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/pglead"
-	"github.com/idemhq/idem/internal/scheduletable"
 	"github.com/idemhq/idem/internal/seal"
+	"github.com/idemhq/idem/internal/tables"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -293,14 +293,14 @@ type runner struct {
 // start migrates the table and connects to Kafka, once; the election
 // retries it with backoff until it succeeds.
 func (r *runner) start(ctx context.Context) error {
-	if err := scheduletable.Migrate(ctx, r.cfg.Pool); err != nil {
+	if err := tables.MigrateDeferred(ctx, r.cfg.Pool); err != nil {
 		return err
 	}
 	if r.keks != nil && r.sealer == nil {
 		if err := seal.Migrate(ctx, r.cfg.Pool); err != nil {
 			return err
 		}
-		sl, err := seal.New(ctx, seal.Config{DB: r.cfg.Pool, KEKs: r.keks, Purpose: scheduletable.Purpose})
+		sl, err := seal.New(ctx, seal.Config{DB: r.cfg.Pool, KEKs: r.keks, Purpose: tables.DeferredPurpose})
 		if errors.Is(err, seal.ErrWrongKEK) {
 			r.fatal = fmt.Errorf("schedule: encryption at rest: %w", err)
 			return pglead.ErrGiveUp
@@ -500,7 +500,7 @@ func (r *runner) open(ctx context.Context, d *due) error {
 	if r.sealer == nil {
 		return fmt.Errorf("schedule: deferred row %d: %w (give the scheduler EncryptionKeyFile)", d.id, seal.ErrNoKey)
 	}
-	aad := scheduletable.AAD(r.cfg.Group, d.rec.Topic, d.rec.Partition, d.ikey, d.origin)
+	aad := tables.DeferredAAD(r.cfg.Group, d.rec.Topic, d.rec.Partition, d.ikey, d.origin)
 	pt, err := r.sealer.Open(ctx, *d.keyID, d.sealed, aad)
 	var hs []seal.Header
 	if err == nil {

@@ -14,7 +14,7 @@ import (
 	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/idemtest"
-	"github.com/idemhq/idem/internal/indextable"
+	"github.com/idemhq/idem/internal/tables"
 	"github.com/idemhq/idem/internal/testing/testenv"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
@@ -81,7 +81,7 @@ func TestCLIIndexModel(t *testing.T) {
 	if code != 1 || !strings.Contains(errOut, "no failure index") || !strings.Contains(errOut, `--database-url ""`) {
 		t.Fatalf("list on a database without the index: code %d\n%s", code, errOut)
 	}
-	if err := indextable.Migrate(testenv.Context(t), pool); err != nil {
+	if err := tables.MigrateIndex(testenv.Context(t), pool); err != nil {
 		t.Fatal(err)
 	}
 	indexTopic(t, k, pool, topic, 21)

@@ -23,7 +23,7 @@ import (
 
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/committed"
-	"github.com/idemhq/idem/internal/indextable"
+	"github.com/idemhq/idem/internal/tables"
 	"github.com/idemhq/idem/internal/testing/testenv"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
@@ -34,7 +34,7 @@ import (
 func NewPool(tb testing.TB) (*pgxpool.Pool, string) {
 	tb.Helper()
 	pool, schema := testenv.PostgresSchema(tb)
-	if err := indextable.Migrate(testenv.Context(tb), pool); err != nil {
+	if err := tables.MigrateIndex(testenv.Context(tb), pool); err != nil {
 		tb.Fatal(err)
 	}
 	return pool, schema

@@ -1,4 +1,4 @@
-package indextable
+package tables
 
 import (
 	"fmt"
@@ -15,7 +15,7 @@ import (
 // and the per-group counts then both name their sample record (0002) and
 // count claimed records (0003).
 func TestMigrateFromEachEarlierVersion(t *testing.T) {
-	all, err := pgmigrate.Load(migrationFS, "migrations", nil)
+	all, err := pgmigrate.Load(migrationFS, "migrations/index", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +34,7 @@ func TestMigrateFromEachEarlierVersion(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if err := Migrate(ctx, pool); err != nil {
+			if err := MigrateIndex(ctx, pool); err != nil {
 				t.Fatal(err)
 			}
 			var latest int64

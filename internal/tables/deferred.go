@@ -1,41 +1,36 @@
-// Package scheduletable is the idem_deferred table, where package schedule
-// keeps the records handlers deferred: its migrations (Migrate, which
-// idem.Migrate and Scheduler.Run call), the insert the consumer makes when a
-// handler defers a message (Defer, of a RecordOf), and the listing `idem
-// schedule list` shows (List). A service defers with handler.DeferUntil, runs the scheduler
+package tables
+
+// The idem_deferred table, where package schedule
+// keeps the records handlers deferred: its migrations (MigrateDeferred,
+// which idem.Migrate and Scheduler.Run call), the insert the consumer makes
+// when a handler defers a message (Defer, of a DeferredRecordOf), and the
+// listing `idem schedule list` shows (ListDeferred). A service defers with handler.DeferUntil, runs the scheduler
 // through consumer.Run, and has no need to list the records.
-package scheduletable
 
 import (
 	"context"
-	"embed"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/pgmigrate"
 )
 
-// Table is the table deferred records wait in, resolved through the
+// DeferredTable is the table deferred records wait in, resolved through the
 // connection's search_path (use a schema per service, or per test, to keep
 // several apart).
-const Table = "idem_deferred"
+const DeferredTable = "idem_deferred"
 
-// component is the pgmigrate component of the table.
-const component = "schedule"
+// deferredComponent is the pgmigrate component of the table.
+const deferredComponent = "schedule"
 
-//go:embed migrations/*.sql
-var migrationFS embed.FS
-
-// Migrate creates or upgrades the idem_deferred table, its index and the
+// MigrateDeferred creates or upgrades the idem_deferred table, its index and the
 // trigger that wakes the schedulers at commit (pgmigrate component
 // "schedule"). It is idempotent and safe to call from several processes at
 // once; idem.Migrate and schedule.Scheduler.Run call it.
-func Migrate(ctx context.Context, db dedupe.DB) error {
-	if err := pgmigrate.LoadApply(ctx, db, component, migrationFS, nil); err != nil {
+func MigrateDeferred(ctx context.Context, db DB) error {
+	if err := apply(ctx, db, deferredComponent, "deferred"); err != nil {
 		return fmt.Errorf("schedule: migrate: %w", err)
 	}
 	return nil
@@ -67,23 +62,23 @@ type Pending struct {
 	LastError string
 }
 
-// Filter selects what List returns.
-type Filter struct {
+// DeferredFilter selects what List returns.
+type DeferredFilter struct {
 	// Group, when set, keeps only that consumer group's records.
 	Group string
 	// Limit caps the rows returned, in due order. Default: 100.
 	Limit int
 }
 
-// List returns pending deferred records in the order they come due (due_at,
+// ListDeferred returns pending deferred records in the order they come due (due_at,
 // then id); what `idem schedule list` shows.
-func List(ctx context.Context, db Querier, f Filter) ([]Pending, error) {
+func ListDeferred(ctx context.Context, db Querier, f DeferredFilter) ([]Pending, error) {
 	if f.Limit <= 0 {
 		f.Limit = 100
 	}
 	rows, err := db.Query(ctx, `SELECT id, consumer_group, topic, partition, key, idempotency_key, origin_topic,
 		origin_partition, origin_offset, deferred_until, due_at, created_at, attempts, coalesce(last_error, '')
-		FROM `+Table+` WHERE ($1 = '' OR consumer_group = $1) ORDER BY due_at, id LIMIT $2`, f.Group, f.Limit)
+		FROM `+DeferredTable+` WHERE ($1 = '' OR consumer_group = $1) ORDER BY due_at, id LIMIT $2`, f.Group, f.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("schedule: list: %w", err)
 	}

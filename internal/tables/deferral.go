@@ -1,4 +1,4 @@
-package scheduletable
+package tables
 
 import (
 	"context"
@@ -18,14 +18,14 @@ import (
 	"github.com/idemhq/idem/retrytopic"
 )
 
-// ErrInvalidRecord is wrapped by the error Defer returns for a record it
+// ErrInvalidDeferred is wrapped by the error Defer returns for a record it
 // refuses (no transaction, no group, no topic, an empty header name, a due
 // time too far away); nothing is inserted then.
-var ErrInvalidRecord = errors.New("schedule: invalid record")
+var ErrInvalidDeferred = errors.New("schedule: invalid record")
 
-// Record is one message to publish again later: what a consumer stores when
+// DeferredRecord is one message to publish again later: what a consumer stores when
 // its handler returns handler.DeferUntil.
-type Record struct {
+type DeferredRecord struct {
 	// Group is the consumer group whose schedule.Scheduler publishes the record (one
 	// leader per group). Required.
 	Group string
@@ -62,17 +62,17 @@ type Record struct {
 	DLQ string
 }
 
-// Purpose is the internal/seal purpose of the data keys that seal deferred
+// DeferredPurpose is the internal/seal purpose of the data keys that seal deferred
 // messages (consumer.Config.EncryptionKeyFile).
-const Purpose = "deferred"
+const DeferredPurpose = "deferred"
 
-// AAD binds a deferred row's sealed payload to the message it holds.
-func AAD(group, topic string, partition int32, idempotencyKey string, origin handler.Origin) []byte {
+// DeferredAAD binds a deferred row's sealed payload to the message it holds.
+func DeferredAAD(group, topic string, partition int32, idempotencyKey string, origin handler.Origin) []byte {
 	return seal.AAD("idem_deferred", group, topic, strconv.Itoa(int(partition)), idempotencyKey,
 		origin.Topic, strconv.Itoa(int(origin.Partition)), strconv.FormatInt(origin.Offset, 10))
 }
 
-// RecordOf is the Record a consumer of group stores when its handler defers
+// DeferredRecordOf is the Record a consumer of group stores when its handler defers
 // m, to be published to topic: m's partition number (its origin's), key and
 // value (shared with m, not copied: call Defer before the handler's message
 // is released), and headers that keep m's own (its idempotency-key among
@@ -81,9 +81,9 @@ func AAD(group, topic string, partition int32, idempotencyKey string, origin han
 // the idem-* headers of an earlier forward (a retry tier's due time, error
 // and tier). The copy is therefore read as the same message, from the same
 // origin, with no failure attached.
-func RecordOf(group, topic string, m *handler.Message) Record {
+func DeferredRecordOf(group, topic string, m *handler.Message) DeferredRecord {
 	o := m.Origin()
-	return Record{
+	return DeferredRecord{
 		Group: group, Topic: topic, Partition: o.Partition,
 		Key: m.Key, Value: m.Value,
 		Headers: wire.Encode(m.Headers, retrytopic.Failure{
@@ -122,12 +122,12 @@ const maxAhead = handler.MaxDefer + 24*time.Hour
 // With a sealer sl (consumer.Config.EncryptionKeyFile), the value and
 // headers are sealed as one blob under sl's current data key, in tx, and
 // the value and header columns are left empty; nil stores them in clear.
-func Defer(ctx context.Context, tx pgx.Tx, rec Record, at time.Time, sl *seal.Sealer) error {
+func Defer(ctx context.Context, tx pgx.Tx, rec DeferredRecord, at time.Time, sl *seal.Sealer) error {
 	if err := rec.validate(at, time.Now()); err != nil {
 		return err
 	}
 	if tx == nil {
-		return fmt.Errorf("%w: nil transaction (pass the transaction that settles the message)", ErrInvalidRecord)
+		return fmt.Errorf("%w: nil transaction (pass the transaction that settles the message)", ErrInvalidDeferred)
 	}
 	keys := make([]string, len(rec.Headers))
 	vals := make([][]byte, len(rec.Headers))
@@ -145,7 +145,7 @@ func Defer(ctx context.Context, tx pgx.Tx, rec Record, at time.Time, sl *seal.Se
 		for i, h := range rec.Headers {
 			hs[i] = seal.Header{Key: h.Key, Value: h.Value}
 		}
-		ct, id, err := sl.Seal(ctx, tx, seal.Pack(rec.Value, hs), AAD(rec.Group, rec.Topic, rec.Partition, rec.IdempotencyKey, rec.Origin))
+		ct, id, err := sl.Seal(ctx, tx, seal.Pack(rec.Value, hs), DeferredAAD(rec.Group, rec.Topic, rec.Partition, rec.IdempotencyKey, rec.Origin))
 		if err != nil {
 			return fmt.Errorf("schedule: defer a record of group %s to %s: %w", rec.Group, rec.Topic, err)
 		}
@@ -159,7 +159,7 @@ func Defer(ctx context.Context, tx pgx.Tx, rec Record, at time.Time, sl *seal.Se
 	if !rec.Timestamp.IsZero() {
 		ts = &rec.Timestamp
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO `+Table+` (consumer_group, topic, partition, key, value, header_keys, header_values,
+	_, err := tx.Exec(ctx, `INSERT INTO `+DeferredTable+` (consumer_group, topic, partition, key, value, header_keys, header_values,
 		record_timestamp, idempotency_key, origin_topic, origin_partition, origin_offset, deferred_until, due_at,
 		key_id, sealed, dlq_topic)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, coalesce($13, now()), coalesce($13, now()), $14, $15, $16)`,
@@ -171,28 +171,28 @@ func Defer(ctx context.Context, tx pgx.Tx, rec Record, at time.Time, sl *seal.Se
 	return nil
 }
 
-func (rec Record) validate(at, now time.Time) error {
+func (rec DeferredRecord) validate(at, now time.Time) error {
 	switch {
 	case rec.Group == "":
-		return fmt.Errorf("%w: no Group (the consumer group whose scheduler publishes it)", ErrInvalidRecord)
+		return fmt.Errorf("%w: no Group (the consumer group whose scheduler publishes it)", ErrInvalidDeferred)
 	case rec.Topic == "":
-		return fmt.Errorf("%w: group %s: no Topic to publish to", ErrInvalidRecord, rec.Group)
+		return fmt.Errorf("%w: group %s: no Topic to publish to", ErrInvalidDeferred, rec.Group)
 	case !at.IsZero() && at.Sub(now) > maxAhead:
 		return fmt.Errorf("%w: group %s, topic %s: due at %s, more than %s ahead (handler.MaxDefer plus a day)",
-			ErrInvalidRecord, rec.Group, rec.Topic, at.UTC().Format(time.RFC3339), maxAhead)
+			ErrInvalidDeferred, rec.Group, rec.Topic, at.UTC().Format(time.RFC3339), maxAhead)
 	}
 	for _, f := range []struct{ name, v string }{{"Group", rec.Group}, {"Topic", rec.Topic},
 		{"IdempotencyKey", rec.IdempotencyKey}, {"Origin.Topic", rec.Origin.Topic}} {
 		if !isText(f.v) {
-			return fmt.Errorf("%w: %s %q is not valid UTF-8 without NUL (PostgreSQL text)", ErrInvalidRecord, f.name, f.v)
+			return fmt.Errorf("%w: %s %q is not valid UTF-8 without NUL (PostgreSQL text)", ErrInvalidDeferred, f.name, f.v)
 		}
 	}
 	for i, h := range rec.Headers {
 		switch {
 		case len(h.Key) == 0:
-			return fmt.Errorf("%w: group %s, topic %s: header %d has an empty name", ErrInvalidRecord, rec.Group, rec.Topic, i)
+			return fmt.Errorf("%w: group %s, topic %s: header %d has an empty name", ErrInvalidDeferred, rec.Group, rec.Topic, i)
 		case !isText(string(h.Key)):
-			return fmt.Errorf("%w: group %s, topic %s: header %d name %q is not valid UTF-8 without NUL", ErrInvalidRecord, rec.Group, rec.Topic, i, h.Key)
+			return fmt.Errorf("%w: group %s, topic %s: header %d name %q is not valid UTF-8 without NUL", ErrInvalidDeferred, rec.Group, rec.Topic, i, h.Key)
 		}
 	}
 	return nil

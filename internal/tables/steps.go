@@ -1,71 +1,65 @@
-// Package steptable is the idem_steps table of package step: its
-// migrations (Migrate, which idem.Migrate runs) and the statements on it
-// (Get, Record, Sweep). Package step is the public side; nothing else
+package tables
+
+// The idem_steps table of package step: its
+// migrations (MigrateSteps, which idem.Migrate runs) and the statements on
+// it (GetStep, RecordStep, SweepSteps). Package step is the public side; nothing else
 // reads the table.
-package steptable
 
 import (
 	"context"
-	"embed"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/idemhq/idem/dedupe"
-	"github.com/idemhq/idem/internal/pgmigrate"
 )
 
-//go:embed migrations/*.sql
-var migrationFS embed.FS
-
-// Migrate creates or upgrades the idem_steps table (pgmigrate component
+// MigrateSteps creates or upgrades the idem_steps table (pgmigrate component
 // "step"); idem.Migrate runs it. It is idempotent and safe to call from
 // several processes at once.
-func Migrate(ctx context.Context, db dedupe.DB) error {
-	if err := pgmigrate.LoadApply(ctx, db, "step", migrationFS, nil); err != nil {
+func MigrateSteps(ctx context.Context, db DB) error {
+	if err := apply(ctx, db, "step", "steps"); err != nil {
 		return fmt.Errorf("step: migrate: %w", err)
 	}
 	return nil
 }
 
-// Row is one recorded step: Done with its Result (JSON), or failed with
+// StepRow is one recorded step: Done with its Result (JSON), or failed with
 // Error.
-type Row struct {
+type StepRow struct {
 	Done   bool
 	Result json.RawMessage
 	Error  string
 }
 
-// ID names a step: the message's group and idempotency key, and the step's
+// StepID names a step: the message's group and idempotency key, and the step's
 // name.
-type ID struct {
+type StepID struct {
 	Group, Key, Step string
 }
 
-// Get returns the recorded row of id, and false when there is none.
-func Get(ctx context.Context, db dedupe.DB, id ID) (Row, bool, error) {
+// GetStep returns the recorded row of id, and false when there is none.
+func GetStep(ctx context.Context, db DB, id StepID) (StepRow, bool, error) {
 	var status string
-	var row Row
+	var row StepRow
 	err := db.QueryRow(ctx, `SELECT status, result, error FROM idem_steps
 		WHERE consumer_group = $1 AND idempotency_key = $2 AND step = $3`,
 		id.Group, id.Key, id.Step).Scan(&status, &row.Result, &row.Error)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Row{}, false, nil
+		return StepRow{}, false, nil
 	}
 	if err != nil {
-		return Row{}, false, err
+		return StepRow{}, false, err
 	}
 	row.Done = status == "done"
 	return row, true, nil
 }
 
-// Record inserts row for id unless one is recorded already, in a statement
+// RecordStep inserts row for id unless one is recorded already, in a statement
 // of its own (committed when it returns), and returns the row that holds:
 // row, or the one another call recorded first.
-func Record(ctx context.Context, db dedupe.DB, id ID, row Row) (Row, error) {
+func RecordStep(ctx context.Context, db DB, id StepID, row StepRow) (StepRow, error) {
 	status, result := "failed", []byte(nil)
 	if row.Done {
 		status, result = "done", row.Result
@@ -74,21 +68,21 @@ func Record(ctx context.Context, db dedupe.DB, id ID, row Row) (Row, error) {
 		VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (consumer_group, idempotency_key, step) DO NOTHING`,
 		id.Group, id.Key, id.Step, status, result, row.Error)
 	if err != nil {
-		return Row{}, err
+		return StepRow{}, err
 	}
 	if tag.RowsAffected() == 1 {
 		return row, nil
 	}
-	got, ok, err := Get(ctx, db, id)
+	got, ok, err := GetStep(ctx, db, id)
 	if err == nil && !ok {
 		err = fmt.Errorf("step %q: recorded by another call, then gone (swept?)", id.Step)
 	}
 	return got, err
 }
 
-// Sweep deletes the rows recorded before horizon, batch rows per statement,
+// SweepSteps deletes the rows recorded before horizon, batch rows per statement,
 // and returns how many it deleted.
-func Sweep(ctx context.Context, db dedupe.DB, horizon time.Time, batch int) (int64, error) {
+func SweepSteps(ctx context.Context, db DB, horizon time.Time, batch int) (int64, error) {
 	// ctid = ANY(ARRAY(subquery)) is the batched DELETE dedupe's sweeper uses.
 	const q = `DELETE FROM idem_steps WHERE ctid = ANY(ARRAY(SELECT ctid FROM idem_steps
 		WHERE recorded_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED))`
@@ -105,38 +99,38 @@ func Sweep(ctx context.Context, db dedupe.DB, horizon time.Time, batch int) (int
 	}
 }
 
-// SweepOlder deletes the rows recorded more than olderThan ago (by the
+// SweepStepsOlder deletes the rows recorded more than olderThan ago (by the
 // database's clock), batch rows per statement, and returns how many it
 // deleted.
-func SweepOlder(ctx context.Context, db dedupe.DB, olderThan time.Duration, batch int) (int64, error) {
+func SweepStepsOlder(ctx context.Context, db DB, olderThan time.Duration, batch int) (int64, error) {
 	var horizon time.Time
 	if err := db.QueryRow(ctx, "SELECT now() - $1::bigint * interval '1 microsecond'", olderThan.Microseconds()).Scan(&horizon); err != nil {
 		return 0, fmt.Errorf("step: sweep idem_steps: read horizon: %w", err)
 	}
-	return Sweep(ctx, db, horizon, batch)
+	return SweepSteps(ctx, db, horizon, batch)
 }
 
-// Scope is what package step needs from a handler's ctx: where steps are
+// StepScope is what package step needs from a handler's ctx: where steps are
 // recorded (the dedupe store's database), whose they are (the consumer
 // group) and the message being handled (its idempotency key; "" in a batch
 // handler, whose step names its message with step.For). consumer.Run puts
 // one per worker into the handler's ctx (WithScope) and sets Key before
 // each handler call, so a call allocates nothing.
-type Scope struct {
-	DB    dedupe.DB // nil: the dedupe store has no database (dedupe.NewMemory)
+type StepScope struct {
+	DB    DB // nil: the dedupe store has no database (dedupe.NewMemory)
 	Group string
 	Key   string
 }
 
 type scopeKey struct{}
 
-// WithScope returns ctx carrying sc.
-func WithScope(ctx context.Context, sc *Scope) context.Context {
+// WithStepScope returns ctx carrying sc.
+func WithStepScope(ctx context.Context, sc *StepScope) context.Context {
 	return context.WithValue(ctx, scopeKey{}, sc)
 }
 
-// ScopeOf returns the scope ctx carries, or nil.
-func ScopeOf(ctx context.Context) *Scope {
-	sc, _ := ctx.Value(scopeKey{}).(*Scope)
+// StepScopeOf returns the scope ctx carries, or nil.
+func StepScopeOf(ctx context.Context) *StepScope {
+	sc, _ := ctx.Value(scopeKey{}).(*StepScope)
 	return sc
 }

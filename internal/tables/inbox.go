@@ -1,18 +1,19 @@
-// Package inboxconf holds what package dedupe shares with package consumer
+package tables
+
+// What package dedupe shares with package consumer
 // about the inbox's retention: the retention a dedupe.Sweeper applies when
 // its Retention is zero, and the smallest it accepts. consumer.Run checks
 // Config.Retention against them before it starts the sweeper; dedupe
 // documents both on Sweeper.Retention ("Default:" line, checked by its
 // tests).
-package inboxconf
 
 import "time"
 
 const (
-	// DefaultRetention is dedupe.Sweeper.Retention when zero, and the
+	// DefaultInboxRetention is dedupe.Sweeper.Retention when zero, and the
 	// retention consumer.Run's sweeper applies when Retention.Keep is 0.
-	DefaultRetention = 14 * 24 * time.Hour
-	// MinRetention is the smallest dedupe.Sweeper.Retention (and
+	DefaultInboxRetention = 14 * 24 * time.Hour
+	// MinInboxRetention is the smallest dedupe.Sweeper.Retention (and
 	// consumer.Config.Retention.Keep, when Run sweeps) that Validate accepts.
-	MinRetention = time.Hour
+	MinInboxRetention = time.Hour
 )
