@@ -2,7 +2,8 @@
 // documented defaults true: every "Default: <value>" line in the doc comment
 // of an exported field is compared with that field of the value the
 // package's defaults function makes of the zero config (STYLE.md 3). Tests
-// call Check; nothing else imports it.
+// call Check, or Of, which only reads a struct's "Default:" lines; nothing
+// else imports it.
 package docdefaults
 
 import (

@@ -1,6 +1,7 @@
-// Package docdefaults reads the "Default:" lines of a struct's field docs,
-// so that the console's tests can check them against the code's defaults.
 package docdefaults
+
+// Of is the lower-level reader, for the console's tests, which check the
+// "Default:" lines against defaults they compute themselves.
 
 import (
 	"go/ast"
