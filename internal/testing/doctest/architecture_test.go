@@ -80,29 +80,36 @@ func packageMap(tb testing.TB, root string) string {
 		if _, err := os.Stat(filepath.Join(path, "go.mod")); err == nil && rel != "." {
 			return filepath.SkipDir // another module
 		}
-		pkgs, err := parser.ParseDir(token.NewFileSet(), path, func(fi fs.FileInfo) bool {
-			return !strings.HasSuffix(fi.Name(), "_test.go")
-		}, parser.ParseComments|parser.PackageClauseOnly)
+		entries, err := os.ReadDir(path)
 		if err != nil {
 			return err
 		}
-		for _, p := range pkgs {
-			var text string
-			for _, f := range p.Files {
-				if f.Doc != nil && text == "" {
-					text = f.Doc.Text()
-				}
+		var pkg, text string
+		for _, e := range entries {
+			if e.IsDir() || !strings.HasSuffix(e.Name(), ".go") || strings.HasSuffix(e.Name(), "_test.go") {
+				continue
 			}
-			name := filepath.ToSlash(rel)
-			if name == "." {
-				name = "github.com/idemhq/idem (root)"
+			f, err := parser.ParseFile(token.NewFileSet(), filepath.Join(path, e.Name()), nil, parser.ParseComments|parser.PackageClauseOnly)
+			if err != nil {
+				return err
 			}
-			synopsis := new(doc.Package).Synopsis(text)
-			if synopsis == "" {
-				tb.Errorf("%s: package %s has no package doc", name, p.Name)
+			pkg = f.Name.Name
+			if f.Doc != nil && text == "" {
+				text = f.Doc.Text()
 			}
-			groups[group(name)] = append(groups[group(name)], fmt.Sprintf("- `%s`: %s", name, synopsis))
 		}
+		if pkg == "" {
+			return nil
+		}
+		name := filepath.ToSlash(rel)
+		if name == "." {
+			name = "github.com/idemhq/idem (root)"
+		}
+		synopsis := new(doc.Package).Synopsis(text)
+		if synopsis == "" {
+			tb.Errorf("%s: package %s has no package doc", name, pkg)
+		}
+		groups[group(name)] = append(groups[group(name)], fmt.Sprintf("- `%s`: %s", name, synopsis))
 		return nil
 	})
 	if err != nil {
