@@ -59,7 +59,7 @@ test: services ## go vet + staticcheck + all tests with -race against real Kafka
 	@$(MAKE) --no-print-directory chaos-ci
 	@$(MAKE) --no-print-directory swarm-ci
 
-# The chaos run (internal/tools/chaos) starts its own broker and PostgreSQL on
+# The chaos run (internal/testing/tools/chaos) starts its own broker and PostgreSQL on
 # CHAOS_PORTS' ports (it kills, restarts and freezes them), never the shared ones.
 # CHAOS_BROKERS=3 runs it on a three-node cluster of its own (19092/19094/19096,
 # controllers 19093/19095/19097) with the cluster's faults (docs/guarantees-cluster.md).
@@ -68,13 +68,13 @@ CHAOS_BROKERS ?= 1
 CHAOS_PORTS = -kafka-port 19092 -controller-port 19093 -pg-port 15432 -brokers $(CHAOS_BROKERS)
 
 chaos: ## fault injection, every mode: 50,000 payments each while members are SIGKILLed, PostgreSQL and the broker restart, the broker freezes, the group resizes; then the history checker (CHAOSARGS='-h' lists the flags; CHAOS_BROKERS=3: on three nodes, with leader, coordinator and rolling-restart faults)
-	@$(GO) build -o bin/idem-chaos ./internal/tools/chaos && ./bin/idem-chaos $(CHAOS_PORTS) $(CHAOSARGS)
+	@$(GO) build -o bin/idem-chaos ./internal/testing/tools/chaos && ./bin/idem-chaos $(CHAOS_PORTS) $(CHAOSARGS)
 
 chaos-ci: ## the short chaos run `make test` ends with: 2,000 payments per mode, every fault kind and every mode, then the per-message, lanes and ordering modes with Config.Transactions (read_committed: one copy per hop), ~11 min
-	@$(GO) build -o bin/idem-chaos ./internal/tools/chaos && ./bin/idem-chaos -ci $(CHAOS_PORTS) $(CHAOSARGS) && \
+	@$(GO) build -o bin/idem-chaos ./internal/testing/tools/chaos && ./bin/idem-chaos -ci $(CHAOS_PORTS) $(CHAOSARGS) && \
 	  ./bin/idem-chaos -ci -transactions -modes per-message,lanes,ordering $(CHAOS_PORTS) $(CHAOSARGS)
 
-# The swarm (internal/tools/swarm, issue 28) draws a configuration, a workload and
+# The swarm (internal/testing/tools/swarm, issue 28) draws a configuration, a workload and
 # a fault schedule from each seed and checks the history; like the chaos run it
 # starts its own broker and PostgreSQL on SWARM_PORTS' ports (the chaos ports by
 # default: do not run both at once). SEED=N runs seed N (a failing seed prints
@@ -88,11 +88,11 @@ SHRINK ?=
 DURATION ?=
 
 swarm: ## swarm testing: one seed's draw (SEED=N; default from the clock), SHRINK=1 its smallest failing draw, DURATION=1h the soak; ends with the table of features drawn together, faults and violations
-	@$(GO) build -o bin/idem-swarm ./internal/tools/swarm && ./bin/idem-swarm $(SWARM_PORTS) \
+	@$(GO) build -o bin/idem-swarm ./internal/testing/tools/swarm && ./bin/idem-swarm $(SWARM_PORTS) \
 	  $(if $(SEED),-seed $(SEED)) $(if $(SHRINK),-shrink) $(if $(DURATION),-duration $(DURATION)) $(SWARMARGS)
 
 swarm-ci: ## the CI swarm `make test` ends with: short draws with -race members, as many seeds as fit in 8 minutes, every feature and fault kind drawn at least once
-	@$(GO) build -o bin/idem-swarm ./internal/tools/swarm && ./bin/idem-swarm -ci -race -budget 8m $(SWARM_PORTS) $(SWARMARGS)
+	@$(GO) build -o bin/idem-swarm ./internal/testing/tools/swarm && ./bin/idem-swarm -ci -race -budget 8m $(SWARM_PORTS) $(SWARMARGS)
 
 # The checker's own proof (issue 28, item 5): each mechanism an invariant guards
 # switched off in turn (internal/mutate, members built with -tags idem_mutate),
@@ -100,7 +100,7 @@ swarm-ci: ## the CI swarm `make test` ends with: short draws with -race members,
 # PROOF_SEEDS each; ends with the table docs/guarantees.md keeps.
 PROOF_SEEDS ?= 3
 swarm-proof: ## the checker's own proof: each invariant's mechanism switched off in turn, the seeds the swarm takes to find each breach (SEED, PROOF_SEEDS, SWARMARGS='-proof inbox,park' for some)
-	@$(GO) build -o bin/idem-swarm ./internal/tools/swarm && ./bin/idem-swarm -ci -seed $(or $(SEED),1) -proof-seeds $(PROOF_SEEDS) \
+	@$(GO) build -o bin/idem-swarm ./internal/testing/tools/swarm && ./bin/idem-swarm -ci -seed $(or $(SEED),1) -proof-seeds $(PROOF_SEEDS) \
 	  $(if $(findstring -proof ,$(SWARMARGS) ),,-proof all) $(SWARM_PORTS) $(SWARMARGS)
 
 fuzz: ## a short run of every fuzz target (FUZZTIME executions each, default 20000x)

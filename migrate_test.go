@@ -19,16 +19,12 @@ import (
 
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/dedupe"
-	"github.com/idemhq/idem/internal/checkpointrow"
 	"github.com/idemhq/idem/internal/control"
-	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/keyorder"
-	"github.com/idemhq/idem/internal/outboxtable"
-	"github.com/idemhq/idem/internal/sagatable"
-	"github.com/idemhq/idem/internal/scheduletable"
+	"github.com/idemhq/idem/internal/outboxstore"
 	"github.com/idemhq/idem/internal/seal"
-	"github.com/idemhq/idem/internal/steptable"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/tables"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 // catalog describes what a schema holds: each table with its columns, each
@@ -89,7 +85,7 @@ func migrationFiles(t *testing.T) []string {
 			}
 			return nil
 		}
-		if m := file.FindStringSubmatch(d.Name()); m != nil && filepath.Base(filepath.Dir(path)) == "migrations" {
+		if m := file.FindStringSubmatch(d.Name()); m != nil && slices.Contains(strings.Split(filepath.ToSlash(filepath.Dir(path)), "/"), "migrations") {
 			out = append(out, m[1])
 		}
 		return nil
@@ -113,12 +109,12 @@ func TestMigrateCreatesEveryTable(t *testing.T) {
 	for _, step := range []func() error{
 		func() error { return dedupe.NewPostgres(union).Migrate(ctx) },
 		func() error { return keyorder.New(union, "").Migrate(ctx) },
-		func() error { return outboxtable.Migrate(ctx, union) },
-		func() error { return sagatable.Migrate(ctx, union) },
-		func() error { return checkpointrow.Migrate(ctx, union) },
-		func() error { return indextable.Migrate(ctx, union) },
-		func() error { return scheduletable.Migrate(ctx, union) },
-		func() error { return steptable.Migrate(ctx, union) },
+		func() error { return outboxstore.Migrate(ctx, union) },
+		func() error { return tables.MigrateSaga(ctx, union) },
+		func() error { return tables.MigrateCheckpoint(ctx, union) },
+		func() error { return tables.MigrateIndex(ctx, union) },
+		func() error { return tables.MigrateDeferred(ctx, union) },
+		func() error { return tables.MigrateSteps(ctx, union) },
 		func() error { return seal.Migrate(ctx, union) },
 		func() error { return control.Migrate(ctx, union) },
 	} {

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemhq/idem/internal/apicount"
+	"github.com/idemhq/idem/internal/testing/apicount"
 )
 
 // mostExported bounds the exported top-level identifiers of the public

@@ -11,7 +11,7 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"github.com/idemhq/idem/internal/kafkaversion"
+	"github.com/idemhq/idem/internal/wire"
 )
 
 // keyCount is the number of distinct Kafka keys: k0…k4999.
@@ -27,7 +27,7 @@ func brokers() []string {
 
 func adminConfig() *sarama.Config {
 	c := sarama.NewConfig()
-	c.Version = kafkaversion.Default
+	c.Version = wire.KafkaVersion
 	c.ClientID = "idem-bench"
 	return c
 }

@@ -21,8 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemhq/idem/internal/outboxconf"
-	"github.com/idemhq/idem/internal/outboxtable"
+	"github.com/idemhq/idem/internal/outboxstore"
 	"github.com/idemhq/idem/outbox"
 )
 
@@ -175,7 +174,7 @@ func outboxSchema(ctx context.Context, schema string) (*pgxpool.Pool, func(), er
 		admin.Close(dctx)
 	}
 	if err == nil {
-		err = outboxtable.Migrate(ctx, pool)
+		err = outboxstore.Migrate(ctx, pool)
 	}
 	if err != nil {
 		drop()
@@ -369,7 +368,7 @@ func (b *outboxBench) relayThroughput(ctx context.Context, rows int) (float64, e
 // rawThroughput produces rows records straight to Kafka with the relay's
 // producer settings and times the acks.
 func (b *outboxBench) rawThroughput(ctx context.Context, rows int) (float64, error) {
-	cfg := outboxconf.ProducerConfig(adminConfig())
+	cfg := outboxstore.ProducerConfig(adminConfig())
 	p, err := sarama.NewAsyncProducer(brokers(), cfg)
 	if err != nil {
 		return 0, err

@@ -16,7 +16,7 @@ import (
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/kafkaversion"
+	"github.com/idemhq/idem/internal/wire"
 )
 
 // Scenario is one consumer measured by the harness. Adding one is a call to
@@ -213,7 +213,7 @@ func (e *Env) wrap(store dedupe.Store) dedupe.Store {
 // version idem assumes, and the oldest offset for a new group.
 func (e *Env) Sarama() *sarama.Config {
 	c := sarama.NewConfig()
-	c.Version = kafkaversion.Default
+	c.Version = wire.KafkaVersion
 	c.ClientID = "idem-bench"
 	c.Consumer.Offsets.Initial = sarama.OffsetOldest
 	c.Consumer.Return.Errors = true

@@ -10,8 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/dedupe"
-	"github.com/idemhq/idem/internal/checkpointrow"
 	"github.com/idemhq/idem/internal/configerr"
+	"github.com/idemhq/idem/internal/tables"
 )
 
 // defaultChunkSize is Job.ChunkSize when zero.
@@ -110,7 +110,7 @@ func NewRunner[R any](job Job[R]) (*Runner[R], error) {
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: metrics: %w", err)
 	}
-	return &Runner[R]{job: job, lock: checkpointrow.LockKey(job.Name), m: m}, nil
+	return &Runner[R]{job: job, lock: tables.CheckpointLockKey(job.Name), m: m}, nil
 }
 
 // Stats counts what one Run did.

@@ -22,7 +22,7 @@ import (
 	"github.com/idemhq/idem/checkpoint"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/idemtest"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 // idem.Migrate holds a dedupe.DB; a pool is what users pass.

@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/idemhq/idem/checkpoint"
-	"github.com/idemhq/idem/internal/docdefaults"
+	"github.com/idemhq/idem/internal/testing/docdefaults"
 )
 
 // TestDocumentedDefaults checks every "Default:" line of Job's and

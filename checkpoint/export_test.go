@@ -2,7 +2,7 @@ package checkpoint
 
 import (
 	"github.com/idemhq/idem/dedupe"
-	"github.com/idemhq/idem/internal/checkpointrow"
+	"github.com/idemhq/idem/internal/tables"
 )
 
 // Metrics returns r's collectors.
@@ -17,20 +17,20 @@ func JobWithDefaults[R any](j Job[R]) Job[R] { return j.withDefaults() }
 // LiveTableWithDefaults is LiveTable.withDefaults, for the external tests.
 func LiveTableWithDefaults[R any](l LiveTable[R]) LiveTable[R] { return l.withDefaults() }
 
-// The checkpoint rows' reads and reset live in internal/checkpointrow (the
+// The checkpoint rows' reads and reset live in internal/tables (the
 // CLI's); the external tests reach them under their old names.
-type State = checkpointrow.State
+type State = tables.Checkpoint
 
 var (
-	Get         = checkpointrow.Get
-	List        = checkpointrow.List
-	Reset       = checkpointrow.Reset
-	ErrNotFound = checkpointrow.ErrNotFound
+	Get         = tables.GetCheckpoint
+	List        = tables.ListCheckpoints
+	Reset       = tables.ResetCheckpoint
+	ErrNotFound = tables.ErrNoCheckpoint
 )
 
 // ErrNoProgress is wrapped by Run's error when Read does not advance the
 // cursor.
 var ErrNoProgress = errNoProgress
 
-// Migrate is checkpointrow.Migrate (idem.Migrate runs it), for the external tests.
-var Migrate = checkpointrow.Migrate
+// Migrate is tables.MigrateCheckpoint (idem.Migrate runs it), for the external tests.
+var Migrate = tables.MigrateCheckpoint

@@ -3,7 +3,7 @@ package checkpoint
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/idemhq/idem/internal/promreg"
+	"github.com/idemhq/idem/internal/coremetrics"
 )
 
 // collectors is the set of the checkpoint runner's collectors (the
@@ -38,10 +38,10 @@ func newCollectors(reg prometheus.Registerer) (*collectors, error) {
 		return m, nil
 	}
 	var err error
-	m.Rows = promreg.Register(reg, m.Rows, &err)
-	m.Chunks = promreg.Register(reg, m.Chunks, &err)
-	m.ChunkDuration = promreg.Register(reg, m.ChunkDuration, &err)
-	m.LockWait = promreg.Register(reg, m.LockWait, &err)
+	m.Rows = coremetrics.Register(reg, m.Rows, &err)
+	m.Chunks = coremetrics.Register(reg, m.Chunks, &err)
+	m.ChunkDuration = coremetrics.Register(reg, m.ChunkDuration, &err)
+	m.LockWait = coremetrics.Register(reg, m.LockWait, &err)
 	if err != nil {
 		return nil, err
 	}

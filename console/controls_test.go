@@ -18,9 +18,9 @@ import (
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/control"
-	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/seal"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/tables"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 // lastAudit returns the newest audit row of action.
@@ -321,7 +321,7 @@ func TestBrowserLiveControls(t *testing.T) {
 func TestConsoleWithoutControlTables(t *testing.T) {
 	e := newEnv(t, nil)
 	pool, _ := testenv.PostgresSchema(t)
-	if err := indextable.Migrate(t.Context(), pool); err != nil {
+	if err := tables.MigrateIndex(t.Context(), pool); err != nil {
 		t.Fatal(err)
 	}
 	if err := seal.Migrate(t.Context(), pool); err != nil {

@@ -24,7 +24,7 @@ import (
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/failidx"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -199,7 +199,7 @@ func (e *env) seedDLQ(t *testing.T, dlqTopic, origin string, ds ...dead) {
 
 // bigTopic creates a one-partition topic that takes records of up to 4 MiB.
 // idemtest creates topics with the broker's default configs only, so this
-// one is made with internal/testenv (on the same broker).
+// one is made with internal/testing/testenv (on the same broker).
 func (e *env) bigTopic(t *testing.T) string {
 	t.Helper()
 	k := testenv.NewKafka(t)

@@ -19,10 +19,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/internal/control"
+	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/failidx"
 	"github.com/idemhq/idem/internal/mask"
 	"github.com/idemhq/idem/internal/pglead"
-	"github.com/idemhq/idem/internal/promreg"
 	"github.com/idemhq/idem/internal/seal"
 )
 
@@ -186,7 +186,7 @@ func newServer(cfg Config, store *failidx.Store, acts *failidx.Actions) (*server
 		s.mux.Handle(rt.method+" "+rt.path, s.wrap(rt))
 	}
 	if cfg.Registerer != nil {
-		if promreg.Register(cfg.Registerer, failidx.NewCollector(store), &err); err != nil {
+		if coremetrics.Register(cfg.Registerer, failidx.NewCollector(store), &err); err != nil {
 			cancel()
 			return nil, fmt.Errorf("console: register collectors: %w", err)
 		}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 // saturating is a dependency whose latency is base up to n concurrent calls

@@ -14,7 +14,7 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/correlation"
-	"github.com/idemhq/idem/internal/steptable"
+	"github.com/idemhq/idem/internal/tables"
 )
 
 // costSession and costClaim are the sarama session and claim of
@@ -66,7 +66,7 @@ func TestWorkerCtxHasCorrelationSlot(t *testing.T) {
 		if correlation.SlotOf(w.ob.hctx) == nil {
 			t.Fatal("the worker's handler ctx has no correlation slot")
 		}
-		if steptable.ScopeOf(w.ob.hctx) != &w.steps {
+		if tables.StepScopeOf(w.ob.hctx) != &w.steps {
 			t.Fatal("the worker's handler ctx has not its step scope")
 		}
 	}

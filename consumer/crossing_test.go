@@ -22,7 +22,7 @@ import (
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/schema"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 	"github.com/idemhq/idem/recovery"
 	"github.com/idemhq/idem/retrytopic"
 	"github.com/idemhq/idem/schedule"
@@ -369,7 +369,7 @@ func TestCrossingBreakerWaitsAreNoStall(t *testing.T) {
 	}
 }
 
-// Earlier item: scheduletable.Defer's doc promised that a consumer stores a
+// Earlier item: tables.Defer's doc promised that a consumer stores a
 // deferred message in the transaction that records its outcome ("stored
 // and settled, or neither"). It does not: the deferral commits before the
 // offset is marked, so the record can be read again after its deferral (a

@@ -14,13 +14,13 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/coremetrics"
-	"github.com/idemhq/idem/internal/scheduletable"
+	"github.com/idemhq/idem/internal/tables"
 	"github.com/idemhq/idem/retrytopic"
 	"github.com/idemhq/idem/schedule"
 )
 
 // Deferring a message (handler.DeferUntil, issue 21 "Long delays"): the
-// message is stored in PostgreSQL (scheduletable.Defer, table idem_deferred) in a
+// message is stored in PostgreSQL (tables.Defer, table idem_deferred) in a
 // transaction of its own, its offset is marked at once, and the group's
 // scheduler (Config.Defer, one leader per group) publishes a copy to the
 // source's deferred topic "<source>.<group>.deferred" when it is due. This
@@ -116,7 +116,7 @@ func (s setup) deferredPolicy() retrytopic.Policy {
 }
 
 // deferredOrigin decodes a record of one of this group's deferred topics:
-// its origin (idem-original-*, written by scheduletable.RecordOf) with no tier
+// its origin (idem-original-*, written by tables.DeferredRecordOf) with no tier
 // and no due time; ok is false for a record that is not such a copy. The
 // origin goes into prior too, so a forward of the copy (wire.NewFailure)
 // names the source record, not the deferred copy, as its origin.
@@ -137,7 +137,7 @@ var errDeferNeedsConfig = errors.New("consumer: the handler deferred the message
 // handler.DeferredUntil): it stores the message for its scheduler (deferMsg)
 // and returns nil, so the caller settles and marks it as processed; or it
 // returns the error to dead-letter it with (Config.Defer not set, a record
-// scheduletable.Defer refuses). id is the deferral's identity
+// tables.Defer refuses). id is the deferral's identity
 // (deferralOf). stop is errStopping when the partition is stopping. failed
 // that is not a deferral is returned as it is.
 func (w *worker) deferred(msg *handler.Message, failed error, id string) (dlq, stop error) {
@@ -149,7 +149,7 @@ func (w *worker) deferred(msg *handler.Message, failed error, id string) (dlq, s
 		return handler.Permanent(fmt.Errorf("%w: %w", errDeferNeedsConfig, failed)), nil
 	}
 	if err := (deferrals{w}).deferMsg(msg, until, id); err != nil {
-		if errors.Is(err, scheduletable.ErrInvalidRecord) {
+		if errors.Is(err, tables.ErrInvalidDeferred) {
 			return handler.Permanent(err), nil
 		}
 		return nil, err
@@ -177,11 +177,11 @@ type deferrals struct{ *worker }
 // message a second time: both copies are published, and the inbox turns
 // the second into a duplicate. An outage is retried with backoff, the
 // partition waiting as for a failed forward. It returns errStopping when
-// the partition is stopping, or scheduletable.Defer's ErrInvalidRecord
+// the partition is stopping, or tables.Defer's ErrInvalidRecord
 // error.
 func (w deferrals) deferMsg(msg *handler.Message, until time.Time, id string) error {
 	r := w.r
-	rec := scheduletable.RecordOf(r.cfg.Group, deferredTopic(msg.Origin().Topic, r.cfg.Group), msg)
+	rec := tables.DeferredRecordOf(r.cfg.Group, deferredTopic(msg.Origin().Topic, r.cfg.Group), msg)
 	rec.DLQ = r.deferDLQ(msg.Origin().Topic) // a sealed copy whose key is destroyed goes there (sealed.go)
 	o := msg.Origin()
 	key := deferralRecord(dedupe.Record{Group: r.cfg.Group, Topic: o.Topic, Partition: o.Partition, Offset: o.Offset}, id)
@@ -200,7 +200,7 @@ func (w deferrals) deferMsg(msg *handler.Message, until time.Time, id string) er
 				w.log.Debug("idem: message deferred", "offset", msg.Offset, "key", msg.IdempotencyKey, "until", until)
 			}
 			return nil
-		case errors.Is(err, scheduletable.ErrInvalidRecord):
+		case errors.Is(err, tables.ErrInvalidDeferred):
 			return err
 		case w.hctx.Err() != nil:
 			return errStopping
@@ -217,17 +217,17 @@ func (w deferrals) deferMsg(msg *handler.Message, until time.Time, id string) er
 // storeDeferral inserts rec, due at until, in the dedupe store's
 // transaction (ctx's, see deferMsg) when it is one on Config.Defer's pool,
 // else in a transaction of its own on that pool.
-func (w deferrals) storeDeferral(ctx context.Context, rec scheduletable.Record, until time.Time) error {
+func (w deferrals) storeDeferral(ctx context.Context, rec tables.DeferredRecord, until time.Time) error {
 	pool := w.r.cfg.Defer.Pool
 	if dedupe.HasTx(ctx) && w.r.deferSharesStore() {
-		return scheduletable.Defer(ctx, dedupe.Tx(ctx), rec, until, w.r.deferSealer)
+		return tables.Defer(ctx, dedupe.Tx(ctx), rec, until, w.r.deferSealer)
 	}
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if err := scheduletable.Defer(ctx, tx, rec, until, w.r.deferSealer); err != nil {
+	if err := tables.Defer(ctx, tx, rec, until, w.r.deferSealer); err != nil {
 		return err
 	}
 	return tx.Commit(ctx)

@@ -9,7 +9,7 @@ import (
 	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/failidx"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 // TestFailureIndexInsideRun: with Config.FailureIndex set (only Pool and a

@@ -34,8 +34,8 @@ func TestImports(t *testing.T) {
 	}
 	may := []string{
 		"breaker", "console/index", "dedupe", "dlq", "handler", "metrics", "recovery", "retrytopic", "schedule",
-		"internal/adaptive", "internal/committed", "internal/configerr", "internal/control", "internal/coremetrics", "internal/correlation", "internal/pgmigrate", "internal/seal", "internal/expiry", "internal/forward", "internal/inboxconf", "internal/kafkaversion",
-		"internal/keyorder", "internal/mutate", "internal/scheduletable", "internal/steptable",
+		"internal/adaptive", "internal/committed", "internal/configerr", "internal/control", "internal/coremetrics", "internal/correlation", "internal/pgmigrate", "internal/seal", "internal/expiry", "internal/forward", "internal/tables",
+		"internal/keyorder", "internal/mutate",
 		"internal/txn", "internal/wire",
 	}
 	for _, imp := range p.Imports {

@@ -10,7 +10,7 @@ import (
 
 	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 // A KeyFunc that meets a dependency that is down (a schema registry the key

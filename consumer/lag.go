@@ -12,7 +12,7 @@ import (
 
 	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/internal/committed"
-	"github.com/idemhq/idem/internal/scheduletable"
+	"github.com/idemhq/idem/internal/tables"
 	"github.com/idemhq/idem/internal/wire"
 )
 
@@ -263,7 +263,7 @@ func (cs *claimSet) dueDeferred(ctx context.Context, plan lagPlan, now time.Time
 	if plan.pool == nil {
 		return nil
 	}
-	rows, err := plan.pool.Query(ctx, `SELECT topic, partition, count(*), min(due_at) FROM `+scheduletable.Table+`
+	rows, err := plan.pool.Query(ctx, `SELECT topic, partition, count(*), min(due_at) FROM `+tables.DeferredTable+`
 		WHERE consumer_group = $1 AND due_at <= $2 GROUP BY topic, partition`, cs.group, now)
 	if err != nil {
 		cs.log.Debug("idem: consumer lag: due deferred messages", "err", err)

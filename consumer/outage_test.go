@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 // A database outage (the inbox unusable: here its table is renamed away, so

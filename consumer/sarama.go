@@ -6,7 +6,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/idemhq/idem/internal/configerr"
-	"github.com/idemhq/idem/internal/kafkaversion"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -15,7 +15,7 @@ import (
 func saramaConfig(cfg Config) *sarama.Config {
 	c := *cfg.Sarama // shallow copy: idem only sets scalar fields and replaces slices
 	if c.Version == sarama.DefaultVersion {
-		c.Version = kafkaversion.Default
+		c.Version = wire.KafkaVersion
 	}
 	// Offsets: only what idem marks after a durable outcome is committed; the
 	// committer runs every CommitInterval and at revoke/shutdown.

@@ -13,15 +13,15 @@ import (
 	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/pgmigrate"
-	"github.com/idemhq/idem/internal/scheduletable"
 	"github.com/idemhq/idem/internal/seal"
+	"github.com/idemhq/idem/internal/tables"
 	"github.com/idemhq/idem/internal/wire"
 )
 
 // Payload encryption at rest of what the consumer keeps in PostgreSQL
 // (issue 29, item 16; Config.EncryptionKeyFile): the messages parked behind
 // their key's head (internal/keyorder, purpose "ordering") and the deferred
-// messages (internal/scheduletable, purpose "deferred") are sealed with
+// messages (internal/tables, purpose "deferred") are sealed with
 // internal/seal when they are written and opened when they are read. A
 // message whose payload cannot be opened for good (its data key destroyed,
 // or tampered with: seal.Unreadable) is never handled or published: the
@@ -79,7 +79,7 @@ func (r *runner) sealPayloads(ctx context.Context, st setup) error {
 		r.order = r.order.Sealed(sl)
 	}
 	if r.cfg.Defer != nil {
-		if r.deferSealer, err = open(r.cfg.Defer.Pool, scheduletable.Purpose); err != nil {
+		if r.deferSealer, err = open(r.cfg.Defer.Pool, tables.DeferredPurpose); err != nil {
 			return err
 		}
 	}

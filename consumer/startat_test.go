@@ -9,7 +9,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/idemhq/idem/consumer"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 // TestStartAtNewestSkipsTheBacklog: a new group with StartAt: StartNewest

@@ -10,12 +10,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/dedupe"
-	"github.com/idemhq/idem/internal/steptable"
+	"github.com/idemhq/idem/internal/tables"
 )
 
 // Durable steps (package step) need three things from a handler's ctx: the
 // database of idem_steps (the dedupe store's), the consumer group and the
-// message's idempotency key. Each worker puts one steptable.Scope into its
+// message's idempotency key. Each worker puts one tables.StepScope into its
 // handlers' root ctx when it is made (newWorker) and sets the key before
 // each handler call (setStepKey), so a call allocates nothing for it. A
 // batch handler's steps name their message with step.For.
@@ -66,8 +66,8 @@ func storeDB(s dedupe.Store) dedupe.DB {
 // stepScope gives w's handler ctx (w.ob.hctx, the root of every attempt's
 // ctx) its step scope, over the correlation slot newWorker put there.
 func (w *worker) stepScope() {
-	w.steps = steptable.Scope{DB: w.r.stepDB, Group: w.r.cfg.Group}
-	w.ob.hctx = steptable.WithScope(w.ob.hctx, &w.steps)
+	w.steps = tables.StepScope{DB: w.r.stepDB, Group: w.r.cfg.Group}
+	w.ob.hctx = tables.WithStepScope(w.ob.hctx, &w.steps)
 }
 
 // setStepKey names key as the message whose steps the next handler call
@@ -95,7 +95,7 @@ func sweepSteps(ctx context.Context, s *dedupe.Sweeper, log *slog.Logger) {
 			return
 		case <-t.C:
 		}
-		n, err := steptable.SweepOlder(ctx, s.DB, s.Retention, stepSweepBatch)
+		n, err := tables.SweepStepsOlder(ctx, s.DB, s.Retention, stepSweepBatch)
 		var pe *pgconn.PgError
 		switch {
 		case err != nil && ctx.Err() != nil:

@@ -9,7 +9,7 @@ import (
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/internal/configerr"
-	"github.com/idemhq/idem/internal/inboxconf"
+	"github.com/idemhq/idem/internal/tables"
 )
 
 // RetentionConfig is Config.Retention: how long the inbox keeps a key and
@@ -67,8 +67,8 @@ func validateRetention(c Config, errs *configerr.List) {
 		return // Run does not sweep: Keep is only compared with the topics'
 	}
 	keep := inboxRetention(c)
-	if keep < inboxconf.MinRetention {
-		errs.Bad("Retention.Keep", keep, fmt.Sprintf("must be at least %s (the sweeper's minimum), or set Retention.NoSweep and sweep the inbox yourself", inboxconf.MinRetention))
+	if keep < tables.MinInboxRetention {
+		errs.Bad("Retention.Keep", keep, fmt.Sprintf("must be at least %s (the sweeper's minimum), or set Retention.NoSweep and sweep the inbox yourself", tables.MinInboxRetention))
 		return
 	}
 	if tiers := c.Retry.Tiers.WithDefaults().Retention; keep < tiers {
@@ -96,14 +96,14 @@ func inboxSweeper(cfg Config, log *slog.Logger) *dedupe.Sweeper {
 }
 
 // inboxRetention is how long the inbox keeps keys, as far as Run knows:
-// Retention.Keep, or inboxconf.DefaultRetention when it is 0 and Run sweeps
+// Retention.Keep, or tables.DefaultInboxRetention when it is 0 and Run sweeps
 // (0: unknown, when it does not).
 func inboxRetention(cfg Config) time.Duration {
 	if cfg.Retention.Keep != 0 {
 		return cfg.Retention.Keep
 	}
 	if _, swept := cfg.Dedupe.(sweepable); swept && !cfg.Retention.NoSweep {
-		return inboxconf.DefaultRetention
+		return tables.DefaultInboxRetention
 	}
 	return 0
 }

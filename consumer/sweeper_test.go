@@ -8,8 +8,8 @@ import (
 
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
-	"github.com/idemhq/idem/internal/steptable"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/tables"
+	"github.com/idemhq/idem/internal/testing/testenv"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -33,7 +33,7 @@ func TestRunSweepsTheInbox(t *testing.T) {
 				('other-group', 'old', now() - interval '15 days'), ('other-group', 'recent', now() - interval '13 days')`); err != nil {
 				t.Fatal(err)
 			}
-			if err := steptable.Migrate(ctx, e.pool); err != nil {
+			if err := tables.MigrateSteps(ctx, e.pool); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := e.pool.Exec(ctx, `INSERT INTO idem_steps (consumer_group, idempotency_key, step, status, result, recorded_at) VALUES

@@ -13,7 +13,7 @@ import (
 	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/expiry"
 	"github.com/idemhq/idem/internal/mutate"
-	"github.com/idemhq/idem/internal/steptable"
+	"github.com/idemhq/idem/internal/tables"
 	"github.com/idemhq/idem/internal/wire"
 )
 
@@ -41,7 +41,7 @@ type worker struct {
 	batchCost time.Duration // recent handler time per batched message (batchLimit)
 
 	// steps is what package step finds in the handler's ctx (steps.go).
-	steps steptable.Scope
+	steps tables.StepScope
 
 	// call is the attempt in progress and callFn the function the store
 	// runs for it, bound once per worker so an attempt allocates no closure.

@@ -7,7 +7,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/idemhq/idem/internal/inboxconf"
+	"github.com/idemhq/idem/internal/tables"
 )
 
 // Sweeper deletes old inbox rows so the table does not grow forever.
@@ -66,7 +66,7 @@ func (s Sweeper) withDefaults() Sweeper {
 		s.Table = defaultTable
 	}
 	if s.Retention == 0 {
-		s.Retention = inboxconf.DefaultRetention
+		s.Retention = tables.DefaultInboxRetention
 	}
 	if s.BatchSize == 0 {
 		s.BatchSize = defaultBatchSize
@@ -92,9 +92,9 @@ func (s *Sweeper) Validate() error {
 	if _, err := parseTable(c.Table); err != nil {
 		errs = append(errs, fmt.Errorf("Sweeper.Table: %w", err))
 	}
-	if c.Retention < inboxconf.MinRetention {
+	if c.Retention < tables.MinInboxRetention {
 		errs = append(errs, fmt.Errorf("%w: Sweeper.Retention is %v, want at least %v and longer than the longest retry/DLQ-replay window (0 selects %v)",
-			ErrInvalidConfig, c.Retention, inboxconf.MinRetention, inboxconf.DefaultRetention))
+			ErrInvalidConfig, c.Retention, tables.MinInboxRetention, tables.DefaultInboxRetention))
 	}
 	if c.BatchSize < 1 || c.BatchSize > 1_000_000 {
 		errs = append(errs, fmt.Errorf("%w: Sweeper.BatchSize is %d, want 1..1000000 (0 selects %d)", ErrInvalidConfig, c.BatchSize, defaultBatchSize))

@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemhq/idem/dedupe"
-	"github.com/idemhq/idem/internal/inboxconf"
+	"github.com/idemhq/idem/internal/tables"
 )
 
 func TestSweeperDeletesOnlyOldRowsInBatches(t *testing.T) {
@@ -166,7 +166,7 @@ func TestDocumentedDefaults(t *testing.T) {
 	if d.Logger != slog.Default() {
 		t.Error("Logger default is not slog.Default()")
 	}
-	if dedupe.DefaultTable != d.Table || inboxconf.DefaultRetention != d.Retention {
+	if dedupe.DefaultTable != d.Table || tables.DefaultInboxRetention != d.Retention {
 		t.Error("exported Default* constants disagree with the applied defaults")
 	}
 	if dedupe.DefaultLeaseForTest != 5*time.Minute {

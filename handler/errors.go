@@ -34,7 +34,7 @@ func (e *permanentError) Error() string { return e.err.Error() }
 func (e *permanentError) Unwrap() error { return e.err }
 
 // IdemMarked returns the wrapped error: the mark is handler's own, and the
-// idem-error-type header names what it wraps (internal/errwrap.Cause).
+// idem-error-type header names what it wraps (internal/wire.Cause).
 func (e *permanentError) IdemMarked() error { return e.err }
 
 // Permanent marks err as not worth retrying: the message goes to the dead-letter

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/errwrap"
+	"github.com/idemhq/idem/internal/wire"
 )
 
 // isPanic reports whether err is or wraps a *handler.PanicError.
@@ -34,7 +34,7 @@ func TestNilInputsReturnNil(t *testing.T) {
 	if d, ok := handler.RetryAfterOf(nil); ok || d != 0 {
 		t.Errorf("RetryAfterOf(nil) = %v, %v; want 0, false", d, ok)
 	}
-	if err := errwrap.Cause(nil); err != nil {
+	if err := wire.Cause(nil); err != nil {
 		t.Errorf("Cause(nil) = %v, want nil", err)
 	}
 }
@@ -168,7 +168,7 @@ func TestRetryAfterOf(t *testing.T) {
 }
 
 // TestCause: handler's own marks give way to the error they mark
-// (internal/errwrap.Cause, the idem-error-type header); a user's wrapper and
+// (internal/wire.Cause, the idem-error-type header); a user's wrapper and
 // a panic do not.
 func TestCause(t *testing.T) {
 	base := io.ErrUnexpectedEOF
@@ -196,7 +196,7 @@ func TestCause(t *testing.T) {
 			if want == nil {
 				want = tt.err
 			}
-			if got := errwrap.Cause(tt.err); got != want {
+			if got := wire.Cause(tt.err); got != want {
 				t.Fatalf("Cause = %T %v, want %T %v", got, got, want, want)
 			}
 		})
@@ -213,18 +213,18 @@ func TestHTTPStatus(t *testing.T) {
 	if err := handler.HTTPStatus(nil, 500); err != nil {
 		t.Fatalf("HTTPStatus(nil, 500) = %v, want nil", err)
 	}
-	if code, ok := errwrap.HTTPStatusOf(nil); ok || code != 0 {
+	if code, ok := wire.HTTPStatusOf(nil); ok || code != 0 {
 		t.Fatalf("HTTPStatusOf(nil) = %d, %v; want 0, false", code, ok)
 	}
 	base := errors.New("bank: declined")
 	err := fmt.Errorf("charge: %w", handler.Permanent(handler.HTTPStatus(base, 422)))
-	if code, ok := errwrap.HTTPStatusOf(err); !ok || code != 422 {
+	if code, ok := wire.HTTPStatusOf(err); !ok || code != 422 {
 		t.Fatalf("HTTPStatusOf = %d, %v; want 422, true", code, ok)
 	}
 	if !errors.Is(err, base) || !handler.IsPermanent(err) || handler.ErrorKind(err) != handler.KindPermanent {
 		t.Fatalf("the status hides the chain: Is %v, IsPermanent %v, kind %s", errors.Is(err, base), handler.IsPermanent(err), handler.ErrorKind(err))
 	}
-	if got := errwrap.Cause(handler.Permanent(handler.HTTPStatus(base, 422))); got != base {
+	if got := wire.Cause(handler.Permanent(handler.HTTPStatus(base, 422))); got != base {
 		t.Fatalf("Cause = %v, want the bank's error", got)
 	}
 	if got := handler.HTTPStatus(base, 503).Error(); got != "bank: declined (HTTP 503)" {
@@ -234,10 +234,10 @@ func TestHTTPStatus(t *testing.T) {
 		t.Fatal("a status alone must not change the kind")
 	}
 	// A client's own type is found through its method.
-	if code, ok := errwrap.HTTPStatusOf(fmt.Errorf("x: %w", apiError{409})); !ok || code != 409 {
+	if code, ok := wire.HTTPStatusOf(fmt.Errorf("x: %w", apiError{409})); !ok || code != 409 {
 		t.Fatalf("HTTPStatusOf(apiError) = %d, %v; want 409, true", code, ok)
 	}
-	if _, ok := errwrap.HTTPStatusOf(base); ok {
+	if _, ok := wire.HTTPStatusOf(base); ok {
 		t.Fatal("HTTPStatusOf of a plain error reports a status")
 	}
 }

@@ -3,7 +3,7 @@ package idemtest
 import (
 	"testing"
 
-	"github.com/idemhq/idem/internal/testkit"
+	"github.com/idemhq/idem/internal/testing/testkit"
 )
 
 // Connect returns the Kafka a test runs against, chosen by the environment:

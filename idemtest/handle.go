@@ -7,7 +7,7 @@ import (
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/steptable"
+	"github.com/idemhq/idem/internal/tables"
 )
 
 // Handle runs h once for m as consumer.Run does once the inbox has taken
@@ -22,7 +22,7 @@ import (
 // idem.Migrate) works too.
 func (p *Postgres) Handle(ctx context.Context, group string, h handler.Handler, m *handler.Message) error {
 	return pgx.BeginFunc(ctx, p.Pool, func(tx pgx.Tx) error {
-		sc := &steptable.Scope{DB: p.Pool, Group: group, Key: m.IdempotencyKey}
-		return h.Handle(steptable.WithScope(dedupe.WithTx(ctx, tx), sc), m)
+		sc := &tables.StepScope{DB: p.Pool, Group: group, Key: m.IdempotencyKey}
+		return h.Handle(tables.WithStepScope(dedupe.WithTx(ctx, tx), sc), m)
 	})
 }

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	idemschema "github.com/idemhq/idem/internal/schema"
-	"github.com/idemhq/idem/internal/testkit"
+	"github.com/idemhq/idem/internal/testing/testkit"
 	"github.com/idemhq/idem/recovery"
 
 	"github.com/IBM/sarama"
@@ -21,7 +21,6 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/committed"
-	"github.com/idemhq/idem/internal/kafkaversion"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -54,7 +53,7 @@ func NewKafka(tb testing.TB) *Kafka {
 // returned, acks from all replicas.
 func (k *Kafka) SaramaConfig() *sarama.Config {
 	c := sarama.NewConfig()
-	c.Version = kafkaversion.Default
+	c.Version = wire.KafkaVersion
 	c.Producer.Return.Successes = true
 	c.Producer.RequiredAcks = sarama.WaitForAll
 	c.Producer.Partitioner = sarama.NewManualPartitioner

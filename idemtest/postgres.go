@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	idemschema "github.com/idemhq/idem/internal/schema"
-	"github.com/idemhq/idem/internal/testkit"
+	"github.com/idemhq/idem/internal/testing/testkit"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 )

@@ -16,8 +16,8 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/idemtest"
-	"github.com/idemhq/idem/internal/outboxconf"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/outboxstore"
+	"github.com/idemhq/idem/internal/testing/testenv"
 	"github.com/idemhq/idem/outbox"
 )
 
@@ -176,9 +176,9 @@ func TestCrashAfterAckBeforeDelete(t *testing.T) {
 		return nil
 	})
 	all := recs.snapshot()
-	id := header(all[0], outboxconf.HeaderID)
+	id := header(all[0], outboxstore.HeaderID)
 	for _, m := range all {
-		if header(m, outboxconf.HeaderID) != id || header(m, outbox.HeaderIdempotencyKey) != id {
+		if header(m, outboxstore.HeaderID) != id || header(m, outbox.HeaderIdempotencyKey) != id {
 			t.Fatalf("copies differ: %v vs %v", all[0].Headers, m.Headers)
 		}
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/idemhq/idem/internal/outboxtable"
+	"github.com/idemhq/idem/internal/outboxstore"
 	"github.com/idemhq/idem/internal/pglead"
 	"github.com/idemhq/idem/internal/seal"
 )
@@ -86,7 +86,7 @@ func (r *Relay) Run(ctx context.Context) error {
 // producer, once; the election retries it with backoff until it succeeds,
 // or gives up on a key that does not unwrap the outbox's data keys.
 func (s *session) start(ctx context.Context) error {
-	if err := outboxtable.Migrate(ctx, s.cfg.Pool, s.cfg.Table); err != nil {
+	if err := outboxstore.Migrate(ctx, s.cfg.Pool, s.cfg.Table); err != nil {
 		return err
 	}
 	if err := s.startSealer(ctx); err != nil {

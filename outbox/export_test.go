@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/dedupe"
-	"github.com/idemhq/idem/internal/outboxadmin"
+	"github.com/idemhq/idem/internal/outboxstore"
 )
 
 // SetAfterAck installs a hook the relay calls after a round's acks and before
@@ -59,21 +59,21 @@ func Reason(err error) string { return failureReason(err) }
 // Rejected is rejected, for the external tests.
 func Rejected(err error) bool { return rejected(err) }
 
-// Reading and retrying rows live in internal/outboxadmin (the CLI's and the
+// Reading and retrying rows live in internal/outboxstore (the CLI's and the
 // console's); the external tests reach them under their old names.
 type (
-	Row         = outboxadmin.Row
-	ListOptions = outboxadmin.ListOptions
+	Row         = outboxstore.Row
+	ListOptions = outboxstore.ListOptions
 )
 
 var (
-	List  = outboxadmin.List
-	Retry = outboxadmin.Retry
+	List  = outboxstore.List
+	Retry = outboxstore.Retry
 )
 
-// Row states, as outboxadmin names them.
+// Row states, as outboxstore names them.
 const (
-	StatePending   = outboxadmin.StatePending
-	StatePublished = outboxadmin.StatePublished
-	StateFailed    = outboxadmin.StateFailed
+	StatePending   = outboxstore.StatePending
+	StatePublished = outboxstore.StatePublished
+	StateFailed    = outboxstore.StateFailed
 )

@@ -17,8 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/idemtest"
-	"github.com/idemhq/idem/internal/testenv"
-	"github.com/idemhq/idem/internal/testkit"
+	"github.com/idemhq/idem/internal/testing/testenv"
+	"github.com/idemhq/idem/internal/testing/testkit"
 	"github.com/idemhq/idem/outbox"
 )
 

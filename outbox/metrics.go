@@ -3,7 +3,7 @@ package outbox
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/idemhq/idem/internal/promreg"
+	"github.com/idemhq/idem/internal/coremetrics"
 )
 
 // The outbox relay's metrics (package outbox), all labelled by table:
@@ -65,13 +65,13 @@ func newCollectors(reg prometheus.Registerer) (*collectors, error) {
 		return m, nil
 	}
 	var err error
-	m.Pending = promreg.Register(reg, m.Pending, &err)
-	m.OldestPending = promreg.Register(reg, m.OldestPending, &err)
-	m.Failed = promreg.Register(reg, m.Failed, &err)
-	m.Published = promreg.Register(reg, m.Published, &err)
-	m.PublishSeconds = promreg.Register(reg, m.PublishSeconds, &err)
-	m.PublishFailures = promreg.Register(reg, m.PublishFailures, &err)
-	m.Leader = promreg.Register(reg, m.Leader, &err)
+	m.Pending = coremetrics.Register(reg, m.Pending, &err)
+	m.OldestPending = coremetrics.Register(reg, m.OldestPending, &err)
+	m.Failed = coremetrics.Register(reg, m.Failed, &err)
+	m.Published = coremetrics.Register(reg, m.Published, &err)
+	m.PublishSeconds = coremetrics.Register(reg, m.PublishSeconds, &err)
+	m.PublishFailures = coremetrics.Register(reg, m.PublishFailures, &err)
+	m.Leader = coremetrics.Register(reg, m.Leader, &err)
 	if err != nil {
 		return nil, err
 	}

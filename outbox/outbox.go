@@ -9,13 +9,12 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/outboxconf"
-	"github.com/idemhq/idem/internal/outboxtable"
+	"github.com/idemhq/idem/internal/outboxstore"
 	"github.com/idemhq/idem/internal/seal"
 )
 
 // defaultTable is the outbox table used when no table is named: idem_outbox.
-const defaultTable = outboxconf.Table
+const defaultTable = outboxstore.Table
 
 // HeaderIdempotencyKey is idem's default consumer key header. The relay
 // sets it to the row's event id (also published as header idem-outbox-id)
@@ -29,7 +28,7 @@ var ErrInvalidMessage = errors.New("outbox: invalid message")
 
 // ErrInvalidConfig is matched by errors about a bad table name and by every
 // problem Relay.Validate reports; each names the field, the value and the rule.
-var ErrInvalidConfig = outboxconf.ErrInvalidConfig
+var ErrInvalidConfig = outboxstore.ErrInvalidConfig
 
 // Message is one event to publish.
 type Message struct {
@@ -154,7 +153,7 @@ func enqueue(ctx context.Context, tx pgx.Tx, table string, sl *seal.Sealer, msgs
 				hs[i] = seal.Header{Key: []byte(keys[i]), Value: vals[i]}
 			}
 			kid := key.ID()
-			eventID, keyID, sealed = &id, &kid, key.Seal(seal.Pack(m.Value, hs), outboxtable.AAD(t.name, id))
+			eventID, keyID, sealed = &id, &kid, key.Seal(seal.Pack(m.Value, hs), outboxstore.AAD(t.name, id))
 			value, keys, vals = nil, []string{}, [][]byte{}
 		}
 		b.Queue(q, m.Topic, m.Key, value, keys, vals, notBefore, eventID, keyID, sealed)
@@ -190,9 +189,9 @@ func parseTable(name string) (table, error) {
 	if name == "" {
 		name = defaultTable
 	}
-	n, err := outboxconf.Parse(name)
+	n, err := outboxstore.Parse(name)
 	if err != nil {
 		return table{}, err
 	}
-	return table{name: name, quoted: n.Quoted, rounds: outboxtable.Rounds(n)}, nil
+	return table{name: name, quoted: n.Quoted, rounds: outboxstore.Rounds(n)}, nil
 }

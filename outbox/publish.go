@@ -10,7 +10,7 @@ import (
 	"github.com/IBM/sarama"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/idemhq/idem/internal/outboxconf"
+	"github.com/idemhq/idem/internal/outboxstore"
 )
 
 // This file publishes a round's heads to Kafka and classifies each failed
@@ -95,13 +95,13 @@ func (r row) message(meta int) *sarama.ProducerMessage {
 	hasKey := false
 	m.Headers = make([]sarama.RecordHeader, 0, len(r.hkeys)+2)
 	for i, k := range r.hkeys {
-		if k == outboxconf.HeaderID {
+		if k == outboxstore.HeaderID {
 			continue // the relay's own, set below
 		}
 		hasKey = hasKey || k == HeaderIdempotencyKey
 		m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(k), Value: r.hvals[i]})
 	}
-	m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(outboxconf.HeaderID), Value: []byte(r.eventID)})
+	m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(outboxstore.HeaderID), Value: []byte(r.eventID)})
 	if !hasKey {
 		m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(HeaderIdempotencyKey), Value: []byte(r.eventID)})
 	}

@@ -13,15 +13,15 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemhq/idem/internal/configerr"
-	"github.com/idemhq/idem/internal/outboxconf"
+	"github.com/idemhq/idem/internal/outboxstore"
 )
 
 // Defaults of the Relay fields, applied when a field is zero.
 const (
-	defaultBatchSize     = outboxconf.BatchSize
-	defaultPollInterval  = outboxconf.PollInterval
-	defaultLeaderRetry   = outboxconf.LeaderRetry
-	defaultMaxAttempts   = outboxconf.MaxAttempts
+	defaultBatchSize     = outboxstore.BatchSize
+	defaultPollInterval  = outboxstore.PollInterval
+	defaultLeaderRetry   = outboxstore.LeaderRetry
+	defaultMaxAttempts   = outboxstore.MaxAttempts
 	defaultRetryBase     = 100 * time.Millisecond
 	defaultRetryMax      = 30 * time.Second
 	defaultSweepInterval = time.Minute
@@ -427,9 +427,9 @@ func (r *Relay) Validate() error {
 	if _, err := parseTable(c.Table); err != nil {
 		l.Add(fmt.Errorf("Relay.Table: %w", err))
 	}
-	l.Check("Sarama", outboxconf.ProducerConfig(r.Sarama).Validate())
+	l.Check("Sarama", outboxstore.ProducerConfig(r.Sarama).Validate())
 	if c.ExactlyOnce {
-		if v := outboxconf.ProducerConfig(r.Sarama).Version; !v.IsAtLeast(sarama.V2_5_0_0) {
+		if v := outboxstore.ProducerConfig(r.Sarama).Version; !v.IsAtLeast(sarama.V2_5_0_0) {
 			l.Bad("Sarama.Version", v, "ExactlyOnce needs Kafka 2.5 or later")
 		} else {
 			l.Check("Sarama (ExactlyOnce)", txnConfig(r.Sarama, "idem-outbox-validate").Validate())

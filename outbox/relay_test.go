@@ -14,7 +14,7 @@ import (
 
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/idemtest"
-	"github.com/idemhq/idem/internal/outboxconf"
+	"github.com/idemhq/idem/internal/outboxstore"
 	"github.com/idemhq/idem/outbox"
 )
 
@@ -50,7 +50,7 @@ func TestRelayPublishesInOrderWithHeaders(t *testing.T) {
 		}
 	}
 	for _, m := range recs.snapshot() {
-		id := header(m, outboxconf.HeaderID)
+		id := header(m, outboxstore.HeaderID)
 		if id == "" || header(m, "event-type") != "test" {
 			t.Fatalf("record %s: headers %v", m.Value, m.Headers)
 		}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemhq/idem/internal/outboxtable"
+	"github.com/idemhq/idem/internal/outboxstore"
 	"github.com/idemhq/idem/internal/pglead"
 	"github.com/idemhq/idem/internal/seal"
 )
@@ -55,7 +55,7 @@ func (r *Relay) writer() (*seal.Sealer, error) {
 		}
 		return nil, err
 	}
-	return seal.ForWriting(seal.Config{KEKs: keks, Purpose: outboxtable.Purpose})
+	return seal.ForWriting(seal.Config{KEKs: keks, Purpose: outboxstore.Purpose})
 }
 
 // newEventID returns a random UUID (version 4) as text.
@@ -79,7 +79,7 @@ func (s *session) startSealer(ctx context.Context) error {
 	if err := seal.Migrate(ctx, s.cfg.Pool); err != nil {
 		return err
 	}
-	sl, err := seal.New(ctx, seal.Config{DB: s.cfg.Pool, KEKs: s.keks, Purpose: outboxtable.Purpose})
+	sl, err := seal.New(ctx, seal.Config{DB: s.cfg.Pool, KEKs: s.keks, Purpose: outboxstore.Purpose})
 	if errors.Is(err, seal.ErrWrongKEK) {
 		s.fatal = fmt.Errorf("outbox: encryption at rest: %w", err)
 		return fmt.Errorf("%w: %w", pglead.ErrGiveUp, s.fatal)
@@ -137,7 +137,7 @@ func (s *session) open(ctx context.Context, heads []row) ([]row, []failure, erro
 
 // openRow opens h's sealed value and headers into it.
 func (s *session) openRow(ctx context.Context, h *row) error {
-	pt, err := s.sealer.Open(ctx, *h.keyID, h.sealed, outboxtable.AAD(s.t.name, h.eventID))
+	pt, err := s.sealer.Open(ctx, *h.keyID, h.sealed, outboxstore.AAD(s.t.name, h.eventID))
 	if err != nil {
 		return err
 	}

@@ -12,7 +12,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/internal/mutate"
-	"github.com/idemhq/idem/internal/outboxconf"
+	"github.com/idemhq/idem/internal/outboxstore"
 	"github.com/idemhq/idem/internal/pglead"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -38,7 +38,7 @@ type txnState struct {
 func (s *session) connectKafka(ctx context.Context) error {
 	c := s.cfg
 	if !c.ExactlyOnce {
-		p, err := sarama.NewAsyncProducer(c.Brokers, outboxconf.ProducerConfig(c.Sarama))
+		p, err := sarama.NewAsyncProducer(c.Brokers, outboxstore.ProducerConfig(c.Sarama))
 		if err != nil {
 			return fmt.Errorf("outbox: producer for %v: %w", c.Brokers, err)
 		}
@@ -89,9 +89,9 @@ func defaultTransactionalID(ctx context.Context, db dedupe.DB, t table) (string,
 	return fmt.Sprintf("idem-outbox-%s-%016x", t.name, h.Sum64()), nil
 }
 
-// txnConfig is outboxconf.ProducerConfig(base) with the transactional id set.
+// txnConfig is outboxstore.ProducerConfig(base) with the transactional id set.
 func txnConfig(base *sarama.Config, id string) *sarama.Config {
-	c := outboxconf.ProducerConfig(base)
+	c := outboxstore.ProducerConfig(base)
 	c.Producer.Transaction.ID = id
 	return c
 }

@@ -17,7 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/idemtest"
-	"github.com/idemhq/idem/internal/outboxconf"
+	"github.com/idemhq/idem/internal/outboxstore"
 	"github.com/idemhq/idem/outbox"
 )
 
@@ -83,7 +83,7 @@ func exactlyOnce(t *testing.T, msgs []*sarama.ConsumerMessage, want int) {
 	copies := map[string]int{}
 	last := map[string]int{}
 	for _, m := range msgs {
-		id := outboxconf.HeaderID
+		id := outboxstore.HeaderID
 		copies[header(m, id)]++
 		if c := copies[header(m, id)]; c > 1 {
 			t.Errorf("event %s (%s) read %d times by a read_committed reader", header(m, id), m.Value, c)

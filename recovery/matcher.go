@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/errwrap"
+	"github.com/idemhq/idem/internal/wire"
 )
 
 // Matcher says whether a rule applies to an error. Build one with Is, As,
@@ -160,7 +160,7 @@ func HTTPStatus(codes ...int) Matcher {
 	}
 	codes = slices.Clone(codes)
 	return Matcher{desc: desc, match: func(err error) bool {
-		code, ok := errwrap.HTTPStatusOf(err)
+		code, ok := wire.HTTPStatusOf(err)
 		return ok && slices.Contains(codes, code)
 	}}
 }
@@ -174,7 +174,7 @@ func HTTPStatusRange(lo, hi int) Matcher {
 		return bad(desc, "want 100 <= lo <= hi <= 599")
 	}
 	return Matcher{desc: desc, match: func(err error) bool {
-		code, ok := errwrap.HTTPStatusOf(err)
+		code, ok := wire.HTTPStatusOf(err)
 		return ok && code >= lo && code <= hi
 	}}
 }

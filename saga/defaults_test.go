@@ -5,7 +5,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemhq/idem/internal/docdefaults"
+	"github.com/idemhq/idem/internal/testing/docdefaults"
 	"github.com/idemhq/idem/saga"
 )
 

@@ -3,7 +3,7 @@ package saga
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/idemhq/idem/internal/promreg"
+	"github.com/idemhq/idem/internal/coremetrics"
 )
 
 // collectors is the set of the saga orchestrator's collectors (the
@@ -40,10 +40,10 @@ func newCollectors(reg prometheus.Registerer) (*collectors, error) {
 		return m, nil
 	}
 	var err error
-	m.Transitions = promreg.Register(reg, m.Transitions, &err)
-	m.StepDuration = promreg.Register(reg, m.StepDuration, &err)
-	m.Compensations = promreg.Register(reg, m.Compensations, &err)
-	m.CompensationDuration = promreg.Register(reg, m.CompensationDuration, &err)
+	m.Transitions = coremetrics.Register(reg, m.Transitions, &err)
+	m.StepDuration = coremetrics.Register(reg, m.StepDuration, &err)
+	m.Compensations = coremetrics.Register(reg, m.Compensations, &err)
+	m.CompensationDuration = coremetrics.Register(reg, m.CompensationDuration, &err)
 	if err != nil {
 		return nil, err
 	}

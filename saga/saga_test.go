@@ -21,8 +21,8 @@ import (
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/idemtest"
-	"github.com/idemhq/idem/internal/sagatable"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/tables"
+	"github.com/idemhq/idem/internal/testing/testenv"
 	"github.com/idemhq/idem/saga"
 )
 
@@ -52,7 +52,7 @@ func newWorld(t *testing.T) *world {
 	pool := idemtest.ConnectPostgres(t).Pool // idem's tables, the saga tables among them
 	ctx := t.Context()
 	for range 2 { // idempotent on a migrated schema
-		if err := sagatable.Migrate(ctx, pool); err != nil {
+		if err := tables.MigrateSaga(ctx, pool); err != nil {
 			t.Fatal(err)
 		}
 	}

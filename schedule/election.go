@@ -12,8 +12,8 @@ import (
 
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/pglead"
-	"github.com/idemhq/idem/internal/scheduletable"
 	"github.com/idemhq/idem/internal/seal"
+	"github.com/idemhq/idem/internal/tables"
 )
 
 // Run schedules until ctx is cancelled, then returns nil once its
@@ -70,14 +70,14 @@ type runner struct {
 // start migrates the table and connects to Kafka, once; the election
 // retries it with backoff until it succeeds.
 func (r *runner) start(ctx context.Context) error {
-	if err := scheduletable.Migrate(ctx, r.cfg.Pool); err != nil {
+	if err := tables.MigrateDeferred(ctx, r.cfg.Pool); err != nil {
 		return err
 	}
 	if r.keks != nil && r.sealer == nil {
 		if err := seal.Migrate(ctx, r.cfg.Pool); err != nil {
 			return err
 		}
-		sl, err := seal.New(ctx, seal.Config{DB: r.cfg.Pool, KEKs: r.keks, Purpose: scheduletable.Purpose})
+		sl, err := seal.New(ctx, seal.Config{DB: r.cfg.Pool, KEKs: r.keks, Purpose: tables.DeferredPurpose})
 		if errors.Is(err, seal.ErrWrongKEK) {
 			r.fatal = fmt.Errorf("schedule: encryption at rest: %w", err)
 			return pglead.ErrGiveUp

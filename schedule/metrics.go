@@ -3,7 +3,7 @@ package schedule
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/idemhq/idem/internal/promreg"
+	"github.com/idemhq/idem/internal/coremetrics"
 )
 
 // metrics are the scheduler's collectors, all labelled by consumer group:
@@ -46,11 +46,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	var err error
-	m.Pending = promreg.Register(reg, m.Pending, &err)
-	m.Published = promreg.Register(reg, m.Published, &err)
-	m.PublishFailures = promreg.Register(reg, m.PublishFailures, &err)
-	m.Leader = promreg.Register(reg, m.Leader, &err)
-	m.DeadLettered = promreg.Register(reg, m.DeadLettered, &err)
+	m.Pending = coremetrics.Register(reg, m.Pending, &err)
+	m.Published = coremetrics.Register(reg, m.Published, &err)
+	m.PublishFailures = coremetrics.Register(reg, m.PublishFailures, &err)
+	m.Leader = coremetrics.Register(reg, m.Leader, &err)
+	m.DeadLettered = coremetrics.Register(reg, m.DeadLettered, &err)
 	if err != nil {
 		return nil, err
 	}

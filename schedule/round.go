@@ -13,8 +13,8 @@ import (
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/pglead"
-	"github.com/idemhq/idem/internal/scheduletable"
 	"github.com/idemhq/idem/internal/seal"
+	"github.com/idemhq/idem/internal/tables"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -181,7 +181,7 @@ func (r *runner) open(ctx context.Context, d *due) error {
 	if r.sealer == nil {
 		return fmt.Errorf("schedule: deferred row %d: %w (give the scheduler EncryptionKeyFile)", d.id, seal.ErrNoKey)
 	}
-	aad := scheduletable.AAD(r.cfg.Group, d.rec.Topic, d.rec.Partition, d.ikey, d.origin)
+	aad := tables.DeferredAAD(r.cfg.Group, d.rec.Topic, d.rec.Partition, d.ikey, d.origin)
 	pt, err := r.sealer.Open(ctx, *d.keyID, d.sealed, aad)
 	var hs []seal.Header
 	if err == nil {

@@ -26,7 +26,7 @@
 //	go run scripts/exported.go -refs | awk -F'\t' '$2 !~ /consumer|examples|md/'
 //	go run scripts/exported.go -refs | awk -F'\t' '$2 ~ /consumer/ && $2 !~ /examples|md/'
 //
-// The counting is internal/apicount's, which the root package's
+// The counting is internal/testing/apicount's, which the root package's
 // TestExportedSurface also uses to bound the API.
 package main
 
@@ -36,7 +36,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/idemhq/idem/internal/apicount"
+	"github.com/idemhq/idem/internal/testing/apicount"
 )
 
 func main() {

@@ -191,10 +191,10 @@ kafka_up() {
 
 readyprobe() {
   local bin=$state/bin/kafkaready
-  if [ ! -x "$bin" ] || [ "$root/internal/tools/kafkaready/main.go" -nt "$bin" ]; then
+  if [ ! -x "$bin" ] || [ "$root/internal/testing/tools/kafkaready/main.go" -nt "$bin" ]; then
     command -v go >/dev/null 2>&1 || die "go not found: install Go 1.26"
     mkdir -p "$state/bin"
-    (cd "$root" && go build -o "$bin" ./internal/tools/kafkaready) >&2 || die "could not build the readiness probe (internal/tools/kafkaready)"
+    (cd "$root" && go build -o "$bin" ./internal/testing/tools/kafkaready) >&2 || die "could not build the readiness probe (internal/testing/tools/kafkaready)"
   fi
   echo "$bin"
 }

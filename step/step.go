@@ -11,7 +11,7 @@ import (
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/steptable"
+	"github.com/idemhq/idem/internal/tables"
 )
 
 // recordTimeout bounds the write of a step's row once fn has returned: it
@@ -33,16 +33,16 @@ const recordTimeout = 15 * time.Second
 // Outside a handler consumer.Run calls, For returns ctx unchanged and Do
 // then fails.
 func For(ctx context.Context, m *handler.Message) context.Context {
-	sc := steptable.ScopeOf(ctx)
+	sc := tables.StepScopeOf(ctx)
 	if sc == nil || m == nil {
 		return ctx
 	}
-	return steptable.WithScope(ctx, &steptable.Scope{DB: sc.DB, Group: sc.Group, Key: m.IdempotencyKey})
+	return tables.WithStepScope(ctx, &tables.StepScope{DB: sc.DB, Group: sc.Group, Key: m.IdempotencyKey})
 }
 
 // current returns the scope of ctx, or why there is none.
-func current(ctx context.Context, name string) (*steptable.Scope, error) {
-	sc := steptable.ScopeOf(ctx)
+func current(ctx context.Context, name string) (*tables.StepScope, error) {
+	sc := tables.StepScopeOf(ctx)
 	switch {
 	case name == "":
 		return nil, errors.New("step: the step's name is empty")
@@ -91,12 +91,12 @@ func Do[T any](ctx context.Context, name string, fn func(ctx context.Context) (T
 	if err != nil {
 		return zero, err
 	}
-	id := steptable.ID{Group: sc.Group, Key: sc.Key, Step: name}
+	id := tables.StepID{Group: sc.Group, Key: sc.Key, Step: name}
 	var read dedupe.DB = sc.DB
 	if dedupe.HasTx(ctx) {
 		read = dedupe.Tx(ctx) // no second connection while the handler holds one
 	}
-	if row, ok, err := steptable.Get(ctx, read, id); err != nil {
+	if row, ok, err := tables.GetStep(ctx, read, id); err != nil {
 		return zero, fmt.Errorf("step %q: read its record: %w", name, err)
 	} else if ok {
 		return recorded[T](name, row)
@@ -105,7 +105,7 @@ func Do[T any](ctx context.Context, name string, fn func(ctx context.Context) (T
 	if ferr != nil && !handler.IsPermanent(ferr) {
 		return zero, ferr
 	}
-	row := steptable.Row{Done: ferr == nil}
+	row := tables.StepRow{Done: ferr == nil}
 	if ferr != nil {
 		row.Error = ferr.Error()
 	} else if row.Result, err = json.Marshal(v); err != nil {
@@ -113,7 +113,7 @@ func Do[T any](ctx context.Context, name string, fn func(ctx context.Context) (T
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
-	got, err := steptable.Record(rctx, sc.DB, id, row)
+	got, err := tables.RecordStep(rctx, sc.DB, id, row)
 	if err != nil {
 		return zero, fmt.Errorf("step %q: its effect happened but could not be recorded (a retry calls it again with the same step.Key): %w", name, err)
 	}
@@ -124,7 +124,7 @@ func Do[T any](ctx context.Context, name string, fn func(ctx context.Context) (T
 }
 
 // recorded returns what row says a step returned.
-func recorded[T any](name string, row steptable.Row) (T, error) {
+func recorded[T any](name string, row tables.StepRow) (T, error) {
 	var v T
 	if !row.Done {
 		return v, handler.Permanent(fmt.Errorf("step %q failed permanently before: %s", name, row.Error))
@@ -144,7 +144,7 @@ func recorded[T any](name string, row steptable.Row) (T, error) {
 // Outside a handler's ctx (or with no message named in a batch handler: For)
 // it returns "".
 func Key(ctx context.Context, name string) string {
-	sc := steptable.ScopeOf(ctx)
+	sc := tables.StepScopeOf(ctx)
 	if sc == nil || sc.Key == "" || name == "" {
 		return ""
 	}

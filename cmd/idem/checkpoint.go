@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
-	"github.com/idemhq/idem/internal/checkpointrow"
+	"github.com/idemhq/idem/internal/tables"
 )
 
 // newCheckpointCmd builds `idem checkpoint status|reset`. It is
@@ -72,14 +72,14 @@ committed and whether its last run reached the end. Reads only.`,
 			return err
 		}
 		defer pool.Close()
-		var states []checkpointrow.State
+		var states []tables.Checkpoint
 		if len(args) == 1 {
-			s, err := checkpointrow.Get(cmd.Context(), pool, args[0])
+			s, err := tables.GetCheckpoint(cmd.Context(), pool, args[0])
 			if err != nil {
 				return checkpointHint(err)
 			}
-			states = []checkpointrow.State{s}
-		} else if states, err = checkpointrow.List(cmd.Context(), pool); err != nil {
+			states = []tables.Checkpoint{s}
+		} else if states, err = tables.ListCheckpoints(cmd.Context(), pool); err != nil {
 			return checkpointHint(err)
 		}
 		out := cmd.OutOrStdout()
@@ -87,7 +87,7 @@ committed and whether its last run reached the end. Reads only.`,
 			enc := json.NewEncoder(out)
 			enc.SetIndent("", "  ")
 			if states == nil {
-				states = []checkpointrow.State{}
+				states = []tables.Checkpoint{}
 			}
 			return enc.Encode(states)
 		}
@@ -133,7 +133,7 @@ confirmation unless --yes.`,
 			return err
 		}
 		defer pool.Close()
-		s, err := checkpointrow.Get(cmd.Context(), pool, job)
+		s, err := tables.GetCheckpoint(cmd.Context(), pool, job)
 		if err != nil {
 			return checkpointHint(err)
 		}
@@ -146,7 +146,7 @@ confirmation unless --yes.`,
 				return errors.New("reset not confirmed; nothing changed")
 			}
 		}
-		if err := checkpointrow.Reset(cmd.Context(), pool, job, to); err != nil {
+		if err := tables.ResetCheckpoint(cmd.Context(), pool, job, to); err != nil {
 			return err
 		}
 		fmt.Fprintf(out, "job %s: cursor %q -> %q\n", job, s.Cursor, to)

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemhq/idem/checkpoint"
-	"github.com/idemhq/idem/internal/checkpointrow"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/tables"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 func TestCheckpointCLI(t *testing.T) {
@@ -30,7 +30,7 @@ func TestCheckpointCLI(t *testing.T) {
 	if code, _, errOut := cli("", "checkpoint", "status"); code != 1 || !strings.Contains(errOut, "idem migrate") {
 		t.Fatalf("status without the table: %d %q; want the fix named", code, errOut)
 	}
-	if err := checkpointrow.Migrate(ctx, pool); err != nil {
+	if err := tables.MigrateCheckpoint(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
 	if code, out, _ := cli("", "checkpoint", "status"); code != 0 || !strings.Contains(out, "no checkpoints") {
@@ -61,7 +61,7 @@ func TestCheckpointCLI(t *testing.T) {
 		t.Fatalf("status: %d %q", code, out)
 	}
 	code, out, _ = cli("", "checkpoint", "status", "nightly", "--json")
-	var states []checkpointrow.State
+	var states []tables.Checkpoint
 	if err := json.Unmarshal([]byte(out), &states); code != 0 || err != nil || len(states) != 1 || states[0].Cursor != "25" || states[0].Chunks != 3 || states[0].FinishedAt.IsZero() {
 		t.Fatalf("status --json: %d %v %+v", code, err, states)
 	}
@@ -69,7 +69,7 @@ func TestCheckpointCLI(t *testing.T) {
 	if code, _, errOut := cli("n\n", "checkpoint", "reset", "nightly"); code != 1 || !strings.Contains(errOut, "not confirmed") {
 		t.Fatalf("unconfirmed reset: %d %q", code, errOut)
 	}
-	if s, _ := checkpointrow.Get(ctx, pool, "nightly"); s.Cursor != "25" {
+	if s, _ := tables.GetCheckpoint(ctx, pool, "nightly"); s.Cursor != "25" {
 		t.Fatalf("unconfirmed reset moved the cursor to %q", s.Cursor)
 	}
 	if code, out, _ := cli("y\n", "checkpoint", "reset", "nightly", "--to", "20"); code != 0 || !strings.Contains(out, `"25" -> "20"`) {

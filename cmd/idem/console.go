@@ -23,8 +23,8 @@ import (
 	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/internal/control"
 	"github.com/idemhq/idem/internal/failidx"
-	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/seal"
+	"github.com/idemhq/idem/internal/tables"
 	"github.com/idemhq/idem/metrics"
 )
 
@@ -248,7 +248,7 @@ func (a *app) runConsole(ctx context.Context, o consoleOptions) error {
 	if err != nil {
 		return err
 	}
-	err = indextable.Migrate(ctx, mig)
+	err = tables.MigrateIndex(ctx, mig)
 	if err == nil {
 		err = seal.Migrate(ctx, mig)
 	}

@@ -25,7 +25,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/idemtest"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 // TestConsoleRefusesUnsafeStarts: no authentication only on loopback, and
@@ -109,7 +109,7 @@ func (s *syncBuffer) String() string {
 // context ends.
 func TestConsoleServes(t *testing.T) {
 	k := idemtest.Connect(t)
-	// An empty schema (internal/testenv; idemtest.ConnectPostgres would
+	// An empty schema (internal/testing/testenv; idemtest.ConnectPostgres would
 	// create idem's tables): idem console creates the index's tables itself.
 	url := testenv.DatabaseURL(t)
 	_, schema := testenv.PostgresSchema(t)

@@ -8,7 +8,7 @@ import (
 
 	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/failidx"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 // auditOf returns the newest audit row of action.

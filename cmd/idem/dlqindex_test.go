@@ -14,8 +14,8 @@ import (
 	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/idemtest"
-	"github.com/idemhq/idem/internal/indextable"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/tables"
+	"github.com/idemhq/idem/internal/testing/testenv"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -57,7 +57,7 @@ func schemaURL(t *testing.T, schema string) string {
 }
 
 // dlqAndEmptySchema returns a broker, an empty schema of the test's own (its
-// pool and the --database-url that reaches it; internal/testenv, as
+// pool and the --database-url that reaches it; internal/testing/testenv, as
 // idemtest.ConnectPostgres would create idem's tables), an empty DLQ topic
 // and its origin.
 func dlqAndEmptySchema(t *testing.T) (k *idemtest.Kafka, pool *pgxpool.Pool, db, topic, origin string) {
@@ -81,7 +81,7 @@ func TestCLIIndexModel(t *testing.T) {
 	if code != 1 || !strings.Contains(errOut, "no failure index") || !strings.Contains(errOut, `--database-url ""`) {
 		t.Fatalf("list on a database without the index: code %d\n%s", code, errOut)
 	}
-	if err := indextable.Migrate(testenv.Context(t), pool); err != nil {
+	if err := tables.MigrateIndex(testenv.Context(t), pool); err != nil {
 		t.Fatal(err)
 	}
 	indexTopic(t, k, pool, topic, 21)

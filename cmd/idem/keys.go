@@ -15,9 +15,9 @@ import (
 
 	"github.com/idemhq/idem/internal/failidx"
 	"github.com/idemhq/idem/internal/keyorder"
-	"github.com/idemhq/idem/internal/outboxtable"
-	"github.com/idemhq/idem/internal/scheduletable"
+	"github.com/idemhq/idem/internal/outboxstore"
 	"github.com/idemhq/idem/internal/seal"
+	"github.com/idemhq/idem/internal/tables"
 )
 
 // encryptionKeyEnv holds the key-encryption key itself when no key file is
@@ -349,7 +349,7 @@ writers use. (Writers also start a new key by themselves every 30 days.)`,
 	dbFlag(c, &url)
 	encryptionFlag(c.Flags(), &a.keyFile)
 	c.Flags().StringVar(&purpose, "purpose", failidx.Purpose, "what the key seals: "+failidx.Purpose+" (the failure index), "+
-		keyorder.Purpose+" (parked messages), "+scheduletable.Purpose+" (deferred messages) or "+outboxtable.Purpose+" (outbox rows)")
+		keyorder.Purpose+" (parked messages), "+tables.DeferredPurpose+" (deferred messages) or "+outboxstore.Purpose+" (outbox rows)")
 	return c
 }
 

@@ -14,8 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
-	"github.com/idemhq/idem/internal/outboxadmin"
-	"github.com/idemhq/idem/internal/outboxconf"
+	"github.com/idemhq/idem/internal/outboxstore"
 	"github.com/idemhq/idem/metrics"
 	"github.com/idemhq/idem/outbox"
 )
@@ -38,7 +37,7 @@ again after their cause (unknown topic, size, ACLs) is fixed.`,
 }
 
 func tableFlag(c *cobra.Command, table *string) {
-	c.Flags().StringVar(table, "table", outboxconf.Table, "outbox table, optionally schema-qualified")
+	c.Flags().StringVar(table, "table", outboxstore.Table, "outbox table, optionally schema-qualified")
 }
 
 func newOutboxRelayCmd(a *app) *cobra.Command {
@@ -91,10 +90,10 @@ the table when missing.`,
 	a.kafkaFlags(c)
 	tableFlag(c, &table)
 	c.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus /metrics (and /healthz) on this address (empty: off)")
-	c.Flags().IntVar(&r.BatchSize, "batch-size", outboxconf.BatchSize, "rows read per round")
-	c.Flags().DurationVar(&r.PollInterval, "poll-interval", outboxconf.PollInterval, "look at the table this often when no NOTIFY arrives")
-	c.Flags().DurationVar(&r.LeaderRetry, "leader-retry", outboxconf.LeaderRetry, "how often a standby tries to take over")
-	c.Flags().IntVar(&r.MaxAttempts, "max-attempts", outboxconf.MaxAttempts, "publishes Kafka refuses for the record itself (too large, invalid) before a row fails; outages never count")
+	c.Flags().IntVar(&r.BatchSize, "batch-size", outboxstore.BatchSize, "rows read per round")
+	c.Flags().DurationVar(&r.PollInterval, "poll-interval", outboxstore.PollInterval, "look at the table this often when no NOTIFY arrives")
+	c.Flags().DurationVar(&r.LeaderRetry, "leader-retry", outboxstore.LeaderRetry, "how often a standby tries to take over")
+	c.Flags().IntVar(&r.MaxAttempts, "max-attempts", outboxstore.MaxAttempts, "publishes Kafka refuses for the record itself (too large, invalid) before a row fails; outages never count")
 	c.Flags().DurationVar(&r.KeepPublished, "keep-published", 0, "keep published rows this long instead of deleting them at once")
 	c.Flags().BoolVar(&r.ExactlyOnce, "exactly-once", false, "publish each round in a Kafka transaction: read_committed readers get every event exactly once (slower; see outbox.Relay)")
 	c.Flags().StringVar(&r.TransactionalID, "transactional-id", "", "with --exactly-once: Kafka transactional.id and progress-mark group (empty: derived from the database and table)")
@@ -121,10 +120,10 @@ database's clock; "-" for none).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if failed {
-				if state != "" && state != outboxadmin.StateFailed {
+				if state != "" && state != outboxstore.StateFailed {
 					return errors.New("--failed and --state " + state + " contradict each other")
 				}
-				state = outboxadmin.StateFailed
+				state = outboxstore.StateFailed
 			}
 			ctx := cmd.Context()
 			pool, err := openPool(ctx, url)
@@ -132,7 +131,7 @@ database's clock; "-" for none).`,
 				return err
 			}
 			defer pool.Close()
-			rows, err := outboxadmin.List(ctx, pool, outboxadmin.ListOptions{Table: table, State: state, Limit: limit})
+			rows, err := outboxstore.List(ctx, pool, outboxstore.ListOptions{Table: table, State: state, Limit: limit})
 			if err != nil {
 				return err
 			}
@@ -161,7 +160,7 @@ database's clock; "-" for none).`,
 	return c
 }
 
-func outboxJSON(a *app, rows []outboxadmin.Row) error {
+func outboxJSON(a *app, rows []outboxstore.Row) error {
 	type row struct {
 		ID          int64     `json:"id"`
 		EventID     string    `json:"event_id"`
@@ -214,7 +213,7 @@ are left alone and reported.`,
 				return err
 			}
 			defer pool.Close()
-			done, err := outboxadmin.Retry(ctx, pool, table, ids...)
+			done, err := outboxstore.Retry(ctx, pool, table, ids...)
 			if err != nil {
 				return err
 			}

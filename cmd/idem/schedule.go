@@ -10,7 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/idemhq/idem/internal/scheduletable"
+	"github.com/idemhq/idem/internal/tables"
 )
 
 // newScheduleCmd builds `idem schedule list`.
@@ -53,7 +53,7 @@ Reads only.`,
 				return err
 			}
 			defer pool.Close()
-			ps, err := scheduletable.List(ctx, pool, scheduletable.Filter{Group: group, Limit: limit})
+			ps, err := tables.ListDeferred(ctx, pool, tables.DeferredFilter{Group: group, Limit: limit})
 			if err != nil {
 				return err
 			}
@@ -71,7 +71,7 @@ Reads only.`,
 	return c
 }
 
-func scheduleText(a *app, ps []scheduletable.Pending, limit int) {
+func scheduleText(a *app, ps []tables.Pending, limit int) {
 	if len(ps) == 0 {
 		fmt.Fprintln(a.out, "no deferred messages")
 		return
@@ -89,7 +89,7 @@ func scheduleText(a *app, ps []scheduletable.Pending, limit int) {
 	}
 }
 
-func origin(p scheduletable.Pending) string {
+func origin(p tables.Pending) string {
 	if p.Origin.Topic == "" {
 		return "-"
 	}
@@ -104,7 +104,7 @@ func dueIn(t time.Time) string {
 	return "due"
 }
 
-func scheduleJSON(a *app, ps []scheduletable.Pending) error {
+func scheduleJSON(a *app, ps []tables.Pending) error {
 	type row struct {
 		ID              int64     `json:"id"`
 		Group           string    `json:"group"`

@@ -8,7 +8,7 @@ import (
 
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/idemtest"
-	"github.com/idemhq/idem/internal/scheduletable"
+	"github.com/idemhq/idem/internal/tables"
 )
 
 // TestScheduleList: idem schedule list shows a group's deferred messages in
@@ -29,12 +29,12 @@ func TestScheduleList(t *testing.T) {
 	defer tx.Rollback(ctx)
 	now := time.Now()
 	for i, key := range []string{"order-2", "order-1", "\x00bin"} {
-		rec := scheduletable.Record{Group: "payments", Topic: "payments", Partition: int32(i), Key: []byte(key),
+		rec := tables.DeferredRecord{Group: "payments", Topic: "payments", Partition: int32(i), Key: []byte(key),
 			IdempotencyKey: "pay-" + strings.Trim(key, "\x00"), Origin: handler.Origin{Topic: "payments", Partition: 1, Offset: int64(40 + i)}}
 		if i == 2 {
 			rec.Group = "audit"
 		}
-		if err := scheduletable.Defer(ctx, tx, rec, now.Add(time.Duration(2-i)*time.Hour), nil); err != nil {
+		if err := tables.Defer(ctx, tx, rec, now.Add(time.Duration(2-i)*time.Hour), nil); err != nil {
 			t.Fatal(err)
 		}
 	}

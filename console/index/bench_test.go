@@ -9,9 +9,9 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/seal"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/tables"
+	"github.com/idemhq/idem/internal/testing/testenv"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -28,7 +28,7 @@ func BenchmarkIndexer(b *testing.B) {
 	k := testenv.NewKafka(b)
 	pool, _ := testenv.PostgresSchema(b)
 	ctx := testenv.Context(b)
-	if err := indextable.Migrate(ctx, pool); err != nil {
+	if err := tables.MigrateIndex(ctx, pool); err != nil {
 		b.Fatal(err)
 	}
 	topic := k.Topic(b, 3)

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemhq/idem/console/internal/docdefaults"
+	"github.com/idemhq/idem/internal/testing/docdefaults"
 )
 
 // TestDocumentedDefaults checks every "Default:" line of the Indexer's

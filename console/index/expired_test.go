@@ -5,7 +5,7 @@ import (
 
 	"github.com/idemhq/idem/internal/failidx"
 	"github.com/idemhq/idem/internal/failidx/failidxtest"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 // TestExpiredRecordsStayIndexed deletes the records from the DLQ topic (as

@@ -9,7 +9,7 @@ import (
 
 	"github.com/idemhq/idem/internal/failidx"
 	"github.com/idemhq/idem/internal/failidx/failidxtest"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 // dead is one dead letter to seed.

@@ -18,11 +18,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/dlq"
+	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/failidx"
-	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/pglead"
-	"github.com/idemhq/idem/internal/promreg"
 	"github.com/idemhq/idem/internal/seal"
+	"github.com/idemhq/idem/internal/tables"
 )
 
 // groupPrefix starts the consumer group the Indexer reads with by default.
@@ -240,7 +240,7 @@ var errRegister = errors.New("index: register collectors")
 // run is one life of the indexer: migrate, connect, consume until ctx is
 // done. It returns an error when it cannot start.
 func (c *Indexer) run(ctx context.Context) error {
-	if err := indextable.Migrate(ctx, c.Pool); err != nil {
+	if err := tables.MigrateIndex(ctx, c.Pool); err != nil {
 		return err
 	}
 	if c.keks != nil {
@@ -294,7 +294,7 @@ func (c *Indexer) run(ctx context.Context) error {
 	col := failidx.NewCollector(store)
 	if c.Registerer != nil {
 		var err error
-		shared := promreg.Register(c.Registerer, col, &err)
+		shared := coremetrics.Register(c.Registerer, col, &err)
 		if err != nil {
 			return fmt.Errorf("%w: %w", errRegister, err)
 		}

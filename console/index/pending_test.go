@@ -10,7 +10,7 @@ import (
 	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/internal/failidx"
 	"github.com/idemhq/idem/internal/failidx/failidxtest"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 // TestIndexerGroupFollowsTheDatabase: two consoles' indexers with the

@@ -10,7 +10,7 @@ import (
 
 	"github.com/idemhq/idem/internal/failidx"
 	"github.com/idemhq/idem/internal/seal"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 // TestRunRefusesABadEncryptionKey: Run returns at once, rather than retry

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/internal/failidx/failidxtest"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 const (

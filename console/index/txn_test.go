@@ -8,7 +8,7 @@ import (
 
 	"github.com/idemhq/idem/internal/committed/committedtest"
 	"github.com/idemhq/idem/internal/failidx/failidxtest"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 // TestIndexerReadsCommittedOnly: a dead-letter topic written with

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/idemtest"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -96,7 +96,7 @@ func TestService(t *testing.T) {
 
 // TestReadmeShowsThisHandler: README's "A handler" shows markPaid exactly as
 // this service runs it, so the handler the README explains is the one
-// TestService runs end to end (internal/doctest compiles the README's
+// TestService runs end to end (internal/testing/doctest compiles the README's
 // snippet on its own).
 func TestReadmeShowsThisHandler(t *testing.T) {
 	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))

@@ -27,18 +27,18 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/pgmigrate"
+	"github.com/idemhq/idem/internal/tables"
 )
 
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
 // Migrate creates or upgrades the control tables (component "control"),
-// and the failure index's (internal/indextable), whose audit table
+// and the failure index's (internal/tables), whose audit table
 // (idem_dlq_audit) records every change of the controls.
 func Migrate(ctx context.Context, db pgmigrate.DB) error {
-	if err := indextable.Migrate(ctx, db); err != nil {
+	if err := tables.MigrateIndex(ctx, db); err != nil {
 		return fmt.Errorf("control: migrate: %w", err)
 	}
 	if err := pgmigrate.LoadApply(ctx, db, "control", migrationFS, nil); err != nil {

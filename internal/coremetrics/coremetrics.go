@@ -1,13 +1,12 @@
-// Package coremetrics declares the consumer's Prometheus collectors (and the
-// breaker and DLQ-depth ones consumer.Run registers): only package consumer
-// uses them. Package metrics documents every metric idem exports in one table,
+// Package coremetrics is idem's Prometheus plumbing: the consumer's
+// collectors (and the breaker and DLQ-depth ones consumer.Run registers),
+// which only package consumer uses, and Register, through which every
+// package of idem that owns collectors shares a registry. Package metrics documents every metric idem exports in one table,
 // and its TestDocTable checks this package's collectors against it.
 package coremetrics
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/idemhq/idem/internal/promreg"
 )
 
 // Outcome label values of idem_messages_total.
@@ -159,35 +158,35 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		return m, nil
 	}
 	var err error
-	m.Messages = promreg.Register(reg, m.Messages, &err)
-	m.Attempts = promreg.Register(reg, m.Attempts, &err)
-	m.HandlerDuration = promreg.Register(reg, m.HandlerDuration, &err)
-	m.Retries = promreg.Register(reg, m.Retries, &err)
-	m.Forwarded = promreg.Register(reg, m.Forwarded, &err)
-	m.ForwardErrors = promreg.Register(reg, m.ForwardErrors, &err)
-	m.StubsForwarded = promreg.Register(reg, m.StubsForwarded, &err)
-	m.MissingKey = promreg.Register(reg, m.MissingKey, &err)
-	m.Expired = promreg.Register(reg, m.Expired, &err)
-	m.Deferred = promreg.Register(reg, m.Deferred, &err)
-	m.Lanes = promreg.Register(reg, m.Lanes, &err)
-	m.StoreErrors = promreg.Register(reg, m.StoreErrors, &err)
-	m.RetryDelay = promreg.Register(reg, m.RetryDelay, &err)
-	m.DLQDepth = promreg.Register(reg, m.DLQDepth, &err)
-	m.BreakerState = promreg.Register(reg, m.BreakerState, &err)
-	m.BreakerTransition = promreg.Register(reg, m.BreakerTransition, &err)
-	m.BreakerOpen = promreg.Register(reg, m.BreakerOpen, &err)
-	m.PartitionsPaused = promreg.Register(reg, m.PartitionsPaused, &err)
-	m.PartitionsClaimed = promreg.Register(reg, m.PartitionsClaimed, &err)
-	m.Commits = promreg.Register(reg, m.Commits, &err)
-	m.Abandoned = promreg.Register(reg, m.Abandoned, &err)
-	m.PartitionStalled = promreg.Register(reg, m.PartitionStalled, &err)
-	m.ConsumerLag = promreg.Register(reg, m.ConsumerLag, &err)
-	m.LagActionable = promreg.Register(reg, m.LagActionable, &err)
-	m.LagSeconds = promreg.Register(reg, m.LagSeconds, &err)
-	m.EndToEnd = promreg.Register(reg, m.EndToEnd, &err)
-	m.InFlight = promreg.Register(reg, m.InFlight, &err)
-	m.Filtered = promreg.Register(reg, m.Filtered, &err)
-	m.Unmatched = promreg.Register(reg, m.Unmatched, &err)
+	m.Messages = Register(reg, m.Messages, &err)
+	m.Attempts = Register(reg, m.Attempts, &err)
+	m.HandlerDuration = Register(reg, m.HandlerDuration, &err)
+	m.Retries = Register(reg, m.Retries, &err)
+	m.Forwarded = Register(reg, m.Forwarded, &err)
+	m.ForwardErrors = Register(reg, m.ForwardErrors, &err)
+	m.StubsForwarded = Register(reg, m.StubsForwarded, &err)
+	m.MissingKey = Register(reg, m.MissingKey, &err)
+	m.Expired = Register(reg, m.Expired, &err)
+	m.Deferred = Register(reg, m.Deferred, &err)
+	m.Lanes = Register(reg, m.Lanes, &err)
+	m.StoreErrors = Register(reg, m.StoreErrors, &err)
+	m.RetryDelay = Register(reg, m.RetryDelay, &err)
+	m.DLQDepth = Register(reg, m.DLQDepth, &err)
+	m.BreakerState = Register(reg, m.BreakerState, &err)
+	m.BreakerTransition = Register(reg, m.BreakerTransition, &err)
+	m.BreakerOpen = Register(reg, m.BreakerOpen, &err)
+	m.PartitionsPaused = Register(reg, m.PartitionsPaused, &err)
+	m.PartitionsClaimed = Register(reg, m.PartitionsClaimed, &err)
+	m.Commits = Register(reg, m.Commits, &err)
+	m.Abandoned = Register(reg, m.Abandoned, &err)
+	m.PartitionStalled = Register(reg, m.PartitionStalled, &err)
+	m.ConsumerLag = Register(reg, m.ConsumerLag, &err)
+	m.LagActionable = Register(reg, m.LagActionable, &err)
+	m.LagSeconds = Register(reg, m.LagSeconds, &err)
+	m.EndToEnd = Register(reg, m.EndToEnd, &err)
+	m.InFlight = Register(reg, m.InFlight, &err)
+	m.Filtered = Register(reg, m.Filtered, &err)
+	m.Unmatched = Register(reg, m.Unmatched, &err)
 	if err != nil {
 		return nil, err
 	}

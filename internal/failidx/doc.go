@@ -1,6 +1,6 @@
 // Package failidx is the failure index behind idem's console: the records
 // of idem_dlq_records with their status, edits and audit (the tables
-// internal/indextable creates), read by a Store, changed by Actions on an
+// internal/tables creates), read by a Store, changed by Actions on an
 // operator's behalf, filled by Insert, and measured by a Collector.
 //
 // Only idem uses it: index.Indexer (package console/index) fills the index,

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/internal/failidx/failidxtest"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 // waitJob polls job id until ok says it is where the test wants it.

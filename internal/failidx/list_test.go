@@ -7,7 +7,7 @@ import (
 
 	"github.com/idemhq/idem/internal/failidx/failidxtest"
 	"github.com/idemhq/idem/internal/keyorder"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 // TestListReadsNoPayloads: a list page reads each record's place, failure

@@ -24,7 +24,7 @@ import (
 // cannot read the index (within 5 s) reports nothing for it and logs why.
 //
 // Services do not register it themselves: index.Indexer.Registerer and
-// console.Config.Registerer do (through internal/promreg), and share one
+// console.Config.Registerer do (through internal/coremetrics), and share one
 // collector when given the same Registerer. It is safe for concurrent use.
 type Collector struct {
 	store *Store

@@ -4,14 +4,14 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/idemhq/idem/internal/outboxadmin"
+	"github.com/idemhq/idem/internal/outboxstore"
 )
 
 // FailedOutbox returns up to limit outbox rows (idem_outbox) in the failed
 // state, lowest id first (none when the table does not exist). limit <= 0
 // means 100.
 func (a *Actions) FailedOutbox(ctx context.Context, limit int) ([]OutboxRow, error) {
-	rows, err := outboxadmin.List(ctx, a.store.db, outboxadmin.ListOptions{State: outboxadmin.StateFailed, Limit: limit})
+	rows, err := outboxstore.List(ctx, a.store.db, outboxstore.ListOptions{State: outboxstore.StateFailed, Limit: limit})
 	if isUndefinedTable(err) {
 		return nil, nil
 	}
@@ -35,7 +35,7 @@ func (a *Actions) RetryOutbox(ctx context.Context, actor string, ids []int64, re
 	if len(ids) == 0 {
 		return Result{}, invalid("ids", "empty: give the outbox rows to retry")
 	}
-	done, err := outboxadmin.Retry(ctx, a.store.db, "", ids...)
+	done, err := outboxstore.Retry(ctx, a.store.db, "", ids...)
 	res.Done = len(done)
 	res.Skipped = res.Matched - res.Done
 	return res, a.audit(ctx, actor, "retry-outbox", ids, "outbox rows", reason, res, err, "retried")

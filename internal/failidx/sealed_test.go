@@ -12,7 +12,7 @@ import (
 
 	"github.com/idemhq/idem/internal/failidx/failidxtest"
 	"github.com/idemhq/idem/internal/seal"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 // sealedPool returns a pool with the index's tables and idem_seal_keys, and

@@ -9,14 +9,14 @@ import (
 
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/failidx/failidxtest"
-	"github.com/idemhq/idem/internal/indextable"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/tables"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 func TestMigrateIsIdempotent(t *testing.T) {
 	pool, _ := failidxtest.NewPool(t)
 	for range 2 {
-		if err := indextable.Migrate(testenv.Context(t), pool); err != nil {
+		if err := tables.MigrateIndex(testenv.Context(t), pool); err != nil {
 			t.Fatal(err)
 		}
 	}

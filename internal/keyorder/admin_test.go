@@ -9,7 +9,7 @@ import (
 
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/pgmigrate"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 // List reports blocked keys per group and topic; Release hands a key's

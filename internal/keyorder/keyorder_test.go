@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/internal/keyorder"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 func rec(ikey string, off int64) keyorder.Record {

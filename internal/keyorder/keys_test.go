@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/internal/keyorder"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 func newStore(t *testing.T, group string) (*keyorder.Store, context.Context, keyorder.DB) {

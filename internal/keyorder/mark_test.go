@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/idemhq/idem/internal/keyorder"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 // markedDrain is the state a transactional drain of head m1 (read at offset

@@ -6,7 +6,7 @@ import (
 
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/seal"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 // TestSealedStore: with a sealer, a parked message and a promoted head's

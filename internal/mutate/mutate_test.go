@@ -34,7 +34,7 @@ func TestNotInProductionBuilds(t *testing.T) {
 	dir := t.TempDir()
 	for _, tags := range []string{"", "idem_mutate"} {
 		bin := filepath.Join(dir, "member"+tags)
-		cmd := exec.Command("go", "build", "-o", bin, "-tags", tags, "github.com/idemhq/idem/internal/chaos/swarmmember")
+		cmd := exec.Command("go", "build", "-o", bin, "-tags", tags, "github.com/idemhq/idem/internal/testing/chaos/swarmmember")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("go build -tags %q: %v\n%s", tags, err, out)
 		}

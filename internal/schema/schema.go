@@ -1,7 +1,10 @@
-// Package schema creates every table idem keeps in PostgreSQL, in one call.
+// Package schema is idem's whole PostgreSQL schema, created in one call.
 // It is what idem.Migrate (the public entry point, at the module root) runs,
 // and it lives here so that packages the root may not be imported by, such
-// as idemtest, can create the same tables the same way.
+// as idemtest, can create the same tables the same way. It stands alone
+// rather than in internal/tables because it calls every package that keeps
+// a table (dedupe, keyorder, outboxstore, seal, control), and dedupe and
+// control import internal/tables.
 package schema
 
 import (
@@ -9,15 +12,11 @@ import (
 	"fmt"
 
 	"github.com/idemhq/idem/dedupe"
-	"github.com/idemhq/idem/internal/checkpointrow"
 	"github.com/idemhq/idem/internal/control"
-	"github.com/idemhq/idem/internal/indextable"
 	"github.com/idemhq/idem/internal/keyorder"
-	"github.com/idemhq/idem/internal/outboxtable"
-	"github.com/idemhq/idem/internal/sagatable"
-	"github.com/idemhq/idem/internal/scheduletable"
+	"github.com/idemhq/idem/internal/outboxstore"
 	"github.com/idemhq/idem/internal/seal"
-	"github.com/idemhq/idem/internal/steptable"
+	"github.com/idemhq/idem/internal/tables"
 )
 
 // Migrate creates or upgrades every table idem keeps: the inbox (inbox
@@ -35,12 +34,12 @@ func Migrate(ctx context.Context, db dedupe.DB, inbox []dedupe.PostgresOption, o
 	}{
 		{"inbox", func(ctx context.Context) error { return dedupe.NewPostgres(db, inbox...).Migrate(ctx) }},
 		{"ordering tables", keyorder.New(db, "").Migrate},
-		{"outbox", func(ctx context.Context) error { return outboxtable.Migrate(ctx, db, outboxTables...) }},
-		{"saga tables", func(ctx context.Context) error { return sagatable.Migrate(ctx, db) }},
-		{"checkpoint table", func(ctx context.Context) error { return checkpointrow.Migrate(ctx, db) }},
-		{"failure index", func(ctx context.Context) error { return indextable.Migrate(ctx, db) }},
-		{"deferred messages", func(ctx context.Context) error { return scheduletable.Migrate(ctx, db) }},
-		{"step table", func(ctx context.Context) error { return steptable.Migrate(ctx, db) }},
+		{"outbox", func(ctx context.Context) error { return outboxstore.Migrate(ctx, db, outboxTables...) }},
+		{"saga tables", func(ctx context.Context) error { return tables.MigrateSaga(ctx, db) }},
+		{"checkpoint table", func(ctx context.Context) error { return tables.MigrateCheckpoint(ctx, db) }},
+		{"failure index", func(ctx context.Context) error { return tables.MigrateIndex(ctx, db) }},
+		{"deferred messages", func(ctx context.Context) error { return tables.MigrateDeferred(ctx, db) }},
+		{"step table", func(ctx context.Context) error { return tables.MigrateSteps(ctx, db) }},
 		{"encryption keys", func(ctx context.Context) error { return seal.Migrate(ctx, db) }},
 		{"live controls", func(ctx context.Context) error { return control.Migrate(ctx, db) }},
 		// A package that keeps tables of its own adds its step here, one

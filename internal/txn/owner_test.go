@@ -10,7 +10,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/idemhq/idem/internal/forward"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 	"github.com/idemhq/idem/internal/txn"
 )
 

@@ -1,7 +1,9 @@
 // Package wire is idem's wire contract in Go: the idem-* headers a record
 // forwarded to a retry tier or to the dead-letter topic carries, and the codec
 // between them and a retrytopic.Failure (Encode, Decode, NewFailure,
-// StripHeaders). The header names are fixed by DESIGN.md's wire contract;
+// StripHeaders), the error a failure names (Cause, HTTPStatusOf) and the
+// Kafka protocol version idem speaks (KafkaVersion). The header names are
+// fixed by DESIGN.md's wire contract;
 // only idem's own packages write and read them. Users read a dead-lettered
 // record's failure through dlq.Record (dlq.FromMessage) and its own headers
 // through dlq.Record.OriginalHeaders.
@@ -19,7 +21,6 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/errwrap"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -46,7 +47,7 @@ const (
 	HeaderConsumerGroup     = "idem-consumer-group"     // consumer group that failed to handle it
 	HeaderError             = "idem-error"              // last error message (capped at MaxErrorBytes)
 	HeaderErrorKind         = "idem-error-kind"         // handler.Kind: retriable|permanent|panic|missing-key|invalid-key|decode|timeout|expired|invalid-header
-	HeaderErrorType         = "idem-error-type"         // Go type of errwrap.Cause(err), as fmt %T prints it
+	HeaderErrorType         = "idem-error-type"         // Go type of Cause(err), as fmt %T prints it
 	HeaderStack             = "idem-stack"              // panic stack (capped at MaxStackBytes)
 	HeaderFirstFailureAt    = "idem-first-failure-at"   // unix ms of the first failure
 	HeaderLastFailureAt     = "idem-last-failure-at"    // unix ms of the latest failure
@@ -92,7 +93,7 @@ type Source struct {
 // moving through the tiers always points at where it was first consumed;
 // otherwise they are taken from src and now.
 //
-// Error, Kind (handler.ErrorKind), ErrorType (%T of errwrap.Cause(err)) and
+// Error, Kind (handler.ErrorKind), ErrorType (%T of Cause(err)) and
 // Stack (of a *handler.PanicError in err's chain) describe err, and SchemaID
 // and SchemaSubject the schema of a value that did not decode: an error in
 // err's chain with a SchemaRef() (id int, subject string) method (serde's
@@ -122,7 +123,7 @@ func NewFailure(err error, src Source, prior retrytopic.Failure, now time.Time) 
 	if err != nil {
 		f.Error = err.Error()
 		f.Kind = handler.ErrorKind(err)
-		f.ErrorType = fmt.Sprintf("%T", errwrap.Cause(err))
+		f.ErrorType = fmt.Sprintf("%T", Cause(err))
 		var p *handler.PanicError
 		if errors.As(err, &p) {
 			f.Stack = p.Stack

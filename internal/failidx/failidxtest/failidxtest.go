@@ -6,7 +6,7 @@
 //
 // It imports neither failidx nor console/index, whose in-package tests
 // import it, nor idemtest, which imports console/index through consumer: it
-// is built on internal/testenv.
+// is built on internal/testing/testenv.
 package failidxtest
 
 import (
@@ -23,8 +23,8 @@ import (
 
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/committed"
-	"github.com/idemhq/idem/internal/indextable"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/tables"
+	"github.com/idemhq/idem/internal/testing/testenv"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -34,7 +34,7 @@ import (
 func NewPool(tb testing.TB) (*pgxpool.Pool, string) {
 	tb.Helper()
 	pool, schema := testenv.PostgresSchema(tb)
-	if err := indextable.Migrate(testenv.Context(tb), pool); err != nil {
+	if err := tables.MigrateIndex(testenv.Context(tb), pool); err != nil {
 		tb.Fatal(err)
 	}
 	return pool, schema

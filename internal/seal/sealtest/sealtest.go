@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/internal/seal"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 // KEK returns a new key-encryption key as text, what a service reads from

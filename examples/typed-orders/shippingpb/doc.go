@@ -1,0 +1,3 @@
+// Package shippingpb is the typed-orders example's protobuf messages,
+// generated from shipping.proto, and their schema.
+package shippingpb

@@ -1,0 +1,3 @@
+// Package testpb is the protobuf messages of package serde's tests,
+// generated from orders.proto.
+package testpb
