@@ -500,3 +500,45 @@ func TestRoutesValidate(t *testing.T) {
 		t.Fatalf("a valid Config: %v", err)
 	}
 }
+
+// A route's own Expiry.OnExpired is the hook an expired message of that
+// route owes with Transactions: it runs once the transaction carrying the
+// dead letter commits, in the inbox's transaction, and Config.Expiry's
+// hook does not run for it (the owed call keeps the route's name).
+func TestRoutesOwnOnExpiredWithTransactions(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1).in("txn")
+	ctx := testenv.Context(t)
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE route_expired(key text, hook text)`); err != nil {
+		t.Fatal(err)
+	}
+	hook := func(name string) func(context.Context, consumer.Expired) error {
+		return func(ctx context.Context, x consumer.Expired) error {
+			_, err := dedupe.Tx(ctx).Exec(ctx, `INSERT INTO route_expired VALUES ($1, $2)`, x.Message.IdempotencyKey, name)
+			return err
+		}
+	}
+	cfg := e.config()
+	cfg.Expiry.OnExpired = hook("config")
+	cfg.Routes = []consumer.Route{{
+		Name: "payments", Topics: []string{e.topic},
+		Expiry:  &consumer.Expiry{MaxAge: time.Hour, OnExpired: hook("route")},
+		Handler: handler.Func(effectHandler()),
+	}}
+	start(t, cfg, nil)
+	e.produceExpiry(expiryRec{ikey: "old", ts: time.Now().Add(-2 * time.Hour)}, expiryRec{ikey: "ok"})
+	e.coreWaitEffects(1, 2*time.Minute)
+	testenv.Eventually(t, 60*time.Second, func() error {
+		var got string
+		if err := e.query.QueryRow(ctx, `SELECT coalesce(string_agg(key || '/' || hook, ','), '') FROM route_expired`).Scan(&got); err != nil {
+			return err
+		}
+		if got != "old/route" {
+			return fmt.Errorf("OnExpired calls %q, want %q (the route's hook, once)", got, "old/route")
+		}
+		return nil
+	})
+	if kinds := e.dlqKinds(1); kinds["old"] != "expired" {
+		t.Errorf("DLQ kinds %v, want old: expired", kinds)
+	}
+}
