@@ -175,7 +175,7 @@ func (f *fleet) spawn(slot string) (*member, error) {
 var outageExit = regexp.MustCompile(`^(payments-consumer|swarm-member): (connect to Kafka|connect to PostgreSQL|kafka admin|create topic|migrate|` +
 	`consumer: .*retry topics of .*(dial|read|write) tcp .*(connection refused|i/o timeout|connection reset)|` +
 	`consumer: (connect to|transactional producer) .*(connection refused|i/o timeout|connection reset|run out of available brokers)|` +
-	`consumer: (consumer: )?forwarder's producer on .*(connection refused|i/o timeout|connection reset|run out of available brokers))`)
+	`consumer: (consumer: )?(forwarder's producer on|metadata:) .*(connection refused|i/o timeout|connection reset|run out of available brokers))`)
 
 // fencedExit matches the last stderr line of a member that another process
 // with its InstanceID fenced.

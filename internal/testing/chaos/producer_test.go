@@ -66,6 +66,7 @@ func TestOutageExit(t *testing.T) {
 		"payments-consumer: consumer: consumer: retry topics of p: retrytopic: describe configs of topic p.g.retry.2: read tcp 127.0.0.1:5->127.0.0.1:1: i/o timeout":                                        true,
 		"payments-consumer: consumer: consumer: retry topics of p: retrytopic: PartitionMismatchError":                                                                                                       false,
 		"payments-consumer: consumer: handler panicked: dial tcp 127.0.0.1:1: connect: connection refused":                                                                                                   false,
+		"payments-consumer: consumer: consumer: metadata: kafka: client has run out of available brokers to talk to: dial tcp 127.0.0.1:59092: connect: connection refused":                                  true,
 		"payments-consumer: consumer: consumer: forwarder's producer on [127.0.0.1:59092]: kafka: client has run out of available brokers to talk to: dial tcp 127.0.0.1:59092: connect: connection refused": true,
 		"panic: runtime error: index out of range": false,
 	} {
