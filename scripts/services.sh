@@ -37,7 +37,7 @@
 # SCHEMA_REGISTRY_URL set in the environment: no registry is started.
 #
 # Knobs: KAFKA_PORT (9092), KAFKA_CONTROLLER_PORT (9093), PGPORT (5432 as root via
-# pg_ctlcluster, 5433 for the initdb cluster), IDEM_STATE (.state), KAFKA_HEAP (512m),
+# pg_ctlcluster, 5433 for the initdb cluster), IDEM_STATE (.state), KAFKA_HEAP (512m), KAFKA_READY_TIMEOUT (300s),
 # KAFKA_NODES (1), REGISTRY_PORT (8081), REGISTRY_HEAP (256m), REGISTRY_VERSION (3.0.9).
 #
 # KAFKA_NODES=3 starts a three-node cluster instead of the one broker (always from the
@@ -54,6 +54,12 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 state=${IDEM_STATE:-$root/.state}
 envfile=$state/services.env
 kport=${KAFKA_PORT:-9092}
+# How long a started broker may take to answer. A healthy one answers in
+# seconds; on a machine at load 30 a restarted one took over 2 minutes
+# (loading its transaction state), and the probe stops at once when the
+# broker's process dies, so a long bound only delays the report of a broker
+# that runs but never answers.
+ready_timeout=${KAFKA_READY_TIMEOUT:-300s}
 cport=${KAFKA_CONTROLLER_PORT:-9093}
 kdir=$state/kafka
 nodes=${KAFKA_NODES:-1}
@@ -152,7 +158,7 @@ kafka_up() {
   mkdir -p "$kdir"
   local pid; pid=$(kafka_pid)
   if alive "$pid"; then
-    "$(readyprobe)" -brokers "127.0.0.1:$kport" -timeout 60s -pid "$pid" || die "the Kafka broker (pid $pid) runs but does not answer; run 'make services-down' and try again"
+    "$(readyprobe)" -brokers "127.0.0.1:$kport" -timeout "$ready_timeout" -pid "$pid" || die "the Kafka broker (pid $pid) runs but does not answer; run 'make services-down' and try again"
     return
   fi
   [ -f "$kdir/kafka.pid" ] && { note "removing stale pid file (broker $pid is not running)"; rm -f "$kdir/kafka.pid"; }
@@ -182,7 +188,7 @@ kafka_up() {
     -cp "$cp" kafka.Kafka "$kdir/server.properties" >"$kdir/kafka.out" 2>&1 </dev/null &
   pid=$!
   echo "$pid" >"$kdir/kafka.pid"
-  if ! "$(readyprobe)" -brokers "127.0.0.1:$kport" -timeout 120s -pid "$pid"; then
+  if ! "$(readyprobe)" -brokers "127.0.0.1:$kport" -timeout "$ready_timeout" -pid "$pid"; then
     local why; why=$(grep -m1 -E 'ERROR|Exception' "$kdir/server.log" "$kdir/kafka.out" 2>/dev/null | head -n1 || true)
     kill "$pid" 2>/dev/null || true; rm -f "$kdir/kafka.pid"
     die "Kafka did not become ready${why:+: $why} (logs: $kdir/server.log, $kdir/kafka.out)"
@@ -307,7 +313,7 @@ kafka3_up() {
       pids="$pids,$pid"
     done
   fi
-  if ! "$(readyprobe)" -brokers "$(kafka3_brokers)" -want-brokers 3 -timeout 180s -pid "${pids#,}"; then
+  if ! "$(readyprobe)" -brokers "$(kafka3_brokers)" -want-brokers 3 -timeout "$ready_timeout" -pid "${pids#,}"; then
     local why; why=$(grep -h -m1 -E '\] (ERROR|FATAL) ' "$kdir3"/n*/server.log "$kdir3"/n*/kafka.out 2>/dev/null | head -n1 || true)
     die "the three-node Kafka cluster did not become ready${why:+: $why} (logs: $kdir3/n*/server.log; 'make services-down' stops it)"
   fi
