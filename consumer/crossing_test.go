@@ -376,7 +376,12 @@ func TestCrossingBreakerWaitsAreNoStall(t *testing.T) {
 // crash, here the group's offsets deleted). The deferral is recorded in the
 // inbox (issue 28, phase 2: an outcome is decided once), so the
 // redelivery, deferred again by its handler, is not stored a second time:
-// one copy arrives, and it is applied once.
+// one copy arrives, and it is applied once. The handler defers by an hour
+// and the test releases the row (releaseDeferred) only after the
+// redelivery was deferred: with a deferral of 2 s, the copy came due on a
+// loaded machine before the redelivery was read, was applied first, and
+// the redelivery was then a duplicate its handler never saw ("deferred 1
+// times, want 2").
 func TestCrossingRedeliveredDeferralIsStoredOnce(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
@@ -389,13 +394,13 @@ func TestCrossingRedeliveredDeferralIsStoredOnce(t *testing.T) {
 	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
 		if m.Topic == e.topic { // at its source, every time: deferred
 			c.inc("deferred")
-			return handler.DeferUntil(time.Now().Add(2 * time.Second))
+			return handler.DeferUntil(time.Now().Add(time.Hour))
 		}
 		c.inc("copy")
 		return eff(ctx, m)
 	})
 	cfg := e.config()
-	cfg.Defer = &schedule.Scheduler{Pool: e.pool}
+	cfg.Defer = e.deferScheduler()
 	e.produce([]string{"d"}, 1)
 	first := start(t, cfg, h)
 	e.waitCommitted(e.topic, 1, 60*time.Second)
@@ -408,11 +413,19 @@ func TestCrossingRedeliveredDeferralIsStoredOnce(t *testing.T) {
 	}
 	cfg.Registerer = prometheus.NewRegistry()
 	start(t, cfg, h)
-	deferred := e.topic + "." + e.group + ".deferred"
 	testenv.Eventually(t, 60*time.Second, func() error {
 		if c.get("deferred") < 2 {
 			return fmt.Errorf("deferred %d times, want 2 (the redelivery too)", c.get("deferred"))
 		}
+		return nil
+	})
+	e.waitCommitted(e.topic, 1, 60*time.Second) // the redelivery settled
+	if n := e.count(`SELECT count(*) FROM idem_deferred`); n != 1 {
+		t.Fatalf("%d deferred rows after the redelivery, want 1 (stored once)", n)
+	}
+	e.releaseDeferred()
+	deferred := e.topic + "." + e.group + ".deferred"
+	testenv.Eventually(t, 60*time.Second, func() error {
 		if n := e.total(deferred, 1); n != 1 {
 			return fmt.Errorf("%d deferred copies published, want 1 (deferred %d times)", n, c.get("deferred"))
 		}

@@ -26,10 +26,14 @@ import (
 
 // TestDeferUntil is issue 21 test 5 (without the SIGKILL; schedule's
 // TestLeaderSIGKILLLosesNone kills the scheduler's leader): a handler defers
-// 100 messages by 5 s. The partitions keep flowing meanwhile (100 messages
-// produced after them are all applied first), each deferred message is
-// handled once, not before its time, as the same message (same idempotency
-// key, same origin), and nothing is left in idem_deferred.
+// 100 messages by an hour. The partitions keep flowing meanwhile (100
+// messages produced after them are all applied while the deferred ones
+// wait, each stored with the time asked for); the test then makes them due
+// (releaseDeferred), and each deferred message is handled once, not before
+// its release, as the same message (same idempotency key, same origin), and
+// nothing is left in idem_deferred. The deferral is an hour, released by
+// the test, because a deferral of seconds ran out before the later
+// messages were applied on a loaded machine.
 func TestDeferUntil(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 2)
@@ -38,7 +42,7 @@ func TestDeferUntil(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.k.DeleteTopics(t, e.topic+"."+e.group+".deferred") })
-	const delay = 5 * time.Second
+	const delay = time.Hour
 	type first struct {
 		until  time.Time
 		origin handler.Origin
@@ -47,6 +51,7 @@ func TestDeferUntil(t *testing.T) {
 		mu       sync.Mutex
 		deferred = map[string]first{}
 		handled  = map[string]time.Time{}
+		released time.Time // zero until releaseDeferred
 		early    []string
 		moved    []string
 	)
@@ -64,7 +69,7 @@ func TestDeferUntil(t *testing.T) {
 			return handler.DeferUntil(until)
 		}
 		now := time.Now()
-		if now.Before(f.until) {
+		if released.IsZero() || now.Before(released) {
 			early = append(early, m.IdempotencyKey)
 		}
 		if m.Origin() != f.origin {
@@ -75,7 +80,7 @@ func TestDeferUntil(t *testing.T) {
 		return eff(ctx, m)
 	})
 	cfg := e.config()
-	cfg.Defer = &schedule.Scheduler{Pool: e.pool}
+	cfg.Defer = e.deferScheduler()
 	start(t, cfg, h)
 	e.produce(coreKeys("d-", 100), 2)
 	e.produce(coreKeys("f-", 100), 2)
@@ -88,13 +93,22 @@ func TestDeferUntil(t *testing.T) {
 		}
 		return nil
 	})
+	e.waitCommitted(e.topic, 2, 30*time.Second) // offsets of deferred messages commit at once
 	mu.Lock()
 	nDeferred, nHandled := len(deferred), len(handled)
 	mu.Unlock()
 	if nDeferred != 100 || nHandled != 0 {
-		t.Fatalf("when the later messages were applied: %d deferred, %d deferred ones handled; want 100, 0", nDeferred, nHandled)
+		t.Fatalf("when the later messages were applied and the offsets committed: %d deferred, %d deferred ones handled; want 100, 0", nDeferred, nHandled)
 	}
-	e.waitCommitted(e.topic, 2, 30*time.Second) // offsets of deferred messages commit at once
+	// Each is stored with the time its handler asked for (and an hour is
+	// far beyond any test's run: nothing is due before the release).
+	if n := e.count(`SELECT count(*) FROM idem_deferred WHERE consumer_group = $1 AND deferred_until > now() + interval '30 minutes'`, e.group); n != 100 {
+		t.Fatalf("%d of 100 deferrals stored with the time asked for", n)
+	}
+	mu.Lock()
+	released = time.Now()
+	mu.Unlock()
+	e.releaseDeferred()
 
 	testenv.Eventually(t, 60*time.Second, func() error {
 		if n := e.count(`SELECT count(*) FROM effects WHERE key LIKE 'd-%'`); n != 100 {
@@ -107,7 +121,7 @@ func TestDeferUntil(t *testing.T) {
 	}
 	mu.Lock()
 	if len(early) > 0 || len(moved) > 0 {
-		t.Errorf("handled before their time: %v; with another origin: %v", early, moved)
+		t.Errorf("handled before their release: %v; with another origin: %v", early, moved)
 	}
 	mu.Unlock()
 	testenv.Eventually(t, 30*time.Second, func() error {

@@ -21,6 +21,7 @@ import (
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testing/testenv"
 	"github.com/idemhq/idem/recovery"
+	"github.com/idemhq/idem/schedule"
 )
 
 // env is one test's broker, database and names.
@@ -171,6 +172,24 @@ func (e *env) produce(keys []string, partitions int) {
 		}
 		msgs = msgs[n:]
 	}
+}
+
+// releaseDeferred makes every deferral of the test's group stored in
+// idem_deferred due now. Tests defer by an hour and release with this, so
+// that a deferral ends when the test says, not when a few seconds have
+// passed on a machine of unknown speed; deferScheduler's leader sees the
+// change within its MaxWait.
+func (e *env) releaseDeferred() {
+	e.t.Helper()
+	if _, err := e.query.Exec(context.Background(), `UPDATE idem_deferred SET due_at = now() WHERE consumer_group = $1`, e.group); err != nil {
+		e.t.Fatalf("release deferred: %v", err)
+	}
+}
+
+// deferScheduler is Config.Defer for tests that release their deferrals
+// with releaseDeferred: an idle leader looks at the table every 100 ms.
+func (e *env) deferScheduler() *schedule.Scheduler {
+	return &schedule.Scheduler{Pool: e.pool, MaxWait: 100 * time.Millisecond}
 }
 
 // effectHandler writes one effects row per handled message through the

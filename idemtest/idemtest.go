@@ -93,8 +93,7 @@ type Record struct {
 func (k *Kafka) Produce(tb testing.TB, topic string, recs ...Record) {
 	tb.Helper()
 	cfg := k.SaramaConfig()
-	cfg.Producer.Idempotent = true // with RequiredAcks = WaitForAll (SaramaConfig)
-	cfg.Net.MaxOpenRequests = 1    // sarama requires it with Idempotent
+	testkit.ProducerConfig(cfg) // with RequiredAcks = WaitForAll (SaramaConfig)
 	p, err := sarama.NewSyncProducer(k.Brokers, cfg)
 	if err != nil {
 		tb.Fatalf("idemtest: producer: %v", err)

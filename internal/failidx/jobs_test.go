@@ -89,19 +89,35 @@ func TestJobResumesWithoutPublishingTwice(t *testing.T) {
 // records not published go back to unresolved, every published one is
 // replayed, the high-water mark rose by exactly the records published, and
 // the audit log says who cancelled.
+//
+// The test decides where each process is stopped, whatever the machine's
+// speed (at load 30 the job once ran to done before the cancel landed):
+// the first process's third send waits for its ctx to end, so it stops
+// after 2 or 3 records; the second's second send waits until the cancel
+// is requested. 16 records at 4 a second leave at least 10 to send after
+// that, which the pacing spreads over at least 2.25 s, and a cancel is
+// seen at the first record a second after the last heartbeat.
 func TestJobHandedBackResumedAndCancelled(t *testing.T) {
-	r := newReplayEnv(t, 8)
+	const n = 16
+	r := newReplayEnv(t, n)
 	ctx := testenv.Context(t)
 	var ids []int64
-	for _, rec := range r.recs[:8] {
+	for _, rec := range r.recs[:n] {
 		ids = append(ids, rec.ID)
 	}
 	first := NewActions(r.s, producerClient(t, r.k))
 	j, err := first.StartReplay(ctx, "alice", Selection{IDs: ids}, "", 4, "paced")
-	if err != nil || j.Claimed != 8 {
+	if err != nil || j.Claimed != n {
 		t.Fatalf("StartReplay = %+v, %v", j, err)
 	}
 	runCtx, stop := context.WithCancel(ctx)
+	sends := 0 // RunJob's goroutine alone counts
+	first.afterSend = func(int64) error {
+		if sends++; sends == 3 {
+			<-runCtx.Done()
+		}
+		return nil
+	}
 	done := make(chan error, 1)
 	go func() { _, err := first.RunJob(runCtx, j.ID); done <- err }()
 	waitJob(t, r.s, j.ID, func(j Job) bool { return j.Done >= 2 })
@@ -116,16 +132,34 @@ func TestJobHandedBackResumedAndCancelled(t *testing.T) {
 	if err != nil || len(resumed) != 1 || resumed[0] != j.ID {
 		t.Fatalf("ResumeJobs = %v, %v", resumed, err)
 	}
+	atSecond, cancelled := make(chan struct{}), make(chan struct{})
+	second.afterSend = func(int64) error {
+		if sends++; sends == 5 { // the second's second send
+			close(atSecond)
+			select {
+			case <-cancelled:
+			case <-ctx.Done():
+			}
+		}
+		return nil
+	}
 	go func() { _, err := second.RunJob(ctx, j.ID); done <- err }()
-	waitJob(t, r.s, j.ID, func(j Job) bool { return j.Done >= 4 })
+	select {
+	case <-atSecond:
+	case err := <-done:
+		t.Fatalf("the resumed RunJob ended before its second send: %v", err)
+	case <-ctx.Done():
+		t.Fatal("the resumed RunJob did not reach its second send")
+	}
 	if _, err := NewActions(r.s, producerClient(t, r.k)).CancelJob(ctx, "carol", j.ID); err != nil {
 		t.Fatal(err)
 	}
+	close(cancelled)
 	if err := <-done; err != nil {
 		t.Fatalf("the resumed RunJob = %v", err)
 	}
 	j, err = r.s.Job(ctx, j.ID)
-	if err != nil || j.State != JobCancelled || j.Done >= 8 || j.Done < 4 {
+	if err != nil || j.State != JobCancelled || j.Done >= n || j.Done < 4 {
 		t.Fatalf("job after the cancel: %+v, %v", j, err)
 	}
 	if n := failidxtest.EndOffsets(t, r.k, r.origin); n != int64(j.Done) {
@@ -142,8 +176,8 @@ func TestJobHandedBackResumedAndCancelled(t *testing.T) {
 			t.Errorf("record %d: %s", id, st)
 		}
 	}
-	if replayed != j.Done || unresolved != 8-j.Done {
-		t.Errorf("%d replayed and %d unresolved, want %d and %d", replayed, unresolved, j.Done, 8-j.Done)
+	if replayed != j.Done || unresolved != n-j.Done {
+		t.Errorf("%d replayed and %d unresolved, want %d and %d", replayed, unresolved, j.Done, n-j.Done)
 	}
 	if e := lastAudit(t, r.s); !strings.HasPrefix(e.Result, "cancelled by carol") {
 		t.Errorf("audit: %+v", e)

@@ -156,13 +156,13 @@ func Group(tb testing.TB) string {
 // connection broke after the request was sent (under load a concurrent
 // metadata refresh closes a connection that is still opening, with a produce
 // request in flight), and without idempotence the broker would append it
-// twice. Tests count the records they produce exactly.
+// twice. Tests count the records they produce exactly. It retries a refused
+// batch for about 6 s (testkit.ProducerConfig).
 func (k *Kafka) Producer(tb testing.TB) sarama.SyncProducer {
 	tb.Helper()
 	cfg := k.SaramaConfig()
 	cfg.Producer.Partitioner = sarama.NewManualPartitioner
-	cfg.Producer.Idempotent = true // with RequiredAcks = WaitForAll (Config)
-	cfg.Net.MaxOpenRequests = 1    // sarama requires it with Idempotent
+	testkit.ProducerConfig(cfg) // with RequiredAcks = WaitForAll (SaramaConfig)
 	p, err := sarama.NewSyncProducer(k.Brokers, cfg)
 	if err != nil {
 		tb.Fatalf("testenv: producer: %v", err)

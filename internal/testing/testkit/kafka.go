@@ -97,6 +97,23 @@ func (c Cluster) WaitTopic(tb testing.TB, topic string, partitions int32) {
 	})
 }
 
+// ProducerConfig sets c up for the test kit's producers: idempotent (with
+// RequiredAcks = WaitForAll, which the callers' configs set), so a retried
+// batch is written once and a test can count what it produced; and sarama's
+// own retries of a refused batch (NOT_LEADER_OR_FOLLOWER, LEADER_NOT_AVAILABLE,
+// each retried after a metadata refresh) last about 6 s instead of sarama's
+// 3 tries 100 ms apart. A produce to a topic WaitTopic had just seen serve
+// was refused with NotLeaderForPartition past those 3 tries on a machine at
+// load 30 (consumer's TestReplayIsIdempotent). The retries are the
+// producer's own, with the batch's sequence numbers kept, so none writes a
+// record twice.
+func ProducerConfig(c *sarama.Config) {
+	c.Producer.Idempotent = true
+	c.Net.MaxOpenRequests = 1 // sarama requires it with Idempotent
+	c.Producer.Retry.Max = 30
+	c.Producer.Retry.Backoff = 200 * time.Millisecond
+}
+
 // DeleteTopicTree deletes topic and every topic named topic + "." +
 // anything, logging failures (a clean-up never fails the test).
 func (c Cluster) DeleteTopicTree(tb testing.TB, topic string) {
