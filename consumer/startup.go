@@ -57,6 +57,8 @@ func transientClusterErr(err error) bool {
 		return sqlClass(pe.Code) == classOutage // the handler's SQLSTATE outages, one list
 	case forward.IsUnreachable(err), errors.As(err, &ce):
 		return true
+	case pgconn.SafeToRetry(err): // a connection closed under a statement before it was sent ("conn closed": a restart)
+		return true
 	}
 	return false
 }

@@ -14,6 +14,13 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
+// connClosed is pgconn's "conn closed": an error whose statement was never
+// sent (pgconn.SafeToRetry).
+type connClosed struct{}
+
+func (connClosed) Error() string     { return "conn closed" }
+func (connClosed) SafeToRetry() bool { return true }
+
 func TestTransientClusterErr(t *testing.T) {
 	transient := []error{
 		io.EOF,
@@ -25,6 +32,7 @@ func TestTransientClusterErr(t *testing.T) {
 		sarama.ErrRequestTimedOut,
 		&pgconn.PgError{Code: "57P03"},                                      // the database system is starting up
 		fmt.Errorf("keyorder: migrate: %w", &pgconn.PgError{Code: "08006"}), // connection failure
+		fmt.Errorf("pgmigrate: ordering: begin: %w", connClosed{}),          // the swarm: a member started as PostgreSQL restarted
 	}
 	for _, err := range transient {
 		if !transientClusterErr(err) {
