@@ -89,7 +89,10 @@ type Options struct {
 	// Default: the zero OAuth (not used).
 	OAuth OAuth
 	// Token is one OAUTHBEARER token (a JWT), sent as it is at every
-	// authentication and never refreshed: for tests and short jobs.
+	// authentication and never refreshed: for tests and short jobs. The
+	// broker ends the session at the token's expiry (KIP-368), and in its
+	// last second may already refuse a re-authentication with
+	// ILLEGAL_SASL_STATE (Kafka allows one re-authentication a second).
 	// Default: "".
 	Token string
 	// TokenFile is a file holding one OAUTHBEARER token, read again at

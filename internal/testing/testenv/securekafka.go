@@ -15,7 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -102,17 +101,15 @@ func KafkaLibs(tb testing.TB) string {
 	return dir
 }
 
-// freePorts returns n TCP ports that were free a moment ago.
+// freePorts returns n TCP ports that were free a moment ago, below Linux's
+// ephemeral range (FreePortRange): a port the kernel hands out for
+// ":0" is one an outgoing connection may take before the broker binds it.
 func freePorts(tb testing.TB, n int) []int {
 	tb.Helper()
-	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			tb.Fatalf("testenv: free port: %v", err)
-		}
-		defer l.Close()
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	base := FreePortRange(tb, n)
+	ports := make([]int, n)
+	for i := range ports {
+		ports[i] = base + i
 	}
 	return ports
 }

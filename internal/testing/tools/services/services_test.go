@@ -16,6 +16,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/idemhq/idem/internal/testing/testenv"
 )
 
 func repoRoot(t *testing.T) string {
@@ -52,6 +54,16 @@ func must[T any](v T, err error) T {
 	return v
 }
 
+// kafkaPorts returns a broker and a controller port that were free a moment
+// ago, below Linux's ephemeral range (testenv.FreePortRange): a port handed
+// out for ":0" and closed is one an outgoing connection may take before
+// Kafka binds it.
+func kafkaPorts(t *testing.T) (int, int) {
+	base := testenv.FreePortRange(t, 2)
+	return base, base + 1
+}
+
+// freePort returns a port and the listener that holds it.
 func freePort(t *testing.T) (int, net.Listener) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -68,10 +80,7 @@ func services(t *testing.T, env ...string) (string, error) {
 	// which is reused, from anything else: 60 s leaves room on a loaded machine.
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	kport, l1 := freePort(t)
-	cport, l2 := freePort(t)
-	l1.Close()
-	l2.Close()
+	kport, cport := kafkaPorts(t)
 	cmd := exec.CommandContext(ctx, "bash", filepath.Join(repoRoot(t), "scripts", "services.sh"), "up")
 	cmd.Env = append(os.Environ(),
 		"IDEM_STATE="+t.TempDir(), "DATABASE_URL=postgres://unused", "SCHEMA_REGISTRY_URL=http://unused", "IDEM_NO_DOCKER=1",
@@ -210,10 +219,7 @@ func TestServicesIdempotentAndCrashCleanup(t *testing.T) {
 		t.Skip("starts a Kafka broker")
 	}
 	state := stateWithJars(t)
-	kport, l1 := freePort(t)
-	cport, l2 := freePort(t)
-	l1.Close()
-	l2.Close()
+	kport, cport := kafkaPorts(t)
 	run := scriptRunner(t, state, "KAFKA_PORT="+itoa(kport), "KAFKA_CONTROLLER_PORT="+itoa(cport))
 	t.Cleanup(func() { run("down") })
 	out := run("up")
