@@ -118,8 +118,11 @@ func (p *pauser) forget(k tp) {
 // consuming": while it is closed messages flow; when a handler reports an open
 // breaker the gate closes every claimed partition (their fetching is paused, and
 // workers wait before their next attempt) until the breaker's cool-down ends.
-// Then exactly one worker goes through as the half-open probe while the others
-// keep waiting; the probe's outcome decides: anything but an open breaker opens
+// Then fetching resumes, so that a message can come to be the probe even to a
+// claim that has none buffered (one that joined during the cool-down: the
+// session before it ended), and exactly one worker goes through as the
+// half-open probe while the others keep waiting (what is fetched meanwhile is
+// bounded by backpressure); the probe's outcome decides: anything but an open breaker opens
 // the gate for all and resumes fetching (a limit or a 429 of a dependency,
 // breaker.IsThrottled, too: the probe's message alone then waits for that
 // dependency); an open breaker closes it for another cool-down. No retry
@@ -135,6 +138,10 @@ type gate struct {
 	members map[tp]struct{} // partitions whose workers are running
 	name    string          // the breaker that closed the gate
 	since   time.Time
+	// halfOpen: the cool-down ended and fetching resumed for the probe.
+	halfOpen bool
+	cooled   *time.Timer // ends the cool-down (halfOpen); nil until the first trip
+	stopped  bool        // close was called: the timer is not armed again
 }
 
 func newGate(r *runner) *gate {
@@ -151,7 +158,7 @@ func (g *gate) join(k tp) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.members[k] = struct{}{}
-	if !g.until.IsZero() {
+	if !g.until.IsZero() && !g.halfOpen {
 		g.r.pauses.set(k, pauseBreaker, true)
 	}
 }
@@ -193,9 +200,54 @@ func (g *gate) trip(err error) {
 	if until.After(g.until) {
 		g.until = until
 	}
+	if g.halfOpen { // a probe failed: fetching pauses again
+		g.halfOpen = false
+		for k := range g.members {
+			g.r.pauses.set(k, pauseBreaker, true)
+		}
+	}
+	g.armLocked()
 	g.closed.Store(true)
 	g.probing = false
 	g.broadcast()
+}
+
+// armLocked arms the timer that ends the current cool-down (at g.until).
+func (g *gate) armLocked() {
+	if g.stopped {
+		return
+	}
+	until := g.until
+	if g.cooled != nil {
+		g.cooled.Stop()
+	}
+	g.cooled = time.AfterFunc(time.Until(until), func() { g.cooledDown(until) })
+}
+
+// cooledDown ends the cool-down that was to end at until, unless the gate
+// opened or closed for longer since: fetching resumes so that a message comes
+// to be the probe; the workers still wait at the gate, and one goes through.
+func (g *gate) cooledDown(until time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.stopped || g.halfOpen || g.until.IsZero() || !g.until.Equal(until) {
+		return
+	}
+	g.halfOpen = true
+	for k := range g.members {
+		g.r.pauses.set(k, pauseBreaker, false)
+	}
+	g.broadcast()
+}
+
+// close stops the cool-down timer; Run calls it once every claim has ended.
+func (g *gate) close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.stopped = true
+	if g.cooled != nil {
+		g.cooled.Stop()
+	}
 }
 
 // wait blocks while the gate is closed. It returns probe=true when the caller
@@ -255,6 +307,10 @@ func (g *gate) probeDone(reopened bool) {
 	}
 	g.r.log.Info("idem: probe passed; consumption resumed", "breaker", g.name, "paused_for", time.Since(g.since).Round(time.Millisecond))
 	g.until = time.Time{}
+	g.halfOpen = false
+	if g.cooled != nil {
+		g.cooled.Stop()
+	}
 	g.closed.Store(false)
 	for k := range g.members {
 		g.r.pauses.set(k, pauseBreaker, false)

@@ -310,6 +310,7 @@ func (r *runner) run(ctx context.Context) (err error) {
 		if err := group.Close(); err != nil {
 			r.log.Warn("idem: close consumer group", "err", err)
 		}
+		r.gate.close() // every claim has ended: no cool-down timer fires after Run
 		wg.Wait()
 	}()
 
