@@ -1,5 +1,5 @@
-// Package committed reads Kafka partitions as a read_committed consumer
-// sees them, and knows where it stands while it does.
+// Package committed is a reader of Kafka partitions as a read_committed
+// consumer sees them, which knows where it stands while it reads.
 //
 // A topic written with transactions (consumer.Config.Transactions, the
 // outbox relay's ExactlyOnce) holds, after the records of each

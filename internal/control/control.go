@@ -1,4 +1,4 @@
-// Package control keeps idem's live controls in PostgreSQL: the partitions an
+// Package control is idem's live controls, kept in PostgreSQL: the partitions an
 // operator paused, the re-drives of a window of records under a replay
 // epoch, and the heartbeats of the members of each consumer group (the
 // fleet). The console and the CLI change them (admin.go: each change

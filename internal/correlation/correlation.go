@@ -1,4 +1,4 @@
-// Package correlation carries a correlation id in a context: the id that
+// Package correlation is the correlation id a context carries: the id that
 // ties together every message and step one business request causes, across
 // services. consumer.Run puts the id of the message being handled into the
 // handler's ctx (its header Header, or else its idempotency key); package

@@ -1,4 +1,4 @@
-// Package expiry decides whether a message is too old to handle: a maximum
+// Package expiry is the test of whether a message is too old to handle: a maximum
 // age per topic, measured from the record's timestamp, and a deadline the
 // producer sets per message in a header. It is the building block of the
 // consumer's expiry step (issue 21, "Expiry"): the consumer calls

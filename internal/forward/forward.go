@@ -1,4 +1,4 @@
-// Package forward sends records to retry tiers, dead-letter topics and, on
+// Package forward is the sender of records to retry tiers, dead-letter topics and, on
 // replay, original topics (Forwarder), durably and never duplicated by
 // producer retries (with a producer set up by retrytopic.ConfigureProducer),
 // and waits for a tier record's due time (WaitDue). Producer errors are

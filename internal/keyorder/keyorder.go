@@ -1,5 +1,5 @@
-// Package keyorder keeps per-key order while a message sits in a retry tier
-// (consumer.ByKey). It is internal: the consumer wires it.
+// Package keyorder is per-key order kept while a message sits in a retry
+// tier (consumer.ByKey). It is internal: the consumer wires it.
 //
 // A key K is blocked while a row in idem_ordering_heads names its head: the
 // message of K (by idempotency key) that went to a retry tier. Later messages of

@@ -1,4 +1,4 @@
-// Package mask hides sensitive values from whoever reads a dead letter: the
+// Package mask is the hiding of sensitive values from whoever reads a dead letter: the
 // failure console (UI and API) and `idem dlq` (list and show) use it, with the
 // JSON paths an operator gives (console.Config.Mask, --mask).
 //

@@ -1,4 +1,4 @@
-// Package mutate holds the switches of the swarm checker's own proof (issue
+// Package mutate is the set of switches of the swarm checker's own proof (issue
 // 28, item 5): for each invariant of internal/testing/chaos/check, a switch that
 // turns off, in one line of production code, the mechanism the invariant
 // guards, so that the swarm can be shown to find the breach within a few

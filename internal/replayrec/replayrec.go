@@ -1,4 +1,4 @@
-// Package replayrec builds the record a replay sends for a dead letter. It is
+// Package replayrec is the record a replay sends for a dead letter, built by
 // the one code path for every replay idem makes: dlq.Client.Replay (and so
 // `idem dlq replay`) and the failure console's replay (internal/failidx, and
 // so `idem dlq replay --database-url` and the console's UI and API).

@@ -1,4 +1,4 @@
-// Package seal encrypts payloads at rest in idem's PostgreSQL tables
+// Package seal is the encryption at rest of payloads in idem's PostgreSQL tables
 // (envelope encryption, standard library crypto only).
 //
 // A row's payload is sealed with AES-256-GCM under a data key: 32 random

@@ -1,4 +1,4 @@
-// Package committedtest writes records in Kafka transactions for the tests
+// Package committedtest is a writer of records in Kafka transactions for the tests
 // of the readers of dead-letter topics (package dlq, idemtest.ReadDLQ, the
 // failure index, the CLI), as a consumer with Config.Transactions writes
 // its forwards: each transaction ends with a marker that takes an offset.

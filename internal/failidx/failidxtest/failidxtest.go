@@ -1,4 +1,4 @@
-// Package failidxtest holds the test helpers of the failure index, shared by
+// Package failidxtest is the test helpers of the failure index, shared by
 // the tests of internal/failidx (the store and the actions) and of
 // console/index (the indexer): dead letters to seed as the consumer writes
 // them, a database with the index's tables, and readers of Kafka topics and

@@ -25,7 +25,8 @@ const (
 // TestArchitectureMap keeps docs/architecture.md's package map equal to the
 // module's packages: one line per package, its path and the first sentence
 // of its package doc, grouped as public packages, commands and examples,
-// product internals and the test harness (internal/testing/). A package
+// product internals and the test harness (internal/testing/); a product
+// internal's doc starts "Package x is". A package
 // added, moved, removed or re-documented fails it until the map is
 // regenerated with -update.
 func TestArchitectureMap(t *testing.T) {
@@ -108,6 +109,11 @@ func packageMap(tb testing.TB, root string) string {
 		synopsis := new(doc.Package).Synopsis(text)
 		if synopsis == "" {
 			tb.Errorf("%s: package %s has no package doc", name, pkg)
+		}
+		// An internal package answers "what is this?" in one noun phrase
+		// (issue 32, item 1): its doc says what it is, not what it does.
+		if group(name) == "Product internals" && !strings.HasPrefix(synopsis, "Package "+pkg+" is ") {
+			tb.Errorf("%s: the package doc starts %.40q…; an internal package's says what it is: \"Package %s is …\"", name, synopsis, pkg)
 		}
 		groups[group(name)] = append(groups[group(name)], fmt.Sprintf("- `%s`: %s", name, synopsis))
 		return nil
