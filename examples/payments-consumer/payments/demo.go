@@ -324,7 +324,7 @@ func runDemo(ctx context.Context, e env, o demoOptions, stdout, stderr io.Writer
 func finish(runErr chan error, stopRun context.CancelFunc, werr error) error {
 	stopRun()
 	if err := <-runErr; err != nil {
-		return fmt.Errorf("consumer: %w", err)
+		return err // consumer.Run's errors say "consumer: " already
 	}
 	return werr
 }

@@ -133,7 +133,7 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, hooks Hooks
 		Readiness:  ready,
 	}, rl, pool, log, svc, hooks)
 	if err != nil {
-		return fmt.Errorf("consumer: %w", err)
+		return err // consumer.Run's errors say "consumer: " already
 	}
 	log.Info("stopped cleanly")
 	return nil
