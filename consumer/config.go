@@ -15,6 +15,7 @@ import (
 	"github.com/idemhq/idem/console/index"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/expiry"
 	"github.com/idemhq/idem/recovery"
 	"github.com/idemhq/idem/schedule"
@@ -78,7 +79,7 @@ type Config struct {
 	Logger *slog.Logger
 
 	// Registerer receives idem's Prometheus collectors (package metrics).
-	// Default: nil, metrics are kept but not exported.
+	// Default: nil (or a nil pointer), metrics are kept but not exported.
 	Registerer prometheus.Registerer
 
 	// ShutdownGrace bounds how long an in-flight message may run after its
@@ -446,6 +447,9 @@ func defaults() Config {
 // withDefaults returns c with every zero optional field set to its default.
 func (c Config) withDefaults() Config {
 	d := defaults()
+	if coremetrics.IsNil(c.Registerer) { // a nil *prometheus.Registry: no metrics, as nil
+		c.Registerer = nil
+	}
 	if c.KeyFunc == nil {
 		c.KeyFunc = d.KeyFunc
 	}

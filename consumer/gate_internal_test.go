@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -11,6 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/breaker"
+	"github.com/idemhq/idem/dedupe"
+	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/testing/testkit"
 )
 
@@ -56,7 +59,9 @@ func TestGateResumesFetchingForTheProbe(t *testing.T) {
 	r.gate = newGate(r)
 	g := r.gate
 	k := tp{"orders", 0}
-	open := func() error { return &breaker.OpenError{Name: "bank", State: breaker.Open, RetryAfter: 20 * time.Millisecond} }
+	open := func() error {
+		return &breaker.OpenError{Name: "bank", State: breaker.Open, RetryAfter: 20 * time.Millisecond}
+	}
 	fetching := func() error {
 		if group.isPaused(k) {
 			return fmt.Errorf("%v still paused", k)
@@ -108,4 +113,27 @@ func TestGateResumesFetchingForTheProbe(t *testing.T) {
 		t.Fatal("the gate opened and the partition is still paused")
 	}
 	g.close()
+}
+
+// A nil *prometheus.Registry as Config.Registerer means no metrics, as nil
+// does: Run's set-up (the metrics, the limits' collector) does not panic on
+// it.
+func TestNilRegistryPointerIsNoMetrics(t *testing.T) {
+	var registry *prometheus.Registry
+	set, err := breaker.NewSet(breaker.Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := handler.Func(func(context.Context, *handler.Message) error { return nil })
+	cfg := Config{Brokers: []string{"127.0.0.1:9"}, Group: "g", Topics: []string{"t"}, Dedupe: dedupe.NewMemory(),
+		Logger: slog.New(slog.DiscardHandler), Registerer: registry, Limits: LimitsConfig{Breakers: set}}.withDefaults()
+	if cfg.Registerer != nil {
+		t.Fatalf("withDefaults kept Registerer %#v, want nil", cfg.Registerer)
+	}
+	if err := registerLimits(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newRunner(cfg, h); err != nil {
+		t.Fatal(err)
+	}
 }

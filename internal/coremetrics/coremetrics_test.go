@@ -68,11 +68,28 @@ func TestEveryMetricIsDocumented(t *testing.T) {
 	}
 }
 
-// A nil Registerer keeps the metrics usable without exporting them.
+// A nil Registerer keeps the metrics usable without exporting them, and so
+// does a nil *prometheus.Registry in it (on which Register would panic).
 func TestNilRegisterer(t *testing.T) {
-	m, err := coremetrics.New(nil)
-	if err != nil {
-		t.Fatal(err)
+	var registry *prometheus.Registry
+	for name, reg := range map[string]prometheus.Registerer{"nil": nil, "nil *prometheus.Registry": registry} {
+		t.Run(name, func(t *testing.T) {
+			m, err := coremetrics.New(reg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.Commits.WithLabelValues("g").Inc()
+			var rerr error
+			c := coremetrics.Register(reg, prometheus.NewCounter(prometheus.CounterOpts{Name: "c"}), &rerr)
+			if rerr != nil || c == nil {
+				t.Fatalf("Register = %v, %v", c, rerr)
+			}
+			if !coremetrics.IsNil(reg) {
+				t.Fatal("IsNil = false")
+			}
+		})
 	}
-	m.Commits.WithLabelValues("g").Inc()
+	if coremetrics.IsNil(prometheus.NewRegistry()) {
+		t.Fatal("IsNil(a registry) = true")
+	}
 }
