@@ -582,3 +582,85 @@ func TestCrossingRuleDLQSharedBySources(t *testing.T) {
 		})
 	}
 }
+
+// A re-drive of a deferred record (found reading the round's diff): the
+// handler defers d at its first delivery and again when an operator
+// re-drives the window holding d. Each epoch is a key space of its own
+// (dedupe.Record.Epoch), so the re-drive's deferral is stored too, not
+// taken for the first one's duplicate and dropped.
+func TestCrossingRedriveOfDeferredRecord(t *testing.T) {
+	t.Parallel()
+	const partitions = 1
+	e := newControlEnv(t, partitions)
+	if err := schema.Migrate(testenv.Context(t), e.pool, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.k.DeleteTopics(t, e.topic+"."+e.group+".deferred") })
+	var c calls
+	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
+		if m.Topic == e.topic { // at its source, in every epoch: deferred
+			c.inc(fmt.Sprint("deferred in epoch ", m.Epoch))
+			return handler.DeferUntil(time.Now().Add(time.Hour))
+		}
+		return nil
+	})
+	now := time.Now()
+	e.produceAt([]string{"d"}, partitions, func(int) time.Time { return now.Add(-10 * time.Minute) })
+	cfg := e.config()
+	cfg.Defer = e.deferScheduler()
+	cfg.Controls = e.pool
+	startCtx(t, consumer.WithControlsTiming(context.Background(), 200*time.Millisecond, time.Second), cfg, h)
+	e.waitCommitted(e.topic, partitions, 60*time.Second)
+	if n := e.count(`SELECT count(*) FROM idem_deferred`); n != 1 {
+		t.Fatalf("%d deferred rows after the first delivery, want 1", n)
+	}
+	rd := e.redrive(e.client(), now.Add(-time.Hour), now, 0, 0)
+	e.waitRedrive(rd.ID, 2*time.Minute)
+	if n := c.get(fmt.Sprint("deferred in epoch ", rd.Epoch)); n != 1 {
+		t.Fatalf("the handler deferred d %d times in the re-drive's epoch %d, want 1", n, rd.Epoch)
+	}
+	if n := e.count(`SELECT count(*) FROM idem_deferred`); n != 2 {
+		t.Errorf("%d deferred rows after the re-drive, want 2 (one per epoch)", n)
+	}
+}
+
+// A throttled KeyFunc (found reading the round's diff): a 429 or a limit of
+// one dependency met while deriving a message's key (a schema registry
+// asking to wait) makes that message's partition wait for it, as a
+// handler's throttled message does; it does not close the gate and pause
+// every partition of the member as an open breaker does. y, on the other
+// partition, is handled while x waits, and the member never logs that its
+// consumption paused.
+func TestCrossingThrottledKeyFuncDoesNotPauseTheMember(t *testing.T) {
+	t.Parallel()
+	const retryAfter = 5 * time.Second
+	e := newEnv(t, 2)
+	var throttled atomic.Bool
+	var logs logBuffer
+	cfg := e.config()
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	cfg.KeyFunc = func(m *handler.Message) (string, error) {
+		k, err := consumer.HeaderKey("idempotency-key")(m)
+		if k == "x" && throttled.CompareAndSwap(false, true) {
+			return "", &breaker.ThrottleError{Name: "registry", Reason: breaker.ReasonRetryAfter, RetryAfter: retryAfter}
+		}
+		return k, err
+	}
+	p := e.k.Producer(t)
+	e.send(p, 0, []byte("x"), "x")
+	r := start(t, cfg, effectHandler())
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if !throttled.Load() {
+			return errors.New("x's key has not met the 429 yet")
+		}
+		return nil
+	})
+	e.send(p, 1, []byte("y"), "y")
+	e.coreWaitEffects(2, 60*time.Second)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if out := logs.String(); strings.Contains(out, "consumption paused") {
+		t.Errorf("x's throttled key paused the member's consumption:\n%s", out)
+	}
+}

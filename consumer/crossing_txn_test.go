@@ -93,6 +93,37 @@ func (e *env) drainedKeys(parked ...string) {
 	}
 }
 
+// drainStop stops a Run as a SIGTERM does once its drain reaches a given
+// parked message, before that message is handled.
+type drainStop struct {
+	run     runHandle
+	stopped atomic.Bool
+}
+
+// ctx returns a ctx for the Run whose drain hook stops it at ikey.
+func (d *drainStop) ctx(t *testing.T, ikey string) context.Context {
+	return consumer.WithOrderHooks(testenv.Context(t), nil, func(stop, _ context.Context, rec keyorder.Record) {
+		if rec.IdempotencyKey == ikey && d.stopped.CompareAndSwap(false, true) {
+			d.run.cancel() // SIGTERM mid-drain
+			<-stop.Done()
+		}
+	})
+}
+
+// wait waits until the drain reached the message and the Run ended.
+func (d *drainStop) wait(t *testing.T) {
+	t.Helper()
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if !d.stopped.Load() {
+			return errors.New("the drain has not reached the message to stop at")
+		}
+		return nil
+	})
+	if err := d.run.r.stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // drainHandler fails H once (retriably: it goes to tier 1 and the later
 // messages of its key park behind it), D… for good, and applies the rest.
 func drainHandler(c *calls) handler.Func {
@@ -155,26 +186,11 @@ func TestCrossingStopAfterDrainForward(t *testing.T) {
 		for i := range 1 + rng.IntN(3) {
 			dead = append(dead, fmt.Sprintf("D%d", i))
 		}
-		var run runHandle
-		var stopped atomic.Bool
-		ctx := consumer.WithOrderHooks(testenv.Context(t), nil, func(stop, _ context.Context, rec keyorder.Record) {
-			if rec.IdempotencyKey == "S" && stopped.CompareAndSwap(false, true) {
-				run.cancel() // SIGTERM mid-drain
-				<-stop.Done()
-			}
-		})
+		var ds drainStop
 		var c calls
 		e.drainedKeys(append(dead, "S")...)
-		run.set(startCtx(t, ctx, cfg, drainHandler(&c)))
-		testenv.Eventually(t, 60*time.Second, func() error {
-			if !stopped.Load() {
-				return errors.New("the drain has not reached S")
-			}
-			return nil
-		})
-		if err := run.r.stop(); err != nil {
-			t.Fatal(err)
-		}
+		ds.run.set(startCtx(t, ds.ctx(t, "S"), cfg, drainHandler(&c)))
+		ds.wait(t)
 		cfg.Registerer = prometheus.NewRegistry()
 		r := start(t, cfg, drainHandler(&c))
 		e.waitSettled("H,S")
@@ -826,4 +842,67 @@ func TestCrossingOwedHookAcrossCrash(t *testing.T) {
 			t.Errorf("hook for %q: origin %+v, DLQ %s; want %s/0/%d with its timestamp, DLQ %s", d.Message.IdempotencyKey, o, d.Topic, e.topic, want, e.dlq())
 		}
 	}
+}
+
+// A dropped parked message's owed OnExpired (found reading the round's
+// diff): with Expiry{Drop, OnExpired}, H's drain drops P, whose deadline
+// passed while it was parked behind H, and owes P's hook to the
+// transaction carrying H's offset; the member is then stopped gracefully
+// before that transaction commits (the drain reaches S). P's removal from
+// the parked messages must not outlive that transaction: the next member
+// drains P again, and P's hook runs exactly once.
+func TestCrossingStopAfterDrainDropsExpired(t *testing.T) {
+	t.Parallel()
+	forEachMode(t, []testMode{"txn", "txn-lanes"}, func(t *testing.T, mode testMode) {
+		e, cfg := orderedEnv(t, 1, 200*time.Millisecond)
+		e.in(mode)
+		cfg = mode.apply(cfg)
+		if _, err := e.pool.Exec(testenv.Context(t), `CREATE TABLE expired_hook(key text)`); err != nil {
+			t.Fatal(err)
+		}
+		cfg.Expiry = consumer.Expiry{Drop: true, OnExpired: func(ctx context.Context, x consumer.Expired) error {
+			_, err := dedupe.Tx(ctx).Exec(ctx, `INSERT INTO expired_hook VALUES ($1)`, x.Message.IdempotencyKey)
+			return err
+		}}
+		var deadline atomic.Int64 // P's, in Unix ms
+		h := handler.Func(func(ctx context.Context, m *handler.Message) error {
+			if m.IdempotencyKey == "H" {
+				if m.Topic == e.topic {
+					return errors.New("H fails at its source")
+				}
+				select { // H's call in its tier outlasts P's deadline: P expires parked
+				case <-time.After(time.Until(time.UnixMilli(deadline.Load())) + 300*time.Millisecond):
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			return apply(ctx, m)
+		})
+		var ds drainStop // SIGTERM mid-drain at S, after P was dropped
+		ds.run.set(startCtx(t, ds.ctx(t, "S"), cfg, h))
+		// A first record, so that P is read (and parked) well before its
+		// deadline however long the group takes to form.
+		e.produceExpiry(expiryRec{ikey: "W", kafkaKey: "W"})
+		e.waitSettled("W")
+		deadline.Store(time.Now().Add(3 * time.Second).UnixMilli())
+		e.produceExpiry(expiryRec{ikey: "H", kafkaKey: "K"},
+			expiryRec{ikey: "P", kafkaKey: "K", deadline: strconv.FormatInt(deadline.Load(), 10)},
+			expiryRec{ikey: "S", kafkaKey: "K"})
+		ds.wait(t)
+		cfg.Registerer = prometheus.NewRegistry()
+		r := start(t, cfg, h)
+		e.waitSettled("W,H,S")
+		testenv.Eventually(t, 30*time.Second, func() error {
+			if n := e.count(`SELECT count(*) FROM expired_hook WHERE key = 'P'`); n != 1 {
+				return fmt.Errorf("P's OnExpired ran %d times, want once", n)
+			}
+			return nil
+		})
+		if err := r.stop(); err != nil {
+			t.Fatal(err)
+		}
+		if n := e.count(`SELECT count(*) FROM expired_hook`); n != 1 {
+			t.Errorf("%d OnExpired calls, want 1 (P's)", n)
+		}
+	})
 }

@@ -184,7 +184,9 @@ func (w deferrals) deferMsg(msg *handler.Message, until time.Time, id string) er
 	rec := tables.DeferredRecordOf(r.cfg.Group, deferredTopic(msg.Origin().Topic, r.cfg.Group), msg)
 	rec.DLQ = r.deferDLQ(msg.Origin().Topic) // a sealed copy whose key is destroyed goes there (sealed.go)
 	o := msg.Origin()
-	key := deferralRecord(dedupe.Record{Group: r.cfg.Group, Topic: o.Topic, Partition: o.Partition, Offset: o.Offset}, id)
+	// Under the message's replay epoch, as decide looks it up: a re-drive's
+	// deferral is its own, not the first delivery's duplicate.
+	key := deferralRecord(dedupe.Record{Group: r.cfg.Group, Topic: o.Topic, Partition: o.Partition, Offset: o.Offset, Epoch: msg.Epoch}, id)
 	for n := 1; ; n++ {
 		out, err := r.cfg.Dedupe.Process(w.hctx, key, func(ctx context.Context) error { return w.storeDeferral(ctx, rec, until) })
 		switch {

@@ -29,7 +29,10 @@ import (
 // drain is staged and commits with at's offset when head's message settles
 // (settle.go), and the steps that hang on a forward (a parked message
 // dead-lettered, a promotion) are marked with it (txnMark) rather than
-// applied: Resolve applies them once at's offset is committed.
+// applied: Resolve applies them once at's offset is committed. So is a
+// parked message dropped as expired whose OnExpired the transaction owes:
+// its removal must not outlive a transaction that aborts, or the hook would
+// be lost with it.
 func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 	r := w.r
 	hooks := w.hooks()
@@ -58,6 +61,7 @@ func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 			return errStopping // revoked or shutting down: start nothing new
 		}
 		msg, headers := parkedMessage(next)
+		hookOwed := false                  // dropped with its OnExpired owed (Transactions)
 		o := r.parkedOrigin(next, headers) // a tier's copy goes on from its tier
 		msg.Attempt = o.attempts + 1
 		rec := dedupe.Record{Group: r.cfg.Group, Key: next.IdempotencyKey, Topic: next.Topic, Partition: next.Partition, Offset: next.Offset,
@@ -84,11 +88,12 @@ func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 				failed = unreadable(next.Unreadable)
 			case d.res.Status != expiry.Live:
 				var drop bool
+				owed := len(w.owed)
 				if failed, drop, err = w.expire(msg, next.Topic, d.res); err != nil {
 					return err
 				}
 				if drop {
-					failed = nil
+					failed, hookOwed = nil, len(w.owed) > owed
 				}
 			default:
 				if failed, err = w.process(rec, msg, nil); err != nil {
@@ -111,7 +116,14 @@ func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 			return false, err
 		}
 		if failed == nil {
-			if stuck, err := done(nil); stuck || err != nil {
+			var m *keyorder.Mark
+			if hookOwed { // its row goes with the transaction that owes its hook (Resolve), or comes back
+				if at < 0 && !txnHold(w).commitNow() { // the claim's recovery: no mark, so committed before its row goes
+					return errStopping
+				}
+				m = mark
+			}
+			if stuck, err := done(m); stuck || err != nil {
 				return err
 			}
 			continue

@@ -1,6 +1,8 @@
 package consumer
 
 import (
+	"time"
+
 	"github.com/idemhq/idem/breaker"
 )
 
@@ -12,17 +14,32 @@ import (
 // (every claimed partition pauses for its RetryAfter), no attempt is
 // spent, nothing is forwarded, and f runs again once the gate lets this
 // claim through (as the half-open probe, or when another claim's probe
-// opened it). errStopping: the partition is stopping.
+// opened it). A *breaker.ThrottleError (a limit or a 429: the dependency is
+// up but asks to wait) is not an open breaker: only this message waits, for
+// its RetryAfter, and the gate stays open. errStopping: the partition is
+// stopping.
 func (c *claim) untilUp(f func() error) error {
 	probe := false
 	for {
 		err := f()
-		open := err != nil && breaker.IsOpen(err)
+		throttled := err != nil && breaker.IsThrottled(err)
+		open := err != nil && breaker.IsOpen(err) && !throttled
 		if probe {
 			if open {
 				c.r.gate.trip(err)
 			}
 			c.r.gate.probeDone(open)
+			probe = false
+		}
+		if throttled { // a limit or a 429 of one dependency: this message waits, as a handler's does
+			d, _ := breaker.RetryAfter(err)
+			if c.debug {
+				c.log.Debug("idem: a dependency of the key or the route asks to wait", "err", err, "retry_after", d)
+			}
+			if !sleep(c.stopCtx, max(d, 10*time.Millisecond)) {
+				return errStopping
+			}
+			continue
 		}
 		if !open {
 			return err
