@@ -28,10 +28,14 @@ func TestParseTokens(t *testing.T) {
 		"admin alice short",             // secret length
 		"admin al|ce 0123456789abcdef0", // name
 		"admin a 0123456789abcdef0\nviewer b 0123456789abcdef0", // shared secret
+		"admin a 0123456789abcdef0\nviewer a 0123456789abcdef1", // one name twice (issue 29, item 11: names are unique)
 	} {
 		if _, err := ParseTokens(bad); err == nil {
 			t.Errorf("ParseTokens(%q): no error", bad)
 		}
+	}
+	if _, err := ParseTokens("admin a 0123456789abcdef0\nviewer a 0123456789abcdef1"); err == nil || !strings.Contains(err.Error(), `two tokens are named "a"`) {
+		t.Errorf("ParseTokens of one name twice: %v, want the name named", err)
 	}
 	// The environment's form, and both mixed.
 	ts, err = ParseTokens("operator:bob:0123456789abcdef0, admin:eve:0123456789abcdef1")

@@ -300,8 +300,7 @@ func (a *app) runConsole(ctx context.Context, o consoleOptions) error {
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: consoleReadHeaderTimeout, ReadTimeout: consoleReadTimeout,
-		WriteTimeout: consoleWriteTimeout, IdleTimeout: consoleIdleTimeout, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
+	srv := consoleServer(h, logger)
 	auth := "log in with a token"
 	if o.insecure {
 		auth = "NO AUTHENTICATION (--insecure-no-auth)"
@@ -351,4 +350,13 @@ func (a *app) runConsole(ctx context.Context, o consoleOptions) error {
 	cancel()
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// consoleServer is the console's HTTP server: every phase of a connection
+// is bounded (issue 29, item 7), reading a request's headers and body,
+// writing its response, and waiting idle between requests, so that a slow
+// or silent client cannot hold a connection open.
+func consoleServer(h http.Handler, logger *slog.Logger) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: consoleReadHeaderTimeout, ReadTimeout: consoleReadTimeout,
+		WriteTimeout: consoleWriteTimeout, IdleTimeout: consoleIdleTimeout, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
 }

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/big"
 	"net"
 	"net/http"
@@ -304,5 +305,35 @@ func TestConsolePoolBoundsStatements(t *testing.T) {
 	}
 	if _, err := pool.Exec(t.Context(), `SELECT pg_sleep(5)`); err == nil || !strings.Contains(err.Error(), "statement timeout") {
 		t.Errorf("a 5 s statement: %v, want cancelled by the statement timeout", err)
+	}
+}
+
+// The console's server bounds every phase of a connection (issue 29, item
+// 7): reading headers and body, writing the response, and idling between
+// requests; and a client that opens a connection and says nothing is cut
+// off once the header timeout passes.
+func TestConsoleServerBoundsConnections(t *testing.T) {
+	t.Parallel()
+	srv := consoleServer(http.NotFoundHandler(), slog.New(slog.DiscardHandler))
+	for name, d := range map[string]time.Duration{"ReadHeaderTimeout": srv.ReadHeaderTimeout, "ReadTimeout": srv.ReadTimeout,
+		"WriteTimeout": srv.WriteTimeout, "IdleTimeout": srv.IdleTimeout} {
+		if d <= 0 {
+			t.Errorf("%s = %v: unbounded", name, d)
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetReadDeadline(time.Now().Add(srv.ReadHeaderTimeout + 30*time.Second))
+	if _, err := io.ReadAll(conn); err != nil { // EOF: the server closed the silent connection
+		t.Fatalf("a silent connection was not closed by the server: %v", err)
 	}
 }

@@ -266,7 +266,7 @@ func checkConsole(t *testing.T, d *appsv1.Deployment) {
 	if c.Args[0] != "console" || !strings.Contains(args, "--tokens-file=/etc/idem/console/") || strings.Contains(args, "--insecure-no-auth") {
 		t.Errorf("console args %q: want console --tokens-file", args)
 	}
-	tls := strings.Contains(args, "--tls-cert=/etc/idem/console-tls/tls.crt") && strings.Contains(args, "--tls-key=/etc/idem/console-tls/tls.key")
+	tls := strings.Contains(args, "--http-tls-cert=/etc/idem/console-tls/tls.crt") && strings.Contains(args, "--http-tls-key=/etc/idem/console-tls/tls.key")
 	if tls == strings.Contains(args, "--behind-proxy") {
 		t.Errorf("console args %q: want TLS or --behind-proxy, one of them", args)
 	}
