@@ -346,3 +346,31 @@ func TestConsoleWithoutControlTables(t *testing.T) {
 		}
 	}
 }
+
+// TestFleetShowsBreakers (issue 29, item 19): a member whose dependency
+// breaker paused it reports the breaker in its heartbeat, and the fleet
+// page and API show it, with when it closes.
+func TestFleetShowsBreakers(t *testing.T) {
+	e := newEnv(t, nil)
+	until := time.Now().Add(time.Minute)
+	m := control.Member{Group: "billing-breakers", ID: "host-1/1/aa", Host: "host-1", Version: "v1", StartedAt: time.Now(), BeatEvery: time.Hour,
+		Status: control.Status{Breaker: &control.BreakerStatus{Name: "bank-api", Since: time.Now(), Until: until},
+			Partitions: []control.PartitionStatus{{Topic: "payments", Partition: 0, Lag: 3, Paused: []string{"breaker"}}}}}
+	if err := control.Beat(t.Context(), e.pool, m); err != nil {
+		t.Fatal(err)
+	}
+	var fleet struct {
+		Groups []fleetGroup `json:"groups"`
+	}
+	code, body := e.call(t, "GET", "/api/fleet?group=billing-breakers", viewerSecret, nil)
+	if err := json.Unmarshal(body, &fleet); code != http.StatusOK || err != nil || len(fleet.Groups) != 1 || len(fleet.Groups[0].Members) != 1 {
+		t.Fatalf("the fleet: %d %s", code, body)
+	}
+	if b := fleet.Groups[0].Members[0].Status.Breaker; b == nil || b.Name != "bank-api" || b.Until.Sub(until).Abs() > time.Millisecond {
+		t.Errorf("the API's member breaker: %+v", b)
+	}
+	_, page := e.get(t, e.login(t, viewerSecret), "/fleet")
+	if !strings.Contains(string(page), "bank-api open until") {
+		t.Errorf("the fleet page does not show the open breaker:\n%s", page)
+	}
+}
