@@ -15,7 +15,8 @@ import (
 // message younger), and a deadline per message in the header
 // "idem-deadline" (unix milliseconds, or RFC 3339 with a zone).
 //
-// The consumer checks it before the handler, before parking a message in
+// The consumer checks it before each handler call (the first, and each
+// in-process retry after a wait), before parking a message in
 // ordering mode (Ordering ByKey), when a parked message's turn comes, and
 // when a retry tier's record comes due. A message past either limit is not
 // handled: it is dead-lettered with idem-error-kind "expired" and the reason

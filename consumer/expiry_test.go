@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/testing/testenv"
 	"github.com/idemhq/idem/internal/wire"
+	"github.com/idemhq/idem/recovery"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -288,4 +290,39 @@ func TestExpiryRejectsNegativeAge(t *testing.T) {
 			t.Errorf("%s: Run = %v, want a problem of Expiry", name, err)
 		}
 	}
+}
+
+// A message whose deadline passes while it is retried in process (found by
+// the hour's swarm soak: a deadline record handled 14.8 s past its
+// deadline, its attempts spaced by waits) is not handled again: the next
+// attempt finds it expired, and it is dead-lettered with kind expired,
+// not retried until its attempts run out.
+func TestDeadlinePassingBetweenAttempts(t *testing.T) {
+	t.Parallel()
+	forEachMode(t, []testMode{"", "txn"}, func(t *testing.T, mode testMode) {
+		e := newEnv(t, 1).in(mode)
+		cfg := mode.apply(e.config())
+		cfg.Retry.Attempts = 100
+		cfg.Retry.Backoff = recovery.Backoff{Base: 100 * time.Millisecond, Max: 100 * time.Millisecond}
+		var deadline atomic.Int64
+		var late atomic.Int32
+		start(t, cfg, handler.Func(func(ctx context.Context, m *handler.Message) error {
+			if time.Now().UnixMilli() > deadline.Load() {
+				late.Add(1)
+			}
+			return errors.New("the dependency fails until the deadline has passed")
+		}))
+		e.produceExpiry(expiryRec{ikey: "warm-up", deadline: ms(time.Now().Add(-time.Minute))}) // expired: dead-lettered at once
+		e.waitCommitted(e.topic, 1, 60*time.Second)
+		d := time.Now().Add(time.Second)
+		deadline.Store(d.UnixMilli())
+		e.produceExpiry(expiryRec{ikey: "m", deadline: ms(d)})
+		e.waitCommitted(e.topic, 1, 60*time.Second)
+		if got := e.dlqKinds(2); got["m"] != "expired" {
+			t.Errorf("DLQ kinds %v: want m with kind expired (its deadline passed between attempts)", got)
+		}
+		if n := late.Load(); n > 1 { // one attempt may start in the moment the deadline passes
+			t.Errorf("the handler was called %d times past the deadline", n)
+		}
+	})
 }

@@ -61,7 +61,7 @@ func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 			return errStopping // revoked or shutting down: start nothing new
 		}
 		msg, headers := parkedMessage(next)
-		hookOwed := false                  // dropped with its OnExpired owed (Transactions)
+		owedBefore := len(w.owed)          // an OnExpired owed (Transactions) when it is dropped
 		o := r.parkedOrigin(next, headers) // a tier's copy goes on from its tier
 		msg.Attempt = o.attempts + 1
 		rec := dedupe.Record{Group: r.cfg.Group, Key: next.IdempotencyKey, Topic: next.Topic, Partition: next.Partition, Offset: next.Offset,
@@ -88,12 +88,11 @@ func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 				failed = unreadable(next.Unreadable)
 			case d.res.Status != expiry.Live:
 				var drop bool
-				owed := len(w.owed)
 				if failed, drop, err = w.expire(msg, next.Topic, d.res); err != nil {
 					return err
 				}
 				if drop {
-					failed, hookOwed = nil, len(w.owed) > owed
+					failed = nil
 				}
 			default:
 				if failed, err = w.process(rec, msg, nil); err != nil {
@@ -117,7 +116,7 @@ func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 		}
 		if failed == nil {
 			var m *keyorder.Mark
-			if hookOwed { // its row goes with the transaction that owes its hook (Resolve), or comes back
+			if len(w.owed) > owedBefore { // dropped as expired, its OnExpired owed: its row goes with the transaction that owes the hook (Resolve), or comes back
 				if at < 0 && !txnHold(w).commitNow() { // the claim's recovery: no mark, so committed before its row goes
 					return errStopping
 				}

@@ -8,6 +8,8 @@ import (
 	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
+	"github.com/idemhq/idem/internal/expiry"
+	"github.com/idemhq/idem/internal/mutate"
 )
 
 // maxHandlerOutages bounds how often in a row one message may end an attempt
@@ -28,13 +30,19 @@ const maxHandlerOutages = 5
 func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (failed, err error) {
 	r := w.r
 	retries, outages, handlerOutages := 0, 0, 0
-	for {
+	for n := 0; ; n++ {
 		if !w.resumed() { // an operator pause holds the partition (control.go)
 			return nil, errStopping
 		}
+		waited := r.gate.closed.Load() // an open breaker: the wait may be long
 		probe, ok := r.gate.wait(w.stopCtx)
 		if !ok {
 			return nil, errStopping
+		}
+		if (n > 0 || waited) && first == nil { // the message may have expired while it waited (a backoff, an outage, an open breaker, a throttle)
+			if failed, done, err := w.expiredSince(msg, probe); done {
+				return failed, err
+			}
 		}
 		var err error
 		var ran bool
@@ -202,4 +210,29 @@ func (w *worker) retriable(err error) bool {
 		return w.rt.retry.Panics
 	}
 	return handler.IsRetriable(err)
+}
+
+// expiredSince ends the attempts of msg when Config.Expiry finds it expired
+// now (its deadline or its maximum age passed between two attempts), as
+// decide does before the first: done is true, and failed is the error to
+// dead-letter it with, or nil when it is dropped (expire: counted, its
+// OnExpired run or owed); err is errStopping when the partition is
+// stopping. probe gives the gate's probe slot back: no call proved
+// anything.
+func (w *worker) expiredSince(msg *handler.Message, probe bool) (failed error, done bool, err error) {
+	res := w.expiryOf(msg)
+	if res.Status == expiry.Live || mutate.On(mutate.Expiry) {
+		return nil, false, nil
+	}
+	if probe {
+		w.r.gate.probeAbandoned()
+	}
+	failed, drop, stop := w.expire(msg, msg.Topic, res)
+	if stop != nil {
+		return nil, true, stop
+	}
+	if drop {
+		failed = nil
+	}
+	return failed, true, nil
 }

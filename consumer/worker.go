@@ -204,6 +204,7 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 		return w.settle(cm)
 	}
 	var failed error
+	owed := len(w.owed) // an OnExpired owed to the transaction keeps msg (process may expire it too)
 	if expired {
 		var drop bool
 		var stop error
@@ -216,7 +217,7 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 	} else if failed, err = w.process(rec, msg, first); err != nil {
 		return err
 	}
-	processed := !expired && failed == nil // nothing keeps msg: reusable once marked
+	processed := !expired && failed == nil && len(w.owed) == owed // nothing keeps msg: reusable once marked
 	if failed != nil {
 		var stop error
 		if failed, stop = w.deferred(msg, failed, deferral); stop != nil { // handler.DeferUntil: stored, then settled and marked
