@@ -98,12 +98,14 @@ func (s *Services) Start(ctx context.Context) error {
 	return s.startPG(ctx)
 }
 
-// script runs scripts/services.sh for the broker only (DATABASE_URL set
-// keeps it from touching PostgreSQL).
+// script runs scripts/services.sh for the broker only (DATABASE_URL and
+// SCHEMA_REGISTRY_URL set keep it from touching PostgreSQL and from starting
+// a schema registry, which no member uses and which would outlive the run on
+// the registry's default port).
 func (s *Services) script(ctx context.Context, cmd string) error {
 	c := exec.CommandContext(ctx, "bash", filepath.Join(s.Root, "scripts", "services.sh"), cmd)
 	c.Env = append(os.Environ(), "IDEM_STATE="+s.State, "IDEM_NO_DOCKER=1", "KAFKA_BROKERS=",
-		"DATABASE_URL=unused", "KAFKA_PORT="+strconv.Itoa(s.KafkaPort), "KAFKA_CONTROLLER_PORT="+strconv.Itoa(s.ControllerPort),
+		"DATABASE_URL=unused", "SCHEMA_REGISTRY_URL=unused", "KAFKA_PORT="+strconv.Itoa(s.KafkaPort), "KAFKA_CONTROLLER_PORT="+strconv.Itoa(s.ControllerPort),
 		"KAFKA_NODES="+strconv.Itoa(s.nodes()))
 	out, err := c.CombinedOutput()
 	if err != nil {
