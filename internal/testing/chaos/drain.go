@@ -46,8 +46,13 @@ func drain(ctx context.Context, brokers []string, pool *pgxpool.Pool, sources []
 }
 
 // drainCap bounds a drain that keeps making progress: at most this many
-// times its stall timeout.
-const drainCap = 4
+// times its stall timeout. With Transactions, every record a destination
+// refuses costs an aborted transaction and a new session per form (a few
+// seconds each), and with Ordering its key waits through them: swarm-ci's
+// seed 1796364139352738188 (34 records too large for both retry.1 and the
+// DLQ, one hot key) was still draining, a refusal every 5 s, when a cap of
+// 4 ended it after 6 minutes.
+const drainCap = 8
 
 // drainLoop polls probe every tick until it reports nothing left three
 // times in a row. probe returns what is left (records not committed, rows
