@@ -12,6 +12,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
@@ -323,6 +324,51 @@ func TestDeadlinePassingBetweenAttempts(t *testing.T) {
 		}
 		if n := late.Load(); n > 1 { // one attempt may start in the moment the deadline passes
 			t.Errorf("the handler was called %d times past the deadline", n)
+		}
+	})
+}
+
+// A copy of a message applied elsewhere while this one waits between
+// attempts (a rebalance's redelivery on another member, found by the hour's
+// swarm soak without Transactions: one copy applied, the other
+// dead-lettered as expired) makes this one a duplicate when its deadline
+// then passes: the inbox is asked before it is called expired, as it is
+// before the first attempt, so the record has one outcome.
+func TestExpiredBetweenAttemptsAfterAnotherCopyApplied(t *testing.T) {
+	t.Parallel()
+	forEachMode(t, []testMode{"", "txn"}, func(t *testing.T, mode testMode) {
+		e := newEnv(t, 1).in(mode)
+		cfg := mode.apply(e.config())
+		failing := make(chan struct{})
+		var once atomic.Bool
+		var hooked atomic.Int32
+		cfg.Expiry.OnExpired = func(context.Context, consumer.Expired) error { hooked.Add(1); return nil }
+		start(t, cfg, handler.Func(func(ctx context.Context, m *handler.Message) error {
+			if m.IdempotencyKey == "m" && once.CompareAndSwap(false, true) {
+				close(failing)
+				// This copy waits 3 s for its dependency, past its deadline.
+				return &breaker.ThrottleError{Name: "psp", Reason: breaker.ReasonRate, RetryAfter: 3 * time.Second}
+			}
+			return errors.New("called again: the deadline has passed")
+		}))
+		e.produceExpiry(expiryRec{ikey: "m", deadline: ms(time.Now().Add(1500 * time.Millisecond))})
+		select {
+		case <-failing:
+		case <-time.After(60 * time.Second):
+			t.Fatal("the handler was never called for m")
+		}
+		// The other copy: applied in the inbox by another member, before the deadline.
+		other := dedupe.Record{Group: cfg.Group, Key: "m", Topic: e.topic, Partition: 0, Offset: 0}
+		if out, err := dedupe.NewPostgres(e.pool).Process(context.Background(), other, func(context.Context) error { return nil }); err != nil || out != dedupe.Processed {
+			t.Fatalf("applying the other copy: %v, %v", out, err)
+		}
+		e.produceExpiry(expiryRec{ikey: "tail", deadline: ms(time.Now().Add(-time.Minute))}) // expired: dead-lettered once m is done
+		e.waitCommitted(e.topic, 1, 60*time.Second)
+		if got := e.dlqKinds(1); got["tail"] != "expired" || got["m"] != "" {
+			t.Errorf("DLQ kinds %v: want only tail (m was applied by its other copy)", got)
+		}
+		if n := hooked.Load(); n != 1 {
+			t.Errorf("OnExpired ran %d times, want once (for tail only)", n)
 		}
 	})
 }

@@ -40,7 +40,7 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 			return nil, errStopping
 		}
 		if (n > 0 || waited) && first == nil { // the message may have expired while it waited (a backoff, an outage, an open breaker, a throttle)
-			if failed, done, err := w.expiredSince(msg, probe); done {
+			if failed, done, err := w.expiredSince(rec, msg, probe); done {
 				return failed, err
 			}
 		}
@@ -216,16 +216,34 @@ func (w *worker) retriable(err error) bool {
 // now (its deadline or its maximum age passed between two attempts), as
 // decide does before the first: done is true, and failed is the error to
 // dead-letter it with, or nil when it is dropped (expire: counted, its
-// OnExpired run or owed); err is errStopping when the partition is
-// stopping. probe gives the gate's probe slot back: no call proved
-// anything.
-func (w *worker) expiredSince(msg *handler.Message, probe bool) (failed error, done bool, err error) {
+// OnExpired run or owed) or when the inbox now holds rec's key (another
+// copy, a redelivery on another member after a rebalance, was applied
+// while this one waited: a duplicate, as decide finds before the first
+// attempt, not dead-lettered as expired); err is errStopping when the
+// partition is stopping. probe gives the gate's probe slot back: no call
+// proved anything.
+func (w *worker) expiredSince(rec dedupe.Record, msg *handler.Message, probe bool) (failed error, done bool, err error) {
 	res := w.expiryOf(msg)
 	if res.Status == expiry.Live || mutate.On(mutate.Expiry) {
 		return nil, false, nil
 	}
 	if probe {
 		w.r.gate.probeAbandoned()
+	}
+	if !mutate.On(mutate.Decide) {
+		seen, err := w.seen(rec, msg)
+		if err != nil {
+			return nil, true, err
+		}
+		if seen {
+			mx := w.mx
+			if msg.Topic != w.tp.topic { // a parked message of another topic (ordering mode)
+				mx = newPartMetrics(w.r.m, w.r.cfg.Group, msg.Topic, w.rt.name)
+			}
+			mx.duplicate.Inc()
+			w.ob.spanEnd(traceOutcomeDuplicate, nil)
+			return nil, true, nil
+		}
 	}
 	failed, drop, stop := w.expire(msg, msg.Topic, res)
 	if stop != nil {
