@@ -76,6 +76,9 @@ func run(ctx context.Context) int {
 		fmt.Fprintf(os.Stderr, "chaos: -brokers %d: want 1 or 3\n", *brokers)
 		return 2
 	}
+	if eph := chaos.EphemeralPorts(*kport, *cport, *pgport, *kport+2, *kport+4, *cport+2, *cport+4); len(eph) > 0 {
+		fmt.Fprintf(os.Stderr, "chaos: warning: ports %v are in the kernel's ephemeral range, where an outgoing connection may take one while a fault has its server down; pick ports below 32768\n", eph)
+	}
 	if *brokers == 3 {
 		// The cluster's faults each wait for a failover and a node's restart
 		// (about 25 s each, a rolling restart about 50 s; about 170 s in

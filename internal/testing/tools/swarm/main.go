@@ -98,7 +98,7 @@ func run(ctx context.Context) int {
 	flag.IntVar(&o.cport, "controller-port", 19093, "the swarm's controller port (three nodes: this, +2, +4)")
 	flag.IntVar(&o.pgport, "pg-port", 15432, "the swarm's PostgreSQL port")
 	flag.StringVar(&o.state, "state", ".state/swarm", "the swarm's broker state and the run logs")
-	flag.DurationVar(&o.drainTimeout, "drain-timeout", 0, "how long a seed's group may go without progress while it drains after its faults (default 2m, -ci 90s; at most four times that in all)")
+	flag.DurationVar(&o.drainTimeout, "drain-timeout", 0, "how long a seed's group may go without progress while it drains after its faults (default 2m, -ci 90s; at most eight times that in all while it keeps making progress)")
 	flag.Var(&o.proof, "proof", "the checker's own proof: for each mutation named (internal/mutate; \"all\" for every one), members built with -tags idem_mutate and that mechanism switched off, seeds from -seed until one fails (at most -proof-seeds); prints the table of seeds to find each breach")
 	flag.IntVar(&o.proofSeeds, "proof-seeds", 3, "with -proof: the most seeds run per mutation")
 	flag.Parse()
@@ -106,6 +106,9 @@ func run(ctx context.Context) int {
 		o.proofDefaults()
 	}
 	o.ports = fmt.Sprintf("-kafka-port %d -controller-port %d -pg-port %d", o.kport, o.cport, o.pgport)
+	if eph := chaos.EphemeralPorts(o.kport, o.cport, o.pgport, o.kport+2, o.kport+4, o.cport+2, o.cport+4); len(eph) > 0 {
+		fmt.Fprintf(os.Stderr, "swarm: warning: ports %v are in the kernel's ephemeral range, where an outgoing connection may take one while a fault has its server down; pick ports below 32768\n", eph)
+	}
 	if o.drainTimeout == 0 {
 		o.drainTimeout = 2 * time.Minute
 		if o.ci {
