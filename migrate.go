@@ -50,7 +50,8 @@ func OutboxTable(name string) MigrateOption {
 //     dedupe.WithPartitions);
 //   - consumer's ordering by key: idem_ordering_heads, idem_ordering_parked;
 //     and, with Transactions, the OnDeadLettered calls a Kafka transaction
-//     owes until it commits: idem_txn_hooks;
+//     owes until it commits: idem_txn_hooks, and the owner of each claimed
+//     partition, which fences a member that lost it: idem_ordering_claims;
 //   - outbox: idem_outbox, or each OutboxTable's name, with its NOTIFY
 //     trigger;
 //   - saga: idem_saga, idem_saga_step;

@@ -201,12 +201,20 @@ func (w batch) handleBatch(items []*batchItem) error {
 	if !w.resumed() { // an operator pause holds the partition (control.go)
 		return errStopping
 	}
+	waited := r.gate.closed.Load() // an open breaker: the wait may be long
 	probe, ok := r.gate.wait(w.stopCtx)
 	if !ok {
 		return errStopping
 	}
 	if probe { // the half-open probe is one message, not a batch
 		r.gate.probeAbandoned()
+		return w.alone(items, nil)
+	}
+	if waited && w.anyExpired(items) {
+		// A deadline or maximum age passed while the batch waited (the
+		// swarm's soak: records handled 14-19 s past their deadline, after
+		// a breaker's cool-down): each message goes alone, where decide
+		// dead-letters or drops an expired one and handles the rest.
 		return w.alone(items, nil)
 	}
 	recs := make([]dedupe.Record, len(items))
@@ -286,7 +294,19 @@ func (w batch) handleBatch(items []*batchItem) error {
 	return w.alone(items, firsts)
 }
 
-// alone is the one way out of a failed batch: each message runs alone, one
+// anyExpired reports whether the Expiry of the batch's route (in use: a
+// batch is of one route) finds one of items expired now.
+func (w batch) anyExpired(items []*batchItem) bool {
+	for _, it := range items {
+		if w.expiryOf(it.msg).Status != expiry.Live {
+			return true
+		}
+	}
+	return false
+}
+
+// alone is the way out of a failed batch, and of one in which a message
+// expired while it waited (handleBatch): each message runs alone, one
 // transaction each, in the batch's order, so nothing after a failing message
 // commits before that message's own outcome (the order LaneBy promises). A
 // non-nil firsts[i] is the failure the batch pinned on items[i] (the

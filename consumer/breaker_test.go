@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/breaker"
@@ -18,6 +20,7 @@ import (
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/testing/testenv"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
@@ -311,4 +314,91 @@ func TestThrottleCountedAndLoggedAsThrottle(t *testing.T) {
 	if out := logs.String(); !strings.Contains(out, "dependency throttled") || !strings.Contains(out, "breaker=bank-api") || !strings.Contains(out, "reason=rate") {
 		t.Errorf("no pause log naming the throttled dependency; logs:\n%s", out)
 	}
+}
+
+// A batch that waits on an open breaker while the deadline of one of its
+// messages passes must not be handled as a batch (the hour's swarm soak,
+// seed 1796369855658974471: batched records handled 14-19 s past their
+// deadline, on their first attempt, once a breaker's cool-down ended):
+// handleBatch sends its messages alone, and M is dead-lettered as expired,
+// never handled. M's partition is held (S) until the breaker is open, so
+// M's batch forms while it is. This test does not reproduce the soak's
+// race: in six runs without the fix it passed (M's batch did not pass the
+// gate on another message's probe); it guards the outcome, and the seed
+// is the evidence for the fix.
+func TestBatchExpiredWhileTheBreakerHeldIt(t *testing.T) {
+	t.Parallel()
+	forEachMode(t, []testMode{"batch", "lanes-batch"}, func(t *testing.T, mode testMode) {
+		b := newBreakerEnv(t, 5)
+		b.in(mode)
+		opened := make(chan struct{})
+		var once sync.Once
+		var err error
+		b.set, err = breaker.NewSet(breaker.Settings{
+			ConsecutiveFailures: 3,
+			OpenTimeout:         2 * time.Second,
+			OnStateChange: func(name string, from, to breaker.State) {
+				if to == breaker.Open {
+					once.Do(func() { close(opened) })
+				}
+			},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := mode.apply(b.config())
+		b.dep.down.Store(true)
+		var late atomic.Int32
+		var deadline atomic.Int64
+		h := b.handler()
+		start(t, cfg, handler.Func(func(ctx context.Context, m *handler.Message) error {
+			switch {
+			case m.IdempotencyKey == "S": // holds partition 1 until the breaker is open
+				select {
+				case <-opened:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				return nil
+			case m.IdempotencyKey == "M" && time.Now().UnixMilli() > deadline.Load():
+				late.Add(1)
+			}
+			return h(ctx, m)
+		}))
+		p := b.k.Producer(t)
+		send := func(partition int32, ikey, dl string) {
+			t.Helper()
+			hs := []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(ikey)}}
+			if dl != "" {
+				hs = append(hs, sarama.RecordHeader{Key: []byte("idem-deadline"), Value: []byte(dl)})
+			}
+			if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: b.topic, Partition: partition, Value: sarama.StringEncoder(ikey), Headers: hs}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		d := time.Now().Add(1500 * time.Millisecond)
+		deadline.Store(d.UnixMilli())
+		send(1, "S", "")
+		send(1, "M", strconv.FormatInt(d.UnixMilli(), 10))
+		for _, part := range []int32{0, 2, 3, 4} { // they trip the breaker, then wait at the gate
+			send(part, fmt.Sprintf("w%d", part), "")
+		}
+		select { // the dependency stays down past M's deadline, and is up before the cool-down ends
+		case <-time.After(time.Until(d) + 200*time.Millisecond):
+		case <-t.Context().Done():
+			return
+		}
+		b.dep.down.Store(false)
+		b.waitCommitted(b.topic, 5, 90*time.Second)
+		if n := late.Load(); n != 0 {
+			t.Errorf("M was handled %d times past its deadline", n)
+		}
+		kinds := map[string]string{}
+		for _, r := range b.records(b.dlq(), sarama.ReadCommitted) {
+			kinds[header(r, "idempotency-key")] = header(r, wire.HeaderErrorKind)
+		}
+		if kinds["M"] != "expired" {
+			t.Errorf("DLQ kinds %v: want M with kind expired", kinds)
+		}
+	})
 }

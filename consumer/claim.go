@@ -92,6 +92,11 @@ type claim struct {
 	ctl  *claimCtl
 	redo bool
 
+	// owner is this claim's token in the ordering store (txnHold.claimOwner,
+	// Transactions): the owner of every mark it writes, refused once another
+	// claim of the partition came. "" without Transactions.
+	owner string
+
 	bp bpState // back-pressure
 }
 
@@ -237,8 +242,12 @@ func (c *claim) run() {
 	})
 
 	// The reader runs before anything else, so a revoke stops the claim's
-	// recoveries at once, too: the hooks a previous owner's committed
-	// transaction owes (Transactions), and pending ordering forwards.
+	// recoveries at once, too: the claim of the partition in the ordering
+	// store, the hooks a previous owner's committed transaction owes
+	// (Transactions), and pending ordering forwards.
+	if (txnHold{c.main}).claimOwner() != nil {
+		return
+	}
 	if (txnHold{c.main}).claimHooks() != nil {
 		return
 	}

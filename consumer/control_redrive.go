@@ -143,5 +143,5 @@ func (cc *claimCtl) redriveOnce(ctx context.Context, rd control.Redrive) bool {
 // and no stall watch.
 func (c *claim) redriveClaim(id, epoch int64) *claim {
 	return &claim{r: c.r, sess: c.sess, kc: c.kc, tp: c.tp, log: c.log.With("redrive", id, "epoch", epoch), debug: c.debug,
-		tier: c.tier, mxs: c.mxs, obs: c.obs, stopCtx: c.stopCtx, stop: c.stop, hctx: c.hctx, hcancel: c.hcancel, ctl: c.ctl, redo: true}
+		tier: c.tier, mxs: c.mxs, obs: c.obs, stopCtx: c.stopCtx, stop: c.stop, hctx: c.hctx, hcancel: c.hcancel, ctl: c.ctl, redo: true, owner: c.owner}
 }

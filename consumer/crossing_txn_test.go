@@ -675,7 +675,12 @@ func TestCrossingRefusalBlamedOnItsOwnRecord(t *testing.T) {
 func TestCrossingExpiredCopyOfParkedMessage(t *testing.T) {
 	t.Parallel()
 	forEachMode(t, []testMode{"txn", "txn-lanes"}, func(t *testing.T, mode testMode) {
-		e, cfg := orderedEnv(t, 1, 200*time.Millisecond)
+		// H's tier delay (5 s) outlasts M's deadline (3 s): H, and with it the
+		// drain of M, never comes back while M is live. With 200 ms, on a
+		// loaded machine the commit of H's offset could come before M was
+		// parked, H came back and its drain applied M, live, before any
+		// commit aborted ("applied H,M").
+		e, cfg := orderedEnv(t, 1, 5*time.Second)
 		e.in(mode)
 		cfg = mode.apply(cfg)
 		deadline := time.Now().Add(3 * time.Second)
@@ -904,5 +909,62 @@ func TestCrossingStopAfterDrainDropsExpired(t *testing.T) {
 		if n := e.count(`SELECT count(*) FROM expired_hook`); n != 1 {
 			t.Errorf("%d OnExpired calls, want 1 (P's)", n)
 		}
+	})
+}
+
+// A member that lost its partition while it drained (a zombie: frozen past
+// its session timeout, or replaced by a process with its InstanceID; found
+// by the hour's swarm soak, seed 1796369855658974460, where a fenced twin
+// took m1's InstanceID) must write no marked step after its successor's
+// claim. Before the fence, the successor's next commit, past the zombie's
+// mark, took the zombie's promotion for its own: the key stayed blocked
+// behind a head whose forward had been aborted, with 21 records behind
+// it. Here the successor's claim is recorded while the drain reaches D0:
+// D0's step is refused, the member leaves the partition, and the next
+// member drains once: D0 in the DLQ once, S applied, no row left.
+func TestCrossingZombieDrainWritesNoMark(t *testing.T) {
+	t.Parallel()
+	forEachMode(t, []testMode{"txn", "txn-lanes"}, func(t *testing.T, mode testMode) {
+		e, cfg := orderedEnv(t, 1, 200*time.Millisecond)
+		e.in(mode)
+		cfg = mode.apply(cfg)
+		var c calls
+		e.drainedKeys("D0", "S")
+		var logs logBuffer
+		zombie := cfg
+		zombie.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		var claimed atomic.Bool
+		store := keyorder.New(e.pool, cfg.Group)
+		ctx := consumer.WithOrderHooks(testenv.Context(t), nil, func(_, hctx context.Context, rec keyorder.Record) {
+			if rec.IdempotencyKey != "D0" || !claimed.CompareAndSwap(false, true) {
+				return
+			}
+			for _, topic := range []string{e.topic, e.tier(1)} { // the successor's claims
+				if err := store.Claim(hctx, topic, 0, "successor"); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+		a := startCtx(t, ctx, zombie, drainHandler(&c))
+		testenv.Eventually(t, 60*time.Second, func() error {
+			if !strings.Contains(logs.String(), "another claim of the partition came since this one's") {
+				return errors.New("the drain's step after the successor's claim was not refused")
+			}
+			return nil
+		})
+		if err := a.stop(); err != nil {
+			t.Fatal(err)
+		}
+		if n := e.count(`SELECT count(*) FROM idem_ordering_parked WHERE mark_topic IS NOT NULL`) +
+			e.count(`SELECT count(*) FROM idem_ordering_heads WHERE mark_topic IS NOT NULL`); n != 0 {
+			t.Errorf("%d ordering rows marked after the successor's claim", n)
+		}
+		cfg.Registerer = prometheus.NewRegistry()
+		b := start(t, cfg, drainHandler(&c))
+		e.waitSettled("H,S")
+		if err := b.stop(); err != nil {
+			t.Fatal(err)
+		}
+		e.checkOnceInDLQ("D0")
 	})
 }

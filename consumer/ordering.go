@@ -84,20 +84,32 @@ func (o Ordering) String() string {
 //     that cannot read, remove or promote a parked message stops and leaves
 //     the key blocked with its parked messages in place, which
 //     `idem ordering list` shows and `idem ordering release` sends on.
+//   - fenced: keyorder.ErrFenced, with Transactions: another claim of the
+//     partition came since this one's (the member lost the partition, frozen
+//     past its session timeout or replaced by a member with its InstanceID),
+//     so its Kafka transaction cannot commit, and the marked step was refused
+//     with nothing written. The partition stops here (errStopping); the new
+//     owner reads the message again.
 type orderError int
 
 const (
 	orderOutage orderError = iota
 	orderConflict
 	orderFault
+	orderFenced
 )
 
-func (c orderError) String() string { return [...]string{"outage", "conflict", "fault"}[c] }
+func (c orderError) String() string {
+	return [...]string{"outage", "conflict", "fault", "fenced"}[c]
+}
 
 // orderErrorOf classifies an ordering-store error; see orderError.
 func orderErrorOf(err error) orderError {
 	if errors.Is(err, keyorder.ErrOtherHead) {
 		return orderConflict
+	}
+	if errors.Is(err, keyorder.ErrFenced) {
+		return orderFenced
 	}
 	var pe *pgconn.PgError
 	if !errors.As(err, &pe) {
@@ -184,6 +196,9 @@ func (w byKey) orderTry(step string, f func(ctx context.Context) error) (refused
 		case orderFault:
 			w.log.Error("idem: ordering store refused the step; not retrying it", "step", step, "err", err)
 			return err, nil
+		case orderFenced:
+			w.log.Warn("idem: another claim of the partition came since this one's; leaving the partition to it", "step", step, "err", err)
+			return err, errStopping
 		}
 		w.r.m.StoreErrors.WithLabelValues(w.r.cfg.Group).Inc()
 		w.log.Warn("idem: ordering store unavailable; retrying", "step", step, "err", err, "try", n)

@@ -249,7 +249,7 @@ func (w txnHold) oweHooks(at int64) error {
 			w.log.Error("idem: cannot record an owed hook; it runs after the commit without a crash guard", "key", h.key, "err", err)
 			continue
 		}
-		hooks = append(hooks, keyorder.OwedHook{Key: h.key, Mark: keyorder.Mark{Topic: w.tp.topic, Partition: w.tp.partition, Offset: at}, Payload: b})
+		hooks = append(hooks, keyorder.OwedHook{Key: h.key, Mark: keyorder.Mark{Topic: w.tp.topic, Partition: w.tp.partition, Offset: at, Owner: w.owner}, Payload: b})
 	}
 	_, err := byKey(w).orderTry("owe hooks", func(ctx context.Context) error { return w.r.owed.OweHooks(ctx, hooks) })
 	return err

@@ -352,17 +352,19 @@ func sendStops(err error) bool {
 // the claim reverts the marks: each parked message gets exactly one copy,
 // from the drain that runs again. After the commit and before AfterCommit:
 // the claim applies the marks. A zombie cannot commit (fenced by the group
-// generation): the marks it wrote before its successor's claim are reverted
-// there. The promise is thus, for a
+// generation, or by its transactional id when another process took its
+// InstanceID): the marks it wrote before its successor's claim are reverted
+// there, and it can write none after: each claim records itself as its
+// partition's owner first (claimOwner, keyorder.Claim), and a mark whose
+// owner was replaced is refused (keyorder.ErrFenced), which stops the
+// zombie's work on the partition. The promise is thus, for a
 // read_committed reader: each parked message reaches its tier or the DLQ
 // exactly once per hop, in key order, and no key stays blocked. Limits: a
 // pending head left by a run without Transactions (none is left with them)
 // is recovered by claimOrdering as without them, its forward and the drain
 // behind it then committed at once: a crash in that window can forward it
-// twice, or lose the dead-letter copies of that drain; a member frozen
-// mid-drain past its session timeout (a zombie) cannot commit, but can
-// still write its drain's marks after its successor's claim, which then
-// takes them for its own; a reverted drain whose head X is not read again
+// twice, or lose the dead-letter copies of that drain; a reverted drain
+// whose head X is not read again
 // (its partition reset past it) leaves the key blocked for `idem ordering
 // release`.
 
@@ -374,7 +376,37 @@ func (w byKey) txnMark(at int64, head string) *keyorder.Mark {
 	if w.r.txn == nil || at < 0 {
 		return nil
 	}
-	return &keyorder.Mark{Topic: w.tp.topic, Partition: w.tp.partition, Offset: at, Head: head}
+	return &keyorder.Mark{Topic: w.tp.topic, Partition: w.tp.partition, Offset: at, Head: head, Owner: w.owner}
+}
+
+// claimOwner records this claim as its partition's owner in the ordering
+// store (keyorder.Claim; Transactions with Ordering or owed hooks), before
+// the marks earlier owners left are settled (resolveClaim, claimHooks):
+// from then on a member that lost the partition (a zombie, frozen past its
+// session timeout, or one whose InstanceID another process took) can write
+// no marked step, which this claim's next commit would otherwise take for
+// its own. A store that refuses the claim for good (logged) leaves this
+// claim's marks unfenced. errStopping: the partition is stopping.
+func (w txnHold) claimOwner() error {
+	r := w.r
+	if r.txn == nil || (r.order == nil && r.owed == nil) {
+		return nil
+	}
+	owner := rand.Text()
+	for _, s := range []*keyorder.Store{r.order, r.owed} {
+		if s == nil {
+			continue
+		}
+		refused, err := byKey(w).orderTry("claim", func(ctx context.Context) error { return s.Claim(ctx, w.tp.topic, w.tp.partition, owner) })
+		if err != nil {
+			return err
+		}
+		if refused != nil {
+			return nil // logged: this claim's marks stay unfenced
+		}
+	}
+	w.owner = owner
+	return nil
 }
 
 // resolveClaim settles the ordering marks of the claimed partition by the

@@ -22,13 +22,19 @@ type OwedHook struct {
 }
 
 // OweHooks records hooks, each replacing an earlier row of its key, in one
-// transaction, before their forwards are sent.
+// transaction, before their forwards are sent. A hook whose Mark.Owner lost
+// its partition to a later Claim fails them all with ErrFenced.
 func (s *Store) OweHooks(ctx context.Context, hooks []OwedHook) error {
 	if len(hooks) == 0 {
 		return nil
 	}
 	err := s.tx(ctx, func(tx pgx.Tx) error {
-		for _, h := range hooks {
+		for i, h := range hooks {
+			if i == 0 || h.Mark.Owner != hooks[i-1].Mark.Owner || h.Mark.Topic != hooks[i-1].Mark.Topic || h.Mark.Partition != hooks[i-1].Mark.Partition {
+				if err := s.fence(ctx, tx, &h.Mark); err != nil {
+					return err
+				}
+			}
 			if _, err := tx.Exec(ctx, `INSERT INTO idem_txn_hooks (consumer_group, hook_key, mark_topic, mark_partition, mark_offset, payload)
 				VALUES ($1, $2, $3, $4, $5, $6)
 				ON CONFLICT (consumer_group, hook_key) DO UPDATE

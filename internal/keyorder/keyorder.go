@@ -24,7 +24,9 @@
 // committed, or reverts them when it is not. See Mark. The same marks carry
 // the hooks such a transaction owes (OwedHook, table idem_txn_hooks): an
 // OnDeadLettered call that may run only once its dead-letter record has
-// committed.
+// committed. Each marked step checks that its claim still owns the
+// partition (Claim, table idem_ordering_claims), so a member that lost it
+// writes no mark its successor could take for its own.
 package keyorder
 
 import (
@@ -370,9 +372,13 @@ func (s *Store) Done(ctx context.Context, seq int64) error { return s.DoneAt(ctx
 // DoneAt is Done for a parked message whose outcome rides in the Kafka
 // transaction m names (its dead-letter copy): the row is marked with m, not
 // removed; Next skips it and Resolve removes it once m is committed, or
-// parks it again when m is not. A nil m is Done.
+// parks it again when m is not. A nil m is Done. It fails with ErrFenced,
+// changing nothing, when m.Owner lost the partition to a later Claim.
 func (s *Store) DoneAt(ctx context.Context, seq int64, m *Mark) error {
 	err := s.tx(ctx, func(tx pgx.Tx) error {
+		if err := s.fence(ctx, tx, m); err != nil {
+			return err
+		}
 		return removeParked(ctx, tx, seq, m)
 	})
 	if err != nil {
@@ -394,9 +400,13 @@ func (s *Store) Promote(ctx context.Context, oldHead string, r Record) error {
 // (the head row keeps the head it had before m's first promotion), so that
 // Resolve can revert the promotion when m is not committed; the pending
 // forward is cleared by Resolve once m is committed (Forwarded leaves a
-// marked head alone). A nil m is Promote.
+// marked head alone). A nil m is Promote. It fails with ErrFenced, changing
+// nothing, when m.Owner lost the partition to a later Claim.
 func (s *Store) PromoteAt(ctx context.Context, oldHead string, r Record, m *Mark) error {
 	err := s.tx(ctx, func(tx pgx.Tx) error {
+		if err := s.fence(ctx, tx, m); err != nil {
+			return err
+		}
 		head, err := s.lockHead(ctx, tx, r.Topic, r.Key)
 		if err != nil {
 			return err

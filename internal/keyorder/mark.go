@@ -16,11 +16,18 @@ import (
 // else needs recording in Kafka. Head is that message's idempotency key: the
 // head whose parked messages the drain ran, behind which a revert parks them
 // again.
+//
+// Owner is the token of the claim of Topic/Partition that made the mark
+// (Claim): a marked step whose owner was replaced by a later claim is
+// refused with ErrFenced, so a member that lost the partition (a zombie,
+// frozen past its session timeout) writes no mark its successor could take
+// for its own. "" is not fenced.
 type Mark struct {
 	Topic     string
 	Partition int32
 	Offset    int64
 	Head      string
+	Owner     string
 }
 
 // Committed is a partition's committed offset for the group (the next offset
