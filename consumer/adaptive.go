@@ -127,7 +127,7 @@ func (g *lanesGate) release(inFlight int, took time.Duration, err error, classif
 	if g == nil {
 		return
 	}
-	if c, _ := classify(err); c != classOutage && c != classFatal && !breaker.Rejected(err) {
+	if c, _ := classify(err); c != classOutage && c != classFatal && c != classExpired && !breaker.Rejected(err) {
 		var te *breaker.ThrottleError
 		throttled := errors.As(err, &te) && te.Reason == breaker.ReasonRetryAfter
 		g.lim.Observe(adaptive.Sample{Latency: took, InFlight: inFlight, Throttled: throttled})

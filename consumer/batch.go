@@ -158,6 +158,9 @@ type batchItem struct {
 	msg *handler.Message
 	rec dedupe.Record
 	rt  *route // its route: a batch is of one route
+	// limited: a deadline or a maximum age applies to it, so its expiry is
+	// checked again right before the batch's handler call (anyExpired).
+	limited bool
 }
 
 // prepare returns cm ready for a batch, or false when it must be handled
@@ -186,10 +189,11 @@ func (w batch) prepare(cm *sarama.ConsumerMessage) (*batchItem, bool) {
 		return nil, false
 	}
 	msg.IdempotencyKey = key
-	if w.expiryOf(msg).Status != expiry.Live { // handleAfter dead-letters or drops it
+	res := w.expiryOf(msg)
+	if res.Status != expiry.Live { // handleAfter dead-letters or drops it
 		return nil, false
 	}
-	return &batchItem{cm: cm, msg: msg, rt: rt, rec: dedupe.Record{Group: r.cfg.Group, Key: key, Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset,
+	return &batchItem{cm: cm, msg: msg, rt: rt, limited: res.Limited, rec: dedupe.Record{Group: r.cfg.Group, Key: key, Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset,
 		Epoch: r.ctl.epoch(msg, cm.Topic, cm.Partition, cm.Offset)}}, true // a re-drive's (control.go)
 }
 
@@ -201,20 +205,12 @@ func (w batch) handleBatch(items []*batchItem) error {
 	if !w.resumed() { // an operator pause holds the partition (control.go)
 		return errStopping
 	}
-	waited := r.gate.closed.Load() // an open breaker: the wait may be long
 	probe, ok := r.gate.wait(w.stopCtx)
 	if !ok {
 		return errStopping
 	}
 	if probe { // the half-open probe is one message, not a batch
 		r.gate.probeAbandoned()
-		return w.alone(items, nil)
-	}
-	if waited && w.anyExpired(items) {
-		// A deadline or maximum age passed while the batch waited (the
-		// swarm's soak: records handled 14-19 s past their deadline, after
-		// a breaker's cool-down): each message goes alone, where decide
-		// dead-letters or drops an expired one and handles the rest.
 		return w.alone(items, nil)
 	}
 	recs := make([]dedupe.Record, len(items))
@@ -232,6 +228,15 @@ func (w batch) handleBatch(items []*batchItem) error {
 	failedAt := -1 // the item whose handler failed (per-message handler)
 	outs, err := r.batchStore.ProcessBatch(w.ob.hctx, recs, func(ctx context.Context, idx []int) (err error) {
 		fresh = idx
+		if w.anyExpired(items, idx) {
+			// A deadline or maximum age passed after prepare found the
+			// message live, in a wait before this call (the breaker's gate,
+			// an adaptive lane, the store's BEGIN, a transaction's hold;
+			// the swarm: batches handled 14 s to a minute late): nothing
+			// is called, and each message goes alone, where decide
+			// dead-letters or drops an expired one and handles the rest.
+			return errExpiredAtCall
+		}
 		ctx, span := w.ob.batchSpan(ctx, items, idx)
 		defer func() { batchSpanEnd(span, err) }()
 		if w.rt.bh != nil {
@@ -272,6 +277,9 @@ func (w batch) handleBatch(items []*batchItem) error {
 		r.m.Abandoned.WithLabelValues(r.cfg.Group).Add(float64(len(items)))
 		return errStopping
 	}
+	if errors.Is(err, errExpiredAtCall) { // nothing was called: no failure to pin
+		return w.alone(items, nil)
+	}
 	if w.debug {
 		w.log.Debug("idem: batch failed; running its messages one by one", "messages", len(items), "new", len(fresh), "err", err)
 	}
@@ -295,10 +303,15 @@ func (w batch) handleBatch(items []*batchItem) error {
 }
 
 // anyExpired reports whether the Expiry of the batch's route (in use: a
-// batch is of one route) finds one of items expired now.
-func (w batch) anyExpired(items []*batchItem) bool {
-	for _, it := range items {
-		if w.expiryOf(it.msg).Status != expiry.Live {
+// batch is of one route) finds one of items[idx] expired now. Only items
+// with a deadline or a maximum age are looked at: a batch without any
+// reads no clock.
+func (w batch) anyExpired(items []*batchItem, idx []int) bool {
+	if mutate.On(mutate.Expiry) {
+		return false
+	}
+	for _, i := range idx {
+		if it := items[i]; it.limited && w.expiryOf(it.msg).Status != expiry.Live {
 			return true
 		}
 	}

@@ -44,10 +44,21 @@ const (
 	// the message. Run stops and returns the error.
 	classFatal
 	classDeferred // handler.DeferUntil: not a failure (deferral.go)
+	// classExpired: the message's deadline or maximum age passed after
+	// decide found it live and before its handler call (a wait at the
+	// breaker's gate, for an adaptive lane, for the store's BEGIN or a row
+	// lock, for a transaction): the handler was not called, the unit of
+	// work rolled back, and the message ends as expired (expiredSince).
+	classExpired
 )
 
+// errExpiredAtCall is what the store's unit of work returns when the
+// message it was about to hand to the handler had expired
+// (classExpired).
+var errExpiredAtCall = errors.New("consumer: expired before its handler call")
+
 func (c class) String() string {
-	return [...]string{"done", "outage", "breaker", "retriable", "permanent", "fatal", "deferred"}[c]
+	return [...]string{"done", "outage", "breaker", "retriable", "permanent", "fatal", "deferred", "expired"}[c]
 }
 
 // SQLSTATE classes and codes, by what they mean for the message.
@@ -118,6 +129,9 @@ func (r *runner) classifyWith(err error, panics bool) (class, error) {
 	}
 	if _, ok := handler.DeferredUntil(err); ok {
 		return classDeferred, err
+	}
+	if errors.Is(err, errExpiredAtCall) {
+		return classExpired, err
 	}
 	if breaker.IsOpen(err) {
 		return classBreaker, err

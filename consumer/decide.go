@@ -60,6 +60,7 @@ func (w *worker) decide(rec dedupe.Record, msg *handler.Message, deferral string
 	if mutate.On(mutate.Expiry) {
 		d.res = expiry.Result{Status: expiry.Live}
 	}
+	w.limited = d.res.Limited // callHandler checks again at the call
 	if d.res.Status == expiry.Live || mutate.On(mutate.Decide) {
 		return d, nil
 	}

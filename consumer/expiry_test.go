@@ -372,3 +372,87 @@ func TestExpiredBetweenAttemptsAfterAnotherCopyApplied(t *testing.T) {
 		}
 	})
 }
+
+// heldStore is the PostgreSQL inbox with a wait inside its unit of work,
+// after the claim and before the handler's call, for the records hold
+// names: the wait a row lock held by another member's transaction, a pool
+// that has no connection free, or a slow BEGIN makes.
+type heldStore struct {
+	*dedupe.Postgres
+	hold func(ctx context.Context, key string) error
+}
+
+func (s heldStore) Process(ctx context.Context, rec dedupe.Record, fn func(ctx context.Context) error) (dedupe.Outcome, error) {
+	return s.Postgres.Process(ctx, rec, func(ctx context.Context) error {
+		if err := s.hold(ctx, rec.Key); err != nil {
+			return err
+		}
+		return fn(ctx)
+	})
+}
+
+func (s heldStore) ProcessBatch(ctx context.Context, recs []dedupe.Record, fn func(ctx context.Context, fresh []int) error) ([]dedupe.Outcome, error) {
+	return s.Postgres.ProcessBatch(ctx, recs, func(ctx context.Context, fresh []int) error {
+		for _, i := range fresh {
+			if err := s.hold(ctx, recs[i].Key); err != nil {
+				return err
+			}
+		}
+		return fn(ctx, fresh)
+	})
+}
+
+// A deadline that passes after the expiry check and before the handler's
+// call, in a wait inside the store's unit of work, ends the message as
+// expired without calling the handler (the swarm: batches handled 14 s to
+// a minute past their records' deadline or maximum age, after waits that
+// checked nothing). The check stands right before the call, so every wait
+// before it is covered: the breaker's gate, an adaptive lane, the store,
+// a transaction.
+func TestDeadlinePassingBeforeTheCall(t *testing.T) {
+	t.Parallel()
+	forEachMode(t, []testMode{"", "batch", "txn"}, func(t *testing.T, mode testMode) {
+		e := newEnv(t, 1).in(mode)
+		cfg := mode.apply(e.config())
+		var deadline atomic.Int64
+		deadline.Store(time.Now().Add(time.Hour).UnixMilli())
+		cfg.Dedupe = heldStore{Postgres: dedupe.NewPostgres(e.pool), hold: func(ctx context.Context, key string) error {
+			if key != "m" {
+				return nil
+			}
+			// The store holds m until its deadline has passed (the clock,
+			// not a sleep, says when).
+			tick := time.NewTicker(10 * time.Millisecond)
+			defer tick.Stop()
+			for time.Now().UnixMilli() <= deadline.Load() {
+				select {
+				case <-tick.C:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			return nil
+		}}
+		var late, handled atomic.Int32
+		start(t, cfg, handler.Func(func(ctx context.Context, m *handler.Message) error {
+			if m.IdempotencyKey == "m" && time.Now().UnixMilli() > deadline.Load() {
+				late.Add(1)
+			}
+			handled.Add(1)
+			return nil
+		}))
+		d := time.Now().Add(time.Second)
+		deadline.Store(d.UnixMilli())
+		e.produceExpiry(expiryRec{ikey: "m", deadline: ms(d)}, expiryRec{ikey: "n", deadline: ms(time.Now().Add(time.Hour))})
+		e.waitCommitted(e.topic, 1, 60*time.Second)
+		if n := late.Load(); n != 0 {
+			t.Errorf("m was handled %d times past its deadline", n)
+		}
+		if got := e.dlqKinds(1); got["m"] != "expired" {
+			t.Errorf("DLQ kinds %v: want m with kind expired", got)
+		}
+		if n := handled.Load(); n != 1 {
+			t.Errorf("the handler ran %d times, want once (n)", n)
+		}
+	})
+}

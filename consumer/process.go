@@ -72,6 +72,15 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 			return nil, errStopping
 		}
 		c, err := r.classifyWith(err, w.rt.retry.Panics)
+		if c == classExpired { // expired after its check, before its call: nothing ran
+			if failed, done, err := w.expiredSince(rec, msg, probe); done {
+				return failed, err
+			}
+			if probe {
+				r.gate.probeAbandoned()
+			}
+			continue // live after all (the clock went back): try again
+		}
 		if c == classOutage && ran {
 			if handlerOutages++; handlerOutages > maxHandlerOutages {
 				w.log.Warn("idem: the handler lost its database connection on every try while the store works; treating it as a handler failure",

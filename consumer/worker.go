@@ -53,6 +53,11 @@ type worker struct {
 	staged []staged
 	owed   []owedHook
 
+	// limited: decide found a deadline or a maximum age on the message in
+	// hand, so callHandler checks its expiry again right before the call,
+	// after whatever waits came between (classExpired).
+	limited bool
+
 	// ended is when the attempt of the message in hand ended processed or
 	// duplicate, when it is marked right after (attempt); zero otherwise.
 	// Its mark takes it as now, saving a clock read.
@@ -90,6 +95,9 @@ type callState struct {
 
 // callHandler runs the handler for w.call.msg; it is w.callFn.
 func (w *worker) callHandler(ctx context.Context) error {
+	if w.limited && w.expiryOf(w.call.msg).Status != expiry.Live && !mutate.On(mutate.Expiry) {
+		return errExpiredAtCall // the store rolls back; process ends the message as expired
+	}
 	w.call.ran = true
 	w.setStepKey(w.call.msg.IdempotencyKey)
 	w.call.err = w.rt.h.Handle(ctx, w.call.msg)

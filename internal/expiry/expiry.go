@@ -156,6 +156,10 @@ type Result struct {
 	Reason string
 	// Deadline is the parsed deadline header, zero when absent or invalid.
 	Deadline time.Time
+	// Limited is set on a Live verdict when a deadline or a maximum age
+	// applies to the record: a later Check may find it Expired. A Live
+	// verdict without it stays Live whatever the clock says.
+	Limited bool
 }
 
 // maxShown caps how much of a bad header value a Reason quotes.
@@ -192,7 +196,7 @@ func Check(ts time.Time, headers []handler.Header, header string, maxAge time.Du
 				ts.UTC().Format(time.RFC3339Nano), age, maxAge)}
 		}
 	}
-	return Result{Status: Live, Deadline: deadline}
+	return Result{Status: Live, Deadline: deadline, Limited: !deadline.IsZero() || maxAge > 0 && !ts.IsZero()}
 }
 
 // HasHeader reports whether headers carry name: without it, and with no
