@@ -76,16 +76,39 @@ func (s *swarmFaults) slot(n int) string {
 func (s *swarmFaults) run(f draw.Fault) error {
 	t0 := time.Now()
 	s.logf("fault: %s", f.ID)
-	detail, err := s.do(f)
+	var detail, frozen string
+	var err error
+	if f.Kind == draw.FaultFreeze {
+		detail, frozen, err = s.freeze(f)
+	} else {
+		detail, err = s.do(f)
+	}
 	end := time.Now()
 	if f.Kind == draw.FaultRefuse {
 		end = time.Time{} // the DLQ keeps its lower limit: the fault lasts until the run ends
 	}
-	s.log.add(check.Fault{Kind: f.Kind, Detail: detail, Start: t0, End: end})
+	s.log.add(check.Fault{Kind: f.Kind, Detail: detail, Start: t0, End: end, Member: frozen})
 	if err != nil {
 		return fmt.Errorf("fault %s: %w", f.ID, err)
 	}
 	return nil
+}
+
+// freeze SIGSTOPs one member past the session timeout, then SIGCONTs it,
+// and names the process it stopped ("" when its slot was not running).
+func (s *swarmFaults) freeze(f draw.Fault) (detail, member string, err error) {
+	fl := s.fl
+	fl.membership.Lock()
+	defer fl.membership.Unlock()
+	slot := s.slot(f.Slot)
+	name, ok := fl.signal(slot, syscall.SIGSTOP)
+	if !ok {
+		return slot + " was not running", "", nil
+	}
+	d := s.m.SessionTimer.D() + 3*time.Second
+	err = sleep(s.ctx, d)
+	fl.signal(slot, syscall.SIGCONT)
+	return fmt.Sprintf("%s SIGSTOPped for %s (session timeout %s)", name, d, s.m.SessionTimer), name, err
 }
 
 func (s *swarmFaults) do(f draw.Fault) (string, error) {
@@ -105,18 +128,6 @@ func (s *swarmFaults) do(f draw.Fault) (string, error) {
 		}
 		fl.stop(slot, 40*time.Second)
 		return slot + " stopped with SIGTERM (graceful) and restarted", fl.start(slot)
-	case draw.FaultFreeze:
-		fl.membership.Lock()
-		defer fl.membership.Unlock()
-		slot := s.slot(f.Slot)
-		name, ok := fl.signal(slot, syscall.SIGSTOP)
-		if !ok {
-			return slot + " was not running", nil
-		}
-		d := s.m.SessionTimer.D() + 3*time.Second
-		err := sleep(ctx, d)
-		fl.signal(slot, syscall.SIGCONT)
-		return fmt.Sprintf("%s SIGSTOPped for %s (session timeout %s)", name, d, s.m.SessionTimer), err
 	case draw.FaultJoin:
 		s.mu.Lock()
 		slot := "m" + strconv.Itoa(len(s.slots)+1)

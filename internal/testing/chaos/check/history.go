@@ -153,6 +153,9 @@ type Fault struct {
 	Detail string
 	Start  time.Time
 	End    time.Time
+	// Member is the member process a member-freeze stopped (as the
+	// members name themselves in their histories); "" for other faults.
+	Member string
 }
 
 // Event is the outbox event of one payment: its copies on the events topic
@@ -201,8 +204,10 @@ type History struct {
 	AdaptiveMax int           // Limits.Adaptive.Max (0: not adaptive)
 	MaxAge      time.Duration // Expiry.MaxAge (0: none)
 	// ExpirySlack is how long after its deadline (or its max age) a
-	// handler call may still begin: the consumer checks expiry before the
-	// handler, and a batch's later messages begin after its earlier ones.
+	// handler call may still begin: the consumer checks expiry right
+	// before the handler, and a batch's later messages begin after its
+	// earlier ones. The time a member-freeze stopped the calling member
+	// (Fault.Member) is not counted: no check outruns SIGSTOP.
 	ExpirySlack time.Duration
 }
 

@@ -255,3 +255,40 @@ func TestSwarmCopiesCountedWithoutTransactions(t *testing.T) {
 		t.Fatalf("the report does not count %q:\n%s", want, b.String())
 	}
 }
+
+// TestExpiryLatenessExcludesAFreeze: a member SIGSTOPped between its
+// expiry check and the handler call starts the call late by the pause; the
+// pause does not count as lateness, but only for the member it stopped, and
+// only as long as it lasted.
+func TestExpiryLatenessExcludesAFreeze(t *testing.T) {
+	const name = "no record handled past its deadline or age"
+	cases := []struct {
+		what   string
+		member string        // who makes the late call
+		after  time.Duration // how long past the deadline
+		ok     bool
+	}{
+		{"the frozen member, just after it woke", "m1#1", 14 * time.Second, true},
+		{"another member", "m2#1", 14 * time.Second, false},
+		{"the frozen member, long after it woke", "m1#1", 30 * time.Second, false},
+	}
+	for _, c := range cases {
+		h := goodSwarm()
+		var p *Produced
+		for i := range h.Produced {
+			if h.Produced[i].Kind == "deadline-tier" {
+				p = &h.Produced[i]
+			}
+		}
+		h.Faults = append(h.Faults, Fault{Kind: "member-freeze", Member: "m1#1", Detail: "m1#1 SIGSTOPped for 13s",
+			Start: p.Deadline.Add(-500 * time.Millisecond), End: p.Deadline.Add(12500 * time.Millisecond)})
+		h.Attempts = append(h.Attempts, Attempt{Member: c.member, Topic: p.Topic, Seq: p.Seq, Key: p.Key, Outcome: "retriable",
+			Start: p.Deadline.Add(c.after)})
+		r := Check(h)
+		var b bytes.Buffer
+		r.Print(&b)
+		if got := strings.Contains(b.String(), "ok   "+name); got != c.ok {
+			t.Errorf("%s: invariant passed %v, want %v:\n%s", c.what, got, c.ok, b.String())
+		}
+	}
+}
