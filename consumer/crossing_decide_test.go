@@ -18,6 +18,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/idemhq/idem/consumer"
+	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/testing/testenv"
@@ -339,4 +340,86 @@ func TestCrossingParkedTierCopyKeepsItsHop(t *testing.T) {
 		}
 		e.checkOnceInDLQ("X")
 	})
+}
+
+// The variant of TestCrossingDeferredThenExpiredDeadLetteredOnce in which
+// the redelivered source copy is live when it is read and expires before
+// its handler call (a wait inside the store's unit of work, after the
+// expiry check): the check at the call must ask what decide asks, the
+// inbox for the message and for its deferral, so the copy is a duplicate
+// of its deferred self, and M is dead-lettered once, by its deferred copy
+// (found by the hour's soak, seed 1796388943105795477: two `expired` DLQ
+// copies of deferred records).
+func TestCrossingDeferredThenExpiredAtTheCall(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	deferred := e.topic + "." + e.group + ".deferred"
+	t.Cleanup(func() { e.k.DeleteTopics(t, deferred) })
+	cfg := txnConfig(e.config(), "")
+	cfg.Defer = &schedule.Scheduler{Pool: e.pool}
+	var hooks, deferrals calls
+	cfg.Expiry.OnExpired = expiredHooks(&hooks)
+	deadline := time.Now().Add(4 * time.Second)
+	var aborted atomic.Bool
+	ctx := consumer.WithBeforeCommitHook(testenv.Context(t), abortOnceAfter(t, func() bool {
+		return deferrals.get("M") > 0
+	}, time.Now(), &aborted))
+	// M's redelivery waits inside the store until its deadline has passed:
+	// it was live when read.
+	cfg.Dedupe = heldStore{Postgres: dedupe.NewPostgres(e.pool), hold: func(ctx context.Context, key string) error {
+		if key != "M" || deferrals.get("M") == 0 {
+			return nil
+		}
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for !time.Now().After(deadline) {
+			select {
+			case <-tick.C:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	}}
+	eff := effectHandler()
+	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
+		if m.IdempotencyKey == "M" {
+			deferrals.inc("M")
+			return handler.DeferUntil(deadline.Add(2 * time.Second)) // past the deadline: the copy comes back expired
+		}
+		return eff(ctx, m)
+	})
+	e.produceExpiry(expiryRec{ikey: "M", deadline: strconv.FormatInt(deadline.UnixMilli(), 10)}, expiryRec{ikey: "B"})
+	r := startCtx(t, ctx, cfg, h)
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if n := e.total(deferred, 1); n < 1 {
+			return errors.New("no deferred copy published yet")
+		}
+		if n := e.count(`SELECT count(*) FROM idem_deferred`); n != 0 {
+			return fmt.Errorf("%d deferred rows left", n)
+		}
+		return nil
+	})
+	e.waitCommitted(e.topic, 1, 60*time.Second)
+	e.waitCommitted(deferred, 1, 60*time.Second)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if !aborted.Load() {
+		t.Fatal("no transaction was aborted")
+	}
+	if n := deferrals.get("M"); n != 1 {
+		t.Errorf("M's handler ran %d times, want once (its redelivery expired before the call)", n)
+	}
+	dlq := e.records(e.dlq(), sarama.ReadCommitted)
+	var got []string
+	for _, m := range dlq {
+		got = append(got, fmt.Sprintf("%s kind %s", header(m, wire.HeaderIdempotencyKey), header(m, wire.HeaderErrorKind)))
+	}
+	if len(dlq) != 1 || header(dlq[0], wire.HeaderIdempotencyKey) != "M" || header(dlq[0], wire.HeaderErrorKind) != "expired" {
+		t.Errorf("DLQ for a read_committed reader: %v, want M once, kind expired", got)
+	}
+	if n := hooks.get("M"); n != 1 {
+		t.Errorf("OnExpired ran %d times for M, want 1", n)
+	}
 }

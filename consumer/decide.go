@@ -60,22 +60,33 @@ func (w *worker) decide(rec dedupe.Record, msg *handler.Message, deferral string
 	if mutate.On(mutate.Expiry) {
 		d.res = expiry.Result{Status: expiry.Live}
 	}
-	w.limited = d.res.Limited // callHandler checks again at the call
+	// callHandler checks again at the call, and expiredSince asks what
+	// this asks, for the same delivery.
+	w.limited, w.deferral = d.res.Limited, deferral
 	if d.res.Status == expiry.Live || mutate.On(mutate.Decide) {
 		return d, nil
 	}
+	var err error
+	d.earlier, err = w.earlier(rec, msg)
+	return d, err
+}
+
+// earlier reports whether an earlier delivery's outcome stands for the
+// message in hand (rec, msg): the inbox holds rec's key (applied), or,
+// with Config.Defer, the deferral of this delivery (w.deferral, set by
+// decide: deferred before, its deferred copy has the outcome).
+// errStopping: the partition is stopping.
+func (w *worker) earlier(rec dedupe.Record, msg *handler.Message) (bool, error) {
 	recs := []dedupe.Record{rec}
-	if w.r.cfg.Defer != nil && deferral != "" {
-		recs = append(recs, deferralRecord(rec, deferral))
+	if w.r.cfg.Defer != nil && w.deferral != "" {
+		recs = append(recs, deferralRecord(rec, w.deferral))
 	}
 	for _, r := range recs {
-		seen, err := w.seen(r, msg)
-		if err != nil || seen {
-			d.earlier = seen
-			return d, err
+		if seen, err := w.seen(r, msg); err != nil || seen {
+			return seen, err
 		}
 	}
-	return d, nil
+	return false, nil
 }
 
 // seen asks the dedupe store whether rec's key has a recorded outcome,

@@ -222,13 +222,15 @@ func (w *worker) retriable(err error) bool {
 }
 
 // expiredSince ends the attempts of msg when Config.Expiry finds it expired
-// now (its deadline or its maximum age passed between two attempts), as
-// decide does before the first: done is true, and failed is the error to
-// dead-letter it with, or nil when it is dropped (expire: counted, its
-// OnExpired run or owed) or when the inbox now holds rec's key (another
-// copy, a redelivery on another member after a rebalance, was applied
-// while this one waited: a duplicate, as decide finds before the first
-// attempt, not dead-lettered as expired); err is errStopping when the
+// now (its deadline or its maximum age passed between two attempts, or
+// before the call), as decide does before the first: done is true, and
+// failed is the error to dead-letter it with, or nil when it is dropped
+// (expire: counted, its OnExpired run or owed) or when an earlier
+// delivery's outcome stands (earlier: another copy, a redelivery on
+// another member after a rebalance, was applied while this one waited, or
+// this delivery was deferred before and its deferred copy has the
+// outcome: a duplicate, as decide finds before the first attempt, not
+// dead-lettered as expired); err is errStopping when the
 // partition is stopping. probe gives the gate's probe slot back: no call
 // proved anything.
 func (w *worker) expiredSince(rec dedupe.Record, msg *handler.Message, probe bool) (failed error, done bool, err error) {
@@ -240,7 +242,7 @@ func (w *worker) expiredSince(rec dedupe.Record, msg *handler.Message, probe boo
 		w.r.gate.probeAbandoned()
 	}
 	if !mutate.On(mutate.Decide) {
-		seen, err := w.seen(rec, msg)
+		seen, err := w.earlier(rec, msg)
 		if err != nil {
 			return nil, true, err
 		}

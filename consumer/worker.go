@@ -57,6 +57,9 @@ type worker struct {
 	// hand, so callHandler checks its expiry again right before the call,
 	// after whatever waits came between (classExpired).
 	limited bool
+	// deferral is the identity of the delivery in hand's deferral
+	// (deferralOf; "" for none), set by decide for expiredSince's lookups.
+	deferral string
 
 	// ended is when the attempt of the message in hand ended processed or
 	// duplicate, when it is marked right after (attempt); zero otherwise.
