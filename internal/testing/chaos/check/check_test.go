@@ -3,6 +3,7 @@ package check
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -200,5 +201,24 @@ func TestExcusedExitsNameTheirCause(t *testing.T) {
 	r.Print(&b)
 	if want := "2× " + strings.Replace(fmt.Sprintf(cause, 1), "127.0.0.1:1", "…", 1); !strings.Contains(b.String(), want) {
 		t.Fatalf("report does not name the cause %q:\n%s", want, b.String())
+	}
+}
+
+// A record the producer wrote twice (its first write's ack lost in a broker
+// restart: one chaos-seq at two source offsets) is two source records: one
+// DLQ copy of each is once per hop (make chaos -transactions, ordering mode,
+// 2026-12-04: seq 27491 at offsets 4852 and 4866, each dead-lettered once).
+func TestProducerDuplicateIsOncePerHop(t *testing.T) {
+	h := goodHistory("per-message")
+	h.Transactional = true
+	second := h.DLQ[2]
+	second.Offset, second.Headers = 99, maps.Clone(second.Headers)
+	second.Headers["idem-original-offset"] = "4866"
+	h.DLQ = append(h.DLQ, second)
+	r := Check(h)
+	var b bytes.Buffer
+	r.Print(&b)
+	if !strings.Contains(b.String(), "ok   each forward once per hop (read_committed)") {
+		t.Fatalf("two source records of one seq, each dead-lettered once, failed the invariant:\n%s", b.String())
 	}
 }
