@@ -146,22 +146,56 @@ func TestCrossingParkedAppliedCopyIsDuplicate(t *testing.T) {
 // read_committed reader.)
 func TestCrossingDeferredThenExpiredDeadLetteredOnce(t *testing.T) {
 	t.Parallel()
+	deadline := time.Now().Add(3 * time.Second)
+	e, run := deferThenExpire(t, deadline, deadline.Add(500*time.Millisecond), nil)
+	dlq := run.dlq
+	var got []string
+	for _, m := range dlq {
+		got = append(got, fmt.Sprintf("%s kind %s from %s", header(m, wire.HeaderIdempotencyKey), header(m, wire.HeaderErrorKind), header(m, wire.HeaderOriginalTopic)))
+	}
+	if len(dlq) != 1 || header(dlq[0], wire.HeaderIdempotencyKey) != "M" || header(dlq[0], wire.HeaderErrorKind) != "expired" ||
+		header(dlq[0], wire.HeaderOriginalTopic) != e.topic {
+		t.Errorf("DLQ for a read_committed reader: %v, want M once, kind expired, from %s", got, e.topic)
+	}
+	if n := run.hooks.get("M"); n != 1 {
+		t.Errorf("OnExpired ran %d times for M, want 1", n)
+	}
+}
+
+// deferredRun is what deferThenExpire saw: the DLQ for a read_committed
+// reader, and the OnExpired runs and handler deferrals by key.
+type deferredRun struct {
+	dlq              []*sarama.ConsumerMessage
+	hooks, deferrals *calls
+}
+
+// deferThenExpire runs the deferral-then-expiry crossing with
+// Transactions: M (deadline) is deferred past its deadline, the
+// transaction carrying its offset aborts (at abortAt, once M was deferred),
+// and B is an ordinary payment. hold, when set, wraps the PostgreSQL inbox
+// (given the deferrals so far). It waits until the deferred copy was
+// published and handled and every offset committed, then stops the
+// consumer and checks that a transaction was aborted.
+func deferThenExpire(t *testing.T, deadline, abortAt time.Time, hold func(deferrals *calls) func(ctx context.Context, key string) error) (*env, deferredRun) {
+	t.Helper()
 	e := newEnv(t, 1)
 	deferred := e.topic + "." + e.group + ".deferred"
 	t.Cleanup(func() { e.k.DeleteTopics(t, deferred) })
 	cfg := txnConfig(e.config(), "")
 	cfg.Defer = &schedule.Scheduler{Pool: e.pool}
-	var hooks, deferrals calls
-	cfg.Expiry.OnExpired = expiredHooks(&hooks)
-	deadline := time.Now().Add(3 * time.Second)
+	run := deferredRun{hooks: &calls{}, deferrals: &calls{}}
+	cfg.Expiry.OnExpired = expiredHooks(run.hooks)
+	if hold != nil {
+		cfg.Dedupe = heldStore{Postgres: dedupe.NewPostgres(e.pool), hold: hold(run.deferrals)}
+	}
 	var aborted atomic.Bool
 	ctx := consumer.WithBeforeCommitHook(testenv.Context(t), abortOnceAfter(t, func() bool {
-		return deferrals.get("M") > 0
-	}, deadline.Add(500*time.Millisecond), &aborted))
+		return run.deferrals.get("M") > 0
+	}, abortAt, &aborted))
 	eff := effectHandler()
 	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
 		if m.IdempotencyKey == "M" {
-			deferrals.inc("M")
+			run.deferrals.inc("M")
 			return handler.DeferUntil(deadline.Add(2 * time.Second)) // past the deadline: the copy comes back expired
 		}
 		return eff(ctx, m)
@@ -185,18 +219,8 @@ func TestCrossingDeferredThenExpiredDeadLetteredOnce(t *testing.T) {
 	if !aborted.Load() {
 		t.Fatal("no transaction was aborted")
 	}
-	dlq := e.records(e.dlq(), sarama.ReadCommitted)
-	var got []string
-	for _, m := range dlq {
-		got = append(got, fmt.Sprintf("%s kind %s from %s", header(m, wire.HeaderIdempotencyKey), header(m, wire.HeaderErrorKind), header(m, wire.HeaderOriginalTopic)))
-	}
-	if len(dlq) != 1 || header(dlq[0], wire.HeaderIdempotencyKey) != "M" || header(dlq[0], wire.HeaderErrorKind) != "expired" ||
-		header(dlq[0], wire.HeaderOriginalTopic) != e.topic {
-		t.Errorf("DLQ for a read_committed reader: %v, want M once, kind expired, from %s", got, e.topic)
-	}
-	if n := hooks.get("M"); n != 1 {
-		t.Errorf("OnExpired ran %d times for M, want 1", n)
-	}
+	run.dlq = e.records(e.dlq(), sarama.ReadCommitted)
+	return e, run
 }
 
 // Swarm (issue 28, phase 2, "the refusal memory"): with Transactions, a
@@ -352,66 +376,30 @@ func TestCrossingParkedTierCopyKeepsItsHop(t *testing.T) {
 // copies of deferred records).
 func TestCrossingDeferredThenExpiredAtTheCall(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
-	deferred := e.topic + "." + e.group + ".deferred"
-	t.Cleanup(func() { e.k.DeleteTopics(t, deferred) })
-	cfg := txnConfig(e.config(), "")
-	cfg.Defer = &schedule.Scheduler{Pool: e.pool}
-	var hooks, deferrals calls
-	cfg.Expiry.OnExpired = expiredHooks(&hooks)
 	deadline := time.Now().Add(4 * time.Second)
-	var aborted atomic.Bool
-	ctx := consumer.WithBeforeCommitHook(testenv.Context(t), abortOnceAfter(t, func() bool {
-		return deferrals.get("M") > 0
-	}, time.Now(), &aborted))
 	// M's redelivery waits inside the store until its deadline has passed:
 	// it was live when read.
-	cfg.Dedupe = heldStore{Postgres: dedupe.NewPostgres(e.pool), hold: func(ctx context.Context, key string) error {
-		if key != "M" || deferrals.get("M") == 0 {
+	_, run := deferThenExpire(t, deadline, time.Now(), func(deferrals *calls) func(ctx context.Context, key string) error {
+		return func(ctx context.Context, key string) error {
+			if key != "M" || deferrals.get("M") == 0 {
+				return nil
+			}
+			tick := time.NewTicker(10 * time.Millisecond)
+			defer tick.Stop()
+			for !time.Now().After(deadline) {
+				select {
+				case <-tick.C:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
 			return nil
 		}
-		tick := time.NewTicker(10 * time.Millisecond)
-		defer tick.Stop()
-		for !time.Now().After(deadline) {
-			select {
-			case <-tick.C:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		return nil
-	}}
-	eff := effectHandler()
-	h := handler.Func(func(ctx context.Context, m *handler.Message) error {
-		if m.IdempotencyKey == "M" {
-			deferrals.inc("M")
-			return handler.DeferUntil(deadline.Add(2 * time.Second)) // past the deadline: the copy comes back expired
-		}
-		return eff(ctx, m)
 	})
-	e.produceExpiry(expiryRec{ikey: "M", deadline: strconv.FormatInt(deadline.UnixMilli(), 10)}, expiryRec{ikey: "B"})
-	r := startCtx(t, ctx, cfg, h)
-	testenv.Eventually(t, 60*time.Second, func() error {
-		if n := e.total(deferred, 1); n < 1 {
-			return errors.New("no deferred copy published yet")
-		}
-		if n := e.count(`SELECT count(*) FROM idem_deferred`); n != 0 {
-			return fmt.Errorf("%d deferred rows left", n)
-		}
-		return nil
-	})
-	e.waitCommitted(e.topic, 1, 60*time.Second)
-	e.waitCommitted(deferred, 1, 60*time.Second)
-	if err := r.stop(); err != nil {
-		t.Fatal(err)
-	}
-	if !aborted.Load() {
-		t.Fatal("no transaction was aborted")
-	}
-	if n := deferrals.get("M"); n != 1 {
+	if n := run.deferrals.get("M"); n != 1 {
 		t.Errorf("M's handler ran %d times, want once (its redelivery expired before the call)", n)
 	}
-	dlq := e.records(e.dlq(), sarama.ReadCommitted)
+	dlq := run.dlq
 	var got []string
 	for _, m := range dlq {
 		got = append(got, fmt.Sprintf("%s kind %s", header(m, wire.HeaderIdempotencyKey), header(m, wire.HeaderErrorKind)))
@@ -419,7 +407,7 @@ func TestCrossingDeferredThenExpiredAtTheCall(t *testing.T) {
 	if len(dlq) != 1 || header(dlq[0], wire.HeaderIdempotencyKey) != "M" || header(dlq[0], wire.HeaderErrorKind) != "expired" {
 		t.Errorf("DLQ for a read_committed reader: %v, want M once, kind expired", got)
 	}
-	if n := hooks.get("M"); n != 1 {
+	if n := run.hooks.get("M"); n != 1 {
 		t.Errorf("OnExpired ran %d times for M, want 1", n)
 	}
 }
