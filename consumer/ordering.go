@@ -39,6 +39,10 @@ type Ordering struct {
 // their SHA-256; header names and values are kept byte for byte. Records
 // with an empty Kafka key are not ordered. A nil db is a Validate error.
 //
+// The head is one record: a producer's duplicate of it (the head's
+// idempotency key, produced again at another offset) is parked behind it
+// like any later message of K, and is a duplicate when its turn comes.
+//
 // Two workers handling one key at once (a redelivery racing its tier
 // record, one key on two partitions) never loop: a message that fails while
 // another became the head goes to its tier anyway and is parked behind that
@@ -138,8 +142,9 @@ type keyOrder interface {
 	// expired message is never parked, but skipped as parked all the same
 	// when the ordering store holds it already (a redelivered copy).
 	admit(cm *sarama.ConsumerMessage, msg *handler.Message, o origin, expired bool) (parked bool, err error)
-	// toTier makes ikey its key's head before it is forwarded to tier.
-	toTier(topic string, key []byte, ikey string, tier int) error
+	// toTier makes the record at o, with idempotency key ikey, its key's
+	// head before it is forwarded to tier.
+	toTier(o origin, key []byte, ikey string, tier int) error
 	// settled runs once ikey, the claim's message at offset at, reached its
 	// outcome here (processed, duplicate, dead-lettered): the messages parked
 	// behind it follow.
@@ -160,7 +165,7 @@ type orderOff struct{}
 func (orderOff) admit(*sarama.ConsumerMessage, *handler.Message, origin, bool) (bool, error) {
 	return false, nil
 }
-func (orderOff) toTier(string, []byte, string, int) error    { return nil }
+func (orderOff) toTier(origin, []byte, string, int) error    { return nil }
 func (orderOff) settled(string, []byte, string, int64) error { return nil }
 
 // byKey is ByKey for one worker: the steps of the ordering store
@@ -171,8 +176,9 @@ func (w byKey) admit(cm *sarama.ConsumerMessage, msg *handler.Message, o origin,
 	return w.park(cm, msg, o, expired)
 }
 
-func (w byKey) toTier(topic string, key []byte, ikey string, tier int) error {
-	return w.orderStep(func(ctx context.Context) error { return w.r.order.BlockTier(ctx, topic, key, ikey, tier) })
+func (w byKey) toTier(o origin, key []byte, ikey string, tier int) error {
+	at := keyorder.Origin{Partition: o.partition, Offset: o.offset}
+	return w.orderStep(func(ctx context.Context) error { return w.r.order.BlockAt(ctx, o.topic, key, ikey, at, tier) })
 }
 
 func (w byKey) settled(topic string, key []byte, ikey string, at int64) error {

@@ -238,7 +238,7 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 	if failed != nil {
 		f := w.failure(src, cm.Key, cm.Value, cm.Headers, origin, msg, failed)
 		if f.tier > 0 {
-			if err := ord.toTier(origin.topic, cm.Key, key, f.tier); err != nil {
+			if err := ord.toTier(origin, cm.Key, key, f.tier); err != nil {
 				return err
 			}
 		}

@@ -236,12 +236,12 @@ type Copy struct {
 // table (or its WAL) in clear.
 func (s *Store) ParkCopy(ctx context.Context, r Record, c Copy, track bool) (State, error) {
 	if s.sealer == nil {
-		head, has, same, err := s.park(ctx, s.db, toParkedRow(r), r, c, track, true)
-		return parkState(r, c, head, has, same, err)
+		f, err := s.park(ctx, s.db, toParkedRow(r), r, c, track, true)
+		return f.state(c, err)
 	}
-	head, has, same, err := s.park(ctx, s.db, parkedRow{headerKeys: [][]byte{}, headerValues: [][]byte{}}, r, c, track, false)
-	if err != nil || has || head == nil || *head == r.IdempotencyKey || c.Expired {
-		return parkState(r, c, head, has, same, err)
+	f, err := s.park(ctx, s.db, parkedRow{headerKeys: [][]byte{}, headerValues: [][]byte{}}, r, c, track, false)
+	if err != nil || f.has || f.head == nil || f.mine || c.Expired {
+		return f.state(c, err)
 	}
 	err = s.tx(ctx, func(tx pgx.Tx) error {
 		k, err := s.sealer.Current(ctx, tx)
@@ -250,50 +250,63 @@ func (s *Store) ParkCopy(ctx context.Context, r Record, c Copy, track bool) (Sta
 		}
 		w := toParkedRow(r)
 		s.sealRow(k, &w, r.Topic, r.Key)
-		head, has, same, err = s.park(ctx, tx, w, r, c, track, true)
+		f, err = s.park(ctx, tx, w, r, c, track, true)
 		return err
 	})
-	return parkState(r, c, head, has, same, err)
+	return f.state(c, err)
+}
+
+// found is what ParkCopy's statement found for a record r read as a copy
+// c: K's head (nil: none), whether that head is r's own record (its
+// idempotency key, and its origin unless the head's is not known), whether
+// r has a parked row, and whether that row was parked by c.
+type found struct {
+	head            *string
+	mine, has, same bool
 }
 
 // park runs ParkCopy's statement for w (the parked row of r read as c) in
-// q: it inserts w when the key is blocked by another head and insert is
-// set, and returns the key's head (nil: none), whether the message has a
-// parked row, and whether that row was parked by c.
+// q: it inserts w when the key is blocked by another head (another message,
+// or another record with r's idempotency key: BlockAt) and insert is set,
+// and returns what it found. A row of r's idempotency key is r's own
+// unless that key is the head's: then only a row at r's origin is (a
+// duplicate of the head parked behind it is not the head's row).
 func (s *Store) park(ctx context.Context, q interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}, w parkedRow, r Record, c Copy, track, insert bool) (head *string, has, same bool, err error) {
+}, w parkedRow, r Record, c Copy, track, insert bool) (f found, err error) {
 	err = q.QueryRow(ctx, `
 		WITH h AS (
-			SELECT head_key FROM idem_ordering_heads WHERE `+byKey+` FOR UPDATE
+			SELECT head_key, head_key = $4 AND (head_offset IS NULL OR (head_partition = $19 AND head_offset = $20)) AS mine
+			FROM idem_ordering_heads WHERE `+byKey+` FOR UPDATE
 		), p AS (
 			SELECT park_topic, park_partition, park_offset FROM idem_ordering_parked WHERE `+byKey+` AND idempotency_key=$4
+				AND ("partition" = $19 AND "offset" = $20 OR NOT EXISTS (SELECT 1 FROM h WHERE h.head_key = $4))
 		), ins AS (
 			INSERT INTO idem_ordering_parked (consumer_group, topic, msg_key, idempotency_key,
 				"partition", "offset", record_time, value, header_keys, header_values, park_topic, park_partition, park_offset,
 				key_id, sealed)
 			SELECT $1,$2,$3,$4,$5,$6,$7,$8,$9,$10, CASE WHEN $14 THEN $11 END, CASE WHEN $14 THEN $12::int END, CASE WHEN $14 THEN $13::bigint END,
 				$17, $18
-			FROM h WHERE h.head_key <> $4 AND NOT $15 AND $16
+			FROM h WHERE NOT h.mine AND NOT $15 AND $16
 			ON CONFLICT DO NOTHING
 		)
-		SELECT (SELECT head_key FROM h), EXISTS (SELECT 1 FROM p),
+		SELECT (SELECT head_key FROM h), COALESCE((SELECT mine FROM h), false), EXISTS (SELECT 1 FROM p),
 			EXISTS (SELECT 1 FROM p WHERE park_topic=$11 AND park_partition=$12 AND park_offset=$13)`,
-		s.group, r.Topic, r.Key, w.ikey, w.partition, w.offset, w.ts, w.value, w.headerKeys, w.headerValues,
-		c.Topic, c.Partition, c.Offset, track, c.Expired, insert, w.keyID, w.sealed).Scan(&head, &has, &same)
-	return head, has, same, err
+		s.group, r.Topic, r.Key, r.IdempotencyKey, w.partition, w.offset, w.ts, w.value, w.headerKeys, w.headerValues,
+		c.Topic, c.Partition, c.Offset, track, c.Expired, insert, w.keyID, w.sealed, r.Partition, r.Offset).Scan(&f.head, &f.mine, &f.has, &f.same)
+	return f, err
 }
 
-// parkState is ParkCopy's answer for what park found.
-func parkState(r Record, c Copy, head *string, has, same bool, err error) (State, error) {
+// state is ParkCopy's answer for what park found (err: its error).
+func (f found) state(c Copy, err error) (State, error) {
 	switch {
 	case err != nil:
 		return Free, fmt.Errorf("keyorder: park: %w", err)
-	case has && (head == nil || *head != r.IdempotencyKey || !c.FromTier || same):
+	case f.has && (f.head == nil || !f.mine || !c.FromTier || f.same):
 		return Blocked, nil
-	case head == nil:
+	case f.head == nil:
 		return Free, nil
-	case *head == r.IdempotencyKey:
+	case f.mine:
 		return Head, nil
 	case c.Expired: // not held, and not parked
 		return Free, nil
@@ -308,22 +321,58 @@ func (s *Store) Block(ctx context.Context, topic string, key []byte, ikey string
 }
 
 // BlockTier makes ikey the head of K before it is forwarded to retry tier
-// tier (0: not known) and records that tier. It is a no-op, apart from the
-// tier, when ikey already is the head. It fails with ErrOtherHead when another
-// message is the head (a message of K that was not parked failed while
-// another became the head: two copies of one message, or two partitions
-// carrying one key). It is one statement.
+// tier (0: not known) and records that tier, the head's origin not known:
+// see BlockAt.
 func (s *Store) BlockTier(ctx context.Context, topic string, key []byte, ikey string, tier int) error {
+	return s.BlockAt(ctx, topic, key, ikey, Origin{Partition: -1, Offset: -1}, tier)
+}
+
+// Origin is where a record was first produced in its source topic: the
+// partition and offset every copy of it (a retry tier's, a parked row)
+// carries. Offset -1: not known.
+type Origin struct {
+	Partition int32
+	Offset    int64
+}
+
+// known reports whether o names a record.
+func (o Origin) known() bool { return o.Offset >= 0 }
+
+// BlockAt makes the record at origin at, with idempotency key ikey, the
+// head of K before it is forwarded to retry tier tier (0: not known), and
+// records that tier. It is a no-op, apart from the tier, when that record
+// already is the head (a head whose origin was not known takes at). It
+// fails with ErrOtherHead when another message is the head (a message of K
+// that was not parked failed while another became the head: two copies of
+// one message, or two partitions carrying one key), and when another record
+// with the same idempotency key is (a producer's duplicate of the head: it
+// goes to its tier anyway, and is parked behind the head when it comes
+// back). It is one statement.
+//
+// The head is one record, not one idempotency key: ParkCopy takes only a
+// copy of the record at at for the head. A head of unknown origin (at's
+// Offset -1, BlockTier, or a head a revert restored) is any record with
+// its idempotency key, as before heads knew their origin.
+func (s *Store) BlockAt(ctx context.Context, topic string, key []byte, ikey string, at Origin, tier int) error {
+	var p, o *int64
+	if at.known() {
+		pp, oo := int64(at.Partition), at.Offset
+		p, o = &pp, &oo
+	}
 	var head string
-	err := s.db.QueryRow(ctx, `INSERT INTO idem_ordering_heads AS h (consumer_group, topic, msg_key, head_key, tier)
-		VALUES ($1,$2,$3,$4,$5)
+	var mine bool
+	err := s.db.QueryRow(ctx, `INSERT INTO idem_ordering_heads AS h (consumer_group, topic, msg_key, head_key, tier, head_partition, head_offset)
+		VALUES ($1,$2,$3,$4,$5,$6,$7)
 		ON CONFLICT (consumer_group, topic, key_digest) DO UPDATE
-			SET tier = CASE WHEN h.head_key = EXCLUDED.head_key AND EXCLUDED.tier > 0 THEN EXCLUDED.tier ELSE h.tier END
-		RETURNING head_key`, s.group, topic, key, ikey, tier).Scan(&head)
+			SET tier = CASE WHEN h.head_key = EXCLUDED.head_key AND EXCLUDED.tier > 0 THEN EXCLUDED.tier ELSE h.tier END,
+				head_partition = CASE WHEN h.head_key = EXCLUDED.head_key AND h.head_offset IS NULL THEN EXCLUDED.head_partition ELSE h.head_partition END,
+				head_offset = CASE WHEN h.head_key = EXCLUDED.head_key AND h.head_offset IS NULL THEN EXCLUDED.head_offset ELSE h.head_offset END
+		RETURNING head_key, (head_key = $4 AND (head_offset IS NULL OR $7::bigint IS NULL OR (head_partition = $6 AND head_offset = $7)))`,
+		s.group, topic, key, ikey, tier, p, o).Scan(&head, &mine)
 	if err != nil {
 		return fmt.Errorf("keyorder: block: %w", err)
 	}
-	if head != ikey {
+	if !mine {
 		return fmt.Errorf("keyorder: block: %w: %q", ErrOtherHead, head)
 	}
 	return nil
@@ -387,7 +436,8 @@ func (s *Store) DoneAt(ctx context.Context, seq int64, m *Mark) error {
 	return nil
 }
 
-// Promote makes the parked message r the head of K in place of oldHead and
+// Promote makes the parked message r (its record, at r's origin: BlockAt)
+// the head of K in place of oldHead and
 // records r (with its failure, its r.Tier) as pending forward, in one
 // transaction. It fails with ErrOtherHead, changing nothing, when oldHead is
 // no longer K's head (another worker promoted or released it first).
@@ -397,7 +447,8 @@ func (s *Store) Promote(ctx context.Context, oldHead string, r Record) error {
 
 // PromoteAt is Promote for a promotion whose forward rides in the Kafka
 // transaction m names: the head row and r's parked row are marked with m
-// (the head row keeps the head it had before m's first promotion), so that
+// (the head row keeps the head it had before m's first promotion, and that
+// head's origin), so that
 // Resolve can revert the promotion when m is not committed; the pending
 // forward is cleared by Resolve once m is committed (Forwarded leaves a
 // marked head alone). A nil m is Promote. It fails with ErrFenced, changing
@@ -424,12 +475,21 @@ func (s *Store) PromoteAt(ctx context.Context, oldHead string, r Record, m *Mark
 		if m != nil {
 			mt, mp, mo = &m.Topic, &m.Partition, &m.Offset
 		}
+		// The columns are set from their old values (SQL's UPDATE reads
+		// every right-hand side from the row before it).
 		if _, err := tx.Exec(ctx, `UPDATE idem_ordering_heads SET head_key=$4, pending=$5, tier=$6, since=now(),
+				head_partition=$10, head_offset=$11,
 				revert_head = CASE WHEN $7::text IS NULL THEN NULL
 					WHEN mark_topic = $7 AND mark_partition = $8 AND mark_offset = $9 THEN revert_head
 					ELSE head_key END,
+				revert_partition = CASE WHEN $7::text IS NULL THEN NULL
+					WHEN mark_topic = $7 AND mark_partition = $8 AND mark_offset = $9 THEN revert_partition
+					ELSE head_partition END,
+				revert_offset = CASE WHEN $7::text IS NULL THEN NULL
+					WHEN mark_topic = $7 AND mark_partition = $8 AND mark_offset = $9 THEN revert_offset
+					ELSE head_offset END,
 				mark_topic=$7, mark_partition=$8, mark_offset=$9
-			WHERE `+byKey, s.group, r.Topic, r.Key, r.IdempotencyKey, pending, r.Tier, mt, mp, mo); err != nil {
+			WHERE `+byKey, s.group, r.Topic, r.Key, r.IdempotencyKey, pending, r.Tier, mt, mp, mo, r.Partition, r.Offset); err != nil {
 			return err
 		}
 		return removeParked(ctx, tx, r.Seq, m)

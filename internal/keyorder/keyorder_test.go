@@ -87,3 +87,62 @@ func TestKeyLifecycle(t *testing.T) {
 	}
 	state(rec("m5", 5), keyorder.Free)
 }
+
+// The head is one record: a producer's duplicate of the head (its
+// idempotency key at another offset) is parked behind it and drained after
+// the records parked before it, not taken for the head; the head's own
+// source copy, read again, is still the head, even with the duplicate's row
+// in place (else a head whose forward aborted would be skipped, and its key
+// blocked for ever). A head whose origin is not known (Block) is any record
+// with its idempotency key, as before.
+func TestHeadIsOneRecord(t *testing.T) {
+	t.Parallel()
+	ctx := testenv.Context(t)
+	s := keyorder.New(testenv.Postgres(t), "g")
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	src := func(r keyorder.Record) keyorder.Copy {
+		return keyorder.Copy{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset}
+	}
+	state := func(r keyorder.Record, c keyorder.Copy, want keyorder.State) {
+		t.Helper()
+		got, err := s.ParkCopy(ctx, r, c, true)
+		if err != nil || got != want {
+			t.Fatalf("ParkCopy(%s@%d from %s) = %v, %v; want %v", r.IdempotencyKey, r.Offset, c.Topic, got, err, want)
+		}
+	}
+	h, p, d := rec("h", 0), rec("p", 1), rec("h", 2)
+	if err := s.BlockAt(ctx, "t", []byte("K"), "h", keyorder.Origin{Partition: 0, Offset: 0}, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.BlockAt(ctx, "t", []byte("K"), "h", keyorder.Origin{Partition: 0, Offset: 2}, 1); !errors.Is(err, keyorder.ErrOtherHead) {
+		t.Fatalf("BlockAt by the head's duplicate = %v, want ErrOtherHead", err)
+	}
+	state(p, src(p), keyorder.Blocked)
+	state(d, src(d), keyorder.Blocked)
+	state(d, src(d), keyorder.Blocked) // its redelivery: parked once
+	state(h, src(h), keyorder.Head)    // the head's own source copy, read again
+	state(h, keyorder.Copy{Topic: "t.retry.1", Partition: 0, Offset: 9, FromTier: true}, keyorder.Head)
+	state(d, keyorder.Copy{Topic: "t.retry.1", Partition: 0, Offset: 10, FromTier: true}, keyorder.Blocked) // the duplicate's own tier copy
+	if n, _ := s.Parked(ctx); n != 2 {
+		t.Fatalf("parked %d, want 2 (p, then h's duplicate)", n)
+	}
+	for _, want := range []keyorder.Record{p, d} {
+		next, ok, err := s.Next(ctx, "t", []byte("K"), "h")
+		if err != nil || !ok || next.IdempotencyKey != want.IdempotencyKey || next.Offset != want.Offset {
+			t.Fatalf("Next = %+v, %v, %v; want %s@%d", next, ok, err, want.IdempotencyKey, want.Offset)
+		}
+		if err := s.Done(ctx, next.Seq); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, ok, err := s.Next(ctx, "t", []byte("K"), "h"); ok || err != nil {
+		t.Fatalf("Next after the drain = %v, %v; want the key unblocked", ok, err)
+	}
+	// A head of unknown origin: any record with its idempotency key.
+	if err := s.Block(ctx, "t", []byte("K"), "h"); err != nil {
+		t.Fatal(err)
+	}
+	state(d, src(d), keyorder.Head)
+}

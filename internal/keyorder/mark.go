@@ -90,13 +90,15 @@ func (s *Store) Resolve(ctx context.Context, committed []Committed, claim bool) 
 		`UPDATE idem_ordering_parked x SET park_topic=NULL, park_partition=NULL, park_offset=NULL
 			FROM ` + committedRows + ` WHERE x.consumer_group=$1 AND x.park_topic=c.t AND x.park_partition=c.p AND x.park_offset < c.o`,
 
-		`UPDATE idem_ordering_heads x SET pending=NULL, mark_topic=NULL, mark_partition=NULL, mark_offset=NULL, revert_head=NULL
+		`UPDATE idem_ordering_heads x SET pending=NULL, mark_topic=NULL, mark_partition=NULL, mark_offset=NULL,
+				revert_head=NULL, revert_partition=NULL, revert_offset=NULL
 			FROM ` + committedRows + ` WHERE` + marksOf + ` AND x.mark_offset < c.o`,
 	}
 	if claim {
 		stmts = append(stmts,
-			`UPDATE idem_ordering_heads x SET head_key=x.revert_head, pending=NULL, tier=0, since=now(),
-				mark_topic=NULL, mark_partition=NULL, mark_offset=NULL, revert_head=NULL
+			`UPDATE idem_ordering_heads x SET head_key=x.revert_head, head_partition=x.revert_partition, head_offset=x.revert_offset,
+				pending=NULL, tier=0, since=now(),
+				mark_topic=NULL, mark_partition=NULL, mark_offset=NULL, revert_head=NULL, revert_partition=NULL, revert_offset=NULL
 			FROM `+committedRows+` WHERE`+marksOf+` AND x.mark_offset >= c.o`,
 			`INSERT INTO idem_ordering_heads (consumer_group, topic, msg_key, head_key)
 			SELECT DISTINCT ON (x.topic, x.key_digest) $1, x.topic, x.msg_key, x.mark_head

@@ -62,12 +62,14 @@ func TestResolveCommitted(t *testing.T) {
 	// Copies of the marked messages read again before the commit settles
 	// them: redeliveries, parked (skipped); only m3's copy from its tier is
 	// the head.
+	// (A copy carries its record's origin: m2's offset 2, m3's 3.)
 	for _, c := range []struct {
 		ikey     string
+		origin   int64
 		fromTier bool
 		want     keyorder.State
-	}{{"m2", false, keyorder.Blocked}, {"m2", true, keyorder.Blocked}, {"m3", false, keyorder.Blocked}, {"m3", true, keyorder.Head}} {
-		if st, err := s.ParkCopy(ctx, rec(c.ikey, 9), keyorder.Copy{Topic: "src", Offset: 9, FromTier: c.fromTier}, true); err != nil || st != c.want {
+	}{{"m2", 2, false, keyorder.Blocked}, {"m2", 2, true, keyorder.Blocked}, {"m3", 3, false, keyorder.Blocked}, {"m3", 3, true, keyorder.Head}} {
+		if st, err := s.ParkCopy(ctx, rec(c.ikey, c.origin), keyorder.Copy{Topic: "src", Offset: 9, FromTier: c.fromTier}, true); err != nil || st != c.want {
 			t.Fatalf("ParkCopy(%s, fromTier %v) = %v, %v; want %v", c.ikey, c.fromTier, st, err, c.want)
 		}
 	}
