@@ -55,6 +55,11 @@ func (s *Services) Brokers() []string {
 // addr is node n's broker address.
 func (s *Services) addr(n int) string { return fmt.Sprintf("127.0.0.1:%d", s.KafkaPort+2*(n-1)) }
 
+// controllerAddr is node n's controller listener.
+func (s *Services) controllerAddr(n int) string {
+	return fmt.Sprintf("127.0.0.1:%d", s.ControllerPort+2*(n-1))
+}
+
 // pidFile is where services.sh keeps node n's process id.
 func (s *Services) pidFile(n int) string {
 	if s.nodes() == 1 {
@@ -180,15 +185,19 @@ func (s *Services) endNode(ctx context.Context, n int, sig syscall.Signal, grace
 		return err
 	}
 	// A multi-threaded process is a zombie before its last thread has exited
-	// and closed its sockets.
-	for {
-		c, err := net.DialTimeout("tcp", s.addr(n), time.Second)
-		if err != nil {
-			break
-		}
-		c.Close()
-		if err := sleep(ctx, 100*time.Millisecond); err != nil {
-			return err
+	// and closed its sockets: wait for both of its listeners, the broker's
+	// and the controller's (services.sh refuses to start a node on a busy
+	// port: a chaos run failed so, under load, on the controller's).
+	for _, addr := range []string{s.addr(n), s.controllerAddr(n)} {
+		for {
+			c, err := net.DialTimeout("tcp", addr, time.Second)
+			if err != nil {
+				break
+			}
+			c.Close()
+			if err := sleep(ctx, 100*time.Millisecond); err != nil {
+				return err
+			}
 		}
 	}
 	// A zombie not reaped yet still answers kill -0: services.sh would take
