@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -49,7 +50,12 @@ type breakerEnv struct {
 	mu          sync.Mutex
 	transitions []string
 	maxAttempt  atomic.Int64
-	halfOpen    atomic.Int64 // handler calls that began while the breaker was half-open
+	halfOpen    atomic.Int64 // calls that reached the dependency while the breaker was half-open
+
+	// onProbe, if set, runs inside each call that reached the dependency
+	// while the breaker was half-open (a probe), before the dependency
+	// answers.
+	onProbe func(ctx context.Context)
 }
 
 func newBreakerEnv(t *testing.T, partitions int32) *breakerEnv {
@@ -91,22 +97,43 @@ func (b *breakerEnv) handler() handler.Func {
 				break
 			}
 		}
-		if b.set.States()["bank-api"] == breaker.HalfOpen {
-			b.halfOpen.Add(1)
-		}
-		if err := b.set.Do(ctx, "bank-api", b.dep.call); err != nil {
+		if err := b.set.Do(ctx, "bank-api", b.call); err != nil {
 			return err
 		}
 		return effectHandler()(ctx, m)
 	}
 }
 
-func (b *breakerEnv) opens() int {
+// call is the dependency's call as the breaker runs it. It counts, in
+// halfOpen, the calls that reach the dependency while the breaker is
+// half-open: the probes. It counts inside the call, not where the handler
+// starts: a handler that starts while the breaker is half-open may still be
+// refused by it (an attempt that passed the gate before the breaker opened
+// meets the probe's taken slot: TestBreakerAttemptInFlightMeetsTheProbe),
+// and a refused call is no call to the dependency. While an admitted probe
+// runs, the breaker stays half-open (only the probe's outcome moves it).
+func (b *breakerEnv) call(ctx context.Context) error {
+	if b.set.States()["bank-api"] == breaker.HalfOpen {
+		b.halfOpen.Add(1)
+		if b.onProbe != nil {
+			b.onProbe(ctx)
+		}
+	}
+	return b.dep.call(ctx)
+}
+
+func (b *breakerEnv) opens() int { return b.transitionsTo("closed->open", "half-open->open") }
+
+// halfOpens returns how many times the breaker went half-open.
+func (b *breakerEnv) halfOpens() int64 { return int64(b.transitionsTo("open->half-open")) }
+
+// transitionsTo returns how many of the recorded transitions are one of trs.
+func (b *breakerEnv) transitionsTo(trs ...string) int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	n := 0
 	for _, tr := range b.transitions {
-		if tr == "closed->open" || tr == "half-open->open" {
+		if slices.Contains(trs, tr) {
 			n++
 		}
 	}
@@ -173,15 +200,10 @@ func TestBreakerPausesInsteadOfRetrying(t *testing.T) {
 		if trs[len(trs)-1] != "half-open->closed" {
 			t.Errorf("breaker did not close at the end: %v", trs)
 		}
-		// Only the probe ran while half-open: one handler call per half-open period.
-		halfOpens := int64(0)
-		for _, tr := range trs {
-			if tr == "open->half-open" {
-				halfOpens++
-			}
-		}
-		if got := b.halfOpen.Load(); got > halfOpens {
-			t.Errorf("%d handler calls began while half-open, over %d half-open periods: more than the probe ran", got, halfOpens)
+		// Only the probe ran while half-open: each half-open period ended
+		// with its probe's outcome, and no other call reached the dependency.
+		if got, halfOpens := b.halfOpen.Load(), b.halfOpens(); got != halfOpens {
+			t.Errorf("%d calls reached the dependency while half-open, over %d half-open periods: want one probe each", got, halfOpens)
 		}
 		if v := metricValue(t, b.env, "idem_breaker_state", map[string]string{"name": "bank-api"}); v != 0 {
 			t.Errorf("idem_breaker_state = %v, want 0 (closed)", v)
@@ -191,6 +213,103 @@ func TestBreakerPausesInsteadOfRetrying(t *testing.T) {
 		}
 		if v := metricValue(t, b.env, "idem_partitions_paused", nil); v != 0 {
 			t.Errorf("idem_partitions_paused = %v after recovery, want 0", v)
+		}
+	})
+}
+
+// An attempt that passed the gate before the breaker opened (a lane waiting
+// for a pool connection, a batch inserting its inbox rows, on a loaded
+// machine) may reach its handler after the cool-down, while the gate's probe
+// runs: a handler call then starts while the breaker is half-open, but the
+// breaker refuses it (the probe holds the one slot), so only the probe
+// reaches the dependency. TestBreakerPausesInsteadOfRetrying/batch once
+// failed on this interleaving (a clean-clone CI run, 2 cores: "5 handler
+// calls began while half-open, over 4 half-open periods"): it counted the
+// handlers that read the state half-open as they started, not the calls the
+// breaker let through. Here it is forced: S's handler starts before the
+// breaker opens and calls the dependency once the probe is inside its call.
+func TestBreakerAttemptInFlightMeetsTheProbe(t *testing.T) {
+	t.Parallel()
+	forEachMode(t, allModes, func(t *testing.T, mode testMode) {
+		b := newBreakerEnv(t, 2)
+		b.in(mode)
+		b.dep.down.Store(true)
+		sIn := make(chan struct{})     // S's handler started, the breaker closed
+		probeIn := make(chan struct{}) // a probe is inside its call
+		sDone := make(chan struct{})   // the breaker answered S
+		var sState breaker.State
+		var sErr error
+		var sFirst atomic.Bool
+		var probeOnce sync.Once
+		b.onProbe = func(ctx context.Context) {
+			probeOnce.Do(func() {
+				close(probeIn)
+				select { // hold the slot until the breaker has answered S
+				case <-sDone:
+				case <-ctx.Done():
+				}
+			})
+		}
+		h := b.handler()
+		start(t, b.config(), handler.Func(func(ctx context.Context, m *handler.Message) error {
+			if m.IdempotencyKey != "S" || !sFirst.CompareAndSwap(false, true) {
+				return h(ctx, m)
+			}
+			close(sIn)
+			select {
+			case <-probeIn:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			sState = b.set.States()["bank-api"]
+			sErr = b.set.Do(ctx, "bank-api", b.call)
+			close(sDone)
+			return sErr
+		}))
+		p := b.k.Producer(t)
+		send := func(partition int32, key string) {
+			t.Helper()
+			if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: b.topic, Partition: partition, Value: sarama.StringEncoder(key),
+				Headers: []sarama.RecordHeader{{Key: []byte("idempotency-key"), Value: []byte(key)}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		wait := func(ch <-chan struct{}, what string) {
+			t.Helper()
+			select {
+			case <-ch:
+			case <-time.After(60 * time.Second):
+				t.Fatalf("timed out waiting for %s", what)
+			}
+		}
+		send(1, "S")
+		wait(sIn, "S's handler") // S is past the gate, which is open
+		// k1..k3 open the breaker; after the cool-down one of them is the probe.
+		for _, k := range []string{"k1", "k2", "k3"} {
+			send(0, k)
+		}
+		wait(sDone, "the breaker's answer to S")
+		testenv.Eventually(t, 60*time.Second, func() error {
+			if n := b.opens(); n < 2 { // the probe that held the slot failed
+				return fmt.Errorf("breaker opened %d times", n)
+			}
+			return nil
+		})
+		b.dep.down.Store(false)
+		b.waitCommitted(b.topic, 2, 90*time.Second)
+
+		var oe *breaker.OpenError
+		if sState != breaker.HalfOpen || !errors.As(sErr, &oe) || oe.State != breaker.HalfOpen {
+			t.Errorf("S read %v and the breaker answered %v; want half-open, refused while half-open", sState, sErr)
+		}
+		if got, halfOpens := b.halfOpen.Load(), b.halfOpens(); got != halfOpens {
+			t.Errorf("%d calls reached the dependency while half-open, over %d half-open periods: want one probe each", got, halfOpens)
+		}
+		if n := b.count(`SELECT count(*) FROM effects`); n != 4 {
+			t.Errorf("effects = %d, want 4", n)
+		}
+		if n := b.total(b.dlq(), 2) + b.total(b.tier(1), 2); n != 0 {
+			t.Errorf("%d records reached a retry tier or the DLQ, want 0", n)
 		}
 	})
 }
