@@ -502,7 +502,16 @@ func TestBatchExpiredWhileTheBreakerHeldIt(t *testing.T) {
 		for _, part := range []int32{0, 2, 3, 4} { // they trip the breaker, then wait at the gate
 			send(part, fmt.Sprintf("w%d", part), "")
 		}
-		select { // the dependency stays down past M's deadline, and is up before the cool-down ends
+		// The dependency stays down until the breaker is open and M's
+		// deadline has passed, and is up before the cool-down ends. (Up on
+		// a timer alone, it could come back before a loaded machine's
+		// consumer had tripped the breaker: S then waited for ever.)
+		select {
+		case <-opened:
+		case <-t.Context().Done():
+			return
+		}
+		select {
 		case <-time.After(time.Until(d) + 200*time.Millisecond):
 		case <-t.Context().Done():
 			return
