@@ -344,21 +344,29 @@ func TestExpiredBetweenAttemptsAfterAnotherCopyApplied(t *testing.T) {
 		var hooked atomic.Int32
 		cfg.Expiry.OnExpired = func(context.Context, consumer.Expired) error { hooked.Add(1); return nil }
 		start(t, cfg, handler.Func(func(ctx context.Context, m *handler.Message) error {
-			if m.IdempotencyKey == "m" && once.CompareAndSwap(false, true) {
+			switch {
+			case m.IdempotencyKey == "warm-up":
+				return nil
+			case m.IdempotencyKey == "m" && once.CompareAndSwap(false, true):
 				close(failing)
-				// This copy waits 3 s for its dependency, past its deadline.
-				return &breaker.ThrottleError{Name: "psp", Reason: breaker.ReasonRate, RetryAfter: 3 * time.Second}
+				// This copy waits 5 s for its dependency, past its deadline.
+				return &breaker.ThrottleError{Name: "psp", Reason: breaker.ReasonRate, RetryAfter: 5 * time.Second}
 			}
 			return errors.New("called again: the deadline has passed")
 		}))
-		e.produceExpiry(expiryRec{ikey: "m", deadline: ms(time.Now().Add(1500 * time.Millisecond))})
+		// m's deadline starts once the consumer reads: on a loaded machine
+		// (a clean-clone CI run beside a chaos run) joining the group took
+		// longer than m's 1.5 s, and m expired before its first call.
+		e.produceExpiry(expiryRec{ikey: "warm-up"})
+		e.waitCommitted(e.topic, 1, 60*time.Second)
+		e.produceExpiry(expiryRec{ikey: "m", deadline: ms(time.Now().Add(3 * time.Second))})
 		select {
 		case <-failing:
 		case <-time.After(60 * time.Second):
 			t.Fatal("the handler was never called for m")
 		}
 		// The other copy: applied in the inbox by another member, before the deadline.
-		other := dedupe.Record{Group: cfg.Group, Key: "m", Topic: e.topic, Partition: 0, Offset: 0}
+		other := dedupe.Record{Group: cfg.Group, Key: "m", Topic: e.topic, Partition: 0, Offset: 1}
 		if out, err := dedupe.NewPostgres(e.pool).Process(context.Background(), other, func(context.Context) error { return nil }); err != nil || out != dedupe.Processed {
 			t.Fatalf("applying the other copy: %v, %v", out, err)
 		}

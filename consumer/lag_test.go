@@ -58,6 +58,10 @@ func TestActionableLag(t *testing.T) {
 	group := map[string]string{"group": e.group}
 	tier := map[string]string{"group": e.group, "topic": e.tier(1)}
 	testenv.Eventually(t, 5*time.Minute, func() error {
+		// Run creates idem_deferred as it starts, which startCtx does not wait for.
+		if e.count(`SELECT count(*) FROM pg_tables WHERE tablename = 'idem_deferred'`) == 0 {
+			return errors.New("idem_deferred not created yet")
+		}
 		if n := e.count(`SELECT count(*) FROM idem_deferred`); n != deferred {
 			return fmt.Errorf("%d of %d messages deferred", n, deferred)
 		}
