@@ -173,9 +173,9 @@ func (w batch) prepare(cm *sarama.ConsumerMessage) (*batchItem, bool) {
 	if r.order != nil || r.batchStore == nil || w.tier {
 		return nil, false
 	}
-	msg := w.message(cm)
+	msg := w.msgs.fresh(cm)
 	msg.Attempt = 1
-	if w.filtered(msg) != "" {
+	if r.routes.filtered(msg, w.log) != "" {
 		return nil, false
 	}
 	rt, _, err := r.routes.lookup(msg)
@@ -189,7 +189,7 @@ func (w batch) prepare(cm *sarama.ConsumerMessage) (*batchItem, bool) {
 		return nil, false
 	}
 	msg.IdempotencyKey = key
-	res := w.expiryOf(msg)
+	res := w.rt.expiryOf(msg)
 	if res.Status != expiry.Live { // handleAfter dead-letters or drops it
 		return nil, false
 	}
@@ -244,11 +244,11 @@ func (w batch) handleBatch(items []*batchItem) error {
 			for j, i := range idx {
 				msgs[j] = items[i].msg
 			}
-			w.setStepKey("") // step.For names each message
+			w.steps.Key = "" // step.For names each message
 			return callBatch(ctx, w.rt.bh, msgs)
 		}
 		for _, i := range idx {
-			w.setStepKey(items[i].msg.IdempotencyKey)
+			w.steps.Key = items[i].msg.IdempotencyKey
 			if err := w.rt.h.Handle(ctx, items[i].msg); err != nil {
 				failedAt = i
 				return err
@@ -311,7 +311,7 @@ func (w batch) anyExpired(items []*batchItem, idx []int) bool {
 		return false
 	}
 	for _, i := range idx {
-		if it := items[i]; it.limited && w.expiryOf(it.msg).Status != expiry.Live {
+		if it := items[i]; it.limited && w.rt.expiryOf(it.msg).Status != expiry.Live {
 			return true
 		}
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/correlation"
+	"github.com/idemhq/idem/internal/tables"
 )
 
 // LaneKey is what Config.LaneBy hashes to pick a message's lane.
@@ -132,10 +133,13 @@ func newClaim(r *runner, s sarama.ConsumerGroupSession, kc sarama.ConsumerGroupC
 
 // newWorker returns a worker of c with a stall of its own.
 func (c *claim) newWorker() *worker {
-	w := &worker{claim: c, stall: &stall{}, names: headerNames{},
+	w := &worker{claim: c, stall: &stall{}, msgs: messages{names: headerNames{}},
 		ob: observer{r: c.r, log: c.log, tp: c.tp, hctx: correlation.WithSlot(c.hctx)}}
 	w.callFn = w.callHandler
-	w.stepScope()
+	// The step scope of its handlers' calls, over the correlation slot
+	// (steps.go): callHandler names each call's message in it.
+	w.steps = tables.StepScope{DB: c.r.stepDB, Group: c.r.cfg.Group}
+	w.ob.hctx = tables.WithStepScope(w.ob.hctx, &w.steps)
 	w.useRoute(c.r.routes.all[0])
 	c.stalls = append(c.stalls, w.stall)
 	return w

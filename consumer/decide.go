@@ -40,6 +40,13 @@ import (
 // transaction carrying its outcome (its dead-letter record, or the mark of
 // a dropped one) has committed, as OnDeadLettered does (settle.go).
 
+// verdicts is a worker's stage of deciding (see above): what a message
+// takes before its handler (decide) and between its attempts
+// (expiredSince), from an earlier delivery's outcome (earlier, seen) and
+// Config.Expiry's (expire). It holds nothing but the worker, so
+// verdicts{w} costs nothing to make.
+type verdicts struct{ *worker }
+
 // errUnseen is what decide's lookups give the store instead of a handler:
 // the key has no recorded outcome, so nothing is recorded and nothing runs.
 var errUnseen = errors.New("consumer: no earlier outcome")
@@ -55,8 +62,8 @@ type decision struct {
 // outcome, or expired (res). rec is the message's inbox record and
 // deferral the identity of this delivery's deferral (deferralOf), "" for
 // none. errStopping: the partition is stopping.
-func (w *worker) decide(rec dedupe.Record, msg *handler.Message, deferral string) (decision, error) {
-	d := decision{res: w.expiryOf(msg)}
+func (w verdicts) decide(rec dedupe.Record, msg *handler.Message, deferral string) (decision, error) {
+	d := decision{res: w.rt.expiryOf(msg)}
 	if mutate.On(mutate.Expiry) {
 		d.res = expiry.Result{Status: expiry.Live}
 	}
@@ -76,7 +83,7 @@ func (w *worker) decide(rec dedupe.Record, msg *handler.Message, deferral string
 // with Config.Defer, the deferral of this delivery (w.deferral, set by
 // decide: deferred before, its deferred copy has the outcome).
 // errStopping: the partition is stopping.
-func (w *worker) earlier(rec dedupe.Record, msg *handler.Message) (bool, error) {
+func (w verdicts) earlier(rec dedupe.Record, msg *handler.Message) (bool, error) {
 	recs := []dedupe.Record{rec}
 	if w.r.cfg.Defer != nil && w.deferral != "" {
 		recs = append(recs, deferralRecord(rec, w.deferral))
@@ -94,7 +101,7 @@ func (w *worker) earlier(rec dedupe.Record, msg *handler.Message) (bool, error) 
 // none, and rolls back). Outages are waited out; a store that refuses the
 // lookup for good (an error it would give every try) is logged and the
 // message's own verdict follows. errStopping: the partition is stopping.
-func (w *worker) seen(rec dedupe.Record, msg *handler.Message) (bool, error) {
+func (w verdicts) seen(rec dedupe.Record, msg *handler.Message) (bool, error) {
 	r := w.r
 	for n := 1; ; n++ {
 		out, err := r.cfg.Dedupe.Process(w.hctx, rec, func(context.Context) error { return errUnseen })

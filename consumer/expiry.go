@@ -68,10 +68,10 @@ func (e Expiry) policy() expiry.Policy {
 	return expiry.Policy{MaxAge: e.MaxAge, MaxAgeByTopic: e.MaxAgeByTopic, Header: e.Header, Drop: e.Drop}
 }
 
-// expiryOf is msg's verdict under Config.Expiry now, by its origin (a tier
+// expiryOf is msg's verdict under rt's Expiry now, by its origin (a tier
 // record is as old as its first delivery).
-func (w *worker) expiryOf(msg *handler.Message) expiry.Result {
-	p := w.rt.expiry.policy()
+func (rt *route) expiryOf(msg *handler.Message) expiry.Result {
+	p := rt.expiry.policy()
 	o := msg.Origin()
 	maxAge, header := p.MaxAgeOf(o.Topic), p.HeaderName()
 	if maxAge <= 0 && !expiry.HasHeader(msg.Headers, header) {
@@ -90,12 +90,12 @@ func (w *worker) expiryOf(msg *handler.Message) expiry.Result {
 // is owed, and runs once the transaction carrying the outcome commits:
 // settle.go); topic is the topic msg is read from, for the counters. stop
 // is errStopping when the partition is stopping (the hook was retrying).
-func (w *worker) expire(msg *handler.Message, topic string, res expiry.Result) (err error, drop bool, stop error) {
+func (w verdicts) expire(msg *handler.Message, topic string, res expiry.Result) (err error, drop bool, stop error) {
 	if res.Status == expiry.Expired && w.rt.expiry.OnExpired != nil {
 		x := Expired{Message: msg, Reason: res.Reason, Dropped: w.rt.expiry.Drop}
 		if w.r.txn != nil {
 			w.owed = append(w.owed, owedHook{key: hookKey("expired", msg.Origin()), x: &x, route: w.rt.name})
-		} else if stop := (hookCalls{w}).expiredHook(x); stop != nil {
+		} else if stop := (hookCalls{w.worker}).expiredHook(x); stop != nil {
 			return nil, false, stop
 		}
 	}
@@ -104,7 +104,7 @@ func (w *worker) expire(msg *handler.Message, topic string, res expiry.Result) (
 }
 
 // expiredVerdict is expire's outcome for res, counted.
-func (w *worker) expiredVerdict(msg *handler.Message, topic string, res expiry.Result) (err error, drop bool) {
+func (w verdicts) expiredVerdict(msg *handler.Message, topic string, res expiry.Result) (err error, drop bool) {
 	switch res.Status {
 	case expiry.Live:
 		return nil, false

@@ -64,22 +64,22 @@ const dueSlack = time.Second
 // another version, a changed policy, or a skewed clock) is waited for only up
 // to that delay (plus dueSlack), with a WARN, so one record cannot hold a tier
 // partition for long. errStopping: the partition is stopping.
-func (w *worker) waitDue(cm *sarama.ConsumerMessage, o origin) error {
+func (c *claim) waitDue(cm *sarama.ConsumerMessage, o origin) error {
 	if o.tier == 0 || o.prior.DueAt.IsZero() {
 		return nil
 	}
 	due := o.prior.DueAt
-	if _, delay, ok := w.r.routes.tierOf(o.topic, w.r.cfg.Group, cm.Topic); ok { // the delay of its own ladder's tier
+	if _, delay, ok := c.r.routes.tierOf(o.topic, c.r.cfg.Group, cm.Topic); ok { // the delay of its own ladder's tier
 		if bound := time.Now().Add(delay + dueSlack); due.After(bound) {
-			w.log.Warn("idem: retry record due later than its tier's delay; waiting only the delay",
+			c.log.Warn("idem: retry record due later than its tier's delay; waiting only the delay",
 				"topic", cm.Topic, "offset", cm.Offset, "due_at", due, "delay", delay)
 			due = bound
 		}
 	}
-	if err := forward.WaitDue(w.stopCtx, due, nil); err != nil {
+	if err := forward.WaitDue(c.stopCtx, due, nil); err != nil {
 		return errStopping
 	}
-	w.r.m.RetryDelay.WithLabelValues(w.r.cfg.Group, cm.Topic).Observe(time.Since(o.prior.DueAt).Seconds())
+	c.r.m.RetryDelay.WithLabelValues(c.r.cfg.Group, cm.Topic).Observe(time.Since(o.prior.DueAt).Seconds())
 	return nil
 }
 
@@ -108,7 +108,7 @@ func (w *worker) failure(src wire.Source, key, value []byte, headers []*sarama.R
 	dec := w.rt.rules.Decide(cause) // the route's Retry.Rules: this error's ladder and dead-letter topic
 	dlq := dec.Retry.DLQ(o.topic, r.cfg.Group)
 	dest, tier, delay := dlq, 0, time.Duration(0)
-	if w.retriable(cause) {
+	if w.rt.retriable(cause) {
 		dest, tier, delay = dec.Retry.Next(o.topic, r.cfg.Group, o.tier)
 	}
 	f := wire.NewFailure(cause, src, o.prior, now)

@@ -52,16 +52,16 @@ type LimitsConfig struct {
 // (unlike an open breaker, which pauses them all). It logs the pause at
 // WARN at most once a second for the member. false: the partition is
 // stopping.
-func (w *worker) throttleWait(err error) bool {
+func (c *claim) throttleWait(err error) bool {
 	var te *breaker.ThrottleError
 	errors.As(err, &te)
 	d, _ := breaker.RetryAfter(err)
 	d = max(d, 10*time.Millisecond)
-	if last := w.r.throttleLog.Load(); time.Since(time.Unix(0, last)) >= time.Second &&
-		w.r.throttleLog.CompareAndSwap(last, time.Now().UnixNano()) {
-		w.log.Warn("idem: dependency throttled; messages that need it wait", "breaker", te.Name, "reason", string(te.Reason), "retry_after", d)
+	if last := c.r.throttleLog.Load(); time.Since(time.Unix(0, last)) >= time.Second &&
+		c.r.throttleLog.CompareAndSwap(last, time.Now().UnixNano()) {
+		c.log.Warn("idem: dependency throttled; messages that need it wait", "breaker", te.Name, "reason", string(te.Reason), "retry_after", d)
 	}
-	return sleep(w.stopCtx, d)
+	return sleep(c.stopCtx, d)
 }
 
 // registerLimits registers Config.Limits.Breakers' limit collector

@@ -9,9 +9,21 @@ import (
 // toMessage converts a sarama record; the Message shares its byte slices.
 func toMessage(cm *sarama.ConsumerMessage) *handler.Message { return newMessage(cm, nil) }
 
-// message is toMessage with header names interned in the worker's cache.
-func (w *worker) message(cm *sarama.ConsumerMessage) *handler.Message {
-	return newMessage(cm, &w.names)
+// messages is a worker's supply of handler.Messages: it interns their
+// header names (headerNames) and keeps the Message of the last record that
+// ended processed or duplicate, for the next record (reuse). One per worker,
+// so it needs no lock.
+type messages struct {
+	names headerNames
+	// spare is the Message of the last record handleAfter took to processed
+	// or duplicate, for the next record (reuse); nil when none.
+	spare *messageAlloc
+}
+
+// fresh is toMessage with header names interned in the worker's cache: a
+// Message of its own, for a record the worker may keep (a batch's).
+func (s *messages) fresh(cm *sarama.ConsumerMessage) *handler.Message {
+	return newMessage(cm, &s.names)
 }
 
 // headerNames interns header names: a record's few header names
@@ -78,18 +90,27 @@ func (a *messageAlloc) fill(cm *sarama.ConsumerMessage, names *headerNames) {
 	a.m.Headers = hs
 }
 
-// reusable is w.message for handleAfter: the Message of the last record
-// that handleAfter took to processed or duplicate (w.spare), filled anew,
-// or a new one. Nothing keeps such a Message once its record is marked:
-// the handler may not (handler.Handler's contract), and idem keeps only the
-// messages it parks, forwards, defers, expires or batches, which never go
-// back to w.spare.
-func (w *worker) reusable(cm *sarama.ConsumerMessage) *messageAlloc {
-	a := w.spare
+// reuse is fresh for handleAfter: the Message of the last record that
+// handleAfter took to processed or duplicate (spare), filled anew, or a new
+// one. Nothing keeps such a Message once its record is marked: the handler
+// may not (handler.Handler's contract), and idem keeps only the messages it
+// parks, forwards, defers, expires or batches, which never go back to spare.
+func (s *messages) reuse(cm *sarama.ConsumerMessage) *messageAlloc {
+	a := s.spare
 	if a == nil {
 		a = new(messageAlloc)
 	}
-	w.spare = nil
-	a.fill(cm, &w.names)
+	s.spare = nil
+	a.fill(cm, &s.names)
 	return a
+}
+
+// keepAfter makes a the spare once settled is nil: a's record ended
+// processed or duplicate and was settled, so nothing keeps a (reuse).
+// It returns settled.
+func (s *messages) keepAfter(a *messageAlloc, settled error) error {
+	if settled == nil {
+		s.spare = a
+	}
+	return settled
 }

@@ -29,6 +29,7 @@ const maxHandlerOutages = 5
 // back: it counts as attempt 1.
 func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (failed, err error) {
 	r := w.r
+	v := verdicts{w}
 	retries, outages, handlerOutages := 0, 0, 0
 	for n := 0; ; n++ {
 		if !w.resumed() { // an operator pause holds the partition (control.go)
@@ -40,7 +41,7 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 			return nil, errStopping
 		}
 		if (n > 0 || waited) && first == nil { // the message may have expired while it waited (a backoff, an outage, an open breaker, a throttle)
-			if failed, done, err := w.expiredSince(rec, msg, probe); done {
+			if failed, done, err := v.expiredSince(rec, msg, probe); done {
 				return failed, err
 			}
 		}
@@ -73,7 +74,7 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 		}
 		c, err := r.classifyWith(err, w.rt.retry.Panics)
 		if c == classExpired { // expired after its check, before its call: nothing ran
-			if failed, done, err := w.expiredSince(rec, msg, probe); done {
+			if failed, done, err := v.expiredSince(rec, msg, probe); done {
 				return failed, err
 			}
 			if probe {
@@ -135,7 +136,7 @@ func (w *worker) process(rec dedupe.Record, msg *handler.Message, first error) (
 			r.gate.trip(err)
 			w.ob.spanEnd(traceOutcomeBreakerOpen, err)
 		case c == classRetriable:
-			d, again, rule := w.retryWait(err, retries) // rules.go: Config.Retry.Rules' attempts and backoff
+			d, again, rule := w.rt.retryWait(err, retries, r.wait) // rules.go: Config.Retry.Rules' attempts and backoff
 			if !again {
 				w.ob.spanError(err) // its forward ends the span
 				return err, nil
@@ -214,9 +215,11 @@ func (o *observer) logPanic(err error, msg *handler.Message) {
 		"panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
 }
 
-func (w *worker) retriable(err error) bool {
+// retriable reports whether err may be retried under rt's policies: a
+// panic only with its Retry.Panics, another error when handler.IsRetriable.
+func (rt *route) retriable(err error) bool {
 	if isPanic(err) {
-		return w.rt.retry.Panics
+		return rt.retry.Panics
 	}
 	return handler.IsRetriable(err)
 }
@@ -233,8 +236,8 @@ func (w *worker) retriable(err error) bool {
 // dead-lettered as expired); err is errStopping when the
 // partition is stopping. probe gives the gate's probe slot back: no call
 // proved anything.
-func (w *worker) expiredSince(rec dedupe.Record, msg *handler.Message, probe bool) (failed error, done bool, err error) {
-	res := w.expiryOf(msg)
+func (w verdicts) expiredSince(rec dedupe.Record, msg *handler.Message, probe bool) (failed error, done bool, err error) {
+	res := w.rt.expiryOf(msg)
 	if res.Status == expiry.Live || mutate.On(mutate.Expiry) {
 		return nil, false, nil
 	}

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"fmt"
+	"log/slog"
 
 	"github.com/IBM/sarama"
 
@@ -12,6 +13,11 @@ import (
 
 // The message path's side of routes (route.go): which route a message
 // takes, and the outcomes of the messages that take none.
+
+// routing is a worker's stage of routes: Config.Filter, the route of the
+// message in hand, and the outcome of a message no route takes. It holds
+// nothing but the worker, so routing{w} costs nothing to make.
+type routing struct{ *worker }
 
 // useRoute makes rt the route of the message in hand: its handler,
 // policies and metrics are the ones the worker's steps use.
@@ -26,8 +32,8 @@ func (w *worker) useRoute(rt *route) {
 // out, skipped or dead-lettered because no route takes it, or
 // dead-lettered because its type cannot be read (kind decode). Otherwise
 // its route is in use. errStopping: the partition is stopping.
-func (w *worker) routeMessage(cm *sarama.ConsumerMessage, msg *handler.Message, src wire.Source, o origin) (done bool, err error) {
-	if reason := w.filtered(msg); reason != "" {
+func (w routing) routeMessage(cm *sarama.ConsumerMessage, msg *handler.Message, src wire.Source, o origin) (done bool, err error) {
+	if reason := w.r.routes.filtered(msg, w.log); reason != "" {
 		w.useRoute(w.r.routes.none)
 		w.r.m.Filtered.WithLabelValues(w.r.cfg.Group, cm.Topic, reason).Inc()
 		w.r.m.Messages.WithLabelValues(w.r.cfg.Group, cm.Topic, "", coremetrics.OutcomeSkipped).Inc()
@@ -58,7 +64,7 @@ func (w *worker) routeMessage(cm *sarama.ConsumerMessage, msg *handler.Message, 
 // Config.Unmatched skips it, else failed is what it is dead-lettered with
 // (no route takes it; its type cannot be read, kind decode).
 // errStopping: the partition is stopping.
-func (w *worker) findRoute(msg *handler.Message) (skip bool, failed error, err error) {
+func (w routing) findRoute(msg *handler.Message) (skip bool, failed error, err error) {
 	t := w.r.routes
 	var rt *route
 	var typ string
@@ -101,15 +107,15 @@ func unmatchedError(msg *handler.Message, typ string, typErr error) error {
 }
 
 // filtered returns the reason Config.Filter gives to skip msg, or "". A
-// Filter that panics keeps the message (logged at ERROR).
-func (w *worker) filtered(msg *handler.Message) (reason string) {
-	f := w.r.routes.filter
+// Filter that panics keeps the message (logged at ERROR on log).
+func (t *routeTable) filtered(msg *handler.Message, log *slog.Logger) (reason string) {
+	f := t.filter
 	if f == nil {
 		return ""
 	}
 	defer func() {
 		if v := recover(); v != nil {
-			w.log.Error("idem: Config.Filter panicked; handling the message", "offset", msg.Offset, "panic", fmt.Sprint(v))
+			log.Error("idem: Config.Filter panicked; handling the message", "offset", msg.Offset, "panic", fmt.Sprint(v))
 			reason = ""
 		}
 	}()

@@ -110,13 +110,13 @@ func (c Config) validateRules(errs *configerr.List) {
 // first, by the rule err matches: its Attempts and Backoff, and a
 // handler.RetryAfter longer than its Backoff.Max goes to the rule's retry
 // tier instead of holding the partition (when it has tiers). name is the
-// rule's, for logs.
-func (w *worker) retryWait(err error, retries int) (d time.Duration, again bool, name string) {
-	dec := w.rt.rules.Decide(err) // the route's rules
+// rule's, for logs. wait is the runner's source of jitter.
+func (rt *route) retryWait(err error, retries int, wait *delays) (d time.Duration, again bool, name string) {
+	dec := rt.rules.Decide(err) // the route's rules
 	if retries+1 >= dec.Attempts {
 		return 0, false, dec.Name
 	}
-	d = w.r.wait.backoff(dec.Backoff, retries+1)
+	d = wait.backoff(dec.Backoff, retries+1)
 	if ra, ok := handler.RetryAfterOf(err); ok && ra > d {
 		if ra > dec.Backoff.Max && len(dec.Retry.Delays) > 0 {
 			// Too long to hold the partition: the retry tier honours it

@@ -17,8 +17,8 @@ import (
 // database of idem_steps (the dedupe store's), the consumer group and the
 // message's idempotency key. Each worker puts one tables.StepScope into its
 // handlers' root ctx when it is made (newWorker) and sets the key before
-// each handler call (setStepKey), so a call allocates nothing for it. A
-// batch handler's steps name their message with step.For.
+// each handler call (callHandler, and a batch's call), so a call allocates
+// nothing for it. A batch handler's steps name their message with step.For.
 //
 // A step reads its row in the handler's transaction and records it on a
 // connection of its own, while the handler's holds one: from the store's
@@ -62,17 +62,6 @@ func storeDB(s dedupe.Store) dedupe.DB {
 	}
 	return nil
 }
-
-// stepScope gives w's handler ctx (w.ob.hctx, the root of every attempt's
-// ctx) its step scope, over the correlation slot newWorker put there.
-func (w *worker) stepScope() {
-	w.steps = tables.StepScope{DB: w.r.stepDB, Group: w.r.cfg.Group}
-	w.ob.hctx = tables.WithStepScope(w.ob.hctx, &w.steps)
-}
-
-// setStepKey names key as the message whose steps the next handler call
-// records ("" for a batch handler's call: step.For names each message).
-func (w *worker) setStepKey(key string) { w.steps.Key = key }
 
 // stepSweepBatch is how many idem_steps rows one DELETE removes.
 const stepSweepBatch = 1000

@@ -28,15 +28,23 @@ import (
 // process.go (dedupe store + handler, in-process retries, outages,
 // breakers), forward.go (forward: retry tier or dead-letter topic, and where
 // it went), then worker.mark (the offset, through the claim's tracker).
+//
+// The worker keeps the path and the state of the message in hand. A
+// feature's steps are a stage of their own, a struct holding only the
+// worker, with the methods of that feature: routing (routes, the filter),
+// verdicts (an earlier delivery's outcome, expiry), batch, byKey
+// (ordering), deferrals, hookCalls (the user's hooks), txnHold (the
+// transaction hold) and ackedSend. The next feature adds a stage, not
+// methods on worker.
 type worker struct {
 	*claim
 
 	rt *route      // the route of the message in hand (useRoute)
 	mx partMetrics // its collectors
 
-	stall *stall      // how long this worker's head message has been failing
-	names headerNames // header-name cache (see newMessage)
-	ob    observer    // this worker's spans, and the logs and metrics that go with them
+	stall *stall   // how long this worker's head message has been failing
+	msgs  messages // the Messages it hands its handler (message.go)
+	ob    observer // this worker's spans, and the logs and metrics that go with them
 
 	batchCost time.Duration // recent handler time per batched message (batchLimit)
 
@@ -69,10 +77,6 @@ type worker struct {
 	// keyed: a record of the claim's topic had a key, so keyWatch has
 	// decided the topic (worker.key).
 	keyed bool
-
-	// spare is the Message of the last record handleAfter took to
-	// processed or duplicate, for the next record (reusable).
-	spare *messageAlloc
 }
 
 // observer is a worker's instrumentation: the attempt span of the message
@@ -98,11 +102,11 @@ type callState struct {
 
 // callHandler runs the handler for w.call.msg; it is w.callFn.
 func (w *worker) callHandler(ctx context.Context) error {
-	if w.limited && w.expiryOf(w.call.msg).Status != expiry.Live && !mutate.On(mutate.Expiry) {
+	if w.limited && w.rt.expiryOf(w.call.msg).Status != expiry.Live && !mutate.On(mutate.Expiry) {
 		return errExpiredAtCall // the store rolls back; process ends the message as expired
 	}
 	w.call.ran = true
-	w.setStepKey(w.call.msg.IdempotencyKey)
+	w.steps.Key = w.call.msg.IdempotencyKey // the message whose steps this call records
 	w.call.err = w.rt.h.Handle(ctx, w.call.msg)
 	return w.call.err
 }
@@ -145,7 +149,7 @@ func (w *worker) handle(cm *sarama.ConsumerMessage) error { return w.handleAfter
 func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 	r := w.r
 	defer w.drop() // what a message left unsettled (stopping) staged
-	a := w.reusable(cm)
+	a := w.msgs.reuse(cm)
 	msg := &a.m
 	w.ended = time.Time{}
 	if mutate.On(mutate.MarkEarly) && w.track == nil {
@@ -165,7 +169,7 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 	w.ob.traceMessage(msg, origin.tier)
 	defer w.ob.spanEnd(traceOutcomeAbandoned, nil) // any span still open: cut short
 	src := wire.Source{Topic: cm.Topic, Partition: cm.Partition, Offset: cm.Offset, Timestamp: cm.Timestamp, Group: r.cfg.Group}
-	if done, err := w.routeMessage(cm, msg, src, origin); done || err != nil { // route.go: filtered, unmatched, or its route in use
+	if done, err := (routing{w}).routeMessage(cm, msg, src, origin); done || err != nil { // route.go: filtered, unmatched, or its route in use
 		return err
 	}
 
@@ -190,7 +194,7 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 	}
 	// Once a tier record is due, before parking, before the handler: an
 	// earlier delivery's outcome stands, else expiry (decide.go).
-	d, err := w.decide(rec, msg, deferral)
+	d, err := verdicts{w}.decide(rec, msg, deferral)
 	if err != nil {
 		return err
 	}
@@ -200,7 +204,7 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 		if err := ord.settled(origin.topic, cm.Key, key, cm.Offset); err != nil {
 			return err
 		}
-		return w.settleSpare(cm, a)
+		return w.msgs.keepAfter(a, w.settle(cm))
 	}
 	expired := d.res.Status != expiry.Live
 	// An expired message is never parked, but a copy of one the ordering
@@ -219,7 +223,7 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 	if expired {
 		var drop bool
 		var stop error
-		if failed, drop, stop = w.expire(msg, cm.Topic, d.res); stop != nil {
+		if failed, drop, stop = (verdicts{w}).expire(msg, cm.Topic, d.res); stop != nil {
 			return stop
 		}
 		if drop {
@@ -255,17 +259,7 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 		return err
 	}
 	if processed {
-		return w.settleSpare(cm, a)
+		return w.msgs.keepAfter(a, w.settle(cm))
 	}
 	return w.settle(cm)
-}
-
-// settleSpare is settle for a record whose Message nothing keeps (processed
-// or duplicate): once settled, a is the worker's spare (reusable).
-func (w *worker) settleSpare(cm *sarama.ConsumerMessage, a *messageAlloc) error {
-	if err := w.settle(cm); err != nil {
-		return err
-	}
-	w.spare = a
-	return nil
 }
