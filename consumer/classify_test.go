@@ -111,6 +111,40 @@ func TestCheckKey(t *testing.T) {
 	}
 }
 
+// checkKey's one scan, eight bytes at a time, gives the two scans' answer
+// (UTF-8 first, then NUL) for a NUL, an invalid byte or a multi-byte rune at
+// every position of keys around the word size, and for both at once.
+func TestCheckKeyOneScan(t *testing.T) {
+	want := func(k string) string {
+		switch {
+		case !utf8.ValidString(k):
+			return "not valid UTF-8"
+		case strings.IndexByte(k, 0) >= 0:
+			return "contains a NUL byte"
+		}
+		return ""
+	}
+	for n := 1; n <= 25; n++ {
+		for i := range n {
+			for _, bad := range []string{"\x00", "\xff", "\x80", "é", "✓", "\xe2\x9c", "\x7f", "\x01"} {
+				for _, also := range []string{"", "\x00", "\xff"} {
+					k := strings.Repeat("k", i) + bad + strings.Repeat("k", n-i-1) + also
+					got := ""
+					var mk *handler.MissingKeyError
+					if err := checkKey(k, 256); errors.As(err, &mk) {
+						got = mk.Reason
+					} else if err != nil {
+						t.Fatal(err)
+					}
+					if got != want(k) {
+						t.Fatalf("checkKey(%q) = %q, want %q", k, got, want(k))
+					}
+				}
+			}
+		}
+	}
+}
+
 // FuzzKeyExtraction feeds arbitrary header bytes through the default key
 // extractor and the key check: they never panic, and a key they accept is
 // one PostgreSQL's text type stores (valid UTF-8, no NUL) within the limit.

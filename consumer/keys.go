@@ -311,6 +311,25 @@ func checkKey(k string, max int) error {
 		return &handler.MissingKeyError{Reason: "empty or absent"}
 	case len(k) > max:
 		return &handler.MissingKeyError{Reason: fmt.Sprintf("%d bytes, longer than MaxKeyLength %d", len(k), max), Invalid: true}
+	}
+	// One scan, eight bytes at a time, of the common key: ASCII without NUL.
+	// From the first word with a NUL or a byte ≥ 0x80 on, the two checks
+	// below decide (the ASCII before it changes neither answer).
+	const lo, hi = 0x0101010101010101, 0x8080808080808080
+	for len(k) >= 8 {
+		w := uint64(k[0]) | uint64(k[1])<<8 | uint64(k[2])<<16 | uint64(k[3])<<24 |
+			uint64(k[4])<<32 | uint64(k[5])<<40 | uint64(k[6])<<48 | uint64(k[7])<<56
+		if (w|(w-lo)&^w)&hi != 0 { // a byte ≥ 0x80, or (all below it) a zero byte
+			break
+		}
+		k = k[8:]
+	}
+	for len(k) > 0 && k[0] != 0 && k[0] < utf8.RuneSelf {
+		k = k[1:]
+	}
+	switch {
+	case k == "":
+		return nil
 	case !utf8.ValidString(k):
 		return &handler.MissingKeyError{Reason: "not valid UTF-8", Invalid: true}
 	case strings.IndexByte(k, 0) >= 0:

@@ -6,6 +6,7 @@ import (
 	"github.com/IBM/sarama"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemhq/idem/handler"
@@ -141,8 +142,15 @@ func (o *observer) spanStart(msg *handler.Message) context.Context {
 	}
 	o.spanEnd(traceOutcomeAbandoned, nil)
 	r := o.r
-	parent := r.cfg.Propagator.Extract(o.hctx, msgCarrier{msg})
-	if r.noRecord.Load() && !trace.SpanContextFromContext(parent).IsValid() {
+	parent := o.hctx
+	if _, w3c := r.cfg.Propagator.(propagation.TraceContext); !w3c || hasValue(msg, traceparent) {
+		// The default propagator finds nothing, and returns its ctx, in a
+		// record without a traceparent: the common record pays no Extract.
+		// Any other (otel.GetTextMapPropagator(), whose global may be set
+		// after Run starts) always extracts.
+		parent = r.cfg.Propagator.Extract(o.hctx, msgCarrier{msg})
+	}
+	if r.noRecord.Load() && !o.traced(parent) {
 		if o.unprobed++; o.unprobed < noRecordProbe {
 			o.tspan = spanState{msg: msg, tier: tier, ctx: parent}
 			return parent
@@ -165,6 +173,32 @@ func (o *observer) spanStart(msg *handler.Message) context.Context {
 	}
 	o.tspan = spanState{msg: msg, tier: tier, span: span, ctx: ctx}
 	return ctx
+}
+
+// traceparent is the header propagation.TraceContext reads first: without
+// it, it reads nothing else and extracts nothing.
+const traceparent = "traceparent"
+
+// hasValue reports whether msg's header name, its last value as
+// Message.Header gives it, is not empty.
+func hasValue(msg *handler.Message, name string) bool {
+	v, _ := msg.Header(name)
+	return len(v) > 0
+}
+
+// traced reports whether parent, spanStart's extracted parent, carries a
+// valid span context. A record without a trace context leaves parent the
+// handler's ctx itself (a propagator returns its ctx unchanged when it finds
+// nothing); o.hctx's answer is remembered, as finding it walks the ctx's
+// chain of values for every record.
+func (o *observer) traced(parent context.Context) bool {
+	if parent != o.hctx { // extracted: a ctx of its own
+		return trace.SpanContextFromContext(parent).IsValid()
+	}
+	if o.rootOf != o.hctx { // the first record, or hctx was wrapped since (stepScope)
+		o.rootOf, o.rootTraced = o.hctx, trace.SpanContextFromContext(o.hctx).IsValid()
+	}
+	return o.rootTraced
 }
 
 // spanEnd ends the open attempt span, if any, with outcome; a non-nil err is

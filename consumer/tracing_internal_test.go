@@ -125,3 +125,97 @@ func TestSpanSkippedWithoutSDKUntilOneIsInstalled(t *testing.T) {
 		t.Fatalf("%d spans for 5 messages once the SDK is seen", got)
 	}
 }
+
+// switchPropagator extracts with the propagator set last, like otel's global
+// one when the program sets it after Run starts; calls counts its Extracts.
+type switchPropagator struct {
+	cur   atomic.Pointer[propagation.TextMapPropagator]
+	calls atomic.Int64
+}
+
+func (s *switchPropagator) Inject(ctx context.Context, c propagation.TextMapCarrier) {
+	(*s.cur.Load()).Inject(ctx, c)
+}
+
+func (s *switchPropagator) Extract(ctx context.Context, c propagation.TextMapCarrier) context.Context {
+	s.calls.Add(1)
+	return (*s.cur.Load()).Extract(ctx, c)
+}
+
+func (s *switchPropagator) Fields() []string { return (*s.cur.Load()).Fields() }
+
+// xTrace is a propagator that reads a W3C traceparent from the x-trace
+// header: a field the default propagator does not know.
+type xTrace struct{ propagation.TraceContext }
+
+func (xTrace) Extract(ctx context.Context, c propagation.TextMapCarrier) context.Context {
+	return propagation.TraceContext{}.Extract(ctx, renamed{c})
+}
+
+type renamed struct{ propagation.TextMapCarrier }
+
+func (r renamed) Get(key string) string {
+	if key == "traceparent" {
+		key = "x-trace"
+	}
+	return r.TextMapCarrier.Get(key)
+}
+
+// With no SDK, spanStart skips the default propagator's Extract for a record
+// without a traceparent, and only then: a record with one is its span's
+// child; a propagator of the program's own, even one that changes after
+// start, extracts every record; and a handler ctx that carries a span makes
+// every record's span its child.
+func TestSpanStartExtractsWhatThePropagatorFinds(t *testing.T) {
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	want, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
+	plain := &handler.Message{Topic: "t", Headers: []handler.Header{{Key: "idempotency-key", Value: []byte("k")}}}
+	w3c := &handler.Message{Topic: "t", Headers: []handler.Header{{Key: "idempotency-key", Value: []byte("k")}, {Key: "traceparent", Value: []byte(tp)}}}
+	other := &handler.Message{Topic: "t", Headers: []handler.Header{{Key: "x-trace", Value: []byte(tp)}}}
+	newObserver := func(p propagation.TextMapPropagator, hctx context.Context) *observer {
+		r := &runner{cfg: Config{Propagator: p}}
+		r.tracer = noop.NewTracerProvider().Tracer(tracerName)
+		r.noRecord.Store(true)
+		return &observer{r: r, hctx: hctx}
+	}
+	start := func(o *observer, msg *handler.Message) trace.SpanContext {
+		o.traceMessage(msg, 0)
+		ctx := o.spanStart(msg)
+		o.spanEnd(traceOutcomeProcessed, nil)
+		return trace.SpanContextFromContext(ctx)
+	}
+
+	o := newObserver(propagation.TraceContext{}, context.Background())
+	if sc := start(o, plain); sc.IsValid() {
+		t.Fatalf("an untraced record has span context %v", sc)
+	}
+	if sc := start(o, w3c); sc.TraceID() != want {
+		t.Fatalf("a record with a traceparent: trace %v, want %v", sc.TraceID(), want)
+	}
+
+	sp := &switchPropagator{}
+	var tc propagation.TextMapPropagator = propagation.TraceContext{}
+	sp.cur.Store(&tc)
+	o = newObserver(sp, context.Background())
+	if sc := start(o, other); sc.IsValid() || sp.calls.Load() != 1 {
+		t.Fatalf("before the switch: span context %v, %d Extracts", sc, sp.calls.Load())
+	}
+	var x propagation.TextMapPropagator = xTrace{}
+	sp.cur.Store(&x)
+	for range 3 {
+		if sc := start(o, other); sc.TraceID() != want {
+			t.Fatalf("after the switch: trace %v, want %v", sc.TraceID(), want)
+		}
+	}
+	if sp.calls.Load() != 4 {
+		t.Fatalf("%d Extracts for 4 records", sp.calls.Load())
+	}
+
+	parent := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": tp}))
+	o = newObserver(propagation.TraceContext{}, trace.ContextWithRemoteSpanContext(context.Background(), parent))
+	for range 3 {
+		if sc := start(o, plain); sc.TraceID() != want {
+			t.Fatalf("under a traced handler ctx: trace %v, want %v", sc.TraceID(), want)
+		}
+	}
+}

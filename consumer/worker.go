@@ -91,6 +91,11 @@ type observer struct {
 	tspan    spanState       // the open attempt span (tracing.go)
 	route    string          // the route of the message in hand: the route label
 	unprobed int             // untraced messages since the last span started with a non-recording tracer
+
+	// rootTraced: rootOf, the hctx it was found for, carries a valid span
+	// context (traced).
+	rootOf     context.Context
+	rootTraced bool
 }
 
 // callState is one attempt's message and what became of its handler call.

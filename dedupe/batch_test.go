@@ -98,6 +98,16 @@ func TestProcessBatchEpochs(t *testing.T) {
 			if recs[1].Key != "a" || recs[1].Epoch != 2 {
 				t.Errorf("the caller's record changed: %+v", recs[1])
 			}
+			// Process keys by epoch as the batch did: b is recorded under
+			// epoch 2 only.
+			for _, c := range []struct {
+				rec  dedupe.Record
+				want dedupe.Outcome
+			}{{r("b", 2), dedupe.Duplicate}, {r("b", 0), dedupe.Processed}, {r("b", 3), dedupe.Processed}} {
+				if out, err := s.Process(ctx, c.rec, func(context.Context) error { return nil }); out != c.want || err != nil {
+					t.Errorf("Process(%+v) = %v, %v, want %v", c.rec, out, err, c.want)
+				}
+			}
 			if name != "postgres" {
 				return
 			}

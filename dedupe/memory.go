@@ -294,11 +294,12 @@ func (m *Memory) now() int64 {
 // Process implements Store. fn runs without a store transaction: ctx carries
 // none.
 func (m *Memory) Process(ctx context.Context, rec Record, fn func(ctx context.Context) error) (Outcome, error) {
-	rec, err := stored(rec)
-	if err != nil {
+	// stored's checks and key, without its copy of rec: only the group and
+	// the inbox key are needed.
+	if err := checkRecord(rec); err != nil {
 		return 0, err
 	}
-	k := m.key(rec.Group, rec.Key)
+	k := m.key(rec.Group, rec.InboxKey())
 	dup, err := m.acquire(ctx, k)
 	switch {
 	case err != nil:
