@@ -12,7 +12,6 @@ import (
 	"github.com/idemhq/idem/breaker"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/expiry"
 	"github.com/idemhq/idem/internal/mutate"
@@ -43,13 +42,13 @@ type BatchConfig struct {
 	MaxLatency time.Duration
 }
 
-// validateBatch checks Config.Batch.
-func (c Config) validateBatch(errs *configerr.List) {
+// batch checks Config.Batch.
+func (c configCheck) batch() {
 	if c.Batch.MaxMessages < 0 || c.Batch.MaxMessages > 10000 {
-		errs.Bad("Batch.MaxMessages", c.Batch.MaxMessages, "must be between 0 and 10000")
+		c.errs.Bad("Batch.MaxMessages", c.Batch.MaxMessages, "must be between 0 and 10000")
 	}
 	if c.Batch.MaxWait < 0 {
-		errs.Bad("Batch.MaxWait", c.Batch.MaxWait, "must be >= 0")
+		c.errs.Bad("Batch.MaxWait", c.Batch.MaxWait, "must be >= 0")
 	}
 }
 

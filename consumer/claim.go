@@ -13,7 +13,6 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/correlation"
 	"github.com/idemhq/idem/internal/tables"
 )
@@ -40,13 +39,13 @@ func (l LaneKey) String() string {
 	return fmt.Sprintf("LaneKey(%d)", int(l))
 }
 
-// validateLanes checks Config.Concurrency and Config.LaneBy.
-func (c Config) validateLanes(errs *configerr.List) {
+// lanes checks Config.Concurrency and Config.LaneBy.
+func (c configCheck) lanes() {
 	if c.Concurrency < 1 || c.Concurrency > 1024 {
-		errs.Bad("Concurrency", c.Concurrency, "must be between 1 and 1024")
+		c.errs.Bad("Concurrency", c.Concurrency, "must be between 1 and 1024")
 	}
 	if c.LaneBy != LaneByIdempotencyKey && c.LaneBy != LaneByKafkaKey {
-		errs.Bad("LaneBy", c.LaneBy, "unknown lane key")
+		c.errs.Bad("LaneBy", c.LaneBy, "unknown lane key")
 	}
 }
 

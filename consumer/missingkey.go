@@ -2,8 +2,6 @@ package consumer
 
 import (
 	"fmt"
-
-	"github.com/idemhq/idem/internal/configerr"
 )
 
 // MissingKeyPolicy says what happens to a message without a valid idempotency
@@ -33,12 +31,12 @@ func (p MissingKeyPolicy) String() string {
 	return fmt.Sprintf("MissingKeyPolicy(%d)", int(p))
 }
 
-// validateKeys checks the key group: MaxKeyLength and MissingKey.
-func (c Config) validateKeys(errs *configerr.List) {
+// keys checks the key group: MaxKeyLength and MissingKey.
+func (c configCheck) keys() {
 	if c.MaxKeyLength < 0 {
-		errs.Bad("MaxKeyLength", c.MaxKeyLength, "must be > 0")
+		c.errs.Bad("MaxKeyLength", c.MaxKeyLength, "must be > 0")
 	}
 	if c.MissingKey != MissingKeyDeadLetter && c.MissingKey != MissingKeyUseCoordinates {
-		errs.Bad("MissingKey", c.MissingKey, "unknown policy")
+		c.errs.Bad("MissingKey", c.MissingKey, "unknown policy")
 	}
 }

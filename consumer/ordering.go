@@ -12,7 +12,6 @@ import (
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/mutate"
 )
@@ -288,9 +287,9 @@ func (w byKey) stuck(topic string, key []byte, head string) {
 		"release", fmt.Sprintf("idem ordering release --group %s --topic %s --key-hex %x --to source", w.r.cfg.Group, topic, key))
 }
 
-// validateOrdering checks Config.Ordering.
-func (c Config) validateOrdering(errs *configerr.List) {
+// ordering checks Config.Ordering.
+func (c configCheck) ordering() {
 	if c.Ordering.keyed && c.Ordering.db == nil {
-		errs.Bad("Ordering", c.Ordering, "ByKey needs the PostgreSQL pool that holds the parked messages: ByKey(pool), not ByKey(nil)")
+		c.errs.Bad("Ordering", c.Ordering, "ByKey needs the PostgreSQL pool that holds the parked messages: ByKey(pool), not ByKey(nil)")
 	}
 }

@@ -10,14 +10,14 @@ import (
 	"github.com/idemhq/idem/recovery"
 )
 
-// validateRoutes checks Config.Routes, TypeOf, Unmatched and Filter (c has
+// routes checks Config.Routes, TypeOf, Unmatched and Filter (c has
 // its defaults applied): every problem names the route and its field.
-func (c Config) validateRoutes(errs *configerr.List) {
+func (c configCheck) routes() {
 	if c.Unmatched != UnmatchedDeadLetter && c.Unmatched != UnmatchedSkip {
-		errs.Bad("Unmatched", c.Unmatched, "unknown policy")
+		c.errs.Bad("Unmatched", c.Unmatched, "unknown policy")
 	}
 	if c.TypeHeader != "" && c.TypeOf != nil {
-		errs.Bad("TypeHeader", c.TypeHeader, "set TypeHeader or TypeOf, not both: they name the same thing")
+		c.errs.Bad("TypeHeader", c.TypeHeader, "set TypeHeader or TypeOf, not both: they name the same thing")
 	}
 	names := map[string]int{}
 	for i, r := range c.Routes {
@@ -27,43 +27,43 @@ func (c Config) validateRoutes(errs *configerr.List) {
 		}
 		switch prev, dup := names[r.Name]; {
 		case r.Name == "":
-			errs.Bad(where+".Name", r.Name, "a route needs a name (the route label of the metrics)")
+			c.errs.Bad(where+".Name", r.Name, "a route needs a name (the route label of the metrics)")
 		case dup:
-			errs.Bad(where+".Name", r.Name, fmt.Sprintf("Routes[%d] has it too: names are unique", prev))
+			c.errs.Bad(where+".Name", r.Name, fmt.Sprintf("Routes[%d] has it too: names are unique", prev))
 		case r.Name == defaultRoute:
-			errs.Bad(where+".Name", r.Name, `"default" names the handler given to Run`)
+			c.errs.Bad(where+".Name", r.Name, `"default" names the handler given to Run`)
 		case len(r.Name) > 64 || strings.Trim(r.Name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != "":
-			errs.Bad(where+".Name", r.Name, "must be 1 to 64 characters of [a-zA-Z0-9._-]")
+			c.errs.Bad(where+".Name", r.Name, "must be 1 to 64 characters of [a-zA-Z0-9._-]")
 		}
 		names[r.Name] = i
 		if f, ok := r.Handler.(handler.Func); r.Handler == nil || ok && f == nil {
-			errs.Bad(where+".Handler", nil, "a route needs a handler (handler.Batch(nil) and a nil handler.Func are nil)")
+			c.errs.Bad(where+".Handler", nil, "a route needs a handler (handler.Batch(nil) and a nil handler.Func are nil)")
 		}
 		for j, t := range r.Topics {
 			switch {
 			case !slices.Contains(c.Topics, t):
-				errs.Bad(where+".Topics", t, "not in Config.Topics: a route takes messages of the topics Run consumes")
+				c.errs.Bad(where+".Topics", t, "not in Config.Topics: a route takes messages of the topics Run consumes")
 			case slices.Contains(r.Topics[:j], t):
-				errs.Bad(where+".Topics", t, "listed twice")
+				c.errs.Bad(where+".Topics", t, "listed twice")
 			}
 		}
 		for j, typ := range r.Types {
 			switch {
 			case typ == "":
-				errs.Bad(where+".Types", r.Types, "types must not be empty")
+				c.errs.Bad(where+".Types", r.Types, "types must not be empty")
 			case slices.Contains(r.Types[:j], typ):
-				errs.Bad(where+".Types", typ, "listed twice")
+				c.errs.Bad(where+".Types", typ, "listed twice")
 			}
 		}
 		if len(r.Types) > 0 && c.TypeOf == nil && c.TypeHeader == "" {
-			errs.Bad(where+".Types", r.Types, `routing by type needs Config.TypeHeader (e.g. "ce_type") or Config.TypeOf (e.g. a serde.Registry's RecordName)`)
+			c.errs.Bad(where+".Types", r.Types, `routing by type needs Config.TypeHeader (e.g. "ce_type") or Config.TypeOf (e.g. a serde.Registry's RecordName)`)
 		}
 		if by := c.shadowedBy(i); by >= 0 {
-			errs.Bad(where, r.Name, fmt.Sprintf("is never reached: Routes[%d] (%q) comes first and takes every message it would", by, c.Routes[by].Name))
+			c.errs.Bad(where, r.Name, fmt.Sprintf("is never reached: Routes[%d] (%q) comes first and takes every message it would", by, c.Routes[by].Name))
 		}
-		c.validateRoutePolicies(errs, where, r)
+		c.routePolicies(where, r)
 	}
-	c.validateRouteTopics(errs)
+	c.routeTopics()
 }
 
 // shadowedBy returns the index of an earlier route that takes every
@@ -96,20 +96,20 @@ func (c Config) shadowedBy(i int) int {
 	return -1
 }
 
-// validateRoutePolicies checks the route's own Retry, Expiry and Batch as
+// routePolicies checks the route's own Retry, Expiry and Batch as
 // Validate checks the Config's, and reports their problems under where.
-func (c Config) validateRoutePolicies(errs *configerr.List, where string, r Route) {
+func (c configCheck) routePolicies(where string, r Route) {
 	if r.Retry == nil && r.Expiry == nil && r.Batch == nil && !r.OwnTopics {
 		return
 	}
-	mc := c
+	mc := c.Config
 	mc.Routes, mc.TypeOf = nil, nil
 	if len(r.Topics) > 0 {
 		mc.Topics = r.Topics
 	}
 	mc.Retry = c.routeRetry(r)
-	mc.Expiry = routeExpiry(c, r)
-	mc.Batch = routeBatch(c, r)
+	mc.Expiry = routeExpiry(c.Config, r)
+	mc.Batch = routeBatch(c.Config, r)
 	own := map[string]bool{"Retry": r.Retry != nil || r.OwnTopics, "Expiry": r.Expiry != nil, "Batch": r.Batch != nil}
 	for _, e := range configErrorsOf(mc.Validate()) {
 		field := strings.TrimPrefix(e.Field, "Config.")
@@ -118,11 +118,11 @@ func (c Config) validateRoutePolicies(errs *configerr.List, where string, r Rout
 			continue // the Config's own: reported for Config
 		}
 		e.Field = "Config." + where + "." + field
-		errs.Add(e)
+		c.errs.Add(e)
 	}
 	if _, swept := c.Dedupe.(sweepable); swept && !c.Retention.NoSweep && r.Retry != nil {
-		if keep, tiers := inboxRetention(c), mc.Retry.Tiers.WithDefaults().Retention; keep < tiers {
-			errs.Bad(where+".Retry.Tiers.Retention", tiers, fmt.Sprintf("must be at most Retention.Keep (%s): a record may wait that long in the route's retry tiers or dead-letter topic, and a copy of a message handled meanwhile must still find its key", keep))
+		if keep, tiers := inboxRetention(c.Config), mc.Retry.Tiers.WithDefaults().Retention; keep < tiers {
+			c.errs.Bad(where+".Retry.Tiers.Retention", tiers, fmt.Sprintf("must be at most Retention.Keep (%s): a record may wait that long in the route's retry tiers or dead-letter topic, and a copy of a message handled meanwhile must still find its key", keep))
 		}
 	}
 }
@@ -147,11 +147,11 @@ func configErrorsOf(err error) []*configerr.Error {
 	return out
 }
 
-// validateRouteTopics checks the tier and dead-letter topics of each source
+// routeTopics checks the tier and dead-letter topics of each source
 // topic across its routes: one tier topic has one ladder of delays (a tier
 // partition is read in due-time order), and no tier topic is a dead-letter
 // topic.
-func (c Config) validateRouteTopics(errs *configerr.List) {
+func (c configCheck) routeTopics() {
 	if len(c.Routes) == 0 || strings.TrimSpace(c.Group) == "" {
 		return
 	}
@@ -167,7 +167,7 @@ func (c Config) validateRouteTopics(errs *configerr.List) {
 				n, d, _ := p.Tier(t, c.Group, name)
 				u := use{who, fmt.Sprintf("tier %d, %s", n, d)}
 				if prev, ok := tiers[name]; ok && prev.delays != u.delays {
-					errs.Bad("Routes", name, fmt.Sprintf("the retry tier topic of %s (%s) and of %s (%s): one tier topic has one delay; give a route topics of its own (Route.OwnTopics, or Retry.Tiers.TierTopic)", prev.who, prev.delays, who, u.delays))
+					c.errs.Bad("Routes", name, fmt.Sprintf("the retry tier topic of %s (%s) and of %s (%s): one tier topic has one delay; give a route topics of its own (Route.OwnTopics, or Retry.Tiers.TierTopic)", prev.who, prev.delays, who, u.delays))
 				} else if !ok {
 					tiers[name] = u
 				}
@@ -189,7 +189,7 @@ func (c Config) validateRouteTopics(errs *configerr.List) {
 		}
 		for name, who := range dlqs {
 			if u, ok := tiers[name]; ok {
-				errs.Bad("Routes", name, fmt.Sprintf("the dead-letter topic of %s is a retry tier topic of %s", who, u.who))
+				c.errs.Bad("Routes", name, fmt.Sprintf("the dead-letter topic of %s is a retry tier topic of %s", who, u.who))
 			}
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/recovery"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -79,13 +78,13 @@ func (c Config) dlqTopics(t string) []string {
 	return c.topicsOf(t, []string{c.Retry.Tiers.DLQ(t, c.Group)}, (*recovery.Policy).DLQTopics)
 }
 
-// validateRules checks Config.Retry.Rules (errs records each problem, naming
+// rules checks Config.Retry.Rules (errs records each problem, naming
 // the rule): matchers, attempts, backoffs, ladders and topic names. Called only
 // once the fallback's own fields passed (recovery.New checks them again).
-func (c Config) validateRules(errs *configerr.List) {
+func (c configCheck) rules() {
 	p, err := c.recovery()
 	if err != nil {
-		badEach(errs, "Retry.Rules", err)
+		badEach(c.errs, "Retry.Rules", err)
 		return
 	}
 	for _, t := range c.Topics {
@@ -93,13 +92,13 @@ func (c Config) validateRules(errs *configerr.List) {
 			continue
 		}
 		if err := p.ValidateNames(t, c.Group); err != nil {
-			errs.Bad("Retry.Rules", t, err.Error())
+			c.errs.Bad("Retry.Rules", t, err.Error())
 		}
 	}
 	if c.Ordering.keyed {
 		for i, r := range c.Retry.Rules {
 			if r.Tiers != nil && len(r.Tiers.Delays) > 0 {
-				errs.Bad("Retry.Rules", i, "a rule with a tier ladder of its own (Tiers with Delays) is not supported with Ordering ByKey: a parked head is re-sent to Retry.Tiers")
+				c.errs.Bad("Retry.Rules", i, "a rule with a tier ladder of its own (Tiers with Delays) is not supported with Ordering ByKey: a parked head is re-sent to Retry.Tiers")
 			}
 		}
 	}
@@ -135,29 +134,29 @@ func (d *delays) backoff(b recovery.Backoff, n int) time.Duration {
 	return b.Delay(n, d.rand)
 }
 
-// validateRetry checks Config.Retry: the fallback rule's own fields first,
+// retry checks Config.Retry: the fallback rule's own fields first,
 // then its Rules once those passed.
-func (c Config) validateRetry(errs *configerr.List) {
+func (c configCheck) retry() {
 	if c.Retry.Attempts < 1 {
-		errs.Bad("Retry.Attempts", c.Retry.Attempts, "must be >= 1 (1: no in-process retries; 0: the default, 4)")
+		c.errs.Bad("Retry.Attempts", c.Retry.Attempts, "must be >= 1 (1: no in-process retries; 0: the default, 4)")
 	}
 	if err := c.Retry.Tiers.Validate(); err != nil {
-		errs.Bad("Retry.Tiers", c.Retry.Tiers.Delays, err.Error())
+		c.errs.Bad("Retry.Tiers", c.Retry.Tiers.Delays, err.Error())
 	}
 	for _, t := range c.Topics {
 		if t == "" {
 			continue
 		}
 		if err := c.Retry.Tiers.ValidateNames(t, c.Group); err != nil && strings.TrimSpace(c.Group) != "" {
-			errs.Bad("Retry.Tiers", t, err.Error())
+			c.errs.Bad("Retry.Tiers", t, err.Error())
 		}
 	}
 	if c.Retry.Backoff.Base < 0 {
-		errs.Bad("Retry.Backoff.Base", c.Retry.Backoff.Base, "must be > 0")
+		c.errs.Bad("Retry.Backoff.Base", c.Retry.Backoff.Base, "must be > 0")
 	}
 	if c.Retry.Backoff.Max < c.Retry.Backoff.Base {
-		errs.Bad("Retry.Backoff.Max", c.Retry.Backoff.Max, fmt.Sprintf("must be >= Retry.Backoff.Base (%s)", c.Retry.Backoff.Base))
+		c.errs.Bad("Retry.Backoff.Max", c.Retry.Backoff.Max, fmt.Sprintf("must be >= Retry.Backoff.Base (%s)", c.Retry.Backoff.Base))
 	} else if len(c.Retry.Rules) > 0 && c.Retry.Tiers.Validate() == nil && c.Retry.Backoff.Base >= 0 && c.Retry.Attempts >= 1 {
-		c.validateRules(errs) // only once the fallback's own fields passed: recovery.New checks them again
+		c.rules() // only once the fallback's own fields passed: recovery.New checks them again
 	}
 }

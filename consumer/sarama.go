@@ -5,7 +5,6 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
@@ -77,9 +76,9 @@ func (s StartPosition) String() string {
 	return fmt.Sprintf("StartPosition(%d)", int(s))
 }
 
-// validateStartAt checks Config.StartAt.
-func (c Config) validateStartAt(errs *configerr.List) {
+// startAt checks Config.StartAt.
+func (c configCheck) startAt() {
 	if c.StartAt != StartOldest && c.StartAt != StartNewest {
-		errs.Bad("StartAt", c.StartAt, "unknown start position")
+		c.errs.Bad("StartAt", c.StartAt, "unknown start position")
 	}
 }

@@ -10,7 +10,6 @@ import (
 
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/pgmigrate"
 	"github.com/idemhq/idem/internal/seal"
@@ -29,10 +28,10 @@ import (
 // scheduler a deferred one (schedule.Scheduler, to the dead-letter topic
 // recorded here: deferDLQ).
 
-// validateEncryption checks EncryptionKeyFile and EncryptionKey.
-func (c Config) validateEncryption(errs *configerr.List) {
+// encryption checks EncryptionKeyFile and EncryptionKey.
+func (c configCheck) encryption() {
 	if c.EncryptionKeyFile != "" && c.EncryptionKey != "" {
-		errs.Bad("EncryptionKey", "(set)", "give the key-encryption key in EncryptionKeyFile or EncryptionKey, not both")
+		c.errs.Bad("EncryptionKey", "(set)", "give the key-encryption key in EncryptionKeyFile or EncryptionKey, not both")
 	}
 }
 

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/dedupe"
-	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/tables"
 )
 
@@ -54,25 +53,25 @@ type RetentionConfig struct {
 // (dedupe.Postgres, dedupe.PostgresLease).
 type sweepable interface{ Sweeper() *dedupe.Sweeper }
 
-// validateRetention checks Config.Retention (defaults applied): Keep is
+// retention checks Config.Retention (defaults applied): Keep is
 // never negative, and when Run sweeps the store it covers the sweeper's
 // minimum and the retention of the retry-tier and dead-letter topics (see
 // RetentionConfig).
-func validateRetention(c Config, errs *configerr.List) {
+func (c configCheck) retention() {
 	if c.Retention.Keep < 0 {
-		errs.Bad("Retention.Keep", c.Retention.Keep, "must be >= 0 (0: the default); to stop Run sweeping the inbox, set Retention.NoSweep")
+		c.errs.Bad("Retention.Keep", c.Retention.Keep, "must be >= 0 (0: the default); to stop Run sweeping the inbox, set Retention.NoSweep")
 		return
 	}
 	if _, swept := c.Dedupe.(sweepable); !swept || c.Retention.NoSweep {
 		return // Run does not sweep: Keep is only compared with the topics'
 	}
-	keep := inboxRetention(c)
+	keep := inboxRetention(c.Config)
 	if keep < tables.MinInboxRetention {
-		errs.Bad("Retention.Keep", keep, fmt.Sprintf("must be at least %s (the sweeper's minimum), or set Retention.NoSweep and sweep the inbox yourself", tables.MinInboxRetention))
+		c.errs.Bad("Retention.Keep", keep, fmt.Sprintf("must be at least %s (the sweeper's minimum), or set Retention.NoSweep and sweep the inbox yourself", tables.MinInboxRetention))
 		return
 	}
 	if tiers := c.Retry.Tiers.WithDefaults().Retention; keep < tiers {
-		errs.Bad("Retention.Keep", keep, fmt.Sprintf("must be at least Retry.Tiers.Retention (%s): a record may wait that long in a retry tier or the dead-letter topic before it is handled or replayed, and a copy of a message handled meanwhile must still find its key (raise Retention.Keep, or lower Retry.Tiers.Retention)", tiers))
+		c.errs.Bad("Retention.Keep", keep, fmt.Sprintf("must be at least Retry.Tiers.Retention (%s): a record may wait that long in a retry tier or the dead-letter topic before it is handled or replayed, and a copy of a message handled meanwhile must still find its key (raise Retention.Keep, or lower Retry.Tiers.Retention)", tiers))
 	}
 }
 

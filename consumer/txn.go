@@ -14,7 +14,6 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"github.com/idemhq/idem/internal/configerr"
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/keyorder"
 	"github.com/idemhq/idem/internal/mutate"
@@ -95,35 +94,35 @@ type TransactionsConfig struct {
 // transaction owner (internal/txn), the member's one offset writer and the
 // one producer of its forwards.
 
-// validateTransactions checks what Config.Transactions needs.
-func (c Config) validateTransactions(errs *configerr.List) {
+// transactions checks what Config.Transactions needs.
+func (c configCheck) transactions() {
 	if c.Transactions.Timeout < 0 {
-		errs.Bad("Transactions.Timeout", c.Transactions.Timeout, "must be > 0")
+		c.errs.Bad("Transactions.Timeout", c.Transactions.Timeout, "must be > 0")
 	}
 	if !c.Transactions.Enabled {
 		return
 	}
 	if c.Transactions.Timeout <= c.CommitInterval {
-		errs.Bad("Transactions.Timeout", c.Transactions.Timeout, fmt.Sprintf("must exceed CommitInterval (%s): a transaction stays open that long", c.CommitInterval))
+		c.errs.Bad("Transactions.Timeout", c.Transactions.Timeout, fmt.Sprintf("must exceed CommitInterval (%s): a transaction stays open that long", c.CommitInterval))
 	}
 	if c.ReadUncommitted {
-		errs.Bad("ReadUncommitted", c.ReadUncommitted, "must be false with Transactions: idem's own tiers are written in transactions")
+		c.errs.Bad("ReadUncommitted", c.ReadUncommitted, "must be false with Transactions: idem's own tiers are written in transactions")
 	}
 	const needsDB = "with Transactions needs a database for the hooks a transaction owes until it commits: " +
 		"a Dedupe store on PostgreSQL (dedupe.NewPostgres) or Ordering ByKey(pool)"
-	if c.OnDeadLettered != nil && orderingDB(c) == nil {
-		errs.Bad("OnDeadLettered", "set", needsDB)
+	if c.OnDeadLettered != nil && orderingDB(c.Config) == nil {
+		c.errs.Bad("OnDeadLettered", "set", needsDB)
 	}
-	if c.Expiry.OnExpired != nil && orderingDB(c) == nil {
-		errs.Bad("Expiry.OnExpired", "set", needsDB)
+	if c.Expiry.OnExpired != nil && orderingDB(c.Config) == nil {
+		c.errs.Bad("Expiry.OnExpired", "set", needsDB)
 	}
 	for i, r := range c.Routes {
-		if r.Expiry != nil && r.Expiry.OnExpired != nil && orderingDB(c) == nil {
-			errs.Bad(fmt.Sprintf("Routes[%d] (%s).Expiry.OnExpired", i, r.Name), "set", needsDB)
+		if r.Expiry != nil && r.Expiry.OnExpired != nil && orderingDB(c.Config) == nil {
+			c.errs.Bad(fmt.Sprintf("Routes[%d] (%s).Expiry.OnExpired", i, r.Name), "set", needsDB)
 		}
 	}
 	if c.Sarama != nil && c.Sarama.Version != sarama.DefaultVersion && !c.Sarama.Version.IsAtLeast(sarama.V2_5_0_0) {
-		errs.Bad("Sarama", c.Sarama.Version, "Version must be at least 2.5 with Transactions (TxnOffsetCommit with the generation, KIP-447)")
+		c.errs.Bad("Sarama", c.Sarama.Version, "Version must be at least 2.5 with Transactions (TxnOffsetCommit with the generation, KIP-447)")
 	}
 }
 

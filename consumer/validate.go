@@ -34,13 +34,14 @@ var ErrInvalidConfig = errors.New("consumer: invalid config")
 // Validate reports every problem of c (with defaults applied) at once, each
 // matching ErrInvalidConfig; nil if c can run.
 //
-// Validate checks the fields Run reads itself; each group's validator
-// (validateRetry, validateBatch, validateTransactions, ...) lives beside the
+// Validate checks the fields Run reads itself; each group's check
+// (configCheck's retry, batch, transactions, ...) lives beside the
 // code that reads the group, adds to the one configerr.List, and is called
 // from here.
 func (c Config) Validate() error {
 	c = c.withDefaults()
 	errs := configerr.New(ErrInvalidConfig, "Config.")
+	v := configCheck{Config: c, errs: errs}
 	if len(c.Brokers) == 0 {
 		errs.Bad("Brokers", c.Brokers, "at least one broker address is required")
 	}
@@ -68,7 +69,7 @@ func (c Config) Validate() error {
 	if c.Dedupe == nil {
 		errs.Bad("Dedupe", nil, "a dedupe store is required (dedupe.NewPostgres(pool), or dedupe.NewMemory() for tests)")
 	}
-	c.validateKeys(errs)
+	v.keys()
 	if c.ShutdownGrace < 0 {
 		errs.Bad("ShutdownGrace", c.ShutdownGrace, "must be > 0")
 	}
@@ -86,23 +87,31 @@ func (c Config) Validate() error {
 			errs.Bad("InstanceID", c.InstanceID, err.Error())
 		}
 	}
-	c.validateTransactions(errs)
-	c.validateRetry(errs)
-	c.validateOrdering(errs)
+	v.transactions()
+	v.retry()
+	v.ordering()
 	if c.StallWarning < 0 {
 		errs.Bad("StallWarning", c.StallWarning, "must be > 0")
 	}
-	c.validateStartAt(errs)
-	c.validateLanes(errs)
-	c.validateBatch(errs)
-	validateRetention(c, errs)
+	v.startAt()
+	v.lanes()
+	v.batch()
+	v.retention()
 	if ix := c.failureIndex(); ix != nil {
 		badEach(errs, "FailureIndex", ix.Validate())
 	}
 	badEach(errs, "Limits.Adaptive", c.Limits.Adaptive.validate())
 	badEach(errs, "Defer", c.validateDefer())
-	c.validateEncryption(errs)
+	v.encryption()
 	badEach(errs, "Expiry", c.Expiry.policy().Validate())
-	c.validateRoutes(errs)
+	v.routes()
 	return errs.Err()
+}
+
+// configCheck is the validation of one Config (Validate): each group's check
+// is a method that lives beside the code that reads the group and adds its
+// problems, each naming its field, to the one list, errs.
+type configCheck struct {
+	Config
+	errs *configerr.List
 }
