@@ -185,7 +185,7 @@ func (c *claim) run() {
 	// per record was 15 % of the no-op path's CPU. A failed transaction
 	// (Transactions) stops the claim, which ends the session: the next one
 	// reads from the committed offsets.
-	txnFailed := r.txnFailed()
+	txnFailed := memberTxn{r}.failed()
 	wg.Go(func() {
 		defer c.stop()
 		msgs := c.kc.Messages()

@@ -83,7 +83,7 @@ func (cc *claimCtl) redriveOnce(ctx context.Context, rd control.Redrive) bool {
 			return nil
 		}
 		if r.txn != nil { // the forwards of what was re-driven commit first
-			if err := r.commitTxn(cc.c.sess); err != nil {
+			if err := (memberTxn{r}).commit(cc.c.sess); err != nil {
 				return err
 			}
 		}

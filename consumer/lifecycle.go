@@ -80,7 +80,7 @@ func (l *lifecycle) claimEnded(s sarama.ConsumerGroupSession, t tp) {
 	if l.r.txn != nil {
 		// The partition's offsets, and the forwards of the open transaction,
 		// commit before it can move to another member.
-		_ = l.r.commitTxn(s)
+		_ = memberTxn{l.r}.commit(s)
 	}
 	if l.r.cfg.OnRevoked == nil {
 		return
@@ -116,7 +116,7 @@ func (g *groupHandler) Setup(s sarama.ConsumerGroupSession) error {
 		h.session(s)
 	}
 	if g.r.txn != nil {
-		stop, err := g.r.startCommits(s)
+		stop, err := memberTxn{g.r}.startCommits(s)
 		if err != nil {
 			return err
 		}

@@ -61,8 +61,8 @@ func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 			return errStopping // revoked or shutting down: start nothing new
 		}
 		msg, headers := parkedMessage(next)
-		owedBefore := len(w.owed)          // an OnExpired owed (Transactions) when it is dropped
-		o := r.parkedOrigin(next, headers) // a tier's copy goes on from its tier
+		owedBefore := len(w.owed)                         // an OnExpired owed (Transactions) when it is dropped
+		o := parkedRecords{r}.parkedOrigin(next, headers) // a tier's copy goes on from its tier
 		msg.Attempt = o.attempts + 1
 		rec := dedupe.Record{Group: r.cfg.Group, Key: next.IdempotencyKey, Topic: next.Topic, Partition: next.Partition, Offset: next.Offset,
 			Epoch: r.ctl.epoch(msg, next.Topic, next.Partition, next.Offset)} // a re-drive's (control.go)
@@ -223,6 +223,13 @@ func parkedMessage(rec keyorder.Record) (*handler.Message, []*sarama.RecordHeade
 	return msg, hs
 }
 
+// parkedRecords is a runner's stage of the ordering store's records as
+// Kafka records: a parked record's origin, a pending head's forward (or its
+// stub when its payload cannot be opened), and which topics they belong
+// to. It holds nothing but the runner, so parkedRecords{r} costs nothing to
+// make.
+type parkedRecords struct{ *runner }
+
 // parkedOrigin is the origin of the parked record rec (headers: its
 // headers, as parkedMessage gives them): its own coordinates, and, for a
 // copy parked when it was read from one of this group's retry tiers (its
@@ -233,7 +240,7 @@ func parkedMessage(rec keyorder.Record) (*handler.Message, []*sarama.RecordHeade
 // carrying its outcome aborted, and it was read again); taken for a fresh
 // message, it climbed the ladder again from tier 1, a second copy per hop
 // (issue 28, phase 2: TestCrossingParkedTierCopyKeepsItsHop).
-func (r *runner) parkedOrigin(rec keyorder.Record, headers []*sarama.RecordHeader) origin {
+func (r parkedRecords) parkedOrigin(rec keyorder.Record, headers []*sarama.RecordHeader) origin {
 	o := origin{topic: rec.Topic, partition: rec.Partition, offset: rec.Offset}
 	f, ok, err := wire.Decode(headers)
 	if !ok || err != nil || f.Group != r.cfg.Group || f.Tier < 1 ||
@@ -248,7 +255,7 @@ func (r *runner) parkedOrigin(rec keyorder.Record, headers []*sarama.RecordHeade
 // Promote stored, to its tier, with the dead-letter topic of its error's
 // rule for when the tier refuses it for good (both as the promotion
 // decided them; the fallback's for a record of an earlier version).
-func (r *runner) pendingOutbound(rec keyorder.Record) outbound {
+func (r parkedRecords) pendingOutbound(rec keyorder.Record) outbound {
 	hs := make([]sarama.RecordHeader, 0, len(rec.Headers))
 	for _, h := range rec.Headers {
 		hs = append(hs, sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})
@@ -281,7 +288,7 @@ func (r *runner) pendingOutbound(rec keyorder.Record) outbound {
 // tierGone reports (and logs) a pending head whose tier Retry.Tiers.Delays no
 // longer has: it is not forwarded (its topic may be gone, and nothing would
 // read it); warnUnread names it and `idem ordering release` sends it on.
-func (r *runner) tierGone(rec keyorder.Record) bool {
+func (r parkedRecords) tierGone(rec keyorder.Record) bool {
 	if rec.Dest != "" {
 		if _, _, ok := r.routes.tierOf(rec.Topic, r.cfg.Group, rec.Dest); ok {
 			return false
@@ -297,7 +304,7 @@ func (r *runner) tierGone(rec keyorder.Record) bool {
 
 // sourceOf returns the source topic a subscribed topic belongs to: itself, or
 // the source whose retry tier it is.
-func (r *runner) sourceOf(topic string) (string, bool) {
+func (r parkedRecords) sourceOf(topic string) (string, bool) {
 	for _, t := range r.cfg.Topics {
 		if _, _, tier := r.routes.tierOf(t, r.cfg.Group, topic); t == topic || tier {
 			return t, true
@@ -338,7 +345,7 @@ func (w byKey) claimOrdering() error {
 	if err := w.resolveClaim(); err != nil {
 		return err
 	}
-	src, ok := r.sourceOf(w.tp.topic)
+	src, ok := parkedRecords{r}.sourceOf(w.tp.topic)
 	if !ok {
 		return nil
 	}
@@ -354,7 +361,7 @@ func (w byKey) claimOrdering() error {
 		return nil // logged; the next claim tries again
 	}
 	for _, rec := range pending {
-		if r.tierGone(rec) {
+		if (parkedRecords{r}).tierGone(rec) {
 			continue
 		}
 		mine, err := w.leasePending(rec)
@@ -376,9 +383,9 @@ func (w byKey) claimOrdering() error {
 // it when its tier refused it (see claimOrdering).
 func (w byKey) recoverHead(rec keyorder.Record, src string) error {
 	msg := &handler.Message{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, IdempotencyKey: rec.IdempotencyKey}
-	out := w.r.pendingOutbound(rec)
+	out := parkedRecords{w.r}.pendingOutbound(rec)
 	if rec.Unreadable != nil { // sealed at rest, its key destroyed: a stub to the DLQ (sealed.go)
-		out = w.r.unreadableRecord(rec)
+		out = parkedRecords{w.r}.unreadableRecord(rec)
 	}
 	again, err := w.forwardHead(out, msg, rec.Topic, rec.Key, rec.IdempotencyKey, -1)
 	if err != nil {

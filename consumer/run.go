@@ -240,7 +240,7 @@ func (r *runner) run(ctx context.Context) (err error) {
 	// Producer.MaxMessageBytes follows the largest max.message.bytes of the
 	// source, tier and dead-letter topics (plus room for idem's headers).
 	if r.cfg.Transactions.Enabled {
-		tclient, err := r.startTxn(ctx, st, maxBytes)
+		tclient, err := memberTxn{r}.start(ctx, st, maxBytes)
 		if err != nil {
 			return err
 		}

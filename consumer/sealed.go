@@ -118,7 +118,7 @@ func (o outbound) asStub() outbound {
 // unreadableRecord is the outbound of the pending head rec whose payload
 // cannot be opened (rec.Unreadable): its stub, to the dead-letter topic of
 // its rule, instead of its forward to a tier.
-func (r *runner) unreadableRecord(rec keyorder.Record) outbound {
+func (r parkedRecords) unreadableRecord(rec keyorder.Record) outbound {
 	out := r.pendingOutbound(rec)
 	dlq := out.dlq
 	src := wire.Source{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Timestamp: rec.Timestamp, Group: r.cfg.Group}

@@ -264,14 +264,14 @@ func (w txnHold) oweHooks(at int64) error {
 func (w txnHold) runOwed(commit bool) error {
 	if len(w.owed) == 0 {
 		if commit {
-			if err := w.r.commitTxn(w.sess); err != nil {
+			if err := (memberTxn{w.r}).commit(w.sess); err != nil {
 				return errStopping
 			}
 		}
 		return nil
 	}
 	defer w.drop()
-	if err := w.r.commitTxn(w.sess); err != nil {
+	if err := (memberTxn{w.r}).commit(w.sess); err != nil {
 		return errStopping
 	}
 	for _, h := range w.owed {

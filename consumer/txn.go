@@ -156,11 +156,18 @@ func txnProducerConfig(base *sarama.Config, cfg Config, maxBytes int) *sarama.Co
 	return c
 }
 
-// startTxn makes the member's transaction owner, on a client of its own
+// memberTxn is a runner's stage of the member's Kafka transaction
+// (Transactions): its owner started on a client of its own, its commits
+// every CommitInterval and at each settling that asks for one, and what a
+// commit settles in the ordering store. It holds nothing but the runner,
+// so memberTxn{r} costs nothing to make.
+type memberTxn struct{ *runner }
+
+// start makes the member's transaction owner, on a client of its own
 // (one request in flight, the transactional id), retrying through outages
 // like the rest of the start-up. The caller closes the returned client after
 // the owner.
-func (r *runner) startTxn(ctx context.Context, st setup, maxBytes int) (sarama.Client, error) {
+func (r memberTxn) start(ctx context.Context, st setup, maxBytes int) (sarama.Client, error) {
 	pcfg := txnProducerConfig(r.scfg, r.cfg, maxBytes)
 	if h := hooksOf(r.baseCtx); h != nil && h.dispatched != nil {
 		pcfg.Producer.Interceptors = append(slices.Clone(pcfg.Producer.Interceptors), interceptor(h.dispatched))
@@ -196,17 +203,17 @@ func (r *runner) startTxn(ctx context.Context, st setup, maxBytes int) (sarama.C
 	return client, nil
 }
 
-// commitTxn commits the open transaction with the offsets marked so far,
+// commit commits the open transaction with the offsets marked so far,
 // fenced by s's generation. A failure is logged by the owner and ends the
 // session (claims watch txn.Failed); it wraps txn.ErrBroken.
-func (r *runner) commitTxn(s sarama.ConsumerGroupSession) error {
+func (r memberTxn) commit(s sarama.ConsumerGroupSession) error {
 	return r.txn.Commit(sarama.NewConsumerGroupMetadataFromSession(s, r.cfg.Group, nil))
 }
 
 // startCommits readies the owner for session s and commits its transaction
 // every CommitInterval until s ends or stop is called (Cleanup). With
 // Transactions these are the member's only offset commits.
-func (r *runner) startCommits(s sarama.ConsumerGroupSession) (stop func(), err error) {
+func (r memberTxn) startCommits(s sarama.ConsumerGroupSession) (stop func(), err error) {
 	if err := r.txn.Reset(); err != nil {
 		return nil, fmt.Errorf("consumer: transactional producer: %w", err)
 	}
@@ -218,7 +225,7 @@ func (r *runner) startCommits(s sarama.ConsumerGroupSession) (stop func(), err e
 		for {
 			select {
 			case <-t.C:
-				_ = r.commitTxn(s)
+				_ = r.commit(s)
 			case <-s.Context().Done():
 				return
 			case <-done:
@@ -229,9 +236,9 @@ func (r *runner) startCommits(s sarama.ConsumerGroupSession) (stop func(), err e
 	return func() { close(done); wg.Wait() }, nil
 }
 
-// txnFailed is closed when the session's transaction failed (nil channel
+// failed is closed when the session's transaction failed (nil channel
 // without Transactions: never).
-func (r *runner) txnFailed() <-chan struct{} {
+func (r memberTxn) failed() <-chan struct{} {
 	if r.txn == nil {
 		return nil
 	}
@@ -425,7 +432,7 @@ func (w byKey) resolveClaim() error {
 // transaction just committed (the owner's AfterCommit). A failure is logged:
 // Next skips marked rows meanwhile, and the next commit or claim of their
 // partition applies them.
-func (r *runner) resolveCommitted(committed map[string]map[int32]int64) {
+func (r memberTxn) resolveCommitted(committed map[string]map[int32]int64) {
 	if r.order == nil {
 		return
 	}
