@@ -195,10 +195,26 @@ var typedTopic struct {
 // consumeTyped runs consumer.Run (memory store, one partition) over the
 // consumerRecords Avro records of the shared topic with a fresh group, the
 // typed or the raw handler, and returns how long the records took from the
-// first handled to the last (the group's join left out), and the CPU time
-// the process spent meanwhile (consumeAll).
-func consumeTyped(b *testing.B, typed bool, run int) (wall, cpu time.Duration) {
-	return consumeAll(b, typedTopic.k, typedTopic.topic, fmt.Sprintf("idem-bench-typed-%v-%d", typed, run), nil, func(done func()) handler.Handler {
+// first handled to the last (the group's join left out), the CPU time the
+// process spent meanwhile (consumeAll), and the heap allocations made
+// meanwhile by the whole process (every goroutine: the consumer's, the
+// client's, the decode's).
+func consumeTyped(b *testing.B, typed bool, run int) (wall, cpu time.Duration, allocs heapAllocs) {
+	var n atomic.Int64
+	var at [2]*heapAllocs
+	count := func(done func()) func() { // the allocations from the first record handled to the last
+		return func() {
+			switch n.Add(1) {
+			case 1:
+				at[0] = readHeapAllocs()
+			case consumerRecords:
+				at[1] = readHeapAllocs()
+			}
+			done()
+		}
+	}
+	wall, cpu = consumeAll(b, typedTopic.k, typedTopic.topic, fmt.Sprintf("idem-bench-typed-%v-%d", typed, run), nil, func(done func()) handler.Handler {
+		done = count(done)
 		if typed {
 			return handler.Typed(typedTopic.codec.Decode, func(ctx context.Context, o benchOrder, m *handler.Message) error {
 				sink.Add(o.Cents)
@@ -212,6 +228,11 @@ func consumeTyped(b *testing.B, typed bool, run int) (wall, cpu time.Duration) {
 			return nil
 		})
 	})
+	return wall, cpu, heapAllocs{objects: at[1].objects - at[0].objects, bytes: at[1].bytes - at[0].bytes}
+}
+
+func (a heapAllocs) add(b heapAllocs) heapAllocs {
+	return heapAllocs{objects: a.objects + b.objects, bytes: a.bytes + b.bytes}
 }
 
 // consumeAll runs consumer.Run (memory store) over the consumerRecords
@@ -262,7 +283,8 @@ func cpuTime() time.Duration {
 // records through consumer.Run with the raw-bytes handler and with the typed
 // Avro handler, alternating (so a busy machine slows both alike), and
 // reports both throughputs and their ratio (issue 30's goal: typed/raw >=
-// 0.8). Run it with -benchtime Nx for N pairs of runs.
+// 0.8), and the heap allocations per record of both pipelines and their
+// difference, the decode's. Run it with -benchtime Nx for N pairs of runs.
 func BenchmarkConsumerTypedVsRaw(b *testing.B) {
 	if os.Getenv("KAFKA_BROKERS") == "" || os.Getenv("SCHEMA_REGISTRY_URL") == "" {
 		b.Skip("needs KAFKA_BROKERS and SCHEMA_REGISTRY_URL (make services)")
@@ -280,11 +302,12 @@ func BenchmarkConsumerTypedVsRaw(b *testing.B) {
 		typedTopic.k, typedTopic.topic, typedTopic.codec = k, topic, codec
 	})
 	var raw, typed, rawCPU, typedCPU time.Duration
+	var rawAllocs, typedAllocs heapAllocs
 	for i := 0; i < b.N; i++ {
-		w, c := consumeTyped(b, false, i)
-		raw, rawCPU = raw+w, rawCPU+c
-		w, c = consumeTyped(b, true, i)
-		typed, typedCPU = typed+w, typedCPU+c
+		w, c, a := consumeTyped(b, false, i)
+		raw, rawCPU, rawAllocs = raw+w, rawCPU+c, rawAllocs.add(a)
+		w, c, a = consumeTyped(b, true, i)
+		typed, typedCPU, typedAllocs = typed+w, typedCPU+c, typedAllocs.add(a)
 	}
 	records := float64(consumerRecords * b.N)
 	rawRate, typedRate := records/raw.Seconds(), records/typed.Seconds()
@@ -295,4 +318,10 @@ func BenchmarkConsumerTypedVsRaw(b *testing.B) {
 	b.ReportMetric(float64(rawCPU.Microseconds())/records, "raw-cpu-µs/record")
 	b.ReportMetric(float64(typedCPU.Microseconds())/records, "typed-cpu-µs/record")
 	b.ReportMetric(float64(rawCPU)/float64(typedCPU), "cpu-typed/raw")
+	// Heap allocations per record, the whole process's (the consumer's, the
+	// client's); the typed pipeline's minus the raw one's is the decode's.
+	b.ReportMetric(float64(rawAllocs.objects)/records, "raw-allocs/record")
+	b.ReportMetric(float64(typedAllocs.objects)/records, "typed-allocs/record")
+	b.ReportMetric((float64(typedAllocs.objects)-float64(rawAllocs.objects))/records, "decode-allocs/record")
+	b.ReportMetric((float64(typedAllocs.bytes)-float64(rawAllocs.bytes))/records, "decode-B/record")
 }

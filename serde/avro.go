@@ -36,7 +36,7 @@ func Avro[T any](reg *Registry, opts Options) (*Codec[T], error) {
 	var last atomic.Pointer[avroDecoder]
 	ptrType := reflect2.TypeOf((*T)(nil))
 	c := &Codec[T]{reg: reg, opts: opts, format: typeAvro}
-	c.decode = func(s *Schema, body []byte, v *T) error {
+	c.decode = func(s *Schema, body []byte, v *T, aux *any) error {
 		d := last.Load()
 		if d == nil || d.id != s.ID {
 			got, ok := decoders.Load(s.ID)
@@ -49,7 +49,12 @@ func Avro[T any](reg *Registry, opts Options) (*Codec[T], error) {
 		if d.err != nil {
 			return d.err
 		}
-		return avroDecode(d.dec, body, unsafe.Pointer(v))
+		r, _ := (*aux).(*avro.Reader) // the scratch's own reader: no second pool
+		if r == nil {
+			r = avro.NewReader(nil, 0)
+			*aux = r
+		}
+		return avroDecode(d.dec, r, body, unsafe.Pointer(v))
 	}
 	c.encode = func(s *Schema, v T) ([]byte, error) {
 		w, err := s.avro()
@@ -137,10 +142,16 @@ func newAvroDecoder(s *Schema, reader avro.Schema, ptrType reflect2.Type) *avroD
 	return d
 }
 
-// avroDecode decodes body into the value ptr points to with dec, failing on
-// a payload that ends inside a value, as avroUnmarshal does.
-func avroDecode(dec avro.ValDecoder, body []byte, ptr unsafe.Pointer) error {
-	return avroRead(body, func(r *avro.Reader) { dec.Decode(ptr, r) })
+// avroDecode decodes body into the value ptr points to with dec and the
+// reader r, failing on a payload that ends inside a value, as
+// avroUnmarshal does; r keeps no record's bytes after.
+func avroDecode(dec avro.ValDecoder, r *avro.Reader, body []byte, ptr unsafe.Pointer) error {
+	r.Reset(body)
+	r.Error = nil
+	dec.Decode(ptr, r)
+	err := r.Error
+	r.Reset(nil)
+	return avroReadErr(err)
 }
 
 // resolve resolves writer into reader. A writer's schema that is the

@@ -52,7 +52,7 @@ type Codec[T any] struct {
 	reg    *Registry
 	opts   Options
 	format string // typeAvro, typeProtobuf or typeJSON
-	decode func(s *Schema, body []byte, v *T) error
+	decode func(s *Schema, body []byte, v *T, aux *any) error
 	encode func(s *Schema, v T) ([]byte, error)
 
 	mu     sync.Mutex
@@ -60,11 +60,19 @@ type Codec[T any] struct {
 
 	// last is the writer's schema Decode met last: a topic's records
 	// mostly share one, found here without the registry's lock (which
-	// every partition's decodes would otherwise take). scratch holds the T
-	// values Decode decodes into, so that the value the caller gets is
-	// its only copy, not a second allocation.
+	// every partition's decodes would otherwise take). scratch holds the
+	// *decodeScratch[T] Decode borrows.
 	last    atomic.Pointer[Schema]
 	scratch sync.Pool
+}
+
+// decodeScratch is what one Decode borrows, from one pool: the T it
+// decodes into, so that the value the caller gets is its only copy, not a
+// second allocation, and the format's own reusable state (Avro: its
+// reader), which decode keeps in aux.
+type decodeScratch[T any] struct {
+	v   T
+	aux any
 }
 
 // Decode decodes m's value into a T. Its errors:
@@ -97,12 +105,12 @@ func (c *Codec[T]) Decode(ctx context.Context, m *handler.Message) (T, error) {
 	if s.Type != c.format {
 		err = fmt.Errorf("the record's schema is %s, this codec reads %s", s.Type, c.format)
 	} else {
-		p, _ := c.scratch.Get().(*T)
+		p, _ := c.scratch.Get().(*decodeScratch[T])
 		if p == nil {
-			p = new(T)
+			p = new(decodeScratch[T])
 		}
-		err = c.decode(s, body, p)
-		v, *p = *p, v // v is the zero T here: the scratch value goes back cleared
+		err = c.decode(s, body, &p.v, &p.aux)
+		v, p.v = p.v, v // v is the zero T here: the scratch value goes back cleared
 		c.scratch.Put(p)
 	}
 	if err != nil {

@@ -24,7 +24,7 @@ const jsonBase = "https://schemas.idem.invalid/"
 // marshals v and validates it against the schema it writes with.
 func JSONSchema[T any](reg *Registry, opts Options) (*Codec[T], error) {
 	c := &Codec[T]{reg: reg, opts: opts, format: typeJSON}
-	c.decode = func(s *Schema, body []byte, v *T) error {
+	c.decode = func(s *Schema, body []byte, v *T, _ *any) error {
 		if err := s.validateJSON(body); err != nil {
 			return err
 		}

@@ -28,7 +28,7 @@ func Protobuf[T proto.Message](reg *Registry, opts Options) (*Codec[T], error) {
 	var zero T
 	want := zero.ProtoReflect().Descriptor()
 	c := &Codec[T]{reg: reg, opts: opts, format: typeProtobuf}
-	c.decode = func(s *Schema, body []byte, v *T) error {
+	c.decode = func(s *Schema, body []byte, v *T, _ *any) error {
 		md, payload, err := s.protoMessage(body)
 		if err != nil {
 			return err
