@@ -95,7 +95,7 @@ func (w verdicts) expire(msg *handler.Message, topic string, res expiry.Result) 
 		x := Expired{Message: msg, Reason: res.Reason, Dropped: w.rt.expiry.Drop}
 		if w.r.txn != nil {
 			w.owed = append(w.owed, owedHook{key: hookKey("expired", msg.Origin()), x: &x, route: w.rt.name})
-		} else if stop := (hookCalls{w.worker}).expiredHook(x); stop != nil {
+		} else if stop := hookCalls(w).expiredHook(x); stop != nil {
 			return nil, false, stop
 		}
 	}

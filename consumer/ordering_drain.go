@@ -70,14 +70,14 @@ func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 		var skip bool
 		var failed error
 		if next.Unreadable == nil {
-			if skip, failed, err = (routing{w.worker}).findRoute(msg); err != nil { // its own route (routing.go), or none
+			if skip, failed, err = routing(w).findRoute(msg); err != nil { // its own route (routing.go), or none
 				return err
 			}
 		} else {
 			w.useRoute(r.routes.none) // sealed at rest, its key destroyed: no type to route by
 		}
 		if failed == nil && !skip {
-			d, err := (verdicts{w.worker}).decide(rec, msg, deferral) // its turn came: decided before (a parked redelivery of an applied message), still live?
+			d, err := verdicts(w).decide(rec, msg, deferral) // its turn came: decided before (a parked redelivery of an applied message), still live?
 			if err != nil {
 				return err
 			}
@@ -88,7 +88,7 @@ func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 				failed = unreadable(next.Unreadable)
 			case d.res.Status != expiry.Live:
 				var drop bool
-				if failed, drop, err = (verdicts{w.worker}).expire(msg, next.Topic, d.res); err != nil {
+				if failed, drop, err = verdicts(w).expire(msg, next.Topic, d.res); err != nil {
 					return err
 				}
 				if drop {
