@@ -254,7 +254,7 @@ func (c *claim) run() {
 	if (txnHold{c.main}).claimHooks() != nil {
 		return
 	}
-	if r.order != nil && (byKey{c.main}).claimOrdering() != nil {
+	if r.order != nil && (orderingClaim{c.main}).claim() != nil {
 		return
 	}
 	if len(c.workers) > 0 {

@@ -3,7 +3,6 @@ package consumer
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/IBM/sarama"
 
@@ -184,7 +183,7 @@ func (w byKey) drain(topic string, key []byte, head string, at int64) error {
 // head pending, and the next claim forwards it again and drains behind it
 // (otherwise nothing would: the key would stay blocked). errStopping: the
 // partition is stopping; the forward stays pending and the next owner of
-// the partition does it (claimOrdering). at is as for drain; with
+// the partition does it (orderingClaim.claim). at is as for drain; with
 // Transactions and at -1 (the claim's recovery) the forward is sent and
 // committed here, before its pending mark is cleared.
 func (w byKey) forwardHead(out outbound, msg *handler.Message, topic string, key []byte, ikey string, at int64) (again bool, err error) {
@@ -311,129 +310,4 @@ func (r parkedRecords) sourceOf(topic string) (string, bool) {
 		}
 	}
 	return "", false
-}
-
-// pendingLease is how long a claim recovering a pending head keeps it from
-// the other claims (keyorder.ClaimPending); a recovery that outlasts it (a
-// long outage) may be done a second time.
-const pendingLease = 30 * time.Second
-
-// claimOrdering runs when the partition is claimed, before its first message:
-// it finishes the ordering store's work a previous owner left for this
-// partition, the one recovery path of a pending head. A drain that promoted a
-// parked message and was revoked (or crashed) before forwarding it left the
-// forward pending; the new owner of the partition — of the source topic or of
-// one of its tiers, whichever is claimed first — forwards it now, so the key
-// is not blocked for ever. The claims of a source partition and of its tier
-// partitions may run at once (on one member, or on two): each leases the
-// head first (keyorder.ClaimPending), and one waits while the other recovers
-// it, so a head its tier refuses reaches the dead-letter topic once. A head
-// its tier refuses for good is dead-lettered (forward) and the messages
-// parked behind it are drained. The partition's reader runs already, so a
-// revoke stops this at once. errStopping means the partition is stopping.
-//
-// With Transactions it first settles the marks of the partition's drains by
-// its committed offset (resolveClaim): committed ones are applied, the
-// others reverted, so the redelivery of their head drains again. A pending
-// head left by a run without Transactions (none is left unmarked with them)
-// is forwarded and committed here, and the key's parked messages drained
-// behind it when it was dead-lettered are committed with it (see txn.go for
-// what a crash in that window does).
-func (w byKey) claimOrdering() error {
-	r := w.r
-	defer w.drop() // Transactions: what a stop left staged
-	if err := w.resolveClaim(); err != nil {
-		return err
-	}
-	src, ok := parkedRecords{r}.sourceOf(w.tp.topic)
-	if !ok {
-		return nil
-	}
-	var pending []keyorder.Record
-	refused, err := w.orderTry("claim", func(ctx context.Context) (err error) {
-		pending, err = r.order.PendingOf(ctx, src, w.tp.partition)
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	if refused != nil {
-		return nil // logged; the next claim tries again
-	}
-	for _, rec := range pending {
-		if (parkedRecords{r}).tierGone(rec) {
-			continue
-		}
-		mine, err := w.leasePending(rec)
-		if err != nil {
-			return err
-		}
-		if !mine { // recovered by another claim meanwhile
-			continue
-		}
-		if err := w.recoverHead(rec, src); err != nil {
-			w.releasePending(rec)
-			return err
-		}
-	}
-	return nil
-}
-
-// recoverHead forwards the pending head rec, leased by w, and drains behind
-// it when its tier refused it (see claimOrdering).
-func (w byKey) recoverHead(rec keyorder.Record, src string) error {
-	msg := &handler.Message{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, IdempotencyKey: rec.IdempotencyKey}
-	out := parkedRecords{w.r}.pendingOutbound(rec)
-	if rec.Unreadable != nil { // sealed at rest, its key destroyed: a stub to the DLQ (sealed.go)
-		out = parkedRecords{w.r}.unreadableRecord(rec)
-	}
-	again, err := w.forwardHead(out, msg, rec.Topic, rec.Key, rec.IdempotencyKey, -1)
-	if err != nil {
-		return err
-	}
-	w.log.Info("idem: forwarded a head whose forward a previous owner left pending", "key", rec.IdempotencyKey, "source", src)
-	if !again {
-		return nil
-	}
-	if err := w.drain(rec.Topic, rec.Key, rec.IdempotencyKey, -1); err != nil {
-		return err
-	}
-	if !txnHold(w).commitNow() {
-		return errStopping
-	}
-	return nil
-}
-
-// leasePending leases rec's pending forward to w (keyorder.ClaimPending),
-// waiting while another claim holds it: false when it is no longer pending
-// (that claim recovered it). errStopping: the partition is stopping.
-func (w byKey) leasePending(rec keyorder.Record) (bool, error) {
-	for n := 1; ; n++ {
-		var ok, held bool
-		refused, err := w.orderTry("lease", func(ctx context.Context) (err error) {
-			ok, held, err = w.r.order.ClaimPending(ctx, rec.Topic, rec.Key, rec.IdempotencyKey, pendingLease)
-			return err
-		})
-		switch {
-		case err != nil:
-			return false, err
-		case refused != nil: // logged; recover it unleased, as before leases
-			return true, nil
-		case ok || !held:
-			return ok, nil
-		}
-		if !sleep(w.stopCtx, w.r.wait.outage(n)) {
-			return false, errStopping
-		}
-	}
-}
-
-// releasePending gives back the lease of a recovery that stopped, so the
-// next claim takes the head at once (best effort: the lease lapses anyway).
-func (w byKey) releasePending(rec keyorder.Record) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.hctx), 5*time.Second)
-	defer cancel()
-	if err := w.r.order.ReleasePending(ctx, rec.Topic, rec.Key, rec.IdempotencyKey); err != nil {
-		w.log.Debug("idem: ordering: release a pending head's lease", "key", rec.IdempotencyKey, "err", err)
-	}
 }

@@ -18,9 +18,9 @@ import (
 const methodCeiling = 15
 
 // methodRatchet holds the types over methodCeiling today, at their current
-// counts: they may shrink, never grow. byKey is the ordering store's steps
-// for one worker (park, drain, promote, the transaction's marks).
-var methodRatchet = map[string]int{"byKey": 16}
+// counts: they may shrink, never grow. None is over it now; a type that
+// must be is added here with the reason.
+var methodRatchet = map[string]int{}
 
 // TestTypesStaySmall counts the methods each type of the package declares
 // and fails for a type over methodCeiling (or over its ratchet).

@@ -337,7 +337,7 @@ func sendStops(err error) bool {
 //     keyorder.Resolve with the offsets just committed: marks below them are
 //     applied (marked rows drained, pending forwards cleared); drained rows
 //     whose parking copy is committed are removed.
-//   - Applied or reverted at claim. claimOrdering runs keyorder.Resolve for
+//   - Applied or reverted at claim. orderingClaim.claim runs keyorder.Resolve for
 //     the claimed partition with the offset the claim starts from, before the
 //     partition's first message: marks below it are applied (the commit
 //     happened, and the member died or failed before its AfterCommit), marks
@@ -367,7 +367,7 @@ func sendStops(err error) bool {
 // read_committed reader: each parked message reaches its tier or the DLQ
 // exactly once per hop, in key order, and no key stays blocked. Limits: a
 // pending head left by a run without Transactions (none is left with them)
-// is recovered by claimOrdering as without them, its forward and the drain
+// is recovered by orderingClaim.claim as without them, its forward and the drain
 // behind it then committed at once: a crash in that window can forward it
 // twice, or lose the dead-letter copies of that drain; a reverted drain
 // whose head X is not read again
@@ -387,7 +387,7 @@ func (w byKey) txnMark(at int64, head string) *keyorder.Mark {
 
 // claimOwner records this claim as its partition's owner in the ordering
 // store (keyorder.Claim; Transactions with Ordering or owed hooks), before
-// the marks earlier owners left are settled (resolveClaim, claimHooks):
+// the marks earlier owners left are settled (orderingClaim.resolve, claimHooks):
 // from then on a member that lost the partition (a zombie, frozen past its
 // session timeout, or one whose InstanceID another process took) can write
 // no marked step, which this claim's next commit would otherwise take for
@@ -413,19 +413,6 @@ func (w txnHold) claimOwner() error {
 	}
 	w.owner = owner
 	return nil
-}
-
-// resolveClaim settles the ordering marks of the claimed partition by the
-// offset the claim starts from, its committed offset (Transactions only; see
-// above). errStopping: the partition is stopping.
-func (w byKey) resolveClaim() error {
-	r := w.r
-	if r.txn == nil {
-		return nil
-	}
-	c := []keyorder.Committed{{Topic: w.tp.topic, Partition: w.tp.partition, Offset: max(w.kc.InitialOffset(), 0)}}
-	_, err := w.orderTry("resolve", func(ctx context.Context) error { return r.order.Resolve(ctx, c, true) })
-	return err
 }
 
 // resolveCommitted applies the ordering marks below the offsets a

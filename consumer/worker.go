@@ -33,7 +33,8 @@ import (
 // feature's steps are a stage of their own, a struct holding only the
 // worker, with the methods of that feature: routing (routes, the filter),
 // verdicts (an earlier delivery's outcome, expiry), batch, byKey
-// (ordering), deferrals, hookCalls (the user's hooks), txnHold (the
+// (ordering) and orderingClaim (its takeover of a claimed partition),
+// deferrals, hookCalls (the user's hooks), txnHold (the
 // transaction hold) and ackedSend. The next feature adds a stage, not
 // methods on worker.
 type worker struct {
