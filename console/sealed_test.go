@@ -18,7 +18,7 @@ import (
 	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/failidx"
 	"github.com/idemhq/idem/internal/seal"
-	"github.com/idemhq/idem/internal/seal/sealtest"
+	"github.com/idemhq/idem/internal/testing/sealtest"
 )
 
 // inChromium logs in to e's console in Chromium with secret and returns the

@@ -14,7 +14,7 @@ import (
 	"github.com/idemhq/idem/consumer"
 	"github.com/idemhq/idem/dedupe"
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/seal/sealtest"
+	"github.com/idemhq/idem/internal/testing/sealtest"
 	"github.com/idemhq/idem/internal/testing/testenv"
 	"github.com/idemhq/idem/retrytopic"
 	"github.com/idemhq/idem/schedule"

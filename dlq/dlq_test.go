@@ -15,7 +15,7 @@ import (
 	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/idemtest"
-	"github.com/idemhq/idem/internal/replayrec"
+	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/testing/testkit"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
@@ -400,8 +400,8 @@ func TestReplayToNamedTopic(t *testing.T) {
 				// Only the origin and its group's tiers by idem's names are
 				// replay targets unless listed.
 				_, err := c.Replay(ctx, dlq.ReplayOptions{Topic: topic, To: dest, Filter: dlq.Filter{Key: "k3"}, DropUnmatched: true})
-				if !errors.Is(err, replayrec.ErrTarget) {
-					t.Fatalf("Replay to %s, not listed: %v, want a refused target (replayrec.ErrTarget)", dest, err)
+				if !errors.Is(err, forward.ErrReplayTarget) {
+					t.Fatalf("Replay to %s, not listed: %v, want a refused target (forward.ErrReplayTarget)", dest, err)
 				}
 				allowed = []string{dest}
 			}

@@ -10,7 +10,6 @@ import (
 
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/forward"
-	"github.com/idemhq/idem/internal/replayrec"
 )
 
 // errBadFilter is wrapped by the errors ParseFilter returns.
@@ -193,7 +192,7 @@ type ReplayResult struct {
 // ErrNoOrigin is wrapped by Replay's error when, replaying to each record's
 // origin (ReplayOptions.To ""), a record lacks the idem-original-topic
 // header it needs to be routed. Replay stops before sending anything.
-var ErrNoOrigin = replayrec.ErrNoOrigin
+var ErrNoOrigin = forward.ErrNoOrigin
 
 // ErrUnmatched is wrapped by Replay's error when the pending range holds
 // records the replay would not send (filtered out, or stubs) and
@@ -231,7 +230,7 @@ var ErrNothingMatched = errors.New("dlq: no pending record to replay")
 func (c *Client) Replay(ctx context.Context, opts ReplayOptions) (ReplayResult, error) {
 	var res ReplayResult
 	if opts.To == "" {
-		opts.To = replayrec.ToSource
+		opts.To = forward.ReplayToSource
 	}
 	if opts.Rate < 0 {
 		return res, fmt.Errorf("dlq: replay rate %v: must be >= 0", opts.Rate)
@@ -242,7 +241,7 @@ func (c *Client) Replay(ctx context.Context, opts ReplayOptions) (ReplayResult, 
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	if opts.To != replayrec.ToSource {
+	if opts.To != forward.ReplayToSource {
 		if err := c.checkTopic(opts.To); err != nil {
 			return res, fmt.Errorf("dlq: replay to %q: %w", opts.To, err)
 		}
@@ -259,7 +258,7 @@ func (c *Client) Replay(ctx context.Context, opts ReplayOptions) (ReplayResult, 
 		res.Pending += n
 	}
 	// The read-only pass: counts, stubs, destinations.
-	exists := map[string]bool{opts.To: opts.To != replayrec.ToSource}
+	exists := map[string]bool{opts.To: opts.To != forward.ReplayToSource}
 	err = c.scan(ctx, opts.Topic, spans, func(r *Record) error {
 		switch {
 		case !opts.Filter.Match(r):
@@ -267,7 +266,7 @@ func (c *Client) Replay(ctx context.Context, opts ReplayOptions) (ReplayResult, 
 		case r.IsStub():
 			res.Stubs = append(res.Stubs, Position{Partition: r.Partition, Offset: r.Offset})
 		default:
-			if _, err := replayrec.CheckTarget(r.Failure.OriginalTopic, r.Failure.Group, opts.To, opts.AllowedTopics); err != nil {
+			if _, err := forward.CheckReplayTarget(r.Failure.OriginalTopic, r.Failure.Group, opts.To, opts.AllowedTopics); err != nil {
 				return fmt.Errorf("offset %d: %w", r.Offset, err)
 			}
 			rec, err := replayRecord(r, opts)
@@ -377,9 +376,9 @@ func maxTime(a, b time.Time) time.Time {
 }
 
 // replayRecord builds the record Replay sends for r, as opts.To and
-// opts.Tier say (see replayrec.Build, which the failure console's replay
+// opts.Tier say (see forward.Replay, which the failure console's replay
 // calls too).
 func replayRecord(r *Record, opts ReplayOptions) (forward.Record, error) {
-	return replayrec.Build(replayrec.DeadLetter{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key,
+	return forward.Replay(forward.DeadLetter{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key,
 		Value: r.Value, Headers: r.Headers, Failure: r.Failure, HasFailure: r.HasFailure}, opts.To, opts.Tier, opts.Now())
 }

@@ -8,7 +8,7 @@ import (
 
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/idemtest"
-	"github.com/idemhq/idem/internal/committed/committedtest"
+	"github.com/idemhq/idem/internal/testing/committedtest"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )

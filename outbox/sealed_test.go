@@ -9,7 +9,7 @@ import (
 
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/idemtest"
-	"github.com/idemhq/idem/internal/seal/sealtest"
+	"github.com/idemhq/idem/internal/testing/sealtest"
 	"github.com/idemhq/idem/outbox"
 )
 

@@ -13,7 +13,7 @@ import (
 
 	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/internal/failidx"
-	"github.com/idemhq/idem/internal/replayrec"
+	"github.com/idemhq/idem/internal/forward"
 )
 
 // selection builds an action's selection: --id, or the topic and filter
@@ -43,7 +43,7 @@ func indexReplay(ctx context.Context, a *app, sel failidx.Selection, to string, 
 	if tier != 0 {
 		return errors.New("--tier: with a database, the tier is taken from the --to topic's name (<topic>.<group>.retry.<n>, else 1)")
 	}
-	if to == replayrec.ToSource {
+	if to == forward.ReplayToSource {
 		to = ""
 	}
 	s, closeDB, err := a.openIndex(ctx)
@@ -79,7 +79,7 @@ func indexReplay(ctx context.Context, a *app, sel failidx.Selection, to string, 
 	}
 	dest := to
 	if dest == "" {
-		dest = replayrec.ToSource
+		dest = forward.ReplayToSource
 	}
 	fmt.Fprintf(a.out, "replayed %d of %d selected records to %s\n", res.Done, res.Matched, dest)
 	reportSkipped(a.out, res)

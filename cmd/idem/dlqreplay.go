@@ -11,7 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/idemhq/idem/dlq"
-	"github.com/idemhq/idem/internal/replayrec"
+	"github.com/idemhq/idem/internal/forward"
 )
 
 func newReplayCmd(a *app) *cobra.Command {
@@ -99,7 +99,7 @@ a subset leaves the others unresolved, and every replay is audited.
 			if tier < 0 {
 				return fmt.Errorf("--tier %d: must be >= 1 (0: from the topic name)", tier)
 			}
-			if tier > 0 && to == replayrec.ToSource {
+			if tier > 0 && to == forward.ReplayToSource {
 				return errors.New("--tier applies to a named --to topic, not to source")
 			}
 			cl, topic, err := a.openDLQ(sel)
@@ -122,7 +122,7 @@ a subset leaves the others unresolved, and every replay is audited.
 		},
 	}
 	dlqTopicFlags(c, &sel)
-	c.Flags().StringVar(&to, "to", replayrec.ToSource, "destination: source (each record's idem-original-topic) or an existing topic name, e.g. a retry tier")
+	c.Flags().StringVar(&to, "to", forward.ReplayToSource, "destination: source (each record's idem-original-topic) or an existing topic name, e.g. a retry tier")
 	c.Flags().IntVar(&tier, "tier", 0, "idem-tier written with a named --to topic (default: n of <topic>.<group>.retry.<n>, else 1)")
 	c.Flags().StringVar(&filter, "filter", "", "kind=…,error~=…,key=…,fingerprint=… (all must match)")
 	c.Flags().Float64Var(&rate, "rate", 0, "max records per second (0 = unlimited; with a database, a whole number)")

@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/idemhq/idem/internal/failidx"
-	"github.com/idemhq/idem/internal/failidx/failidxtest"
+	"github.com/idemhq/idem/internal/testing/failidxtest"
 	"github.com/idemhq/idem/internal/testing/testenv"
 )
 

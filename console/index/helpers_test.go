@@ -8,7 +8,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/idemhq/idem/internal/failidx"
-	"github.com/idemhq/idem/internal/failidx/failidxtest"
+	"github.com/idemhq/idem/internal/testing/failidxtest"
 	"github.com/idemhq/idem/internal/testing/testenv"
 )
 

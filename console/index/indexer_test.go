@@ -14,7 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/internal/failidx"
-	"github.com/idemhq/idem/internal/failidx/failidxtest"
+	"github.com/idemhq/idem/internal/testing/failidxtest"
 	"github.com/idemhq/idem/internal/testing/testenv"
 )
 

@@ -9,7 +9,7 @@ import (
 
 	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/internal/failidx"
-	"github.com/idemhq/idem/internal/failidx/failidxtest"
+	"github.com/idemhq/idem/internal/testing/failidxtest"
 	"github.com/idemhq/idem/internal/testing/testenv"
 )
 

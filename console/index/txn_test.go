@@ -6,8 +6,8 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"github.com/idemhq/idem/internal/committed/committedtest"
-	"github.com/idemhq/idem/internal/failidx/failidxtest"
+	"github.com/idemhq/idem/internal/testing/committedtest"
+	"github.com/idemhq/idem/internal/testing/failidxtest"
 	"github.com/idemhq/idem/internal/testing/testenv"
 )
 

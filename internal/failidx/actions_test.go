@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/dlq"
-	"github.com/idemhq/idem/internal/failidx/failidxtest"
+	"github.com/idemhq/idem/internal/testing/failidxtest"
 	"github.com/idemhq/idem/internal/testing/testenv"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"

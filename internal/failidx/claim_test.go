@@ -7,7 +7,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/idemhq/idem/internal/failidx/failidxtest"
+	"github.com/idemhq/idem/internal/testing/failidxtest"
 	"github.com/idemhq/idem/internal/testing/testenv"
 	"github.com/idemhq/idem/retrytopic"
 )

@@ -8,7 +8,7 @@
 // replays from it. Users reach it through those, never by name: the types
 // here appear in no exported signature of a public package.
 //
-// Replays go through internal/replayrec, as dlq.Client.Replay's do, so a
+// Replays go through forward.Replay, as dlq.Client.Replay's do, so a
 // record replayed from the console and one replayed by `idem dlq replay`
 // are built the same way.
 package failidx

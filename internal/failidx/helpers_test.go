@@ -7,7 +7,7 @@ import (
 
 	"github.com/idemhq/idem/dlq"
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/failidx/failidxtest"
+	"github.com/idemhq/idem/internal/testing/failidxtest"
 	"github.com/idemhq/idem/internal/testing/testenv"
 	"github.com/idemhq/idem/retrytopic"
 )

@@ -14,7 +14,6 @@ import (
 	"github.com/idemhq/idem/internal/committed"
 	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/pglead"
-	"github.com/idemhq/idem/internal/replayrec"
 	"github.com/idemhq/idem/internal/wire"
 )
 
@@ -185,7 +184,7 @@ func (a *Actions) heartbeat(ctx context.Context, id int64) (bool, error) {
 	return cancel, nil
 }
 
-// build returns the record job j sends for r: a replay (replayrec.Build), or
+// build returns the record job j sends for r: a replay (forward.Replay), or
 // the edit's stored value with the original key and headers.
 func (a *Actions) build(ctx context.Context, j Job, r Record) (forward.Record, error) {
 	if j.Action == "edit-retry" {
@@ -209,7 +208,7 @@ func (a *Actions) build(ctx context.Context, j Job, r Record) (forward.Record, e
 	if err != nil {
 		return forward.Record{}, err
 	}
-	out, err := replayrec.Build(dl, j.To, 0, time.Now())
+	out, err := forward.Replay(dl, j.To, 0, time.Now())
 	if err != nil {
 		return forward.Record{}, fmt.Errorf("record %d: %w", r.ID, err)
 	}
@@ -471,18 +470,18 @@ func maxTime(a, b time.Time) time.Time {
 }
 
 // deadLetter rebuilds r as a replay reads a dead letter (what
-// replayrec.Build takes); a truncated value is read back from the DLQ topic.
-func (a *Actions) deadLetter(ctx context.Context, r Record) (replayrec.DeadLetter, error) {
+// forward.Replay takes); a truncated value is read back from the DLQ topic.
+func (a *Actions) deadLetter(ctx context.Context, r Record) (forward.DeadLetter, error) {
 	if r.PayloadErr != nil {
-		return replayrec.DeadLetter{}, fmt.Errorf("record %d: its value and headers cannot be read: %w", r.ID, r.PayloadErr)
+		return forward.DeadLetter{}, fmt.Errorf("record %d: its value and headers cannot be read: %w", r.ID, r.PayloadErr)
 	}
 	if r.ValueTruncated {
 		got, err := dlq.New(a.client).Show(ctx, r.Topic, dlq.Position{Partition: r.Partition, Offset: r.Offset})
 		if err != nil {
-			return replayrec.DeadLetter{}, fmt.Errorf("record %d: the index holds its value truncated (%d of %d bytes) and it cannot be read from %s/%d offset %d: %w",
+			return forward.DeadLetter{}, fmt.Errorf("record %d: the index holds its value truncated (%d of %d bytes) and it cannot be read from %s/%d offset %d: %w",
 				r.ID, len(r.Value), r.ValueSize, r.Topic, r.Partition, r.Offset, err)
 		}
-		return replayrec.DeadLetter{Topic: got.Topic, Partition: got.Partition, Offset: got.Offset, Key: got.Key, Value: got.Value,
+		return forward.DeadLetter{Topic: got.Topic, Partition: got.Partition, Offset: got.Offset, Key: got.Key, Value: got.Value,
 			Headers: got.Headers, Failure: got.Failure, HasFailure: got.HasFailure}, nil
 	}
 	hs := make([]sarama.RecordHeader, len(r.Headers))
@@ -490,6 +489,6 @@ func (a *Actions) deadLetter(ctx context.Context, r Record) (replayrec.DeadLette
 		hs[i] = sarama.RecordHeader{Key: h.Key, Value: h.Value}
 	}
 	f, ok, _ := wire.Decode(hs) // as dlq.FromMessage: a header that does not parse leaves its field zero
-	return replayrec.DeadLetter{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, Value: r.Value,
+	return forward.DeadLetter{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, Value: r.Value,
 		Headers: hs, Failure: f, HasFailure: ok}, nil
 }

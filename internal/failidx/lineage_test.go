@@ -3,7 +3,7 @@ package failidx
 import (
 	"testing"
 
-	"github.com/idemhq/idem/internal/failidx/failidxtest"
+	"github.com/idemhq/idem/internal/testing/failidxtest"
 )
 
 // TestLineageFollowsReplayOf: a dead letter whose idem-replay-of names an

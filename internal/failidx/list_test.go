@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemhq/idem/internal/failidx/failidxtest"
 	"github.com/idemhq/idem/internal/keyorder"
+	"github.com/idemhq/idem/internal/testing/failidxtest"
 	"github.com/idemhq/idem/internal/testing/testenv"
 )
 

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemhq/idem/dlq"
-	"github.com/idemhq/idem/internal/replayrec"
+	"github.com/idemhq/idem/internal/forward"
 )
 
 // StartReplay claims the selected unresolved records for a replay job
@@ -23,7 +23,7 @@ func (a *Actions) StartReplay(ctx context.Context, actor string, sel Selection, 
 		return Job{}, err
 	}
 	to = strings.TrimSpace(to)
-	if to == replayrec.ToSource {
+	if to == forward.ReplayToSource {
 		to = ""
 	}
 	detail := sel.detail() + " to " + orOrigin(to)
@@ -74,7 +74,7 @@ func (a *Actions) StartReplay(ctx context.Context, actor string, sel Selection, 
 			if to == "" && c.origin == "" {
 				return fail(ids, invalid("to", "record %d has no origin topic (no idem-original-topic): name a destination", c.id))
 			}
-			l, err := replayrec.CheckTarget(c.origin, c.group, to, a.ReplayTopics)
+			l, err := forward.CheckReplayTarget(c.origin, c.group, to, a.ReplayTopics)
 			if err != nil {
 				return fail(ids, invalid("to", "record %d: %v", c.id, err))
 			}
@@ -162,7 +162,7 @@ type ReplayPlan struct {
 func (a *Actions) PlanReplay(ctx context.Context, sel Selection, to string) (ReplayPlan, error) {
 	var p ReplayPlan
 	to = strings.TrimSpace(to)
-	if to == replayrec.ToSource {
+	if to == forward.ReplayToSource {
 		to = ""
 	}
 	var args []any
@@ -208,7 +208,7 @@ func (a *Actions) PlanReplay(ctx context.Context, sel Selection, to string) (Rep
 		if to == "" && og[0] == "" {
 			return p, invalid("to", "a selected record has no origin topic (no idem-original-topic): name a destination")
 		}
-		if _, err := replayrec.CheckTarget(og[0], og[1], to, a.ReplayTopics); err != nil {
+		if _, err := forward.CheckReplayTarget(og[0], og[1], to, a.ReplayTopics); err != nil {
 			return p, invalid("to", "%v", err)
 		}
 		if to == "" {
@@ -265,7 +265,7 @@ func (a *Actions) Replay(ctx context.Context, actor string, sel Selection, to st
 
 func orOrigin(to string) string {
 	if to == "" {
-		return replayrec.ToSource
+		return forward.ReplayToSource
 	}
 	return to
 }

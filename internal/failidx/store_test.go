@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/handler"
-	"github.com/idemhq/idem/internal/failidx/failidxtest"
 	"github.com/idemhq/idem/internal/tables"
+	"github.com/idemhq/idem/internal/testing/failidxtest"
 	"github.com/idemhq/idem/internal/testing/testenv"
 )
 

@@ -2,7 +2,9 @@
 // replay, original topics (Forwarder), durably and never duplicated by
 // producer retries (with a producer set up by retrytopic.ConfigureProducer),
 // and waits for a tier record's due time (WaitDue). Producer errors are
-// classified by IsPermanentForwardError.
+// classified by IsPermanentForwardError. What a replay sends for a dead
+// letter, and to which topics it may go, is decided here too (Replay,
+// CheckReplayTarget), for dlq's replay and the failure console's alike.
 //
 // It also creates the tier and dead-letter topics a retrytopic.Policy names
 // (EnsureTopics, EnsureTopicsFor), sized for the source topic's records plus

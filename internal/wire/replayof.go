@@ -10,7 +10,7 @@ import (
 // HeaderReplayOf is the header a replayed record carries: the dead-letter
 // record it was replayed from, as "<dlq topic>/<partition>/<offset>"
 // (ReplayOf). Every replay writes it (dlq.Client.Replay, and the failure
-// console's replay and edit-and-retry, through internal/replayrec and
+// console's replay and edit-and-retry, through forward.Replay and
 // internal/failidx), replacing any earlier one, so a record replayed twice
 // names the latest dead letter.
 //

@@ -1,11 +1,11 @@
-// Package replayrec is the record a replay sends for a dead letter, built by
-// the one code path for every replay idem makes: dlq.Client.Replay (and so
-// `idem dlq replay`) and the failure console's replay (internal/failidx, and
-// so `idem dlq replay --database-url` and the console's UI and API).
-//
-// It does not import package dlq, which imports it: a caller passes the
-// dead letter's fields as a DeadLetter.
-package replayrec
+// This file is the record a replay sends for a dead letter (Replay), built
+// by the one code path for every replay idem makes: dlq.Client.Replay (and
+// so `idem dlq replay`) and the failure console's replay (internal/failidx,
+// and so `idem dlq replay --database-url` and the console's UI and API).
+// It does not import package dlq, which imports this package: a caller
+// passes the dead letter's fields as a DeadLetter.
+
+package forward
 
 import (
 	"errors"
@@ -16,17 +16,16 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"github.com/idemhq/idem/internal/forward"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/retrytopic"
 )
 
-// ToSource is the destination that sends each record back to its
+// ReplayToSource is the destination that sends each record back to its
 // idem-original-topic as a fresh record (dlq.ReplayOptions.To "" means it
 // too; the CLI and the console spell it "source").
-const ToSource = "source"
+const ReplayToSource = "source"
 
-// ErrNoOrigin is wrapped by Build's error when, replaying to ToSource, the
+// ErrNoOrigin is wrapped by Replay's error when, replaying to ReplayToSource, the
 // record lacks the idem-original-topic header it needs to be routed.
 // dlq.ErrNoOrigin is this error.
 var ErrNoOrigin = errors.New("dlq: record has no idem-original-topic header")
@@ -47,9 +46,9 @@ type DeadLetter struct {
 	HasFailure bool
 }
 
-// Build returns the record a replay sends for d to to, without sending it:
+// Replay returns the record a replay sends for d to to, without sending it:
 //
-//   - to ToSource (or "", or a topic equal to d's idem-original-topic): to
+//   - to ReplayToSource (or "", or a topic equal to d's idem-original-topic): to
 //     the original topic and partition, with only the original headers (none
 //     of the wire contract's), so the consumer sees a fresh record; without
 //     an idem-original-topic, an error wrapping ErrNoOrigin;
@@ -64,17 +63,17 @@ type DeadLetter struct {
 // Whatever the destination, the record also carries wire.HeaderReplayOf
 // naming d. A stub (its value was left out) is an error: it is never
 // replayed.
-func Build(d DeadLetter, to string, tier int, now time.Time) (forward.Record, error) {
+func Replay(d DeadLetter, to string, tier int, now time.Time) (Record, error) {
 	f := d.Failure
 	if f.Stub {
-		return forward.Record{}, fmt.Errorf("dlq: %s/%d offset %d is a stub (value omitted): it is never replayed", d.Topic, d.Partition, d.Offset)
+		return Record{}, fmt.Errorf("dlq: %s/%d offset %d is a stub (value omitted): it is never replayed", d.Topic, d.Partition, d.Offset)
 	}
 	if to == "" {
-		to = ToSource
+		to = ReplayToSource
 	}
-	rec := forward.Record{Partition: f.OriginalPartition, Key: d.Key, Value: d.Value}
+	rec := Record{Partition: f.OriginalPartition, Key: d.Key, Value: d.Value}
 	switch {
-	case to == ToSource || (d.HasFailure && to == f.OriginalTopic):
+	case to == ReplayToSource || (d.HasFailure && to == f.OriginalTopic):
 		if f.OriginalTopic == "" {
 			return rec, fmt.Errorf("%w (offset %d)", ErrNoOrigin, d.Offset)
 		}
@@ -95,20 +94,20 @@ func Build(d DeadLetter, to string, tier int, now time.Time) (forward.Record, er
 	return rec, nil
 }
 
-// ErrTarget is wrapped by CheckTarget's error: a replay may not go to that
+// ErrReplayTarget is wrapped by CheckReplayTarget's error: a replay may not go to that
 // topic (the console answers it with 400).
-var ErrTarget = errors.New("dlq: not a replay target of the record")
+var ErrReplayTarget = errors.New("dlq: not a replay target of the record")
 
-// CheckTarget says whether a dead letter of origin topic origin, failed by
+// CheckReplayTarget says whether a dead letter of origin topic origin, failed by
 // consumer group group, may be replayed to to: its origin topic (to "",
-// ToSource or origin itself) or a retry tier of origin for group under
+// ReplayToSource or origin itself) or a retry tier of origin for group under
 // idem's default names ("<origin>.<group>.retry.<n>", n >= 1), or a topic
 // listed in allowed (listed is then true, so an audit can say so). Anything
-// else is an error wrapping ErrTarget: a replay never writes into another
+// else is an error wrapping ErrReplayTarget: a replay never writes into another
 // team's topic or into a topic that reads payloads back out unaudited.
-func CheckTarget(origin, group, to string, allowed []string) (listed bool, err error) {
+func CheckReplayTarget(origin, group, to string, allowed []string) (listed bool, err error) {
 	switch {
-	case to == "" || to == ToSource || (origin != "" && to == origin):
+	case to == "" || to == ReplayToSource || (origin != "" && to == origin):
 		return false, nil
 	case origin != "" && isTier(to, origin, group):
 		return false, nil
@@ -119,10 +118,10 @@ func CheckTarget(origin, group, to string, allowed []string) (listed bool, err e
 		}
 	}
 	if origin == "" {
-		return false, fmt.Errorf("%w: %q: the record has no idem-original-topic, so only a topic listed as an allowed replay target (--replay-topic) may take it", ErrTarget, to)
+		return false, fmt.Errorf("%w: %q: the record has no idem-original-topic, so only a topic listed as an allowed replay target (--replay-topic) may take it", ErrReplayTarget, to)
 	}
 	return false, fmt.Errorf("%w: %q is neither the record's origin topic %q nor one of its retry tiers for group %q (%s); list other targets as allowed replay topics (--replay-topic)",
-		ErrTarget, to, origin, group, (retrytopic.Policy{}).Tier(origin, group, 1)+", …")
+		ErrReplayTarget, to, origin, group, (retrytopic.Policy{}).Tier(origin, group, 1)+", …")
 }
 
 // isTier reports whether topic is the default name of a retry tier n >= 1

@@ -1,4 +1,4 @@
-package replayrec
+package forward
 
 import (
 	"errors"
@@ -30,7 +30,7 @@ func TestBuild(t *testing.T) {
 		partition int32
 		wantTier  int // -1: no idem-* headers expected
 	}{
-		{"source", failed, ToSource, 0, "pay", 2, -1},
+		{"source", failed, ReplayToSource, 0, "pay", 2, -1},
 		{"empty is source", failed, "", 0, "pay", 2, -1},
 		{"named original topic is source", failed, "pay", 5, "pay", 2, -1},
 		{"plain topic", failed, "elsewhere", 0, "elsewhere", 2, 1},
@@ -41,7 +41,7 @@ func TestBuild(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			rec, err := Build(tt.d, tt.to, tt.tier, now)
+			rec, err := Replay(tt.d, tt.to, tt.tier, now)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -65,12 +65,12 @@ func TestBuild(t *testing.T) {
 			}
 		})
 	}
-	if _, err := Build(foreign, ToSource, 0, now); !errors.Is(err, ErrNoOrigin) {
+	if _, err := Replay(foreign, ReplayToSource, 0, now); !errors.Is(err, ErrNoOrigin) {
 		t.Fatalf("source of a record without idem headers: %v, want ErrNoOrigin", err)
 	}
 	stub := failed
 	stub.Failure.Stub = true
-	if _, err := Build(stub, "elsewhere", 0, now); err == nil {
+	if _, err := Replay(stub, "elsewhere", 0, now); err == nil {
 		t.Fatal("a stub was replayed")
 	}
 }
