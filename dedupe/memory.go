@@ -4,7 +4,9 @@ import (
 	"context"
 	"hash/maphash"
 	"math/bits"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -41,6 +43,7 @@ import (
 // NewMemory.
 type Memory struct {
 	seeds    [4]maphash.Seed
+	group    atomic.Pointer[memGroup] // the first group hashed, and its hashes
 	shards   []memShard
 	mask     uint64           // len(shards)-1, a power of two minus one
 	perShard int              // count bound of one shard; 0: none
@@ -270,12 +273,30 @@ func newMemory(c memConfig) *Memory {
 
 func (m *Memory) shard(k memKey) *memShard { return &m.shards[k[0]&m.mask] }
 
+// memGroup is a group with its hashes under seeds 0 and 2.
+type memGroup struct {
+	name string
+	h    [2]uint64
+}
+
 // key hashes (group, key): each half is the XOR of independently seeded
-// hashes of the group and of the key. maphash.String allocates nothing.
+// hashes of the group and of the key. A consumer has one group, so the
+// group's hashes are kept for the first group seen (one allocation in the
+// store's life): a key then costs two maphash.String calls, not four.
+// maphash.String allocates nothing.
 func (m *Memory) key(group, key string) memKey {
+	var g [2]uint64
+	if p := m.group.Load(); p != nil && p.name == group {
+		g = p.h
+	} else {
+		g = [2]uint64{maphash.String(m.seeds[0], group), maphash.String(m.seeds[2], group)}
+		if p == nil {
+			m.group.CompareAndSwap(nil, &memGroup{name: strings.Clone(group), h: g})
+		}
+	}
 	return memKey{
-		maphash.String(m.seeds[0], group) ^ maphash.String(m.seeds[1], key),
-		(maphash.String(m.seeds[2], group) ^ maphash.String(m.seeds[3], key)) &^ memStateBits,
+		g[0] ^ maphash.String(m.seeds[1], key),
+		(g[1] ^ maphash.String(m.seeds[3], key)) &^ memStateBits,
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
@@ -225,6 +226,56 @@ func TestMemoryBatchWindow(t *testing.T) {
 		t.Fatalf("second batch ran %v, want the 2 keys the window of 4 forgot", got)
 	}
 	checkWindow(t, m, 4)
+}
+
+// TestMemoryWindowModel checks one shard against a plain first-in-first-out
+// list over many recordings, failures and redeliveries of a few hundred
+// keys, so that the table's rebuilds, its stale keys and its deletions all
+// happen many times.
+func TestMemoryWindowModel(t *testing.T) {
+	for _, window := range []int{8, 100, 1000} {
+		t.Run(strconv.Itoa(window), func(t *testing.T) {
+			m := dedupe.NewMemoryWindow(dedupe.WithMaxKeys(window), dedupe.WithMaxAge(0))
+			rng := rand.New(rand.NewPCG(1, uint64(window)))
+			var fifo []string
+			in := map[string]bool{}
+			boom := errors.New("boom")
+			for i := range 200 * window {
+				key := strconv.Itoa(rng.IntN(3 * window))
+				fail := rng.IntN(10) == 0
+				out, err := m.Process(context.Background(), dedupe.Record{Group: "g", Key: key}, func(context.Context) error {
+					if fail {
+						return boom
+					}
+					return nil
+				})
+				switch {
+				case in[key]:
+					if err != nil || out != dedupe.Duplicate {
+						t.Fatalf("call %d, key %s in the window: (%v, %v), want duplicate", i, key, out, err)
+					}
+				case fail:
+					if !errors.Is(err, boom) {
+						t.Fatalf("call %d, key %s, failing fn: (%v, %v)", i, key, out, err)
+					}
+				default:
+					if err != nil || out != dedupe.Processed {
+						t.Fatalf("call %d, key %s not in the window: (%v, %v), want processed", i, key, out, err)
+					}
+					if len(fifo) == window {
+						delete(in, fifo[0])
+						fifo = fifo[1:]
+					}
+					fifo = append(fifo, key)
+					in[key] = true
+				}
+				if i%(window/2) == 0 {
+					checkWindow(t, m, len(fifo))
+				}
+			}
+			checkWindow(t, m, len(fifo))
+		})
+	}
 }
 
 // TestMemoryWindowConcurrent hammers a small window from many goroutines
