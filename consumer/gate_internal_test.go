@@ -44,6 +44,16 @@ func (g *pauseGroup) isPaused(k tp) bool {
 	return g.paused[k]
 }
 
+// newTestGate is a gate over a runner that only pauses partitions, in the
+// returned group.
+func newTestGate() (*pauseGroup, *gate) {
+	group := &pauseGroup{paused: map[tp]bool{}}
+	r := &runner{log: slog.New(slog.DiscardHandler)}
+	r.pauses = newPauser(group, prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "paused"}, []string{"reason"}))
+	r.gate = newGate(r)
+	return group, r.gate
+}
+
 // A claim that joins while a breaker holds the gate closed (the session
 // before it ended: a rebalance, a failed Kafka transaction) has nothing
 // buffered: its fetching, paused at join, must resume when the cool-down
@@ -53,11 +63,7 @@ func (g *pauseGroup) isPaused(k tp) bool {
 // stayed paused until the run gave up). The workers still wait at the gate
 // until one message's probe passes; a failed probe pauses fetching again.
 func TestGateResumesFetchingForTheProbe(t *testing.T) {
-	group := &pauseGroup{paused: map[tp]bool{}}
-	r := &runner{log: slog.New(slog.DiscardHandler)}
-	r.pauses = newPauser(group, prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "paused"}, []string{"reason"}))
-	r.gate = newGate(r)
-	g := r.gate
+	group, g := newTestGate()
 	k := tp{"orders", 0}
 	open := func() error {
 		return &breaker.OpenError{Name: "bank", State: breaker.Open, RetryAfter: 20 * time.Millisecond}
@@ -77,7 +83,7 @@ func TestGateResumesFetchingForTheProbe(t *testing.T) {
 	// The session ends, its buffered messages with it, and the next one
 	// claims the partition again while the gate is closed.
 	g.leave(k)
-	r.pauses.forget(k)
+	g.r.pauses.forget(k)
 	g.join(k)
 	if !group.isPaused(k) {
 		t.Fatal("a claim joined a closed gate during its cool-down and is not paused")
@@ -135,5 +141,40 @@ func TestNilRegistryPointerIsNoMetrics(t *testing.T) {
 	}
 	if _, err := newRunner(cfg, h); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A breaker's OpenError reported by another worker while the half-open
+// probe is running (an attempt that started before the gate closed, on
+// another lane or partition) extends the cool-down but does not end the
+// probe: the probe still holds its slot, so no second worker goes through
+// as a probe at the next cool-down's end while the first still runs, and
+// the probe's own outcome decides (probeDone). trip used to clear the
+// probing flag on every trip.
+func TestGateTripKeepsARunningProbe(t *testing.T) {
+	_, g := newTestGate()
+	t.Cleanup(g.close)
+	open := func() error {
+		return &breaker.OpenError{Name: "bank", State: breaker.Open, RetryAfter: 10 * time.Millisecond}
+	}
+	g.join(tp{"orders", 0})
+	g.trip(open())
+	probe, ok := g.wait(t.Context()) // returns once the cool-down ends
+	if !ok || !probe {
+		t.Fatalf("wait after the cool-down = probe %v, ok %v; want the probe", probe, ok)
+	}
+	g.trip(open()) // another worker's attempt meets the open breaker
+	g.mu.Lock()
+	probing := g.probing
+	g.mu.Unlock()
+	if !probing {
+		t.Fatal("a trip from another worker ended the running probe: a second probe could start beside it")
+	}
+	g.probeDone(false) // the probe passed: the gate opens for all
+	if _, _, _, closed := g.open(); closed {
+		t.Fatal("the probe passed and the gate is still closed")
+	}
+	if probe, ok := g.wait(t.Context()); !ok || probe {
+		t.Fatalf("wait on an open gate = probe %v, ok %v; want through, no probe", probe, ok)
 	}
 }

@@ -208,7 +208,9 @@ func (g *gate) trip(err error) {
 	}
 	g.armLocked()
 	g.closed.Store(true)
-	g.probing = false
+	// A running probe keeps its slot (probing): a trip from another worker
+	// only extends the cool-down, and the probe's own end (probeDone,
+	// probeAbandoned) frees it.
 	g.broadcast()
 }
 
