@@ -27,10 +27,12 @@ import (
 //
 //	cd bench && go test -run '^$' -bench 'Handler|DecodeAvroCPU' -benchmem
 //	cd bench && go test -run '^$' -bench 'ConsumerTypedVsRaw' -benchtime 4x
+//	cd bench && go test -run '^$' -bench 'InProcessTypedVsRaw' -benchtime 2x
 //
-// They need SCHEMA_REGISTRY_URL (make services) for the consumer runs; the
-// per-call ones fall back to an in-process fake registry (the schema is
-// fetched once, before the timer starts).
+// They need SCHEMA_REGISTRY_URL (make services) for the consumer runs on the
+// real broker; the per-call ones and BenchmarkInProcessTypedVsRaw
+// fall back to an in-process fake registry (the schema is fetched once,
+// before the timer starts).
 
 type benchOrder struct {
 	ID        string   `avro:"id" json:"id"`
@@ -324,4 +326,91 @@ func BenchmarkConsumerTypedVsRaw(b *testing.B) {
 	b.ReportMetric(float64(typedAllocs.objects)/records, "typed-allocs/record")
 	b.ReportMetric((float64(typedAllocs.objects)-float64(rawAllocs.objects))/records, "decode-allocs/record")
 	b.ReportMetric((float64(typedAllocs.bytes)-float64(rawAllocs.bytes))/records, "decode-B/record")
+}
+
+// inProcessRecords is how many records each run of
+// BenchmarkInProcessTypedVsRaw handles: enough for a CPU profile.
+const inProcessRecords = 100000
+
+// BenchmarkInProcessTypedVsRaw is BenchmarkConsumerTypedVsRaw on the
+// in-process cluster (kfake) and the fake registry, inProcessRecords records
+// a run: it needs no services. kfake's broker runs in this process and its
+// CPU time is counted with idem's, so cpu-typed/raw here is not issue 30's
+// ratio; typed-minus-raw-ns/record, the typed path's own cost, is
+// comparable, and a -cpuprofile shows where it goes. IDEM_BENCH_ONLY=typed
+// (or raw) runs one pipeline alone, for a profile of it (compare two with
+// go tool pprof -diff_base). Run it with -benchtime Nx for N pairs.
+func BenchmarkInProcessTypedVsRaw(b *testing.B) {
+	k := idemtest.NewKafka(b) // per call: the cluster ends with this b
+	codec, enc := benchCodec(b)
+	topic := fmt.Sprintf("idem-bench-typed-%d", time.Now().UnixNano())
+	k.CreateTopic(b, topic, 1)
+	recs := make([]idemtest.Record, inProcessRecords)
+	for i := range recs {
+		recs[i] = idemtest.Record{IdempotencyKey: fmt.Sprintf("k-%d", i), Value: enc(i)}
+	}
+	k.Produce(b, topic, recs...)
+	only := os.Getenv("IDEM_BENCH_ONLY")
+	var cpu [2]time.Duration // raw, typed
+	var allocs [2]heapAllocs
+	var runs [2]int
+	for i := 0; i < b.N; i++ {
+		for j, name := range []string{"raw", "typed"} {
+			if only != "" && only != name {
+				continue
+			}
+			c, a := consumeInProcess(b, k, topic, codec, name == "typed", i)
+			cpu[j], allocs[j], runs[j] = cpu[j]+c, allocs[j].add(a), runs[j]+1
+		}
+	}
+	per := func(j int) float64 { return float64(cpu[j].Nanoseconds()) / float64(inProcessRecords*max(runs[j], 1)) }
+	b.ReportMetric(per(0)/1000, "raw-cpu-µs/record")
+	b.ReportMetric(per(1)/1000, "typed-cpu-µs/record")
+	if runs[0] > 0 && runs[1] > 0 {
+		b.ReportMetric(per(1)-per(0), "typed-minus-raw-ns/record")
+		b.ReportMetric(per(0)/per(1), "cpu-typed/raw")
+		n := float64(inProcessRecords * b.N)
+		b.ReportMetric((float64(allocs[1].objects)-float64(allocs[0].objects))/n, "decode-allocs/record")
+	}
+}
+
+// consumeInProcess runs consumer.Run (memory store) over the
+// inProcessRecords records of topic with a fresh group, the typed or the raw
+// handler, and returns the CPU time the process spent from the first record
+// handled to the last, and the heap allocations made meanwhile.
+func consumeInProcess(b *testing.B, k *idemtest.Kafka, topic string, codec *serde.Codec[benchOrder], typed bool, run int) (time.Duration, heapAllocs) {
+	var n atomic.Int64
+	var cpu [2]time.Duration
+	var at [2]*heapAllocs
+	done := func() {
+		switch n.Add(1) {
+		case 1:
+			cpu[0], at[0] = cpuTime(), readHeapAllocs()
+		case inProcessRecords:
+			at[1], cpu[1] = readHeapAllocs(), cpuTime()
+		}
+	}
+	cfg := k.Config(b, fmt.Sprintf("idem-bench-inprocess-%v-%d-%d", typed, run, time.Now().UnixNano()), topic)
+	cfg.Sarama.Consumer.Offsets.Initial = -2 // oldest
+	var h handler.Handler = handler.Func(func(ctx context.Context, m *handler.Message) error {
+		sink.Add(int64(len(m.Value)))
+		done()
+		return nil
+	})
+	if typed {
+		h = handler.Typed(codec.Decode, func(ctx context.Context, o benchOrder, m *handler.Message) error {
+			sink.Add(o.Cents)
+			done()
+			return nil
+		})
+	}
+	c := idemtest.Start(b, cfg, h)
+	idemtest.Eventually(b, 5*time.Minute, func() error {
+		if got := n.Load(); got < inProcessRecords {
+			return fmt.Errorf("%d of %d records", got, inProcessRecords)
+		}
+		return nil
+	})
+	_ = c.Stop()
+	return cpu[1] - cpu[0], heapAllocs{objects: at[1].objects - at[0].objects, bytes: at[1].bytes - at[0].bytes}
 }
