@@ -144,10 +144,10 @@ type keyOrder interface {
 	// toTier makes the record at o, with idempotency key ikey, its key's
 	// head before it is forwarded to tier.
 	toTier(o origin, key []byte, ikey string, tier int) error
-	// settled runs once ikey, the claim's message at offset at, reached its
-	// outcome here (processed, duplicate, dead-lettered): the messages parked
-	// behind it follow.
-	settled(topic string, key []byte, ikey string, at int64) error
+	// settled runs once ikey, the claim's message at offset at (its record
+	// first produced at o), reached its outcome here (processed, duplicate,
+	// dead-lettered): the messages parked behind it follow.
+	settled(o origin, key []byte, ikey string, at int64) error
 }
 
 // orderOf returns the keyOrder of cm.
@@ -165,7 +165,7 @@ func (orderOff) admit(*sarama.ConsumerMessage, *handler.Message, origin, bool) (
 	return false, nil
 }
 func (orderOff) toTier(origin, []byte, string, int) error    { return nil }
-func (orderOff) settled(string, []byte, string, int64) error { return nil }
+func (orderOff) settled(origin, []byte, string, int64) error { return nil }
 
 // byKey is ByKey for one worker: the steps of the ordering store
 // (see the Ordering doc), run by w.
@@ -180,8 +180,8 @@ func (w byKey) toTier(o origin, key []byte, ikey string, tier int) error {
 	return w.orderStep(func(ctx context.Context) error { return w.r.order.BlockAt(ctx, o.topic, key, ikey, at, tier) })
 }
 
-func (w byKey) settled(topic string, key []byte, ikey string, at int64) error {
-	return w.drain(topic, key, ikey, at)
+func (w byKey) settled(o origin, key []byte, ikey string, at int64) error {
+	return w.drain(o.topic, key, ikey, keyorder.Origin{Partition: o.partition, Offset: o.offset}, at)
 }
 
 // orderTry runs a step of the ordering store, retrying it through outages

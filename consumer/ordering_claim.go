@@ -98,7 +98,7 @@ func (w orderingClaim) recoverHead(rec keyorder.Record, src string) error {
 	if !again {
 		return nil
 	}
-	if err := byKey(w).drain(rec.Topic, rec.Key, rec.IdempotencyKey, -1); err != nil {
+	if err := byKey(w).drain(rec.Topic, rec.Key, rec.IdempotencyKey, keyorder.Origin{Partition: rec.Partition, Offset: rec.Offset}, -1); err != nil {
 		return err
 	}
 	if !txnHold(w).commitNow() {

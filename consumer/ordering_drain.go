@@ -24,7 +24,8 @@ import (
 // no further parked message, even within the shutdown grace.
 //
 // at is the claim's offset of the message head whose settling runs the drain
-// (-1: none, the claim's recovery). With Transactions every forward of the
+// (-1: none, the claim's recovery), headAt where head's record was first
+// produced (Offset -1: not known). With Transactions every forward of the
 // drain is staged and commits with at's offset when head's message settles
 // (settle.go), and the steps that hang on a forward (a parked message
 // dead-lettered, a promotion) are marked with it (txnMark) rather than
@@ -32,10 +33,10 @@ import (
 // parked message dropped as expired whose OnExpired the transaction owes:
 // its removal must not outlive a transaction that aborts, or the hook would
 // be lost with it.
-func (w byKey) drain(topic string, key []byte, head string, at int64) error {
+func (w byKey) drain(topic string, key []byte, head string, headAt keyorder.Origin, at int64) error {
 	r := w.r
 	hooks := w.hooks()
-	mark := w.txnMark(at, head)
+	mark := w.txnMark(at, head, headAt)
 	for {
 		var next keyorder.Record
 		var more bool

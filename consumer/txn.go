@@ -376,13 +376,14 @@ func sendStops(err error) bool {
 
 // txnMark is the mark of a drain's steps with Transactions (see above): the
 // claim's partition, the offset at of the message head whose settling runs
-// the drain, and head. nil without Transactions and for at < 0 (claim
-// recovery), whose steps apply at once.
-func (w byKey) txnMark(at int64, head string) *keyorder.Mark {
+// the drain, head, and the origin headAt of head's record (Offset -1: not
+// known), which a revert restores the head at. nil without Transactions and
+// for at < 0 (claim recovery), whose steps apply at once.
+func (w byKey) txnMark(at int64, head string, headAt keyorder.Origin) *keyorder.Mark {
 	if w.r.txn == nil || at < 0 {
 		return nil
 	}
-	return &keyorder.Mark{Topic: w.tp.topic, Partition: w.tp.partition, Offset: at, Head: head, Owner: w.owner}
+	return &keyorder.Mark{Topic: w.tp.topic, Partition: w.tp.partition, Offset: at, Head: head, HeadAt: &headAt, Owner: w.owner}
 }
 
 // claimOwner records this claim as its partition's owner in the ordering

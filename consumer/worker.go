@@ -207,7 +207,7 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 	if d.earlier { // applied or deferred before: a duplicate
 		w.mx.duplicate.Inc()
 		w.ob.spanEnd(traceOutcomeDuplicate, nil)
-		if err := ord.settled(origin.topic, cm.Key, key, cm.Offset); err != nil {
+		if err := ord.settled(origin, cm.Key, key, cm.Offset); err != nil {
 			return err
 		}
 		return w.msgs.keepAfter(a, w.settle(cm))
@@ -261,7 +261,7 @@ func (w *worker) handleAfter(cm *sarama.ConsumerMessage, first error) error {
 		}
 	}
 	// Processed, duplicate or dead-lettered: the key's parked messages follow.
-	if err := ord.settled(origin.topic, cm.Key, key, cm.Offset); err != nil {
+	if err := ord.settled(origin, cm.Key, key, cm.Offset); err != nil {
 		return err
 	}
 	if processed {

@@ -351,8 +351,9 @@ func (o Origin) known() bool { return o.Offset >= 0 }
 //
 // The head is one record, not one idempotency key: ParkCopy takes only a
 // copy of the record at at for the head. A head of unknown origin (at's
-// Offset -1, BlockTier, or a head a revert restored) is any record with
-// its idempotency key, as before heads knew their origin.
+// Offset -1, BlockTier, or a head a revert restored from a Mark without
+// HeadAt) is any record with its idempotency key, as before heads knew their
+// origin.
 func (s *Store) BlockAt(ctx context.Context, topic string, key []byte, ikey string, at Origin, tier int) error {
 	var p, o *int64
 	if at.known() {

@@ -15,7 +15,9 @@ import (
 // group's committed offset of Topic/Partition is above Offset, and nothing
 // else needs recording in Kafka. Head is that message's idempotency key: the
 // head whose parked messages the drain ran, behind which a revert parks them
-// again.
+// again; HeadAt is that message's origin (nil: not known), so that a revert
+// that blocks the key again makes that one record its head (BlockAt), not
+// any record with Head's idempotency key.
 //
 // Owner is the token of the claim of Topic/Partition that made the mark
 // (Claim): a marked step whose owner was replaced by a later claim is
@@ -27,6 +29,7 @@ type Mark struct {
 	Partition int32
 	Offset    int64
 	Head      string
+	HeadAt    *Origin
 	Owner     string
 }
 
@@ -44,8 +47,14 @@ func removeParked(ctx context.Context, tx pgx.Tx, seq int64, m *Mark) error {
 		_, err := tx.Exec(ctx, `DELETE FROM idem_ordering_parked WHERE seq=$1`, seq)
 		return err
 	}
-	_, err := tx.Exec(ctx, `UPDATE idem_ordering_parked SET mark_topic=$2, mark_partition=$3, mark_offset=$4, mark_head=$5 WHERE seq=$1`,
-		seq, m.Topic, m.Partition, m.Offset, m.Head)
+	var hp *int32
+	var ho *int64
+	if m.HeadAt != nil && m.HeadAt.known() {
+		hp, ho = &m.HeadAt.Partition, &m.HeadAt.Offset
+	}
+	_, err := tx.Exec(ctx, `UPDATE idem_ordering_parked SET mark_topic=$2, mark_partition=$3, mark_offset=$4, mark_head=$5,
+			mark_head_partition=$6, mark_head_offset=$7 WHERE seq=$1`,
+		seq, m.Topic, m.Partition, m.Offset, m.Head, hp, ho)
 	return err
 }
 
@@ -70,7 +79,8 @@ const (
 // before the commit), and the message at the mark is read again from there:
 // its marked heads get back the head they had before the drain, and its
 // marked parked rows are parked again behind the mark's head (whose
-// redelivery drains them again), blocking their key behind it if the key was
+// redelivery drains them again), blocking their key behind it — that one
+// record, at the mark's HeadAt — if the key was
 // unblocked meanwhile — but never in place of another head: a message of the
 // key that became the head since keeps it, and the rows wait behind it.
 // Without claim, marks at or above the offset belong to transactions still
@@ -85,7 +95,8 @@ func (s *Store) Resolve(ctx context.Context, committed []Committed, claim bool) 
 	}
 	args := []any{s.group, ts, ps, os}
 	stmts := []string{
-		`UPDATE idem_ordering_parked x SET drained=true, mark_topic=NULL, mark_partition=NULL, mark_offset=NULL, mark_head=NULL
+		`UPDATE idem_ordering_parked x SET drained=true, mark_topic=NULL, mark_partition=NULL, mark_offset=NULL, mark_head=NULL,
+				mark_head_partition=NULL, mark_head_offset=NULL
 			FROM ` + committedRows + ` WHERE` + marksOf + ` AND x.mark_offset < c.o`,
 		`UPDATE idem_ordering_parked x SET park_topic=NULL, park_partition=NULL, park_offset=NULL
 			FROM ` + committedRows + ` WHERE x.consumer_group=$1 AND x.park_topic=c.t AND x.park_partition=c.p AND x.park_offset < c.o`,
@@ -100,12 +111,13 @@ func (s *Store) Resolve(ctx context.Context, committed []Committed, claim bool) 
 				pending=NULL, tier=0, since=now(),
 				mark_topic=NULL, mark_partition=NULL, mark_offset=NULL, revert_head=NULL, revert_partition=NULL, revert_offset=NULL
 			FROM `+committedRows+` WHERE`+marksOf+` AND x.mark_offset >= c.o`,
-			`INSERT INTO idem_ordering_heads (consumer_group, topic, msg_key, head_key)
-			SELECT DISTINCT ON (x.topic, x.key_digest) $1, x.topic, x.msg_key, x.mark_head
+			`INSERT INTO idem_ordering_heads (consumer_group, topic, msg_key, head_key, head_partition, head_offset)
+			SELECT DISTINCT ON (x.topic, x.key_digest) $1, x.topic, x.msg_key, x.mark_head, x.mark_head_partition, x.mark_head_offset
 			FROM idem_ordering_parked x, `+committedRows+` WHERE`+marksOf+` AND x.mark_offset >= c.o
 			ORDER BY x.topic, x.key_digest, x.seq
 			ON CONFLICT (consumer_group, topic, key_digest) DO NOTHING`,
-			`UPDATE idem_ordering_parked x SET mark_topic=NULL, mark_partition=NULL, mark_offset=NULL, mark_head=NULL
+			`UPDATE idem_ordering_parked x SET mark_topic=NULL, mark_partition=NULL, mark_offset=NULL, mark_head=NULL,
+				mark_head_partition=NULL, mark_head_offset=NULL
 			FROM `+committedRows+` WHERE`+marksOf+` AND x.mark_offset >= c.o`,
 		)
 	}

@@ -10,11 +10,16 @@ import (
 
 // markedDrain is the state a transactional drain of head m1 (read at offset
 // 7 of src/0) leaves before its commit: m2 dead-lettered (DoneAt), m3
-// promoted to head (PromoteAt), m4 still parked behind m3.
-func markedDrain(t *testing.T, ctx context.Context, s *keyorder.Store) *keyorder.Mark {
+// promoted to head (PromoteAt), m4 still parked behind m3. m1's origin is
+// at (nil: not known).
+func markedDrain(t *testing.T, ctx context.Context, s *keyorder.Store, at *keyorder.Origin) *keyorder.Mark {
 	t.Helper()
-	m := &keyorder.Mark{Topic: "src", Partition: 0, Offset: 7, Head: "m1"}
-	if err := s.Block(ctx, "t", []byte("K"), "m1"); err != nil {
+	m := &keyorder.Mark{Topic: "src", Partition: 0, Offset: 7, Head: "m1", HeadAt: at}
+	block := keyorder.Origin{Partition: -1, Offset: -1}
+	if at != nil {
+		block = *at
+	}
+	if err := s.BlockAt(ctx, "t", []byte("K"), "m1", block, 0); err != nil {
 		t.Fatal(err)
 	}
 	for i, ik := range []string{"m2", "m3", "m4"} {
@@ -58,7 +63,7 @@ func TestResolveCommitted(t *testing.T) {
 	if err := s.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	markedDrain(t, ctx, s)
+	markedDrain(t, ctx, s, nil)
 	// Copies of the marked messages read again before the commit settles
 	// them: redeliveries, parked (skipped); only m3's copy from its tier is
 	// the head.
@@ -126,7 +131,7 @@ func TestResolveRevertsAtClaim(t *testing.T) {
 			if err := s.Migrate(ctx); err != nil {
 				t.Fatal(err)
 			}
-			markedDrain(t, ctx, s)
+			markedDrain(t, ctx, s, nil)
 			tc.after(s)
 			if st, err := s.ParkCopy(ctx, rec("m2", 2), keyorder.Copy{Topic: "t", Offset: 2}, true); err != nil || st != keyorder.Blocked {
 				t.Fatalf("a redelivery of dead-lettered m2 before the claim's revert: %v, %v; want Blocked", st, err)
@@ -148,6 +153,58 @@ func TestResolveRevertsAtClaim(t *testing.T) {
 			}
 			if p, err := s.Pending(ctx, []string{"t"}); err != nil || len(p) != 0 {
 				t.Fatalf("pending after the revert: %+v, %v", p, err)
+			}
+		})
+	}
+}
+
+// A revert at claim restores the drain's head as one record: the record at
+// the mark's HeadAt, whether the head row was promoted since (its
+// revert_head) or removed (the key unblocked: the head comes back from the
+// marked parked rows). A producer's duplicate of that head (its idempotency
+// key at another offset) read after the revert is then parked behind it,
+// not taken for it; before the parked rows carried the head's origin, the
+// head an unblocked key got back was any record with m1's idempotency key.
+func TestRevertRestoresTheHeadsOrigin(t *testing.T) {
+	t.Parallel()
+	ctx := testenv.Context(t)
+	db := testenv.Postgres(t)
+	for _, tc := range []struct {
+		name  string
+		after func(group string)
+	}{
+		{"promoted", func(string) {}},
+		{"unblocked", func(group string) {
+			if _, err := db.Exec(ctx, `DELETE FROM idem_ordering_heads WHERE consumer_group=$1`, group); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			group := "g-origin-" + tc.name
+			s := keyorder.New(db, group)
+			if err := s.Migrate(ctx); err != nil {
+				t.Fatal(err)
+			}
+			markedDrain(t, ctx, s, &keyorder.Origin{Partition: 0, Offset: 1})
+			tc.after(group)
+			if err := s.Resolve(ctx, []keyorder.Committed{{Topic: "src", Partition: 0, Offset: 7}}, true); err != nil {
+				t.Fatal(err)
+			}
+			if st, err := s.Park(ctx, rec("m1", 50)); err != nil || st != keyorder.Blocked {
+				t.Fatalf("Park(a duplicate of head m1 at offset 50) = %v, %v; want Blocked (parked behind m1)", st, err)
+			}
+			if st, err := s.Park(ctx, rec("m1", 1)); err != nil || st != keyorder.Head {
+				t.Fatalf("Park(m1 at its origin) = %v, %v; want Head", st, err)
+			}
+			for _, want := range []int64{2, 3, 4, 50} { // m2, m3, m4, then the duplicate
+				r, ok, err := s.Next(ctx, "t", []byte("K"), "m1")
+				if err != nil || !ok || r.Offset != want {
+					t.Fatalf("Next = %s@%d, %v, %v; want offset %d", r.IdempotencyKey, r.Offset, ok, err, want)
+				}
+				if err := s.Done(ctx, r.Seq); err != nil {
+					t.Fatal(err)
+				}
 			}
 		})
 	}
