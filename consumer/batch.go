@@ -306,11 +306,8 @@ func (w batch) handleBatch(items []*batchItem) error {
 // with a deadline or a maximum age are looked at: a batch without any
 // reads no clock.
 func (w batch) anyExpired(items []*batchItem, idx []int) bool {
-	if mutate.On(mutate.Expiry) {
-		return false
-	}
 	for _, i := range idx {
-		if it := items[i]; it.limited && w.rt.expiryOf(it.msg).Status != expiry.Live {
+		if it := items[i]; w.rt.expiredAtCall(it.limited, it.msg) {
 			return true
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"github.com/idemhq/idem/handler"
 	"github.com/idemhq/idem/internal/coremetrics"
 	"github.com/idemhq/idem/internal/expiry"
+	"github.com/idemhq/idem/internal/mutate"
 )
 
 // Expiry says when a message is too old to handle (issue 21, "Expiry"): a
@@ -80,6 +81,15 @@ func (rt *route) expiryOf(msg *handler.Message) expiry.Result {
 		return expiry.Result{Status: expiry.Live}
 	}
 	return expiry.Check(o.Timestamp, msg.Headers, header, maxAge, time.Now())
+}
+
+// expiredAtCall reports whether msg, a message that can expire (limited: a
+// deadline or a maximum age applies to it), has expired by now: the check
+// right before its handler call, inside the dedupe store's unit of work,
+// for a limit that passed in a wait after decide's check. The swarm's
+// mutation switch mutate.Expiry turns it off.
+func (rt *route) expiredAtCall(limited bool, msg *handler.Message) bool {
+	return limited && !mutate.On(mutate.Expiry) && rt.expiryOf(msg).Status != expiry.Live
 }
 
 // expire takes msg, which res (Config.Expiry's verdict, see decide) found

@@ -49,17 +49,21 @@ type LimitsConfig struct {
 // throttleWait waits out a *breaker.ThrottleError of one dependency (its
 // rate or in-flight limit, or its Retry-After pause): only the message that
 // needs the dependency waits, the member's other partitions and lanes go on
-// (unlike an open breaker, which pauses them all). It logs the pause at
-// WARN at most once a second for the member. false: the partition is
-// stopping.
+// (unlike an open breaker, which pauses them all). err may also be any
+// other error breaker.IsThrottled reports (a registry's 429 met by a
+// KeyFunc: untilUp). It logs the pause at WARN at most once a second for
+// the member. false: the partition is stopping.
 func (c *claim) throttleWait(err error) bool {
-	var te *breaker.ThrottleError
-	errors.As(err, &te)
 	d, _ := breaker.RetryAfter(err)
 	d = max(d, 10*time.Millisecond)
 	if last := c.r.throttleLog.Load(); time.Since(time.Unix(0, last)) >= time.Second &&
 		c.r.throttleLog.CompareAndSwap(last, time.Now().UnixNano()) {
-		c.log.Warn("idem: dependency throttled; messages that need it wait", "breaker", te.Name, "reason", string(te.Reason), "retry_after", d)
+		var te *breaker.ThrottleError
+		if errors.As(err, &te) {
+			c.log.Warn("idem: dependency throttled; messages that need it wait", "breaker", te.Name, "reason", string(te.Reason), "retry_after", d)
+		} else {
+			c.log.Warn("idem: dependency throttled; messages that need it wait", "err", err, "retry_after", d)
+		}
 	}
 	return sleep(c.stopCtx, d)
 }

@@ -1,10 +1,6 @@
 package consumer
 
-import (
-	"time"
-
-	"github.com/idemhq/idem/breaker"
-)
+import "github.com/idemhq/idem/breaker"
 
 // untilUp runs f, a step before the dedupe store's unit of work that may
 // need a dependency (a KeyFunc or Config.TypeOf reading the value through a
@@ -32,11 +28,7 @@ func (c *claim) untilUp(f func() error) error {
 			probe = false
 		}
 		if throttled { // a limit or a 429 of one dependency: this message waits, as a handler's does
-			d, _ := breaker.RetryAfter(err)
-			if c.debug {
-				c.log.Debug("idem: a dependency of the key or the route asks to wait", "err", err, "retry_after", d)
-			}
-			if !sleep(c.stopCtx, max(d, 10*time.Millisecond)) {
+			if !c.throttleWait(err) {
 				return errStopping
 			}
 			continue

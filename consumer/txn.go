@@ -400,7 +400,13 @@ func (w txnHold) claimOwner() error {
 		return nil
 	}
 	owner := rand.Text()
-	for _, s := range []*keyorder.Store{r.order, r.owed} {
+	stores := []*keyorder.Store{r.order, r.owed}
+	if r.order != nil {
+		// r.owed, when set, keeps its rows in the ordering store's database
+		// for the same group (orderingDB): one claim row fences both.
+		stores = stores[:1]
+	}
+	for _, s := range stores {
 		if s == nil {
 			continue
 		}

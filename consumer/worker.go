@@ -108,7 +108,7 @@ type callState struct {
 
 // callHandler runs the handler for w.call.msg; it is w.callFn.
 func (w *worker) callHandler(ctx context.Context) error {
-	if w.limited && w.rt.expiryOf(w.call.msg).Status != expiry.Live && !mutate.On(mutate.Expiry) {
+	if w.rt.expiredAtCall(w.limited, w.call.msg) {
 		return errExpiredAtCall // the store rolls back; process ends the message as expired
 	}
 	w.call.ran = true
