@@ -281,6 +281,21 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+// orderTopic creates a one-partition topic on k and produces n records to
+// it, record i keyed "k-i" with the value enc(i) (benchCodec's encoding of
+// sampleOrder(i)), and returns the topic's name.
+func orderTopic(b *testing.B, k *idemtest.Kafka, enc func(int) []byte, n int) string {
+	b.Helper()
+	topic := fmt.Sprintf("idem-bench-typed-%d", time.Now().UnixNano())
+	k.CreateTopic(b, topic, 1)
+	recs := make([]idemtest.Record, n)
+	for i := range recs {
+		recs[i] = idemtest.Record{IdempotencyKey: fmt.Sprintf("k-%d", i), Value: enc(i)}
+	}
+	k.Produce(b, topic, recs...)
+	return topic
+}
+
 // BenchmarkConsumerTypedVsRaw consumes the same consumerRecords Avro
 // records through consumer.Run with the raw-bytes handler and with the typed
 // Avro handler, alternating (so a busy machine slows both alike), and
@@ -294,14 +309,7 @@ func BenchmarkConsumerTypedVsRaw(b *testing.B) {
 	typedTopic.once.Do(func() {
 		k := idemtest.Connect(b)
 		codec, enc := benchCodec(b)
-		topic := fmt.Sprintf("idem-bench-typed-%d", time.Now().UnixNano())
-		k.CreateTopic(b, topic, 1)
-		recs := make([]idemtest.Record, consumerRecords)
-		for i := range recs {
-			recs[i] = idemtest.Record{IdempotencyKey: fmt.Sprintf("k-%d", i), Value: enc(i)}
-		}
-		k.Produce(b, topic, recs...)
-		typedTopic.k, typedTopic.topic, typedTopic.codec = k, topic, codec
+		typedTopic.k, typedTopic.topic, typedTopic.codec = k, orderTopic(b, k, enc, consumerRecords), codec
 	})
 	var raw, typed, rawCPU, typedCPU time.Duration
 	var rawAllocs, typedAllocs heapAllocs
@@ -343,13 +351,7 @@ const inProcessRecords = 100000
 func BenchmarkInProcessTypedVsRaw(b *testing.B) {
 	k := idemtest.NewKafka(b) // per call: the cluster ends with this b
 	codec, enc := benchCodec(b)
-	topic := fmt.Sprintf("idem-bench-typed-%d", time.Now().UnixNano())
-	k.CreateTopic(b, topic, 1)
-	recs := make([]idemtest.Record, inProcessRecords)
-	for i := range recs {
-		recs[i] = idemtest.Record{IdempotencyKey: fmt.Sprintf("k-%d", i), Value: enc(i)}
-	}
-	k.Produce(b, topic, recs...)
+	topic := orderTopic(b, k, enc, inProcessRecords)
 	only := os.Getenv("IDEM_BENCH_ONLY")
 	var cpu [2]time.Duration // raw, typed
 	var allocs [2]heapAllocs
