@@ -43,7 +43,7 @@ run: services ## run the payments example's demo against the local services, wit
 # with "context deadline exceeded" at the -fuzztime boundary on a loaded
 # machine, golang/go#75804, fixed in Go 1.27; CI hit it once);
 # their committed seed corpora also run in every plain `go test`.
-FUZZ_TARGETS = ./consumer:FuzzKeyExtraction ./consumer:FuzzJSONField ./internal/wire:FuzzDecode ./dlq:FuzzRecord ./internal/keyorder:FuzzParkRoundTrip ./internal/expiry:FuzzParseDeadline
+FUZZ_TARGETS = ./consumer:FuzzKeyExtraction ./consumer:FuzzJSONField ./internal/wire:FuzzDecode ./dlq:FuzzRecord ./internal/keyorder:FuzzParkRoundTrip ./internal/expiry:FuzzParseDeadline ./serde:FuzzAvroRecordDecoder
 FUZZTIME ?= 20000x
 
 test: services ## go vet + staticcheck + all tests with -race against real Kafka and PostgreSQL (the consumer core tests run in every pipeline mode as subtests), alert rule tests, a short fuzz run, the short chaos run, the CI swarm

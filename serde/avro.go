@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/bits"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -19,6 +21,18 @@ import (
 // writer id (schema evolution: a reader with a newer compatible schema reads
 // old records); a writer's schema it cannot resolve is a decode error. It
 // returns an error when Options.Schema does not parse.
+//
+// A decode allocates in proportion to the record: an array of more items
+// than the payload has bytes, or a string or bytes longer than it, is a
+// decode error before anything is allocated for it (a poison record's
+// block count of 2^40 items crashed the process). So Decode reads with
+// hamba/avro configurations of its own (decoders are still
+// avro.DefaultConfig's, with the types avro.Register named), and type
+// converters registered with avro.RegisterTypeConverters do not apply.
+// A record read as it was written into a struct whose fields match it by
+// their avro tags alone is decoded field by field with hamba/avro's
+// decoders, its nullable unions into pointers by idem (avroRecordDecoder: a
+// fifth of hamba/avro's record decode).
 func Avro[T any](reg *Registry, opts Options) (*Codec[T], error) {
 	var reader avro.Schema
 	if opts.Schema != "" {
@@ -77,19 +91,41 @@ var readers = sync.Pool{New: func() any { return avro.NewReader(nil, 0) }}
 // fails on a payload that ends inside a value: avro.Unmarshal takes io.EOF
 // for success, so a record cut inside its last number decoded as 0
 // (TestPoisonRecords/truncated_Avro_payload).
+// v must be a non-nil pointer. Its decoder is avro.DefaultConfig's, its
+// reader bounded by body's size (avroBounded).
 func avroUnmarshal(schema avro.Schema, body []byte, v any) error {
-	return avroRead(body, func(r *avro.Reader) { r.ReadVal(schema, v) })
+	typ := reflect2.TypeOf(v)
+	if typ == nil || typ.Kind() != reflect.Pointer || reflect2.IsNil(v) {
+		return fmt.Errorf("serde: avroUnmarshal needs a non-nil pointer, not %T", v)
+	}
+	dec := avro.DefaultConfig.DecoderOf(schema, typ)
+	r := readers.Get().(*avro.Reader)
+	defer readers.Put(r)
+	return avroDecode(dec, r, body, reflect2.PtrOf(v))
 }
 
-// avroRead runs read on a pooled reader of body and returns its error
-// (avroReadErr).
-func avroRead(body []byte, read func(r *avro.Reader)) error {
-	r := readers.Get().(*avro.Reader)
-	defer func() { r.Reset(nil); readers.Put(r) }() // keep no record's bytes
-	r.Reset(body)
-	r.Error = nil
-	read(r)
-	return avroReadErr(r.Error)
+// avroBounds holds avroBounded's configurations, by the bit length of
+// their bound, each made on first use.
+var avroBounds [bits.UintSize + 1]atomic.Pointer[avro.API]
+
+// avroBounded returns the hamba/avro configuration a payload of n bytes is
+// read with (Reader.cfg: avroDecode): avro.DefaultConfig's settings, with
+// arrays of at most b items and strings and bytes of at most b bytes, b
+// the power of two above n (at least 4,096). An array in n bytes holds at
+// most n items of any type that takes a byte (all but null and an empty
+// record), and a string at most n bytes. Unbounded, hamba/avro makes an
+// array's whole slice from its block count before it reads an item: a
+// poison record of 20 bytes whose array claims 2^40 items ran the process
+// out of memory (fatal, not an error), and one claiming 2^28 allocated
+// 4 GiB (TestAvroArrayCountIsBoundedByThePayload).
+func avroBounded(n int) avro.API {
+	k := max(bits.Len(uint(n)), 12)
+	if api := avroBounds[k].Load(); api != nil {
+		return *api
+	}
+	api := avro.Config{MaxByteSliceSize: 1 << k, MaxSliceAllocSize: 1 << k}.Freeze()
+	avroBounds[k].CompareAndSwap(nil, &api)
+	return *avroBounds[k].Load()
 }
 
 // avroReadErr is a decode's error: a payload that ends inside a value is
@@ -121,7 +157,9 @@ type avroDecoder struct {
 }
 
 // newAvroDecoder makes the decoder of s into ptrType's element, s resolved
-// into reader when reader is not nil.
+// into reader when reader is not nil: hamba/avro's, or, for a record read
+// as it was written into a struct that matches it by tags alone,
+// avroRecordDecoder.
 func newAvroDecoder(s *Schema, reader avro.Schema, ptrType reflect2.Type) *avroDecoder {
 	d := &avroDecoder{id: s.ID}
 	w, err := s.avro()
@@ -138,14 +176,20 @@ func newAvroDecoder(s *Schema, reader avro.Schema, ptrType reflect2.Type) *avroD
 		}
 		use = r.schema
 	}
-	d.dec = avro.DefaultConfig.DecoderOf(use, ptrType)
+	if use == w { // as written: a record decoder of ours may stand in for hamba/avro's
+		d.dec = newAvroRecordDecoder(w, ptrType)
+	}
+	if d.dec == nil {
+		d.dec = avro.DefaultConfig.DecoderOf(use, ptrType)
+	}
 	return d
 }
 
 // avroDecode decodes body into the value ptr points to with dec and the
-// reader r, failing on a payload that ends inside a value, as
-// avroUnmarshal does; r keeps no record's bytes after.
+// reader r, bounded by body's size (avroBounded), failing on a payload that
+// ends inside a value; r keeps no record's bytes after.
 func avroDecode(dec avro.ValDecoder, r *avro.Reader, body []byte, ptr unsafe.Pointer) error {
+	avro.WithReaderConfig(avroBounded(len(body)))(r)
 	r.Reset(body)
 	r.Error = nil
 	dec.Decode(ptr, r)

@@ -78,6 +78,7 @@ func TestPoisonRecords(t *testing.T) {
 		{"plain JSON, no header", []byte(`{"id":"o-1"}`), decodeAvro, 0, "first byte is 0x7b"},
 		{"shorter than a header", []byte{0, 0, 1}, decodeAvro, 0, "at least 5"},
 		{"truncated Avro payload", good[:len(good)-4], decodeAvro, avroID, "does not decode"},
+		{"Avro string claiming 2^30 bytes", withID(avroID, 0x80, 0x80, 0x80, 0x80, 0x08, 'x'), decodeAvro, avroID, "does not decode"}, // avroBounded
 		{"Avro record read as Protobuf", good, decodeProto, avroID, "is AVRO"},
 		{"Protobuf message index that does not exist", withID(protoID, 2, 10), decodeProto, protoID, "no message 5"},
 		{"Protobuf nested index that does not exist", withID(protoID, 4, 0, 4), decodeProto, protoID, "no message 2 at depth 1"},
